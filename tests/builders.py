@@ -1,0 +1,176 @@
+"""Real, tiny components for tests: a BPE tokenizer trained locally and small
+Qwen3 / Qwen3.5 (hybrid linear attention) models with random weights, saved to
+disk with `save_pretrained`. Nothing is downloaded."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import torch
+
+# ChatML, as Qwen's templates render it. `{% generation %}` marks the assistant's
+# content so transformers can return the assistant-token mask.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] }}{% endgeneration %}"
+    "{% else %}{{ message['content'] }}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+
+
+def training_text(max_chars: int = 400_000) -> list[str]:
+    """Python standard library source: real code text, always on disk."""
+    import json as json_module
+    import textwrap
+
+    texts, total = [], 0
+    for module in (inspect, json_module, textwrap, Path.__module__ and __import__("pathlib")):
+        source = inspect.getsource(module)
+        texts.append(source)
+        total += len(source)
+        if total >= max_chars:
+            break
+    return texts
+
+
+def build_tokenizer(path: str | Path, vocab_size: int = 512, chat_template: str = CHAT_TEMPLATE):
+    """Train a byte-level BPE tokenizer on stdlib source and save it as a
+    `PreTrainedTokenizerFast` with a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(training_text(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|mask|>"],
+    )
+    fast.chat_template = chat_template
+    fast.save_pretrained(str(path))
+    return fast
+
+
+def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 6):
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+
+
+def qwen3_5_text_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8):
+    from transformers import Qwen3_5TextConfig
+
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)]
+    return Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        layer_types=layer_types,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+
+
+def build_model(path: str | Path, kind: str = "qwen3_5", vocab_size: int = 512, seed: int = 0, **config_kwargs):
+    """Random-weight causal LM saved with `save_pretrained` (safetensors).
+
+    kind: "qwen3" (dense), "qwen3_5" (hybrid linear attention, text-only) or
+    "qwen3_5_vl" (the multimodal release layout: nested text_config, weights
+    under `model.language_model.*`)."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    if kind == "qwen3":
+        model = Qwen3ForCausalLM(qwen3_config(vocab_size, **config_kwargs))
+    elif kind == "qwen3_5":
+        model = Qwen3_5ForCausalLM(qwen3_5_text_config(vocab_size, **config_kwargs))
+    elif kind == "qwen3_5_vl":
+        model = _build_multimodal(vocab_size, **config_kwargs)
+    else:
+        raise ValueError(f"unknown model kind {kind!r}")
+    model.save_pretrained(str(path), safe_serialization=True)
+    return model
+
+
+def _build_multimodal(vocab_size: int, **config_kwargs):
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = qwen3_5_text_config(vocab_size, **config_kwargs).to_dict()
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text["hidden_size"])
+    config = Qwen3_5Config(text_config=text, vision_config=vision)
+    return Qwen3_5ForConditionalGeneration(config)
+
+
+def write_chat_jsonl(path: str | Path, records: list[dict]) -> Path:
+    path = Path(path)
+    with path.open("w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def coding_chats(count: int, seed: int = 0) -> list[dict]:
+    """Chat records asking for stdlib functions, answered with their source."""
+    import random
+
+    functions = []
+    for module_name in ("json", "textwrap", "inspect", "pathlib", "shlex", "base64", "fnmatch", "glob"):
+        module = __import__(module_name)
+        for name, obj in sorted(vars(module).items()):
+            if inspect.isfunction(obj) and obj.__module__ == module_name:
+                try:
+                    source = inspect.getsource(obj)
+                except (OSError, TypeError):
+                    continue
+                if 80 <= len(source) <= 1500:
+                    functions.append((module_name, name, source))
+    rng = random.Random(seed)
+    rng.shuffle(functions)
+    records = []
+    for i in range(count):
+        module_name, name, source = functions[i % len(functions)]
+        records.append(
+            {
+                "id": f"sample-{i:05d}",
+                "messages": [
+                    {"role": "user", "content": f"Write `{name}` from the `{module_name}` module."},
+                    {"role": "assistant", "content": source},
+                ],
+            }
+        )
+    return records
