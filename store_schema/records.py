@@ -1,0 +1,118 @@
+"""Commit records: a canonical JSON file listing size + crc32c of every file it
+covers, carrying a hash of its own content. Any changed byte in a covered file or
+in the record itself is detectable."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import google_crc32c
+
+
+class RecordError(ValueError):
+    """A commit record is missing, unparsable, or does not match its own hash."""
+
+
+def crc32c_bytes(data) -> str:
+    return f"{google_crc32c.value(bytes(data)):08x}"
+
+
+def crc32c_file(path: Path) -> str:
+    checksum = google_crc32c.Checksum()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            checksum.update(block)
+    return checksum.hexdigest().decode()
+
+
+def _canonical(body: dict) -> bytes:
+    return (json.dumps(body, sort_keys=True, indent=1) + "\n").encode()
+
+
+def _body_hash(body: dict) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def describe_files(directory: Path, exclude: tuple[str, ...] = ()) -> dict:
+    """{relative path: {"size", "crc32c"}} for every file below `directory`."""
+    directory = Path(directory)
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        if path.is_file():
+            rel = path.relative_to(directory).as_posix()
+            if rel not in exclude:
+                files[rel] = {"size": path.stat().st_size, "crc32c": crc32c_file(path)}
+    return files
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(directory: Path) -> None:
+    for path in sorted(Path(directory).rglob("*"), reverse=True):
+        fsync_path(path)
+    fsync_path(directory)
+
+
+def write_record(path: Path, body: dict) -> None:
+    """Write atomically (tmp + fsync + rename) with a self-hash."""
+    body = dict(body)
+    body.pop("record_sha256", None)
+    body["record_sha256"] = _body_hash(body)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(_canonical(body))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def read_record(path: Path) -> dict:
+    """Parse and check a record: byte-exact canonical form and matching self-hash."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise RecordError(f"{path}: commit record missing") from None
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(body, dict) or "record_sha256" not in body:
+        raise RecordError(f"{path}: not a commit record")
+    if raw != _canonical(body):
+        raise RecordError(f"{path}: bytes differ from the record's canonical form (edited or corrupted)")
+    claimed = body.pop("record_sha256")
+    if claimed != _body_hash(body):
+        raise RecordError(f"{path}: content does not match its own hash (edited or corrupted)")
+    return body
+
+
+def check_files(directory: Path, expected: dict) -> list[tuple[str, str]]:
+    """Compare files below `directory` with a record's file table.
+    Returns (relative path, what is wrong) for each problem."""
+    problems = []
+    directory = Path(directory)
+    for rel, meta in expected.items():
+        path = directory / rel
+        if not path.is_file():
+            problems.append((rel, "file missing"))
+            continue
+        size = path.stat().st_size
+        if size != meta["size"]:
+            problems.append((rel, f"size {size} != committed {meta['size']} (truncated or extended)"))
+            continue
+        crc = crc32c_file(path)
+        if crc != meta["crc32c"]:
+            problems.append((rel, f"crc32c {crc} != committed {meta['crc32c']} (bytes changed)"))
+    return problems

@@ -1,0 +1,268 @@
+"""Creating a store and committing shards.
+
+One writer owns a shard: it writes the shard's arrays into a private directory
+under `.staging/`, records size + crc32c of every file, fsyncs, and renames the
+directory into `shards/`. The rename is the commit."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import zarr
+from zarr.codecs import ZstdCodec
+
+from . import layout
+from .bf16 import BFLOAT16
+from .fingerprint import Fingerprint
+from .plan import Plan, sample_digest
+from .records import describe_files, fsync_path, fsync_tree, read_record, write_record
+
+
+class StoreExistsError(FileExistsError):
+    pass
+
+
+@dataclass
+class SampleArrays:
+    """One sample as a writer receives it. Hidden states are bf16 [tokens, hidden]
+    (torch or numpy); no padded positions."""
+
+    sample_id: str
+    input_ids: np.ndarray  # int32 [tokens]
+    loss_mask: np.ndarray  # uint8 [tokens]
+    hidden: dict  # layer id -> bf16 [tokens, hidden]
+    topk_ids: np.ndarray | None = None  # int32 [tokens, k]
+    topk_logprobs: np.ndarray | None = None  # float32 [tokens, k]
+
+
+def as_bf16_numpy(array) -> np.ndarray:
+    if isinstance(array, torch.Tensor):
+        if array.dtype != torch.bfloat16:
+            array = array.to(torch.bfloat16)
+        return array.detach().cpu().contiguous().view(torch.int16).numpy().view(BFLOAT16)
+    array = np.asarray(array)
+    return array if array.dtype == BFLOAT16 else array.astype(BFLOAT16)
+
+
+def _small_array(group, name: str, data: np.ndarray):
+    kwargs = dict(shape=data.shape, dtype=data.dtype, chunks=data.shape or (1,))
+    if data.dtype.kind != "O" and data.dtype.kind != "T":
+        kwargs["compressors"] = [ZstdCodec(level=3)]
+    array = group.create_array(name, fill_value=None if data.dtype.kind in "OT" else 0, **kwargs)
+    array[...] = data
+    return array
+
+
+class StoreWriter:
+    """Writes one store. Create with `create_store`, reopen with `StoreWriter(path)`."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        root = zarr.open_group(str(self.path), mode="r")
+        attrs = root.attrs.get(layout.ROOT_ATTR)
+        if attrs is None:
+            raise ValueError(f"{self.path}: not a dflash store (no '{layout.ROOT_ATTR}' root attribute)")
+        self.attrs = attrs
+        self.fingerprint = Fingerprint.from_json(attrs["fingerprint"])
+        self.codec = layout.CodecConfig(**attrs["codec"])
+        self._plan: Plan | None = None
+
+    # -- plan ---------------------------------------------------------------------------
+    def write_plan(self, plan: Plan) -> None:
+        """Write the plan once; a second, different plan for the same store is refused."""
+        plan_dir = self.path / layout.PLAN_DIR
+        if (plan_dir / layout.COMMIT_RECORD).exists():
+            existing = read_record(plan_dir / layout.COMMIT_RECORD)
+            if existing["plan_sha256"] != plan.digest():
+                raise ValueError(
+                    f"{self.path}: the store already holds a different plan "
+                    "(other corpus or settings); use a new store or --overwrite"
+                )
+            return
+        staging = self._staging_dir("plan")
+        group = zarr.open_group(str(staging), mode="w")
+        samples = [(i, s) for i, shard in enumerate(plan.shards) for s in shard.samples]
+        _small_array(group, "sample_ids", np.array([s.sample_id for _, s in samples], dtype=np.dtypes.StringDType()))
+        _small_array(group, "digests", np.array([s.digest for _, s in samples], dtype=np.dtypes.StringDType()))
+        _small_array(group, "record_index", np.array([s.record_index for _, s in samples], dtype=np.int64))
+        _small_array(group, "num_tokens", np.array([s.num_tokens for _, s in samples], dtype=np.int32))
+        _small_array(group, "num_loss_tokens", np.array([s.num_loss_tokens for _, s in samples], dtype=np.int32))
+        _small_array(group, "shard_index", np.array([i for i, _ in samples], dtype=np.int32))
+        group.attrs.update(
+            {
+                "shard_names": [s.name for s in plan.shards],
+                "settings": plan.settings,
+                "quarantined": [q.__dict__ for q in plan.quarantined],
+            }
+        )
+        files = describe_files(staging)
+        write_record(
+            staging / layout.COMMIT_RECORD,
+            {"plan_sha256": plan.digest(), "files": files, "fingerprint_sha256": self.fingerprint.sha256()},
+        )
+        fsync_tree(staging)
+        if plan_dir.exists():
+            shutil.rmtree(plan_dir)  # an uncommitted leftover (no commit record)
+        os.rename(staging, plan_dir)
+        fsync_path(self.path)
+        self._plan = plan
+
+    # -- shards -------------------------------------------------------------------------
+    def write_shard(self, name: str, samples: list[SampleArrays]) -> bool:
+        """Write and commit one shard. Returns False if it was already committed
+        (e.g. by a worker presumed dead): the committed copy is kept."""
+        if layout.shard_dir(self.path, name).exists():
+            return False
+        self._check_against_plan(name, samples)
+        staging = self._staging_dir(name)
+        try:
+            summary = self._write_arrays(staging, samples)
+            files = describe_files(staging)
+            write_record(
+                staging / layout.COMMIT_RECORD,
+                {
+                    "shard": name,
+                    "fingerprint_sha256": self.fingerprint.sha256(),
+                    "files": files,
+                    **summary,
+                },
+            )
+            fsync_tree(staging)
+            try:
+                os.rename(staging, layout.shard_dir(self.path, name))
+            except OSError:
+                if layout.shard_dir(self.path, name).exists():
+                    return False  # another writer committed it first
+                raise
+            fsync_path(self.path / layout.SHARDS_DIR)
+            return True
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+
+    def _write_arrays(self, staging: Path, samples: list[SampleArrays]) -> dict:
+        if not samples:
+            raise ValueError("a shard needs at least one sample")
+        group = zarr.open_group(str(staging), mode="w")
+        hidden_size = self.fingerprint.hidden_size
+        lengths = [len(s.input_ids) for s in samples]
+        num_tokens = int(sum(lengths))
+        for sample in samples:
+            missing = set(self.fingerprint.layer_ids) - set(sample.hidden)
+            if missing:
+                raise ValueError(f"sample {sample.sample_id!r}: no hidden states for layers {sorted(missing)}")
+            for layer_id in self.fingerprint.layer_ids:
+                shape = tuple(sample.hidden[layer_id].shape)
+                if shape != (len(sample.input_ids), hidden_size):
+                    raise ValueError(
+                        f"sample {sample.sample_id!r} layer {layer_id}: hidden states {shape}, "
+                        f"expected ({len(sample.input_ids)}, {hidden_size})"
+                    )
+        chunk_tokens = self.codec.chunk_tokens(hidden_size)
+        for layer_id in self.fingerprint.layer_ids:
+            data = np.concatenate([as_bf16_numpy(s.hidden[layer_id]) for s in samples])
+            array = group.create_array(
+                layout.layer_array(layer_id),
+                shape=data.shape,
+                dtype=BFLOAT16,
+                chunks=(chunk_tokens, hidden_size),
+                shards=(layout.padded_shard_shape(num_tokens, chunk_tokens), hidden_size),
+                compressors=self.codec.compressors(chunk_tokens * hidden_size * 2),
+                fill_value=0,
+            )
+            array[...] = data
+        _small_array(group, layout.INPUT_IDS, np.concatenate([np.asarray(s.input_ids, np.int32) for s in samples]))
+        _small_array(group, layout.LOSS_MASK, np.concatenate([np.asarray(s.loss_mask, np.uint8) for s in samples]))
+        _small_array(group, layout.SAMPLE_OFFSETS, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        _small_array(group, layout.SAMPLE_IDS, np.array([s.sample_id for s in samples], dtype=np.dtypes.StringDType()))
+        topk = 0
+        if samples[0].topk_ids is not None:
+            topk = int(samples[0].topk_ids.shape[1])
+            _small_array(group, layout.TOPK_IDS, np.concatenate([np.asarray(s.topk_ids, np.int32) for s in samples]))
+            _small_array(
+                group, layout.TOPK_LOGPROBS, np.concatenate([np.asarray(s.topk_logprobs, np.float32) for s in samples])
+            )
+        return {"num_samples": len(samples), "num_tokens": num_tokens, "target_topk": topk}
+
+    def _check_against_plan(self, name: str, samples: list[SampleArrays]) -> None:
+        plan = self.plan()
+        if plan is None:
+            return
+        planned = plan.shard(name).samples
+        got = [s.sample_id for s in samples]
+        want = [p.sample_id for p in planned]
+        if got != want:
+            raise ValueError(f"shard {name}: samples {got[:3]}... do not match the plan's {want[:3]}...")
+        for sample, p in zip(samples, planned):
+            ids = np.asarray(sample.input_ids, np.int32)
+            mask = np.asarray(sample.loss_mask, np.uint8)
+            if sample_digest(ids.tobytes(), mask.tobytes()) != p.digest:
+                raise ValueError(
+                    f"shard {name} sample {p.sample_id!r}: tokens or loss mask differ from the plan "
+                    "(corpus or tokenizer changed since planning?)"
+                )
+
+    def plan(self) -> Plan | None:
+        if self._plan is None and (self.path / layout.PLAN_DIR / layout.COMMIT_RECORD).exists():
+            from .reader import read_plan
+
+            self._plan = read_plan(self.path)
+        return self._plan
+
+    def _staging_dir(self, name: str) -> Path:
+        staging = self.path / layout.STAGING_DIR / f"{name}.{uuid.uuid4().hex[:12]}"
+        staging.mkdir(parents=True)
+        return staging
+
+    # -- reports ------------------------------------------------------------------------
+    def write_report(self, name: str, report: dict) -> Path:
+        reports = self.path / layout.REPORTS_DIR
+        reports.mkdir(exist_ok=True)
+        path = reports / f"{name}.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+        return path
+
+
+def create_store(
+    path,
+    fingerprint: Fingerprint,
+    codec: layout.CodecConfig | None = None,
+    overwrite: bool = False,
+) -> StoreWriter:
+    """Create an empty store. An existing store is kept unless `overwrite`."""
+    path = Path(path)
+    codec = codec or layout.CodecConfig()
+    if path.exists() and any(path.iterdir()):
+        if not overwrite:
+            raise StoreExistsError(f"{path} exists and is not empty; pass overwrite to start over")
+        shutil.rmtree(path)
+    root = zarr.open_group(str(path), mode="w")
+    root.attrs[layout.ROOT_ATTR] = {
+        "schema_version": layout.SCHEMA_VERSION,
+        "fingerprint": fingerprint.to_json(),
+        "fingerprint_sha256": fingerprint.sha256(),
+        "codec": codec.to_json(),
+    }
+    root.create_group(layout.SHARDS_DIR)
+    write_record(
+        path / layout.ROOT_RECORD,
+        {
+            "schema_version": layout.SCHEMA_VERSION,
+            "fingerprint_sha256": fingerprint.sha256(),
+            "files": {
+                rel: meta
+                for rel, meta in describe_files(path).items()
+                if rel in ("zarr.json", f"{layout.SHARDS_DIR}/zarr.json")
+            },
+        },
+    )
+    return StoreWriter(path)
