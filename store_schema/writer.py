@@ -51,11 +51,18 @@ def as_bf16_numpy(array) -> np.ndarray:
     return array if array.dtype == BFLOAT16 else array.astype(BFLOAT16)
 
 
+# Zarr skips chunks equal to the fill value by default; a store writes every chunk so
+# that each committed file exists and is covered by its checksum.
+_WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
+
+
 def _small_array(group, name: str, data: np.ndarray):
     kwargs = dict(shape=data.shape, dtype=data.dtype, chunks=data.shape or (1,))
-    if data.dtype.kind != "O" and data.dtype.kind != "T":
+    if data.dtype.kind not in "OT":
         kwargs["compressors"] = [ZstdCodec(level=3)]
-    array = group.create_array(name, fill_value=None if data.dtype.kind in "OT" else 0, **kwargs)
+    array = group.create_array(
+        name, fill_value=None if data.dtype.kind in "OT" else 0, config=_WRITE_ALL_CHUNKS, **kwargs
+    )
     array[...] = data
     return array
 
@@ -176,6 +183,7 @@ class StoreWriter:
                 shards=(layout.padded_shard_shape(num_tokens, chunk_tokens), hidden_size),
                 compressors=self.codec.compressors(chunk_tokens * hidden_size * 2),
                 fill_value=0,
+                config=_WRITE_ALL_CHUNKS,
             )
             array[...] = data
         _small_array(group, layout.INPUT_IDS, np.concatenate([np.asarray(s.input_ids, np.int32) for s in samples]))

@@ -174,3 +174,48 @@ def coding_chats(count: int, seed: int = 0) -> list[dict]:
             }
         )
     return records
+
+
+def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_ids=(1, 3), hidden_size: int = 64,
+                 vocab_size: int = 512, num_target_layers: int = 8, seed: int = 0, codec=None, topk: int = 0,
+                 with_plan: bool = True):
+    """A store of random bf16 states written through the real writer, with a plan.
+    For store mechanics only; tests that need meaningful states extract them."""
+    import numpy as np
+
+    from store_schema import (
+        CodecConfig, Fingerprint, Plan, PlannedSample, PlannedShard, SampleArrays, create_store, sample_digest,
+        shard_name,
+    )
+
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    fingerprint = Fingerprint(target_model="random", num_target_layers=num_target_layers, hidden_size=hidden_size,
+                              vocab_size=vocab_size, layer_ids=list(layer_ids), max_length=512, target_topk=topk)
+    writer = create_store(path, fingerprint, codec or CodecConfig(chunk_bytes=4096))
+    shards, planned = {}, []
+    for s in range(num_shards):
+        samples = []
+        for i in range(samples_per_shard):
+            length = int(rng.integers(40, 160))
+            ids = rng.integers(0, vocab_size, length).astype(np.int32)
+            mask = (rng.random(length) > 0.3).astype(np.uint8)
+            sample = SampleArrays(
+                f"s{s}-{i}", ids, mask,
+                {layer: torch.randn(length, hidden_size, generator=generator).to(torch.bfloat16) for layer in layer_ids},
+            )
+            if topk:
+                sample.topk_ids = rng.integers(0, vocab_size, (length, topk)).astype(np.int32)
+                sample.topk_logprobs = -rng.random((length, topk)).astype(np.float32)
+            samples.append(sample)
+        name = shard_name(s)
+        shards[name] = samples
+        planned.append(PlannedShard(name, tuple(
+            PlannedSample(x.sample_id, s * samples_per_shard + i, len(x.input_ids), int(x.loss_mask.sum()),
+                          sample_digest(x.input_ids.tobytes(), x.loss_mask.tobytes()))
+            for i, x in enumerate(samples))))
+    if with_plan:
+        writer.write_plan(Plan(tuple(planned), settings={"source": "random_store"}))
+    for name, samples in shards.items():
+        writer.write_shard(name, samples)
+    return writer, shards

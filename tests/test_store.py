@@ -1,0 +1,265 @@
+"""The store contract on real Zarr stores on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+import builders
+from store_schema import (
+    CodecConfig,
+    CorruptShardError,
+    Fingerprint,
+    FingerprintMismatch,
+    SampleArrays,
+    Store,
+    StoreExistsError,
+    StoreLock,
+    StoreLockedError,
+    create_store,
+)
+from store_schema.__main__ import main as cli
+from store_schema.bf16 import BFLOAT16
+from store_schema.verify import clean_leftovers, verify_store
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _fingerprint(**overrides):
+    values = dict(target_model="t", num_target_layers=4, hidden_size=256, vocab_size=512, layer_ids=[1], max_length=512)
+    values.update(overrides)
+    return Fingerprint(**values)
+
+
+def test_bf16_round_trip_is_bit_exact_for_every_pattern(tmp_path):
+    """All 65,536 bf16 bit patterns (NaN payloads, +-Inf, subnormals, -0) survive
+    the writer, the fast shard reader, windowed reads and plain zarr-python."""
+    bits = np.arange(2**16, dtype=np.uint16)
+    hidden = torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16).reshape(256, 256)
+    writer = create_store(tmp_path / "s", _fingerprint(), CodecConfig(chunk_bytes=8192))
+    ids = np.zeros(256, np.int32)
+    writer.write_shard("shard-000000", [SampleArrays("a", ids, np.ones(256, np.uint8), {1: hidden})])
+    store = Store(tmp_path / "s")
+
+    whole = store.read_shard("shard-000000").sample(0).hidden[1]
+    window = store.read_window("shard-000000", 0, 17, 200, [1]).hidden[1]
+    plain = zarr.open_array(str(tmp_path / "s/shards/shard-000000/layer_1"), mode="r")[...]
+
+    assert plain.dtype == BFLOAT16
+    assert np.array_equal(whole.view(torch.int16).numpy().view(np.uint16).ravel(), bits)
+    assert torch.equal(window.view(torch.int16), hidden[17:200].view(torch.int16))
+    assert np.array_equal(plain.view(np.uint16).ravel(), bits)
+    meta = json.loads((tmp_path / "s/shards/shard-000000/layer_1/zarr.json").read_text())
+    assert meta["data_type"] == "bfloat16"
+
+
+@pytest.mark.parametrize("codec", [CodecConfig(chunk_bytes=2048), CodecConfig(cname="none", chunk_bytes=2048)])
+def test_reads_return_what_was_written(tmp_path, codec):
+    writer, shards = builders.random_store(tmp_path / "s", codec=codec, topk=4)
+    store = Store(tmp_path / "s")
+    assert store.committed_shards() == sorted(shards)
+    for data in store.iter_shards(store.committed_shards(), prefetch=2):
+        for i, expected in enumerate(shards[data.name]):
+            got = data.sample(i)
+            assert got.sample_id == expected.sample_id
+            assert np.array_equal(got.input_ids.numpy(), expected.input_ids)
+            assert np.array_equal(got.loss_mask.numpy(), expected.loss_mask)
+            assert np.array_equal(got.topk_ids.numpy(), expected.topk_ids)
+            for layer in (1, 3):
+                assert torch.equal(got.hidden[layer], expected.hidden[layer])
+    # Only the asked-for layers are read.
+    assert set(store.read_shard("shard-000001", layers=[3]).hidden) == {3}
+    # The chunk layout is what the codec config says: blocksize = chunk bytes.
+    meta = json.loads((tmp_path / "s/shards/shard-000000/layer_1/zarr.json").read_text())
+    inner = meta["codecs"][0]["configuration"]
+    assert inner["chunk_shape"] == [codec.chunk_tokens(64), 64]
+    if codec.cname == "zstd":
+        assert inner["codecs"][1]["configuration"]["blocksize"] == codec.chunk_tokens(64) * 64 * 2
+        assert inner["codecs"][1]["configuration"]["shuffle"] == "shuffle"
+
+
+def test_crash_before_commit_leaves_nothing_visible(tmp_path):
+    builders.random_store(tmp_path / "s", num_shards=1, with_plan=False)
+    script = f"""
+import os, sys
+sys.path.insert(0, {str(REPO / 'tests')!r}); sys.path.insert(0, {str(REPO)!r})
+import numpy as np, torch
+from store_schema import StoreWriter, SampleArrays
+writer = StoreWriter({str(tmp_path / 's')!r})
+os.rename = lambda *a: os._exit(3)  # the process dies at the moment of commit
+writer.write_shard('shard-000009', [SampleArrays('x', np.zeros(50, np.int32), np.ones(50, np.uint8),
+                   {{1: torch.zeros(50, 64, dtype=torch.bfloat16), 3: torch.zeros(50, 64, dtype=torch.bfloat16)}})])
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert result.returncode == 3, result.stderr.decode()
+
+    store = Store(tmp_path / "s")
+    assert store.committed_shards() == ["shard-000000"]
+    report = verify_store(tmp_path / "s")
+    assert report.ok, report.problems
+    assert len(report.leftovers) == 1 and report.leftovers[0].startswith("shard-000009.")
+    assert clean_leftovers(tmp_path / "s") == report.leftovers
+    assert verify_store(tmp_path / "s").leftovers == []
+
+
+def test_verify_passes_on_a_clean_store(tmp_path, capsys):
+    builders.random_store(tmp_path / "s", topk=2)
+    assert cli(["verify", str(tmp_path / "s"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["ok"] is True and out["problems"] == [] and out["samples"] == 12
+
+
+def _all_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file() and ".lock" not in p.name)
+
+
+def test_verify_detects_a_flipped_byte_in_every_file(tmp_path):
+    """One byte flipped in any data or metadata file, root and plan included."""
+    builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=2)
+    files = _all_files(tmp_path / "s")
+    assert len(files) > 15
+    for path in files:
+        original = path.read_bytes()
+        for position in {0, len(original) // 2, len(original) - 1}:
+            corrupted = bytearray(original)
+            corrupted[position] ^= 0x01
+            path.write_bytes(bytes(corrupted))
+            report = verify_store(tmp_path / "s")
+            path.write_bytes(original)
+            assert not report.ok, f"flipped byte {position} of {path.relative_to(tmp_path)} went unnoticed"
+    assert verify_store(tmp_path / "s").ok
+
+
+def test_verify_detects_truncation_deletion_nan_and_fingerprint_edit(tmp_path, capsys):
+    store_path = tmp_path / "s"
+    _, shards = builders.random_store(store_path)
+
+    data_file = store_path / "shards/shard-000001/layer_3/c/0/0"
+    original = data_file.read_bytes()
+    data_file.write_bytes(original[:-10])
+    assert cli(["verify", str(store_path), "--json"]) == 1
+    problem = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["problems"][0]
+    assert problem["shard"] == "shard-000001" and problem["file"] == "layer_3/c/0/0" and "truncated" in problem["what"]
+    data_file.write_bytes(original)
+
+    import shutil
+
+    shutil.move(store_path / "shards/shard-000002", tmp_path / "moved")
+    report = verify_store(store_path)
+    assert [(p["shard"], "missing" in p["what"]) for p in report.problems] == [("shard-000002", True)]
+    shutil.move(tmp_path / "moved", store_path / "shards/shard-000002")
+
+    root_meta = store_path / "zarr.json"
+    original_root = root_meta.read_text()
+    meta = json.loads(original_root)
+    meta["attributes"]["dflash_store"]["fingerprint"]["hidden_size"] = 128
+    root_meta.write_text(json.dumps(meta))
+    report = verify_store(store_path)
+    assert any("fingerprint" in p["what"] for p in report.problems)
+    root_meta.write_text(original_root)
+    assert verify_store(store_path).ok
+
+
+def test_verify_detects_nan_and_inf_written_into_hidden_states(tmp_path):
+    writer = create_store(tmp_path / "s", _fingerprint(hidden_size=64), CodecConfig(chunk_bytes=2048))
+    hidden = torch.randn(100, 64).to(torch.bfloat16)
+    hidden[37, 5] = float("nan")
+    hidden[80, 0] = float("inf")
+    writer.write_shard("shard-000000", [SampleArrays("a", np.zeros(100, np.int32), np.ones(100, np.uint8), {1: hidden})])
+    report = verify_store(tmp_path / "s")
+    assert [p["array"] for p in report.problems] == ["layer_1"]
+    assert "2 token(s) with NaN/Inf, first at token 37" in report.problems[0]["what"]
+
+
+def test_reader_refuses_a_corrupted_shard_naming_the_file(tmp_path):
+    builders.random_store(tmp_path / "s", num_shards=1)
+    path = tmp_path / "s/shards/shard-000000/layer_1/c/0/0"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptShardError, match="shard-000000: layer_1/c/0/0: crc32c"):
+        Store(tmp_path / "s").read_shard("shard-000000")
+
+
+def test_reader_names_missing_layers_and_mismatched_fields(tmp_path):
+    builders.random_store(tmp_path / "s", num_shards=1)
+    store = Store(tmp_path / "s")
+    with pytest.raises(KeyError, match=r"no layer\(s\) \[2\]; it holds layers \[1, 3\]"):
+        store.read_shard("shard-000000", layers=[1, 2])
+    with pytest.raises(FingerprintMismatch, match="hidden_size: store has 64, expected 5120"):
+        store.check_fingerprint(hidden_size=5120, vocab_size=512)
+
+
+def test_final_layer_is_never_a_context_layer():
+    with pytest.raises(ValueError, match="final layer"):
+        _fingerprint(num_target_layers=4, layer_ids=[1, 3])
+
+
+def test_existing_store_is_kept_unless_overwrite(tmp_path):
+    builders.random_store(tmp_path / "s", num_shards=1)
+    with pytest.raises(StoreExistsError):
+        create_store(tmp_path / "s", _fingerprint())
+    create_store(tmp_path / "s", _fingerprint(), overwrite=True)
+    assert Store(tmp_path / "s").committed_shards() == []
+
+
+_WRITE_ONE_SHARD = """
+import sys
+sys.path.insert(0, {tests!r}); sys.path.insert(0, {repo!r})
+import numpy as np, torch
+from store_schema import StoreWriter, SampleArrays
+index = int(sys.argv[1])
+writer = StoreWriter({store!r})
+samples = [SampleArrays(f"p{{index}}-{{i}}", np.full(300, i, np.int32), np.ones(300, np.uint8),
+           {{1: torch.full((300, 256), float(index), dtype=torch.bfloat16)}}) for i in range(20)]
+assert writer.write_shard(f"shard-{{index:06d}}", samples)
+"""
+
+
+def test_two_processes_writing_different_shards_leave_a_valid_store(tmp_path):
+    create_store(tmp_path / "s", _fingerprint(), CodecConfig(chunk_bytes=4096))
+    script = _WRITE_ONE_SHARD.format(tests=str(REPO / "tests"), repo=str(REPO), store=str(tmp_path / "s"))
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i)]) for i in range(2)]
+    assert [p.wait() for p in procs] == [0, 0]
+    store = Store(tmp_path / "s")
+    assert store.committed_shards() == ["shard-000000", "shard-000001"]
+    report = verify_store(tmp_path / "s")
+    assert report.ok and report.samples == 40
+    assert float(store.read_shard("shard-000001").hidden[1].float().mean()) == 1.0
+
+
+def test_a_live_job_holds_the_store_and_a_dead_one_does_not(tmp_path):
+    (tmp_path / "s").mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import sys,time; sys.path.insert(0,{str(REPO)!r});"
+         f"from store_schema import StoreLock; l=StoreLock({str(tmp_path / 's')!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    assert holder.stdout.readline().strip() == b"held"
+    with pytest.raises(StoreLockedError, match="held by another live job"):
+        StoreLock(tmp_path / "s").acquire()
+    holder.kill()
+    holder.wait()
+    with StoreLock(tmp_path / "s"):
+        pass
+
+
+def test_cli_usage_errors_exit_2(tmp_path, capsys):
+    assert cli(["verify", str(tmp_path / "nowhere")]) == 2
+    assert cli(["verify"]) == 2
+    builders.random_store(tmp_path / "s", num_shards=1)
+    assert cli(["info", str(tmp_path / "s"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["samples"] == 4 and summary["layers"] == ["layer_1", "layer_3"]
+    assert 0 < summary["ratio"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run([sys.executable, "-m", "store_schema", "verify", str(tmp_path / "s")], env=env, capture_output=True, text=True)
+    assert result.returncode == 0 and "OK: store is intact" in result.stdout
