@@ -1,0 +1,299 @@
+"""Corpus readers: JSONL, Parquet, or a `datasets` directory (`save_to_disk`).
+
+Records are numbered 0..n-1 in file order. That ``record_index`` is the only
+link between the plan and the corpus, so every reader can both stream all
+records (planning) and fetch a few by index cheaply (a worker re-reading one
+shard's records): JSONL keeps a byte-offset index of its lines, Parquet seeks
+to row groups, a `datasets` directory is memory-mapped Arrow.
+
+A record that cannot be parsed is not an exception: it comes back as a
+`BadRecord` with a reason, so one broken line never stops a 900K-record job.
+
+A corpus path is one file (``.jsonl``/``.json``/``.parquet``), a directory
+saved by ``Dataset.save_to_disk``, or a directory of ``.jsonl`` or ``.parquet``
+files read in sorted name order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+PARQUET_SUFFIXES = (".parquet",)
+
+
+@dataclass(frozen=True)
+class BadRecord:
+    """A record the reader could not turn into a dict (reason as in the plan)."""
+
+    reason: str  # "malformed_json" | "invalid_utf8" | "wrong_type"
+    detail: str = ""
+
+
+Record = dict  # a parsed record; fields are validated by `extract.tokenization`
+
+
+class Corpus:
+    """A numbered, re-readable sequence of records. Open with `open_corpus`."""
+
+    format: str
+    path: Path
+    files: tuple[Path, ...]
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def iter_records(self, start: int = 0, stop: int | None = None) -> Iterator[tuple[int, Record | BadRecord]]:
+        """Yield ``(record_index, record or BadRecord)`` for ``start <= index < stop`` in order."""
+        raise NotImplementedError
+
+    def read(self, indices: Iterable[int]) -> list[Record | BadRecord]:
+        """Records at ``indices``, in the order given (duplicates allowed)."""
+        raise NotImplementedError
+
+    def content_hash(self) -> str:
+        """sha256 over the data files' names (relative) and bytes, in read order.
+
+        Names are included so that moving bytes between files changes the hash;
+        the same data in two formats hashes differently (it is a different file)."""
+        digest = hashlib.sha256()
+        for file in self.files:
+            name = str(file.relative_to(self.path)) if file != self.path else file.name
+            digest.update(name.encode() + b"\0" + str(file.stat().st_size).encode() + b"\0")
+            with file.open("rb") as f:
+                while block := f.read(1 << 22):
+                    digest.update(block)
+        return digest.hexdigest()
+
+    def _check_range(self, start: int, stop: int | None) -> tuple[int, int]:
+        n = len(self)
+        stop = n if stop is None else min(stop, n)
+        if start < 0 or start > stop:
+            raise IndexError(f"record range {start}..{stop} is outside 0..{n}")
+        return start, stop
+
+    def _check_index(self, index: int) -> int:
+        if not 0 <= index < len(self):
+            raise IndexError(f"record index {index} is outside 0..{len(self) - 1} of {self.path}")
+        return index
+
+
+def _parse_json_line(raw: bytes) -> Record | BadRecord:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        return BadRecord("invalid_utf8", f"byte {error.start}: {error.reason}")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        return BadRecord("malformed_json", f"{error.msg} at column {error.colno}")
+    except RecursionError:
+        return BadRecord("malformed_json", "nesting too deep")
+    if not isinstance(value, dict):
+        return BadRecord("wrong_type", f"record is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+class JsonlCorpus(Corpus):
+    """One record per non-blank line. Blank lines are not records (not numbered),
+    so a trailing newline or a spacer line never shifts indices."""
+
+    format = "jsonl"
+
+    def __init__(self, path: Path, files: list[Path]):
+        self.path, self.files = path, tuple(files)
+        file_ids, offsets = [], []
+        for file_id, file in enumerate(self.files):
+            with file.open("rb") as f:
+                position = 0
+                for line in f:
+                    if line.strip():
+                        file_ids.append(file_id)
+                        offsets.append(position)
+                    position += len(line)
+        self._file_ids = np.asarray(file_ids, dtype=np.int32)
+        self._offsets = np.asarray(offsets, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+    @staticmethod
+    def _clean(line: bytes, offset: int) -> bytes:
+        line = line.rstrip(b"\r\n")
+        if offset == 0 and line.startswith(b"\xef\xbb\xbf"):  # UTF-8 byte-order mark
+            line = line[3:]
+        return line
+
+    def iter_records(self, start=0, stop=None):
+        start, stop = self._check_range(start, stop)
+        index = start
+        while index < stop:
+            file_id = int(self._file_ids[index])
+            with self.files[file_id].open("rb") as f:
+                f.seek(int(self._offsets[index]))
+                while index < stop and self._file_ids[index] == file_id:
+                    offset = f.tell()
+                    line = f.readline()
+                    if not line.strip():
+                        continue
+                    yield index, _parse_json_line(self._clean(line, offset))
+                    index += 1
+
+    def read(self, indices):
+        indices = [self._check_index(int(i)) for i in indices]
+        by_index = {}
+        handles = {}
+        try:
+            for index in sorted(set(indices)):
+                file_id = int(self._file_ids[index])
+                if file_id not in handles:
+                    handles[file_id] = self.files[file_id].open("rb")
+                f = handles[file_id]
+                offset = int(self._offsets[index])
+                f.seek(offset)
+                by_index[index] = _parse_json_line(self._clean(f.readline(), offset))
+        finally:
+            for f in handles.values():
+                f.close()
+        return [by_index[i] for i in indices]
+
+
+def _arrow_rows(table) -> list[Record]:
+    return table.to_pylist()
+
+
+class ParquetCorpus(Corpus):
+    """Rows in file order, row group by row group; ``read`` decodes only the row
+    groups that hold the requested rows."""
+
+    format = "parquet"
+
+    def __init__(self, path: Path, files: list[Path]):
+        import pyarrow.parquet as pq
+
+        self.path, self.files = path, tuple(files)
+        self._groups = []  # (file_id, row_group, first_index)
+        total = 0
+        for file_id, file in enumerate(self.files):
+            meta = pq.ParquetFile(file).metadata
+            for group in range(meta.num_row_groups):
+                self._groups.append((file_id, group, total))
+                total += meta.row_group(group).num_rows
+        self._starts = [g[2] for g in self._groups]
+        self._len = total
+
+    def __len__(self):
+        return self._len
+
+    def _group_rows(self, group_pos: int, cache: dict) -> list[Record]:
+        import pyarrow.parquet as pq
+
+        if group_pos not in cache:
+            cache.clear()  # keep one decoded row group at a time
+            file_id, group, _ = self._groups[group_pos]
+            cache[group_pos] = _arrow_rows(pq.ParquetFile(self.files[file_id]).read_row_group(group))
+        return cache[group_pos]
+
+    def iter_records(self, start=0, stop=None):
+        start, stop = self._check_range(start, stop)
+        cache: dict = {}
+        for index in range(start, stop):
+            group_pos = bisect_right(self._starts, index) - 1
+            yield index, self._group_rows(group_pos, cache)[index - self._starts[group_pos]]
+
+    def read(self, indices):
+        indices = [self._check_index(int(i)) for i in indices]
+        cache: dict = {}
+        by_index = {}
+        for index in sorted(set(indices)):
+            group_pos = bisect_right(self._starts, index) - 1
+            by_index[index] = self._group_rows(group_pos, cache)[index - self._starts[group_pos]]
+        return [by_index[i] for i in indices]
+
+
+class DatasetsCorpus(Corpus):
+    """A `datasets.Dataset` saved with ``save_to_disk`` (memory-mapped Arrow)."""
+
+    format = "datasets"
+    _BATCH = 512
+
+    def __init__(self, path: Path):
+        import datasets
+
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if len(loaded) != 1:
+                raise ValueError(
+                    f"{path} holds a DatasetDict with splits {sorted(loaded)}; point the corpus at one split's "
+                    f"directory (e.g. {path}/train)"
+                )
+            (split,) = loaded
+            path = path / split
+            loaded = loaded[split]
+        self.path = path
+        self._dataset = loaded.with_format(None)
+        state = json.loads((path / "state.json").read_text())
+        self.files = tuple(path / entry["filename"] for entry in state["_data_files"])
+
+    def __len__(self):
+        return len(self._dataset)
+
+    def _rows(self, batch: dict) -> list[Record]:
+        columns = list(batch)
+        count = len(batch[columns[0]]) if columns else 0
+        return [{c: batch[c][i] for c in columns} for i in range(count)]
+
+    def iter_records(self, start=0, stop=None):
+        start, stop = self._check_range(start, stop)
+        for first in range(start, stop, self._BATCH):
+            rows = self._rows(self._dataset[first : min(first + self._BATCH, stop)])
+            yield from enumerate(rows, start=first)
+
+    def read(self, indices):
+        indices = [self._check_index(int(i)) for i in indices]
+        if not indices:
+            return []
+        return self._rows(self._dataset[indices])
+
+
+def open_corpus(path: str | Path) -> Corpus:
+    """Open a corpus, choosing the reader from what is on disk."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"corpus {path} does not exist")
+    if path.is_file():
+        if path.name.endswith(PARQUET_SUFFIXES):
+            return ParquetCorpus(path, [path])
+        if path.name.endswith(JSONL_SUFFIXES):
+            return JsonlCorpus(path, [path])
+        raise ValueError(f"corpus file {path} is neither JSONL ({', '.join(JSONL_SUFFIXES)}) nor Parquet")
+    if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
+        return DatasetsCorpus(path)
+    files = sorted(p for p in path.iterdir() if p.is_file())
+    jsonl = [p for p in files if p.name.endswith(JSONL_SUFFIXES)]
+    parquet = [p for p in files if p.name.endswith(PARQUET_SUFFIXES)]
+    if jsonl and parquet:
+        raise ValueError(f"corpus directory {path} mixes JSONL and Parquet files; keep one format")
+    if parquet:
+        return ParquetCorpus(path, parquet)
+    if jsonl:
+        return JsonlCorpus(path, jsonl)
+    raise ValueError(f"corpus directory {path} has no JSONL or Parquet files and is not a datasets directory")
+
+
+def iter_records(path: str | Path, start: int = 0, stop: int | None = None):
+    """Yield ``(record_index, record or BadRecord)`` over the corpus at ``path``."""
+    yield from open_corpus(path).iter_records(start, stop)
+
+
+def read_records(path: str | Path, indices: Iterable[int]) -> list[Record | BadRecord]:
+    """Records at ``indices`` (order kept). Opening indexes the corpus; a worker
+    that reads many shards should keep one `open_corpus` object instead."""
+    return open_corpus(path).read(indices)
