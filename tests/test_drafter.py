@@ -1,0 +1,184 @@
+"""The DFlash drafter: parameter names, the training mask (no leaks), agreement with
+a one-block-at-a-time reference, flex == sdpa, config validation, anchors."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from train.anchors import anchor_candidates, dense_attention_mask, sample_anchors
+from train.model import DFlashDrafter, DrafterConfig, default_context_layer_ids
+from train.target_head import read_target_config
+
+HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 48
+
+
+def tiny_config(**overrides) -> DrafterConfig:
+    fields = dict(
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        num_target_layers=6,
+        context_layer_ids=[1, 3],
+        mask_token_id=3,
+        num_layers=2,
+        block_size=BLOCK,
+        rope_theta=10000.0,
+    )
+    fields.update(overrides)
+    return DrafterConfig(**fields)
+
+
+@pytest.fixture(scope="module")
+def parts():
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(tiny_config()).eval()
+    embed = torch.nn.Embedding(VOCAB, HIDDEN).requires_grad_(False)
+    features = torch.randn(T, 2 * HIDDEN)
+    input_ids = torch.randint(0, VOCAB, (T,))
+    return drafter, embed, features, input_ids
+
+
+def test_parameter_names_are_zlab_checkpoint_names(parts):
+    drafter = parts[0]
+    expected = {"fc.weight", "hidden_norm.weight", "norm.weight"}
+    for i in range(2):
+        p = f"layers.{i}."
+        expected |= {p + f"self_attn.{n}.weight" for n in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")}
+        expected |= {p + f"mlp.{n}.weight" for n in ("gate_proj", "up_proj", "down_proj")}
+        expected |= {p + "input_layernorm.weight", p + "post_attention_layernorm.weight"}
+    assert set(drafter.state_dict()) == expected
+    assert drafter.fc.weight.shape == (HIDDEN, 2 * HIDDEN)
+
+
+def reference_block(drafter, embed, features, input_ids, anchor):
+    """One block as inference runs it: the context is only positions < anchor, one
+    block, no mask at all. Uses the drafter's own modules, none of its masking."""
+    cfg = drafter.config
+    context = drafter.hidden_norm(drafter.fc(features[:anchor]))[None]
+    ids = torch.full((1, cfg.block_size), cfg.mask_token_id)
+    ids[0, 0] = input_ids[anchor]
+    x = embed(ids)
+    positions = torch.cat([torch.arange(anchor), anchor + torch.arange(cfg.block_size)])
+    cos, sin = drafter.rotary_emb(x, positions[None])
+    for layer in drafter.layers:
+        x = layer(x, context, cos, sin, None)
+    return drafter.norm(x)[0]
+
+
+def test_batched_blocks_equal_one_block_at_a_time(parts):
+    drafter, embed, features, input_ids = parts
+    anchors = torch.tensor([0, 5, 6, 17, 40])
+    with torch.no_grad():
+        out = drafter(features, input_ids, anchors, embed, attention="sdpa")
+        assert out.shape == (5, BLOCK, HIDDEN)
+        for j, anchor in enumerate(anchors.tolist()):
+            torch.testing.assert_close(out[j], reference_block(drafter, embed, features, input_ids, anchor), rtol=0, atol=1e-5)
+
+
+def test_no_leak_from_future_context_or_other_blocks(parts):
+    drafter, embed, features, input_ids = parts
+    anchors = torch.tensor([5, 12, 20])
+    j, anchor = 1, 12
+
+    def block_j(feats, ids, anchs, attention="sdpa"):
+        with torch.no_grad():
+            return drafter(feats, ids, anchs, embed, attention=attention)[list(anchs).index(anchor)]
+
+    base = block_j(features, input_ids, anchors)
+
+    future = features.clone()
+    future[anchor:] = torch.randn_like(future[anchor:]) * 5  # position == anchor included
+    torch.testing.assert_close(block_j(future, input_ids, anchors), base, rtol=0, atol=1e-6)
+
+    other_tokens = input_ids.clone()
+    other_tokens[5] = (other_tokens[5] + 1) % VOCAB  # block 0's anchor token
+    other_tokens[20] = (other_tokens[20] + 1) % VOCAB  # block 2's anchor token
+    other_tokens[anchor + 1 :] = (other_tokens[anchor + 1 :] + 7) % VOCAB  # the answers
+    torch.testing.assert_close(block_j(features, other_tokens, anchors), base, rtol=0, atol=1e-6)
+
+    moved = torch.tensor([2, 12, 30, 35])  # other blocks moved and one added
+    torch.testing.assert_close(block_j(features, input_ids, moved), base, rtol=0, atol=1e-6)
+
+    past = features.clone()
+    past[anchor - 1] += 1.0  # the last verified position is visible and must matter
+    assert (block_j(past, input_ids, anchors) - base).abs().max() > 1e-3
+
+
+def test_dense_mask_is_strictly_before_anchor_and_own_block():
+    mask = dense_attention_mask(torch.tensor([0, 3]), context_len=5, block_size=2)
+    expected = torch.zeros(4, 9, dtype=torch.bool)
+    expected[0:2, 5:7] = True  # block 0 (anchor 0): no context, its own two tokens
+    expected[2:4, 0:3] = True  # block 1 (anchor 3): context 0, 1, 2 only
+    expected[2:4, 7:9] = True
+    assert torch.equal(mask, expected)
+
+
+def test_flex_attention_equals_sdpa_on_cpu(parts):
+    drafter, embed, features, input_ids = parts
+    anchors = torch.tensor([0, 3, 9, 26, 40])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex without torch.compile warns on CPU
+        sdpa = drafter(features, input_ids, anchors, embed, attention="sdpa")
+        flex = drafter(features, input_ids, anchors, embed, attention="flex")
+    torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5)
+
+
+def test_gradients_reach_every_drafter_parameter(parts):
+    _, embed, features, input_ids = parts
+    torch.manual_seed(1)
+    drafter = DFlashDrafter(tiny_config())
+    drafter(features, input_ids, torch.tensor([4, 20]), embed).square().mean().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in drafter.parameters())
+    assert embed.weight.grad is None
+
+
+def test_config_refuses_the_final_target_layer():
+    with pytest.raises(ValueError, match="final layer 5"):
+        tiny_config(context_layer_ids=[1, 5])
+    with pytest.raises(ValueError, match="out of range"):
+        tiny_config(context_layer_ids=[1, 6])
+    with pytest.raises(ValueError, match="out of range"):
+        tiny_config(context_layer_ids=[-1, 2])
+
+
+def test_config_refuses_mask_token_outside_vocab():
+    with pytest.raises(ValueError, match="mask_token_id 512"):
+        tiny_config(mask_token_id=VOCAB)
+    with pytest.raises(ValueError, match="mask_token_id -1"):
+        tiny_config(mask_token_id=-1)
+    tiny_config(mask_token_id=VOCAB - 1)
+
+
+def test_default_context_layers_and_from_target(qwen3_dir):
+    assert default_context_layer_ids(36, 5) == [1, 9, 17, 25, 33]
+    assert default_context_layer_ids(64, 1) == [32]
+    target = read_target_config(qwen3_dir)
+    config = DrafterConfig.from_target(target, mask_token_id=3, num_context_layers=2, num_layers=2)
+    assert config.context_layer_ids == [1, 3] and target.num_hidden_layers - 1 not in config.context_layer_ids
+    assert (config.hidden_size, config.head_dim, config.num_key_value_heads) == (64, 16, 2)
+    with pytest.raises(ValueError, match="final layer"):
+        DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[2, target.num_hidden_layers - 1])
+
+
+def test_anchors_respect_loss_mask_and_block_end():
+    loss_mask = torch.zeros(40, dtype=torch.long)
+    loss_mask[10:25] = 1
+    loss_mask[30:40] = 1
+    candidates = anchor_candidates(loss_mask, BLOCK).tolist()
+    assert candidates == list(range(10, 25)) + [30, 31, 32]  # 40 - 8 = 32 is the last start
+    generator = torch.Generator().manual_seed(0)
+    draws = [sample_anchors(loss_mask, BLOCK, num_anchors=6, generator=generator) for _ in range(5)]
+    for anchors in draws:
+        assert anchors.numel() == 6 and torch.equal(anchors, anchors.sort().values)
+        assert len(set(anchors.tolist())) == 6 and set(anchors.tolist()) <= set(candidates)
+    assert len({tuple(a.tolist()) for a in draws}) > 1  # redrawn every step
+    again = torch.Generator().manual_seed(0)
+    assert torch.equal(sample_anchors(loss_mask, BLOCK, 6, again), draws[0])  # reproducible
+    assert sample_anchors(loss_mask, BLOCK, 512).tolist() == candidates  # fewer than asked: all
+    assert sample_anchors(torch.zeros(40), BLOCK).numel() == 0

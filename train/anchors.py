@@ -1,0 +1,85 @@
+"""Anchor sampling and the one attention mask of DFlash training.
+
+A training sequence of T tokens yields N blocks. Block j starts at anchor
+position a_j: `[input_ids[a_j], MASK x (B-1)]`, and its slot k predicts
+`input_ids[a_j + k]`. At inference the drafter only has target features for
+verified positions `< anchor` (the anchor is the bonus token the target has not
+processed yet), so in training block j may see context positions `< a_j` and its
+own B tokens, nothing else. Seeing position a_j or another block leaks the answer.
+
+The mask is defined once, as a `mask_mod(b, h, q_idx, kv_idx)` over the key layout
+`[context (T) | block 0 (B) | block 1 (B) | ...]`. flex_attention takes it directly;
+the dense boolean mask for SDPA is the same function evaluated on an index grid.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+MaskMod = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def anchor_candidates(loss_mask: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Positions that may start a block: trained on (`loss_mask == 1`) and with a
+    whole block inside the sequence (`pos <= len - B`)."""
+    if loss_mask.dim() != 1:
+        raise ValueError(f"loss_mask must be 1-D [T], got shape {tuple(loss_mask.shape)}")
+    length = loss_mask.shape[0]
+    allowed = loss_mask.bool().clone()
+    allowed[max(length - block_size + 1, 0) :] = False
+    return allowed.nonzero().flatten()
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor,
+    block_size: int,
+    num_anchors: int = 512,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Up to `num_anchors` distinct anchor positions, sorted, drawn without
+    replacement from `anchor_candidates`. Pass one seeded generator for the whole
+    run so the anchors are redrawn every step yet reproducible. Returns int64 [N]
+    on loss_mask's device (N may be 0 for a sequence with nothing to train on)."""
+    candidates = anchor_candidates(loss_mask.cpu(), block_size)
+    if candidates.numel() > num_anchors:
+        pick = torch.randperm(candidates.numel(), generator=generator)[:num_anchors]
+        candidates = candidates[pick]
+    return candidates.sort().values.to(loss_mask.device)
+
+
+def dflash_mask_mod(anchor_positions: torch.Tensor, context_len: int, block_size: int) -> MaskMod:
+    """The DFlash training mask as a flex_attention `mask_mod`.
+
+    Query q (block q // B) may attend key kv when kv is a context position strictly
+    before that block's anchor, or kv is a token of the same block (bidirectional
+    inside the block)."""
+
+    last_block = max(anchor_positions.numel() - 1, 0)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        block = q_idx // block_size
+        anchor = anchor_positions[block.clamp(max=last_block)]  # clamp: flex may pad q_idx
+        sees_context = (kv_idx < context_len) & (kv_idx < anchor)
+        same_block = (kv_idx >= context_len) & ((kv_idx - context_len) // block_size == block)
+        return sees_context | same_block
+
+    return mask_mod
+
+
+def dense_attention_mask(anchor_positions: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+    """Boolean mask [N*B, T + N*B] (True = may attend) for SDPA: `dflash_mask_mod`
+    evaluated on every (query, key) pair."""
+    num_queries = anchor_positions.numel() * block_size
+    device = anchor_positions.device
+    q_idx = torch.arange(num_queries, device=device)[:, None]
+    kv_idx = torch.arange(context_len + num_queries, device=device)[None, :]
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    return dflash_mask_mod(anchor_positions, context_len, block_size)(zero, zero, q_idx, kv_idx)
+
+
+def block_position_ids(anchor_positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Absolute RoPE positions of the block tokens, [N, B]: anchor .. anchor+B-1."""
+    offsets = torch.arange(block_size, device=anchor_positions.device)
+    return anchor_positions[:, None] + offsets[None, :]
