@@ -1,0 +1,77 @@
+"""One DFlash training step for one sequence, in the order that keeps it honest:
+
+1. draw anchors from the loss mask,
+2. build labels, weights and metric references from the clean tokens / stored
+   target predictions (`BlockTargets`),
+3. only then make the drafter's input, optionally with noise on the context
+   features (a new tensor; the caller's features are untouched),
+4. run the drafter and score it through the frozen lm_head.
+
+The seeds' run added noise to a tensor that also produced its target logits; here
+noise is created after the targets exist and flows only into the drafter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from train.anchors import sample_anchors
+from train.loss import LossOutput, block_targets, dflash_loss
+
+
+def add_context_noise(
+    features: torch.Tensor, scale: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Drafter input features plus uniform noise in [-scale, scale]. Returns a new
+    tensor; `features` itself is never modified. scale 0 returns `features`."""
+    if scale < 0:
+        raise ValueError(f"noise scale must be >= 0, got {scale}")
+    if scale == 0:
+        return features
+    device = generator.device if generator is not None else features.device
+    noise = torch.rand(features.shape, generator=generator, device=device, dtype=torch.float32)
+    noise = (noise * 2 - 1) * scale
+    return (features.float() + noise.to(features.device)).to(features.dtype)
+
+
+def dflash_step(
+    drafter,
+    head,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    context_features: torch.Tensor,
+    generator: torch.Generator | None = None,
+    num_anchors: int = 512,
+    gamma: float | None = None,
+    noise_scale: float = 0.0,
+    chunk_rows: int = 2048,
+    kl_mix: float = 0.0,
+    labels: str = "tokens",
+    target_next_ids: torch.Tensor | None = None,
+    target_topk_ids: torch.Tensor | None = None,
+    target_topk_logprobs: torch.Tensor | None = None,
+    attention: str = "auto",
+) -> tuple[LossOutput, torch.Tensor, "object"]:
+    """Loss for one sequence. Returns (LossOutput, anchor_positions, BlockTargets).
+
+    drafter: train.model.DFlashDrafter; head: train.target_head.TargetHead.
+    input_ids, loss_mask: [T]; context_features: [T, n_ctx*H] (clean, from the store).
+    generator: one seeded torch.Generator for the run: anchors (and noise) are
+        redrawn every step, reproducibly."""
+    block_size = drafter.config.block_size
+    anchor_positions = sample_anchors(loss_mask, block_size, num_anchors, generator)
+    targets = block_targets(
+        input_ids,
+        loss_mask,
+        anchor_positions,
+        block_size,
+        gamma=gamma,
+        labels=labels,
+        target_next_ids=target_next_ids,
+        target_topk_ids=target_topk_ids,
+        target_topk_logprobs=target_topk_logprobs,
+    )
+    drafter_input = add_context_noise(context_features, noise_scale, generator)
+    hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=attention)
+    output = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=chunk_rows, kl_mix=kl_mix)
+    return output, anchor_positions, targets
