@@ -1,0 +1,428 @@
+"""The target-model runner: what one extraction worker holds for its lifetime.
+
+    target = load_target("/models/Qwen3.6-27B", device="cuda")
+    runner = TargetRunner(target, layer_ids=[1, 16, 31, 46, 61])
+    for batch in batches_by_length([len(s) for s in samples], max_batch_tokens=32768):
+        outputs = runner.run_batch([samples[i] for i in batch])
+        # outputs[j] = {layer_id: bf16 [len_j, H] on CPU, ...}
+
+Layer id ``L`` is the output of decoder layer ``L`` (0-based), i.e. transformers'
+``hidden_states[L + 1]``, before the final norm (see ``extract.layers``).
+
+What it does, in order:
+
+1. ``load_target`` loads any Hugging Face causal LM from a local directory with
+   ``AutoModelForCausalLM``. For the multimodal release layout
+   (``Qwen3_5ForConditionalGeneration``: nested ``text_config``, weights under
+   ``model.language_model.*``) transformers itself maps the checkpoint onto the
+   text-only ``Qwen3_5ForCausalLM`` and strips the ``language_model`` prefix; the
+   vision tower's tensors are skipped while reading the safetensors, so they never
+   reach memory. We check that afterwards (no missing weights, no vision
+   parameters), because a silently random-initialised weight would poison the
+   whole store.
+2. ``TargetRunner`` captures only the chosen layers with forward hooks on the
+   decoder layers and stops the forward after the last needed layer by raising a
+   private exception from that layer's hook (layers after it, the final norm and
+   ``lm_head`` never run). With ``topk=K`` it runs the full forward instead and
+   returns the target's top-K next-token ids and log-probs, computing the
+   ``lm_head`` + ``log_softmax`` over the vocabulary a few rows at a time.
+3. Batches are right-padded with an attention mask; only real positions are ever
+   gathered, cast to bf16 and copied to the host. With right padding every real
+   position precedes every pad in its row, so causal attention, the causal conv1d
+   and the gated-delta-rule recurrence of hybrid linear-attention layers cannot
+   see pads (transformers also zeroes padded inputs of linear-attention layers);
+   ``tests/test_target.py`` checks batched == one-at-a-time.
+   On CUDA the device-to-host copy goes into pinned memory with
+   ``non_blocking=True``: ``submit`` returns at once and the caller can compress
+   and write the previous batch before calling ``result()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .layers import validate_layer_ids
+
+STORE_DTYPE = torch.bfloat16
+
+# Rows of logits materialised at once when computing top-k (rows x vocab floats):
+# 2**26 fp32 values = 256 MiB, e.g. 270 positions of a 248K vocabulary.
+TOPK_LOGITS_BUDGET = 1 << 26
+
+
+# --------------------------------------------------------------------------- loading
+
+
+@dataclass
+class Target:
+    """A loaded target model and the facts about it the store's fingerprint needs."""
+
+    model: torch.nn.Module  # the *ForCausalLM, eval mode, requires_grad off
+    path: str
+    device: torch.device
+    dtype: torch.dtype  # compute dtype; the store keeps bf16 regardless
+    num_layers: int  # decoder layers N (valid context layer ids are 0 .. N-2)
+    hidden_size: int
+    vocab_size: int
+    architecture: str  # class actually loaded, e.g. "Qwen3_5ForCausalLM"
+    checkpoint_architectures: list[str] = field(default_factory=list)  # from config.json
+    kernels: dict = field(default_factory=dict)  # see `kernel_report`
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """bf16 on GPU (what the target is served in). float32 on CPU: the CPU path is
+    the reference path (tests, `verify` re-extracting a few samples), where accuracy
+    matters and throughput does not, and CPU bf16 speed depends on the host (fast
+    with AVX512-BF16/AMX, emulated and slow without). The store keeps bf16 either way."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_target(
+    model_path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+) -> Target:
+    """Load the target's language model from a local directory, in eval mode with
+    gradients off. Only the language model of a multimodal checkpoint is loaded."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(model_path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a model directory (no config.json)")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device='cuda' requested but torch sees no CUDA device")
+    dtype = dtype or default_dtype(device)
+
+    model, loading = AutoModelForCausalLM.from_pretrained(
+        str(path),
+        dtype=dtype,
+        device_map=None if device.type == "cpu" else str(device),  # weights go straight to the GPU
+        trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
+        output_loading_info=True,
+    )
+    if loading["missing_keys"] or loading["mismatched_keys"]:
+        raise RuntimeError(
+            f"{path}: weights missing {sorted(loading['missing_keys'])[:8]} or mismatched "
+            f"{sorted(loading['mismatched_keys'])[:8]} while loading {type(model).__name__}; "
+            "they would be randomly initialised"
+        )
+    vision = [name for name, _ in model.named_parameters() if _is_vision_parameter(name)]
+    if vision:
+        raise RuntimeError(
+            f"{path}: {type(model).__name__} holds vision-tower parameters ({vision[:3]} ...); this "
+            "transformers version does not map the multimodal checkpoint onto its text-only causal LM"
+        )
+    model.eval()
+    model.requires_grad_(False)
+
+    config = model.config
+    return Target(
+        model=model,
+        path=str(path),
+        device=device,
+        dtype=dtype,
+        num_layers=len(decoder_layers(model)),
+        hidden_size=int(config.hidden_size),
+        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+        architecture=type(model).__name__,
+        checkpoint_architectures=list(_checkpoint_architectures(path)),
+        kernels=kernel_report(model),
+    )
+
+
+def _is_vision_parameter(name: str) -> bool:
+    return any(part in ("visual", "vision_tower", "vision_model") for part in name.split("."))
+
+
+def _checkpoint_architectures(path: Path) -> list[str]:
+    import json
+
+    return json.loads((path / "config.json").read_text()).get("architectures") or []
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers, in order (``model.model.layers`` for Llama-style LMs)."""
+    decoder = model.get_decoder()
+    layers = getattr(decoder, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList):
+        return layers
+    num_layers = getattr(model.config, "num_hidden_layers", None)
+    lists = [m for m in decoder.children() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
+    if len(lists) != 1:
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+    return lists[0]
+
+
+# Functions transformers wraps with `use_kernel_func_from_hub_with_fallback`, as run
+# by a cache-less (prefill) forward: hub-kernel name -> (report key, package name).
+_PREFILL_KERNELS = {
+    "chunk_gated_delta_rule": ("linear_attention", {"fla": "fla"}),
+    "causal_conv1d_fn": ("causal_conv1d", {"causal_conv1d": "causal-conv1d"}),
+}
+
+
+def kernel_report(model: torch.nn.Module) -> dict:
+    """Which implementations this model's forward uses, for the store's fingerprint:
+    ``{"attention": "sdpa", "linear_attention": "fla"|"torch"|None,
+    "causal_conv1d": "causal-conv1d"|"torch"|None}`` (None: the model has no such layers).
+
+    transformers picks, once at import of the modeling module, the optional package's
+    function if it imports and its own PyTorch reference otherwise, and keeps the choice
+    in the wrapper's closure; we read that choice rather than guess it. (Hub kernels via
+    ``use_kernels=True``/``kernelize`` would override it; `load_target` never asks for them.)
+    """
+    report = {"attention": getattr(model.config, "_attn_implementation", None)}
+    report.update({key: None for key, _ in _PREFILL_KERNELS.values()})
+    names = {type(m).__module__ for m in model.modules()}
+    modules = [sys.modules[name] for name in sorted(names) if name in sys.modules and not name.startswith("torch")]
+    for module in modules:
+        for function in vars(module).values():
+            if not inspect.isfunction(function):
+                continue
+            chosen = _kernel_choice(function)
+            if chosen is not None and chosen[0] in _PREFILL_KERNELS:
+                key, names = _PREFILL_KERNELS[chosen[0]]
+                report[key] = names.get(chosen[1], chosen[1]) if chosen[1] != "torch" else "torch"
+    return report
+
+
+def _kernel_choice(function) -> tuple[str, str] | None:
+    """(hub-kernel name, "torch" or the package it resolved to) for a function wrapped
+    by transformers' `use_kernel_func_from_hub_with_fallback`, else None."""
+    while function is not None:
+        try:
+            names = inspect.getclosurevars(function).nonlocals
+        except (TypeError, ValueError):
+            names = {}
+        if {"func_name", "implementation", "torch_function", "package"} <= names.keys():
+            if names["implementation"] is names["torch_function"]:
+                return names["func_name"], "torch"
+            return names["func_name"], names["package"]
+        function = getattr(function, "__wrapped__", None)
+    return None
+
+
+def package_importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+        return True
+    except Exception:
+        return False
+
+
+# --------------------------------------------------------------------------- batching
+
+
+def batches_by_length(
+    lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int | None = None
+) -> list[list[int]]:
+    """Group sample indices so that each batch's *padded* size
+    (``len(batch) * max length in batch``) stays within ``max_batch_tokens``.
+
+    Samples are taken longest first (so the heaviest batch runs first and an
+    out-of-memory shows up at once) and packed greedily, which puts samples of
+    similar length together. A sample longer than the budget gets a batch of its
+    own. Deterministic: ties keep input order. Every index appears exactly once.
+    """
+    if max_batch_tokens < 1:
+        raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in order:
+        longest = int(lengths[current[0]]) if current else int(lengths[index])
+        full = max_batch_size is not None and len(current) >= max_batch_size
+        if current and (full or (len(current) + 1) * longest > max_batch_tokens):
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+# --------------------------------------------------------------------------- running
+
+
+class _StopForward(Exception):
+    """Raised by the hook of the last needed layer: the rest of the forward is skipped."""
+
+
+class PendingBatch:
+    """Outputs of a submitted batch. On CUDA the host copies may still be in flight:
+    `result()` waits for them. Never read the tensors before calling `result()`."""
+
+    def __init__(self, outputs: list[dict], copied: torch.cuda.Event | None):
+        self._outputs = outputs
+        self._copied = copied
+
+    def done(self) -> bool:
+        return self._copied is None or self._copied.query()
+
+    def result(self) -> list[dict]:
+        if self._copied is not None:
+            self._copied.synchronize()
+            self._copied = None
+        return self._outputs
+
+
+class TargetRunner:
+    """Turns batches of token sequences into the chosen layers' hidden states.
+
+    Each output is a dict ``{layer_id: bf16 tensor [len, H] on CPU}`` for the sample's
+    real positions only; with ``topk=K`` it also holds ``"topk_ids"`` (int32 [len, K])
+    and ``"topk_logprobs"`` (float32 [len, K]): the target's K most likely next tokens
+    at each position and their log-probabilities (log_softmax over the full vocab).
+    A sample's tensors are views into one host buffer per batch.
+    """
+
+    def __init__(self, target: Target, layer_ids: Sequence[int], topk: int | None = None):
+        self.target = target
+        self.layer_ids = validate_layer_ids(layer_ids, target.num_layers)
+        if topk is not None:
+            if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= target.vocab_size:
+                raise ValueError(f"topk must be an int in 1..{target.vocab_size}, got {topk!r}")
+            _check_plain_lm_head(target.model)
+        self.topk = topk
+        self._layers = decoder_layers(target.model)
+        self._decoder = target.model.get_decoder()
+        self._lm_head = target.model.get_output_embeddings()
+        pad = getattr(target.model.config, "pad_token_id", None)
+        self._pad_id = pad if isinstance(pad, int) and 0 <= pad < target.vocab_size else 0
+
+    def run_batch(self, sequences: Sequence[np.ndarray]) -> list[dict]:
+        return self.submit(sequences).result()
+
+    @torch.no_grad()
+    def submit(self, sequences: Sequence[np.ndarray]) -> PendingBatch:
+        lengths = self._check_sequences(sequences)
+        device = self.target.device
+        batch, width = len(lengths), max(lengths)
+
+        # Right padding: sample b's tokens sit at [b, 0:len_b], pads after them.
+        input_ids = torch.full((batch, width), self._pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((batch, width), dtype=torch.long)
+        for b, sequence in enumerate(sequences):
+            input_ids[b, : lengths[b]] = torch.from_numpy(np.asarray(sequence, dtype=np.int64))
+            attention_mask[b, : lengths[b]] = 1
+        # Flat indices of the real positions in [batch * width]; gathering with them
+        # (instead of a boolean mask) needs no device-to-host sync.
+        real = torch.cat([b * width + torch.arange(n) for b, n in enumerate(lengths)])
+        input_ids, attention_mask, real = (t.to(device, non_blocking=True) for t in (input_ids, attention_mask, real))
+
+        captured = self._forward(input_ids, attention_mask, real)
+
+        packed = {"hidden": torch.stack([captured[L] for L in self.layer_ids])}  # [layers, tokens, H] bf16
+        if self.topk is not None:
+            packed["topk_ids"], packed["topk_logprobs"] = self._topk(captured["final"])
+        host, copied = _to_host(packed)
+
+        outputs, start = [], 0
+        for n in lengths:
+            sample = {L: host["hidden"][j, start : start + n] for j, L in enumerate(self.layer_ids)}
+            if self.topk is not None:
+                sample["topk_ids"] = host["topk_ids"][start : start + n]
+                sample["topk_logprobs"] = host["topk_logprobs"][start : start + n]
+            outputs.append(sample)
+            start += n
+        return PendingBatch(outputs, copied)
+
+    def _forward(self, input_ids, attention_mask, real) -> dict:
+        """Run the decoder, keeping each chosen layer's output at the real positions
+        (bf16 [tokens, H]) and, for top-k, the final-norm output (model dtype)."""
+        captured: dict = {}
+        last_needed = self.layer_ids[-1]
+        stop_early = self.topk is None
+
+        def keep(layer_id):
+            def hook(module, args, output):
+                hidden = output[0] if isinstance(output, tuple) else output
+                captured[layer_id] = hidden.reshape(-1, hidden.shape[-1]).index_select(0, real).to(STORE_DTYPE)
+                if stop_early and layer_id == last_needed:
+                    raise _StopForward
+
+            return hook
+
+        handles = [self._layers[L].register_forward_hook(keep(L)) for L in self.layer_ids]
+        try:
+            output = self._decoder(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+            final = output.last_hidden_state  # after the final norm: what lm_head reads
+            captured["final"] = final.reshape(-1, final.shape[-1]).index_select(0, real)
+        except _StopForward:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        missing = [L for L in self.layer_ids if L not in captured]
+        if missing:
+            raise RuntimeError(f"decoder layers {missing} did not run; cannot capture them")
+        return captured
+
+    def _topk(self, final: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-K ids (int32) and log-probs (float32) per row of `final` [tokens, H],
+        a few rows at a time so that [tokens, vocab] logits never exist at once."""
+        rows = max(1, TOPK_LOGITS_BUDGET // self.target.vocab_size)
+        ids, logprobs = [], []
+        for chunk in final.split(rows):
+            logits = self._lm_head(chunk).float()  # as the CausalLM computes them, then fp32
+            values, indices = logits.topk(self.topk, dim=-1)
+            logprobs.append(values - logits.logsumexp(dim=-1, keepdim=True))
+            ids.append(indices.to(torch.int32))
+        return torch.cat(ids), torch.cat(logprobs)
+
+    def _check_sequences(self, sequences: Sequence[np.ndarray]) -> list[int]:
+        if len(sequences) == 0:
+            raise ValueError("empty batch")
+        lengths = []
+        for i, sequence in enumerate(sequences):
+            array = np.asarray(sequence)
+            if array.ndim != 1 or array.size == 0:
+                raise ValueError(f"sequence {i} must be a non-empty 1-D array, got shape {array.shape}")
+            if array.dtype.kind not in "iu":
+                raise ValueError(f"sequence {i} has dtype {array.dtype}; token ids must be integers")
+            low, high = int(array.min()), int(array.max())
+            if low < 0 or high >= self.target.vocab_size:
+                raise ValueError(
+                    f"sequence {i} has token ids in [{low}, {high}], outside the target's "
+                    f"vocabulary 0..{self.target.vocab_size - 1}"
+                )
+            lengths.append(int(array.size))
+        return lengths
+
+
+def _check_plain_lm_head(model: torch.nn.Module) -> None:
+    """Top-k applies `lm_head` itself; refuse models whose logits are post-processed."""
+    config = model.config
+    for name in ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale"):
+        if getattr(config, name, None) not in (None, 1, 1.0):
+            raise ValueError(f"topk is not supported for {type(model).__name__}: its logits use {name}")
+
+
+def _to_host(tensors: dict) -> tuple[dict, torch.cuda.Event | None]:
+    """Copy device tensors to the host: on CUDA into pinned memory without blocking
+    (an event marks completion), on CPU they are already there."""
+    first = next(iter(tensors.values()))
+    if first.device.type != "cuda":
+        return tensors, None
+    host = {}
+    for name, tensor in tensors.items():
+        # torch's caching host allocator reuses pinned blocks, so this is cheap after warm-up
+        host[name] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host[name].copy_(tensor, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+    return host, copied

@@ -1,0 +1,211 @@
+"""The target-model runner against real transformers forwards of tiny real models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from extract.target import (
+    TargetRunner,
+    batches_by_length,
+    decoder_layers,
+    kernel_report,
+    load_target,
+    package_importable,
+)
+
+# Mixed lengths: 1 token, shorter and longer than the gated-delta-rule chunk (64),
+# and the longest defines the padded width of the batch.
+LENGTHS = [37, 1, 90, 64, 13]
+
+
+def _sequences(lengths, seed=0, vocab=512):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, vocab, size=n).astype(np.int32) for n in lengths]
+
+
+def _token_cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cosine_similarity(a.float(), b.float(), dim=-1)
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, what: str):
+    """cosine >= 0.9999 per token, comparing bf16 values (what the store keeps)."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    assert actual.dtype == torch.bfloat16, what
+    cosine = _token_cosine(actual, expected.to(torch.bfloat16))
+    assert cosine.min() >= 0.9999, f"{what}: min cosine {cosine.min():.6f} at token {int(cosine.argmin())}"
+
+
+def _reference_hidden_states(model_dir, kind, sequence):
+    """A direct transformers forward of the checkpoint as saved, all hidden states."""
+    from transformers import AutoModelForCausalLM, Qwen3_5ForConditionalGeneration
+
+    cls = Qwen3_5ForConditionalGeneration if kind == "qwen3_5_vl" else AutoModelForCausalLM
+    model = cls.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    ids = torch.from_numpy(sequence.astype(np.int64))[None]
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+    return out.hidden_states, out.logits[0]
+
+
+@pytest.fixture(scope="module")
+def targets(qwen3_dir, qwen3_5_dir, qwen3_5_vl_dir):
+    dirs = {"qwen3": qwen3_dir, "qwen3_5": qwen3_5_dir, "qwen3_5_vl": qwen3_5_vl_dir}
+    return {kind: (path, load_target(path)) for kind, path in dirs.items()}
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_5", "qwen3_5_vl"])
+def test_captured_layers_equal_transformers_hidden_states(targets, kind):
+    path, target = targets[kind]
+    n = target.num_layers
+    layer_ids = [0, 2, n - 2]
+    sequence = _sequences([70], seed=1)[0]
+    expected, _ = _reference_hidden_states(path, kind, sequence)
+    assert len(expected) == n + 1
+
+    (out,) = TargetRunner(target, layer_ids).run_batch([sequence])
+
+    assert sorted(out) == layer_ids
+    for layer_id in layer_ids:
+        _assert_close(out[layer_id], expected[layer_id + 1][0], f"{kind} layer {layer_id}")
+    # The convention is not off by one: layer L's output is not hidden_states[L].
+    assert _token_cosine(out[2], expected[2][0]).min() < 0.999
+
+
+def test_load_defaults_and_multimodal_layout_loads_language_model_only(targets):
+    _, target = targets["qwen3_5_vl"]
+    assert target.dtype == torch.float32 and target.device.type == "cpu"
+    assert target.checkpoint_architectures == ["Qwen3_5ForConditionalGeneration"]
+    assert target.architecture == "Qwen3_5ForCausalLM"
+    assert (target.num_layers, target.hidden_size, target.vocab_size) == (8, 64, 512)
+    names = [name for name, _ in target.model.named_parameters()]
+    assert not [name for name in names if "visual" in name]
+    # Same parameter count as the text-only model of the same text config.
+    _, text_only = targets["qwen3_5"]
+    assert sum(p.numel() for p in target.model.parameters()) == sum(p.numel() for p in text_only.model.parameters())
+    assert not target.model.training
+    assert not any(p.requires_grad for p in target.model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_5"])
+def test_batched_right_padding_equals_one_at_a_time(targets, kind):
+    _, target = targets[kind]
+    runner = TargetRunner(target, [1, 3, target.num_layers - 2])
+    sequences = _sequences(LENGTHS, seed=2)
+
+    batched = runner.run_batch(sequences)
+
+    assert len(batched) == len(sequences)
+    for i, sequence in enumerate(sequences):
+        (single,) = runner.run_batch([sequence])
+        for layer_id in runner.layer_ids:
+            # no padded position is ever returned, and pads never reach real positions
+            assert batched[i][layer_id].shape == (len(sequence), target.hidden_size)
+            assert batched[i][layer_id].device.type == "cpu"
+            _assert_close(batched[i][layer_id], single[layer_id], f"{kind} sample {i} layer {layer_id}")
+
+
+def test_leaked_context_would_break_the_batched_tolerance(targets):
+    """The batched test can only fail if leakage is visible at its tolerance: show
+    that real positions of the hybrid model change beyond it when anything precedes
+    them in the row (as pads would with left padding), both after linear-attention
+    layers only (layer 0: conv1d + gated delta rule) and after full attention."""
+    _, target = targets["qwen3_5"]
+    runner = TargetRunner(target, [0, target.num_layers - 2])
+    short, long = _sequences([20, 50], seed=3)
+    (alone,) = runner.run_batch([short])
+    (prefixed,) = runner.run_batch([np.concatenate([long[:30], short])])
+    for layer_id in runner.layer_ids:
+        assert _token_cosine(prefixed[layer_id][30:], alone[layer_id]).min() < 0.9999, layer_id
+
+
+def test_forward_stops_after_last_needed_layer(targets):
+    _, target = targets["qwen3_5"]
+    layers = decoder_layers(target.model)
+    calls = []
+    handles = [layer.register_forward_hook(lambda m, a, o, i=i: calls.append(i)) for i, layer in enumerate(layers)]
+    try:
+        TargetRunner(target, [1, 3]).run_batch(_sequences([10, 20], seed=4))
+        assert calls == [0, 1, 2, 3]
+        calls.clear()
+        TargetRunner(target, [1, 3], topk=2).run_batch(_sequences([10], seed=4))
+        assert calls == list(range(target.num_layers))  # top-k needs the whole forward
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_5_vl"])
+def test_topk_matches_full_model_logits(targets, kind, monkeypatch):
+    path, target = targets[kind]
+    # a budget of 3 vocab-sized rows forces the chunked path on these short sequences
+    monkeypatch.setattr("extract.target.TOPK_LOGITS_BUDGET", 3 * target.vocab_size)
+    k = 8
+    runner = TargetRunner(target, [2], topk=k)
+    sequences = _sequences([25, 9, 40], seed=5)
+
+    outputs = runner.run_batch(sequences)
+
+    for sequence, out in zip(sequences, outputs):
+        hidden, logits = _reference_hidden_states(path, kind, sequence)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        expected_values, expected_ids = logprobs.topk(k, dim=-1)
+        assert out["topk_ids"].dtype == torch.int32 and out["topk_logprobs"].dtype == torch.float32
+        assert out["topk_ids"].shape == out["topk_logprobs"].shape == (len(sequence), k)
+        assert torch.equal(out["topk_ids"].long(), expected_ids)
+        torch.testing.assert_close(out["topk_logprobs"], expected_values, atol=1e-4, rtol=0)
+        _assert_close(out[2], hidden[3][0], f"{kind} layer 2 with topk")
+
+
+@pytest.mark.parametrize("bad", [[5], [6], [7], [-1], [3, 1], [2, 2], []])
+def test_layer_ids_out_of_range_are_refused(targets, bad):
+    _, target = targets["qwen3"]  # 6 layers: valid ids 0..4
+    with pytest.raises(ValueError, match=r"layer id|no context layer"):
+        TargetRunner(target, bad)
+
+
+def test_bad_sequences_and_topk_are_refused(targets):
+    _, target = targets["qwen3"]
+    runner = TargetRunner(target, [1])
+    for sequences, message in [
+        ([], "empty batch"),
+        ([np.array([], dtype=np.int32)], "non-empty"),
+        ([np.array([1, 512], dtype=np.int32)], "outside the target's vocabulary"),
+        ([np.array([-1, 3], dtype=np.int32)], "outside the target's vocabulary"),
+        ([np.array([1.0, 2.0])], "integers"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            runner.run_batch(sequences)
+    for topk in (0, 513, True):
+        with pytest.raises(ValueError, match="topk"):
+            TargetRunner(target, [1], topk=topk)
+
+
+def test_kernel_report_names_the_pytorch_fallback(targets):
+    if package_importable("fla") or package_importable("causal_conv1d"):
+        pytest.skip("optimized kernels installed here; this checks the fallback report")
+    _, hybrid = targets["qwen3_5"]
+    _, dense = targets["qwen3"]
+    assert hybrid.kernels == {"attention": "sdpa", "linear_attention": "torch", "causal_conv1d": "torch"}
+    assert targets["qwen3_5_vl"][1].kernels == hybrid.kernels
+    assert dense.kernels == {"attention": "sdpa", "linear_attention": None, "causal_conv1d": None}
+    assert kernel_report(hybrid.model) == hybrid.kernels
+
+
+def test_batches_by_length_counts_padded_tokens():
+    lengths = [5, 100, 30, 31, 99, 7, 250, 6, 30]
+    budget = 200
+    batches = batches_by_length(lengths, budget)
+
+    assert sorted(i for batch in batches for i in batch) == list(range(len(lengths)))
+    for batch in batches:
+        padded = len(batch) * max(lengths[i] for i in batch)
+        assert padded <= budget or len(batch) == 1  # only a lone oversize sample may exceed it
+    assert [6] in batches  # 250 > budget: alone
+    assert [1, 4] in batches  # 100 and 99 pad to 200
+    assert batches == batches_by_length(lengths, budget)
+    assert all(len(b) <= 2 for b in batches_by_length(lengths, 10_000, max_batch_size=2))
+    assert batches_by_length([], 10) == []
+    with pytest.raises(ValueError):
+        batches_by_length(lengths, 0)
