@@ -1,0 +1,185 @@
+"""The two pieces of the target model the trainer needs: its frozen `embed_tokens`
+and `lm_head`, read straight from the target's safetensors files.
+
+Why: training runs offline from the hidden-state store, so the 27B target is never
+resident. We open the checkpoint with `safetensors.safe_open` and read exactly two
+tensors; the target model is never instantiated and nothing is unpickled.
+
+Also here: `TargetConfig`, the handful of target config fields the drafter is
+sized from (hidden size, vocab, layers, heads, rope), read from `config.json`
+including the nested `text_config` of multimodal releases.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+# Where the token embedding lives in the checkpoint layouts we know, most common first.
+EMBED_NAMES = (
+    "model.embed_tokens.weight",  # Qwen3 / Qwen3.5 text-only CausalLM
+    "model.language_model.embed_tokens.weight",  # Qwen3.5 / 3.6 multimodal releases
+    "language_model.model.embed_tokens.weight",  # older multimodal layout
+    "embed_tokens.weight",  # bare decoder
+)
+LM_HEAD_NAMES = (
+    "lm_head.weight",
+    "language_model.lm_head.weight",
+    "model.language_model.lm_head.weight",
+)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The target config fields the drafter needs, flattened out of `text_config`."""
+
+    hidden_size: int
+    vocab_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    intermediate_size: int | None
+    tie_word_embeddings: bool
+    max_position_embeddings: int | None = None
+    model_type: str | None = None
+    rope_parameters: dict = field(default_factory=dict)
+
+
+def _text_config(config: dict) -> dict:
+    """Multimodal releases nest the language model's fields under `text_config`."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
+def read_target_config(model_dir: str | Path) -> TargetConfig:
+    """Read `config.json` (transformers 4 or 5 style, flat or nested) into a TargetConfig."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"target config not found: {path}")
+    config = json.loads(path.read_text())
+    text = _text_config(config)
+
+    def need(key: str):
+        if key not in text or text[key] is None:
+            raise KeyError(f"{path}: target config has no {key!r} (looked in {'text_config' if text is not config else 'top level'})")
+        return text[key]
+
+    # transformers 5 writes `rope_parameters: {rope_type, rope_theta, ...}`; older
+    # configs carry `rope_theta` at the top level (and `rope_scaling`).
+    rope_parameters = dict(text.get("rope_parameters") or {})
+    rope_theta = rope_parameters.get("rope_theta", text.get("rope_theta", 10000.0))
+    heads = int(need("num_attention_heads"))
+    hidden = int(need("hidden_size"))
+    # Either level may carry the flag in multimodal configs; it only matters when
+    # the checkpoint has no lm_head tensor.
+    tied = bool(text.get("tie_word_embeddings", False)) or bool(config.get("tie_word_embeddings", False))
+    return TargetConfig(
+        hidden_size=hidden,
+        vocab_size=int(need("vocab_size")),
+        num_hidden_layers=int(need("num_hidden_layers")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+        head_dim=int(text.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope_theta),
+        intermediate_size=text.get("intermediate_size"),
+        tie_word_embeddings=bool(tied),
+        max_position_embeddings=text.get("max_position_embeddings"),
+        model_type=text.get("model_type"),
+        rope_parameters=rope_parameters,
+    )
+
+
+def _weight_files(model_dir: Path) -> dict[str, Path]:
+    """Map tensor name -> safetensors file, from the index if the checkpoint is sharded."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        return {name: model_dir / file for name, file in weight_map.items()}
+    single = model_dir / "model.safetensors"
+    if not single.is_file():
+        raise FileNotFoundError(f"no model.safetensors.index.json or model.safetensors in {model_dir}")
+    with safe_open(str(single), framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def _read_tensor(files: dict[str, Path], name: str) -> torch.Tensor:
+    path = files[name]
+    if not path.is_file():
+        raise FileNotFoundError(f"{name!r} is mapped to {path}, which does not exist")
+    with safe_open(str(path), framework="pt") as f:
+        if name not in f.keys():
+            raise KeyError(f"{path}: tensor {name!r} listed in the index is missing from the file")
+        return f.get_tensor(name)
+
+
+class TargetHead(nn.Module):
+    """Frozen `embed_tokens` and `lm_head` of the target. Not part of the drafter's
+    checkpoint; the drafter is given it at forward/loss time."""
+
+    def __init__(self, embed_weight: torch.Tensor, lm_head_weight: torch.Tensor | None):
+        super().__init__()
+        vocab, hidden = embed_weight.shape
+        self.embed_tokens = nn.Embedding(vocab, hidden, _weight=embed_weight)
+        self.lm_head = nn.Linear(hidden, vocab, bias=False)
+        if lm_head_weight is None:  # tied embeddings: one tensor, used twice
+            self.lm_head.weight = self.embed_tokens.weight
+        else:
+            if lm_head_weight.shape != embed_weight.shape:
+                raise ValueError(f"lm_head {tuple(lm_head_weight.shape)} and embed_tokens {tuple(embed_weight.shape)} differ in shape")
+            self.lm_head.weight = nn.Parameter(lm_head_weight)
+        self.requires_grad_(False)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed_tokens.weight.shape[0]
+
+    @property
+    def hidden_size(self) -> int:
+        return self.embed_tokens.weight.shape[1]
+
+
+def load_target_head(
+    model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> TargetHead:
+    """Load the target's frozen embedding and LM head from its safetensors alone.
+
+    Tied checkpoints (`tie_word_embeddings`, possibly in `text_config`) store no
+    `lm_head.weight`; the embedding is reused."""
+    model_dir = Path(model_dir)
+    config = read_target_config(model_dir)
+    files = _weight_files(model_dir)
+    where = model_dir / ("model.safetensors.index.json" if (model_dir / "model.safetensors.index.json").is_file() else "model.safetensors")
+
+    embed_name = next((n for n in EMBED_NAMES if n in files), None)
+    if embed_name is None:
+        raise KeyError(f"{where}: no embedding tensor found; looked for {', '.join(EMBED_NAMES)}")
+    embed = _read_tensor(files, embed_name)
+
+    head_name = next((n for n in LM_HEAD_NAMES if n in files), None)
+    if head_name is not None:
+        head = _read_tensor(files, head_name)
+    elif config.tie_word_embeddings:
+        head = None
+    else:
+        raise KeyError(
+            f"{where}: no lm_head tensor found (looked for {', '.join(LM_HEAD_NAMES)}) "
+            "and config.json does not set tie_word_embeddings"
+        )
+
+    if embed.shape[0] != config.vocab_size or embed.shape[1] != config.hidden_size:
+        raise ValueError(
+            f"{where}: {embed_name} has shape {tuple(embed.shape)}, config says vocab {config.vocab_size} x hidden {config.hidden_size}"
+        )
+    if dtype is not None:
+        embed = embed.to(dtype)
+        head = head.to(dtype) if head is not None else None
+    return TargetHead(embed, head).to(device)
