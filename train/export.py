@@ -1,0 +1,147 @@
+"""Export a drafter to the directory format DFlash inference code loads, and back.
+
+The directory holds `config.json` and `model.safetensors`, as z-lab's published
+drafters (e.g. z-lab/Qwen3-8B-DFlash-b16) do: a Qwen3 config
+(`model_type: "qwen3"`, `num_hidden_layers` = drafter layers) with
+`architectures: ["DFlashDraftModel"]`, `block_size`, `num_target_layers` and
+`dflash_config: {mask_token_id, target_layer_ids}`. z-lab's `DFlashDraftModel`,
+vLLM and SGLang read these fields. The weights carry z-lab's names and never the
+target's `embed_tokens` / `lm_head`.
+
+`target_layer_ids` use z-lab's convention: id L is the output of decoder layer L
+(transformers' hidden_states[L + 1]); the same convention as `context_layer_ids`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from train.model import DFlashDrafter, DrafterConfig
+
+DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> dict:
+    """The config.json dict for a drafter. Rope is written both ways: `rope_theta`
+    (+ `rope_scaling: null`) for transformers 4 / vLLM / SGLang readers, and
+    `rope_parameters` for transformers 5."""
+    rope_parameters = {"rope_type": "default", **config.rope_parameters, "rope_theta": config.rope_theta}
+    data = {
+        "architectures": ["DFlashDraftModel"],
+        "model_type": "qwen3",
+        "block_size": config.block_size,
+        "num_target_layers": config.num_target_layers,
+        "dflash_config": {
+            "mask_token_id": config.mask_token_id,
+            "target_layer_ids": list(config.context_layer_ids),
+        },
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": config.hidden_act,
+        "rms_norm_eps": config.rms_norm_eps,
+        "rope_theta": config.rope_theta,
+        "rope_scaling": None,
+        "rope_parameters": rope_parameters,
+        "max_position_embeddings": config.max_position_embeddings,
+        "vocab_size": config.vocab_size,
+        "attention_bias": config.attention_bias,
+        "attention_dropout": 0.0,
+        "initializer_range": config.initializer_range,
+        "layer_types": ["full_attention"] * config.num_layers,
+        "sliding_window": None,
+        "use_sliding_window": False,
+        "max_window_layers": config.num_layers,
+        "tie_word_embeddings": False,
+        "use_cache": True,
+        "dtype": DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
+    }
+    if config.rope_parameters.get("rope_type", "default") != "default":
+        data["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
+    data.update(extra or {})
+    return data
+
+
+def export_drafter(
+    drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16, extra_config: dict | None = None
+) -> Path:
+    """Write `config.json` and `model.safetensors` for `drafter` into `out_dir`.
+
+    dtype: weights' dtype on disk (bf16, as published drafters are).
+    extra_config: more top-level config keys (e.g. bos/eos token ids, provenance)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in drafter.state_dict().items()}
+    leaked = [name for name in state if "embed_tokens" in name or "lm_head" in name]
+    if leaked:
+        raise ValueError(f"drafter state dict carries target tensors {leaked}; they must stay out of the export")
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    config = drafter_config_json(drafter.config, dtype, extra_config)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out_dir
+
+
+def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
+    """DrafterConfig from an exported (or z-lab published) drafter's config.json."""
+    path = Path(model_dir) / "config.json"
+    data = json.loads(path.read_text())
+    dflash = data.get("dflash_config") or {}
+    missing = [k for k in ("mask_token_id", "target_layer_ids") if k not in dflash]
+    if missing:
+        raise KeyError(f"{path}: dflash_config lacks {missing}")
+    block_size = data.get("block_size", dflash.get("block_size"))
+    if block_size is None:
+        raise KeyError(f"{path}: no block_size (top level or dflash_config)")
+    rope_parameters = dict(data.get("rope_parameters") or data.get("rope_scaling") or {})
+    rope_theta = rope_parameters.pop("rope_theta", data.get("rope_theta", 10000.0))
+    if rope_parameters.get("rope_type") == "default":
+        rope_parameters.pop("rope_type")
+    heads = data["num_attention_heads"]
+    return DrafterConfig(
+        hidden_size=data["hidden_size"],
+        num_attention_heads=heads,
+        num_key_value_heads=data.get("num_key_value_heads", heads),
+        head_dim=data.get("head_dim") or data["hidden_size"] // heads,
+        intermediate_size=data["intermediate_size"],
+        vocab_size=data["vocab_size"],
+        num_target_layers=data["num_target_layers"],
+        context_layer_ids=list(dflash["target_layer_ids"]),
+        mask_token_id=dflash["mask_token_id"],
+        num_layers=data["num_hidden_layers"],
+        block_size=block_size,
+        rms_norm_eps=data.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope_theta),
+        max_position_embeddings=data.get("max_position_embeddings", 40960),
+        attention_bias=data.get("attention_bias", False),
+        hidden_act=data.get("hidden_act", "silu"),
+        initializer_range=data.get("initializer_range", 0.02),
+        rope_parameters=rope_parameters,
+    )
+
+
+def load_drafter(model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> DFlashDrafter:
+    """Rebuild a DFlashDrafter from an exported directory (strict: every weight
+    present, nothing extra). dtype None keeps the dtype stored on disk."""
+    model_dir = Path(model_dir)
+    config = read_drafter_config(model_dir)
+    layer_types = set(json.loads((model_dir / "config.json").read_text()).get("layer_types") or ["full_attention"])
+    if layer_types != {"full_attention"}:
+        raise ValueError(f"{model_dir}: layer_types {sorted(layer_types)} not supported (full attention only)")
+    weights = model_dir / "model.safetensors"
+    with safe_open(str(weights), framework="pt") as f:
+        state = {name: f.get_tensor(name) for name in f.keys()}
+    drafter = DFlashDrafter(config)
+    stored_dtype = next(iter(state.values())).dtype
+    drafter.to(dtype or stored_dtype)
+    result = drafter.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise KeyError(f"{weights}: missing tensors {result.missing_keys}, unexpected tensors {result.unexpected_keys}")
+    return drafter.to(device)
