@@ -24,7 +24,7 @@ import google_crc32c
 import numpy as np
 import torch
 import zarr
-from numcodecs import blosc
+from numcodecs import VLenUTF8, Zstd, blosc
 
 from . import layout
 from .bf16 import BFLOAT16
@@ -227,25 +227,27 @@ class Store:
 
 @dataclass
 class _RawShard:
+    """A shard's needed files, read (and checksum-checked) but not yet decoded."""
+
     name: str
     commit: dict
-    layer_files: dict  # layer id -> (bytes, array metadata)
+    files: dict  # array name -> (chunk file bytes, array metadata)
 
 
 def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) -> _RawShard:
     commit = store.commit(name)
     directory = layout.shard_dir(store.path, name)
-    layer_files = {}
-    for layer in layers:
-        array_dir = f"{layout.layer_array(layer)}"
-        meta_bytes = _read_checked(directory, f"{array_dir}/zarr.json", commit, name, verify)
-        data = _read_checked(directory, f"{array_dir}/c/0/0", commit, name, verify)
-        layer_files[layer] = (data, json.loads(meta_bytes))
-    if verify:
-        for rel in commit["files"]:
-            if not rel.startswith("layer_"):
-                _read_checked(directory, rel, commit, name, True)
-    return _RawShard(name, commit, layer_files)
+    arrays = [layout.layer_array(i) for i in layers] + [
+        layout.INPUT_IDS, layout.LOSS_MASK, layout.SAMPLE_OFFSETS, layout.SAMPLE_IDS
+    ]
+    if commit.get("target_topk"):
+        arrays += [layout.TOPK_IDS, layout.TOPK_LOGPROBS]
+    files = {}
+    for array in arrays:
+        meta = json.loads(_read_checked(directory, f"{array}/zarr.json", commit, name, verify))
+        chunk_key = "c/" + "/".join("0" * len(meta["shape"]))
+        files[array] = (_read_checked(directory, f"{array}/{chunk_key}", commit, name, verify), meta)
+    return _RawShard(name, commit, files)
 
 
 def _read_checked(directory: Path, rel: str, commit: dict, shard: str, verify: bool) -> bytes:
@@ -268,30 +270,51 @@ def _read_checked(directory: Path, rel: str, commit: dict, shard: str, verify: b
 
 
 def _decode_shard(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> ShardData:
-    group = zarr.open_group(str(layout.shard_dir(store.path, raw.name)), mode="r")
     num_tokens = raw.commit["num_tokens"]
-    hidden = {}
-    futures = []
-    for layer, (data, meta) in raw.layer_files.items():
+    hidden, futures = {}, []
+    for layer in store.layer_ids:
+        array = layout.layer_array(layer)
+        if array not in raw.files:
+            continue
+        data, meta = raw.files[array]
         out = np.empty((layout.padded_shard_shape(num_tokens, _chunk_rows(meta)), store.hidden_size), np.uint16)
         futures += _decode_sharded(data, meta, out, pool, raw.name, layer)
         hidden[layer] = out
+    small = {name: _decode_small(raw.name, name, *raw.files[name]) for name in raw.files if not name.startswith("layer_")}
     for future in futures:
         future.result()
-    topk_ids = topk_logprobs = None
-    if layout.TOPK_IDS in group:
-        topk_ids = torch.from_numpy(group[layout.TOPK_IDS][...])
-        topk_logprobs = torch.from_numpy(group[layout.TOPK_LOGPROBS][...])
+    topk = raw.commit.get("target_topk")
     return ShardData(
         raw.name,
-        [str(s) for s in group[layout.SAMPLE_IDS][...]],
-        group[layout.SAMPLE_OFFSETS][...],
-        torch.from_numpy(group[layout.INPUT_IDS][...]),
-        torch.from_numpy(group[layout.LOSS_MASK][...]),
+        [str(s) for s in small[layout.SAMPLE_IDS]],
+        small[layout.SAMPLE_OFFSETS],
+        torch.from_numpy(small[layout.INPUT_IDS]),
+        torch.from_numpy(small[layout.LOSS_MASK]),
         {layer: torch.from_numpy(out[:num_tokens].view(np.int16)).view(torch.bfloat16) for layer, out in hidden.items()},
-        topk_ids,
-        topk_logprobs,
+        torch.from_numpy(small[layout.TOPK_IDS]) if topk else None,
+        torch.from_numpy(small[layout.TOPK_LOGPROBS]) if topk else None,
     )
+
+
+_NUMERIC = {"int32": np.int32, "int64": np.int64, "uint8": np.uint8, "float32": np.float32}
+
+
+def _decode_small(shard: str, array: str, data: bytes, meta: dict) -> np.ndarray:
+    """Decode a single-chunk array ([bytes|vlen-utf8], zstd) as the writer makes them."""
+    names = [c["name"] for c in meta["codecs"]]
+    if names[1:] == ["zstd"]:
+        data = Zstd().decode(data)
+    elif names[1:]:
+        raise CorruptShardError(shard, array, f"unsupported codecs {names}")
+    if names[0] == "vlen-utf8":
+        return VLenUTF8().decode(data)
+    if names[0] != "bytes" or meta["data_type"] not in _NUMERIC:
+        raise CorruptShardError(shard, array, f"unsupported encoding {names} / {meta['data_type']}")
+    dtype = np.dtype(_NUMERIC[meta["data_type"]]).newbyteorder("<")
+    values = np.frombuffer(data, dtype=dtype)
+    if values.size != int(np.prod(meta["shape"])):
+        raise CorruptShardError(shard, array, f"{values.size} values for shape {meta['shape']}")
+    return values.reshape(meta["shape"]).astype(dtype.newbyteorder("="), copy=False)
 
 
 def _chunk_rows(meta: dict) -> int:
