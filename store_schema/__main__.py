@@ -51,6 +51,10 @@ def main(argv=None) -> int:
     p_verify.add_argument("store")
     p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
     p_verify.add_argument("--clean", action="store_true", help="remove uncommitted leftovers")
+    p_verify.add_argument("--recompute", type=int, default=0, metavar="N",
+                          help="re-extract N random committed samples with --model and compare (cosine >= 0.999)")
+    p_verify.add_argument("--model", help="target model path for --recompute")
+    p_verify.add_argument("--device", default="cpu", help="device for --recompute (cpu, cuda)")
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -77,12 +81,20 @@ def main(argv=None) -> int:
             print(f"kernels      {fp['kernels']}")
         return 0
 
+    if args.recompute and not args.model:
+        print("error: --recompute needs --model PATH", file=sys.stderr)
+        return 2
     try:
-        Store(args.store)
+        store = Store(args.store)
     except (OSError, ValueError, KeyError) as exc:
         print(f"error: {args.store}: {exc}", file=sys.stderr)
         return 2
     report = verify_store(args.store, progress=None if args.json else _progress)
+    if args.recompute and report.ok:
+        from .recompute import recompute_check
+
+        report.recomputed, problems = recompute_check(store, args.model, args.recompute, device=args.device)
+        report.problems.extend(problems)
     if args.clean:
         removed = clean_leftovers(args.store)
         report.leftovers = []

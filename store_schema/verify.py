@@ -26,6 +26,7 @@ from .records import RecordError, check_files, describe_files, read_record
 class Report:
     problems: list[dict] = field(default_factory=list)
     leftovers: list[str] = field(default_factory=list)
+    recomputed: list[dict] = field(default_factory=list)  # per-sample cosines from --recompute
     shards_checked: int = 0
     samples: int = 0
     tokens: int = 0
@@ -42,6 +43,7 @@ class Report:
             "ok": self.ok,
             "problems": self.problems,
             "leftovers": self.leftovers,
+            "recomputed": self.recomputed,
             "shards_checked": self.shards_checked,
             "samples": self.samples,
             "tokens": self.tokens,
@@ -215,6 +217,8 @@ def format_report(report: Report) -> str:
     lines = [
         f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}",
     ]
+    for entry in report.recomputed:
+        lines.append(f"recomputed {entry['shard']}/{entry['sample']}: min cosine per layer {entry['min_cosine']}")
     for p in report.problems:
         where = "/".join(x for x in (p["shard"], p["file"] or p["array"]) if x) or "store"
         lines.append(f"PROBLEM {where}: {p['what']}")

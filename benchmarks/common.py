@@ -1,0 +1,81 @@
+"""Shared benchmark plumbing: cold-cache reads, results table, machine line."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).parent / "RESULTS.md"
+
+
+def drop_page_cache(*roots) -> str:
+    """Evict every file below `roots` from the page cache. posix_fadvise(DONTNEED)
+    needs no special rights; `drop_caches` is tried too where allowed."""
+    for root in roots:
+        for dirpath, _, files in os.walk(root):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+        return "posix_fadvise(DONTNEED) + drop_caches"
+    except OSError:
+        return "posix_fadvise(DONTNEED)"
+
+
+def dir_bytes(root) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
+
+
+def machine() -> str:
+    import torch
+
+    return f"{platform.machine()} {os.cpu_count()} cores, torch {torch.__version__}, py {platform.python_version()}"
+
+
+def command() -> str:
+    return "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])
+
+
+class Timer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start
+
+
+def append_results(title: str, rows: list[tuple[str, str, str]], figures: dict) -> None:
+    """Append a section (figure, goal, measured) with machine and command to RESULTS.md."""
+    lines = [
+        f"\n## {title} ({time.strftime('%Y-%m-%d %H:%M')})\n",
+        f"Machine: {machine()}. Command: `{command()}`\n",
+        "| figure | goal | measured |",
+        "| --- | --- | --- |",
+        *[f"| {name} | {goal} | {value} |" for name, goal, value in rows],
+        "",
+    ]
+    with RESULTS.open("a") as f:
+        if RESULTS.stat().st_size == 0:
+            f.write("# Benchmark results\n")
+        f.write("\n".join(lines))
+    print(json.dumps(figures))
+
+
+def git_rev() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return ""

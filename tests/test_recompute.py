@@ -1,0 +1,47 @@
+"""`verify --recompute`: stored states are re-derived with plain transformers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import builders
+from extract.target import TargetRunner, load_target
+from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store
+from store_schema.__main__ import main as cli
+
+
+def _store_from(model_dir, path, layer_ids=(1, 4)):
+    target = load_target(model_dir)
+    runner = TargetRunner(target, layer_ids)
+    rng = np.random.default_rng(0)
+    sequences = [rng.integers(0, 500, n).astype(np.int32) for n in (40, 70, 55)]
+    outputs = runner.run_batch(sequences)
+    fingerprint = Fingerprint(target_model=str(model_dir), num_target_layers=target.num_layers,
+                              hidden_size=target.hidden_size, vocab_size=target.vocab_size,
+                              layer_ids=layer_ids, max_length=128)
+    writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=2048))
+    writer.write_shard("shard-000000", [
+        SampleArrays(f"r{i}", ids, np.ones(len(ids), np.uint8), {layer: out[layer] for layer in layer_ids})
+        for i, (ids, out) in enumerate(zip(sequences, outputs))
+    ])
+
+
+def test_recompute_agrees_with_the_model_and_not_with_another(tmp_path, qwen3_5_dir, capsys):
+    _store_from(qwen3_5_dir, tmp_path / "s")
+    assert cli(["verify", str(tmp_path / "s"), "--recompute", "2", "--model", str(qwen3_5_dir), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(report["recomputed"]) == 2
+    assert all(c >= 0.999 for entry in report["recomputed"] for c in entry["min_cosine"].values())
+
+    other = tmp_path / "other"
+    builders.build_model(other, kind="qwen3_5", vocab_size=512, seed=1)
+    assert cli(["verify", str(tmp_path / "s"), "--recompute", "2", "--model", str(other), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["problems"] and all("recomputed cosine" in p["what"] for p in report["problems"])
+
+
+def test_recompute_needs_a_model(tmp_path):
+    builders.random_store(tmp_path / "s", num_shards=1)
+    assert cli(["verify", str(tmp_path / "s"), "--recompute", "2"]) == 2
