@@ -13,8 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-LAYER_ID_CONVENTION = "decoder_layer_output_0based"
-"""Id L = output of decoder layer L = transformers hidden_states[L + 1], pre final norm."""
+from store_schema.layout import LAYER_ID_CONVENTION  # noqa: F401  (one wording, stored with the ids)
 
 
 def hidden_states_index(layer_id: int) -> int:

@@ -1,0 +1,144 @@
+"""Command line: ``python -m extract plan ...``.
+
+``plan --dry-run`` answers "what would this job be?" before any GPU time is
+spent: samples, tokens, quarantine reasons and the store's estimated size. Each
+subcommand is one ``add_parser`` + handler, so ``run`` slots in beside ``plan``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+EXIT_USAGE = 2
+
+
+def human_bytes(count: int) -> str:
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if value < 1024 or unit == "PiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    from .planning import DEFAULT_BLOCK_SIZE, DEFAULT_SEED, DEFAULT_SHARD_TOKENS
+    from .tokenization import DEFAULT_MAX_LENGTH
+
+    parser.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
+    parser.add_argument("--tokenizer", help="tokenizer directory if not the model's")
+    parser.add_argument("--corpus", required=True, help="JSONL / Parquet file, directory of them, or datasets dir")
+    parser.add_argument("--store", help="store path the plan is for")
+    layers = parser.add_mutually_exclusive_group()
+    layers.add_argument("--layers", help="context layer ids, comma-separated (id L = output of decoder layer L)")
+    layers.add_argument("--num-context-layers", type=int, help="use the default spread of N layers (default 5)")
+    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH)
+    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
+    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--drop-long", action="store_true", help="quarantine records over --max-length (default: truncate)")
+    parser.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    parser.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+    parser.add_argument("--limit", type=int, help="plan only the first N records")
+    parser.add_argument("--compression-ratio", type=float, default=0.70, help="compressed/raw for the size estimate")
+
+
+def _build(args):
+    """Shared by `plan` and (later) `run`: layer ids, dimensions and the plan."""
+    from .layers import parse_layer_ids, resolve_layer_ids, target_dims
+    from .planning import build_plan
+
+    explicit = parse_layer_ids(args.layers) if args.layers else None
+    layer_ids = resolve_layer_ids(args.model, explicit, args.num_context_layers)
+    dims = target_dims(args.model)
+    plan = build_plan(
+        args.corpus,
+        args.tokenizer or args.model,
+        max_length=args.max_length,
+        shard_tokens=args.shard_tokens,
+        block_size=args.block_size,
+        seed=args.seed,
+        drop_long=args.drop_long,
+        strict=args.strict,
+        workers=args.workers,
+        limit=args.limit,
+        progress=sys.stderr.isatty() and not args.json,
+    )
+    return plan, layer_ids, dims
+
+
+def cmd_plan(args) -> int:
+    from .layers import LAYER_ID_CONVENTION
+    from .planning import estimate_store_bytes, summarize
+
+    if not args.dry_run:
+        print(
+            "error: `plan` only previews a job (--dry-run); the plan is written into the store by "
+            "`python -m extract run`, which plans again with the same settings",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    plan, layer_ids, dims = _build(args)
+    summary = summarize(plan)
+    estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
+    report = dict(
+        summary.to_json(),
+        layer_ids=layer_ids,
+        layer_id_convention=LAYER_ID_CONVENTION,
+        num_target_layers=dims.num_layers,
+        hidden_size=dims.hidden_size,
+        estimated_raw_bytes=estimate.raw_bytes,
+        estimated_compressed_bytes=estimate.compressed_bytes,
+        compression_ratio=args.compression_ratio,
+        corpus_records=plan.settings["corpus_records"],
+        corpus_hash=plan.settings["corpus_hash"],
+        plan_digest=plan.digest(),
+        store=args.store,
+        dry_run=True,
+    )
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    s = plan.settings
+    print(f"corpus      {s['corpus_path']} ({s['corpus_format']}, {s['corpus_records']} records)")
+    print(f"samples     {summary.samples} in {summary.shards} shards of <= {s['shard_tokens']} tokens")
+    print(f"tokens      {summary.tokens} ({summary.loss_tokens} loss tokens), max length {s['max_length']}")
+    print(f"quarantined {summary.quarantined}")
+    for reason, count in summary.quarantined_by_reason.items():
+        print(f"  {reason:<22}{count}")
+    for record in plan.quarantined[:10]:
+        print(f"    record {record.record_index}: {record.reason} {record.detail}".rstrip())
+    print(f"layers      {layer_ids} of {dims.num_layers} (id L = {LAYER_ID_CONVENTION})")
+    print(
+        f"store size  {human_bytes(estimate.raw_bytes)} raw, {human_bytes(estimate.compressed_bytes)} "
+        f"compressed (ratio {args.compression_ratio}, hidden {dims.hidden_size}, bf16)"
+    )
+    print("dry run: nothing written")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m extract", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    plan = commands.add_parser("plan", help="tokenize the corpus and preview the job plan")
+    _add_plan_arguments(plan)
+    plan.add_argument("--dry-run", action="store_true", help="print counts and the size estimate, write nothing")
+    plan.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    plan.set_defaults(handler=cmd_plan)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError) as error:  # bad input: say what, no traceback
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

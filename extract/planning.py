@@ -1,0 +1,400 @@
+"""The planning pass: corpus -> Plan (which record becomes which sample in which shard).
+
+It runs before any GPU work and fixes the whole job: every record is tokenized
+once here (in parallel), bad ones are quarantined with one reason each, and the
+good ones are dealt into shards. The result depends only on the corpus and the
+settings, never on the worker count, so a rerun, `verify`, and any number of
+extraction workers expect the same store.
+
+Workers later call `load_samples` to re-tokenize their shard's records from the
+plan; it checks each sample against the digest fixed here, so a corpus or
+tokenizer that changed since planning is caught before it reaches the store.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from store_schema.plan import (
+    Plan,
+    PlannedSample,
+    PlannedShard,
+    QuarantinedRecord,
+    is_safe_id,
+    sample_digest,
+    shard_name,
+)
+
+from .corpus import BadRecord, Corpus, open_corpus
+from .tokenization import (
+    DEFAULT_MAX_LENGTH,
+    MASK_CONVENTION,
+    RecordError,
+    chat_template_hash,
+    has_generation_tags,
+    tokenize_record,
+    tokenizer_hash,
+)
+
+PLANNER_VERSION = 1
+DEFAULT_SHARD_TOKENS = 32768
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_SEED = 0
+_CHUNK = 256  # records per parallel task: small enough to balance, big enough to amortise
+
+
+class PlanError(ValueError):
+    """Raised in strict mode at the first bad record (in record order)."""
+
+    def __init__(self, record_index: int, reason: str, detail: str = ""):
+        super().__init__(f"record {record_index}: {reason}" + (f" ({detail})" if detail else ""))
+        self.record_index, self.reason, self.detail = record_index, reason, detail
+
+
+class SampleMismatchError(RuntimeError):
+    """A record no longer tokenizes to what the plan fixed (corpus or tokenizer changed)."""
+
+
+def sample_id_for(record: dict, record_index: int) -> str:
+    """The record's ``id`` (a string, or an int written in decimal) if it has one,
+    else ``rec-{record_index:09d}``. Ids name store entries, so an unsafe one
+    (``../../x``) is refused, never sanitised into something else."""
+    raw = record.get("id") if isinstance(record, dict) else None
+    if raw is None:
+        return f"rec-{record_index:09d}"
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)
+    if not isinstance(raw, str):
+        raise RecordError("wrong_type", f"id is a {type(raw).__name__}")
+    if not is_safe_id(raw):
+        raise RecordError("unsafe_id", f"id {raw[:80]!r} is not 1-128 chars of [A-Za-z0-9._-] (no leading '.')")
+    return raw
+
+
+# --------------------------------------------------------------------------- per-record work
+
+
+class _Ok(NamedTuple):
+    record_index: int
+    sample_id: str
+    num_tokens: int
+    num_loss_tokens: int
+    digest: str
+
+
+class _Bad(NamedTuple):
+    record_index: int
+    sample_id: str | None
+    reason: str
+    detail: str
+
+
+def _digest(tokenized) -> str:
+    return sample_digest(tokenized.input_ids.tobytes(), tokenized.loss_mask.tobytes())
+
+
+def _plan_record(index: int, record, tokenizer, options: dict) -> _Ok | _Bad:
+    if isinstance(record, BadRecord):
+        return _Bad(index, None, record.reason, record.detail)
+    try:
+        sample_id = sample_id_for(record, index)
+    except RecordError as error:
+        return _Bad(index, None, error.reason, error.detail)
+    try:
+        tokenized = tokenize_record(
+            record,
+            tokenizer,
+            max_length=options["max_length"],
+            drop_long=options["drop_long"],
+            use_generation_tags=options["generation_tags"],
+        )
+    except RecordError as error:
+        return _Bad(index, sample_id, error.reason, error.detail)
+    if tokenized.num_loss_tokens < options["min_loss_tokens"]:
+        return _Bad(
+            index,
+            sample_id,
+            "too_few_loss_tokens",
+            f"{tokenized.num_loss_tokens} loss tokens < {options['min_loss_tokens']} (2 x block_size)",
+        )
+    return _Ok(index, sample_id, tokenized.num_tokens, tokenized.num_loss_tokens, _digest(tokenized))
+
+
+_worker: dict = {}
+
+
+def _init_worker(corpus_path: str, tokenizer_path: str, options: dict) -> None:
+    from transformers import AutoTokenizer
+
+    _worker.update(
+        corpus=open_corpus(corpus_path),
+        tokenizer=AutoTokenizer.from_pretrained(tokenizer_path),
+        options=options,
+    )
+
+
+def _plan_chunk(bounds: tuple[int, int]) -> list:
+    start, stop = bounds
+    corpus, tokenizer, options = _worker["corpus"], _worker["tokenizer"], _worker["options"]
+    return [_plan_record(i, record, tokenizer, options) for i, record in corpus.iter_records(start, stop)]
+
+
+# --------------------------------------------------------------------------- shards
+
+
+def assign_shards(samples: list[PlannedSample], shard_tokens: int, seed: int) -> tuple[PlannedShard, ...]:
+    """Seeded shuffle, then fill shards greedily up to ``shard_tokens``.
+
+    The shuffle makes every shard a random subset of the corpus, which the
+    trainer relies on (it shuffles whole shards plus a buffer of a few). A
+    sample longer than the budget gets a shard of its own. Within a shard,
+    samples go longest first (ties by record index) so runs of similar length
+    batch together on the GPU."""
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
+    order = sorted(samples, key=lambda s: s.record_index)
+    random.Random(seed).shuffle(order)
+    groups, current, tokens = [], [], 0
+    for sample in order:
+        if current and tokens + sample.num_tokens > shard_tokens:
+            groups.append(current)
+            current, tokens = [], 0
+        current.append(sample)
+        tokens += sample.num_tokens
+    if current:
+        groups.append(current)
+    return tuple(
+        PlannedShard(shard_name(i), tuple(sorted(group, key=lambda s: (-s.num_tokens, s.record_index))))
+        for i, group in enumerate(groups)
+    )
+
+
+# --------------------------------------------------------------------------- the pass
+
+
+def build_plan(
+    corpus_path: str | Path,
+    tokenizer_path: str | Path,
+    *,
+    tokenizer=None,
+    max_length: int = DEFAULT_MAX_LENGTH,
+    shard_tokens: int = DEFAULT_SHARD_TOKENS,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    seed: int = DEFAULT_SEED,
+    drop_long: bool = False,
+    strict: bool = False,
+    workers: int = 1,
+    limit: int | None = None,
+    progress: bool = False,
+    chunk_records: int = _CHUNK,
+) -> Plan:
+    """Tokenize every record (``workers`` processes), quarantine bad ones,
+    deal good ones into shards. Same corpus + settings -> identical Plan.
+
+    ``tokenizer_path`` is what workers load (a model or tokenizer directory);
+    pass an already loaded ``tokenizer`` of the same path to skip one load.
+    ``limit`` plans only the first ``limit`` records. ``strict`` raises
+    `PlanError` at the first bad record instead of quarantining.
+    ``chunk_records`` is the unit of parallel work; it never changes the plan."""
+    from transformers import AutoTokenizer
+
+    if max_length < 1 or block_size < 1:
+        raise ValueError("max_length and block_size must be positive")
+    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(tokenizer_path))
+    corpus = open_corpus(corpus_path)
+    stop = len(corpus) if limit is None else min(len(corpus), max(0, int(limit)))
+    options = dict(
+        max_length=int(max_length),
+        drop_long=bool(drop_long),
+        min_loss_tokens=2 * int(block_size),
+        generation_tags=_generation_tags(tokenizer),
+    )
+    chunks = [(start, min(start + chunk_records, stop)) for start in range(0, stop, chunk_records)]
+
+    good: list[PlannedSample] = []
+    quarantined: list[QuarantinedRecord] = []
+    seen: dict[str, int] = {}
+
+    def take(result: _Ok | _Bad) -> None:
+        if isinstance(result, _Ok) and result.sample_id in seen:
+            result = _Bad(
+                result.record_index,
+                result.sample_id,
+                "duplicate_id",
+                f"id already used by record {seen[result.sample_id]}",
+            )
+        if isinstance(result, _Bad):
+            if strict:
+                raise PlanError(result.record_index, result.reason, result.detail)
+            quarantined.append(QuarantinedRecord(result.record_index, result.sample_id, result.reason, result.detail))
+            return
+        seen[result.sample_id] = result.record_index
+        good.append(PlannedSample(**result._asdict()))
+
+    bar = _progress_bar(stop, progress)
+    if workers <= 1 or len(chunks) <= 1:
+        for index, record in corpus.iter_records(0, stop):
+            take(_plan_record(index, record, tokenizer, options))
+            bar.update(1)
+    else:
+        context = multiprocessing.get_context("spawn")  # no fork after tokenizers/torch threads started
+        initargs = (str(corpus_path), str(tokenizer_path), options)
+        with context.Pool(min(workers, len(chunks)), initializer=_init_worker, initargs=initargs) as pool:
+            for results in pool.imap(_plan_chunk, chunks):  # ordered: results arrive in record order
+                for result in results:
+                    take(result)
+                bar.update(len(results))
+    bar.close()
+
+    settings = dict(
+        planner_version=PLANNER_VERSION,
+        corpus_path=str(Path(corpus_path).resolve()),
+        corpus_format=corpus.format,
+        corpus_hash=corpus.content_hash(),
+        corpus_records=len(corpus),
+        limit=None if limit is None else int(limit),
+        max_length=int(max_length),
+        drop_long=bool(drop_long),
+        shard_tokens=int(shard_tokens),
+        block_size=int(block_size),
+        min_loss_tokens=2 * int(block_size),
+        seed=int(seed),
+        tokenizer_path=str(Path(tokenizer_path).resolve()),
+        tokenizer_hash=tokenizer_hash(tokenizer),
+        chat_template_hash=chat_template_hash(tokenizer) if tokenizer.chat_template else None,
+        generation_tags=options["generation_tags"],
+        mask_convention=MASK_CONVENTION,
+        truncation="keep_first_max_length_tokens",
+    )
+    return Plan(assign_shards(good, shard_tokens, seed), tuple(quarantined), settings)
+
+
+def _generation_tags(tokenizer) -> bool | None:
+    try:
+        return has_generation_tags(tokenizer)
+    except ValueError:  # no chat template: only pre-tokenized records can be planned
+        return None
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="rec", desc="planning", disable=not enabled, mininterval=2.0)
+
+
+# --------------------------------------------------------------------------- reading back
+
+
+_open_corpora: dict[tuple, Corpus] = {}
+
+
+def _cached_corpus(path: str | Path) -> Corpus:
+    """Opening a JSONL corpus scans it for line offsets; a long-lived worker
+    re-reads many shards, so keep the opened corpus while its files are unchanged."""
+    path = Path(path).resolve()
+    entries = sorted(path.rglob("*")) if path.is_dir() else [path]
+    key = (str(path), tuple((str(p), p.stat().st_mtime_ns, p.stat().st_size) for p in entries if p.is_file()))
+    corpus = _open_corpora.get(key)
+    if corpus is None:
+        if len(_open_corpora) >= 4:
+            _open_corpora.clear()
+        corpus = _open_corpora[key] = open_corpus(path)
+    return corpus
+
+
+def load_samples(
+    corpus: str | Path | Corpus, tokenizer, planned_samples, settings: dict
+) -> list[tuple[str, np.ndarray, np.ndarray]]:
+    """Re-tokenize planned samples: ``[(sample_id, input_ids int32, loss_mask uint8)]``
+    in the order given. This is what an extraction worker calls for its shard
+    (``plan.shard(name).samples``, ``plan.settings``).
+
+    Each sample is checked against the plan (id, length, digest); any
+    difference raises `SampleMismatchError` naming the sample, because writing
+    it would silently break the store's contract with the plan."""
+    corpus = corpus if isinstance(corpus, Corpus) else _cached_corpus(corpus)
+    planned_samples = list(planned_samples)
+    records = corpus.read([s.record_index for s in planned_samples])
+    out = []
+    for planned, record in zip(planned_samples, records):
+        where = f"sample {planned.sample_id!r} (record {planned.record_index})"
+        if isinstance(record, BadRecord):
+            raise SampleMismatchError(f"{where} no longer parses: {record.reason} {record.detail}")
+        try:
+            sample_id = sample_id_for(record, planned.record_index)
+            tokenized = tokenize_record(
+                record,
+                tokenizer,
+                max_length=settings["max_length"],
+                drop_long=False,  # the plan only holds records that fit or were truncated
+                use_generation_tags=settings.get("generation_tags"),
+            )
+        except RecordError as error:
+            raise SampleMismatchError(f"{where} is now rejected: {error}") from None
+        if sample_id != planned.sample_id:
+            raise SampleMismatchError(f"{where} now has id {sample_id!r}; the corpus changed since planning")
+        if tokenized.num_tokens != planned.num_tokens or _digest(tokenized) != planned.digest:
+            raise SampleMismatchError(
+                f"{where} tokenizes differently than when planned ({tokenized.num_tokens} vs "
+                f"{planned.num_tokens} tokens); the corpus or tokenizer changed since planning"
+            )
+        out.append((planned.sample_id, tokenized.input_ids, tokenized.loss_mask))
+    return out
+
+
+def check_tokenizer(tokenizer, settings: dict) -> None:
+    """Fail fast (once per worker) if this tokenizer is not the one the plan used."""
+    expected = settings.get("tokenizer_hash")
+    if expected and tokenizer_hash(tokenizer) != expected:
+        raise SampleMismatchError("the tokenizer differs from the one the plan was made with (tokenizer_hash)")
+
+
+# --------------------------------------------------------------------------- summaries
+
+
+class StoreEstimate(NamedTuple):
+    raw_bytes: int
+    compressed_bytes: int
+
+
+def estimate_store_bytes(
+    plan: Plan, num_context_layers: int, hidden_size: int, compression_ratio: float = 0.70
+) -> StoreEstimate:
+    """Size before a job starts: per token, bf16 (2 B) x hidden x layers, plus
+    int32 input_ids and uint8 loss_mask. ``compression_ratio`` is compressed/raw
+    (byte-shuffle + zstd gives ~0.69-0.77 on bf16 activations); applied to the
+    whole, since tokens are a rounding error next to the hidden states."""
+    per_token = 2 * int(hidden_size) * int(num_context_layers) + 4 + 1
+    raw = plan.num_tokens * per_token
+    return StoreEstimate(raw, int(round(raw * compression_ratio)))
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    samples: int
+    shards: int
+    tokens: int
+    loss_tokens: int
+    quarantined: int
+    quarantined_by_reason: dict
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+def summarize(plan: Plan) -> PlanSummary:
+    reasons = Counter(q.reason for q in plan.quarantined)
+    return PlanSummary(
+        samples=plan.num_samples,
+        shards=len(plan.shards),
+        tokens=plan.num_tokens,
+        loss_tokens=sum(s.num_loss_tokens for shard in plan.shards for s in shard.samples),
+        quarantined=len(plan.quarantined),
+        quarantined_by_reason=dict(sorted(reasons.items())),
+    )
