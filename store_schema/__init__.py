@@ -1,41 +1,46 @@
 """The store's layout and metadata: the one contract between extraction and training.
 
 Only this package knows where arrays live; `extract` writes through `StoreWriter`,
-`train` reads through `Store`."""
+`train` reads through `Store`. Names are imported lazily so that light users
+(`store_schema.plan`, planning workers) don't pay for torch and zarr."""
 
-from . import bf16  # noqa: F401  (registers the zarr bfloat16 data type)
-from .fingerprint import Fingerprint, FingerprintMismatch, file_sha256, package_versions
-from .layout import LAYER_ID_CONVENTION, CodecConfig
-from .lock import StoreLock, StoreLockedError
-from .plan import Plan, PlannedSample, PlannedShard, QuarantinedRecord, is_safe_id, sample_digest, shard_name
-from .reader import CorruptShardError, Sample, ShardData, Store, on_disk_bytes, open_store, read_plan
-from .writer import SampleArrays, StoreExistsError, StoreWriter, create_store
+from importlib import import_module
 
-__all__ = [
-    "LAYER_ID_CONVENTION",
-    "CodecConfig",
-    "CorruptShardError",
-    "Fingerprint",
-    "FingerprintMismatch",
-    "Plan",
-    "PlannedSample",
-    "PlannedShard",
-    "QuarantinedRecord",
-    "Sample",
-    "SampleArrays",
-    "ShardData",
-    "Store",
-    "StoreExistsError",
-    "StoreLock",
-    "StoreLockedError",
-    "StoreWriter",
-    "create_store",
-    "file_sha256",
-    "is_safe_id",
-    "on_disk_bytes",
-    "open_store",
-    "package_versions",
-    "read_plan",
-    "sample_digest",
-    "shard_name",
-]
+from . import bf16  # noqa: F401  registers the zarr `bfloat16` data type (zarr + ml_dtypes, no torch)
+
+_EXPORTS = {
+    "LAYER_ID_CONVENTION": "layout",
+    "CodecConfig": "layout",
+    "Fingerprint": "fingerprint",
+    "FingerprintMismatch": "fingerprint",
+    "file_sha256": "fingerprint",
+    "package_versions": "fingerprint",
+    "StoreLock": "lock",
+    "StoreLockedError": "lock",
+    "Plan": "plan",
+    "PlannedSample": "plan",
+    "PlannedShard": "plan",
+    "QuarantinedRecord": "plan",
+    "is_safe_id": "plan",
+    "sample_digest": "plan",
+    "shard_name": "plan",
+    "CorruptShardError": "reader",
+    "Sample": "reader",
+    "ShardData": "reader",
+    "Store": "reader",
+    "on_disk_bytes": "reader",
+    "open_store": "reader",
+    "read_plan": "reader",
+    "SampleArrays": "writer",
+    "StoreExistsError": "writer",
+    "StoreWriter": "writer",
+    "create_store": "writer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'store_schema' has no attribute {name!r}")
+    return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
