@@ -188,41 +188,44 @@ class Store:
     # -- whole-shard reads (training path) ----------------------------------------------
     def read_shard(self, name: str, layers=None, verify: bool = True, threads: int = 2) -> ShardData:
         with ThreadPoolExecutor(threads) as pool:
-            return _decode_shard(self, _read_shard_files(self, name, self.require_layers(layers), verify), pool)
+            raw = _read_shard_files(self, name, self.require_layers(layers), verify)
+            return _start_decode(self, raw, pool).result()
 
     def iter_shards(self, names, layers=None, verify: bool = True, threads: int = 2, prefetch: int = 1):
-        """Yield ShardData for `names` in order; the next `prefetch` shards' files are
-        read in a background thread while the current one decodes on `threads`."""
+        """Yield ShardData for `names` in order. A background thread reads the next
+        `prefetch` shards' files and queues their chunk decodes on `threads` while
+        the consumer still works on the current shard."""
         layers = self.require_layers(layers)
-        raw: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
+        ready: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
         stop = threading.Event()
 
-        def read_ahead():
-            for name in names:
-                if stop.is_set():
-                    return
-                try:
-                    item = _read_shard_files(self, name, layers, verify)
-                except Exception as exc:  # handed to the consumer, raised there
-                    item = exc
-                raw.put(item)
-            raw.put(None)
+        with ThreadPoolExecutor(threads) as pool:
 
-        reader = threading.Thread(target=read_ahead, daemon=True, name="shard-read-ahead")
-        reader.start()
-        try:
-            with ThreadPoolExecutor(threads) as pool:
-                while (item := raw.get()) is not None:
+            def read_ahead():
+                for name in names:
+                    if stop.is_set():
+                        return
+                    try:
+                        item = _start_decode(self, _read_shard_files(self, name, layers, verify), pool)
+                    except Exception as exc:  # handed to the consumer, raised there
+                        item = exc
+                    ready.put(item)
+                ready.put(None)
+
+            reader = threading.Thread(target=read_ahead, daemon=True, name="shard-read-ahead")
+            reader.start()
+            try:
+                while (item := ready.get()) is not None:
                     if isinstance(item, Exception):
                         raise item
-                    yield _decode_shard(self, item, pool)
-        finally:
-            stop.set()
-            while reader.is_alive():
-                try:
-                    raw.get_nowait()
-                except queue.Empty:
-                    reader.join(0.01)
+                    yield item.result()
+            finally:
+                stop.set()
+                while reader.is_alive():
+                    try:
+                        ready.get_nowait()
+                    except queue.Empty:
+                        reader.join(0.01)
 
 
 @dataclass
@@ -269,7 +272,37 @@ def _read_checked(directory: Path, rel: str, commit: dict, shard: str, verify: b
     return data
 
 
-def _decode_shard(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> ShardData:
+@dataclass
+class _PendingShard:
+    """A shard whose chunk decodes are queued; `result()` waits for them."""
+
+    name: str
+    num_tokens: int
+    hidden: dict  # layer id -> uint16 buffer being filled
+    small: dict  # array name -> decoded numpy array
+    futures: list
+    topk: bool
+
+    def result(self) -> ShardData:
+        for future in self.futures:
+            future.result()
+        small = self.small
+        return ShardData(
+            self.name,
+            [str(s) for s in small[layout.SAMPLE_IDS]],
+            small[layout.SAMPLE_OFFSETS],
+            torch.from_numpy(small[layout.INPUT_IDS]),
+            torch.from_numpy(small[layout.LOSS_MASK]),
+            {
+                layer: torch.from_numpy(out[: self.num_tokens].view(np.int16)).view(torch.bfloat16)
+                for layer, out in self.hidden.items()
+            },
+            torch.from_numpy(small[layout.TOPK_IDS]) if self.topk else None,
+            torch.from_numpy(small[layout.TOPK_LOGPROBS]) if self.topk else None,
+        )
+
+
+def _start_decode(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> _PendingShard:
     num_tokens = raw.commit["num_tokens"]
     hidden, futures = {}, []
     for layer in store.layer_ids:
@@ -281,19 +314,7 @@ def _decode_shard(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> Sha
         futures += _decode_sharded(data, meta, out, pool, raw.name, layer)
         hidden[layer] = out
     small = {name: _decode_small(raw.name, name, *raw.files[name]) for name in raw.files if not name.startswith("layer_")}
-    for future in futures:
-        future.result()
-    topk = raw.commit.get("target_topk")
-    return ShardData(
-        raw.name,
-        [str(s) for s in small[layout.SAMPLE_IDS]],
-        small[layout.SAMPLE_OFFSETS],
-        torch.from_numpy(small[layout.INPUT_IDS]),
-        torch.from_numpy(small[layout.LOSS_MASK]),
-        {layer: torch.from_numpy(out[:num_tokens].view(np.int16)).view(torch.bfloat16) for layer, out in hidden.items()},
-        torch.from_numpy(small[layout.TOPK_IDS]) if topk else None,
-        torch.from_numpy(small[layout.TOPK_LOGPROBS]) if topk else None,
-    )
+    return _PendingShard(raw.name, num_tokens, hidden, small, futures, bool(raw.commit.get("target_topk")))
 
 
 _NUMERIC = {"int32": np.int32, "int64": np.int64, "uint8": np.uint8, "float32": np.float32}
