@@ -250,6 +250,11 @@ def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) 
         meta = json.loads(_read_checked(directory, f"{array}/zarr.json", commit, name, verify))
         chunk_key = "c/" + "/".join("0" * len(meta["shape"]))
         files[array] = (_read_checked(directory, f"{array}/{chunk_key}", commit, name, verify), meta)
+    if verify:  # the rest of the shard's metadata too, so a damaged shard is refused whole
+        unread_layers = tuple(f"{layout.layer_array(i)}/" for i in store.layer_ids if i not in layers)
+        for rel in commit["files"]:
+            if rel.split("/")[0] not in files and not rel.startswith(unread_layers):
+                _read_checked(directory, rel, commit, name, verify)
     return _RawShard(name, commit, files)
 
 
@@ -335,7 +340,7 @@ def _decode_small(shard: str, array: str, data: bytes, meta: dict) -> np.ndarray
     values = np.frombuffer(data, dtype=dtype)
     if values.size != int(np.prod(meta["shape"])):
         raise CorruptShardError(shard, array, f"{values.size} values for shape {meta['shape']}")
-    return values.reshape(meta["shape"]).astype(dtype.newbyteorder("="), copy=False)
+    return values.reshape(meta["shape"]).astype(dtype.newbyteorder("="))  # a writable copy; small arrays
 
 
 def _chunk_rows(meta: dict) -> int:
