@@ -1,0 +1,158 @@
+"""tau and DDTree acceptance on hand-built drafter outputs whose answers are worked
+out by hand, and properties over random drafter outputs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from train.acceptance import (
+    accuracy_counts,
+    build_ddtree,
+    chain_acceptance,
+    ddtree_acceptance,
+    per_position_accuracy,
+    scored_blocks,
+    tau,
+    topk_hits,
+    walk_tree,
+)
+
+V = 10
+B = 5  # anchor + 4 drafted slots
+
+
+def slot_distribution(order: list[int], probs: list[float]) -> torch.Tensor:
+    """Log-probs over V tokens: `order[i]` gets probs[i], the rest share what is left."""
+    p = torch.full((V,), (1.0 - sum(probs)) / (V - len(probs)))
+    for token, prob in zip(order, probs):
+        p[token] = prob
+    return p.log()
+
+
+def drafter_topk(slots: list[torch.Tensor], k: int = V):
+    """[1, D, k] sorted top-k log-probs and ids of one block."""
+    logprobs = torch.stack(slots)[None]
+    values, ids = logprobs.topk(k, dim=-1)
+    return values, ids
+
+
+# Slot 1: token 1 at 0.9; slot 2: token 2 at 0.6, token 7 at 0.3; slots 3, 4: tokens 3, 4 at 0.9.
+SLOTS = [
+    slot_distribution([1, 6], [0.9, 0.05]),
+    slot_distribution([2, 7], [0.6, 0.3]),
+    slot_distribution([3, 8], [0.9, 0.05]),
+    slot_distribution([4, 9], [0.9, 0.05]),
+]
+ALL_VALID = torch.ones(1, B - 1, dtype=torch.bool)
+
+
+def test_perfect_drafter_gives_tau_B():
+    values, ids = drafter_topk(SLOTS)
+    reference = torch.tensor([[1, 2, 3, 4]])
+    lengths = chain_acceptance(ids[..., 0], reference, ALL_VALID)
+    assert lengths.tolist() == [B]
+    assert tau([lengths, lengths]) == B
+    assert ddtree_acceptance(values, ids, reference, ALL_VALID, 4).tolist() == [B]  # the chain is the best 4 nodes
+
+
+def test_wrong_at_slot_1_gives_tau_1_whatever_follows():
+    values, ids = drafter_topk(SLOTS)
+    reference = torch.tensor([[5, 2, 3, 4]])  # slot 1 is token 5 (prob 0.00625), the rest as drafted
+    assert chain_acceptance(ids[..., 0], reference, ALL_VALID).tolist() == [1]
+    assert ddtree_acceptance(values, ids, reference, ALL_VALID, 8).tolist() == [1]
+
+
+def test_second_choice_at_slot_2_is_accepted_by_ddtree_once_the_budget_reaches_it():
+    """By hand: pops in order of cumulative log-prob
+    1: (1)          log .9              = -0.105
+    2: (1,2)        + log .6            = -0.616
+    3: (1,2,3)      + log .9            = -0.722
+    4: (1,2,3,4)    + log .9            = -0.827
+    5: (1,7)        log .9 + log .3     = -1.309   <- the reference's slot 2
+    6: (1,7,3)                          = -1.415
+    7: (1,7,3,4)                        = -1.520
+    8: (6)          log .05             = -2.996
+    So with reference 1,7,3,4 the chain accepts 1 token (tau 2), DDTree accepts
+    1 token up to budget 4, then 2, 3, 4 tokens at budgets 5, 6, 7."""
+    values, ids = drafter_topk(SLOTS)
+    reference = torch.tensor([[1, 7, 3, 4]])
+    assert chain_acceptance(ids[..., 0], reference, ALL_VALID).tolist() == [2]
+    by_budget = ddtree_acceptance(values, ids, reference, ALL_VALID, range(1, 9))
+    assert [int(by_budget[b]) for b in range(1, 9)] == [2, 2, 2, 2, 3, 4, 5, 5]
+    nodes = build_ddtree(values[0], ids[0], 8)
+    assert nodes == [(0, 1, 1), (1, 2, 2), (2, 3, 3), (3, 4, 4), (1, 2, 7), (5, 3, 3), (6, 4, 4), (0, 1, 6)]
+    assert walk_tree(nodes[:4], [1, 7, 3, 4], [True] * 4) == 1
+    assert walk_tree(nodes[:7], [1, 7, 3, 4], [True] * 4) == 4
+
+
+def test_invalid_slot_ends_the_streak():
+    values, ids = drafter_topk(SLOTS)
+    reference = torch.tensor([[1, 2, 3, 4]])
+    valid = torch.tensor([[True, True, False, True]])
+    assert chain_acceptance(ids[..., 0], reference, valid).tolist() == [3]
+    assert ddtree_acceptance(values, ids, reference, valid, 32).tolist() == [3]
+    assert scored_blocks(torch.tensor([[False, True, True, True], [True, False, False, False]])).tolist() == [False, True]
+
+
+def test_tau_averages_per_sample_then_over_samples():
+    sample_a = torch.tensor([5, 5, 5])  # three blocks, all fully accepted
+    sample_b = torch.tensor([1])  # one block, nothing accepted
+    assert tau([sample_a, sample_b]) == 3.0  # (5 + 1) / 2, not the pooled 16 / 4
+    assert tau([sample_a, torch.tensor([], dtype=torch.long)]) == 5.0
+    assert math.isnan(tau([]))
+
+
+def test_accuracy_helpers_by_hand():
+    values, ids = drafter_topk(SLOTS)
+    reference = torch.tensor([[1, 7, 8, 0]])  # slot 1 top-1, slot 2 2nd, slot 3 2nd, slot 4 token 0 (rank >= 3)
+    hits = topk_hits(ids, reference, (1, 4, 8))
+    assert hits[1].tolist() == [[True, False, False, False]]
+    assert hits[4].tolist() == [[True, True, True, False]]
+    assert per_position_accuracy(hits[1], ALL_VALID) == [1.0, 0.0, 0.0, 0.0]
+    counts = accuracy_counts(hits, torch.tensor([[True, True, True, False]]))
+    assert (counts["valid"], counts["top1"], counts["top4"]) == (3, 1, 3)
+    assert counts["per_position_valid"].tolist() == [1, 1, 1, 0]
+    assert math.isnan(per_position_accuracy(hits[1], torch.tensor([[True, True, True, False]]))[3])
+
+
+def random_drafter(seed: int, blocks: int = 64, slots: int = 7, vocab: int = 12, k: int = 12):
+    g = torch.Generator().manual_seed(seed)
+    logprobs = torch.log_softmax(torch.randn(blocks, slots, vocab, generator=g) * 2.5, dim=-1)
+    values, ids = logprobs.topk(k, dim=-1)
+    # References: often the drafter's first or second choice, sometimes anything.
+    pick = torch.randint(0, 3, (blocks, slots), generator=g)
+    reference = torch.where(pick == 0, ids[..., 0], torch.where(pick == 1, ids[..., 1], torch.randint(0, vocab, (blocks, slots), generator=g)))
+    valid = torch.rand(blocks, slots, generator=g) < 0.93
+    return values, ids, reference, valid
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ddtree_is_monotone_in_budget_and_matches_the_plain_tree(seed):
+    values, ids, reference, valid = random_drafter(seed)
+    budgets = [1, 2, 3, 5, 8, 13, 21, 34, 64]
+    result = ddtree_acceptance(values, ids, reference, valid, budgets)
+    stacked = torch.stack([result[b] for b in budgets])
+    assert (stacked[1:] >= stacked[:-1]).all()
+    assert stacked.min() >= 1 and stacked.max() <= reference.shape[1] + 1
+    # The fast path equals building the whole tree and walking it.
+    for b in (3, 21):
+        plain = [walk_tree(build_ddtree(values[n], ids[n], b), reference[n].tolist(), valid[n].tolist()) + 1
+                 for n in range(values.shape[0])]
+        assert result[b].tolist() == plain
+    # A tree never holds more than `budget` nodes, nor a repeated path.
+    nodes = build_ddtree(values[0], ids[0], 34)
+    assert len(nodes) == 34 and len({(p, t) for p, _, t in nodes}) == 34
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_ddtree_with_one_candidate_per_slot_is_the_chain(seed):
+    values, ids, reference, valid = random_drafter(seed)
+    chain = chain_acceptance(ids[..., 0], reference, valid)
+    tree = ddtree_acceptance(values[..., :1], ids[..., :1], reference, valid, reference.shape[1])
+    assert tree.tolist() == chain.tolist()
+    # And with the full lists, a budget of 1 accepts exactly when slot 1's top-1 is right.
+    one = ddtree_acceptance(values, ids, reference, valid, 1)
+    assert one.tolist() == (1 + ((ids[:, 0, 0] == reference[:, 0]) & valid[:, 0]).long()).tolist()

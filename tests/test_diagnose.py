@@ -1,0 +1,218 @@
+"""`train.diagnose` on synthetic train_log.jsonl files with planted problems: each
+is found, at the planted steps, and a clean log gives no finding. The logs are
+written to disk in the trainer's format and read back through the real reader."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+
+import numpy as np
+import pytest
+import yaml
+
+from train import diagnose as dg
+
+STEPS = 20_000
+LR = 6e-4
+
+
+def planted_lr(step: int, warmup: int, total: int = STEPS, lr: float = LR) -> float:
+    """Linear warmup then cosine to 0, written out independently of the module."""
+    if step < warmup:
+        return lr * step / warmup
+    return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+
+
+def synthetic_log(path, *, plateau_at=None, cliff_at=None, cliff_len=270, lr_warmup=800, bimodal_share=0.0,
+                  epoch_jump_at=None, seed=0):
+    """A 20K-step run: per-step loss/acc/lr/epoch (5000 steps per epoch) and a
+    held-out evaluation every 100 steps on its own line, as a trainer logs them."""
+    rng = np.random.default_rng(seed)
+    steps = np.arange(1, STEPS + 1)
+    if plateau_at:
+        clean = 0.05 + 0.25 * np.minimum(steps, plateau_at) / plateau_at
+    else:
+        clean = 0.05 + 0.35 * (1 - np.exp(-steps / 20_000))
+    acc = clean + rng.normal(0, 0.02, STEPS)
+    if cliff_at:
+        acc[cliff_at - 1 : cliff_at - 1 + cliff_len] = 0.005 + rng.normal(0, 0.002, cliff_len)
+    loss = (3.5 - 6 * (clean - 0.05)) * np.exp(rng.normal(0, 0.05, STEPS))
+    high = np.zeros(STEPS, bool)
+    if bimodal_share:
+        high = rng.random(STEPS) < bimodal_share
+        loss[high] *= 2.5
+    if epoch_jump_at:
+        loss[steps >= epoch_jump_at] *= 1.12
+    lines = []
+    for i, step in enumerate(steps):
+        record = {"step": int(step), "epoch": step / 5000, "lr": planted_lr(int(step), lr_warmup),
+                  "loss": float(loss[i]), "acc": float(acc[i]), "top4_acc": float(min(acc[i] + 0.2, 1.0)),
+                  "top8_acc": float(min(acc[i] + 0.3, 1.0)), "tau": float(1 + 6 * max(acc[i], 0))}
+        lines.append(json.dumps(record))
+        if step % 100 == 0:
+            tau = 1 + 8 * clean[i] + rng.normal(0, 0.02)
+            lines.append(json.dumps({"step": int(step), "heldout_tau": tau, "heldout_ddtree_8": tau + 0.5,
+                                     "heldout_ddtree_32": tau + 0.9}))
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "train_log.jsonl").write_text("\n".join(lines) + "\n")
+    return path, steps[high]
+
+
+CONFIG = {"lr": LR, "warmup": 0.04, "max_steps": STEPS, "schedule": "cosine"}  # warmup 800 steps
+
+
+def write_config(run, config=CONFIG, kind="json"):
+    if kind == "json":
+        (run / "config.json").write_text(json.dumps(config))
+    else:
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def kinds(diagnosis):
+    return sorted({f.kind for f in diagnosis.findings})
+
+
+def test_clean_log_reports_nothing(tmp_path):
+    run, _ = synthetic_log(tmp_path / "clean")
+    write_config(run)
+    result = dg.diagnose(run)
+    assert result.findings == [], result.render()
+    assert result.plateau["verdict"] == "improving"
+    assert result.plateau["metric"] == "heldout_ddtree_8"  # held-out DDTree drives the verdict
+    assert result.lr["checked"] and result.lr["peak_step"] == 800
+    assert [e["step"] for e in result.epochs] == [5000, 10000, 15000]
+    assert result.render().splitlines()[2].startswith("VERDICT: No problems found")
+
+
+def test_planted_plateau_is_found_with_its_start(tmp_path):
+    run, _ = synthetic_log(tmp_path / "plateau", plateau_at=8000)
+    write_config(run)
+    result = dg.diagnose(run)
+    assert kinds(result) == ["plateau"], result.render()
+    assert abs(result.plateau["since_step"] - 8000) <= 300
+    finding = result.findings[0]
+    assert abs(finding.steps[0] - 8000) <= 300
+    # Windows before the plateau gain, the ones after it do not.
+    windows = result.improvement["heldout_ddtree_8"]
+    assert all(w["gain_per_1k"] > 0.2 for w in windows if w["end"] <= 8000)  # 8 x 0.25 / 8K steps
+    assert all(abs(w["gain_per_1k"]) < 0.03 for w in windows if w["start"] >= 8000)
+    assert result.render().splitlines()[2].startswith("VERDICT: 1 problem(s) found (plateau)")
+
+
+def test_planted_cliff_is_found_at_its_step_with_recovery(tmp_path):
+    run, _ = synthetic_log(tmp_path / "cliff", cliff_at=6000, cliff_len=270)
+    write_config(run)
+    result = dg.diagnose(run)
+    assert kinds(result) == ["cliff"], result.render()
+    (cliff,) = result.cliffs
+    assert abs(cliff["step"] - 6000) <= 3
+    assert abs(cliff["recovered_step"] - 6270) <= 5
+    assert cliff["before"] > 0.12 and cliff["lowest"] < 0.02  # clean acc at step 6000 is 0.14
+
+
+def test_wrong_warmup_is_found_against_the_yaml_config(tmp_path):
+    run, _ = synthetic_log(tmp_path / "warmup", lr_warmup=400)  # the config says 4 % of 20K = 800
+    write_config(run, kind="yaml")
+    result = dg.diagnose(run)
+    assert kinds(result) == ["lr_schedule"], result.render()
+    assert result.lr["peak_step"] == 400
+    assert {400, 800} <= set(result.findings[0].steps)
+    assert "peaks at step 400" in result.findings[0].message
+
+
+def test_warmup_given_in_steps_and_nested_config_keys(tmp_path):
+    run, _ = synthetic_log(tmp_path / "nested")
+    records = dg.read_log(run)  # read once; each diagnose below still reads the run's config file
+    write_config(run, {"optim": {"learning_rate": LR, "warmup_steps": 800}, "train": {"total_steps": STEPS},
+                       "lr_scheduler": "cosine"})
+    assert dg.diagnose(run, records=records).findings == []
+    # The trainer's RunConfig layout (train/config.py): sections, warmup as a fraction.
+    write_config(run, {"optim": {"lr": LR, "warmup_fraction": 0.04, "schedule": "cosine", "min_lr_ratio": 0.0},
+                       "train": {"max_steps": STEPS, "epochs": 6}}, kind="yaml")
+    (run / "config.json").unlink()
+    assert dg.diagnose(run, records=records).findings == []
+    # No max_steps: epochs x steps per epoch, estimated from the log's fractional epoch (5000 steps).
+    write_config(run, {"optim": {"lr": LR, "warmup_fraction": 0.04}, "train": {"max_steps": None, "epochs": 4}})
+    result = dg.diagnose(run, records=records)
+    assert result.lr["config"]["total_steps"] == STEPS and result.lr["config"]["estimated"] == ["total_steps"]
+    assert result.findings == [], result.render()
+    write_config(run, {"optim": {"learning_rate": LR, "warmup_steps": 1600}, "train": {"total_steps": STEPS}})
+    assert kinds(dg.diagnose(run, records=records)) == ["lr_schedule"]
+
+
+def test_bimodal_loss_is_flagged_with_high_loss_steps(tmp_path):
+    run, planted = synthetic_log(tmp_path / "bimodal", bimodal_share=0.1)
+    write_config(run)
+    result = dg.diagnose(run)
+    assert kinds(result) == ["bimodal_loss"], result.render()
+    assert result.loss["bimodal"]
+    assert 0.07 < result.loss["share_above_2x_running_median"] < 0.13
+    assert set(result.findings[0].steps) <= set(int(s) for s in planted)
+
+
+def test_epoch_boundary_jump_is_found_at_that_boundary_only(tmp_path):
+    run, _ = synthetic_log(tmp_path / "epoch", epoch_jump_at=10_000)
+    write_config(run)
+    result = dg.diagnose(run)
+    assert kinds(result) == ["epoch_jump"], result.render()
+    assert result.findings[0].steps == [10_000]
+    jumps = {e["step"]: e["delta"] for e in result.epochs}
+    assert jumps[10_000] > 0.15 and abs(jumps[5000]) < 0.05
+
+
+def test_all_problems_at_once_and_json(tmp_path):
+    run, _ = synthetic_log(tmp_path / "all", plateau_at=8000, cliff_at=12_000, lr_warmup=400, bimodal_share=0.1,
+                           epoch_jump_at=15_000)
+    write_config(run)
+    result = dg.diagnose(run)
+    assert kinds(result) == ["bimodal_loss", "cliff", "epoch_jump", "lr_schedule", "plateau"], result.render()
+    assert abs(result.cliffs[0]["step"] - 12_000) <= 3
+    assert [f.steps for f in result.findings if f.kind == "epoch_jump"] == [[15_000]]
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["healthy"] is False and len(data["findings"]) == 5
+
+
+def test_without_config_lr_is_reported_not_judged(tmp_path):
+    run, _ = synthetic_log(tmp_path / "noconfig", lr_warmup=400)
+    result = dg.diagnose(run)
+    assert result.findings == []
+    assert result.lr["checked"] is False and result.lr["peak_step"] == 400
+    assert "LR not checked" in result.verdict()
+
+
+def test_torn_last_line_and_merged_steps(tmp_path):
+    run, _ = synthetic_log(tmp_path / "torn")
+    with (run / "train_log.jsonl").open("a") as f:
+        f.write('{"step": 20001, "loss": 1.')
+    records = dg.read_log(run)
+    assert records[-1]["step"] == STEPS
+    assert records[99]["step"] == 100 and "heldout_tau" in records[99] and "loss" in records[99]
+
+
+def _png_size(path):
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_plot_writes_a_png_and_overlays_a_second_run(tmp_path):
+    run_a, _ = synthetic_log(tmp_path / "a")
+    run_b, _ = synthetic_log(tmp_path / "b", plateau_at=8000, seed=1)
+    single = dg.plot([run_a], tmp_path / "one.png")
+    both = dg.plot([run_a, run_b], tmp_path / "two.png")
+    assert _png_size(single) == (1100, 1400)
+    assert _png_size(both) == (1100, 1400)
+    assert single.stat().st_size > 20_000
+    assert both.read_bytes() != single.read_bytes()
+
+
+def test_compare_aligns_runs_by_step(tmp_path):
+    run_a, _ = synthetic_log(tmp_path / "a")
+    run_b, _ = synthetic_log(tmp_path / "b", plateau_at=8000, seed=1)
+    table = dg.compare(dg.read_log(run_a), dg.read_log(run_b), points=4)
+    assert table["steps"] == [5001, 10000, 15000, 20000]
+    a, b = table["heldout_ddtree_8"]["a"], table["heldout_ddtree_8"]["b"]
+    assert b[-1] == pytest.approx(b[-2], abs=0.05)  # the plateaued run is flat at the end
+    assert a[-1] > a[-2] + 0.1

@@ -1,0 +1,188 @@
+"""`train.evaluate` on a real store, a real drafter and the tiny Qwen3 target's
+frozen head: the result equals acceptance counted block by block by hand; a store
+whose recorded target predictions are the drafter's own gives tau = B; the
+held-out split; the eval CLI's JSON."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from store_schema import Fingerprint, SampleArrays, Store, create_store
+from train import evaluate as ev
+from train.anchors import anchor_candidates
+from train.cli_eval import main as eval_main
+from train.export import export_drafter
+from train.model import DFlashDrafter, DrafterConfig
+from train.target_head import load_target_head, read_target_config
+
+LAYERS = [1, 3]
+B = 8
+
+
+@pytest.fixture(scope="module")
+def parts(qwen3_dir):
+    target = read_target_config(qwen3_dir)
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_layers=1, block_size=B)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return drafter.eval(), load_target_head(qwen3_dir), target
+
+
+def make_samples(target, count=4, seed=0, full_mask=False):
+    rng = np.random.default_rng(seed)
+    generator = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(count):
+        length = int(rng.integers(40, 70))
+        ids = rng.integers(0, target.vocab_size, length).astype(np.int32)
+        mask = np.ones(length, np.uint8)
+        if not full_mask:  # a prompt, a response, a second prompt, a second response
+            mask[:8] = 0
+            mask[25:31] = 0
+        hidden = {layer: torch.randn(length, target.hidden_size, generator=generator).to(torch.bfloat16) for layer in LAYERS}
+        samples.append(SampleArrays(f"sample-{seed}-{i}", ids, mask, hidden))
+    return samples
+
+
+def write_store(path, target, samples, topk=0):
+    fingerprint = Fingerprint(target_model="tiny-qwen3", num_target_layers=target.num_hidden_layers,
+                              hidden_size=target.hidden_size, vocab_size=target.vocab_size, layer_ids=LAYERS,
+                              max_length=128, target_topk=topk)
+    writer = create_store(path, fingerprint)
+    writer.write_shard("shard-000000", samples[: len(samples) // 2])
+    writer.write_shard("shard-000001", samples[len(samples) // 2 :])
+    return Store(path)
+
+
+def by_hand(drafter, head, sample: SampleArrays):
+    """Chain acceptance lengths and per-slot hits of one sample, one block at a time."""
+    ids = torch.from_numpy(sample.input_ids).long()
+    mask = torch.from_numpy(sample.loss_mask)
+    features = torch.cat([sample.hidden[layer] for layer in LAYERS], dim=-1)
+    lengths, hits = [], []
+    for anchor in anchor_candidates(mask, B).tolist():
+        if mask[anchor + 1] == 0:
+            continue  # slot 1 is not part of the response: not a drafted block
+        with torch.no_grad():
+            hidden = drafter(features, ids, torch.tensor([anchor]), head.embed_tokens)
+            guess = head.lm_head(hidden[0].float()).argmax(-1)
+        accepted = 0
+        while accepted < B - 1 and mask[anchor + 1 + accepted] == 1 and guess[1 + accepted] == ids[anchor + 1 + accepted]:
+            accepted += 1
+        lengths.append(accepted + 1)
+        hits.append([(int(guess[k] == ids[anchor + k]), int(mask[anchor + k])) for k in range(1, B)])
+    return lengths, hits
+
+
+def test_evaluate_equals_acceptance_counted_by_hand(tmp_path, parts):
+    drafter, head, target = parts
+    samples = make_samples(target, count=3)
+    store = write_store(tmp_path / "store", target, samples)
+    result = ev.evaluate(drafter, head, store, split="all", ddtree_budgets=(1, 8, 32), batch_blocks=16)
+
+    per_sample = [by_hand(drafter, head, s) for s in samples]
+    expected_tau = np.mean([np.mean(lengths) for lengths, _ in per_sample])
+    assert result["tau"] == pytest.approx(expected_tau, abs=1e-9)
+    assert result["samples"] == len(samples)
+    assert result["blocks"] == sum(len(lengths) for lengths, _ in per_sample)
+    all_hits = np.array([h for _, hits in per_sample for h in hits])  # [blocks, B-1, (hit, valid)]
+    correct = (all_hits[..., 0] * all_hits[..., 1]).sum(0)
+    expected_pos = correct / all_hits[..., 1].sum(0)
+    assert result["per_position_acc"] == pytest.approx(expected_pos.tolist(), abs=1e-9)
+    assert result["top1_acc"] == pytest.approx(correct.sum() / all_hits[..., 1].sum(), abs=1e-9)
+    assert result["top1_acc"] <= result["top4_acc"] <= result["top8_acc"]
+    # Budget 1: only slot 1's top-1 is drafted, so blocks accept 1 token exactly when slot 1 is right.
+    expected_b1 = np.mean([np.mean([1 + h[0][0] for h in hits]) for _, hits in per_sample])
+    assert result["ddtree"][1] == pytest.approx(expected_b1, abs=1e-9)
+    assert result["ddtree"][1] <= result["ddtree"][8] <= result["ddtree"][32]
+    assert sum(result["acceptance_histogram"]) == pytest.approx(1.0)
+    # A stride evaluates every k-th anchor position, a cap spreads blocks evenly.
+    strided = ev.evaluate(drafter, head, store, split="all", ddtree_budgets=(8,), anchor_stride=3)
+    assert strided["blocks"] < result["blocks"]
+    # The table names the numbers.
+    table = ev.render_table(result)
+    assert "tau (greedy chain)" in table and "DDTree acceptance @ 32" in table
+
+
+def test_target_labels_that_are_the_drafters_own_predictions_give_tau_B(tmp_path, parts):
+    drafter, head, target = parts
+    samples = make_samples(target, count=2, seed=1, full_mask=True)
+    # Record, as the target's top-k, the drafter's own top-1 at every slot of the
+    # blocks anchored every B positions (row p holds the prediction for token p + 1).
+    for sample in samples:
+        ids = torch.from_numpy(sample.input_ids).long()
+        features = torch.cat([sample.hidden[layer] for layer in LAYERS], dim=-1)
+        anchors = anchor_candidates(torch.from_numpy(sample.loss_mask), B)[::B]
+        with torch.no_grad():
+            guess = head.lm_head(drafter(features, ids, anchors, head.embed_tokens).float()).argmax(-1)
+        topk = np.zeros((len(ids), 2), np.int32)
+        for block, anchor in enumerate(anchors.tolist()):
+            for k in range(1, B):
+                topk[anchor + k - 1, 0] = int(guess[block, k])
+        sample.topk_ids = topk
+        sample.topk_logprobs = np.full((len(ids), 2), -0.5, np.float32)
+    store = write_store(tmp_path / "store", target, samples, topk=2)
+    result = ev.evaluate(drafter, head, store, split="all", labels="target", anchor_stride=B, ddtree_budgets=(B - 1, 32))
+    assert result["tau"] == B
+    # DDTree always drafts slot 1's top-1, so it accepts at least that; how deep
+    # its tree goes depends on the drafter's confidence (this random one spreads
+    # its budget over slot 1's alternatives rather than down the chain).
+    assert all(value >= 2 for value in result["ddtree"].values())
+    assert result["top1_acc"] == 1.0 and result["per_position_acc"] == [1.0] * (B - 1)
+    # The stored tokens are random: against them the same drafter is far from perfect.
+    tokens = ev.evaluate(drafter, head, store, split="all", labels="tokens", anchor_stride=B, ddtree_budgets=(8,))
+    assert tokens["tau"] < 2
+    # labels="target" on a store without top-k is refused by name.
+    plain = write_store(tmp_path / "plain", target, make_samples(target, count=2, seed=2))
+    with pytest.raises(ValueError, match="top-k"):
+        ev.evaluate(drafter, head, plain, labels="target")
+
+
+def test_heldout_split_is_a_stable_partition(tmp_path, parts):
+    drafter, head, target = parts
+    samples = make_samples(target, count=8, seed=3)
+    store = write_store(tmp_path / "store", target, samples)
+    ids = [s.sample_id for s in samples]
+    held = [i for i in ids if ev.heldout(i, 0.5)]
+    assert 0 < len(held) < len(ids)
+    assert held == [i for i in ids if ev.heldout(i, 0.5)]  # a function of the id alone
+    assert not any(ev.heldout(i, 0.0) for i in ids) and all(ev.heldout(i, 1.0) for i in ids)
+    got_held = [s.sample_id for s in ev.store_samples(store, LAYERS, "heldout", 0.5)]
+    got_train = [s.sample_id for s in ev.store_samples(store, LAYERS, "train", 0.5)]
+    assert got_held == held and sorted(got_held + got_train) == sorted(ids)
+    result = ev.evaluate(drafter, head, store, split="heldout", heldout_fraction=0.5, ddtree_budgets=(8,))
+    assert result["samples"] == len(held) and result["split"] == "heldout"
+    assert ev.evaluate(drafter, head, store, split="all", max_samples=3, ddtree_budgets=(8,))["samples"] == 3
+    fields = ev.log_fields(result)
+    assert set(fields) >= {"heldout_tau", "heldout_ddtree_8", "heldout_top1_acc", "heldout_per_position_acc"}
+
+
+def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir, capsys):
+    drafter, head, target = parts
+    store = write_store(tmp_path / "store", target, make_samples(target, count=4, seed=4))
+    run_dir = tmp_path / "run"
+    export_drafter(drafter, run_dir / "export", dtype=torch.float32)
+    argv = ["--store", str(tmp_path / "store"), "--drafter", str(run_dir), "--target", str(qwen3_dir),
+            "--split", "all", "--ddtree-budgets", "4,16", "--json"]
+    assert eval_main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    direct = ev.evaluate(drafter, head, Store(tmp_path / "store"), split="all", ddtree_budgets=(4, 16))
+    assert printed["tau"] == pytest.approx(direct["tau"], abs=1e-6)
+    assert printed["ddtree"] == {"4": pytest.approx(direct["ddtree"][4]), "16": pytest.approx(direct["ddtree"][16])}
+    assert printed["samples"] == 4 and printed["drafter"] == str(run_dir / "export")
+    assert eval_main(argv[:-1]) == 0
+    assert "tau (greedy chain)" in capsys.readouterr().out
+    # A store from another target is refused with the reason.
+    other = Fingerprint(target_model="x", num_target_layers=8, hidden_size=target.hidden_size,
+                        vocab_size=target.vocab_size, layer_ids=LAYERS, max_length=128)
+    writer = create_store(tmp_path / "other", other)
+    writer.write_shard("shard-000000", make_samples(target, count=1, seed=5))
+    assert eval_main(["--store", str(tmp_path / "other")] + argv[2:]) == 2
+    assert "target layers" in capsys.readouterr().err

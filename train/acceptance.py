@@ -1,0 +1,253 @@
+"""Acceptance metrics of a DFlash drafter: greedy-chain tau, DDTree acceptance, and
+per-position / top-k accuracy. Pure functions on tensors, no model code.
+
+Conventions (all inputs cover the drafted slots 1..B-1 of each block, so the
+last dimension is D = B-1; slot 0, the anchor, is never drafted):
+
+- `reference` [N, D]: the continuation the target would verify against: the
+  stored tokens `input_ids[a + k]`, or the target's own greedy predictions.
+- `valid` [N, D]: slot k can be verified (inside the sequence and part of the
+  response, loss_mask == 1). A draft can never be accepted through an invalid
+  slot, so a streak stops at the first invalid slot.
+- A block is *scored* when its slot 1 is valid (`scored_blocks`). A block whose
+  very first drafted position is not part of the response (the anchor is the
+  response's last token) would not be drafted at serving time.
+
+Acceptance length of one verification round, as z-lab's benchmark counts it
+(`dflash/benchmark.py`: `acceptance_length + 1` per round) and DDTree's
+(`len(accepted_indices)`, root included): the number of accepted draft tokens
+plus the one bonus token the target emits itself, so 1..B. tau is its mean over
+the rounds of a sample, then over samples (z-lab averages per response first).
+
+DDTree (Ringel & Romano, arXiv 2604.12989; reference code liranringel/ddtree
+`build_ddtree_tree`): from the drafter's per-slot log-probabilities, grow a tree
+best-first. A node is a path (r_1 .. r_d) of ranks into the per-slot top-k lists,
+scored by the sum of its log-probs. The heap starts with the path (0,) (slot 1's
+top token). Pop the best path and add it as a node; push its next sibling
+(r_1 .. r_d + 1) and its first child (r_1 .. r_d, 0); stop when the tree holds
+`budget` nodes (the root, i.e. the anchor/bonus token, is not counted). Ties are
+broken by the rank tuple, as in the reference code. Verification walks the tree
+from the root along the reference continuation; the accepted length is the
+depth reached (+1 bonus).
+
+Because a path scores no higher than its parent (log-probs <= 0) and no higher
+than its previous sibling (top-k lists are sorted), the pop order is a
+non-increasing score order and the tree of budget b is exactly the first b pops.
+`ddtree_acceptance` therefore grows the tree once at the largest budget, records
+the pop index of each node on the reference path, and reads every budget off it:
+the accepted depth at budget b is the longest reference prefix whose nodes were
+all popped before b. Monotone in b by construction.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Iterable, Sequence
+
+import torch
+
+
+def _check_slots(reference: torch.Tensor, valid: torch.Tensor, *others: torch.Tensor) -> None:
+    if reference.dim() != 2:
+        raise ValueError(f"reference must be [N, B-1], got shape {tuple(reference.shape)}")
+    if valid.shape != reference.shape:
+        raise ValueError(f"valid {tuple(valid.shape)} and reference {tuple(reference.shape)} differ in shape")
+    for other in others:
+        if other.shape[:2] != reference.shape:
+            raise ValueError(f"drafter output {tuple(other.shape)} does not match reference {tuple(reference.shape)}")
+
+
+def scored_blocks(valid: torch.Tensor) -> torch.Tensor:
+    """[N] bool: blocks whose slot 1 can be verified (the only ones a server drafts)."""
+    if valid.shape[1] == 0:
+        return torch.zeros(valid.shape[0], dtype=torch.bool, device=valid.device)
+    return valid[:, 0].bool()
+
+
+def chain_accepted(pred_top1: torch.Tensor, reference: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[N] int64: draft tokens accepted by greedy chain verification, 0..B-1.
+
+    The drafter's top-1 token at slot k is accepted when it equals the reference
+    at slot k, the slot is valid, and every earlier slot was accepted."""
+    _check_slots(reference, valid, pred_top1)
+    correct = (pred_top1 == reference) & valid.bool()
+    return correct.long().cumprod(dim=1).sum(dim=1)
+
+
+def chain_acceptance(pred_top1: torch.Tensor, reference: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """[N] int64 acceptance length per block under greedy chain verification:
+    accepted prefix + 1 bonus token, in 1..B. Use `scored_blocks(valid)` to pick
+    the blocks that count, and `tau` to average."""
+    return chain_accepted(pred_top1, reference, valid) + 1
+
+
+def tau(acceptance_lengths: Sequence[torch.Tensor]) -> float:
+    """Mean acceptance length per sample, then over samples (z-lab's definition).
+
+    acceptance_lengths: one 1-D tensor per sample holding the lengths of its
+    scored blocks. Samples with no scored block are skipped; nan if none is left."""
+    means = [lengths.double().mean() for lengths in acceptance_lengths if lengths.numel() > 0]
+    if not means:
+        return float("nan")
+    return float(torch.stack(means).mean())
+
+
+def build_ddtree(slot_logprobs: torch.Tensor, slot_ids: torch.Tensor, budget: int) -> list[tuple[int, int, int]]:
+    """The DDTree of one block as a list of nodes in pop order.
+
+    slot_logprobs / slot_ids: [D, K], the drafter's top-K log-probs (log_softmax
+    over the full vocabulary, sorted descending) and token ids per drafted slot.
+    Returns [(parent, depth, token)] for nodes 1..n, where parent 0 is the root
+    (the anchor) and node i is the i-th entry (1-based). n = min(budget, nodes
+    that exist). For inspection and tests; `ddtree_acceptance` is the fast path."""
+    nodes: list[tuple[int, int, int]] = []
+    depth_limit, k = slot_logprobs.shape
+    if budget <= 0 or depth_limit == 0 or k == 0:
+        return nodes
+    logp = slot_logprobs.tolist()
+    ids = slot_ids.tolist()
+    # heap entry: (-score, ranks, parent node index, depth, rank, score)
+    heap = [(-logp[0][0], (0,), 0, 1, 0, logp[0][0])]
+    while heap and len(nodes) < budget:
+        _, ranks, parent, depth, rank, score = heapq.heappop(heap)
+        nodes.append((parent, depth, ids[depth - 1][rank]))
+        index = len(nodes)
+        if rank + 1 < k:
+            sibling = score - logp[depth - 1][rank] + logp[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sibling, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sibling))
+        if depth < depth_limit:
+            child = score + logp[depth][0]
+            heapq.heappush(heap, (-child, ranks + (0,), index, depth + 1, 0, child))
+    return nodes
+
+
+def walk_tree(nodes: list[tuple[int, int, int]], reference: Sequence[int], valid: Sequence[bool]) -> int:
+    """Accepted draft tokens when verifying the tree `nodes` (from `build_ddtree`)
+    against `reference` [D]: the depth of the longest reference prefix that is a
+    path from the root, stopping at the first invalid slot."""
+    children: dict[tuple[int, int], int] = {}
+    for index, (parent, _depth, token) in enumerate(nodes, start=1):
+        children[(parent, token)] = index
+    node, accepted = 0, 0
+    for token, ok in zip(reference, valid):
+        if not ok or (node, int(token)) not in children:
+            break
+        node = children[(node, int(token))]
+        accepted += 1
+    return accepted
+
+
+def _reference_pop_indices(lp: list[list[float]], ref_ranks: list[int], budget: int) -> list[int]:
+    """Pop index (0-based) of each node on the reference path, in depth order,
+    growing the tree best-first (as `build_ddtree`) up to `budget` nodes.
+
+    lp: [D][K] sorted log-probs; ref_ranks: rank of the reference token at slots
+    1..d, cut before the first slot whose token is outside the top-K or invalid.
+    Stops as soon as the whole usable reference path has been popped.
+    A heap entry's `parent_on_path` says its parent is on the reference path, so
+    the entry is on it when its rank is the reference rank at its depth."""
+    found: list[int] = []
+    if budget <= 0 or not ref_ranks:
+        return found
+    depth_limit, k = len(lp), len(lp[0])
+    # heap entry: (-score, ranks, depth, rank, parent_on_path, score)
+    heap = [(-lp[0][0], (0,), 1, 0, True, lp[0][0])]
+    popped = 0
+    while heap and popped < budget:
+        _, ranks, depth, rank, parent_on_path, score = heapq.heappop(heap)
+        index = popped
+        popped += 1
+        on_path = parent_on_path and rank == ref_ranks[depth - 1]
+        if on_path:
+            found.append(index)
+            if depth == len(ref_ranks):
+                break  # every usable reference node is in the tree
+        if rank + 1 < k:
+            sibling = score - lp[depth - 1][rank] + lp[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sibling, ranks[:-1] + (rank + 1,), depth, rank + 1, parent_on_path, sibling))
+        if depth < depth_limit:
+            child = score + lp[depth][0]
+            heapq.heappush(heap, (-child, ranks + (0,), depth + 1, 0, on_path, child))
+    return found
+
+
+def ddtree_acceptance(
+    slot_logprobs: torch.Tensor,
+    slot_ids: torch.Tensor,
+    reference: torch.Tensor,
+    valid: torch.Tensor,
+    budget: int | Iterable[int],
+) -> torch.Tensor | dict[int, torch.Tensor]:
+    """Acceptance length per block (accepted + 1 bonus, 1..B) under DDTree
+    verification with a node budget.
+
+    slot_logprobs [N, D, K] / slot_ids [N, D, K]: the drafter's top-K per slot,
+    log_softmax over the full vocabulary, sorted descending. K >= budget is
+    exact (a tree of b nodes never uses a rank >= b); a smaller K caps the tree
+    at what the lists hold, as the reference code's `topk = min(budget, V)` does.
+    reference [N, D], valid [N, D]: as for `chain_acceptance`.
+    budget: one int -> [N] tensor; several -> {budget: [N] tensor}, all read off
+    one tree growth at the largest budget."""
+    _check_slots(reference, valid, slot_logprobs, slot_ids)
+    budgets = [int(budget)] if isinstance(budget, int) else [int(b) for b in budget]
+    if slot_logprobs.shape != slot_ids.shape:
+        raise ValueError(f"slot_logprobs {tuple(slot_logprobs.shape)} and slot_ids {tuple(slot_ids.shape)} differ in shape")
+    num_blocks, depth_limit, _k = slot_ids.shape
+    largest = max(budgets) if budgets else 0
+    # Rank of each reference token in its slot's top-K list (-1: absent or invalid slot).
+    match = slot_ids == reference[..., None]
+    ranks = torch.where(match.any(-1), match.float().argmax(-1), torch.full_like(reference, -1))
+    ranks = torch.where(valid.bool(), ranks, torch.full_like(ranks, -1))
+    all_lp = slot_logprobs.float().tolist()
+    all_ranks = ranks.tolist()
+    pops = []
+    for n in range(num_blocks):
+        ref_ranks = all_ranks[n]
+        usable = 0  # cut the path at its first unusable slot: nothing deeper can be accepted
+        while usable < depth_limit and ref_ranks[usable] >= 0:
+            usable += 1
+        pops.append(_reference_pop_indices(all_lp[n], ref_ranks[:usable], largest))
+    out = {}
+    for b in budgets:
+        accepted = [sum(1 for _ in _prefix_below(p, b)) for p in pops]
+        out[b] = torch.tensor(accepted, dtype=torch.long) + 1
+    return out[budgets[0]] if isinstance(budget, int) else out
+
+
+def _prefix_below(pop_indices: list[int], budget: int):
+    """The reference-path nodes that made it into a tree of `budget` nodes. Pop
+    indices increase along a path, so this is a prefix."""
+    for index in pop_indices:
+        if index >= budget:
+            return
+        yield index
+
+
+def topk_hits(slot_ids: torch.Tensor, reference: torch.Tensor, ks: Sequence[int] = (1, 4, 8)) -> dict[int, torch.Tensor]:
+    """{k: [N, D] bool}: the reference token is among the drafter's top k
+    (slot_ids [N, D, K] sorted by score; needs K >= max(ks))."""
+    if slot_ids.shape[-1] < max(ks):
+        raise ValueError(f"top-{max(ks)} hits need at least {max(ks)} ids per slot, got {slot_ids.shape[-1]}")
+    match = slot_ids == reference[..., None]
+    return {k: match[..., :k].any(-1) for k in ks}
+
+
+def accuracy_counts(hits: dict[int, torch.Tensor], valid: torch.Tensor) -> dict:
+    """Counts to pool accuracy over many blocks/samples: per-position hits and
+    valid slots [D] (for slot 1..D top-1 accuracy), and totals per k."""
+    valid = valid.bool()
+    counts = {"valid": int(valid.sum()), "per_position_valid": valid.sum(0).long()}
+    for k, hit in hits.items():
+        hit = hit & valid
+        counts[f"top{k}"] = int(hit.sum())
+        if k == 1:
+            counts["per_position_top1"] = hit.sum(0).long()
+    return counts
+
+
+def per_position_accuracy(top1_hits: torch.Tensor, valid: torch.Tensor) -> list[float]:
+    """Top-1 accuracy of slots 1..D over valid slots (nan where a slot never is)."""
+    valid = valid.bool()
+    totals = valid.sum(0)
+    correct = (top1_hits & valid).sum(0)
+    return [float(c) / float(t) if t > 0 else float("nan") for c, t in zip(correct.tolist(), totals.tolist())]
