@@ -28,7 +28,8 @@ def planted_lr(step: int, warmup: int, total: int = STEPS, lr: float = LR) -> fl
 def synthetic_log(path, *, plateau_at=None, cliff_at=None, cliff_len=270, lr_warmup=800, bimodal_share=0.0,
                   epoch_jump_at=None, seed=0):
     """A 20K-step run: per-step loss/acc/lr/epoch (5000 steps per epoch) and a
-    held-out evaluation every 100 steps on its own line, as a trainer logs them."""
+    held-out acceptance evaluation (`AcceptanceEval`'s keys) every 100 steps on
+    its own line."""
     rng = np.random.default_rng(seed)
     steps = np.arange(1, STEPS + 1)
     if plateau_at:
@@ -53,8 +54,8 @@ def synthetic_log(path, *, plateau_at=None, cliff_at=None, cliff_len=270, lr_war
         lines.append(json.dumps(record))
         if step % 100 == 0:
             tau = 1 + 8 * clean[i] + rng.normal(0, 0.02)
-            lines.append(json.dumps({"step": int(step), "heldout_tau": tau, "heldout_ddtree_8": tau + 0.5,
-                                     "heldout_ddtree_32": tau + 0.9}))
+            lines.append(json.dumps({"step": int(step), "eval_tau": tau, "eval_ddtree_8": tau + 0.5,
+                                     "eval_ddtree_32": tau + 0.9}))
     path.mkdir(parents=True, exist_ok=True)
     (path / "train_log.jsonl").write_text("\n".join(lines) + "\n")
     return path, steps[high]
@@ -80,7 +81,7 @@ def test_clean_log_reports_nothing(tmp_path):
     result = dg.diagnose(run)
     assert result.findings == [], result.render()
     assert result.plateau["verdict"] == "improving"
-    assert result.plateau["metric"] == "heldout_ddtree_8"  # held-out DDTree drives the verdict
+    assert result.plateau["metric"] == "eval_ddtree_8"  # held-out DDTree drives the verdict
     assert result.lr["checked"] and result.lr["peak_step"] == 800
     assert [e["step"] for e in result.epochs] == [5000, 10000, 15000]
     assert result.render().splitlines()[2].startswith("VERDICT: No problems found")
@@ -95,7 +96,7 @@ def test_planted_plateau_is_found_with_its_start(tmp_path):
     finding = result.findings[0]
     assert abs(finding.steps[0] - 8000) <= 300
     # Windows before the plateau gain, the ones after it do not.
-    windows = result.improvement["heldout_ddtree_8"]
+    windows = result.improvement["eval_ddtree_8"]
     assert all(w["gain_per_1k"] > 0.2 for w in windows if w["end"] <= 8000)  # 8 x 0.25 / 8K steps
     assert all(abs(w["gain_per_1k"]) < 0.03 for w in windows if w["start"] >= 8000)
     assert result.render().splitlines()[2].startswith("VERDICT: 1 problem(s) found (plateau)")
@@ -188,7 +189,7 @@ def test_torn_last_line_and_merged_steps(tmp_path):
         f.write('{"step": 20001, "loss": 1.')
     records = dg.read_log(run)
     assert records[-1]["step"] == STEPS
-    assert records[99]["step"] == 100 and "heldout_tau" in records[99] and "loss" in records[99]
+    assert records[99]["step"] == 100 and "eval_tau" in records[99] and "loss" in records[99]
 
 
 def _png_size(path):
@@ -213,6 +214,25 @@ def test_compare_aligns_runs_by_step(tmp_path):
     run_b, _ = synthetic_log(tmp_path / "b", plateau_at=8000, seed=1)
     table = dg.compare(dg.read_log(run_a), dg.read_log(run_b), points=4)
     assert table["steps"] == [5001, 10000, 15000, 20000]
-    a, b = table["heldout_ddtree_8"]["a"], table["heldout_ddtree_8"]["b"]
+    a, b = table["eval_ddtree_8"]["a"], table["eval_ddtree_8"]["b"]
     assert b[-1] == pytest.approx(b[-2], abs=0.05)  # the plateaued run is flat at the end
     assert a[-1] > a[-2] + 0.1
+
+
+def test_diagnose_cli_json_plot_compare_and_exit_codes(tmp_path, capsys):
+    from train.cli_diagnose import main
+
+    clean, _ = synthetic_log(tmp_path / "clean")
+    write_config(clean)
+    flat, _ = synthetic_log(tmp_path / "flat", plateau_at=8000, seed=1)
+    write_config(flat)
+    assert main([str(clean)]) == 0
+    assert capsys.readouterr().out.splitlines()[2].startswith("VERDICT: No problems found")
+    png = tmp_path / "cmp.png"
+    assert main([str(flat), "--compare", str(clean), "--plot", str(png), "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert [f["kind"] for f in data["findings"]] == ["plateau"]
+    assert data["compare"]["diagnosis"]["healthy"] is True
+    assert data["compare"]["at_steps"]["steps"][-1] == STEPS
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main([str(tmp_path / "missing")]) == 2

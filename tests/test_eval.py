@@ -6,6 +6,7 @@ held-out split; the eval CLI's JSON."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -161,7 +162,15 @@ def test_heldout_split_is_a_stable_partition(tmp_path, parts):
     assert result["samples"] == len(held) and result["split"] == "heldout"
     assert ev.evaluate(drafter, head, store, split="all", max_samples=3, ddtree_budgets=(8,))["samples"] == 3
     fields = ev.log_fields(result)
-    assert set(fields) >= {"heldout_tau", "heldout_ddtree_8", "heldout_top1_acc", "heldout_per_position_acc"}
+    assert set(fields) >= {"eval_tau", "eval_ddtree_8", "eval_top1_acc", "eval_per_position_acc"}
+    # The training-loop evaluator reads held-out samples from the trainer's loader
+    # (here the store's own held-out samples stand in for ShardLoader.heldout_samples).
+    trainer = SimpleNamespace(drafter=drafter, head=head, loader=SimpleNamespace(
+        heldout_samples=lambda n: ev.store_samples(store, LAYERS, "heldout", 0.5, max_samples=n)))
+    logged = ev.AcceptanceEval(samples=2, ddtree_budgets=(8,), max_blocks_per_sample=10)(trainer, step=100)
+    direct = ev.evaluate(drafter, head, store, heldout_fraction=0.5, max_samples=2, ddtree_budgets=(8,),
+                         max_blocks_per_sample=10)
+    assert logged == ev.log_fields(direct) and logged["eval_samples"] == 2
 
 
 def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir, capsys):

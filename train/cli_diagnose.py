@@ -13,7 +13,7 @@ from train import diagnose as dg
 
 
 def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("run", help="run directory (with train_log.jsonl and its config) or a train_log.jsonl")
+    parser.add_argument("run_dir", metavar="RUN", help="run directory (with train_log.jsonl and its config) or a train_log.jsonl")
     parser.add_argument("--plot", metavar="FILE.png", help="draw loss, accuracy, tau, DDTree and LR against step")
     parser.add_argument("--compare", metavar="RUN2", help="a second run: overlaid on the plot, compared at common steps")
     parser.add_argument("--config", metavar="FILE", help="config file to check the LR against (default: the run's)")
@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--cliff-drop", type=float, default=0.08, help="accuracy drop that counts as a cliff (0.08)")
     parser.add_argument("--cliff-window", type=int, default=20, help="records averaged on each side of a cliff (20)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, run=run)  # train/__main__.py dispatches on args.run
     return parser
 
 
@@ -37,7 +37,7 @@ def run(args) -> int:
             print(f"error: cannot read a config from {args.config}", file=sys.stderr)
             return 2
     try:
-        result = dg.diagnose(args.run, config=config, window=args.window, cliff_drop=args.cliff_drop,
+        result = dg.diagnose(args.run_dir, config=config, window=args.window, cliff_drop=args.cliff_drop,
                              cliff_window=args.cliff_window)
         other = dg.diagnose(args.compare) if args.compare else None
     except (FileNotFoundError, ValueError) as exc:
@@ -45,9 +45,9 @@ def run(args) -> int:
         return 2
     table = None
     if other is not None:
-        table = dg.compare(dg.read_log(args.run), dg.read_log(args.compare))
+        table = dg.compare(dg.read_log(args.run_dir), dg.read_log(args.compare))
     if args.plot:
-        runs = [args.run] + ([args.compare] if args.compare else [])
+        runs = [args.run_dir] + ([args.compare] if args.compare else [])
         dg.plot(runs, args.plot)
     if args.json:
         data = result.to_dict()
@@ -64,7 +64,7 @@ def run(args) -> int:
             for finding in other.findings:
                 print(f"  - {finding.message}")
             print()
-            print(dg.render_compare(args.run, args.compare, table))
+            print(dg.render_compare(args.run_dir, args.compare, table))
         if args.plot:
             print(f"\nplot written to {args.plot}")
     return 1 if result.findings else 0

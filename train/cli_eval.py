@@ -44,7 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="compute dtype (default: as stored)")
     parser.add_argument("--batch-blocks", type=int, default=256, help="blocks per drafter forward (default 256)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.set_defaults(func=run)
+    parser.set_defaults(func=run, run=run)  # train/__main__.py dispatches on args.run
     return parser
 
 

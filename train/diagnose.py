@@ -24,8 +24,9 @@ and LR against step, overlaying runs aligned by step.
 
 Log records are dicts with at least `step`; the other keys are used when present:
 `loss`, `acc` (or `top1_acc`), `top4_acc`, `top8_acc`, `tau`, `lr`, `epoch`, and
-held-out evaluation keys `heldout_tau`, `heldout_ddtree_<budget>` (as written by
-`train.evaluate.log_fields`). Records that share a step are merged (a held-out
+held-out evaluation keys: `eval_tau`, `eval_ddtree_<budget>` (as written by
+`train.evaluate.log_fields` / `AcceptanceEval`), `heldout_tau`, `heldout_acc`
+(the trainer's held-out pass); `heldout_ddtree_<budget>` is read too. Records that share a step are merged (a held-out
 evaluation may be logged on its own line).
 """
 
@@ -349,7 +350,7 @@ def primary_metric(records: Sequence[dict], min_points: int = 8) -> str | None:
     handful of sparse evaluations is too noisy to call a plateau on)."""
     trees = ddtree_keys(records)
     order = sorted((k for k, (p, _) in trees.items() if p), key=lambda k: trees[k][1])
-    order += ["heldout_tau", "eval_tau"]
+    order += ["eval_tau", "heldout_tau"]
     order += sorted((k for k, (p, _) in trees.items() if not p), key=lambda k: trees[k][1])
     order += ["tau", accuracy_key(records) or "acc", "loss"]
     for key in order:
@@ -723,7 +724,7 @@ def diagnose(
     else:
         plateau, found = check_plateau(records, metric, window, plateau_ratio, slowing_ratio)
         findings += found
-        others = [metric, "loss", accuracy_key(records), "top4_acc", "top8_acc", "tau", "heldout_tau"]
+        others = [metric, "loss", accuracy_key(records), "top4_acc", "top8_acc", "tau", "eval_tau", "heldout_tau"]
         others += sorted(ddtree_keys(records), key=lambda k: ddtree_keys(records)[k][::-1])
         for key in dict.fromkeys(k for k in others if k):
             steps, values = series(records, key)
@@ -762,7 +763,7 @@ def compare(records_a: Sequence[dict], records_b: Sequence[dict], points: int = 
     last = min(records_a[-1]["step"], records_b[-1]["step"])
     first = max(records_a[0]["step"], records_b[0]["step"])
     checkpoints = [int(round(s)) for s in np.linspace(first, last, points + 1)[1:]] if last > first else [last]
-    keys = ["loss", accuracy_key(records_a), "top4_acc", "top8_acc", "tau", "heldout_tau"]
+    keys = ["loss", accuracy_key(records_a), "top4_acc", "top8_acc", "tau", "eval_tau", "heldout_tau"]
     keys += sorted(set(ddtree_keys(records_a)) & set(ddtree_keys(records_b)))
     out: dict = {"steps": checkpoints}
     for key in dict.fromkeys(k for k in keys if k):
@@ -820,7 +821,8 @@ def plot(runs: Iterable, path, labels: Sequence[str] | None = None, smooth: int 
     axes = figure.subplots(5, 1, sharex=True)
     panels = [
         ("loss", lambda rs: ["loss"]),
-        ("accuracy", lambda rs: [k for k in (accuracy_key(rs), "top4_acc", "top8_acc", "heldout_top1_acc") if k]),
+        ("accuracy", lambda rs: [k for k in (accuracy_key(rs), "top4_acc", "top8_acc", "heldout_acc",
+                                             "eval_top1_acc") if k]),
         ("tau (acceptance length)", lambda rs: ["tau", "heldout_tau", "eval_tau"]),
         ("DDTree acceptance", lambda rs: sorted(ddtree_keys(rs), key=lambda k: ddtree_keys(rs)[k][::-1])),
         ("learning rate", lambda rs: ["lr"]),

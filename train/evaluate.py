@@ -20,7 +20,11 @@ averaged per sample, then over samples (z-lab's benchmark averages per response)
 accuracies are pooled over all scored slots.
 
 The training loop can call `evaluate` (or `evaluate_samples` on samples it already
-holds) every N steps and log `log_fields(result)` into train_log.jsonl.
+holds) every N steps and log `log_fields(result)` into train_log.jsonl;
+`AcceptanceEval` packages that as a `Trainer.evaluators` entry. Its keys carry
+the prefix "eval_" (eval_tau, eval_ddtree_8, ...): the trainer's own held-out
+pass logs `heldout_tau` over its randomly drawn training anchors, pooled over
+blocks, which is a different number.
 """
 
 from __future__ import annotations
@@ -188,6 +192,21 @@ class _Accumulator:
         }
 
 
+def _context_features(sample, config, device) -> torch.Tensor:
+    """[T, n_ctx*H] drafter input of a store_schema `Sample` (`hidden` by layer id)
+    or a train.loader `TrainSample` (`context_features()`, already in fc order)."""
+    if hasattr(sample, "context_features"):
+        features = sample.context_features(device)
+        expected = config.num_context_layers * config.hidden_size
+        if features.shape[-1] != expected:
+            raise ValueError(f"sample {sample.sample_id}: context features of width {features.shape[-1]}, drafter needs {expected}")
+        return features
+    missing = [layer for layer in config.context_layer_ids if layer not in sample.hidden]
+    if missing:
+        raise KeyError(f"sample {sample.sample_id} lacks context layers {missing} the drafter reads")
+    return torch.cat([sample.hidden[layer] for layer in config.context_layer_ids], dim=-1).to(device)
+
+
 @torch.no_grad()
 def evaluate_samples(
     drafter,
@@ -201,8 +220,9 @@ def evaluate_samples(
     chunk_rows: int = 2048,
     attention: str = "auto",
 ) -> dict:
-    """Acceptance metrics of `drafter` over `samples` (store_schema `Sample`s with
-    `hidden` holding the drafter's context layers). See `evaluate` for the result.
+    """Acceptance metrics of `drafter` over `samples`: store_schema `Sample`s with
+    `hidden` holding the drafter's context layers, or train.loader `TrainSample`s
+    (e.g. `ShardLoader.heldout_samples(limit)`). See `evaluate` for the result.
 
     drafter: train.model.DFlashDrafter (put in eval mode for the call, then
     restored); head: train.target_head.TargetHead. Runs on the drafter's device."""
@@ -234,10 +254,7 @@ def evaluate_samples(
             targets = block_targets(
                 input_ids, loss_mask, anchors, block_size, gamma=1.0, labels=labels, target_next_ids=target_next_ids
             )
-            missing = [layer for layer in config.context_layer_ids if layer not in sample.hidden]
-            if missing:
-                raise KeyError(f"sample {sample.sample_id} lacks context layers {missing} the drafter reads")
-            features = torch.cat([sample.hidden[layer] for layer in config.context_layer_ids], dim=-1).to(device)
+            features = _context_features(sample, config, device)
 
             chain_parts, tree_parts, counts = [], {b: [] for b in budgets}, []
             for start in range(0, anchors.numel(), batch_blocks):
@@ -344,7 +361,46 @@ def check_compatible(drafter, head, store) -> None:
         raise ValueError(f"{store.path} does not fit this drafter/target: " + "; ".join(problems))
 
 
-def log_fields(result: dict, prefix: str = "heldout_") -> dict:
+class AcceptanceEval:
+    """An evaluator for the training loop (`Trainer.evaluators`, called as
+    `evaluator(trainer, step) -> dict` every `eval_every` steps): acceptance of
+    the current drafter on up to `samples` held-out sequences from
+    `trainer.loader.heldout_samples(samples)`, as flat log fields
+    (`log_fields`, prefix "eval_": eval_tau, eval_ddtree_<budget>, ...).
+
+    `max_blocks_per_sample` caps the cost: that many anchors spread evenly over
+    each response (None: every anchor position)."""
+
+    def __init__(
+        self,
+        samples: int = 32,
+        ddtree_budgets: Sequence[int] = DEFAULT_BUDGETS,
+        labels: str = "tokens",
+        anchor_stride: int = 1,
+        max_blocks_per_sample: int | None = 256,
+        prefix: str = "eval_",
+    ):
+        self.samples = samples
+        self.ddtree_budgets = tuple(ddtree_budgets)
+        self.labels = labels
+        self.anchor_stride = anchor_stride
+        self.max_blocks_per_sample = max_blocks_per_sample
+        self.prefix = prefix
+
+    def __call__(self, trainer, step: int) -> dict:
+        result = evaluate_samples(
+            trainer.drafter,
+            trainer.head,
+            trainer.loader.heldout_samples(self.samples),
+            ddtree_budgets=self.ddtree_budgets,
+            labels=self.labels,
+            anchor_stride=self.anchor_stride,
+            max_blocks_per_sample=self.max_blocks_per_sample,
+        )
+        return log_fields(result, self.prefix)
+
+
+def log_fields(result: dict, prefix: str = "eval_") -> dict:
     """Flat train_log.jsonl fields of an evaluation result: `{prefix}tau`,
     `{prefix}ddtree_{budget}`, `{prefix}top1_acc` / top4 / top8,
     `{prefix}per_position_acc` (list), `{prefix}samples`. nan becomes None (JSON)."""
