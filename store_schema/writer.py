@@ -249,10 +249,17 @@ def create_store(
     """Create an empty store. An existing store is kept unless `overwrite`."""
     path = Path(path)
     codec = codec or layout.CodecConfig()
-    if path.exists() and any(path.iterdir()):
+    # The job lock (`.lock`) is not content: a job takes it before creating the store,
+    # and removing it while held would let a second job lock a fresh inode.
+    existing = [p for p in path.iterdir() if p.name != layout.LOCK_FILE] if path.is_dir() else []
+    if existing:
         if not overwrite:
             raise StoreExistsError(f"{path} exists and is not empty; pass overwrite to start over")
-        shutil.rmtree(path)
+        for entry in existing:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
     root = zarr.open_group(str(path), mode="w")
     root.attrs[layout.ROOT_ATTR] = {
         "schema_version": layout.SCHEMA_VERSION,
