@@ -1,8 +1,9 @@
-"""Command line: ``python -m extract plan ...``.
+"""Command line: ``python -m extract {plan,run} ...``.
 
 ``plan --dry-run`` answers "what would this job be?" before any GPU time is
-spent: samples, tokens, quarantine reasons and the store's estimated size. Each
-subcommand is one ``add_parser`` + handler, so ``run`` slots in beside ``plan``.
+spent: samples, tokens, quarantine reasons and the store's estimated size.
+``run`` plans the same way, then extracts on Ray workers into the store (or
+resumes it) and prints the job's JSON report as its last line.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def human_bytes(count: int) -> str:
     raise AssertionError("unreachable")
 
 
-def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
     from .planning import DEFAULT_BLOCK_SIZE, DEFAULT_SEED, DEFAULT_SHARD_TOKENS
     from .tokenization import DEFAULT_MAX_LENGTH
 
@@ -40,7 +41,10 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--drop-long", action="store_true", help="quarantine records over --max-length (default: truncate)")
     parser.add_argument("--strict", action="store_true", help="stop at the first bad record")
-    parser.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+    if run:
+        parser.add_argument("--plan-workers", type=int, default=1, help="tokenizer processes for planning")
+    else:
+        parser.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     parser.add_argument("--limit", type=int, help="plan only the first N records")
     parser.add_argument("--compression-ratio", type=float, default=0.70, help="compressed/raw for the size estimate")
 
@@ -64,7 +68,7 @@ def _build(args):
         strict=args.strict,
         workers=args.workers,
         limit=args.limit,
-        progress=sys.stderr.isatty() and not args.json,
+        progress=sys.stderr.isatty() and not getattr(args, "json", False),
     )
     return plan, layer_ids, dims
 
@@ -119,6 +123,60 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_run(args) -> int:
+    from store_schema import StoreLockedError
+
+    from .job import ExtractError, JobConfig, run_job
+    from .layers import parse_layer_ids
+
+    if not args.store:
+        print("error: run needs --store PATH", file=sys.stderr)
+        return EXIT_USAGE
+    config = JobConfig(
+        model=args.model,
+        corpus=args.corpus,
+        store=args.store,
+        tokenizer=args.tokenizer,
+        layers=parse_layer_ids(args.layers) if args.layers else None,
+        num_context_layers=args.num_context_layers,
+        max_length=args.max_length,
+        shard_tokens=args.shard_tokens,
+        block_size=args.block_size,
+        seed=args.seed,
+        drop_long=args.drop_long,
+        strict=args.strict,
+        limit=args.limit,
+        plan_workers=args.plan_workers,
+        workers=args.workers,
+        device=args.device,
+        address=args.address,
+        batch_tokens=args.batch_tokens,
+        target_topk=args.target_topk,
+        overwrite=args.overwrite,
+        trust_remote_code=args.trust_remote_code,
+        max_attempts=args.max_attempts,
+        cpus_per_worker=args.cpus_per_worker,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
+    try:
+        report = run_job(config)
+    except (ExtractError, StoreLockedError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"extracted {report['shards_written']} shard(s) ({report['samples_written']} samples, "
+        f"{report['tokens_written']} tokens), {report['shards_skipped']} already committed, "
+        f"{report['quarantined']} record(s) quarantined; {report['tokens_per_s']:.0f} tokens/s, "
+        f"{human_bytes(int(report['bytes_per_s']))}/s on {report['workers']} worker(s)",
+        file=sys.stderr,
+    )
+    print(json.dumps(report, sort_keys=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m extract", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -128,6 +186,26 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--dry-run", action="store_true", help="print counts and the size estimate, write nothing")
     plan.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     plan.set_defaults(handler=cmd_plan)
+
+    from .job import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_ATTEMPTS
+
+    run = commands.add_parser("run", help="extract hidden states into a store on Ray workers (resumes)")
+    _add_plan_arguments(run, run=True)
+    run.set_defaults(json=False)
+    run.add_argument("--workers", type=int, default=1, help="extraction workers (one per GPU with --device cuda)")
+    run.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    run.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
+    run.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
+                     help="padded tokens per forward batch")
+    run.add_argument("--target-topk", type=int, help="also store the target's top-K next-token ids and log-probs")
+    run.add_argument("--overwrite", action="store_true", help="delete the store's content and start over")
+    run.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off)")
+    run.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
+                     help="tries per shard when workers die (default %(default)s)")
+    run.add_argument("--cpus-per-worker", type=int, default=1,
+                     help="Ray CPUs per worker (= torch threads with --device cpu)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.set_defaults(handler=cmd_run)
     return parser
 
 

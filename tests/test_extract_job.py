@@ -1,0 +1,322 @@
+"""The extraction job end to end on a real local Ray cluster (one, shared by the module),
+the tiny Qwen3.5 hybrid target and a real tokenizer, into real Zarr stores.
+
+Jobs are the expensive part (every job starts fresh actors that import torch and load
+the model), so each test reuses the reference store built once by `reference`."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from builders import coding_chats, write_chat_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+SHARD_TOKENS = 1500
+BATCH_TOKENS = 1200
+LAYERS = [1, 3, 5]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def _records() -> tuple[list, dict]:
+    """Good single- and multi-turn chats plus one record of each kind of bad one."""
+    good = coding_chats(16)
+    chats = coding_chats(24, seed=1)
+    for i in range(0, 8, 2):
+        first, second = chats[i]["messages"], chats[i + 1]["messages"]
+        good.append({"id": f"multi-{i:02d}", "messages": [
+            {"role": "system", "content": "You write Python."}, *first, *second,
+        ]})
+    bad = {
+        "unsafe_id": {"id": "../../x", "messages": first},
+        "no_assistant_turn": {"id": "bad-noassistant", "messages": [{"role": "user", "content": "hi"}]},
+        "empty_response": {"id": "bad-empty", "messages": [
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]},
+    }
+    return good, bad
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    good, bad = _records()
+    path = tmp_path_factory.mktemp("corpus") / "chats.jsonl"
+    write_chat_jsonl(path, good[:10] + list(bad.values()) + good[10:])
+    with path.open("a") as f:
+        f.write('{"id": "bad-json", "messages": [\n')  # truncated JSON
+    return path, good, bad
+
+
+def _config(model, corpus_path, store, **overrides):
+    from extract.job import JobConfig
+
+    settings = dict(
+        model=str(model), corpus=str(corpus_path), store=str(store), layers=list(LAYERS),
+        shard_tokens=SHARD_TOKENS, batch_tokens=BATCH_TOKENS, workers=2, device="cpu",
+    )
+    settings.update(overrides)
+    return JobConfig(**settings)
+
+
+@pytest.fixture(scope="module")
+def reference(ray_cluster, qwen3_5_dir, corpus, tmp_path_factory):
+    """An uninterrupted 2-worker run: the store every other run must equal."""
+    from extract.job import run_job
+
+    store = tmp_path_factory.mktemp("ref") / "store"
+    report = run_job(_config(qwen3_5_dir, corpus[0], store))
+    return store, report
+
+
+def _content(store) -> dict:
+    """Everything a store holds, by shard and sample id, as raw bytes."""
+    from store_schema import Store
+
+    reader = Store(store)
+    content = {}
+    for name in reader.committed_shards():
+        data = reader.read_shard(name)
+        for i in range(len(data)):
+            s = data.sample(i)
+            content[(name, s.sample_id)] = (
+                s.input_ids.numpy().tobytes(),
+                s.loss_mask.numpy().tobytes(),
+                {L: h.view(torch.int16).numpy().tobytes() for L, h in s.hidden.items()},
+            )
+    return content
+
+
+def _verify_cli(store) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "store_schema", "verify", str(store), "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+# --------------------------------------------------------------------------- the reference run
+
+
+def test_reference_run_report_quarantine_and_verify(reference, corpus):
+    from store_schema import Store
+
+    store, report = reference
+    _, good, bad = corpus
+    assert report["status"] == "complete"
+    assert report["shards_written"] == report["shards"] > 2 and report["shards_skipped"] == 0
+    assert report["samples"] == report["samples_written"] == len(good)
+    assert report["quarantined_by_reason"] == {**{reason: 1 for reason in bad}, "malformed_json": 1}
+    assert report["workers"] == 2 and report["kernels"]["linear_attention"] in ("torch", "fla")
+    assert report["tokens_per_s"] > 0 and report["bytes_per_s"] > 0
+
+    reader = Store(store)
+    stored = [sid for name in reader.committed_shards() for sid in reader.read_shard(name).sample_ids]
+    assert sorted(stored) == sorted(r["id"] for r in good)  # every good record once, no bad one
+    assert json.loads((store / "reports" / "extract.json").read_text())["plan_digest"] == report["plan_digest"]
+    fp = reader.fingerprint
+    assert list(fp.layer_ids) == LAYERS and fp.num_target_layers == 8 and fp.hidden_size == 64
+    assert fp.corpus_sha256 and fp.tokenizer_sha256 and fp.chat_template_sha256 and fp.target_config_sha256
+    assert fp.kernels == report["kernels"] and fp.kernels["compute_dtype"] == "float32"
+
+    verified = _verify_cli(store)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert json.loads(verified.stdout.strip().splitlines()[-1])["ok"]
+
+
+def test_stored_states_equal_a_plain_transformers_forward(reference, qwen3_5_dir):
+    """Each sample alone through transformers (`output_hidden_states`, no hooks, no
+    batching) vs what the batched job stored: hidden_states[L+1], cosine >= 0.9999."""
+    from transformers import AutoModelForCausalLM
+
+    from store_schema import Store
+
+    store, _ = reference
+    reader = Store(store)
+    model = AutoModelForCausalLM.from_pretrained(str(qwen3_5_dir), dtype=torch.float32).eval()
+    checked = batched = 0
+    for name in reader.committed_shards()[:3]:
+        data = reader.read_shard(name)
+        batched += len(data) > 1
+        for i in range(len(data)):
+            sample = data.sample(i)
+            with torch.no_grad():
+                states = model(input_ids=sample.input_ids.long()[None], output_hidden_states=True).hidden_states
+            for layer in LAYERS:
+                cosine = torch.nn.functional.cosine_similarity(
+                    states[layer + 1][0], sample.hidden[layer].float(), dim=-1)
+                assert cosine.min() >= 0.9999, (name, sample.sample_id, layer, float(cosine.min()))
+            checked += 1
+    assert checked >= 6 and batched >= 1  # shards of several samples went through as padded batches
+
+
+def test_loss_masks_are_the_assistant_spans(reference, corpus, tokenizer):
+    from store_schema import Store
+
+    store, _ = reference
+    _, good, _ = corpus
+    by_id = {r["id"]: r for r in good}
+    reader = Store(store)
+    multi = 0
+    for name in reader.committed_shards():
+        data = reader.read_shard(name)
+        for i in range(len(data)):
+            sample = data.sample(i)
+            messages = by_id[sample.sample_id]["messages"]
+            rendered = tokenizer.apply_chat_template(
+                messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+            assert sample.input_ids.tolist() == list(rendered["input_ids"])
+            assert sample.loss_mask.tolist() == list(rendered["assistant_masks"])
+            # The masked tokens are exactly the assistant turns' content, turn by turn.
+            mask = sample.loss_mask.numpy().astype(bool)
+            ids = sample.input_ids.numpy()
+            starts = np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
+            ends = np.flatnonzero(mask & ~np.concatenate([mask[1:], [False]])) + 1
+            spans = [tokenizer.decode(ids[a:b]) for a, b in zip(starts, ends)]
+            # (BPE may merge the template's newline with the content's leading spaces.)
+            assert [s.strip() for s in spans] == [m["content"].strip() for m in messages if m["role"] == "assistant"]
+            assert not any("<|im_" in s or "assistant" in s[:12] for s in spans)
+            multi += len(spans) > 1
+    assert multi == 4
+
+
+# --------------------------------------------------------------------------- reruns
+
+
+def test_rerun_recomputes_nothing_and_other_plans_are_refused(reference, qwen3_5_dir, corpus):
+    from extract.job import ExtractError, run_job
+
+    store, _ = reference
+    before = {p.name: p.stat().st_ino for p in (store / "shards").iterdir() if p.is_dir()}
+    report = run_job(_config(qwen3_5_dir, corpus[0], store))
+    assert report["shards_written"] == 0 and report["shards_skipped"] == report["shards"]
+    assert report["workers"] == 0  # nothing to do: no worker was even started
+    assert {p.name: p.stat().st_ino for p in (store / "shards").iterdir() if p.is_dir()} == before
+
+    with pytest.raises(ExtractError, match=r"different plan \(shard_tokens: 1500 -> 1000\).*--overwrite"):
+        run_job(_config(qwen3_5_dir, corpus[0], store, shard_tokens=1000))
+    with pytest.raises(ExtractError, match="layer_ids"):
+        run_job(_config(qwen3_5_dir, corpus[0], store, layers=[1, 2]))
+
+
+def test_second_job_on_a_held_store_is_refused(reference, qwen3_5_dir, corpus, capsys):
+    from extract.__main__ import main
+    from store_schema import StoreLock, StoreLockedError
+
+    store, _ = reference
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         f"import time; from store_schema import StoreLock; StoreLock({str(store)!r}, job='other').acquire(); "
+         "print('held', flush=True); time.sleep(60)"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = main(["run", "--model", str(qwen3_5_dir), "--corpus", str(corpus[0]), "--store", str(store),
+                     "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS), "--no-progress"])
+        assert code == 1
+        assert "held by another live job" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+    with StoreLock(store):  # the dead holder's lock went with it
+        with pytest.raises(StoreLockedError):
+            StoreLock(store).acquire()
+
+
+def test_one_worker_with_overwrite_gives_identical_content(reference, qwen3_5_dir, corpus, tmp_path):
+    from extract.job import run_job
+
+    ref_store, ref_report = reference
+    store = tmp_path / "store"
+    shutil.copytree(ref_store, store)
+    report = run_job(_config(qwen3_5_dir, corpus[0], store, workers=1, overwrite=True))
+    assert report["workers"] == 1 and report["shards_written"] == ref_report["shards"]  # all recomputed
+    assert report["shards_skipped"] == 0
+    assert _content(store) == _content(ref_store)
+
+
+def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
+    """The first actor SIGKILLs itself after its 2nd batch (mid-shard, before the write):
+    its shards are redone on a fresh actor; nothing lost, nothing duplicated."""
+    from store_schema.verify import verify_store
+
+    from extract.job import run_job
+
+    ref_store, ref_report = reference
+    store = tmp_path / "store"
+    report = run_job(_config(qwen3_5_dir, corpus[0], store, kill_after_batches=(2,)))
+    assert report["worker_deaths"] == 1 and report["workers_started"] == 3
+    assert 1 <= report["shards_retried"] <= 2
+    assert report["shards_written"] + report["shards_committed_elsewhere"] == ref_report["shards"]
+    result = verify_store(store)
+    assert result.ok and not result.leftovers, result.problems
+    assert _content(store) == _content(ref_store)
+
+
+def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, corpus, tmp_path):
+    """A driver (its own process, joined to the cluster) SIGKILLs itself after its
+    2nd commit; the same command then finishes the store without recomputing them."""
+    from extract.job import run_job
+
+    ref_store, ref_report = reference
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "extract", "run", "--model", str(qwen3_5_dir), "--corpus", str(corpus[0]),
+               "--store", str(store), "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS),
+               "--batch-tokens", str(BATCH_TOKENS), "--workers", "1", "--address", ray_cluster, "--no-progress"]
+    env = dict(os.environ, DFLASH_EXTRACT_KILL_DRIVER_AFTER_SHARDS="2")
+    killed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    committed = {p.name: p.stat().st_ino for p in (store / "shards").iterdir() if (p / "commit.json").exists()}
+    assert 2 <= len(committed) < ref_report["shards"]
+
+    report = run_job(_config(qwen3_5_dir, corpus[0], store, workers=1))
+    assert report["shards_skipped"] == len(committed)
+    assert report["shards_written"] == ref_report["shards"] - len(committed)  # nothing else recomputed
+    assert {n: (store / "shards" / n).stat().st_ino for n in committed} == committed
+    assert _content(store) == _content(ref_store)
+
+
+# --------------------------------------------------------------------------- disk full
+
+
+@pytest.mark.faults
+def test_disk_full_stops_cleanly_and_rerun_completes(reference, qwen3_5_dir, corpus, tmp_path):
+    from store_schema.verify import verify_store
+
+    from extract.job import ExtractError, run_job
+
+    ref_store, ref_report = reference
+    size = sum(f.stat().st_size for f in ref_store.rglob("*") if f.is_file())
+    mount = tmp_path / "small"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 2}", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {made.stderr.strip()}")
+    try:
+        store = mount / "store"
+        with pytest.raises(ExtractError, match="disk full .* rerun the same command"):
+            run_job(_config(qwen3_5_dir, corpus[0], store))
+        result = verify_store(store)
+        committed = result.shards_checked
+        assert 0 < committed < ref_report["shards"]
+        assert all(p["what"].startswith("planned shard missing") for p in result.problems), result.problems
+
+        subprocess.run(["mount", "-o", f"remount,size={size * 4}", str(mount)], check=True)
+        report = run_job(_config(qwen3_5_dir, corpus[0], store))
+        assert report["shards_skipped"] == committed
+        assert report["shards_written"] == ref_report["shards"] - committed
+        assert verify_store(store).ok
+        assert _content(store) == _content(ref_store)
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)
