@@ -1,0 +1,301 @@
+"""One typed config for a training run: dataclass sections, validated at load.
+
+    run = load_config("run.yaml", overrides=["optim.lr=3e-4", "num_anchors=256"])
+
+Sources, later ones win: the dataclass defaults (the DFlash paper's recipe), a
+YAML file, explicit CLI flags, then `--set key=value` overrides. A key is
+`section.field` or, when unambiguous, the bare field name (`lr`, `num_anchors`).
+Values given as strings are parsed as YAML scalars (`1e-3`, `true`, `null`,
+`[0.9, 0.95]`) and then checked against the field's type. Every error names
+the key. The resolved config is saved into the run directory as `config.yaml`
+(and `config.json`), which is what `--resume` and `export` read back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, mistyped or out of range; the message names it."""
+
+
+@dataclass
+class DataConfig:
+    max_length: int = 3072  # sequences are cropped to this many tokens (from the start)
+    heldout_fraction: float = 0.01  # share of samples (by a stable hash of the id) never trained on
+    buffer_shards: int = 4  # samples are shuffled across groups of this many shards
+    loader_threads: int = 2  # threads decoding a shard's chunks in parallel
+    prefetch_samples: int = 8  # ready samples queued ahead of the trainer
+    skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
+
+    def validate(self):
+        _check(self.max_length >= 2, "data.max_length", "must be >= 2")
+        _check(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", "must be in [0, 1)")
+        _check(self.buffer_shards >= 1, "data.buffer_shards", "must be >= 1")
+        _check(self.loader_threads >= 1, "data.loader_threads", "must be >= 1")
+        _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
+
+
+@dataclass
+class ModelConfig:
+    num_layers: int = 5  # drafter decoder layers
+    block_size: int = 16  # B: anchor + B-1 drafted tokens
+    mask_token_id: int | None = None  # None: the tokenizer's mask token (refused if it has none)
+    num_anchors: int = 512  # blocks per sequence, redrawn every step
+    attention: str = "auto"  # "auto" (flex on CUDA, sdpa elsewhere), "sdpa", "flex"
+    gradient_checkpointing: bool = False
+
+    def validate(self):
+        _check(self.num_layers >= 1, "model.num_layers", "must be >= 1")
+        _check(self.block_size >= 2, "model.block_size", "must be >= 2 (slot 0 is the anchor)")
+        _check(self.mask_token_id is None or self.mask_token_id >= 0, "model.mask_token_id", "must be >= 0")
+        _check(self.num_anchors >= 1, "model.num_anchors", "must be >= 1")
+        _check(self.attention in ("auto", "sdpa", "flex"), "model.attention", "must be auto, sdpa or flex")
+
+
+@dataclass
+class LossConfig:
+    gamma: float | None = None  # slot weight exp(-(k-1)/gamma); None: 7 for B=16, 5 for B=10, 4 for B=8
+    labels: str = "tokens"  # "tokens": the sequence's own tokens; "target": the store's target top-1
+    kl_mix: float = 0.0  # weight of soft KL to the store's target top-k (0: hard CE, as DFlash trains)
+    noise: float = 0.0  # uniform noise scale on the drafter's context features only (0: off)
+    chunk_rows: int = 1024  # scored rows per loss chunk: peak ~ chunk_rows x vocab fp32 x 3
+
+    def validate(self):
+        _check(self.gamma is None or self.gamma > 0, "loss.gamma", "must be > 0")
+        _check(self.labels in ("tokens", "target"), "loss.labels", 'must be "tokens" or "target"')
+        _check(0.0 <= self.kl_mix <= 1.0, "loss.kl_mix", "must be in [0, 1]")
+        _check(self.noise >= 0.0, "loss.noise", "must be >= 0")
+        _check(self.chunk_rows >= 1, "loss.chunk_rows", "must be >= 1")
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 6e-4
+    warmup_fraction: float = 0.04  # of the total optimizer steps
+    schedule: str = "cosine"  # "cosine" or "constant" (both after linear warmup)
+    min_lr_ratio: float = 0.0  # cosine ends at lr * min_lr_ratio
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+
+    def validate(self):
+        _check(self.lr > 0, "optim.lr", "must be > 0")
+        _check(0.0 <= self.warmup_fraction < 1.0, "optim.warmup_fraction", "must be in [0, 1)")
+        _check(self.schedule in ("cosine", "constant"), "optim.schedule", "must be cosine or constant")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
+        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "must be two values in [0, 1)")
+        _check(self.eps > 0, "optim.eps", "must be > 0")
+        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 1  # sequences per micro-step (each is its own drafter forward)
+    grad_accumulation: int = 1  # micro-steps per optimizer step
+    epochs: int = 6
+    max_steps: int | None = None  # optimizer steps; None: as many as `epochs` give
+    seed: int = 0
+    dtype: str = "bfloat16"  # autocast dtype on CUDA; weights and optimizer stay fp32
+    device: str = "auto"  # "auto": cuda if available, else cpu
+    log_every: int = 10
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 2  # newest checkpoints kept (0: keep all)
+    eval_every: int = 500  # held-out loss/acc every this many steps (0: never)
+    eval_samples: int = 32  # held-out samples per evaluation
+
+    def validate(self):
+        _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        _check(self.grad_accumulation >= 1, "train.grad_accumulation", "must be >= 1")
+        _check(self.epochs >= 1, "train.epochs", "must be >= 1")
+        _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1")
+        _check(self.dtype in ("bfloat16", "float16", "float32"), "train.dtype", "must be bfloat16, float16 or float32")
+        _check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
+        for name in ("log_every", "checkpoint_every", "eval_every", "keep_checkpoints", "eval_samples"):
+            _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
+        _check(self.log_every >= 1, "train.log_every", "must be >= 1")
+
+    @property
+    def sequences_per_step(self) -> int:
+        return self.batch_size * self.grad_accumulation
+
+
+@dataclass
+class RunConfig:
+    store: str = ""  # the hidden-state store (store_schema)
+    target: str = ""  # target model directory: config.json, safetensors, tokenizer
+    out: str = ""  # run directory: config, train_log.jsonl, checkpoints/
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def validate(self) -> "RunConfig":
+        for name in ("store", "target", "out"):
+            _check(bool(getattr(self, name)), name, "is required")
+        for section in SECTIONS:
+            getattr(self, section).validate()
+        return self
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["optim"]["betas"] = list(self.optim.betas)
+        return data
+
+    def save(self, run_dir: str | Path) -> None:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        data = self.to_dict()
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        (run_dir / "config.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+SECTIONS = ("data", "model", "loss", "optim", "train")
+_SECTION_TYPES = {name: f.type for name, f in ((f.name, f) for f in dataclasses.fields(RunConfig))}
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(f"config {key}: {message}")
+
+
+def _field_types(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(key: str, value, annotation):
+    """Check (and gently convert) `value` to `annotation`; ConfigError naming `key`."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(annotation)
+        if value is None and type(None) in options:
+            return None
+        errors = []
+        for option in options:
+            if option is type(None):
+                continue
+            try:
+                return _coerce(key, value, option)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"config {key}: cannot be {value!r}")
+    if origin is tuple:
+        args = typing.get_args(annotation)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"config {key}: expected a list of {len(args)} values, got {value!r}")
+        return tuple(_coerce(key, v, a) for v, a in zip(value, args))
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config {key}: expected true/false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"config {key}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "3e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"config {key}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, Path):
+            return str(value)
+        raise ConfigError(f"config {key}: expected a string, got {value!r}")
+    raise ConfigError(f"config {key}: unsupported type {annotation!r}")
+
+
+def _resolve_key(key: str) -> tuple[str | None, str]:
+    """'optim.lr' -> ('optim', 'lr'); 'lr' -> ('optim', 'lr') when only one section has it."""
+    if "." in key:
+        section, name = key.split(".", 1)
+        if section not in SECTIONS:
+            raise ConfigError(f"config {key}: unknown section {section!r} (sections: {', '.join(SECTIONS)})")
+        if name not in _field_types(type(getattr(RunConfig(), section))):
+            raise ConfigError(f"config {key}: unknown key {name!r} in section {section!r}")
+        return section, name
+    if key in ("store", "target", "out"):
+        return None, key
+    owners = [s for s in SECTIONS if key in _field_types(type(getattr(RunConfig(), s)))]
+    if not owners:
+        raise ConfigError(f"config {key}: unknown key")
+    if len(owners) > 1:
+        raise ConfigError(f"config {key}: ambiguous, say {' or '.join(f'{s}.{key}' for s in owners)}")
+    return owners[0], key
+
+
+def _apply(config: RunConfig, key: str, value) -> None:
+    section, name = _resolve_key(key)
+    target = config if section is None else getattr(config, section)
+    annotation = _field_types(type(target))[name]
+    shown = name if section is None else f"{section}.{name}"
+    setattr(target, name, _coerce(shown, value, annotation))
+
+
+def _apply_mapping(config: RunConfig, data: dict, where: str) -> None:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping at the top level")
+    for key, value in data.items():
+        if key in SECTIONS:
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: section {key!r} must be a mapping")
+            for name, inner in value.items():
+                _apply(config, f"{key}.{name}", inner)
+        else:
+            _apply(config, key, value)
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """'key=value' -> (key, value parsed as a YAML scalar/list)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None, **explicit) -> RunConfig:
+    """Defaults <- YAML file <- explicit keyword values (None ignored) <- overrides; validated."""
+    config = RunConfig()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        text = path.read_text()
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        _apply_mapping(config, data or {}, str(path))
+    for key, value in explicit.items():
+        if value is not None:
+            _apply(config, key, value)
+    items = overrides.items() if isinstance(overrides, dict) else (parse_override(o) for o in overrides or ())
+    for key, value in items:
+        _apply(config, key, value)
+    return config.validate()
+
+
+def config_from_dict(data: dict) -> RunConfig:
+    """A RunConfig from `RunConfig.to_dict()` output (e.g. a run's config.json)."""
+    config = RunConfig()
+    _apply_mapping(config, data, "config")
+    return config.validate()

@@ -1,0 +1,374 @@
+"""The streaming loader: whole shards in, shuffled training sequences out.
+
+Reading (see DESIGN.md "Read whole shards, not random windows"):
+- Every epoch takes the store's committed shards in a random order seeded by
+  (seed, epoch) and reads each shard whole through `Store.iter_shards` (one
+  sequential read per file, crc32c checked, chunks decoded in parallel threads,
+  the next shard's files read ahead). Only the drafter's context layers are read.
+- Samples are shuffled through a buffer of `buffer_shards` shards: the epoch's
+  shard order is cut into groups of that many shards, and a group's training
+  samples are delivered in a random permutation seeded by (seed, epoch, group).
+- Two background threads keep the trainer fed: one decodes the *next* group while
+  the other crops the current group's samples and queues them
+  (`prefetch_samples` ahead). At most two groups are decoded at a time (plus
+  one shard's files read ahead), so memory is ~2 x buffer_shards shards. `wait_seconds` counts the time the trainer spent
+  blocked on the queue.
+
+Cropping: a sequence longer than `max_length` keeps its first `max_length`
+tokens (the prompt and the start of the answer, as DFlash/SpecForge truncate);
+every anchor drawn from the crop is valid because anchors need a whole block
+inside the crop (`pos <= len - B`). A sample whose crop has no valid anchor
+(nothing trained on, or shorter than a block) is not delivered (`skipped_empty`).
+
+Held-out split: a sample is held out when a stable hash of its id (sha256, not
+Python's salted `hash`) falls below `heldout_fraction`; the training iterator
+never yields it and `heldout_samples()` yields only those.
+
+Position: where the loader stands is (epoch, group, samples of that group
+already delivered). Because every permutation is derived from (seed, epoch,
+group), that position *is* the RNG state: resuming from it delivers exactly the
+samples an uninterrupted run would. Each delivered sample carries the position
+just after it, so the trainer checkpoints the position of what it consumed,
+not what the prefetch threads ran ahead to.
+
+Corrupt shards: a `CorruptShardError` stops the run with the shard, file and
+defect named; with `skip_corrupt_shards` the shard is left out of its group
+(never trained on), reported through `log`, and listed in `skipped_shards`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from store_schema import CorruptShardError, ShardData, Store
+from train.anchors import anchor_candidates
+
+
+def is_heldout(sample_id: str, fraction: float) -> bool:
+    """Stable across processes and machines: sha256 of the id as a number in [0, 1)."""
+    if fraction <= 0:
+        return False
+    value = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big") / 2.0**64
+    return value < fraction
+
+
+@dataclass(frozen=True)
+class LoaderPosition:
+    epoch: int = 0
+    group: int = 0  # index of the shard group in this epoch's order
+    sample: int = 0  # samples of that group already delivered
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LoaderPosition":
+        return cls(int(data["epoch"]), int(data["group"]), int(data["sample"]))
+
+
+@dataclass
+class TrainSample:
+    """One cropped sequence, ready for `train.step.dflash_step`."""
+
+    sample_id: str
+    shard: str
+    input_ids: torch.Tensor  # int64 [T]
+    loss_mask: torch.Tensor  # uint8 [T]
+    features: list  # bf16 [T, H] per context layer, in layer-id order (views into the shard)
+    topk_ids: torch.Tensor | None = None  # int32 [T, K]: target's next-token top-k at each position
+    topk_logprobs: torch.Tensor | None = None
+    position: LoaderPosition = field(default_factory=LoaderPosition)  # loader position after this sample
+    epoch: int = 0  # the epoch this sample belongs to
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.numel() * f.element_size() for f in self.features)
+
+    def context_features(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[T, n_layers*H], layers concatenated in order (the drafter's `fc` input)."""
+        return torch.cat([f.to(device, non_blocking=True) for f in self.features], dim=-1)
+
+
+class _Stop(Exception):
+    pass
+
+
+class ShardLoader:
+    """Iterate training samples of `store`; see the module docstring.
+
+    layers: the context layer ids to read (the drafter's, in fc order).
+    block_size: the drafter's block size, to know which crops can hold an anchor.
+    position: where to start (a checkpoint's); epochs: stop after this many."""
+
+    def __init__(
+        self,
+        store: Store,
+        layers: list[int],
+        block_size: int,
+        max_length: int = 3072,
+        seed: int = 0,
+        epochs: int = 1,
+        heldout_fraction: float = 0.01,
+        buffer_shards: int = 4,
+        threads: int = 2,
+        prefetch_samples: int = 8,
+        skip_corrupt_shards: bool = False,
+        position: LoaderPosition | None = None,
+        log: Callable[[str], None] = print,
+        shards: list[str] | None = None,
+    ):
+        self.store = store
+        self.layers = store.require_layers(layers)
+        self.block_size = block_size
+        self.max_length = max_length
+        self.seed = seed
+        self.epochs = epochs
+        self.heldout_fraction = heldout_fraction
+        self.buffer_shards = buffer_shards
+        self.threads = threads
+        self.prefetch_samples = prefetch_samples
+        self.skip_corrupt_shards = skip_corrupt_shards
+        self.log = log
+        self.shards = sorted(store.committed_shards() if shards is None else shards)
+        if not self.shards:
+            raise ValueError(f"{store.path}: no committed shards to train on")
+        self.start = position or LoaderPosition()
+        self.skipped_shards: list[str] = []
+        self.skipped_empty = 0
+        self.wait_seconds = 0.0
+        self._queue: queue.Queue | None = None
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+
+    # -- the order ------------------------------------------------------------------------
+    @property
+    def shards_sha256(self) -> str:
+        """Identifies the shard list a position refers to (a resume must see the same)."""
+        return hashlib.sha256("\n".join(self.shards).encode()).hexdigest()
+
+    @property
+    def num_groups(self) -> int:
+        return math.ceil(len(self.shards) / self.buffer_shards)
+
+    def epoch_order(self, epoch: int) -> list[str]:
+        rng = np.random.default_rng([self.seed, epoch])
+        return [self.shards[i] for i in rng.permutation(len(self.shards))]
+
+    def groups(self, epoch: int) -> list[list[str]]:
+        order = self.epoch_order(epoch)
+        return [order[i : i + self.buffer_shards] for i in range(0, len(order), self.buffer_shards)]
+
+    def group_permutation(self, epoch: int, group: int, count: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch, group, 1]).permutation(count)
+
+    def next_position(self, position: LoaderPosition, group_size: int) -> LoaderPosition:
+        """The position after delivering one more sample of a group of `group_size`."""
+        if position.sample + 1 < group_size:
+            return LoaderPosition(position.epoch, position.group, position.sample + 1)
+        if position.group + 1 < self.num_groups:
+            return LoaderPosition(position.epoch, position.group + 1, 0)
+        return LoaderPosition(position.epoch + 1, 0, 0)
+
+    def count_train_samples(self) -> int:
+        """Training samples per epoch, before the no-anchor filter: exact from the
+        store's plan when it has one, else estimated from commit records."""
+        plan = self.store.plan()
+        if plan is not None:
+            by_name = {shard.name: shard for shard in plan.shards}
+            if all(name in by_name for name in self.shards):
+                return sum(
+                    not is_heldout(s.sample_id, self.heldout_fraction) for n in self.shards for s in by_name[n].samples
+                )
+        total = sum(self.store.commit(n)["num_samples"] for n in self.shards)
+        return max(1, round(total * (1.0 - self.heldout_fraction)))
+
+    # -- reading --------------------------------------------------------------------------
+    def _read(self, names: list[str]) -> Iterator[ShardData]:
+        """Whole shards in order; a corrupt one is refused or (if allowed) skipped."""
+        remaining = list(names)
+        while remaining:
+            try:
+                for data in self.store.iter_shards(list(remaining), layers=self.layers, threads=self.threads, prefetch=1):
+                    remaining.remove(data.name)
+                    yield data
+                return
+            except CorruptShardError as exc:
+                if not self.skip_corrupt_shards:
+                    raise CorruptShardError(
+                        exc.shard,
+                        exc.file,
+                        f"{exc.what}. Refusing to train on a corrupt shard: check the store with "
+                        "`python -m store_schema verify`, re-extract the shard, or set "
+                        "data.skip_corrupt_shards=true to leave it out",
+                    ) from None
+                self.skipped_shards.append(exc.shard)
+                self.log(f"loader: skipping corrupt shard {exc.shard} ({exc.file}: {exc.what}); it is never trained on")
+                remaining = remaining[remaining.index(exc.shard) + 1 :] if exc.shard in remaining else remaining[1:]
+
+    def _crop(self, data: ShardData, index: int, position: LoaderPosition, epoch: int = 0) -> TrainSample | None:
+        start, stop = int(data.offsets[index]), int(data.offsets[index + 1])
+        stop = min(stop, start + self.max_length)
+        loss_mask = data.loss_mask[start:stop]
+        if anchor_candidates(loss_mask, self.block_size).numel() == 0:
+            return None
+        return TrainSample(
+            sample_id=data.sample_ids[index],
+            shard=data.name,
+            input_ids=data.input_ids[start:stop].long(),
+            loss_mask=loss_mask,
+            features=[data.hidden[layer][start:stop] for layer in self.layers],
+            topk_ids=None if data.topk_ids is None else data.topk_ids[start:stop],
+            topk_logprobs=None if data.topk_logprobs is None else data.topk_logprobs[start:stop],
+            position=position,
+            epoch=epoch,
+        )
+
+    def _decode_groups(self, out: queue.Queue) -> None:
+        """Thread 1: decode groups of shards, from the start position on."""
+        first = self.start
+        for epoch in range(first.epoch, self.epochs):
+            groups = self.groups(epoch)
+            start_group = first.group if epoch == first.epoch else 0
+            names = [n for g in groups[start_group:] for n in g]
+            decoded = self._read(names)
+            pending: dict[str, ShardData] = {}
+            for g in range(start_group, len(groups)):
+                self._wait_until_taken(out)  # at most two groups decoded: one delivering, one next
+                for name in groups[g]:
+                    while name not in pending and name not in self.skipped_shards:
+                        data = next(decoded, None)
+                        if data is None:
+                            break
+                        pending[data.name] = data
+                self._put(out, (epoch, g, [pending.pop(n) for n in groups[g] if n in pending]))
+        self._put(out, None)
+
+    def _deliver(self, groups: queue.Queue, out: queue.Queue) -> None:
+        """Thread 2: permute each decoded group's training samples, crop, queue them."""
+        while (item := self._get(groups)) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            epoch, group, shards = item
+            samples = [
+                (data, i) for data in shards for i in range(len(data)) if not is_heldout(data.sample_ids[i], self.heldout_fraction)
+            ]
+            order = self.group_permutation(epoch, group, len(samples))
+            first = self.start.sample if (epoch, group) == (self.start.epoch, self.start.group) else 0
+            position = LoaderPosition(epoch, group, first)
+            for k in range(first, len(samples)):
+                position = self.next_position(LoaderPosition(epoch, group, k), len(samples))
+                data, i = samples[order[k]]
+                sample = self._crop(data, i, position, epoch)
+                if sample is None:
+                    self.skipped_empty += 1
+                    continue
+                self._put(out, sample)
+        self._put(out, None)
+
+    def _wait_until_taken(self, q: queue.Queue) -> None:
+        while not q.empty():
+            if self._stop.wait(0.002):
+                raise _Stop
+
+    def _put(self, q: queue.Queue, item) -> None:
+        while not self._stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+        raise _Stop
+
+    def _get(self, q: queue.Queue):
+        while not self._stop.is_set():
+            try:
+                return q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+        raise _Stop
+
+    def _run(self, work, inbox, outbox: queue.Queue) -> None:
+        """Run a thread's work; an error goes downstream (to the next thread, then
+        to the consumer, where it is raised)."""
+        try:
+            work(*([inbox, outbox] if inbox is not None else [outbox]))
+        except _Stop:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            try:
+                self._put(outbox, exc)
+            except _Stop:
+                pass
+
+    def start_threads(self) -> None:
+        if self._queue is not None:
+            return
+        groups: queue.Queue = queue.Queue(maxsize=1)
+        self._queue = queue.Queue(maxsize=self.prefetch_samples)
+        self._threads = [
+            threading.Thread(target=self._run, args=(self._decode_groups, None, groups), daemon=True, name="loader-decode"),
+            threading.Thread(target=self._run, args=(self._deliver, groups, self._queue), daemon=True, name="loader-deliver"),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def __iter__(self) -> Iterator[TrainSample]:
+        return self
+
+    def __next__(self) -> TrainSample:
+        self.start_threads()
+        began = time.perf_counter()
+        while True:
+            try:
+                item = self._queue.get(timeout=0.1)
+                break
+            except queue.Empty:
+                if not any(t.is_alive() for t in self._threads) and self._queue.empty():
+                    item = None
+                    break
+        self.wait_seconds += time.perf_counter() - began
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        if item is None:
+            self.close()
+            raise StopIteration
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+
+    def __del__(self):
+        self._stop.set()
+
+    # -- held-out -------------------------------------------------------------------------
+    def heldout_samples(self, limit: int | None = None) -> Iterator[TrainSample]:
+        """Held-out samples (cropped like training ones), shards in sorted order, up
+        to `limit`. Read on the caller's thread; never shares state with training."""
+        count = 0
+        for data in self._read(self.shards):
+            for i in range(len(data)):
+                if not is_heldout(data.sample_ids[i], self.heldout_fraction):
+                    continue
+                sample = self._crop(data, i, LoaderPosition())
+                if sample is None:
+                    continue
+                yield sample
+                count += 1
+                if limit is not None and count >= limit:
+                    return
