@@ -1,0 +1,120 @@
+"""The streaming loader on real Zarr stores: held-out split, epoch coverage, exact
+resume from any position, cropping, only the needed layers, corrupt shards."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+import builders
+from store_schema import CorruptShardError, Store
+from train.loader import ShardLoader, is_heldout
+
+HELDOUT = 0.25
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    path = tmp_path_factory.mktemp("loader") / "store"
+    _, shards = builders.random_store(path, num_shards=5, samples_per_shard=6, layer_ids=(1, 3), num_target_layers=6)
+    return Store(path), shards
+
+
+def make_loader(store, **kwargs):
+    options = dict(layers=[1, 3], block_size=8, max_length=512, seed=3, epochs=2, heldout_fraction=HELDOUT,
+                   buffer_shards=2, prefetch_samples=3)
+    options.update(kwargs)
+    return ShardLoader(store, **options)
+
+
+def test_heldout_never_trained_on_and_each_train_sample_once_per_epoch(store):
+    store, shards = store
+    all_ids = {s.sample_id for samples in shards.values() for s in samples}
+    heldout = {i for i in all_ids if is_heldout(i, HELDOUT)}
+    assert 0 < len(heldout) < len(all_ids)
+
+    delivered = list(make_loader(store))
+    by_epoch = {e: [s.sample_id for s in delivered if s.epoch == e] for e in (0, 1)}
+    for epoch, ids in by_epoch.items():
+        assert Counter(ids) == Counter(all_ids - heldout), f"epoch {epoch}"
+    assert by_epoch[0] != by_epoch[1]  # reshuffled every epoch
+    assert {s.sample_id for s in make_loader(store).heldout_samples()} == heldout
+
+
+def test_heldout_split_is_a_stable_hash():
+    assert [is_heldout(f"id-{i}", 0.1) for i in range(200)] == [is_heldout(f"id-{i}", 0.1) for i in range(200)]
+    share = np.mean([is_heldout(f"sample-{i}", 0.1) for i in range(20000)])
+    assert 0.09 < share < 0.11
+    assert not any(is_heldout(f"id-{i}", 0.0) for i in range(200))
+
+
+def test_resume_from_any_position_continues_exactly(store):
+    store, _ = store
+    full = list(make_loader(store))
+    for k in (1, 5, 11, len(full) // 2, len(full) - 1):
+        rest = list(make_loader(store, position=full[k - 1].position))
+        assert [s.sample_id for s in rest] == [s.sample_id for s in full[k:]], f"resumed after sample {k}"
+        assert torch.equal(rest[0].features[0], full[k].features[0])
+
+
+def test_seed_changes_the_order(store):
+    store, _ = store
+    a = [s.sample_id for s in make_loader(store, epochs=1)]
+    b = [s.sample_id for s in make_loader(store, epochs=1, seed=4)]
+    assert sorted(a) == sorted(b) and a != b
+
+
+def test_crops_from_the_start_and_reads_only_asked_layers(store):
+    store, shards = store
+    stored = {s.sample_id: s for samples in shards.values() for s in samples}
+    samples = list(make_loader(store, layers=[3], max_length=50, epochs=1))
+    assert samples
+    for sample in samples:
+        original = stored[sample.sample_id]
+        n = min(50, len(original.input_ids))
+        assert sample.num_tokens == n
+        assert np.array_equal(sample.input_ids.numpy(), original.input_ids[:n])
+        assert np.array_equal(sample.loss_mask.numpy(), original.loss_mask[:n])
+        assert len(sample.features) == 1
+        assert torch.equal(sample.features[0], original.hidden[3][:n])
+        assert sample.context_features().shape == (n, 64)
+    # read whole shards, but only layer 3's file
+    assert set(store.read_shard(store.committed_shards()[0], layers=[3]).hidden) == {3}
+
+
+def test_sample_without_anchor_is_not_delivered(tmp_path):
+    _, shards = builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=4, num_target_layers=6)
+    store = Store(tmp_path / "s")
+    # block 200 > every sample's length (< 160): no valid anchor anywhere
+    loader = ShardLoader(store, [1], block_size=200, epochs=1, heldout_fraction=0.0)
+    assert list(loader) == [] and loader.skipped_empty == 4
+
+
+def _corrupt(store: Store, shard: str) -> None:
+    chunk = store.path / "shards" / shard / "layer_1" / "c" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+
+
+def test_corrupt_shard_is_refused_or_skipped_and_logged(tmp_path):
+    _, shards = builders.random_store(tmp_path / "s", num_shards=4, samples_per_shard=5, num_target_layers=6)
+    store = Store(tmp_path / "s")
+    bad = store.committed_shards()[2]
+    _corrupt(store, bad)
+
+    with pytest.raises(CorruptShardError, match=f"shard {bad}: layer_1.*skip_corrupt_shards"):
+        list(make_loader(store, epochs=1, heldout_fraction=0.0))
+
+    messages = []
+    loader = make_loader(store, epochs=2, heldout_fraction=0.0, skip_corrupt_shards=True, log=messages.append)
+    delivered = [s.sample_id for s in loader]
+    bad_ids = {s.sample_id for s in shards[bad]}
+    good_ids = {s.sample_id for name, samples in shards.items() if name != bad for s in samples}
+    assert not bad_ids & set(delivered)
+    assert Counter(delivered) == Counter({i: 2 for i in good_ids})
+    assert loader.skipped_shards == [bad, bad]
+    assert any(bad in m and "skipping corrupt shard" in m for m in messages)
