@@ -228,9 +228,10 @@ class ExtractionWorker:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: a real, unannounced death
 
     # -- benchmark support --------------------------------------------------------------------
-    def forward_only(self, names: list[str]) -> dict:
+    def forward_only(self, names: list[str], start_at: float | None = None) -> dict:
         """Time the forward passes alone for these shards: same samples, same batching,
-        no writes. Tokenization happens before the clock starts."""
+        no writes. Tokenization happens before the clock starts, which starts at the
+        wall-clock time ``start_at`` if given (to start several workers together)."""
         from .planning import load_samples
 
         writer = self._store_writer()
@@ -238,6 +239,8 @@ class ExtractionWorker:
             load_samples(self.settings["corpus_path"], self.tokenizer, writer.plan().shard(n).samples, self.settings)
             for n in names
         ]
+        if start_at is not None:
+            time.sleep(max(0.0, start_at - time.time()))
         started = time.perf_counter()
         tokens = 0
         for samples in shards:
