@@ -1,0 +1,182 @@
+"""Extraction overhead and worker scaling, on one model and one corpus in one run.
+
+    python benchmarks/extract_bench.py [--quick]
+
+Target: a random-weight Qwen3.5 hybrid (linear + full attention) with hidden 512 and
+6 layers, built and saved on the fly (nothing downloaded), 3 context layers
+([1, 2, 3]: the forward stops after layer 3). Corpus: chat records answering with
+Python standard-library source, rendered with a real (locally trained) tokenizer's
+chat template. A local Ray cluster, CPU workers with one torch thread each.
+
+What is timed (identically excluded on every side: Ray start, actor start, model
+load and each actor's one warm-up forward, i.e. `JobConfig`'s ``startup_seconds``):
+
+- extract (1 worker / 2 workers): the job's dispatch phase (`extract_seconds` in its
+  report) -- from the first shard handed out to the last one committed: re-tokenizing
+  every shard, the forwards, host copies, compression, checksums, fsyncs and commits.
+- forward-only (1 worker): the same shards' samples, same length batching, through the
+  same `TargetRunner` in the same kind of actor, nothing written; tokenization done
+  before the clock starts.
+
+overhead_ratio = extract(1 worker) / forward-only(1 worker); goal <= 1.05.
+scaling_2v1 = tokens/s with 2 workers / tokens/s with 1; goal >= 1.8. Beside it, the
+machine's own ceiling: bare forwards on 2 workers / 1 (forward_only_scaling_2v1), and
+the job's efficiency = scaling_2v1 / that ceiling (2 vCPUs that share caches or a
+busy host cap both alike).
+Appends to benchmarks/RESULTS.md and prints one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+os.chdir(ROOT)  # Ray workers import the project from the driver's working directory
+
+from benchmarks.common import Timer, append_results  # noqa: E402
+
+HIDDEN, LAYERS, CONTEXT_LAYERS = 512, 6, 3
+
+
+def build_inputs(root: Path, samples: int) -> tuple[Path, Path]:
+    import builders
+
+    tokenizer_dir = root / "tokenizer"
+    tokenizer_dir.mkdir()
+    builders.build_tokenizer(tokenizer_dir)
+    model = root / "model"
+    builders.build_model(model, kind="qwen3_5", vocab_size=512, hidden_size=HIDDEN, num_layers=LAYERS)
+    for file in tokenizer_dir.iterdir():
+        shutil.copy(file, model / file.name)
+    corpus = builders.write_chat_jsonl(root / "corpus.jsonl", builders.coding_chats(samples))
+    return model, corpus
+
+
+def forward_only(config, store: Path, workers: int = 1) -> dict:
+    """Fresh actors of the job's kind; time their forward passes over every shard
+    (dealt round-robin, all workers starting on the same clock tick). Throughput is
+    all tokens over the slowest worker's time: what the machine gives bare forwards."""
+    import time
+
+    import ray
+
+    from extract.layers import resolve_layer_ids
+    from extract.worker import ExtractionWorker
+    from store_schema import Store
+
+    reader = Store(store)
+    plan = reader.plan()
+    layer_ids = resolve_layer_ids(config.model, None, config.num_context_layers)
+    actors = [
+        ray.remote(num_cpus=1, max_concurrency=2)(ExtractionWorker).remote(
+            str(Path(config.model).resolve()), plan.settings["tokenizer_path"], str(store), layer_ids, plan.settings,
+            device="cpu", batch_tokens=config.batch_tokens, torch_threads=1,
+        )
+        for _ in range(workers)
+    ]
+    try:
+        ray.get([actor.info.remote() for actor in actors])  # started and warmed up, off the clock
+        names = [s.name for s in plan.shards]
+        start_at = time.time() + 3.0
+        results = ray.get(
+            [actor.forward_only.remote(names[i::workers], start_at) for i, actor in enumerate(actors)]
+        )
+        return {"seconds": max(r["seconds"] for r in results), "tokens": sum(r["tokens"] for r in results)}
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small corpus (< 3 minutes on 2 cores)")
+    args = parser.parse_args()
+    samples = 200 if args.quick else 600
+    shard_tokens = 3000 if args.quick else 6000
+
+    import ray
+    from transformers.utils import logging as hf_logging
+
+    from extract.job import JobConfig, run_job
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    root = Path(tempfile.mkdtemp(prefix="extract_bench_"))
+    try:
+        with Timer() as setup:
+            model, corpus = build_inputs(root, samples)
+            ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
+
+        def config(store: str, workers: int) -> JobConfig:
+            return JobConfig(
+                model=str(model), corpus=str(corpus), store=str(root / store), num_context_layers=CONTEXT_LAYERS,
+                shard_tokens=shard_tokens, batch_tokens=4096, workers=workers, device="cpu", cpus_per_worker=1,
+            )
+
+        one = run_job(config("store1", 1), log=lambda m: None)
+        forward = forward_only(config("store1", 1), root / "store1")
+        two = run_job(config("store2", 2), log=lambda m: None)
+        forward2 = forward_only(config("store1", 1), root / "store1", workers=2)
+        ray.shutdown()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    forward_tps = forward["tokens"] / forward["seconds"]
+    overhead = one["extract_seconds"] / forward["seconds"]
+    scaling = two["tokens_per_s"] / one["tokens_per_s"]
+    ceiling = (forward2["tokens"] / forward2["seconds"]) / forward_tps  # bare forwards, 2 workers / 1
+    assert forward["tokens"] == one["tokens_written"] == two["tokens_written"]
+    figures = {
+        "overhead_ratio": round(overhead, 4),
+        "scaling_2v1": round(scaling, 4),
+        "forward_only_scaling_2v1": round(ceiling, 4),
+        "scaling_efficiency": round(scaling / ceiling, 4),
+        "loadavg_before": load_before,
+        "tokens": one["tokens"],
+        "samples": one["samples"],
+        "shards": one["shards"],
+        "forward_only_seconds": round(forward["seconds"], 3),
+        "extract_1w_seconds": one["extract_seconds"],
+        "extract_2w_seconds": two["extract_seconds"],
+        "forward_only_tokens_per_s": round(forward_tps, 1),
+        "extract_1w_tokens_per_s": one["tokens_per_s"],
+        "extract_2w_tokens_per_s": two["tokens_per_s"],
+        "extract_1w_bytes_per_s": one["bytes_per_s"],
+        "extract_2w_bytes_per_s": two["bytes_per_s"],
+        "startup_seconds_1w_2w": [one["startup_seconds"], two["startup_seconds"]],
+        "setup_seconds": round(setup.seconds, 2),
+        "model": f"Qwen3.5 hybrid hidden {HIDDEN}, {LAYERS} layers, layers {one['layer_ids']}",
+        "kernels": one["kernels"],
+        "quick": args.quick,
+    }
+    mode = "quick" if args.quick else "full"
+    append_results(
+        f"extract_bench ({mode}): {one['tokens']} tokens, {one['shards']} shards, Qwen3.5 hybrid "
+        f"hidden {HIDDEN} x {LAYERS} layers, CPU workers with 1 torch thread",
+        [
+            ("overhead_ratio (extract / forward-only, 1 worker)", "<= 1.05", f"{overhead:.3f}"),
+            ("scaling_2v1 (tokens/s, 2 workers / 1)", ">= 1.8", f"{scaling:.3f}"),
+            ("forward-only scaling 2v1 (this machine's ceiling)", "info", f"{ceiling:.3f}"),
+            ("scaling efficiency (scaling_2v1 / ceiling)", "-", f"{scaling / ceiling:.3f}"),
+            ("forward-only tokens/s (1 worker)", "-", f"{forward_tps:.0f}"),
+            ("extract tokens/s (1 / 2 workers)", "-", f"{one['tokens_per_s']:.0f} / {two['tokens_per_s']:.0f}"),
+            ("extract MB/s on disk (1 / 2 workers)", "-",
+             f"{one['bytes_per_s'] / 1e6:.2f} / {two['bytes_per_s'] / 1e6:.2f}"),
+            ("excluded from both sides", "-", "Ray start, actor start, model load, warm-up forward"),
+            ("load average before (1/5/15 min)", "-", " ".join(map(str, load_before))),
+        ],
+        figures,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
