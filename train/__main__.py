@@ -3,6 +3,8 @@
     python -m train fit --store STORE --target PATH --out RUN [--config FILE]
                         [--max-steps N] [--resume] [--set key=value ...]
     python -m train export RUN --out DIR [--dtype bfloat16|float32] [--checkpoint PATH]
+    python -m train eval --store STORE --drafter RUN_OR_EXPORT --target PATH [--json] ...
+    python -m train diagnose RUN [--plot FILE.png] [--compare RUN2] [--json]
 
 `fit` resolves the config (defaults <- --config YAML <- explicit flags <- --set),
 saves it into RUN, and trains. `--resume` continues RUN from its newest
@@ -10,8 +12,8 @@ checkpoint with RUN's saved config (flags and --set still override it, e.g. a
 larger --max-steps). `export` writes the newest checkpoint's drafter in z-lab's
 DFlash format (config.json + model.safetensors, no target tensors).
 
-Each command is a subparser with its own `run_*` function, so `eval` and
-`diagnose` can be added beside them.
+Each command is a subparser with its own handler; `eval` and `diagnose` live in
+train/cli_eval.py and train/cli_diagnose.py.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import sys
 from pathlib import Path
 
 import torch
+
+from train import cli_diagnose, cli_eval
 
 
 def add_fit(subparsers) -> None:
@@ -89,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     subparsers = parser.add_subparsers(dest="command", required=True)
     add_fit(subparsers)
     add_export(subparsers)
+    cli_eval.add_parser(subparsers)
+    cli_diagnose.add_parser(subparsers)
     args = parser.parse_args(argv)
     return args.handler(args)
 

@@ -21,7 +21,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--cliff-drop", type=float, default=0.08, help="accuracy drop that counts as a cliff (0.08)")
     parser.add_argument("--cliff-window", type=int, default=20, help="records averaged on each side of a cliff (20)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the text report")
-    parser.set_defaults(func=run, run=run)  # train/__main__.py dispatches on args.run
+    parser.set_defaults(handler=run)  # train/__main__.py dispatches on args.handler
     return parser
 
 
@@ -73,7 +73,7 @@ def run(args) -> int:
 def main(argv=None) -> int:
     parser = configure(argparse.ArgumentParser(prog="python -m train diagnose", description=__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return args.handler(args)
 
 
 if __name__ == "__main__":

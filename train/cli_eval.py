@@ -44,7 +44,7 @@ def configure(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=sorted(DTYPES), help="compute dtype (default: as stored)")
     parser.add_argument("--batch-blocks", type=int, default=256, help="blocks per drafter forward (default 256)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    parser.set_defaults(func=run, run=run)  # train/__main__.py dispatches on args.run
+    parser.set_defaults(handler=run)  # train/__main__.py dispatches on args.handler
     return parser
 
 
@@ -83,7 +83,7 @@ def run(args) -> int:
 def main(argv=None) -> int:
     parser = configure(argparse.ArgumentParser(prog="python -m train eval", description=__doc__.splitlines()[0]))
     args = parser.parse_args(argv)
-    return args.func(args)
+    return args.handler(args)
 
 
 if __name__ == "__main__":

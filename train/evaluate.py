@@ -29,7 +29,6 @@ blocks, which is a different number.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from pathlib import Path
@@ -46,22 +45,19 @@ from train.acceptance import (
     topk_hits,
 )
 from train.anchors import anchor_candidates
+from train.loader import is_heldout
 from train.loss import block_targets
 
 DEFAULT_BUDGETS = (8, 32, 128)
 SPLITS = ("heldout", "train", "all")
-# Used only until train/loader.py provides the one held-out rule (see `heldout`).
 DEFAULT_HELDOUT_FRACTION = 0.01
 
 
 def heldout(sample_id: str, fraction: float = DEFAULT_HELDOUT_FRACTION) -> bool:
-    """Whether a sample belongs to the held-out split: the first 8 bytes of
-    sha256(sample_id) read as a number in [0, 1) fall below `fraction`. Depends on
-    the id only, so every reader (loader, trainer, eval) agrees without a list."""
+    """The held-out split: the loader's rule, so trainer and eval always agree."""
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"held-out fraction must be in [0, 1], got {fraction}")
-    value = int.from_bytes(hashlib.sha256(sample_id.encode("utf-8")).digest()[:8], "big") / 2.0**64
-    return value < fraction
+    return is_heldout(sample_id, fraction)
 
 
 def in_split(sample_id: str, split: str, fraction: float) -> bool:

@@ -39,6 +39,7 @@ import torch
 from store_schema import Store, file_sha256
 from train import checkpoint as ckpt
 from train.config import ConfigError, RunConfig, config_from_dict
+from train.evaluate import AcceptanceEval
 from train.loader import LoaderPosition, ShardLoader, TrainSample
 from train.loss import default_gamma
 from train.model import DFlashDrafter, DrafterConfig
@@ -241,7 +242,10 @@ class Trainer:
         self.store_info = store_info or {}
         self.log = log
         self.run_dir = Path(config.out)
-        self.evaluators: list[Callable[[Trainer, int], dict]] = [HeldoutEval(config.train.eval_samples)]
+        self.evaluators: list[Callable[[Trainer, int], dict]] = [
+            HeldoutEval(config.train.eval_samples),
+            AcceptanceEval(samples=config.train.eval_samples),
+        ]
         self.position = loader.start
         self._last_eval_step: int | None = None
         self.epoch = loader.start.epoch
