@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch>=2.4,<2.14
 
-.PHONY: venv test bench clean
+.PHONY: venv test demo bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ venv: $(VENV)/.installed
 
 test: venv
 	$(PY) -m pytest -q tests
+
+demo: venv
+	$(PY) scripts/demo.py
 
 bench: venv
 	$(PY) benchmarks/run_all.py --quick

@@ -418,7 +418,7 @@ def log_fields(result: dict, prefix: str = "eval_") -> dict:
 
 
 def to_json(result: dict) -> str:
-    """One JSON object; ddtree budgets become string keys, nan becomes null."""
+    """One JSON object on one line; ddtree budgets become string keys, nan becomes null."""
 
     def clean(value):
         if isinstance(value, float) and math.isnan(value):
@@ -429,7 +429,7 @@ def to_json(result: dict) -> str:
             return [clean(v) for v in value]
         return value
 
-    return json.dumps(clean(result), indent=2)
+    return json.dumps(clean(result))  # one line: `tail -1 | jq` works
 
 
 def _fmt(value, digits: int = 3) -> str:

@@ -1,0 +1,207 @@
+"""The demo's embedded default: a coding corpus, a tokenizer and a small target
+model, all made on this machine from the Python standard library's own source.
+
+- The corpus: requests for standard-library functions answered with their source,
+  in chat format (a few hundred to a few thousand records).
+- The tokenizer: byte-level BPE trained on that source, ChatML chat template.
+- The target: a small Qwen3.5-architecture model (hybrid linear attention) built
+  from a config with a fixed seed, then trained briefly on the corpus so that its
+  hidden states carry signal and a drafter's acceptance means something. It is
+  cached on disk: later runs reuse it."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+# ChatML, as Qwen's templates render it; `{% generation %}` marks the assistant's
+# content so transformers can return the assistant-token mask.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' %}"
+    "{% generation %}{{ message['content'] }}{% endgeneration %}"
+    "{% else %}{{ message['content'] }}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+MASK_TOKEN = "<|mask|>"
+
+CORPUS_MODULES = (
+    "json", "textwrap", "inspect", "pathlib", "shlex", "base64", "fnmatch", "glob", "argparse", "calendar",
+    "csv", "difflib", "email.utils", "ftplib", "gettext", "gzip", "heapq", "html", "imaplib", "ipaddress",
+    "locale", "logging", "mailbox", "mimetypes", "ntpath", "optparse", "os", "pickletools", "platform",
+    "posixpath", "pprint", "quopri", "random", "shutil", "smtplib", "statistics", "string", "subprocess",
+    "tarfile", "tempfile", "tokenize", "traceback", "typing", "urllib.parse", "uuid", "warnings", "zipfile",
+)
+
+
+def stdlib_functions(modules=CORPUS_MODULES, min_chars: int = 80, max_chars: int = 1500) -> list[tuple[str, str, str]]:
+    """(module, function name, source) for plain functions defined in `modules`."""
+    import importlib
+
+    found = []
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        for name, obj in sorted(vars(module).items()):
+            if inspect.isfunction(obj) and obj.__module__ == module.__name__:
+                try:
+                    source = inspect.getsource(obj)
+                except (OSError, TypeError):
+                    continue
+                if min_chars <= len(source) <= max_chars:
+                    found.append((module_name, name, source))
+    return found
+
+
+def coding_chats(count: int | None = None, seed: int = 0, modules=CORPUS_MODULES) -> list[dict]:
+    """Chat records asking for standard-library functions, answered with their source.
+    `count` repeats the functions when larger than what exists; None takes each once."""
+    functions = stdlib_functions(modules)
+    random.Random(seed).shuffle(functions)
+    count = len(functions) if count is None else count
+    records = []
+    for i in range(count):
+        module_name, name, source = functions[i % len(functions)]
+        records.append({
+            "id": f"sample-{i:05d}",
+            "messages": [
+                {"role": "user", "content": f"Write `{name}` from the `{module_name}` module."},
+                {"role": "assistant", "content": source},
+            ],
+        })
+    return records
+
+
+def write_jsonl(path, records) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+def build_tokenizer(path, texts, vocab_size: int = 512, chat_template: str = CHAT_TEMPLATE):
+    """Train a byte-level BPE tokenizer on `texts`; save it as a
+    `PreTrainedTokenizerFast` with a ChatML chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", MASK_TOKEN],
+    )
+    fast.chat_template = chat_template
+    fast.save_pretrained(str(path))
+    return fast
+
+
+def qwen3_5_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, num_heads: int = 4,
+                   head_dim: int = 16):
+    """Qwen3.5 text config: three linear-attention layers per full-attention layer."""
+    from transformers import Qwen3_5TextConfig
+
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)]
+    return Qwen3_5TextConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        head_dim=head_dim,
+        linear_num_key_heads=max(1, num_heads // 2),
+        linear_num_value_heads=num_heads,
+        linear_key_head_dim=head_dim,
+        linear_value_head_dim=head_dim,
+        layer_types=layer_types,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+
+
+# The demo target: small enough to train and extract on 2 CPU cores in minutes.
+# (head_dim 64 makes the PyTorch linear-attention fallback ~7x slower on CPU than 32.)
+DEMO_TARGET = dict(vocab_size=2048, hidden_size=256, num_layers=6, num_heads=8, head_dim=32,
+                   pretrain_steps=120, pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0)
+
+
+def ensure_demo_target(cache_root, records, log=print, **overrides) -> Path:
+    """Build (once) and return the cached demo target: tokenizer + pretrained
+    Qwen3.5 model in one directory, keyed by its settings and the corpus."""
+    settings = {**DEMO_TARGET, **overrides}
+    key = hashlib.sha256(json.dumps([settings, records], sort_keys=True).encode()).hexdigest()[:12]
+    target_dir = Path(cache_root) / f"target-{key}"
+    if (target_dir / "config.json").exists() and (target_dir / "tokenizer.json").exists():
+        log(f"demo target: cached at {target_dir}")
+        return target_dir
+    partial = target_dir.with_name(target_dir.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    texts = [m["content"] for r in records for m in r["messages"]]
+    tokenizer = build_tokenizer(partial, texts, vocab_size=settings["vocab_size"])
+    model = _pretrain(tokenizer, records, settings, log)
+    model.save_pretrained(str(partial), safe_serialization=True)
+    partial.rename(target_dir)
+    return target_dir
+
+
+def _pretrain(tokenizer, records, settings, log):
+    from transformers import Qwen3_5ForCausalLM
+
+    torch.manual_seed(settings["seed"])
+    config = qwen3_5_config(len(tokenizer), settings["hidden_size"], settings["num_layers"],
+                            settings["num_heads"], settings["head_dim"])
+    model = Qwen3_5ForCausalLM(config)
+    stream = []
+    for record in records:
+        stream.extend(tokenizer.apply_chat_template(record["messages"], tokenize=True, return_dict=True)["input_ids"])
+    tokens = torch.tensor(stream, dtype=torch.long)
+    seq, batch = settings["pretrain_seq"], settings["pretrain_batch"]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings["lr"], weight_decay=0.0)
+    steps = settings["pretrain_steps"]
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, settings["lr"], total_steps=steps, pct_start=0.1)
+    generator = torch.Generator().manual_seed(settings["seed"])
+    model.train()
+    start = time.time()
+    for step in range(1, steps + 1):
+        offsets = torch.randint(0, len(tokens) - seq - 1, (batch,), generator=generator)
+        ids = torch.stack([tokens[o : o + seq] for o in offsets])
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 25 == 0 or step == steps:
+            log(f"demo target pretraining: step {step}/{steps} loss {loss.item():.3f} ({time.time() - start:.0f}s)")
+    return model.eval()
+
+
+if __name__ == "__main__":
+    records = coding_chats()
+    print(len(records), "records", file=sys.stderr)

@@ -1,0 +1,66 @@
+"""The main job end to end, through the command lines a user runs: extract with
+2 Ray workers -> verify -> fit a few steps -> eval -> export -> reload."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from builders import coding_chats, write_chat_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args, expect: int = 0) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == expect, f"{args[:3]}: exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    try:
+        return json.loads(lines[-1]) if lines else {}
+    except json.JSONDecodeError:
+        return {"text": result.stdout}
+
+
+def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
+    corpus = write_chat_jsonl(tmp_path / "corpus.jsonl", coding_chats(24))
+    store, run, export = tmp_path / "store", tmp_path / "run", tmp_path / "drafter"
+
+    report = _cli("-m", "extract", "run", "--model", qwen3_5_dir, "--corpus", corpus, "--store", store,
+                  "--workers", 2, "--device", "cpu", "--layers", "1,3,5", "--max-length", 256,
+                  "--shard-tokens", 1024, "--no-progress")
+    assert report["samples"] == 24 and report["shards_written"] >= 2
+
+    assert _cli("-m", "store_schema", "verify", store, "--json")["ok"] is True
+
+    _cli("-m", "train", "fit", "--store", store, "--target", qwen3_5_dir, "--out", run, "--max-steps", 6,
+         "--set", "model.num_layers=1", "--set", "model.num_anchors=16", "--set", "data.heldout_fraction=0.2",
+         "--set", "train.log_every=2", "--set", "train.eval_every=3", "--set", "train.eval_samples=2")
+    log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == 6 and all(torch.isfinite(torch.tensor(r["loss"])) for r in log if "loss" in r)
+    assert any("eval_tau" in r for r in log), "acceptance is evaluated during training"
+
+    _cli("-m", "train", "export", run, "--out", export, "--dtype", "float32")
+    config = json.loads((export / "config.json").read_text())
+    assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["target_layer_ids"] == [1, 3, 5]
+
+    evaluation = _cli("-m", "train", "eval", "--store", store, "--drafter", export, "--target", qwen3_5_dir,
+                      "--heldout-fraction", "0.2", "--ddtree-budgets", "4,16", "--json")
+    assert evaluation["samples"] > 0 and 1.0 <= evaluation["tau"] <= 16.0
+    assert set(evaluation["ddtree"]) == {"4", "16"}
+
+    from train import checkpoint
+    from train.export import load_drafter
+    from train.model import DFlashDrafter, DrafterConfig
+
+    state_dir = checkpoint.latest_checkpoint(run)
+    trained = DFlashDrafter(DrafterConfig(**checkpoint.read_state(state_dir)["drafter_config"]))
+    trained.load_state_dict(checkpoint.load_model_weights(state_dir))
+    reloaded = load_drafter(export)
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(tensor, reloaded.state_dict()[name]), name
