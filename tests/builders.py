@@ -6,33 +6,27 @@ from __future__ import annotations
 
 import inspect
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-# ChatML, as Qwen's templates render it. `{% generation %}` marks the assistant's
-# content so transformers can return the assistant-token mask.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['role'] == 'assistant' %}"
-    "{% generation %}{{ message['content'] }}{% endgeneration %}"
-    "{% else %}{{ message['content'] }}{% endif %}"
-    "{{ '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+import embedded  # noqa: E402  the demo's builders: one tokenizer/corpus/config recipe for both
+from embedded import CHAT_TEMPLATE, SPECIAL_TOKENS  # noqa: E402,F401
+
+TEST_MODULES = ("json", "textwrap", "inspect", "pathlib", "shlex", "base64", "fnmatch", "glob")
 
 
 def training_text(max_chars: int = 400_000) -> list[str]:
     """Python standard library source: real code text, always on disk."""
     import json as json_module
+    import pathlib
     import textwrap
 
     texts, total = [], 0
-    for module in (inspect, json_module, textwrap, Path.__module__ and __import__("pathlib")):
+    for module in (inspect, json_module, textwrap, pathlib):
         source = inspect.getsource(module)
         texts.append(source)
         total += len(source)
@@ -42,30 +36,8 @@ def training_text(max_chars: int = 400_000) -> list[str]:
 
 
 def build_tokenizer(path: str | Path, vocab_size: int = 512, chat_template: str = CHAT_TEMPLATE):
-    """Train a byte-level BPE tokenizer on stdlib source and save it as a
-    `PreTrainedTokenizerFast` with a ChatML chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(training_text(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|mask|>"],
-    )
-    fast.chat_template = chat_template
-    fast.save_pretrained(str(path))
-    return fast
+    """A byte-level BPE tokenizer trained on stdlib source, ChatML chat template."""
+    return embedded.build_tokenizer(path, training_text(), vocab_size=vocab_size, chat_template=chat_template)
 
 
 def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 6):
@@ -85,25 +57,7 @@ def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 6):
 
 
 def qwen3_5_text_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8):
-    from transformers import Qwen3_5TextConfig
-
-    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)]
-    return Qwen3_5TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        linear_num_key_heads=2,
-        linear_num_value_heads=4,
-        linear_key_head_dim=16,
-        linear_value_head_dim=16,
-        layer_types=layer_types,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
+    return embedded.qwen3_5_config(vocab_size, hidden_size, num_layers, num_heads=4, head_dim=16)
 
 
 def build_model(path: str | Path, kind: str = "qwen3_5", vocab_size: int = 512, seed: int = 0, **config_kwargs):
@@ -146,34 +100,7 @@ def write_chat_jsonl(path: str | Path, records: list[dict]) -> Path:
 
 def coding_chats(count: int, seed: int = 0) -> list[dict]:
     """Chat records asking for stdlib functions, answered with their source."""
-    import random
-
-    functions = []
-    for module_name in ("json", "textwrap", "inspect", "pathlib", "shlex", "base64", "fnmatch", "glob"):
-        module = __import__(module_name)
-        for name, obj in sorted(vars(module).items()):
-            if inspect.isfunction(obj) and obj.__module__ == module_name:
-                try:
-                    source = inspect.getsource(obj)
-                except (OSError, TypeError):
-                    continue
-                if 80 <= len(source) <= 1500:
-                    functions.append((module_name, name, source))
-    rng = random.Random(seed)
-    rng.shuffle(functions)
-    records = []
-    for i in range(count):
-        module_name, name, source = functions[i % len(functions)]
-        records.append(
-            {
-                "id": f"sample-{i:05d}",
-                "messages": [
-                    {"role": "user", "content": f"Write `{name}` from the `{module_name}` module."},
-                    {"role": "assistant", "content": source},
-                ],
-            }
-        )
-    return records
+    return embedded.coding_chats(count, seed, modules=TEST_MODULES)
 
 
 def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_ids=(1, 3), hidden_size: int = 64,
