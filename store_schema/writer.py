@@ -260,7 +260,9 @@ def create_store(
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
-    root = zarr.open_group(str(path), mode="w")
+    # Mode "a" on the emptied directory, never "w": zarr's "w" deletes everything in
+    # it, the held `.lock` included, and a second job could then lock a fresh file.
+    root = zarr.open_group(str(path), mode="a")
     root.attrs[layout.ROOT_ATTR] = {
         "schema_version": layout.SCHEMA_VERSION,
         "fingerprint": fingerprint.to_json(),

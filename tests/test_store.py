@@ -263,3 +263,20 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     result = subprocess.run([sys.executable, "-m", "store_schema", "verify", str(tmp_path / "s")], env=env, capture_output=True, text=True)
     assert result.returncode == 0 and "OK: store is intact" in result.stdout
+
+
+def test_creating_a_store_keeps_the_jobs_held_lock(tmp_path):
+    """A job locks STORE/.lock before it creates the store; creating (or overwriting)
+    it must not delete that file, else a second job locks a fresh inode beside it."""
+    from store_schema import StoreLock, StoreLockedError
+
+    path = tmp_path / "s"
+    fingerprint = Fingerprint(target_model="m", num_target_layers=6, hidden_size=64, vocab_size=512,
+                              layer_ids=[1], max_length=16)
+    with StoreLock(path):
+        inode = (path / ".lock").stat().st_ino
+        create_store(path, fingerprint)
+        create_store(path, fingerprint, overwrite=True)
+        assert (path / ".lock").stat().st_ino == inode
+        with pytest.raises(StoreLockedError):
+            StoreLock(path).acquire()
