@@ -511,6 +511,7 @@ def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dic
         "shards_skipped": skipped,
         "shards_committed_elsewhere": counts["shards_committed_elsewhere"],
         "shards_retried": counts["shards_retried"],
+        "shards_committed_before_worker_death": counts["shards_committed_before_worker_death"],
         "worker_deaths": counts["worker_deaths"],
         "quarantined": summary.quarantined,
         "quarantined_by_reason": summary.quarantined_by_reason,
@@ -590,7 +591,13 @@ def _dispatch(config: JobConfig, plan, pending: list[str], pool: _Pool, store_pa
                 try:
                     result = ray.get(ref)
                 except died as error:
-                    _worker_died(error, index, name, inflight, queue, attempts, pool, store_path, counts, config, log)
+                    landed = _worker_died(error, index, name, inflight, queue, attempts, pool, store_path, counts,
+                                          config, log)
+                    for shard in landed:  # committed before the worker died: counted, never recomputed
+                        counts["shards_written"] += 1
+                        counts["samples_written"] += shard_sizes[shard][0]
+                        counts["tokens_written"] += shard_sizes[shard][1]
+                        bar.update(shard_sizes[shard][0])
                     continue
                 if not result["ok"]:
                     raise ExtractError(_failure_message(result, store_path))
@@ -617,12 +624,20 @@ def _dispatch(config: JobConfig, plan, pending: list[str], pool: _Pool, store_pa
     return results
 
 
-def _worker_died(error, index, name, inflight, queue, attempts, pool, store_path, counts, config, log) -> None:
-    """Put the dead actor's shards back at the front of the queue, replace the actor."""
-    lost = [name] + [n for ref, (i, n) in list(inflight.items()) if i == index]
+def _worker_died(error, index, name, inflight, queue, attempts, pool, store_path, counts, config, log) -> list[str]:
+    """Put the dead actor's uncommitted shards back at the front of the queue, replace
+    the actor. Returns the shards whose commit landed before the actor died (the
+    rename is the commit, so a dead writer's shard is either whole or absent): they
+    are done and are not recomputed."""
+    from store_schema import layout
+
+    held = [name] + [n for ref, (i, n) in list(inflight.items()) if i == index]
     for ref in [ref for ref, (i, _) in inflight.items() if i == index]:
         del inflight[ref]
     counts["worker_deaths"] += 1
+    landed = [shard for shard in held if layout.shard_dir(store_path, shard).exists()]
+    lost = [shard for shard in held if shard not in landed]
+    counts["shards_committed_before_worker_death"] += len(landed)
     for shard in lost:
         if attempts[shard] >= config.max_attempts:
             raise ExtractError(
@@ -632,8 +647,10 @@ def _worker_died(error, index, name, inflight, queue, attempts, pool, store_path
         _clean_staging_of(store_path, shard)  # no live writer holds it now
         counts["shards_retried"] += 1
     queue.extendleft(reversed(lost))
-    log(f"worker {index} died ({_cause(error)}); redoing {', '.join(lost)} on a fresh worker")
+    kept = f" ({', '.join(landed)} committed before it died)" if landed else ""
+    log(f"worker {index} died ({_cause(error)}); redoing {', '.join(lost) or 'nothing'} on a fresh worker{kept}")
     pool.replace(index)
+    return landed
 
 
 def _failure_message(result: dict, store_path: Path) -> str:
