@@ -1,0 +1,85 @@
+"""Run the store, extraction and trainer benchmarks in one go and rewrite
+benchmarks/RESULTS.md as one table (figure, goal, measured, machine, command).
+
+    python benchmarks/run_all.py [--quick]
+
+Prints one JSON line last merging every benchmark's figures (keys prefixed by the
+benchmark: store.bytes_ratio, extract.overhead_ratio, train.loader_efficiency, ...)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+from benchmarks.common import RESULTS, machine  # noqa: E402
+
+# (benchmark, figure, goal as text, check or None)
+GOALS = [
+    ("store", "bytes_ratio", "<= 0.72", lambda v: v <= 0.72),
+    ("store", "epoch_read_ratio_vs_torch_save", ">= 1.0 (cold)", lambda v: v >= 1.0),
+    ("store", "epoch_read_ratio_vs_torch_save_warm", "- (warm, information)", None),
+    ("store", "write_mb_s", "- (with fsync)", None),
+    ("store", "window_read_ratio_vs_torch_save_cold", "- (information)", None),
+    ("extract", "overhead_ratio", "<= 1.05", lambda v: v <= 1.05),
+    ("extract", "scaling_2v1", ">= 1.8", lambda v: v >= 1.8),
+    ("extract", "forward_only_scaling_2v1", "- (this machine's ceiling)", None),
+    ("train", "loss_memory_ratio", "<= 0.15", lambda v: v <= 0.15),
+    ("train", "loader_efficiency", ">= 0.8", lambda v: v >= 0.8),
+    ("train", "loader_tokens_per_s", "- (seeds' trainer consumed ~36K/s on one GPU)", None),
+]
+
+
+def run_benchmark(name: str, quick: bool) -> tuple[dict, str, float]:
+    command = [sys.executable, str(HERE / f"{name}_bench.py")] + (["--quick"] if quick else [])
+    print(f"== {name}_bench ==", file=sys.stderr, flush=True)
+    start = time.time()
+    env = dict(os.environ, PYTHONPATH=str(HERE.parent))
+    result = subprocess.run(command, cwd=HERE.parent, env=env, stdout=subprocess.PIPE, text=True)
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    if result.returncode != 0 or not lines:
+        raise SystemExit(f"{name}_bench failed (exit {result.returncode})")
+    shown = "python benchmarks/" + f"{name}_bench.py" + (" --quick" if quick else "")
+    return json.loads(lines[-1]), shown, time.time() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="each benchmark's quick size")
+    args = parser.parse_args()
+    figures, commands, seconds = {}, {}, {}
+    for name in ("store", "extract", "train"):
+        figures[name], commands[name], seconds[name] = run_benchmark(name, args.quick)
+
+    host = machine()
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `python benchmarks/run_all.py{' --quick' if args.quick else ''}` on "
+        f"{time.strftime('%Y-%m-%d %H:%M')}. Cold reads empty the page cache first "
+        f"({figures['store'].get('cache', 'posix_fadvise')}).",
+        "",
+        "| figure | goal | measured | met | machine | command |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for bench, key, goal, check in GOALS:
+        value = figures[bench].get(key)
+        met = "-" if check is None or value is None else ("yes" if check(value) else "**no**")
+        lines.append(f"| {bench}.{key} | {goal} | {value} | {met} | {host} | `{commands[bench]}` |")
+    lines += ["", "Wall time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()), ""]
+    gpu = HERE / "GPU_RESULTS.md"
+    if gpu.exists():
+        lines += [gpu.read_text()]
+    RESULTS.write_text("\n".join(lines) + "\n")
+    merged = {f"{bench}.{key}": value for bench, values in figures.items() for key, value in values.items()}
+    print(json.dumps(merged))
+
+
+if __name__ == "__main__":
+    main()
