@@ -96,7 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     cli_eval.add_parser(subparsers)
     cli_diagnose.add_parser(subparsers)
     args = parser.parse_args(argv)
-    return args.handler(args)
+    from store_schema import CorruptShardError, StoreLockedError
+
+    try:
+        return args.handler(args)
+    except (ValueError, FileNotFoundError, FileExistsError, CorruptShardError, StoreLockedError) as error:
+        # A refusal meant for the user (store from another target -- FingerprintMismatch
+        # names the field --, corrupt shard, bad config key, missing path): say what, no traceback.
+        print(f"error: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
