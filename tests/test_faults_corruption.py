@@ -99,3 +99,105 @@ def test_reader_refuses_every_corrupted_shard_file(finished_store, tmp_path):
             Store(copy).read_shard("shard-000001")
         path.write_bytes(original)
     Store(copy).read_shard("shard-000001")
+
+
+# --------------------------------------------------------------------------- the trainer's side
+
+
+def _loader(store, **kwargs):
+    from train.loader import ShardLoader
+
+    return ShardLoader(store, [1, 3], 8, epochs=1, heldout_fraction=0.0, **kwargs)
+
+
+@pytest.mark.faults
+def test_training_never_reads_a_corrupted_shard(tmp_path):
+    """The same 50 seeded injections, seen by the trainer's loader: a damaged shard is
+    refused naming the shard and file, or (skip_corrupt_shards) left out and logged;
+    a shard whose directory or commit record is gone is not committed, so never read;
+    every sample that is delivered is bit-identical to what was written."""
+    import numpy as np
+    import torch
+
+    path = tmp_path / "store"
+    _, written = builders.random_store(path, num_shards=4, samples_per_shard=3, topk=2)
+    original = {s.sample_id: (shard, s) for shard, samples in written.items() for s in samples}
+    rng = random.Random(1234)  # the seed of the verify test: the same 50 faults
+    survived = 0
+    for i in range(INJECTIONS):
+        kind = KINDS[i % len(KINDS)]
+        copy = tmp_path / f"c{i}"
+        shutil.copytree(path, copy)
+        shard, file = _inject(copy, kind, rng)
+        store = Store(copy)
+        damaged_file = bool(shard) and kind not in ("delete_shard", "delete_commit_record")
+        if damaged_file:
+            with pytest.raises(CorruptShardError, match=f"shard {shard}: {file}: .*skip_corrupt_shards"):
+                list(_loader(store))
+        messages = []
+        loader = _loader(store, skip_corrupt_shards=True, log=messages.append)
+        delivered = list(loader)
+        ids = [s.sample_id for s in delivered]
+        if shard:
+            assert not any(original[sid][0] == shard for sid in ids), (i, kind, shard)
+            assert sorted(ids) == sorted(sid for sid, (name, _) in original.items() if name != shard), (i, kind)
+        else:  # store-level metadata (plan, root records): verify's business, the data is intact
+            assert sorted(ids) == sorted(original), (i, kind, file)
+        if damaged_file:
+            assert loader.skipped_shards == [shard] and any(shard in m and file in m for m in messages), messages
+        else:
+            assert loader.skipped_shards == []
+        for sample in delivered:
+            want = original[sample.sample_id][1]
+            assert np.array_equal(sample.input_ids.numpy(), want.input_ids)
+            assert all(torch.equal(f, want.hidden[layer]) for f, layer in zip(sample.features, (1, 3)))
+        survived += 1
+        shutil.rmtree(copy)
+    assert survived == INJECTIONS
+
+
+@pytest.mark.faults
+def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_dir, tmp_path):
+    """`python -m train fit` on a store with one flipped byte: exit 1 naming shard and
+    file. With data.skip_corrupt_shards=true the run completes, logs the skip, and no
+    training step ever sees a sample of that shard."""
+    import subprocess
+    import sys
+
+    from train.config import load_config
+    from train.trainer import Trainer
+
+    path = tmp_path / "store"
+    _, written = builders.random_store(path, num_shards=4, samples_per_shard=3, num_target_layers=6)
+    bad = "shard-000002"
+    chunk = path / "shards" / bad / "layer_3" / "c" / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    chunk.write_bytes(bytes(data))
+    sets = ["model.num_layers=1", "model.block_size=8", "model.num_anchors=8", "train.eval_every=0",
+            "data.heldout_fraction=0.0", "train.epochs=2"]
+
+    refused = subprocess.run(
+        [sys.executable, "-m", "train", "fit", "--store", str(path), "--target", str(qwen3_dir),
+         "--out", str(tmp_path / "run"), *sum((["--set", s] for s in sets), [])],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    error = refused.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"error: shard {bad}: layer_3/c/0/0: crc32c") and "skip_corrupt_shards" in error, error
+
+    messages = []
+    config = load_config(None, sets + ["data.skip_corrupt_shards=true"], store=str(path), target=str(qwen3_dir),
+                         out=str(tmp_path / "skip"))
+    trainer = Trainer.from_config(config, log=messages.append)
+    seen = []
+    run_sequence = trainer.run_sequence
+
+    def recording(sample, *args, **kwargs):  # what every training step is computed on
+        seen.append((sample.shard, sample.sample_id))
+        return run_sequence(sample, *args, **kwargs)
+
+    trainer.run_sequence = recording
+    trainer.fit()
+    assert seen and not any(shard == bad for shard, _ in seen)
+    assert {sid for _, sid in seen} == {s.sample_id for name, samples in written.items() if name != bad for s in samples}
+    assert any(f"skipping corrupt shard {bad} (layer_3/c/0/0" in m and "never trained on" in m for m in messages), messages
