@@ -29,8 +29,8 @@ DRAFTER_SETTINGS = [
     "model.num_anchors=64",
     "data.max_length=512",
     "data.heldout_fraction=0.05",
-    "optim.lr=1e-3",
-    "train.log_every=20",
+    "optim.lr=2e-3",
+    "train.log_every=5",
     "train.eval_every=200",
     "train.eval_samples=16",
     "train.checkpoint_every=200",
@@ -73,10 +73,12 @@ def main() -> int:
     started = time.time()
 
     step("1. corpus and target (built once, then cached)")
-    records = embedded.coding_chats()
+    functions = embedded.coding_chats()
+    records = embedded.coding_chats(phrasings=3)
     corpus = embedded.write_jsonl(out / "corpus.jsonl", records)
-    print(f"corpus: {len(records)} chat records (standard-library functions) -> {corpus}")
-    target = embedded.ensure_demo_target(out / "cache", records)
+    print(f"corpus: {len(records)} chat records ({len(functions)} standard-library functions, each asked for "
+          f"3 ways) -> {corpus}")
+    target = embedded.ensure_demo_target(out / "cache", functions)
 
     store, run_dir, export_dir, plot = out / "store", out / "run", out / "drafter", out / "diagnose.png"
     step("2. extract on a local Ray cluster")

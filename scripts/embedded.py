@@ -66,22 +66,31 @@ def stdlib_functions(modules=CORPUS_MODULES, min_chars: int = 80, max_chars: int
     return found
 
 
-def coding_chats(count: int | None = None, seed: int = 0, modules=CORPUS_MODULES) -> list[dict]:
+PHRASINGS = (
+    "Write `{name}` from the `{module}` module.",
+    "Show me how the `{module}` module implements `{name}`.",
+    "I need the source of `{module}.{name}`, please.",
+)
+
+
+def coding_chats(count: int | None = None, seed: int = 0, modules=CORPUS_MODULES, phrasings: int = 1) -> list[dict]:
     """Chat records asking for standard-library functions, answered with their source.
-    `count` repeats the functions when larger than what exists; None takes each once."""
+    `count` repeats the functions when larger than what exists; None takes each once.
+    `phrasings` > 1 asks for each function that many ways (the same answer)."""
     functions = stdlib_functions(modules)
     random.Random(seed).shuffle(functions)
     count = len(functions) if count is None else count
     records = []
     for i in range(count):
         module_name, name, source = functions[i % len(functions)]
-        records.append({
-            "id": f"sample-{i:05d}",
-            "messages": [
-                {"role": "user", "content": f"Write `{name}` from the `{module_name}` module."},
-                {"role": "assistant", "content": source},
-            ],
-        })
+        for p in range(phrasings):
+            records.append({
+                "id": f"sample-{i:05d}" if phrasings == 1 else f"sample-{i:05d}-{p}",
+                "messages": [
+                    {"role": "user", "content": PHRASINGS[p % len(PHRASINGS)].format(name=name, module=module_name)},
+                    {"role": "assistant", "content": source},
+                ],
+            })
     return records
 
 
