@@ -114,7 +114,7 @@ def read_epoch_store(root: Path, seed: int, buffer_shards: int = 3) -> int:
     rng = random.Random(seed)
     rng.shuffle(names)
     buffer, count = [], 0
-    for data in store.iter_shards(names, threads=2, prefetch=1):
+    for data in store.iter_shards(names, threads=2):
         buffer.extend(data.sample(i) for i in range(len(data)))
         while len(buffer) > buffer_shards * len(data):
             sample = buffer.pop(rng.randrange(len(buffer)))

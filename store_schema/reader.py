@@ -191,7 +191,7 @@ class Store:
             raw = _read_shard_files(self, name, self.require_layers(layers), verify)
             return _start_decode(self, raw, pool).result()
 
-    def iter_shards(self, names, layers=None, verify: bool = True, threads: int = 2, prefetch: int = 1):
+    def iter_shards(self, names, layers=None, verify: bool = True, threads: int = 2, prefetch: int = 2):
         """Yield ShardData for `names` in order. A background thread reads the next
         `prefetch` shards' files and queues their chunk decodes on `threads` while
         the consumer still works on the current shard."""
