@@ -157,7 +157,7 @@ def qwen3_5_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, 
 # The demo target: small enough to train and extract on 2 CPU cores in minutes.
 # (head_dim 64 makes the PyTorch linear-attention fallback ~7x slower on CPU than 32.)
 DEMO_TARGET = dict(vocab_size=2048, hidden_size=256, num_layers=6, num_heads=8, head_dim=32,
-                   pretrain_steps=120, pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0)
+                   pretrain_steps=400, pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0)
 
 
 def ensure_demo_target(cache_root, records, log=print, **overrides) -> Path:
