@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from store_schema.layout import LAYER_ID_CONVENTION  # noqa: F401  (one wording, stored with the ids)
+from store_schema.layout import default_layer_ids as spread_layer_ids
 
 
 def hidden_states_index(layer_id: int) -> int:
@@ -23,23 +24,15 @@ def hidden_states_index(layer_id: int) -> int:
 
 
 def default_layer_ids(num_layers: int, num_context_layers: int) -> list[int]:
-    """DFlash's default spread: ``[N // 2]`` for one layer, else
-    ``round(1 + i * (N - 4) / (n - 1))`` for ``i < n`` (layers 1 .. N-3).
-
-    Python's ``round`` (half to even) is used on purpose: it is what the
-    reference implementation computes, so ids agree with released drafters.
-    """
+    """DFlash's default spread (``store_schema.layout.default_layer_ids``), validated
+    for this target."""
     n, N = int(num_context_layers), int(num_layers)
     if n < 1:
         raise ValueError(f"need at least one context layer, got {n}")
     if N < 2:
         raise ValueError(f"a target needs at least 2 decoder layers to have a context layer, got {N}")
-    if n == 1:
-        ids = [N // 2]
-    else:
-        ids = [int(round(1 + i * (N - 4) / (n - 1))) for i in range(n)]
     try:
-        return validate_layer_ids(ids, N)
+        return validate_layer_ids(spread_layer_ids(N, n), N)
     except ValueError as error:
         raise ValueError(f"cannot spread {n} context layers over a {N}-layer target: {error}") from None
 

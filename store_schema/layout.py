@@ -49,6 +49,20 @@ TOPK_IDS = "target_topk_ids"
 TOPK_LOGPROBS = "target_topk_logprobs"
 
 
+def default_layer_ids(num_layers: int, num_context_layers: int) -> list[int]:
+    """DFlash's default spread of context layers over an N-layer target:
+    ``[N // 2]`` for one layer, else ``round(1 + i * (N - 4) / (n - 1))`` for
+    ``i < n`` (layers 1 .. N-3; Qwen3-8B, N=36, n=5 -> [1, 9, 17, 25, 33]).
+
+    Python's ``round`` (half to even) on purpose: it is what the reference
+    implementation computes, so ids agree with released drafters. Unvalidated:
+    small targets can give repeated ids, which callers refuse."""
+    n, N = int(num_context_layers), int(num_layers)
+    if n == 1:
+        return [N // 2]
+    return [int(round(1 + i * (N - 4) / (n - 1))) for i in range(n)]
+
+
 def layer_array(layer_id: int) -> str:
     return f"layer_{layer_id}"
 

@@ -33,16 +33,8 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
+from store_schema.layout import default_layer_ids as default_context_layer_ids  # the one formula
 from train.anchors import block_position_ids, dense_attention_mask, dflash_mask_mod
-
-def default_context_layer_ids(num_target_layers: int, num_context_layers: int) -> list[int]:
-    """z-lab's default target layers: the middle one for a single layer, else evenly
-    spread over layers 1 .. N-3 (Qwen3-8B, N=36, n=5 -> [1, 9, 17, 25, 33]).
-    Id L is the *output* of decoder layer L, i.e. transformers' hidden_states[L + 1]."""
-    if num_context_layers == 1:
-        return [num_target_layers // 2]
-    span = num_target_layers - 4
-    return [int(round(1 + i * span / (num_context_layers - 1))) for i in range(num_context_layers)]
 
 
 @dataclass
