@@ -49,28 +49,25 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
     parser.add_argument("--compression-ratio", type=float, default=0.70, help="compressed/raw for the size estimate")
 
 
-def _build(args):
-    """Shared by `plan` and (later) `run`: layer ids, dimensions and the plan."""
-    from .layers import parse_layer_ids, resolve_layer_ids, target_dims
-    from .planning import build_plan
+def _plan_options(args) -> dict:
+    """The JobConfig fields `plan` and `run` share: one planning for both."""
+    from .layers import parse_layer_ids
 
-    explicit = parse_layer_ids(args.layers) if args.layers else None
-    layer_ids = resolve_layer_ids(args.model, explicit, args.num_context_layers)
-    dims = target_dims(args.model)
-    plan = build_plan(
-        args.corpus,
-        args.tokenizer or args.model,
+    return dict(
+        model=args.model,
+        corpus=args.corpus,
+        store=args.store,
+        tokenizer=args.tokenizer,
+        layers=parse_layer_ids(args.layers) if args.layers else None,
+        num_context_layers=args.num_context_layers,
         max_length=args.max_length,
         shard_tokens=args.shard_tokens,
         block_size=args.block_size,
         seed=args.seed,
         drop_long=args.drop_long,
         strict=args.strict,
-        workers=args.workers,
         limit=args.limit,
-        progress=sys.stderr.isatty() and not getattr(args, "json", False),
     )
-    return plan, layer_ids, dims
 
 
 def cmd_plan(args) -> int:
@@ -84,7 +81,13 @@ def cmd_plan(args) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    plan, layer_ids, dims = _build(args)
+    from .job import JobConfig, plan_job
+    from .layers import target_dims
+
+    config = JobConfig(**_plan_options(args), plan_workers=args.workers,
+                       progress=sys.stderr.isatty() and not args.json)
+    plan, layer_ids = plan_job(config)
+    dims = target_dims(args.model)
     summary = summarize(plan)
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
     report = dict(
@@ -127,25 +130,12 @@ def cmd_run(args) -> int:
     from store_schema import StoreLockedError
 
     from .job import ExtractError, JobConfig, run_job
-    from .layers import parse_layer_ids
 
     if not args.store:
         print("error: run needs --store PATH", file=sys.stderr)
         return EXIT_USAGE
     config = JobConfig(
-        model=args.model,
-        corpus=args.corpus,
-        store=args.store,
-        tokenizer=args.tokenizer,
-        layers=parse_layer_ids(args.layers) if args.layers else None,
-        num_context_layers=args.num_context_layers,
-        max_length=args.max_length,
-        shard_tokens=args.shard_tokens,
-        block_size=args.block_size,
-        seed=args.seed,
-        drop_long=args.drop_long,
-        strict=args.strict,
-        limit=args.limit,
+        **_plan_options(args),
         plan_workers=args.plan_workers,
         workers=args.workers,
         device=args.device,

@@ -65,7 +65,7 @@ class ExtractError(RuntimeError):
 class JobConfig:
     model: str
     corpus: str
-    store: str
+    store: str | None  # None only for `plan --dry-run`, which writes nothing
     tokenizer: str | None = None
     layers: list[int] | None = None
     num_context_layers: int | None = None
@@ -335,6 +335,28 @@ def _worker_died_errors():
 # --------------------------------------------------------------------------- the job
 
 
+def plan_job(config: JobConfig):
+    """The job's context layer ids and plan: what `run` writes and `plan --dry-run` previews."""
+    from .layers import resolve_layer_ids
+    from .planning import build_plan
+
+    layer_ids = resolve_layer_ids(config.model, config.layers, config.num_context_layers)
+    plan = build_plan(
+        config.corpus,
+        config.tokenizer or config.model,
+        max_length=config.max_length,
+        shard_tokens=config.shard_tokens,
+        block_size=config.block_size,
+        seed=config.seed,
+        drop_long=config.drop_long,
+        strict=config.strict,
+        workers=config.plan_workers,
+        limit=config.limit,
+        progress=config.progress,
+    )
+    return plan, layer_ids
+
+
 def run_job(config: JobConfig, log=None) -> dict:
     """Run (or resume) one extraction job; returns the report. Raises `ExtractError`
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
@@ -370,28 +392,14 @@ def run_job(config: JobConfig, log=None) -> dict:
 def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dict:
     from store_schema import StoreWriter, create_store
 
-    from .layers import resolve_layer_ids
-    from .planning import build_plan, summarize
+    from .planning import summarize
 
     leftovers = _clean_staging(store_path)
     if leftovers:
         log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job from .staging/")
 
-    layer_ids = resolve_layer_ids(config.model, config.layers, config.num_context_layers)
     plan_started = time.perf_counter()
-    plan = build_plan(
-        config.corpus,
-        config.tokenizer or config.model,
-        max_length=config.max_length,
-        shard_tokens=config.shard_tokens,
-        block_size=config.block_size,
-        seed=config.seed,
-        drop_long=config.drop_long,
-        strict=config.strict,
-        workers=config.plan_workers,
-        limit=config.limit,
-        progress=config.progress,
-    )
+    plan, layer_ids = plan_job(config)
     plan_seconds = time.perf_counter() - plan_started
     summary = summarize(plan)
     if not plan.shards:
