@@ -29,7 +29,6 @@ _EXPORTS = {
     "ShardData": "reader",
     "Store": "reader",
     "on_disk_bytes": "reader",
-    "open_store": "reader",
     "read_plan": "reader",
     "SampleArrays": "writer",
     "StoreExistsError": "writer",

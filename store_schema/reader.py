@@ -30,7 +30,7 @@ from . import layout
 from .bf16 import BFLOAT16
 from .fingerprint import Fingerprint
 from .plan import Plan, PlannedSample, PlannedShard, QuarantinedRecord
-from .records import RecordError, crc32c_file, read_record
+from .records import RecordError, read_record
 
 _EMPTY = 2**64 - 1
 
@@ -406,10 +406,6 @@ def read_plan(path) -> Plan:
     return Plan(shards, quarantined, dict(attrs.get("settings", {})))
 
 
-def open_store(path) -> Store:
-    return Store(path)
-
-
 def on_disk_bytes(path) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -423,8 +419,6 @@ __all__ = [
     "Sample",
     "ShardData",
     "Store",
-    "open_store",
     "read_plan",
     "on_disk_bytes",
-    "crc32c_file",
 ]

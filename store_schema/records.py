@@ -16,10 +16,6 @@ class RecordError(ValueError):
     """A commit record is missing, unparsable, or does not match its own hash."""
 
 
-def crc32c_bytes(data) -> str:
-    return f"{google_crc32c.value(bytes(data)):08x}"
-
-
 def crc32c_file(path: Path) -> str:
     checksum = google_crc32c.Checksum()
     with open(path, "rb") as f:
