@@ -199,8 +199,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="train_bench_"))
     try:
         num_shards, per_shard = (6, 2) if args.quick else (16, 4)
-        with Timer() as build:
-            stored_tokens = build_store(root / "store", num_shards, per_shard)
+        stored_tokens = build_store(root / "store", num_shards, per_shard)
         from store_schema import Store
 
         store = Store(root / "store")

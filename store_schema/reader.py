@@ -27,7 +27,6 @@ import zarr
 from numcodecs import VLenUTF8, Zstd, blosc
 
 from . import layout
-from .bf16 import BFLOAT16
 from .fingerprint import Fingerprint
 from .plan import Plan, PlannedSample, PlannedShard, QuarantinedRecord
 from .records import RecordError, read_record

@@ -84,7 +84,7 @@ def test_batched_blocks_equal_one_block_at_a_time(parts):
 def test_no_leak_from_future_context_or_other_blocks(parts):
     drafter, embed, features, input_ids = parts
     anchors = torch.tensor([5, 12, 20])
-    j, anchor = 1, 12
+    anchor = 12
 
     def block_j(feats, ids, anchs, attention="sdpa"):
         with torch.no_grad():

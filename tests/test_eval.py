@@ -175,7 +175,7 @@ def test_heldout_split_is_a_stable_partition(tmp_path, parts):
 
 def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir, capsys):
     drafter, head, target = parts
-    store = write_store(tmp_path / "store", target, make_samples(target, count=4, seed=4))
+    write_store(tmp_path / "store", target, make_samples(target, count=4, seed=4))
     run_dir = tmp_path / "run"
     export_drafter(drafter, run_dir / "export", dtype=torch.float32)
     argv = ["--store", str(tmp_path / "store"), "--drafter", str(run_dir), "--target", str(qwen3_dir),

@@ -19,10 +19,8 @@ import json
 import random
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
