@@ -39,7 +39,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -158,39 +157,6 @@ def _fingerprint_differences(have, want, ignore_kernels: bool = False) -> dict:
 
 
 # --------------------------------------------------------------------------- store state
-
-
-def _store_entries(path: Path) -> list[Path]:
-    from store_schema.layout import LOCK_FILE
-
-    return [p for p in path.iterdir() if p.name != LOCK_FILE] if path.is_dir() else []
-
-
-def _looks_like_store(path: Path) -> bool:
-    from store_schema import layout
-
-    names = {p.name for p in _store_entries(path)}
-    return bool(names) and names <= {
-        "zarr.json", layout.ROOT_RECORD, layout.PLAN_DIR, layout.SHARDS_DIR, layout.STAGING_DIR, layout.REPORTS_DIR,
-    }
-
-
-def _clean_staging(path: Path) -> list[str]:
-    from store_schema import layout
-
-    staging = path / layout.STAGING_DIR
-    removed = sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
-    for name in removed:
-        entry = staging / name
-        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-    return removed
-
-
-def _clean_staging_of(path: Path, shard: str) -> None:
-    from store_schema import layout
-
-    for entry in (path / layout.STAGING_DIR).glob(f"{shard}.*"):
-        shutil.rmtree(entry, ignore_errors=True)
 
 
 def _open_existing(path: Path):
@@ -362,6 +328,7 @@ def run_job(config: JobConfig, log=None) -> dict:
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
     from store_schema import StoreLock
+    from store_schema.writer import looks_like_store, store_entries
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.perf_counter()
@@ -376,7 +343,7 @@ def run_job(config: JobConfig, log=None) -> dict:
         raise ValueError(f"--device must be cpu or cuda, got {config.device!r}")
     if store_path.exists() and not store_path.is_dir():
         raise ExtractError(f"{store_path} exists and is not a directory")
-    if _store_entries(store_path) and not _looks_like_store(store_path):
+    if store_entries(store_path) and not looks_like_store(store_path):
         raise ExtractError(
             f"{store_path} is a non-empty directory that is not a dflash store; refusing to write into "
             "(or, with --overwrite, delete) it -- choose a new path"
@@ -391,10 +358,11 @@ def run_job(config: JobConfig, log=None) -> dict:
 
 def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dict:
     from store_schema import StoreWriter, create_store
+    from store_schema.writer import remove_staging, store_entries
 
     from .planning import summarize
 
-    leftovers = _clean_staging(store_path)
+    leftovers = remove_staging(store_path)
     if leftovers:
         log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job from .staging/")
 
@@ -409,7 +377,7 @@ def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dic
         )
 
     # What is already there?
-    fresh = config.overwrite or not _store_entries(store_path)
+    fresh = config.overwrite or not store_entries(store_path)
     store, committed = (None, []) if fresh else _open_existing(store_path)
     if not fresh:
         if store is None:
@@ -638,6 +606,7 @@ def _worker_died(error, index, name, inflight, queue, attempts, pool, store_path
     rename is the commit, so a dead writer's shard is either whole or absent): they
     are done and are not recomputed."""
     from store_schema import layout
+    from store_schema.writer import remove_staging
 
     held = [name] + [n for ref, (i, n) in list(inflight.items()) if i == index]
     for ref in [ref for ref, (i, _) in inflight.items() if i == index]:
@@ -652,7 +621,7 @@ def _worker_died(error, index, name, inflight, queue, attempts, pool, store_path
                 f"shard {shard} failed {attempts[shard]} time(s): its worker died each time "
                 f"(last: {_cause(error)}); the job stops -- committed shards are kept, rerun to resume"
             )
-        _clean_staging_of(store_path, shard)  # no live writer holds it now
+        remove_staging(store_path, shard)  # no live writer holds it now
         counts["shards_retried"] += 1
     queue.extendleft(reversed(lost))
     kept = f" ({', '.join(landed)} committed before it died)" if landed else ""

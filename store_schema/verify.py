@@ -7,7 +7,6 @@ readers, so they do not make a store bad, and `clean` removes them."""
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -203,13 +202,10 @@ def _check_contents(store: Store, name: str, commit: dict, planned_ids, seen_ids
 def clean_leftovers(path) -> list[str]:
     """Remove `.staging/` leftovers. Refused while a live job holds the store."""
     from .lock import StoreLock
+    from .writer import remove_staging
 
-    staging = Path(path) / layout.STAGING_DIR
     with StoreLock(path, job="verify --clean"):
-        removed = sorted(p.name for p in staging.glob("*")) if staging.is_dir() else []
-        for name in removed:
-            shutil.rmtree(staging / name, ignore_errors=True)
-    return removed
+        return remove_staging(path)
 
 
 def format_report(report: Report) -> str:

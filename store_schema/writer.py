@@ -240,6 +240,34 @@ class StoreWriter:
         return path
 
 
+def store_entries(path) -> list[Path]:
+    """What a store directory holds, the job lock (`.lock`) aside: the lock is not
+    content, and removing it while held would let a second job lock a fresh inode."""
+    path = Path(path)
+    return [p for p in path.iterdir() if p.name != layout.LOCK_FILE] if path.is_dir() else []
+
+
+def looks_like_store(path) -> bool:
+    """Whether a non-empty directory holds only what a store holds (so overwriting
+    it can't delete anything else)."""
+    names = {p.name for p in store_entries(path)}
+    return bool(names) and names <= {
+        "zarr.json", layout.ROOT_RECORD, layout.PLAN_DIR, layout.SHARDS_DIR, layout.STAGING_DIR, layout.REPORTS_DIR,
+    }
+
+
+def remove_staging(path, shard: str | None = None) -> list[str]:
+    """Remove uncommitted `.staging/` leftovers (all, or one shard's). Only for the
+    holder of the store's lock: no live writer may be using them."""
+    staging = Path(path) / layout.STAGING_DIR
+    if not staging.is_dir():
+        return []
+    entries = sorted(staging.glob(f"{shard}.*" if shard else "*"))
+    for entry in entries:
+        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+    return [entry.name for entry in entries]
+
+
 def create_store(
     path,
     fingerprint: Fingerprint,
@@ -249,9 +277,7 @@ def create_store(
     """Create an empty store. An existing store is kept unless `overwrite`."""
     path = Path(path)
     codec = codec or layout.CodecConfig()
-    # The job lock (`.lock`) is not content: a job takes it before creating the store,
-    # and removing it while held would let a second job lock a fresh inode.
-    existing = [p for p in path.iterdir() if p.name != layout.LOCK_FILE] if path.is_dir() else []
+    existing = store_entries(path)  # a job holds `.lock` before it creates the store
     if existing:
         if not overwrite:
             raise StoreExistsError(f"{path} exists and is not empty; pass overwrite to start over")
