@@ -128,7 +128,7 @@ def random_windows(per_sample: Path, store_root: Path, count: int, seed: int) ->
     rng = random.Random(seed)
     files = sorted(per_sample.iterdir())
     store = Store(store_root)
-    locations = [(name, i) for name in store.committed_shards() for i in range(store.commit(name)["num_samples"])]
+    locations = [(name, i) for name in store.committed_shards() for i in range(store.commit(name).num_samples)]
     picks = [rng.randrange(len(files)) for _ in range(count)]
     drop_page_cache(per_sample, store_root)
     with Timer() as t_files:

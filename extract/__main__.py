@@ -15,15 +15,6 @@ import sys
 EXIT_USAGE = 2
 
 
-def human_bytes(count: int) -> str:
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
-        if value < 1024 or unit == "PiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
     from .planning import DEFAULT_BLOCK_SIZE, DEFAULT_SEED, DEFAULT_SHARD_TOKENS
     from .tokenization import DEFAULT_MAX_LENGTH
@@ -71,7 +62,10 @@ def _plan_options(args) -> dict:
 
 
 def cmd_plan(args) -> int:
-    from .layers import LAYER_ID_CONVENTION
+    from store_schema.layout import LAYER_ID_CONVENTION
+    from store_schema.target_config import read_target_config
+    from store_schema.units import human_bytes
+
     from .planning import estimate_store_bytes, summarize
 
     if not args.dry_run:
@@ -82,19 +76,18 @@ def cmd_plan(args) -> int:
         )
         return EXIT_USAGE
     from .job import JobConfig, plan_job
-    from .layers import target_dims
 
     config = JobConfig(**_plan_options(args), plan_workers=args.workers,
                        progress=sys.stderr.isatty() and not args.json)
     plan, layer_ids = plan_job(config)
-    dims = target_dims(args.model)
+    dims = read_target_config(args.model)
     summary = summarize(plan)
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
     report = dict(
         summary.to_json(),
         layer_ids=layer_ids,
         layer_id_convention=LAYER_ID_CONVENTION,
-        num_target_layers=dims.num_layers,
+        num_target_layers=dims.num_hidden_layers,
         hidden_size=dims.hidden_size,
         estimated_raw_bytes=estimate.raw_bytes,
         estimated_compressed_bytes=estimate.compressed_bytes,
@@ -117,7 +110,7 @@ def cmd_plan(args) -> int:
         print(f"  {reason:<22}{count}")
     for record in plan.quarantined[:10]:
         print(f"    record {record.record_index}: {record.reason} {record.detail}".rstrip())
-    print(f"layers      {layer_ids} of {dims.num_layers} (id L = {LAYER_ID_CONVENTION})")
+    print(f"layers      {layer_ids} of {dims.num_hidden_layers} (id L = {LAYER_ID_CONVENTION})")
     print(
         f"store size  {human_bytes(estimate.raw_bytes)} raw, {human_bytes(estimate.compressed_bytes)} "
         f"compressed (ratio {args.compression_ratio}, hidden {dims.hidden_size}, bf16)"
@@ -128,6 +121,7 @@ def cmd_plan(args) -> int:
 
 def cmd_run(args) -> int:
     from store_schema import StoreLockedError
+    from store_schema.units import human_bytes
 
     from .job import ExtractError, JobConfig, run_job
 

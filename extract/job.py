@@ -36,7 +36,6 @@ the object store to a separate write stage -- terabytes we never want to move.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import signal
@@ -99,38 +98,17 @@ class JobConfig:
 # --------------------------------------------------------------------------- fingerprint
 
 
-def weights_index_sha256(model_path: str | Path) -> str:
-    """Hash of the weights' index: ``model.safetensors.index.json`` when sharded,
-    else every safetensors file's name, size and header (tensor names, dtypes,
-    shapes, offsets) -- cheap, and it changes whenever the weights' layout does."""
-    path = Path(model_path)
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        return hashlib.sha256(index.read_bytes()).hexdigest()
-    digest = hashlib.sha256()
-    for file in sorted(path.glob("*.safetensors")):
-        digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
-        with open(file, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            digest.update(f.read(min(size, 1 << 28)))
-    return digest.hexdigest()
-
-
 def build_fingerprint(config: JobConfig, plan, layer_ids: list[int], info: dict):
-    from store_schema import Fingerprint, file_sha256, package_versions
+    from store_schema import Fingerprint, package_versions, target_identity
 
-    model = Path(config.model)
     settings = plan.settings
     return Fingerprint(
-        target_model=str(model.resolve()),
+        **target_identity(config.model),
         num_target_layers=int(info["num_layers"]),
         hidden_size=int(info["hidden_size"]),
         vocab_size=int(info["vocab_size"]),
         layer_ids=list(layer_ids),
         max_length=int(settings["max_length"]),
-        target_revision=_revision(model),
-        target_config_sha256=file_sha256(model / "config.json"),
-        target_weights_index_sha256=weights_index_sha256(model),
         tokenizer_sha256=settings.get("tokenizer_hash") or "",
         chat_template_sha256=settings.get("chat_template_hash") or "",
         corpus_sha256=settings.get("corpus_hash") or "",
@@ -140,20 +118,20 @@ def build_fingerprint(config: JobConfig, plan, layer_ids: list[int], info: dict)
     )
 
 
-def _revision(model: Path) -> str:
-    """The hub commit of a snapshot directory (``.../snapshots/<sha>``), if it is one."""
-    name = model.resolve().name
-    return name if model.resolve().parent.name == "snapshots" and len(name) == 40 else ""
-
-
 # Fields a resumed job may differ in: where the model lives and the package versions.
 _RESUME_TOLERATES = {"target_model", "package_versions"}
 
 
-def _fingerprint_differences(have, want, ignore_kernels: bool = False) -> dict:
-    a, b = have.to_json(), want.to_json()
-    skip = _RESUME_TOLERATES | ({"kernels"} if ignore_kernels else set())
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if k not in skip and a.get(k) != b.get(k)}
+def _check_resumable(store, fingerprint, store_path: Path, ignore=()) -> None:
+    """A resumed job must be the same target and settings (`Fingerprint.check`)."""
+    from store_schema import FingerprintMismatch
+
+    try:
+        store.fingerprint.check(fingerprint, ignore=_RESUME_TOLERATES | set(ignore))
+    except FingerprintMismatch as mismatch:
+        raise ExtractError(
+            f"{store_path} was made with a different target or settings: {mismatch} -- pass --overwrite to start over"
+        ) from None
 
 
 # --------------------------------------------------------------------------- store state
@@ -425,13 +403,7 @@ def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dic
             if fresh:
                 writer = create_store(store_path, fingerprint, overwrite=True)
             else:
-                differences = _fingerprint_differences(store.fingerprint, fingerprint)
-                if differences:
-                    raise ExtractError(
-                        f"{store_path} was made with a different target or settings: "
-                        + "; ".join(f"{k}: store has {a!r}, this job {b!r}" for k, (a, b) in differences.items())
-                        + " -- pass --overwrite to start over"
-                    )
+                _check_resumable(store, fingerprint, store_path)
                 writer = StoreWriter(store_path)
             writer.write_plan(plan)
             dispatch_started = time.perf_counter()
@@ -441,23 +413,16 @@ def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dic
             raw_written = sum(r["raw_bytes"] for r in results if r["written"])
         else:
             # Everything is committed: nothing to run, but the target must still match.
-            from .layers import target_dims
+            from store_schema.target_config import read_target_config
 
-            dims = target_dims(config.model)
+            dims = read_target_config(config.model)
             probe = {
-                "num_layers": dims.num_layers,
+                "num_layers": dims.num_hidden_layers,
                 "hidden_size": dims.hidden_size,
                 "vocab_size": store.fingerprint.vocab_size,
                 "kernels": store.fingerprint.kernels,
             }
-            differences = _fingerprint_differences(
-                store.fingerprint, build_fingerprint(config, plan, layer_ids, probe), ignore_kernels=True
-            )
-            if differences:
-                raise ExtractError(
-                    f"{store_path} was made with a different target or settings: "
-                    + "; ".join(f"{k}: store has {a!r}, this job {b!r}" for k, (a, b) in differences.items())
-                )
+            _check_resumable(store, build_fingerprint(config, plan, layer_ids, probe), store_path, ignore={"kernels"})
             writer = StoreWriter(store_path)
             info = {"kernels": store.fingerprint.kernels}
     except OSError as error:
@@ -612,7 +577,7 @@ def _worker_died(error, index, name, inflight, queue, attempts, pool, store_path
     for ref in [ref for ref, (i, _) in inflight.items() if i == index]:
         del inflight[ref]
     counts["worker_deaths"] += 1
-    landed = [shard for shard in held if layout.shard_dir(store_path, shard).exists()]
+    landed = [shard for shard in held if layout.is_committed(store_path, shard)]
     lost = [shard for shard in held if shard not in landed]
     counts["shards_committed_before_worker_death"] += len(landed)
     for shard in lost:

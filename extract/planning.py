@@ -370,8 +370,9 @@ def estimate_store_bytes(
     int32 input_ids and uint8 loss_mask. ``compression_ratio`` is compressed/raw
     (byte-shuffle + zstd gives ~0.69-0.77 on bf16 activations); applied to the
     whole, since tokens are a rounding error next to the hidden states."""
-    per_token = 2 * int(hidden_size) * int(num_context_layers) + 4 + 1
-    raw = plan.num_tokens * per_token
+    from store_schema.layout import raw_bytes_per_token
+
+    raw = plan.num_tokens * raw_bytes_per_token(hidden_size, num_context_layers)
     return StoreEstimate(raw, int(round(raw * compression_ratio)))
 
 

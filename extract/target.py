@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .layers import validate_layer_ids
+from store_schema.layout import validate_layer_ids
 
 STORE_DTYPE = torch.bfloat16
 

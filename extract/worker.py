@@ -154,7 +154,7 @@ class ExtractionWorker:
             }
 
     def _extract_shard(self, name: str) -> dict:
-        from store_schema import SampleArrays
+        from store_schema import SampleArrays, raw_bytes_per_token
 
         from .planning import load_samples
 
@@ -190,7 +190,7 @@ class ExtractionWorker:
             "written": bool(written),  # False: already committed (by a worker presumed dead)
             "samples": len(samples),
             "tokens": num_tokens,
-            "raw_bytes": num_tokens * (2 * self.target.hidden_size * len(self.runner.layer_ids) + 5),
+            "raw_bytes": num_tokens * raw_bytes_per_token(self.target.hidden_size, len(self.runner.layer_ids)),
             "disk_bytes": disk_bytes,
             "tokenize_seconds": round(tokenized - started, 4),
             "forward_seconds": round(forward_seconds, 4),
@@ -253,6 +253,6 @@ def _committed_bytes(store_path: str, name: str) -> int:
     from store_schema import Store
 
     try:
-        return int(sum(meta["size"] for meta in Store(store_path).commit(name)["files"].values()))
+        return Store(store_path).commit(name).disk_bytes
     except Exception:  # noqa: BLE001 - a size figure for the report only
         return 0

@@ -6,17 +6,18 @@ import argparse
 import json
 import sys
 
-from .layout import layer_array
+from .layout import layer_array, raw_bytes_per_token
+from .units import human_bytes
 from .reader import Store, on_disk_bytes
 from .verify import clean_leftovers, format_report, verify_store
 
 
 def info(store: Store) -> dict:
     shards = store.committed_shards()
-    samples = sum(store.commit(n)["num_samples"] for n in shards)
-    tokens = sum(store.commit(n)["num_tokens"] for n in shards)
+    samples = sum(store.commit(n).num_samples for n in shards)
+    tokens = sum(store.commit(n).num_tokens for n in shards)
     fp = store.fingerprint
-    raw = tokens * (len(fp.layer_ids) * fp.hidden_size * 2 + 4 + 1)
+    raw = tokens * raw_bytes_per_token(fp.hidden_size, len(fp.layer_ids))
     disk = on_disk_bytes(store.path)
     plan = store.plan()
     return {
@@ -31,14 +32,6 @@ def info(store: Store) -> dict:
         "ratio": round(disk / raw, 4) if raw else None,
         "fingerprint": fp.to_json(),
     }
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
 
 
 def main(argv=None) -> int:
@@ -75,8 +68,8 @@ def main(argv=None) -> int:
             print(f"samples      {summary['samples']}")
             print(f"tokens       {summary['tokens']}")
             print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
-            print(f"raw bytes    {_human(summary['raw_bytes'])}")
-            print(f"on disk      {_human(summary['disk_bytes'])} (ratio {summary['ratio']})")
+            print(f"raw bytes    {human_bytes(summary['raw_bytes'])}")
+            print(f"on disk      {human_bytes(summary['disk_bytes'])} (ratio {summary['ratio']})")
             print(f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, {fp['num_target_layers']} layers)")
             print(f"kernels      {fp['kernels']}")
         return 0

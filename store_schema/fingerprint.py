@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
-from .layout import LAYER_ID_CONVENTION
+from .layout import LAYER_ID_CONVENTION, validate_layer_ids
 
 
 class FingerprintMismatch(ValueError):
@@ -38,17 +40,8 @@ class Fingerprint:
     target_topk: int = 0
 
     def __post_init__(self):
-        object.__setattr__(self, "layer_ids", tuple(int(i) for i in self.layer_ids))
-        if not self.layer_ids:
-            raise ValueError("fingerprint needs at least one layer id")
-        bad = [i for i in self.layer_ids if not 0 <= i <= self.num_target_layers - 2]
-        if bad:
-            raise ValueError(
-                f"layer ids {bad} outside 0..{self.num_target_layers - 2}: id L is the output of decoder "
-                f"layer L, and the final layer ({self.num_target_layers - 1}) is never a context layer"
-            )
-        if list(self.layer_ids) != sorted(set(self.layer_ids)):
-            raise ValueError(f"layer ids must be sorted and unique, got {list(self.layer_ids)}")
+        ids = validate_layer_ids([int(i) for i in self.layer_ids], self.num_target_layers)
+        object.__setattr__(self, "layer_ids", tuple(ids))
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -63,17 +56,29 @@ class Fingerprint:
     def sha256(self) -> str:
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
-    def check(self, **expected) -> None:
-        """Raise FingerprintMismatch naming every field whose value differs."""
-        differences = {}
-        for name, want in expected.items():
-            if not hasattr(self, name):
-                raise KeyError(f"fingerprint has no field {name!r}")
-            have = getattr(self, name)
-            if isinstance(have, tuple):
-                want = tuple(want)
-            if have != want:
-                differences[name] = (have, want)
+    def diff(self, expected: "Fingerprint | Mapping", ignore: Iterable[str] = ()) -> dict:
+        """{field: (store's value, expected value)} for every field that differs.
+
+        expected: another Fingerprint (every field compared: a resumed job) or a
+        mapping of the fields a reader cares about (a trainer: hidden size, vocabulary,
+        layer count). `ignore` names fields that may differ."""
+        have = self.to_json()
+        if isinstance(expected, Fingerprint):
+            want = expected.to_json()
+        else:
+            unknown = sorted(set(expected) - set(have))
+            if unknown:
+                raise KeyError(f"fingerprint has no field(s) {unknown}")
+            want = {name: list(value) if isinstance(value, tuple) else value for name, value in expected.items()}
+        skip = set(ignore)
+        return {name: (have[name], want[name]) for name in want if name not in skip and have[name] != want[name]}
+
+    def check(self, expected: "Fingerprint | Mapping | None" = None, *, ignore: Iterable[str] = (), **fields) -> None:
+        """Raise FingerprintMismatch naming every field that differs from `expected`
+        (a Fingerprint or a mapping), or from the keyword `fields`."""
+        if (expected is None) == (not fields):
+            raise TypeError("check() takes either an expected fingerprint/mapping or keyword fields")
+        differences = self.diff(expected if expected is not None else fields, ignore)
         if differences:
             raise FingerprintMismatch(differences)
 
@@ -88,6 +93,42 @@ def package_versions() -> dict:
         except PackageNotFoundError:
             continue
     return versions
+
+
+def weights_index_sha256(model_path: str | Path) -> str:
+    """Hash of the weights' index: ``model.safetensors.index.json`` when sharded,
+    else every safetensors file's name, size and header (tensor names, dtypes,
+    shapes, offsets) -- cheap, and it changes whenever the weights' layout does."""
+    path = Path(model_path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        return hashlib.sha256(index.read_bytes()).hexdigest()
+    digest = hashlib.sha256()
+    for file in sorted(path.glob("*.safetensors")):
+        digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            digest.update(f.read(min(size, 1 << 28)))
+    return digest.hexdigest()
+
+
+def model_revision(model_path: str | Path) -> str:
+    """The hub commit of a snapshot directory (``.../snapshots/<sha>``), if it is one."""
+    resolved = Path(model_path).resolve()
+    name = resolved.name
+    return name if resolved.parent.name == "snapshots" and len(name) == 40 else ""
+
+
+def target_identity(model_path: str | Path) -> dict:
+    """The fingerprint fields that say which checkpoint a target is: its resolved
+    path, hub revision, and hashes of its config and weights' index."""
+    path = Path(model_path)
+    return {
+        "target_model": str(path.resolve()),
+        "target_revision": model_revision(path),
+        "target_config_sha256": file_sha256(path / "config.json"),
+        "target_weights_index_sha256": weights_index_sha256(path),
+    }
 
 
 def file_sha256(*paths) -> str:

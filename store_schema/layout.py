@@ -48,6 +48,14 @@ SAMPLE_IDS = "sample_ids"
 TOPK_IDS = "target_topk_ids"
 TOPK_LOGPROBS = "target_topk_logprobs"
 
+# Arrays of the plan group, one row per planned sample.
+PLAN_SAMPLE_IDS = "sample_ids"
+PLAN_DIGESTS = "digests"
+PLAN_RECORD_INDEX = "record_index"
+PLAN_NUM_TOKENS = "num_tokens"
+PLAN_NUM_LOSS_TOKENS = "num_loss_tokens"
+PLAN_SHARD_INDEX = "shard_index"
+
 
 def default_layer_ids(num_layers: int, num_context_layers: int) -> list[int]:
     """DFlash's default spread of context layers over an N-layer target:
@@ -55,12 +63,55 @@ def default_layer_ids(num_layers: int, num_context_layers: int) -> list[int]:
     ``i < n`` (layers 1 .. N-3; Qwen3-8B, N=36, n=5 -> [1, 9, 17, 25, 33]).
 
     Python's ``round`` (half to even) on purpose: it is what the reference
-    implementation computes, so ids agree with released drafters. Unvalidated:
-    small targets can give repeated ids, which callers refuse."""
+    implementation computes, so ids agree with released drafters. Validated with
+    `validate_layer_ids`: a small target can give repeated ids, which is refused."""
     n, N = int(num_context_layers), int(num_layers)
-    if n == 1:
-        return [N // 2]
-    return [int(round(1 + i * (N - 4) / (n - 1))) for i in range(n)]
+    if n < 1:
+        raise ValueError(f"need at least one context layer, got {n}")
+    if N < 2:
+        raise ValueError(f"a target needs at least 2 decoder layers to have a context layer, got {N}")
+    spread = [N // 2] if n == 1 else [int(round(1 + i * (N - 4) / (n - 1))) for i in range(n)]
+    try:
+        return validate_layer_ids(spread, N)
+    except ValueError as error:
+        raise ValueError(f"cannot spread {n} context layers over a {N}-layer target: {error}") from None
+
+
+def validate_layer_ids(layer_ids, num_target_layers: int) -> list[int]:
+    """The one rule for context layer ids; refuse ids that would silently change
+    what the drafter sees.
+
+    Ids must be ints in ``0 .. N-2``: the final layer ``N-1`` is never a context
+    layer (its output is what the target's own head reads, so a drafter fed it
+    learns a shortcut that does not exist at inference). They must be unique and
+    strictly increasing: their order is the order features are concatenated into
+    the drafter's ``fc``, and store, trainer and export must agree on one order,
+    so unsorted ids are refused rather than sorted."""
+    ids = list(layer_ids)
+    if not ids:
+        raise ValueError("no context layer ids given")
+    for layer_id in ids:
+        if isinstance(layer_id, bool) or not isinstance(layer_id, int):
+            raise ValueError(f"layer id {layer_id!r} is not an integer")
+    num_layers = int(num_target_layers)
+    bad = [i for i in ids if not 0 <= i <= num_layers - 2]
+    if bad:
+        raise ValueError(
+            f"layer ids {bad} are outside 0..{num_layers - 2} for a {num_layers}-layer target "
+            f"(id L = output of decoder layer L, 0-based; the final layer {num_layers - 1} is never a context layer)"
+        )
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ValueError(f"duplicate layer ids {dupes} in {ids}")
+    if ids != sorted(ids):
+        raise ValueError(f"layer ids {ids} are not in increasing order; pass {sorted(ids)}")
+    return ids
+
+
+def raw_bytes_per_token(hidden_size: int, num_layers: int) -> int:
+    """Uncompressed bytes one token costs in a store: bf16 hidden states of every
+    context layer, an int32 token id and a uint8 loss-mask value."""
+    return 2 * int(hidden_size) * int(num_layers) + 4 + 1
 
 
 def layer_array(layer_id: int) -> str:
@@ -111,3 +162,31 @@ def padded_shard_shape(num_tokens: int, chunk_tokens: int) -> int:
 
 def shard_dir(store: Path, name: str) -> Path:
     return Path(store) / SHARDS_DIR / name
+
+
+def is_committed(store: Path, name: str) -> bool:
+    """The one rule for "committed": the shard's directory is in `shards/` with its
+    commit record. The record is written inside the staging directory before the
+    rename into `shards/`, so a whole shard appears at once; a directory there
+    without its record is not committed (never read; `verify` names it)."""
+    return (shard_dir(store, name) / COMMIT_RECORD).is_file()
+
+
+# Zarr skips chunks equal to the fill value by default; a store writes every chunk so
+# that each committed file exists and is covered by its checksum.
+WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
+
+
+def write_small_array(group, name: str, data):
+    """A one-chunk array (token ids, masks, offsets, ids, plan columns): zstd-3 for
+    numbers, vlen-utf8 for strings. The reader's fast path decodes exactly this."""
+    from zarr.codecs import ZstdCodec
+
+    kwargs = dict(shape=data.shape, dtype=data.dtype, chunks=data.shape or (1,))
+    if data.dtype.kind not in "OT":
+        kwargs["compressors"] = [ZstdCodec(level=3)]
+    array = group.create_array(
+        name, fill_value=None if data.dtype.kind in "OT" else 0, config=WRITE_ALL_CHUNKS, **kwargs
+    )
+    array[...] = data
+    return array

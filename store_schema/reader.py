@@ -28,8 +28,9 @@ from numcodecs import VLenUTF8, Zstd, blosc
 
 from . import layout
 from .fingerprint import Fingerprint
-from .plan import Plan, PlannedSample, PlannedShard, QuarantinedRecord
-from .records import RecordError, read_record
+from .plan import Plan
+from .plan_io import read_plan
+from .records import RecordError, ShardCommit, read_record
 
 _EMPTY = 2**64 - 1
 
@@ -99,7 +100,7 @@ class Store:
         self.attrs = attrs
         self.fingerprint = Fingerprint.from_json(attrs["fingerprint"])
         self.codec = layout.CodecConfig(**attrs["codec"])
-        self._commits: dict[str, dict] = {}
+        self._commits: dict[str, ShardCommit] = {}
 
     # -- metadata -----------------------------------------------------------------------
     @property
@@ -124,14 +125,17 @@ class Store:
         shards = self.path / layout.SHARDS_DIR
         if not shards.is_dir():
             return []
-        return sorted(
-            p.name for p in shards.iterdir() if p.is_dir() and (p / layout.COMMIT_RECORD).is_file()
-        )
+        return sorted(p.name for p in shards.iterdir() if layout.is_committed(self.path, p.name))
 
-    def commit(self, name: str) -> dict:
+    def is_committed(self, name: str) -> bool:
+        return layout.is_committed(self.path, name)
+
+    def commit(self, name: str) -> ShardCommit:
+        """The shard's commit record; CorruptShardError if it is missing or damaged."""
         if name not in self._commits:
             try:
-                self._commits[name] = read_record(layout.shard_dir(self.path, name) / layout.COMMIT_RECORD)
+                body = read_record(layout.shard_dir(self.path, name) / layout.COMMIT_RECORD)
+                self._commits[name] = ShardCommit.from_record(body)
             except RecordError as exc:
                 raise CorruptShardError(name, layout.COMMIT_RECORD, str(exc)) from None
         return self._commits[name]
@@ -142,14 +146,14 @@ class Store:
         return read_plan(self.path)
 
     def num_samples(self) -> int:
-        return sum(self.commit(n)["num_samples"] for n in self.committed_shards())
+        return sum(self.commit(n).num_samples for n in self.committed_shards())
 
     def num_tokens(self) -> int:
-        return sum(self.commit(n)["num_tokens"] for n in self.committed_shards())
+        return sum(self.commit(n).num_tokens for n in self.committed_shards())
 
     # -- partial reads (zarr-python) -----------------------------------------------------
     def _group(self, name: str):
-        if name not in self.committed_shards():
+        if not self.is_committed(name):
             raise KeyError(f"{self.path}: no committed shard {name!r}")
         return zarr.open_group(str(layout.shard_dir(self.path, name)), mode="r")
 
@@ -232,7 +236,7 @@ class _RawShard:
     """A shard's needed files, read (and checksum-checked) but not yet decoded."""
 
     name: str
-    commit: dict
+    commit: ShardCommit
     files: dict  # array name -> (chunk file bytes, array metadata)
 
 
@@ -242,7 +246,7 @@ def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) 
     arrays = [layout.layer_array(i) for i in layers] + [
         layout.INPUT_IDS, layout.LOSS_MASK, layout.SAMPLE_OFFSETS, layout.SAMPLE_IDS
     ]
-    if commit.get("target_topk"):
+    if commit.target_topk:
         arrays += [layout.TOPK_IDS, layout.TOPK_LOGPROBS]
     files = {}
     for array in arrays:
@@ -251,13 +255,13 @@ def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) 
         files[array] = (_read_checked(directory, f"{array}/{chunk_key}", commit, name, verify), meta)
     if verify:  # the rest of the shard's metadata too, so a damaged shard is refused whole
         unread_layers = tuple(f"{layout.layer_array(i)}/" for i in store.layer_ids if i not in layers)
-        for rel in commit["files"]:
+        for rel in commit.files:
             if rel.split("/")[0] not in files and not rel.startswith(unread_layers):
                 _read_checked(directory, rel, commit, name, verify)
     return _RawShard(name, commit, files)
 
 
-def _read_checked(directory: Path, rel: str, commit: dict, shard: str, verify: bool) -> bytes:
+def _read_checked(directory: Path, rel: str, commit: ShardCommit, shard: str, verify: bool) -> bytes:
     path = directory / rel
     try:
         with open(path, "rb") as f:
@@ -265,14 +269,14 @@ def _read_checked(directory: Path, rel: str, commit: dict, shard: str, verify: b
     except FileNotFoundError:
         raise CorruptShardError(shard, rel, "file missing") from None
     if verify:
-        expected = commit["files"].get(rel)
+        expected = commit.files.get(rel)
         if expected is None:
             raise CorruptShardError(shard, rel, "file not in the commit record")
-        if len(data) != expected["size"]:
-            raise CorruptShardError(shard, rel, f"size {len(data)} != committed {expected['size']}")
+        if len(data) != expected.size:
+            raise CorruptShardError(shard, rel, f"size {len(data)} != committed {expected.size}")
         crc = f"{google_crc32c.value(data):08x}"
-        if crc != expected["crc32c"]:
-            raise CorruptShardError(shard, rel, f"crc32c {crc} != committed {expected['crc32c']}")
+        if crc != expected.crc32c:
+            raise CorruptShardError(shard, rel, f"crc32c {crc} != committed {expected.crc32c}")
     return data
 
 
@@ -307,7 +311,7 @@ class _PendingShard:
 
 
 def _start_decode(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> _PendingShard:
-    num_tokens = raw.commit["num_tokens"]
+    num_tokens = raw.commit.num_tokens
     hidden, futures = {}, []
     for layer in store.layer_ids:
         array = layout.layer_array(layer)
@@ -318,7 +322,7 @@ def _start_decode(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> _Pe
         futures += _decode_sharded(data, meta, out, pool, raw.name, layer)
         hidden[layer] = out
     small = {name: _decode_small(raw.name, name, *raw.files[name]) for name in raw.files if not name.startswith("layer_")}
-    return _PendingShard(raw.name, num_tokens, hidden, small, futures, bool(raw.commit.get("target_topk")))
+    return _PendingShard(raw.name, num_tokens, hidden, small, futures, bool(raw.commit.target_topk))
 
 
 _NUMERIC = {"int32": np.int32, "int64": np.int64, "uint8": np.uint8, "float32": np.float32}
@@ -385,26 +389,6 @@ def _decode_sharded(data: bytes, meta: dict, out: np.ndarray, pool, shard: str, 
     return [pool.submit(decode, i) for i in range(num_chunks)]
 
 
-def read_plan(path) -> Plan:
-    plan_dir = Path(path) / layout.PLAN_DIR
-    group = zarr.open_group(str(plan_dir), mode="r")
-    attrs = group.attrs.asdict()
-    ids = group["sample_ids"][...]
-    digests = group["digests"][...]
-    records = group["record_index"][...]
-    tokens = group["num_tokens"][...]
-    loss_tokens = group["num_loss_tokens"][...]
-    shard_index = group["shard_index"][...]
-    per_shard: list[list[PlannedSample]] = [[] for _ in attrs["shard_names"]]
-    for i in range(len(ids)):
-        per_shard[int(shard_index[i])].append(
-            PlannedSample(str(ids[i]), int(records[i]), int(tokens[i]), int(loss_tokens[i]), str(digests[i]))
-        )
-    shards = tuple(PlannedShard(n, tuple(s)) for n, s in zip(attrs["shard_names"], per_shard))
-    quarantined = tuple(QuarantinedRecord(**q) for q in attrs.get("quarantined", ()))
-    return Plan(shards, quarantined, dict(attrs.get("settings", {})))
-
-
 def on_disk_bytes(path) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -418,6 +402,5 @@ __all__ = [
     "Sample",
     "ShardData",
     "Store",
-    "read_plan",
     "on_disk_bytes",
 ]

@@ -22,7 +22,7 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
     token cosine is below MIN_COSINE."""
     from transformers import AutoModelForCausalLM
 
-    locations = [(name, i) for name in store.committed_shards() for i in range(store.commit(name)["num_samples"])]
+    locations = [(name, i) for name in store.committed_shards() for i in range(store.commit(name).num_samples)]
     picks = random.Random(seed).sample(locations, min(num_samples, len(locations)))
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)

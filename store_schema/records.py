@@ -7,7 +7,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 import google_crc32c
 
@@ -112,3 +115,57 @@ def check_files(directory: Path, expected: dict) -> list[tuple[str, str]]:
         if crc != meta["crc32c"]:
             problems.append((rel, f"crc32c {crc} != committed {meta['crc32c']} (bytes changed)"))
     return problems
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    size: int
+    crc32c: str
+
+
+@dataclass(frozen=True)
+class ShardCommit:
+    """A shard's commit record (`shards/NAME/commit.json`): what the shard holds
+    and the size + crc32c of every file in it. Written before the rename that
+    commits the shard; read back (and self-hash checked) by every reader."""
+
+    shard: str
+    num_samples: int
+    num_tokens: int
+    target_topk: int
+    fingerprint_sha256: str
+    files: Mapping[str, FileEntry]
+
+    @classmethod
+    def from_record(cls, body: dict) -> "ShardCommit":
+        try:
+            files = {rel: FileEntry(int(meta["size"]), str(meta["crc32c"])) for rel, meta in body["files"].items()}
+            return cls(
+                shard=str(body["shard"]),
+                num_samples=int(body["num_samples"]),
+                num_tokens=int(body["num_tokens"]),
+                target_topk=int(body.get("target_topk") or 0),
+                fingerprint_sha256=str(body.get("fingerprint_sha256") or ""),
+                files=MappingProxyType(files),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise RecordError(f"commit record lacks or mistypes a field ({exc!r})") from None
+
+    def to_record(self) -> dict:
+        return {
+            "shard": self.shard,
+            "num_samples": self.num_samples,
+            "num_tokens": self.num_tokens,
+            "target_topk": self.target_topk,
+            "fingerprint_sha256": self.fingerprint_sha256,
+            "files": {rel: {"size": e.size, "crc32c": e.crc32c} for rel, e in self.files.items()},
+        }
+
+    @property
+    def file_table(self) -> dict:
+        """{relative path: {"size", "crc32c"}}, the form `check_files` compares."""
+        return self.to_record()["files"]
+
+    @property
+    def disk_bytes(self) -> int:
+        return sum(entry.size for entry in self.files.values())

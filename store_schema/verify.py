@@ -123,13 +123,13 @@ def _check_shard(store: Store, name: str, planned_ids, seen_ids: dict, report: R
         report.add(exc.what, shard=name, file=layout.COMMIT_RECORD)
         return
     report.shards_checked += 1
-    bad_files = check_files(directory, commit["files"])
+    bad_files = check_files(directory, commit.file_table)
     for rel, what in bad_files:
         report.add(what, shard=name, array=rel.split("/")[0], file=rel)
     on_disk = set(describe_files(directory, exclude=(layout.COMMIT_RECORD,)))
-    for rel in sorted(on_disk - set(commit["files"])):
+    for rel in sorted(on_disk - set(commit.files)):
         report.add("file not in the commit record", shard=name, file=rel)
-    if commit.get("fingerprint_sha256") != store.fingerprint.sha256():
+    if commit.fingerprint_sha256 != store.fingerprint.sha256():
         report.add("shard was written under a different fingerprint", shard=name, file=layout.COMMIT_RECORD)
     if bad_files:
         return  # contents are not trustworthy; checksums already named the files
@@ -139,18 +139,18 @@ def _check_shard(store: Store, name: str, planned_ids, seen_ids: dict, report: R
         report.add(f"unreadable: {exc}", shard=name)
 
 
-def _check_contents(store: Store, name: str, commit: dict, planned_ids, seen_ids: dict, report: Report) -> None:
+def _check_contents(store: Store, name: str, commit, planned_ids, seen_ids: dict, report: Report) -> None:
     fp = store.fingerprint
     group = zarr.open_group(str(layout.shard_dir(store.path, name)), mode="r")
-    num_tokens, num_samples = commit["num_tokens"], commit["num_samples"]
+    num_tokens, num_samples = commit.num_tokens, commit.num_samples
     expected = {
         layout.INPUT_IDS: ((num_tokens,), np.dtype(np.int32)),
         layout.LOSS_MASK: ((num_tokens,), np.dtype(np.uint8)),
         layout.SAMPLE_OFFSETS: ((num_samples + 1,), np.dtype(np.int64)),
         **{layout.layer_array(i): ((num_tokens, fp.hidden_size), BFLOAT16) for i in fp.layer_ids},
     }
-    if commit.get("target_topk"):
-        k = commit["target_topk"]
+    if commit.target_topk:
+        k = commit.target_topk
         expected[layout.TOPK_IDS] = ((num_tokens, k), np.dtype(np.int32))
         expected[layout.TOPK_LOGPROBS] = ((num_tokens, k), np.dtype(np.float32))
     shard_path = layout.shard_dir(store.path, name)

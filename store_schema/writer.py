@@ -16,13 +16,14 @@ from pathlib import Path
 import numpy as np
 import torch
 import zarr
-from zarr.codecs import ZstdCodec
 
 from . import layout
+from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .bf16 import BFLOAT16
 from .fingerprint import Fingerprint
 from .plan import Plan, sample_digest
-from .records import describe_files, fsync_path, fsync_tree, read_record, write_record
+from .plan_io import read_plan, write_plan_group
+from .records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
 
 
 class StoreExistsError(FileExistsError):
@@ -51,20 +52,6 @@ def as_bf16_numpy(array) -> np.ndarray:
     return array if array.dtype == BFLOAT16 else array.astype(BFLOAT16)
 
 
-# Zarr skips chunks equal to the fill value by default; a store writes every chunk so
-# that each committed file exists and is covered by its checksum.
-_WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
-
-
-def _small_array(group, name: str, data: np.ndarray):
-    kwargs = dict(shape=data.shape, dtype=data.dtype, chunks=data.shape or (1,))
-    if data.dtype.kind not in "OT":
-        kwargs["compressors"] = [ZstdCodec(level=3)]
-    array = group.create_array(
-        name, fill_value=None if data.dtype.kind in "OT" else 0, config=_WRITE_ALL_CHUNKS, **kwargs
-    )
-    array[...] = data
-    return array
 
 
 class StoreWriter:
@@ -94,21 +81,7 @@ class StoreWriter:
                 )
             return
         staging = self._staging_dir("plan")
-        group = zarr.open_group(str(staging), mode="w")
-        samples = [(i, s) for i, shard in enumerate(plan.shards) for s in shard.samples]
-        _small_array(group, "sample_ids", np.array([s.sample_id for _, s in samples], dtype=np.dtypes.StringDType()))
-        _small_array(group, "digests", np.array([s.digest for _, s in samples], dtype=np.dtypes.StringDType()))
-        _small_array(group, "record_index", np.array([s.record_index for _, s in samples], dtype=np.int64))
-        _small_array(group, "num_tokens", np.array([s.num_tokens for _, s in samples], dtype=np.int32))
-        _small_array(group, "num_loss_tokens", np.array([s.num_loss_tokens for _, s in samples], dtype=np.int32))
-        _small_array(group, "shard_index", np.array([i for i, _ in samples], dtype=np.int32))
-        group.attrs.update(
-            {
-                "shard_names": [s.name for s in plan.shards],
-                "settings": plan.settings,
-                "quarantined": [q.__dict__ for q in plan.quarantined],
-            }
-        )
+        write_plan_group(staging, plan)
         files = describe_files(staging)
         write_record(
             staging / layout.COMMIT_RECORD,
@@ -125,27 +98,22 @@ class StoreWriter:
     def write_shard(self, name: str, samples: list[SampleArrays]) -> bool:
         """Write and commit one shard. Returns False if it was already committed
         (e.g. by a worker presumed dead): the committed copy is kept."""
-        if layout.shard_dir(self.path, name).exists():
+        if layout.is_committed(self.path, name):
             return False
         self._check_against_plan(name, samples)
         staging = self._staging_dir(name)
         try:
             summary = self._write_arrays(staging, samples)
             files = describe_files(staging)
-            write_record(
-                staging / layout.COMMIT_RECORD,
-                {
-                    "shard": name,
-                    "fingerprint_sha256": self.fingerprint.sha256(),
-                    "files": files,
-                    **summary,
-                },
+            commit = ShardCommit.from_record(
+                {"shard": name, "fingerprint_sha256": self.fingerprint.sha256(), "files": files, **summary}
             )
+            write_record(staging / layout.COMMIT_RECORD, commit.to_record())
             fsync_tree(staging)
             try:
                 os.rename(staging, layout.shard_dir(self.path, name))
             except OSError:
-                if layout.shard_dir(self.path, name).exists():
+                if layout.is_committed(self.path, name):
                     return False  # another writer committed it first
                 raise
             fsync_path(self.path / layout.SHARDS_DIR)
@@ -183,18 +151,18 @@ class StoreWriter:
                 shards=(layout.padded_shard_shape(num_tokens, chunk_tokens), hidden_size),
                 compressors=self.codec.compressors(chunk_tokens * hidden_size * 2),
                 fill_value=0,
-                config=_WRITE_ALL_CHUNKS,
+                config=WRITE_ALL_CHUNKS,
             )
             array[...] = data
-        _small_array(group, layout.INPUT_IDS, np.concatenate([np.asarray(s.input_ids, np.int32) for s in samples]))
-        _small_array(group, layout.LOSS_MASK, np.concatenate([np.asarray(s.loss_mask, np.uint8) for s in samples]))
-        _small_array(group, layout.SAMPLE_OFFSETS, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-        _small_array(group, layout.SAMPLE_IDS, np.array([s.sample_id for s in samples], dtype=np.dtypes.StringDType()))
+        write_small_array(group, layout.INPUT_IDS, np.concatenate([np.asarray(s.input_ids, np.int32) for s in samples]))
+        write_small_array(group, layout.LOSS_MASK, np.concatenate([np.asarray(s.loss_mask, np.uint8) for s in samples]))
+        write_small_array(group, layout.SAMPLE_OFFSETS, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+        write_small_array(group, layout.SAMPLE_IDS, np.array([s.sample_id for s in samples], dtype=np.dtypes.StringDType()))
         topk = 0
         if samples[0].topk_ids is not None:
             topk = int(samples[0].topk_ids.shape[1])
-            _small_array(group, layout.TOPK_IDS, np.concatenate([np.asarray(s.topk_ids, np.int32) for s in samples]))
-            _small_array(
+            write_small_array(group, layout.TOPK_IDS, np.concatenate([np.asarray(s.topk_ids, np.int32) for s in samples]))
+            write_small_array(
                 group, layout.TOPK_LOGPROBS, np.concatenate([np.asarray(s.topk_logprobs, np.float32) for s in samples])
             )
         return {"num_samples": len(samples), "num_tokens": num_tokens, "target_topk": topk}
@@ -219,8 +187,6 @@ class StoreWriter:
 
     def plan(self) -> Plan | None:
         if self._plan is None and (self.path / layout.PLAN_DIR / layout.COMMIT_RECORD).exists():
-            from .reader import read_plan
-
             self._plan = read_plan(self.path)
         return self._plan
 

@@ -10,7 +10,7 @@ import torch
 
 from train.anchors import anchor_candidates, dense_attention_mask, sample_anchors
 from train.model import DFlashDrafter, DrafterConfig, default_context_layer_ids
-from train.target_head import read_target_config
+from store_schema.target_config import read_target_config
 
 HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 48
 
@@ -141,10 +141,12 @@ def test_gradients_reach_every_drafter_parameter(parts):
 def test_config_refuses_the_final_target_layer():
     with pytest.raises(ValueError, match="final layer 5"):
         tiny_config(context_layer_ids=[1, 5])
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match=r"\[6\] are outside 0..4"):
         tiny_config(context_layer_ids=[1, 6])
-    with pytest.raises(ValueError, match="out of range"):
+    with pytest.raises(ValueError, match=r"\[-1\] are outside 0..4"):
         tiny_config(context_layer_ids=[-1, 2])
+    with pytest.raises(ValueError, match="increasing order"):  # the store's rule: fc order is the sorted order
+        tiny_config(context_layer_ids=[3, 1])
 
 
 def test_config_refuses_mask_token_outside_vocab():

@@ -18,7 +18,8 @@ from train.anchors import anchor_candidates
 from train.cli_eval import main as eval_main
 from train.export import export_drafter
 from train.model import DFlashDrafter, DrafterConfig
-from train.target_head import load_target_head, read_target_config
+from store_schema.target_config import read_target_config
+from train.target_head import load_target_head
 
 LAYERS = [1, 3]
 B = 8
@@ -194,4 +195,4 @@ def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir,
     writer = create_store(tmp_path / "other", other)
     writer.write_shard("shard-000000", make_samples(target, count=1, seed=5))
     assert eval_main(["--store", str(tmp_path / "other")] + argv[2:]) == 2
-    assert "target layers" in capsys.readouterr().err
+    assert "num_target_layers: store has 8, expected 6" in capsys.readouterr().err

@@ -11,7 +11,8 @@ from safetensors import safe_open
 
 from train.export import export_drafter, load_drafter
 from train.model import DFlashDrafter, DrafterConfig
-from train.target_head import load_target_head, read_target_config
+from store_schema.target_config import read_target_config
+from train.target_head import load_target_head
 
 
 @pytest.fixture(scope="module")

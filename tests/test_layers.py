@@ -7,14 +7,9 @@ import json
 import pytest
 import torch
 
-from extract.layers import (
-    default_layer_ids,
-    hidden_states_index,
-    parse_layer_ids,
-    resolve_layer_ids,
-    target_dims,
-    validate_layer_ids,
-)
+from extract.layers import hidden_states_index, parse_layer_ids, resolve_layer_ids
+from store_schema.layout import default_layer_ids, validate_layer_ids
+from store_schema.target_config import read_target_config
 
 
 @pytest.mark.parametrize(
@@ -69,9 +64,9 @@ def test_parse_layer_ids():
 
 def test_reads_dims_from_plain_and_nested_configs(qwen3_dir, qwen3_5_vl_dir):
     assert json.loads((qwen3_5_vl_dir / "config.json").read_text())["text_config"]["num_hidden_layers"] == 8
-    plain, nested = target_dims(qwen3_dir), target_dims(qwen3_5_vl_dir)
-    assert (plain.num_layers, plain.hidden_size) == (6, 64)
-    assert (nested.num_layers, nested.hidden_size) == (8, 64)
+    plain, nested = read_target_config(qwen3_dir), read_target_config(qwen3_5_vl_dir)
+    assert (plain.num_hidden_layers, plain.hidden_size) == (6, 64)
+    assert (nested.num_hidden_layers, nested.hidden_size) == (8, 64)
     assert resolve_layer_ids(qwen3_5_vl_dir) == [1, 2, 3, 4, 5]
     assert resolve_layer_ids(qwen3_dir, num_context_layers=1) == [3]
     assert resolve_layer_ids(qwen3_dir, [0, 4]) == [0, 4]

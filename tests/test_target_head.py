@@ -11,7 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from train.target_head import load_target_head, read_target_config
+from store_schema.target_config import read_target_config
+from train.target_head import load_target_head
 
 
 def test_qwen3_separate_lm_head(qwen3_dir):

@@ -185,13 +185,19 @@ def test_refuses_a_store_from_another_target(qwen3_dir, tmp_path, field, overrid
 
 
 def test_refuses_a_store_with_the_final_layer(qwen3_dir, tmp_path):
+    """A fingerprint naming the final layer is refused where the store is opened (the
+    layer-id rule in store_schema.layout), so the trainer never sees such a store."""
+    from store_schema import Store
+
     builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=2, num_target_layers=6, layer_ids=(1, 3))
     root = tmp_path / "s" / "zarr.json"
     meta = json.loads(root.read_text())
     meta["attributes"]["dflash_store"]["fingerprint"]["layer_ids"] = [1, 5]  # 5 = the final layer of 6
     root.write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="final layer 5 is never a context layer"):
+        Store(tmp_path / "s")
     config = config_for(tmp_path / "s", qwen3_dir, tmp_path / "run", max_steps=1)
-    with pytest.raises(ValueError, match="final layer"):
+    with pytest.raises(ValueError, match="final layer 5 is never a context layer"):
         Trainer.from_config(config)
 
 

@@ -342,19 +342,11 @@ def evaluate(
 def check_compatible(drafter, head, store) -> None:
     """Refuse a store that was not extracted from the drafter's target: hidden
     size, layer count, vocabulary and the context layers must all agree."""
-    config, fingerprint = drafter.config, store.fingerprint
-    problems = []
-    if fingerprint.hidden_size != config.hidden_size:
-        problems.append(f"hidden size: store {fingerprint.hidden_size}, drafter {config.hidden_size}")
-    if fingerprint.num_target_layers != config.num_target_layers:
-        problems.append(f"target layers: store {fingerprint.num_target_layers}, drafter {config.num_target_layers}")
-    if fingerprint.vocab_size != head.vocab_size:
-        problems.append(f"vocabulary: store {fingerprint.vocab_size}, target head {head.vocab_size}")
-    missing = [i for i in config.context_layer_ids if i not in fingerprint.layer_ids]
-    if missing:
-        problems.append(f"context layers {missing} not in the store (it holds {list(fingerprint.layer_ids)})")
-    if problems:
-        raise ValueError(f"{store.path} does not fit this drafter/target: " + "; ".join(problems))
+    config = drafter.config
+    store.fingerprint.check(
+        hidden_size=config.hidden_size, num_target_layers=config.num_target_layers, vocab_size=head.vocab_size
+    )
+    store.require_layers(config.context_layer_ids)
 
 
 class AcceptanceEval:

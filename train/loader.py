@@ -192,7 +192,7 @@ class ShardLoader:
                 return sum(
                     not is_heldout(s.sample_id, self.heldout_fraction) for n in self.shards for s in by_name[n].samples
                 )
-        total = sum(self.store.commit(n)["num_samples"] for n in self.shards)
+        total = sum(self.store.commit(n).num_samples for n in self.shards)
         return max(1, round(total * (1.0 - self.heldout_fraction)))
 
     # -- reading --------------------------------------------------------------------------

@@ -34,6 +34,7 @@ from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from store_schema.layout import default_layer_ids as default_context_layer_ids  # the one formula
+from store_schema.layout import validate_layer_ids  # the one rule
 from train.anchors import block_position_ids, dense_attention_mask, dflash_mask_mod
 
 
@@ -64,24 +65,7 @@ class DrafterConfig:
     rope_parameters: dict = field(default_factory=dict)  # extra rope fields, e.g. rope_type/factor
 
     def __post_init__(self):
-        self.context_layer_ids = [int(i) for i in self.context_layer_ids]
-        final = self.num_target_layers - 1
-        if not self.context_layer_ids:
-            raise ValueError("context_layer_ids is empty: the drafter needs at least one target layer")
-        if len(set(self.context_layer_ids)) != len(self.context_layer_ids):
-            raise ValueError(f"context_layer_ids {self.context_layer_ids} repeat a layer")
-        bad = [i for i in self.context_layer_ids if not 0 <= i < self.num_target_layers]
-        if bad:
-            raise ValueError(
-                f"context_layer_ids {bad} out of range for a target with {self.num_target_layers} layers "
-                f"(valid ids 0..{final - 1}; id L is the output of decoder layer L)"
-            )
-        if final in self.context_layer_ids:
-            raise ValueError(
-                f"context_layer_ids {self.context_layer_ids} include the target's final layer {final}: "
-                "its features are what produce the target's logits, so the drafter would learn a shortcut "
-                "to the answer that does not exist at inference. Use layers 0..N-2 (default spans 1..N-3)."
-            )
+        self.context_layer_ids = validate_layer_ids([int(i) for i in self.context_layer_ids], self.num_target_layers)
         if not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(
                 f"mask_token_id {self.mask_token_id} is outside the target vocabulary [0, {self.vocab_size}): "
@@ -109,7 +93,7 @@ class DrafterConfig:
         num_context_layers: int = 5,
         **overrides,
     ) -> "DrafterConfig":
-        """Size a drafter from a `train.target_head.TargetConfig`. Without explicit
+        """Size a drafter from a `store_schema.target_config.TargetConfig`. Without explicit
         ids, use z-lab's default spread over `num_context_layers` target layers."""
         if context_layer_ids is None:
             context_layer_ids = default_context_layer_ids(target.num_hidden_layers, num_context_layers)

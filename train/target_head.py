@@ -5,20 +5,20 @@ Why: training runs offline from the hidden-state store, so the 27B target is nev
 resident. We open the checkpoint with `safetensors.safe_open` and read exactly two
 tensors; the target model is never instantiated and nothing is unpickled.
 
-Also here: `TargetConfig`, the handful of target config fields the drafter is
-sized from (hidden size, vocab, layers, heads, rope), read from `config.json`
-including the nested `text_config` of multimodal releases.
+The target's config fields (`TargetConfig`, `read_target_config`) are read by
+`store_schema.target_config`, the one reader of a target's `config.json`.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
 from torch import nn
+
+from store_schema.target_config import read_target_config
 
 # Where the token embedding lives in the checkpoint layouts we know, most common first.
 EMBED_NAMES = (
@@ -32,70 +32,6 @@ LM_HEAD_NAMES = (
     "language_model.lm_head.weight",
     "model.language_model.lm_head.weight",
 )
-
-
-@dataclass(frozen=True)
-class TargetConfig:
-    """The target config fields the drafter needs, flattened out of `text_config`."""
-
-    hidden_size: int
-    vocab_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    intermediate_size: int | None
-    tie_word_embeddings: bool
-    max_position_embeddings: int | None = None
-    model_type: str | None = None
-    rope_parameters: dict = field(default_factory=dict)
-
-
-def _text_config(config: dict) -> dict:
-    """Multimodal releases nest the language model's fields under `text_config`."""
-    text = config.get("text_config")
-    return text if isinstance(text, dict) else config
-
-
-def read_target_config(model_dir: str | Path) -> TargetConfig:
-    """Read `config.json` (transformers 4 or 5 style, flat or nested) into a TargetConfig."""
-    path = Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"target config not found: {path}")
-    config = json.loads(path.read_text())
-    text = _text_config(config)
-
-    def need(key: str):
-        if key not in text or text[key] is None:
-            raise KeyError(f"{path}: target config has no {key!r} (looked in {'text_config' if text is not config else 'top level'})")
-        return text[key]
-
-    # transformers 5 writes `rope_parameters: {rope_type, rope_theta, ...}`; older
-    # configs carry `rope_theta` at the top level (and `rope_scaling`).
-    rope_parameters = dict(text.get("rope_parameters") or {})
-    rope_theta = rope_parameters.get("rope_theta", text.get("rope_theta", 10000.0))
-    heads = int(need("num_attention_heads"))
-    hidden = int(need("hidden_size"))
-    # Either level may carry the flag in multimodal configs; it only matters when
-    # the checkpoint has no lm_head tensor.
-    tied = bool(text.get("tie_word_embeddings", False)) or bool(config.get("tie_word_embeddings", False))
-    return TargetConfig(
-        hidden_size=hidden,
-        vocab_size=int(need("vocab_size")),
-        num_hidden_layers=int(need("num_hidden_layers")),
-        num_attention_heads=heads,
-        num_key_value_heads=int(text.get("num_key_value_heads") or heads),
-        head_dim=int(text.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope_theta),
-        intermediate_size=text.get("intermediate_size"),
-        tie_word_embeddings=bool(tied),
-        max_position_embeddings=text.get("max_position_embeddings"),
-        model_type=text.get("model_type"),
-        rope_parameters=rope_parameters,
-    )
 
 
 def _weight_files(model_dir: Path) -> dict[str, Path]:

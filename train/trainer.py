@@ -44,7 +44,8 @@ from train.loader import LoaderPosition, ShardLoader, TrainSample
 from train.loss import default_gamma
 from train.model import DFlashDrafter, DrafterConfig
 from train.step import dflash_step
-from train.target_head import TargetConfig, TargetHead, load_target_head, read_target_config
+from store_schema.target_config import TargetConfig, read_target_config
+from train.target_head import TargetHead, load_target_head
 
 LOG_FILE = "train_log.jsonl"
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -53,19 +54,13 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 # -- checks and components ---------------------------------------------------------------
 def check_store_against_target(store: Store, target: TargetConfig) -> list[int]:
     """Refuse a store made from another target (FingerprintMismatch naming each
-    differing field) or one holding the final layer; return its layer ids."""
-    store.check_fingerprint(
+    differing field); return its layer ids. A store holding the target's final
+    layer never gets here: its fingerprint is refused when the store is opened
+    (`store_schema.layout.validate_layer_ids`)."""
+    store.fingerprint.check(
         hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_target_layers=target.num_hidden_layers
     )
-    final = target.num_hidden_layers - 1
-    layer_ids = list(store.layer_ids)
-    if final in layer_ids:
-        raise ValueError(
-            f"{store.path}: context layer ids {layer_ids} include the target's final layer {final}; "
-            "its features produce the target's logits, so the drafter would learn a shortcut that does "
-            "not exist at inference. Extract a store without it."
-        )
-    return layer_ids
+    return list(store.layer_ids)
 
 
 def resolve_mask_token_id(configured: int | None, target_dir: str | Path, vocab_size: int) -> int:

@@ -1,0 +1,50 @@
+"""The one exit-code and error rule of every command (`python -m extract`,
+`python -m store_schema`, `python -m train`):
+
+    0  success
+    1  refused, or a problem found: input that exists but is wrong (a store from
+       another target, a corrupt shard, a bad config value, verify problems,
+       diagnose findings)
+    2  usage: bad arguments, or a path that does not exist
+
+An error is one line on stderr, `error: <what, naming the file/field>`, never a
+traceback. Ctrl-C prints one line and exits 130, as shells expect."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+EXIT_OK = 0
+EXIT_PROBLEM = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class UsageError(Exception):
+    """The command was called wrongly; exits 2."""
+
+
+def fail(message: str, code: int = EXIT_PROBLEM) -> int:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    return code
+
+
+def run_command(handler: Callable[[object], int], args, refusals: tuple[type[BaseException], ...] = ()) -> int:
+    """Run a subcommand's handler under the rule above. `refusals` are the
+    package's own error types meant for the user (exit 1), besides ValueError,
+    KeyError and OSError."""
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    except (UsageError, FileNotFoundError, NotADirectoryError) as error:
+        return fail(_message(error), EXIT_USAGE)
+    except (*refusals, ValueError, KeyError, OSError) as error:
+        return fail(_message(error), EXIT_PROBLEM)
+
+
+def _message(error: BaseException) -> str:
+    text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
+    return " ".join(str(text).split()) or type(error).__name__

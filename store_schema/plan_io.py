@@ -1,0 +1,57 @@
+"""The plan group on disk (`STORE/plan/`): one row per planned sample in six
+one-chunk arrays, shard names, settings and quarantined records in its attributes.
+Writing and reading live here together so the two can never disagree."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import zarr
+
+from . import layout
+from .plan import Plan, PlannedSample, PlannedShard, QuarantinedRecord
+
+
+def write_plan_group(directory: Path, plan: Plan) -> None:
+    """Write `plan` as a zarr group into `directory` (the caller commits it)."""
+    group = zarr.open_group(str(directory), mode="w")
+    rows = [(i, s) for i, shard in enumerate(plan.shards) for s in shard.samples]
+    strings = np.dtypes.StringDType()
+    columns = {
+        layout.PLAN_SAMPLE_IDS: np.array([s.sample_id for _, s in rows], dtype=strings),
+        layout.PLAN_DIGESTS: np.array([s.digest for _, s in rows], dtype=strings),
+        layout.PLAN_RECORD_INDEX: np.array([s.record_index for _, s in rows], dtype=np.int64),
+        layout.PLAN_NUM_TOKENS: np.array([s.num_tokens for _, s in rows], dtype=np.int32),
+        layout.PLAN_NUM_LOSS_TOKENS: np.array([s.num_loss_tokens for _, s in rows], dtype=np.int32),
+        layout.PLAN_SHARD_INDEX: np.array([i for i, _ in rows], dtype=np.int32),
+    }
+    for name, values in columns.items():
+        layout.write_small_array(group, name, values)
+    group.attrs.update(
+        {
+            "shard_names": [s.name for s in plan.shards],
+            "settings": plan.settings,
+            "quarantined": [q.__dict__ for q in plan.quarantined],
+        }
+    )
+
+
+def read_plan(store_path) -> Plan:
+    """The plan a store holds (as `write_plan_group` wrote it)."""
+    group = zarr.open_group(str(Path(store_path) / layout.PLAN_DIR), mode="r")
+    attrs = group.attrs.asdict()
+    ids = group[layout.PLAN_SAMPLE_IDS][...]
+    digests = group[layout.PLAN_DIGESTS][...]
+    records = group[layout.PLAN_RECORD_INDEX][...]
+    tokens = group[layout.PLAN_NUM_TOKENS][...]
+    loss_tokens = group[layout.PLAN_NUM_LOSS_TOKENS][...]
+    shard_index = group[layout.PLAN_SHARD_INDEX][...]
+    per_shard: list[list[PlannedSample]] = [[] for _ in attrs["shard_names"]]
+    for i in range(len(ids)):
+        per_shard[int(shard_index[i])].append(
+            PlannedSample(str(ids[i]), int(records[i]), int(tokens[i]), int(loss_tokens[i]), str(digests[i]))
+        )
+    shards = tuple(PlannedShard(n, tuple(s)) for n, s in zip(attrs["shard_names"], per_shard))
+    quarantined = tuple(QuarantinedRecord(**q) for q in attrs.get("quarantined", ()))
+    return Plan(shards, quarantined, dict(attrs.get("settings", {})))
