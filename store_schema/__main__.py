@@ -8,7 +8,8 @@ import sys
 
 from .layout import layer_array, raw_bytes_per_token
 from .units import human_bytes
-from .reader import Store, on_disk_bytes
+from .reader import Store
+from .records import on_disk_bytes
 from .verify import clean_leftovers, format_report, verify_store
 
 

@@ -195,7 +195,7 @@ def test_reader_names_missing_layers_and_mismatched_fields(tmp_path):
     with pytest.raises(KeyError, match=r"no layer\(s\) \[2\]; it holds layers \[1, 3\]"):
         store.read_shard("shard-000000", layers=[1, 2])
     with pytest.raises(FingerprintMismatch, match="hidden_size: store has 64, expected 5120"):
-        store.check_fingerprint(hidden_size=5120, vocab_size=512)
+        store.fingerprint.check(hidden_size=5120, vocab_size=512)
 
 
 def test_final_layer_is_never_a_context_layer():
