@@ -49,11 +49,15 @@ class Report:
 
 
 def verify_store(path, progress=None) -> Report:
-    """Check a store; `progress(done, total)` is called after each shard."""
+    """Check a store; `progress(done, total)` is called after each shard.
+    FileNotFoundError where `path` holds no store at all: there is nothing to
+    report on (a wrong path), unlike a store whose root is damaged."""
     path = Path(path)
     report = Report()
     try:
         store = Store(path)
+    except FileNotFoundError:
+        raise
     except (OSError, ValueError, KeyError) as exc:
         report.add(f"store root unreadable: {exc}", file=layout.ZARR_METADATA)
         return report
