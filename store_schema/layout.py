@@ -199,7 +199,7 @@ WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
 
 def write_small_array(group, name: str, data):
     """A one-chunk array (token ids, masks, offsets, ids, plan columns): zstd-3 for
-    numbers, vlen-utf8 for strings. The reader's fast path decodes exactly this."""
+    numbers, vlen-utf8 for strings. `shard_codec.decode_array` decodes exactly this."""
     from zarr.codecs import ZstdCodec
 
     kwargs = dict(shape=data.shape, dtype=data.dtype, chunks=data.shape or (1,))
