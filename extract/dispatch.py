@@ -334,7 +334,8 @@ class Dispatcher:
             self.counts.shards_retried += 1
         self.queue.extendleft(reversed(lost))
         kept = f" ({', '.join(landed)} committed before it died)" if landed else ""
-        self.log(f"worker {index} died ({cause(error)}); redoing {', '.join(lost) or 'nothing'} on a fresh worker{kept}")
+        redo = ", ".join(lost) or "nothing"
+        self.log(f"worker {index} died ({cause(error)}); redoing {redo} on a fresh worker{kept}")
         self.pool.replace(index)
         return landed
 

@@ -189,7 +189,8 @@ def test_driver_killed_at_three_points_then_rerun(reference, ray_cluster, qwen3_
     """Run the same command four times: the first three drivers SIGKILL themselves
     (after their 1st commit; after half the remaining shards; after the last shard
     was committed but before the report), the fourth finishes."""
-    from extract.job import KILL_DRIVER_ENV, run_job
+    from extract.config import KILL_DRIVER_ENV
+    from extract.job import run_job
 
     ref_store, ref_report, ref_content = reference
     total = ref_report["shards"]
