@@ -24,7 +24,6 @@ import yaml
 
 from train.dtypes import dtype_name
 
-
 CONFIG_FILE = "config.yaml"  # a run directory's saved config
 LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
 SPLITS = ("heldout", "train", "all")  # a run's samples: never trained on (data.heldout_fraction), the rest, both
@@ -186,7 +185,7 @@ class RunConfig:
 
     def to_dict(self) -> dict:
         """Plain JSON/YAML data (tuples as lists)."""
-        return dataclasses.asdict(self, dict_factory=lambda items: {k: list(v) if isinstance(v, tuple) else v for k, v in items})
+        return dataclasses.asdict(self, dict_factory=lambda items: {k: _plain(v) for k, v in items})
 
     def save(self, run_dir: str | Path) -> None:
         """RUN/config.yaml (what `--resume` and `diagnose` read) and a JSON copy."""
@@ -199,6 +198,10 @@ class RunConfig:
 
 SECTIONS = ("data", "model", "loss", "optim", "train", "eval")
 _SECTION_TYPES = {name: f.type for name, f in ((f.name, f) for f in dataclasses.fields(RunConfig))}
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _check(ok: bool, key: str, message: str) -> None:
