@@ -1,7 +1,9 @@
 """Chain and DDTree acceptance on hand-built drafter outputs whose answers are
 worked out by hand, and properties over random drafter outputs; the fast DDTree
-path against a plain tree built and walked here. (tau's per-sample-then-over-
-samples average is checked through `train.evaluate` in test_eval.py.)"""
+path against a plain tree built and walked here; the decode-time rollout against
+the per-position estimate on texts with hard stretches, both counted by hand.
+(tau's per-sample-then-over-samples average is checked through
+`train.evaluate` in test_eval.py.)"""
 
 from __future__ import annotations
 
@@ -13,11 +15,15 @@ import torch
 
 from train.acceptance import (
     accuracy_counts,
+    chain_accepted,
     chain_acceptance,
     ddtree_acceptance,
+    rollout,
     scored_blocks,
     topk_hits,
 )
+from train.evaluate import DraftedBlocks, per_position_rows, rollout_anchors
+from train.loss import block_targets
 
 V = 10
 B = 5  # anchor + 4 drafted slots
@@ -192,3 +198,82 @@ def test_ddtree_with_one_candidate_per_slot_is_the_chain(seed):
     # And with the full lists, a budget of 1 accepts exactly when slot 1's top-1 is right.
     one = ddtree_acceptance(values, ids, reference, valid, 1)
     assert one.tolist() == (1 + ((ids[:, 0, 0] == reference[:, 0]) & valid[:, 0]).long()).tolist()
+
+
+# -- decode-time rollout against the per-position estimate -------------------------------
+def hard_token_drafter(length: int, hard: set[int]):
+    """A text whose token at position p is p (position 0 the prompt, 1.. the
+    response) and a drafter that predicts every token right except the ones at
+    `hard` positions, drafted at every rollout anchor: DraftedBlocks whose top-1
+    is that guess (log-prob -0.01) with 7 alternatives that are never right
+    (-10 each, so a DDTree of b <= B-1 nodes is the top-1 chain of depth b)."""
+    ids = torch.arange(length)
+    mask = torch.ones(length, dtype=torch.uint8)
+    mask[0] = 0
+    anchors = rollout_anchors(mask)
+    targets = block_targets(ids, mask, anchors, B, gamma=1.0)
+    reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
+    token_positions = anchors[:, None] + torch.arange(1, B)
+    top1 = torch.where(torch.isin(token_positions, torch.tensor(sorted(hard))), -1, reference)
+    shape = tuple(reference.shape)
+    slot_ids = torch.cat([top1[..., None], (-2 - torch.arange(7)).expand(*shape, 7)], dim=-1)
+    logprobs = torch.cat([torch.full((*shape, 1), -0.01), torch.full((*shape, 7), -10.0)], dim=-1)
+    blocks = DraftedBlocks(anchors, reference, valid, logprobs, slot_ids, chain_accepted(top1, reference, valid))
+    return blocks, mask
+
+
+def mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def test_rollout_of_a_drafter_that_fails_every_third_block():
+    """B = 5 (4 drafted slots), response = positions 1..34, hard tokens 12, 23, 34.
+    Decoding: anchor 1 accepts 2..5 (5), anchor 6 accepts 7..10 (5), anchor 11
+    misses 12 (1), anchor 12 accepts 13..16 (5), 17 -> 5, 22 misses 23 (1), 23 -> 5,
+    28 -> 5, 33 misses 34 (1); anchor 34 is the last token: done. tau = 33/9 = 11/3.
+    Per position, at the training anchors 1..30 (a whole block inside the text),
+    a block accepts min(4, next hard - a - 1): over 1..11 that is 4 x 7, 3, 2, 1, 0
+    (lengths 45), the same over 12..22 (45), then 4 x 7 over 23..29 and 3 at 30
+    (39): 129 / 30 = 4.3."""
+    blocks, mask = hard_token_drafter(35, {12, 23, 34})
+    rounds = blocks.chain_rounds()
+    assert rounds == [5, 5, 1] * 3
+    assert mean(rounds) == pytest.approx(11 / 3)
+    rows = per_position_rows(blocks, mask, B, stride=1)
+    assert blocks.positions[rows].tolist() == list(range(1, 31))
+    assert mean((blocks.accepted[rows] + 1).tolist()) == pytest.approx(4.3)
+    # DDTree with 2 nodes (here the top-1 chain of depth 2): rounds of 3 until a
+    # hard token falls in the first two slots. Anchor 10 accepts 11 and misses 12
+    # (2), anchors 12, 15, 18 accept two each, 21 accepts 22 (2), and so on:
+    # [3, 3, 3, 2] x 3 = 33 / 12 = 2.75. With 4 nodes it is the chain again.
+    trees = blocks.ddtree_rounds([2, 4])
+    assert trees[2] == [3, 3, 3, 2] * 3 and mean(trees[2]) == pytest.approx(2.75)
+    assert trees[4] == rounds
+
+
+def test_rollout_of_a_drafter_perfect_but_for_one_hard_stretch():
+    """B = 5, response = positions 1..50, tokens 21..30 hard. Decoding: anchors
+    1, 6, 11, 16 accept whole blocks (5 each), then anchors 21..29 each miss the
+    next token (9 rounds of 1), anchor 30 resumes: 30, 35, 40, 45 -> 5 each, and
+    anchor 50 is the last token. 49 / 17 rounds = 2.882: the hard stretch costs
+    9 of 17 rounds. Per position (anchors 1..46): 16 x 5, then 4, 3, 2, 1 at
+    17..20, 9 x 1 at 21..29, 17 x 5 at 30..46: 184 / 46 = 4.0."""
+    blocks, mask = hard_token_drafter(51, set(range(21, 31)))
+    rounds = blocks.chain_rounds()
+    assert rounds == [5] * 4 + [1] * 9 + [5] * 4
+    assert mean(rounds) == pytest.approx(49 / 17)
+    rows = per_position_rows(blocks, mask, B, stride=1)
+    assert len(rows) == 46 and mean((blocks.accepted[rows] + 1).tolist()) == pytest.approx(4.0)
+
+
+def test_rollout_walks_each_stretch_from_its_start_and_reads_only_visited_anchors():
+    anchors = [3, 4, 5, 6, 7, 20, 21, 22]  # two responses: 3..8 and 20..23
+    accepted = {3: 2, 6: 1, 7: 0, 20: 0, 21: 3}
+    visited = []
+
+    def at(position):
+        visited.append(position)
+        return accepted.get(position, 0)
+
+    assert rollout(anchors, at) == [3, 2, 1, 4]
+    assert visited == [3, 6, 20, 21]

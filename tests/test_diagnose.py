@@ -56,12 +56,12 @@ def synthetic_log(path, *, plateau_at=None, cliff_at=None, cliff_len=270, lr_war
     for i, step in enumerate(steps):
         record = {"step": int(step), "epoch": step / 5000, "lr": planted_lr(int(step), lr_warmup),
                   "loss": float(loss[i]), "acc": float(acc[i]), "top4_acc": float(min(acc[i] + 0.2, 1.0)),
-                  "top8_acc": float(min(acc[i] + 0.3, 1.0)), "tau": float(1 + 6 * max(acc[i], 0))}
+                  "top8_acc": float(min(acc[i] + 0.3, 1.0)), "tau_per_position": float(1 + 6 * max(acc[i], 0))}
         lines.append(json.dumps(record))
         if step % 100 == 0:
             tau = 1 + 8 * clean[i] + rng.normal(0, 0.02)
-            lines.append(json.dumps({"step": int(step), "eval_tau": tau, "eval_ddtree_8": tau + 0.5,
-                                     "eval_ddtree_32": tau + 0.9}))
+            lines.append(json.dumps({"step": int(step), "eval_tau": tau, "eval_tau_per_position": tau + 1.5,
+                                     "eval_ddtree_8": tau + 0.5, "eval_ddtree_32": tau + 0.9}))
     path.mkdir(parents=True, exist_ok=True)
     (path / "train_log.jsonl").write_text("\n".join(lines) + "\n")
     return path, steps[high]
@@ -198,6 +198,21 @@ def test_torn_last_line_and_merged_steps(tmp_path):
     records = read_log(run)
     assert records[-1]["step"] == STEPS
     assert records[99]["step"] == 100 and "eval_tau" in records[99] and "loss" in records[99]
+
+
+def test_a_log_from_before_the_rollout_is_read_under_per_position_names(tmp_path):
+    """Older logs held per-position estimates under `tau`, `heldout_tau`,
+    `eval_tau` and `eval_ddtree_<b>`; read as they are, an old run's numbers would
+    pass for decode-time ones."""
+    path = tmp_path / "old" / "train_log.jsonl"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"step": 10, "loss": 2.0, "tau": 1.4}) + "\n"
+                    + json.dumps({"step": 10, "eval_tau": 1.9, "eval_ddtree_8": 2.2, "heldout_tau": 1.5}) + "\n"
+                    + json.dumps({"step": 20, "eval_tau": 1.7, "eval_tau_per_position": 2.1, "eval_ddtree_8": 2.0}) + "\n")
+    old, new = read_log(path.parent)
+    assert old == {"step": 10, "loss": 2.0, "tau_per_position": 1.4, "eval_tau_per_position": 1.9,
+                   "eval_ddtree_per_position_8": 2.2, "heldout_tau_per_position": 1.5}
+    assert new == {"step": 20, "eval_tau": 1.7, "eval_tau_per_position": 2.1, "eval_ddtree_8": 2.0}
 
 
 def _png_size(path):

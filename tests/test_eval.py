@@ -23,7 +23,7 @@ from train.cli.eval import render_table
 from train.config import EvalConfig, load_config
 from train.evaluators import AcceptanceEval, log_fields
 from train.export import export_drafter
-from train.loader import is_heldout
+from train.heldout import is_heldout
 from train.model import DFlashDrafter, DrafterConfig
 from train.target_head import load_target_head
 from train.trainer import Trainer
@@ -79,24 +79,49 @@ def write_store(path, target, samples, topk=0):
     return Store(path)
 
 
+def draft_one(drafter, head, features, ids, anchor):
+    """The drafter's top-1 at slots 0..B-1 of one block anchored at `anchor`, alone."""
+    with torch.no_grad():
+        hidden = drafter(features, ids, torch.tensor([anchor]), head.embed_tokens)
+        return head.lm_head(hidden[0].float()).argmax(-1)
+
+
 def by_hand(drafter, head, sample: SampleArrays):
-    """Chain acceptance lengths and per-slot hits of one sample, one block at a time."""
+    """One sample, one block at a time: chain acceptance lengths and per-slot hits
+    at every anchor candidate (the per-position estimate), and the rounds of
+    decoding each response (the rollout), with chain and with a 1-node DDTree."""
     ids = torch.from_numpy(sample.input_ids).long()
     mask = torch.from_numpy(sample.loss_mask)
     features = torch.cat([sample.hidden[layer] for layer in LAYERS], dim=-1)
+    length = len(ids)
+
+    def usable(position):
+        return position < length and mask[position] == 1
+
+    def accepted(guess, anchor):
+        count = 0
+        while count < B - 1 and usable(anchor + 1 + count) and guess[1 + count] == ids[anchor + 1 + count]:
+            count += 1
+        return count
+
     lengths, hits = [], []
     for anchor in anchor_candidates(mask, B).tolist():
         if mask[anchor + 1] == 0:
             continue  # slot 1 is not part of the response: not a drafted block
-        with torch.no_grad():
-            hidden = drafter(features, ids, torch.tensor([anchor]), head.embed_tokens)
-            guess = head.lm_head(hidden[0].float()).argmax(-1)
-        accepted = 0
-        while accepted < B - 1 and mask[anchor + 1 + accepted] == 1 and guess[1 + accepted] == ids[anchor + 1 + accepted]:
-            accepted += 1
-        lengths.append(accepted + 1)
+        guess = draft_one(drafter, head, features, ids, anchor)
+        lengths.append(accepted(guess, anchor) + 1)
         hits.append([(int(guess[k] == ids[anchor + k]), int(mask[anchor + k])) for k in range(1, B)])
-    return lengths, hits
+    starts = [p for p in range(length) if mask[p] == 1 and (p == 0 or mask[p - 1] == 0)]
+    chain_rounds, tree1_rounds = [], []
+    for start in starts:  # each response is decoded from its first token on
+        for rounds, one_node in ((chain_rounds, False), (tree1_rounds, True)):
+            anchor = start
+            while usable(anchor) and usable(anchor + 1):
+                guess = draft_one(drafter, head, features, ids, anchor)
+                n = int(guess[1] == ids[anchor + 1]) if one_node else accepted(guess, anchor)
+                rounds.append(n + 1)
+                anchor += n + 1
+    return lengths, hits, chain_rounds, tree1_rounds
 
 
 def test_evaluate_equals_acceptance_counted_by_hand(tmp_path, parts):
@@ -106,27 +131,35 @@ def test_evaluate_equals_acceptance_counted_by_hand(tmp_path, parts):
     result = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(1, 8, 32), batch_blocks=16), split="all")
 
     per_sample = [by_hand(drafter, head, s) for s in samples]
-    expected_tau = np.mean([np.mean(lengths) for lengths, _ in per_sample])
-    assert result["tau"] == pytest.approx(expected_tau, abs=1e-9)
+    # tau: the rounds of decoding each response, per sample then over samples.
+    assert result["tau"] == pytest.approx(np.mean([np.mean(rounds) for _, _, rounds, _ in per_sample]), abs=1e-9)
+    assert result["rounds"] == sum(len(rounds) for _, _, rounds, _ in per_sample)
+    assert [s["tau"] for s in result["per_sample"]] == pytest.approx([np.mean(r) for _, _, r, _ in per_sample])
+    # tau_per_position: every anchor position, per sample then over samples.
+    expected = np.mean([np.mean(lengths) for lengths, *_ in per_sample])
+    assert result["tau_per_position"] == pytest.approx(expected, abs=1e-9)
     assert result["samples"] == len(samples)
-    assert result["blocks"] == sum(len(lengths) for lengths, _ in per_sample)
-    all_hits = np.array([h for _, hits in per_sample for h in hits])  # [blocks, B-1, (hit, valid)]
+    assert result["blocks"] == sum(len(lengths) for lengths, *_ in per_sample)
+    all_hits = np.array([h for _, hits, *_ in per_sample for h in hits])  # [blocks, B-1, (hit, valid)]
     correct = (all_hits[..., 0] * all_hits[..., 1]).sum(0)
     expected_pos = correct / all_hits[..., 1].sum(0)
     assert result["per_position_acc"] == pytest.approx(expected_pos.tolist(), abs=1e-9)
     assert result["top1_acc"] == pytest.approx(correct.sum() / all_hits[..., 1].sum(), abs=1e-9)
     assert result["top1_acc"] <= result["top4_acc"] <= result["top8_acc"]
-    # Budget 1: only slot 1's top-1 is drafted, so blocks accept 1 token exactly when slot 1 is right.
-    expected_b1 = np.mean([np.mean([1 + h[0][0] for h in hits]) for _, hits in per_sample])
-    assert result["ddtree"][1] == pytest.approx(expected_b1, abs=1e-9)
-    assert result["ddtree"][1] <= result["ddtree"][8] <= result["ddtree"][32]
+    # Budget 1: only slot 1's top-1 is drafted, so a round accepts 1 token exactly
+    # when slot 1 is right; rolled out like the chain.
+    assert result["ddtree"][1] == pytest.approx(np.mean([np.mean(r) for *_, r in per_sample]), abs=1e-9)
+    assert result["ddtree"][1] <= result["ddtree"][8] + 1e-9
     assert sum(result["acceptance_histogram"]) == pytest.approx(1.0)
-    # A stride evaluates every k-th anchor position, a cap spreads blocks evenly.
+    # A stride thins the per-position estimate only; the rollout is the same.
     strided = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), anchor_stride=3), split="all")
-    assert strided["blocks"] < result["blocks"]
+    assert strided["blocks"] < result["blocks"] and strided["tau"] == result["tau"]
+    # A cap rolls out the first positions of the responses only.
+    capped = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), max_blocks_per_sample=5), split="all")
+    assert sum(s["tokens"] for s in capped["per_sample"]) < sum(s["tokens"] for s in result["per_sample"])
     # The table names the numbers.
     table = render_table(result)
-    assert "tau (greedy chain)" in table and "DDTree acceptance @ 32" in table
+    assert "tau (decode-time" in table and "DDTree acceptance @ 32" in table and "tau per position" in table
 
 
 def test_target_labels_that_are_the_drafters_own_predictions_give_tau_B(tmp_path, parts):
@@ -134,6 +167,7 @@ def test_target_labels_that_are_the_drafters_own_predictions_give_tau_B(tmp_path
     samples = make_samples(target, count=2, seed=1, full_mask=True)
     # Record, as the target's top-k, the drafter's own top-1 at every slot of the
     # blocks anchored every B positions (row p holds the prediction for token p + 1).
+    recorded_blocks = 0
     for sample in samples:
         ids = torch.from_numpy(sample.input_ids).long()
         features = torch.cat([sample.hidden[layer] for layer in LAYERS], dim=-1)
@@ -145,15 +179,22 @@ def test_target_labels_that_are_the_drafters_own_predictions_give_tau_B(tmp_path
             for k in range(1, B):
                 topk[anchor + k - 1, 0] = int(guess[block, k])
         sample.topk_ids = topk
+        recorded_blocks += len(anchors)
         sample.topk_logprobs = np.full((len(ids), 2), -0.5, np.float32)
     store = write_store(tmp_path / "store", target, samples, topk=2)
     result = ev.evaluate(drafter, head, store, everything(labels="target", anchor_stride=B, ddtree_budgets=(B - 1, 32)),
                          split="all")
-    assert result["tau"] == B
-    # DDTree always drafts slot 1's top-1, so it accepts at least that; how deep
-    # its tree goes depends on the drafter's confidence (this random one spreads
-    # its budget over slot 1's alternatives rather than down the chain).
-    assert all(value >= 2 for value in result["ddtree"].values())
+    assert result["tau_per_position"] == B
+    # Decoding from position 0 accepts whole blocks, so it anchors exactly at the
+    # recorded blocks: each of them is a round of length B; past the last one
+    # (nothing recorded there) the rounds are short.
+    assert round(result["acceptance_histogram"][B - 1] * result["rounds"]) >= recorded_blocks
+    assert result["rounds"] > recorded_blocks and 1 < result["tau"] < B
+    # DDTree always drafts slot 1's top-1, so its first round at a recorded block
+    # accepts at least that; how deep its tree goes depends on the drafter's
+    # confidence (this random one spreads its budget over slot 1's alternatives),
+    # and its rollout then leaves the recorded anchors.
+    assert all(1 < value <= B for value in result["ddtree"].values())
     assert result["top1_acc"] == 1.0 and result["per_position_acc"] == [1.0] * (B - 1)
     # The stored tokens are random: against them the same drafter is far from perfect.
     tokens = ev.evaluate(drafter, head, store, everything(anchor_stride=B, ddtree_budgets=(8,)), split="all")
@@ -182,7 +223,7 @@ def test_heldout_split_is_a_stable_partition(tmp_path, parts):
     with pytest.raises(ValueError, match="held-out fraction"):  # no silent default split
         ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,)), split="heldout")
     fields = log_fields(result)
-    assert set(fields) >= {"eval_tau", "eval_ddtree_8", "eval_top1_acc", "eval_per_position_acc"}
+    assert set(fields) >= {"eval_tau", "eval_tau_per_position", "eval_ddtree_8", "eval_top1_acc", "eval_per_position_acc"}
     # The training-loop evaluator reads held-out samples from the trainer's loader
     # (here the store's own held-out samples stand in for ShardLoader.heldout_samples).
     trainer = SimpleNamespace(drafter=drafter, head=head, loader=SimpleNamespace(
@@ -206,8 +247,16 @@ def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir,
     assert printed["tau"] == pytest.approx(direct["tau"], abs=1e-6)
     assert printed["ddtree"] == {"4": pytest.approx(direct["ddtree"][4]), "16": pytest.approx(direct["ddtree"][16])}
     assert printed["samples"] == 4 and printed["drafter"] == str(run_dir / "export")
+    assert printed["max_samples"] == 256 and printed["split_samples"] == 4  # capped by default, said in the JSON
     assert eval_main(argv[:-1]) == 0
-    assert "tau (greedy chain)" in capsys.readouterr().out
+    assert "tau (decode-time" in capsys.readouterr().out
+    # A cap below the split's size is said on stderr; "all" lifts it.
+    assert eval_main(argv + ["--max-samples", "2"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["samples"] == 2 and "evaluated the first 2 of 4 all samples" in captured.err
+    assert eval_main(argv + ["--max-samples", "all"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["max_samples"] is None and "note" not in captured.err
     # A store from another target is refused with the reason.
     other = Fingerprint(target_model="x", num_target_layers=8, hidden_size=target.hidden_size,
                         vocab_size=target.vocab_size, layer_ids=LAYERS, max_length=128)

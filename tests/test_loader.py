@@ -12,7 +12,8 @@ import torch
 import builders
 from store_schema import CorruptShardError, Store
 from train.config import DataConfig
-from train.loader import ShardLoader, is_heldout
+from train.heldout import is_heldout
+from train.loader import ShardLoader
 
 HELDOUT = 0.25
 
@@ -118,3 +119,45 @@ def test_corrupt_shard_is_refused_or_skipped_and_logged(tmp_path):
     assert Counter(delivered) == Counter({i: 2 for i in good_ids})
     assert loader.skipped_shards == [bad, bad]
     assert any(bad in m and "skipping corrupt shard" in m for m in messages)
+
+
+def test_heldout_samples_read_only_their_rows_through_an_index_kept_for_the_run(tmp_path):
+    """The bug: held-out samples were found by reading shards from the first one
+    on (322 shards per evaluator per evaluation on the 902K plan). Now an index
+    built once from the plan names their shards and rows, and only those rows
+    are read: every shard without a held-out sample is wrecked here (each of its
+    files overwritten), and held-out evaluation does not notice."""
+    _, shards = builders.random_store(tmp_path / "s", num_shards=10, samples_per_shard=4, num_target_layers=6)
+    store = Store(tmp_path / "s")
+    fraction = 0.1
+    held = {name: [s for s in samples if is_heldout(s.sample_id, fraction)] for name, samples in shards.items()}
+    assert any(held.values()) and not all(held.values())
+    for name in (n for n, samples in held.items() if not samples):
+        for path in (store.path / "shards" / name).rglob("*"):
+            if path.is_file() and path.name != "commit.json":
+                path.write_bytes(b"\0" * path.stat().st_size)
+
+    loader = make_loader(store, heldout_fraction=fraction)
+    got = list(loader.heldout_samples())
+    expected = [s for name in sorted(held) for s in held[name]]
+    assert [s.sample_id for s in got] == [s.sample_id for s in expected]
+    for sample, original in zip(got, expected):  # the rows read are the sample's own
+        assert torch.equal(sample.input_ids, torch.from_numpy(original.input_ids).long())
+        assert torch.equal(sample.features[1], original.hidden[3])
+    assert [s.sample_id for s in loader.heldout_samples(2)] == [s.sample_id for s in expected[:2]]
+
+    # The index is kept for the run: without the plan, a new loader falls back to
+    # reading every shard's ids (and meets the wrecked ones); this one does not.
+    (store.path / "plan" / "commit.json").unlink()
+    assert [s.sample_id for s in loader.heldout_samples()] == [s.sample_id for s in expected]
+    with pytest.raises(CorruptShardError):
+        list(make_loader(Store(store.path), heldout_fraction=fraction).heldout_samples())
+
+
+def test_heldout_index_without_a_plan_reads_each_shards_ids(tmp_path):
+    _, shards = builders.random_store(tmp_path / "s", num_shards=3, samples_per_shard=6, num_target_layers=6,
+                                      with_plan=False)
+    store = Store(tmp_path / "s")
+    assert store.plan() is None
+    expected = [s.sample_id for name in sorted(shards) for s in shards[name] if is_heldout(s.sample_id, HELDOUT)]
+    assert [s.sample_id for s in make_loader(store).heldout_samples()] == expected

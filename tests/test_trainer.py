@@ -22,7 +22,7 @@ from train.checkpoint import list_checkpoints
 from train.config import ConfigError, load_config
 from train.diagnose import diagnose
 from train.export import load_drafter
-from train.loader import is_heldout
+from train.heldout import is_heldout
 from train.trainer import Trainer, resolve_mask_token_id
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,8 +32,8 @@ TINY = [  # a drafter and schedule small enough for CPU tests
     "model.num_layers=1", f"model.block_size={BLOCK}", "model.num_anchors=64", f"data.heldout_fraction={HELDOUT}",
     "data.buffer_shards=2", "optim.lr=1e-2", "eval.samples=64",
 ]
-LOG_KEYS = {"step", "epoch", "lr", "loss", "grad_norm", "acc", "top4_acc", "top8_acc", "per_position_acc", "tau",
-            "tokens_per_s", "loader_wait_frac"}
+LOG_KEYS = {"step", "epoch", "lr", "loss", "grad_norm", "acc", "top4_acc", "top8_acc", "per_position_acc",
+            "tau_per_position", "tokens_per_s", "loader_wait_frac"}
 
 
 @pytest.fixture(scope="session")
@@ -87,7 +87,10 @@ def test_it_learns_well_above_the_majority_baseline(learned, real_store):
     assert baseline < 0.2
     assert evals[-1]["heldout_acc"] >= baseline + 0.3, (evals[-1]["heldout_acc"], baseline)
     assert evals[-1]["heldout_loss"] < evals[0]["heldout_loss"]
-    assert evals[-1]["heldout_tau"] > 1.5
+    assert evals[-1]["heldout_tau_per_position"] > 1.5
+    # The decode-time rollout is logged beside its per-position estimate.
+    assert 1.0 < evals[-1]["eval_tau"] <= BLOCK and 1.0 < evals[-1]["eval_tau_per_position"] <= BLOCK
+    assert evals[-1]["eval_rounds"] > 0 and all(f"eval_ddtree_{b}" in evals[-1] for b in (8, 32, 128))
 
 
 def test_log_has_every_key_and_config_is_saved(learned):
@@ -97,7 +100,8 @@ def test_log_has_every_key_and_config_is_saved(learned):
     for record in lines:
         assert LOG_KEYS <= set(record), LOG_KEYS - set(record)
         assert len(record["per_position_acc"]) == BLOCK - 1
-        assert 1.0 <= record["tau"] <= BLOCK and 0 <= record["loader_wait_frac"] <= 1
+        assert 1.0 <= record["tau_per_position"] <= BLOCK and 0 <= record["loader_wait_frac"] <= 1
+        assert "tau" not in record  # tau alone is the decode-time rollout, never a training-anchor average
         assert record["tokens_per_s"] > 0 and record["lr"] > 0
     assert lines[-1]["epoch"] >= 1  # 300 sequences > one epoch of ~36
     saved = json.loads((out / "config.json").read_text())

@@ -1,5 +1,6 @@
-"""Acceptance metrics of a DFlash drafter: greedy-chain tau, DDTree acceptance, and
-per-position / top-k accuracy. Pure functions on tensors, no model code.
+"""Acceptance metrics of a DFlash drafter: greedy-chain and DDTree acceptance per
+block, the decode-time rollout that turns them into tau, and per-position / top-k
+accuracy. Pure functions on tensors, no model code.
 
 Conventions (all inputs cover the drafted slots 1..B-1 of each block, so the
 last dimension is D = B-1; slot 0, the anchor, is never drafted):
@@ -18,6 +19,17 @@ Acceptance length of one verification round, as z-lab's benchmark counts it
 (`len(accepted_indices)`, root included): the number of accepted draft tokens
 plus the one bonus token the target emits itself, so 1..B. tau is its mean over
 the rounds of a sample, then over samples (z-lab averages per response first).
+
+Two averages of it, and why they differ. *Per position* (`tau_per_position`):
+the mean over blocks anchored at every response position. *Decode-time*
+(`rollout`, reported as `tau`): decoding does not visit every position. It
+starts at the first response position (the token the target's prefill emits),
+accepts the matching draft prefix, and moves the anchor by accepted + 1, so a
+stretch the drafter finds easy is crossed in a few long rounds and a hard one
+in many rounds of length 1; averaging over rounds weighs the hard stretches
+by the rounds they cost. On a text with easy and hard stretches the per-position
+mean is the larger one (5.60 against a rollout's 3.19 on the reference that
+prompted this), and only the rollout is what a server measures.
 
 DDTree (Ringel & Romano, arXiv 2604.12989; reference code liranringel/ddtree
 `build_ddtree_tree`): from the drafter's per-slot log-probabilities, grow a tree
@@ -42,7 +54,7 @@ all popped before b. Monotone in b by construction.
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -79,6 +91,31 @@ def chain_acceptance(pred_top1: torch.Tensor, reference: torch.Tensor, valid: to
     accepted prefix + 1 bonus token, in 1..B. Use `scored_blocks(valid)` to pick
     the blocks that count, and `tau` to average."""
     return chain_accepted(pred_top1, reference, valid) + 1
+
+
+def rollout(anchors: Sequence[int], accepted_at: Callable[[int], int]) -> list[int]:
+    """Acceptance lengths (accepted + 1 bonus) of the verification rounds of
+    decoding along a reference text, in order.
+
+    anchors: sorted positions a round may anchor at (a response position whose
+    next position is one too); a run of consecutive anchors is one stretch of a
+    response. accepted_at(a): draft tokens the block anchored at `a` gets
+    accepted (0..B-1), called only for the anchors the rollout visits, so an
+    expensive verification (a DDTree) is paid for those alone.
+    Each stretch starts at its first position; a round at anchor a accepts
+    accepted_at(a) tokens plus the bonus and hands the next round the anchor
+    a + accepted_at(a) + 1; the stretch ends when the anchor leaves it."""
+    positions = set(anchors)
+    lengths = []
+    for start in anchors:
+        if start - 1 in positions:
+            continue  # not the first position of its stretch
+        anchor = start
+        while anchor in positions:
+            accepted = int(accepted_at(anchor))
+            lengths.append(accepted + 1)
+            anchor += accepted + 1
+    return lengths
 
 
 def _reference_pop_indices(lp: list[list[float]], ref_ranks: list[int], budget: int) -> list[int]:

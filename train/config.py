@@ -27,6 +27,7 @@ from train.dtypes import dtype_name
 CONFIG_FILE = "config.yaml"  # a run directory's saved config
 LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
 SPLITS = ("heldout", "train", "all")  # a run's samples: never trained on (data.heldout_fraction), the rest, both
+EVAL_CLI_SAMPLES = 256  # `python -m train eval` evaluates at most this many samples unless told otherwise
 
 
 class ConfigError(ValueError):
@@ -141,14 +142,15 @@ class TrainConfig:
 class EvalConfig:
     """Acceptance evaluation (train.evaluate): during training on held-out samples
     every `every` steps, and by `python -m train eval`, whose flags set the same
-    fields (that command evaluates every sample and anchor unless told otherwise)."""
+    fields (that command caps samples at EVAL_CLI_SAMPLES and rolls out whole
+    responses unless told otherwise)."""
 
     every: int = 500  # during training: evaluate every this many optimizer steps (0: never)
     samples: int | None = 32  # held-out sequences per evaluation (None: all of them)
     ddtree_budgets: tuple[int, ...] = (8, 32, 128)  # DDTree node budgets
     labels: str = "tokens"  # reference: "tokens" (the stored ones) or "target" (the store's target top-1)
-    anchor_stride: int = 1  # every k-th anchor position of a response
-    max_blocks_per_sample: int | None = 256  # at most this many blocks per sample, spread evenly (None: all)
+    anchor_stride: int = 1  # tau_per_position and accuracies: every k-th anchor position (the rollout needs all)
+    max_blocks_per_sample: int | None = 512  # rollout over the first this many response positions (None: all)
     batch_blocks: int = 256  # blocks per drafter forward
 
     def validate(self):

@@ -24,9 +24,11 @@ first and the details after. Plots are `train.diagnose_plot`, the comparison of
 two runs `train.diagnose_compare`; the log's format is `train.runlog`.
 
 Log records are dicts with at least `step`; the other keys are used when present:
-`loss`, `acc`, `top4_acc`, `top8_acc`, `tau`, `lr`, `epoch`, and held-out
-evaluation keys: `eval_tau`, `eval_ddtree_<budget>` (`train.evaluators`),
-`heldout_tau`, `heldout_acc` (the trainer's held-out pass).
+`loss`, `acc`, `top4_acc`, `top8_acc`, `tau_per_position`, `lr`, `epoch`, and
+held-out evaluation keys: `eval_tau` (decode-time rollout), `eval_ddtree_<budget>`,
+`eval_tau_per_position` (`train.evaluators`), `heldout_tau_per_position`,
+`heldout_acc` (the trainer's held-out pass). Logs written before tau meant the
+rollout are read with their per-position keys renamed (`train.runlog`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from train.diagnose_checks import (
     improvement_windows,
     primary_metric,
 )
-from train.runlog import Log, accuracy_key, ddtree_keys_by_budget, read_log, series
+from train.runlog import TAU_KEYS, Log, accuracy_key, ddtree_keys_by_budget, read_log, series
 from train.schedule import lr_at, warmup_steps
 
 
@@ -277,7 +279,7 @@ def diagnose(
     else:
         plateau, found = check_plateau(records, metric, window, plateau_ratio, slowing_ratio)
         findings += found
-        others = [metric, "loss", accuracy_key(records), "top4_acc", "top8_acc", "tau", "eval_tau", "heldout_tau"]
+        others = [metric, "loss", accuracy_key(records), "top4_acc", "top8_acc", *TAU_KEYS]
         others += ddtree_keys_by_budget(records)
         for key in dict.fromkeys(k for k in others if k):
             steps, values = series(records, key)

@@ -89,9 +89,9 @@ def primary_metric(records: Sequence[dict], min_points: int = 8) -> str | None:
     handful of sparse evaluations is too noisy to call a plateau on)."""
     trees = ddtree_keys(records)
     order = sorted((k for k, (p, _) in trees.items() if p), key=lambda k: trees[k][1])
-    order += ["eval_tau", "heldout_tau"]
+    order += ["eval_tau", "eval_tau_per_position", "heldout_tau_per_position"]
     order += sorted((k for k, (p, _) in trees.items() if not p), key=lambda k: trees[k][1])
-    order += ["tau", accuracy_key(records) or "acc", "loss"]
+    order += ["tau_per_position", accuracy_key(records) or "acc", "loss"]
     for key in order:
         steps, _ = series(records, key)
         if len(steps) < 12:

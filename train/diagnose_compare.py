@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from train.runlog import accuracy_key, ddtree_keys, series
+from train.runlog import TAU_KEYS, accuracy_key, ddtree_keys, series
 
 
 def compare(records_a: Sequence[dict], records_b: Sequence[dict], points: int = 5, window: int = 50) -> dict:
@@ -16,7 +16,7 @@ def compare(records_a: Sequence[dict], records_b: Sequence[dict], points: int = 
     last = min(records_a[-1]["step"], records_b[-1]["step"])
     first = max(records_a[0]["step"], records_b[0]["step"])
     checkpoints = [int(round(s)) for s in np.linspace(first, last, points + 1)[1:]] if last > first else [last]
-    keys = ["loss", accuracy_key(records_a), "top4_acc", "top8_acc", "tau", "eval_tau", "heldout_tau"]
+    keys = ["loss", accuracy_key(records_a), "top4_acc", "top8_acc", *TAU_KEYS]
     keys += sorted(set(ddtree_keys(records_a)) & set(ddtree_keys(records_b)))
     out: dict = {"steps": checkpoints}
     for key in dict.fromkeys(k for k in keys if k):

@@ -8,7 +8,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from train.runlog import accuracy_key, ddtree_keys_by_budget, read_log, series
+from train.runlog import TAU_KEYS, accuracy_key, ddtree_keys_by_budget, read_log, series
 
 
 def _smooth(values: np.ndarray, window: int) -> np.ndarray:
@@ -38,7 +38,7 @@ def plot(runs: Iterable, path, labels: Sequence[str] | None = None, smooth: int 
         ("loss", lambda rs: ["loss"]),
         ("accuracy", lambda rs: [k for k in (accuracy_key(rs), "top4_acc", "top8_acc", "heldout_acc",
                                              "eval_top1_acc") if k]),
-        ("tau (acceptance length)", lambda rs: ["tau", "heldout_tau", "eval_tau"]),
+        ("tau (acceptance length)", lambda rs: list(TAU_KEYS)),
         ("DDTree acceptance", ddtree_keys_by_budget),
         ("learning rate", lambda rs: ["lr"]),
     ]

@@ -1,12 +1,12 @@
-"""Acceptance evaluation of a drafter on stored samples: tau, DDTree acceptance,
-per-position and top-1/4/8 accuracy.
+"""Acceptance evaluation of a drafter on stored samples: decode-time tau, DDTree
+acceptance, the per-position estimate and per-position / top-1/4/8 accuracy.
 
-Blocks are anchored throughout each response: every position a training anchor
-could take (`loss_mask == 1` and `a <= len - B`, `train.anchors.anchor_candidates`),
-or every `anchor_stride`-th of them. Each block is drafted exactly as in training
-(context features strictly before the anchor, `[anchor, MASK x (B-1)]`), then its
-slots 1..B-1 are scored through the target's frozen lm_head and compared with the
-reference continuation:
+The drafter drafts a block at every position a decoding round could anchor at
+(a response position whose next position is one too: `rollout_anchors`), up to
+`max_blocks_per_sample` of them from the start of the sample's responses. Each
+block is drafted exactly as in training (context features strictly before the
+anchor, `[anchor, MASK x (B-1)]`), then its slots 1..B-1 are scored through the
+target's frozen lm_head and compared with the reference continuation:
 
 - labels="tokens": the stored tokens `input_ids[a + k]` (what was written);
 - labels="target": the target's greedy prediction for each position, the top-1 of
@@ -15,35 +15,40 @@ reference continuation:
   greedy continuation from the anchor whenever the earlier slots agree with the
   stored tokens.
 
-Metrics are defined in `train/acceptance.py`. tau and DDTree acceptance are
-averaged per sample, then over samples (z-lab's benchmark averages per response);
-accuracies are pooled over all scored slots.
+From those blocks (definitions in `train/acceptance.py`):
 
-What to evaluate and how is the run's `eval` section (`train.config.EvalConfig`:
-DDTree budgets, labels, anchor stride, blocks per sample, batch size); which
-samples are held out is the loader's rule (`train.loader.is_heldout`) at the
-run's own fraction. The training loop evaluates through `train.evaluators`
-(`AcceptanceEval`); `python -m train eval` (train/cli/eval.py) calls `evaluate`
-and presents the result.
+- `tau`: decode-time. Each response is decoded the way a server would, round by
+  round (`acceptance.rollout`): start at its first position, accept the matching
+  draft prefix, move the anchor by accepted + 1. Averaged per sample, then over
+  samples. This is the headline, comparable with what `speculate` and a server
+  measure when the reference is what the target generates.
+- `ddtree`: the same rollout with DDTree verification, per node budget (each
+  budget walks its own anchors; trees are grown only where a walk goes).
+- `tau_per_position`: the older estimator, chain acceptance averaged over blocks
+  anchored at every training-anchor position (`anchor_candidates`, every
+  `anchor_stride`-th) of the same stretch; higher than `tau` whenever the drafter
+  has hard stretches, because rounds pile up there.
+- accuracies: pooled over the scored slots of those per-position blocks.
+
+What to evaluate is the run's `eval` section (`train.config.EvalConfig`); which
+samples are held out is `train.heldout` at the run's own fraction. The training
+loop evaluates through `train.evaluators`; `python -m train eval` calls
+`evaluate`; `evaluate_sample_ids` scores exactly the samples (e.g. the prompts
+`python -m train speculate` decoded) a caller names.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from train.acceptance import (
-    accuracy_counts,
-    chain_acceptance,
-    ddtree_acceptance,
-    scored_blocks,
-    topk_hits,
-)
+from train.acceptance import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
 from train.anchors import anchor_candidates
 from train.config import SPLITS, EvalConfig
-from train.loader import is_heldout
+from train.heldout import is_heldout, locate_samples, read_located
 from train.loss import block_targets
 
 
@@ -58,51 +63,44 @@ def in_split(sample_id: str, split: str, heldout_fraction: float | None) -> bool
     return is_heldout(sample_id, heldout_fraction) == (split == "heldout")
 
 
-def store_samples(
-    store,
-    layers: Sequence[int],
-    split: str,
-    heldout_fraction: float | None,
-    max_samples: int | None = None,
-    need_topk: bool = False,
-) -> Iterator:
-    """Samples of `split` in store order (shards sorted, samples in shard order),
-    reading whole shards with only `layers`. Stops after `max_samples`."""
+def split_locations(store, split: str, heldout_fraction: float | None) -> list:
+    """Where the samples of `split` are (`train.heldout.SampleLocation`s, store
+    order), from the store's plan: no shard is read."""
+    in_split("", split, heldout_fraction)  # refuse a bad split before reading anything
+    return locate_samples(store, store.committed_shards(), lambda i: in_split(i, split, heldout_fraction))
+
+
+def read_samples(store, locations, layers: Sequence[int], need_topk: bool = False) -> Iterator:
+    """The samples at `locations` with only `layers`, each reading only its own rows."""
+    layers = store.require_layers(list(layers))
+    for location in locations:
+        sample = read_located(store, location, layers)
+        if need_topk and sample.topk_ids is None:
+            raise ValueError(
+                f"{store.path}: labels='target' needs the target's top-k predictions, "
+                "but this store has none (extract with topk=K)"
+            )
+        yield sample
+
+
+def store_samples(store, layers: Sequence[int], split: str, heldout_fraction: float | None,
+                  max_samples: int | None = None, need_topk: bool = False) -> Iterator:
+    """Samples of `split` in store order (shards sorted, samples in shard order)
+    with only `layers`, at most `max_samples`: a few held-out samples cost their
+    own rows, not a scan of the store."""
     from store_schema import Store
 
-    if not isinstance(store, Store):
-        store = Store(store)
-    layers = store.require_layers(list(layers))
-    in_split("", split, heldout_fraction)  # refuse a bad split before reading anything
-    taken = 0
-    if max_samples is not None and max_samples <= 0:
-        return
-    for shard in store.iter_shards(store.committed_shards(), layers=layers):
-        for i, sample_id in enumerate(shard.sample_ids):
-            if not in_split(sample_id, split, heldout_fraction):
-                continue
-            sample = shard.sample(i)
-            if need_topk and sample.topk_ids is None:
-                raise ValueError(
-                    f"{store.path}: labels='target' needs the target's top-k predictions, "
-                    "but this store has none (extract with topk=K)"
-                )
-            yield sample
-            taken += 1
-            if max_samples is not None and taken >= max_samples:
-                return
+    store = store if isinstance(store, Store) else Store(store)
+    locations = split_locations(store, split, heldout_fraction)
+    return read_samples(store, locations[:max_samples], layers, need_topk)
 
 
-def eval_anchors(loss_mask: torch.Tensor, block_size: int, stride: int = 1, max_blocks: int | None = None) -> torch.Tensor:
-    """Anchors throughout the response: every candidate (`anchor_candidates`), or
-    every `stride`-th; with `max_blocks`, that many spread evenly over them."""
-    if stride < 1:
-        raise ValueError(f"anchor stride must be >= 1, got {stride}")
-    anchors = anchor_candidates(loss_mask, block_size)[::stride]
-    if max_blocks is not None and anchors.numel() > max_blocks:
-        pick = torch.linspace(0, anchors.numel() - 1, max_blocks).round().long().unique()
-        anchors = anchors[pick]
-    return anchors
+def rollout_anchors(loss_mask: torch.Tensor, limit: int | None = None) -> torch.Tensor:
+    """Positions a decoding round can anchor at: response positions whose next
+    position is part of the response too; the first `limit` of them (None: all)."""
+    mask = loss_mask.bool()
+    anchors = (mask[:-1] & mask[1:]).nonzero().flatten()
+    return anchors if limit is None else anchors[:limit]
 
 
 def slot_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chunk_rows: int = 2048):
@@ -122,35 +120,121 @@ def slot_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chunk_
     return values.view(*shape, k), ids.view(*shape, k)
 
 
+@dataclasses.dataclass
+class DraftedBlocks:
+    """One sample's blocks at `positions` [N] (sorted), on the CPU: the reference
+    and validity of slots 1..B-1 [N, D], the drafter's top-K there [N, D, K], and
+    the chain acceptance of each block [N]."""
+
+    positions: torch.Tensor
+    reference: torch.Tensor
+    valid: torch.Tensor
+    logprobs: torch.Tensor
+    ids: torch.Tensor
+    accepted: torch.Tensor
+
+    def chain_rounds(self) -> list[int]:
+        accepted = dict(zip(self.positions.tolist(), self.accepted.tolist()))
+        return rollout(list(accepted), accepted.__getitem__)
+
+    def ddtree_rounds(self, budgets: Sequence[int]) -> dict[int, list[int]]:
+        """{budget: round lengths} of DDTree rollouts; a block's tree is grown once
+        (for every budget) the first time a walk visits it."""
+        row_of = {p: i for i, p in enumerate(self.positions.tolist())}
+        grown: dict[int, dict[int, int]] = {}
+
+        def accepted_at(budget: int):
+            def at(position: int) -> int:
+                if position not in grown:
+                    i = slice(row_of[position], row_of[position] + 1)
+                    trees = ddtree_acceptance(self.logprobs[i], self.ids[i], self.reference[i], self.valid[i], budgets)
+                    grown[position] = {b: int(trees[b][0]) - 1 for b in budgets}
+                return grown[position][budget]
+
+            return at
+
+        anchors = list(row_of)
+        return {b: rollout(anchors, accepted_at(b)) for b in budgets}
+
+
+def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: str = "auto") -> DraftedBlocks | None:
+    """Draft and score the blocks of one sample at its `rollout_anchors` (the first
+    `config.max_blocks_per_sample`); None when it has none."""
+    block_size = drafter.config.block_size
+    device = drafter.fc.weight.device
+    positions = rollout_anchors(sample.loss_mask, config.max_blocks_per_sample)
+    if positions.numel() == 0:
+        return None
+    input_ids = sample.input_ids.long().to(device)
+    target_next_ids = None
+    if config.labels == "target":
+        if sample.topk_ids is None:
+            raise ValueError(f"sample {sample.sample_id}: labels='target' needs stored top-k ids")
+        target_next_ids = sample.topk_ids[:, 0].long().to(device)
+    # Weights are unused here; gamma=1 only satisfies block_targets for any B.
+    targets = block_targets(input_ids, sample.loss_mask.to(device), positions.to(device), block_size, gamma=1.0,
+                            labels=config.labels, target_next_ids=target_next_ids)
+    reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
+    features = _context_features(sample, drafter.config, device)
+    logprobs, ids = [], []
+    for start in range(0, positions.numel(), config.batch_blocks):
+        batch = positions[start : start + config.batch_blocks].to(device)
+        hidden = drafter(features, input_ids, batch, head.embed_tokens, attention=attention)
+        top = slot_topk(hidden[:, 1:], head.lm_head.weight, k)
+        logprobs.append(top[0].cpu())
+        ids.append(top[1].cpu())
+    ids = torch.cat(ids)
+    reference, valid = reference.cpu(), valid.cpu()
+    return DraftedBlocks(positions, reference, valid, torch.cat(logprobs), ids,
+                         chain_accepted(ids[..., 0], reference, valid))
+
+
+def per_position_rows(blocks: DraftedBlocks, loss_mask: torch.Tensor, block_size: int, stride: int) -> torch.Tensor:
+    """Rows of `blocks` the per-position estimate averages over: every
+    `stride`-th training-anchor position (`anchor_candidates`) of the drafted
+    stretch whose slot 1 is part of the response."""
+    candidates = anchor_candidates(loss_mask, block_size)
+    candidates = candidates[candidates <= blocks.positions[-1]][::stride].contiguous()
+    rows = torch.searchsorted(blocks.positions, candidates)
+    return rows[blocks.positions[rows.clamp(max=len(blocks.positions) - 1)] == candidates]
+
+
 class _Accumulator:
+    """Per-sample rollouts and pooled per-position counts, turned into the result."""
+
     def __init__(self, block_size: int, budgets: Sequence[int]):
         self.block_size = block_size
         self.budgets = list(budgets)
-        self.chain_means: list[float] = []
+        self.per_sample: list[dict] = []
         self.ddtree_means: dict[int, list[float]] = {b: [] for b in self.budgets}
+        self.per_position_means: list[float] = []
+        self.rounds: list[int] = []
         self.blocks = 0
-        self.chain_sum = 0
-        self.histogram = torch.zeros(block_size + 1, dtype=torch.long)
         self.valid = 0
         self.top = {1: 0, 4: 0, 8: 0}
         self.pos_hits = torch.zeros(block_size - 1, dtype=torch.long)
         self.pos_valid = torch.zeros(block_size - 1, dtype=torch.long)
 
-    def add_sample(self, chain: torch.Tensor, ddtree: dict[int, torch.Tensor], counts: list[dict]) -> None:
-        if chain.numel() == 0:
+    def add_sample(self, sample_id: str, blocks: DraftedBlocks, rows: torch.Tensor) -> None:
+        rounds = blocks.chain_rounds()
+        if not rounds:
             return
-        self.chain_means.append(float(chain.double().mean()))
-        for b in self.budgets:
-            self.ddtree_means[b].append(float(ddtree[b].double().mean()))
-        self.blocks += chain.numel()
-        self.chain_sum += int(chain.sum())
-        self.histogram += torch.bincount(chain, minlength=self.block_size + 1)[: self.block_size + 1]
-        for c in counts:
-            self.valid += c["valid"]
+        entry = {"sample_id": sample_id, "tau": sum(rounds) / len(rounds), "rounds": len(rounds), "tokens": sum(rounds)}
+        self.rounds += rounds
+        for budget, tree_rounds in blocks.ddtree_rounds(self.budgets).items():
+            self.ddtree_means[budget].append(sum(tree_rounds) / len(tree_rounds))
+        if rows.numel():
+            lengths = blocks.accepted[rows] + 1
+            entry["tau_per_position"] = float(lengths.double().mean())
+            self.per_position_means.append(entry["tau_per_position"])
+            self.blocks += rows.numel()
+            counts = accuracy_counts(topk_hits(blocks.ids[rows], blocks.reference[rows], (1, 4, 8)), blocks.valid[rows])
+            self.valid += counts["valid"]
             for k in self.top:
-                self.top[k] += c[f"top{k}"]
-            self.pos_hits += c["per_position_top1"].cpu()
-            self.pos_valid += c["per_position_valid"].cpu()
+                self.top[k] += counts[f"top{k}"]
+            self.pos_hits += counts["per_position_top1"]
+            self.pos_valid += counts["per_position_valid"]
+        self.per_sample.append(entry)
 
     def result(self) -> dict:
         def mean(values):
@@ -159,19 +243,23 @@ class _Accumulator:
         def ratio(a, b):
             return a / b if b else float("nan")
 
+        histogram = torch.bincount(torch.tensor(self.rounds, dtype=torch.long), minlength=self.block_size + 1)
         return {
-            "tau": mean(self.chain_means),
+            "tau": mean([s["tau"] for s in self.per_sample]),
             "ddtree": {b: mean(self.ddtree_means[b]) for b in self.budgets},
+            "tau_per_position": mean(self.per_position_means),
             "per_position_acc": [ratio(int(h), int(v)) for h, v in zip(self.pos_hits, self.pos_valid)],
             "top1_acc": ratio(self.top[1], self.valid),
             "top4_acc": ratio(self.top[4], self.valid),
             "top8_acc": ratio(self.top[8], self.valid),
-            "tau_pooled": ratio(self.chain_sum, self.blocks),
-            "acceptance_histogram": [ratio(int(c), self.blocks) for c in self.histogram[1:]],
-            "samples": len(self.chain_means),
+            "tau_pooled": ratio(sum(self.rounds), len(self.rounds)),
+            "acceptance_histogram": [ratio(int(c), len(self.rounds)) for c in histogram[1 : self.block_size + 1]],
+            "samples": len(self.per_sample),
+            "rounds": len(self.rounds),
             "blocks": self.blocks,
             "scored_slots": self.valid,
             "block_size": self.block_size,
+            "per_sample": self.per_sample,
         }
 
 
@@ -202,56 +290,23 @@ def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, atten
     batch_blocks (`samples` is the caller's business). attention: the run's
     `model.attention`."""
     config.validate()
-    labels, anchor_stride, batch_blocks = config.labels, config.anchor_stride, config.batch_blocks
-    max_blocks_per_sample = config.max_blocks_per_sample
     budgets = sorted({int(b) for b in config.ddtree_budgets})
-    drafter_config = drafter.config
-    block_size = drafter_config.block_size
-    device = drafter.fc.weight.device
+    block_size = drafter.config.block_size
     k = max([8, *budgets])
     acc = _Accumulator(block_size, budgets)
     was_training = drafter.training
     drafter.eval()
     try:
         for sample in samples:
-            input_ids = sample.input_ids.long().to(device)
-            loss_mask = sample.loss_mask.to(device)
-            anchors = eval_anchors(sample.loss_mask, block_size, anchor_stride, max_blocks_per_sample).to(device)
-            if anchors.numel() == 0:
-                continue
-            target_next_ids = None
-            if labels == "target":
-                if sample.topk_ids is None:
-                    raise ValueError(f"sample {sample.sample_id}: labels='target' needs stored top-k ids")
-                target_next_ids = sample.topk_ids[:, 0].long().to(device)
-            # Weights are unused here; gamma=1 only satisfies block_targets for any B.
-            targets = block_targets(
-                input_ids, loss_mask, anchors, block_size, gamma=1.0, labels=labels, target_next_ids=target_next_ids
-            )
-            features = _context_features(sample, drafter_config, device)
-
-            chain_parts, tree_parts, counts = [], {b: [] for b in budgets}, []
-            for start in range(0, anchors.numel(), batch_blocks):
-                batch = slice(start, start + batch_blocks)
-                reference = targets.labels[batch, 1:]
-                valid = targets.valid[batch, 1:]
-                keep = scored_blocks(valid)
-                if not keep.any():
-                    continue
-                hidden = drafter(features, input_ids, anchors[batch][keep], head.embed_tokens, attention=attention)
-                logprobs, ids = slot_topk(hidden[:, 1:], head.lm_head.weight, k)
-                reference, valid = reference[keep], valid[keep]
-                chain_parts.append(chain_acceptance(ids[..., 0], reference, valid).cpu())
-                trees = ddtree_acceptance(logprobs.cpu(), ids.cpu(), reference.cpu(), valid.cpu(), budgets)
-                for b in budgets:
-                    tree_parts[b].append(trees[b])
-                counts.append(accuracy_counts(topk_hits(ids, reference, (1, 4, 8)), valid))
-            if chain_parts:
-                acc.add_sample(torch.cat(chain_parts), {b: torch.cat(tree_parts[b]) for b in budgets}, counts)
+            blocks = draft_blocks(drafter, head, sample, config, k, attention)
+            if blocks is not None:
+                rows = per_position_rows(blocks, sample.loss_mask.cpu(), block_size, config.anchor_stride)
+                acc.add_sample(sample.sample_id, blocks, rows)
     finally:
         drafter.train(was_training)
     result = acc.result()
-    result.update(labels=labels, anchor_stride=anchor_stride, max_blocks_per_sample=max_blocks_per_sample)
+    result.update(labels=config.labels, anchor_stride=config.anchor_stride,
+                  max_blocks_per_sample=config.max_blocks_per_sample)
     return result
 
 
@@ -273,36 +328,77 @@ def evaluate(
     trained on, "train" the others.
 
     Returns a dict:
-      tau: mean acceptance length (accepted + 1 bonus, 1..B) under greedy chain
-          verification, per sample then over samples;
+      tau: decode-time acceptance length (accepted + 1 bonus, 1..B) under greedy
+          chain verification, rolled out along each response, per sample then
+          over samples;
       ddtree: {budget: the same under DDTree verification at that node budget};
+      tau_per_position: chain acceptance over blocks at every anchor position
+          (the per-position estimate), per sample then over samples;
       per_position_acc: [B-1] top-1 accuracy of slots 1..B-1;
       top1_acc / top4_acc / top8_acc: pooled over scored slots;
-      tau_pooled: chain acceptance averaged over all blocks at once;
-      acceptance_histogram: [B] share of blocks with length 1..B;
-      samples / blocks / scored_slots: what was evaluated;
+      tau_pooled: the rollout's rounds pooled over all samples at once;
+      acceptance_histogram: [B] share of rollout rounds of length 1..B;
+      samples / rounds / blocks / scored_slots: what was evaluated;
+      split_samples: samples in the split; max_samples: the cap (config.samples);
+      per_sample: [{sample_id, tau, rounds, tokens, tau_per_position}];
       block_size, labels, split, heldout_fraction, anchor_stride, max_blocks_per_sample.
     Samples with no scoreable block are not counted."""
     from store_schema import Store
 
     store = store if isinstance(store, Store) else Store(store)
+    _check_store(drafter, head, store, config)
+    locations = split_locations(store, split, heldout_fraction)
+    samples = read_samples(store, locations[: config.samples], drafter.config.context_layer_ids,
+                           need_topk=config.labels == "target")
+    result = evaluate_samples(drafter, head, samples, config, attention=attention)
+    result.update(split=split, heldout_fraction=None if split == "all" else heldout_fraction,
+                  split_samples=len(locations), max_samples=config.samples)
+    return result
+
+
+def evaluate_sample_ids(drafter, head, store, sample_ids: Sequence[str], config: EvalConfig,
+                        max_new_tokens: int | None = None, attention: str = "auto") -> dict:
+    """`evaluate` on exactly `sample_ids` of `store` (in that order), each cut to
+    its first response and that response's first `max_new_tokens` tokens: the
+    stretch `speculate` decodes from the same prompt (everything before the first
+    response token) with `--max-new-tokens`, so the two taus compare on the same
+    text. `per_sample` holds each sample's rollout tau."""
+    from store_schema import Store
+
+    store = store if isinstance(store, Store) else Store(store)
+    _check_store(drafter, head, store, config)
+    wanted = set(sample_ids)
+    where = {loc.sample_id: loc for loc in locate_samples(store, store.committed_shards(), wanted.__contains__)}
+    missing = [i for i in sample_ids if i not in where]
+    if missing:
+        raise KeyError(f"{store.path}: no committed sample {missing[0]!r} ({len(missing)} of the ids are not in the store)")
+    layers = drafter.config.context_layer_ids
+    samples = (first_response(read_located(store, where[i], layers), max_new_tokens) for i in sample_ids)
+    return evaluate_samples(drafter, head, samples, dataclasses.replace(config, max_blocks_per_sample=None), attention)
+
+
+def first_response(sample, max_tokens: int | None = None):
+    """The sample with its loss mask cut to its first response (the first run of
+    loss_mask == 1) and, with `max_tokens`, to that response's first tokens."""
+    mask = sample.loss_mask.clone()
+    on = mask.bool().nonzero().flatten()
+    if on.numel():
+        start = int(on[0])
+        off = (~mask[start:].bool()).nonzero().flatten()
+        stop = start + int(off[0]) if off.numel() else mask.numel()
+        if max_tokens is not None:
+            stop = min(stop, start + max_tokens)
+        mask[stop:] = 0
+    return dataclasses.replace(sample, loss_mask=mask)
+
+
+def _check_store(drafter, head, store, config: EvalConfig) -> None:
     check_compatible(drafter, head, store)
     if config.labels == "target" and not store.fingerprint.target_topk:
         raise ValueError(
             f"{store.path}: labels='target' needs the target's top-k predictions, "
             "but this store has none (extract with topk=K)"
         )
-    samples = store_samples(
-        store,
-        drafter.config.context_layer_ids,
-        split=split,
-        heldout_fraction=heldout_fraction,
-        max_samples=config.samples,
-        need_topk=config.labels == "target",
-    )
-    result = evaluate_samples(drafter, head, samples, config, attention=attention)
-    result.update(split=split, heldout_fraction=None if split == "all" else heldout_fraction)
-    return result
 
 
 def check_compatible(drafter, head, store) -> None:

@@ -6,11 +6,12 @@ held-out sequences from `trainer.loader.heldout_samples`, so it sees exactly the
 samples the run never trains on. Evaluation never moves the training RNG.
 
 - `HeldoutEval`: the training objective on held-out data (`heldout_loss`,
-  `heldout_acc`, `heldout_tau` over randomly drawn training anchors, pooled
-  over blocks), without noise.
-- `AcceptanceEval`: `train.evaluate.evaluate_samples` (anchors throughout each
-  response, tau per sample then over samples, DDTree acceptance) as the flat
-  `eval_*` fields of `log_fields`. A different number from `heldout_tau`.
+  `heldout_acc`, `heldout_tau_per_position` over randomly drawn training
+  anchors, pooled over blocks), without noise.
+- `AcceptanceEval`: `train.evaluate.evaluate_samples` as the flat `eval_*`
+  fields of `log_fields`: `eval_tau` (decode-time rollout, the headline),
+  `eval_ddtree_<budget>` (rollout with DDTree verification),
+  `eval_tau_per_position` (the per-position estimate over the same stretch).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ class HeldoutEval:
 
 class AcceptanceEval:
     """Acceptance of the current drafter on the held-out sequences, as flat log
-    fields with `prefix` (eval_tau, eval_ddtree_<budget>, ...). `attention` is the
-    run's `model.attention`."""
+    fields with `prefix` (eval_tau, eval_tau_per_position, eval_ddtree_<budget>,
+    ...). `attention` is the run's `model.attention`."""
 
     def __init__(self, config: EvalConfig, attention: str = "auto", prefix: str = "eval_"):
         self.config = config
@@ -64,20 +65,23 @@ class AcceptanceEval:
 
 
 def log_fields(result: dict, prefix: str = "eval_") -> dict:
-    """Flat train_log.jsonl fields of an evaluation result: `{prefix}tau`,
-    `{prefix}ddtree_{budget}`, `{prefix}top1_acc` / top4 / top8,
-    `{prefix}per_position_acc` (list), `{prefix}samples`. nan becomes None (JSON)."""
+    """Flat train_log.jsonl fields of an evaluation result: `{prefix}tau` (rollout),
+    `{prefix}tau_per_position`, `{prefix}ddtree_{budget}` (rollout),
+    `{prefix}top1_acc` / top4 / top8, `{prefix}per_position_acc` (list),
+    `{prefix}samples`, `{prefix}rounds`. nan becomes None (JSON)."""
 
     def clean(value):
         return None if isinstance(value, float) and math.isnan(value) else value
 
     fields = {
         f"{prefix}tau": clean(result["tau"]),
+        f"{prefix}tau_per_position": clean(result["tau_per_position"]),
         f"{prefix}top1_acc": clean(result["top1_acc"]),
         f"{prefix}top4_acc": clean(result["top4_acc"]),
         f"{prefix}top8_acc": clean(result["top8_acc"]),
         f"{prefix}per_position_acc": [clean(v) for v in result["per_position_acc"]],
         f"{prefix}samples": result["samples"],
+        f"{prefix}rounds": result["rounds"],
     }
     for budget, value in result["ddtree"].items():
         fields[f"{prefix}ddtree_{budget}"] = clean(value)

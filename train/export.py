@@ -27,7 +27,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from train.dtypes import name_of
-from train.loader import heldout_fraction_of, heldout_record
+from train.heldout import heldout_fraction_of, heldout_record
 from train.model import DFlashDrafter, DrafterConfig
 
 HELDOUT_SPLIT_KEY = "heldout_split"

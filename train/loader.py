@@ -20,12 +20,11 @@ every anchor drawn from the crop is valid because anchors need a whole block
 inside the crop (`pos <= len - B`). A sample whose crop has no valid anchor
 (nothing trained on, or shorter than a block) is not delivered (`skipped_empty`).
 
-Held-out split: a sample is held out when a stable hash of its id (sha256, not
-Python's salted `hash`) falls below `heldout_fraction`; the training iterator
-never yields it and `heldout_samples()` yields only those. `is_heldout` is the one
-owner of that rule: the trainer's held-out pass and `python -m train eval` call
-it, and an export records the run's fraction and the rule (`heldout_record`) so
-that eval picks exactly the samples the run never trained on.
+Held-out split: a sample is held out when a stable hash of its id falls below
+`heldout_fraction` (`train.heldout.is_heldout`, the one owner of the rule); the
+training iterator never yields it. `heldout_samples()` yields only those, reading
+just their rows through the held-out index (`train.heldout`), built once from
+the store's plan and kept for the run: evaluation never scans the shards.
 
 Position: where the loader stands is (epoch, group, samples of that group
 already delivered). Because every permutation is derived from (seed, epoch,
@@ -55,34 +54,7 @@ import torch
 from store_schema import CorruptShardError, ShardData, Store
 from train.anchors import anchor_candidates
 from train.config import DataConfig
-
-HELDOUT_RULE = "sha256(sample_id)[:8] / 2**64 < fraction"
-
-
-def is_heldout(sample_id: str, fraction: float) -> bool:
-    """Stable across processes and machines: sha256 of the id as a number in [0, 1)
-    (HELDOUT_RULE), compared with `fraction`."""
-    if fraction <= 0:
-        return False
-    value = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big") / 2.0**64
-    return value < fraction
-
-
-def heldout_record(fraction: float) -> dict:
-    """How a run split its samples, as recorded in checkpoints and exports."""
-    return {"fraction": fraction, "rule": HELDOUT_RULE}
-
-
-def heldout_fraction_of(record: dict, where: str) -> float:
-    """The fraction of a `heldout_record`; refused (naming `where`) if it was split
-    by another rule or the fraction is not in [0, 1]."""
-    fraction = record.get("fraction") if isinstance(record, dict) else None
-    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"{where}: held-out split {record!r} has no fraction in [0, 1]")
-    if record.get("rule") != HELDOUT_RULE:
-        raise ValueError(f"{where}: held-out split rule {record.get('rule')!r} is not this trainer's {HELDOUT_RULE!r}")
-    return float(fraction)
-
+from train.heldout import heldout_locations, is_heldout, read_located
 
 @dataclass(frozen=True)
 class LoaderPosition:
@@ -170,6 +142,7 @@ class ShardLoader:
         self._queue: queue.Queue | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
+        self._heldout = None  # the held-out index, built on first use
 
     # -- the order ------------------------------------------------------------------------
     @property
@@ -378,16 +351,27 @@ class ShardLoader:
     # -- held-out -------------------------------------------------------------------------
     def heldout_samples(self, limit: int | None = None) -> Iterator[TrainSample]:
         """Held-out samples (cropped like training ones), shards in sorted order, up
-        to `limit`. Read on the caller's thread; never shares state with training."""
+        to `limit`. Only their rows are read, through the held-out index built on
+        the first call and kept (`train.heldout`); read on the caller's thread, never
+        sharing state with training. Samples of shards skipped as corrupt are left out."""
+        if self._heldout is None:
+            self._heldout = heldout_locations(self.store, self.shards, self.config.heldout_fraction)
         count = 0
-        for data in self._read(self.shards):
-            for i in range(len(data)):
-                if not is_heldout(data.sample_ids[i], self.config.heldout_fraction):
-                    continue
-                sample = self._crop(data, i, LoaderPosition())
-                if sample is None:
-                    continue
-                yield sample
-                count += 1
-                if limit is not None and count >= limit:
-                    return
+        for location in self._heldout:
+            if limit is not None and count >= limit:
+                return
+            if location.shard in self.skipped_shards:
+                continue
+            sample = read_located(self.store, location, self.layers, self.config.max_length)
+            if anchor_candidates(sample.loss_mask, self.block_size).numel() == 0:
+                continue
+            count += 1
+            yield TrainSample(
+                sample_id=sample.sample_id,
+                shard=location.shard,
+                input_ids=sample.input_ids.long(),
+                loss_mask=sample.loss_mask,
+                features=[sample.hidden[layer] for layer in self.layers],
+                topk_ids=sample.topk_ids,
+                topk_logprobs=sample.topk_logprobs,
+            )

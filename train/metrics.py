@@ -1,4 +1,8 @@
-"""Training metrics summed over sequences and turned into the log's means."""
+"""Training metrics summed over sequences and turned into the log's means.
+
+`tau_per_position` here is chain acceptance over the step's randomly drawn
+training anchors, pooled over blocks: a per-position estimate, not the
+decode-time `tau` (`train.evaluate`), which only a rollout gives."""
 
 from __future__ import annotations
 
@@ -68,5 +72,5 @@ class MetricSums:
             f"{prefix}top4_acc": self.top4 / valid,
             f"{prefix}top8_acc": self.top8 / valid,
             f"{prefix}per_position_acc": per_position,
-            f"{prefix}tau": self.tau / max(self.blocks, 1.0),
+            f"{prefix}tau_per_position": self.tau / max(self.blocks, 1.0),
         }

@@ -2,10 +2,16 @@
 
 One JSON object per line, each with `step` (optimizer steps done). The trainer
 writes one line per logged step (loss, acc, top4_acc, top8_acc, per_position_acc,
-tau, lr, grad_norm, epoch, tokens_per_s, loader_wait_frac) and the evaluators'
-keys (`heldout_*` from the trainer's held-out pass, `eval_*` from the acceptance
-evaluation: eval_tau, eval_ddtree_<budget>, ...), sometimes on a line of their own
-for the same step. Readers merge lines that share a step."""
+tau_per_position, lr, grad_norm, epoch, tokens_per_s, loader_wait_frac) and the
+evaluators' keys (`heldout_*` from the trainer's held-out pass, `eval_*` from the
+acceptance evaluation: eval_tau (decode-time rollout), eval_tau_per_position,
+eval_ddtree_<budget>, ...), sometimes on a line of their own for the same step.
+Readers merge lines that share a step.
+
+`tau` alone means the decode-time rollout. Logs written before that held
+per-position estimates under `tau`, `heldout_tau`, `eval_tau` and
+`eval_ddtree_<budget>`; `read_log` renames those (`_LEGACY_KEYS`) so an old run
+is never read as if it had been rolled out."""
 
 from __future__ import annotations
 
@@ -19,6 +25,9 @@ import numpy as np
 
 LOG_FILE = "train_log.jsonl"
 _DDTREE_KEY = re.compile(r"^(?:(heldout|eval)_)?ddtree\D*?(\d+)$")
+# The tau keys, headline first: decode-time rollout, then the per-position estimates.
+TAU_KEYS = ("eval_tau", "eval_tau_per_position", "heldout_tau_per_position", "tau_per_position")
+_LEGACY_KEYS = {"tau": "tau_per_position", "heldout_tau": "heldout_tau_per_position"}
 
 
 # -- writing -------------------------------------------------------------------------------
@@ -71,9 +80,25 @@ def read_log(run) -> Log:
         if not isinstance(record, dict) or not isinstance(record.get("step"), (int, float)):
             continue
         step = int(record["step"])
-        by_step.setdefault(step, {}).update(record)
+        by_step.setdefault(step, {}).update(_upgrade(record))
         by_step[step]["step"] = step
     return Log(by_step[s] for s in sorted(by_step))
+
+
+def _upgrade(record: dict) -> dict:
+    """A log line with per-position estimates under the old names renamed: the
+    training / held-out `tau` keys, and an acceptance evaluation written before
+    it rolled out (an `eval_tau` without `eval_tau_per_position`)."""
+    old_eval = "eval_tau" in record and "eval_tau_per_position" not in record
+
+    def name(key: str) -> str:
+        if old_eval and key == "eval_tau":
+            return "eval_tau_per_position"
+        if old_eval and key.startswith("eval_ddtree"):
+            return key.replace("eval_ddtree", "eval_ddtree_per_position", 1)
+        return _LEGACY_KEYS.get(key, key)
+
+    return {name(key): value for key, value in record.items()}
 
 
 def series(records: Sequence[dict], key: str) -> tuple[np.ndarray, np.ndarray]:

@@ -44,7 +44,8 @@ from train import checkpoint as ckpt
 from train.config import ConfigError, RunConfig
 from train.dtypes import torch_dtype
 from train.evaluators import AcceptanceEval, HeldoutEval
-from train.loader import LoaderPosition, ShardLoader, TrainSample, heldout_record
+from train.heldout import heldout_record
+from train.loader import LoaderPosition, ShardLoader, TrainSample
 from train.loss import default_gamma
 from train.metrics import MetricSums
 from train.model import DFlashDrafter, DrafterConfig
@@ -346,7 +347,8 @@ class Trainer:
 
 
 def _headline(record: dict) -> dict:
-    keys = {"loss": "loss", "acc": "acc", "tau": "tau", "tokens_per_s": "tok/s", "loader_wait_frac": "wait", "heldout_acc": "ho_acc"}
+    keys = {"loss": "loss", "acc": "acc", "eval_tau": "tau", "tokens_per_s": "tok/s", "loader_wait_frac": "wait",
+            "heldout_acc": "ho_acc"}
     return {short: f"{record[k]:.3g}" for k, short in keys.items() if isinstance(record.get(k), (int, float))}
 
 

@@ -2,15 +2,19 @@
 [--split heldout|train|all] [--heldout-fraction F] [--ddtree-budgets 8,32,128]
 [--labels tokens|target] [--json] ...`
 
-Acceptance (tau, DDTree) and accuracy of an exported drafter on a store's
-samples. The held-out split is the one of the run that trained the drafter, as
+Acceptance (decode-time tau, DDTree, the per-position estimate) and accuracy of
+an exported drafter on a store's samples: each response is decoded round by
+round along the stored text (`tau`), the headline; `tau_per_position` averages
+over every anchor position instead and reads higher where the drafter has hard
+stretches. The held-out split is the one of the run that trained the drafter, as
 its export records it (`heldout_split` in config.json), so "held-out" means
 exactly the samples that run never trained on; `--heldout-fraction` overrides
 it, and a drafter directory without a record (e.g. a published z-lab drafter)
 gets the trainer's default fraction, with a note. The flags set the fields of
 the run config's `eval` section (train.config.EvalConfig); unlike the training
-loop, the command evaluates every sample and every anchor unless told otherwise.
-Prints a table, or one JSON object with --json."""
+loop, the command rolls out whole responses, and evaluates at most 256 samples
+of the split unless told otherwise (`--max-samples all`), reading only their
+rows. Prints a table, or one JSON object with --json."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import sys
 from pathlib import Path
 
 from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
-from train.config import LABELS, SPLITS, DataConfig, EvalConfig
+from train.config import EVAL_CLI_SAMPLES, LABELS, SPLITS, DataConfig, EvalConfig
 from train.dtypes import NAMES
 
 
@@ -40,11 +44,12 @@ def add_parser(subparsers) -> None:
                    help=f"DDTree node budgets, comma-separated (default {','.join(map(str, defaults.ddtree_budgets))})")
     p.add_argument("--labels", choices=LABELS, default=defaults.labels,
                    help="reference: stored tokens, or the target's top-1 (needs a store with top-k)")
-    p.add_argument("--max-samples", type=positive_int, help="stop after this many samples of the split (default: all)")
+    p.add_argument("--max-samples", type=samples_arg, default=EVAL_CLI_SAMPLES,
+                   help=f"evaluate at most this many samples of the split (default {EVAL_CLI_SAMPLES}; 'all': every one)")
     p.add_argument("--anchor-stride", type=positive_int, default=defaults.anchor_stride,
-                   help=f"every k-th anchor position (default {defaults.anchor_stride}: all)")
+                   help=f"tau_per_position and accuracies: every k-th anchor position (default {defaults.anchor_stride}: all)")
     p.add_argument("--max-blocks-per-sample", type=positive_int,
-                   help="at most this many blocks per sample, spread evenly (default: all)")
+                   help="roll out only the first this many response positions of a sample (default: all)")
     p.add_argument("--device", help="cuda or cpu (default: cuda if available)")
     p.add_argument("--dtype", type=dtype_arg, choices=NAMES,
                    help="compute dtype, bf16/fp16/fp32 accepted too (default: as stored)")
@@ -52,6 +57,11 @@ def add_parser(subparsers) -> None:
                    help=f"blocks per drafter forward (default {defaults.batch_blocks})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.set_defaults(handler=run)
+
+
+def samples_arg(text: str) -> int | None:
+    """A positive sample count, or 'all' (None: no cap)."""
+    return None if text == "all" else positive_int(text)
 
 
 def eval_config(args) -> EvalConfig:
@@ -105,6 +115,9 @@ def run(args) -> int:
     result["drafter"] = str(drafter_dir)
     if result["samples"] == 0:
         return fail(f"no {args.split} sample with a scoreable block in {args.store}")
+    if config.samples is not None and result["split_samples"] > config.samples:
+        print(f"note: evaluated the first {config.samples} of {result['split_samples']} {args.split} samples "
+              "(--max-samples; 'all' for every one)", file=sys.stderr)
     print(to_json(result) if args.json else f"drafter {drafter_dir}\n" + render_table(result))
     return 0
 
@@ -139,19 +152,20 @@ def render_table(result: dict) -> str:
         split += f" (held-out fraction {result['heldout_fraction']})"
     lines = [
         f"split {split}, labels {result.get('labels', '?')}: "
-        f"{result['samples']} samples, {result['blocks']} blocks of {block} "
-        f"(anchor stride {result.get('anchor_stride', 1)})",
+        f"{result['samples']} samples, {result['rounds']} decoding rounds, {result['blocks']} per-position "
+        f"blocks of {block} (anchor stride {result.get('anchor_stride', 1)})",
         "",
-        f"{'metric':<28}{'value':>10}",
-        f"{'-' * 38}",
-        f"{'tau (greedy chain)':<28}{_fmt(result['tau']):>10}",
+        f"{'metric':<34}{'value':>10}",
+        f"{'-' * 44}",
+        f"{'tau (decode-time, greedy chain)':<34}{_fmt(result['tau']):>10}",
     ]
     for budget, value in sorted(result["ddtree"].items(), key=lambda kv: int(kv[0])):
-        lines.append(f"{f'DDTree acceptance @ {budget}':<28}{_fmt(value):>10}")
+        lines.append(f"{f'DDTree acceptance @ {budget} (decode)':<34}{_fmt(value):>10}")
     lines += [
-        f"{'top-1 accuracy':<28}{_fmt(result['top1_acc']):>10}",
-        f"{'top-4 accuracy':<28}{_fmt(result['top4_acc']):>10}",
-        f"{'top-8 accuracy':<28}{_fmt(result['top8_acc']):>10}",
+        f"{'tau per position (estimate)':<34}{_fmt(result['tau_per_position']):>10}",
+        f"{'top-1 accuracy':<34}{_fmt(result['top1_acc']):>10}",
+        f"{'top-4 accuracy':<34}{_fmt(result['top4_acc']):>10}",
+        f"{'top-8 accuracy':<34}{_fmt(result['top8_acc']):>10}",
         "",
         "per-position top-1 accuracy (slot: acc)",
     ]
@@ -161,7 +175,7 @@ def render_table(result: dict) -> str:
         lines.append("  " + "   ".join(cells))
     histogram = result.get("acceptance_histogram")
     if histogram:
-        lines += ["", "chain acceptance length histogram (length: share)"]
+        lines += ["", "decoding rounds by acceptance length (length: share)"]
         for row in range(0, len(histogram), 8):
             cells = [f"{row + i + 1:>2}: {_fmt(v, 2)}" for i, v in enumerate(histogram[row : row + 8])]
             lines.append("  " + "   ".join(cells))

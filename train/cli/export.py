@@ -26,7 +26,7 @@ def run(args) -> int:
     from train import checkpoint as ckpt
     from train.dtypes import torch_dtype
     from train.export import export_drafter
-    from train.loader import heldout_fraction_of, heldout_record
+    from train.heldout import heldout_fraction_of, heldout_record
     from train.model import DFlashDrafter, DrafterConfig
 
     path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(args.run)
