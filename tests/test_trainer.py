@@ -1,9 +1,11 @@
 """The trainer end to end on a store of real hidden states of the tiny Qwen3 target:
 it learns, it resumes exactly, it refuses stores that do not fit the target, its
-log has every key, and the CLI export reloads to identical logits."""
+log has every key, the CLI export reloads to identical logits, and one optimizer
+step's loss and gradients are the weighted mean over all its labels."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -22,15 +24,16 @@ from train.checkpoint import list_checkpoints
 from train.config import ConfigError, load_config
 from train.diagnose import diagnose
 from train.export import load_drafter
+from train.anchors import sample_anchors
 from train.heldout import is_heldout
-from train.trainer import Trainer, resolve_mask_token_id
+from train.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25
 BLOCK = 8
 TINY = [  # a drafter and schedule small enough for CPU tests
     "model.num_layers=1", f"model.block_size={BLOCK}", "model.num_anchors=64", f"data.heldout_fraction={HELDOUT}",
-    "data.buffer_shards=2", "optim.lr=1e-2", "eval.samples=64",
+    "data.buffer_shards=2", "optim.lr=1e-2", "eval.samples=64", "train.grad_accumulation=1",
 ]
 LOG_KEYS = {"step", "epoch", "lr", "loss", "grad_norm", "acc", "top4_acc", "top8_acc", "per_position_acc",
             "tau_per_position", "tokens_per_s", "loader_wait_frac"}
@@ -110,13 +113,14 @@ def test_log_has_every_key_and_config_is_saved(learned):
     assert [p.name for p in list_checkpoints(out)] == ["step-00000150", "step-00000300"]
 
 
-def test_mask_token_defaults_to_the_tokenizers(learned, tokenizer, tmp_path):
-    trainer, _ = learned
-    assert trainer.drafter.config.mask_token_id == tokenizer.convert_tokens_to_ids("<|mask|>")
-    with pytest.raises(ConfigError, match="model.mask_token_id"):
-        resolve_mask_token_id(None, tmp_path, 512)  # no tokenizer there
-    with pytest.raises(ConfigError, match="outside the target vocabulary"):
-        resolve_mask_token_id(512, tmp_path, 512)
+def test_mask_token_defaults_to_the_tokenizers_and_the_run_records_it(learned, tokenizer, tmp_path):
+    trainer, out = learned
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    assert trainer.drafter.config.mask_token_id == mask_id and trainer.run_info["mask_token_rule"] == "tokenizer"
+    assert json.loads((out / "config.json").read_text())["model"]["mask_token_id"] == mask_id
+    assert main(["export", str(out), "--out", str(tmp_path / "export")]) == 0
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["dflash_config"]["mask_token_id"] == mask_id and exported["mask_token_rule"] == "tokenizer"
 
 
 def test_export_via_cli_gives_identical_logits(learned, tmp_path):
@@ -176,6 +180,58 @@ def test_resume_continues_exactly(real_store, qwen3_dir, tmp_path):
     for run in (whole, cut):
         lr = diagnose(run).lr
         assert lr["checked"] and lr["max_error"] < 1e-12 and lr["config"]["total_steps"] == 12
+
+
+def test_a_step_is_the_weighted_mean_over_all_its_labels(real_store, qwen3_dir, tmp_path):
+    """Three sequences of different lengths in one optimizer step: the loss and
+    its gradients equal sum(w * CE) / sum(w) over every scored label of the
+    step, computed here with plain cross-entropy (SpecForge's normalisation),
+    not the mean of the three sequences' own normalised losses."""
+    config = config_for(real_store, qwen3_dir, tmp_path / "run", "train.grad_accumulation=3",
+                        max_steps=1)
+    trainer = Trainer.from_config(config, log=lambda m: None)
+    samples = [next(trainer.loader) for _ in range(3)]
+    trainer.loader.close()
+    samples = [dataclasses.replace(s, input_ids=s.input_ids[:n], loss_mask=s.loss_mask[:n],
+                                   features=[f[:n] for f in s.features]) for s, n in zip(samples, (128, 90, 60))]
+    assert [s.num_tokens for s in samples] == [128, 90, 60]
+    drafter, head = trainer.drafter, trainer.head
+    state = trainer.generator.get_state()
+    grads = {}
+    for normalize in ("step", "sequence"):
+        trainer.config.loss.normalize = normalize
+        trainer.generator.set_state(state)
+        sums = trainer.backward_step(samples)
+        grads[normalize] = {name: p.grad.clone() for name, p in drafter.named_parameters()}
+
+    generator = torch.Generator().manual_seed(0)
+    generator.set_state(state)
+    gamma = 4.0  # the default for B = 8
+    weighted, weights, per_sequence = 0.0, 0.0, []
+    for sample in samples:
+        ids, mask = sample.input_ids, sample.loss_mask
+        anchors = sample_anchors(mask, BLOCK, 64, generator)
+        hidden = drafter(sample.context_features(), ids, anchors, head.embed_tokens)
+        logits = head.lm_head(hidden.float())  # [N, B, V]
+        positions = anchors[:, None] + torch.arange(BLOCK)
+        inside = positions.clamp(max=len(ids) - 1)
+        valid = (positions < len(ids)) & mask[inside].bool()
+        valid[:, 0] = False
+        w = torch.exp(-(torch.arange(BLOCK) - 1) / gamma) * valid
+        ce = torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[inside].flatten(), reduction="none").view_as(w)
+        weighted = weighted + (w * ce).sum()
+        weights += float(w.sum())
+        per_sequence.append((w * ce).sum() / w.sum())
+    loss = weighted / weights
+    assert sums.means()["loss"] == pytest.approx(float(loss.detach()), rel=1e-5)  # the logged loss, too
+    for normalize, objective in (("step", loss), ("sequence", sum(per_sequence) / 3)):
+        drafter.zero_grad(set_to_none=True)
+        objective.backward(retain_graph=True)
+        for name, p in drafter.named_parameters():
+            assert torch.allclose(grads[normalize][name], p.grad, rtol=1e-4, atol=1e-8), (normalize, name)
+    # The two normalisations are different steps (the sequences hold 128, 90 and 60 tokens).
+    differ = [(grads["step"][n] - grads["sequence"][n]).norm() / grads["step"][n].norm() for n in grads["step"]]
+    assert max(differ) > 1e-2
 
 
 @pytest.mark.parametrize("field,overrides", [

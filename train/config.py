@@ -26,6 +26,7 @@ from train.dtypes import dtype_name
 
 CONFIG_FILE = "config.yaml"  # a run directory's saved config
 LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
+NORMALIZE = ("step", "sequence")  # loss.normalize: over an optimizer step's weighted labels, or per sequence
 SPLITS = ("heldout", "train", "all")  # a run's samples: never trained on (data.heldout_fraction), the rest, both
 EVAL_CLI_SAMPLES = 256  # `python -m train eval` evaluates at most this many samples unless told otherwise
 
@@ -55,7 +56,7 @@ class DataConfig:
 class ModelConfig:
     num_layers: int = 5  # drafter decoder layers
     block_size: int = 16  # B: anchor + B-1 drafted tokens
-    mask_token_id: int | None = None  # None: the tokenizer's mask token (refused if it has none)
+    mask_token_id: int | None = None  # None: resolved by train.mask_token's rules (the run records the id and rule)
     num_anchors: int = 512  # blocks per sequence, redrawn every step
     attention: str = "auto"  # "auto" (flex on CUDA, sdpa elsewhere), "sdpa", "flex"
     gradient_checkpointing: bool = False
@@ -75,6 +76,7 @@ class LossConfig:
     kl_mix: float = 0.0  # weight of soft KL to the store's target top-k (0: hard CE, as DFlash trains)
     noise: float = 0.0  # uniform noise scale on the drafter's context features only (0: off)
     chunk_rows: int = 1024  # scored rows per loss chunk: peak ~ chunk_rows x vocab fp32 x 3
+    normalize: str = "step"  # "step": over all weighted labels of an optimizer step (SpecForge); "sequence": per sequence
 
     def validate(self):
         _check(self.gamma is None or self.gamma > 0, "loss.gamma", "must be > 0")
@@ -82,6 +84,7 @@ class LossConfig:
         _check(0.0 <= self.kl_mix <= 1.0, "loss.kl_mix", "must be in [0, 1]")
         _check(self.noise >= 0.0, "loss.noise", "must be >= 0")
         _check(self.chunk_rows >= 1, "loss.chunk_rows", "must be >= 1")
+        _check(self.normalize in NORMALIZE, "loss.normalize", 'must be "step" or "sequence"')
 
 
 @dataclass
@@ -90,8 +93,8 @@ class OptimConfig:
     warmup_fraction: float = 0.04  # of the total optimizer steps
     schedule: str = "cosine"  # "cosine" or "constant" (both after linear warmup)
     min_lr_ratio: float = 0.0  # cosine ends at lr * min_lr_ratio
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.95)
+    weight_decay: float = 0.0  # SpecForge's DFlash optimizer (BF16Optimizer) uses 0
+    betas: tuple[float, float] = (0.9, 0.999)  # AdamW's defaults, as SpecForge's DFlash training uses
     eps: float = 1e-8
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
@@ -109,7 +112,7 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     batch_size: int = 1  # sequences per micro-step (each is its own drafter forward)
-    grad_accumulation: int = 1  # micro-steps per optimizer step
+    grad_accumulation: int = 8  # micro-steps per optimizer step: global batch batch_size x this = 8 sequences
     epochs: int = 6
     max_steps: int | None = None  # optimizer steps; None: as many as `epochs` give
     seed: int = 0
@@ -135,6 +138,7 @@ class TrainConfig:
 
     @property
     def sequences_per_step(self) -> int:
+        """The global batch: sequences per optimizer step."""
         return self.batch_size * self.grad_accumulation
 
 

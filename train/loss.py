@@ -5,7 +5,9 @@ anchor a predicts `input_ids[a + k]` (no shift), k = 1 .. B-1; slot 0 holds the
 anchor and is not scored. Slot k is weighted `exp(-(k-1)/gamma)` (early slots
 matter most: a draft is accepted only up to its first miss), labels with
 loss_mask == 0 or past the end weigh 0, and the loss is normalised by the sum of
-the valid weights.
+the valid weights. `dflash_loss` normalises one sequence by its own sum; the
+trainer weighs each sequence by that sum (`BlockTargets.weight_sum`) to
+normalise over all weighted labels of an optimizer step, as SpecForge does.
 
 Why chunked: 512 anchors x 16 slots x a 248K vocabulary is ~4 GB of bf16 logits
 per sequence. `_ChunkedHeadLoss` walks the scored rows a chunk at a time, takes
@@ -52,13 +54,16 @@ class BlockTargets:
     valid: slot is scored (inside the sequence, loss_mask == 1, k >= 1).
     weights: exp(-(k-1)/gamma) on valid slots, normalised to sum 1 (all 0 if none).
     topk_ids / topk_logprobs: [N, B, K] target distribution per slot, for the
-        optional soft-KL term; None when not given."""
+        optional soft-KL term; None when not given.
+    weight_sum: the weights' sum before normalising (a 0-dim tensor): what the
+        sequence weighs in a loss normalised over a whole optimizer step."""
 
     labels: torch.Tensor
     valid: torch.Tensor
     weights: torch.Tensor
     topk_ids: torch.Tensor | None = None
     topk_logprobs: torch.Tensor | None = None
+    weight_sum: torch.Tensor | None = None
 
 
 def block_targets(
@@ -112,7 +117,7 @@ def block_targets(
     if target_topk_ids is not None:
         topk_ids = target_topk_ids.to(device).long()[previous]
         topk_logprobs = target_topk_logprobs.to(device).float()[previous]
-    return BlockTargets(block_labels, valid, weights, topk_ids, topk_logprobs)
+    return BlockTargets(block_labels, valid, weights, topk_ids, topk_logprobs, total)
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-_SCALARS = ("sequences", "tokens", "loss", "valid", "top1", "top4", "top8", "blocks", "tau")
+_SCALARS = ("sequences", "tokens", "loss", "weight", "valid", "top1", "top4", "top8", "blocks", "tau")
 
 
 @dataclass
@@ -20,7 +20,8 @@ class MetricSums:
     block_size: int
     sequences: int = 0
     tokens: int = 0
-    loss: float = 0.0
+    loss: float = 0.0  # each sequence's loss times its label weight
+    weight: float = 0.0  # label weights (BlockTargets.weight_sum) summed
     valid: float = 0.0
     top1: float = 0.0
     top4: float = 0.0
@@ -36,14 +37,17 @@ class MetricSums:
 
     def add(self, loss: float, metrics: dict, targets, num_tokens: int) -> None:
         """One sequence's `dflash_step` result: its loss, `LossOutput.metrics`, its
-        `BlockTargets` and token count."""
+        `BlockTargets` and token count. The loss counts by the sequence's label
+        weight, so the mean is over all weighted labels, as the step's loss is."""
+        weight = float(targets.weight_sum)
         valid = float(metrics["num_valid"])
         blocks = float(metrics["num_blocks"])
         per_slot_valid = targets.valid[:, 1:].sum(0).double().cpu()
         per_position = metrics["per_position_acc"].double().cpu().nan_to_num(0.0)
         self.sequences += 1
         self.tokens += num_tokens
-        self.loss += loss
+        self.loss += loss * weight
+        self.weight += weight
         self.valid += valid
         self.top1 += float(metrics["top1"]) * valid
         self.top4 += float(metrics["top4"]) * valid
@@ -67,7 +71,7 @@ class MetricSums:
             round(float(h / v), 6) if v > 0 else None for h, v in zip(self.slot_hits, self.slot_valid)
         ]
         return {
-            f"{prefix}loss": self.loss / max(self.sequences, 1),
+            f"{prefix}loss": self.loss / self.weight if self.weight > 0 else 0.0,
             f"{prefix}acc": self.top1 / valid,
             f"{prefix}top4_acc": self.top4 / valid,
             f"{prefix}top8_acc": self.top8 / valid,

@@ -9,10 +9,11 @@ Order of a run (`Trainer.from_config`):
    not exist at inference, bug 2 of the seeds).
 3. Build the drafter from the store's layer ids, AdamW over fp32 master weights
    (bf16 autocast on CUDA), linear warmup then cosine, the streaming loader.
-4. Every optimizer step: `batch_size x grad_accumulation` sequences, each its own
-   `dflash_step` (anchors drawn from the loss mask, targets built from clean
-   tokens before any noise, chunked loss through the frozen head), gradients
-   averaged over sequences, clipped, stepped.
+4. Every optimizer step: the global batch, `batch_size x grad_accumulation`
+   sequences (8 by default), each its own `dflash_step` (anchors drawn from the
+   loss mask, targets built from clean tokens before any noise, chunked loss
+   through the frozen head); the loss normalised over all weighted labels of the
+   step (`loss.normalize`), gradients clipped, stepped.
 5. `train_log.jsonl` gets one line per logged step, evaluators run every
    `eval.every` steps (their `heldout_*` / `eval_*` keys go into the same log),
    and a checkpoint (safetensors + JSON) every `checkpoint_every` steps and at
@@ -28,7 +29,7 @@ touching the loop.
 from __future__ import annotations
 
 import dataclasses
-import json
+import itertools
 import math
 import sys
 import time
@@ -47,6 +48,7 @@ from train.evaluators import AcceptanceEval, HeldoutEval
 from train.heldout import heldout_record
 from train.loader import LoaderPosition, ShardLoader, TrainSample
 from train.loss import default_gamma
+from train.mask_token import resolve_mask_token
 from train.metrics import MetricSums
 from train.model import DFlashDrafter, DrafterConfig
 from train.runlog import LOG_FILE, append_log, truncate_log
@@ -65,46 +67,6 @@ def check_store_against_target(store: Store, target: TargetConfig) -> list[int]:
         hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_target_layers=target.num_hidden_layers
     )
     return list(store.layer_ids)
-
-
-def resolve_mask_token_id(configured: int | None, target_dir: str | Path, vocab_size: int) -> int:
-    """The configured id, else the tokenizer's mask token (tokenizer_config.json's
-    `mask_token`, or an added token named <|mask|> / <mask>), else refuse."""
-    if configured is None:
-        configured = _tokenizer_mask_id(Path(target_dir))
-        if configured is None:
-            raise ConfigError(
-                f"config model.mask_token_id: the tokenizer in {target_dir} has no mask token; "
-                "set model.mask_token_id to an id inside the target's embedding table"
-            )
-    if not 0 <= configured < vocab_size:
-        raise ConfigError(f"config model.mask_token_id: {configured} is outside the target vocabulary [0, {vocab_size})")
-    return configured
-
-
-def _tokenizer_mask_id(target_dir: Path) -> int | None:
-    names = ["<|mask|>", "<mask>"]
-    tokenizer_config = target_dir / "tokenizer_config.json"
-    if tokenizer_config.is_file():
-        mask = json.loads(tokenizer_config.read_text()).get("mask_token")
-        if isinstance(mask, dict):
-            mask = mask.get("content")
-        if isinstance(mask, str):
-            names.insert(0, mask)
-        for id_, token in (json.loads(tokenizer_config.read_text()).get("added_tokens_decoder") or {}).items():
-            if token.get("content") in names:
-                return int(id_)
-    tokenizer_json = target_dir / "tokenizer.json"
-    if tokenizer_json.is_file():
-        data = json.loads(tokenizer_json.read_text())
-        for token in data.get("added_tokens", []):
-            if token.get("content") in names:
-                return int(token["id"])
-        vocab = (data.get("model") or {}).get("vocab") or {}
-        for name in names:
-            if isinstance(vocab, dict) and name in vocab:
-                return int(vocab[name])
-    return None
 
 
 def build_optimizer(drafter: torch.nn.Module, optim) -> torch.optim.AdamW:
@@ -139,6 +101,7 @@ class Trainer:
         start_step: int = 0,
         store_info: dict | None = None,
         log: Callable[[str], None] = print,
+        run_info: dict | None = None,
     ):
         self.config = config
         self.head = head
@@ -150,6 +113,7 @@ class Trainer:
         self.generator = generator
         self.step = start_step
         self.store_info = store_info or {}
+        self.run_info = run_info or {}  # how the run started (mask token rule, ...): checkpoints and exports keep it
         self.log = log
         self.run_dir = Path(config.out)
         self.evaluators: list[Callable[[Trainer, int], dict]] = [
@@ -190,10 +154,13 @@ class Trainer:
         if expected_config and expected_config != file_sha256(Path(config.target) / "config.json"):
             log(f"warning: {config.target}/config.json differs from the one the store was extracted with")
 
-        mask_token_id = resolve_mask_token_id(config.model.mask_token_id, config.target, target.vocab_size)
+        mask = resolve_mask_token(config.model.mask_token_id, config.target, target.vocab_size)
+        log(f"fit: {mask.describe()}")
+        config.model.mask_token_id = mask.id  # the saved run config records the id it trains with
+        run_info = {"mask_token_rule": mask.rule}
         drafter_config = DrafterConfig.from_target(
             target,
-            mask_token_id=mask_token_id,
+            mask_token_id=mask.id,
             context_layer_ids=layer_ids,
             num_layers=config.model.num_layers,
             block_size=config.model.block_size,
@@ -213,6 +180,7 @@ class Trainer:
             start_step = state["step"]
             position = LoaderPosition.from_dict(state["loader"]["position"])
             shards = state["loader"]["shards"]
+            run_info.update(state.get("run_info", {}))  # how the run first started (e.g. the rule that chose the mask)
             missing = sorted(set(shards) - set(store.committed_shards()))
             if missing:
                 raise ValueError(f"--resume: shards {missing[:4]} of the checkpointed run are not in {store.path}")
@@ -227,7 +195,8 @@ class Trainer:
         )
         config.save(run_dir)
         store_info = {"store": str(store.path), "fingerprint_sha256": store.fingerprint.sha256(), "layer_ids": layer_ids}
-        return cls(config, head, drafter, optimizer, loader, total_steps, device, generator, start_step, store_info, log)
+        return cls(config, head, drafter, optimizer, loader, total_steps, device, generator, start_step, store_info,
+                   log, run_info)
 
     # -- one sequence ------------------------------------------------------------------------
     def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None):
@@ -262,26 +231,16 @@ class Trainer:
         interval_start, wait_start = time.perf_counter(), self.loader.wait_seconds
         last: dict = {}
         progress = _progress(self.total_steps, self.step)
-        finished = False
         try:
-            while self.step < self.total_steps and not finished:
+            while self.step < self.total_steps:
                 lr = lr_at(self.step, self.total_steps, self.config.optim)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                self.optimizer.zero_grad(set_to_none=True)
-                step_sums = MetricSums(self.drafter.config.block_size)
-                for _ in range(train.sequences_per_step):
-                    sample = next(self.loader, None)
-                    if sample is None:
-                        finished = True  # out of data: a partial step is dropped
-                        break
-                    output, _, targets = self.run_sequence(sample, self.generator)
-                    (output.loss / train.sequences_per_step).backward()
-                    step_sums.add(float(output.loss.detach()), output.metrics, targets, sample.num_tokens)
-                    self.position, self.epoch = sample.position, sample.epoch
-                if finished:
-                    self.optimizer.zero_grad(set_to_none=True)
-                    break
+                samples = list(itertools.islice(self.loader, train.sequences_per_step))
+                if len(samples) < train.sequences_per_step:
+                    break  # out of data: a partial step is dropped
+                step_sums = self.backward_step(samples)
+                self.position, self.epoch = samples[-1].position, samples[-1].epoch
                 clip = self.config.optim.grad_clip or float("inf")  # 0 disables clipping
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
                 self.optimizer.step()
@@ -323,6 +282,29 @@ class Trainer:
             self.log(f"skipped corrupt shards (never trained on): {self.loader.skipped_shards}")
         return last
 
+    def backward_step(self, samples: list[TrainSample]) -> MetricSums:
+        """Gradients of one optimizer step over `samples` (the global batch), each
+        sequence its own forward and backward. `loss.normalize="step"`: the loss
+        is normalised over all weighted labels of the step, so each sequence's own
+        normalised loss counts by its label weight (`BlockTargets.weight_sum`) and
+        the summed gradients are divided by the step's total weight; "sequence":
+        the mean of the sequences' own normalised losses."""
+        self.optimizer.zero_grad(set_to_none=True)
+        per_step = self.config.loss.normalize == "step"
+        sums = MetricSums(self.drafter.config.block_size)
+        total = 0.0
+        for sample in samples:
+            output, _, targets = self.run_sequence(sample, self.generator)
+            scale = float(targets.weight_sum) if per_step else 1.0
+            (output.loss * scale).backward()
+            total += scale
+            sums.add(float(output.loss.detach()), output.metrics, targets, sample.num_tokens)
+        if total > 0:
+            for param in self.drafter.parameters():
+                if param.grad is not None:
+                    param.grad.div_(total)
+        return sums
+
     def evaluate(self) -> dict:
         self._last_eval_step = self.step
         result: dict = {}
@@ -340,6 +322,7 @@ class Trainer:
             "config": self.config.to_dict(),
             "heldout_split": heldout_record(self.config.data.heldout_fraction),
             "store": self.store_info,
+            "run_info": self.run_info,
         }
         return ckpt.save_checkpoint(
             self.run_dir, self.step, self.drafter, self.optimizer, self.generator, state, keep=self.config.train.keep_checkpoints

@@ -1,7 +1,8 @@
 """`python -m train export RUN --out DIR [--dtype bfloat16|float16|float32]
 [--checkpoint PATH]`: the run's newest (or the given) checkpoint's drafter in
 z-lab's DFlash format (config.json + model.safetensors, no target tensors), with
-the run's held-out split recorded in config.json (`heldout_split`)."""
+the run's held-out split recorded in config.json (`heldout_split`) and how the
+run started (`mask_token_rule`: which rule chose the mask token)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def run(args) -> int:
     # Checkpoints written before the split was recorded used the same rule at the config's fraction.
     split = state.get("heldout_split") or heldout_record(state["config"]["data"]["heldout_fraction"])
     fraction = heldout_fraction_of(split, f"{path} heldout_split")
-    out = export_drafter(drafter, args.out, dtype=torch_dtype(args.dtype), heldout_fraction=fraction)
+    # How the run started (the rule that chose the mask token, ...) goes along as top-level keys.
+    out = export_drafter(drafter, args.out, dtype=torch_dtype(args.dtype), heldout_fraction=fraction,
+                         extra_config=state.get("run_info"))
     print(json.dumps({"exported": str(out), "checkpoint": str(path), "step": state["step"], "dtype": args.dtype,
                       "heldout_fraction": fraction}))
     return 0
