@@ -162,6 +162,26 @@ def test_evaluate_equals_acceptance_counted_by_hand(tmp_path, parts):
     assert "tau (decode-time" in table and "DDTree acceptance @ 32" in table and "tau per position" in table
 
 
+def test_named_samples_are_rolled_out_over_their_first_response_only(tmp_path, parts):
+    """`evaluate_sample_ids` is what `speculate`'s prompts are compared on: the
+    named samples in the given order, each decoded from its first response token
+    for at most `max_new_tokens` tokens (the second response is never reached)."""
+    drafter, head, target = parts
+    samples = make_samples(target, count=4, seed=6)
+    store = write_store(tmp_path / "store", target, samples)
+    picked = [samples[2], samples[0]]
+    result = ev.evaluate_sample_ids(drafter, head, store, [s.sample_id for s in picked], everything(ddtree_budgets=(8,)),
+                                    max_new_tokens=10)
+    assert [s["sample_id"] for s in result["per_sample"]] == [s.sample_id for s in picked]
+    for got, sample in zip(result["per_sample"], picked):
+        cut = SampleArrays(sample.sample_id, sample.input_ids, np.zeros_like(sample.loss_mask), sample.hidden)
+        cut.loss_mask[8:18] = 1  # the first response starts at 8; its first 10 tokens
+        _, _, rounds, _ = by_hand(drafter, head, cut)
+        assert got["rounds"] == len(rounds) and got["tau"] == pytest.approx(np.mean(rounds))
+    with pytest.raises(KeyError, match="no committed sample 'nope'"):
+        ev.evaluate_sample_ids(drafter, head, store, ["nope"], everything())
+
+
 def test_target_labels_that_are_the_drafters_own_predictions_give_tau_B(tmp_path, parts):
     drafter, head, target = parts
     samples = make_samples(target, count=2, seed=1, full_mask=True)
