@@ -26,7 +26,7 @@ def tiny_config(**overrides) -> DrafterConfig:
         num_target_layers=6,
         context_layer_ids=[1, 3],
         mask_token_id=3,
-        num_layers=2,
+        num_hidden_layers=2,
         block_size=BLOCK,
         rope_theta=10000.0,
     )
@@ -161,7 +161,8 @@ def test_default_context_layers_and_from_target(qwen3_dir):
     assert default_context_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_context_layer_ids(64, 1) == [32]
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, num_context_layers=2, num_layers=2)
+    config = DrafterConfig.from_target(target, mask_token_id=3, num_context_layers=2, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     assert config.context_layer_ids == [1, 3] and target.num_hidden_layers - 1 not in config.context_layer_ids
     assert (config.hidden_size, config.head_dim, config.num_key_value_heads) == (64, 16, 2)
     with pytest.raises(ValueError, match="final layer"):

@@ -28,7 +28,7 @@ B = 8
 @pytest.fixture(scope="module")
 def parts(qwen3_dir):
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_layers=1, block_size=B)
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1, block_size=B)
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():

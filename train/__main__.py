@@ -80,7 +80,7 @@ def run_export(args) -> int:
     if path is None:
         raise FileNotFoundError(f"{args.run}: no checkpoint to export")
     state = ckpt.read_state(path)
-    drafter = DFlashDrafter(DrafterConfig(**state["drafter_config"]))
+    drafter = DFlashDrafter(DrafterConfig.from_dict(state["drafter_config"]))
     drafter.load_state_dict(ckpt.load_model_weights(path), strict=True)
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[args.dtype]
     out = export_drafter(drafter, args.out, dtype=dtype)
