@@ -47,8 +47,8 @@ class DataConfig:
 @dataclass
 class ModelConfig:
     # Drafter geometry; None takes DrafterConfig.from_target's default (the published
-    # Qwen3.6-27B drafter's: head_dim 128, hidden // 128 heads, 8 KV heads, the target's
-    # intermediate size, 5 layers [sliding x4, full], window 2048).
+    # Qwen3.6-27B drafter's: head_dim 128, hidden // 128 heads up to 32, up to 8 KV heads,
+    # the target's intermediate size, 5 layers [sliding x4, full], window 2048).
     num_hidden_layers: int | None = None  # drafter decoder layers (default 5, or len(layer_types))
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None

@@ -44,6 +44,7 @@ LAYER_TYPES = ("full_attention", "sliding_attention")
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
 # z-lab/Qwen3.6-27B-DFlash): the defaults `DrafterConfig.from_target` sizes a drafter with.
 PUBLISHED_HEAD_DIM = 128
+PUBLISHED_MAX_HEADS = 32  # hidden 5120 / 128 would be 40; the published drafter has 32 x 128
 PUBLISHED_KV_HEADS = 8
 PUBLISHED_LAYERS = 5
 PUBLISHED_SLIDING_WINDOW = 2048
@@ -142,15 +143,15 @@ class DrafterConfig:
     ) -> "DrafterConfig":
         """Size a drafter for a `store_schema.target_config.TargetConfig`: the one place
         for the geometry defaults. Overrides that are None take the default:
-        head_dim 128, heads hidden // 128 (at least 1), KV heads the largest divisor of
-        heads up to 8, the target's intermediate size, 5 layers, the last full
+        head_dim 128, heads hidden // 128 clamped to 1..32, KV heads the largest
+        divisor of heads up to 8, the target's intermediate size, 5 layers, the last full
         attention and the others sliding with window 2048. Without explicit ids,
         z-lab's default spread over `num_context_layers` target layers."""
         overrides = {name: value for name, value in overrides.items() if value is not None}
         if context_layer_ids is None:
             context_layer_ids = default_context_layer_ids(target.num_hidden_layers, num_context_layers)
         head_dim = overrides.pop("head_dim", PUBLISHED_HEAD_DIM)
-        heads = overrides.pop("num_attention_heads", max(1, target.hidden_size // head_dim))
+        heads = overrides.pop("num_attention_heads", min(PUBLISHED_MAX_HEADS, max(1, target.hidden_size // head_dim)))
         layer_types = overrides.pop("layer_types", None)
         num_layers = overrides.pop("num_hidden_layers", len(layer_types) if layer_types else PUBLISHED_LAYERS)
         fields = dict(
