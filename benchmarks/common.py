@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,10 +31,6 @@ def drop_page_cache(*roots) -> str:
         return "posix_fadvise(DONTNEED) + drop_caches"
     except OSError:
         return "posix_fadvise(DONTNEED)"
-
-
-def dir_bytes(root) -> int:
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(root) for f in files)
 
 
 def machine() -> str:
@@ -73,9 +68,3 @@ def append_results(title: str, rows: list[tuple[str, str, str]], figures: dict) 
         f.write("\n".join(lines))
     print(json.dumps(figures))
 
-
-def git_rev() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return ""

@@ -22,13 +22,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, append_results, dir_bytes, drop_page_cache  # noqa: E402
+from benchmarks.common import Timer, append_results, drop_page_cache  # noqa: E402
 from store_schema import (  # noqa: E402
     CodecConfig,
     Fingerprint,
     SampleArrays,
     Store,
     create_store,
+    on_disk_bytes,
     shard_name,
 )
 
@@ -128,7 +129,7 @@ def random_windows(per_sample: Path, store_root: Path, count: int, seed: int) ->
     rng = random.Random(seed)
     files = sorted(per_sample.iterdir())
     store = Store(store_root)
-    locations = [(name, i) for name in store.committed_shards() for i in range(store.commit(name).num_samples)]
+    locations = store.sample_locations()
     picks = [rng.randrange(len(files)) for _ in range(count)]
     drop_page_cache(per_sample, store_root)
     with Timer() as t_files:
@@ -140,17 +141,10 @@ def random_windows(per_sample: Path, store_root: Path, count: int, seed: int) ->
     with Timer() as t_store:
         for k in picks:
             name, i = locations[k]
-            total = _sample_length(store, name, i)
+            total = store.sample_length(name, i)
             start = rng.randrange(max(1, total - 3072))
             store.read_window(name, i, start, min(total, start + 3072), layers=[1])
     return count / t_files.seconds, count / t_store.seconds
-
-
-def _sample_length(store: Store, name: str, index: int) -> int:
-    import zarr
-
-    offsets = zarr.open_array(str(store.path / "shards" / name / "sample_offsets"), mode="r")[index : index + 2]
-    return int(offsets[1] - offsets[0])
 
 
 def main() -> None:
@@ -168,7 +162,7 @@ def main() -> None:
         raw_bytes = sum(h.numel() * 2 for _, h in samples)
         write_files_s = write_per_sample(work / "files", samples)
         write_store_s = write_store(work / "store", samples, shard_tokens=32768)
-        files_bytes, store_bytes = dir_bytes(work / "files"), dir_bytes(work / "store")
+        files_bytes, store_bytes = on_disk_bytes(work / "files"), on_disk_bytes(work / "store")
         del samples
 
         cold = drop_page_cache(work)

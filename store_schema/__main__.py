@@ -1,4 +1,7 @@
-"""python -m store_schema {info,verify} STORE"""
+"""python -m store_schema {info,verify} STORE
+
+Exit codes and error lines follow `store_schema.cli`. The handlers import the
+reader (torch, zarr) themselves, so `--help` and usage errors answer at once."""
 
 from __future__ import annotations
 
@@ -6,25 +9,46 @@ import argparse
 import json
 import sys
 
-from .layout import layer_array, raw_bytes_per_token
-from .units import human_bytes
-from .reader import Store, on_disk_bytes
-from .verify import clean_leftovers, format_report, verify_store
+from .cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
 
 
-def info(store: Store) -> dict:
-    shards = store.committed_shards()
-    samples = sum(store.commit(n).num_samples for n in shards)
-    tokens = sum(store.commit(n).num_tokens for n in shards)
+def cmd_info(args) -> int:
+    from .reader import Store
+    from .units import human_bytes
+
+    summary = _info_summary(Store(args.store))
+    if args.json:
+        print(json.dumps(summary))
+        return EXIT_OK
+    fp = summary["fingerprint"]
+    planned = f" of {summary['planned_shards']} planned" if summary["planned_shards"] is not None else ""
+    print(f"store        {summary['store']}")
+    print(f"shards       {summary['shards']} committed{planned}")
+    print(f"samples      {summary['samples']}")
+    print(f"tokens       {summary['tokens']}")
+    print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
+    print(f"raw bytes    {human_bytes(summary['raw_bytes'])}")
+    print(f"on disk      {human_bytes(summary['disk_bytes'])} (ratio {summary['ratio']})")
+    print(f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, "
+          f"{fp['num_target_layers']} layers)")
+    print(f"kernels      {fp['kernels']}")
+    return EXIT_OK
+
+
+def _info_summary(store) -> dict:
+    from .layout import layer_array, raw_bytes_per_token
+    from .records import on_disk_bytes
+
     fp = store.fingerprint
+    tokens = store.num_tokens()
     raw = tokens * raw_bytes_per_token(fp.hidden_size, len(fp.layer_ids))
     disk = on_disk_bytes(store.path)
     plan = store.plan()
     return {
         "store": str(store.path),
-        "shards": len(shards),
+        "shards": len(store.committed_shards()),
         "planned_shards": None if plan is None else len(plan.shards),
-        "samples": samples,
+        "samples": store.num_samples(),
         "tokens": tokens,
         "layers": [layer_array(i) for i in fp.layer_ids],
         "raw_bytes": raw,
@@ -34,12 +58,40 @@ def info(store: Store) -> dict:
     }
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m store_schema", description=__doc__)
+def cmd_verify(args) -> int:
+    """A store that cannot be opened at all is a usage error (exit 2); anything
+    wrong inside one, its root included, is a problem in the report (exit 1)."""
+    from .verify import clean_leftovers, format_report, verify_store
+
+    if args.recompute and not args.model:
+        raise UsageError("--recompute needs --model PATH")
+    report = verify_store(args.store, progress=None if args.json else _progress)
+    if args.recompute and report.ok:
+        from .reader import Store
+        from .recompute import recompute_check
+
+        report.recomputed, problems = recompute_check(Store(args.store), args.model, args.recompute, device=args.device)
+        report.problems.extend(problems)
+    if args.clean:
+        removed = clean_leftovers(args.store)
+        report.leftovers = []
+        if not args.json:
+            print(f"removed {len(removed)} uncommitted leftover(s)")
+    print(json.dumps(report.to_json()) if args.json else format_report(report))
+    return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+def _progress(done: int, total: int) -> None:
+    print(f"\rverified {done}/{total} shards", end="\n" if done == total else "", file=sys.stderr, flush=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m store_schema", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="what a store holds")
     p_info.add_argument("store")
     p_info.add_argument("--json", action="store_true")
+    p_info.set_defaults(handler=cmd_info)
     p_verify = sub.add_parser("verify", help="re-read every committed file; exit 0 intact, 1 problems, 2 usage")
     p_verify.add_argument("store")
     p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
@@ -48,57 +100,19 @@ def main(argv=None) -> int:
                           help="re-extract N random committed samples with --model and compare (cosine >= 0.999)")
     p_verify.add_argument("--model", help="target model path for --recompute")
     p_verify.add_argument("--device", default="cpu", help="device for --recompute (cpu, cuda)")
+    p_verify.set_defaults(handler=cmd_verify)
+    return parser
+
+
+def main(argv=None) -> int:
     try:
-        args = parser.parse_args(argv)
+        args = _parser().parse_args(argv)
     except SystemExit as exc:
-        return 2 if exc.code else 0
+        return EXIT_USAGE if exc.code else EXIT_OK
+    from .lock import StoreLockedError
+    from .shard_codec import CorruptShardError
 
-    if args.command == "info":
-        try:
-            summary = info(Store(args.store))
-        except (OSError, ValueError, KeyError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        if args.json:
-            print(json.dumps(summary))
-        else:
-            fp = summary["fingerprint"]
-            print(f"store        {summary['store']}")
-            print(f"shards       {summary['shards']} committed" + (f" of {summary['planned_shards']} planned" if summary["planned_shards"] is not None else ""))
-            print(f"samples      {summary['samples']}")
-            print(f"tokens       {summary['tokens']}")
-            print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
-            print(f"raw bytes    {human_bytes(summary['raw_bytes'])}")
-            print(f"on disk      {human_bytes(summary['disk_bytes'])} (ratio {summary['ratio']})")
-            print(f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, {fp['num_target_layers']} layers)")
-            print(f"kernels      {fp['kernels']}")
-        return 0
-
-    if args.recompute and not args.model:
-        print("error: --recompute needs --model PATH", file=sys.stderr)
-        return 2
-    try:
-        store = Store(args.store)
-    except (OSError, ValueError, KeyError) as exc:
-        print(f"error: {args.store}: {exc}", file=sys.stderr)
-        return 2
-    report = verify_store(args.store, progress=None if args.json else _progress)
-    if args.recompute and report.ok:
-        from .recompute import recompute_check
-
-        report.recomputed, problems = recompute_check(store, args.model, args.recompute, device=args.device)
-        report.problems.extend(problems)
-    if args.clean:
-        removed = clean_leftovers(args.store)
-        report.leftovers = []
-        if not args.json:
-            print(f"removed {len(removed)} uncommitted leftover(s)")
-    print(json.dumps(report.to_json()) if args.json else format_report(report))
-    return 0 if report.ok else 1
-
-
-def _progress(done: int, total: int) -> None:
-    print(f"\rverified {done}/{total} shards", end="\n" if done == total else "", file=sys.stderr, flush=True)
+    return run_command(args.handler, args, refusals=(StoreLockedError, CorruptShardError))
 
 
 if __name__ == "__main__":

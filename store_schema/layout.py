@@ -33,6 +33,7 @@ SCHEMA_VERSION = 1
 ROOT_ATTR = "dflash_store"
 LAYER_ID_CONVENTION = "output of decoder layer L (0-based) = transformers hidden_states[L+1], before the final norm"
 
+ZARR_METADATA = "zarr.json"  # a zarr v3 group's or array's metadata file
 ROOT_RECORD = "dflash_store.json"
 PLAN_DIR = "plan"
 SHARDS_DIR = "shards"
@@ -114,8 +115,27 @@ def raw_bytes_per_token(hidden_size: int, num_layers: int) -> int:
     return 2 * int(hidden_size) * int(num_layers) + 4 + 1
 
 
+_LAYER_PREFIX = "layer_"
+
+
 def layer_array(layer_id: int) -> str:
-    return f"layer_{layer_id}"
+    """The array holding context layer `layer_id`'s hidden states in a shard."""
+    return f"{_LAYER_PREFIX}{layer_id}"
+
+
+def layer_id_of(array_name: str) -> int | None:
+    """The layer id a hidden-state array holds (`layer_5` -> 5); None for any other
+    array, so callers tell hidden states from token arrays by this one rule."""
+    digits = array_name[len(_LAYER_PREFIX):] if array_name.startswith(_LAYER_PREFIX) else ""
+    if digits.isascii() and digits.isdigit() and layer_array(int(digits)) == array_name:
+        return int(digits)
+    return None
+
+
+def array_of(shard_file: str) -> str:
+    """The array a file of a shard belongs to (its first path component): a commit
+    record lists files, readers and `verify` name arrays."""
+    return shard_file.split("/")[0]
 
 
 @dataclass(frozen=True)
@@ -179,7 +199,7 @@ WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
 
 def write_small_array(group, name: str, data):
     """A one-chunk array (token ids, masks, offsets, ids, plan columns): zstd-3 for
-    numbers, vlen-utf8 for strings. The reader's fast path decodes exactly this."""
+    numbers, vlen-utf8 for strings. `shard_codec.decode_array` decodes exactly this."""
     from zarr.codecs import ZstdCodec
 
     kwargs = dict(shape=data.shape, dtype=data.dtype, chunks=data.shape or (1,))

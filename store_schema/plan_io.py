@@ -37,6 +37,14 @@ def write_plan_group(directory: Path, plan: Plan) -> None:
     )
 
 
+def read_committed_plan(store_path) -> Plan | None:
+    """The store's plan once its commit record exists; None before (no plan yet,
+    or an uncommitted leftover)."""
+    if not (Path(store_path) / layout.PLAN_DIR / layout.COMMIT_RECORD).is_file():
+        return None
+    return read_plan(store_path)
+
+
 def read_plan(store_path) -> Plan:
     """The plan a store holds (as `write_plan_group` wrote it)."""
     group = zarr.open_group(str(Path(store_path) / layout.PLAN_DIR), mode="r")

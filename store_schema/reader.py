@@ -3,42 +3,30 @@
 Two ways in:
 - `read_sample` / `read_window`: partial reads through zarr-python (touch only the
   inner chunks a window needs) for inspection and spot checks;
-- `read_shard` / `iter_shards`: the training path. A shard's hidden-state file is
-  read with one sequential read, its crc32c checked against the commit record,
-  and its inner chunks decoded by blosc in parallel threads straight into the
-  output buffer, while the next shard's files are already being read. Measured
-  here this is what lets a compressed store keep up with per-sample files."""
+- `read_shard` / `iter_shards`: the training path. A shard's files are read whole
+  and checked against the commit record, and its inner chunks decoded in parallel
+  threads straight into the output buffer (`shard_codec`), while the next shard's
+  files are already being read. Measured here this is what lets a compressed
+  store keep up with per-sample files."""
 
 from __future__ import annotations
 
-import json
-import os
 import queue
-import struct
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import google_crc32c
 import numpy as np
 import torch
 import zarr
-from numcodecs import VLenUTF8, Zstd, blosc
 
 from . import layout
-from .fingerprint import Fingerprint
 from .plan import Plan
-from .plan_io import read_plan
+from .plan_io import read_committed_plan
 from .records import RecordError, ShardCommit, read_record
-
-_EMPTY = 2**64 - 1
-
-
-class CorruptShardError(RuntimeError):
-    def __init__(self, shard: str, file: str, what: str):
-        self.shard, self.file, self.what = shard, file, what
-        super().__init__(f"shard {shard}: {file}: {what}")
+from .root import read_root
+from .shard_codec import CorruptShardError, EncodedArray, decode_array, read_arrays, start_sharded_decode
 
 
 @dataclass
@@ -86,20 +74,8 @@ class ShardData:
 class Store:
     def __init__(self, path):
         self.path = Path(path)
-        if not (self.path / "zarr.json").is_file():
-            raise FileNotFoundError(f"{self.path}: not a zarr store (no zarr.json)")
-        try:
-            root_meta = json.loads((self.path / "zarr.json").read_bytes())
-            attrs = root_meta["attributes"][layout.ROOT_ATTR]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise ValueError(f"{self.path}/zarr.json: not a dflash store root ({exc!r})") from None
-        if attrs.get("schema_version") != layout.SCHEMA_VERSION:
-            raise ValueError(
-                f"{self.path}: schema version {attrs.get('schema_version')!r}, this code reads {layout.SCHEMA_VERSION}"
-            )
-        self.attrs = attrs
-        self.fingerprint = Fingerprint.from_json(attrs["fingerprint"])
-        self.codec = layout.CodecConfig(**attrs["codec"])
+        root = read_root(self.path)
+        self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
         self._commits: dict[str, ShardCommit] = {}
 
     # -- metadata -----------------------------------------------------------------------
@@ -110,9 +86,6 @@ class Store:
     @property
     def hidden_size(self) -> int:
         return self.fingerprint.hidden_size
-
-    def check_fingerprint(self, **expected) -> None:
-        self.fingerprint.check(**expected)
 
     def require_layers(self, layer_ids) -> list[int]:
         layer_ids = list(self.layer_ids if layer_ids is None else layer_ids)
@@ -141,15 +114,17 @@ class Store:
         return self._commits[name]
 
     def plan(self) -> Plan | None:
-        if not (self.path / layout.PLAN_DIR / layout.COMMIT_RECORD).exists():
-            return None
-        return read_plan(self.path)
+        return read_committed_plan(self.path)
 
     def num_samples(self) -> int:
         return sum(self.commit(n).num_samples for n in self.committed_shards())
 
     def num_tokens(self) -> int:
         return sum(self.commit(n).num_tokens for n in self.committed_shards())
+
+    def sample_locations(self) -> list[tuple[str, int]]:
+        """(shard, index in shard) of every committed sample, in store order."""
+        return [(name, i) for name in self.committed_shards() for i in range(self.commit(name).num_samples)]
 
     # -- partial reads (zarr-python) -----------------------------------------------------
     def _group(self, name: str):
@@ -183,10 +158,13 @@ class Store:
             topk_logprobs,
         )
 
+    def sample_length(self, shard: str, index: int) -> int:
+        """Tokens in sample `index` of `shard` (reads only the shard's offsets)."""
+        offsets = self._group(shard)[layout.SAMPLE_OFFSETS][index : index + 2]
+        return int(offsets[1] - offsets[0])
+
     def read_sample(self, shard: str, index: int, layers=None) -> Sample:
-        group = self._group(shard)
-        offsets = group[layout.SAMPLE_OFFSETS][index : index + 2]
-        return self.read_window(shard, index, 0, int(offsets[1] - offsets[0]), layers)
+        return self.read_window(shard, index, 0, self.sample_length(shard, index), layers)
 
     # -- whole-shard reads (training path) ----------------------------------------------
     def read_shard(self, name: str, layers=None, verify: bool = True, threads: int = 2) -> ShardData:
@@ -237,47 +215,19 @@ class _RawShard:
 
     name: str
     commit: ShardCommit
-    files: dict  # array name -> (chunk file bytes, array metadata)
+    arrays: dict[str, EncodedArray]
 
 
 def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) -> _RawShard:
     commit = store.commit(name)
-    directory = layout.shard_dir(store.path, name)
     arrays = [layout.layer_array(i) for i in layers] + [
         layout.INPUT_IDS, layout.LOSS_MASK, layout.SAMPLE_OFFSETS, layout.SAMPLE_IDS
     ]
     if commit.target_topk:
         arrays += [layout.TOPK_IDS, layout.TOPK_LOGPROBS]
-    files = {}
-    for array in arrays:
-        meta = json.loads(_read_checked(directory, f"{array}/zarr.json", commit, name, verify))
-        chunk_key = "c/" + "/".join("0" * len(meta["shape"]))
-        files[array] = (_read_checked(directory, f"{array}/{chunk_key}", commit, name, verify), meta)
-    if verify:  # the rest of the shard's metadata too, so a damaged shard is refused whole
-        unread_layers = tuple(f"{layout.layer_array(i)}/" for i in store.layer_ids if i not in layers)
-        for rel in commit.files:
-            if rel.split("/")[0] not in files and not rel.startswith(unread_layers):
-                _read_checked(directory, rel, commit, name, verify)
-    return _RawShard(name, commit, files)
-
-
-def _read_checked(directory: Path, rel: str, commit: ShardCommit, shard: str, verify: bool) -> bytes:
-    path = directory / rel
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CorruptShardError(shard, rel, "file missing") from None
-    if verify:
-        expected = commit.files.get(rel)
-        if expected is None:
-            raise CorruptShardError(shard, rel, "file not in the commit record")
-        if len(data) != expected.size:
-            raise CorruptShardError(shard, rel, f"size {len(data)} != committed {expected.size}")
-        crc = f"{google_crc32c.value(data):08x}"
-        if crc != expected.crc32c:
-            raise CorruptShardError(shard, rel, f"crc32c {crc} != committed {expected.crc32c}")
-    return data
+    unread_layers = [layout.layer_array(i) for i in store.layer_ids if i not in layers]
+    directory = layout.shard_dir(store.path, name)
+    return _RawShard(name, commit, read_arrays(directory, commit, arrays, verify, skip=unread_layers))
 
 
 @dataclass
@@ -285,8 +235,7 @@ class _PendingShard:
     """A shard whose chunk decodes are queued; `result()` waits for them."""
 
     name: str
-    num_tokens: int
-    hidden: dict  # layer id -> uint16 buffer being filled
+    hidden: dict  # layer id -> uint16 [tokens, hidden] buffer being filled
     small: dict  # array name -> decoded numpy array
     futures: list
     topk: bool
@@ -301,106 +250,18 @@ class _PendingShard:
             small[layout.SAMPLE_OFFSETS],
             torch.from_numpy(small[layout.INPUT_IDS]),
             torch.from_numpy(small[layout.LOSS_MASK]),
-            {
-                layer: torch.from_numpy(out[: self.num_tokens].view(np.int16)).view(torch.bfloat16)
-                for layer, out in self.hidden.items()
-            },
+            {layer: torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16) for layer, bits in self.hidden.items()},
             torch.from_numpy(small[layout.TOPK_IDS]) if self.topk else None,
             torch.from_numpy(small[layout.TOPK_LOGPROBS]) if self.topk else None,
         )
 
 
 def _start_decode(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> _PendingShard:
-    num_tokens = raw.commit.num_tokens
     hidden, futures = {}, []
-    for layer in store.layer_ids:
-        array = layout.layer_array(layer)
-        if array not in raw.files:
-            continue
-        data, meta = raw.files[array]
-        out = np.empty((layout.padded_shard_shape(num_tokens, _chunk_rows(meta)), store.hidden_size), np.uint16)
-        futures += _decode_sharded(data, meta, out, pool, raw.name, layer)
-        hidden[layer] = out
-    small = {name: _decode_small(raw.name, name, *raw.files[name]) for name in raw.files if not name.startswith("layer_")}
-    return _PendingShard(raw.name, num_tokens, hidden, small, futures, bool(raw.commit.target_topk))
-
-
-_NUMERIC = {"int32": np.int32, "int64": np.int64, "uint8": np.uint8, "float32": np.float32}
-
-
-def _decode_small(shard: str, array: str, data: bytes, meta: dict) -> np.ndarray:
-    """Decode a single-chunk array ([bytes|vlen-utf8], zstd) as the writer makes them."""
-    names = [c["name"] for c in meta["codecs"]]
-    if names[1:] == ["zstd"]:
-        data = Zstd().decode(data)
-    elif names[1:]:
-        raise CorruptShardError(shard, array, f"unsupported codecs {names}")
-    if names[0] == "vlen-utf8":
-        return VLenUTF8().decode(data)
-    if names[0] != "bytes" or meta["data_type"] not in _NUMERIC:
-        raise CorruptShardError(shard, array, f"unsupported encoding {names} / {meta['data_type']}")
-    dtype = np.dtype(_NUMERIC[meta["data_type"]]).newbyteorder("<")
-    values = np.frombuffer(data, dtype=dtype)
-    if values.size != int(np.prod(meta["shape"])):
-        raise CorruptShardError(shard, array, f"{values.size} values for shape {meta['shape']}")
-    return values.reshape(meta["shape"]).astype(dtype.newbyteorder("="))  # a writable copy; small arrays
-
-
-def _chunk_rows(meta: dict) -> int:
-    return meta["codecs"][0]["configuration"]["chunk_shape"][0]
-
-
-def _decode_sharded(data: bytes, meta: dict, out: np.ndarray, pool, shard: str, layer: int) -> list:
-    """Decode a zarr v3 `sharding_indexed` file (index at the end, crc32c-checked)
-    into `out`, one thread task per inner chunk."""
-    sharding = meta["codecs"][0]
-    config = sharding["configuration"]
-    inner = [c["name"] for c in config["codecs"]]
-    if (
-        sharding["name"] != "sharding_indexed"
-        or config.get("index_location", "end") != "end"
-        or [c["name"] for c in config["index_codecs"]] != ["bytes", "crc32c"]
-        or inner not in (["bytes"], ["bytes", "blosc"])
-    ):
-        raise CorruptShardError(shard, layout.layer_array(layer), f"unsupported encoding {sharding!r}")
-    rows = config["chunk_shape"][0]
-    num_chunks = out.shape[0] // rows
-    index_size = num_chunks * 16
-    if len(data) < index_size + 4:
-        raise CorruptShardError(shard, layout.layer_array(layer), "shard file shorter than its index")
-    index_bytes = data[-index_size - 4 : -4]
-    (index_crc,) = struct.unpack("<I", data[-4:])
-    if google_crc32c.value(index_bytes) != index_crc:
-        raise CorruptShardError(shard, layout.layer_array(layer), "shard index fails its crc32c")
-    index = np.frombuffer(index_bytes, dtype="<u8").reshape(num_chunks, 2)
-    compressed = inner[-1] == "blosc"
-    view = memoryview(data)
-    flat = out.reshape(num_chunks, -1)
-
-    def decode(i: int) -> None:
-        offset, nbytes = int(index[i, 0]), int(index[i, 1])
-        if offset == _EMPTY:
-            flat[i] = 0
-        elif compressed:
-            blosc.decompress(view[offset : offset + nbytes], flat[i])
-        else:
-            flat[i] = np.frombuffer(view[offset : offset + nbytes], dtype="<u2")
-
-    return [pool.submit(decode, i) for i in range(num_chunks)]
-
-
-def on_disk_bytes(path) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            total += os.path.getsize(os.path.join(root, name))
-    return total
-
-
-__all__ = [
-    "CorruptShardError",
-    "Sample",
-    "ShardData",
-    "Store",
-    "on_disk_bytes",
-]
+    for layer in store.layer_ids:  # the store's layer order, whatever order they were asked in
+        array = raw.arrays.get(layout.layer_array(layer))
+        if array is not None:
+            hidden[layer], tasks = start_sharded_decode(array, raw.commit.num_tokens, store.hidden_size, pool)
+            futures += tasks
+    small = {name: decode_array(array) for name, array in raw.arrays.items() if layout.layer_id_of(name) is None}
+    return _PendingShard(raw.name, hidden, small, futures, bool(raw.commit.target_topk))

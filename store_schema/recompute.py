@@ -11,6 +11,7 @@ import random
 
 import torch
 
+from . import layout
 from .reader import Store
 
 MIN_COSINE = 0.999
@@ -22,7 +23,7 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
     token cosine is below MIN_COSINE."""
     from transformers import AutoModelForCausalLM
 
-    locations = [(name, i) for name in store.committed_shards() for i in range(store.commit(name).num_samples)]
+    locations = store.sample_locations()
     picks = random.Random(seed).sample(locations, min(num_samples, len(locations)))
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
@@ -45,7 +46,7 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
             entry["min_cosine"][layer_id] = round(worst, 6)
             if not worst >= MIN_COSINE:
                 problems.append({
-                    "shard": name, "array": f"layer_{layer_id}", "file": "",
+                    "shard": name, "array": layout.layer_array(layer_id), "file": "",
                     "what": f"sample {sample.sample_id!r}: recomputed cosine {worst:.5f} < {MIN_COSINE} "
                             f"at token {int(cosine.argmin())}",
                 })

@@ -47,6 +47,11 @@ def describe_files(directory: Path, exclude: tuple[str, ...] = ()) -> dict:
     return files
 
 
+def on_disk_bytes(path) -> int:
+    """Bytes of every file below `path` (what a store or a copy of it costs on disk)."""
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, files in os.walk(path) for name in files)
+
+
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

@@ -6,7 +6,6 @@ readers, so they do not make a store bad, and `clean` removes them."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,13 +49,17 @@ class Report:
 
 
 def verify_store(path, progress=None) -> Report:
-    """Check a store; `progress(done, total)` is called after each shard."""
+    """Check a store; `progress(done, total)` is called after each shard.
+    FileNotFoundError where `path` holds no store at all: there is nothing to
+    report on (a wrong path), unlike a store whose root is damaged."""
     path = Path(path)
     report = Report()
     try:
         store = Store(path)
+    except FileNotFoundError:
+        raise
     except (OSError, ValueError, KeyError) as exc:
-        report.add(f"store root unreadable: {exc}", file="zarr.json")
+        report.add(f"store root unreadable: {exc}", file=layout.ZARR_METADATA)
         return report
     _check_root(store, report)
     plan = _check_plan(store, report)
@@ -92,7 +95,7 @@ def _check_root(store: Store, report: Report) -> None:
         report.add(what, file=rel)
     actual = store.fingerprint.sha256()
     if store.attrs.get("fingerprint_sha256") != actual or record["fingerprint_sha256"] != actual:
-        report.add("fingerprint edited: it does not match the hash recorded at creation", file="zarr.json")
+        report.add("fingerprint edited: it does not match the hash recorded at creation", file=layout.ZARR_METADATA)
 
 
 def _check_plan(store: Store, report: Report):
@@ -125,7 +128,7 @@ def _check_shard(store: Store, name: str, planned_ids, seen_ids: dict, report: R
     report.shards_checked += 1
     bad_files = check_files(directory, commit.file_table)
     for rel, what in bad_files:
-        report.add(what, shard=name, array=rel.split("/")[0], file=rel)
+        report.add(what, shard=name, array=layout.array_of(rel), file=rel)
     on_disk = set(describe_files(directory, exclude=(layout.COMMIT_RECORD,)))
     for rel in sorted(on_disk - set(commit.files)):
         report.add("file not in the commit record", shard=name, file=rel)
@@ -154,7 +157,7 @@ def _check_contents(store: Store, name: str, commit, planned_ids, seen_ids: dict
         expected[layout.TOPK_IDS] = ((num_tokens, k), np.dtype(np.int32))
         expected[layout.TOPK_LOGPROBS] = ((num_tokens, k), np.dtype(np.float32))
     shard_path = layout.shard_dir(store.path, name)
-    present = {p.parent.name for p in shard_path.glob("*/zarr.json")}  # listing via zarr warns on commit.json
+    present = {p.parent.name for p in shard_path.glob(f"*/{layout.ZARR_METADATA}")}  # listing via zarr warns on commit.json
     problems_before = len(report.problems)
     for array_name, (shape, dtype) in expected.items():
         if array_name not in present:
@@ -222,6 +225,3 @@ def format_report(report: Report) -> str:
     lines.append("OK: store is intact" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
     return "\n".join(lines)
 
-
-def report_json(report: Report) -> str:
-    return json.dumps(report.to_json())

@@ -22,8 +22,9 @@ from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .bf16 import BFLOAT16
 from .fingerprint import Fingerprint
 from .plan import Plan, sample_digest
-from .plan_io import read_plan, write_plan_group
+from .plan_io import read_committed_plan, write_plan_group
 from .records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
+from .root import read_root, root_attributes
 
 
 class StoreExistsError(FileExistsError):
@@ -52,20 +53,13 @@ def as_bf16_numpy(array) -> np.ndarray:
     return array if array.dtype == BFLOAT16 else array.astype(BFLOAT16)
 
 
-
-
 class StoreWriter:
     """Writes one store. Create with `create_store`, reopen with `StoreWriter(path)`."""
 
     def __init__(self, path):
         self.path = Path(path)
-        root = zarr.open_group(str(self.path), mode="r")
-        attrs = root.attrs.get(layout.ROOT_ATTR)
-        if attrs is None:
-            raise ValueError(f"{self.path}: not a dflash store (no '{layout.ROOT_ATTR}' root attribute)")
-        self.attrs = attrs
-        self.fingerprint = Fingerprint.from_json(attrs["fingerprint"])
-        self.codec = layout.CodecConfig(**attrs["codec"])
+        root = read_root(self.path)
+        self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
         self._plan: Plan | None = None
 
     # -- plan ---------------------------------------------------------------------------
@@ -80,7 +74,7 @@ class StoreWriter:
                     "(other corpus or settings); use a new store or --overwrite"
                 )
             return
-        staging = self._staging_dir("plan")
+        staging = self._staging_dir(layout.PLAN_DIR)
         write_plan_group(staging, plan)
         files = describe_files(staging)
         write_record(
@@ -186,8 +180,8 @@ class StoreWriter:
                 )
 
     def plan(self) -> Plan | None:
-        if self._plan is None and (self.path / layout.PLAN_DIR / layout.COMMIT_RECORD).exists():
-            self._plan = read_plan(self.path)
+        if self._plan is None:
+            self._plan = read_committed_plan(self.path)
         return self._plan
 
     def _staging_dir(self, name: str) -> Path:
@@ -218,7 +212,7 @@ def looks_like_store(path) -> bool:
     it can't delete anything else)."""
     names = {p.name for p in store_entries(path)}
     return bool(names) and names <= {
-        "zarr.json", layout.ROOT_RECORD, layout.PLAN_DIR, layout.SHARDS_DIR, layout.STAGING_DIR, layout.REPORTS_DIR,
+        layout.ZARR_METADATA, layout.ROOT_RECORD, layout.PLAN_DIR, layout.SHARDS_DIR, layout.STAGING_DIR, layout.REPORTS_DIR,
     }
 
 
@@ -255,12 +249,7 @@ def create_store(
     # Mode "a" on the emptied directory, never "w": zarr's "w" deletes everything in
     # it, the held `.lock` included, and a second job could then lock a fresh file.
     root = zarr.open_group(str(path), mode="a")
-    root.attrs[layout.ROOT_ATTR] = {
-        "schema_version": layout.SCHEMA_VERSION,
-        "fingerprint": fingerprint.to_json(),
-        "fingerprint_sha256": fingerprint.sha256(),
-        "codec": codec.to_json(),
-    }
+    root.attrs[layout.ROOT_ATTR] = root_attributes(fingerprint, codec)
     root.create_group(layout.SHARDS_DIR)
     write_record(
         path / layout.ROOT_RECORD,
@@ -270,7 +259,7 @@ def create_store(
             "files": {
                 rel: meta
                 for rel, meta in describe_files(path).items()
-                if rel in ("zarr.json", f"{layout.SHARDS_DIR}/zarr.json")
+                if rel in (layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}")
             },
         },
     )

@@ -195,7 +195,7 @@ def test_reader_names_missing_layers_and_mismatched_fields(tmp_path):
     with pytest.raises(KeyError, match=r"no layer\(s\) \[2\]; it holds layers \[1, 3\]"):
         store.read_shard("shard-000000", layers=[1, 2])
     with pytest.raises(FingerprintMismatch, match="hidden_size: store has 64, expected 5120"):
-        store.check_fingerprint(hidden_size=5120, vocab_size=512)
+        store.fingerprint.check(hidden_size=5120, vocab_size=512)
 
 
 def test_final_layer_is_never_a_context_layer():
@@ -254,6 +254,8 @@ def test_a_live_job_holds_the_store_and_a_dead_one_does_not(tmp_path):
 
 def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert cli(["verify", str(tmp_path / "nowhere")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'nowhere'}: not a zarr store (no zarr.json)\n"
+    assert cli(["info", str(tmp_path / "nowhere")]) == 2
     assert cli(["verify"]) == 2
     builders.random_store(tmp_path / "s", num_shards=1)
     assert cli(["info", str(tmp_path / "s"), "--json"]) == 0
@@ -280,3 +282,36 @@ def test_creating_a_store_keeps_the_jobs_held_lock(tmp_path):
         assert (path / ".lock").stat().st_ino == inode
         with pytest.raises(StoreLockedError):
             StoreLock(path).acquire()
+
+
+def test_cli_names_a_damaged_root_or_a_held_store_with_exit_1(tmp_path, capsys):
+    """Input that exists but is wrong exits 1 (store_schema.cli): `verify` reports a
+    store root that is no longer JSON as a problem naming zarr.json, like any other
+    damaged file; `info` refuses it in one line; `--clean` is refused while a live
+    job holds the store."""
+    builders.random_store(tmp_path / "s", num_shards=1)
+    root = tmp_path / "s" / "zarr.json"
+    original = root.read_bytes()
+    root.write_bytes(b"\x00" + original[1:])
+    assert cli(["verify", str(tmp_path / "s"), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [p["file"] for p in report["problems"]] == ["zarr.json"] and "not a dflash store root" in report["problems"][0]["what"]
+    assert cli(["info", str(tmp_path / "s")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "zarr.json: not a dflash store root" in error and error.count("\n") == 1
+    root.write_bytes(original)
+
+    with StoreLock(tmp_path / "s", job="extract"):
+        assert cli(["verify", str(tmp_path / "s"), "--clean"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("error: ") and "held by another live job" in error
+    assert cli(["verify", str(tmp_path / "s"), "--clean"]) == 0
+
+
+def test_cli_help_does_not_import_torch():
+    """`--help` and usage errors answer without loading torch (the handlers import the reader)."""
+    script = ("import sys; from store_schema.__main__ import main; "
+              "codes = [main(['--help']), main(['verify'])]; print(codes, 'torch' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=REPO)
+    assert result.stdout.strip().splitlines()[-1] == "[0, 2] False", result.stdout + result.stderr

@@ -1,0 +1,49 @@
+"""The store root's attributes (`zarr.json` -> attributes["dflash_store"]): schema
+version, fingerprint and its hash, codec. `create_store` writes them with
+`root_attributes`; the reader and a reopened writer read them with `read_root`, so
+both accept and refuse the same roots."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import layout
+from .fingerprint import Fingerprint
+
+
+@dataclass(frozen=True)
+class StoreRoot:
+    attrs: dict  # the raw attribute dict, as written
+    fingerprint: Fingerprint
+    codec: layout.CodecConfig
+
+
+def root_attributes(fingerprint: Fingerprint, codec: layout.CodecConfig) -> dict:
+    return {
+        "schema_version": layout.SCHEMA_VERSION,
+        "fingerprint": fingerprint.to_json(),
+        "fingerprint_sha256": fingerprint.sha256(),
+        "codec": codec.to_json(),
+    }
+
+
+def read_root(path) -> StoreRoot:
+    """FileNotFoundError where `path` holds no zarr group (a wrong path); ValueError
+    where it is not a dflash store of this schema version (a wrong or damaged store)."""
+    path = Path(path)
+    metadata = path / layout.ZARR_METADATA
+    if not metadata.is_file():
+        raise FileNotFoundError(f"{path}: not a zarr store (no {layout.ZARR_METADATA})")
+    try:
+        attrs = json.loads(metadata.read_bytes())["attributes"][layout.ROOT_ATTR]
+        version = attrs.get("schema_version")
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise ValueError(f"{metadata}: not a dflash store root ({exc!r})") from None
+    if version != layout.SCHEMA_VERSION:
+        raise ValueError(f"{path}: schema version {version!r}, this code reads {layout.SCHEMA_VERSION}")
+    try:
+        return StoreRoot(attrs, Fingerprint.from_json(attrs["fingerprint"]), layout.CodecConfig(**attrs["codec"]))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{metadata}: root attributes lack or mistype a field ({exc!r})") from None

@@ -1,0 +1,221 @@
+"""The training path's shard decoder: a committed shard's files read whole (one
+sequential read each), checked against the commit record, and decoded here instead
+of by zarr-python.
+
+zarr-python decodes a sharded array chunk by chunk through asyncio, which costs more
+than the decode itself; parsing the two encodings the writer makes lets the inner
+chunks be decoded by parallel threads straight into one output buffer. This module
+must therefore agree with zarr-python bit for bit: tests/test_shard_codec.py pins it
+against plain `zarr.open_array` for every array and codec the writer makes.
+
+A new codec is one decoder function added to a table, keyed by the codec's name as
+the array's zarr.json lists it: `CHUNK_DECODERS` (the inner chunks of a sharded
+hidden-state array), `BYTES_DECODERS` / `ARRAY_DECODERS` (one-chunk token arrays)."""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+from numcodecs import VLenUTF8, Zstd, blosc
+
+from . import layout
+from .records import ShardCommit
+
+_EMPTY_CHUNK = 2**64 - 1  # a sharding index entry for a chunk that was never written
+_INDEX_ENTRY_BYTES = 16  # (offset, nbytes), both uint64 little-endian
+_CRC_BYTES = 4
+
+
+class CorruptShardError(RuntimeError):
+    """A committed shard's file is missing, differs from its commit record, or
+    cannot be decoded; names the shard and the file."""
+
+    def __init__(self, shard: str, file: str, what: str):
+        self.shard, self.file, self.what = shard, file, what
+        super().__init__(f"shard {shard}: {file}: {what}")
+
+
+@dataclass(frozen=True)
+class EncodedArray:
+    """One array of a shard as stored: its metadata and the bytes of its one chunk
+    file (a whole-shard `sharding_indexed` file for hidden states)."""
+
+    shard: str
+    name: str
+    meta: dict
+    data: bytes
+
+
+# -- reading the files ---------------------------------------------------------------------
+def read_arrays(directory: Path, commit: ShardCommit, arrays: Iterable[str], verify: bool,
+                skip: Iterable[str] = ()) -> dict[str, EncodedArray]:
+    """Read `arrays` of the shard in `directory`. With `verify`, every file read is
+    checked against the commit record, and so is every other committed file except
+    those of the arrays in `skip` (layers not asked for), so a damaged shard is
+    refused whole rather than partly used."""
+    encoded = {}
+    for array in arrays:
+        meta = json.loads(_read_checked(directory, f"{array}/{layout.ZARR_METADATA}", commit, verify))
+        data = _read_checked(directory, f"{array}/{_chunk_key(meta)}", commit, verify)
+        encoded[array] = EncodedArray(directory.name, array, meta, data)
+    if verify:
+        skipped = set(skip)
+        for rel in commit.files:
+            if layout.array_of(rel) not in encoded and layout.array_of(rel) not in skipped:
+                _read_checked(directory, rel, commit, verify)
+    return encoded
+
+
+def _read_checked(directory: Path, rel: str, commit: ShardCommit, verify: bool) -> bytes:
+    """One file's bytes; with `verify`, its size and crc32c as committed."""
+    shard = directory.name
+    try:
+        with open(directory / rel, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CorruptShardError(shard, rel, "file missing") from None
+    if verify:
+        expected = commit.files.get(rel)
+        if expected is None:
+            raise CorruptShardError(shard, rel, "file not in the commit record")
+        if len(data) != expected.size:
+            raise CorruptShardError(shard, rel, f"size {len(data)} != committed {expected.size}")
+        crc = f"{google_crc32c.value(data):08x}"
+        if crc != expected.crc32c:
+            raise CorruptShardError(shard, rel, f"crc32c {crc} != committed {expected.crc32c}")
+    return data
+
+
+def _chunk_key(meta: dict) -> str:
+    """Zarr v3's default chunk key of chunk (0, ..., 0): every array of a shard is one chunk."""
+    return "c/" + "/".join("0" * len(meta["shape"]))
+
+
+# -- one-chunk arrays (token ids, masks, offsets, sample ids, top-k) -------------------------
+def _zstd(data: bytes, config: dict) -> bytes:
+    return Zstd().decode(data)
+
+
+def _numbers(array: EncodedArray, data: bytes) -> np.ndarray:
+    dtype = _SMALL_DTYPES.get(array.meta["data_type"])
+    if dtype is None:
+        raise _unsupported(array, f"data type {array.meta['data_type']!r}")
+    values = np.frombuffer(data, dtype=dtype.newbyteorder("<"))
+    if values.size != int(np.prod(array.meta["shape"])):
+        raise CorruptShardError(array.shard, array.name, f"{values.size} values for shape {array.meta['shape']}")
+    return values.reshape(array.meta["shape"]).astype(dtype)  # a writable native-order copy; small arrays
+
+
+def _strings(array: EncodedArray, data: bytes) -> np.ndarray:
+    return VLenUTF8().decode(data)
+
+
+_SMALL_DTYPES = {name: np.dtype(name) for name in ("int32", "int64", "uint8", "float32")}
+# bytes -> bytes codecs, undone last to first
+BYTES_DECODERS: dict[str, Callable[[bytes, dict], bytes]] = {"zstd": _zstd}
+# the array -> bytes codec (the first in the list), undone last
+ARRAY_DECODERS: dict[str, Callable[[EncodedArray, bytes], np.ndarray]] = {"bytes": _numbers, "vlen-utf8": _strings}
+
+
+def decode_array(array: EncodedArray) -> np.ndarray:
+    """Decode a one-chunk array as `layout.write_small_array` writes it."""
+    codecs = array.meta["codecs"]
+    names = [c["name"] for c in codecs]
+    if not codecs or names[0] not in ARRAY_DECODERS or any(n not in BYTES_DECODERS for n in names[1:]):
+        raise _unsupported(array, f"codecs {names}")
+    _require_little_endian(array, codecs[0])
+    data = array.data
+    for codec in reversed(codecs[1:]):
+        data = BYTES_DECODERS[codec["name"]](data, codec.get("configuration") or {})
+    return ARRAY_DECODERS[names[0]](array, data)
+
+
+# -- sharded hidden-state arrays ------------------------------------------------------------
+def _raw_chunk(chunk: memoryview, out: np.ndarray) -> None:
+    out[...] = np.frombuffer(chunk, dtype=out.dtype.newbyteorder("<"))
+
+
+def _blosc_chunk(chunk: memoryview, out: np.ndarray) -> None:
+    blosc.decompress(chunk, out)
+
+
+# The inner codec chain of a `sharding_indexed` array (names in zarr.json order) ->
+# the function that fills one chunk's flat output row from that chunk's stored bytes.
+CHUNK_DECODERS: dict[tuple[str, ...], Callable[[memoryview, np.ndarray], None]] = {
+    ("bytes",): _raw_chunk,
+    ("bytes", "blosc"): _blosc_chunk,
+}
+# zarr data type -> the numpy type of its raw bits (hidden states stay bits until torch views them)
+HIDDEN_BITS = {"bfloat16": np.dtype(np.uint16)}
+
+
+def chunk_rows(meta: dict) -> int:
+    """Rows (tokens) in one inner chunk of a sharded array."""
+    return meta["codecs"][0]["configuration"]["chunk_shape"][0]
+
+
+def start_sharded_decode(array: EncodedArray, num_rows: int, num_cols: int,
+                         pool: ThreadPoolExecutor) -> tuple[np.ndarray, list[Future]]:
+    """Queue the decode of a zarr v3 `sharding_indexed` file (index at the end,
+    crc32c-checked), one task per inner chunk, into a new buffer. Returns the
+    [num_rows, num_cols] buffer of raw bits (filled once the futures are done) and
+    the futures."""
+    sharding = array.meta["codecs"][0]
+    config = sharding["configuration"]
+    inner = tuple(c["name"] for c in config["codecs"])
+    decode_chunk = CHUNK_DECODERS.get(inner)
+    bits = HIDDEN_BITS.get(array.meta["data_type"])
+    if (
+        sharding["name"] != "sharding_indexed"
+        or config.get("index_location", "end") != "end"
+        or [c["name"] for c in config["index_codecs"]] != ["bytes", "crc32c"]
+        or decode_chunk is None
+        or bits is None
+    ):
+        raise _unsupported(array, f"encoding {sharding!r} / {array.meta['data_type']!r}")
+    _require_little_endian(array, config["codecs"][0])
+    rows = chunk_rows(array.meta)
+    out = np.empty((layout.padded_shard_shape(num_rows, rows), num_cols), bits)
+    index = _shard_index(array, out.shape[0] // rows)
+    data = memoryview(array.data)
+    flat = out.reshape(len(index), -1)
+
+    def decode(i: int) -> None:
+        offset, nbytes = int(index[i, 0]), int(index[i, 1])
+        if offset == _EMPTY_CHUNK:
+            flat[i] = 0
+        else:
+            decode_chunk(data[offset : offset + nbytes], flat[i])
+
+    return out[:num_rows], [pool.submit(decode, i) for i in range(len(index))]
+
+
+def _shard_index(array: EncodedArray, num_chunks: int) -> np.ndarray:
+    """The (offset, nbytes) of every inner chunk, from the crc32c-checked index at
+    the end of a sharding_indexed file."""
+    data = array.data
+    index_size = num_chunks * _INDEX_ENTRY_BYTES
+    if len(data) < index_size + _CRC_BYTES:
+        raise CorruptShardError(array.shard, array.name, "shard file shorter than its index")
+    index_bytes = data[-index_size - _CRC_BYTES : -_CRC_BYTES]
+    (index_crc,) = struct.unpack("<I", data[-_CRC_BYTES:])
+    if google_crc32c.value(index_bytes) != index_crc:
+        raise CorruptShardError(array.shard, array.name, "shard index fails its crc32c")
+    return np.frombuffer(index_bytes, dtype="<u8").reshape(num_chunks, 2)
+
+
+def _require_little_endian(array: EncodedArray, codec: dict) -> None:
+    endian = (codec.get("configuration") or {}).get("endian", "little")
+    if endian != "little":
+        raise _unsupported(array, f"byte order {endian!r}")
+
+
+def _unsupported(array: EncodedArray, what: str) -> CorruptShardError:
+    return CorruptShardError(array.shard, array.name, f"unsupported {what}")
