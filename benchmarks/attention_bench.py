@@ -9,7 +9,8 @@ output; the target's lm_head costs the same on both paths and is left out) for a
 hidden-256 target at the default geometry (2 heads x 128, 2 KV heads, 5 layers
 [sliding x4, full], window 2048), T tokens, N anchors x 16. This 2-core machine is
 shared: the two paths alternate, each keeps its best of R rounds, and the figure is
-their ratio. Appends a section to benchmarks/RESULTS.md and prints one JSON line last.
+their ratio. One torch thread by default: with other jobs on the cores, two OpenMP
+threads stall on each other and the times swing several-fold. Appends a section to benchmarks/RESULTS.md and prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -73,7 +74,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_SIZES}")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; each path keeps its best")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     drafter, embed = build_drafter()
     results = []
     for length, anchors in QUICK_SIZES if args.quick else SIZES:

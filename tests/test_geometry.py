@@ -115,7 +115,7 @@ def test_num_layers_is_read_as_num_hidden_layers(tmp_path):
     assert DrafterConfig.from_dict(old).num_hidden_layers == 5
 
 
-TINY = ["model.num_hidden_layers=2", "model.block_size=8", "model.num_anchors=8", "train.eval_every=0",
+TINY = ["model.num_hidden_layers=2", "model.block_size=8", "model.num_anchors=8", "eval.every=0",
         "train.checkpoint_every=1", "train.log_every=1", "data.heldout_fraction=0"]
 
 

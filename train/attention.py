@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from train.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
-
-ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")
-SPLIT_CHUNK_SCORES = 1 << 22  # scores per chunk (all heads) the split path aims for
+from train.config import ATTENTION_KINDS
+SPLIT_CHUNK_SCORES = 1 << 21  # scores per chunk (all heads) the split path aims for
 
 
 def resolve_attention(attention: str, device: torch.device) -> str:

@@ -50,6 +50,10 @@ class DataConfig:
         _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/model.py)
+ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/attention.py)
+
+
 @dataclass
 class ModelConfig:
     # Drafter geometry; None takes DrafterConfig.from_target's default (the published
@@ -78,14 +82,14 @@ class ModelConfig:
                    f"must divide model.num_attention_heads ({self.num_attention_heads})")
         if self.layer_types is not None:
             _check(len(self.layer_types) >= 1, "model.layer_types", "must name at least one layer")
-            _check(set(self.layer_types) <= {"full_attention", "sliding_attention"}, "model.layer_types",
-                   "entries must be full_attention or sliding_attention")
+            _check(set(self.layer_types) <= set(LAYER_TYPES), "model.layer_types",
+                   f"entries must be {' or '.join(LAYER_TYPES)}")
             _check(self.num_hidden_layers in (None, len(self.layer_types)), "model.layer_types",
                    f"has {len(self.layer_types)} entries, model.num_hidden_layers is {self.num_hidden_layers}")
         _check(self.block_size >= 2, "model.block_size", "must be >= 2 (slot 0 is the anchor)")
         _check(self.mask_token_id is None or self.mask_token_id >= 0, "model.mask_token_id", "must be >= 0")
         _check(self.num_anchors >= 1, "model.num_anchors", "must be >= 1")
-        _check(self.attention in ("auto", "split", "sdpa", "flex"), "model.attention", "must be auto, split, sdpa or flex")
+        _check(self.attention in ATTENTION_KINDS, "model.attention", f"must be one of {', '.join(ATTENTION_KINDS)}")
 
     def geometry(self) -> dict:
         """The drafter-shape overrides for `DrafterConfig.from_target` (None = its default)."""
@@ -256,17 +260,13 @@ def _coerce(key: str, value, annotation):
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if errors else f"config {key}: cannot be {value!r}")
-    if origin is list:
-        (item,) = typing.get_args(annotation)
+    args = typing.get_args(annotation)
+    if origin is list or (origin is tuple and args[1:] == (Ellipsis,)):  # list[str], tuple[int, ...]: any length
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"config {key}: expected a list, got {value!r}")
-        return [_coerce(key, v, item) for v in value]
+        items = [_coerce(key, v, args[0]) for v in value]
+        return items if origin is list else tuple(items)
     if origin is tuple:
-        args = typing.get_args(annotation)
-        if len(args) == 2 and args[1] is Ellipsis:  # tuple[int, ...]: any length
-            if not isinstance(value, (list, tuple)):
-                raise ConfigError(f"config {key}: expected a list, got {value!r}")
-            return tuple(_coerce(key, v, args[0]) for v in value)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"config {key}: expected a list of {len(args)} values, got {value!r}")
         return tuple(_coerce(key, v, a) for v, a in zip(value, args))

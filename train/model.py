@@ -38,9 +38,9 @@ from store_schema.layout import default_layer_ids as default_context_layer_ids  
 from store_schema.layout import validate_layer_ids  # the one rule
 from train.anchors import LayerAttention, block_position_ids
 from train.attention import attend, build_attention_mask, resolve_attention
+from train.config import LAYER_TYPES
 
 
-LAYER_TYPES = ("full_attention", "sliding_attention")
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
 # z-lab/Qwen3.6-27B-DFlash): the defaults `DrafterConfig.from_target` sizes a drafter with.
 PUBLISHED_HEAD_DIM = 128
