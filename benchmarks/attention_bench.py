@@ -92,7 +92,7 @@ def main() -> None:
     }
     rows = [
         (f"split vs sdpa, T={r['tokens']}, {r['anchors']} anchors (fwd+bwd s)", "> 1",
-         f"{r['speedup']}x ({r['sdpa_s']} / {r['split_s']} s; max |diff| {r['max_abs_diff']:.1e})")
+         f"{r['speedup']}x ({r['sdpa_s']} / {r['split_s']} s; max abs diff {r['max_abs_diff']:.1e})")
         for r in results
     ]
     append_results(f"attention_bench{' --quick' if args.quick else ''}: hidden {HIDDEN}, 5 layers", rows, figures)

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from train.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
 from train.config import ATTENTION_KINDS
+
 SPLIT_CHUNK_SCORES = 1 << 21  # scores per chunk (all heads) the split path aims for
 
 
