@@ -111,10 +111,10 @@ def test_export_loads_in_the_reference_and_gives_the_same_logits(qwen3_dir, tmp_
             assert (ours - expected).abs().max() < 1e-4, attention
 
 
-def test_a_drafter_the_reference_saves_loads_here_and_back(qwen3_dir, tmp_path):
-    """A z-lab-format directory written by the reference's own save_pretrained
-    (sliding layers, window 6) loads with identical weights and logits, and our export
-    of it reloads in the reference with identical weights."""
+@pytest.fixture(scope="module")
+def zlab_dir(tmp_path_factory):
+    """A z-lab-format directory written by the reference's own save_pretrained:
+    sliding layers with window 6, then full attention; returns (dir, the model)."""
     config = Qwen3Config(
         vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
@@ -130,9 +130,17 @@ def test_a_drafter_the_reference_saves_loads_here_and_back(qwen3_dir, tmp_path):
     with torch.no_grad():
         for p in saved.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    saved.save_pretrained(str(tmp_path / "zlab"))
+    path = tmp_path_factory.mktemp("zlab") / "drafter"
+    saved.save_pretrained(str(path))
+    return path, saved
 
-    drafter = load_drafter(tmp_path / "zlab").eval()
+
+def test_a_drafter_the_reference_saves_loads_here_and_back(qwen3_dir, zlab_dir, tmp_path):
+    """It loads with identical weights and logits, and our export of it reloads in
+    the reference with identical weights."""
+    path, saved = zlab_dir
+    config = saved.config
+    drafter = load_drafter(path).eval()
     assert drafter.config.layer_types == config.layer_types and drafter.config.sliding_window == 6
     assert drafter.config.mask_token_id == 5 and drafter.config.block_size == BLOCK
     theirs = saved.state_dict()
@@ -148,3 +156,25 @@ def test_a_drafter_the_reference_saves_loads_here_and_back(qwen3_dir, tmp_path):
 
     again = load_reference(export_drafter(drafter, tmp_path / "again", dtype=torch.float32))
     assert all(torch.equal(t, theirs[name]) for name, t in again.state_dict().items())
+
+
+def test_eval_takes_a_drafter_the_reference_saved(qwen3_dir, zlab_dir, tmp_path, capsys):
+    """`train eval` on the reference's directory (no `heldout_split` record, sliding
+    layers) measures what evaluating the loaded drafter directly measures."""
+    import json
+
+    from store_schema import Store
+    from test_eval import everything, make_samples, write_store
+    from train import evaluate as ev
+    from train.__main__ import main
+
+    target = read_target_config(qwen3_dir)
+    write_store(tmp_path / "store", target, make_samples(target, count=4, seed=7))
+    argv = ["eval", "--store", str(tmp_path / "store"), "--drafter", str(zlab_dir[0]), "--target", str(qwen3_dir),
+            "--split", "all", "--ddtree-budgets", "4", "--json"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    direct = ev.evaluate(load_drafter(zlab_dir[0]).eval(), load_target_head(qwen3_dir), Store(tmp_path / "store"),
+                         everything(ddtree_budgets=(4,)), split="all")
+    assert printed["samples"] == 4 and 1.0 <= printed["tau"] <= BLOCK
+    assert printed["tau"] == pytest.approx(direct["tau"], abs=1e-6)
