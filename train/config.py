@@ -70,6 +70,7 @@ class ModelConfig:
     sliding_window: int | None = None  # context window of the sliding layers
     block_size: int = 16  # B: anchor + B-1 drafted tokens
     mask_token_id: int | None = None  # None: resolved by train.mask_token's rules (the run records the id and rule)
+    init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.init_from)
     num_anchors: int = 512  # blocks per sequence, redrawn every step
     attention: str = "auto"  # "auto" (flex on CUDA, split elsewhere), "split", "sdpa", "flex"
     gradient_checkpointing: bool = False

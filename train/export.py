@@ -183,17 +183,23 @@ def load_drafter(model_dir: str | Path, dtype: torch.dtype | None = None, device
     layers included (strict: every weight present, nothing extra). dtype None keeps
     the dtype stored on disk."""
     model_dir = Path(model_dir)
-    config = read_drafter_config(model_dir)
-    weights = model_dir / "model.safetensors"
+    drafter = DFlashDrafter(read_drafter_config(model_dir))
+    return load_weights(drafter, model_dir, keep_dtype=dtype is None).to(device=device, dtype=dtype)
+
+
+def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool = False) -> DFlashDrafter:
+    """Copy a drafter directory's `model.safetensors` into `drafter` (strict: every
+    weight present, nothing extra; KeyError naming them otherwise), cast to the
+    drafter's dtype, or with `keep_dtype` the drafter cast to the stored one."""
+    weights = Path(model_dir) / "model.safetensors"
     with safe_open(str(weights), framework="pt") as f:
         state = {name: f.get_tensor(name) for name in f.keys()}
-    drafter = DFlashDrafter(config)
-    stored_dtype = next(iter(state.values())).dtype
-    drafter.to(dtype or stored_dtype)
+    if keep_dtype:
+        drafter.to(next(iter(state.values())).dtype)
     result = drafter.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise KeyError(f"{weights}: missing tensors {result.missing_keys}, unexpected tensors {result.unexpected_keys}")
-    return drafter.to(device)
+    return drafter
 
 
 def read_heldout_fraction(model_dir: str | Path) -> float | None:

@@ -7,8 +7,11 @@ Order of a run (`Trainer.from_config`):
    must match (refused naming the field), and no context layer may be the
    target's final layer (its features produce the logits: a shortcut that does
    not exist at inference, bug 2 of the seeds).
-3. Build the drafter from the store's layer ids, AdamW over fp32 master weights
-   (bf16 autocast on CUDA), linear warmup then cosine, the streaming loader.
+3. Resolve the mask token (`train.mask_token`) and build the drafter from the
+   store's layer ids, or, fine-tuning (`model.init_from`), from a published
+   drafter's shape and weights once they fit (`train.init_from`); AdamW over
+   fp32 master weights (bf16 autocast on CUDA), linear warmup then cosine, the
+   streaming loader.
 4. Every optimizer step: the global batch, `batch_size x grad_accumulation`
    sequences (8 by default), each its own `dflash_step` (anchors drawn from the
    loss mask, targets built from clean tokens before any noise, chunked loss
@@ -48,6 +51,8 @@ from train.evaluators import AcceptanceEval, HeldoutEval
 from train.heldout import heldout_record
 from train.loader import LoaderPosition, ShardLoader, TrainSample
 from train.loss import default_gamma
+from train.export import load_weights
+from train.init_from import fine_tune_config, init_record, read_source
 from train.mask_token import resolve_mask_token
 from train.metrics import MetricSums
 from train.model import DFlashDrafter, DrafterConfig
@@ -67,6 +72,38 @@ def check_store_against_target(store: Store, target: TargetConfig) -> list[int]:
         hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_target_layers=target.num_hidden_layers
     )
     return list(store.layer_ids)
+
+
+def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[int], latest: Path | None,
+                 log: Callable[[str], None]) -> tuple[DrafterConfig, dict]:
+    """The drafter a run trains, and how the run started (`run_info`, kept in its
+    checkpoints and exports). Sized for the target (published geometry, the
+    store's layers) by default; with `model.init_from`, the shape of that drafter
+    (`train.init_from`); resumed, it must equal the checkpoint's. The mask token
+    is resolved here (`train.mask_token`), logged, and written into the config."""
+    model = config.model
+    checkpointed = DrafterConfig.from_dict(ckpt.read_state(latest)["drafter_config"]) if latest else None
+    source = read_source(model.init_from) if model.init_from and checkpointed is None else None
+    mask = resolve_mask_token(model.mask_token_id, config.target, target.vocab_size,
+                              init_from_id=source.mask_token_id if source else None)
+    log(f"fit: {mask.describe()}")
+    model.mask_token_id = mask.id  # the saved run config records the id it trains with
+    run_info: dict = {"mask_token_rule": mask.rule}
+    if model.init_from:
+        base, where = (source, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
+        drafter_config = fine_tune_config(base, where, model, target, store_layer_ids, mask.id)
+    else:
+        drafter_config = DrafterConfig.from_target(target, mask_token_id=mask.id, context_layer_ids=store_layer_ids,
+                                                   **model.geometry())
+    if checkpointed is not None:
+        changed = drafter_config.differences(checkpointed)
+        if changed:
+            raise ConfigError(f"--resume: {latest} holds a different drafter: {'; '.join(changed)}")
+    if source is not None:
+        run_info["init_from"] = init_record(model.init_from)
+        log(f"fit: fine-tuning from {run_info['init_from']['path']} (weights sha256 "
+            f"{run_info['init_from']['model_sha256'][:12]})")
+    return drafter_config, run_info
 
 
 def build_optimizer(drafter: torch.nn.Module, optim) -> torch.optim.AdamW:
@@ -154,21 +191,15 @@ class Trainer:
         if expected_config and expected_config != file_sha256(Path(config.target) / "config.json"):
             log(f"warning: {config.target}/config.json differs from the one the store was extracted with")
 
-        mask = resolve_mask_token(config.model.mask_token_id, config.target, target.vocab_size)
-        log(f"fit: {mask.describe()}")
-        config.model.mask_token_id = mask.id  # the saved run config records the id it trains with
-        run_info = {"mask_token_rule": mask.rule}
-        drafter_config = DrafterConfig.from_target(
-            target, mask_token_id=mask.id, context_layer_ids=layer_ids, **config.model.geometry()
-        )
-        if latest is not None:
-            changed = drafter_config.differences(DrafterConfig.from_dict(ckpt.read_state(latest)["drafter_config"]))
-            if changed:
-                raise ConfigError(f"--resume: {latest} holds a different drafter: {'; '.join(changed)}")
+        drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
+        layer_ids = drafter_config.context_layer_ids  # a fine-tuned drafter reads its own layers of the store
         head_dtype = torch_dtype(config.train.dtype) if device.type == "cuda" else torch.float32
         head = load_target_head(config.target, dtype=head_dtype, device=device)
         torch.manual_seed(config.train.seed)
-        drafter = DFlashDrafter(drafter_config).to(device)  # fp32 master weights
+        drafter = DFlashDrafter(drafter_config)
+        if latest is None and config.model.init_from:
+            load_weights(drafter, config.model.init_from)  # fine-tuning starts from the published weights
+        drafter = drafter.to(device)  # fp32 master weights
         drafter.gradient_checkpointing = config.model.gradient_checkpointing
         optimizer = build_optimizer(drafter, config.optim)
         generator = torch.Generator().manual_seed(config.train.seed)

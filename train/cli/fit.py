@@ -1,10 +1,13 @@
 """`python -m train fit --store STORE --target PATH --out RUN [--config FILE]
-[--max-steps N] [--resume] [--set key=value ...]`
+[--max-steps N] [--init-from DIR] [--resume] [--set key=value ...]`
 
 The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
-saved into RUN, and the run trains. `--resume` continues RUN from its newest
-checkpoint with RUN's saved config (flags and --set still override it, e.g. a
-larger --max-steps)."""
+saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format
+drafter directory (a published one, or an export) instead of starting from
+random weights: the run takes its shape and weights after checking them
+against the store and the config (`train.init_from`). `--resume` continues RUN
+from its newest checkpoint with RUN's saved config (flags and --set still
+override it, e.g. a larger --max-steps)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--config", help="YAML (or JSON) config file")
     p.add_argument("--max-steps", type=int, help="optimizer steps (default: epochs over the store)")
+    p.add_argument("--init-from", metavar="DIR",
+                   help="fine-tune this drafter directory (config.json with dflash_config + model.safetensors)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set optim.lr=3e-4 --set num_anchors=256")
@@ -35,7 +40,7 @@ def run(args) -> int:
         config_file = str(Path(args.out) / CONFIG_FILE)
     config = load_config(
         config_file, args.overrides, store=args.store, target=args.target, out=args.out,
-        **{"train.max_steps": args.max_steps},
+        **{"train.max_steps": args.max_steps, "model.init_from": args.init_from},
     )
     trainer = Trainer.from_config(config, resume=args.resume)
     print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "

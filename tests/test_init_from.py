@@ -1,0 +1,156 @@
+"""`fit --init-from DIR`: a z-lab-format drafter with sliding layers, saved by the
+reference package (`dflash` 0.1.0), starts a run with its own shape, weights and
+mask token, fine-tunes for a few steps, exports, and reloads in the reference
+package with the fine-tuned weights; the run records where it started; a
+resumed run no longer needs the directory; drafters that do not fit the store,
+the target or the config are refused naming the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from dflash.model import DFlashDraftModel
+from transformers import Qwen3Config
+
+import builders
+from store_schema import file_sha256
+from train.checkpoint import list_checkpoints, read_state
+from train.cli import main
+from train.config import ConfigError, load_config
+from train.trainer import Trainer
+
+BLOCK = 8
+RUN = ["model.block_size=8", "model.num_anchors=16", "train.grad_accumulation=1", "eval.every=0",
+       "data.heldout_fraction=0.2", "train.log_every=1"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Random states of the tiny Qwen3 target's layers 1, 2 and 3 (the drafter reads 1 and 3)."""
+    path = tmp_path_factory.mktemp("init") / "store"
+    builders.random_store(path, num_shards=2, samples_per_shard=6, layer_ids=(1, 2, 3), num_target_layers=6)
+    return path
+
+
+@pytest.fixture(scope="module")
+def zlab_dir(tmp_path_factory):
+    """What a published drafter directory holds, written by the reference's own
+    save_pretrained: two sliding layers (window 6) then full attention, a shape
+    unlike the trainer's defaults (4 heads x 16, 2 KV heads, intermediate 96),
+    mask token 5, layers [1, 3] of a 6-layer target."""
+    config = Qwen3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], use_sliding_window=True,
+        sliding_window=6, max_window_layers=3, architectures=["DFlashDraftModel"],
+    )
+    config.block_size = BLOCK
+    config.num_target_layers = 6
+    config.dflash_config = {"mask_token_id": 5, "target_layer_ids": [1, 3]}
+    torch.manual_seed(4)
+    saved = DFlashDraftModel(config)
+    with torch.no_grad():
+        for p in saved.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("zlab") / "drafter"
+    saved.save_pretrained(str(path))
+    return path
+
+
+def run_config(store, target, out, init_from, *sets):
+    return load_config(None, RUN + list(sets), store=str(store), target=str(target), out=str(out),
+                       **{"model.init_from": str(init_from), "train.max_steps": 3})
+
+
+def test_fine_tunes_a_published_drafter_and_hands_it_back(store, zlab_dir, qwen3_dir, tmp_path):
+    reference = DFlashDraftModel.from_pretrained(str(zlab_dir), dtype=torch.float32)
+    published = {name: t.clone() for name, t in reference.state_dict().items()}
+    messages = []
+    trainer = Trainer.from_config(run_config(store, qwen3_dir, tmp_path / "run", zlab_dir), log=messages.append)
+    config = trainer.drafter.config
+    # Its shape, layers and mask token, not the trainer's defaults; its weights exactly.
+    assert config.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert (config.sliding_window, config.intermediate_size, config.num_attention_heads) == (6, 96, 4)
+    assert config.mask_token_id == 5 and trainer.run_info["mask_token_rule"] == "init_from"
+    assert trainer.loader.layers == [1, 3]  # the store holds 1, 2, 3: only the drafter's are read
+    assert all(torch.equal(t, published[name]) for name, t in trainer.drafter.state_dict().items())
+    assert any("mask token id 5 (rule: init_from)" in m for m in messages)
+    assert any("fine-tuning from" in m for m in messages)
+
+    trainer.fit()
+    assert trainer.step == 3
+    tuned = {name: t.detach().clone() for name, t in trainer.drafter.state_dict().items()}
+    assert any(not torch.equal(tuned[name], published[name]) for name in published)
+    # Where it started is recorded in the config, the checkpoints and the export.
+    started = {"path": str(zlab_dir.resolve()), "model_sha256": file_sha256(zlab_dir / "model.safetensors")}
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model"]["init_from"] == str(zlab_dir)
+    assert read_state(list_checkpoints(tmp_path / "run")[-1])["run_info"]["init_from"] == started
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export"), "--dtype", "fp32"]) == 0
+    exported = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert exported["init_from"] == started and exported["mask_token_rule"] == "init_from"
+    assert exported["layer_types"] == config.layer_types and exported["sliding_window"] == 6
+
+    again, info = DFlashDraftModel.from_pretrained(str(tmp_path / "export"), dtype=torch.float32,
+                                                   output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert all(torch.equal(t, tuned[name]) for name, t in again.state_dict().items())
+    assert main(["eval", "--store", str(store), "--drafter", str(tmp_path / "export"), "--target", str(qwen3_dir),
+                 "--ddtree-budgets", "4", "--json"]) == 0
+
+
+def test_a_resumed_fine_tuning_run_no_longer_needs_the_directory(store, zlab_dir, qwen3_dir, tmp_path):
+    source = tmp_path / "published"
+    shutil.copytree(zlab_dir, source)
+    argv = ["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
+            "--init-from", str(source), "--max-steps", "2", *sum((["--set", s] for s in RUN), [])]
+    assert main(argv) == 0
+    shutil.rmtree(source)
+    assert main(["fit", "--out", str(tmp_path / "run"), "--resume", "--max-steps", "4"]) == 0
+    state = read_state(list_checkpoints(tmp_path / "run")[-1])
+    assert state["step"] == 4 and state["run_info"]["init_from"]["path"] == str(source.resolve())
+    assert state["drafter_config"]["intermediate_size"] == 96
+
+
+def edited(zlab_dir, tmp_path, **changes):
+    """A copy of the drafter directory with config.json fields changed."""
+    path = tmp_path / "edited"
+    shutil.copytree(zlab_dir, path)
+    data = json.loads((path / "config.json").read_text())
+    for key, value in changes.items():
+        if key == "target_layer_ids":
+            data["dflash_config"][key] = value
+        else:
+            data[key] = value
+    (path / "config.json").write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("changes,sets,message", [
+    ({}, ["model.block_size=16"], r"model.block_size: 16, but --init-from .* block_size 8"),
+    ({"hidden_size": 32}, [], r"hidden_size 32, but the target and its store have 64"),
+    ({"num_target_layers": 8}, [], r"num_target_layers 8, but the target and its store have 6"),
+    ({"vocab_size": 1024}, [], r"vocab_size 1024, but the target and its store have 512"),
+    ({"target_layer_ids": [1, 4]}, [], r"dflash_config.target_layer_ids \[1, 4\] read layers \[4\] the store does not"),
+    ({}, ["model.num_attention_heads=8"], r"model.num_attention_heads: 8, but --init-from .* has 4"),
+    ({}, ["model.layer_types=[full_attention, full_attention, full_attention]"], r"model.layer_types: .* has \["),
+    ({}, ["model.sliding_window=2048"], r"model.sliding_window: 2048, but --init-from .* has 6"),
+], ids=["block_size", "hidden_size", "num_target_layers", "vocab_size", "layer_ids", "heads", "layer_types", "window"])
+def test_a_drafter_that_does_not_fit_is_refused_naming_the_field(store, zlab_dir, qwen3_dir, tmp_path, changes,
+                                                                  sets, message):
+    source = edited(zlab_dir, tmp_path, **changes)
+    config = run_config(store, qwen3_dir, tmp_path / "run", source, *sets)
+    with pytest.raises(ConfigError, match=message):
+        Trainer.from_config(config, log=lambda m: None)
+
+
+def test_the_command_refuses_in_one_line(store, zlab_dir, qwen3_dir, tmp_path, capsys):
+    argv = ["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
+            "--max-steps", "1", "--init-from"]
+    assert main(argv + [str(zlab_dir)]) == 1  # block size 16 (the default) against the drafter's 8
+    assert "model.block_size: 16" in capsys.readouterr().err
+    assert main(argv + [str(tmp_path / "nothing")]) == 2  # not a drafter directory: usage
+    assert "not a drafter directory" in capsys.readouterr().err

@@ -1,0 +1,79 @@
+"""Fine-tuning a drafter people already serve: `fit --init-from DIR`.
+
+DIR is any z-lab-format drafter directory (`config.json` with `dflash_config`
++ `model.safetensors`): a downloaded `z-lab/Qwen3.6-27B-DFlash`, a SpecForge
+output, or this trainer's export. The run takes the drafter's whole shape from
+it and starts from its weights, after checking that it fits the run, each
+refusal naming the field:
+
+- `block_size` against the run's `model.block_size`;
+- `hidden_size`, `num_target_layers`, `vocab_size` against the target (and so
+  the store, which is checked against the target);
+- `dflash_config.target_layer_ids` against the store's layers: the drafter's
+  `fc` reads exactly those, in that order, so the store must hold every one
+  (a store with more layers is fine: only the drafter's are read);
+- the geometry keys the run sets (`model.num_hidden_layers`, heads, KV heads,
+  `head_dim`, `intermediate_size`, `layer_types`, `sliding_window`): a value
+  given must equal the drafter's; unset ones take the drafter's.
+
+The mask token is the drafter's unless `model.mask_token_id` says otherwise
+(`train.mask_token`). The run records where it started: `model.init_from` in
+its config, and the directory and the sha256 of its weights (`init_record`) in
+its checkpoints and exports. A resumed run takes the shape from its checkpoint
+(the directory need not exist any more), under the same checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from store_schema import file_sha256
+from train.config import ConfigError, ModelConfig
+from train.export import read_drafter_config
+from train.model import DrafterConfig
+
+WEIGHTS = "model.safetensors"
+
+
+def read_source(path: str | Path) -> DrafterConfig:
+    """The drafter configuration of a z-lab-format directory (`train.export`'s reader)."""
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
+        raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config "
+                                f"and {WEIGHTS})")
+    return read_drafter_config(path)
+
+
+def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, target, store_layer_ids,
+                     mask_token_id: int) -> DrafterConfig:
+    """`source` with the run's mask token, once it fits the run (module docstring);
+    ConfigError naming the field otherwise. `where` names the source in messages
+    ("--init-from DIR", or the checkpoint a resumed run continues)."""
+    if source.block_size != model.block_size:
+        raise ConfigError(f"config model.block_size: {model.block_size}, but {where} drafts blocks of "
+                          f"block_size {source.block_size}; set model.block_size={source.block_size}")
+    for name, wanted in (("hidden_size", target.hidden_size), ("num_target_layers", target.num_hidden_layers),
+                         ("vocab_size", target.vocab_size)):
+        if getattr(source, name) != wanted:
+            raise ConfigError(f"{where}: {name} {getattr(source, name)}, but the target and its store have {wanted}")
+    missing = [layer for layer in source.context_layer_ids if layer not in store_layer_ids]
+    if missing:
+        raise ConfigError(f"{where}: dflash_config.target_layer_ids {list(source.context_layer_ids)} read layers "
+                          f"{missing} the store does not hold (it holds {list(store_layer_ids)})")
+    for name, given in model.geometry().items():  # block_size is never unset: checked above
+        theirs = getattr(source, name)
+        if given is not None and _plain(given) != _plain(theirs):
+            raise ConfigError(f"config model.{name}: {given!r}, but {where} has {theirs!r} "
+                              "(leave it unset to take the drafter's)")
+    return dataclasses.replace(source, mask_token_id=mask_token_id)
+
+
+def init_record(path: str | Path) -> dict:
+    """Where a fine-tuning run started: the directory and its weights' sha256."""
+    path = Path(path).resolve()
+    return {"path": str(path), "model_sha256": file_sha256(path / WEIGHTS)}
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
