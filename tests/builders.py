@@ -90,6 +90,34 @@ def _build_multimodal(vocab_size: int, **config_kwargs):
     return Qwen3_5ForConditionalGeneration(config)
 
 
+def save_reference_drafter(path: str | Path, block_size: int = 8, seed: int = 3):
+    """A z-lab-format drafter directory written by the reference package's own
+    `save_pretrained` (`dflash` 0.1.0), as a published one is: two sliding layers
+    (window 6) then full attention, 4 heads x 16, 2 KV heads, intermediate 96,
+    mask token 5, layers [1, 3] of the tiny 6-layer Qwen3 target (hidden 64,
+    vocabulary 512); random weights. Returns the reference model (eval mode)."""
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], use_sliding_window=True,
+        sliding_window=6, max_window_layers=3, architectures=["DFlashDraftModel"],
+    )
+    config.block_size = block_size
+    config.num_target_layers = 6
+    config.dflash_config = {"mask_token_id": 5, "target_layer_ids": [1, 3]}
+    torch.manual_seed(seed)
+    saved = DFlashDraftModel(config).eval()
+    with torch.no_grad():
+        for p in saved.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    saved.save_pretrained(str(path))
+    return saved
+
+
 def write_chat_jsonl(path: str | Path, records: list[dict]) -> Path:
     path = Path(path)
     with path.open("w") as f:

@@ -13,7 +13,6 @@ import shutil
 import pytest
 import torch
 from dflash.model import DFlashDraftModel
-from transformers import Qwen3Config
 
 import builders
 from store_schema import file_sha256
@@ -37,27 +36,12 @@ def store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def zlab_dir(tmp_path_factory):
-    """What a published drafter directory holds, written by the reference's own
-    save_pretrained: two sliding layers (window 6) then full attention, a shape
-    unlike the trainer's defaults (4 heads x 16, 2 KV heads, intermediate 96),
-    mask token 5, layers [1, 3] of a 6-layer target."""
-    config = Qwen3Config(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"], use_sliding_window=True,
-        sliding_window=6, max_window_layers=3, architectures=["DFlashDraftModel"],
-    )
-    config.block_size = BLOCK
-    config.num_target_layers = 6
-    config.dflash_config = {"mask_token_id": 5, "target_layer_ids": [1, 3]}
-    torch.manual_seed(4)
-    saved = DFlashDraftModel(config)
-    with torch.no_grad():
-        for p in saved.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    """A published drafter directory as the reference package writes it: two
+    sliding layers (window 6) then full attention, a shape unlike the trainer's
+    defaults (4 heads x 16, 2 KV heads, intermediate 96), mask token 5, layers
+    [1, 3] of the 6-layer target (`builders.save_reference_drafter`)."""
     path = tmp_path_factory.mktemp("zlab") / "drafter"
-    saved.save_pretrained(str(path))
+    builders.save_reference_drafter(path, BLOCK, seed=4)
     return path
 
 

@@ -11,8 +11,8 @@ import warnings
 import pytest
 import torch
 from dflash.model import DFlashDraftModel, _attention_mask
-from transformers import Qwen3Config
 
+import builders
 from store_schema.target_config import read_target_config
 from train.anchors import LayerAttention, dense_attention_mask
 from train.export import export_drafter, load_drafter
@@ -115,24 +115,8 @@ def test_export_loads_in_the_reference_and_gives_the_same_logits(qwen3_dir, tmp_
 def zlab_dir(tmp_path_factory):
     """A z-lab-format directory written by the reference's own save_pretrained:
     sliding layers with window 6, then full attention; returns (dir, the model)."""
-    config = Qwen3Config(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"], use_sliding_window=True,
-        sliding_window=6, max_window_layers=3, architectures=["DFlashDraftModel"],
-    )
-    config.block_size = BLOCK
-    config.num_target_layers = 6
-    config.dflash_config = {"mask_token_id": 5, "target_layer_ids": [1, 3]}
-    torch.manual_seed(3)
-    saved = DFlashDraftModel(config).eval()
-    with torch.no_grad():
-        for p in saved.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
     path = tmp_path_factory.mktemp("zlab") / "drafter"
-    saved.save_pretrained(str(path))
-    return path, saved
+    return path, builders.save_reference_drafter(path, BLOCK)
 
 
 def test_a_drafter_the_reference_saves_loads_here_and_back(qwen3_dir, zlab_dir, tmp_path):
