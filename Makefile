@@ -1,5 +1,6 @@
 # `make test` sets itself up on a fresh machine: a venv, the project with its test
-# extra, and torch from a range that the local CPU build (2.13) satisfies.
+# extra, torch from a range that the local CPU build (2.13) satisfies, and the
+# reference `dflash` package the tests compare against.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,11 +8,15 @@ TORCH_SPEC ?= torch>=2.4,<2.14
 
 .PHONY: venv test demo bench clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev]"
+	# z-lab's reference DFlash code, the tests' oracle. Without its dependencies: its
+	# wheel pins tqdm/datasets/requests exactly and would downgrade this project's;
+	# the model code needs only torch + transformers (runs beside transformers 5.24).
+	$(PY) -m pip install -q --no-deps "dflash==0.1.0"
 	touch $@
 
 venv: $(VENV)/.installed

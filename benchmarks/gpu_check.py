@@ -100,7 +100,7 @@ def train(model: Path, store: Path, out: Path, size: dict) -> dict:
     from train.trainer import Trainer
 
     config = load_config(None, {
-        "model.num_layers": size["drafter_layers"], "model.num_anchors": size["num_anchors"],
+        "model.num_hidden_layers": size["drafter_layers"], "model.num_anchors": size["num_anchors"],
         "data.max_length": size["max_length"], "train.log_every": 1, "eval.every": 10**9,
         "train.checkpoint_every": 10**9,
     }, store=str(store), target=str(model), out=str(out), **{"train.max_steps": size["train_steps"]})

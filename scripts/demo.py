@@ -25,7 +25,7 @@ import embedded  # noqa: E402
 
 # A drafter small enough to learn something in a few CPU minutes.
 DRAFTER_SETTINGS = [
-    "model.num_layers=2",
+    "model.num_hidden_layers=2",
     "model.num_anchors=64",
     "data.max_length=512",
     "data.heldout_fraction=0.05",

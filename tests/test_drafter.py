@@ -1,5 +1,6 @@
 """The DFlash drafter: parameter names, the training mask (no leaks), agreement with
-a one-block-at-a-time reference, flex == sdpa, config validation, anchors."""
+a one-block-at-a-time reference, split == sdpa (outputs and gradients) and flex ==
+sdpa for full and sliding layers, config validation, anchors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import warnings
 import pytest
 import torch
 
-from train.anchors import anchor_candidates, dense_attention_mask, sample_anchors
+from train import attention as attention_paths
+from train.anchors import LayerAttention, anchor_candidates, dense_attention_mask, sample_anchors
 from train.model import DFlashDrafter, DrafterConfig, default_context_layer_ids
 from store_schema.target_config import read_target_config
 
@@ -26,7 +28,7 @@ def tiny_config(**overrides) -> DrafterConfig:
         num_target_layers=6,
         context_layer_ids=[1, 3],
         mask_token_id=3,
-        num_layers=2,
+        num_hidden_layers=2,
         block_size=BLOCK,
         rope_theta=10000.0,
     )
@@ -119,14 +121,99 @@ def test_dense_mask_is_strictly_before_anchor_and_own_block():
     assert torch.equal(mask, expected)
 
 
-def test_flex_attention_equals_sdpa_on_cpu(parts):
-    drafter, embed, features, input_ids = parts
-    anchors = torch.tensor([0, 3, 9, 26, 40])
+LAYER_SETUPS = {
+    "full": dict(),
+    # window 12 cuts the context of every anchor past 12; causal inside the block
+    "sliding": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=12),
+    # window shorter than the block, and bidirectional within it (is_causal false)
+    "noncausal_short": dict(layer_types=["sliding_attention"] * 2, sliding_window=5, is_causal=False),
+}
+EDGE_ANCHORS = torch.tensor([0, 1, 7, 20, 33, 39, T - BLOCK])  # 0: empty context; T - B: block ends at T
+
+
+def output_and_grads(drafter, embed, features, input_ids, anchors, attention):
+    drafter.zero_grad(set_to_none=True)
+    out = drafter(features, input_ids, anchors, embed, attention=attention)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+    (out * weights).sum().backward()
+    return out.detach(), {name: p.grad.clone() for name, p in drafter.named_parameters()}
+
+
+@pytest.mark.parametrize("setup", list(LAYER_SETUPS))
+@pytest.mark.parametrize("chunk_scores", [1 << 22, 3000])  # one chunk; a chunk per block or two
+def test_split_attention_equals_dense_outputs_and_gradients(parts, setup, chunk_scores, monkeypatch):
+    _, embed, features, input_ids = parts
+    torch.manual_seed(2)
+    drafter = DFlashDrafter(tiny_config(**LAYER_SETUPS[setup]))
+    monkeypatch.setattr(attention_paths, "SPLIT_CHUNK_SCORES", chunk_scores)
+    dense, dense_grads = output_and_grads(drafter, embed, features, input_ids, EDGE_ANCHORS, "sdpa")
+    split, split_grads = output_and_grads(drafter, embed, features, input_ids, EDGE_ANCHORS, "split")
+    torch.testing.assert_close(split, dense, rtol=0, atol=2e-6)
+    for name, grad in dense_grads.items():
+        torch.testing.assert_close(split_grads[name], grad, rtol=1e-5, atol=1e-5, msg=name)
+    masks = drafter.attention_masks(EDGE_ANCHORS, T, "split")
+    assert len(masks) == len({drafter.config.layer_attention(i) for i in range(2)})
+    if chunk_scores < 1 << 22:
+        assert all(len(mask.chunks) > 1 for mask in masks.values())
+
+
+@pytest.mark.parametrize("rule", [LayerAttention(), LayerAttention(causal=True, window=12),
+                                  LayerAttention(causal=False, window=5)], ids=str)
+def test_split_mask_is_the_dense_mask_without_the_other_blocks(rule, monkeypatch):
+    """Every chunk's [context columns | own block] is the dense mask's, and the dense
+    mask is False everywhere the split path does not look."""
+    dense = dense_attention_mask(EDGE_ANCHORS, T, BLOCK, rule)
+    rebuilt = torch.zeros_like(dense)
+    monkeypatch.setattr(attention_paths, "SPLIT_CHUNK_SCORES", 1000)  # two blocks per chunk
+    split = attention_paths.split_mask(EDGE_ANCHORS, T, BLOCK, rule, num_heads=1)
+    assert len(split.chunks) > 1
+    for chunk in split.chunks:
+        visible = ~chunk.blocked
+        for n, j in enumerate(range(chunk.start, chunk.stop)):
+            rows = slice(j * BLOCK, (j + 1) * BLOCK)
+            rebuilt[rows, chunk.key_start : chunk.key_stop] = visible[n, :, :-BLOCK]
+            rebuilt[rows, T + j * BLOCK : T + (j + 1) * BLOCK] = visible[n, :, -BLOCK:]
+    assert torch.equal(rebuilt, dense)
+    if rule.window is not None:  # the window cuts context columns off the late chunks
+        assert split.chunks[-1].key_start > 0
+
+
+@pytest.mark.parametrize("setup", list(LAYER_SETUPS))
+def test_flex_attention_equals_sdpa_on_cpu(parts, setup):
+    _, embed, features, input_ids = parts
+    torch.manual_seed(3)
+    drafter = DFlashDrafter(tiny_config(**LAYER_SETUPS[setup])).eval()
+    anchors = EDGE_ANCHORS
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # flex without torch.compile warns on CPU
         sdpa = drafter(features, input_ids, anchors, embed, attention="sdpa")
         flex = drafter(features, input_ids, anchors, embed, attention="flex")
     torch.testing.assert_close(flex, sdpa, rtol=0, atol=1e-5)
+
+
+def test_sliding_layers_see_only_the_window_and_earlier_slots(parts):
+    """A causal sliding layer with window W: slot k ignores later slots of its block,
+    and context further than W - 1 before the anchor changes nothing; one position
+    inside the window does."""
+    _, embed, features, input_ids = parts
+    torch.manual_seed(4)
+    drafter = DFlashDrafter(tiny_config(layer_types=["sliding_attention"] * 2, sliding_window=6)).eval()
+    anchor = 30
+    anchors = torch.tensor([anchor])
+    with torch.no_grad():
+        base = drafter(features, input_ids, anchors, embed)[0]
+        far = features.clone()
+        far[: anchor - 5] += 3.0  # slot 0 at `anchor` sees anchor-5..anchor-1 only
+        assert torch.equal(drafter(features, input_ids, anchors, embed)[0], base)
+        moved = drafter(far, input_ids, anchors, embed)[0]
+        torch.testing.assert_close(moved[0], base[0], rtol=0, atol=1e-6)
+        assert (moved[-1] - base[-1]).abs().max() == 0  # later slots see even less old context
+        near = features.clone()
+        near[anchor - 5] += 3.0
+        assert (drafter(near, input_ids, anchors, embed)[0][0] - base[0]).abs().max() > 1e-4
+        other_token = input_ids.clone()
+        other_token[anchor] = (other_token[anchor] + 1) % VOCAB  # slot 0's token: every slot sees it
+        assert (drafter(features, other_token, anchors, embed)[0] - base).abs().amax(-1).min() > 1e-4
 
 
 def test_gradients_reach_every_drafter_parameter(parts):
@@ -161,7 +248,8 @@ def test_default_context_layers_and_from_target(qwen3_dir):
     assert default_context_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_context_layer_ids(64, 1) == [32]
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, num_context_layers=2, num_layers=2)
+    config = DrafterConfig.from_target(target, mask_token_id=3, num_context_layers=2, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
     assert config.context_layer_ids == [1, 3] and target.num_hidden_layers - 1 not in config.context_layer_ids
     assert (config.hidden_size, config.head_dim, config.num_key_value_heads) == (64, 16, 2)
     with pytest.raises(ValueError, match="final layer"):

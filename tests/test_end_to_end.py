@@ -39,7 +39,7 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
     assert _cli("-m", "store_schema", "verify", store, "--json")["ok"] is True
 
     _cli("-m", "train", "fit", "--store", store, "--target", qwen3_5_dir, "--out", run, "--max-steps", 6,
-         "--set", "model.num_layers=1", "--set", "model.num_anchors=16", "--set", "data.heldout_fraction=0.2",
+         "--set", "model.num_hidden_layers=1", "--set", "model.num_anchors=16", "--set", "data.heldout_fraction=0.2",
          "--set", "train.log_every=2", "--set", "eval.every=3", "--set", "eval.samples=2")
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     assert log[-1]["step"] == 6 and all(torch.isfinite(torch.tensor(r["loss"])) for r in log if "loss" in r)
@@ -60,7 +60,7 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
     from train.model import DFlashDrafter, DrafterConfig
 
     state_dir = checkpoint.latest_checkpoint(run)
-    trained = DFlashDrafter(DrafterConfig(**checkpoint.read_state(state_dir)["drafter_config"]))
+    trained = DFlashDrafter(DrafterConfig.from_dict(checkpoint.read_state(state_dir)["drafter_config"]))
     trained.load_state_dict(checkpoint.load_model_weights(state_dir))
     reloaded = load_drafter(export)
     for name, tensor in trained.state_dict().items():

@@ -44,7 +44,7 @@ def eval_main(argv) -> int:
 @pytest.fixture(scope="module")
 def parts(qwen3_dir):
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_layers=1, block_size=B)
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1, block_size=B)
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():
@@ -230,7 +230,7 @@ def test_eval_uses_the_held_out_split_the_run_trained_with(qwen3_dir, tmp_path, 
     held_by_run = {i for i in ids if is_heldout(i, 0.005)}
     held_by_default = {i for i in ids if is_heldout(i, 0.01)}
     assert held_by_run and held_by_run < held_by_default  # the old default takes trained-on samples too
-    config = load_config(None, ["model.num_layers=1", f"model.block_size={B}", "model.num_anchors=8",
+    config = load_config(None, ["model.num_hidden_layers=1", f"model.block_size={B}", "model.num_anchors=8",
                                 "data.heldout_fraction=0.005", "eval.every=0", "train.max_steps=2"],
                          store=str(tmp_path / "store"), target=str(qwen3_dir), out=str(tmp_path / "run"))
     trainer = Trainer.from_config(config, log=lambda m: None)

@@ -1,5 +1,6 @@
-"""Export to z-lab's DFlash directory format and back: config fields, tensor names
-(no target tensors), identical outputs after reload, a Qwen3 config transformers reads."""
+"""Export to z-lab's DFlash directory format and back: config fields (sliding layers
+included), tensor names (no target tensors), identical outputs after reload, a Qwen3
+config transformers reads, refusals of what the drafter cannot run."""
 
 from __future__ import annotations
 
@@ -9,23 +10,36 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from train.export import export_drafter, load_drafter
+from train.anchors import LayerAttention
+from train.export import export_drafter, load_drafter, read_drafter_config
 from train.model import DFlashDrafter, DrafterConfig
 from store_schema.target_config import read_target_config
 from train.target_head import load_target_head
 
 
-@pytest.fixture(scope="module")
-def trained(qwen3_dir):
+def perturbed_drafter(qwen3_dir, **geometry):
     """A drafter for the tiny Qwen3 target, with non-default weights everywhere."""
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], num_layers=2, block_size=8)
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], block_size=8, **geometry)
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return drafter, load_target_head(qwen3_dir)
+
+
+@pytest.fixture(scope="module")
+def trained(qwen3_dir):
+    """Full attention everywhere, 4 heads x 16, 2 KV heads."""
+    return perturbed_drafter(qwen3_dir, num_hidden_layers=2, layer_types=["full_attention"] * 2,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+
+
+@pytest.fixture(scope="module")
+def sliding(qwen3_dir):
+    """The default geometry at 3 layers (sliding, sliding, full) with a window of 8."""
+    return perturbed_drafter(qwen3_dir, num_hidden_layers=3, sliding_window=8)
 
 
 def outputs(drafter, head):
@@ -50,6 +64,8 @@ def test_export_layout_and_config(tmp_path, trained):
     assert config["vocab_size"] == 512 and config["rope_theta"] == 10000.0 and config["rms_norm_eps"] == 1e-6
     assert config["tie_word_embeddings"] is False and config["eos_token_id"] == 2
     assert config["layer_types"] == ["full_attention", "full_attention"]
+    assert (config["sliding_window"], config["use_sliding_window"], config["max_window_layers"]) == (None, False, 2)
+    assert "is_causal" not in config
 
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
@@ -71,8 +87,21 @@ def test_transformers_reads_the_config_as_qwen3(tmp_path, trained):
     assert config.dflash_config["target_layer_ids"] == [1, 3] and config.block_size == 8
 
 
-def test_round_trip_gives_identical_logits(tmp_path, trained):
-    drafter, head = trained
+def test_export_writes_sliding_layers_as_qwen3_reads_them(tmp_path, sliding):
+    from transformers import AutoConfig
+
+    out = export_drafter(sliding[0], tmp_path / "drafter")
+    config = json.loads((out / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert (config["sliding_window"], config["use_sliding_window"], config["max_window_layers"]) == (8, True, 3)
+    assert (config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]) == (1, 1, 128)
+    qwen3 = AutoConfig.from_pretrained(str(out))
+    assert qwen3.layer_types == config["layer_types"] and qwen3.sliding_window == 8
+
+
+@pytest.mark.parametrize("which", ["trained", "sliding"])
+def test_round_trip_gives_identical_logits(tmp_path, which, request):
+    drafter, head = request.getfixturevalue(which)
     exact = load_drafter(export_drafter(drafter, tmp_path / "fp32", dtype=torch.float32))
     assert exact.config == drafter.config
     assert torch.equal(outputs(exact, head), outputs(drafter, head))
@@ -94,3 +123,54 @@ def test_load_refuses_incomplete_weights(tmp_path, trained):
     save_file(tensors, str(out / "model.safetensors"))
     with pytest.raises(KeyError, match="hidden_norm.weight"):
         load_drafter(out)
+
+
+def write_config(out, **changes):
+    path = out / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+def test_reads_sliding_layers_the_way_qwen3config_does(tmp_path, sliding):
+    """The window counts only with use_sliding_window; without layer_types, the
+    layers from max_window_layers on are sliding (transformers' Qwen3Config rule)."""
+    out = export_drafter(sliding[0], tmp_path / "drafter", dtype=torch.float32)
+    write_config(out, use_sliding_window=False)
+    config = read_drafter_config(out)
+    assert config.sliding_window is None and config.layer_types[0] == "sliding_attention"
+    assert config.layer_attention(0) == LayerAttention(causal=True, window=None)
+
+    write_config(out, use_sliding_window=True, layer_types=None, max_window_layers=1)
+    config = read_drafter_config(out)
+    assert config.layer_types == ["full_attention", "sliding_attention", "sliding_attention"]
+    assert config.layer_attention(1) == LayerAttention(causal=True, window=8)
+    assert config.layer_attention(0) == LayerAttention(causal=False, window=None)
+
+    write_config(out, layer_types=["full_attention"] * 3, is_causal=False)
+    assert read_drafter_config(out).sliding_window is None  # no sliding layer: no window kept
+    write_config(out, layer_types=["sliding_attention"] * 3, is_causal=False)
+    config = read_drafter_config(out)
+    assert config.is_causal is False and config.layer_attention(2) == LayerAttention(causal=False, window=8)
+    reloaded = load_drafter(out)
+    assert json.loads((export_drafter(reloaded, tmp_path / "again") / "config.json").read_text())["is_causal"] is False
+
+
+@pytest.mark.parametrize("changes,message", [
+    ({"architectures": ["DFlash2DraftModel"]}, "architectures"),
+    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "chunked_attention"),
+    ({"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
+    ({"output_multiplier": 2.0}, "output_multiplier=2.0"),
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+    ({"num_key_value_heads": 3}, "num_key_value_heads 3"),
+])
+def test_read_refuses_what_the_drafter_cannot_run(tmp_path, sliding, changes, message):
+    out = export_drafter(sliding[0], tmp_path / "drafter")
+    write_config(out, **changes)
+    with pytest.raises(ValueError, match=message) as info:
+        load_drafter(out)
+    assert "config.json" in str(info.value)

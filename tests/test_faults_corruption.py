@@ -175,7 +175,7 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0x04
     chunk.write_bytes(bytes(data))
-    sets = ["model.num_layers=1", "model.block_size=8", "model.num_anchors=8", "eval.every=0",
+    sets = ["model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8", "eval.every=0",
             "data.heldout_fraction=0.0", "train.epochs=2"]
 
     refused = subprocess.run(

@@ -23,7 +23,7 @@ def setup():
     torch.manual_seed(0)
     config = DrafterConfig(
         hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-        vocab_size=VOCAB, num_target_layers=6, context_layer_ids=[1, 3], mask_token_id=3, num_layers=2,
+        vocab_size=VOCAB, num_target_layers=6, context_layer_ids=[1, 3], mask_token_id=3, num_hidden_layers=2,
         block_size=BLOCK, rope_theta=10000.0,
     )
     drafter = DFlashDrafter(config)

@@ -29,7 +29,8 @@ REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25
 BLOCK = 8
 TINY = [  # a drafter and schedule small enough for CPU tests
-    "model.num_layers=1", f"model.block_size={BLOCK}", "model.num_anchors=64", f"data.heldout_fraction={HELDOUT}",
+    "model.num_hidden_layers=1", f"model.block_size={BLOCK}", "model.num_anchors=64", f"data.heldout_fraction={HELDOUT}",
+    "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16",  # the target's own shape
     "data.buffer_shards=2", "optim.lr=1e-2", "eval.samples=64",
 ]
 LOG_KEYS = {"step", "epoch", "lr", "loss", "grad_norm", "acc", "top4_acc", "top8_acc", "per_position_acc", "tau",

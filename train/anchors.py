@@ -7,13 +7,18 @@ verified positions `< anchor` (the anchor is the bonus token the target has not
 processed yet), so in training block j may see context positions `< a_j` and its
 own B tokens, nothing else. Seeing position a_j or another block leaks the answer.
 
+Each layer also applies its own rule (`LayerAttention`): sliding layers of the
+published drafters are causal inside the block and see only a window of context.
+
 The mask is defined once, as a `mask_mod(b, h, q_idx, kv_idx)` over the key layout
 `[context (T) | block 0 (B) | block 1 (B) | ...]`. flex_attention takes it directly;
-the dense boolean mask for SDPA is the same function evaluated on an index grid.
+the dense boolean mask for SDPA is the same function evaluated on an index grid, and
+the split path (train/attention.py) evaluates it on the context and own-block keys.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -49,26 +54,61 @@ def sample_anchors(
     return candidates.sort().values.to(loss_mask.device)
 
 
-def dflash_mask_mod(anchor_positions: torch.Tensor, context_len: int, block_size: int) -> MaskMod:
-    """The DFlash training mask as a flex_attention `mask_mod`.
+@dataclass(frozen=True)
+class LayerAttention:
+    """How one drafter layer attends, as z-lab's reference (`dflash` 0.1.0) reads it
+    from config: a `sliding_attention` layer is causal (unless the config sets
+    `is_causal`) and sees keys less than `window` positions away; a
+    `full_attention` layer is bidirectional with no window (see
+    `DrafterConfig.layer_attention`). Hashable: layers with the same rule share a mask."""
 
-    Query q (block q // B) may attend key kv when kv is a context position strictly
-    before that block's anchor, or kv is a token of the same block (bidirectional
-    inside the block)."""
+    causal: bool = False
+    window: int | None = None
+
+    def allows(self, query_pos: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+        """The reference's per-layer rule on absolute positions: causal means
+        key <= query; a window means query - key < window and, when not causal,
+        key - query < window too."""
+        offset = query_pos - key_pos
+        visible = offset >= 0 if self.causal else torch.ones_like(offset, dtype=torch.bool)
+        if self.window is not None:
+            visible = visible & (offset < self.window)
+            if not self.causal:
+                visible = visible & (-offset < self.window)
+        return visible
+
+
+FULL_ATTENTION = LayerAttention()
+
+
+def dflash_mask_mod(
+    anchor_positions: torch.Tensor, context_len: int, block_size: int, rule: LayerAttention = FULL_ATTENTION
+) -> MaskMod:
+    """The DFlash training mask as a flex_attention `mask_mod`: the one owner of
+    who-sees-what in training (the dense mask and the split path evaluate it too).
+
+    Query q is slot q % B of block j = q // B, at position a_j + q % B. It may
+    attend key kv when kv is a context position strictly before a_j, or kv is a
+    slot of block j itself (never another block), and the layer's `rule` allows
+    the pair of absolute positions (causal / window, as in the reference)."""
 
     last_block = max(anchor_positions.numel() - 1, 0)
 
     def mask_mod(b, h, q_idx, kv_idx):
         block = q_idx // block_size
         anchor = anchor_positions[block.clamp(max=last_block)]  # clamp: flex may pad q_idx
-        sees_context = (kv_idx < context_len) & (kv_idx < anchor)
-        same_block = (kv_idx >= context_len) & ((kv_idx - context_len) // block_size == block)
-        return sees_context | same_block
+        in_context = kv_idx < context_len
+        sees_context = in_context & (kv_idx < anchor)
+        same_block = ~in_context & ((kv_idx - context_len) // block_size == block)
+        key_pos = torch.where(in_context, kv_idx, anchor + (kv_idx - context_len) % block_size)
+        return (sees_context | same_block) & rule.allows(anchor + q_idx % block_size, key_pos)
 
     return mask_mod
 
 
-def dense_attention_mask(anchor_positions: torch.Tensor, context_len: int, block_size: int) -> torch.Tensor:
+def dense_attention_mask(
+    anchor_positions: torch.Tensor, context_len: int, block_size: int, rule: LayerAttention = FULL_ATTENTION
+) -> torch.Tensor:
     """Boolean mask [N*B, T + N*B] (True = may attend) for SDPA: `dflash_mask_mod`
     evaluated on every (query, key) pair."""
     num_queries = anchor_positions.numel() * block_size
@@ -76,7 +116,7 @@ def dense_attention_mask(anchor_positions: torch.Tensor, context_len: int, block
     q_idx = torch.arange(num_queries, device=device)[:, None]
     kv_idx = torch.arange(context_len + num_queries, device=device)[None, :]
     zero = torch.zeros((), dtype=torch.long, device=device)
-    return dflash_mask_mod(anchor_positions, context_len, block_size)(zero, zero, q_idx, kv_idx)
+    return dflash_mask_mod(anchor_positions, context_len, block_size, rule)(zero, zero, q_idx, kv_idx)
 
 
 def block_position_ids(anchor_positions: torch.Tensor, block_size: int) -> torch.Tensor:

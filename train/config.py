@@ -50,21 +50,52 @@ class DataConfig:
         _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
 
 
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/model.py)
+ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/attention.py)
+
+
 @dataclass
 class ModelConfig:
-    num_layers: int = 5  # drafter decoder layers
+    # Drafter geometry; None takes DrafterConfig.from_target's default (the published
+    # Qwen3.6-27B drafter's: head_dim 128, hidden // 128 heads up to 32, up to 8 KV heads,
+    # the target's intermediate size, 5 layers [sliding x4, full], window 2048).
+    num_hidden_layers: int | None = None  # drafter decoder layers (default 5, or len(layer_types))
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    intermediate_size: int | None = None
+    layer_types: list[str] | None = None  # per layer: full_attention or sliding_attention
+    sliding_window: int | None = None  # context window of the sliding layers
     block_size: int = 16  # B: anchor + B-1 drafted tokens
     mask_token_id: int | None = None  # None: the tokenizer's mask token (refused if it has none)
     num_anchors: int = 512  # blocks per sequence, redrawn every step
-    attention: str = "auto"  # "auto" (flex on CUDA, sdpa elsewhere), "sdpa", "flex"
+    attention: str = "auto"  # "auto" (flex on CUDA, split elsewhere), "split", "sdpa", "flex"
     gradient_checkpointing: bool = False
 
     def validate(self):
-        _check(self.num_layers >= 1, "model.num_layers", "must be >= 1")
+        for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                     "intermediate_size", "sliding_window"):
+            value = getattr(self, name)
+            _check(value is None or value >= 1, f"model.{name}", "must be >= 1")
+        if self.num_attention_heads and self.num_key_value_heads:
+            _check(self.num_attention_heads % self.num_key_value_heads == 0, "model.num_key_value_heads",
+                   f"must divide model.num_attention_heads ({self.num_attention_heads})")
+        if self.layer_types is not None:
+            _check(len(self.layer_types) >= 1, "model.layer_types", "must name at least one layer")
+            _check(set(self.layer_types) <= set(LAYER_TYPES), "model.layer_types",
+                   f"entries must be {' or '.join(LAYER_TYPES)}")
+            _check(self.num_hidden_layers in (None, len(self.layer_types)), "model.layer_types",
+                   f"has {len(self.layer_types)} entries, model.num_hidden_layers is {self.num_hidden_layers}")
         _check(self.block_size >= 2, "model.block_size", "must be >= 2 (slot 0 is the anchor)")
         _check(self.mask_token_id is None or self.mask_token_id >= 0, "model.mask_token_id", "must be >= 0")
         _check(self.num_anchors >= 1, "model.num_anchors", "must be >= 1")
-        _check(self.attention in ("auto", "sdpa", "flex"), "model.attention", "must be auto, sdpa or flex")
+        _check(self.attention in ATTENTION_KINDS, "model.attention", f"must be one of {', '.join(ATTENTION_KINDS)}")
+
+    def geometry(self) -> dict:
+        """The drafter-shape overrides for `DrafterConfig.from_target` (None = its default)."""
+        names = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                 "intermediate_size", "layer_types", "sliding_window", "block_size")
+        return {name: getattr(self, name) for name in names}
 
 
 @dataclass
@@ -229,12 +260,13 @@ def _coerce(key: str, value, annotation):
             except ConfigError as exc:
                 errors.append(str(exc))
         raise ConfigError(errors[0] if errors else f"config {key}: cannot be {value!r}")
+    args = typing.get_args(annotation)
+    if origin is list or (origin is tuple and args[1:] == (Ellipsis,)):  # list[str], tuple[int, ...]: any length
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"config {key}: expected a list, got {value!r}")
+        items = [_coerce(key, v, args[0]) for v in value]
+        return items if origin is list else tuple(items)
     if origin is tuple:
-        args = typing.get_args(annotation)
-        if len(args) == 2 and args[1] is Ellipsis:  # tuple[int, ...]: any length
-            if not isinstance(value, (list, tuple)):
-                raise ConfigError(f"config {key}: expected a list, got {value!r}")
-            return tuple(_coerce(key, v, args[0]) for v in value)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"config {key}: expected a list of {len(args)} values, got {value!r}")
         return tuple(_coerce(key, v, a) for v, a in zip(value, args))
@@ -266,8 +298,13 @@ def _coerce(key: str, value, annotation):
     raise ConfigError(f"config {key}: unsupported type {annotation!r}")
 
 
+RENAMED_KEYS = {"model.num_layers": "model.num_hidden_layers", "num_layers": "model.num_hidden_layers"}
+
+
 def _resolve_key(key: str) -> tuple[str | None, str]:
-    """'optim.lr' -> ('optim', 'lr'); 'lr' -> ('optim', 'lr') when only one section has it."""
+    """'optim.lr' -> ('optim', 'lr'); 'lr' -> ('optim', 'lr') when only one section has it.
+    Older spellings (RENAMED_KEYS, e.g. in a saved run's config) map to today's."""
+    key = RENAMED_KEYS.get(key, key)
     if "." in key:
         section, name = key.split(".", 1)
         if section not in SECTIONS:

@@ -48,7 +48,7 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
             "target_layer_ids": list(config.context_layer_ids),
         },
         "hidden_size": config.hidden_size,
-        "num_hidden_layers": config.num_layers,
+        "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
@@ -63,14 +63,18 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
         "attention_bias": config.attention_bias,
         "attention_dropout": 0.0,
         "initializer_range": config.initializer_range,
-        "layer_types": ["full_attention"] * config.num_layers,
-        "sliding_window": None,
-        "use_sliding_window": False,
-        "max_window_layers": config.num_layers,
+        # Read as transformers' Qwen3Config and the reference do: `layer_types` per
+        # layer, and the window only counts when `use_sliding_window` is true.
+        "layer_types": list(config.layer_types),
+        "sliding_window": config.sliding_window,
+        "use_sliding_window": config.sliding_window is not None,
+        "max_window_layers": config.num_hidden_layers,
         "tie_word_embeddings": False,
         "use_cache": True,
         "dtype": name_of(dtype),
     }
+    if config.is_causal is not None:
+        data["is_causal"] = config.is_causal
     if config.rope_parameters.get("rope_type", "default") != "default":
         data["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
     data.update(extra or {})
@@ -104,15 +108,35 @@ def export_drafter(
     return out_dir
 
 
+# Keys the reference applies (dflash_config first, then top level) that this drafter
+# does not, with the values that make them no-ops.
+UNSUPPORTED_DFLASH_KEYS = {
+    "input_embedding_scale": (1.0,),
+    "output_multiplier": (1.0,),
+    "final_logit_softcapping": (None, 0, 0.0),
+}
+
+
 def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
-    """DrafterConfig from an exported (or z-lab published) drafter's config.json."""
+    """DrafterConfig from an exported (or z-lab published) drafter's config.json.
+
+    Sliding layers are read the way transformers' Qwen3Config (which the reference
+    builds on) reads them: the window counts only with `use_sliding_window`, and
+    without `layer_types` the layers from `max_window_layers` on are sliding."""
     path = Path(model_dir) / "config.json"
     data = json.loads(path.read_text())
+    architectures = data.get("architectures") or ["DFlashDraftModel"]
+    if architectures != ["DFlashDraftModel"]:
+        raise ValueError(f"{path}: architectures {architectures} not supported (DFlashDraftModel only)")
     dflash = data.get("dflash_config") or {}
     missing = [k for k in ("mask_token_id", "target_layer_ids") if k not in dflash]
     if missing:
         raise KeyError(f"{path}: dflash_config lacks {missing}")
-    block_size = data.get("block_size", dflash.get("block_size"))
+    for key, neutral in UNSUPPORTED_DFLASH_KEYS.items():
+        value = dflash.get(key, data.get(key, neutral[0]))
+        if value not in neutral:
+            raise ValueError(f"{path}: {key}={value!r} is not supported (only {neutral[0]!r})")
+    block_size = dflash.get("block_size", data.get("block_size"))
     if block_size is None:
         raise KeyError(f"{path}: no block_size (top level or dflash_config)")
     rope_parameters = dict(data.get("rope_parameters") or data.get("rope_scaling") or {})
@@ -120,36 +144,46 @@ def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
     if rope_parameters.get("rope_type") == "default":
         rope_parameters.pop("rope_type")
     heads = data["num_attention_heads"]
-    return DrafterConfig(
-        hidden_size=data["hidden_size"],
-        num_attention_heads=heads,
-        num_key_value_heads=data.get("num_key_value_heads", heads),
-        head_dim=data.get("head_dim") or data["hidden_size"] // heads,
-        intermediate_size=data["intermediate_size"],
-        vocab_size=data["vocab_size"],
-        num_target_layers=data["num_target_layers"],
-        context_layer_ids=list(dflash["target_layer_ids"]),
-        mask_token_id=dflash["mask_token_id"],
-        num_layers=data["num_hidden_layers"],
-        block_size=block_size,
-        rms_norm_eps=data.get("rms_norm_eps", 1e-6),
-        rope_theta=float(rope_theta),
-        max_position_embeddings=data.get("max_position_embeddings", 40960),
-        attention_bias=data.get("attention_bias", False),
-        hidden_act=data.get("hidden_act", "silu"),
-        initializer_range=data.get("initializer_range", 0.02),
-        rope_parameters=rope_parameters,
-    )
+    num_layers = data["num_hidden_layers"]
+    window = data.get("sliding_window") if data.get("use_sliding_window", False) else None
+    layer_types = data.get("layer_types") or [
+        "sliding_attention" if window is not None and i >= data.get("max_window_layers", 28) else "full_attention"
+        for i in range(num_layers)
+    ]
+    try:
+        return DrafterConfig(
+            hidden_size=data["hidden_size"],
+            num_attention_heads=heads,
+            num_key_value_heads=data.get("num_key_value_heads") or heads,
+            head_dim=data.get("head_dim") or data["hidden_size"] // heads,
+            intermediate_size=data["intermediate_size"],
+            vocab_size=data["vocab_size"],
+            num_target_layers=data["num_target_layers"],
+            context_layer_ids=list(dflash["target_layer_ids"]),
+            mask_token_id=dflash["mask_token_id"],
+            num_hidden_layers=num_layers,
+            block_size=block_size,
+            layer_types=layer_types,
+            sliding_window=window,
+            is_causal=data.get("is_causal"),
+            rms_norm_eps=data.get("rms_norm_eps", 1e-6),
+            rope_theta=float(rope_theta),
+            max_position_embeddings=data.get("max_position_embeddings", 40960),
+            attention_bias=data.get("attention_bias", False),
+            hidden_act=data.get("hidden_act", "silu"),
+            initializer_range=data.get("initializer_range", 0.02),
+            rope_parameters=rope_parameters,
+        )
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
 
 
 def load_drafter(model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> DFlashDrafter:
-    """Rebuild a DFlashDrafter from an exported directory (strict: every weight
-    present, nothing extra). dtype None keeps the dtype stored on disk."""
+    """Rebuild a DFlashDrafter from an exported or z-lab-format directory, sliding
+    layers included (strict: every weight present, nothing extra). dtype None keeps
+    the dtype stored on disk."""
     model_dir = Path(model_dir)
     config = read_drafter_config(model_dir)
-    layer_types = set(json.loads((model_dir / "config.json").read_text()).get("layer_types") or ["full_attention"])
-    if layer_types != {"full_attention"}:
-        raise ValueError(f"{model_dir}: layer_types {sorted(layer_types)} not supported (full attention only)")
     weights = model_dir / "model.safetensors"
     with safe_open(str(weights), framework="pt") as f:
         state = {name: f.get_tensor(name) for name in f.keys()}

@@ -16,34 +16,58 @@ What makes it DFlash rather than a small Qwen3:
 - In every layer the context becomes extra keys/values through that layer's own
   k_proj / v_proj (+ k_norm), laid out as [context | block]. Queries come only
   from the block, and the context never enters the residual stream.
-- Attention inside a block is bidirectional. RoPE is absolute: context keys at
-  their token positions, block tokens at anchor .. anchor+B-1.
+- Full-attention layers see the block bidirectionally; sliding layers (the
+  published drafters' first four) are causal inside the block and see only a
+  window of context, exactly as z-lab's reference reads `layer_types`,
+  `sliding_window` and `is_causal`. RoPE is absolute: context keys at their token
+  positions, block tokens at anchor .. anchor+B-1.
 - The target's `embed_tokens` and `lm_head` are frozen and live outside the
   drafter (see `train/target_head.py`); they are passed in, never saved here.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwen3RotaryEmbedding, rotate_half
 
 from store_schema.layout import default_layer_ids as default_context_layer_ids  # the one formula
 from store_schema.layout import validate_layer_ids  # the one rule
-from train.anchors import block_position_ids, dense_attention_mask, dflash_mask_mod
+from train.anchors import LayerAttention, block_position_ids
+from train.attention import attend, build_attention_mask, resolve_attention
+from train.config import LAYER_TYPES
+
+
+# The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
+# z-lab/Qwen3.6-27B-DFlash): the defaults `DrafterConfig.from_target` sizes a drafter with.
+PUBLISHED_HEAD_DIM = 128
+PUBLISHED_MAX_HEADS = 32  # hidden 5120 / 128 would be 40; the published drafter has 32 x 128
+PUBLISHED_KV_HEADS = 8
+PUBLISHED_LAYERS = 5
+PUBLISHED_SLIDING_WINDOW = 2048
+
+
+def published_layer_types(num_layers: int) -> list[str]:
+    """The last layer full attention, the others sliding (z-lab's published layout)."""
+    return ["sliding_attention"] * (num_layers - 1) + ["full_attention"]
+
+
+def default_kv_heads(num_heads: int) -> int:
+    """The largest divisor of `num_heads` that is at most 8 (8 for 32 heads)."""
+    return max(d for d in range(1, min(num_heads, PUBLISHED_KV_HEADS) + 1) if num_heads % d == 0)
 
 
 @dataclass
 class DrafterConfig:
     """Everything that fixes the drafter's shape and its contract with the target.
 
-    Sizes (hidden, heads, head_dim, rope, eps) come from the target's config
-    (`DrafterConfig.from_target`); drafter hidden size must equal the target's."""
+    `from_target` sizes one for a target (published geometry by default); the drafter's
+    hidden size must equal the target's. `layer_types` None means every layer full
+    attention (drafters saved before sliding layers existed); `is_causal` None
+    means the reference's per-layer default (see `layer_attention`)."""
 
     hidden_size: int
     num_attention_heads: int
@@ -54,8 +78,11 @@ class DrafterConfig:
     num_target_layers: int
     context_layer_ids: list[int]
     mask_token_id: int
-    num_layers: int = 5
+    num_hidden_layers: int = PUBLISHED_LAYERS
     block_size: int = 16
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None  # kept only when a layer is sliding
+    is_causal: bool | None = None
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 40960
@@ -73,16 +100,37 @@ class DrafterConfig:
             )
         if self.block_size < 2:
             raise ValueError(f"block_size must be >= 2 (slot 0 is the anchor), got {self.block_size}")
-        if self.num_layers < 1:
-            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
+        for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads {self.num_key_value_heads}"
             )
+        if self.layer_types is None:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+        self.layer_types = list(self.layer_types)
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for num_hidden_layers {self.num_hidden_layers}")
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"layer_types {unknown} not supported (only {' and '.join(LAYER_TYPES)})")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
+        if "sliding_attention" not in self.layer_types:
+            self.sliding_window = None
 
     @property
     def num_context_layers(self) -> int:
         return len(self.context_layer_ids)
+
+    def layer_attention(self, layer: int) -> LayerAttention:
+        """Layer `layer`'s rule as the reference (`dflash` 0.1.0) derives it: sliding
+        layers are causal unless `is_causal` is set (which then applies to every
+        layer) and use `sliding_window`; full layers have no window."""
+        sliding = self.layer_types[layer] == "sliding_attention"
+        causal = sliding if self.is_causal is None else self.is_causal
+        return LayerAttention(causal=causal, window=self.sliding_window if sliding else None)
 
     @classmethod
     def from_target(
@@ -93,20 +141,32 @@ class DrafterConfig:
         num_context_layers: int = 5,
         **overrides,
     ) -> "DrafterConfig":
-        """Size a drafter from a `store_schema.target_config.TargetConfig`. Without explicit
-        ids, use z-lab's default spread over `num_context_layers` target layers."""
+        """Size a drafter for a `store_schema.target_config.TargetConfig`: the one place
+        for the geometry defaults. Overrides that are None take the default:
+        head_dim 128, heads hidden // 128 clamped to 1..32, KV heads the largest
+        divisor of heads up to 8, the target's intermediate size, 5 layers, the last full
+        attention and the others sliding with window 2048. Without explicit ids,
+        z-lab's default spread over `num_context_layers` target layers."""
+        overrides = {name: value for name, value in overrides.items() if value is not None}
         if context_layer_ids is None:
             context_layer_ids = default_context_layer_ids(target.num_hidden_layers, num_context_layers)
+        head_dim = overrides.pop("head_dim", PUBLISHED_HEAD_DIM)
+        heads = overrides.pop("num_attention_heads", min(PUBLISHED_MAX_HEADS, max(1, target.hidden_size // head_dim)))
+        layer_types = overrides.pop("layer_types", None)
+        num_layers = overrides.pop("num_hidden_layers", len(layer_types) if layer_types else PUBLISHED_LAYERS)
         fields = dict(
             hidden_size=target.hidden_size,
-            num_attention_heads=target.num_attention_heads,
-            num_key_value_heads=target.num_key_value_heads,
-            head_dim=target.head_dim,
+            num_attention_heads=heads,
+            num_key_value_heads=default_kv_heads(heads),
+            head_dim=head_dim,
             intermediate_size=target.intermediate_size,
             vocab_size=target.vocab_size,
             num_target_layers=target.num_hidden_layers,
             context_layer_ids=list(context_layer_ids),
             mask_token_id=mask_token_id,
+            num_hidden_layers=num_layers,
+            layer_types=layer_types or published_layer_types(num_layers),
+            sliding_window=PUBLISHED_SLIDING_WINDOW,
             rms_norm_eps=target.rms_norm_eps,
             rope_theta=target.rope_theta,
         )
@@ -114,8 +174,22 @@ class DrafterConfig:
             fields["max_position_embeddings"] = target.max_position_embeddings
         fields.update(overrides)
         if fields["intermediate_size"] is None:
-            raise ValueError("the target config has no intermediate_size (MoE?): pass intermediate_size= explicitly")
+            raise ValueError("the target config has no intermediate_size (MoE?): set model.intermediate_size")
         return cls(**fields)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "DrafterConfig":
+        """From `to_dict()` output, e.g. a checkpoint's; `num_layers` is the older
+        spelling of `num_hidden_layers`."""
+        data = dict(data)
+        if "num_layers" in data:
+            data["num_hidden_layers"] = data.pop("num_layers")
+        return cls(**data)
+
+    def differences(self, other: "DrafterConfig") -> list[str]:
+        """'name: this vs other' for each field that differs (empty when equal)."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        return [f"{name}: {mine[name]!r} vs {theirs[name]!r}" for name in mine if mine[name] != theirs[name]]
 
     def qwen3_config(self) -> Qwen3Config:
         """The transformers Qwen3Config the drafter's layers are built from."""
@@ -124,7 +198,7 @@ class DrafterConfig:
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
-            num_hidden_layers=self.num_layers,
+            num_hidden_layers=self.num_hidden_layers,
             num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads,
             head_dim=self.head_dim,
@@ -135,6 +209,10 @@ class DrafterConfig:
             rope_parameters=rope,
             initializer_range=self.initializer_range,
             tie_word_embeddings=False,
+            layer_types=list(self.layer_types),
+            use_sliding_window=self.sliding_window is not None,
+            sliding_window=self.sliding_window,
+            max_window_layers=self.num_hidden_layers,
         )
 
     def to_dict(self) -> dict:
@@ -147,29 +225,15 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotate_half(x) * sin
 
 
-_compiled_flex = None
-
-
-def _flex_attention(q, k, v, block_mask, scale):
-    """flex_attention, compiled on CUDA (the fused kernel); eager elsewhere."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    fn = flex_attention
-    if q.is_cuda:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=True)
-        fn = _compiled_flex
-    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
-
-
 class DFlashAttention(nn.Module):
-    """Qwen3 attention whose keys/values are [context | block]; queries from the block."""
+    """Qwen3 attention whose keys/values are [context | block]; queries from the block.
+    `rule` is this layer's causal/window rule (full or sliding)."""
 
-    def __init__(self, config: DrafterConfig):
+    def __init__(self, config: DrafterConfig, layer: int):
         super().__init__()
         self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = config.head_dim
+        self.rule = config.layer_attention(layer)
         hidden, bias = config.hidden_size, config.attention_bias
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=bias)
@@ -180,7 +244,8 @@ class DFlashAttention(nn.Module):
 
     def forward(self, x, context, cos, sin, mask):
         """x [b, Q, H] block tokens; context [b, T, H]; cos/sin [b, T+Q, D] for the
-        keys (queries use the last Q rows); mask: bool [Q, T+Q] or a flex BlockMask."""
+        keys (queries use the last Q rows); mask: from `train.attention.build_attention_mask`
+        for this layer's rule, or None (every key visible)."""
         b, q_len, _ = x.shape
         kv_input = torch.cat([context, x], dim=1)
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
@@ -188,20 +253,16 @@ class DFlashAttention(nn.Module):
         v = self.v_proj(kv_input).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q = _rope(q, cos[:, -q_len:], sin[:, -q_len:])
         k = _rope(k, cos, sin)
-        scale = 1.0 / math.sqrt(self.head_dim)
-        if mask is None or isinstance(mask, torch.Tensor):  # None: every key visible
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        else:
-            out = _flex_attention(q, k, v, mask, scale)
+        out = attend(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
 
 
 class DFlashDecoderLayer(nn.Module):
     """Pre-norm Qwen3 decoder layer; only the block tokens flow through the residual."""
 
-    def __init__(self, config: DrafterConfig, qwen3_config: Qwen3Config):
+    def __init__(self, config: DrafterConfig, qwen3_config: Qwen3Config, layer: int):
         super().__init__()
-        self.self_attn = DFlashAttention(config)
+        self.self_attn = DFlashAttention(config, layer)
         self.mlp = Qwen3MLP(qwen3_config)
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -219,7 +280,9 @@ class DFlashDrafter(nn.Module):
         self.config = config
         qwen3_config = config.qwen3_config()
         hidden = config.hidden_size
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config, qwen3_config) for _ in range(config.num_layers))
+        self.layers = nn.ModuleList(
+            DFlashDecoderLayer(config, qwen3_config, i) for i in range(config.num_hidden_layers)
+        )
         self.fc = nn.Linear(config.num_context_layers * hidden, hidden, bias=False)
         self.hidden_norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
@@ -263,8 +326,9 @@ class DFlashDrafter(nn.Module):
         anchor_positions: [N] int64, each in [0, T); block j is
             [input_ids[a_j], MASK x (B-1)] at positions a_j .. a_j+B-1.
         embed_tokens: the target's frozen embedding (e.g. TargetHead.embed_tokens).
-        attention: "sdpa" (dense boolean mask), "flex" (flex_attention BlockMask),
-            or "auto" (flex on CUDA, sdpa elsewhere).
+        attention: "split" (context and own block attended apart, one softmax),
+            "sdpa" (dense boolean mask), "flex" (flex_attention BlockMask), or
+            "auto" (flex on CUDA, split elsewhere); see train/attention.py.
         Returns final hidden states [N, B, H] after `norm`; apply the target's
         lm_head to get logits (see train/loss.py)."""
         cfg = self.config
@@ -292,31 +356,21 @@ class DFlashDrafter(nn.Module):
         )
         cos, sin = self.rotary_emb(x, key_positions[None])
 
-        mask = self.attention_mask(anchor_positions, length, attention)
+        masks = self.attention_masks(anchor_positions, length, attention)
         for layer in self.layers:
+            mask = masks[layer.self_attn.rule]
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(layer, x, context, cos, sin, mask, use_reentrant=False)
             else:
                 x = layer(x, context, cos, sin, mask)
         return self.norm(x).view(num_blocks, block, cfg.hidden_size)
 
-    def attention_mask(self, anchor_positions: torch.Tensor, context_len: int, attention: str = "auto"):
-        """The DFlash mask (train/anchors.py) as SDPA's bool tensor or a flex BlockMask."""
-        block = self.config.block_size
-        if attention == "auto":
-            attention = "flex" if anchor_positions.is_cuda else "sdpa"
-        if attention == "sdpa":
-            return dense_attention_mask(anchor_positions, context_len, block)
-        if attention == "flex":
-            from torch.nn.attention.flex_attention import create_block_mask
-
-            num_queries = anchor_positions.numel() * block
-            return create_block_mask(
-                dflash_mask_mod(anchor_positions, context_len, block),
-                B=None,
-                H=None,
-                Q_LEN=num_queries,
-                KV_LEN=context_len + num_queries,
-                device=anchor_positions.device,
-            )
-        raise ValueError(f"attention must be 'auto', 'sdpa' or 'flex', got {attention!r}")
+    def attention_masks(self, anchor_positions: torch.Tensor, context_len: int, attention: str = "auto") -> dict:
+        """One mask per distinct layer rule (full, sliding), built once per forward."""
+        kind = resolve_attention(attention, anchor_positions.device)
+        rules = {layer.self_attn.rule for layer in self.layers}
+        cfg = self.config
+        return {
+            rule: build_attention_mask(kind, anchor_positions, context_len, cfg.block_size, rule, cfg.num_attention_heads)
+            for rule in rules
+        }

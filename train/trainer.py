@@ -191,12 +191,12 @@ class Trainer:
 
         mask_token_id = resolve_mask_token_id(config.model.mask_token_id, config.target, target.vocab_size)
         drafter_config = DrafterConfig.from_target(
-            target,
-            mask_token_id=mask_token_id,
-            context_layer_ids=layer_ids,
-            num_layers=config.model.num_layers,
-            block_size=config.model.block_size,
+            target, mask_token_id=mask_token_id, context_layer_ids=layer_ids, **config.model.geometry()
         )
+        if latest is not None:
+            changed = drafter_config.differences(DrafterConfig.from_dict(ckpt.read_state(latest)["drafter_config"]))
+            if changed:
+                raise ConfigError(f"--resume: {latest} holds a different drafter: {'; '.join(changed)}")
         head_dtype = torch_dtype(config.train.dtype) if device.type == "cuda" else torch.float32
         head = load_target_head(config.target, dtype=head_dtype, device=device)
         torch.manual_seed(config.train.seed)

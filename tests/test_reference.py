@@ -1,0 +1,180 @@
+"""z-lab's reference package (`dflash` 0.1.0 on PyPI, installed by the Makefile) as
+the oracle: the training mask equals its `_attention_mask` for every layer rule, an
+export loads in its `DFlashDraftModel` with no missing or unexpected weights and
+gives the same logits (full and sliding layers, every attention path), and a drafter
+it saves loads here with identical weights and logits."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from dflash.model import DFlashDraftModel, _attention_mask
+from transformers import Qwen3Config
+
+from store_schema.target_config import read_target_config
+from train.anchors import LayerAttention, dense_attention_mask
+from train.export import export_drafter, load_drafter
+from train.model import DFlashDrafter, DrafterConfig
+from train.target_head import load_target_head
+
+BLOCK, T = 8, 56
+ANCHORS = [0, 1, 5, 13, 30, 47, T - BLOCK]  # anchor 0: no context; the last: block ends at T
+
+GEOMETRIES = {
+    # 4 heads x 16, 2 KV heads (grouped queries), every layer full attention.
+    "full": dict(num_hidden_layers=2, layer_types=["full_attention"] * 2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    # The published layout and default sizes (1 head x 128 at hidden 64); window 8 cuts the context.
+    "sliding": dict(num_hidden_layers=3, sliding_window=8),
+    # A window shorter than the block: causal and cut inside the block too.
+    "short_window": dict(num_hidden_layers=2, sliding_window=3, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=16),
+    # is_causal false (as DFlash2 configs set): sliding layers bidirectional within +-window.
+    "noncausal": dict(num_hidden_layers=3, layer_types=["sliding_attention"] * 3, sliding_window=5,
+                      is_causal=False, num_attention_heads=4, num_key_value_heads=1, head_dim=16),
+}
+
+
+@pytest.mark.parametrize("rule", [
+    LayerAttention(), LayerAttention(causal=True), LayerAttention(causal=True, window=6),
+    LayerAttention(causal=True, window=3), LayerAttention(causal=False, window=4),
+], ids=str)
+def test_training_mask_equals_the_reference_mask_per_block(rule):
+    """Block j's rows of the training mask: the reference's mask over its keys at
+    inference ([context < anchor | the block]), False everywhere else."""
+    anchors = torch.tensor(ANCHORS)
+    mask = dense_attention_mask(anchors, T, BLOCK, rule)
+    for j, anchor in enumerate(ANCHORS):
+        query, key = torch.zeros(1, 1, BLOCK, 1), torch.zeros(1, 1, anchor + BLOCK, 1)
+        reference = _attention_mask(query, key, is_causal=rule.causal, sliding_window=rule.window)[0, 0]
+        expected = torch.zeros(BLOCK, T + len(ANCHORS) * BLOCK, dtype=torch.bool)
+        expected[:, :anchor] = reference[:, :anchor]
+        own = T + j * BLOCK
+        expected[:, own : own + BLOCK] = reference[:, anchor:]
+        assert torch.equal(mask[j * BLOCK : (j + 1) * BLOCK], expected), (j, anchor)
+
+
+def make_drafter(qwen3_dir, geometry: dict) -> DFlashDrafter:
+    target = read_target_config(qwen3_dir)
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], block_size=BLOCK, **geometry)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return drafter.eval()
+
+
+def reference_logits(reference, head, features, input_ids, anchor):
+    """The reference's forward on one block, as its decoder calls it on the first
+    round: the context is the features of positions < anchor, no cache."""
+    block = torch.full((1, BLOCK), reference.mask_token_id)
+    block[0, 0] = input_ids[anchor]
+    hidden = reference(
+        position_ids=torch.arange(anchor + BLOCK)[None],
+        noise_embedding=head.embed_tokens(block),
+        target_hidden=features[:anchor][None],
+    )
+    return head.lm_head(hidden)[0]
+
+
+def inputs(seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(T, 2 * 64, generator=generator), torch.randint(0, 512, (T,), generator=generator)
+
+
+def load_reference(path) -> DFlashDraftModel:
+    reference, info = DFlashDraftModel.from_pretrained(str(path), dtype=torch.float32, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    return reference.eval()
+
+
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_export_loads_in_the_reference_and_gives_the_same_logits(qwen3_dir, tmp_path, geometry):
+    drafter = make_drafter(qwen3_dir, GEOMETRIES[geometry])
+    head = load_target_head(qwen3_dir)
+    reference = load_reference(export_drafter(drafter, tmp_path / "drafter", dtype=torch.float32))
+    for i, layer in enumerate(reference.layers):
+        rule = drafter.config.layer_attention(i)
+        assert (layer.self_attn.is_causal, layer.self_attn.sliding_window) == (rule.causal, rule.window)
+    assert reference.block_size == BLOCK and reference.target_layer_ids == [1, 3]
+
+    features, input_ids = inputs()
+    anchors = torch.tensor(ANCHORS)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex without torch.compile warns on CPU
+        expected = torch.stack([reference_logits(reference, head, features, input_ids, a) for a in ANCHORS])
+        for attention in ("split", "sdpa", "flex"):
+            ours = head.lm_head(drafter(features, input_ids, anchors, head.embed_tokens, attention=attention))
+            assert (ours - expected).abs().max() < 1e-4, attention
+
+
+@pytest.fixture(scope="module")
+def zlab_dir(tmp_path_factory):
+    """A z-lab-format directory written by the reference's own save_pretrained:
+    sliding layers with window 6, then full attention; returns (dir, the model)."""
+    config = Qwen3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"], use_sliding_window=True,
+        sliding_window=6, max_window_layers=3, architectures=["DFlashDraftModel"],
+    )
+    config.block_size = BLOCK
+    config.num_target_layers = 6
+    config.dflash_config = {"mask_token_id": 5, "target_layer_ids": [1, 3]}
+    torch.manual_seed(3)
+    saved = DFlashDraftModel(config).eval()
+    with torch.no_grad():
+        for p in saved.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path_factory.mktemp("zlab") / "drafter"
+    saved.save_pretrained(str(path))
+    return path, saved
+
+
+def test_a_drafter_the_reference_saves_loads_here_and_back(qwen3_dir, zlab_dir, tmp_path):
+    """It loads with identical weights and logits, and our export of it reloads in
+    the reference with identical weights."""
+    path, saved = zlab_dir
+    config = saved.config
+    drafter = load_drafter(path).eval()
+    assert drafter.config.layer_types == config.layer_types and drafter.config.sliding_window == 6
+    assert drafter.config.mask_token_id == 5 and drafter.config.block_size == BLOCK
+    theirs = saved.state_dict()
+    assert set(drafter.state_dict()) == set(theirs)
+    assert all(torch.equal(t, theirs[name]) for name, t in drafter.state_dict().items())
+
+    head = load_target_head(qwen3_dir)
+    features, input_ids = inputs(seed=2)
+    with torch.no_grad():
+        ours = head.lm_head(drafter(features, input_ids, torch.tensor(ANCHORS), head.embed_tokens))
+        for j, anchor in enumerate(ANCHORS):
+            assert (ours[j] - reference_logits(saved, head, features, input_ids, anchor)).abs().max() < 1e-4, anchor
+
+    again = load_reference(export_drafter(drafter, tmp_path / "again", dtype=torch.float32))
+    assert all(torch.equal(t, theirs[name]) for name, t in again.state_dict().items())
+
+
+def test_eval_takes_a_drafter_the_reference_saved(qwen3_dir, zlab_dir, tmp_path, capsys):
+    """`train eval` on the reference's directory (no `heldout_split` record, sliding
+    layers) measures what evaluating the loaded drafter directly measures."""
+    import json
+
+    from store_schema import Store
+    from test_eval import everything, make_samples, write_store
+    from train import evaluate as ev
+    from train.__main__ import main
+
+    target = read_target_config(qwen3_dir)
+    write_store(tmp_path / "store", target, make_samples(target, count=4, seed=7))
+    argv = ["eval", "--store", str(tmp_path / "store"), "--drafter", str(zlab_dir[0]), "--target", str(qwen3_dir),
+            "--split", "all", "--ddtree-budgets", "4", "--json"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    direct = ev.evaluate(load_drafter(zlab_dir[0]).eval(), load_target_head(qwen3_dir), Store(tmp_path / "store"),
+                         everything(ddtree_budgets=(4,)), split="all")
+    assert printed["samples"] == 4 and 1.0 <= printed["tau"] <= BLOCK
+    assert printed["tau"] == pytest.approx(direct["tau"], abs=1e-6)
