@@ -47,9 +47,22 @@ def load_model(path):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
-def random_drafter(target_dir, mask_token_id, seed=0) -> DFlashDrafter:
+# Drafter geometries: every layer full attention; the published layout (sliding
+# layers, then a full one) with a window shorter than the prompts, so it cuts the
+# context; a window shorter than the block; sliding layers that are not causal.
+GEOMETRIES = {
+    "full": dict(num_hidden_layers=2, layer_types=["full_attention"] * 2),
+    "sliding": dict(num_hidden_layers=2, sliding_window=12),
+    "short_window": dict(num_hidden_layers=2, sliding_window=3),
+    "noncausal": dict(layer_types=["sliding_attention"] * 2, sliding_window=5, is_causal=False),
+}
+DECODE_GEOMETRY = GEOMETRIES["sliding"]
+
+
+def random_drafter(target_dir, mask_token_id, geometry=DECODE_GEOMETRY, seed=0) -> DFlashDrafter:
     config = DrafterConfig.from_target(read_target_config(target_dir), mask_token_id=mask_token_id,
-                                       context_layer_ids=LAYERS, num_layers=2, block_size=BLOCK)
+                                       context_layer_ids=LAYERS, block_size=BLOCK, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, **geometry)
     torch.manual_seed(seed)
     return DFlashDrafter(config).eval()
 
@@ -110,8 +123,9 @@ def sensitive_hybrid(tmp_path_factory, tokenizer_dir):
 
 
 # -- the pieces ----------------------------------------------------------------------------
-def test_draft_cache_equals_the_training_forward(qwen3_dir, mask_id):
-    drafter = random_drafter(qwen3_dir, mask_id)
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_draft_cache_equals_the_training_forward(geometry, qwen3_dir, mask_id):
+    drafter = random_drafter(qwen3_dir, mask_id, GEOMETRIES[geometry])
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(torch.randn_like(p) * 0.05)  # away from the init, so every weight matters
@@ -247,12 +261,14 @@ def greedy_store(path, model_dir, tokenizer, count=24, new_tokens=NEW_TOKENS):
 
 @pytest.fixture(scope="module", params=["qwen3_dir", "qwen3_5_dir"])
 def trained(request, tokenizer, tmp_path_factory):
-    """(target dir, store, export dir) of a 1-layer drafter trained 300 steps on a greedy store."""
+    """(target dir, store, export dir) of a drafter (a sliding layer, then a full one)
+    trained 300 steps on a greedy store."""
     target_dir = request.getfixturevalue(request.param)
     root = tmp_path_factory.mktemp("trained")
     store = greedy_store(root / "store", target_dir, tokenizer)
     config = load_config(None, [
-        "model.num_layers=1", f"model.block_size={BLOCK}", "model.num_anchors=32", f"data.heldout_fraction={HELDOUT}",
+        "model.num_hidden_layers=2", "model.sliding_window=12", "model.num_attention_heads=4",
+        "model.num_key_value_heads=2", "model.head_dim=16", f"model.block_size={BLOCK}", "model.num_anchors=32", f"data.heldout_fraction={HELDOUT}",
         "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100",
     ], store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 300})
     trainer = Trainer.from_config(config, log=lambda message: None)

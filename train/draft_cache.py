@@ -8,19 +8,20 @@ context keys (after `k_norm` and RoPE at their positions) and values of verified
 positions `[0, length)`, as z-lab's reference does with its draft-side cache.
 `draft(block_ids)` then runs one block `[anchor token, MASK ...]` at positions
 `length .. length + b - 1`: queries from the block, keys/values
-`[cached context | block]`, the same computation as the training forward with the
-anchor at `length` (context strictly before the anchor, the block's own slots),
-which `tests/test_speculate.py` checks.
+`[cached context | block]`, each layer under its own rule (`LayerAttention`: full
+layers see everything, sliding layers are causal with a window over key
+positions, of which only the window's keys are read), the same computation as the
+training forward with the anchor at `length` (context strictly before the anchor,
+the block's own slots), which `tests/test_speculate.py` checks.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from train.anchors import FULL_ATTENTION
+from train.attention import attend
 from train.model import DFlashDrafter, _rope
 
 
@@ -82,8 +83,15 @@ class DraftCache:
         k = attn.k_norm(attn.k_proj(x).view(1, count, attn.num_kv_heads, attn.head_dim)).transpose(1, 2)
         v = attn.v_proj(x).view(1, count, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        if self.keys[layer] is not None:
-            k = torch.cat([self.keys[layer], k], dim=2)
-            v = torch.cat([self.values[layer], v], dim=2)
-        out = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(attn.head_dim), enable_gqa=True)
+        anchor, rule = self.length, attn.rule
+        first = 0 if rule.window is None else max(0, anchor - rule.window + 1)  # older keys are out of every window
+        if anchor > first:
+            k = torch.cat([self.keys[layer][:, :, first:], k], dim=2)
+            v = torch.cat([self.values[layer][:, :, first:], v], dim=2)
+        mask = None
+        if rule != FULL_ATTENTION:
+            key_positions = torch.arange(first, anchor + count, device=x.device)
+            query_positions = torch.arange(anchor, anchor + count, device=x.device)
+            mask = rule.allows(query_positions[:, None], key_positions[None, :])
+        out = attend(q, k, v, mask)
         return attn.o_proj(out.transpose(1, 2).reshape(1, count, -1))
