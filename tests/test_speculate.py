@@ -33,7 +33,7 @@ from train.evaluate import store_samples
 from train.export import export_drafter, load_drafter
 from train.model import DFlashDrafter, DrafterConfig
 from train.prompts import jsonl_prompts, store_prompts
-from train.speculate import decode_prompt, greedy_generate, summarize
+from train.speculate import decode_prompt, greedy_generate, mismatch_logit_gap, summarize
 from train.target_decode import TargetSession
 from train.trainer import Trainer
 
@@ -232,6 +232,24 @@ def test_stop_tokens_end_both_decodings_alike(qwen3_dir, tokenizer, mask_id):
     result = decode_prompt(model, random_drafter(qwen3_dir, mask_id), "p", prompt, NEW_TOKENS, stop_ids=[stop])
     assert result.lossless and result.greedy.tokens == free[: free.index(stop) + 1]
     assert sum(result.speculative.acceptance_lengths) == len(result.speculative.tokens) - 1
+
+
+def test_a_mismatch_is_named_with_its_logit_gap(qwen3_dir, tokenizer, mask_id):
+    """A hand-altered speculative output: the first differing position and the
+    target's logit gap there, as a direct forward computes it."""
+    model = load_model(qwen3_dir)
+    prompt = chat_prompts(tokenizer, 1)[0]
+    result = decode_prompt(model, random_drafter(qwen3_dir, mask_id), "p", prompt, 12, stop_ids=[])
+    assert result.lossless and result.mismatch_logit_gap is None
+    wrong = (result.greedy.tokens[5] + 1) % 512
+    result.speculative.tokens = result.greedy.tokens[:5] + [wrong] + result.greedy.tokens[6:]
+    assert not result.lossless and result.first_mismatch() == 5
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, torch.tensor(result.greedy.tokens[:5])])[None]).logits[0, -1]
+    expected = float(logits[result.greedy.tokens[5]] - logits[wrong])
+    assert mismatch_logit_gap(model, prompt, result) == pytest.approx(expected, abs=1e-5) and expected > 0
+    result.speculative.tokens = result.greedy.tokens[:5]  # ended early: no gap to show
+    assert result.first_mismatch() == 5 and mismatch_logit_gap(model, prompt, result) is None
 
 
 # -- drafters trained on the target's own outputs ------------------------------------------

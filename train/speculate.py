@@ -126,6 +126,7 @@ class PromptResult:
     prompt_tokens: int
     speculative: Decoded
     greedy: Decoded
+    mismatch_logit_gap: float | None = None  # see `mismatch_logit_gap`
 
     @property
     def lossless(self) -> bool:
@@ -149,6 +150,7 @@ class PromptResult:
             "prompt_tokens": self.prompt_tokens,
             "lossless": self.lossless,
             "first_mismatch": self.first_mismatch(),
+            "mismatch_logit_gap": self.mismatch_logit_gap,
             "tau": None if self.tau is None else round(self.tau, 4),
             "rounds": len(self.speculative.acceptance_lengths),
             "new_tokens": len(self.speculative.tokens),
@@ -159,10 +161,28 @@ class PromptResult:
 
 
 def decode_prompt(model, drafter, prompt_id: str, prompt: torch.Tensor, max_new_tokens: int, stop_ids) -> PromptResult:
-    """Greedy, then speculative decoding of one prompt."""
+    """Greedy, then speculative decoding of one prompt; on a mismatch, its logit gap."""
     greedy = greedy_generate(model, prompt, max_new_tokens, stop_ids)
     speculative = speculative_generate(model, drafter, prompt, max_new_tokens, stop_ids)
-    return PromptResult(prompt_id, int(prompt.shape[0]), speculative, greedy)
+    result = PromptResult(prompt_id, int(prompt.shape[0]), speculative, greedy)
+    if not result.lossless:
+        result.mismatch_logit_gap = mismatch_logit_gap(model, prompt, result)
+    return result
+
+
+@torch.no_grad()
+def mismatch_logit_gap(model, prompt: torch.Tensor, result: PromptResult) -> float | None:
+    """|logit(greedy's token) - logit(speculative's token)| at the first mismatch, from
+    one cache-free forward over the prompt and the tokens both agree on. Near 0 is a
+    near-tie that a block forward and a one-token forward round differently (expected
+    now and then in bf16); a large gap means a decoding bug. None when one output
+    merely ends earlier (a stop token one of them did not produce)."""
+    index = result.first_mismatch()
+    if index is None or index >= min(len(result.speculative.tokens), len(result.greedy.tokens)):
+        return None
+    prefix = torch.cat([prompt, prompt.new_tensor(result.greedy.tokens[:index])])
+    logits = model(input_ids=prefix[None], use_cache=False, logits_to_keep=1).logits[0, -1].float()
+    return round(abs(float(logits[result.greedy.tokens[index]] - logits[result.speculative.tokens[index]])), 6)
 
 
 def summarize(results: list[PromptResult]) -> dict:

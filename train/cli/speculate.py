@@ -100,7 +100,7 @@ def run(args) -> int:
         result = decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), args.max_new_tokens, stops)
         results.append(result)
         print(f"[{number}/{len(prompts)}] {prompt.id}: tau {_fmt(result.tau)}, {len(result.speculative.tokens)} tokens, "
-              f"{'lossless' if result.lossless else 'MISMATCH at ' + str(result.first_mismatch())}", file=sys.stderr)
+              f"{'lossless' if result.lossless else _mismatch(result)}", file=sys.stderr)
     summary = summarize(results)
     summary.update(drafter=str(drafter_dir), target=str(args.target), device=device.type, dtype=str(dtype).removeprefix("torch."),
                    block_size=drafter.config.block_size, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
@@ -117,6 +117,10 @@ def _tokenizer(target):
         return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
     except (OSError, ValueError):
         return None  # token-id prompts still work; chat prompts are refused by name
+
+
+def _mismatch(result) -> str:
+    return f"MISMATCH at new token {result.first_mismatch()} (target logit gap {result.mismatch_logit_gap})"
 
 
 def _fmt(value, digits: int = 3) -> str:
