@@ -1,6 +1,6 @@
-"""Command line of the trainer: `python -m train {fit,export,eval,diagnose}`.
+"""Command line of the trainer: `python -m train {fit,export,eval,diagnose,speculate}`.
 
-One module per subcommand (train/cli/fit.py, export.py, eval.py, diagnose.py),
+One module per subcommand (train/cli/fit.py, export.py, eval.py, diagnose.py, speculate.py),
 each with `add_parser(subparsers)` and `run(args) -> int`. Every command runs
 under `store_schema.cli.run_command`, the one exit-code rule of the project:
 0 ok; 1 refused or a problem found (a store from another target, a corrupt
@@ -18,7 +18,7 @@ import importlib
 
 from train.dtypes import dtype_name
 
-COMMANDS = ("fit", "export", "eval", "diagnose")
+COMMANDS = ("fit", "export", "eval", "diagnose", "speculate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,369 @@
+"""`python -m train speculate`: real speculative decoding with the tiny targets.
+
+- the decode-time drafter (cached context) equals the training forward;
+- the hybrid target's rollback restores its recurrent state exactly, where a
+  crop alone (what z-lab's `dflash_generate` does) leaves the rejected tokens in it;
+- decoding is lossless on dense Qwen3 and hybrid Qwen3.5 targets, with a random
+  drafter (tau ~ 1) and with drafters trained on the target's own outputs
+  (tau well above 1), and on the dense target its per-round acceptance lengths
+  equal those `dflash_generate` (the `dflash` 0.1.0 package) measures with the
+  same drafter export and target;
+- the held-out prompt rule, the CLI's JSON and its refusals.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from dflash import model as dflash_model
+from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
+
+import builders
+from extract.target import TargetRunner, load_target
+from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
+from store_schema.target_config import read_target_config
+from train.cli import main
+from train.config import load_config
+from train.draft_cache import DraftCache
+from train.evaluate import store_samples
+from train.export import export_drafter, load_drafter
+from train.model import DFlashDrafter, DrafterConfig
+from train.prompts import jsonl_prompts, store_prompts
+from train.speculate import decode_prompt, greedy_generate, mismatch_logit_gap, summarize
+from train.target_decode import TargetSession
+from train.trainer import Trainer
+
+LAYERS = [1, 3]
+BLOCK = 8
+HELDOUT = 0.25
+NEW_TOKENS = 32
+
+
+def load_model(path):
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+# Drafter geometries: every layer full attention; the published layout (sliding
+# layers, then a full one) with a window shorter than the prompts, so it cuts the
+# context; a window shorter than the block; sliding layers that are not causal.
+GEOMETRIES = {
+    "full": dict(num_hidden_layers=2, layer_types=["full_attention"] * 2),
+    "sliding": dict(num_hidden_layers=2, sliding_window=12),
+    "short_window": dict(num_hidden_layers=2, sliding_window=3),
+    "noncausal": dict(layer_types=["sliding_attention"] * 2, sliding_window=5, is_causal=False),
+}
+DECODE_GEOMETRY = GEOMETRIES["sliding"]
+
+
+def random_drafter(target_dir, mask_token_id, geometry=DECODE_GEOMETRY, seed=0) -> DFlashDrafter:
+    config = DrafterConfig.from_target(read_target_config(target_dir), mask_token_id=mask_token_id,
+                                       context_layer_ids=LAYERS, block_size=BLOCK, num_attention_heads=4,
+                                       num_key_value_heads=2, head_dim=16, **geometry)
+    torch.manual_seed(seed)
+    return DFlashDrafter(config).eval()
+
+
+def chat_prompts(tokenizer, count, seed=1) -> list[torch.Tensor]:
+    """The user turns of coding chats, rendered with the generation prompt."""
+    return [
+        torch.tensor(tokenizer.apply_chat_template(r["messages"][:1], tokenize=True, add_generation_prompt=True,
+                                                   return_dict=True)["input_ids"])
+        for r in builders.coding_chats(count, seed=seed)
+    ]
+
+
+def reference_decode(export_dir, model, prompt, max_new_tokens):
+    """z-lab's `dflash_generate` on the same export and target. Its stats timer calls
+    torch.cuda.synchronize, which a CPU build of torch refuses: only that timer is
+    replaced by the plain clock."""
+    reference = dflash_model.DFlashDraftModel.from_pretrained(str(export_dir), dtype=torch.float32).eval()
+    clock = dflash_model._cuda_time
+    dflash_model._cuda_time = time.perf_counter
+    try:
+        return dflash_model.dflash_generate(reference, model, prompt[None], max_new_tokens, None, return_stats=True)
+    finally:
+        dflash_model._cuda_time = clock
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded 2-core
+    machine two threads contending made decoding ~10x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def mask_id(tokenizer):
+    return tokenizer.convert_tokens_to_ids("<|mask|>")
+
+
+@pytest.fixture(scope="module")
+def sensitive_hybrid(tmp_path_factory, tokenizer_dir):
+    """A tiny Qwen3.5 whose output depends strongly on its history (weights at 5x
+    the default init), so a recurrent state that kept rejected tokens changes tokens."""
+    import shutil
+
+    import embedded
+
+    path = tmp_path_factory.mktemp("hybrid")
+    torch.manual_seed(0)
+    config = embedded.qwen3_5_config(512, 64, 8, num_heads=4, head_dim=16)
+    config.initializer_range = 0.1
+    Qwen3_5ForCausalLM(config).save_pretrained(str(path))
+    for file in tokenizer_dir.iterdir():
+        shutil.copy(file, path / file.name)
+    return path
+
+
+# -- the pieces ----------------------------------------------------------------------------
+@pytest.mark.parametrize("geometry", GEOMETRIES)
+def test_draft_cache_equals_the_training_forward(geometry, qwen3_dir, mask_id):
+    drafter = random_drafter(qwen3_dir, mask_id, GEOMETRIES[geometry])
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.05)  # away from the init, so every weight matters
+    embed = load_model(qwen3_dir).get_input_embeddings()
+    torch.manual_seed(1)
+    features = torch.randn(60, 2 * 64)
+    ids = torch.randint(0, 512, (60,))
+    cache = DraftCache(drafter, embed)
+    for chunk in (7, 1, 16, 3, 9, 12):  # uneven rounds, as acceptance makes them
+        cache.extend(features[cache.length : cache.length + chunk])
+        anchor = cache.length
+        block = torch.full((BLOCK,), mask_id)
+        block[0] = ids[anchor]
+        with torch.no_grad():
+            expected = drafter(features[: anchor + 1], ids[: anchor + 1], torch.tensor([anchor]), embed, attention="sdpa")[0]
+        torch.testing.assert_close(cache.draft(block), expected, atol=2e-5, rtol=1e-5)
+    assert cache.length == 48
+
+
+def test_hybrid_rollback_restores_the_recurrent_state(sensitive_hybrid):
+    model = load_model(sensitive_hybrid)
+    torch.manual_seed(0)
+    prompt, block, after = torch.randint(0, 512, (20,)), torch.randint(0, 512, (6,)), torch.randint(0, 512, (1,))
+    keep = 2
+
+    straight = TargetSession(model)
+    straight.forward(torch.cat([prompt, block[:keep]]))
+    expected, _ = straight.forward(after)
+
+    rolled = TargetSession(model, rollback=True)
+    rolled.forward(prompt)
+    rolled.save()
+    rolled.forward(block)
+    rolled.keep(20, block, keep)
+    assert (rolled.length, rolled.reruns, rolled.forwards) == (22, 1, 3)
+    torch.testing.assert_close(rolled.forward(after)[0], expected, atol=1e-4, rtol=1e-4)
+
+    cropped = TargetSession(model, rollback=True)  # what a crop alone leaves: the reference's way
+    cropped.forward(prompt)
+    cropped.forward(block)
+    cropped._crop_to(22)
+    assert (cropped.forward(after)[0] - expected).abs().max() > 1e-2
+
+
+def test_dense_rollback_is_a_crop(qwen3_dir):
+    model = load_model(qwen3_dir)
+    session = TargetSession(model, rollback=True)
+    session.forward(torch.arange(10))
+    session.save()
+    session.forward(torch.arange(10, 16))
+    session.keep(10, torch.arange(10, 16), 3)
+    assert (session.length, session.reruns, session.forwards, session.cache.get_seq_length()) == (13, 0, 2, 13)
+
+
+# -- decoding with a random drafter --------------------------------------------------------
+def test_random_drafter_is_lossless_and_matches_the_reference_on_dense_qwen3(qwen3_dir, tokenizer, mask_id, tmp_path):
+    model = load_model(qwen3_dir)
+    export_drafter(random_drafter(qwen3_dir, mask_id), tmp_path / "drafter", dtype=torch.float32)
+    drafter = load_drafter(tmp_path / "drafter").eval()
+    results = []
+    for i, prompt in enumerate(chat_prompts(tokenizer, 2)):
+        result = decode_prompt(model, drafter, str(i), prompt, NEW_TOKENS, stop_ids=[])
+        reference = reference_decode(tmp_path / "drafter", model, prompt, NEW_TOKENS)
+        assert result.lossless, result.first_mismatch()
+        assert result.speculative.tokens == reference.output_ids[0, prompt.shape[0]:].tolist()
+        assert result.speculative.acceptance_lengths == reference.acceptance_lengths
+        assert result.speculative.target_forwards == 1 + len(result.speculative.acceptance_lengths)
+        assert result.greedy.target_forwards == NEW_TOKENS
+        results.append(result)
+    summary = summarize(results)
+    assert summary["lossless"] and summary["new_tokens"] == 2 * NEW_TOKENS
+    assert 1.0 <= summary["tau"] < 1.5
+
+
+@pytest.mark.parametrize("target", ["qwen3_5_dir", "sensitive_hybrid"])
+def test_random_drafter_is_lossless_on_hybrid_targets(target, request, tokenizer, mask_id):
+    target_dir = request.getfixturevalue(target)
+    model = load_model(target_dir)
+    drafter = random_drafter(target_dir, mask_id)
+    for i, prompt in enumerate(chat_prompts(tokenizer, 1)):
+        result = decode_prompt(model, drafter, str(i), prompt, NEW_TOKENS, stop_ids=[])
+        assert result.lossless, result.first_mismatch()
+        rounds = len(result.speculative.acceptance_lengths)
+        assert result.speculative.target_forwards == 1 + rounds + result.speculative.rerun_forwards
+        assert result.speculative.rerun_forwards > 0 and result.tau < 1.5
+
+
+def test_the_reference_decoder_is_not_lossless_on_a_hybrid_target(sensitive_hybrid, tokenizer, mask_id, tmp_path):
+    """dflash_generate crops the hybrid cache; its recurrent states keep rejected
+    tokens and the output leaves the target's greedy path."""
+    model = load_model(sensitive_hybrid)
+    export_drafter(random_drafter(sensitive_hybrid, mask_id), tmp_path / "drafter", dtype=torch.float32)
+    prompt = chat_prompts(tokenizer, 1)[0]
+    greedy = greedy_generate(model, prompt, NEW_TOKENS, stop_ids=[])
+    reference = reference_decode(tmp_path / "drafter", model, prompt, NEW_TOKENS)
+    assert reference.output_ids[0, prompt.shape[0]:].tolist() != greedy.tokens
+
+
+def test_stop_tokens_end_both_decodings_alike(qwen3_dir, tokenizer, mask_id):
+    model = load_model(qwen3_dir)
+    prompt = chat_prompts(tokenizer, 1)[0]
+    free = greedy_generate(model, prompt, NEW_TOKENS, stop_ids=[]).tokens
+    stop = free[12]  # a token the target emits: decoding must end right after its first occurrence
+    result = decode_prompt(model, random_drafter(qwen3_dir, mask_id), "p", prompt, NEW_TOKENS, stop_ids=[stop])
+    assert result.lossless and result.greedy.tokens == free[: free.index(stop) + 1]
+    assert sum(result.speculative.acceptance_lengths) == len(result.speculative.tokens) - 1
+
+
+def test_a_mismatch_is_named_with_its_logit_gap(qwen3_dir, tokenizer, mask_id):
+    """A hand-altered speculative output: the first differing position and the
+    target's logit gap there, as a direct forward computes it."""
+    model = load_model(qwen3_dir)
+    prompt = chat_prompts(tokenizer, 1)[0]
+    result = decode_prompt(model, random_drafter(qwen3_dir, mask_id), "p", prompt, 12, stop_ids=[])
+    assert result.lossless and result.mismatch_logit_gap is None
+    wrong = (result.greedy.tokens[5] + 1) % 512
+    result.speculative.tokens = result.greedy.tokens[:5] + [wrong] + result.greedy.tokens[6:]
+    assert not result.lossless and result.first_mismatch() == 5
+    with torch.no_grad():
+        logits = model(torch.cat([prompt, torch.tensor(result.greedy.tokens[:5])])[None]).logits[0, -1]
+    expected = float(logits[result.greedy.tokens[5]] - logits[wrong])
+    assert mismatch_logit_gap(model, prompt, result) == pytest.approx(expected, abs=1e-5) and expected > 0
+    result.speculative.tokens = result.greedy.tokens[:5]  # ended early: no gap to show
+    assert result.first_mismatch() == 5 and mismatch_logit_gap(model, prompt, result) is None
+
+
+# -- drafters trained on the target's own outputs ------------------------------------------
+def greedy_store(path, model_dir, tokenizer, count=24, new_tokens=NEW_TOKENS):
+    """A store whose responses are the target's own greedy continuations of coding
+    prompts (what the drafter must predict at decode time), with real hidden states."""
+    target = load_target(model_dir)
+    runner = TargetRunner(target, LAYERS)
+    fingerprint = Fingerprint(target_model=str(model_dir), num_target_layers=target.num_layers,
+                              hidden_size=target.hidden_size, vocab_size=target.vocab_size, layer_ids=LAYERS,
+                              max_length=512)
+    writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=4096))
+    records = builders.coding_chats(count)
+    prompts = chat_prompts(tokenizer, count, seed=0)
+    for s, start in enumerate(range(0, count, 8)):
+        rows = []
+        for prompt in prompts[start : start + 8]:
+            reply = greedy_generate(target.model, prompt, new_tokens, stop_ids=[]).tokens
+            ids = np.asarray(prompt.tolist() + reply, dtype=np.int32)
+            rows.append((ids, np.r_[np.zeros(len(prompt)), np.ones(len(reply))].astype(np.uint8)))
+        outputs = runner.run_batch([ids for ids, _ in rows])
+        samples = [SampleArrays(r["id"], ids, mask, {layer: out[layer] for layer in LAYERS})
+                   for r, (ids, mask), out in zip(records[start : start + 8], rows, outputs)]
+        writer.write_shard(shard_name(s), samples)
+    return path
+
+
+@pytest.fixture(scope="module", params=["qwen3_dir", "qwen3_5_dir"])
+def trained(request, tokenizer, tmp_path_factory):
+    """(target dir, store, export dir) of a drafter (a sliding layer, then a full one)
+    trained 300 steps on a greedy store."""
+    target_dir = request.getfixturevalue(request.param)
+    root = tmp_path_factory.mktemp("trained")
+    store = greedy_store(root / "store", target_dir, tokenizer)
+    config = load_config(None, [
+        "model.num_hidden_layers=2", "model.sliding_window=12", "model.num_attention_heads=4",
+        "model.num_key_value_heads=2", "model.head_dim=16", f"model.block_size={BLOCK}", "model.num_anchors=32", f"data.heldout_fraction={HELDOUT}",
+        "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100",
+    ], store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 300})
+    trainer = Trainer.from_config(config, log=lambda message: None)
+    trainer.fit()
+    export = export_drafter(trainer.drafter, root / "export", dtype=torch.float32, heldout_fraction=HELDOUT)
+    return target_dir, store, export
+
+
+def test_trained_drafter_is_lossless_with_real_acceptance(trained):
+    target_dir, store, export = trained
+    model, drafter = load_model(target_dir), load_drafter(export).eval()
+    prompts = store_prompts(store, HELDOUT, limit=4)
+    assert len(prompts) == 4
+    results = [decode_prompt(model, drafter, p.id, p.input_ids, NEW_TOKENS, stop_ids=[]) for p in prompts]
+    summary = summarize(results)
+    assert summary["lossless"], [r.first_mismatch() for r in results]
+    # 300 CPU steps on 17 short sequences learn little (tau ~1.5-1.7 here), but well
+    # above a random drafter's ~1.0, and whole blocks get accepted on some rounds.
+    assert summary["tau"] > 1.3, summary["tau"]
+    assert max(max(r.speculative.acceptance_lengths) for r in results) >= 4
+    if target_dir.name.startswith("qwen3_5"):
+        assert summary["speculative"]["rerun_forwards"] > 0
+        return  # the reference crops the hybrid cache (see above): no oracle there
+    assert summary["speculative"]["target_forwards"] < summary["greedy"]["target_forwards"]
+    for prompt, result in zip(prompts, results):
+        reference = reference_decode(export, model, prompt.input_ids, NEW_TOKENS)
+        assert result.speculative.acceptance_lengths == reference.acceptance_lengths, prompt.id
+
+
+# -- prompts and the command ---------------------------------------------------------------
+def test_store_prompts_are_heldout_samples_up_to_their_first_response_token(tmp_path):
+    store = tmp_path / "store"
+    builders.random_store(store, num_shards=3, samples_per_shard=8)
+    heldout = list(store_samples(store, [], split="heldout", heldout_fraction=0.3))
+    prompts = store_prompts(store, 0.3)
+    expected = [s for s in heldout if s.loss_mask.bool().any() and not s.loss_mask[0]]
+    assert [p.id for p in prompts] == [s.sample_id for s in expected] and prompts
+    for prompt, sample in zip(prompts, expected):
+        start = int(sample.loss_mask.tolist().index(1))
+        assert prompt.input_ids.tolist() == sample.input_ids[:start].tolist()
+        assert prompt.reference.tolist() == sample.input_ids[start:].tolist()
+    assert [p.id for p in store_prompts(store, 0.3, limit=1)] == [prompts[0].id]
+
+
+def test_cli_json_on_a_store(trained, capsys):
+    target_dir, store, export = trained
+    code = main(["speculate", "--drafter", str(export), "--target", str(target_dir), "--store", str(store),
+                 "--max-new-tokens", "12", "--limit", "2", "--json"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert code == 0
+    result = json.loads(out[-1])
+    assert result["prompts"] == 2 and result["lossless"] is True and result["tau"] >= 1.0
+    assert {"rounds", "new_tokens", "speculative", "greedy", "per_prompt", "speedup"} <= set(result)
+    for kind in ("speculative", "greedy"):
+        assert {"target_forwards", "wall_s", "tokens_per_s"} <= set(result[kind])
+    row = result["per_prompt"][0]
+    assert {"id", "lossless", "tau", "rounds", "new_tokens", "acceptance_lengths"} <= set(row)
+    assert sum(row["acceptance_lengths"]) == row["new_tokens"] - 1
+
+
+def test_cli_prompts_file_and_refusals(qwen3_dir, qwen3_5_dir, tokenizer, mask_id, tmp_path, capsys):
+    export = export_drafter(random_drafter(qwen3_dir, mask_id), tmp_path / "drafter", dtype=torch.float32)
+    chat = builders.coding_chats(1)[0]
+    ids = chat_prompts(tokenizer, 1)[0].tolist()
+    prompts = builders.write_chat_jsonl(tmp_path / "p.jsonl", [chat, {"input_ids": ids}])
+    parsed = jsonl_prompts(prompts, tokenizer)
+    assert [p.id for p in parsed] == [chat["id"], "line-2"]
+    assert parsed[0].input_ids.tolist() == tokenizer.apply_chat_template(
+        chat["messages"][:1], tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+
+    base = ["speculate", "--drafter", str(export), "--max-new-tokens", "6"]
+    assert main([*base, "--target", str(qwen3_dir), "--prompts", str(prompts)]) == 0
+    assert "lossless 2/2" in capsys.readouterr().out
+
+    bad = builders.write_chat_jsonl(tmp_path / "bad.jsonl", [chat, {"input_ids": [1, "x"]}])
+    assert main([*base, "--target", str(qwen3_dir), "--prompts", str(bad)]) == 1
+    assert f"{bad}:2: input_ids must be" in capsys.readouterr().err
+    assert main([*base, "--target", str(qwen3_5_dir), "--prompts", str(prompts)]) == 1
+    assert "drafter num_target_layers 6 does not match the target's 8" in capsys.readouterr().err
+    assert main([*base, "--target", str(qwen3_dir), "--prompts", str(tmp_path / "none.jsonl")]) == 2

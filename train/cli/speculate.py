@@ -1,0 +1,147 @@
+"""`python -m train speculate --drafter DIR --target PATH (--store STORE | --prompts FILE.jsonl)
+[--max-new-tokens N] [--limit K] [--json] ...`
+
+Real speculative decoding: the target (transformers, bf16 on GPU / fp32 on CPU)
+and the drafter decode each prompt the DFlash way (train/speculate.py), and the
+target also decodes it greedily on its own. Per prompt and overall: whether the
+outputs are identical (`lossless`), `tau` (tokens committed per round, averaged
+per prompt then over prompts), rounds, new tokens, target forwards, wall time and
+tokens/s of both. Prompts: the store's held-out samples up to their first
+response token (train/prompts.py), or a JSONL file of chats / token ids."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from train.cli import dtype_arg, fraction_arg, positive_int
+from train.config import SPLITS, DataConfig
+from train.dtypes import NAMES
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "speculate", help="speculative decoding with a drafter: lossless check, tau, tokens/s",
+        description=__doc__.split("\n\n")[1],
+    )
+    p.add_argument("--drafter", required=True, help="drafter directory (config.json with dflash_config + "
+                                                    "model.safetensors), or a run directory holding an export")
+    p.add_argument("--target", required=True, help="target model directory (loaded whole with transformers)")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--store", help="decode the store's held-out samples' prompts")
+    source.add_argument("--prompts", help="JSONL file: one {\"messages\": [...]} or {\"input_ids\": [...]} per line")
+    p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most (default 256)")
+    p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")
+    p.add_argument("--split", choices=SPLITS, default="heldout", help="store samples to take (default heldout)")
+    p.add_argument("--heldout-fraction", type=fraction_arg,
+                   help="share of samples in the held-out split (default: the training run's, as the export "
+                        f"records it; {DataConfig.heldout_fraction} for a drafter without that record)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS / end-of-turn tokens")
+    p.add_argument("--device", help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--dtype", type=dtype_arg, choices=NAMES,
+                   help="target and drafter dtype (default: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
+    p.set_defaults(handler=run)
+
+
+def check_compatible(drafter_config, model, where) -> None:
+    """Refuse a drafter made for another target, naming the field."""
+    embed = model.get_input_embeddings().weight
+    checks = {
+        "hidden_size": (drafter_config.hidden_size, embed.shape[1]),
+        "vocab_size": (drafter_config.vocab_size, embed.shape[0]),
+        "num_target_layers": (drafter_config.num_target_layers, model.config.get_text_config().num_hidden_layers),
+    }
+    for name, (drafter_value, target_value) in checks.items():
+        if drafter_value != target_value:
+            raise ValueError(f"{where}: drafter {name} {drafter_value} does not match the target's {target_value}")
+
+
+def load_prompts(args, drafter_dir, model, tokenizer) -> list:
+    from store_schema import Store
+    from store_schema.target_config import read_target_config
+    from train.cli.eval import heldout_fraction
+    from train.prompts import jsonl_prompts, store_prompts
+    from train.trainer import check_store_against_target
+
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if args.prompts:
+        return jsonl_prompts(args.prompts, tokenizer, vocab_size=vocab, limit=args.limit)
+    store = Store(args.store)
+    check_store_against_target(store, read_target_config(args.target))
+    return store_prompts(store, heldout_fraction(args, drafter_dir), split=args.split, limit=args.limit)
+
+
+def run(args) -> int:
+    import torch
+
+    from store_schema.cli import fail
+    from train.dtypes import torch_dtype
+    from train.export import load_drafter, resolve_drafter_dir
+    from train.speculate import decode_prompt, summarize
+    from train.target_decode import load_target_model, stop_token_ids
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    drafter_dir = resolve_drafter_dir(args.drafter)
+    drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
+    model = load_target_model(args.target, device, dtype)
+    check_compatible(drafter.config, model, drafter_dir / "config.json")
+    tokenizer = _tokenizer(args.target)
+    prompts = load_prompts(args, drafter_dir, model, tokenizer)
+    if not prompts:
+        return fail(f"no prompt to decode in {args.prompts or args.store}")
+    stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)
+
+    # One short untimed pass first, so one-time setup is not charged to the first prompt.
+    decode_prompt(model, drafter, "warmup", prompts[0].input_ids.to(device), min(8, args.max_new_tokens), stops)
+    results = []
+    for number, prompt in enumerate(prompts, start=1):
+        result = decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), args.max_new_tokens, stops)
+        results.append(result)
+        print(f"[{number}/{len(prompts)}] {prompt.id}: tau {_fmt(result.tau)}, {len(result.speculative.tokens)} tokens, "
+              f"{'lossless' if result.lossless else _mismatch(result)}", file=sys.stderr)
+    summary = summarize(results)
+    summary.update(drafter=str(drafter_dir), target=str(args.target), device=device.type, dtype=str(dtype).removeprefix("torch."),
+                   block_size=drafter.config.block_size, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
+                   per_prompt=[r.to_dict() for r in results])
+    print(json.dumps(summary) if args.json else render(summary))
+    return 0 if summary["lossless"] else fail(
+        f"speculative output differs from greedy decoding on {summary['prompts'] - summary['lossless_prompts']} prompt(s)")
+
+
+def _tokenizer(target):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
+    except (OSError, ValueError):
+        return None  # token-id prompts still work; chat prompts are refused by name
+
+
+def _mismatch(result) -> str:
+    return f"MISMATCH at new token {result.first_mismatch()} (target logit gap {result.mismatch_logit_gap})"
+
+
+def _fmt(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render(summary: dict) -> str:
+    """Per-prompt lines, then the overall figures."""
+    lines = [f"{'prompt':<24}{'lossless':>9}{'tau':>8}{'rounds':>8}{'tokens':>8}{'spec tok/s':>12}{'greedy tok/s':>14}"]
+    for row in summary["per_prompt"]:
+        lines.append(f"{row['id'][:23]:<24}{str(row['lossless']):>9}{_fmt(row['tau']):>8}{row['rounds']:>8}"
+                     f"{row['new_tokens']:>8}{_fmt(row['speculative']['tokens_per_s'], 1):>12}"
+                     f"{_fmt(row['greedy']['tokens_per_s'], 1):>14}")
+    spec, greedy = summary["speculative"], summary["greedy"]
+    lines += [
+        "",
+        f"prompts {summary['prompts']}, lossless {summary['lossless_prompts']}/{summary['prompts']}, "
+        f"tau {_fmt(summary['tau'])}, rounds {summary['rounds']}, new tokens {summary['new_tokens']}",
+        f"speculative: {spec['target_forwards']} target forwards ({spec['rerun_forwards']} re-runs), "
+        f"{spec['wall_s']:.2f} s, {_fmt(spec['tokens_per_s'], 1)} tokens/s",
+        f"greedy:      {greedy['target_forwards']} target forwards, {greedy['wall_s']:.2f} s, "
+        f"{_fmt(greedy['tokens_per_s'], 1)} tokens/s (speedup {_fmt(summary['speedup'], 2)}x)",
+    ]
+    return "\n".join(lines)

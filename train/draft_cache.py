@@ -1,0 +1,97 @@
+"""The drafter at decode time: one block per round, with the context cached.
+
+The training forward (`DFlashDrafter.forward`) recomputes `fc`/`hidden_norm` and
+every layer's context keys/values over the whole sequence for each call. While
+decoding, the context only grows (the target's features of newly verified
+positions are appended each round), so `DraftCache` keeps, per drafter layer, the
+context keys (after `k_norm` and RoPE at their positions) and values of verified
+positions `[0, length)`, as z-lab's reference does with its draft-side cache.
+`draft(block_ids)` then runs one block `[anchor token, MASK ...]` at positions
+`length .. length + b - 1`: queries from the block, keys/values
+`[cached context | block]`, each layer under its own rule (`LayerAttention`: full
+layers see everything, sliding layers are causal with a window over key
+positions, of which only the window's keys are read), the same computation as the
+training forward with the anchor at `length` (context strictly before the anchor,
+the block's own slots), which `tests/test_speculate.py` checks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from train.anchors import FULL_ATTENTION
+from train.attention import attend
+from train.model import DFlashDrafter, _rope
+
+
+class DraftCache:
+    """Context keys/values of every drafter layer for verified positions [0, length)."""
+
+    def __init__(self, drafter: DFlashDrafter, embed_tokens: nn.Module):
+        self.drafter = drafter
+        self.embed_tokens = embed_tokens
+        self.keys: list[torch.Tensor | None] = [None] * len(drafter.layers)
+        self.values: list[torch.Tensor | None] = [None] * len(drafter.layers)
+        self.length = 0
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.drafter.fc.weight.dtype
+
+    def _positions(self, count: int, device) -> torch.Tensor:
+        return torch.arange(self.length, self.length + count, device=device)[None]
+
+    @torch.no_grad()
+    def extend(self, features: torch.Tensor) -> None:
+        """Append the target's context features [n, n_ctx*H] of positions
+        length .. length+n-1 (concatenated in `context_layer_ids` order)."""
+        drafter = self.drafter
+        expected = drafter.config.num_context_layers * drafter.config.hidden_size
+        if features.dim() != 2 or features.shape[-1] != expected:
+            raise ValueError(f"context features must be [n, {expected}], got {tuple(features.shape)}")
+        count = features.shape[0]
+        if count == 0:
+            return
+        context = drafter.hidden_norm(drafter.fc(features.to(self.dtype)))[None]  # [1, n, H]
+        cos, sin = drafter.rotary_emb(context, self._positions(count, features.device))
+        for i, layer in enumerate(drafter.layers):
+            attn = layer.self_attn
+            k = attn.k_norm(attn.k_proj(context).view(1, count, attn.num_kv_heads, attn.head_dim)).transpose(1, 2)
+            v = attn.v_proj(context).view(1, count, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+            k = _rope(k, cos, sin)
+            self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], dim=2)
+            self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], dim=2)
+        self.length += count
+
+    @torch.no_grad()
+    def draft(self, block_ids: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [b, H] (after `norm`) of the block `block_ids` [b]
+        anchored at position `length`; apply the target's lm_head for logits."""
+        drafter = self.drafter
+        count = block_ids.shape[0]
+        x = self.embed_tokens(block_ids).to(self.dtype)[None]  # [1, b, H]
+        cos, sin = drafter.rotary_emb(x, self._positions(count, block_ids.device))
+        for i, layer in enumerate(drafter.layers):
+            x = x + self._attend(layer.self_attn, layer.input_layernorm(x), i, cos, sin)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return drafter.norm(x)[0]
+
+    def _attend(self, attn, x: torch.Tensor, layer: int, cos, sin) -> torch.Tensor:
+        count = x.shape[1]
+        q = attn.q_norm(attn.q_proj(x).view(1, count, attn.num_heads, attn.head_dim)).transpose(1, 2)
+        k = attn.k_norm(attn.k_proj(x).view(1, count, attn.num_kv_heads, attn.head_dim)).transpose(1, 2)
+        v = attn.v_proj(x).view(1, count, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        anchor, rule = self.length, attn.rule
+        first = 0 if rule.window is None else max(0, anchor - rule.window + 1)  # older keys are out of every window
+        if anchor > first:
+            k = torch.cat([self.keys[layer][:, :, first:], k], dim=2)
+            v = torch.cat([self.values[layer][:, :, first:], v], dim=2)
+        mask = None
+        if rule != FULL_ATTENTION:
+            key_positions = torch.arange(first, anchor + count, device=x.device)
+            query_positions = torch.arange(anchor, anchor + count, device=x.device)
+            mask = rule.allows(query_positions[:, None], key_positions[None, :])
+        out = attend(q, k, v, mask)
+        return attn.o_proj(out.transpose(1, 2).reshape(1, count, -1))

@@ -1,0 +1,216 @@
+"""Speculative decoding the DFlash way, beside the target's own greedy decoding.
+
+A round, with the anchor at position `start` (the bonus token of the previous
+round, which the target has not processed yet):
+
+1. the drafter drafts the block `[anchor, MASK x (b-1)]` at positions
+   start .. start+b-1 from the target's features of the verified positions
+   `< start` (`train.draft_cache.DraftCache`), greedy per slot;
+2. the target verifies the whole block in one forward;
+3. the drafted tokens that equal the target's own greedy choices are accepted,
+   up to the first mismatch, plus the target's token after them (the bonus, the
+   next anchor): accepted + 1 tokens, cut at a stop token or the token limit;
+4. the target's cache keeps the anchor and the accepted tokens
+   (`train.target_decode.TargetSession.keep`: cropped, or for linear-attention
+   layers restored and re-run), and the drafter's context grows by their features.
+
+b is the drafter's block size, or what is left of `max_new_tokens` on the last
+round (as z-lab's `dflash_generate` does). Every committed token is the target's
+greedy choice after the tokens before it, so the output equals greedy decoding
+token for token (`lossless`), up to floating-point differences between a block
+forward and a one-token forward, which `decode_prompt` measures rather than
+assumes. Acceptance length per round = tokens the round committed, exactly as
+`dflash_generate` records it; `tau` is their mean per prompt, then over prompts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from train.draft_cache import DraftCache
+from train.target_decode import TargetSession, clock
+
+
+@dataclass
+class Decoded:
+    """One decoding of one prompt: the new tokens and what it cost."""
+
+    tokens: list[int]
+    target_forwards: int
+    wall_s: float
+    acceptance_lengths: list[int] = field(default_factory=list)  # speculative only: one per round
+    rerun_forwards: int = 0  # of target_forwards: re-runs after a partial acceptance (linear attention)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.tokens) / self.wall_s if self.wall_s > 0 else math.nan
+
+    def timing(self) -> dict:
+        out = {"target_forwards": self.target_forwards, "wall_s": round(self.wall_s, 4),
+               "tokens_per_s": round(self.tokens_per_s, 2)}
+        if self.acceptance_lengths or self.rerun_forwards:
+            out["rerun_forwards"] = self.rerun_forwards
+        return out
+
+
+@torch.no_grad()
+def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop_ids) -> Decoded:
+    """The target's own greedy decoding: one token per forward, plain cache."""
+    stop = set(stop_ids)
+    session = TargetSession(model)
+    started = clock(session.device)
+    tokens: list[int] = []
+    ids = prompt
+    while True:
+        logits, _ = session.forward(ids, last_only=True)
+        token = int(logits[-1].argmax())
+        tokens.append(token)
+        if len(tokens) >= max_new_tokens or token in stop:
+            break
+        ids = prompt.new_tensor([token])
+    return Decoded(tokens, session.forwards, clock(session.device) - started)
+
+
+@torch.no_grad()
+def speculative_generate(model, drafter, prompt: torch.Tensor, max_new_tokens: int, stop_ids) -> Decoded:
+    """DFlash speculative decoding of `prompt` [n] with the target `model` (whose
+    embedding and lm_head the drafter uses) and `drafter` (a DFlashDrafter)."""
+    config = drafter.config
+    stop = set(stop_ids)
+    target = TargetSession(model, config.context_layer_ids, rollback=True)
+    draft = DraftCache(drafter, model.get_input_embeddings())
+    lm_head = model.get_output_embeddings()
+    started = clock(target.device)
+
+    logits, features = target.forward(prompt, features=True, last_only=True)
+    draft.extend(features)
+    tokens = [int(logits[-1].argmax())]
+    lengths: list[int] = []
+    start = prompt.shape[0]  # position of the anchor: tokens[-1]
+    limit = start + max_new_tokens  # positions the output may reach (exclusive)
+    stopped = tokens[-1] in stop
+    while start + 1 < limit and not stopped:
+        size = min(config.block_size, limit - start)
+        block = prompt.new_full((size,), config.mask_token_id)
+        block[0] = tokens[-1]
+        if size > 1:
+            hidden = draft.draft(block)
+            block[1:] = lm_head(hidden[1:].to(lm_head.weight.dtype)).argmax(dim=-1)
+        target.save()
+        logits, features = target.forward(block, features=True)
+        choice = logits.argmax(dim=-1)
+        accepted = int((block[1:] == choice[:-1]).long().cumprod(0).sum())
+        new = block[1 : accepted + 1].tolist() + [int(choice[accepted])]
+        produced = min(accepted + 1, limit - start - 1)
+        for i, token in enumerate(new[:produced]):
+            if token in stop:
+                produced, stopped = i + 1, True
+                break
+        tokens += new[:produced]
+        lengths.append(produced)
+        if start + produced + 1 < limit and not stopped:  # the cache is needed again
+            target.keep(start, block, produced)
+            draft.extend(features[:produced])
+        start += produced
+    return Decoded(tokens, target.forwards, clock(target.device) - started, lengths, target.reruns)
+
+
+@dataclass
+class PromptResult:
+    """Speculative and greedy decoding of one prompt, compared."""
+
+    prompt_id: str
+    prompt_tokens: int
+    speculative: Decoded
+    greedy: Decoded
+    mismatch_logit_gap: float | None = None  # see `mismatch_logit_gap`
+
+    @property
+    def lossless(self) -> bool:
+        return self.speculative.tokens == self.greedy.tokens
+
+    @property
+    def tau(self) -> float | None:
+        lengths = self.speculative.acceptance_lengths
+        return sum(lengths) / len(lengths) if lengths else None
+
+    def first_mismatch(self) -> int | None:
+        pairs = zip(self.speculative.tokens, self.greedy.tokens)
+        index = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        if index is None and len(self.speculative.tokens) != len(self.greedy.tokens):
+            index = min(len(self.speculative.tokens), len(self.greedy.tokens))
+        return index
+
+    def to_dict(self) -> dict:
+        return {
+            "id": self.prompt_id,
+            "prompt_tokens": self.prompt_tokens,
+            "lossless": self.lossless,
+            "first_mismatch": self.first_mismatch(),
+            "mismatch_logit_gap": self.mismatch_logit_gap,
+            "tau": None if self.tau is None else round(self.tau, 4),
+            "rounds": len(self.speculative.acceptance_lengths),
+            "new_tokens": len(self.speculative.tokens),
+            "acceptance_lengths": self.speculative.acceptance_lengths,
+            "speculative": self.speculative.timing(),
+            "greedy": {**self.greedy.timing(), "new_tokens": len(self.greedy.tokens)},
+        }
+
+
+def decode_prompt(model, drafter, prompt_id: str, prompt: torch.Tensor, max_new_tokens: int, stop_ids) -> PromptResult:
+    """Greedy, then speculative decoding of one prompt; on a mismatch, its logit gap."""
+    greedy = greedy_generate(model, prompt, max_new_tokens, stop_ids)
+    speculative = speculative_generate(model, drafter, prompt, max_new_tokens, stop_ids)
+    result = PromptResult(prompt_id, int(prompt.shape[0]), speculative, greedy)
+    if not result.lossless:
+        result.mismatch_logit_gap = mismatch_logit_gap(model, prompt, result)
+    return result
+
+
+@torch.no_grad()
+def mismatch_logit_gap(model, prompt: torch.Tensor, result: PromptResult) -> float | None:
+    """|logit(greedy's token) - logit(speculative's token)| at the first mismatch, from
+    one cache-free forward over the prompt and the tokens both agree on. Near 0 is a
+    near-tie that a block forward and a one-token forward round differently (expected
+    now and then in bf16); a large gap means a decoding bug. None when one output
+    merely ends earlier (a stop token one of them did not produce)."""
+    index = result.first_mismatch()
+    if index is None or index >= min(len(result.speculative.tokens), len(result.greedy.tokens)):
+        return None
+    prefix = torch.cat([prompt, prompt.new_tensor(result.greedy.tokens[:index])])
+    logits = model(input_ids=prefix[None], use_cache=False, logits_to_keep=1).logits[0, -1].float()
+    return round(abs(float(logits[result.greedy.tokens[index]] - logits[result.speculative.tokens[index]])), 6)
+
+
+def summarize(results: list[PromptResult]) -> dict:
+    """Overall figures: tau averaged per prompt then over prompts (prompts whose
+    first token already ended the answer have no round and no tau); counts and
+    times summed; tokens/s = all new tokens / all wall time."""
+    taus = [r.tau for r in results if r.tau is not None]
+
+    def total(kind: str) -> dict:
+        runs = [getattr(r, kind) for r in results]
+        tokens = sum(len(d.tokens) for d in runs)
+        wall = sum(d.wall_s for d in runs)
+        return {"target_forwards": sum(d.target_forwards for d in runs), "wall_s": round(wall, 4),
+                "tokens_per_s": round(tokens / wall, 2) if wall > 0 else None, "new_tokens": tokens}
+
+    speculative, greedy = total("speculative"), total("greedy")
+    speculative["rerun_forwards"] = sum(r.speculative.rerun_forwards for r in results)
+    speedup = None
+    if speculative["tokens_per_s"] and greedy["tokens_per_s"]:
+        speedup = round(speculative["tokens_per_s"] / greedy["tokens_per_s"], 3)
+    return {
+        "prompts": len(results),
+        "lossless": all(r.lossless for r in results),
+        "lossless_prompts": sum(r.lossless for r in results),
+        "tau": round(sum(taus) / len(taus), 4) if taus else None,
+        "rounds": sum(len(r.speculative.acceptance_lengths) for r in results),
+        "new_tokens": speculative["new_tokens"],
+        "speculative": speculative,
+        "greedy": greedy,
+        "speedup": speedup,
+    }

@@ -1,0 +1,149 @@
+"""The target at decode time: loaded whole (transformers), run over a growing
+cache, its cache rolled back after a partly rejected block.
+
+Rolling back differs by layer kind:
+
+- Attention layers hold keys/values per position: `DynamicCache.crop` drops the
+  rejected positions.
+- Linear-attention layers (Qwen3.5's Gated DeltaNet) hold a recurrent state that
+  has absorbed every token of the block, and nothing in it can be cropped
+  (transformers' `LinearAttentionCacheLayerMixin.is_croppable` is False once the
+  state exists; `crop` rewinds only their short-convolution window, kept whole
+  by `activate_past_recording`). So before each verification `save()` copies the
+  recurrent states, and `keep()` of a partly accepted block crops every layer
+  back to the block's start, puts the copies back and re-runs the accepted tokens
+  through the target: one more forward (counted in `reruns`), exact. A fully
+  accepted block keeps the state as it is, and a target without linear-attention
+  layers is only cropped.
+
+z-lab's `dflash_generate` crops and nothing else, so on a hybrid target its
+recurrent states keep the rejected tokens and its output drifts from the
+target's greedy output (tests/test_speculate.py shows it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+# End-of-turn tokens of common chat templates; a target stops at any of them.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
+
+
+def load_target_model(path: str | Path, device: torch.device, dtype: torch.dtype):
+    """The target causal LM, eval mode, no gradients, trust_remote_code off."""
+    from transformers import AutoModelForCausalLM
+
+    model, loading = AutoModelForCausalLM.from_pretrained(
+        str(path),
+        dtype=dtype,
+        device_map=None if device.type == "cpu" else str(device),
+        trust_remote_code=False,
+        output_loading_info=True,
+    )
+    if loading["missing_keys"] or loading["mismatched_keys"]:
+        raise ValueError(
+            f"{path}: weights missing {sorted(loading['missing_keys'])[:8]} or mismatched "
+            f"{sorted(loading['mismatched_keys'])[:8]} while loading {type(model).__name__}"
+        )
+    model.eval().requires_grad_(False)
+    return model.to(device)
+
+
+def stop_token_ids(model, tokenizer=None) -> list[int]:
+    """EOS ids of the generation config and model config, the tokenizer's EOS and
+    any end-of-turn token (END_OF_TURN_TOKENS) the tokenizer has."""
+    found: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        found.update([eos] if isinstance(eos, int) else (eos or []))
+    if tokenizer is not None:
+        if tokenizer.eos_token_id is not None:
+            found.add(tokenizer.eos_token_id)
+        vocab = tokenizer.get_vocab()
+        found.update(vocab[token] for token in END_OF_TURN_TOKENS if token in vocab)
+    return sorted(found)
+
+
+def clock(device: torch.device) -> float:
+    """Wall time, after the device has finished its queued work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+class TargetSession:
+    """One sequence through the target: positions [0, length) are in the cache.
+
+    rollback=False gives a plain cache (what greedy decoding uses); rollback=True
+    records what `keep` needs to undo a verification (see the module docstring)."""
+
+    def __init__(self, model, context_layer_ids: list[int] = (), rollback: bool = False):
+        self.model = model
+        self.context_layer_ids = list(context_layer_ids)
+        self.cache = DynamicCache(config=model.config)
+        self.recurrent = []
+        if rollback:
+            self.cache.activate_past_recording()
+            self.recurrent = [layer for layer in self.cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
+        self.length = 0
+        self.forwards = 0
+        self.reruns = 0
+        self._saved: list[dict] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_output_embeddings().weight.device
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor, features: bool = False, last_only: bool = False):
+        """Run `ids` [n] at positions length .. length+n-1. Returns logits [n, V]
+        (or [1, V] with last_only) and, with `features`, the context layers' hidden
+        states [n, n_ctx*H] (id L = hidden_states[L + 1]) or None."""
+        count = ids.shape[0]
+        positions = torch.arange(self.length, self.length + count, device=ids.device)[None]
+        out = self.model(
+            input_ids=ids[None],
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=features,
+            logits_to_keep=1 if last_only else 0,
+        )
+        self.length += count
+        self.forwards += 1
+        hidden = None
+        if features:
+            hidden = torch.cat([out.hidden_states[layer + 1][0] for layer in self.context_layer_ids], dim=-1)
+        return out.logits[0], hidden
+
+    def save(self) -> None:
+        """Copy the linear-attention layers' recurrent states (before a verification)."""
+        self._saved = [
+            {i: state.clone() for i, state in layer.recurrent_states.items() if state is not None}
+            for layer in self.recurrent
+        ]
+
+    def keep(self, start: int, tokens: torch.Tensor, count: int) -> None:
+        """After verifying `tokens` at positions start.. (with `save()` before it),
+        keep only the first `count` of them in the cache."""
+        if not self.recurrent or count == tokens.shape[0]:
+            self._crop_to(start + count)
+            return
+        if self._saved is None:
+            raise RuntimeError("keep() of a partly accepted block needs save() before the verification")
+        self._crop_to(start)
+        for layer, saved in zip(self.recurrent, self._saved):
+            for i, state in saved.items():
+                layer.recurrent_states[i].copy_(state)
+        self._saved = None
+        self.forward(tokens[:count])
+        self.reruns += 1
+
+    def _crop_to(self, length: int) -> None:
+        self.cache.crop(-(self.length - length))
+        self.length = length
