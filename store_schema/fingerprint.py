@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .dtypes import store_dtype
 from .layout import LAYER_ID_CONVENTION, validate_layer_ids
 
 
@@ -28,7 +29,7 @@ class Fingerprint:
     layer_ids: tuple[int, ...]
     max_length: int
     layer_id_convention: str = LAYER_ID_CONVENTION
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # the store dtype of hidden states: bfloat16 or fp8_e4m3 (store_schema.dtypes)
     target_revision: str = ""
     target_config_sha256: str = ""
     target_weights_index_sha256: str = ""
@@ -42,6 +43,7 @@ class Fingerprint:
     def __post_init__(self):
         ids = validate_layer_ids([int(i) for i in self.layer_ids], self.num_target_layers)
         object.__setattr__(self, "layer_ids", tuple(ids))
+        object.__setattr__(self, "dtype", store_dtype(self.dtype).name)
 
     def to_json(self) -> dict:
         data = asdict(self)
