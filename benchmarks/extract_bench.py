@@ -9,7 +9,7 @@ Python standard-library source, rendered with a real (locally trained) tokenizer
 chat template. A local Ray cluster, CPU workers with one torch thread each.
 
 What is timed (identically excluded on every side: Ray start, actor start, model
-load and each actor's one warm-up forward, i.e. `JobConfig`'s ``startup_seconds``):
+load and each actor's one warm-up forward, i.e. the job report's ``startup_seconds``):
 
 - extract (1 worker / 2 workers): the job's dispatch phase (`extract_seconds` in its
   report) -- from the first shard handed out to the last one committed: re-tokenizing
@@ -88,7 +88,7 @@ def forward_only(config, store: Path, workers: int = 1) -> dict:
         results = ray.get(
             [actor.forward_only.remote(names[i::workers], start_at) for i, actor in enumerate(actors)]
         )
-        return {"seconds": max(r["seconds"] for r in results), "tokens": sum(r["tokens"] for r in results)}
+        return {"seconds": max(r.seconds for r in results), "tokens": sum(r.tokens for r in results)}
     finally:
         for actor in actors:
             ray.kill(actor)
@@ -104,7 +104,9 @@ def main() -> int:
     import ray
     from transformers.utils import logging as hf_logging
 
-    from extract.job import JobConfig, run_job
+    from extract.config import JobConfig
+    from extract.job import run_job
+    from store_schema.plan import PlanSettings
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -118,7 +120,8 @@ def main() -> int:
         def config(store: str, workers: int) -> JobConfig:
             return JobConfig(
                 model=str(model), corpus=str(corpus), store=str(root / store), num_context_layers=CONTEXT_LAYERS,
-                shard_tokens=shard_tokens, batch_tokens=4096, workers=workers, device="cpu", cpus_per_worker=1,
+                plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=4096, workers=workers,
+                device="cpu", cpus_per_worker=1,
             )
 
         one = run_job(config("store1", 1), log=lambda m: None)

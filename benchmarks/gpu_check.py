@@ -55,18 +55,21 @@ def build_target(path: Path, size: dict, device: str) -> None:
 
 
 def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> dict:
-    from extract.job import JobConfig, build_fingerprint
     from extract.layers import resolve_layer_ids
     from extract.planning import build_plan
-    from extract.worker import ExtractionWorker
-    from store_schema import Store, create_store, on_disk_bytes
+    from extract.worker import ExtractionWorker, ShardFailed
+    from store_schema import Fingerprint, Store, create_store, on_disk_bytes
+    from store_schema.plan import PlanSettings
 
-    plan = build_plan(str(corpus), str(model), max_length=size["max_length"], shard_tokens=65536, workers=4)
+    plan = build_plan(str(corpus), str(model), PlanSettings(max_length=size["max_length"], shard_tokens=65536),
+                      workers=4)
     layer_ids = resolve_layer_ids(str(model), None, 5)
     worker = ExtractionWorker(str(model), str(model), str(store), layer_ids, plan.settings, device=device,
                               batch_tokens=65536)
-    fingerprint = build_fingerprint(JobConfig(model=str(model), corpus=str(corpus), store=str(store)), plan,
-                                    layer_ids, worker.info())
+    info = worker.info()
+    fingerprint = Fingerprint.for_extraction(model, plan, layer_ids, num_target_layers=info.num_layers,
+                                             hidden_size=info.hidden_size, vocab_size=info.vocab_size,
+                                             kernels=info.kernels)
     writer = create_store(store, fingerprint)
     writer.write_plan(plan)
     names = [s.name for s in plan.shards]
@@ -75,7 +78,7 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
     started = time.perf_counter()
     for name in names:
         result = worker.extract_shard(name)
-        if not result.get("ok", True):
+        if isinstance(result, ShardFailed):
             raise RuntimeError(result)
     seconds = time.perf_counter() - started
     tokens = Store(store).num_tokens()
@@ -83,12 +86,12 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
     return {
         "tokens": tokens,
         "layers": layer_ids,
-        "forward_only_tokens_per_s": round(forward["tokens"] / forward["seconds"]),
+        "forward_only_tokens_per_s": round(forward.tokens / forward.seconds),
         "extract_tokens_per_s": round(tokens / seconds),
-        "extract_over_forward": round(seconds / forward["seconds"], 3),
+        "extract_over_forward": round(seconds / forward.seconds, 3),
         "store_write_gb_s": round(raw / seconds / 1e9, 3),
         "store_bytes_ratio": round(on_disk_bytes(store) / raw, 4),
-        "kernels": worker.info()["kernels"],
+        "kernels": info.kernels,
     }
 
 
@@ -98,7 +101,7 @@ def train(model: Path, store: Path, out: Path, size: dict) -> dict:
 
     config = load_config(None, {
         "model.num_layers": size["drafter_layers"], "model.num_anchors": size["num_anchors"],
-        "data.max_length": size["max_length"], "train.log_every": 1, "train.eval_every": 10**9,
+        "data.max_length": size["max_length"], "train.log_every": 1, "eval.every": 10**9,
         "train.checkpoint_every": 10**9,
     }, store=str(store), target=str(model), out=str(out), **{"train.max_steps": size["train_steps"]})
     trainer = Trainer.from_config(config)

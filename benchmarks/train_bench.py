@@ -165,11 +165,12 @@ def raw_decode(store, threads: int) -> tuple[int, float]:
 
 def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     from train.anchors import sample_anchors
+    from train.config import DataConfig
     from train.loader import ShardLoader
     from train.loss import block_targets
 
-    loader = ShardLoader(store, LAYERS, BLOCK, max_length=3072, seed=0, epochs=1, heldout_fraction=0.0,
-                         buffer_shards=2, threads=threads, prefetch_samples=4)
+    data = DataConfig(max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4)
+    loader = ShardLoader(store, data, LAYERS, BLOCK, seed=0, epochs=1)
     generator = torch.Generator().manual_seed(0)
     nbytes = tokens = 0
     with Timer() as t:

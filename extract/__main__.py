@@ -4,6 +4,10 @@
 spent: samples, tokens, quarantine reasons and the store's estimated size.
 ``run`` plans the same way, then extracts on Ray workers into the store (or
 resumes it) and prints the job's JSON report as its last line.
+
+Exit codes follow `store_schema.cli`: 0 done, 1 refused (a store made with other
+settings or held by a live job, a bad layer id, a worker failure), 2 usage (bad
+arguments, a model or corpus path that does not exist).
 """
 
 from __future__ import annotations
@@ -12,12 +16,11 @@ import argparse
 import json
 import sys
 
-EXIT_USAGE = 2
+from store_schema.cli import UsageError, run_command
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
-    from .planning import DEFAULT_BLOCK_SIZE, DEFAULT_SEED, DEFAULT_SHARD_TOKENS
-    from .tokenization import DEFAULT_MAX_LENGTH
+    from store_schema.plan import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_SEED, DEFAULT_SHARD_TOKENS
 
     parser.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
     parser.add_argument("--tokenizer", help="tokenizer directory if not the model's")
@@ -40,24 +43,35 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
     parser.add_argument("--compression-ratio", type=float, default=0.70, help="compressed/raw for the size estimate")
 
 
-def _plan_options(args) -> dict:
-    """The JobConfig fields `plan` and `run` share: one planning for both."""
+def _job_config(args, **execution):
+    """The JobConfig `plan` and `run` share (one planning for both), plus each one's own options."""
+    from store_schema.plan import PlanSettings
+
+    from .config import JobConfig
     from .layers import parse_layer_ids
 
-    return dict(
-        model=args.model,
-        corpus=args.corpus,
-        store=args.store,
-        tokenizer=args.tokenizer,
-        layers=parse_layer_ids(args.layers) if args.layers else None,
-        num_context_layers=args.num_context_layers,
+    try:
+        layers = parse_layer_ids(args.layers) if args.layers else None
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    settings = PlanSettings(
         max_length=args.max_length,
         shard_tokens=args.shard_tokens,
         block_size=args.block_size,
         seed=args.seed,
         drop_long=args.drop_long,
-        strict=args.strict,
         limit=args.limit,
+    )
+    return JobConfig(
+        model=args.model,
+        corpus=args.corpus,
+        store=args.store,
+        tokenizer=args.tokenizer,
+        layers=layers,
+        num_context_layers=args.num_context_layers,
+        plan_settings=settings,
+        strict=args.strict,
+        **execution,
     )
 
 
@@ -69,16 +83,13 @@ def cmd_plan(args) -> int:
     from .planning import estimate_store_bytes, summarize
 
     if not args.dry_run:
-        print(
-            "error: `plan` only previews a job (--dry-run); the plan is written into the store by "
-            "`python -m extract run`, which plans again with the same settings",
-            file=sys.stderr,
+        raise UsageError(
+            "`plan` only previews a job (--dry-run); the plan is written into the store by "
+            "`python -m extract run`, which plans again with the same settings"
         )
-        return EXIT_USAGE
-    from .job import JobConfig, plan_job
+    from .job import plan_job
 
-    config = JobConfig(**_plan_options(args), plan_workers=args.workers,
-                       progress=sys.stderr.isatty() and not args.json)
+    config = _job_config(args, plan_workers=args.workers, progress=sys.stderr.isatty() and not args.json)
     plan, layer_ids = plan_job(config)
     dims = read_target_config(args.model)
     summary = summarize(plan)
@@ -101,10 +112,10 @@ def cmd_plan(args) -> int:
     if args.json:
         print(json.dumps(report, sort_keys=True))
         return 0
-    s = plan.settings
+    s, chosen = plan.settings, config.plan_settings
     print(f"corpus      {s['corpus_path']} ({s['corpus_format']}, {s['corpus_records']} records)")
-    print(f"samples     {summary.samples} in {summary.shards} shards of <= {s['shard_tokens']} tokens")
-    print(f"tokens      {summary.tokens} ({summary.loss_tokens} loss tokens), max length {s['max_length']}")
+    print(f"samples     {summary.samples} in {summary.shards} shards of <= {chosen.shard_tokens} tokens")
+    print(f"tokens      {summary.tokens} ({summary.loss_tokens} loss tokens), max length {chosen.max_length}")
     print(f"quarantined {summary.quarantined}")
     for reason, count in summary.quarantined_by_reason.items():
         print(f"  {reason:<22}{count}")
@@ -120,16 +131,14 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from store_schema import StoreLockedError
     from store_schema.units import human_bytes
 
-    from .job import ExtractError, JobConfig, run_job
+    from .job import run_job
 
     if not args.store:
-        print("error: run needs --store PATH", file=sys.stderr)
-        return EXIT_USAGE
-    config = JobConfig(
-        **_plan_options(args),
+        raise UsageError("run needs --store PATH")
+    config = _job_config(
+        args,
         plan_workers=args.plan_workers,
         workers=args.workers,
         device=args.device,
@@ -145,11 +154,7 @@ def cmd_run(args) -> int:
     import warnings
 
     warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
-    try:
-        report = run_job(config)
-    except (ExtractError, StoreLockedError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    report = run_job(config)
     print(
         f"extracted {report['shards_written']} shard(s) ({report['samples_written']} samples, "
         f"{report['tokens_written']} tokens), {report['shards_skipped']} already committed, "
@@ -171,13 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     plan.set_defaults(handler=cmd_plan)
 
-    from .job import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_ATTEMPTS
+    from .config import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_ATTEMPTS, DEVICES
 
     run = commands.add_parser("run", help="extract hidden states into a store on Ray workers (resumes)")
     _add_plan_arguments(run, run=True)
     run.set_defaults(json=False)
     run.add_argument("--workers", type=int, default=1, help="extraction workers (one per GPU with --device cuda)")
-    run.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    run.add_argument("--device", choices=DEVICES, default="cpu")
     run.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     run.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                      help="padded tokens per forward batch")
@@ -194,12 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from store_schema.lock import StoreLockedError
+
+    from .errors import ExtractError
+
     args = build_parser().parse_args(argv)
-    try:
-        return args.handler(args)
-    except (ValueError, FileNotFoundError) as error:  # bad input: say what, no traceback
-        print(f"error: {error}", file=sys.stderr)
-        return 1
+    return run_command(args.handler, args, refusals=(ExtractError, StoreLockedError))
 
 
 if __name__ == "__main__":

@@ -286,14 +286,3 @@ def open_corpus(path: str | Path) -> Corpus:
     if jsonl:
         return JsonlCorpus(path, jsonl)
     raise ValueError(f"corpus directory {path} has no JSONL or Parquet files and is not a datasets directory")
-
-
-def iter_records(path: str | Path, start: int = 0, stop: int | None = None):
-    """Yield ``(record_index, record or BadRecord)`` over the corpus at ``path``."""
-    yield from open_corpus(path).iter_records(start, stop)
-
-
-def read_records(path: str | Path, indices: Iterable[int]) -> list[Record | BadRecord]:
-    """Records at ``indices`` (order kept). Opening indexes the corpus; a worker
-    that reads many shards should keep one `open_corpus` object instead."""
-    return open_corpus(path).read(indices)

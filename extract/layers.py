@@ -16,12 +16,6 @@ from store_schema.layout import default_layer_ids, validate_layer_ids
 from store_schema.target_config import read_target_config
 
 
-def hidden_states_index(layer_id: int) -> int:
-    """Index into transformers' ``output_hidden_states`` tuple for a layer id
-    (index 0 there is the embedding output, hence the +1)."""
-    return layer_id + 1
-
-
 def parse_layer_ids(text: str) -> list[int]:
     """Parse ``"1,9,17"`` from the command line (validation is separate)."""
     try:

@@ -25,6 +25,7 @@ from store_schema.plan import (
     Plan,
     PlannedSample,
     PlannedShard,
+    PlanSettings,
     QuarantinedRecord,
     is_safe_id,
     sample_digest,
@@ -33,7 +34,6 @@ from store_schema.plan import (
 
 from .corpus import BadRecord, Corpus, open_corpus
 from .tokenization import (
-    DEFAULT_MAX_LENGTH,
     MASK_CONVENTION,
     RecordError,
     chat_template_hash,
@@ -43,9 +43,6 @@ from .tokenization import (
 )
 
 PLANNER_VERSION = 1
-DEFAULT_SHARD_TOKENS = 32768
-DEFAULT_BLOCK_SIZE = 16
-DEFAULT_SEED = 0
 _CHUNK = 256  # records per parallel task: small enough to balance, big enough to amortise
 
 
@@ -99,7 +96,15 @@ def _digest(tokenized) -> str:
     return sample_digest(tokenized.input_ids.tobytes(), tokenized.loss_mask.tobytes())
 
 
-def _plan_record(index: int, record, tokenizer, options: dict) -> _Ok | _Bad:
+class _RecordRules(NamedTuple):
+    """What every planning process applies to a record: the settings and the
+    tokenizer's chat path (fixed once, in the parent)."""
+
+    settings: PlanSettings
+    generation_tags: bool | None
+
+
+def _plan_record(index: int, record, tokenizer, rules: _RecordRules) -> _Ok | _Bad:
     if isinstance(record, BadRecord):
         return _Bad(index, None, record.reason, record.detail)
     try:
@@ -110,18 +115,18 @@ def _plan_record(index: int, record, tokenizer, options: dict) -> _Ok | _Bad:
         tokenized = tokenize_record(
             record,
             tokenizer,
-            max_length=options["max_length"],
-            drop_long=options["drop_long"],
-            use_generation_tags=options["generation_tags"],
+            max_length=rules.settings.max_length,
+            drop_long=rules.settings.drop_long,
+            use_generation_tags=rules.generation_tags,
         )
     except RecordError as error:
         return _Bad(index, sample_id, error.reason, error.detail)
-    if tokenized.num_loss_tokens < options["min_loss_tokens"]:
+    if tokenized.num_loss_tokens < rules.settings.min_loss_tokens:
         return _Bad(
             index,
             sample_id,
             "too_few_loss_tokens",
-            f"{tokenized.num_loss_tokens} loss tokens < {options['min_loss_tokens']} (2 x block_size)",
+            f"{tokenized.num_loss_tokens} loss tokens < {rules.settings.min_loss_tokens} (2 x block_size)",
         )
     return _Ok(index, sample_id, tokenized.num_tokens, tokenized.num_loss_tokens, _digest(tokenized))
 
@@ -129,20 +134,20 @@ def _plan_record(index: int, record, tokenizer, options: dict) -> _Ok | _Bad:
 _worker: dict = {}
 
 
-def _init_worker(corpus_path: str, tokenizer_path: str, options: dict) -> None:
+def _init_worker(corpus_path: str, tokenizer_path: str, rules: _RecordRules) -> None:
     from transformers import AutoTokenizer
 
     _worker.update(
         corpus=open_corpus(corpus_path),
         tokenizer=AutoTokenizer.from_pretrained(tokenizer_path),
-        options=options,
+        rules=rules,
     )
 
 
 def _plan_chunk(bounds: tuple[int, int]) -> list:
     start, stop = bounds
-    corpus, tokenizer, options = _worker["corpus"], _worker["tokenizer"], _worker["options"]
-    return [_plan_record(i, record, tokenizer, options) for i, record in corpus.iter_records(start, stop)]
+    corpus, tokenizer, rules = _worker["corpus"], _worker["tokenizer"], _worker["rules"]
+    return [_plan_record(i, record, tokenizer, rules) for i, record in corpus.iter_records(start, stop)]
 
 
 # --------------------------------------------------------------------------- shards
@@ -156,8 +161,6 @@ def assign_shards(samples: list[PlannedSample], shard_tokens: int, seed: int) ->
     sample longer than the budget gets a shard of its own. Within a shard,
     samples go longest first (ties by record index) so runs of similar length
     batch together on the GPU."""
-    if shard_tokens < 1:
-        raise ValueError(f"shard_tokens must be positive, got {shard_tokens}")
     order = sorted(samples, key=lambda s: s.record_index)
     random.Random(seed).shuffle(order)
     groups, current, tokens = [], [], 0
@@ -181,40 +184,28 @@ def assign_shards(samples: list[PlannedSample], shard_tokens: int, seed: int) ->
 def build_plan(
     corpus_path: str | Path,
     tokenizer_path: str | Path,
+    settings: PlanSettings = PlanSettings(),
     *,
     tokenizer=None,
-    max_length: int = DEFAULT_MAX_LENGTH,
-    shard_tokens: int = DEFAULT_SHARD_TOKENS,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    seed: int = DEFAULT_SEED,
-    drop_long: bool = False,
     strict: bool = False,
     workers: int = 1,
-    limit: int | None = None,
     progress: bool = False,
     chunk_records: int = _CHUNK,
 ) -> Plan:
     """Tokenize every record (``workers`` processes), quarantine bad ones,
-    deal good ones into shards. Same corpus + settings -> identical Plan.
+    deal good ones into shards. Same corpus + tokenizer + settings -> identical Plan,
+    whatever the execution options (``workers``, ``chunk_records``, ``progress``).
 
     ``tokenizer_path`` is what workers load (a model or tokenizer directory);
     pass an already loaded ``tokenizer`` of the same path to skip one load.
-    ``limit`` plans only the first ``limit`` records. ``strict`` raises
-    `PlanError` at the first bad record instead of quarantining.
-    ``chunk_records`` is the unit of parallel work; it never changes the plan."""
+    ``strict`` raises `PlanError` at the first bad record instead of quarantining."""
     from transformers import AutoTokenizer
 
-    if max_length < 1 or block_size < 1:
-        raise ValueError("max_length and block_size must be positive")
     tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(tokenizer_path))
     corpus = open_corpus(corpus_path)
-    stop = len(corpus) if limit is None else min(len(corpus), max(0, int(limit)))
-    options = dict(
-        max_length=int(max_length),
-        drop_long=bool(drop_long),
-        min_loss_tokens=2 * int(block_size),
-        generation_tags=_generation_tags(tokenizer),
-    )
+    limit = settings.limit
+    stop = len(corpus) if limit is None else min(len(corpus), max(0, limit))
+    rules = _RecordRules(settings, _generation_tags(tokenizer))
     chunks = [(start, min(start + chunk_records, stop)) for start in range(0, stop, chunk_records)]
 
     good: list[PlannedSample] = []
@@ -240,11 +231,11 @@ def build_plan(
     bar = _progress_bar(stop, progress)
     if workers <= 1 or len(chunks) <= 1:
         for index, record in corpus.iter_records(0, stop):
-            take(_plan_record(index, record, tokenizer, options))
+            take(_plan_record(index, record, tokenizer, rules))
             bar.update(1)
     else:
         context = multiprocessing.get_context("spawn")  # no fork after tokenizers/torch threads started
-        initargs = (str(corpus_path), str(tokenizer_path), options)
+        initargs = (str(corpus_path), str(tokenizer_path), rules)
         with context.Pool(min(workers, len(chunks)), initializer=_init_worker, initargs=initargs) as pool:
             for results in pool.imap(_plan_chunk, chunks):  # ordered: results arrive in record order
                 for result in results:
@@ -252,27 +243,21 @@ def build_plan(
                 bar.update(len(results))
     bar.close()
 
-    settings = dict(
+    recorded = dict(
+        settings.to_record(),
         planner_version=PLANNER_VERSION,
         corpus_path=str(Path(corpus_path).resolve()),
         corpus_format=corpus.format,
         corpus_hash=corpus.content_hash(),
         corpus_records=len(corpus),
-        limit=None if limit is None else int(limit),
-        max_length=int(max_length),
-        drop_long=bool(drop_long),
-        shard_tokens=int(shard_tokens),
-        block_size=int(block_size),
-        min_loss_tokens=2 * int(block_size),
-        seed=int(seed),
         tokenizer_path=str(Path(tokenizer_path).resolve()),
         tokenizer_hash=tokenizer_hash(tokenizer),
         chat_template_hash=chat_template_hash(tokenizer) if tokenizer.chat_template else None,
-        generation_tags=options["generation_tags"],
+        generation_tags=rules.generation_tags,
         mask_convention=MASK_CONVENTION,
         truncation="keep_first_max_length_tokens",
     )
-    return Plan(assign_shards(good, shard_tokens, seed), tuple(quarantined), settings)
+    return Plan(assign_shards(good, settings.shard_tokens, settings.seed), tuple(quarantined), recorded)
 
 
 def _generation_tags(tokenizer) -> bool | None:

@@ -39,7 +39,6 @@ What it does, in order:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sys
 from collections.abc import Sequence
@@ -50,6 +49,7 @@ import numpy as np
 import torch
 
 from store_schema.layout import validate_layer_ids
+from store_schema.target_config import read_config_json
 
 STORE_DTYPE = torch.bfloat16
 
@@ -97,8 +97,7 @@ def load_target(
     from transformers import AutoModelForCausalLM
 
     path = Path(model_path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(f"{path} is not a model directory (no config.json)")
+    checkpoint = read_config_json(path)  # a clear error for a directory that is not a model
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device='cuda' requested but torch sees no CUDA device")
@@ -137,19 +136,13 @@ def load_target(
         hidden_size=int(config.hidden_size),
         vocab_size=int(model.get_output_embeddings().weight.shape[0]),
         architecture=type(model).__name__,
-        checkpoint_architectures=list(_checkpoint_architectures(path)),
+        checkpoint_architectures=list(checkpoint.get("architectures") or []),
         kernels=kernel_report(model),
     )
 
 
 def _is_vision_parameter(name: str) -> bool:
     return any(part in ("visual", "vision_tower", "vision_model") for part in name.split("."))
-
-
-def _checkpoint_architectures(path: Path) -> list[str]:
-    import json
-
-    return json.loads((path / "config.json").read_text()).get("architectures") or []
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
@@ -212,14 +205,6 @@ def _kernel_choice(function) -> tuple[str, str] | None:
             return names["func_name"], names["package"]
         function = getattr(function, "__wrapped__", None)
     return None
-
-
-def package_importable(name: str) -> bool:
-    try:
-        importlib.import_module(name)
-        return True
-    except Exception:
-        return False
 
 
 # --------------------------------------------------------------------------- batching

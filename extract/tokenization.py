@@ -27,9 +27,9 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+from store_schema.plan import DEFAULT_MAX_LENGTH
 
 ROLES = ("system", "user", "assistant")
-DEFAULT_MAX_LENGTH = 3072
 MASK_CONVENTION = "assistant_content"  # recorded in the plan settings
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")

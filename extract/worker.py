@@ -5,7 +5,7 @@ and hands it shard *names*; the worker reads its shard's plan entry from the sto
 re-tokenizes the records (`load_samples`, which checks every sample against the
 plan's digest), runs length-sorted batches through `TargetRunner`, and commits the
 shard with `StoreWriter.write_shard`. Nothing large crosses Ray's object store: a
-task's argument is a name, its result a small dict of counts.
+task's argument is a name, its reply a small dataclass of counts (`ShardDone`).
 
 Overlap. The actor runs two shard tasks at once (``max_concurrency=2``) but only
 one of them computes at a time (``_compute`` lock): while shard k+1 is on the
@@ -14,8 +14,8 @@ other thread. Within a shard, batch k+1 is submitted before batch k's host copy 
 awaited (`TargetRunner.submit` copies into pinned memory without blocking on CUDA).
 Re-tokenizing the next shard also happens outside the compute lock.
 
-Errors. The worker never lets an exception escape a task: it returns
-``{"ok": False, "kind": ..., "message": ...}`` so that the driver can tell a
+Errors. The worker never lets an exception escape a task: it returns a
+`ShardFailed` with a ``kind`` so that the driver can tell a
 deterministic failure (disk full, corpus changed since planning, a batch too big
 for the device) -- which stops the job with a clear message -- from the worker
 *process* dying (`ray.exceptions.RayActorError`), which is retried elsewhere.
@@ -27,26 +27,81 @@ that shard's write -- a real process death, not a simulated one.
 
 from __future__ import annotations
 
-import errno
 import os
 import signal
 import socket
 import threading
 import time
 import traceback
+from dataclasses import dataclass
 
 import numpy as np
 
-# Errors that mean "the disk is full": stop the job, free space, rerun.
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+# --------------------------------------------------------------------------- replies
+# What a worker sends back to the driver (Ray pickles them between the processes).
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """The target as this worker loaded it, and where it runs."""
+
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    architecture: str
+    # What ran, for the fingerprint: the kernels and the compute dtype (a bf16 GPU
+    # forward and an fp32 CPU forward give slightly different states).
+    kernels: dict
+    device: str
+    torch_threads: int
+    pid: int
+    host: str
+    startup_seconds: float
+
+
+@dataclass(frozen=True)
+class ShardDone:
+    """A shard this worker committed (or found committed already)."""
+
+    shard: str
+    written: bool  # False: already committed (by a worker presumed dead)
+    samples: int
+    tokens: int
+    raw_bytes: int
+    disk_bytes: int
+    tokenize_seconds: float
+    forward_seconds: float
+    write_seconds: float
+    pid: int
+
+
+@dataclass(frozen=True)
+class ShardFailed:
+    """A shard this worker could not do, for a reason that would not go away on
+    another worker; the driver stops the job with a message for its ``kind``."""
+
+    shard: str
+    kind: str  # "disk_full", "corpus_changed", "device_oom" or "error"
+    message: str
+    traceback: str
+    host: str
+
+
+@dataclass(frozen=True)
+class ForwardTiming:
+    """`ExtractionWorker.forward_only`: the forwards alone (benchmarks)."""
+
+    seconds: float
+    tokens: int
 
 
 def _classify(error: BaseException) -> str:
+    from .errors import is_disk_full
     from .planning import SampleMismatchError
 
     seen = error
     while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in _DISK_FULL:
+        if is_disk_full(seen):  # stop the job, free space, rerun
             return "disk_full"
         if isinstance(seen, SampleMismatchError):
             return "corpus_changed"
@@ -104,28 +159,23 @@ class ExtractionWorker:
         self.startup_seconds = time.perf_counter() - started
 
     # -- facts for the driver ---------------------------------------------------------------
-    def info(self) -> dict:
+    def info(self) -> WorkerInfo:
         import torch
 
         target = self.target
         device_name = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu"
-        return {
-            "num_layers": target.num_layers,
-            "hidden_size": target.hidden_size,
-            "vocab_size": target.vocab_size,
-            "architecture": target.architecture,
-            # What ran, for the fingerprint: the kernels and the compute dtype (a bf16
-            # GPU forward and an fp32 CPU forward give slightly different states).
-            "kernels": {**target.kernels, "compute_dtype": str(target.dtype).replace("torch.", "")},
-            "device": device_name,
-            "torch_threads": torch.get_num_threads(),
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "startup_seconds": round(self.startup_seconds, 3),
-        }
-
-    def pid(self) -> int:
-        return os.getpid()
+        return WorkerInfo(
+            num_layers=target.num_layers,
+            hidden_size=target.hidden_size,
+            vocab_size=target.vocab_size,
+            architecture=target.architecture,
+            kernels={**target.kernels, "compute_dtype": str(target.dtype).replace("torch.", "")},
+            device=device_name,
+            torch_threads=torch.get_num_threads(),
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            startup_seconds=round(self.startup_seconds, 3),
+        )
 
     # -- the work -----------------------------------------------------------------------------
     def _store_writer(self):
@@ -139,21 +189,20 @@ class ExtractionWorker:
                 self._writer = writer
             return self._writer
 
-    def extract_shard(self, name: str) -> dict:
-        """Compute and commit one shard; a small dict of counts (never tensors)."""
+    def extract_shard(self, name: str) -> ShardDone | ShardFailed:
+        """Compute and commit one shard; its counts (never tensors), or why it failed."""
         try:
             return self._extract_shard(name)
         except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
-            return {
-                "ok": False,
-                "shard": name,
-                "kind": _classify(error),
-                "message": f"{type(error).__name__}: {error}",
-                "traceback": traceback.format_exc(limit=8),
-                "host": socket.gethostname(),
-            }
+            return ShardFailed(
+                shard=name,
+                kind=_classify(error),
+                message=f"{type(error).__name__}: {error}",
+                traceback=traceback.format_exc(limit=8),
+                host=socket.gethostname(),
+            )
 
-    def _extract_shard(self, name: str) -> dict:
+    def _extract_shard(self, name: str) -> ShardDone:
         from store_schema import SampleArrays, raw_bytes_per_token
 
         from .planning import load_samples
@@ -184,19 +233,18 @@ class ExtractionWorker:
         write_seconds = time.perf_counter() - write_started
         num_tokens = sum(len(ids) for _, ids, _ in samples)
         disk_bytes = _committed_bytes(self.store_path, name)
-        return {
-            "ok": True,
-            "shard": name,
-            "written": bool(written),  # False: already committed (by a worker presumed dead)
-            "samples": len(samples),
-            "tokens": num_tokens,
-            "raw_bytes": num_tokens * raw_bytes_per_token(self.target.hidden_size, len(self.runner.layer_ids)),
-            "disk_bytes": disk_bytes,
-            "tokenize_seconds": round(tokenized - started, 4),
-            "forward_seconds": round(forward_seconds, 4),
-            "write_seconds": round(write_seconds, 4),
-            "pid": os.getpid(),
-        }
+        return ShardDone(
+            shard=name,
+            written=bool(written),
+            samples=len(samples),
+            tokens=num_tokens,
+            raw_bytes=num_tokens * raw_bytes_per_token(self.target.hidden_size, len(self.runner.layer_ids)),
+            disk_bytes=disk_bytes,
+            tokenize_seconds=round(tokenized - started, 4),
+            forward_seconds=round(forward_seconds, 4),
+            write_seconds=round(write_seconds, 4),
+            pid=os.getpid(),
+        )
 
     def _forward(self, samples) -> list[dict]:
         """All of a shard's samples through the target, batched by length; outputs in
@@ -228,7 +276,7 @@ class ExtractionWorker:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: a real, unannounced death
 
     # -- benchmark support --------------------------------------------------------------------
-    def forward_only(self, names: list[str], start_at: float | None = None) -> dict:
+    def forward_only(self, names: list[str], start_at: float | None = None) -> ForwardTiming:
         """Time the forward passes alone for these shards: same samples, same batching,
         no writes. Tokenization happens before the clock starts, which starts at the
         wall-clock time ``start_at`` if given (to start several workers together)."""
@@ -246,7 +294,7 @@ class ExtractionWorker:
         for samples in shards:
             self._forward(samples)
             tokens += sum(len(ids) for _, ids, _ in samples)
-        return {"seconds": time.perf_counter() - started, "tokens": tokens}
+        return ForwardTiming(seconds=time.perf_counter() - started, tokens=tokens)
 
 
 def _committed_bytes(store_path: str, name: str) -> int:

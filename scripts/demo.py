@@ -31,8 +31,8 @@ DRAFTER_SETTINGS = [
     "data.heldout_fraction=0.05",
     "optim.lr=2e-3",
     "train.log_every=5",
-    "train.eval_every=200",
-    "train.eval_samples=16",
+    "eval.every=200",
+    "eval.samples=16",
     "train.checkpoint_every=200",
 ]
 
@@ -99,10 +99,9 @@ def main() -> int:
     step("5. export")
     run(["-m", "train", "export", run_dir, "--out", export_dir])
 
-    step("6. evaluate on the held-out split")
+    step("6. evaluate on the held-out split (the run's: the export records data.heldout_fraction)")
     evaluation = run(["-m", "train", "eval", "--store", store, "--drafter", export_dir, "--target", target,
-                      "--heldout-fraction", "0.05", "--ddtree-budgets", "8,32,128", "--max-blocks-per-sample", "64",
-                      "--json"])
+                      "--ddtree-budgets", "8,32,128", "--max-blocks-per-sample", "64", "--json"])
 
     step("7. diagnose the run")
     run(["-m", "train", "diagnose", run_dir, "--plot", plot], capture_json=False, allow=(0, 1))

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .dtypes import store_dtype
 from .layout import LAYER_ID_CONVENTION, validate_layer_ids
+from .plan import Plan, PlanSettings
 
 
 class FingerprintMismatch(ValueError):
@@ -44,6 +45,39 @@ class Fingerprint:
         ids = validate_layer_ids([int(i) for i in self.layer_ids], self.num_target_layers)
         object.__setattr__(self, "layer_ids", tuple(ids))
         object.__setattr__(self, "dtype", store_dtype(self.dtype).name)
+
+    @classmethod
+    def for_extraction(
+        cls,
+        model_path: str | Path,
+        plan: Plan,
+        layer_ids: Iterable[int],
+        *,
+        num_target_layers: int,
+        hidden_size: int,
+        vocab_size: int,
+        kernels: Mapping,
+        target_topk: int = 0,
+    ) -> "Fingerprint":
+        """The fingerprint of a store extracted from the target at `model_path` along
+        `plan`: the target's identity (`target_identity`), its size and kernels as the
+        workers loaded it, the plan's max length and the tokenizer, chat-template and
+        corpus hashes the plan recorded, and this environment's package versions."""
+        recorded = plan.settings
+        return cls(
+            **target_identity(model_path),
+            num_target_layers=int(num_target_layers),
+            hidden_size=int(hidden_size),
+            vocab_size=int(vocab_size),
+            layer_ids=tuple(layer_ids),
+            max_length=PlanSettings.from_record(recorded).max_length,
+            tokenizer_sha256=recorded.get("tokenizer_hash") or "",
+            chat_template_sha256=recorded.get("chat_template_hash") or "",
+            corpus_sha256=recorded.get("corpus_hash") or "",
+            kernels=dict(kernels),
+            package_versions=package_versions(),
+            target_topk=int(target_topk),
+        )
 
     def to_json(self) -> dict:
         data = asdict(self)

@@ -7,7 +7,54 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+
+DEFAULT_MAX_LENGTH = 3072
+DEFAULT_SHARD_TOKENS = 32768
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_SEED = 0
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """The choices that decide a plan's content besides the corpus and the tokenizer.
+
+    The planner's input, and recorded in the plan's settings under the same keys
+    (`to_record` / `from_record`), so a resumed job compares what it would plan
+    with what the store was planned with, and a store's settings read back as this."""
+
+    max_length: int = DEFAULT_MAX_LENGTH  # longer records are truncated (or quarantined: drop_long)
+    shard_tokens: int = DEFAULT_SHARD_TOKENS  # token budget of one shard
+    block_size: int = DEFAULT_BLOCK_SIZE  # the drafter's block: a sample needs 2 x block_size loss tokens
+    seed: int = DEFAULT_SEED  # the shuffle that deals samples into shards
+    drop_long: bool = False
+    limit: int | None = None  # plan only the first `limit` records
+
+    def __post_init__(self):
+        for name in ("max_length", "shard_tokens", "block_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"plan settings: {name} must be a positive integer, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise ValueError(f"plan settings: seed must be an integer, got {self.seed!r}")
+        if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)):
+            raise ValueError(f"plan settings: limit must be an integer or None, got {self.limit!r}")
+        object.__setattr__(self, "drop_long", bool(self.drop_long))
+
+    @property
+    def min_loss_tokens(self) -> int:
+        """A sample with fewer loss tokens cannot hold two blocks: quarantined."""
+        return 2 * self.block_size
+
+    def to_record(self) -> dict:
+        """These settings as the plan records them (with the derived `min_loss_tokens`)."""
+        return dict(asdict(self), min_loss_tokens=self.min_loss_tokens)
+
+    @classmethod
+    def from_record(cls, record: Mapping) -> "PlanSettings":
+        """The settings a recorded plan was made with (a plan's `settings`)."""
+        return cls(**{name: record[name] for name in cls.__dataclass_fields__})
 
 
 @dataclass(frozen=True)
@@ -41,7 +88,9 @@ class QuarantinedRecord:
 class Plan:
     shards: tuple[PlannedShard, ...]
     quarantined: tuple[QuarantinedRecord, ...] = ()
-    settings: dict = field(default_factory=dict)  # max_length, shard_tokens, corpus path/hash, ...
+    # As recorded (on disk and in `digest`): `PlanSettings.to_record()` plus what the
+    # corpus and the tokenizer were (paths, hashes, format) and the planner's conventions.
+    settings: dict = field(default_factory=dict)
 
     @property
     def num_samples(self) -> int:

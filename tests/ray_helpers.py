@@ -31,12 +31,13 @@ def ray_cluster():
     ray.shutdown()
 
 
-def job_config(model, corpus_path, store, **overrides):
-    from extract.job import JobConfig
+def job_config(model, corpus_path, store, *, shard_tokens=SHARD_TOKENS, **overrides):
+    from extract.config import JobConfig
+    from store_schema.plan import PlanSettings
 
     settings = dict(
         model=str(model), corpus=str(corpus_path), store=str(store), layers=list(LAYERS),
-        shard_tokens=SHARD_TOKENS, batch_tokens=BATCH_TOKENS, workers=2, device="cpu",
+        plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=BATCH_TOKENS, workers=2, device="cpu",
     )
     settings.update(overrides)
     return JobConfig(**settings)

@@ -1,27 +1,73 @@
-"""tau and DDTree acceptance on hand-built drafter outputs whose answers are worked
-out by hand, and properties over random drafter outputs."""
+"""Chain and DDTree acceptance on hand-built drafter outputs whose answers are
+worked out by hand, and properties over random drafter outputs; the fast DDTree
+path against a plain tree built and walked here. (tau's per-sample-then-over-
+samples average is checked through `train.evaluate` in test_eval.py.)"""
 
 from __future__ import annotations
 
-import math
+import heapq
+from typing import Sequence
 
 import pytest
 import torch
 
 from train.acceptance import (
     accuracy_counts,
-    build_ddtree,
     chain_acceptance,
     ddtree_acceptance,
-    per_position_accuracy,
     scored_blocks,
-    tau,
     topk_hits,
-    walk_tree,
 )
 
 V = 10
 B = 5  # anchor + 4 drafted slots
+
+
+def build_ddtree(slot_logprobs: torch.Tensor, slot_ids: torch.Tensor, budget: int) -> list[tuple[int, int, int]]:
+    """The DDTree of one block as a list of nodes in pop order.
+
+    slot_logprobs / slot_ids: [D, K], the drafter's top-K log-probs (log_softmax
+    over the full vocabulary, sorted descending) and token ids per drafted slot.
+    Returns [(parent, depth, token)] for nodes 1..n, where parent 0 is the root
+    (the anchor) and node i is the i-th entry (1-based). n = min(budget, nodes
+    that exist). The plain tree, as train/acceptance.py's docstring defines it:
+    the oracle `ddtree_acceptance` (the fast path) is checked against."""
+    nodes: list[tuple[int, int, int]] = []
+    depth_limit, k = slot_logprobs.shape
+    if budget <= 0 or depth_limit == 0 or k == 0:
+        return nodes
+    logp = slot_logprobs.tolist()
+    ids = slot_ids.tolist()
+    # heap entry: (-score, ranks, parent node index, depth, rank, score)
+    heap = [(-logp[0][0], (0,), 0, 1, 0, logp[0][0])]
+    while heap and len(nodes) < budget:
+        _, ranks, parent, depth, rank, score = heapq.heappop(heap)
+        nodes.append((parent, depth, ids[depth - 1][rank]))
+        index = len(nodes)
+        if rank + 1 < k:
+            sibling = score - logp[depth - 1][rank] + logp[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sibling, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sibling))
+        if depth < depth_limit:
+            child = score + logp[depth][0]
+            heapq.heappush(heap, (-child, ranks + (0,), index, depth + 1, 0, child))
+    return nodes
+
+
+def walk_tree(nodes: list[tuple[int, int, int]], reference: Sequence[int], valid: Sequence[bool]) -> int:
+    """Accepted draft tokens when verifying the tree `nodes` (from `build_ddtree`)
+    against `reference` [D]: the depth of the longest reference prefix that is a
+    path from the root, stopping at the first invalid slot."""
+    children: dict[tuple[int, int], int] = {}
+    for index, (parent, _depth, token) in enumerate(nodes, start=1):
+        children[(parent, token)] = index
+    node, accepted = 0, 0
+    for token, ok in zip(reference, valid):
+        if not ok or (node, int(token)) not in children:
+            break
+        node = children[(node, int(token))]
+        accepted += 1
+    return accepted
+
 
 
 def slot_distribution(order: list[int], probs: list[float]) -> torch.Tensor:
@@ -54,7 +100,6 @@ def test_perfect_drafter_gives_tau_B():
     reference = torch.tensor([[1, 2, 3, 4]])
     lengths = chain_acceptance(ids[..., 0], reference, ALL_VALID)
     assert lengths.tolist() == [B]
-    assert tau([lengths, lengths]) == B
     assert ddtree_acceptance(values, ids, reference, ALL_VALID, 4).tolist() == [B]  # the chain is the best 4 nodes
 
 
@@ -97,25 +142,16 @@ def test_invalid_slot_ends_the_streak():
     assert scored_blocks(torch.tensor([[False, True, True, True], [True, False, False, False]])).tolist() == [False, True]
 
 
-def test_tau_averages_per_sample_then_over_samples():
-    sample_a = torch.tensor([5, 5, 5])  # three blocks, all fully accepted
-    sample_b = torch.tensor([1])  # one block, nothing accepted
-    assert tau([sample_a, sample_b]) == 3.0  # (5 + 1) / 2, not the pooled 16 / 4
-    assert tau([sample_a, torch.tensor([], dtype=torch.long)]) == 5.0
-    assert math.isnan(tau([]))
-
-
 def test_accuracy_helpers_by_hand():
     values, ids = drafter_topk(SLOTS)
     reference = torch.tensor([[1, 7, 8, 0]])  # slot 1 top-1, slot 2 2nd, slot 3 2nd, slot 4 token 0 (rank >= 3)
     hits = topk_hits(ids, reference, (1, 4, 8))
     assert hits[1].tolist() == [[True, False, False, False]]
     assert hits[4].tolist() == [[True, True, True, False]]
-    assert per_position_accuracy(hits[1], ALL_VALID) == [1.0, 0.0, 0.0, 0.0]
     counts = accuracy_counts(hits, torch.tensor([[True, True, True, False]]))
     assert (counts["valid"], counts["top1"], counts["top4"]) == (3, 1, 3)
+    assert counts["per_position_top1"].tolist() == [1, 0, 0, 0]
     assert counts["per_position_valid"].tolist() == [1, 1, 1, 0]
-    assert math.isnan(per_position_accuracy(hits[1], torch.tensor([[True, True, True, False]]))[3])
 
 
 def random_drafter(seed: int, blocks: int = 64, slots: int = 7, vocab: int = 12, k: int = 12):

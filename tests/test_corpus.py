@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 from builders import coding_chats, write_chat_jsonl
 
-from extract.corpus import BadRecord, iter_records, open_corpus, read_records
+from extract.corpus import BadRecord, open_corpus
 
 
 def write_all_formats(tmp_path, records):
@@ -51,13 +51,14 @@ def test_bad_jsonl_lines_become_bad_records(tmp_path):
         json.dumps(good[2]).encode(),  # last line without a newline
     ]
     path.write_bytes(b"\n".join(lines))
-    got = list(iter_records(path))
+    corpus = open_corpus(path)
+    got = list(corpus.iter_records())
     assert [i for i, _ in got] == [0, 1, 2, 3, 4]
     assert got[0][1] == good[0] and got[4][1] == good[2]
     assert got[1][1].reason == "malformed_json"
     assert got[2][1].reason == "invalid_utf8"
     assert got[3][1] == BadRecord("wrong_type", "record is a JSON list, not an object")
-    assert read_records(path, [4, 1, 0]) == [good[2], got[1][1], good[0]]
+    assert corpus.read([4, 1, 0]) == [good[2], got[1][1], good[0]]
 
 
 def test_directory_of_files_reads_in_name_order(tmp_path):

@@ -1,6 +1,7 @@
 """`train.diagnose` on synthetic train_log.jsonl files with planted problems: each
 is found, at the planted steps, and a clean log gives no finding. The logs are
-written to disk in the trainer's format and read back through the real reader."""
+written to disk in the trainer's format and read back through the real reader;
+the run's config is a real RunConfig saved as `fit` saves it."""
 
 from __future__ import annotations
 
@@ -10,9 +11,14 @@ import struct
 
 import numpy as np
 import pytest
-import yaml
 
 from train import diagnose as dg
+from train.cli import main
+from train.config import load_config
+from train.diagnose_compare import compare
+from train.diagnose_plot import plot
+from train.runlog import read_log
+from train.schedule import lr_at
 
 STEPS = 20_000
 LR = 6e-4
@@ -61,14 +67,12 @@ def synthetic_log(path, *, plateau_at=None, cliff_at=None, cliff_len=270, lr_war
     return path, steps[high]
 
 
-CONFIG = {"lr": LR, "warmup": 0.04, "max_steps": STEPS, "schedule": "cosine"}  # warmup 800 steps
+SCHEDULE = [f"optim.lr={LR}", "optim.warmup_fraction=0.04", f"train.max_steps={STEPS}", "optim.schedule=cosine"]
 
 
-def write_config(run, config=CONFIG, kind="json"):
-    if kind == "json":
-        (run / "config.json").write_text(json.dumps(config))
-    else:
-        (run / "config.yaml").write_text(yaml.safe_dump(config))
+def write_config(run, *sets):
+    """RUN/config.yaml as `fit` saves it: the planted schedule (warmup 800 steps), then `sets`."""
+    load_config(None, SCHEDULE + list(sets), store="store", target="target", out=str(run)).save(run)
 
 
 def kinds(diagnosis):
@@ -113,9 +117,9 @@ def test_planted_cliff_is_found_at_its_step_with_recovery(tmp_path):
     assert cliff["before"] > 0.12 and cliff["lowest"] < 0.02  # clean acc at step 6000 is 0.14
 
 
-def test_wrong_warmup_is_found_against_the_yaml_config(tmp_path):
+def test_wrong_warmup_is_found_against_the_run_config(tmp_path):
     run, _ = synthetic_log(tmp_path / "warmup", lr_warmup=400)  # the config says 4 % of 20K = 800
-    write_config(run, kind="yaml")
+    write_config(run)
     result = dg.diagnose(run)
     assert kinds(result) == ["lr_schedule"], result.render()
     assert result.lr["peak_step"] == 400
@@ -123,24 +127,28 @@ def test_wrong_warmup_is_found_against_the_yaml_config(tmp_path):
     assert "peaks at step 400" in result.findings[0].message
 
 
-def test_warmup_given_in_steps_and_nested_config_keys(tmp_path):
-    run, _ = synthetic_log(tmp_path / "nested")
-    records = dg.read_log(run)  # read once; each diagnose below still reads the run's config file
-    write_config(run, {"optim": {"learning_rate": LR, "warmup_steps": 800}, "train": {"total_steps": STEPS},
-                       "lr_scheduler": "cosine"})
-    assert dg.diagnose(run, records=records).findings == []
-    # The trainer's RunConfig layout (train/config.py): sections, warmup as a fraction.
-    write_config(run, {"optim": {"lr": LR, "warmup_fraction": 0.04, "schedule": "cosine", "min_lr_ratio": 0.0},
-                       "train": {"max_steps": STEPS, "epochs": 6}}, kind="yaml")
-    (run / "config.json").unlink()
+def test_lr_is_checked_with_the_trainers_schedule(tmp_path):
+    run, _ = synthetic_log(tmp_path / "schedule")
+    records = read_log(run)  # read once; each diagnose below still reads the run's config.yaml
+    write_config(run)
+    schedule = dg.read_run_config(run)
+    expected = dg.lr_schedule(schedule, records)
+    # The log line of step S carries the LR of optimizer step S - 1: the trainer's own function.
+    assert [expected.expected(s) for s in (1, 800, 9000)] == [lr_at(s - 1, STEPS, schedule.optim) for s in (1, 800, 9000)]
     assert dg.diagnose(run, records=records).findings == []
     # No max_steps: epochs x steps per epoch, estimated from the log's fractional epoch (5000 steps).
-    write_config(run, {"optim": {"lr": LR, "warmup_fraction": 0.04}, "train": {"max_steps": None, "epochs": 4}})
+    write_config(run, "train.max_steps=null", "train.epochs=4")
     result = dg.diagnose(run, records=records)
     assert result.lr["config"]["total_steps"] == STEPS and result.lr["config"]["estimated"] == ["total_steps"]
     assert result.findings == [], result.render()
-    write_config(run, {"optim": {"learning_rate": LR, "warmup_steps": 1600}, "train": {"total_steps": STEPS}})
+    write_config(run, "optim.warmup_fraction=0.08")
     assert kinds(dg.diagnose(run, records=records)) == ["lr_schedule"]
+    write_config(run, "optim.schedule=constant")
+    assert kinds(dg.diagnose(run, records=records)) == ["lr_schedule"]
+    # A config the project's loader refuses is reported, not guessed at.
+    (run / "config.yaml").write_text("optim:\n  learning_rate: 0.1\n")
+    result = dg.diagnose(run, records=records)
+    assert not result.lr["checked"] and any("unknown key 'learning_rate'" in n for n in result.notes)
 
 
 def test_bimodal_loss_is_flagged_with_high_loss_steps(tmp_path):
@@ -187,7 +195,7 @@ def test_torn_last_line_and_merged_steps(tmp_path):
     run, _ = synthetic_log(tmp_path / "torn")
     with (run / "train_log.jsonl").open("a") as f:
         f.write('{"step": 20001, "loss": 1.')
-    records = dg.read_log(run)
+    records = read_log(run)
     assert records[-1]["step"] == STEPS
     assert records[99]["step"] == 100 and "eval_tau" in records[99] and "loss" in records[99]
 
@@ -201,8 +209,8 @@ def _png_size(path):
 def test_plot_writes_a_png_and_overlays_a_second_run(tmp_path):
     run_a, _ = synthetic_log(tmp_path / "a")
     run_b, _ = synthetic_log(tmp_path / "b", plateau_at=8000, seed=1)
-    single = dg.plot([run_a], tmp_path / "one.png")
-    both = dg.plot([run_a, run_b], tmp_path / "two.png")
+    single = plot([run_a], tmp_path / "one.png")
+    both = plot([run_a, run_b], tmp_path / "two.png")
     assert _png_size(single) == (1100, 1400)
     assert _png_size(both) == (1100, 1400)
     assert single.stat().st_size > 20_000
@@ -212,7 +220,7 @@ def test_plot_writes_a_png_and_overlays_a_second_run(tmp_path):
 def test_compare_aligns_runs_by_step(tmp_path):
     run_a, _ = synthetic_log(tmp_path / "a")
     run_b, _ = synthetic_log(tmp_path / "b", plateau_at=8000, seed=1)
-    table = dg.compare(dg.read_log(run_a), dg.read_log(run_b), points=4)
+    table = compare(read_log(run_a), read_log(run_b), points=4)
     assert table["steps"] == [5001, 10000, 15000, 20000]
     a, b = table["eval_ddtree_8"]["a"], table["eval_ddtree_8"]["b"]
     assert b[-1] == pytest.approx(b[-2], abs=0.05)  # the plateaued run is flat at the end
@@ -220,19 +228,26 @@ def test_compare_aligns_runs_by_step(tmp_path):
 
 
 def test_diagnose_cli_json_plot_compare_and_exit_codes(tmp_path, capsys):
-    from train.cli_diagnose import main
+    def diagnose_cli(argv):
+        return main(["diagnose", *argv])
 
     clean, _ = synthetic_log(tmp_path / "clean")
     write_config(clean)
     flat, _ = synthetic_log(tmp_path / "flat", plateau_at=8000, seed=1)
     write_config(flat)
-    assert main([str(clean)]) == 0
+    assert diagnose_cli([str(clean)]) == 0
     assert capsys.readouterr().out.splitlines()[2].startswith("VERDICT: No problems found")
     png = tmp_path / "cmp.png"
-    assert main([str(flat), "--compare", str(clean), "--plot", str(png), "--json"]) == 1
+    assert diagnose_cli([str(flat), "--compare", str(clean), "--plot", str(png), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert [f["kind"] for f in data["findings"]] == ["plateau"]
     assert data["compare"]["diagnosis"]["healthy"] is True
     assert data["compare"]["at_steps"]["steps"][-1] == STEPS
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert main([str(tmp_path / "missing")]) == 2
+    assert diagnose_cli([str(tmp_path / "missing")]) == 2
+    assert diagnose_cli([str(clean), "--config", str(tmp_path / "missing.yaml")]) == 2
+    # --config: a run.yaml as `fit --config` takes it (no paths), checked against the same log.
+    (tmp_path / "run.yaml").write_text("optim:\n  lr: 6.0e-4\n  warmup_fraction: 0.08\ntrain:\n  max_steps: 20000\n")
+    capsys.readouterr()
+    assert diagnose_cli([str(clean), "--config", str(tmp_path / "run.yaml"), "--json"]) == 1
+    assert [f["kind"] for f in json.loads(capsys.readouterr().out)["findings"]] == ["lr_schedule"]

@@ -40,7 +40,7 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
 
     _cli("-m", "train", "fit", "--store", store, "--target", qwen3_5_dir, "--out", run, "--max-steps", 6,
          "--set", "model.num_layers=1", "--set", "model.num_anchors=16", "--set", "data.heldout_fraction=0.2",
-         "--set", "train.log_every=2", "--set", "train.eval_every=3", "--set", "train.eval_samples=2")
+         "--set", "train.log_every=2", "--set", "eval.every=3", "--set", "eval.samples=2")
     log = [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
     assert log[-1]["step"] == 6 and all(torch.isfinite(torch.tensor(r["loss"])) for r in log if "loss" in r)
     assert any("eval_tau" in r for r in log), "acceptance is evaluated during training"
@@ -50,7 +50,8 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
     assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["target_layer_ids"] == [1, 3, 5]
 
     evaluation = _cli("-m", "train", "eval", "--store", store, "--drafter", export, "--target", qwen3_5_dir,
-                      "--heldout-fraction", "0.2", "--ddtree-budgets", "4,16", "--json")
+                      "--ddtree-budgets", "4,16", "--json")
+    assert evaluation["heldout_fraction"] == 0.2  # the run's split, as the export records it
     assert evaluation["samples"] > 0 and 1.0 <= evaluation["tau"] <= 16.0
     assert set(evaluation["ddtree"]) == {"4", "16"}
 

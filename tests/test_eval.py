@@ -1,7 +1,8 @@
 """`train.evaluate` on a real store, a real drafter and the tiny Qwen3 target's
 frozen head: the result equals acceptance counted block by block by hand; a store
 whose recorded target predictions are the drafter's own gives tau = B; the
-held-out split; the eval CLI's JSON."""
+held-out split, and `train eval` evaluating exactly the samples the exported run
+held out; the eval CLI's JSON."""
 
 from __future__ import annotations
 
@@ -12,17 +13,32 @@ import numpy as np
 import pytest
 import torch
 
+import builders
 from store_schema import Fingerprint, SampleArrays, Store, create_store
+from store_schema.target_config import read_target_config
 from train import evaluate as ev
 from train.anchors import anchor_candidates
-from train.cli_eval import main as eval_main
+from train.cli import main
+from train.cli.eval import render_table
+from train.config import EvalConfig, load_config
+from train.evaluators import AcceptanceEval, log_fields
 from train.export import export_drafter
+from train.loader import is_heldout
 from train.model import DFlashDrafter, DrafterConfig
-from store_schema.target_config import read_target_config
 from train.target_head import load_target_head
+from train.trainer import Trainer
 
 LAYERS = [1, 3]
 B = 8
+
+
+def everything(**fields) -> EvalConfig:
+    """The eval section `python -m train eval` builds by default: every sample, every anchor."""
+    return EvalConfig(**{"samples": None, "max_blocks_per_sample": None, **fields})
+
+
+def eval_main(argv) -> int:
+    return main(["eval", *argv])
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +103,7 @@ def test_evaluate_equals_acceptance_counted_by_hand(tmp_path, parts):
     drafter, head, target = parts
     samples = make_samples(target, count=3)
     store = write_store(tmp_path / "store", target, samples)
-    result = ev.evaluate(drafter, head, store, split="all", ddtree_budgets=(1, 8, 32), batch_blocks=16)
+    result = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(1, 8, 32), batch_blocks=16), split="all")
 
     per_sample = [by_hand(drafter, head, s) for s in samples]
     expected_tau = np.mean([np.mean(lengths) for lengths, _ in per_sample])
@@ -106,10 +122,10 @@ def test_evaluate_equals_acceptance_counted_by_hand(tmp_path, parts):
     assert result["ddtree"][1] <= result["ddtree"][8] <= result["ddtree"][32]
     assert sum(result["acceptance_histogram"]) == pytest.approx(1.0)
     # A stride evaluates every k-th anchor position, a cap spreads blocks evenly.
-    strided = ev.evaluate(drafter, head, store, split="all", ddtree_budgets=(8,), anchor_stride=3)
+    strided = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), anchor_stride=3), split="all")
     assert strided["blocks"] < result["blocks"]
     # The table names the numbers.
-    table = ev.render_table(result)
+    table = render_table(result)
     assert "tau (greedy chain)" in table and "DDTree acceptance @ 32" in table
 
 
@@ -131,7 +147,8 @@ def test_target_labels_that_are_the_drafters_own_predictions_give_tau_B(tmp_path
         sample.topk_ids = topk
         sample.topk_logprobs = np.full((len(ids), 2), -0.5, np.float32)
     store = write_store(tmp_path / "store", target, samples, topk=2)
-    result = ev.evaluate(drafter, head, store, split="all", labels="target", anchor_stride=B, ddtree_budgets=(B - 1, 32))
+    result = ev.evaluate(drafter, head, store, everything(labels="target", anchor_stride=B, ddtree_budgets=(B - 1, 32)),
+                         split="all")
     assert result["tau"] == B
     # DDTree always drafts slot 1's top-1, so it accepts at least that; how deep
     # its tree goes depends on the drafter's confidence (this random one spreads
@@ -139,12 +156,12 @@ def test_target_labels_that_are_the_drafters_own_predictions_give_tau_B(tmp_path
     assert all(value >= 2 for value in result["ddtree"].values())
     assert result["top1_acc"] == 1.0 and result["per_position_acc"] == [1.0] * (B - 1)
     # The stored tokens are random: against them the same drafter is far from perfect.
-    tokens = ev.evaluate(drafter, head, store, split="all", labels="tokens", anchor_stride=B, ddtree_budgets=(8,))
+    tokens = ev.evaluate(drafter, head, store, everything(anchor_stride=B, ddtree_budgets=(8,)), split="all")
     assert tokens["tau"] < 2
     # labels="target" on a store without top-k is refused by name.
     plain = write_store(tmp_path / "plain", target, make_samples(target, count=2, seed=2))
     with pytest.raises(ValueError, match="top-k"):
-        ev.evaluate(drafter, head, plain, labels="target")
+        ev.evaluate(drafter, head, plain, everything(labels="target"), split="all")
 
 
 def test_heldout_split_is_a_stable_partition(tmp_path, parts):
@@ -152,26 +169,28 @@ def test_heldout_split_is_a_stable_partition(tmp_path, parts):
     samples = make_samples(target, count=8, seed=3)
     store = write_store(tmp_path / "store", target, samples)
     ids = [s.sample_id for s in samples]
-    held = [i for i in ids if ev.heldout(i, 0.5)]
+    held = [i for i in ids if is_heldout(i, 0.5)]
     assert 0 < len(held) < len(ids)
-    assert held == [i for i in ids if ev.heldout(i, 0.5)]  # a function of the id alone
-    assert not any(ev.heldout(i, 0.0) for i in ids) and all(ev.heldout(i, 1.0) for i in ids)
+    assert held == [i for i in ids if is_heldout(i, 0.5)]  # a function of the id alone
+    assert not any(is_heldout(i, 0.0) for i in ids) and all(is_heldout(i, 1.0) for i in ids)
     got_held = [s.sample_id for s in ev.store_samples(store, LAYERS, "heldout", 0.5)]
     got_train = [s.sample_id for s in ev.store_samples(store, LAYERS, "train", 0.5)]
     assert got_held == held and sorted(got_held + got_train) == sorted(ids)
-    result = ev.evaluate(drafter, head, store, split="heldout", heldout_fraction=0.5, ddtree_budgets=(8,))
-    assert result["samples"] == len(held) and result["split"] == "heldout"
-    assert ev.evaluate(drafter, head, store, split="all", max_samples=3, ddtree_budgets=(8,))["samples"] == 3
-    fields = ev.log_fields(result)
+    result = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,)), heldout_fraction=0.5)
+    assert result["samples"] == len(held) and result["split"] == "heldout" and result["heldout_fraction"] == 0.5
+    assert ev.evaluate(drafter, head, store, everything(samples=3, ddtree_budgets=(8,)), split="all")["samples"] == 3
+    with pytest.raises(ValueError, match="held-out fraction"):  # no silent default split
+        ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,)), split="heldout")
+    fields = log_fields(result)
     assert set(fields) >= {"eval_tau", "eval_ddtree_8", "eval_top1_acc", "eval_per_position_acc"}
     # The training-loop evaluator reads held-out samples from the trainer's loader
     # (here the store's own held-out samples stand in for ShardLoader.heldout_samples).
     trainer = SimpleNamespace(drafter=drafter, head=head, loader=SimpleNamespace(
         heldout_samples=lambda n: ev.store_samples(store, LAYERS, "heldout", 0.5, max_samples=n)))
-    logged = ev.AcceptanceEval(samples=2, ddtree_budgets=(8,), max_blocks_per_sample=10)(trainer, step=100)
-    direct = ev.evaluate(drafter, head, store, heldout_fraction=0.5, max_samples=2, ddtree_budgets=(8,),
-                         max_blocks_per_sample=10)
-    assert logged == ev.log_fields(direct) and logged["eval_samples"] == 2
+    section = EvalConfig(samples=2, ddtree_budgets=(8,), max_blocks_per_sample=10)
+    logged = AcceptanceEval(section)(trainer, step=100)
+    direct = ev.evaluate(drafter, head, store, section, heldout_fraction=0.5)
+    assert logged == log_fields(direct) and logged["eval_samples"] == 2
 
 
 def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir, capsys):
@@ -183,7 +202,7 @@ def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir,
             "--split", "all", "--ddtree-budgets", "4,16", "--json"]
     assert eval_main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
-    direct = ev.evaluate(drafter, head, Store(tmp_path / "store"), split="all", ddtree_budgets=(4, 16))
+    direct = ev.evaluate(drafter, head, Store(tmp_path / "store"), everything(ddtree_budgets=(4, 16)), split="all")
     assert printed["tau"] == pytest.approx(direct["tau"], abs=1e-6)
     assert printed["ddtree"] == {"4": pytest.approx(direct["ddtree"][4]), "16": pytest.approx(direct["ddtree"][16])}
     assert printed["samples"] == 4 and printed["drafter"] == str(run_dir / "export")
@@ -194,5 +213,50 @@ def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir,
                         vocab_size=target.vocab_size, layer_ids=LAYERS, max_length=128)
     writer = create_store(tmp_path / "other", other)
     writer.write_shard("shard-000000", make_samples(target, count=1, seed=5))
-    assert eval_main(["--store", str(tmp_path / "other")] + argv[2:]) == 2
+    assert eval_main(["--store", str(tmp_path / "other")] + argv[2:]) == 1  # refused: exit 1, one line
     assert "num_target_layers: store has 8, expected 6" in capsys.readouterr().err
+    assert eval_main(argv[:2] + ["--drafter", str(tmp_path / "missing")] + argv[4:]) == 2  # no such path: usage
+    assert eval_main(argv + ["--anchor-stride", "0"]) == 2  # a bad flag value: usage, naming the flag
+    assert "--anchor-stride" in capsys.readouterr().err
+
+
+def test_eval_uses_the_held_out_split_the_run_trained_with(qwen3_dir, tmp_path, capsys):
+    """The bug: `train eval` held out its own default 1 % instead of the run's
+    `data.heldout_fraction`, so a run trained with 0.005 was "held-out" evaluated
+    partly on samples it trained on. Now the export records the run's split and
+    eval selects exactly the samples the run held out."""
+    _, shards = builders.random_store(tmp_path / "store", num_shards=28, samples_per_shard=6, num_target_layers=6)
+    ids = [s.sample_id for samples in shards.values() for s in samples]
+    held_by_run = {i for i in ids if is_heldout(i, 0.005)}
+    held_by_default = {i for i in ids if is_heldout(i, 0.01)}
+    assert held_by_run and held_by_run < held_by_default  # the old default takes trained-on samples too
+    config = load_config(None, ["model.num_layers=1", f"model.block_size={B}", "model.num_anchors=8",
+                                "data.heldout_fraction=0.005", "eval.every=0", "train.max_steps=2"],
+                         store=str(tmp_path / "store"), target=str(qwen3_dir), out=str(tmp_path / "run"))
+    trainer = Trainer.from_config(config, log=lambda m: None)
+    trainer.fit()
+    assert {s.sample_id for s in trainer.loader.heldout_samples()} == held_by_run
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "drafter"), "--dtype", "fp32"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert exported["dtype"] == "float32" and exported["heldout_fraction"] == 0.005
+    recorded = json.loads((tmp_path / "drafter" / "config.json").read_text())["heldout_split"]
+    assert recorded == {"fraction": 0.005, "rule": "sha256(sample_id)[:8] / 2**64 < fraction"}
+
+    argv = ["--store", str(tmp_path / "store"), "--drafter", str(tmp_path / "drafter"), "--target", str(qwen3_dir),
+            "--ddtree-budgets", "4", "--json"]
+    assert eval_main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["heldout_fraction"] == 0.005 and result["samples"] == len(held_by_run)
+    assert eval_main(argv + ["--split", "train", "--max-samples", "200"]) == 0  # the complement: what it trained on
+    assert json.loads(capsys.readouterr().out)["samples"] == len(ids) - len(held_by_run)
+    assert eval_main(argv + ["--heldout-fraction", "0.01"]) == 0  # an explicit fraction still overrides
+    assert json.loads(capsys.readouterr().out)["samples"] == len(held_by_default)
+    # A drafter directory without the record (a z-lab published drafter) gets the default, with a note.
+    config_path = tmp_path / "drafter" / "config.json"
+    data = json.loads(config_path.read_text())
+    del data["heldout_split"]
+    config_path.write_text(json.dumps(data))
+    assert eval_main(argv) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["samples"] == len(held_by_default)
+    assert "records no held-out split" in captured.err and "--heldout-fraction" in captured.err

@@ -54,3 +54,37 @@ def test_run_rejects_bad_layers_before_any_work(qwen3_dir, tmp_path, capsys):
     assert main(argv) == 1  # qwen3_dir has 6 layers: 5 is the final layer
     assert "outside 0..4" in capsys.readouterr().err
     assert not (store / "zarr.json").exists()
+
+
+def test_exit_codes_follow_the_one_rule(qwen3_dir, tmp_path, capsys):
+    """store_schema.cli's rule: 2 for usage (a path that does not exist, a malformed
+    flag value), 1 for input that exists but is refused; one `error:` line each."""
+    from extract.__main__ import main
+
+    corpus = write_chat_jsonl(tmp_path / "c.jsonl", coding_chats(2))
+    store = tmp_path / "store"
+    common = ["--corpus", str(corpus), "--store", str(store)]
+    cases = [
+        (["run", "--model", str(tmp_path / "no-model"), *common], 2, "no-model"),
+        (["plan", "--dry-run", "--model", str(tmp_path / "no-model"), *common], 2, "no-model"),
+        (["run", "--model", str(qwen3_dir), "--corpus", str(tmp_path / "none.jsonl"), "--store", str(store)], 2,
+         "none.jsonl"),
+        (["run", "--model", str(qwen3_dir), *common, "--layers", "1,x"], 2, "--layers"),
+        (["run", "--model", str(qwen3_dir), *common, "--max-length", "0"], 1, "max_length must be a positive"),
+        (["run", "--model", str(qwen3_dir), *common, "--workers", "0"], 1, "--workers"),
+    ]
+    for argv, code, named in cases:
+        assert main(argv) == code, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and named in err[0], (argv, err)
+    assert not store.exists()
+
+
+def test_fault_injection_is_armed_from_the_environment_only_for_tests():
+    from extract.config import KILL_AFTER_BATCHES_ENV, KILL_DRIVER_ENV, FaultInjection, JobConfig
+
+    assert FaultInjection.from_env({}) == FaultInjection()
+    faults = FaultInjection.from_env({KILL_AFTER_BATCHES_ENV: "3, 7", KILL_DRIVER_ENV: "2"})
+    assert faults == FaultInjection(kill_after_batches=(3, 7), kill_driver_after_shards=2)
+    assert [faults.actor_kill_after(i) for i in range(3)] == [3, 7, None]  # later actors live
+    assert JobConfig(model="m", corpus="c", store="s").faults == FaultInjection.from_env()

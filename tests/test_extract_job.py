@@ -206,11 +206,12 @@ def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     its shards are redone on a fresh actor; nothing lost, nothing duplicated."""
     from store_schema.verify import verify_store
 
+    from extract.config import FaultInjection
     from extract.job import run_job
 
     ref_store, ref_report = reference
     store = tmp_path / "store"
-    report = run_job(_config(qwen3_5_dir, corpus[0], store, kill_after_batches=(2,)))
+    report = run_job(_config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(kill_after_batches=(2,))))
     assert report["worker_deaths"] == 1 and report["workers_started"] == 3
     assert 1 <= report["shards_retried"] <= 2
     assert report["shards_written"] + report["shards_committed_elsewhere"] == ref_report["shards"]
@@ -222,6 +223,7 @@ def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
 def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, corpus, tmp_path):
     """A driver (its own process, joined to the cluster) SIGKILLs itself after its
     2nd commit; the same command then finishes the store without recomputing them."""
+    from extract.config import KILL_DRIVER_ENV
     from extract.job import run_job
 
     ref_store, ref_report = reference
@@ -229,7 +231,7 @@ def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, c
     command = [sys.executable, "-m", "extract", "run", "--model", str(qwen3_5_dir), "--corpus", str(corpus[0]),
                "--store", str(store), "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS),
                "--batch-tokens", str(BATCH_TOKENS), "--workers", "1", "--address", ray_cluster, "--no-progress"]
-    env = dict(os.environ, DFLASH_EXTRACT_KILL_DRIVER_AFTER_SHARDS="2")
+    env = dict(os.environ, **{KILL_DRIVER_ENV: "2"})
     killed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     committed = {p.name: p.stat().st_ino for p in (store / "shards").iterdir() if (p / "commit.json").exists()}

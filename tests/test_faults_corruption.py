@@ -104,10 +104,11 @@ def test_reader_refuses_every_corrupted_shard_file(finished_store, tmp_path):
 # --------------------------------------------------------------------------- the trainer's side
 
 
-def _loader(store, **kwargs):
+def _loader(store, log=print, **kwargs):
+    from train.config import DataConfig
     from train.loader import ShardLoader
 
-    return ShardLoader(store, [1, 3], 8, epochs=1, heldout_fraction=0.0, **kwargs)
+    return ShardLoader(store, DataConfig(heldout_fraction=0.0, **kwargs), [1, 3], 8, seed=0, epochs=1, log=log)
 
 
 @pytest.mark.faults
@@ -174,7 +175,7 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0x04
     chunk.write_bytes(bytes(data))
-    sets = ["model.num_layers=1", "model.block_size=8", "model.num_anchors=8", "train.eval_every=0",
+    sets = ["model.num_layers=1", "model.block_size=8", "model.num_anchors=8", "eval.every=0",
             "data.heldout_fraction=0.0", "train.epochs=2"]
 
     refused = subprocess.run(

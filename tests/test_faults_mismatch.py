@@ -23,7 +23,7 @@ def fit(store, target, out, *extra) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
          "--max-steps", "1", "--set", "model.num_layers=1", "--set", "model.block_size=8",
-         "--set", "model.num_anchors=8", "--set", "train.eval_every=0", *extra],
+         "--set", "model.num_anchors=8", "--set", "eval.every=0", *extra],
         cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

@@ -95,6 +95,7 @@ def _committed_only_missing(store) -> int:
 
 
 def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
+    from extract.config import FaultInjection
     from extract.job import run_job
 
     ref_store, ref_report, ref_content = reference
@@ -102,8 +103,8 @@ def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     kills = tuple(rng.randint(1, 4) for _ in range(WORKER_KILLS))  # batches into the i-th actor's life
     store = tmp_path / "store"
     messages = []
-    report = run_job(_config(qwen3_5_dir, corpus[0], store, kill_after_batches=kills, max_attempts=WORKER_KILLS + 1),
-                     log=messages.append)
+    report = run_job(_config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(kill_after_batches=kills),
+                             max_attempts=WORKER_KILLS + 1), log=messages.append)
 
     assert report["status"] == "complete"
     assert report["worker_deaths"] == WORKER_KILLS, (kills, report)
@@ -125,7 +126,8 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
     it had committed just before dying (the rename landed, the reply did not): only
     the other is queued again; the committed one is counted as written."""
     import builders
-    from extract.job import JobConfig, _worker_died
+    from extract.dispatch import DispatchCounts, Dispatcher
+    from store_schema import Store
 
     builders.random_store(tmp_path / "s", num_shards=2, samples_per_shard=2)
     store = tmp_path / "s"
@@ -133,22 +135,51 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
     (store / ".staging" / "shard-000002.tmp").mkdir()  # the dead writer's half-written shard
 
     class Pool:  # stands in for the Ray actor pool: records which actor is replaced
-        replaced = []
+        actors: list = []
+        replaced: list = []
 
         def replace(self, index):
             self.replaced.append(index)
 
-    inflight = {"ref-a": (0, "shard-000001"), "ref-b": (1, "shard-000003")}
-    queue, attempts, counts, log = __import__("collections").deque(["shard-000004"]), Counter(), Counter(), []
-    attempts.update({"shard-000002": 1, "shard-000001": 1, "shard-000003": 1})
-    landed = _worker_died(RuntimeError("killed"), 0, "shard-000002", inflight, queue, attempts, Pool(), store,
-                          counts, JobConfig(model="m", corpus="c", store=str(store)), log.append)
+    plan = Store(store).plan()
+    log = []
+    dispatcher = Dispatcher(Pool(), plan, ["shard-000004"], store, max_attempts=4, inflight_per_worker=2,
+                            log=log.append)
+    dispatcher.inflight = {"ref-a": (0, "shard-000001"), "ref-b": (1, "shard-000003")}
+    dispatcher.attempts.update({"shard-000002": 1, "shard-000001": 1, "shard-000003": 1})
+    landed = dispatcher.worker_died(RuntimeError("killed"), 0, "shard-000002")
     assert landed == ["shard-000001"]  # committed by random_store: whole, kept
-    assert list(queue) == ["shard-000002", "shard-000004"]  # only the uncommitted one is redone, first
-    assert inflight == {"ref-b": (1, "shard-000003")} and Pool.replaced == [0]
-    assert counts == Counter(worker_deaths=1, shards_retried=1, shards_committed_before_worker_death=1)
+    assert list(dispatcher.queue) == ["shard-000002", "shard-000004"]  # only the uncommitted one is redone, first
+    assert dispatcher.inflight == {"ref-b": (1, "shard-000003")} and Pool.replaced == [0]
+    shard = plan.shard("shard-000001")
+    assert dispatcher.counts == DispatchCounts(
+        worker_deaths=1, shards_retried=1, shards_committed_before_worker_death=1,
+        shards_written=1, samples_written=len(shard.samples), tokens_written=shard.num_tokens,
+    )
     assert not (store / ".staging" / "shard-000002.tmp").exists()
     assert "shard-000001 committed before it died" in log[0]
+
+
+def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
+    """`max_attempts` tries per shard, then the job stops naming the shard."""
+    import builders
+    from extract.errors import ExtractError
+    from extract.dispatch import Dispatcher
+    from store_schema import Store
+
+    builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=2)
+
+    class Pool:
+        actors: list = []
+
+        def replace(self, index):
+            raise AssertionError("no replacement once the job stops")
+
+    dispatcher = Dispatcher(Pool(), Store(tmp_path / "s").plan(), [], tmp_path / "s", max_attempts=2,
+                            inflight_per_worker=2, log=lambda message: None)
+    dispatcher.attempts["shard-000009"] = 2
+    with pytest.raises(ExtractError, match=r"shard shard-000009 failed 2 time\(s\).*rerun to resume"):
+        dispatcher.worker_died(RuntimeError("killed"), 0, "shard-000009")
 
 
 # --------------------------------------------------------------------------- driver death x3
@@ -158,7 +189,8 @@ def test_driver_killed_at_three_points_then_rerun(reference, ray_cluster, qwen3_
     """Run the same command four times: the first three drivers SIGKILL themselves
     (after their 1st commit; after half the remaining shards; after the last shard
     was committed but before the report), the fourth finishes."""
-    from extract.job import KILL_DRIVER_ENV, run_job
+    from extract.config import KILL_DRIVER_ENV
+    from extract.job import run_job
 
     ref_store, ref_report, ref_content = reference
     total = ref_report["shards"]

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from extract.layers import hidden_states_index, parse_layer_ids, resolve_layer_ids
+from extract.layers import parse_layer_ids, resolve_layer_ids
 from store_schema.layout import default_layer_ids, validate_layer_ids
 from store_schema.target_config import read_target_config
 
@@ -92,6 +92,6 @@ def test_id_is_the_decoder_layer_output_in_real_model_code(qwen3_dir):
         hook.remove()
     num_layers = len(model.model.layers)
     for layer_id in range(num_layers - 1):
-        assert torch.equal(out.hidden_states[hidden_states_index(layer_id)], captured[layer_id])
+        assert torch.equal(out.hidden_states[layer_id + 1], captured[layer_id])  # id L = hidden_states[L + 1]
     # The last entry is after the final norm: why the final layer is never a context layer.
     assert not torch.equal(out.hidden_states[num_layers], captured[num_layers - 1])

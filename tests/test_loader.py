@@ -11,6 +11,7 @@ import torch
 
 import builders
 from store_schema import CorruptShardError, Store
+from train.config import DataConfig
 from train.loader import ShardLoader, is_heldout
 
 HELDOUT = 0.25
@@ -23,11 +24,10 @@ def store(tmp_path_factory):
     return Store(path), shards
 
 
-def make_loader(store, **kwargs):
-    options = dict(layers=[1, 3], block_size=8, max_length=512, seed=3, epochs=2, heldout_fraction=HELDOUT,
-                   buffer_shards=2, prefetch_samples=3)
-    options.update(kwargs)
-    return ShardLoader(store, **options)
+def make_loader(store, layers=(1, 3), seed=3, epochs=2, position=None, log=print, **data):
+    """A loader over `store`; `data` overrides fields of the DataConfig below."""
+    config = DataConfig(**{**dict(max_length=512, heldout_fraction=HELDOUT, buffer_shards=2, prefetch_samples=3), **data})
+    return ShardLoader(store, config, list(layers), 8, seed=seed, epochs=epochs, position=position, log=log)
 
 
 def test_heldout_never_trained_on_and_each_train_sample_once_per_epoch(store):
@@ -89,7 +89,7 @@ def test_sample_without_anchor_is_not_delivered(tmp_path):
     _, shards = builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=4, num_target_layers=6)
     store = Store(tmp_path / "s")
     # block 200 > every sample's length (< 160): no valid anchor anywhere
-    loader = ShardLoader(store, [1], block_size=200, epochs=1, heldout_fraction=0.0)
+    loader = ShardLoader(store, DataConfig(heldout_fraction=0.0), [1], block_size=200, seed=0, epochs=1)
     assert list(loader) == [] and loader.skipped_empty == 4
 
 

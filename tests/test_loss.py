@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from train.config import LossConfig, ModelConfig
 from train.loss import block_metrics, block_targets, default_gamma, dflash_loss, slot_weights
 from train.model import DFlashDrafter, DrafterConfig
 from train.step import add_context_noise, dflash_step
@@ -61,7 +62,9 @@ def test_no_training_on_input_tokens(setup):
     drafter, head, input_ids, loss_mask, features = setup
     generator = torch.Generator().manual_seed(1)
     for _ in range(5):
-        output, anchors, targets = dflash_step(drafter, head, input_ids, loss_mask, features, generator, num_anchors=16)
+        output, anchors, targets = dflash_step(
+            drafter, head, input_ids, loss_mask, features, LossConfig(), ModelConfig(num_anchors=16), generator
+        )
         assert loss_mask[anchors].eq(1).all() and anchors.max() <= T - BLOCK
         positions = anchors[:, None] + torch.arange(BLOCK)
         scored = targets.weights > 0
@@ -143,19 +146,20 @@ def test_metrics_in_loss_match_direct_computation(setup):
 def test_noise_reaches_only_the_drafter_input(setup):
     drafter, head, input_ids, loss_mask, features = setup
     topk_logprobs, topk_ids = torch.randn(T, VOCAB).log_softmax(-1).topk(4, dim=-1)
-    target_next = torch.randint(0, VOCAB, (T,))
     kept = features.clone()
     runs = {}
     for scale in (0.0, 0.5):
         generator = torch.Generator().manual_seed(7)
+        loss = LossConfig(noise=scale, labels="target", kl_mix=0.5)
         with torch.no_grad():
             runs[scale] = dflash_step(
-                drafter, head, input_ids, loss_mask, features, generator, num_anchors=8, noise_scale=scale,
-                labels="target", target_next_ids=target_next, kl_mix=0.5,
+                drafter, head, input_ids, loss_mask, features, loss, ModelConfig(num_anchors=8), generator,
                 target_topk_ids=topk_ids, target_topk_logprobs=topk_logprobs,
             )
     (clean, anchors0, ref0), (noisy, anchors1, ref1) = runs[0.0], runs[0.5]
     assert torch.equal(anchors0, anchors1)
+    # labels="target": slot k's label is the target's top-1 for position anchor + k (row anchor + k - 1).
+    assert torch.equal(ref0.labels[:, 1:], topk_ids[anchors0[:, None] + torch.arange(BLOCK - 1), 0])
     for field in ("labels", "valid", "weights", "topk_ids", "topk_logprobs"):
         assert torch.equal(getattr(ref0, field), getattr(ref1, field)), field
     assert clean.metrics["num_valid"] == noisy.metrics["num_valid"]

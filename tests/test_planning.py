@@ -30,7 +30,7 @@ from extract.tokenization import (
     mask_with_offsets,
     tokenize_record,
 )
-from store_schema.plan import PlannedSample, sample_digest
+from store_schema.plan import PlannedSample, PlanSettings, sample_digest
 
 REPO = Path(__file__).resolve().parent.parent
 NO_TAGS_TEMPLATE = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
@@ -216,7 +216,7 @@ def bad_corpus(path: Path, tokenizer, extra_good: int = 0) -> tuple[dict[int, st
 def test_quarantine_names_each_bad_record_and_keeps_every_good_one(tmp_path, tokenizer, tokenizer_dir):
     corpus = tmp_path / "mixed.jsonl"
     good, bad = bad_corpus(corpus, tokenizer)
-    plan = build_plan(corpus, tokenizer_dir, tokenizer=tokenizer, max_length=512, drop_long=True)
+    plan = build_plan(corpus, tokenizer_dir, PlanSettings(max_length=512, drop_long=True), tokenizer=tokenizer)
     assert {q.record_index: q.reason for q in plan.quarantined} == bad
     kept = {s.record_index: s.sample_id for shard in plan.shards for s in shard.samples}
     assert kept == good
@@ -224,7 +224,7 @@ def test_quarantine_names_each_bad_record_and_keeps_every_good_one(tmp_path, tok
     assert unsafe.sample_id is None  # an unsafe id never travels on as a name
     assert summarize(plan).quarantined_by_reason["wrong_type"] == 2
     # Without drop_long the huge record is truncated and kept.
-    truncated = build_plan(corpus, tokenizer_dir, tokenizer=tokenizer, max_length=512)
+    truncated = build_plan(corpus, tokenizer_dir, PlanSettings(max_length=512), tokenizer=tokenizer)
     huge = next(s for shard in truncated.shards for s in shard.samples if s.record_index == 8)
     assert huge.num_tokens == 512
 
@@ -240,9 +240,9 @@ def test_strict_mode_raises_naming_the_record(tmp_path, tokenizer, tokenizer_dir
 def test_plan_is_the_same_for_any_worker_count(tmp_path, tokenizer, tokenizer_dir):
     corpus = tmp_path / "mixed.jsonl"
     _, bad = bad_corpus(corpus, tokenizer, extra_good=30)
-    settings = dict(max_length=512, drop_long=True, shard_tokens=2048, seed=3)
-    serial = build_plan(corpus, tokenizer_dir, tokenizer=tokenizer, **settings)
-    parallel = build_plan(corpus, tokenizer_dir, workers=2, chunk_records=5, **settings)
+    settings = PlanSettings(max_length=512, drop_long=True, shard_tokens=2048, seed=3)
+    serial = build_plan(corpus, tokenizer_dir, settings, tokenizer=tokenizer)
+    parallel = build_plan(corpus, tokenizer_dir, settings, workers=2, chunk_records=5)
     assert len(serial.shards) > 3 and len(serial.quarantined) == len(bad)
     assert parallel.to_json() == serial.to_json()
     assert parallel.digest() == serial.digest()
@@ -261,7 +261,8 @@ def test_jsonl_parquet_and_datasets_give_the_same_plan(tmp_path, tokenizer, toke
     pq.write_table(table, parquet, row_group_size=4)
     ds_dir = tmp_path / "c_ds"
     datasets.Dataset(datasets.table.InMemoryTable(table)).save_to_disk(str(ds_dir))
-    plans = [build_plan(p, tokenizer_dir, tokenizer=tokenizer, shard_tokens=1500) for p in (jsonl, parquet, ds_dir)]
+    plans = [build_plan(p, tokenizer_dir, PlanSettings(shard_tokens=1500), tokenizer=tokenizer)
+             for p in (jsonl, parquet, ds_dir)]
     assert [q.reason for q in plans[0].quarantined] == ["no_assistant_turn"]
     assert plans[0].num_samples == 21
     for other in plans[1:]:
@@ -272,16 +273,86 @@ def test_jsonl_parquet_and_datasets_give_the_same_plan(tmp_path, tokenizer, toke
 
 def test_settings_are_recorded(tmp_path, tokenizer, tokenizer_dir, no_tags):
     corpus = write_chat_jsonl(tmp_path / "c.jsonl", long_chats(4))
-    plan = build_plan(corpus, tokenizer_dir, tokenizer=tokenizer, max_length=700, shard_tokens=999, block_size=8, seed=5)
+    settings = PlanSettings(max_length=700, shard_tokens=999, block_size=8, seed=5)
+    plan = build_plan(corpus, tokenizer_dir, settings, tokenizer=tokenizer)
     s = plan.settings
     assert (s["max_length"], s["shard_tokens"], s["block_size"], s["seed"]) == (700, 999, 8, 5)
     assert s["corpus_path"] == str(corpus.resolve()) and s["corpus_records"] == 4
     assert len(s["corpus_hash"]) == 64 and s["generation_tags"] is True
-    other = build_plan(corpus, no_tags[0], max_length=700, shard_tokens=999, block_size=8, seed=5)
+    assert PlanSettings.from_record(s) == settings  # the planner's input, read back from the plan
+    other = build_plan(corpus, no_tags[0], settings)
     assert other.settings["chat_template_hash"] != s["chat_template_hash"]
     assert other.settings["tokenizer_hash"] != s["tokenizer_hash"]
     assert other.shards == plan.shards  # same ids and masks through the other template path
     json.dumps(s)  # settings travel as JSON
+
+
+# The settings a plan records, as every store written so far holds them. A store's
+# `verify` and a resumed job compare `Plan.digest()` of the plan they would make with
+# the store's: any change to these keys or values orphans every existing store.
+RECORDED_KEYS = {
+    "planner_version", "corpus_path", "corpus_format", "corpus_hash", "corpus_records", "limit", "max_length",
+    "drop_long", "shard_tokens", "block_size", "min_loss_tokens", "seed", "tokenizer_path", "tokenizer_hash",
+    "chat_template_hash", "generation_tags", "mask_convention", "truncation",
+}
+
+
+def test_plan_digest_is_pinned():
+    """A plan made before `PlanSettings` existed (a flat settings dict) keeps its digest."""
+    from store_schema.plan import Plan, PlannedShard, QuarantinedRecord
+
+    settings = dict(
+        planner_version=1, corpus_path="/data/corpus.jsonl", corpus_format="jsonl", corpus_hash="c" * 64,
+        corpus_records=3, limit=None, max_length=3072, drop_long=False, shard_tokens=32768, block_size=16,
+        min_loss_tokens=32, seed=0, tokenizer_path="/models/target", tokenizer_hash="t" * 64,
+        chat_template_hash="h" * 64, generation_tags=True, mask_convention="assistant_content",
+        truncation="keep_first_max_length_tokens",
+    )
+    assert set(settings) == RECORDED_KEYS
+    plan = Plan(
+        (PlannedShard("shard-000000", (PlannedSample("a", 0, 120, 80, "1" * 64),
+                                       PlannedSample("rec-000000002", 2, 90, 40, "2" * 64))),),
+        (QuarantinedRecord(1, None, "malformed_json", "line 2"),),
+        settings,
+    )
+    assert plan.digest() == "af597751763a6e375332ebe0ecced524832a390d35c17221bde3abec0acb53ff"
+    assert PlanSettings.from_record(settings) == PlanSettings()  # the defaults are the ones stores were made with
+
+
+def test_plan_settings_are_the_planners_input_and_its_record(tmp_path, tokenizer, tokenizer_dir):
+    """build_plan records exactly the flat settings the planner always recorded (so a
+    plan built now has the digest an older build gave the same corpus), and the
+    store gives back the same plan, digest and `PlanSettings`."""
+    from extract.corpus import open_corpus
+    from extract.tokenization import chat_template_hash, tokenizer_hash
+    from store_schema.plan_io import read_plan, write_plan_group
+
+    corpus = write_chat_jsonl(tmp_path / "c.jsonl", long_chats(6))
+    settings = PlanSettings(max_length=300, shard_tokens=999, block_size=8, seed=5, drop_long=True, limit=5)
+    plan = build_plan(corpus, tokenizer_dir, settings, tokenizer=tokenizer)
+    assert plan.settings == dict(
+        planner_version=1, corpus_path=str(corpus.resolve()), corpus_format="jsonl",
+        corpus_hash=open_corpus(corpus).content_hash(), corpus_records=6, limit=5, max_length=300, drop_long=True,
+        shard_tokens=999, block_size=8, min_loss_tokens=16, seed=5, tokenizer_path=str(tokenizer_dir.resolve()),
+        tokenizer_hash=tokenizer_hash(tokenizer), chat_template_hash=chat_template_hash(tokenizer),
+        generation_tags=True, mask_convention="assistant_content", truncation="keep_first_max_length_tokens",
+    )
+    assert set(plan.settings) == RECORDED_KEYS
+    assert plan.num_samples + len(plan.quarantined) == 5  # limit: record 5 never planned
+    assert PlanSettings.from_record(plan.settings) == settings
+
+    (tmp_path / "store").mkdir()
+    write_plan_group(tmp_path / "store" / "plan", plan)
+    back = read_plan(tmp_path / "store")
+    assert back == plan and back.digest() == plan.digest()
+    assert PlanSettings.from_record(back.settings) == settings
+
+
+@pytest.mark.parametrize("field, value", [("max_length", 0), ("shard_tokens", -1), ("block_size", 0),
+                                          ("max_length", 1.5), ("seed", "0"), ("limit", "all")])
+def test_plan_settings_refuse_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=f"plan settings: {field} must be"):
+        PlanSettings(**{field: value})
 
 
 # --------------------------------------------------------------------------- re-reading a shard
@@ -290,7 +361,7 @@ def test_settings_are_recorded(tmp_path, tokenizer, tokenizer_dir, no_tags):
 def test_load_samples_reproduces_the_plan_and_catches_a_changed_corpus(tmp_path, tokenizer, tokenizer_dir):
     corpus = tmp_path / "mixed.jsonl"
     bad_corpus(corpus, tokenizer)
-    plan = build_plan(corpus, tokenizer_dir, tokenizer=tokenizer, max_length=512, shard_tokens=1024)
+    plan = build_plan(corpus, tokenizer_dir, PlanSettings(max_length=512, shard_tokens=1024), tokenizer=tokenizer)
     check_tokenizer(tokenizer, plan.settings)
     for shard in plan.shards:
         loaded = load_samples(corpus, tokenizer, shard.samples, plan.settings)

@@ -145,8 +145,8 @@ def test_the_local_ray_the_job_starts_serves_no_dashboard_or_client_port(tmp_pat
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp on this system")
     script = (
-        "import json, sys; from extract.job import JobConfig, _start_ray; import ray\n"
-        "_start_ray(JobConfig(model='m', corpus='c', store='s', workers=1))\n"
+        "import json, sys; from extract.config import JobConfig; from extract.dispatch import start_ray; import ray\n"
+        "start_ray(JobConfig(model='m', corpus='c', store='s', workers=1))\n"
         "print('started', flush=True); sys.stdin.readline(); ray.shutdown()\n"
     )
     before = _listening()

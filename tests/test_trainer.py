@@ -17,9 +17,10 @@ import torch
 import builders
 import stores
 from store_schema import FingerprintMismatch, Store
-from train.__main__ import main
+from train.cli import main
 from train.checkpoint import list_checkpoints
 from train.config import ConfigError, load_config
+from train.diagnose import diagnose
 from train.export import load_drafter
 from train.loader import is_heldout
 from train.trainer import Trainer, resolve_mask_token_id
@@ -29,7 +30,7 @@ HELDOUT = 0.25
 BLOCK = 8
 TINY = [  # a drafter and schedule small enough for CPU tests
     "model.num_layers=1", f"model.block_size={BLOCK}", "model.num_anchors=64", f"data.heldout_fraction={HELDOUT}",
-    "data.buffer_shards=2", "optim.lr=1e-2", "train.eval_samples=64",
+    "data.buffer_shards=2", "optim.lr=1e-2", "eval.samples=64",
 ]
 LOG_KEYS = {"step", "epoch", "lr", "loss", "grad_norm", "acc", "top4_acc", "top8_acc", "per_position_acc", "tau",
             "tokens_per_s", "loader_wait_frac"}
@@ -55,7 +56,7 @@ def read_log(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def learned(real_store, qwen3_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("learned") / "run"
-    config = config_for(real_store, qwen3_dir, out, "train.epochs=10", "train.log_every=50", "train.eval_every=150",
+    config = config_for(real_store, qwen3_dir, out, "train.epochs=10", "train.log_every=50", "eval.every=150",
                         "train.checkpoint_every=150", max_steps=300)
     trainer = Trainer.from_config(config, log=lambda m: None)
     trainer.fit()
@@ -147,7 +148,7 @@ def DFlashDrafterCopy(drafter, dtype):  # noqa: N802 - a copy of the in-memory d
 
 
 def test_resume_continues_exactly(real_store, qwen3_dir, tmp_path):
-    sets = ["train.log_every=1", "train.eval_every=0", "train.checkpoint_every=3", "train.keep_checkpoints=0",
+    sets = ["train.log_every=1", "eval.every=0", "train.checkpoint_every=3", "train.keep_checkpoints=0",
             "train.batch_size=2", "train.grad_accumulation=2", "model.num_anchors=16"]
     whole = tmp_path / "whole"
     main(["fit", "--store", str(real_store), "--target", str(qwen3_dir), "--out", str(whole), "--max-steps", "12",
@@ -167,6 +168,10 @@ def test_resume_continues_exactly(real_store, qwen3_dir, tmp_path):
         assert abs(a["loss"] - b["loss"]) <= 1e-6 and abs(a["grad_norm"] - b["grad_norm"]) <= 1e-6, (a, b)
         assert a["acc"] == b["acc"] and a["lr"] == b["lr"]
     assert expected[-1]["epoch"] >= 1  # the resumed steps crossed an epoch boundary
+    # diagnose checks a real run's logged LR against the trainer's own schedule: exact.
+    for run in (whole, cut):
+        lr = diagnose(run).lr
+        assert lr["checked"] and lr["max_error"] < 1e-12 and lr["config"]["total_steps"] == 12
 
 
 @pytest.mark.parametrize("field,overrides", [
@@ -207,12 +212,23 @@ def test_config_validation_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="unknown key"):
         load_config(None, ["optim.learning_rate=1"], store="s", target="t", out="o")
     with pytest.raises(ConfigError, match="loss.labels"):
-        load_config(None, ["labels=logits"], store="s", target="t", out="o")
+        load_config(None, ["loss.labels=logits"], store="s", target="t", out="o")
+    with pytest.raises(ConfigError, match="ambiguous, say loss.labels or eval.labels"):
+        load_config(None, ["labels=target"], store="s", target="t", out="o")
+    with pytest.raises(ConfigError, match="eval.ddtree_budgets"):
+        load_config(None, ["eval.ddtree_budgets=[8, 0]"], store="s", target="t", out="o")
+    with pytest.raises(FileNotFoundError, match="config file not found"):
+        load_config(tmp_path / "missing.yaml", store="s", target="t", out="o")
+    # Both dtype spellings are accepted; the long one is kept (and saved).
+    assert load_config(None, ["train.dtype=bf16"], store="s", target="t", out="o").train.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="train.dtype"):
+        load_config(None, ["train.dtype=int8"], store="s", target="t", out="o")
     with pytest.raises(ConfigError, match="store"):
         load_config(None, [], target="t", out="o")
     path = tmp_path / "run.yaml"
-    path.write_text("optim:\n  lr: 3e-4\n  betas: [0.9, 0.99]\nnum_anchors: 128\n")
-    config = load_config(path, ["train.seed=7"], store="s", target="t", out="o")
+    path.write_text("optim:\n  lr: 3e-4\n  betas: [0.9, 0.99]\nnum_anchors: 128\neval:\n  ddtree_budgets: [4, 16]\n")
+    config = load_config(path, ["train.seed=7", "eval.samples=null"], store="s", target="t", out="o")
     assert (config.optim.lr, config.optim.betas, config.model.num_anchors, config.train.seed) == (3e-4, (0.9, 0.99), 128, 7)
+    assert config.eval.ddtree_budgets == (4, 16) and config.eval.samples is None
     config.save(tmp_path / "run")
     assert load_config(tmp_path / "run" / "config.yaml") == config

@@ -81,65 +81,9 @@ def chain_acceptance(pred_top1: torch.Tensor, reference: torch.Tensor, valid: to
     return chain_accepted(pred_top1, reference, valid) + 1
 
 
-def tau(acceptance_lengths: Sequence[torch.Tensor]) -> float:
-    """Mean acceptance length per sample, then over samples (z-lab's definition).
-
-    acceptance_lengths: one 1-D tensor per sample holding the lengths of its
-    scored blocks. Samples with no scored block are skipped; nan if none is left."""
-    means = [lengths.double().mean() for lengths in acceptance_lengths if lengths.numel() > 0]
-    if not means:
-        return float("nan")
-    return float(torch.stack(means).mean())
-
-
-def build_ddtree(slot_logprobs: torch.Tensor, slot_ids: torch.Tensor, budget: int) -> list[tuple[int, int, int]]:
-    """The DDTree of one block as a list of nodes in pop order.
-
-    slot_logprobs / slot_ids: [D, K], the drafter's top-K log-probs (log_softmax
-    over the full vocabulary, sorted descending) and token ids per drafted slot.
-    Returns [(parent, depth, token)] for nodes 1..n, where parent 0 is the root
-    (the anchor) and node i is the i-th entry (1-based). n = min(budget, nodes
-    that exist). For inspection and tests; `ddtree_acceptance` is the fast path."""
-    nodes: list[tuple[int, int, int]] = []
-    depth_limit, k = slot_logprobs.shape
-    if budget <= 0 or depth_limit == 0 or k == 0:
-        return nodes
-    logp = slot_logprobs.tolist()
-    ids = slot_ids.tolist()
-    # heap entry: (-score, ranks, parent node index, depth, rank, score)
-    heap = [(-logp[0][0], (0,), 0, 1, 0, logp[0][0])]
-    while heap and len(nodes) < budget:
-        _, ranks, parent, depth, rank, score = heapq.heappop(heap)
-        nodes.append((parent, depth, ids[depth - 1][rank]))
-        index = len(nodes)
-        if rank + 1 < k:
-            sibling = score - logp[depth - 1][rank] + logp[depth - 1][rank + 1]
-            heapq.heappush(heap, (-sibling, ranks[:-1] + (rank + 1,), parent, depth, rank + 1, sibling))
-        if depth < depth_limit:
-            child = score + logp[depth][0]
-            heapq.heappush(heap, (-child, ranks + (0,), index, depth + 1, 0, child))
-    return nodes
-
-
-def walk_tree(nodes: list[tuple[int, int, int]], reference: Sequence[int], valid: Sequence[bool]) -> int:
-    """Accepted draft tokens when verifying the tree `nodes` (from `build_ddtree`)
-    against `reference` [D]: the depth of the longest reference prefix that is a
-    path from the root, stopping at the first invalid slot."""
-    children: dict[tuple[int, int], int] = {}
-    for index, (parent, _depth, token) in enumerate(nodes, start=1):
-        children[(parent, token)] = index
-    node, accepted = 0, 0
-    for token, ok in zip(reference, valid):
-        if not ok or (node, int(token)) not in children:
-            break
-        node = children[(node, int(token))]
-        accepted += 1
-    return accepted
-
-
 def _reference_pop_indices(lp: list[list[float]], ref_ranks: list[int], budget: int) -> list[int]:
     """Pop index (0-based) of each node on the reference path, in depth order,
-    growing the tree best-first (as `build_ddtree`) up to `budget` nodes.
+    growing the tree best-first (the module docstring's rule) up to `budget` nodes.
 
     lp: [D][K] sorted log-probs; ref_ranks: rank of the reference token at slots
     1..d, cut before the first slot whose token is outside the top-K or invalid.
@@ -244,10 +188,3 @@ def accuracy_counts(hits: dict[int, torch.Tensor], valid: torch.Tensor) -> dict:
             counts["per_position_top1"] = hit.sum(0).long()
     return counts
 
-
-def per_position_accuracy(top1_hits: torch.Tensor, valid: torch.Tensor) -> list[float]:
-    """Top-1 accuracy of slots 1..D over valid slots (nan where a slot never is)."""
-    valid = valid.bool()
-    totals = valid.sum(0)
-    correct = (top1_hits & valid).sum(0)
-    return [float(c) / float(t) if t > 0 else float("nan") for c, t in zip(correct.tolist(), totals.tolist())]

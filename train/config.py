@@ -8,7 +8,7 @@ YAML file, explicit CLI flags, then `--set key=value` overrides. A key is
 Values given as strings are parsed as YAML scalars (`1e-3`, `true`, `null`,
 `[0.9, 0.95]`) and then checked against the field's type. Every error names
 the key. The resolved config is saved into the run directory as `config.yaml`
-(and `config.json`), which is what `--resume` and `export` read back.
+(and `config.json`), which is what `--resume` and `diagnose` read back.
 """
 
 from __future__ import annotations
@@ -21,6 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from train.dtypes import dtype_name
+
+CONFIG_FILE = "config.yaml"  # a run directory's saved config
+LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
+SPLITS = ("heldout", "train", "all")  # a run's samples: never trained on (data.heldout_fraction), the rest, both
 
 
 class ConfigError(ValueError):
@@ -71,7 +77,7 @@ class LossConfig:
 
     def validate(self):
         _check(self.gamma is None or self.gamma > 0, "loss.gamma", "must be > 0")
-        _check(self.labels in ("tokens", "target"), "loss.labels", 'must be "tokens" or "target"')
+        _check(self.labels in LABELS, "loss.labels", 'must be "tokens" or "target"')
         _check(0.0 <= self.kl_mix <= 1.0, "loss.kl_mix", "must be in [0, 1]")
         _check(self.noise >= 0.0, "loss.noise", "must be >= 0")
         _check(self.chunk_rows >= 1, "loss.chunk_rows", "must be >= 1")
@@ -106,28 +112,56 @@ class TrainConfig:
     epochs: int = 6
     max_steps: int | None = None  # optimizer steps; None: as many as `epochs` give
     seed: int = 0
-    dtype: str = "bfloat16"  # autocast dtype on CUDA; weights and optimizer stay fp32
+    dtype: str = "bfloat16"  # autocast dtype on CUDA (bf16/fp16/fp32 accepted too); weights and optimizer stay fp32
     device: str = "auto"  # "auto": cuda if available, else cpu
     log_every: int = 10
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2  # newest checkpoints kept (0: keep all)
-    eval_every: int = 500  # held-out loss/acc every this many steps (0: never)
-    eval_samples: int = 32  # held-out samples per evaluation
 
     def validate(self):
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
         _check(self.grad_accumulation >= 1, "train.grad_accumulation", "must be >= 1")
         _check(self.epochs >= 1, "train.epochs", "must be >= 1")
         _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1")
-        _check(self.dtype in ("bfloat16", "float16", "float32"), "train.dtype", "must be bfloat16, float16 or float32")
+        try:
+            self.dtype = dtype_name(self.dtype)
+        except ValueError as error:
+            raise ConfigError(f"config train.dtype: {error}") from None
         _check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
-        for name in ("log_every", "checkpoint_every", "eval_every", "keep_checkpoints", "eval_samples"):
+        for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         _check(self.log_every >= 1, "train.log_every", "must be >= 1")
 
     @property
     def sequences_per_step(self) -> int:
         return self.batch_size * self.grad_accumulation
+
+
+@dataclass
+class EvalConfig:
+    """Acceptance evaluation (train.evaluate): during training on held-out samples
+    every `every` steps, and by `python -m train eval`, whose flags set the same
+    fields (that command evaluates every sample and anchor unless told otherwise)."""
+
+    every: int = 500  # during training: evaluate every this many optimizer steps (0: never)
+    samples: int | None = 32  # held-out sequences per evaluation (None: all of them)
+    ddtree_budgets: tuple[int, ...] = (8, 32, 128)  # DDTree node budgets
+    labels: str = "tokens"  # reference: "tokens" (the stored ones) or "target" (the store's target top-1)
+    anchor_stride: int = 1  # every k-th anchor position of a response
+    max_blocks_per_sample: int | None = 256  # at most this many blocks per sample, spread evenly (None: all)
+    batch_blocks: int = 256  # blocks per drafter forward
+
+    def validate(self):
+        _check(self.every >= 0, "eval.every", "must be >= 0")
+        _check(self.samples is None or self.samples >= 1, "eval.samples", "must be >= 1 (or null: all)")
+        _check(len(self.ddtree_budgets) >= 1 and all(b >= 1 for b in self.ddtree_budgets), "eval.ddtree_budgets",
+               "must be one or more integers >= 1")
+        _check(self.labels in LABELS, "eval.labels", 'must be "tokens" or "target"')
+        _check(self.anchor_stride >= 1, "eval.anchor_stride", "must be >= 1")
+        _check(self.max_blocks_per_sample is None or self.max_blocks_per_sample >= 1, "eval.max_blocks_per_sample",
+               "must be >= 1 (or null: all)")
+        _check(self.batch_blocks >= 1, "eval.batch_blocks", "must be >= 1")
+        return self
 
 
 @dataclass
@@ -140,29 +174,34 @@ class RunConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
-    def validate(self) -> "RunConfig":
-        for name in ("store", "target", "out"):
+    def validate(self, require_paths: bool = True) -> "RunConfig":
+        for name in ("store", "target", "out") if require_paths else ():
             _check(bool(getattr(self, name)), name, "is required")
         for section in SECTIONS:
             getattr(self, section).validate()
         return self
 
     def to_dict(self) -> dict:
-        data = dataclasses.asdict(self)
-        data["optim"]["betas"] = list(self.optim.betas)
-        return data
+        """Plain JSON/YAML data (tuples as lists)."""
+        return dataclasses.asdict(self, dict_factory=lambda items: {k: _plain(v) for k, v in items})
 
     def save(self, run_dir: str | Path) -> None:
+        """RUN/config.yaml (what `--resume` and `diagnose` read) and a JSON copy."""
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         data = self.to_dict()
-        (run_dir / "config.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+        (run_dir / CONFIG_FILE).write_text(yaml.safe_dump(data, sort_keys=False))
         (run_dir / "config.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
-SECTIONS = ("data", "model", "loss", "optim", "train")
+SECTIONS = ("data", "model", "loss", "optim", "train", "eval")
 _SECTION_TYPES = {name: f.type for name, f in ((f.name, f) for f in dataclasses.fields(RunConfig))}
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
 
 
 def _check(ok: bool, key: str, message: str) -> None:
@@ -192,6 +231,10 @@ def _coerce(key: str, value, annotation):
         raise ConfigError(errors[0] if errors else f"config {key}: cannot be {value!r}")
     if origin is tuple:
         args = typing.get_args(annotation)
+        if len(args) == 2 and args[1] is Ellipsis:  # tuple[int, ...]: any length
+            if not isinstance(value, (list, tuple)):
+                raise ConfigError(f"config {key}: expected a list, got {value!r}")
+            return tuple(_coerce(key, v, args[0]) for v in value)
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"config {key}: expected a list of {len(args)} values, got {value!r}")
         return tuple(_coerce(key, v, a) for v, a in zip(value, args))
@@ -275,15 +318,22 @@ def parse_override(text: str) -> tuple[str, object]:
     return key.strip(), value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | dict | None = None, **explicit) -> RunConfig:
-    """Defaults <- YAML file <- explicit keyword values (None ignored) <- overrides; validated."""
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | dict | None = None, *, require_paths: bool = True, **explicit
+) -> RunConfig:
+    """Defaults <- YAML file <- explicit keyword values (None ignored) <- overrides;
+    validated. `require_paths=False` accepts a config without store/target/out
+    (e.g. a run.yaml whose paths come from flags, read only for its settings)."""
     config = RunConfig()
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
+            raise FileNotFoundError(f"config file not found: {path}")
         text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        try:
+            data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as error:
+            raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
         _apply_mapping(config, data or {}, str(path))
     for key, value in explicit.items():
         if value is not None:
@@ -291,11 +341,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] | dict | No
     items = overrides.items() if isinstance(overrides, dict) else (parse_override(o) for o in overrides or ())
     for key, value in items:
         _apply(config, key, value)
-    return config.validate()
-
-
-def config_from_dict(data: dict) -> RunConfig:
-    """A RunConfig from `RunConfig.to_dict()` output (e.g. a run's config.json)."""
-    config = RunConfig()
-    _apply_mapping(config, data, "config")
-    return config.validate()
+    return config.validate(require_paths)

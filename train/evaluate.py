@@ -19,19 +19,16 @@ Metrics are defined in `train/acceptance.py`. tau and DDTree acceptance are
 averaged per sample, then over samples (z-lab's benchmark averages per response);
 accuracies are pooled over all scored slots.
 
-The training loop can call `evaluate` (or `evaluate_samples` on samples it already
-holds) every N steps and log `log_fields(result)` into train_log.jsonl;
-`AcceptanceEval` packages that as a `Trainer.evaluators` entry. Its keys carry
-the prefix "eval_" (eval_tau, eval_ddtree_8, ...): the trainer's own held-out
-pass logs `heldout_tau` over its randomly drawn training anchors, pooled over
-blocks, which is a different number.
+What to evaluate and how is the run's `eval` section (`train.config.EvalConfig`:
+DDTree budgets, labels, anchor stride, blocks per sample, batch size); which
+samples are held out is the loader's rule (`train.loader.is_heldout`) at the
+run's own fraction. The training loop evaluates through `train.evaluators`
+(`AcceptanceEval`); `python -m train eval` (train/cli/eval.py) calls `evaluate`
+and presents the result.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 import torch
@@ -45,36 +42,27 @@ from train.acceptance import (
     topk_hits,
 )
 from train.anchors import anchor_candidates
+from train.config import SPLITS, EvalConfig
 from train.loader import is_heldout
 from train.loss import block_targets
 
-DEFAULT_BUDGETS = (8, 32, 128)
-SPLITS = ("heldout", "train", "all")
-DEFAULT_HELDOUT_FRACTION = 0.01
 
-
-def heldout(sample_id: str, fraction: float = DEFAULT_HELDOUT_FRACTION) -> bool:
-    """The held-out split: the loader's rule, so trainer and eval always agree."""
-    if not 0.0 <= fraction <= 1.0:
-        raise ValueError(f"held-out fraction must be in [0, 1], got {fraction}")
-    return is_heldout(sample_id, fraction)
-
-
-def in_split(sample_id: str, split: str, fraction: float) -> bool:
+def in_split(sample_id: str, split: str, heldout_fraction: float | None) -> bool:
+    """Whether a sample belongs to `split` of a run that held out `heldout_fraction`."""
     if split == "all":
         return True
-    if split == "heldout":
-        return heldout(sample_id, fraction)
-    if split == "train":
-        return not heldout(sample_id, fraction)
-    raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if heldout_fraction is None or not 0.0 <= heldout_fraction <= 1.0:
+        raise ValueError(f"split {split!r} needs the run's held-out fraction in [0, 1], got {heldout_fraction!r}")
+    return is_heldout(sample_id, heldout_fraction) == (split == "heldout")
 
 
 def store_samples(
     store,
     layers: Sequence[int],
-    split: str = "heldout",
-    heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
+    split: str,
+    heldout_fraction: float | None,
     max_samples: int | None = None,
     need_topk: bool = False,
 ) -> Iterator:
@@ -85,8 +73,7 @@ def store_samples(
     if not isinstance(store, Store):
         store = Store(store)
     layers = store.require_layers(list(layers))
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    in_split("", split, heldout_fraction)  # refuse a bad split before reading anything
     taken = 0
     if max_samples is not None and max_samples <= 0:
         return
@@ -204,31 +191,22 @@ def _context_features(sample, config, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_samples(
-    drafter,
-    head,
-    samples: Iterable,
-    ddtree_budgets: Sequence[int] = DEFAULT_BUDGETS,
-    labels: str = "tokens",
-    anchor_stride: int = 1,
-    max_blocks_per_sample: int | None = None,
-    batch_blocks: int = 256,
-    chunk_rows: int = 2048,
-    attention: str = "auto",
-) -> dict:
+def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, attention: str = "auto") -> dict:
     """Acceptance metrics of `drafter` over `samples`: store_schema `Sample`s with
     `hidden` holding the drafter's context layers, or train.loader `TrainSample`s
     (e.g. `ShardLoader.heldout_samples(limit)`). See `evaluate` for the result.
 
     drafter: train.model.DFlashDrafter (put in eval mode for the call, then
-    restored); head: train.target_head.TargetHead. Runs on the drafter's device."""
-    if labels not in ("tokens", "target"):
-        raise ValueError(f'labels must be "tokens" or "target", got {labels!r}')
-    budgets = sorted({int(b) for b in ddtree_budgets})
-    if any(b < 1 for b in budgets):
-        raise ValueError(f"DDTree budgets must be >= 1, got {list(ddtree_budgets)}")
-    config = drafter.config
-    block_size = config.block_size
+    restored); head: train.target_head.TargetHead. Runs on the drafter's device.
+    config: ddtree_budgets, labels, anchor_stride, max_blocks_per_sample,
+    batch_blocks (`samples` is the caller's business). attention: the run's
+    `model.attention`."""
+    config.validate()
+    labels, anchor_stride, batch_blocks = config.labels, config.anchor_stride, config.batch_blocks
+    max_blocks_per_sample = config.max_blocks_per_sample
+    budgets = sorted({int(b) for b in config.ddtree_budgets})
+    drafter_config = drafter.config
+    block_size = drafter_config.block_size
     device = drafter.fc.weight.device
     k = max([8, *budgets])
     acc = _Accumulator(block_size, budgets)
@@ -250,7 +228,7 @@ def evaluate_samples(
             targets = block_targets(
                 input_ids, loss_mask, anchors, block_size, gamma=1.0, labels=labels, target_next_ids=target_next_ids
             )
-            features = _context_features(sample, config, device)
+            features = _context_features(sample, drafter_config, device)
 
             chain_parts, tree_parts, counts = [], {b: [] for b in budgets}, []
             for start in range(0, anchors.numel(), batch_blocks):
@@ -261,7 +239,7 @@ def evaluate_samples(
                 if not keep.any():
                     continue
                 hidden = drafter(features, input_ids, anchors[batch][keep], head.embed_tokens, attention=attention)
-                logprobs, ids = slot_topk(hidden[:, 1:], head.lm_head.weight, k, chunk_rows)
+                logprobs, ids = slot_topk(hidden[:, 1:], head.lm_head.weight, k)
                 reference, valid = reference[keep], valid[keep]
                 chain_parts.append(chain_acceptance(ids[..., 0], reference, valid).cpu())
                 trees = ddtree_acceptance(logprobs.cpu(), ids.cpu(), reference.cpu(), valid.cpu(), budgets)
@@ -281,19 +259,18 @@ def evaluate(
     drafter,
     head,
     store,
+    config: EvalConfig,
+    *,
     split: str = "heldout",
-    ddtree_budgets: Sequence[int] = DEFAULT_BUDGETS,
-    labels: str = "tokens",
-    max_samples: int | None = None,
-    anchor_stride: int = 1,
-    max_blocks_per_sample: int | None = None,
-    heldout_fraction: float = DEFAULT_HELDOUT_FRACTION,
-    batch_blocks: int = 256,
-    chunk_rows: int = 2048,
+    heldout_fraction: float | None = None,
     attention: str = "auto",
 ) -> dict:
     """Evaluate `drafter` on the `split` samples of `store` (a store_schema.Store
-    or its path).
+    or its path), at most `config.samples` of them (None: all).
+
+    heldout_fraction: the held-out share of the run the drafter was trained by
+    (needed unless split="all"): "heldout" is exactly the samples that run never
+    trained on, "train" the others.
 
     Returns a dict:
       tau: mean acceptance length (accepted + 1 bonus, 1..B) under greedy chain
@@ -304,13 +281,13 @@ def evaluate(
       tau_pooled: chain acceptance averaged over all blocks at once;
       acceptance_histogram: [B] share of blocks with length 1..B;
       samples / blocks / scored_slots: what was evaluated;
-      block_size, labels, split, anchor_stride, max_blocks_per_sample.
+      block_size, labels, split, heldout_fraction, anchor_stride, max_blocks_per_sample.
     Samples with no scoreable block are not counted."""
     from store_schema import Store
 
     store = store if isinstance(store, Store) else Store(store)
     check_compatible(drafter, head, store)
-    if labels == "target" and not store.fingerprint.target_topk:
+    if config.labels == "target" and not store.fingerprint.target_topk:
         raise ValueError(
             f"{store.path}: labels='target' needs the target's top-k predictions, "
             "but this store has none (extract with topk=K)"
@@ -320,22 +297,11 @@ def evaluate(
         drafter.config.context_layer_ids,
         split=split,
         heldout_fraction=heldout_fraction,
-        max_samples=max_samples,
-        need_topk=labels == "target",
+        max_samples=config.samples,
+        need_topk=config.labels == "target",
     )
-    result = evaluate_samples(
-        drafter,
-        head,
-        samples,
-        ddtree_budgets=ddtree_budgets,
-        labels=labels,
-        anchor_stride=anchor_stride,
-        max_blocks_per_sample=max_blocks_per_sample,
-        batch_blocks=batch_blocks,
-        chunk_rows=chunk_rows,
-        attention=attention,
-    )
-    result["split"] = split
+    result = evaluate_samples(drafter, head, samples, config, attention=attention)
+    result.update(split=split, heldout_fraction=None if split == "all" else heldout_fraction)
     return result
 
 
@@ -347,144 +313,3 @@ def check_compatible(drafter, head, store) -> None:
         hidden_size=config.hidden_size, num_target_layers=config.num_target_layers, vocab_size=head.vocab_size
     )
     store.require_layers(config.context_layer_ids)
-
-
-class AcceptanceEval:
-    """An evaluator for the training loop (`Trainer.evaluators`, called as
-    `evaluator(trainer, step) -> dict` every `eval_every` steps): acceptance of
-    the current drafter on up to `samples` held-out sequences from
-    `trainer.loader.heldout_samples(samples)`, as flat log fields
-    (`log_fields`, prefix "eval_": eval_tau, eval_ddtree_<budget>, ...).
-
-    `max_blocks_per_sample` caps the cost: that many anchors spread evenly over
-    each response (None: every anchor position)."""
-
-    def __init__(
-        self,
-        samples: int = 32,
-        ddtree_budgets: Sequence[int] = DEFAULT_BUDGETS,
-        labels: str = "tokens",
-        anchor_stride: int = 1,
-        max_blocks_per_sample: int | None = 256,
-        prefix: str = "eval_",
-    ):
-        self.samples = samples
-        self.ddtree_budgets = tuple(ddtree_budgets)
-        self.labels = labels
-        self.anchor_stride = anchor_stride
-        self.max_blocks_per_sample = max_blocks_per_sample
-        self.prefix = prefix
-
-    def __call__(self, trainer, step: int) -> dict:
-        result = evaluate_samples(
-            trainer.drafter,
-            trainer.head,
-            trainer.loader.heldout_samples(self.samples),
-            ddtree_budgets=self.ddtree_budgets,
-            labels=self.labels,
-            anchor_stride=self.anchor_stride,
-            max_blocks_per_sample=self.max_blocks_per_sample,
-        )
-        return log_fields(result, self.prefix)
-
-
-def log_fields(result: dict, prefix: str = "eval_") -> dict:
-    """Flat train_log.jsonl fields of an evaluation result: `{prefix}tau`,
-    `{prefix}ddtree_{budget}`, `{prefix}top1_acc` / top4 / top8,
-    `{prefix}per_position_acc` (list), `{prefix}samples`. nan becomes None (JSON)."""
-
-    def clean(value):
-        return None if isinstance(value, float) and math.isnan(value) else value
-
-    fields = {
-        f"{prefix}tau": clean(result["tau"]),
-        f"{prefix}top1_acc": clean(result["top1_acc"]),
-        f"{prefix}top4_acc": clean(result["top4_acc"]),
-        f"{prefix}top8_acc": clean(result["top8_acc"]),
-        f"{prefix}per_position_acc": [clean(v) for v in result["per_position_acc"]],
-        f"{prefix}samples": result["samples"],
-    }
-    for budget, value in result["ddtree"].items():
-        fields[f"{prefix}ddtree_{budget}"] = clean(value)
-    return fields
-
-
-def to_json(result: dict) -> str:
-    """One JSON object on one line; ddtree budgets become string keys, nan becomes null."""
-
-    def clean(value):
-        if isinstance(value, float) and math.isnan(value):
-            return None
-        if isinstance(value, dict):
-            return {str(k): clean(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(v) for v in value]
-        return value
-
-    return json.dumps(clean(result))  # one line: `tail -1 | jq` works
-
-
-def _fmt(value, digits: int = 3) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.{digits}f}"
-
-
-def render_table(result: dict) -> str:
-    """A readable summary: headline acceptance, accuracies, per-position accuracy."""
-    block = result.get("block_size", len(result["per_position_acc"]) + 1)
-    lines = [
-        f"split {result.get('split', '?')}, labels {result.get('labels', '?')}: "
-        f"{result['samples']} samples, {result['blocks']} blocks of {block} "
-        f"(anchor stride {result.get('anchor_stride', 1)})",
-        "",
-        f"{'metric':<28}{'value':>10}",
-        f"{'-' * 38}",
-        f"{'tau (greedy chain)':<28}{_fmt(result['tau']):>10}",
-    ]
-    for budget, value in sorted(result["ddtree"].items(), key=lambda kv: int(kv[0])):
-        lines.append(f"{f'DDTree acceptance @ {budget}':<28}{_fmt(value):>10}")
-    lines += [
-        f"{'top-1 accuracy':<28}{_fmt(result['top1_acc']):>10}",
-        f"{'top-4 accuracy':<28}{_fmt(result['top4_acc']):>10}",
-        f"{'top-8 accuracy':<28}{_fmt(result['top8_acc']):>10}",
-        "",
-        "per-position top-1 accuracy (slot: acc)",
-    ]
-    per_position = result["per_position_acc"]
-    for row in range(0, len(per_position), 5):
-        cells = [f"{row + i + 1:>2}: {_fmt(v)}" for i, v in enumerate(per_position[row : row + 5])]
-        lines.append("  " + "   ".join(cells))
-    histogram = result.get("acceptance_histogram")
-    if histogram:
-        lines += ["", "chain acceptance length histogram (length: share)"]
-        for row in range(0, len(histogram), 8):
-            cells = [f"{row + i + 1:>2}: {_fmt(v, 2)}" for i, v in enumerate(histogram[row : row + 8])]
-            lines.append("  " + "   ".join(cells))
-    return "\n".join(lines)
-
-
-def resolve_drafter_dir(path: str | Path) -> Path:
-    """An exported drafter directory (config.json with dflash_config +
-    model.safetensors), given either that directory or a run directory holding
-    exports below it (the most recently written one is taken)."""
-    path = Path(path)
-
-    def is_export(p: Path) -> bool:
-        config = p / "config.json"
-        if not (config.is_file() and (p / "model.safetensors").is_file()):
-            return False
-        try:
-            return "dflash_config" in json.loads(config.read_text())
-        except ValueError:
-            return False
-
-    if is_export(path):
-        return path
-    found = [p.parent for p in path.glob("**/config.json") if is_export(p.parent)]
-    if not found:
-        raise FileNotFoundError(
-            f"{path}: no exported drafter (config.json with dflash_config + model.safetensors) here or below; "
-            "export a checkpoint first (python -m train export)"
-        )
-    return max(found, key=lambda p: (p / "model.safetensors").stat().st_mtime)

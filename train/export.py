@@ -10,6 +10,11 @@ target's `embed_tokens` / `lm_head`.
 
 `target_layer_ids` use z-lab's convention: id L is the output of decoder layer L
 (transformers' hidden_states[L + 1]); the same convention as `context_layer_ids`.
+
+An export of this trainer also records, under the top-level key `heldout_split`
+(which other loaders ignore), how the run split its samples: `{"fraction": f,
+"rule": "sha256(sample_id)[:8] / 2**64 < fraction"}`, so that `python -m train
+eval` evaluates exactly the samples the run never trained on.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from train.dtypes import name_of
+from train.loader import heldout_fraction_of, heldout_record
 from train.model import DFlashDrafter, DrafterConfig
 
-DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+HELDOUT_SPLIT_KEY = "heldout_split"
 
 
 def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> dict:
@@ -62,7 +69,7 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
         "max_window_layers": config.num_layers,
         "tie_word_embeddings": False,
         "use_cache": True,
-        "dtype": DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch.")),
+        "dtype": name_of(dtype),
     }
     if config.rope_parameters.get("rope_type", "default") != "default":
         data["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
@@ -71,12 +78,18 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
 
 
 def export_drafter(
-    drafter: DFlashDrafter, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16, extra_config: dict | None = None
+    drafter: DFlashDrafter,
+    out_dir: str | Path,
+    dtype: torch.dtype = torch.bfloat16,
+    extra_config: dict | None = None,
+    heldout_fraction: float | None = None,
 ) -> Path:
     """Write `config.json` and `model.safetensors` for `drafter` into `out_dir`.
 
     dtype: weights' dtype on disk (bf16, as published drafters are).
-    extra_config: more top-level config keys (e.g. bos/eos token ids, provenance)."""
+    extra_config: more top-level config keys (e.g. bos/eos token ids, provenance).
+    heldout_fraction: the run's `data.heldout_fraction`, recorded with the split
+    rule under `heldout_split` (None: not recorded)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in drafter.state_dict().items()}
@@ -85,6 +98,8 @@ def export_drafter(
         raise ValueError(f"drafter state dict carries target tensors {leaked}; they must stay out of the export")
     save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     config = drafter_config_json(drafter.config, dtype, extra_config)
+    if heldout_fraction is not None:
+        config[HELDOUT_SPLIT_KEY] = heldout_record(heldout_fraction)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out_dir
 
@@ -145,3 +160,37 @@ def load_drafter(model_dir: str | Path, dtype: torch.dtype | None = None, device
     if result.missing_keys or result.unexpected_keys:
         raise KeyError(f"{weights}: missing tensors {result.missing_keys}, unexpected tensors {result.unexpected_keys}")
     return drafter.to(device)
+
+
+def read_heldout_fraction(model_dir: str | Path) -> float | None:
+    """The held-out fraction an export recorded (`heldout_split`), or None for a
+    drafter directory without one (e.g. a published z-lab drafter)."""
+    path = Path(model_dir) / "config.json"
+    record = json.loads(path.read_text()).get(HELDOUT_SPLIT_KEY)
+    return None if record is None else heldout_fraction_of(record, f"{path} {HELDOUT_SPLIT_KEY}")
+
+
+def resolve_drafter_dir(path: str | Path) -> Path:
+    """An exported drafter directory (config.json with dflash_config +
+    model.safetensors), given either that directory or a run directory holding
+    exports below it (the most recently written one is taken)."""
+    path = Path(path)
+
+    def is_export(p: Path) -> bool:
+        config = p / "config.json"
+        if not (config.is_file() and (p / "model.safetensors").is_file()):
+            return False
+        try:
+            return "dflash_config" in json.loads(config.read_text())
+        except ValueError:
+            return False
+
+    if is_export(path):
+        return path
+    found = [p.parent for p in path.glob("**/config.json") if is_export(p.parent)]
+    if not found:
+        raise FileNotFoundError(
+            f"{path}: no exported drafter (config.json with dflash_config + model.safetensors) here or below; "
+            "export a checkpoint first (python -m train export)"
+        )
+    return max(found, key=lambda p: (p / "model.safetensors").stat().st_mtime)

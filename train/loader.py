@@ -22,7 +22,10 @@ inside the crop (`pos <= len - B`). A sample whose crop has no valid anchor
 
 Held-out split: a sample is held out when a stable hash of its id (sha256, not
 Python's salted `hash`) falls below `heldout_fraction`; the training iterator
-never yields it and `heldout_samples()` yields only those.
+never yields it and `heldout_samples()` yields only those. `is_heldout` is the one
+owner of that rule: the trainer's held-out pass and `python -m train eval` call
+it, and an export records the run's fraction and the rule (`heldout_record`) so
+that eval picks exactly the samples the run never trained on.
 
 Position: where the loader stands is (epoch, group, samples of that group
 already delivered). Because every permutation is derived from (seed, epoch,
@@ -51,14 +54,34 @@ import torch
 
 from store_schema import CorruptShardError, ShardData, Store
 from train.anchors import anchor_candidates
+from train.config import DataConfig
+
+HELDOUT_RULE = "sha256(sample_id)[:8] / 2**64 < fraction"
 
 
 def is_heldout(sample_id: str, fraction: float) -> bool:
-    """Stable across processes and machines: sha256 of the id as a number in [0, 1)."""
+    """Stable across processes and machines: sha256 of the id as a number in [0, 1)
+    (HELDOUT_RULE), compared with `fraction`."""
     if fraction <= 0:
         return False
     value = int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:8], "big") / 2.0**64
     return value < fraction
+
+
+def heldout_record(fraction: float) -> dict:
+    """How a run split its samples, as recorded in checkpoints and exports."""
+    return {"fraction": fraction, "rule": HELDOUT_RULE}
+
+
+def heldout_fraction_of(record: dict, where: str) -> float:
+    """The fraction of a `heldout_record`; refused (naming `where`) if it was split
+    by another rule or the fraction is not in [0, 1]."""
+    fraction = record.get("fraction") if isinstance(record, dict) else None
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"{where}: held-out split {record!r} has no fraction in [0, 1]")
+    if record.get("rule") != HELDOUT_RULE:
+        raise ValueError(f"{where}: held-out split rule {record.get('rule')!r} is not this trainer's {HELDOUT_RULE!r}")
+    return float(fraction)
 
 
 @dataclass(frozen=True)
@@ -109,38 +132,33 @@ class _Stop(Exception):
 class ShardLoader:
     """Iterate training samples of `store`; see the module docstring.
 
+    config: the run's `data` section (max_length, heldout_fraction, buffer_shards,
+        loader_threads, prefetch_samples, skip_corrupt_shards).
     layers: the context layer ids to read (the drafter's, in fc order).
     block_size: the drafter's block size, to know which crops can hold an anchor.
-    position: where to start (a checkpoint's); epochs: stop after this many."""
+    seed, epochs: the run's (`train` section): the order, and when to stop.
+    position: where to start (a checkpoint's); shards: the shard list a checkpoint
+        recorded (default: the store's committed shards)."""
 
     def __init__(
         self,
         store: Store,
+        config: DataConfig,
         layers: list[int],
         block_size: int,
-        max_length: int = 3072,
-        seed: int = 0,
-        epochs: int = 1,
-        heldout_fraction: float = 0.01,
-        buffer_shards: int = 4,
-        threads: int = 2,
-        prefetch_samples: int = 8,
-        skip_corrupt_shards: bool = False,
+        *,
+        seed: int,
+        epochs: int,
         position: LoaderPosition | None = None,
         log: Callable[[str], None] = print,
         shards: list[str] | None = None,
     ):
         self.store = store
+        self.config = config
         self.layers = store.require_layers(layers)
         self.block_size = block_size
-        self.max_length = max_length
         self.seed = seed
         self.epochs = epochs
-        self.heldout_fraction = heldout_fraction
-        self.buffer_shards = buffer_shards
-        self.threads = threads
-        self.prefetch_samples = prefetch_samples
-        self.skip_corrupt_shards = skip_corrupt_shards
         self.log = log
         self.shards = sorted(store.committed_shards() if shards is None else shards)
         if not self.shards:
@@ -161,7 +179,7 @@ class ShardLoader:
 
     @property
     def num_groups(self) -> int:
-        return math.ceil(len(self.shards) / self.buffer_shards)
+        return math.ceil(len(self.shards) / self.config.buffer_shards)
 
     def epoch_order(self, epoch: int) -> list[str]:
         rng = np.random.default_rng([self.seed, epoch])
@@ -169,7 +187,8 @@ class ShardLoader:
 
     def groups(self, epoch: int) -> list[list[str]]:
         order = self.epoch_order(epoch)
-        return [order[i : i + self.buffer_shards] for i in range(0, len(order), self.buffer_shards)]
+        size = self.config.buffer_shards
+        return [order[i : i + size] for i in range(0, len(order), size)]
 
     def group_permutation(self, epoch: int, group: int, count: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch, group, 1]).permutation(count)
@@ -185,15 +204,14 @@ class ShardLoader:
     def count_train_samples(self) -> int:
         """Training samples per epoch, before the no-anchor filter: exact from the
         store's plan when it has one, else estimated from commit records."""
+        fraction = self.config.heldout_fraction
         plan = self.store.plan()
         if plan is not None:
             by_name = {shard.name: shard for shard in plan.shards}
             if all(name in by_name for name in self.shards):
-                return sum(
-                    not is_heldout(s.sample_id, self.heldout_fraction) for n in self.shards for s in by_name[n].samples
-                )
+                return sum(not is_heldout(s.sample_id, fraction) for n in self.shards for s in by_name[n].samples)
         total = sum(self.store.commit(n).num_samples for n in self.shards)
-        return max(1, round(total * (1.0 - self.heldout_fraction)))
+        return max(1, round(total * (1.0 - fraction)))
 
     # -- reading --------------------------------------------------------------------------
     def _read(self, names: list[str]) -> Iterator[ShardData]:
@@ -201,12 +219,14 @@ class ShardLoader:
         remaining = list(names)
         while remaining:
             try:
-                for data in self.store.iter_shards(list(remaining), layers=self.layers, threads=self.threads, prefetch=1):
+                for data in self.store.iter_shards(
+                    list(remaining), layers=self.layers, threads=self.config.loader_threads, prefetch=1
+                ):
                     remaining.remove(data.name)
                     yield data
                 return
             except CorruptShardError as exc:
-                if not self.skip_corrupt_shards:
+                if not self.config.skip_corrupt_shards:
                     raise CorruptShardError(
                         exc.shard,
                         exc.file,
@@ -220,7 +240,7 @@ class ShardLoader:
 
     def _crop(self, data: ShardData, index: int, position: LoaderPosition, epoch: int = 0) -> TrainSample | None:
         start, stop = int(data.offsets[index]), int(data.offsets[index + 1])
-        stop = min(stop, start + self.max_length)
+        stop = min(stop, start + self.config.max_length)
         loss_mask = data.loss_mask[start:stop]
         if anchor_candidates(loss_mask, self.block_size).numel() == 0:
             return None
@@ -262,9 +282,8 @@ class ShardLoader:
             if isinstance(item, BaseException):
                 raise item
             epoch, group, shards = item
-            samples = [
-                (data, i) for data in shards for i in range(len(data)) if not is_heldout(data.sample_ids[i], self.heldout_fraction)
-            ]
+            fraction = self.config.heldout_fraction
+            samples = [(data, i) for data in shards for i in range(len(data)) if not is_heldout(data.sample_ids[i], fraction)]
             order = self.group_permutation(epoch, group, len(samples))
             first = self.start.sample if (epoch, group) == (self.start.epoch, self.start.group) else 0
             position = LoaderPosition(epoch, group, first)
@@ -317,7 +336,7 @@ class ShardLoader:
         if self._queue is not None:
             return
         groups: queue.Queue = queue.Queue(maxsize=1)
-        self._queue = queue.Queue(maxsize=self.prefetch_samples)
+        self._queue = queue.Queue(maxsize=self.config.prefetch_samples)
         self._threads = [
             threading.Thread(target=self._run, args=(self._decode_groups, None, groups), daemon=True, name="loader-decode"),
             threading.Thread(target=self._run, args=(self._deliver, groups, self._queue), daemon=True, name="loader-deliver"),
@@ -363,7 +382,7 @@ class ShardLoader:
         count = 0
         for data in self._read(self.shards):
             for i in range(len(data)):
-                if not is_heldout(data.sample_ids[i], self.heldout_fraction):
+                if not is_heldout(data.sample_ids[i], self.config.heldout_fraction):
                     continue
                 sample = self._crop(data, i, LoaderPosition())
                 if sample is None:

@@ -182,13 +182,15 @@ def dflash_loss(
     hidden: torch.Tensor,
     lm_head_weight: torch.Tensor,
     targets: BlockTargets,
-    chunk_rows: int = 2048,
+    *,
+    chunk_rows: int,
     kl_mix: float = 0.0,
 ) -> LossOutput:
     """Loss and metrics of drafter outputs `hidden` [N, B, H] against `targets`.
 
     lm_head_weight: the target's frozen head [V, H] (TargetHead.lm_head.weight).
-    chunk_rows: scored rows per chunk; peak extra memory ~ chunk_rows x V fp32.
+    chunk_rows: scored rows per chunk (the run's `loss.chunk_rows`); peak extra
+        memory ~ chunk_rows x V fp32.
     kl_mix: weight m of the optional soft KL to the target's top-k distribution,
         loss = (1 - m) CE + m KL (default 0: hard CE only, as DFlash trains).
     Gradients flow to `hidden` only; the head stays frozen."""

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 
 from train.anchors import sample_anchors
-from train.loss import LossOutput, block_targets, dflash_loss
+from train.config import LossConfig, ModelConfig
+from train.loss import BlockTargets, LossOutput, block_targets, dflash_loss
 
 
 def add_context_noise(
@@ -40,38 +41,46 @@ def dflash_step(
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
     context_features: torch.Tensor,
+    loss: LossConfig,
+    model: ModelConfig,
     generator: torch.Generator | None = None,
-    num_anchors: int = 512,
-    gamma: float | None = None,
-    noise_scale: float = 0.0,
-    chunk_rows: int = 2048,
-    kl_mix: float = 0.0,
-    labels: str = "tokens",
-    target_next_ids: torch.Tensor | None = None,
     target_topk_ids: torch.Tensor | None = None,
     target_topk_logprobs: torch.Tensor | None = None,
-    attention: str = "auto",
-) -> tuple[LossOutput, torch.Tensor, "object"]:
+) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
     """Loss for one sequence. Returns (LossOutput, anchor_positions, BlockTargets).
 
     drafter: train.model.DFlashDrafter; head: train.target_head.TargetHead.
     input_ids, loss_mask: [T]; context_features: [T, n_ctx*H] (clean, from the store).
+    loss: the run's `loss` section (gamma, labels, kl_mix, noise, chunk_rows); pass
+        `dataclasses.replace(loss, noise=0.0)` to score without noise.
+    model: the run's `model` section (num_anchors, attention).
     generator: one seeded torch.Generator for the run: anchors (and noise) are
-        redrawn every step, reproducibly."""
+        redrawn every step, reproducibly.
+    target_topk_ids / target_topk_logprobs [T, K]: the store's target top-k (row p
+        predicts token p + 1); read only for labels="target" (top-1) or kl_mix > 0."""
     block_size = drafter.config.block_size
-    anchor_positions = sample_anchors(loss_mask, block_size, num_anchors, generator)
+    device = input_ids.device
+    target_next_ids = topk_ids = topk_logprobs = None
+    if loss.labels == "target" or loss.kl_mix > 0:
+        if target_topk_ids is None:
+            raise ValueError("loss.labels=target / loss.kl_mix > 0 need the target's top-k of each sample")
+        if loss.labels == "target":
+            target_next_ids = target_topk_ids[:, 0].to(device)
+        if loss.kl_mix > 0:
+            topk_ids, topk_logprobs = target_topk_ids.to(device), target_topk_logprobs.to(device)
+    anchor_positions = sample_anchors(loss_mask, block_size, model.num_anchors, generator)
     targets = block_targets(
         input_ids,
         loss_mask,
         anchor_positions,
         block_size,
-        gamma=gamma,
-        labels=labels,
+        gamma=loss.gamma,
+        labels=loss.labels,
         target_next_ids=target_next_ids,
-        target_topk_ids=target_topk_ids,
-        target_topk_logprobs=target_topk_logprobs,
+        target_topk_ids=topk_ids,
+        target_topk_logprobs=topk_logprobs,
     )
-    drafter_input = add_context_noise(context_features, noise_scale, generator)
-    hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=attention)
-    output = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=chunk_rows, kl_mix=kl_mix)
+    drafter_input = add_context_noise(context_features, loss.noise, generator)
+    hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model.attention)
+    output = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=loss.chunk_rows, kl_mix=loss.kl_mix)
     return output, anchor_positions, targets

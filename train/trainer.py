@@ -14,41 +14,44 @@ Order of a run (`Trainer.from_config`):
    tokens before any noise, chunked loss through the frozen head), gradients
    averaged over sequences, clipped, stepped.
 5. `train_log.jsonl` gets one line per logged step, evaluators run every
-   `eval_every` steps (their `heldout_*` keys go into the same log), and a
-   checkpoint (safetensors + JSON) every `checkpoint_every` steps and at the end.
+   `eval.every` steps (their `heldout_*` / `eval_*` keys go into the same log),
+   and a checkpoint (safetensors + JSON) every `checkpoint_every` steps and at
+   the end; the checkpoint records the run's held-out split.
 
 Evaluation hook: `Trainer.evaluators` is a list of callables
 `(trainer, step) -> dict`; their dicts are merged into the log line of that
-step. The default one is `HeldoutEval` (held-out loss and accuracies); tau or
-DDTree evaluators can be appended without touching the loop.
+step. The defaults are `train.evaluators.HeldoutEval` (held-out loss and
+accuracies) and `AcceptanceEval` (tau, DDTree); more can be appended without
+touching the loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from store_schema import Store, file_sha256
-from train import checkpoint as ckpt
-from train.config import ConfigError, RunConfig, config_from_dict
-from train.evaluate import AcceptanceEval
-from train.loader import LoaderPosition, ShardLoader, TrainSample
-from train.loss import default_gamma
-from train.model import DFlashDrafter, DrafterConfig
-from train.step import dflash_step
 from store_schema.target_config import TargetConfig, read_target_config
+from train import checkpoint as ckpt
+from train.config import ConfigError, RunConfig
+from train.dtypes import torch_dtype
+from train.evaluators import AcceptanceEval, HeldoutEval
+from train.loader import LoaderPosition, ShardLoader, TrainSample, heldout_record
+from train.loss import default_gamma
+from train.metrics import MetricSums
+from train.model import DFlashDrafter, DrafterConfig
+from train.runlog import LOG_FILE, append_log, truncate_log
+from train.schedule import lr_at
+from train.step import dflash_step
 from train.target_head import TargetHead, load_target_head
-
-LOG_FILE = "train_log.jsonl"
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 # -- checks and components ---------------------------------------------------------------
@@ -103,18 +106,6 @@ def _tokenizer_mask_id(target_dir: Path) -> int | None:
     return None
 
 
-def lr_at(step: int, total_steps: int, optim) -> float:
-    """Linear warmup over `warmup_fraction` of the steps, then cosine (or constant)."""
-    warmup = int(round(optim.warmup_fraction * total_steps))
-    if step < warmup:
-        return optim.lr * (step + 1) / warmup
-    if optim.schedule == "constant":
-        return optim.lr
-    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
-    floor = optim.lr * optim.min_lr_ratio
-    return floor + (optim.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
 def build_optimizer(drafter: torch.nn.Module, optim) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices only (not norms)."""
     decay = [p for p in drafter.parameters() if p.requires_grad and p.dim() >= 2]
@@ -130,83 +121,6 @@ def pick_device(name: str) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("config train.device: cuda requested but torch sees no CUDA device")
     return device
-
-
-# -- metrics -----------------------------------------------------------------------------
-@dataclass
-class MetricSums:
-    """Sums over sequences, turned into means when a line is logged."""
-
-    block_size: int
-    sequences: int = 0
-    tokens: int = 0
-    loss: float = 0.0
-    valid: float = 0.0
-    top1: float = 0.0
-    top4: float = 0.0
-    top8: float = 0.0
-    blocks: float = 0.0
-    tau: float = 0.0
-    slot_hits: torch.Tensor = field(default=None)
-    slot_valid: torch.Tensor = field(default=None)
-
-    def __post_init__(self):
-        self.slot_hits = torch.zeros(self.block_size - 1, dtype=torch.float64)
-        self.slot_valid = torch.zeros(self.block_size - 1, dtype=torch.float64)
-
-    def add(self, loss: float, metrics: dict, targets, num_tokens: int) -> None:
-        valid = float(metrics["num_valid"])
-        blocks = float(metrics["num_blocks"])
-        per_slot_valid = targets.valid[:, 1:].sum(0).double().cpu()
-        per_position = metrics["per_position_acc"].double().cpu().nan_to_num(0.0)
-        self.sequences += 1
-        self.tokens += num_tokens
-        self.loss += loss
-        self.valid += valid
-        self.top1 += float(metrics["top1"]) * valid
-        self.top4 += float(metrics["top4"]) * valid
-        self.top8 += float(metrics["top8"]) * valid
-        self.blocks += blocks
-        self.tau += float(metrics["tau"]) * blocks
-        self.slot_hits += per_position * per_slot_valid
-        self.slot_valid += per_slot_valid
-
-    def means(self, prefix: str = "") -> dict:
-        valid = max(self.valid, 1.0)
-        per_position = [
-            round(float(h / v), 6) if v > 0 else None for h, v in zip(self.slot_hits, self.slot_valid)
-        ]
-        return {
-            f"{prefix}loss": self.loss / max(self.sequences, 1),
-            f"{prefix}acc": self.top1 / valid,
-            f"{prefix}top4_acc": self.top4 / valid,
-            f"{prefix}top8_acc": self.top8 / valid,
-            f"{prefix}per_position_acc": per_position,
-            f"{prefix}tau": self.tau / max(self.blocks, 1.0),
-        }
-
-
-# -- evaluation hook ---------------------------------------------------------------------
-class HeldoutEval:
-    """Held-out loss / accuracy / tau on up to `samples` held-out sequences, with
-    its own fixed generator (evaluation never moves the training RNG)."""
-
-    def __init__(self, samples: int = 32):
-        self.samples = samples
-
-    def __call__(self, trainer: "Trainer", step: int) -> dict:
-        sums = MetricSums(trainer.drafter.config.block_size)
-        generator = torch.Generator().manual_seed(trainer.config.train.seed + 1_000_003)
-        was_training = trainer.drafter.training
-        trainer.drafter.eval()
-        with torch.no_grad():
-            for sample in trainer.loader.heldout_samples(self.samples):
-                output, _, targets = trainer.run_sequence(sample, generator, noise=0.0)
-                sums.add(float(output.loss), output.metrics, targets, sample.num_tokens)
-        trainer.drafter.train(was_training)
-        if sums.sequences == 0:
-            return {"heldout_samples": 0}
-        return {**sums.means("heldout_"), "heldout_samples": sums.sequences}
 
 
 # -- the trainer -------------------------------------------------------------------------
@@ -238,17 +152,15 @@ class Trainer:
         self.log = log
         self.run_dir = Path(config.out)
         self.evaluators: list[Callable[[Trainer, int], dict]] = [
-            HeldoutEval(config.train.eval_samples),
-            AcceptanceEval(samples=config.train.eval_samples),
+            HeldoutEval(config.eval),
+            AcceptanceEval(config.eval, attention=config.model.attention),
         ]
         self.position = loader.start
         self._last_eval_step: int | None = None
         self.epoch = loader.start.epoch
-        cfg = config.model
-        self.gamma = config.loss.gamma if config.loss.gamma is not None else default_gamma(cfg.block_size)
         autocast = device.type == "cuda" and config.train.dtype != "float32"
         self._autocast = (
-            (lambda: torch.autocast("cuda", dtype=DTYPES[config.train.dtype])) if autocast else nullcontext
+            (lambda: torch.autocast("cuda", dtype=torch_dtype(config.train.dtype))) if autocast else nullcontext
         )
 
     # -- construction ----------------------------------------------------------------------
@@ -265,12 +177,14 @@ class Trainer:
         target = read_target_config(config.target)
         store = Store(config.store)
         layer_ids = check_store_against_target(store, target)
-        if config.loss.labels == "target" or config.loss.kl_mix > 0:
+        if config.loss.labels == "target" or config.loss.kl_mix > 0 or config.eval.labels == "target":
             if not store.fingerprint.target_topk:
                 raise ConfigError(
-                    "config loss.labels=target / loss.kl_mix > 0 need the target's top-k in the store; "
-                    f"{store.path} was extracted without it"
+                    "config loss.labels=target / loss.kl_mix > 0 / eval.labels=target need the target's top-k "
+                    f"in the store; {store.path} was extracted without it"
                 )
+        if config.loss.gamma is None:
+            default_gamma(config.model.block_size)  # refuse a block size without a default before any work
         expected_config = store.fingerprint.target_config_sha256
         if expected_config and expected_config != file_sha256(Path(config.target) / "config.json"):
             log(f"warning: {config.target}/config.json differs from the one the store was extracted with")
@@ -283,7 +197,7 @@ class Trainer:
             num_layers=config.model.num_layers,
             block_size=config.model.block_size,
         )
-        head_dtype = DTYPES[config.train.dtype] if device.type == "cuda" else torch.float32
+        head_dtype = torch_dtype(config.train.dtype) if device.type == "cuda" else torch.float32
         head = load_target_head(config.target, dtype=head_dtype, device=device)
         torch.manual_seed(config.train.seed)
         drafter = DFlashDrafter(drafter_config).to(device)  # fp32 master weights
@@ -300,24 +214,12 @@ class Trainer:
             shards = state["loader"]["shards"]
             missing = sorted(set(shards) - set(store.committed_shards()))
             if missing:
-                raise FileNotFoundError(f"--resume: shards {missing[:4]} of the checkpointed run are not in {store.path}")
+                raise ValueError(f"--resume: shards {missing[:4]} of the checkpointed run are not in {store.path}")
             log(f"resumed from {latest} at step {start_step}, loader {position}")
 
         loader = ShardLoader(
-            store,
-            layer_ids,
-            drafter_config.block_size,
-            max_length=config.data.max_length,
-            seed=config.train.seed,
-            epochs=config.train.epochs,
-            heldout_fraction=config.data.heldout_fraction,
-            buffer_shards=config.data.buffer_shards,
-            threads=config.data.loader_threads,
-            prefetch_samples=config.data.prefetch_samples,
-            skip_corrupt_shards=config.data.skip_corrupt_shards,
-            position=position,
-            log=log,
-            shards=shards,
+            store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
+            epochs=config.train.epochs, position=position, log=log, shards=shards,
         )
         total_steps = config.train.max_steps or max(
             1, config.train.epochs * math.ceil(loader.count_train_samples() / config.train.sequences_per_step)
@@ -328,14 +230,10 @@ class Trainer:
 
     # -- one sequence ------------------------------------------------------------------------
     def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None):
-        """dflash_step on one loader sample: (LossOutput, anchors, BlockTargets)."""
-        cfg, loss = self.config, self.config.loss
+        """dflash_step on one loader sample: (LossOutput, anchors, BlockTargets).
+        `noise` overrides `loss.noise` (the held-out pass scores with 0)."""
+        loss = self.config.loss if noise is None else dataclasses.replace(self.config.loss, noise=noise)
         device = self.device
-        topk_ids = topk_logprobs = target_next = None
-        if sample.topk_ids is not None and (loss.labels == "target" or loss.kl_mix > 0):
-            topk_ids = sample.topk_ids.to(device)
-            topk_logprobs = sample.topk_logprobs.to(device)
-            target_next = topk_ids[:, 0]
         with self._autocast():
             return dflash_step(
                 self.drafter,
@@ -343,26 +241,20 @@ class Trainer:
                 sample.input_ids.to(device),
                 sample.loss_mask.to(device),
                 sample.context_features(device),
-                generator=generator,
-                num_anchors=cfg.model.num_anchors,
-                gamma=self.gamma,
-                noise_scale=loss.noise if noise is None else noise,
-                chunk_rows=loss.chunk_rows,
-                kl_mix=loss.kl_mix,
-                labels=loss.labels,
-                target_next_ids=target_next,
-                target_topk_ids=topk_ids if loss.kl_mix > 0 else None,
-                target_topk_logprobs=topk_logprobs if loss.kl_mix > 0 else None,
-                attention=cfg.model.attention,
+                loss,
+                self.config.model,
+                generator,
+                target_topk_ids=sample.topk_ids,
+                target_topk_logprobs=sample.topk_logprobs,
             )
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train until `total_steps` or the loader's epochs run out. Returns the last log record."""
-        train = self.config.train
+        train, every = self.config.train, self.config.eval.every
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.run_dir / LOG_FILE
-        _truncate_log(log_path, self.step)
+        truncate_log(log_path, self.step)
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.drafter.train()
         sums = MetricSums(self.drafter.config.block_size)
@@ -389,11 +281,11 @@ class Trainer:
                 if finished:
                     self.optimizer.zero_grad(set_to_none=True)
                     break
-                clip = train_clip(self.config.optim.grad_clip)
+                clip = self.config.optim.grad_clip or float("inf")  # 0 disables clipping
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
                 self.optimizer.step()
                 self.step += 1
-                sums = _merge(sums, step_sums)
+                sums.merge(step_sums)
                 record: dict = {}
                 if self.step % train.log_every == 0 or self.step == self.total_steps:
                     elapsed = max(time.perf_counter() - interval_start, 1e-9)
@@ -407,19 +299,19 @@ class Trainer:
                         "loader_wait_frac": (self.loader.wait_seconds - wait_start) / elapsed,
                     }
                     sums = MetricSums(self.drafter.config.block_size)
-                if train.eval_every and self.step % train.eval_every == 0:
+                if every and self.step % every == 0:
                     record = {"step": self.step, "epoch": self.epoch, **record, **self.evaluate()}
                 if record:
-                    _append_log(log_path, record)
+                    append_log(log_path, record)
                     last = record
                     progress.set_postfix(_headline(record), refresh=False)
                     interval_start, wait_start = time.perf_counter(), self.loader.wait_seconds
                 if train.checkpoint_every and self.step % train.checkpoint_every == 0:
                     self.save_checkpoint()
                 progress.update(1)
-            if train.eval_every and self._last_eval_step != self.step:  # the final model is always evaluated
+            if every and self._last_eval_step != self.step:  # the final model is always evaluated
                 record = {"step": self.step, "epoch": self.epoch, **self.evaluate()}
-                _append_log(log_path, record)
+                append_log(log_path, record)
                 last = {**last, **record}
             if not (train.checkpoint_every and self.step % train.checkpoint_every == 0):
                 self.save_checkpoint()
@@ -445,38 +337,12 @@ class Trainer:
             "epoch": self.epoch,
             "drafter_config": self.drafter.config.to_dict(),
             "config": self.config.to_dict(),
+            "heldout_split": heldout_record(self.config.data.heldout_fraction),
             "store": self.store_info,
         }
         return ckpt.save_checkpoint(
             self.run_dir, self.step, self.drafter, self.optimizer, self.generator, state, keep=self.config.train.keep_checkpoints
         )
-
-
-def train_clip(grad_clip: float) -> float:
-    return grad_clip if grad_clip > 0 else float("inf")
-
-
-def _merge(into: MetricSums, more: MetricSums) -> MetricSums:
-    for name in ("sequences", "tokens", "loss", "valid", "top1", "top4", "top8", "blocks", "tau"):
-        setattr(into, name, getattr(into, name) + getattr(more, name))
-    into.slot_hits += more.slot_hits
-    into.slot_valid += more.slot_valid
-    return into
-
-
-def _append_log(path: Path, record: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def _truncate_log(path: Path, step: int) -> None:
-    """On resume, drop lines logged after the checkpoint (they will be redone)."""
-    if not path.is_file():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("step", 0) <= step]
-    if len(kept) != len(lines):
-        path.write_text("".join(line + "\n" for line in kept))
 
 
 def _headline(record: dict) -> dict:
@@ -490,9 +356,3 @@ def _progress(total: int, initial: int):
     return tqdm(total=total, initial=initial, desc="fit", unit="step", file=sys.stderr, dynamic_ncols=True,
                 disable=None, mininterval=1.0)
 
-
-def load_run_config(run_dir: str | Path) -> RunConfig:
-    path = Path(run_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no config.json (not a training run directory)")
-    return config_from_dict(json.loads(path.read_text()))

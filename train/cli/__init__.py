@@ -1,0 +1,80 @@
+"""Command line of the trainer: `python -m train {fit,export,eval,diagnose}`.
+
+One module per subcommand (train/cli/fit.py, export.py, eval.py, diagnose.py),
+each with `add_parser(subparsers)` and `run(args) -> int`. Every command runs
+under `store_schema.cli.run_command`, the one exit-code rule of the project:
+0 ok; 1 refused or a problem found (a store from another target, a corrupt
+shard, a bad config value, diagnose findings); 2 usage (bad arguments, a path
+that does not exist). Errors are one line on stderr, never a traceback.
+
+The modules import nothing heavy at the top (torch, zarr, the model are imported
+by the handlers), so `python -m train --help` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from train.dtypes import dtype_name
+
+COMMANDS = ("fit", "export", "eval", "diagnose")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m train", description="DFlash drafter trainer")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"train.cli.{name}").add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help (0) or bad arguments (2, argparse's message already printed)
+        return exit_.code if isinstance(exit_.code, int) else 2
+    from store_schema import CorruptShardError, StoreLockedError
+    from store_schema.cli import run_command
+
+    return run_command(args.handler, args, refusals=(CorruptShardError, StoreLockedError))
+
+
+# -- argument types shared by the commands ------------------------------------------------
+def dtype_arg(text: str) -> str:
+    """A dtype in either spelling (bf16 / bfloat16, ...) -> its long name."""
+    try:
+        return dtype_name(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def fraction_arg(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1], got {text!r}")
+    return value
+
+
+def budgets_arg(text: str) -> tuple[int, ...]:
+    try:
+        budgets = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"budgets must be comma-separated integers, got {text!r}") from None
+    if not budgets or any(b < 1 for b in budgets):
+        raise argparse.ArgumentTypeError(f"budgets must be positive integers, got {text!r}")
+    return budgets

@@ -1,0 +1,44 @@
+"""`python -m train export RUN --out DIR [--dtype bfloat16|float16|float32]
+[--checkpoint PATH]`: the run's newest (or the given) checkpoint's drafter in
+z-lab's DFlash format (config.json + model.safetensors, no target tensors), with
+the run's held-out split recorded in config.json (`heldout_split`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from train.cli import dtype_arg
+from train.dtypes import NAMES
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser("export", help="write a run's drafter in z-lab's DFlash format", description=__doc__)
+    p.add_argument("run", help="run directory")
+    p.add_argument("--out", required=True, help="directory to write config.json + model.safetensors into")
+    p.add_argument("--checkpoint", help="checkpoint directory (default: the run's newest)")
+    p.add_argument("--dtype", default="bfloat16", type=dtype_arg, choices=NAMES,
+                   help="dtype of the exported weights (published drafters are bf16; bf16/fp16/fp32 accepted too)")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from train import checkpoint as ckpt
+    from train.dtypes import torch_dtype
+    from train.export import export_drafter
+    from train.loader import heldout_fraction_of, heldout_record
+    from train.model import DFlashDrafter, DrafterConfig
+
+    path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(args.run)
+    if path is None:
+        raise FileNotFoundError(f"{args.run}: no checkpoint to export")
+    state = ckpt.read_state(path)
+    drafter = DFlashDrafter(DrafterConfig(**state["drafter_config"]))
+    drafter.load_state_dict(ckpt.load_model_weights(path), strict=True)
+    # Checkpoints written before the split was recorded used the same rule at the config's fraction.
+    split = state.get("heldout_split") or heldout_record(state["config"]["data"]["heldout_fraction"])
+    fraction = heldout_fraction_of(split, f"{path} heldout_split")
+    out = export_drafter(drafter, args.out, dtype=torch_dtype(args.dtype), heldout_fraction=fraction)
+    print(json.dumps({"exported": str(out), "checkpoint": str(path), "step": state["step"], "dtype": args.dtype,
+                      "heldout_fraction": fraction}))
+    return 0

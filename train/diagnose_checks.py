@@ -1,0 +1,300 @@
+"""The statistics behind `train.diagnose`: improvement per 1K steps in windows and
+the plateau verdict, instability cliffs, the loss distribution, epoch-boundary
+jumps. Each check takes the log's records and returns (details, findings)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from train.runlog import accuracy_key, ddtree_keys, series
+
+
+# -- trends and cliffs --------------------------------------------------------------------------
+
+
+@dataclass
+class Finding:
+    kind: str  # plateau | slowing | no_improvement | cliff | lr_schedule | loss_spikes | bimodal_loss | epoch_jump
+    message: str
+    steps: list[int] = field(default_factory=list)
+
+
+def _slope_per_1k(steps: np.ndarray, values: np.ndarray) -> float | None:
+    if len(steps) < 3 or np.ptp(steps) == 0:
+        return None
+    x = steps - steps.mean()
+    return float((x * (values - values.mean())).sum() / (x * x).sum() * 1000.0)
+
+
+def auto_window(first: float, last: float) -> int:
+    """A round window size that cuts [first, last] into about 4 to 8 windows."""
+    span = max(last - first, 1)
+    for size in (50, 100, 200, 250, 500, 1000, 2000, 2500, 4000, 5000, 10000, 20000, 25000, 50000, 100000):
+        if span / size <= 8:
+            return size
+    return int(math.ceil(span / 8))
+
+
+def improvement_windows(steps: np.ndarray, values: np.ndarray, window: int, higher_is_better: bool = True) -> list[dict]:
+    """Gain per 1K steps in successive windows [k*window, (k+1)*window) (slope of a
+    least-squares line through the window's points; for loss, the drop). A last
+    window shorter than half a window is merged into the one before."""
+    if not len(steps):
+        return []
+    first = int(steps[0] // window * window)
+    edges = list(range(first, int(steps[-1]) + window, window))
+    if len(edges) > 2 and steps[-1] - edges[-2] < window / 2:
+        edges.pop(-2)
+    edges[-1] = max(edges[-1], int(steps[-1]) + 1)
+    out = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inside = (steps >= lo) & (steps < hi)
+        slope = _slope_per_1k(steps[inside], values[inside])
+        if slope is None:
+            continue
+        gain = slope if higher_is_better else -slope
+        out.append({"start": lo, "end": hi, "points": int(inside.sum()), "gain_per_1k": gain,
+                    "mean": float(values[inside].mean())})
+    return out
+
+
+def hinge_fit(steps: np.ndarray, values: np.ndarray, grid: int = 200) -> int:
+    """Step b that best fits `values ~ a + c * min(step, b)` (a rise, then flat)."""
+    if len(steps) > 2000:  # bin means: same fit, fewer points
+        edges = np.linspace(steps[0], steps[-1], 1001)
+        index = np.clip(np.searchsorted(edges, steps, side="right") - 1, 0, 999)
+        counts = np.bincount(index, minlength=1000)
+        keep = counts > 0
+        steps = (np.bincount(index, steps, 1000)[keep] / counts[keep])
+        values = (np.bincount(index, values, 1000)[keep] / counts[keep])
+    best, best_sse = int(steps[-1]), math.inf
+    for b in np.linspace(steps[0], steps[-1], grid):
+        x = np.minimum(steps, b)
+        design = np.stack([np.ones_like(x), x], axis=1)
+        coef, *_ = np.linalg.lstsq(design, values, rcond=None)
+        sse = float(((design @ coef - values) ** 2).sum())
+        if sse < best_sse:
+            best, best_sse = int(round(b)), sse
+    return best
+
+
+def primary_metric(records: Sequence[dict], min_points: int = 8) -> str | None:
+    """The metric the plateau verdict follows: held-out DDTree acceptance (smallest
+    budget), held-out tau, logged DDTree / tau, accuracy, then loss: the first
+    with at least `min_points` values in every full window (a slope through a
+    handful of sparse evaluations is too noisy to call a plateau on)."""
+    trees = ddtree_keys(records)
+    order = sorted((k for k, (p, _) in trees.items() if p), key=lambda k: trees[k][1])
+    order += ["eval_tau", "heldout_tau"]
+    order += sorted((k for k, (p, _) in trees.items() if not p), key=lambda k: trees[k][1])
+    order += ["tau", accuracy_key(records) or "acc", "loss"]
+    for key in order:
+        steps, _ = series(records, key)
+        if len(steps) < 12:
+            continue
+        window = auto_window(steps[0], steps[-1])
+        counts = np.bincount(((steps - steps[0]) // window).astype(int))
+        if len(counts) >= 3 and counts[:-1].min() >= min_points:
+            return key
+    return None
+
+
+def check_plateau(records, metric: str, window: int | None, plateau_ratio: float, slowing_ratio: float):
+    steps, values = series(records, metric)
+    window = window or auto_window(steps[0], steps[-1])
+    windows = improvement_windows(steps, values, window, higher_is_better=metric != "loss")
+    info = {"metric": metric, "window": window, "windows": windows, "verdict": "unknown"}
+    if len(windows) < 3:
+        info["verdict"] = "too short"
+        return info, []
+    gains = [w["gain_per_1k"] for w in windows]
+    best_index = int(np.argmax(gains))
+    best, last = gains[best_index], gains[-1]
+    info.update(best_gain_per_1k=best, last_gain_per_1k=last, best_window=[windows[best_index]["start"], windows[best_index]["end"]])
+    last_window = f"steps {windows[-1]['start']}-{windows[-1]['end'] - 1}"
+    if best <= 0:
+        info["verdict"] = "no improvement"
+        return info, [Finding("no_improvement", f"{metric} never improved: the best window gains {best:+.4g} per 1K steps.",
+                              [windows[0]["start"]])]
+    ratio = last / best
+    info["last_to_best"] = ratio
+    if ratio > slowing_ratio:
+        info["verdict"] = "improving"
+        return info, []
+    # The plateau starts where the last run of low-gain windows starts; the hinge
+    # fit over the data from the best window on places it to the step.
+    low = slowing_ratio * best if ratio > plateau_ratio else plateau_ratio * best
+    first_low = len(windows) - 1
+    while first_low > 0 and gains[first_low - 1] <= low:
+        first_low -= 1
+    since_window = windows[first_low]["start"]
+    tail = steps >= windows[best_index]["start"]
+    since = hinge_fit(steps[tail], values[tail]) if tail.sum() >= 10 else since_window
+    info.update(since_step=since)
+    best_text = (f"{best:+.4g}/1K at best (steps {windows[best_index]['start']}-{windows[best_index]['end'] - 1})")
+    if ratio <= plateau_ratio:
+        info["verdict"] = "plateau"
+        message = (f"Plateau: {metric} gains {last:+.4g} per 1K steps in the last window ({last_window}), "
+                   f"{max(ratio, 0):.0%} of the {best_text}; flat since about step {since}.")
+        return info, [Finding("plateau", message, [since, int(windows[-1]["start"])])]
+    info["verdict"] = "slowing"
+    message = (f"Slowing: {metric} gains {last:+.4g} per 1K steps in the last window ({last_window}), "
+               f"{ratio:.0%} of the {best_text}.")
+    return info, [Finding("slowing", message, [since_window])]
+
+
+def find_cliffs(records, metric: str, window: int, drop: float) -> list[dict]:
+    """Accuracy cliffs: steps where the mean of the next `window` records is more
+    than `drop` below the mean of the previous `window`. Overlapping detections
+    are one cliff, reported at the step of the largest drop (the first step of
+    the lower window), with the lowest windowed value after it and the step
+    where the windowed mean is back within drop/2 of the level before (the
+    centre of the first such window; None if it never is)."""
+    steps, values = series(records, metric)
+    n = len(values)
+    if n < 2 * window:
+        return []
+    csum = np.concatenate([[0.0], np.cumsum(values)])
+    idx = np.arange(window, n - window + 1)
+    before = (csum[idx] - csum[idx - window]) / window
+    after = (csum[idx + window] - csum[idx]) / window
+    drops = before - after
+    flagged = idx[drops > drop]
+    cliffs = []
+    group: list[int] = []
+    for i in list(flagged) + [None]:
+        if group and (i is None or i - group[-1] > window):
+            best = max(group, key=lambda j: drops[j - window])
+            level = before[best - window]
+            means_after = (csum[window + best:] - csum[best:n - window + 1]) / window  # mean of v[j:j+window], j >= best
+            back = [j for j in np.nonzero(means_after >= level - drop / 2)[0] if j > 0]
+            recovered = [min(best + back[0] + window // 2, n - 1)] if back else []  # centre of the first window back
+            low = float(means_after[: back[0] + 1].min() if back else means_after.min())
+            cliffs.append({
+                "step": int(steps[best]),
+                "before": float(level),
+                "after": float(after[best - window]),
+                "lowest": low,
+                "recovered_step": int(steps[recovered[0]]) if recovered else None,
+            })
+            group = []
+        if i is not None:
+            group.append(int(i))
+    return cliffs
+
+
+def _running_median(values: np.ndarray, block: int) -> np.ndarray:
+    """Median of each block of `block` records, repeated over the block."""
+    out = np.empty_like(values)
+    for start in range(0, len(values), block):
+        out[start:start + block] = np.median(values[start:start + block])
+    return out
+
+
+def _gaussian_mixture_bic(x: np.ndarray, iterations: int = 200) -> dict:
+    """Fit one and two Gaussians to x (EM) and compare by BIC."""
+    n = len(x)
+    mu, sd = float(x.mean()), float(x.std()) or 1e-9
+    loglik1 = float(np.sum(-0.5 * ((x - mu) / sd) ** 2 - math.log(sd) - 0.5 * math.log(2 * math.pi)))
+    bic1 = -2 * loglik1 + 2 * math.log(n)
+    lo, hi = np.quantile(x, [0.25, 0.75])
+    means = np.array([lo, hi], dtype=np.float64)
+    sds = np.array([sd, sd], dtype=np.float64)
+    weights = np.array([0.5, 0.5])
+    floor = max(sd * 1e-3, 1e-9)
+    loglik2 = -math.inf
+    for _ in range(iterations):
+        dens = weights * np.exp(-0.5 * ((x[:, None] - means) / sds) ** 2) / (sds * math.sqrt(2 * math.pi))
+        total = dens.sum(1, keepdims=True) + 1e-300
+        resp = dens / total
+        previous, loglik2 = loglik2, float(np.log(total).sum())
+        if abs(loglik2 - previous) < 1e-7 * abs(loglik2):
+            break
+        mass = resp.sum(0) + 1e-12
+        weights = mass / n
+        means = (resp * x[:, None]).sum(0) / mass
+        sds = np.maximum(np.sqrt((resp * (x[:, None] - means) ** 2).sum(0) / mass), floor)
+    bic2 = -2 * loglik2 + 5 * math.log(n)
+    separation = abs(means[0] - means[1]) * math.sqrt(2) / math.sqrt(sds[0] ** 2 + sds[1] ** 2)
+    order = np.argsort(means)
+    return {"bic_one": bic1, "bic_two": bic2, "means": means[order].tolist(), "sds": sds[order].tolist(),
+            "weights": weights[order].tolist(), "separation": float(separation)}
+
+
+def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01) -> tuple[dict, list[Finding]]:
+    steps, loss = series(records, "loss")
+    if len(loss) < 50 or np.any(loss <= 0):
+        return {"note": "too few (or non-positive) loss values"}, []
+    median = _running_median(loss, block)
+    ratio = loss / median
+    high = ratio > 2.0
+    info = {"median": float(np.median(loss)), "share_above_2x_running_median": float(high.mean()),
+            "share_above_2x_global_median": float((loss > 2 * np.median(loss)).mean()), "block": block}
+    mixture = _gaussian_mixture_bic(np.log(ratio))
+    bimodal = (mixture["bic_one"] - mixture["bic_two"] > 10 and mixture["separation"] > 2.0
+               and min(mixture["weights"]) >= 0.03)
+    info.update(mixture=mixture, bimodal=bool(bimodal))
+    findings = []
+    high_steps = [int(s) for s in steps[high][:10]]
+    if bimodal:
+        upper = math.exp(mixture["means"][1])
+        findings.append(Finding(
+            "bimodal_loss",
+            f"Bimodal loss: {mixture['weights'][1]:.1%} of steps sit near {upper:.2f}x the running median, "
+            f"the rest near {math.exp(mixture['means'][0]):.2f}x ({info['share_above_2x_running_median']:.1%} "
+            "of steps above twice the median). Some batches are systematically different: check what they share.",
+            high_steps,
+        ))
+    elif info["share_above_2x_running_median"] > spike_share:
+        findings.append(Finding(
+            "loss_spikes",
+            f"Loss spikes: {info['share_above_2x_running_median']:.1%} of steps are above twice the running median.",
+            high_steps,
+        ))
+    return info, findings
+
+
+def _median_se(values: np.ndarray) -> float:
+    """Standard error of a median, from the MAD (robust to a second loss mode)."""
+    sigma = 1.4826 * float(np.median(np.abs(values - np.median(values))))
+    return 1.2533 * sigma / math.sqrt(len(values))
+
+
+def check_epochs(records, window: int = 50, rel_threshold: float = 0.05, sigmas: float = 4.0):
+    """Median loss over the `window` records before and after each epoch boundary
+    (where the integer part of `epoch` increases); medians so that a bimodal loss
+    does not hide a jump. Flagged when the change is over `rel_threshold` of the
+    level and `sigmas` standard errors."""
+    epoch_steps, epochs = series(records, "epoch")
+    loss_steps, loss = series(records, "loss")
+    out, findings = [], []
+    if not len(epoch_steps) or not len(loss):
+        return out, findings
+    whole = np.floor(epochs + 1e-9)
+    for i in np.nonzero(np.diff(whole) > 0)[0]:
+        boundary = epoch_steps[i + 1]
+        before = loss[loss_steps < boundary][-window:]
+        after = loss[loss_steps >= boundary][:window]
+        if len(before) < 5 or len(after) < 5:
+            continue
+        level_before, level_after = float(np.median(before)), float(np.median(after))
+        delta = level_after - level_before
+        se = math.sqrt(_median_se(before) ** 2 + _median_se(after) ** 2)
+        entry = {"epoch": int(whole[i + 1]), "step": int(boundary), "loss_before": level_before,
+                 "loss_after": level_after, "delta": delta}
+        out.append(entry)
+        if abs(delta) > rel_threshold * level_before and abs(delta) > sigmas * se:
+            why = ("the model does worse on data it has seen: an ordering/distribution shift, or state lost at the boundary"
+                   if delta > 0 else "repeated data is easier: the drafter is memorising rather than generalising")
+            findings.append(Finding(
+                "epoch_jump",
+                f"Loss {'rises' if delta > 0 else 'drops'} {delta:+.3f} ({delta / before.mean():+.1%}) at the epoch "
+                f"{entry['epoch']} boundary (step {entry['step']}): {entry['loss_before']:.3f} -> "
+                f"{entry['loss_after']:.3f}; {why}.",
+                [entry["step"]],
+            ))
+    return out, findings

@@ -1,0 +1,46 @@
+"""`python -m train diagnose RUN --compare RUN2`: two runs' metrics side by side
+at common steps."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from train.runlog import accuracy_key, ddtree_keys, series
+
+
+def compare(records_a: Sequence[dict], records_b: Sequence[dict], points: int = 5, window: int = 50) -> dict:
+    """Both runs' metrics at common steps (mean of the `window` records up to each
+    step), for the keys both logged: {"steps": [...], metric: {"a": [...], "b": [...]}}."""
+    last = min(records_a[-1]["step"], records_b[-1]["step"])
+    first = max(records_a[0]["step"], records_b[0]["step"])
+    checkpoints = [int(round(s)) for s in np.linspace(first, last, points + 1)[1:]] if last > first else [last]
+    keys = ["loss", accuracy_key(records_a), "top4_acc", "top8_acc", "tau", "eval_tau", "heldout_tau"]
+    keys += sorted(set(ddtree_keys(records_a)) & set(ddtree_keys(records_b)))
+    out: dict = {"steps": checkpoints}
+    for key in dict.fromkeys(k for k in keys if k):
+        sa, va = series(records_a, key)
+        sb, vb = series(records_b, key)
+        if not len(sa) or not len(sb):
+            continue
+
+        def at(steps, values, s):
+            upto = values[steps <= s][-window:]
+            return float(upto.mean()) if len(upto) else None
+
+        out[key] = {"a": [at(sa, va, s) for s in checkpoints], "b": [at(sb, vb, s) for s in checkpoints]}
+    return out
+
+
+def render_compare(label_a: str, label_b: str, table: dict) -> str:
+    lines = [f"Comparison at common steps (mean of the last records up to each step): A = {label_a}, B = {label_b}",
+             f"{'metric':<22}" + "".join(f"{s:>16}" for s in table["steps"])]
+    for key, values in table.items():
+        if key == "steps":
+            continue
+        cells = []
+        for a, b in zip(values["a"], values["b"]):
+            cells.append("-" if a is None or b is None else f"{a:.3f}/{b:.3f}")
+        lines.append(f"{key + ' A/B':<22}" + "".join(f"{c:>16}" for c in cells))
+    return "\n".join(lines)

@@ -1,0 +1,74 @@
+"""`python -m train diagnose RUN --plot FILE.png`: loss, accuracy, tau, DDTree
+acceptance and LR against step, one or more runs overlaid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from train.runlog import accuracy_key, ddtree_keys_by_budget, read_log, series
+
+
+def _smooth(values: np.ndarray, window: int) -> np.ndarray:
+    if len(values) < window or window <= 1:
+        return values
+    kernel = np.ones(window) / window
+    head = np.cumsum(values[: window - 1]) / np.arange(1, window)
+    return np.concatenate([head, np.convolve(values, kernel, mode="valid")])
+
+
+def plot(runs: Iterable, path, labels: Sequence[str] | None = None, smooth: int | None = None) -> Path:
+    """Draw loss, accuracy, tau, DDTree acceptance and LR against step for each
+    run (a run directory, a train_log.jsonl, or a list of records), overlaid and
+    aligned by step: first run solid, the next dashed, dotted, .... Writes a PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    runs = list(runs)
+    loaded = [list(r) if isinstance(r, (list, tuple)) else read_log(r) for r in runs]
+    labels = list(labels) if labels else [Path(r).name if not isinstance(r, (list, tuple)) else f"run {i + 1}"
+                                          for i, r in enumerate(runs)]
+    styles = ["-", "--", ":", "-."]
+    figure = Figure(figsize=(11, 14), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(5, 1, sharex=True)
+    panels = [
+        ("loss", lambda rs: ["loss"]),
+        ("accuracy", lambda rs: [k for k in (accuracy_key(rs), "top4_acc", "top8_acc", "heldout_acc",
+                                             "eval_top1_acc") if k]),
+        ("tau (acceptance length)", lambda rs: ["tau", "heldout_tau", "eval_tau"]),
+        ("DDTree acceptance", ddtree_keys_by_budget),
+        ("learning rate", lambda rs: ["lr"]),
+    ]
+    for ax, (title, keys_of) in zip(axes, panels):
+        drawn = 0
+        for run_index, records in enumerate(loaded):
+            style = styles[run_index % len(styles)]
+            for key_index, key in enumerate(keys_of(records)):
+                steps, values = series(records, key)
+                if not len(steps):
+                    continue
+                color = f"C{key_index % 10}"
+                window = smooth or max(1, len(values) // 200)
+                line = _smooth(values, window) if key != "lr" else values
+                every = max(1, len(values) // 3000)  # a few thousand points per line is all a PNG shows
+                if window > 1 and key != "lr":
+                    ax.plot(steps[::every], values[::every], style, color=color, alpha=0.2, linewidth=0.6)
+                ax.plot(steps[::every], line[::every], style, color=color,
+                        linewidth=1.3, label=f"{key} [{labels[run_index]}]" if len(loaded) > 1 else key)
+                drawn += 1
+        ax.set_title(title, fontsize=10)
+        ax.grid(True, alpha=0.3)
+        if drawn:
+            ax.legend(fontsize=7, loc="best")
+        else:
+            ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="gray")
+    axes[-1].set_xlabel("step")
+    figure.suptitle(" vs ".join(labels), fontsize=11)
+    figure.tight_layout(rect=(0, 0, 1, 0.97))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(str(path), format="png")
+    return path

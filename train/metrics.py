@@ -1,0 +1,72 @@
+"""Training metrics summed over sequences and turned into the log's means."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+_SCALARS = ("sequences", "tokens", "loss", "valid", "top1", "top4", "top8", "blocks", "tau")
+
+
+@dataclass
+class MetricSums:
+    """Sums over sequences, turned into means when a line is logged."""
+
+    block_size: int
+    sequences: int = 0
+    tokens: int = 0
+    loss: float = 0.0
+    valid: float = 0.0
+    top1: float = 0.0
+    top4: float = 0.0
+    top8: float = 0.0
+    blocks: float = 0.0
+    tau: float = 0.0
+    slot_hits: torch.Tensor = field(default=None)
+    slot_valid: torch.Tensor = field(default=None)
+
+    def __post_init__(self):
+        self.slot_hits = torch.zeros(self.block_size - 1, dtype=torch.float64)
+        self.slot_valid = torch.zeros(self.block_size - 1, dtype=torch.float64)
+
+    def add(self, loss: float, metrics: dict, targets, num_tokens: int) -> None:
+        """One sequence's `dflash_step` result: its loss, `LossOutput.metrics`, its
+        `BlockTargets` and token count."""
+        valid = float(metrics["num_valid"])
+        blocks = float(metrics["num_blocks"])
+        per_slot_valid = targets.valid[:, 1:].sum(0).double().cpu()
+        per_position = metrics["per_position_acc"].double().cpu().nan_to_num(0.0)
+        self.sequences += 1
+        self.tokens += num_tokens
+        self.loss += loss
+        self.valid += valid
+        self.top1 += float(metrics["top1"]) * valid
+        self.top4 += float(metrics["top4"]) * valid
+        self.top8 += float(metrics["top8"]) * valid
+        self.blocks += blocks
+        self.tau += float(metrics["tau"]) * blocks
+        self.slot_hits += per_position * per_slot_valid
+        self.slot_valid += per_slot_valid
+
+    def merge(self, more: "MetricSums") -> "MetricSums":
+        """Add another sum into this one (e.g. an optimizer step's into the log interval's)."""
+        for name in _SCALARS:
+            setattr(self, name, getattr(self, name) + getattr(more, name))
+        self.slot_hits += more.slot_hits
+        self.slot_valid += more.slot_valid
+        return self
+
+    def means(self, prefix: str = "") -> dict:
+        valid = max(self.valid, 1.0)
+        per_position = [
+            round(float(h / v), 6) if v > 0 else None for h, v in zip(self.slot_hits, self.slot_valid)
+        ]
+        return {
+            f"{prefix}loss": self.loss / max(self.sequences, 1),
+            f"{prefix}acc": self.top1 / valid,
+            f"{prefix}top4_acc": self.top4 / valid,
+            f"{prefix}top8_acc": self.top8 / valid,
+            f"{prefix}per_position_acc": per_position,
+            f"{prefix}tau": self.tau / max(self.blocks, 1.0),
+        }
