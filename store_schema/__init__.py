@@ -27,6 +27,7 @@ _EXPORTS = {
     "TargetConfig": "target_config",
     "read_target_config": "target_config",
     "human_bytes": "units",
+    "available_cores": "host",
     "StoreLock": "lock",
     "StoreLockedError": "lock",
     "Plan": "plan",

@@ -22,14 +22,17 @@ class StoreDtype:
     bits: np.dtype  # unsigned integer type of their raw bits
     nonfinite_mask: int  # bits that are all set exactly in NaN/Inf values
     scaled: bool  # a float32 scale per token in a sibling array
+    size_ratio: float  # store bytes / raw bf16 bytes that size estimates assume: the goal bound, see README
 
     @property
     def itemsize(self) -> int:
         return self.values.itemsize
 
 
-BFLOAT16_STORE = StoreDtype("bfloat16", "bfloat16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16), 0x7F80, False)
-FP8_E4M3_STORE = StoreDtype("fp8_e4m3", "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.uint8), 0x7F, True)
+BFLOAT16_STORE = StoreDtype("bfloat16", "bfloat16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16), 0x7F80,
+                            scaled=False, size_ratio=0.70)
+FP8_E4M3_STORE = StoreDtype("fp8_e4m3", "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.uint8), 0x7F,
+                            scaled=True, size_ratio=0.40)
 STORE_DTYPES = {d.name: d for d in (BFLOAT16_STORE, FP8_E4M3_STORE)}
 _ALIASES = {"bf16": "bfloat16"}
 

@@ -58,6 +58,7 @@ class Fingerprint:
         vocab_size: int,
         kernels: Mapping,
         target_topk: int = 0,
+        dtype: str = "bfloat16",
     ) -> "Fingerprint":
         """The fingerprint of a store extracted from the target at `model_path` along
         `plan`: the target's identity (`target_identity`), its size and kernels as the
@@ -77,6 +78,7 @@ class Fingerprint:
             kernels=dict(kernels),
             package_versions=package_versions(),
             target_topk=int(target_topk),
+            dtype=dtype,
         )
 
     def to_json(self) -> dict:

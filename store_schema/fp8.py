@@ -79,18 +79,17 @@ class NonFiniteStatesError(ValueError):
     """Hidden states with NaN or Inf offered to an fp8 store."""
 
 
-def quantize(states, what: str = "hidden states"):
-    """bf16 (or float) [tokens, hidden] torch tensor, on any device -> (float8_e4m3fn
-    codes [tokens, hidden], float32 scales [tokens]) on the same device.
-    NonFiniteStatesError naming `what` and the first bad token for NaN/Inf."""
+def quantize(states):
+    """bf16 (or float) [..., hidden] torch tensor, on any device -> (float8_e4m3fn codes
+    [..., hidden], float32 scales [...]) on the same device. Never waits for the device:
+    a token holding NaN/Inf gets a NaN scale, which `refuse_nonfinite` turns into an
+    error where the scales reach the host."""
     import torch
 
     x = states.float()
-    finite = torch.isfinite(x).all(dim=-1)
-    if not bool(finite.all()):
-        token = int((~finite).nonzero()[0, 0])
-        raise NonFiniteStatesError(f"{what}: NaN/Inf at token {token}; fp8 stores refuse non-finite states")
     amax = x.abs().amax(dim=-1) if x.shape[-1] else torch.zeros(x.shape[:-1], device=x.device)
+    finite = torch.isfinite(amax)
+    amax = torch.where(finite, amax, torch.zeros_like(amax))
     # the smallest power of two 2^e with amax / 2^e <= 448, i.e. e = ceil(log2(amax / 448))
     mantissa, exponent = torch.frexp(amax / E4M3_MAX)
     exponent = torch.where(mantissa == 0.5, exponent - 1, exponent)
@@ -99,7 +98,19 @@ def quantize(states, what: str = "hidden states"):
     # amax / 448 may have rounded down across a power of two: step up where it still saturates
     exponent = exponent + (torch.ldexp(amax, -exponent) > E4M3_MAX).to(exponent.dtype)
     codes = torch.ldexp(x, -exponent[..., None]).to(torch.float8_e4m3fn)
-    return codes, torch.ldexp(torch.ones_like(amax), exponent)
+    scales = torch.ldexp(torch.ones_like(amax), exponent)
+    return codes, torch.where(finite, scales, torch.full_like(scales, float("nan")))
+
+
+def refuse_nonfinite(scales: np.ndarray, what: str) -> None:
+    """NonFiniteStatesError naming `what` and the first token whose states held NaN/Inf
+    (a NaN scale from `quantize`)."""
+    bad = np.flatnonzero(~np.isfinite(scales))
+    if bad.size:
+        raise NonFiniteStatesError(
+            f"{what}: NaN/Inf in the hidden states of {bad.size} token(s), first at token {int(bad[0])}; "
+            "an fp8 store refuses non-finite states"
+        )
 
 
 def dequantize(codes, scales, dtype=None):

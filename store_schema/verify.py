@@ -13,7 +13,6 @@ raw bits (an exponent of all ones) rather than through a float conversion.
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 
 from . import layout
 from .dtypes import nonfinite_rows
+from .host import available_cores
 from .plan import is_safe_id
 from .reader import CorruptShardError, Store, as_bits
 from .records import RecordError, check_files, crc32c_bytes, file_mismatch, list_files, read_record
@@ -61,11 +61,6 @@ class Report:
 
 def problem(what: str, shard: str = "", array: str = "", file: str = "") -> dict:
     return {"shard": shard, "array": array, "file": file, "what": what}
-
-
-def default_workers() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @dataclass
@@ -109,7 +104,7 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     total_bytes = sum(_committed_bytes(store, name) for name in shard_dirs)
     seen_ids: dict[str, str] = {}
     done_bytes = 0
-    with ThreadPoolExecutor(max(1, workers or default_workers())) as pool:
+    with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
         results = pool.map(lambda name: _check_shard(store, name, planned_ids, checksums_only), shard_dirs)
         for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
             _merge(result, seen_ids, report)

@@ -22,7 +22,7 @@ from .bf16 import BFLOAT16
 from .dtypes import StoreDtype, store_dtype
 from .encoding import ARRAY_CODEC_ATTR, CodecConfig, write_bytesplit_shard
 from .fingerprint import Fingerprint
-from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize
+from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
@@ -234,9 +234,10 @@ def _quantized(sample: SampleArrays, layer_id: int) -> tuple[np.ndarray, np.ndar
     if not isinstance(states, QuantizedStates):
         if not isinstance(states, torch.Tensor):
             states = torch.from_numpy(as_bf16_numpy(states).view(np.int16)).view(torch.bfloat16)
-        states = QuantizedStates(*quantize(states, what=f"sample {sample.sample_id!r} layer {layer_id}"))
-    codes = states.codes.detach().cpu().contiguous().view(torch.uint8).numpy().view(FLOAT8_E4M3FN)
-    return codes, states.scales.detach().cpu().to(torch.float32).numpy()
+        states = QuantizedStates(*quantize(states))
+    scales = states.scales.detach().cpu().to(torch.float32).numpy()
+    refuse_nonfinite(scales, f"sample {sample.sample_id!r} layer {layer_id}")
+    return states.codes.detach().cpu().contiguous().view(torch.uint8).numpy().view(FLOAT8_E4M3FN), scales
 
 
 def store_entries(path) -> list[Path]:
