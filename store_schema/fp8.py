@@ -6,7 +6,8 @@ saturates, dividing by it is exact, and so is dequantizing back to bf16 (4
 significant bits times a power of two fit bf16's 8). The only error is e4m3's
 rounding: at most 2^-4 of a value in the normal range (|x| >= 2^-6 scale) and
 2^-10 scale below it. NaN and Inf are refused at write: e4m3fn has no infinity,
-and a NaN would poison the token's scale.
+and a NaN would poison the token's scale (so are the few bf16 values within 3 % of
+bf16's max, whose e4m3 rounding is Inf: `LARGEST_STORABLE`).
 
 Registered as a zarr `float8_e4m3fn` data type over `ml_dtypes.float8_e4m3fn`
 (LLVM / ml_dtypes / torch spelling; zarr-extensions' `float8_e4m3` is the IEEE-like
@@ -28,7 +29,10 @@ FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
 E4M3_MAX = 448.0
 E4M3_MIN_NORMAL_EXPONENT = -6  # smallest normal: 2^-6
 E4M3_MANTISSA_BITS = 3
-_MAX_SCALE_EXPONENT = 127  # scales stay normal float32 (and their inverses finite)
+_MAX_SCALE_EXPONENT = 126  # scales stay normal float32 (and their inverses finite)
+# The largest magnitude e4m3 holds with any scale without its rounding reaching 2^128 (Inf in
+# float32 and bf16): 4 significant bits round 1.9375 * 2^127 and above up to 2^128.
+LARGEST_STORABLE = 1.9375 * 2.0**127
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,7 +92,7 @@ def quantize(states):
 
     x = states.float()
     amax = x.abs().amax(dim=-1) if x.shape[-1] else torch.zeros(x.shape[:-1], device=x.device)
-    finite = torch.isfinite(amax)
+    finite = amax < LARGEST_STORABLE  # False for NaN and Inf too
     amax = torch.where(finite, amax, torch.zeros_like(amax))
     # the smallest power of two 2^e with amax / 2^e <= 448, i.e. e = ceil(log2(amax / 448))
     mantissa, exponent = torch.frexp(amax / E4M3_MAX)
@@ -109,7 +113,7 @@ def refuse_nonfinite(scales: np.ndarray, what: str) -> None:
     if bad.size:
         raise NonFiniteStatesError(
             f"{what}: NaN/Inf in the hidden states of {bad.size} token(s), first at token {int(bad[0])}; "
-            "an fp8 store refuses non-finite states"
+            f"an fp8 store refuses non-finite states (and any beyond +-{LARGEST_STORABLE:.3g})"
         )
 
 
