@@ -126,6 +126,16 @@ def dequantize(codes, scales, dtype=None):
     return (codes.float() * scales.float()[..., None]).to(dtype)
 
 
+def as_bf16(stored, scales=None, device=None):
+    """States as a store holds them (bf16; or float8 codes with their `scales`) as bf16
+    on `device` (default: where they are). They move first, then are dequantized, so
+    only the stored bytes cross (half of bf16's for fp8)."""
+    if device is not None:
+        stored = stored.to(device, non_blocking=True)
+        scales = None if scales is None else scales.to(device, non_blocking=True)
+    return stored if scales is None else dequantize(stored, scales)
+
+
 def rounding_bound(reference, scales):
     """Per-element bound on |dequantized - reference| for float32 `reference` states
     [tokens, hidden] stored with `scales` [tokens]: half an e4m3 ulp."""

@@ -60,7 +60,7 @@ import numpy as np
 import torch
 
 from store_schema import CorruptShardError, ShardData, Store, available_cores
-from store_schema.fp8 import dequantize
+from store_schema.fp8 import as_bf16
 from train.anchors import anchor_candidates
 from train.config import DataConfig
 from train.device_copy import DeviceCopier
@@ -137,10 +137,8 @@ class TrainSample:
         if self.ready is not None:
             DeviceCopier.wait(self.ready, [*self.features, *self.scales])
             self.ready = None
-        parts = [f.to(device, non_blocking=True) for f in self.features]
-        if self.scales:
-            parts = [dequantize(codes, s.to(device, non_blocking=True)) for codes, s in zip(parts, self.scales)]
-        return torch.cat(parts, dim=-1)
+        scales = self.scales or [None] * len(self.features)
+        return torch.cat([as_bf16(f, s, device) for f, s in zip(self.features, scales)], dim=-1)
 
 
 class _Stop(Exception):
