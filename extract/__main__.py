@@ -20,6 +20,7 @@ from store_schema.cli import UsageError, run_command
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
+    from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
     from store_schema.plan import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_SEED, DEFAULT_SHARD_TOKENS
 
     parser.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
@@ -40,7 +41,8 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
     else:
         parser.add_argument("--workers", type=int, default=1, help="tokenizer processes")
     parser.add_argument("--limit", type=int, help="plan only the first N records")
-    parser.add_argument("--compression-ratio", type=float, default=0.70, help="compressed/raw for the size estimate")
+    parser.add_argument("--compression-ratio", type=float, default=BFLOAT16_STORE.size_ratio,
+                        help=f"compressed/raw of a bf16 store for the size estimate (fp8: {FP8_E4M3_STORE.size_ratio})")
 
 
 def _job_config(args, **execution):
@@ -76,6 +78,7 @@ def _job_config(args, **execution):
 
 
 def cmd_plan(args) -> int:
+    from store_schema.dtypes import FP8_E4M3_STORE
     from store_schema.layout import LAYER_ID_CONVENTION
     from store_schema.target_config import read_target_config
     from store_schema.units import human_bytes
@@ -103,6 +106,8 @@ def cmd_plan(args) -> int:
         estimated_raw_bytes=estimate.raw_bytes,
         estimated_compressed_bytes=estimate.compressed_bytes,
         compression_ratio=args.compression_ratio,
+        estimated_fp8_bytes=estimate.fp8_bytes,
+        fp8_compression_ratio=FP8_E4M3_STORE.size_ratio,
         corpus_records=plan.settings["corpus_records"],
         corpus_hash=plan.settings["corpus_hash"],
         plan_digest=plan.digest(),
@@ -126,6 +131,8 @@ def cmd_plan(args) -> int:
         f"store size  {human_bytes(estimate.raw_bytes)} raw, {human_bytes(estimate.compressed_bytes)} "
         f"compressed (ratio {args.compression_ratio}, hidden {dims.hidden_size}, bf16)"
     )
+    print(f"            {human_bytes(estimate.fp8_bytes)} with --store-dtype fp8_e4m3 "
+          f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)")
     print("dry run: nothing written")
     return 0
 
@@ -145,6 +152,7 @@ def cmd_run(args) -> int:
         address=args.address,
         batch_tokens=args.batch_tokens,
         target_topk=args.target_topk,
+        store_dtype=args.store_dtype,
         overwrite=args.overwrite,
         trust_remote_code=args.trust_remote_code,
         max_attempts=args.max_attempts,
@@ -187,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                      help="padded tokens per forward batch")
     run.add_argument("--target-topk", type=int, help="also store the target's top-K next-token ids and log-probs")
+    from store_schema.dtypes import STORE_DTYPES
+
+    run.add_argument("--store-dtype", choices=tuple(STORE_DTYPES), default="bfloat16",
+                     help="hidden states as bf16 (lossless, default) or fp8 e4m3 with a scale per token "
+                          "(about 0.6x the bytes of bf16, lossy; a store never mixes them)"),
     run.add_argument("--overwrite", action="store_true", help="delete the store's content and start over")
     run.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off)")
     run.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from store_schema.dtypes import store_dtype
 from store_schema.plan import PlanSettings
 
 DEFAULT_BATCH_TOKENS = 16384
@@ -64,6 +65,7 @@ class JobConfig:
     address: str | None = None  # join a running Ray cluster; None: start a local one
     batch_tokens: int = DEFAULT_BATCH_TOKENS
     target_topk: int | None = None
+    store_dtype: str = "bfloat16"  # hidden states as stored: bfloat16, or fp8_e4m3 (half the bytes, lossy)
     overwrite: bool = False
     trust_remote_code: bool = False
     max_attempts: int = DEFAULT_MAX_ATTEMPTS  # per shard, counting the first
@@ -77,6 +79,7 @@ class JobConfig:
             raise ValueError("--workers, --batch-tokens and the attempt limit must be positive")
         if self.device not in DEVICES:
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        self.store_dtype = store_dtype(self.store_dtype).name  # refuses an unknown one, naming the choices
 
     @property
     def tokenizer_path(self) -> str:

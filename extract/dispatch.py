@@ -85,6 +85,7 @@ class WorkerPool:
         self._kwargs = dict(
             device=config.device,
             topk=config.target_topk,
+            store_dtype=config.store_dtype,
             batch_tokens=config.batch_tokens,
             torch_threads=config.cpus_per_worker if config.device == "cpu" else None,
             trust_remote_code=config.trust_remote_code,

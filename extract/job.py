@@ -161,7 +161,7 @@ def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dic
         else:
             target = _configured_target(config.model, resume.store)
         fingerprint = Fingerprint.for_extraction(
-            config.model, plan, layer_ids, **target, target_topk=config.target_topk or 0
+            config.model, plan, layer_ids, **target, target_topk=config.target_topk or 0, dtype=config.store_dtype
         )
         writer = _open_or_create(store_path, resume, fingerprint, plan)
         outcome.kernels = dict(target["kernels"])

@@ -345,20 +345,24 @@ def check_tokenizer(tokenizer, settings: dict) -> None:
 
 class StoreEstimate(NamedTuple):
     raw_bytes: int
-    compressed_bytes: int
+    compressed_bytes: int  # a bf16 store (the default)
+    fp8_bytes: int  # the same job with --store-dtype fp8_e4m3
 
 
 def estimate_store_bytes(
-    plan: Plan, num_context_layers: int, hidden_size: int, compression_ratio: float = 0.70
+    plan: Plan, num_context_layers: int, hidden_size: int, compression_ratio: float | None = None
 ) -> StoreEstimate:
     """Size before a job starts: per token, bf16 (2 B) x hidden x layers, plus
-    int32 input_ids and uint8 loss_mask. ``compression_ratio`` is compressed/raw
-    (byte-shuffle + zstd gives ~0.69-0.77 on bf16 activations); applied to the
-    whole, since tokens are a rounding error next to the hidden states."""
+    int32 input_ids and uint8 loss_mask, times each store dtype's ratio to that raw
+    size (`store_schema.dtypes`: bf16 0.70, fp8 0.40, the goal bounds store_bench
+    checks; ``compression_ratio`` overrides bf16's). Applied to the whole, since
+    tokens are a rounding error next to the hidden states."""
+    from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
     from store_schema.layout import raw_bytes_per_token
 
     raw = plan.num_tokens * raw_bytes_per_token(hidden_size, num_context_layers)
-    return StoreEstimate(raw, int(round(raw * compression_ratio)))
+    ratio = BFLOAT16_STORE.size_ratio if compression_ratio is None else compression_ratio
+    return StoreEstimate(raw, int(round(raw * ratio)), int(round(raw * FP8_E4M3_STORE.size_ratio)))
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from store_schema import fp8
 from store_schema.layout import validate_layer_ids
 from store_schema.target_config import read_config_json
 
@@ -269,14 +270,16 @@ class TargetRunner:
     """Turns batches of token sequences into the chosen layers' hidden states.
 
     Each output is a dict ``{layer_id: bf16 tensor [len, H] on CPU}`` for the sample's
-    real positions only; with ``topk=K`` it also holds ``"topk_ids"`` (int32 [len, K])
+    real positions only (with ``quantize``, an fp8 store's ``fp8.QuantizedStates``
+    instead, quantized on the device); with ``topk=K`` it also holds ``"topk_ids"`` (int32 [len, K])
     and ``"topk_logprobs"`` (float32 [len, K]): the target's K most likely next tokens
     at each position and their log-probabilities (log_softmax over the full vocab).
     A sample's tensors are views into one host buffer per batch.
     """
 
-    def __init__(self, target: Target, layer_ids: Sequence[int], topk: int | None = None):
+    def __init__(self, target: Target, layer_ids: Sequence[int], topk: int | None = None, quantize: bool = False):
         self.target = target
+        self.quantize = quantize
         self.layer_ids = validate_layer_ids(layer_ids, target.num_layers)
         if topk is not None:
             if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= target.vocab_size:
@@ -312,19 +315,28 @@ class TargetRunner:
         captured = self._forward(input_ids, attention_mask, real)
 
         packed = {"hidden": torch.stack([captured[L] for L in self.layer_ids])}  # [layers, tokens, H] bf16
+        if self.quantize:
+            packed["hidden"], packed["scales"] = fp8.quantize(packed["hidden"])  # [layers, tokens, H], [layers, tokens]
         if self.topk is not None:
             packed["topk_ids"], packed["topk_logprobs"] = self._topk(captured["final"])
         host, copied = _to_host(packed)
 
         outputs, start = [], 0
         for n in lengths:
-            sample = {L: host["hidden"][j, start : start + n] for j, L in enumerate(self.layer_ids)}
+            sample = {L: self._states(host, j, start, n) for j, L in enumerate(self.layer_ids)}
             if self.topk is not None:
                 sample["topk_ids"] = host["topk_ids"][start : start + n]
                 sample["topk_logprobs"] = host["topk_logprobs"][start : start + n]
             outputs.append(sample)
             start += n
         return PendingBatch(outputs, copied)
+
+    def _states(self, host: dict, layer_index: int, start: int, n: int):
+        """One sample's states of one layer: bf16, or fp8 codes + scales (`quantize`)."""
+        states = host["hidden"][layer_index, start : start + n]
+        if not self.quantize:
+            return states
+        return fp8.QuantizedStates(states, host["scales"][layer_index, start : start + n])
 
     def _forward(self, input_ids, attention_mask, real) -> dict:
         """Run the decoder, keeping each chosen layer's output at the real positions

@@ -124,6 +124,7 @@ class ExtractionWorker:
         *,
         device: str = "cpu",
         topk: int | None = None,
+        store_dtype: str = "bfloat16",
         batch_tokens: int = 16384,
         torch_threads: int | None = None,
         trust_remote_code: bool = False,
@@ -148,7 +149,10 @@ class ExtractionWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
         check_tokenizer(self.tokenizer, self.settings)  # fail at start, not on the first shard
         self.target = load_target(model_path, device=device, trust_remote_code=trust_remote_code)
-        self.runner = TargetRunner(self.target, layer_ids, topk)
+        from store_schema.dtypes import store_dtype as lookup_store_dtype
+
+        # fp8 stores: states are quantized on the device, so half the bytes cross to the host
+        self.runner = TargetRunner(self.target, layer_ids, topk, quantize=lookup_store_dtype(store_dtype).scaled)
         self._compute = threading.Lock()
         self._writer = None
         self._writer_lock = threading.Lock()

@@ -154,6 +154,25 @@ def qwen3_5_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, 
     )
 
 
+def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, num_heads: int = 4, head_dim: int = 16):
+    """Dense Qwen3 text config (plain attention: fast on CPU; benchmarks/fp8_parity.py)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+
+
+ARCHITECTURES = {"qwen3_5": qwen3_5_config, "qwen3": qwen3_config}
+
 # The demo target: small enough to train and extract on 2 CPU cores in minutes.
 # (head_dim 64 makes the PyTorch linear-attention fallback ~7x slower on CPU than 32.)
 DEMO_TARGET = dict(vocab_size=2048, hidden_size=256, num_layers=6, num_heads=8, head_dim=32,
@@ -180,12 +199,13 @@ def ensure_demo_target(cache_root, records, log=print, **overrides) -> Path:
 
 
 def _pretrain(tokenizer, records, settings, log):
-    from transformers import Qwen3_5ForCausalLM
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(settings["seed"])
-    config = qwen3_5_config(len(tokenizer), settings["hidden_size"], settings["num_layers"],
-                            settings["num_heads"], settings["head_dim"])
-    model = Qwen3_5ForCausalLM(config)
+    make_config = ARCHITECTURES[settings.get("architecture", "qwen3_5")]  # overrides may pick "qwen3"
+    config = make_config(len(tokenizer), settings["hidden_size"], settings["num_layers"],
+                         settings["num_heads"], settings["head_dim"])
+    model = AutoModelForCausalLM.from_config(config)
     stream = []
     for record in records:
         stream.extend(tokenizer.apply_chat_template(record["messages"], tokenize=True, return_dict=True)["input_ids"])

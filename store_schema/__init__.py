@@ -6,11 +6,15 @@ Only this package knows where arrays live; `extract` writes through `StoreWriter
 
 from importlib import import_module
 
-from . import bf16  # noqa: F401  registers the zarr `bfloat16` data type (zarr + ml_dtypes, no torch)
+from . import bf16, fp8  # noqa: F401  register the zarr `bfloat16` / `float8_e4m3fn` data types (no torch)
 
 _EXPORTS = {
     "LAYER_ID_CONVENTION": "layout",
-    "CodecConfig": "layout",
+    "CodecConfig": "encoding",
+    "STORE_DTYPES": "dtypes",
+    "StoreDtype": "dtypes",
+    "store_dtype": "dtypes",
+    "NonFiniteStatesError": "fp8",
     "default_layer_ids": "layout",
     "raw_bytes_per_token": "layout",
     "validate_layer_ids": "layout",
@@ -23,6 +27,7 @@ _EXPORTS = {
     "TargetConfig": "target_config",
     "read_target_config": "target_config",
     "human_bytes": "units",
+    "available_cores": "host",
     "StoreLock": "lock",
     "StoreLockedError": "lock",
     "Plan": "plan",

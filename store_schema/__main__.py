@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 from .cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
 
@@ -27,7 +28,10 @@ def cmd_info(args) -> int:
     print(f"samples      {summary['samples']}")
     print(f"tokens       {summary['tokens']}")
     print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
-    print(f"raw bytes    {human_bytes(summary['raw_bytes'])}")
+    print(f"dtype        {fp['dtype']}" + (" (float8 e4m3 + a float32 scale per token)" if fp["dtype"] != "bfloat16" else ""))
+    print(f"codec        {summary['codec']['name']} (zstd level {summary['codec']['level']}, "
+          f"{human_bytes(summary['codec']['chunk_bytes'])} chunks)")
+    print(f"raw bytes    {human_bytes(summary['raw_bytes'])} (as bf16)")
     print(f"on disk      {human_bytes(summary['disk_bytes'])} (ratio {summary['ratio']})")
     print(f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, "
           f"{fp['num_target_layers']} layers)")
@@ -54,6 +58,8 @@ def _info_summary(store) -> dict:
         "raw_bytes": raw,
         "disk_bytes": disk,
         "ratio": round(disk / raw, 4) if raw else None,
+        "dtype": fp.dtype,
+        "codec": store.codec.to_json(),
         "fingerprint": fp.to_json(),
     }
 
@@ -65,7 +71,12 @@ def cmd_verify(args) -> int:
 
     if args.recompute and not args.model:
         raise UsageError("--recompute needs --model PATH")
-    report = verify_store(args.store, progress=None if args.json else _progress)
+    if args.workers is not None and args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.checksums_only and args.recompute:
+        raise UsageError("--checksums-only and --recompute exclude each other")
+    report = verify_store(args.store, progress=None if args.json else ProgressLines(), workers=args.workers,
+                          checksums_only=args.checksums_only)
     if args.recompute and report.ok:
         from .reader import Store
         from .recompute import recompute_check
@@ -81,8 +92,33 @@ def cmd_verify(args) -> int:
     return EXIT_OK if report.ok else EXIT_PROBLEM
 
 
-def _progress(done: int, total: int) -> None:
-    print(f"\rverified {done}/{total} shards", end="\n" if done == total else "", file=sys.stderr, flush=True)
+class ProgressLines:
+    """verify's progress on stderr, with an ETA from the bytes read so far: one line
+    rewritten in place on a terminal; a new line every `every` seconds (and the last)
+    otherwise, so a log file gets readable lines."""
+
+    def __init__(self, stream=None, every: float = 10.0):
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty()
+        self.every = every
+        self.start = self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int, done_bytes: int, total_bytes: int) -> None:
+        from .units import human_bytes, human_duration
+
+        now = time.monotonic()
+        final = done == total
+        if not (self.tty or final or now - self.last >= self.every):
+            return
+        self.last = now
+        rate = done_bytes / max(now - self.start, 1e-9)
+        eta = (total_bytes - done_bytes) / rate if rate > 0 else float("nan")
+        line = (f"verified {done}/{total} shards, {human_bytes(done_bytes)} of {human_bytes(total_bytes)}, "
+                f"{human_bytes(rate)}/s, ETA {human_duration(eta)}")
+        if self.tty:
+            print(f"\r{line}", end="\n" if final else "", file=self.stream, flush=True)
+        else:
+            print(line, file=self.stream, flush=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -96,8 +132,13 @@ def _parser() -> argparse.ArgumentParser:
     p_verify.add_argument("store")
     p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
     p_verify.add_argument("--clean", action="store_true", help="remove uncommitted leftovers")
+    p_verify.add_argument("--workers", type=int, default=None, metavar="N",
+                          help="shards checked at once (default: the cores available)")
+    p_verify.add_argument("--checksums-only", action="store_true",
+                          help="only sizes and crc32c of every committed file: a quick integrity pass")
     p_verify.add_argument("--recompute", type=int, default=0, metavar="N",
-                          help="re-extract N random committed samples with --model and compare (cosine >= 0.999)")
+                          help="re-extract N random committed samples with --model and compare (cosine >= 0.999; "
+                               "fp8 stores: >= 0.99)")
     p_verify.add_argument("--model", help="target model path for --recompute")
     p_verify.add_argument("--device", default="cpu", help="device for --recompute (cpu, cuda)")
     p_verify.set_defaults(handler=cmd_verify)

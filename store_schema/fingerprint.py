@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from .dtypes import store_dtype
 from .layout import LAYER_ID_CONVENTION, validate_layer_ids
 from .plan import Plan, PlanSettings
 
@@ -29,7 +30,7 @@ class Fingerprint:
     layer_ids: tuple[int, ...]
     max_length: int
     layer_id_convention: str = LAYER_ID_CONVENTION
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # the store dtype of hidden states: bfloat16 or fp8_e4m3 (store_schema.dtypes)
     target_revision: str = ""
     target_config_sha256: str = ""
     target_weights_index_sha256: str = ""
@@ -43,6 +44,7 @@ class Fingerprint:
     def __post_init__(self):
         ids = validate_layer_ids([int(i) for i in self.layer_ids], self.num_target_layers)
         object.__setattr__(self, "layer_ids", tuple(ids))
+        object.__setattr__(self, "dtype", store_dtype(self.dtype).name)
 
     @classmethod
     def for_extraction(
@@ -56,6 +58,7 @@ class Fingerprint:
         vocab_size: int,
         kernels: Mapping,
         target_topk: int = 0,
+        dtype: str = "bfloat16",
     ) -> "Fingerprint":
         """The fingerprint of a store extracted from the target at `model_path` along
         `plan`: the target's identity (`target_identity`), its size and kernels as the
@@ -75,6 +78,7 @@ class Fingerprint:
             kernels=dict(kernels),
             package_versions=package_versions(),
             target_topk=int(target_topk),
+            dtype=dtype,
         )
 
     def to_json(self) -> dict:

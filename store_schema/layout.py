@@ -2,13 +2,15 @@
 
     STORE/
       zarr.json                 root group; attributes["dflash_store"] = schema version,
-                                fingerprint, codec and chunking settings
+                                fingerprint (its dtype: bfloat16 or fp8_e4m3), codec and
+                                chunking settings (`encoding.CodecConfig`)
       dflash_store.json         root record: crc32c + size of the root metadata files
       plan/                     the job plan (zarr arrays) + commit.json
       shards/zarr.json          group of committed shards
       shards/shard-000000/      one committed shard (a zarr group), written by one writer:
         layer_{L}/              bf16 [tokens, hidden] per context layer L, one zarr shard file
-                                of inner chunks (chunk_tokens x hidden)
+                                of inner chunks (chunk_tokens x hidden); fp8 stores: float8_e4m3fn
+        layer_{L}_scale/        fp8 stores only: float32 [tokens], each token's scale
         input_ids/ loss_mask/   int32 / uint8 [tokens]
         sample_offsets/         int64 [samples + 1]
         sample_ids/             string [samples]
@@ -26,7 +28,6 @@ never leaves a half-written shard where readers look."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -123,6 +124,11 @@ def layer_array(layer_id: int) -> str:
     return f"{_LAYER_PREFIX}{layer_id}"
 
 
+def scale_array(layer_id: int) -> str:
+    """The array holding context layer `layer_id`'s per-token scales in an fp8 shard."""
+    return f"{layer_array(layer_id)}_scale"
+
+
 def layer_id_of(array_name: str) -> int | None:
     """The layer id a hidden-state array holds (`layer_5` -> 5); None for any other
     array, so callers tell hidden states from token arrays by this one rule."""
@@ -138,41 +144,10 @@ def array_of(shard_file: str) -> str:
     return shard_file.split("/")[0]
 
 
-@dataclass(frozen=True)
-class CodecConfig:
-    """Compression of the hidden-state chunks.
-
-    Default: blosc zstd level 1, byte shuffle, typesize 2, blocksize = the whole
-    chunk (measured ~1.44x on bf16 activations; blosc's default blocksize ~1.26x).
-    `cname="none"` stores raw bytes."""
-
-    cname: str = "zstd"
-    clevel: int = 1
-    shuffle: str = "shuffle"
-    chunk_bytes: int = 4 << 20  # target size of one inner chunk of a hidden-state array
-
-    def __post_init__(self):
-        if self.cname not in ("zstd", "lz4", "lz4hc", "zlib", "blosclz", "none"):
-            raise ValueError(f"unknown codec cname {self.cname!r}")
-        if self.shuffle not in ("shuffle", "bitshuffle", "noshuffle"):
-            raise ValueError(f"unknown shuffle {self.shuffle!r}")
-        if self.chunk_bytes < 1024:
-            raise ValueError(f"chunk_bytes must be >= 1024, got {self.chunk_bytes}")
-
-    def chunk_tokens(self, hidden_size: int) -> int:
-        return max(1, self.chunk_bytes // (hidden_size * 2))
-
-    def compressors(self, chunk_nbytes: int):
-        from zarr.codecs import BloscCodec
-
-        if self.cname == "none":
-            return None
-        return [
-            BloscCodec(cname=self.cname, clevel=self.clevel, shuffle=self.shuffle, typesize=2, blocksize=chunk_nbytes)
-        ]
-
-    def to_json(self) -> dict:
-        return asdict(self)
+def chunk_file(ndim: int) -> str:
+    """Zarr v3's default key of chunk (0, ..., 0), relative to its array: every array of a
+    shard is one chunk (one `sharding_indexed` file for hidden states)."""
+    return "c/" + "/".join("0" * ndim)
 
 
 def padded_shard_shape(num_tokens: int, chunk_tokens: int) -> int:

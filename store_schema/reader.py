@@ -1,4 +1,4 @@
-"""Reading a store: committed shards only, checksums checked, bf16 as torch.
+"""Reading a store: committed shards only, checksums checked, states as torch.
 
 Two ways in:
 - `read_sample` / `read_window`: partial reads through zarr-python (touch only the
@@ -7,13 +7,17 @@ Two ways in:
   and checked against the commit record, and its inner chunks decoded in parallel
   threads straight into the output buffer (`shard_codec`), while the next shard's
   files are already being read. Measured here this is what lets a compressed
-  store keep up with per-sample files."""
+  store keep up with per-sample files.
+
+fp8 stores: `Sample.hidden` is always bf16 (dequantized); `ShardData.hidden` holds
+the states as stored (float8_e4m3fn codes beside `ShardData.scales`), so the
+trainer can move the half-size codes to the GPU and dequantize there."""
 
 from __future__ import annotations
 
 import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,11 +26,15 @@ import torch
 import zarr
 
 from . import layout
+from .dtypes import StoreDtype, store_dtype
+from .fp8 import as_bf16, dequantize
 from .plan import Plan
 from .plan_io import read_committed_plan
 from .records import RecordError, ShardCommit, read_record
 from .root import read_root
-from .shard_codec import CorruptShardError, EncodedArray, decode_array, read_arrays, start_sharded_decode
+from .shard_codec import (
+    CorruptShardError, EncodedArray, decode_array, encoded_arrays, read_arrays, start_sharded_decode,
+)
 
 
 @dataclass
@@ -41,23 +49,32 @@ class Sample:
 
 @dataclass
 class ShardData:
-    """A whole shard in memory; `sample(i)` gives views, no copies."""
+    """A whole shard in memory, states as stored: bf16, or float8_e4m3fn codes with
+    float32 per-token `scales`. `sample(i)` gives views of a bf16 store (no copies)
+    and dequantized copies of an fp8 one; `states` dequantizes a range on any device."""
 
     name: str
     sample_ids: list[str]
     offsets: np.ndarray
     input_ids: torch.Tensor
     loss_mask: torch.Tensor
-    hidden: dict = field(default_factory=dict)
+    hidden: dict = field(default_factory=dict)  # layer id -> [tokens, hidden], the stored dtype
     topk_ids: torch.Tensor | None = None
     topk_logprobs: torch.Tensor | None = None
+    scales: dict = field(default_factory=dict)  # fp8 stores: layer id -> float32 [tokens]
 
     def __len__(self) -> int:
         return len(self.sample_ids)
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.hidden.values())
+        tensors = [*self.hidden.values(), *self.scales.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def states(self, layer: int, start: int = 0, stop: int | None = None, device=None) -> torch.Tensor:
+        """bf16 states of `layer`, tokens [start, stop), on `device` (`fp8.as_bf16`)."""
+        scales = self.scales[layer][start:stop] if layer in self.scales else None
+        return as_bf16(self.hidden[layer][start:stop], scales, device)
 
     def sample(self, index: int) -> Sample:
         start, stop = int(self.offsets[index]), int(self.offsets[index + 1])
@@ -65,7 +82,7 @@ class ShardData:
             self.sample_ids[index],
             self.input_ids[start:stop],
             self.loss_mask[start:stop],
-            {layer: h[start:stop] for layer, h in self.hidden.items()},
+            {layer: self.states(layer, start, stop) for layer in self.hidden},
             None if self.topk_ids is None else self.topk_ids[start:stop],
             None if self.topk_logprobs is None else self.topk_logprobs[start:stop],
         )
@@ -76,6 +93,7 @@ class Store:
         self.path = Path(path)
         root = read_root(self.path)
         self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
+        self.dtype: StoreDtype = store_dtype(self.fingerprint.dtype)
         self._commits: dict[str, ShardCommit] = {}
 
     # -- metadata -----------------------------------------------------------------------
@@ -141,10 +159,12 @@ class Store:
         if not 0 <= start <= stop <= length:
             raise IndexError(f"window [{start}, {stop}) outside sample of {length} tokens")
         a, b = int(offsets[0]) + start, int(offsets[0]) + stop
-        hidden = {
-            layer: torch.from_numpy(group[layout.layer_array(layer)][a:b].view(np.int16)).view(torch.bfloat16)
-            for layer in layers
-        }
+        hidden = {}
+        for layer in layers:
+            stored = as_torch(group[layout.layer_array(layer)][a:b].view(self.dtype.bits), self.dtype)
+            if self.dtype.scaled:
+                stored = dequantize(stored, torch.from_numpy(group[layout.scale_array(layer)][a:b]))
+            hidden[layer] = stored
         topk_ids = topk_logprobs = None
         if layout.TOPK_IDS in group:
             topk_ids = torch.from_numpy(group[layout.TOPK_IDS][a:b])
@@ -171,6 +191,14 @@ class Store:
         with ThreadPoolExecutor(threads) as pool:
             raw = _read_shard_files(self, name, self.require_layers(layers), verify)
             return _start_decode(self, raw, pool).result()
+
+    def decode_files(self, name: str, files, layers=None) -> ShardData:
+        """Decode a shard from its files' bytes already in memory ({path relative to the
+        shard: bytes}; `verify` reads each file once and checks it itself), in this
+        thread: callers that want parallelism run several shards at once."""
+        commit = self.commit(name)
+        arrays = _shard_arrays(self, commit, self.require_layers(layers))
+        return _start_decode(self, _RawShard(name, commit, encoded_arrays(name, files, arrays)), _INLINE).result()
 
     def iter_shards(self, names, layers=None, verify: bool = True, threads: int = 2, prefetch: int = 2):
         """Yield ShardData for `names` in order. A background thread reads the next
@@ -209,6 +237,21 @@ class Store:
                         reader.join(0.01)
 
 
+class _InlineExecutor(Executor):
+    """Runs each submitted task at once in the caller's thread."""
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # handed to whoever waits on the future, as a pool would
+            future.set_exception(exc)
+        return future
+
+
+_INLINE = _InlineExecutor()
+
+
 @dataclass
 class _RawShard:
     """A shard's needed files, read (and checksum-checked) but not yet decoded."""
@@ -218,14 +261,35 @@ class _RawShard:
     arrays: dict[str, EncodedArray]
 
 
+def as_torch(bits: np.ndarray, dtype: StoreDtype) -> torch.Tensor:
+    """Raw bits of hidden states (numpy, `dtype.bits`) as a torch tensor of the stored type."""
+    signed = {1: (np.int8, torch.float8_e4m3fn), 2: (np.int16, torch.bfloat16)}
+    view, torch_dtype = signed[dtype.itemsize]
+    return torch.from_numpy(bits.view(view)).view(torch_dtype)
+
+
+def as_bits(states: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
+    """The raw bits (numpy `dtype.bits`, no copy) of CPU states of the stored type."""
+    signed = {1: torch.int8, 2: torch.int16}[dtype.itemsize]
+    return states.view(signed).numpy().view(dtype.bits)
+
+
+def _layer_arrays(store: Store, layers) -> list[str]:
+    """The arrays holding `layers`' states: values, and scales in an fp8 store."""
+    names = [layout.layer_array(i) for i in layers]
+    return names + ([layout.scale_array(i) for i in layers] if store.dtype.scaled else [])
+
+
+def _shard_arrays(store: Store, commit: ShardCommit, layers) -> list[str]:
+    """Every array a read of `layers` needs."""
+    arrays = _layer_arrays(store, layers) + [layout.INPUT_IDS, layout.LOSS_MASK, layout.SAMPLE_OFFSETS, layout.SAMPLE_IDS]
+    return arrays + ([layout.TOPK_IDS, layout.TOPK_LOGPROBS] if commit.target_topk else [])
+
+
 def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) -> _RawShard:
     commit = store.commit(name)
-    arrays = [layout.layer_array(i) for i in layers] + [
-        layout.INPUT_IDS, layout.LOSS_MASK, layout.SAMPLE_OFFSETS, layout.SAMPLE_IDS
-    ]
-    if commit.target_topk:
-        arrays += [layout.TOPK_IDS, layout.TOPK_LOGPROBS]
-    unread_layers = [layout.layer_array(i) for i in store.layer_ids if i not in layers]
+    arrays = _shard_arrays(store, commit, layers)
+    unread_layers = _layer_arrays(store, [i for i in store.layer_ids if i not in layers])
     directory = layout.shard_dir(store.path, name)
     return _RawShard(name, commit, read_arrays(directory, commit, arrays, verify, skip=unread_layers))
 
@@ -235,10 +299,11 @@ class _PendingShard:
     """A shard whose chunk decodes are queued; `result()` waits for them."""
 
     name: str
-    hidden: dict  # layer id -> uint16 [tokens, hidden] buffer being filled
+    hidden: dict  # layer id -> raw bits [tokens, hidden], a buffer being filled
     small: dict  # array name -> decoded numpy array
     futures: list
     topk: bool
+    dtype: StoreDtype
 
     def result(self) -> ShardData:
         for future in self.futures:
@@ -250,13 +315,14 @@ class _PendingShard:
             small[layout.SAMPLE_OFFSETS],
             torch.from_numpy(small[layout.INPUT_IDS]),
             torch.from_numpy(small[layout.LOSS_MASK]),
-            {layer: torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16) for layer, bits in self.hidden.items()},
+            {layer: as_torch(bits, self.dtype) for layer, bits in self.hidden.items()},
             torch.from_numpy(small[layout.TOPK_IDS]) if self.topk else None,
             torch.from_numpy(small[layout.TOPK_LOGPROBS]) if self.topk else None,
+            {layer: torch.from_numpy(small[layout.scale_array(layer)]) for layer in self.hidden} if self.dtype.scaled else {},
         )
 
 
-def _start_decode(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> _PendingShard:
+def _start_decode(store: Store, raw: _RawShard, pool: Executor) -> _PendingShard:
     hidden, futures = {}, []
     for layer in store.layer_ids:  # the store's layer order, whatever order they were asked in
         array = raw.arrays.get(layout.layer_array(layer))
@@ -264,4 +330,4 @@ def _start_decode(store: Store, raw: _RawShard, pool: ThreadPoolExecutor) -> _Pe
             hidden[layer], tasks = start_sharded_decode(array, raw.commit.num_tokens, store.hidden_size, pool)
             futures += tasks
     small = {name: decode_array(array) for name, array in raw.arrays.items() if layout.layer_id_of(name) is None}
-    return _PendingShard(raw.name, hidden, small, futures, bool(raw.commit.target_topk))
+    return _PendingShard(raw.name, hidden, small, futures, bool(raw.commit.target_topk), store.dtype)

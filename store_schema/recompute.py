@@ -3,7 +3,12 @@ with plain transformers (`output_hidden_states`, independent of the extraction
 code's hooks) and compare every stored layer per token by cosine similarity.
 
 This is how a store made with the PyTorch fallback is checked against the fast
-kernels, or a store against the checkpoint it claims to come from."""
+kernels, or a store against the checkpoint it claims to come from.
+
+The bar is a per-token cosine of 0.999 for bf16 stores. fp8 stores hold each value
+to within 2^-4 of itself (e4m3 rounding): measured on real activations the
+dequantized states' worst token cosine against bf16 is ~0.9995, so their bar is
+0.995: still far above what another checkpoint or layer gives (< 0.9)."""
 
 from __future__ import annotations
 
@@ -14,13 +19,13 @@ import torch
 from . import layout
 from .reader import Store
 
-MIN_COSINE = 0.999
+MIN_COSINE = {"bfloat16": 0.999, "fp8_e4m3": 0.995}  # per store dtype, see above
 
 
 def recompute_check(store: Store, model_path: str, num_samples: int, device: str = "cpu", seed: int = 0,
                     trust_remote_code: bool = False) -> tuple[list[dict], list[dict]]:
     """Returns (per-sample results, problems). A problem is any layer whose worst
-    token cosine is below MIN_COSINE."""
+    token cosine is below the store dtype's MIN_COSINE."""
     from transformers import AutoModelForCausalLM
 
     locations = store.sample_locations()
@@ -33,6 +38,7 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
         return [], [{"shard": "", "array": "", "file": "", "what":
                      f"model has {num_layers} layers, store was made from {store.fingerprint.num_target_layers}"}]
     results, problems = [], []
+    min_cosine = MIN_COSINE[store.fingerprint.dtype]
     for name, index in picks:
         sample = store.read_sample(name, index)
         ids = sample.input_ids.to(torch.long)[None].to(device)
@@ -44,10 +50,10 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
             cosine = torch.nn.functional.cosine_similarity(fresh, stored.float(), dim=-1)
             worst = float(cosine.min())
             entry["min_cosine"][layer_id] = round(worst, 6)
-            if not worst >= MIN_COSINE:
+            if not worst >= min_cosine:
                 problems.append({
                     "shard": name, "array": layout.layer_array(layer_id), "file": "",
-                    "what": f"sample {sample.sample_id!r}: recomputed cosine {worst:.5f} < {MIN_COSINE} "
+                    "what": f"sample {sample.sample_id!r}: recomputed cosine {worst:.5f} < {min_cosine} "
                             f"at token {int(cosine.argmin())}",
                 })
         results.append(entry)

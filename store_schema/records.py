@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -35,16 +35,20 @@ def _body_hash(body: dict) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
+def list_files(directory: Path, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Paths (relative, posix) of every file below `directory`, sorted; nothing read."""
+    directory = Path(directory)
+    found = (p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
+    return sorted(rel for rel in found if rel not in exclude)
+
+
 def describe_files(directory: Path, exclude: tuple[str, ...] = ()) -> dict:
     """{relative path: {"size", "crc32c"}} for every file below `directory`."""
     directory = Path(directory)
-    files = {}
-    for path in sorted(directory.rglob("*")):
-        if path.is_file():
-            rel = path.relative_to(directory).as_posix()
-            if rel not in exclude:
-                files[rel] = {"size": path.stat().st_size, "crc32c": crc32c_file(path)}
-    return files
+    return {
+        rel: {"size": (directory / rel).stat().st_size, "crc32c": crc32c_file(directory / rel)}
+        for rel in list_files(directory, exclude)
+    }
 
 
 def on_disk_bytes(path) -> int:
@@ -102,6 +106,21 @@ def read_record(path: Path) -> dict:
     return body
 
 
+def file_mismatch(expected: Mapping, size: int, crc32c: Callable[[], str]) -> str | None:
+    """What is wrong with a file of `size` bytes against its record entry (`size`,
+    `crc32c`), or None. `crc32c` is only computed when the size matches."""
+    if size != expected["size"]:
+        return f"size {size} != committed {expected['size']} (truncated or extended)"
+    actual = crc32c()
+    if actual != expected["crc32c"]:
+        return f"crc32c {actual} != committed {expected['crc32c']} (bytes changed)"
+    return None
+
+
+def crc32c_bytes(data) -> str:
+    return f"{google_crc32c.value(data):08x}"
+
+
 def check_files(directory: Path, expected: dict) -> list[tuple[str, str]]:
     """Compare files below `directory` with a record's file table.
     Returns (relative path, what is wrong) for each problem."""
@@ -112,13 +131,9 @@ def check_files(directory: Path, expected: dict) -> list[tuple[str, str]]:
         if not path.is_file():
             problems.append((rel, "file missing"))
             continue
-        size = path.stat().st_size
-        if size != meta["size"]:
-            problems.append((rel, f"size {size} != committed {meta['size']} (truncated or extended)"))
-            continue
-        crc = crc32c_file(path)
-        if crc != meta["crc32c"]:
-            problems.append((rel, f"crc32c {crc} != committed {meta['crc32c']} (bytes changed)"))
+        what = file_mismatch(meta, path.stat().st_size, lambda: crc32c_file(path))
+        if what:
+            problems.append((rel, what))
     return problems
 
 

@@ -1,5 +1,5 @@
 """The store root's attributes (`zarr.json` -> attributes["dflash_store"]): schema
-version, fingerprint and its hash, codec. `create_store` writes them with
+version, fingerprint and its hash, codec (v1 stores' settings read too). `create_store` writes them with
 `root_attributes`; the reader and a reopened writer read them with `read_root`, so
 both accept and refuse the same roots."""
 
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import layout
+from .encoding import CodecConfig
 from .fingerprint import Fingerprint
 
 
@@ -17,10 +18,10 @@ from .fingerprint import Fingerprint
 class StoreRoot:
     attrs: dict  # the raw attribute dict, as written
     fingerprint: Fingerprint
-    codec: layout.CodecConfig
+    codec: CodecConfig
 
 
-def root_attributes(fingerprint: Fingerprint, codec: layout.CodecConfig) -> dict:
+def root_attributes(fingerprint: Fingerprint, codec: CodecConfig) -> dict:
     return {
         "schema_version": layout.SCHEMA_VERSION,
         "fingerprint": fingerprint.to_json(),
@@ -44,6 +45,6 @@ def read_root(path) -> StoreRoot:
     if version != layout.SCHEMA_VERSION:
         raise ValueError(f"{path}: schema version {version!r}, this code reads {layout.SCHEMA_VERSION}")
     try:
-        return StoreRoot(attrs, Fingerprint.from_json(attrs["fingerprint"]), layout.CodecConfig(**attrs["codec"]))
-    except (KeyError, TypeError) as exc:
+        return StoreRoot(attrs, Fingerprint.from_json(attrs["fingerprint"]), CodecConfig.from_json(attrs["codec"]))
+    except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{metadata}: root attributes lack or mistype a field ({exc!r})") from None

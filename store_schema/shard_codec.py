@@ -8,6 +8,9 @@ chunks be decoded by parallel threads straight into one output buffer. This modu
 must therefore agree with zarr-python bit for bit: tests/test_shard_codec.py pins it
 against plain `zarr.open_array` for every array and codec the writer makes.
 
+Codec v2 (`bytesplit`, see `encoding`) writes standard blosc chunks, so its inner
+chunks go through the same `blosc` entry as v1's.
+
 A new codec is one decoder function added to a table, keyed by the codec's name as
 the array's zarr.json lists it: `CHUNK_DECODERS` (the inner chunks of a sharded
 hidden-state array), `BYTES_DECODERS` / `ARRAY_DECODERS` (one-chunk token arrays)."""
@@ -16,9 +19,9 @@ from __future__ import annotations
 
 import json
 import struct
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Executor, Future
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import google_crc32c
@@ -26,7 +29,8 @@ import numpy as np
 from numcodecs import VLenUTF8, Zstd, blosc
 
 from . import layout
-from .records import ShardCommit
+from .dtypes import STORE_DTYPES
+from .records import ShardCommit, crc32c_bytes, file_mismatch
 
 _EMPTY_CHUNK = 2**64 - 1  # a sharding index entry for a chunk that was never written
 _INDEX_ENTRY_BYTES = 16  # (offset, nbytes), both uint64 little-endian
@@ -60,16 +64,38 @@ def read_arrays(directory: Path, commit: ShardCommit, arrays: Iterable[str], ver
     checked against the commit record, and so is every other committed file except
     those of the arrays in `skip` (layers not asked for), so a damaged shard is
     refused whole rather than partly used."""
-    encoded = {}
+    files: dict[str, bytes] = {}
     for array in arrays:
-        meta = json.loads(_read_checked(directory, f"{array}/{layout.ZARR_METADATA}", commit, verify))
-        data = _read_checked(directory, f"{array}/{_chunk_key(meta)}", commit, verify)
-        encoded[array] = EncodedArray(directory.name, array, meta, data)
+        meta_file = f"{array}/{layout.ZARR_METADATA}"
+        files[meta_file] = _read_checked(directory, meta_file, commit, verify)
+        data_file = array_data_file(array, json.loads(files[meta_file]))
+        files[data_file] = _read_checked(directory, data_file, commit, verify)
+    encoded = encoded_arrays(directory.name, files, arrays)
     if verify:
         skipped = set(skip)
         for rel in commit.files:
             if layout.array_of(rel) not in encoded and layout.array_of(rel) not in skipped:
                 _read_checked(directory, rel, commit, verify)
+    return encoded
+
+
+def array_data_file(array: str, meta: dict) -> str:
+    """The one chunk file of `array` (relative to the shard) given its zarr.json."""
+    return f"{array}/{layout.chunk_file(len(meta['shape']))}"
+
+
+def encoded_arrays(shard: str, files: Mapping[str, bytes], arrays: Iterable[str]) -> dict[str, EncodedArray]:
+    """`arrays` of a shard from its files' bytes ({path relative to the shard: bytes}),
+    however they were read."""
+    encoded = {}
+    for array in arrays:
+        try:
+            meta = json.loads(files[f"{array}/{layout.ZARR_METADATA}"])
+            encoded[array] = EncodedArray(shard, array, meta, files[array_data_file(array, meta)])
+        except KeyError as exc:
+            raise CorruptShardError(shard, array, f"no file {exc}") from None
+        except ValueError as exc:
+            raise CorruptShardError(shard, f"{array}/{layout.ZARR_METADATA}", f"unreadable metadata ({exc})") from None
     return encoded
 
 
@@ -85,17 +111,10 @@ def _read_checked(directory: Path, rel: str, commit: ShardCommit, verify: bool) 
         expected = commit.files.get(rel)
         if expected is None:
             raise CorruptShardError(shard, rel, "file not in the commit record")
-        if len(data) != expected.size:
-            raise CorruptShardError(shard, rel, f"size {len(data)} != committed {expected.size}")
-        crc = f"{google_crc32c.value(data):08x}"
-        if crc != expected.crc32c:
-            raise CorruptShardError(shard, rel, f"crc32c {crc} != committed {expected.crc32c}")
+        what = file_mismatch(asdict(expected), len(data), lambda: crc32c_bytes(data))
+        if what:
+            raise CorruptShardError(shard, rel, what)
     return data
-
-
-def _chunk_key(meta: dict) -> str:
-    """Zarr v3's default chunk key of chunk (0, ..., 0): every array of a shard is one chunk."""
-    return "c/" + "/".join("0" * len(meta["shape"]))
 
 
 # -- one-chunk arrays (token ids, masks, offsets, sample ids, top-k) -------------------------
@@ -153,7 +172,7 @@ CHUNK_DECODERS: dict[tuple[str, ...], Callable[[memoryview, np.ndarray], None]] 
     ("bytes", "blosc"): _blosc_chunk,
 }
 # zarr data type -> the numpy type of its raw bits (hidden states stay bits until torch views them)
-HIDDEN_BITS = {"bfloat16": np.dtype(np.uint16)}
+HIDDEN_BITS = {d.zarr_name: d.bits for d in STORE_DTYPES.values()}
 
 
 def chunk_rows(meta: dict) -> int:
@@ -162,7 +181,7 @@ def chunk_rows(meta: dict) -> int:
 
 
 def start_sharded_decode(array: EncodedArray, num_rows: int, num_cols: int,
-                         pool: ThreadPoolExecutor) -> tuple[np.ndarray, list[Future]]:
+                         pool: Executor) -> tuple[np.ndarray, list[Future]]:
     """Queue the decode of a zarr v3 `sharding_indexed` file (index at the end,
     crc32c-checked), one task per inner chunk, into a new buffer. Returns the
     [num_rows, num_cols] buffer of raw bits (filled once the futures are done) and

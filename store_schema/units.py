@@ -14,3 +14,15 @@ def human_bytes(count: float) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
         value /= 1000
     raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float) -> str:
+    """`3725` -> `"1h02m05s"`, `42.4` -> `"42s"`; unknown (NaN/inf) -> `"?"`."""
+    if not seconds >= 0 or seconds == float("inf"):
+        return "?"
+    total = round(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m{secs:02d}s"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"

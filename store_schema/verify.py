@@ -2,22 +2,29 @@
 
 A problem is a dict {shard, array, file, what}. Uncommitted leftovers (a crashed
 writer's `.staging/` directories) are reported separately: they are invisible to
-readers, so they do not make a store bad, and `clean` removes them."""
+readers, so they do not make a store bad, and `clean` removes them.
+
+Shards are checked in parallel (`workers` threads: file reads, crc32c, chunk decode
+and the bit tests below all release the GIL), each file is read once (its size and
+crc32c checked on the bytes then decoded from them), and NaN/Inf is found on the
+raw bits (an exponent of all ones) rather than through a float conversion.
+`checksums_only` stops after the size + crc32c of every committed file."""
 
 from __future__ import annotations
 
+import json
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-import zarr
 
 from . import layout
-from .bf16 import BFLOAT16
+from .dtypes import nonfinite_rows
+from .host import available_cores
 from .plan import is_safe_id
-from .reader import CorruptShardError, Store
-from .records import RecordError, check_files, describe_files, read_record
+from .reader import CorruptShardError, Store, as_bits
+from .records import RecordError, check_files, crc32c_bytes, file_mismatch, list_files, read_record
 
 
 @dataclass
@@ -28,13 +35,15 @@ class Report:
     shards_checked: int = 0
     samples: int = 0
     tokens: int = 0
+    bytes_read: int = 0
+    checksums_only: bool = False
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def add(self, what: str, shard: str = "", array: str = "", file: str = "") -> None:
-        self.problems.append({"shard": shard, "array": array, "file": file, "what": what})
+        self.problems.append(problem(what, shard, array, file))
 
     def to_json(self) -> dict:
         return {
@@ -45,15 +54,38 @@ class Report:
             "shards_checked": self.shards_checked,
             "samples": self.samples,
             "tokens": self.tokens,
+            "bytes_read": self.bytes_read,
+            "checksums_only": self.checksums_only,
         }
 
 
-def verify_store(path, progress=None) -> Report:
-    """Check a store; `progress(done, total)` is called after each shard.
-    FileNotFoundError where `path` holds no store at all: there is nothing to
-    report on (a wrong path), unlike a store whose root is damaged."""
+def problem(what: str, shard: str = "", array: str = "", file: str = "") -> dict:
+    return {"shard": shard, "array": array, "file": file, "what": what}
+
+
+@dataclass
+class _ShardResult:
+    """One shard's findings, merged into the report in shard order."""
+
+    name: str
+    problems: list[dict] = field(default_factory=list)
+    checked: bool = False
+    sample_ids: list[str] = field(default_factory=list)
+    samples: int = 0
+    tokens: int = 0
+    bytes_read: int = 0
+
+    def add(self, what: str, array: str = "", file: str = "") -> None:
+        self.problems.append(problem(what, self.name, array, file))
+
+
+def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False) -> Report:
+    """Check a store with `workers` threads (default: the cores available);
+    `progress(done_shards, total_shards, bytes_done, total_bytes)` is called after
+    each shard. FileNotFoundError where `path` holds no store at all: there is
+    nothing to report on (a wrong path), unlike a store whose root is damaged."""
     path = Path(path)
-    report = Report()
+    report = Report(checksums_only=checksums_only)
     try:
         store = Store(path)
     except FileNotFoundError:
@@ -63,19 +95,22 @@ def verify_store(path, progress=None) -> Report:
         return report
     _check_root(store, report)
     plan = _check_plan(store, report)
-    report.leftovers = sorted(p.name for p in (path / layout.STAGING_DIR).glob("*")) if (
-        path / layout.STAGING_DIR
-    ).is_dir() else []
+    staging = path / layout.STAGING_DIR
+    report.leftovers = sorted(p.name for p in staging.glob("*")) if staging.is_dir() else []
 
-    shard_dirs = sorted(p.name for p in (path / layout.SHARDS_DIR).iterdir() if p.is_dir()) if (
-        path / layout.SHARDS_DIR
-    ).is_dir() else []
-    seen_ids: dict[str, str] = {}
+    shards_root = path / layout.SHARDS_DIR
+    shard_dirs = sorted(p.name for p in shards_root.iterdir() if p.is_dir()) if shards_root.is_dir() else []
     planned_ids = None if plan is None else {s.name: [x.sample_id for x in s.samples] for s in plan.shards}
-    for done, name in enumerate(shard_dirs, 1):
-        _check_shard(store, name, planned_ids, seen_ids, report)
-        if progress:
-            progress(done, len(shard_dirs))
+    total_bytes = sum(_committed_bytes(store, name) for name in shard_dirs)
+    seen_ids: dict[str, str] = {}
+    done_bytes = 0
+    with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
+        results = pool.map(lambda name: _check_shard(store, name, planned_ids, checksums_only), shard_dirs)
+        for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
+            _merge(result, seen_ids, report)
+            done_bytes += result.bytes_read
+            if progress:
+                progress(done, len(shard_dirs), done_bytes, total_bytes)
     if planned_ids is not None:
         planned = set(planned_ids)
         for name in sorted(planned - set(shard_dirs)):
@@ -83,6 +118,26 @@ def verify_store(path, progress=None) -> Report:
         for name in sorted(set(shard_dirs) - planned):
             report.add("shard not in the plan", shard=name)
     return report
+
+
+def _committed_bytes(store: Store, name: str) -> int:
+    try:
+        return store.commit(name).disk_bytes
+    except CorruptShardError:
+        return 0
+
+
+def _merge(result: _ShardResult, seen_ids: dict, report: Report) -> None:
+    report.problems.extend(result.problems)
+    report.shards_checked += result.checked
+    report.samples += result.samples
+    report.tokens += result.tokens
+    report.bytes_read += result.bytes_read
+    for sample_id in result.sample_ids:  # across shards, so after each shard's own checks
+        if sample_id in seen_ids:
+            report.add(f"sample {sample_id!r} also stored in {seen_ids[sample_id]}", shard=result.name,
+                       array=layout.SAMPLE_IDS)
+        seen_ids.setdefault(sample_id, result.name)
 
 
 def _check_root(store: Store, report: Report) -> None:
@@ -118,88 +173,107 @@ def _check_plan(store: Store, report: Report):
     return plan
 
 
-def _check_shard(store: Store, name: str, planned_ids, seen_ids: dict, report: Report) -> None:
+def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> _ShardResult:
+    result = _ShardResult(name)
     directory = layout.shard_dir(store.path, name)
     try:
         commit = store.commit(name)
     except CorruptShardError as exc:
-        report.add(exc.what, shard=name, file=layout.COMMIT_RECORD)
-        return
-    report.shards_checked += 1
-    bad_files = check_files(directory, commit.file_table)
-    for rel, what in bad_files:
-        report.add(what, shard=name, array=layout.array_of(rel), file=rel)
-    on_disk = set(describe_files(directory, exclude=(layout.COMMIT_RECORD,)))
-    for rel in sorted(on_disk - set(commit.files)):
-        report.add("file not in the commit record", shard=name, file=rel)
+        result.add(exc.what, file=layout.COMMIT_RECORD)
+        return result
+    result.checked = True
+    files, bad = {}, False
+    for rel, entry in commit.file_table.items():
+        try:
+            data = (directory / rel).read_bytes()
+        except FileNotFoundError:
+            what = "file missing"
+        else:
+            files[rel] = data
+            result.bytes_read += len(data)
+            what = file_mismatch(entry, len(data), lambda: crc32c_bytes(data))
+        if what:
+            bad = True
+            result.add(what, array=layout.array_of(rel), file=rel)
+    for rel in sorted(set(list_files(directory, exclude=(layout.COMMIT_RECORD,))) - set(commit.files)):
+        result.add("file not in the commit record", file=rel)
     if commit.fingerprint_sha256 != store.fingerprint.sha256():
-        report.add("shard was written under a different fingerprint", shard=name, file=layout.COMMIT_RECORD)
-    if bad_files:
-        return  # contents are not trustworthy; checksums already named the files
+        result.add("shard was written under a different fingerprint", file=layout.COMMIT_RECORD)
+    if checksums_only and not bad:
+        result.samples, result.tokens = commit.num_samples, commit.num_tokens  # as committed; not decoded
+    if bad or checksums_only:
+        return result  # contents are not trustworthy, or not asked for; checksums named the files
     try:
-        _check_contents(store, name, commit, planned_ids, seen_ids, report)
+        _check_contents(store, commit, files, planned_ids, result)
     except Exception as exc:  # unreadable despite matching checksums: name it, keep going
-        report.add(f"unreadable: {exc}", shard=name)
+        result.add(f"unreadable: {exc}")
+    return result
 
 
-def _check_contents(store: Store, name: str, commit, planned_ids, seen_ids: dict, report: Report) -> None:
-    fp = store.fingerprint
-    group = zarr.open_group(str(layout.shard_dir(store.path, name)), mode="r")
-    num_tokens, num_samples = commit.num_tokens, commit.num_samples
+def _expected_arrays(store: Store, commit) -> dict[str, tuple[tuple, str]]:
+    """array name -> (shape, zarr data type) of every array the shard must hold."""
+    fp, tokens = store.fingerprint, commit.num_tokens
     expected = {
-        layout.INPUT_IDS: ((num_tokens,), np.dtype(np.int32)),
-        layout.LOSS_MASK: ((num_tokens,), np.dtype(np.uint8)),
-        layout.SAMPLE_OFFSETS: ((num_samples + 1,), np.dtype(np.int64)),
-        **{layout.layer_array(i): ((num_tokens, fp.hidden_size), BFLOAT16) for i in fp.layer_ids},
+        layout.INPUT_IDS: ((tokens,), "int32"),
+        layout.LOSS_MASK: ((tokens,), "uint8"),
+        layout.SAMPLE_OFFSETS: ((commit.num_samples + 1,), "int64"),
     }
+    for layer_id in fp.layer_ids:
+        expected[layout.layer_array(layer_id)] = ((tokens, fp.hidden_size), store.dtype.zarr_name)
+        if store.dtype.scaled:
+            expected[layout.scale_array(layer_id)] = ((tokens,), "float32")
     if commit.target_topk:
-        k = commit.target_topk
-        expected[layout.TOPK_IDS] = ((num_tokens, k), np.dtype(np.int32))
-        expected[layout.TOPK_LOGPROBS] = ((num_tokens, k), np.dtype(np.float32))
-    shard_path = layout.shard_dir(store.path, name)
-    present = {p.parent.name for p in shard_path.glob(f"*/{layout.ZARR_METADATA}")}  # listing via zarr warns on commit.json
-    problems_before = len(report.problems)
-    for array_name, (shape, dtype) in expected.items():
-        if array_name not in present:
-            report.add("array missing", shard=name, array=array_name)
+        expected[layout.TOPK_IDS] = ((tokens, commit.target_topk), "int32")
+        expected[layout.TOPK_LOGPROBS] = ((tokens, commit.target_topk), "float32")
+    return expected
+
+
+def _check_contents(store: Store, commit, files: dict, planned_ids, result: _ShardResult) -> None:
+    fp, name = store.fingerprint, result.name
+    num_tokens, num_samples = commit.num_tokens, commit.num_samples
+    problems_before = len(result.problems)
+    for array, (shape, data_type) in _expected_arrays(store, commit).items():
+        meta_file = f"{array}/{layout.ZARR_METADATA}"
+        if meta_file not in files:
+            result.add("array missing", array=array)
             continue
-        array = group[array_name]
-        if tuple(array.shape) != shape or array.dtype != dtype:
-            report.add(f"shape/dtype {tuple(array.shape)} {array.dtype}, expected {shape} {dtype}", shard=name, array=array_name)
-    if len(report.problems) > problems_before:
+        meta = json.loads(files[meta_file])
+        if tuple(meta["shape"]) != shape or meta["data_type"] != data_type:
+            result.add(f"shape/dtype {tuple(meta['shape'])} {meta['data_type']}, expected {shape} {data_type}", array=array)
+    if len(result.problems) > problems_before:
         return
 
-    data = store.read_shard(name, verify=False)  # checksums were checked file by file above
+    data = store.decode_files(name, files)
     offsets = data.offsets
     if offsets[0] != 0 or offsets[-1] != num_tokens or np.any(np.diff(offsets) <= 0):
-        report.add("offsets are not 0 .. tokens, strictly increasing", shard=name, array=layout.SAMPLE_OFFSETS)
+        result.add("offsets are not 0 .. tokens, strictly increasing", array=layout.SAMPLE_OFFSETS)
     input_ids = data.input_ids.numpy()
     if input_ids.size and (input_ids.min() < 0 or input_ids.max() >= fp.vocab_size):
-        report.add(f"token ids outside 0..{fp.vocab_size - 1}", shard=name, array=layout.INPUT_IDS)
+        result.add(f"token ids outside 0..{fp.vocab_size - 1}", array=layout.INPUT_IDS)
     if np.any(data.loss_mask.numpy() > 1):
-        report.add("loss mask values other than 0/1", shard=name, array=layout.LOSS_MASK)
+        result.add("loss mask values other than 0/1", array=layout.LOSS_MASK)
     sample_ids = data.sample_ids
     if len(sample_ids) != num_samples:
-        report.add(f"{len(sample_ids)} sample ids for {num_samples} samples", shard=name, array=layout.SAMPLE_IDS)
+        result.add(f"{len(sample_ids)} sample ids for {num_samples} samples", array=layout.SAMPLE_IDS)
     for sample_id in sample_ids:
         if not is_safe_id(sample_id):
-            report.add(f"unsafe sample id {sample_id!r}", shard=name, array=layout.SAMPLE_IDS)
-        elif sample_id in seen_ids:
-            report.add(f"sample {sample_id!r} also stored in {seen_ids[sample_id]}", shard=name, array=layout.SAMPLE_IDS)
-        seen_ids[sample_id] = name
+            result.add(f"unsafe sample id {sample_id!r}", array=layout.SAMPLE_IDS)
     if planned_ids is not None and name in planned_ids and planned_ids[name] != sample_ids:
-        report.add("sample ids differ from the plan", shard=name, array=layout.SAMPLE_IDS)
+        result.add("sample ids differ from the plan", array=layout.SAMPLE_IDS)
 
-    for layer_id, hidden in data.hidden.items():
-        bad = (~torch.isfinite(hidden)).any(dim=1).nonzero().flatten()
+    for layer_id, states in data.hidden.items():
+        bad = nonfinite_rows(as_bits(states, store.dtype), store.dtype)
         if len(bad):
-            report.add(
-                f"{len(bad)} token(s) with NaN/Inf, first at token {int(bad[0])}",
-                shard=name,
-                array=layout.layer_array(layer_id),
-            )
-    report.samples += num_samples
-    report.tokens += num_tokens
+            result.add(f"{len(bad)} token(s) with NaN/Inf, first at token {int(bad[0])}", array=layout.layer_array(layer_id))
+    for layer_id, scales in data.scales.items():
+        values = scales.numpy()
+        bad = np.flatnonzero(~(np.isfinite(values) & (values > 0)) | (np.frexp(values)[0] != 0.5))
+        if len(bad):
+            result.add(f"{len(bad)} scale(s) not a positive power of two, first at token {int(bad[0])}",
+                       array=layout.scale_array(layer_id))
+    result.sample_ids = sample_ids
+    result.samples += num_samples
+    result.tokens += num_tokens
 
 
 def clean_leftovers(path) -> list[str]:
@@ -212,9 +286,8 @@ def clean_leftovers(path) -> list[str]:
 
 
 def format_report(report: Report) -> str:
-    lines = [
-        f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}",
-    ]
+    lines = [f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}"
+             + (" (--checksums-only: sizes and crc32c, contents not decoded)" if report.checksums_only else "")]
     for entry in report.recomputed:
         lines.append(f"recomputed {entry['shard']}/{entry['sample']}: min cosine per layer {entry['min_cosine']}")
     for p in report.problems:
@@ -224,4 +297,3 @@ def format_report(report: Report) -> str:
         lines.append(f"uncommitted leftovers in {layout.STAGING_DIR}/: {', '.join(report.leftovers)} (--clean removes them)")
     lines.append("OK: store is intact" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
     return "\n".join(lines)
-

@@ -18,9 +18,12 @@ import torch
 import zarr
 
 from . import layout
-from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .bf16 import BFLOAT16
+from .dtypes import StoreDtype, store_dtype
+from .encoding import ARRAY_CODEC_ATTR, CodecConfig, write_bytesplit_shard
 from .fingerprint import Fingerprint
+from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
+from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
 from .records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
@@ -34,12 +37,13 @@ class StoreExistsError(FileExistsError):
 @dataclass
 class SampleArrays:
     """One sample as a writer receives it. Hidden states are bf16 [tokens, hidden]
-    (torch or numpy); no padded positions."""
+    (torch or numpy); no padded positions. An fp8 store quantizes them itself, or
+    takes them already quantized (`fp8.QuantizedStates`, e.g. done on the GPU)."""
 
     sample_id: str
     input_ids: np.ndarray  # int32 [tokens]
     loss_mask: np.ndarray  # uint8 [tokens]
-    hidden: dict  # layer id -> bf16 [tokens, hidden]
+    hidden: dict  # layer id -> bf16 [tokens, hidden] (or QuantizedStates for an fp8 store)
     topk_ids: np.ndarray | None = None  # int32 [tokens, k]
     topk_logprobs: np.ndarray | None = None  # float32 [tokens, k]
 
@@ -134,20 +138,15 @@ class StoreWriter:
                         f"sample {sample.sample_id!r} layer {layer_id}: hidden states {shape}, "
                         f"expected ({len(sample.input_ids)}, {hidden_size})"
                     )
-        chunk_tokens = self.codec.chunk_tokens(hidden_size)
+        dtype = store_dtype(self.fingerprint.dtype)
         for layer_id in self.fingerprint.layer_ids:
-            data = np.concatenate([as_bf16_numpy(s.hidden[layer_id]) for s in samples])
-            array = group.create_array(
-                layout.layer_array(layer_id),
-                shape=data.shape,
-                dtype=BFLOAT16,
-                chunks=(chunk_tokens, hidden_size),
-                shards=(layout.padded_shard_shape(num_tokens, chunk_tokens), hidden_size),
-                compressors=self.codec.compressors(chunk_tokens * hidden_size * 2),
-                fill_value=0,
-                config=WRITE_ALL_CHUNKS,
-            )
-            array[...] = data
+            if dtype.scaled:
+                parts = [_quantized(s, layer_id) for s in samples]
+                values = np.concatenate([codes for codes, _ in parts])
+                write_small_array(group, layout.scale_array(layer_id), np.concatenate([scales for _, scales in parts]))
+            else:
+                values = np.concatenate([_bf16(s, layer_id) for s in samples])
+            self._write_layer(group, staging, layout.layer_array(layer_id), values, dtype)
         write_small_array(group, layout.INPUT_IDS, np.concatenate([np.asarray(s.input_ids, np.int32) for s in samples]))
         write_small_array(group, layout.LOSS_MASK, np.concatenate([np.asarray(s.loss_mask, np.uint8) for s in samples]))
         write_small_array(group, layout.SAMPLE_OFFSETS, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
@@ -160,6 +159,28 @@ class StoreWriter:
                 group, layout.TOPK_LOGPROBS, np.concatenate([np.asarray(s.topk_logprobs, np.float32) for s in samples])
             )
         return {"num_samples": len(samples), "num_tokens": num_tokens, "target_topk": topk}
+
+    def _write_layer(self, group, staging: Path, name: str, values: np.ndarray, dtype: StoreDtype) -> None:
+        """One hidden-state array [tokens, hidden]: zarr.json through zarr, the shard file
+        through the bytesplit encoder (or zarr's own encoder for the v1 codecs)."""
+        num_tokens, hidden_size = values.shape
+        chunk_tokens = self.codec.chunk_tokens(hidden_size, dtype.itemsize)
+        array = group.create_array(
+            name,
+            shape=values.shape,
+            dtype=values.dtype,
+            chunks=(chunk_tokens, hidden_size),
+            shards=(layout.padded_shard_shape(num_tokens, chunk_tokens), hidden_size),
+            compressors=self.codec.compressors(chunk_tokens * hidden_size * dtype.itemsize, dtype.itemsize),
+            fill_value=0,
+            config=WRITE_ALL_CHUNKS,
+            attributes={ARRAY_CODEC_ATTR: self.codec.to_json()},
+        )
+        if self.codec.name == "bytesplit":
+            write_bytesplit_shard(staging / name / layout.chunk_file(2), values.view(dtype.bits), chunk_tokens,
+                                  self.codec.level, self.codec.min_saving)
+        else:
+            array[...] = values
 
     def _check_against_plan(self, name: str, samples: list[SampleArrays]) -> None:
         plan = self.plan()
@@ -200,6 +221,25 @@ class StoreWriter:
         return path
 
 
+def _bf16(sample: SampleArrays, layer_id: int) -> np.ndarray:
+    states = sample.hidden[layer_id]
+    if isinstance(states, QuantizedStates):
+        raise ValueError(f"sample {sample.sample_id!r} layer {layer_id}: fp8 states offered to a bfloat16 store")
+    return as_bf16_numpy(states)
+
+
+def _quantized(sample: SampleArrays, layer_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """(float8_e4m3fn codes [tokens, hidden], float32 scales [tokens]) of one sample's layer."""
+    states = sample.hidden[layer_id]
+    if not isinstance(states, QuantizedStates):
+        if not isinstance(states, torch.Tensor):
+            states = torch.from_numpy(as_bf16_numpy(states).view(np.int16)).view(torch.bfloat16)
+        states = QuantizedStates(*quantize(states))
+    scales = states.scales.detach().cpu().to(torch.float32).numpy()
+    refuse_nonfinite(scales, f"sample {sample.sample_id!r} layer {layer_id}")
+    return states.codes.detach().cpu().contiguous().view(torch.uint8).numpy().view(FLOAT8_E4M3FN), scales
+
+
 def store_entries(path) -> list[Path]:
     """What a store directory holds, the job lock (`.lock`) aside: the lock is not
     content, and removing it while held would let a second job lock a fresh inode."""
@@ -231,12 +271,12 @@ def remove_staging(path, shard: str | None = None) -> list[str]:
 def create_store(
     path,
     fingerprint: Fingerprint,
-    codec: layout.CodecConfig | None = None,
+    codec: CodecConfig | None = None,
     overwrite: bool = False,
 ) -> StoreWriter:
     """Create an empty store. An existing store is kept unless `overwrite`."""
     path = Path(path)
-    codec = codec or layout.CodecConfig()
+    codec = codec or CodecConfig()
     existing = store_entries(path)  # a job holds `.lock` before it creates the store
     if existing:
         if not overwrite:

@@ -133,7 +133,7 @@ def coding_chats(count: int, seed: int = 0) -> list[dict]:
 
 def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_ids=(1, 3), hidden_size: int = 64,
                  vocab_size: int = 512, num_target_layers: int = 8, seed: int = 0, codec=None, topk: int = 0,
-                 with_plan: bool = True):
+                 with_plan: bool = True, dtype: str = "bfloat16"):
     """A store of random bf16 states written through the real writer, with a plan.
     For store mechanics only; tests that need meaningful states extract them."""
     import numpy as np
@@ -146,7 +146,8 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
     fingerprint = Fingerprint(target_model="random", num_target_layers=num_target_layers, hidden_size=hidden_size,
-                              vocab_size=vocab_size, layer_ids=list(layer_ids), max_length=512, target_topk=topk)
+                              vocab_size=vocab_size, layer_ids=list(layer_ids), max_length=512, target_topk=topk,
+                              dtype=dtype)
     writer = create_store(path, fingerprint, codec or CodecConfig(chunk_bytes=4096))
     shards, planned = {}, []
     for s in range(num_shards):

@@ -33,6 +33,7 @@ def build_real_store(
     layer_ids=(1, 3),
     max_tokens: int = 160,
     topk: int | None = None,
+    dtype: str = "bfloat16",
 ) -> Path:
     """A store of the tiny target's real hidden states for chat `records` (default:
     `num_samples` distinct coding chats, ids `sample-00000`...)."""
@@ -48,6 +49,7 @@ def build_real_store(
         layer_ids=list(layer_ids),
         max_length=max_tokens,
         target_topk=topk or 0,
+        dtype=dtype,
     )
     writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=4096))
     records = records if records is not None else builders.coding_chats(num_samples)

@@ -1,5 +1,6 @@
-"""Fault suite, corruption: 50 seeded injections over a finished store. `verify`
-must detect every one, name the shard and file, and exit 1."""
+"""Fault suite, corruption: 50 seeded injections over a finished store, one written
+with the default codec and one fp8 store (per-token scale arrays beside the layers).
+`verify` must detect every one, name the shard and file, and exit 1."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ INJECTIONS = 50
 KINDS = ("flip_data", "flip_index", "flip_metadata", "truncate", "delete_shard", "delete_commit_record")
 
 
-@pytest.fixture(scope="module")
-def finished_store(tmp_path_factory) -> Path:
+@pytest.fixture(scope="module", params=["bfloat16", "fp8_e4m3"])
+def finished_store(tmp_path_factory, request) -> Path:
     path = tmp_path_factory.mktemp("finished") / "store"
-    builders.random_store(path, num_shards=4, samples_per_shard=3, topk=2)
+    builders.random_store(path, num_shards=4, samples_per_shard=3, topk=2, dtype=request.param)
     assert cli(["verify", str(path)]) == 0
     return path
 
@@ -83,12 +84,16 @@ def test_verify_detects_every_seeded_corruption(finished_store, tmp_path, capsys
 
 
 @pytest.mark.faults
-def test_reader_refuses_every_corrupted_shard_file(finished_store, tmp_path):
+def test_reader_and_verify_refuse_every_corrupted_shard_file(finished_store, tmp_path):
     """What the trainer relies on: a whole-shard read of a damaged shard raises,
-    naming the shard and file, for a flipped byte in any of its files."""
+    naming the shard and file, for a flipped byte in any of its files (an fp8
+    store's scale arrays included); verify names the same file."""
+    from store_schema.verify import verify_store
+
     copy = tmp_path / "s"
     shutil.copytree(finished_store, copy)
     shard_dir = copy / "shards" / "shard-000001"
+    hit = []
     for path in sorted(p for p in shard_dir.rglob("*") if p.is_file() and p.name != "commit.json"):
         original = path.read_bytes()
         data = bytearray(original)
@@ -97,8 +102,13 @@ def test_reader_refuses_every_corrupted_shard_file(finished_store, tmp_path):
         rel = path.relative_to(shard_dir).as_posix()
         with pytest.raises(CorruptShardError, match=f"shard-000001: {rel}"):
             Store(copy).read_shard("shard-000001")
+        problems = verify_store(copy, workers=2).problems
+        assert [(p["shard"], p["file"]) for p in problems] == [("shard-000001", rel)], problems
+        hit.append(rel)
         path.write_bytes(original)
     Store(copy).read_shard("shard-000001")
+    if Store(copy).dtype.scaled:
+        assert {"layer_1_scale/c/0", "layer_3_scale/zarr.json"} <= set(hit)
 
 
 # --------------------------------------------------------------------------- the trainer's side

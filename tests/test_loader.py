@@ -161,3 +161,31 @@ def test_heldout_index_without_a_plan_reads_each_shards_ids(tmp_path):
     assert store.plan() is None
     expected = [s.sample_id for name in sorted(shards) for s in shards[name] if is_heldout(s.sample_id, HELDOUT)]
     assert [s.sample_id for s in make_loader(store).heldout_samples()] == expected
+
+
+def test_decode_threads_default_to_the_cores_available(store):
+    from store_schema import available_cores
+    from train.config import ConfigError, load_config
+
+    assert DataConfig().loader_threads is None  # the loader then decodes on available_cores() threads
+    assert available_cores() >= 1
+    store, _ = store
+    assert len(list(make_loader(store, epochs=1))) > 0
+    with pytest.raises(ConfigError, match="data.loader_threads"):
+        load_config(None, ["data.loader_threads=0"], store="s", target="t", out="o")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_samples_reach_the_gpu_ahead_through_pinned_async_copies(store):
+    """With a CUDA device the delivery thread copies each sample's features there
+    (pinned memory, side stream) before the trainer asks; the features are the ones
+    the CPU loader delivers, and waiting on the copy is the consumer's stream's."""
+    store, _ = store
+    config = DataConfig(max_length=512, heldout_fraction=HELDOUT, buffer_shards=2, prefetch_samples=3)
+    on_gpu = ShardLoader(store, config, [1, 3], 8, seed=3, epochs=1, device="cuda")
+    on_cpu = ShardLoader(store, config, [1, 3], 8, seed=3, epochs=1)
+    for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
+        assert gpu.sample_id == cpu.sample_id and gpu.ready is not None
+        assert all(f.is_cuda for f in gpu.features)
+        features = gpu.context_features("cuda")
+        assert features.is_cuda and torch.equal(features.cpu(), cpu.context_features())

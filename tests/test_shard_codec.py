@@ -6,26 +6,31 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 import zarr
 
 import builders
 from store_schema import CodecConfig, CorruptShardError, Store, layout
+from store_schema.reader import as_bits
 
 CODECS = [
-    CodecConfig(chunk_bytes=2048),  # the default: blosc zstd-1, byte shuffle
-    CodecConfig(cname="none", chunk_bytes=2048),
-    CodecConfig(cname="lz4", shuffle="bitshuffle", chunk_bytes=1024),
-    CodecConfig(cname="zlib", clevel=5, shuffle="noshuffle", chunk_bytes=4096),
+    CodecConfig(chunk_bytes=2048),  # the default (v2): bytesplit, high byte zstd-1, low byte raw
+    CodecConfig(min_saving=0.0, chunk_bytes=2048),  # bytesplit coding every stream that shrinks at all
+    CodecConfig(min_saving=0.99, level=3, chunk_bytes=1024),  # bytesplit storing every stream raw
+    CodecConfig(name="blosc", chunk_bytes=2048),  # v1: blosc zstd-1, byte shuffle
+    CodecConfig(name="none", chunk_bytes=2048),
+    CodecConfig(name="blosc", cname="lz4", shuffle="bitshuffle", chunk_bytes=1024),
+    CodecConfig(name="blosc", cname="zlib", level=5, shuffle="noshuffle", chunk_bytes=4096),
 ]
+CASES = [(codec, "bfloat16") for codec in CODECS] + [(CODECS[0], "fp8_e4m3"), (CODECS[3], "fp8_e4m3")]
 
 
-@pytest.mark.parametrize("codec", CODECS, ids=lambda c: f"{c.cname}-{c.shuffle}")
-def test_fast_decoder_matches_zarr_python_bit_for_bit(tmp_path, codec):
+@pytest.mark.parametrize("codec, dtype", CASES,
+                         ids=lambda c: c if isinstance(c, str) else f"{c.name}-{c.cname}-{c.shuffle}-{c.min_saving}")
+def test_fast_decoder_matches_zarr_python_bit_for_bit(tmp_path, codec, dtype):
     """Shards whose token counts are not a multiple of the chunk rows (a padded last
     chunk), top-k arrays included; every array the shard holds is compared, so an
     array the writer adds later cannot go unpinned."""
-    builders.random_store(tmp_path / "s", num_shards=3, samples_per_shard=3, codec=codec, topk=3)
+    builders.random_store(tmp_path / "s", num_shards=3, samples_per_shard=3, codec=codec, topk=3, dtype=dtype)
     store = Store(tmp_path / "s")
     padded = 0
     for name in store.committed_shards():
@@ -39,17 +44,18 @@ def test_fast_decoder_matches_zarr_python_bit_for_bit(tmp_path, codec):
             layout.SAMPLE_IDS: np.array(fast.sample_ids),
             layout.TOPK_IDS: fast.topk_ids.numpy(),
             layout.TOPK_LOGPROBS: fast.topk_logprobs.numpy(),
-            **{layout.layer_array(i): h.view(torch.int16).numpy().view(np.uint16) for i, h in fast.hidden.items()},
+            **{layout.layer_array(i): as_bits(h, store.dtype) for i, h in fast.hidden.items()},
+            **{layout.scale_array(i): s.numpy() for i, s in fast.scales.items()},
         }
         assert set(decoded) == set(plain)
         for array, values in plain.items():
             if layout.layer_id_of(array) is not None:
-                values = values.view(np.uint16)  # bf16 compared as raw bits: NaN payloads and -0 count
+                values = values.view(store.dtype.bits)  # compared as raw bits: NaN payloads and -0 count
             elif values.dtype.kind in "OT":
                 values = np.array([str(v) for v in values])
             assert decoded[array].dtype == values.dtype, array
             assert np.array_equal(decoded[array], values), f"{name}/{array}"
-        padded += bool(store.commit(name).num_tokens % codec.chunk_tokens(64))
+        padded += bool(store.commit(name).num_tokens % codec.chunk_tokens(64, store.dtype.itemsize))
     assert padded, "no shard with a partly filled last chunk: the padding path went untested"
 
 

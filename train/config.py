@@ -40,7 +40,7 @@ class DataConfig:
     max_length: int = 3072  # sequences are cropped to this many tokens (from the start)
     heldout_fraction: float = 0.01  # share of samples (by a stable hash of the id) never trained on
     buffer_shards: int = 4  # samples are shuffled across groups of this many shards
-    loader_threads: int = 2  # threads decoding a shard's chunks in parallel
+    loader_threads: int | None = None  # threads decoding a shard's chunks in parallel; None: the cores available
     prefetch_samples: int = 8  # ready samples queued ahead of the trainer
     skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
 
@@ -48,7 +48,7 @@ class DataConfig:
         _check(self.max_length >= 2, "data.max_length", "must be >= 2")
         _check(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", "must be in [0, 1)")
         _check(self.buffer_shards >= 1, "data.buffer_shards", "must be >= 1")
-        _check(self.loader_threads >= 1, "data.loader_threads", "must be >= 1")
+        _check(self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)")
         _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
 
 

@@ -33,6 +33,13 @@ samples an uninterrupted run would. Each delivered sample carries the position
 just after it, so the trainer checkpoints the position of what it consumed,
 not what the prefetch threads ran ahead to.
 
+To the GPU: with a CUDA `device`, the delivery thread also moves each sample's
+features there ahead of use (`train.device_copy.DeviceCopier`: pinned host memory,
+asynchronous copy on a side stream), so the training step neither waits for a
+~157 MB host-to-device copy nor pays for page-locking it. fp8 stores deliver their
+float8 codes and per-token scales, half the bytes, and `context_features`
+dequantizes them to bf16 on the device.
+
 Corrupt shards: a `CorruptShardError` stops the run with the shard, file and
 defect named; with `skip_corrupt_shards` the shard is left out of its group
 (never trained on), reported through `log`, and listed in `skipped_shards`.
@@ -51,10 +58,12 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from store_schema import CorruptShardError, ShardData, Store
+from store_schema import CorruptShardError, ShardData, Store, available_cores
+from store_schema.fp8 import as_bf16
 from train.anchors import anchor_candidates
 from train.config import DataConfig
 from train.heldout import heldout_locations, is_heldout, read_located
+from train.device_copy import DeviceCopier
 
 @dataclass(frozen=True)
 class LoaderPosition:
@@ -78,11 +87,13 @@ class TrainSample:
     shard: str
     input_ids: torch.Tensor  # int64 [T]
     loss_mask: torch.Tensor  # uint8 [T]
-    features: list  # bf16 [T, H] per context layer, in layer-id order (views into the shard)
+    features: list  # [T, H] per context layer in layer-id order, as stored: bf16, or float8_e4m3fn codes
     topk_ids: torch.Tensor | None = None  # int32 [T, K]: target's next-token top-k at each position
     topk_logprobs: torch.Tensor | None = None
     position: LoaderPosition = field(default_factory=LoaderPosition)  # loader position after this sample
     epoch: int = 0  # the epoch this sample belongs to
+    scales: list = field(default_factory=list)  # fp8 stores: float32 [T] per context layer
+    ready: object = None  # a CUDA event: features were copied to the GPU ahead (DeviceCopier)
 
     @property
     def num_tokens(self) -> int:
@@ -90,11 +101,16 @@ class TrainSample:
 
     @property
     def nbytes(self) -> int:
-        return sum(f.numel() * f.element_size() for f in self.features)
+        return sum(t.numel() * t.element_size() for t in (*self.features, *self.scales))
 
     def context_features(self, device: torch.device | str = "cpu") -> torch.Tensor:
-        """[T, n_layers*H], layers concatenated in order (the drafter's `fc` input)."""
-        return torch.cat([f.to(device, non_blocking=True) for f in self.features], dim=-1)
+        """[T, n_layers*H] bf16, layers concatenated in order (the drafter's `fc` input);
+        fp8 features are dequantized on `device`."""
+        if self.ready is not None:
+            DeviceCopier.wait(self.ready, [*self.features, *self.scales])
+            self.ready = None
+        scales = self.scales or [None] * len(self.features)
+        return torch.cat([as_bf16(f, s, device) for f, s in zip(self.features, scales)], dim=-1)
 
 
 class _Stop(Exception):
@@ -110,7 +126,8 @@ class ShardLoader:
     block_size: the drafter's block size, to know which crops can hold an anchor.
     seed, epochs: the run's (`train` section): the order, and when to stop.
     position: where to start (a checkpoint's); shards: the shard list a checkpoint
-        recorded (default: the store's committed shards)."""
+        recorded (default: the store's committed shards).
+    device: where training runs; a CUDA device gets samples copied there ahead."""
 
     def __init__(
         self,
@@ -124,6 +141,7 @@ class ShardLoader:
         position: LoaderPosition | None = None,
         log: Callable[[str], None] = print,
         shards: list[str] | None = None,
+        device: torch.device | str | None = None,
     ):
         self.store = store
         self.config = config
@@ -143,6 +161,7 @@ class ShardLoader:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._heldout = None  # the held-out index, built on first use
+        self._to_device = DeviceCopier(device) if device is not None and torch.device(device).type == "cuda" else None
 
     # -- the order ------------------------------------------------------------------------
     @property
@@ -192,9 +211,8 @@ class ShardLoader:
         remaining = list(names)
         while remaining:
             try:
-                for data in self.store.iter_shards(
-                    list(remaining), layers=self.layers, threads=self.config.loader_threads, prefetch=1
-                ):
+                threads = self.config.loader_threads or available_cores()
+                for data in self.store.iter_shards(list(remaining), layers=self.layers, threads=threads, prefetch=1):
                     remaining.remove(data.name)
                     yield data
                 return
@@ -227,6 +245,7 @@ class ShardLoader:
             topk_logprobs=None if data.topk_logprobs is None else data.topk_logprobs[start:stop],
             position=position,
             epoch=epoch,
+            scales=[data.scales[layer][start:stop] for layer in self.layers] if data.scales else [],
         )
 
     def _decode_groups(self, out: queue.Queue) -> None:
@@ -267,7 +286,7 @@ class ShardLoader:
                 if sample is None:
                     self.skipped_empty += 1
                     continue
-                self._put(out, sample)
+                self._put(out, self._to_device(sample) if self._to_device else sample)
         self._put(out, None)
 
     def _wait_until_taken(self, q: queue.Queue) -> None:

@@ -219,7 +219,7 @@ class Trainer:
 
         loader = ShardLoader(
             store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
-            epochs=config.train.epochs, position=position, log=log, shards=shards,
+            epochs=config.train.epochs, position=position, log=log, shards=shards, device=device,
         )
         total_steps = config.train.max_steps or max(
             1, config.train.epochs * math.ceil(loader.count_train_samples() / config.train.sequences_per_step)

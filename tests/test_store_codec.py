@@ -1,0 +1,139 @@
+"""Store codec v2 (`bytesplit`): standard blosc chunks whose high-byte stream is
+zstd-coded and low-byte stream raw; round trips bit for bit, plain blosc and
+zarr-python decode it, stores written with the v1 codec still read and verify."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from numcodecs import blosc
+
+import builders
+import stores
+from store_schema import CodecConfig, Store, layout
+from store_schema.encoding import encode_bytesplit_chunk
+from store_schema.records import describe_files, write_record
+from store_schema.verify import verify_store
+
+
+def _streams(chunk: bytes) -> list[int]:
+    """Stored sizes of the streams of a one-block blosc1 chunk."""
+    _, _, flags, typesize, nbytes, _, _ = struct.unpack("<BBBBiii", chunk[:16])
+    streams = typesize if not flags & 0x10 else 1
+    sizes, offset = [], 20
+    for _ in range(streams):
+        (size,) = struct.unpack("<i", chunk[offset : offset + 4])
+        sizes.append(size)
+        offset += 4 + size
+    assert offset == len(chunk)
+    return sizes
+
+
+def test_every_bf16_pattern_round_trips_through_plain_blosc():
+    """All 65,536 bf16 bit patterns (NaN payloads, Inf, subnormals, -0), encoded by the
+    bytesplit encoder, decode bit for bit with plain numcodecs blosc (no store_schema code)."""
+    bits = np.arange(2**16, dtype=np.uint16).reshape(256, 256)
+    for min_saving in (0.0, 0.1, 0.99):
+        chunk = encode_bytesplit_chunk(bits, level=1, min_saving=min_saving)
+        out = np.empty_like(bits)
+        blosc.decompress(chunk, out)
+        assert np.array_equal(out, bits)
+
+
+def test_activations_code_the_high_byte_and_store_the_low_byte_raw(qwen3_5_dir):
+    """On real activations of the tiny Qwen3.5: the low byte (mantissa) is stored raw,
+    the high byte (sign + exponent) coded to well under half its size; bit-exact."""
+    from extract.target import TargetRunner, load_target
+
+    runner = TargetRunner(load_target(qwen3_5_dir), [1, 5])
+    ids = np.random.default_rng(0).integers(0, 500, 512).astype(np.int32)
+    states = runner.run_batch([ids])[0][5]  # bf16 [512, 64]
+    bits = states.view(torch.int16).numpy().view(np.uint16)
+    chunk = encode_bytesplit_chunk(bits, level=1, min_saving=0.1)
+    low, high = _streams(chunk)
+    assert low == bits.size  # raw: a stream stored at its raw size is copied by every blosc decoder
+    assert high < 0.5 * bits.size
+    out = np.empty_like(bits)
+    blosc.decompress(chunk, out)
+    assert np.array_equal(out, bits)
+
+
+def test_real_states_read_back_bit_exact_through_every_path(tmp_path, qwen3_dir, tokenizer):
+    """A store of the tiny Qwen3's states (default codec): the fast reader, windowed
+    reads and plain zarr-python all give the bits the target produced."""
+    from extract.target import TargetRunner, load_target
+
+    path = stores.build_real_store(tmp_path / "s", qwen3_dir, tokenizer, num_samples=6, samples_per_shard=3)
+    store = Store(path)
+    assert store.codec.name == "bytesplit"
+    records = builders.coding_chats(6)
+    runner = TargetRunner(load_target(qwen3_dir), [1, 3])
+    expected = {}
+    for batch in (records[:3], records[3:]):  # as build_real_store batches them
+        outputs = runner.run_batch([stores.chat_tokens(tokenizer, r, 160)[0] for r in batch])
+        expected.update({r["id"]: out for r, out in zip(batch, outputs)})
+    for name in store.committed_shards():
+        data = store.read_shard(name)
+        group = zarr.open_group(str(layout.shard_dir(path, name)), mode="r")
+        for i in range(len(data)):
+            sample = data.sample(i)
+            start, stop = int(data.offsets[i]), int(data.offsets[i + 1])
+            for layer in (1, 3):
+                want = expected[sample.sample_id][layer].view(torch.int16)
+                assert torch.equal(sample.hidden[layer].view(torch.int16), want)
+                plain = group[layout.layer_array(layer)][start:stop].view(np.int16)
+                assert np.array_equal(plain, want.numpy())
+            window = store.read_window(name, i, 1, stop - start - 1, [3]).hidden[3]
+            assert torch.equal(window.view(torch.int16), expected[sample.sample_id][3][1:-1].view(torch.int16))
+    meta = json.loads((layout.shard_dir(path, "shard-000000") / "layer_1" / layout.ZARR_METADATA).read_text())
+    assert meta["codecs"][0]["configuration"]["codecs"][1]["name"] == "blosc"  # a standard codec in zarr.json
+    assert meta["attributes"]["dflash_codec"]["name"] == "bytesplit"
+
+
+def _as_v1_root(path) -> None:
+    """Rewrite a store's root the way the v1 writer wrote it: codec settings without a
+    name (`cname`, `clevel`, `shuffle`, `chunk_bytes`), its root record over them."""
+    meta_path = path / layout.ZARR_METADATA
+    meta = json.loads(meta_path.read_text())
+    codec = meta["attributes"][layout.ROOT_ATTR]["codec"]
+    meta["attributes"][layout.ROOT_ATTR]["codec"] = {
+        "cname": codec["cname"], "clevel": codec["level"], "shuffle": codec["shuffle"], "chunk_bytes": codec["chunk_bytes"],
+    }
+    meta_path.write_text(json.dumps(meta, indent=2))
+    record = json.loads((path / layout.ROOT_RECORD).read_text())
+    root_files = (layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}")
+    write_record(path / layout.ROOT_RECORD, {
+        "schema_version": record["schema_version"], "fingerprint_sha256": record["fingerprint_sha256"],
+        "files": {rel: entry for rel, entry in describe_files(path).items() if rel in root_files},
+    })
+
+
+@pytest.mark.parametrize("cname", ["zstd", "none"])
+def test_a_store_written_with_the_v1_codec_reads_and_verifies(tmp_path, cname):
+    codec = CodecConfig(name="blosc", chunk_bytes=2048) if cname == "zstd" else CodecConfig(name="none", chunk_bytes=2048)
+    _, shards = builders.random_store(tmp_path / "s", codec=codec, topk=2)
+    if cname == "zstd":
+        _as_v1_root(tmp_path / "s")
+    store = Store(tmp_path / "s")
+    assert store.codec.name == ("blosc" if cname == "zstd" else "none")
+    for data in store.iter_shards(store.committed_shards()):
+        for i, expected in enumerate(shards[data.name]):
+            for layer in (1, 3):
+                assert torch.equal(data.sample(i).hidden[layer].view(torch.int16), expected.hidden[layer].view(torch.int16))
+    assert verify_store(tmp_path / "s").ok
+
+
+def test_codec_settings_are_checked_and_named():
+    with pytest.raises(ValueError, match="unknown codec 'lz4'"):
+        CodecConfig(name="lz4")
+    with pytest.raises(ValueError, match="settings of the blosc codec, not of 'bytesplit'"):
+        CodecConfig(cname="lz4")
+    with pytest.raises(ValueError, match="min_saving"):
+        CodecConfig(min_saving=1.0)
+    assert CodecConfig.from_json({"cname": "none", "clevel": 1, "shuffle": "shuffle", "chunk_bytes": 4096}).name == "none"
+    assert CodecConfig.from_json(CodecConfig(level=3).to_json()) == CodecConfig(level=3)
