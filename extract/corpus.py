@@ -3,8 +3,9 @@
 Records are numbered 0..n-1 in file order. That ``record_index`` is the only
 link between the plan and the corpus, so every reader can both stream all
 records (planning) and fetch a few by index cheaply (a worker re-reading one
-shard's records): JSONL keeps a byte-offset index of its lines, Parquet seeks
-to row groups, a `datasets` directory is memory-mapped Arrow.
+shard's records): JSONL keeps a byte-offset index of its lines, Parquet streams
+the row group that holds them batch by batch and turns only the wanted rows into
+Python, a `datasets` directory is memory-mapped Arrow.
 
 A record that cannot be parsed is not an exception: it comes back as a
 `BadRecord` with a reason, so one broken line never stops a 900K-record job.
@@ -170,10 +171,13 @@ def _arrow_rows(table) -> list[Record]:
 
 
 class ParquetCorpus(Corpus):
-    """Rows in file order, row group by row group; ``read`` decodes only the row
-    groups that hold the requested rows."""
+    """Rows in file order, row group by row group. Reads stream a row group in
+    record batches of `BATCH_ROWS` and convert only the rows asked for to Python:
+    a file written as one big row group (common) is never turned into Python whole
+    for a shard's few records (converting a 604 MB group took 8.1 s per read)."""
 
     format = "parquet"
+    BATCH_ROWS = 1024
 
     def __init__(self, path: Path, files: list[Path]):
         import pyarrow.parquet as pq
@@ -192,29 +196,54 @@ class ParquetCorpus(Corpus):
     def __len__(self):
         return self._len
 
-    def _group_rows(self, group_pos: int, cache: dict) -> list[Record]:
+    def _batches(self, group_pos: int, first_row: int = 0):
+        """(first row of the batch within its group, record batch), from the batch
+        holding `first_row` on; batches before it are read but never converted."""
         import pyarrow.parquet as pq
 
-        if group_pos not in cache:
-            cache.clear()  # keep one decoded row group at a time
-            file_id, group, _ = self._groups[group_pos]
-            cache[group_pos] = _arrow_rows(pq.ParquetFile(self.files[file_id]).read_row_group(group))
-        return cache[group_pos]
+        file_id, group, _ = self._groups[group_pos]
+        position = 0
+        for batch in pq.ParquetFile(self.files[file_id]).iter_batches(batch_size=self.BATCH_ROWS, row_groups=[group]):
+            if position + batch.num_rows > first_row:
+                yield position, batch
+            position += batch.num_rows
+
+    def _group_of(self, index: int) -> int:
+        return bisect_right(self._starts, index) - 1
 
     def iter_records(self, start=0, stop=None):
         start, stop = self._check_range(start, stop)
-        cache: dict = {}
-        for index in range(start, stop):
-            group_pos = bisect_right(self._starts, index) - 1
-            yield index, self._group_rows(group_pos, cache)[index - self._starts[group_pos]]
+        index = start
+        while index < stop:
+            group_pos = self._group_of(index)
+            first = self._starts[group_pos]
+            for position, batch in self._batches(group_pos, index - first):
+                lo, hi = index - first - position, min(batch.num_rows, stop - first - position)
+                for record in _arrow_rows(batch.slice(lo, hi - lo)):
+                    yield index, record
+                    index += 1
+                if index >= stop:
+                    return
 
     def read(self, indices):
+        import pyarrow as pa
+
         indices = [self._check_index(int(i)) for i in indices]
-        cache: dict = {}
-        by_index = {}
+        wanted: dict[int, list[int]] = {}  # group -> sorted rows within it
         for index in sorted(set(indices)):
-            group_pos = bisect_right(self._starts, index) - 1
-            by_index[index] = self._group_rows(group_pos, cache)[index - self._starts[group_pos]]
+            group_pos = self._group_of(index)
+            wanted.setdefault(group_pos, []).append(index - self._starts[group_pos])
+        by_index = {}
+        for group_pos, rows in wanted.items():
+            first, taken = self._starts[group_pos], 0
+            for position, batch in self._batches(group_pos, rows[0]):
+                here = [r for r in rows[taken:] if r < position + batch.num_rows]
+                if here:
+                    records = _arrow_rows(batch.take(pa.array([r - position for r in here])))
+                    by_index.update({first + r: record for r, record in zip(here, records)})
+                    taken += len(here)
+                if taken == len(rows):
+                    break
         return [by_index[i] for i in indices]
 
 

@@ -109,7 +109,7 @@ def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     assert report["status"] == "complete"
     assert report["worker_deaths"] == WORKER_KILLS, (kills, report)
     assert report["workers_started"] == 2 + WORKER_KILLS  # each dead actor replaced once
-    assert sum("died" in m for m in messages) == WORKER_KILLS
+    assert sum("died:" in m for m in messages) == WORKER_KILLS
     assert report["shards_retried"] >= WORKER_KILLS  # each death interrupted at least its current shard
     # Committed shards never recomputed: a shard is computed again only when no commit of it
     # exists; a worker finding its shard already committed (`committed_elsewhere`) would mean
@@ -121,65 +121,78 @@ def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     assert report["plan_digest"] == ref_report["plan_digest"]
 
 
+class _Pool:  # stands in for the Ray actor pool: records which actor is replaced
+    def __init__(self):
+        self.actors, self.replaced = [], []
+
+    def replace(self, index):
+        self.replaced.append(index)
+
+
 def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
-    """The driver's bookkeeping when an actor dies holding two shards, one of which
-    it had committed just before dying (the rename landed, the reply did not): only
-    the other is queued again; the committed one is counted as written."""
+    """The driver's bookkeeping when an actor dies holding a group of two shards, one
+    of which it had committed just before dying (the rename landed, the reply did
+    not): the group is queued again for the other only, its attempt revoked and its
+    staging removed; the committed one is counted as written."""
     import builders
-    from extract.dispatch import DispatchCounts, Dispatcher
+    from extract.dispatch import DispatchCounts, Dispatcher, _Held
     from store_schema import Store
+    from store_schema.lock import ShardFence, ShardFenced, claim
 
     builders.random_store(tmp_path / "s", num_shards=2, samples_per_shard=2)
     store = tmp_path / "s"
-    (store / ".staging").mkdir(exist_ok=True)
-    (store / ".staging" / "shard-000002.tmp").mkdir()  # the dead writer's half-written shard
-
-    class Pool:  # stands in for the Ray actor pool: records which actor is replaced
-        actors: list = []
-        replaced: list = []
-
-        def replace(self, index):
-            self.replaced.append(index)
+    fence = ShardFence(store).open()
+    first = fence.attempt(1)
+    half_written = store / ".staging" / f"shard-000002.{first.token}.abc123"
+    half_written.mkdir()  # the dead writer's half-written shard
 
     plan = Store(store).plan()
-    log = []
-    dispatcher = Dispatcher(Pool(), plan, ["shard-000004"], store, max_attempts=4, inflight_per_worker=2,
-                            log=log.append)
-    dispatcher.inflight = {"ref-a": (0, "shard-000001"), "ref-b": (1, "shard-000003")}
-    dispatcher.attempts.update({"shard-000002": 1, "shard-000001": 1, "shard-000003": 1})
-    landed = dispatcher.worker_died(RuntimeError("killed"), 0, "shard-000002")
+    log, pool = [], _Pool()
+    dispatcher = Dispatcher(pool, plan, ["shard-000002", "shard-000004"], store, fence, max_attempts=4,
+                            batch_shards=2, log=log.append)
+    dispatcher.queue.clear()
+    dying = _Held(0, ("shard-000001", "shard-000002"), {"shard-000001": first, "shard-000002": first}, 0.0)
+    other = _Held(1, ("shard-000003", "shard-000004"), {"shard-000004": first}, 0.0)
+    dispatcher.inflight = {"ref-a": dying, "ref-b": other}
+    dispatcher.left |= {"shard-000001"}
+    dispatcher.attempts.update({"shard-000002": 1, "shard-000001": 1, "shard-000004": 1})
+    landed = dispatcher.worker_died(RuntimeError("killed"), 0)
     assert landed == ["shard-000001"]  # committed by random_store: whole, kept
-    assert list(dispatcher.queue) == ["shard-000002", "shard-000004"]  # only the uncommitted one is redone, first
-    assert dispatcher.inflight == {"ref-b": (1, "shard-000003")} and Pool.replaced == [0]
+    assert list(dispatcher.queue) == [("shard-000001", "shard-000002")]  # redone first; 000001 only as a filler
+    assert dispatcher.left == {"shard-000002", "shard-000004"}
+    assert dispatcher.inflight == {"ref-b": other} and pool.replaced == [0]
     shard = plan.shard("shard-000001")
     assert dispatcher.counts == DispatchCounts(
-        worker_deaths=1, shards_retried=1, shards_committed_before_worker_death=1,
+        worker_deaths=1, shards_retried=1, shards_committed_before_worker_death=1, attempts_revoked=2,
         shards_written=1, samples_written=len(shard.samples), tokens_written=shard.num_tokens,
     )
-    assert not (store / ".staging" / "shard-000002.tmp").exists()
-    assert "shard-000001 committed before it died" in log[0]
+    assert not half_written.exists()
+    with pytest.raises(ShardFenced, match="revoked"):  # the dead writer's attempt can never commit now
+        claim(store, "shard-000002", first)
+    assert "died: killed" in log[0] and "shard-000001 committed before" in log[0]
 
 
 def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
     """`max_attempts` tries per shard, then the job stops naming the shard."""
     import builders
+    from extract.dispatch import Dispatcher, _Held
     from extract.errors import ExtractError
-    from extract.dispatch import Dispatcher
     from store_schema import Store
+    from store_schema.lock import ShardFence
 
     builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=2)
 
-    class Pool:
-        actors: list = []
-
+    class Pool(_Pool):
         def replace(self, index):
             raise AssertionError("no replacement once the job stops")
 
-    dispatcher = Dispatcher(Pool(), Store(tmp_path / "s").plan(), [], tmp_path / "s", max_attempts=2,
-                            inflight_per_worker=2, log=lambda message: None)
+    fence = ShardFence(tmp_path / "s").open()
+    dispatcher = Dispatcher(Pool(), Store(tmp_path / "s").plan(), [], tmp_path / "s", fence, max_attempts=2,
+                            batch_shards=2, log=lambda message: None)
+    dispatcher.inflight = {"ref": _Held(0, ("shard-000009",), {"shard-000009": fence.attempt(2)}, 0.0)}
     dispatcher.attempts["shard-000009"] = 2
     with pytest.raises(ExtractError, match=r"shard shard-000009 failed 2 time\(s\).*rerun to resume"):
-        dispatcher.worker_died(RuntimeError("killed"), 0, "shard-000009")
+        dispatcher.worker_died(RuntimeError("killed"), 0)
 
 
 # --------------------------------------------------------------------------- driver death x3
@@ -211,15 +224,16 @@ def test_driver_killed_at_three_points_then_rerun(reference, ray_cluster, qwen3_
         points.append((point, after, len(now)))
         kept = now
         if point == "after_last_commit":
-            assert len(now) == total and not (store / "reports" / "extract.json").exists()
+            assert len(now) == total and not list((store / "reports").glob("extract-*.json"))
         else:
             assert len(now) < total, points
     assert [p[2] for p in points] == sorted(p[2] for p in points) and points[0][2] >= 1
 
     report = run_job(_config(qwen3_5_dir, corpus[0], store))  # the same job, uninterrupted now
     assert report["shards_skipped"] == total and report["shards_written"] == 0 and report["workers"] == 0
+    assert report["status"] == "nothing_to_do" and report["plan_reused"]
     assert committed_inodes(store) == kept
-    assert json.loads((store / "reports" / "extract.json").read_text())["plan_digest"] == ref_report["plan_digest"]
+    assert json.loads((store / report["report"]).read_text())["plan_digest"] == ref_report["plan_digest"]
     _assert_complete_and_clean(store, ref_content, [r["id"] for r in corpus[1]])
 
 
