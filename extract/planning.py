@@ -150,14 +150,13 @@ def _init_worker(corpus_path: str, tokenizer_path: str, rules: _RecordRules) -> 
     from transformers import AutoTokenizer
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, once
+    step = f"opening the corpus {corpus_path}"
     try:
-        _worker.update(
-            corpus=open_corpus(corpus_path),
-            tokenizer=AutoTokenizer.from_pretrained(tokenizer_path),
-            rules=rules,
-        )
+        corpus = open_corpus(corpus_path)
+        step = f"loading the tokenizer {tokenizer_path}"
+        _worker.update(corpus=corpus, tokenizer=AutoTokenizer.from_pretrained(tokenizer_path), rules=rules)
     except Exception as error:  # noqa: BLE001 - reported by the first task, as one line
-        _worker["error"] = f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        _worker["error"] = f"{step}: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
 def _plan_chunk(bounds: tuple[int, int]) -> list:

@@ -50,13 +50,12 @@ class StoreLock:
         self.path = Path(store_path) / LOCK_FILE
         self.job = job
         self._fd: int | None = None
-        self._made: list[Path] = []  # what acquire created: the store directory and/or the lock file
+        self._made: list[Path] = []  # what acquire created: the lock file, the store directory (and parents)
 
     def acquire(self) -> "StoreLock":
         store = self.path.parent
-        if not store.exists():
-            store.mkdir(parents=True)
-            self._made.append(store)
+        self._made = [d for d in (store, *store.parents) if not d.exists()]  # removed in this order if unused
+        store.mkdir(parents=True, exist_ok=True)
         while True:
             fd, created = _open_lock_file(self.path)
             if created:
