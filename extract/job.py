@@ -85,6 +85,8 @@ def run_job(config: JobConfig, log=None) -> dict:
     from store_schema.target_config import read_config_json
     from store_schema.writer import looks_like_store, store_entries
 
+    from .layers import resolve_layer_ids
+
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.perf_counter()
     store_path = Path(config.store)
@@ -98,10 +100,11 @@ def run_job(config: JobConfig, log=None) -> dict:
             f"{store_path} is a non-empty directory that is not a dflash store; refusing to write into "
             "(or, with --overwrite, delete) it -- choose a new path"
         )
+    layer_ids = resolve_layer_ids(config.model, config.layers, config.num_context_layers)
 
     lock = StoreLock(store_path, job=f"extract {' '.join(sys.argv[1:])}"[:2000]).acquire()
     try:
-        return _run_locked(config, store_path, started, log)
+        return _run_locked(config, store_path, layer_ids, started, log)
     finally:
         lock.release(discard_if_unused=True)  # a job that wrote nothing leaves nothing
 
@@ -109,12 +112,11 @@ def run_job(config: JobConfig, log=None) -> dict:
 # --------------------------------------------------------------------------- the phases
 
 
-def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dict:
+def _run_locked(config: JobConfig, store_path: Path, layer_ids: list[int], started: float, log) -> dict:
     from store_schema import Fingerprint, layout
     from store_schema.lock import ShardFence
     from store_schema.writer import remove_staging
 
-    from .layers import resolve_layer_ids
     from .planning import summarize
     from .resume import plan_and_resume
 
@@ -124,7 +126,6 @@ def _run_locked(config: JobConfig, store_path: Path, started: float, log) -> dic
 
     outcome = Outcome(run=uuid.uuid4().hex[:8])
     plan_started = time.perf_counter()
-    layer_ids = resolve_layer_ids(config.model, config.layers, config.num_context_layers)
     resume = plan_and_resume(config, store_path, lambda: plan_job(config)[0], log)
     outcome.plan_seconds = time.perf_counter() - plan_started
     plan = resume.plan
