@@ -14,9 +14,14 @@ load and each actor's one warm-up forward, i.e. the job report's ``startup_secon
 - extract (1 worker / 2 workers): the job's dispatch phase (`extract_seconds` in its
   report) -- from the first shard handed out to the last one committed: re-tokenizing
   every shard, the forwards, host copies, compression, checksums, fsyncs and commits.
-- forward-only (1 worker): the same shards' samples, same length batching, through the
-  same `TargetRunner` in the same kind of actor, nothing written; tokenization done
-  before the clock starts.
+- forward-only (1 worker): the same shards' samples, same length batching (groups of
+  ``--batch-shards`` shards), through the same `TargetRunner` in the same kind of
+  actor, nothing written; tokenization done before the clock starts.
+
+padded_token_ratio = tokens the device computed (each batch padded to its longest
+sample) / real tokens, as the job reports it; beside it the ratio batching each
+shard alone would give on the same plan (`padded_token_ratio_per_shard`), i.e.
+before batch groups.
 
 overhead_ratio = extract(1 worker) / forward-only(1 worker); goal <= 1.05.
 scaling_2v1 = tokens/s with 2 workers / tokens/s with 1; goal >= 1.8. Beside it, the
@@ -43,6 +48,7 @@ os.chdir(ROOT)  # Ray workers import the project from the driver's working direc
 from benchmarks.common import Timer, append_results  # noqa: E402
 
 HIDDEN, LAYERS, CONTEXT_LAYERS = 512, 6, 3
+BATCH_TOKENS = 4096
 
 
 def build_inputs(root: Path, samples: int) -> tuple[Path, Path]:
@@ -67,6 +73,7 @@ def forward_only(config, store: Path, workers: int = 1) -> dict:
 
     import ray
 
+    from extract.batching import batch_groups
     from extract.layers import resolve_layer_ids
     from extract.worker import ExtractionWorker
     from store_schema import Store
@@ -76,22 +83,38 @@ def forward_only(config, store: Path, workers: int = 1) -> dict:
     layer_ids = resolve_layer_ids(config.model, None, config.num_context_layers)
     actors = [
         ray.remote(num_cpus=1, max_concurrency=2)(ExtractionWorker).remote(
-            str(Path(config.model).resolve()), plan.settings["tokenizer_path"], str(store), layer_ids, plan.settings,
+            str(Path(config.model).resolve()), str(Path(config.tokenizer_path).resolve()),
+            str(Path(config.corpus).resolve()), str(store), layer_ids, plan.settings,
             device="cpu", batch_tokens=config.batch_tokens, torch_threads=1,
         )
         for _ in range(workers)
     ]
     try:
         ray.get([actor.info.remote() for actor in actors])  # started and warmed up, off the clock
-        names = [s.name for s in plan.shards]
+        groups = batch_groups([s.name for s in plan.shards], config.batch_shards)
         start_at = time.time() + 3.0
         results = ray.get(
-            [actor.forward_only.remote(names[i::workers], start_at) for i, actor in enumerate(actors)]
+            [actor.forward_only.remote(groups[i::workers], start_at) for i, actor in enumerate(actors)]
         )
-        return {"seconds": max(r.seconds for r in results), "tokens": sum(r.tokens for r in results)}
+        return {"seconds": max(r.seconds for r in results), "tokens": sum(r.tokens for r in results),
+                "padded_tokens": sum(r.padded_tokens for r in results)}
     finally:
         for actor in actors:
             ray.kill(actor)
+
+
+def shard_lengths(store: Path) -> list[list[int]]:
+    from store_schema import Store
+
+    return [[s.num_tokens for s in shard.samples] for shard in Store(store).plan().shards]
+
+
+def per_shard_padded_ratio(shards: list[list[int]], batch_tokens: int) -> float:
+    """What batching each shard's samples alone would compute, over the real tokens."""
+    from extract.batching import batches_by_length, padded_tokens
+
+    padded = sum(padded_tokens(lengths, batches_by_length(lengths, batch_tokens)) for lengths in shards)
+    return padded / sum(map(sum, shards))
 
 
 def main() -> int:
@@ -120,11 +143,12 @@ def main() -> int:
         def config(store: str, workers: int) -> JobConfig:
             return JobConfig(
                 model=str(model), corpus=str(corpus), store=str(root / store), num_context_layers=CONTEXT_LAYERS,
-                plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=4096, workers=workers,
+                plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=BATCH_TOKENS, workers=workers,
                 device="cpu", cpus_per_worker=1,
             )
 
         one = run_job(config("store1", 1), log=lambda m: None)
+        plan_lengths = shard_lengths(root / "store1")
         forward = forward_only(config("store1", 1), root / "store1")
         two = run_job(config("store2", 2), log=lambda m: None)
         forward2 = forward_only(config("store1", 1), root / "store1", workers=2)
@@ -133,11 +157,16 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
 
     forward_tps = forward["tokens"] / forward["seconds"]
+    per_shard = per_shard_padded_ratio(plan_lengths, BATCH_TOKENS)
     overhead = one["extract_seconds"] / forward["seconds"]
     scaling = two["tokens_per_s"] / one["tokens_per_s"]
     ceiling = (forward2["tokens"] / forward2["seconds"]) / forward_tps  # bare forwards, 2 workers / 1
     assert forward["tokens"] == one["tokens_written"] == two["tokens_written"]
+    assert forward["padded_tokens"] == one["padded_tokens"] == two["padded_tokens"]  # batching fixed by the plan
     figures = {
+        "padded_token_ratio": one["padded_token_ratio"],
+        "padded_token_ratio_per_shard": round(per_shard, 4),
+        "batch_shards": one["batch_shards"],
         "overhead_ratio": round(overhead, 4),
         "scaling_2v1": round(scaling, 4),
         "forward_only_scaling_2v1": round(ceiling, 4),
@@ -165,6 +194,9 @@ def main() -> int:
         f"extract_bench ({mode}): {one['tokens']} tokens, {one['shards']} shards, Qwen3.5 hybrid "
         f"hidden {HIDDEN} x {LAYERS} layers, CPU workers with 1 torch thread",
         [
+            ("padded_token_ratio (computed / real tokens, batch groups of "
+             f"{one['batch_shards']} shards)", "-", f"{one['padded_token_ratio']:.3f}"),
+            ("padded_token_ratio batching each shard alone (before)", "-", f"{per_shard:.3f}"),
             ("overhead_ratio (extract / forward-only, 1 worker)", "<= 1.05", f"{overhead:.3f}"),
             ("scaling_2v1 (tokens/s, 2 workers / 1)", ">= 1.8", f"{scaling:.3f}"),
             ("forward-only scaling 2v1 (this machine's ceiling)", "info", f"{ceiling:.3f}"),

@@ -7,7 +7,8 @@ resumes it) and prints the job's JSON report as its last line.
 
 Exit codes follow `store_schema.cli`: 0 done, 1 refused (a store made with other
 settings or held by a live job, a bad layer id, a worker failure), 2 usage (bad
-arguments, a model or corpus path that does not exist).
+arguments, a model or corpus path that does not exist), 130 interrupted (Ctrl-C:
+one line says how to resume).
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import argparse
 import json
 import sys
 
-from store_schema.cli import UsageError, run_command
+from store_schema.cli import EXIT_INTERRUPTED, UsageError, run_command
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
     from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
     from store_schema.plan import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_SEED, DEFAULT_SHARD_TOKENS
+
+    from .config import available_cpus
 
     parser.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
     parser.add_argument("--tokenizer", help="tokenizer directory if not the model's")
@@ -36,10 +39,13 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--drop-long", action="store_true", help="quarantine records over --max-length (default: truncate)")
     parser.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    cores = available_cpus()
     if run:
-        parser.add_argument("--plan-workers", type=int, default=1, help="tokenizer processes for planning")
+        parser.add_argument("--plan-workers", type=int, default=cores,
+                            help="tokenizer processes for planning (default: this machine's cores, %(default)s)")
     else:
-        parser.add_argument("--workers", type=int, default=1, help="tokenizer processes")
+        parser.add_argument("--workers", type=int, default=cores,
+                            help="tokenizer processes (default: this machine's cores, %(default)s)")
     parser.add_argument("--limit", type=int, help="plan only the first N records")
     parser.add_argument("--compression-ratio", type=float, default=BFLOAT16_STORE.size_ratio,
                         help=f"compressed/raw of a bf16 store for the size estimate (fp8: {FP8_E4M3_STORE.size_ratio})")
@@ -92,7 +98,9 @@ def cmd_plan(args) -> int:
         )
     from .job import plan_job
 
-    config = _job_config(args, plan_workers=args.workers, progress=sys.stderr.isatty() and not args.json)
+    from .progress import default_mode
+
+    config = _job_config(args, plan_workers=args.workers, progress=default_mode(not args.json))
     plan, layer_ids = plan_job(config)
     dims = read_target_config(args.model)
     summary = summarize(plan)
@@ -138,9 +146,9 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from store_schema.units import human_bytes
-
     from .job import run_job
+    from .progress import default_mode
+    from .report import summary_line
 
     if not args.store:
         raise UsageError("run needs --store PATH")
@@ -156,20 +164,23 @@ def cmd_run(args) -> int:
         overwrite=args.overwrite,
         trust_remote_code=args.trust_remote_code,
         max_attempts=args.max_attempts,
+        batch_shards=args.batch_shards,
+        worker_timeout=args.worker_timeout,
         cpus_per_worker=args.cpus_per_worker,
-        progress=not args.no_progress and sys.stderr.isatty(),
+        require_fast_kernels=args.require_fast_kernels,
+        progress=default_mode(not args.no_progress),
+        progress_interval=args.progress_interval,
     )
     import warnings
 
     warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
-    report = run_job(config)
-    print(
-        f"extracted {report['shards_written']} shard(s) ({report['samples_written']} samples, "
-        f"{report['tokens_written']} tokens), {report['shards_skipped']} already committed, "
-        f"{report['quarantined']} record(s) quarantined; {report['tokens_per_s']:.0f} tokens/s, "
-        f"{human_bytes(int(report['bytes_per_s']))}/s on {report['workers']} worker(s)",
-        file=sys.stderr,
-    )
+    try:
+        report = run_job(config)  # Ray and the workers are shut down on the way out, Ctrl-C included
+    except KeyboardInterrupt:
+        print(f"interrupted: committed shards are kept; rerun the same command to resume ({args.store})",
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    print(summary_line(report), file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
     return 0
 
@@ -184,7 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print one JSON line instead of text")
     plan.set_defaults(handler=cmd_plan)
 
-    from .config import DEFAULT_BATCH_TOKENS, DEFAULT_MAX_ATTEMPTS, DEVICES
+    from .config import (
+        DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS, DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL,
+        DEFAULT_WORKER_TIMEOUT, DEVICES,
+    )
 
     run = commands.add_parser("run", help="extract hidden states into a store on Ray workers (resumes)")
     _add_plan_arguments(run, run=True)
@@ -204,9 +218,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off)")
     run.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
                      help="tries per shard when workers die (default %(default)s)")
+    run.add_argument("--batch-shards", type=int, default=DEFAULT_BATCH_SHARDS,
+                     help="consecutive shards batched together by length on one worker (default %(default)s; "
+                          "more: less padding, more host memory)")
+    run.add_argument("--worker-timeout", type=float, default=DEFAULT_WORKER_TIMEOUT,
+                     help="seconds a worker holding shards may stay silent before it is presumed lost and its "
+                          "shards are revoked and redone elsewhere (default %(default)g)")
     run.add_argument("--cpus-per-worker", type=int, default=1,
                      help="Ray CPUs per worker (= torch threads with --device cpu)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar")
+    run.add_argument("--require-fast-kernels", action="store_true",
+                     help="refuse CUDA workers that would run the PyTorch fallback for linear attention / "
+                          "causal conv1d (fla, causal-conv1d not installed)")
+    run.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
+                     help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     run.set_defaults(handler=cmd_run)
     return parser
 

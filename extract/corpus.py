@@ -3,8 +3,9 @@
 Records are numbered 0..n-1 in file order. That ``record_index`` is the only
 link between the plan and the corpus, so every reader can both stream all
 records (planning) and fetch a few by index cheaply (a worker re-reading one
-shard's records): JSONL keeps a byte-offset index of its lines, Parquet seeks
-to row groups, a `datasets` directory is memory-mapped Arrow.
+shard's records): JSONL keeps a byte-offset index of its lines, Parquet keeps the
+row groups it decoded (up to a memory budget) and turns only the wanted rows into
+Python, a `datasets` directory is memory-mapped Arrow.
 
 A record that cannot be parsed is not an exception: it comes back as a
 `BadRecord` with a reason, so one broken line never stops a 900K-record job.
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,51 +173,114 @@ def _arrow_rows(table) -> list[Record]:
 
 
 class ParquetCorpus(Corpus):
-    """Rows in file order, row group by row group; ``read`` decodes only the row
-    groups that hold the requested rows."""
+    """Rows in file order, row group by row group.
+
+    Parquet cannot seek to a row: a row group's pages are decoded from its start
+    (pyarrow has no page-index row ranges). So a reader keeps the row groups it
+    decoded, as Arrow, up to `DECODED_BYTES`, and takes a shard's few rows from
+    them; only those rows become Python. A file written as one big row group
+    (common) is decoded once per worker, not once per shard, and never turned into
+    Python whole (before: 8.1 s per shard read on a 604 MB file). A row group over
+    the budget is streamed in record batches up to the last wanted row. Random
+    access to a Parquet corpus bigger than the budget decoded stays slow: JSONL
+    reads any record in well under a millisecond."""
 
     format = "parquet"
+    BATCH_ROWS = 1024
+    DECODED_BYTES = 4 << 30  # decoded row groups a reader keeps (per worker process)
 
     def __init__(self, path: Path, files: list[Path]):
         import pyarrow.parquet as pq
 
         self.path, self.files = path, tuple(files)
-        self._groups = []  # (file_id, row_group, first_index)
+        self._groups = []  # (file_id, row_group, first_index, decoded bytes)
         total = 0
         for file_id, file in enumerate(self.files):
             meta = pq.ParquetFile(file).metadata
             for group in range(meta.num_row_groups):
-                self._groups.append((file_id, group, total))
+                self._groups.append((file_id, group, total, meta.row_group(group).total_byte_size))
                 total += meta.row_group(group).num_rows
         self._starts = [g[2] for g in self._groups]
         self._len = total
+        self._decoded: OrderedDict = OrderedDict()  # group position -> pyarrow Table, least recently used first
+        self._decoded_lock = threading.Lock()
 
     def __len__(self):
         return self._len
 
-    def _group_rows(self, group_pos: int, cache: dict) -> list[Record]:
+    def _group_of(self, index: int) -> int:
+        return bisect_right(self._starts, index) - 1
+
+    def _parquet(self, group_pos: int):
         import pyarrow.parquet as pq
 
-        if group_pos not in cache:
-            cache.clear()  # keep one decoded row group at a time
-            file_id, group, _ = self._groups[group_pos]
-            cache[group_pos] = _arrow_rows(pq.ParquetFile(self.files[file_id]).read_row_group(group))
-        return cache[group_pos]
+        return pq.ParquetFile(self.files[self._groups[group_pos][0]])
+
+    def _batches(self, group_pos: int, first_row: int = 0):
+        """(first row of the batch within its group, record batch), from the batch
+        holding `first_row` on; batches before it are decoded but never converted."""
+        position = 0
+        group = self._groups[group_pos][1]
+        for batch in self._parquet(group_pos).iter_batches(batch_size=self.BATCH_ROWS, row_groups=[group]):
+            if position + batch.num_rows > first_row:
+                yield position, batch
+            position += batch.num_rows
+
+    def _table(self, group_pos: int):
+        """The decoded row group if it fits the budget (kept for the next reads), else None."""
+        size = self._groups[group_pos][3]
+        if size > self.DECODED_BYTES:
+            return None
+        with self._decoded_lock:
+            table = self._decoded.get(group_pos)
+            if table is not None:
+                self._decoded.move_to_end(group_pos)
+                return table
+        table = self._parquet(group_pos).read_row_group(self._groups[group_pos][1])
+        with self._decoded_lock:
+            self._decoded[group_pos] = table
+            while sum(self._groups[g][3] for g in self._decoded) > self.DECODED_BYTES:
+                self._decoded.popitem(last=False)
+        return table
 
     def iter_records(self, start=0, stop=None):
         start, stop = self._check_range(start, stop)
-        cache: dict = {}
-        for index in range(start, stop):
-            group_pos = bisect_right(self._starts, index) - 1
-            yield index, self._group_rows(group_pos, cache)[index - self._starts[group_pos]]
+        index = start
+        while index < stop:
+            group_pos = self._group_of(index)
+            first = self._starts[group_pos]
+            for position, batch in self._batches(group_pos, index - first):
+                lo, hi = index - first - position, min(batch.num_rows, stop - first - position)
+                for record in _arrow_rows(batch.slice(lo, hi - lo)):
+                    yield index, record
+                    index += 1
+                if index >= stop:
+                    return
 
     def read(self, indices):
+        import pyarrow as pa
+
         indices = [self._check_index(int(i)) for i in indices]
-        cache: dict = {}
-        by_index = {}
+        wanted: dict[int, list[int]] = {}  # group -> sorted rows within it
         for index in sorted(set(indices)):
-            group_pos = bisect_right(self._starts, index) - 1
-            by_index[index] = self._group_rows(group_pos, cache)[index - self._starts[group_pos]]
+            group_pos = self._group_of(index)
+            wanted.setdefault(group_pos, []).append(index - self._starts[group_pos])
+        by_index = {}
+        for group_pos, rows in wanted.items():
+            first = self._starts[group_pos]
+            table = self._table(group_pos)
+            if table is not None:
+                by_index.update(zip((first + r for r in rows), _arrow_rows(table.take(pa.array(rows)))))
+                continue
+            taken = 0
+            for position, batch in self._batches(group_pos, rows[0]):
+                here = [r for r in rows[taken:] if r < position + batch.num_rows]
+                if here:
+                    records = _arrow_rows(batch.take(pa.array([r - position for r in here])))
+                    by_index.update({first + r: record for r, record in zip(here, records)})
+                    taken += len(here)
+                if taken == len(rows):
+                    break
         return [by_index[i] for i in indices]
 
 

@@ -1,10 +1,16 @@
 """The driver's side of the Ray workers: starting Ray, the actor pool, and the
 queue that hands shards out and takes replies in (`Dispatcher`).
 
-Every actor holds at most ``inflight_per_worker`` shards and gets the next one when
-one finishes, so fast workers take more. An actor whose process dies has its
-shards put back at the front of the queue (those whose commit landed before it
-died are counted, never recomputed) and is replaced; a shard gets at most
+The unit of work is a group of ``batch_shards`` consecutive shards of the plan
+(`extract.batching.batch_groups`), batched together on one worker. Every actor
+holds at most two groups (one on the device while the other is written) and gets
+the next one when one finishes, so fast workers take more. Each shard handed out is
+a numbered attempt of this run (`store_schema.lock.ShardFence`). An actor whose
+process dies, or that holds work and replies nothing for ``worker_timeout`` seconds
+(hung, or on a node cut off from the driver but perhaps still writing), is *lost*:
+each attempt it held is revoked -- it can never commit, whatever its process does
+later -- its groups go back to the front of the queue (a commit that landed before
+is counted, never redone), and the actor is replaced. A shard gets at most
 ``max_attempts`` tries. Any failure a worker reports (`ShardFailed`) stops the job
 with a message that says what to do."""
 
@@ -13,7 +19,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
@@ -23,7 +28,10 @@ from pathlib import Path
 
 from .config import JobConfig
 from .errors import ExtractError, disk_full_message
+from .progress import Progress
 from .worker import ShardDone, ShardFailed, WorkerInfo
+
+GROUPS_IN_FLIGHT = 2  # per actor: one on the device while the previous one is written
 
 # --------------------------------------------------------------------------- Ray
 
@@ -74,10 +82,14 @@ class WorkerPool:
             options = dict(num_gpus=1, num_cpus=config.cpus_per_worker)
         else:
             options = dict(num_cpus=config.cpus_per_worker)
-        self._remote = ray.remote(max_concurrency=2, max_restarts=0, **options)(ExtractionWorker)
+        # Two group tasks at once: one computes while the other writes (see extract.worker).
+        self._remote = ray.remote(max_concurrency=GROUPS_IN_FLIGHT, max_restarts=0, **options)(ExtractionWorker)
+        # The job's own paths, not the plan's: a plan is identified by content, so a
+        # copied or moved corpus / tokenizer is read where it is now.
         self._args = (
             str(Path(config.model).resolve()),
-            plan.settings["tokenizer_path"],
+            str(Path(config.tokenizer_path).resolve()),
+            str(Path(config.corpus).resolve()),
             str(Path(config.store).resolve()),
             list(layer_ids),
             plan.settings,
@@ -89,6 +101,7 @@ class WorkerPool:
             batch_tokens=config.batch_tokens,
             torch_threads=config.cpus_per_worker if config.device == "cpu" else None,
             trust_remote_code=config.trust_remote_code,
+            require_fast_kernels=config.require_fast_kernels,
         )
         self._faults = config.faults
         self.created = 0  # actors spawned, replacements of dead ones included
@@ -97,9 +110,10 @@ class WorkerPool:
         self.startup_seconds = 0.0
 
     def spawn(self):
-        kill = self._faults.actor_kill_after(self.created)
+        number = self.created
         self.created += 1
-        return self._remote.remote(*self._args, **self._kwargs, kill_after_batches=kill)
+        return self._remote.remote(*self._args, **self._kwargs, kill_after_batches=self._faults.actor_kill_after(number),
+                                   stop_after_batches=self._faults.actor_stop_after(number))
 
     def start(self, count: int) -> None:
         """Start `count` actors; each loads the target once and says what it loaded
@@ -112,6 +126,10 @@ class WorkerPool:
             self.infos = ray.get([actor.info.remote() for actor in self.actors])
         except ray.exceptions.RayActorError as error:
             raise ExtractError(f"a worker failed to start (loading the target): {cause(error)}") from None
+        except KeyboardInterrupt:
+            raise
+        except Exception as error:  # noqa: BLE001 - e.g. a worker's own exception from __init__
+            raise ExtractError(f"a worker failed to start: {cause(error)}") from None
         self.startup_seconds = time.perf_counter() - started
         kernels = sorted({json.dumps(info.kernels, sort_keys=True) for info in self.infos})
         if len(kernels) > 1:
@@ -202,16 +220,31 @@ class DispatchCounts:
     shards_written: int = 0
     samples_written: int = 0
     tokens_written: int = 0
+    padded_tokens: int = 0  # what the device computed for the written shards' samples
+    filler_tokens: int = 0  # committed shards of a group, computed again so its batches stay the same
     bytes_written: int = 0  # on disk, of the shards this job's workers replied for
     raw_bytes_written: int = 0
     shards_committed_elsewhere: int = 0
     shards_retried: int = 0
     shards_committed_before_worker_death: int = 0
     worker_deaths: int = 0
+    workers_timed_out: int = 0  # lost by missing their deadline (counted in worker_deaths too)
+    attempts_revoked: int = 0
+
+
+@dataclass(frozen=True)
+class _Held:
+    """One group in flight: which actor holds it, the attempts it may commit, and
+    when it was handed out."""
+
+    index: int
+    group: tuple[str, ...]
+    attempts: dict  # shard -> store_schema.lock.Attempt, for the shards to write
+    since: float
 
 
 class Dispatcher:
-    """The queue of pending shards, what each actor holds (in flight), tries per
+    """The queue of pending groups, what each actor holds (in flight), tries per
     shard, and the counts. `run` keeps every actor busy until the queue is empty."""
 
     def __init__(
@@ -220,84 +253,95 @@ class Dispatcher:
         plan,
         pending: list[str],
         store_path: Path,
+        fence,
         *,
         max_attempts: int,
-        inflight_per_worker: int,
+        batch_shards: int,
+        worker_timeout: float = float("inf"),
         kill_driver_after_shards: int | None = None,
-        progress: bool = False,
+        progress: Progress | None = None,
         log: Callable[[str], None] = print,
     ):
+        from .batching import batch_groups
+
         self.pool = pool
         self.store_path = Path(store_path)
-        self.queue: deque[str] = deque(pending)
-        self.inflight: dict = {}  # ObjectRef -> (actor index, shard name)
+        self.fence = fence  # store_schema.lock.ShardFence of this run
+        self.left = set(pending)  # shards neither written nor found committed yet
+        groups = batch_groups([s.name for s in plan.shards], batch_shards)
+        self.queue: deque[tuple[str, ...]] = deque(g for g in groups if self.left.intersection(g))
+        self.inflight: dict = {}  # ObjectRef -> _Held
         self.attempts: Counter = Counter()
         self.counts = DispatchCounts()
         self.max_attempts = max_attempts
-        self.inflight_per_worker = inflight_per_worker
+        self.worker_timeout = worker_timeout
         self.kill_driver_after_shards = kill_driver_after_shards
-        self.progress = progress
+        self.progress = progress or Progress("extract", 0, "sample")
         self.log = log
         self._sizes = {s.name: (len(s.samples), s.num_tokens) for s in plan.shards}  # samples, tokens
-        self._total_samples = plan.num_samples
         self._pending = len(pending)
         self._replies = 0
+        self._last_reply: dict[int, float] = {}  # actor index -> when it last replied
 
     def run(self) -> DispatchCounts:
         import ray
 
         died = _worker_died_errors()
-        bar = self._bar()
-        started = time.perf_counter()
         try:
             self._fill()
             while self.inflight:
                 ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
                 for ref in ready:
-                    if ref not in self.inflight:
-                        continue  # dropped with its dead actor
-                    index, name = self.inflight.pop(ref)
+                    held = self.inflight.get(ref)
+                    if held is None:
+                        continue  # dropped with its lost actor
+                    self._last_reply[held.index] = time.monotonic()
                     try:
                         reply = ray.get(ref)
                     except died as error:
-                        for shard in self.worker_died(error, index, name):
-                            bar.update(self._sizes[shard][0])
+                        self.worker_died(error, held.index)
                         continue
-                    if isinstance(reply, ShardFailed):
-                        raise ExtractError(failure_message(reply, self.store_path))
-                    self._done(reply)
-                    bar.update(self._sizes[name][0])
-                    elapsed = max(time.perf_counter() - started, 1e-9)
-                    bar.set_postfix(
-                        tok_s=f"{self.counts.tokens_written / elapsed:.0f}",
-                        MB_s=f"{self.counts.bytes_written / elapsed / 1e6:.2f}",
-                        shards=f"{self._replies}/{self._pending}",
-                        refresh=False,
-                    )
+                    del self.inflight[ref]
+                    self.counts.filler_tokens += reply.filler_tokens
+                    for shard_reply in reply.replies:
+                        if isinstance(shard_reply, ShardFailed):
+                            raise ExtractError(failure_message(shard_reply, self.store_path))
+                        self._done(shard_reply)
+                self._check_deadlines()
                 self._fill()
+                self.progress.tick()
         finally:
-            bar.close()
+            self.progress.close()
         return self.counts
 
     def _load(self, index: int) -> int:
-        return sum(1 for i, _ in self.inflight.values() if i == index)
+        return sum(1 for held in self.inflight.values() if held.index == index)
 
     def _fill(self) -> None:
         for index, actor in enumerate(self.pool.actors):
-            while self.queue and self._load(index) < self.inflight_per_worker:
-                name = self.queue.popleft()
-                self.attempts[name] += 1
-                self.inflight[actor.extract_shard.remote(name)] = (index, name)
+            while self.queue and self._load(index) < GROUPS_IN_FLIGHT:
+                group = self.queue.popleft()
+                attempts = {}
+                for name in group:
+                    if name in self.left:
+                        self.attempts[name] += 1
+                        attempts[name] = self.fence.attempt(self.attempts[name])
+                ref = actor.extract_group.remote(list(group), attempts)
+                self.inflight[ref] = _Held(index, group, attempts, time.monotonic())
 
     def _done(self, reply: ShardDone) -> None:
         self._replies += 1
+        self.left.discard(reply.shard)
         counts = self.counts
-        if not reply.written:
+        if reply.written:
+            self._count_written(reply.shard)
+            counts.bytes_written += reply.disk_bytes
+            counts.raw_bytes_written += reply.raw_bytes
+            counts.padded_tokens += reply.padded_tokens
+        else:
             counts.shards_committed_elsewhere += 1
-            return
-        self._count_written(reply.shard)
-        counts.bytes_written += reply.disk_bytes
-        counts.raw_bytes_written += reply.raw_bytes
+        samples, tokens = self._sizes[reply.shard]
+        self.progress.update(samples, tokens if reply.written else 0, shards=f"{self._replies}/{self._pending}")
         kill = self.kill_driver_after_shards
         if kill is not None and counts.shards_written >= kill:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: the driver dies here
@@ -308,50 +352,61 @@ class Dispatcher:
         self.counts.samples_written += samples
         self.counts.tokens_written += tokens
 
-    def worker_died(self, error: BaseException, index: int, name: str) -> list[str]:
-        """Actor `index` died holding `name` (and whatever else it had in flight): put
-        its uncommitted shards back at the front of the queue and replace it. Returns
-        the shards whose commit landed before it died (the rename is the commit, so a
-        dead writer's shard is either whole or absent): counted as written, never
-        recomputed."""
+    def _check_deadlines(self) -> None:
+        """An actor that holds work and has replied nothing for `worker_timeout`
+        seconds (since its last reply, or since it was handed its oldest group) is lost."""
+        now = time.monotonic()
+        for index in sorted({held.index for held in self.inflight.values()}):
+            oldest = min(held.since for held in self.inflight.values() if held.index == index)
+            quiet_since = max(oldest, self._last_reply.get(index, oldest))
+            if now - quiet_since > self.worker_timeout:
+                self.counts.workers_timed_out += 1
+                self._lose(index, f"no reply for {now - quiet_since:.0f} s (--worker-timeout "
+                                  f"{self.worker_timeout:g}): hung or cut off")
+
+    def worker_died(self, error: BaseException, index: int) -> list[str]:
+        """Actor `index`'s process died (a task of it raised Ray's death error): `_lose`."""
+        return self._lose(index, f"died: {cause(error)}")
+
+    def _lose(self, index: int, why: str) -> list[str]:
+        """Stop trusting actor `index`: revoke every attempt it holds, so none of them
+        can commit from now on whatever its process does (the driver's view wins), put
+        its groups back at the front of the queue and replace it. Returns the shards
+        whose commit landed before (the rename is the commit, so a lost writer's
+        shard is either whole or absent): counted as written, never redone. A revoked
+        attempt's staging files are removed; an attempt that had already claimed its
+        commit keeps them (its rename may still land)."""
         from store_schema import layout
         from store_schema.writer import remove_staging
 
-        held = [name] + [n for i, n in self.inflight.values() if i == index]
-        self.inflight = {ref: held_by for ref, held_by in self.inflight.items() if held_by[0] != index}
+        held = [h for h in self.inflight.values() if h.index == index]
+        self.inflight = {ref: h for ref, h in self.inflight.items() if h.index != index}
         self.counts.worker_deaths += 1
-        landed = [shard for shard in held if layout.is_committed(self.store_path, shard)]
-        lost = [shard for shard in held if shard not in landed]
-        self.counts.shards_committed_before_worker_death += len(landed)
-        for shard in landed:
-            self._count_written(shard)
-        for shard in lost:
+        landed, lost = [], []
+        for shard, attempt in ((s, a) for h in held for s, a in h.attempts.items()):
+            revoked = self.fence.revoke(shard, attempt)
+            self.counts.attempts_revoked += revoked
+            if layout.is_committed(self.store_path, shard):
+                landed.append(shard)
+                continue
             if self.attempts[shard] >= self.max_attempts:
                 raise ExtractError(
-                    f"shard {shard} failed {self.attempts[shard]} time(s): its worker died each time "
-                    f"(last: {cause(error)}); the job stops -- committed shards are kept, rerun to resume"
+                    f"shard {shard} failed {self.attempts[shard]} time(s): its worker was lost each time "
+                    f"(last: {why}); the job stops -- committed shards are kept, rerun to resume"
                 )
-            remove_staging(self.store_path, shard)  # no live writer holds it now
+            if revoked:
+                remove_staging(self.store_path, f"{shard}.{attempt.token}")
+            lost.append(shard)
             self.counts.shards_retried += 1
-        self.queue.extendleft(reversed(lost))
-        kept = f" ({', '.join(landed)} committed before it died)" if landed else ""
-        redo = ", ".join(lost) or "nothing"
-        self.log(f"worker {index} died ({cause(error)}); redoing {redo} on a fresh worker{kept}")
+        self.counts.shards_committed_before_worker_death += len(landed)
+        for shard in landed:
+            self.left.discard(shard)
+            self._count_written(shard)
+            self.progress.update(self._sizes[shard][0])
+        self.queue.extendleft(reversed([h.group for h in held if self.left.intersection(h.group)]))
+        kept = f" ({', '.join(landed)} committed before)" if landed else ""
+        self.log(f"worker {index} lost ({why}); its attempts are revoked; redoing {', '.join(lost) or 'nothing'} "
+                 f"on a fresh worker{kept}")
         self.pool.replace(index)
+        self._last_reply.pop(index, None)
         return landed
-
-    def _bar(self):
-        from tqdm import tqdm
-
-        queued = set(self.queue)
-        done = sum(samples for name, (samples, _) in self._sizes.items() if name not in queued)
-        return tqdm(
-            total=self._total_samples,
-            initial=done,
-            unit="sample",
-            desc="extract",
-            disable=not self.progress,
-            mininterval=1.0,
-            smoothing=0.1,
-            file=sys.stderr,
-        )

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import multiprocessing
 import random
+import signal
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -33,6 +35,8 @@ from store_schema.plan import (
 )
 
 from .corpus import BadRecord, Corpus, open_corpus
+from .errors import ExtractError
+from .progress import Progress
 from .tokenization import (
     MASK_CONVENTION,
     RecordError,
@@ -44,6 +48,10 @@ from .tokenization import (
 
 PLANNER_VERSION = 1
 _CHUNK = 256  # records per parallel task: small enough to balance, big enough to amortise
+# Where the inputs were when planned: recorded, but not part of what a plan is. Two
+# plans of the same corpus bytes, tokenizer and settings are the same plan wherever
+# the files lie (a copied or moved tree resumes).
+LOCATION_FIELDS = ("corpus_path", "tokenizer_path")
 
 
 class PlanError(ValueError):
@@ -131,23 +139,51 @@ def _plan_record(index: int, record, tokenizer, rules: _RecordRules) -> _Ok | _B
     return _Ok(index, sample_id, tokenized.num_tokens, tokenized.num_loss_tokens, _digest(tokenized))
 
 
+class PlanWorkerError(ExtractError):
+    """A planning process could not start or died; the pass stops instead of waiting."""
+
+
 _worker: dict = {}
 
 
 def _init_worker(corpus_path: str, tokenizer_path: str, rules: _RecordRules) -> None:
     from transformers import AutoTokenizer
 
-    _worker.update(
-        corpus=open_corpus(corpus_path),
-        tokenizer=AutoTokenizer.from_pretrained(tokenizer_path),
-        rules=rules,
-    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, once
+    step = f"opening the corpus {corpus_path}"
+    try:
+        corpus = open_corpus(corpus_path)
+        step = f"loading the tokenizer {tokenizer_path}"
+        _worker.update(corpus=corpus, tokenizer=AutoTokenizer.from_pretrained(tokenizer_path), rules=rules)
+    except Exception as error:  # noqa: BLE001 - reported by the first task, as one line
+        _worker["error"] = f"{step}: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
 def _plan_chunk(bounds: tuple[int, int]) -> list:
+    if "error" in _worker:
+        raise PlanWorkerError(f"a planning process failed to start: {_worker['error']}")
     start, stop = bounds
     corpus, tokenizer, rules = _worker["corpus"], _worker["tokenizer"], _worker["rules"]
     return [_plan_record(i, record, tokenizer, rules) for i, record in corpus.iter_records(start, stop)]
+
+
+def _parallel_results(chunks, workers: int, initargs: tuple):
+    """Each chunk's results, in record order, from `workers` spawned processes. A
+    process that cannot start, or dies, stops the pass with a `PlanWorkerError`
+    (multiprocessing.Pool would respawn it forever and wait)."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    context = multiprocessing.get_context("spawn")  # no fork after tokenizers/torch threads started
+    executor = ProcessPoolExecutor(min(workers, len(chunks)), mp_context=context, initializer=_init_worker,
+                                   initargs=initargs)
+    try:
+        yield from executor.map(_plan_chunk, chunks)
+    except BrokenProcessPool as error:
+        raise PlanWorkerError(f"a planning process died or could not start ({error}); rerun with --plan-workers 1 "
+                              "to see the error in this process") from None
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
 
 
 # --------------------------------------------------------------------------- shards
@@ -189,12 +225,13 @@ def build_plan(
     tokenizer=None,
     strict: bool = False,
     workers: int = 1,
-    progress: bool = False,
+    progress: Callable[[int], Progress] | None = None,
     chunk_records: int = _CHUNK,
 ) -> Plan:
     """Tokenize every record (``workers`` processes), quarantine bad ones,
     deal good ones into shards. Same corpus + tokenizer + settings -> identical Plan,
-    whatever the execution options (``workers``, ``chunk_records``, ``progress``).
+    whatever the execution options (``workers``, ``chunk_records``, ``progress``: a
+    function of the record count giving the `extract.progress.Progress` to update).
 
     ``tokenizer_path`` is what workers load (a model or tokenizer directory);
     pass an already loaded ``tokenizer`` of the same path to skip one load.
@@ -228,22 +265,28 @@ def build_plan(
         seen[result.sample_id] = result.record_index
         good.append(PlannedSample(**result._asdict()))
 
-    bar = _progress_bar(stop, progress)
+    bar = progress(stop) if progress else Progress("planning", stop, "record")
     if workers <= 1 or len(chunks) <= 1:
         for index, record in corpus.iter_records(0, stop):
             take(_plan_record(index, record, tokenizer, rules))
             bar.update(1)
     else:
-        context = multiprocessing.get_context("spawn")  # no fork after tokenizers/torch threads started
-        initargs = (str(corpus_path), str(tokenizer_path), rules)
-        with context.Pool(min(workers, len(chunks)), initializer=_init_worker, initargs=initargs) as pool:
-            for results in pool.imap(_plan_chunk, chunks):  # ordered: results arrive in record order
-                for result in results:
-                    take(result)
-                bar.update(len(results))
+        for results in _parallel_results(chunks, workers, (str(corpus_path), str(tokenizer_path), rules)):
+            for result in results:
+                take(result)
+            bar.update(len(results))
     bar.close()
 
-    recorded = dict(
+    recorded = plan_inputs(corpus, corpus_path, tokenizer, tokenizer_path, settings)
+    return Plan(assign_shards(good, settings.shard_tokens, settings.seed), tuple(quarantined), recorded)
+
+
+def plan_inputs(corpus: Corpus, corpus_path, tokenizer, tokenizer_path, settings: PlanSettings) -> dict:
+    """A plan's recorded settings: `settings` plus what the corpus and the tokenizer
+    were (hashes, format, where) and the planner's conventions. Same record (the
+    `LOCATION_FIELDS` aside) -> same plan, so a store's plan can be reused by
+    computing this, without tokenizing anything (`plan_differences`)."""
+    return dict(
         settings.to_record(),
         planner_version=PLANNER_VERSION,
         corpus_path=str(Path(corpus_path).resolve()),
@@ -253,11 +296,17 @@ def build_plan(
         tokenizer_path=str(Path(tokenizer_path).resolve()),
         tokenizer_hash=tokenizer_hash(tokenizer),
         chat_template_hash=chat_template_hash(tokenizer) if tokenizer.chat_template else None,
-        generation_tags=rules.generation_tags,
+        generation_tags=_generation_tags(tokenizer),
         mask_convention=MASK_CONVENTION,
         truncation="keep_first_max_length_tokens",
     )
-    return Plan(assign_shards(good, settings.shard_tokens, settings.seed), tuple(quarantined), recorded)
+
+
+def plan_differences(recorded: dict, wanted: dict) -> list[str]:
+    """What differs between two plans' recorded settings (`plan_inputs`), locations
+    aside, as ``key: old -> new``; empty: the same plan."""
+    keys = sorted((set(recorded) | set(wanted)) - set(LOCATION_FIELDS))
+    return [f"{k}: {recorded.get(k)!r} -> {wanted.get(k)!r}" for k in keys if recorded.get(k) != wanted.get(k)]
 
 
 def _generation_tags(tokenizer) -> bool | None:
@@ -265,12 +314,6 @@ def _generation_tags(tokenizer) -> bool | None:
         return has_generation_tags(tokenizer)
     except ValueError:  # no chat template: only pre-tokenized records can be planned
         return None
-
-
-def _progress_bar(total: int, enabled: bool):
-    from tqdm import tqdm
-
-    return tqdm(total=total, unit="rec", desc="planning", disable=not enabled, mininterval=2.0)
 
 
 # --------------------------------------------------------------------------- reading back

@@ -2,7 +2,7 @@
 
     target = load_target("/models/Qwen3.6-27B", device="cuda")
     runner = TargetRunner(target, layer_ids=[1, 16, 31, 46, 61])
-    for batch in batches_by_length([len(s) for s in samples], max_batch_tokens=32768):
+    for batch in batches_by_length([len(s) for s in samples], max_batch_tokens=32768):  # extract.batching
         outputs = runner.run_batch([samples[i] for i in batch])
         # outputs[j] = {layer_id: bf16 [len_j, H] on CPU, ...}
 
@@ -39,8 +39,7 @@ What it does, in order:
 
 from __future__ import annotations
 
-import inspect
-import sys
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +50,8 @@ import torch
 from store_schema import fp8
 from store_schema.layout import validate_layer_ids
 from store_schema.target_config import read_config_json
+
+from .kernels import check_fast_kernels, kernel_report, kernels_of_class
 
 STORE_DTYPE = torch.bfloat16
 
@@ -66,14 +67,14 @@ TOPK_LOGITS_BUDGET = 1 << 26
 class Target:
     """A loaded target model and the facts about it the store's fingerprint needs."""
 
-    model: torch.nn.Module  # the *ForCausalLM, eval mode, requires_grad off
+    model: torch.nn.Module  # the *ForCausalLM (or its base model: `keep_layers`), eval mode, requires_grad off
     path: str
     device: torch.device
     dtype: torch.dtype  # compute dtype; the store keeps bf16 regardless
     num_layers: int  # decoder layers N (valid context layer ids are 0 .. N-2)
     hidden_size: int
     vocab_size: int
-    architecture: str  # class actually loaded, e.g. "Qwen3_5ForCausalLM"
+    architecture: str  # class actually loaded, e.g. "Qwen3_5ForCausalLM" or "Qwen3_5TextModel"
     checkpoint_architectures: list[str] = field(default_factory=list)  # from config.json
     kernels: dict = field(default_factory=dict)  # see `kernel_report`
 
@@ -92,10 +93,20 @@ def load_target(
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    keep_layers: int | None = None,
+    require_fast_kernels: bool = False,
 ) -> Target:
     """Load the target's language model from a local directory, in eval mode with
-    gradients off. Only the language model of a multimodal checkpoint is loaded."""
-    from transformers import AutoModelForCausalLM
+    gradients off. Only the language model of a multimodal checkpoint is loaded.
+
+    ``keep_layers=K`` loads decoder layers ``0..K-1`` and no ``lm_head`` (the base
+    model class, its config cut to K layers): what capturing layers ``< K`` needs.
+    On Qwen3.6-27B with context layers up to 61 that leaves out layers 62-63 and the
+    2.5 GB head, ~4 GB never used. ``num_layers`` stays the checkpoint's count.
+
+    ``require_fast_kernels``: on CUDA, refuse (RuntimeError) a target whose linear
+    attention or causal conv1d would run the PyTorch fallback, before loading it."""
+    from transformers import AutoConfig
 
     path = Path(model_path)
     checkpoint = read_config_json(path)  # a clear error for a directory that is not a model
@@ -103,15 +114,33 @@ def load_target(
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device='cuda' requested but torch sees no CUDA device")
     dtype = dtype or default_dtype(device)
-
-    model, loading = AutoModelForCausalLM.from_pretrained(
-        str(path),
+    text = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code).get_text_config()
+    num_layers = int(text.num_hidden_layers)
+    options = dict(
         dtype=dtype,
         device_map=None if device.type == "cpu" else str(device),  # weights go straight to the GPU
         trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
         output_loading_info=True,
     )
+    model_class = _base_model_class(text) if keep_layers is not None else None
+    if require_fast_kernels and model_class is not None:
+        check_fast_kernels(kernels_of_class(model_class), device.type, f"{path}")
+    if model_class is None:
+        from transformers import AutoModelForCausalLM
+
+        model, loading = AutoModelForCausalLM.from_pretrained(str(path), **options)
+    else:
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the left-out layers and head are "unexpected" on purpose
+        try:
+            model, loading = model_class.from_pretrained(
+                str(path), config=_cut_to_layers(text, keep_layers), key_mapping=_TEXT_MODEL_KEYS, **options
+            )
+        finally:
+            hf_logging.set_verbosity(verbosity)
     if loading["missing_keys"] or loading["mismatched_keys"]:
         raise RuntimeError(
             f"{path}: weights missing {sorted(loading['missing_keys'])[:8]} or mismatched "
@@ -126,20 +155,50 @@ def load_target(
         )
     model.eval()
     model.requires_grad_(False)
+    kernels = kernel_report(model)
+    if require_fast_kernels:
+        check_fast_kernels(kernels, device.type, f"{path}")
 
-    config = model.config
+    head = model.get_output_embeddings()
     return Target(
         model=model,
         path=str(path),
         device=device,
         dtype=dtype,
-        num_layers=len(decoder_layers(model)),
-        hidden_size=int(config.hidden_size),
-        vocab_size=int(model.get_output_embeddings().weight.shape[0]),
+        num_layers=num_layers,
+        hidden_size=int(model.config.hidden_size),
+        vocab_size=int((head if head is not None else model.get_input_embeddings()).weight.shape[0]),
         architecture=type(model).__name__,
         checkpoint_architectures=list(checkpoint.get("architectures") or []),
-        kernels=kernel_report(model),
+        kernels=kernels,
     )
+
+
+# A multimodal release keeps the language model under `model.language_model.*`; the
+# text model's own weights are `model.*` in a causal-LM checkpoint (the base model
+# class drops the `model.` prefix itself).
+_TEXT_MODEL_KEYS = {r"^model\.language_model\.": "model."}
+
+
+def _base_model_class(text_config):
+    """The headless text model class for this config (e.g. Qwen3_5TextModel), or None
+    for one transformers does not know (remote code): then the whole model loads."""
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+    try:
+        return MODEL_MAPPING[type(text_config)]
+    except KeyError:
+        return None
+
+
+def _cut_to_layers(text_config, keep: int):
+    config = copy.deepcopy(text_config)
+    if not 1 <= keep <= config.num_hidden_layers:
+        raise ValueError(f"keep_layers must be in 1..{config.num_hidden_layers}, got {keep}")
+    config.num_hidden_layers = keep
+    if isinstance(getattr(config, "layer_types", None), list):
+        config.layer_types = config.layer_types[:keep]
+    return config
 
 
 def _is_vision_parameter(name: str) -> bool:
@@ -157,88 +216,6 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     if len(lists) != 1:
         raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
     return lists[0]
-
-
-# Functions transformers wraps with `use_kernel_func_from_hub_with_fallback`, as run
-# by a cache-less (prefill) forward: hub-kernel name -> (report key, package name).
-_PREFILL_KERNELS = {
-    "chunk_gated_delta_rule": ("linear_attention", {"fla": "fla"}),
-    "causal_conv1d_fn": ("causal_conv1d", {"causal_conv1d": "causal-conv1d"}),
-}
-
-
-def kernel_report(model: torch.nn.Module) -> dict:
-    """Which implementations this model's forward uses, for the store's fingerprint:
-    ``{"attention": "sdpa", "linear_attention": "fla"|"torch"|None,
-    "causal_conv1d": "causal-conv1d"|"torch"|None}`` (None: the model has no such layers).
-
-    transformers picks, once at import of the modeling module, the optional package's
-    function if it imports and its own PyTorch reference otherwise, and keeps the choice
-    in the wrapper's closure; we read that choice rather than guess it. (Hub kernels via
-    ``use_kernels=True``/``kernelize`` would override it; `load_target` never asks for them.)
-    """
-    report = {"attention": getattr(model.config, "_attn_implementation", None)}
-    report.update({key: None for key, _ in _PREFILL_KERNELS.values()})
-    names = {type(m).__module__ for m in model.modules()}
-    modules = [sys.modules[name] for name in sorted(names) if name in sys.modules and not name.startswith("torch")]
-    for module in modules:
-        for function in vars(module).values():
-            if not inspect.isfunction(function):
-                continue
-            chosen = _kernel_choice(function)
-            if chosen is not None and chosen[0] in _PREFILL_KERNELS:
-                key, names = _PREFILL_KERNELS[chosen[0]]
-                report[key] = names.get(chosen[1], chosen[1]) if chosen[1] != "torch" else "torch"
-    return report
-
-
-def _kernel_choice(function) -> tuple[str, str] | None:
-    """(hub-kernel name, "torch" or the package it resolved to) for a function wrapped
-    by transformers' `use_kernel_func_from_hub_with_fallback`, else None."""
-    while function is not None:
-        try:
-            names = inspect.getclosurevars(function).nonlocals
-        except (TypeError, ValueError):
-            names = {}
-        if {"func_name", "implementation", "torch_function", "package"} <= names.keys():
-            if names["implementation"] is names["torch_function"]:
-                return names["func_name"], "torch"
-            return names["func_name"], names["package"]
-        function = getattr(function, "__wrapped__", None)
-    return None
-
-
-# --------------------------------------------------------------------------- batching
-
-
-def batches_by_length(
-    lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int | None = None
-) -> list[list[int]]:
-    """Group sample indices so that each batch's *padded* size
-    (``len(batch) * max length in batch``) stays within ``max_batch_tokens``.
-
-    Samples are taken longest first (so the heaviest batch runs first and an
-    out-of-memory shows up at once) and packed greedily, which puts samples of
-    similar length together. A sample longer than the budget gets a batch of its
-    own. Deterministic: ties keep input order. Every index appears exactly once.
-    """
-    if max_batch_tokens < 1:
-        raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
-    if max_batch_size is not None and max_batch_size < 1:
-        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-    order = sorted(range(len(lengths)), key=lambda i: -int(lengths[i]))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for index in order:
-        longest = int(lengths[current[0]]) if current else int(lengths[index])
-        full = max_batch_size is not None and len(current) >= max_batch_size
-        if current and (full or (len(current) + 1) * longest > max_batch_tokens):
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    return batches
 
 
 # --------------------------------------------------------------------------- running
@@ -289,6 +266,12 @@ class TargetRunner:
         self._layers = decoder_layers(target.model)
         self._decoder = target.model.get_decoder()
         self._lm_head = target.model.get_output_embeddings()
+        if self.layer_ids[-1] >= len(self._layers) or (topk is not None and self._lm_head is None):
+            raise ValueError(
+                f"{target.architecture} was loaded with {len(self._layers)} decoder layers"
+                f"{'' if self._lm_head is not None else ' and no lm_head'}; layers {self.layer_ids}"
+                f"{f' with top-{topk}' if topk else ''} need the whole target (load_target without keep_layers)"
+            )
         pad = getattr(target.model.config, "pad_token_id", None)
         self._pad_id = pad if isinstance(pad, int) and 0 <= pad < target.vocab_size else 0
 

@@ -1,18 +1,26 @@
 """One extraction worker: a long-lived Ray actor that holds the target for its lifetime.
 
 The driver (`extract.job`) creates one per GPU (or per CPU slot with ``--device cpu``)
-and hands it shard *names*; the worker reads its shard's plan entry from the store,
-re-tokenizes the records (`load_samples`, which checks every sample against the
-plan's digest), runs length-sorted batches through `TargetRunner`, and commits the
-shard with `StoreWriter.write_shard`. Nothing large crosses Ray's object store: a
-task's argument is a name, its reply a small dataclass of counts (`ShardDone`).
+and hands it a *group* of shard names (`extract.batching.batch_groups`), each
+shard still to write as a numbered attempt (`store_schema.lock.Attempt`). The
+worker reads the shards' plan entries from the store, re-tokenizes the records
+(`load_samples`, which checks every sample against the plan's digest), batches the
+whole group's samples by length through `TargetRunner` (less padding than one
+shard's samples alone; the same batches in every run), and commits each shard with
+`StoreWriter.write_shard`, which claims the attempt first (a revoked attempt never
+commits). A shard of the group that is committed already is computed as a batch
+filler and not written. Nothing large crosses Ray's object store: a task's
+argument is names, its reply small dataclasses of counts (`ShardDone`).
 
-Overlap. The actor runs two shard tasks at once (``max_concurrency=2``) but only
-one of them computes at a time (``_compute`` lock): while shard k+1 is on the
-device, shard k is compressed, checksummed, fsynced and renamed into place by the
-other thread. Within a shard, batch k+1 is submitted before batch k's host copy is
-awaited (`TargetRunner.submit` copies into pinned memory without blocking on CUDA).
-Re-tokenizing the next shard also happens outside the compute lock.
+Overlap. The actor runs two group tasks at once (``max_concurrency=2``) but only
+one of them computes at a time (``_compute`` lock): while group k+1 is on the
+device, group k's shards are compressed, checksummed, fsynced and renamed into
+place by the other thread. Within a group, batch k+1 is submitted before batch k's
+host copy is awaited (`TargetRunner.submit` copies into pinned memory without
+blocking on CUDA). Re-tokenizing the next group happens outside the compute lock.
+
+Only what is captured is loaded: decoder layers up to the last context layer and no
+``lm_head`` (`load_target(keep_layers=...)`), unless top-k is asked for.
 
 Errors. The worker never lets an exception escape a task: it returns a
 `ShardFailed` with a ``kind`` so that the driver can tell a
@@ -22,11 +30,14 @@ for the device) -- which stops the job with a clear message -- from the worker
 
 Fault injection (tests and the fault suite only): ``kill_after_batches=N`` makes
 the worker SIGKILL its own process after its N-th batch, i.e. mid-shard, before
-that shard's write -- a real process death, not a simulated one.
+that shard's write -- a real process death, not a simulated one;
+``stop_after_batches=N`` makes it SIGSTOP itself there instead (a hung or cut-off
+worker, alive, that the driver must stop trusting).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -69,10 +80,19 @@ class ShardDone:
     tokens: int
     raw_bytes: int
     disk_bytes: int
-    tokenize_seconds: float
-    forward_seconds: float
+    padded_tokens: int  # what the device computed for its samples (each padded to its batch's longest)
     write_seconds: float
     pid: int
+
+
+@dataclass(frozen=True)
+class GroupDone:
+    """A group's replies: one per shard the driver asked to write, in its order."""
+
+    replies: list  # ShardDone | ShardFailed
+    filler_tokens: int  # tokens of its already-committed shards, computed again so that batches stay the same
+    tokenize_seconds: float
+    forward_seconds: float
 
 
 @dataclass(frozen=True)
@@ -81,7 +101,7 @@ class ShardFailed:
     another worker; the driver stops the job with a message for its ``kind``."""
 
     shard: str
-    kind: str  # "disk_full", "corpus_changed", "device_oom" or "error"
+    kind: str  # "disk_full", "corpus_changed", "device_oom", "fenced" or "error"
     message: str
     traceback: str
     host: str
@@ -93,14 +113,30 @@ class ForwardTiming:
 
     seconds: float
     tokens: int
+    padded_tokens: int
+
+
+def _failure(error: BaseException) -> ShardFailed:
+    """A worker-side exception as the reply the driver reads (its shard filled in by the caller)."""
+    return ShardFailed(
+        shard="",
+        kind=_classify(error),
+        message=f"{type(error).__name__}: {error}",
+        traceback=traceback.format_exc(limit=8),
+        host=socket.gethostname(),
+    )
 
 
 def _classify(error: BaseException) -> str:
+    from store_schema.lock import ShardFenced
+
     from .errors import is_disk_full
     from .planning import SampleMismatchError
 
     seen = error
     while seen is not None:
+        if isinstance(seen, ShardFenced):  # the driver gave this attempt up; nobody waits for the reply
+            return "fenced"
         if is_disk_full(seen):  # stop the job, free space, rerun
             return "disk_full"
         if isinstance(seen, SampleMismatchError):
@@ -112,12 +148,13 @@ def _classify(error: BaseException) -> str:
 
 
 class ExtractionWorker:
-    """Plain class; `extract.job` wraps it with ``ray.remote``. Also usable in-process."""
+    """Plain class; `extract.dispatch` wraps it with ``ray.remote``. Also usable in-process."""
 
     def __init__(
         self,
         model_path: str,
         tokenizer_path: str,
+        corpus_path: str,
         store_path: str,
         layer_ids: list[int],
         settings: dict,
@@ -128,7 +165,9 @@ class ExtractionWorker:
         batch_tokens: int = 16384,
         torch_threads: int | None = None,
         trust_remote_code: bool = False,
+        require_fast_kernels: bool = False,
         kill_after_batches: int | None = None,
+        stop_after_batches: int | None = None,
     ):
         import torch
         from transformers import AutoTokenizer
@@ -143,16 +182,20 @@ class ExtractionWorker:
         hf_logging.set_verbosity_error()
         started = time.perf_counter()
         self.store_path = str(store_path)
+        self.corpus_path = str(corpus_path)
         self.settings = dict(settings)
-        self.batch_tokens = int(batch_tokens)
-        self.kill_after_batches = kill_after_batches
+        self.faults = {"kill": kill_after_batches, "stop": stop_after_batches}
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
         check_tokenizer(self.tokenizer, self.settings)  # fail at start, not on the first shard
-        self.target = load_target(model_path, device=device, trust_remote_code=trust_remote_code)
+        self.target = load_target(
+            model_path, device=device, trust_remote_code=trust_remote_code, require_fast_kernels=require_fast_kernels,
+            keep_layers=None if topk is not None else max(layer_ids) + 1,  # top-k needs the whole model
+        )
         from store_schema.dtypes import store_dtype as lookup_store_dtype
 
         # fp8 stores: states are quantized on the device, so half the bytes cross to the host
         self.runner = TargetRunner(self.target, layer_ids, topk, quantize=lookup_store_dtype(store_dtype).scaled)
+        self.batch_tokens = int(batch_tokens)
         self._compute = threading.Lock()
         self._writer = None
         self._writer_lock = threading.Lock()
@@ -193,36 +236,40 @@ class ExtractionWorker:
                 self._writer = writer
             return self._writer
 
-    def extract_shard(self, name: str) -> ShardDone | ShardFailed:
-        """Compute and commit one shard; its counts (never tensors), or why it failed."""
+    def extract_group(self, names: list[str], attempts: dict) -> GroupDone:
+        """Compute a group of shards together and commit those in `attempts` (shard ->
+        the driver's `Attempt`); a reply for each of those (counts, never tensors),
+        or why it failed."""
+        started = time.perf_counter()
+        wanted = [name for name in names if name in attempts]
         try:
-            return self._extract_shard(name)
+            writer = self._store_writer()
+            samples = {name: self._load(writer, name) for name in names}
+            tokenized = time.perf_counter()
+            everything = [sample for name in names for sample in samples[name]]
+            with self._compute:
+                computed_at = time.perf_counter()
+                outputs, widths = self._forward(everything)
+                forward_seconds = time.perf_counter() - computed_at
         except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
-            return ShardFailed(
-                shard=name,
-                kind=_classify(error),
-                message=f"{type(error).__name__}: {error}",
-                traceback=traceback.format_exc(limit=8),
-                host=socket.gethostname(),
-            )
+            failed = _failure(error)
+            return GroupDone([dataclasses.replace(failed, shard=name) for name in wanted], 0, 0.0, 0.0)
+        replies, start = [], 0
+        for name in names:
+            count = len(samples[name])
+            if name in attempts:
+                part = slice(start, start + count)
+                replies.append(self._commit(writer, name, attempts[name], samples[name], outputs[part], widths[part]))
+            start += count
+        filler = sum(len(ids) for name in names if name not in attempts for _, ids, _ in samples[name])
+        return GroupDone(replies, filler, round(tokenized - started, 4), round(forward_seconds, 4))
 
-    def _extract_shard(self, name: str) -> ShardDone:
+    def _commit(self, writer, name: str, attempt, samples, outputs, widths) -> ShardDone | ShardFailed:
         from store_schema import SampleArrays, raw_bytes_per_token
 
-        from .planning import load_samples
-
         started = time.perf_counter()
-        writer = self._store_writer()
-        planned = writer.plan().shard(name)
-        samples = load_samples(self.settings["corpus_path"], self.tokenizer, planned.samples, self.settings)
-        tokenized = time.perf_counter()
-        with self._compute:
-            computed_at = time.perf_counter()
-            outputs = self._forward(samples)
-            forward_seconds = time.perf_counter() - computed_at
-        arrays = []
-        for (sample_id, input_ids, loss_mask), out in zip(samples, outputs):
-            arrays.append(
+        try:
+            arrays = [
                 SampleArrays(
                     sample_id=sample_id,
                     input_ids=input_ids,
@@ -231,42 +278,51 @@ class ExtractionWorker:
                     topk_ids=None if self.runner.topk is None else out["topk_ids"].numpy(),
                     topk_logprobs=None if self.runner.topk is None else out["topk_logprobs"].numpy(),
                 )
-            )
-        write_started = time.perf_counter()
-        written = writer.write_shard(name, arrays)
-        write_seconds = time.perf_counter() - write_started
+                for (sample_id, input_ids, loss_mask), out in zip(samples, outputs)
+            ]
+            written = writer.write_shard(name, arrays, attempt=attempt)
+        except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
+            return dataclasses.replace(_failure(error), shard=name)
         num_tokens = sum(len(ids) for _, ids, _ in samples)
-        disk_bytes = _committed_bytes(self.store_path, name)
         return ShardDone(
             shard=name,
             written=bool(written),
             samples=len(samples),
             tokens=num_tokens,
             raw_bytes=num_tokens * raw_bytes_per_token(self.target.hidden_size, len(self.runner.layer_ids)),
-            disk_bytes=disk_bytes,
-            tokenize_seconds=round(tokenized - started, 4),
-            forward_seconds=round(forward_seconds, 4),
-            write_seconds=round(write_seconds, 4),
+            disk_bytes=_committed_bytes(self.store_path, name),
+            padded_tokens=int(sum(widths)),
+            write_seconds=round(time.perf_counter() - started, 4),
             pid=os.getpid(),
         )
 
-    def _forward(self, samples) -> list[dict]:
-        """All of a shard's samples through the target, batched by length; outputs in
-        the order of `samples`. Batch k+1 is submitted before batch k is collected."""
-        from .target import batches_by_length
+    def _load(self, writer, name: str):
+        from .planning import load_samples
+
+        return load_samples(self.corpus_path, self.tokenizer, writer.plan().shard(name).samples, self.settings)
+
+    def _forward(self, samples) -> tuple[list[dict], list[int]]:
+        """All samples through the target, batched by length; outputs in the order of
+        `samples`, and each sample's padded width (its batch's longest). Batch k+1 is
+        submitted before batch k is collected."""
+        from .batching import batches_by_length
 
         lengths = [len(ids) for _, ids, _ in samples]
         outputs: list[dict | None] = [None] * len(samples)
+        widths = [0] * len(samples)
         pending = None
         for batch in batches_by_length(lengths, self.batch_tokens):
             submitted = (batch, self.runner.submit([samples[i][1] for i in batch]))
+            width = max(lengths[i] for i in batch)
+            for i in batch:
+                widths[i] = width
             if pending is not None:
                 self._collect(pending, outputs)
             pending = submitted
             self._count_batch()
         if pending is not None:
             self._collect(pending, outputs)
-        return outputs
+        return outputs, widths
 
     @staticmethod
     def _collect(pending, outputs) -> None:
@@ -276,29 +332,30 @@ class ExtractionWorker:
 
     def _count_batch(self) -> None:
         self._batches += 1
-        if self.kill_after_batches is not None and self._batches >= self.kill_after_batches:
+        if self.faults["kill"] is not None and self._batches >= self.faults["kill"]:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: a real, unannounced death
+        if self.faults["stop"] is not None and self._batches == self.faults["stop"]:
+            os.kill(os.getpid(), signal.SIGSTOP)  # fault injection: frozen until someone sends SIGCONT
 
     # -- benchmark support --------------------------------------------------------------------
-    def forward_only(self, names: list[str], start_at: float | None = None) -> ForwardTiming:
-        """Time the forward passes alone for these shards: same samples, same batching,
-        no writes. Tokenization happens before the clock starts, which starts at the
-        wall-clock time ``start_at`` if given (to start several workers together)."""
-        from .planning import load_samples
-
+    def forward_only(self, groups: list[list[str]], start_at: float | None = None) -> ForwardTiming:
+        """Time the forward passes alone for these groups of shards: same samples, same
+        batching, no writes. Tokenization happens before the clock starts, which
+        starts at the wall-clock time ``start_at`` if given (to start several workers
+        together)."""
         writer = self._store_writer()
-        shards = [
-            load_samples(self.settings["corpus_path"], self.tokenizer, writer.plan().shard(n).samples, self.settings)
-            for n in names
-        ]
+        loaded = [[sample for name in group for sample in self._load(writer, name)] for group in groups]
         if start_at is not None:
             time.sleep(max(0.0, start_at - time.time()))
         started = time.perf_counter()
-        tokens = 0
-        for samples in shards:
-            self._forward(samples)
-            tokens += sum(len(ids) for _, ids, _ in samples)
-        return ForwardTiming(seconds=time.perf_counter() - started, tokens=tokens)
+        padded = 0
+        for samples in loaded:
+            padded += sum(self._forward(samples)[1])
+        return ForwardTiming(
+            seconds=time.perf_counter() - started,
+            tokens=sum(len(ids) for samples in loaded for _, ids, _ in samples),
+            padded_tokens=padded,
+        )
 
 
 def _committed_bytes(store_path: str, name: str) -> int:

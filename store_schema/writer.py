@@ -24,6 +24,7 @@ from .encoding import ARRAY_CODEC_ATTR, CodecConfig, write_bytesplit_shard
 from .fingerprint import Fingerprint
 from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layout import WRITE_ALL_CHUNKS, write_small_array
+from .lock import Attempt, claim, discard
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
 from .records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
@@ -93,21 +94,30 @@ class StoreWriter:
         self._plan = plan
 
     # -- shards -------------------------------------------------------------------------
-    def write_shard(self, name: str, samples: list[SampleArrays]) -> bool:
+    def write_shard(self, name: str, samples: list[SampleArrays], attempt: Attempt | None = None) -> bool:
         """Write and commit one shard. Returns False if it was already committed
-        (e.g. by a worker presumed dead): the committed copy is kept."""
+        (e.g. by a worker presumed dead): the committed copy is kept.
+
+        With the driver's `attempt`, the writer claims it before committing and raises
+        `ShardFenced` if the driver revoked it (`store_schema.lock`). The claim comes
+        before the checksums: from then on nobody else touches the staging directory,
+        so what the commit record lists is what the rename makes visible -- checked
+        once more (every array there, every file at its size) right before the rename."""
         if layout.is_committed(self.path, name):
             return False
         self._check_against_plan(name, samples)
-        staging = self._staging_dir(name)
+        staging = self._staging_dir(name if attempt is None else f"{name}.{attempt.token}")
         try:
             summary = self._write_arrays(staging, samples)
+            if attempt is not None:
+                claim(self.path, name, attempt)
             files = describe_files(staging)
             commit = ShardCommit.from_record(
                 {"shard": name, "fingerprint_sha256": self.fingerprint.sha256(), "files": files, **summary}
             )
             write_record(staging / layout.COMMIT_RECORD, commit.to_record())
             fsync_tree(staging)
+            _check_complete(staging, commit, self._arrays(summary["target_topk"]))
             try:
                 os.rename(staging, layout.shard_dir(self.path, name))
             except OSError:
@@ -119,6 +129,12 @@ class StoreWriter:
         finally:
             if staging.exists():
                 shutil.rmtree(staging, ignore_errors=True)
+
+    def _arrays(self, topk: int) -> set[str]:
+        """The arrays every committed shard holds."""
+        names = {layout.layer_array(L) for L in self.fingerprint.layer_ids}
+        names |= {layout.INPUT_IDS, layout.LOSS_MASK, layout.SAMPLE_OFFSETS, layout.SAMPLE_IDS}
+        return names | ({layout.TOPK_IDS, layout.TOPK_LOGPROBS} if topk else set())
 
     def _write_arrays(self, staging: Path, samples: list[SampleArrays]) -> dict:
         if not samples:
@@ -205,8 +221,8 @@ class StoreWriter:
             self._plan = read_committed_plan(self.path)
         return self._plan
 
-    def _staging_dir(self, name: str) -> Path:
-        staging = self.path / layout.STAGING_DIR / f"{name}.{uuid.uuid4().hex[:12]}"
+    def _staging_dir(self, prefix: str) -> Path:
+        staging = self.path / layout.STAGING_DIR / f"{prefix}.{uuid.uuid4().hex[:12]}"
         staging.mkdir(parents=True)
         return staging
 
@@ -256,16 +272,33 @@ def looks_like_store(path) -> bool:
     }
 
 
-def remove_staging(path, shard: str | None = None) -> list[str]:
-    """Remove uncommitted `.staging/` leftovers (all, or one shard's). Only for the
-    holder of the store's lock: no live writer may be using them."""
+def remove_staging(path, prefix: str | None = None) -> list[str]:
+    """Remove uncommitted `.staging/` leftovers (all, or those named `prefix.*`), each
+    renamed away before it is deleted (`store_schema.lock.discard`), so a writer still
+    running somewhere can never commit a half-deleted shard. Only for the holder of
+    the store's lock."""
     staging = Path(path) / layout.STAGING_DIR
     if not staging.is_dir():
         return []
-    entries = sorted(staging.glob(f"{shard}.*" if shard else "*"))
+    entries = sorted(staging.glob(f"{prefix}.*" if prefix else "*"))
     for entry in entries:
-        shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
-    return [entry.name for entry in entries]
+        discard(entry)
+    return [entry.name for entry in entries if not entry.name.startswith(".trash-")]
+
+
+def _check_complete(staging: Path, commit: ShardCommit, arrays: set[str]) -> None:
+    """The commit record lists every array and every listed file is there at its size."""
+    missing = arrays - {layout.array_of(rel) for rel in commit.files}
+    if missing:
+        raise RuntimeError(f"shard {commit.shard}: staging lacks arrays {sorted(missing)}; not committed")
+    for rel, entry in commit.files.items():
+        try:
+            size = (staging / rel).stat().st_size
+        except FileNotFoundError:
+            size = None
+        if size != entry.size:
+            raise RuntimeError(f"shard {commit.shard}: {rel} is {size} bytes, its commit record says {entry.size}; "
+                               "not committed")
 
 
 def create_store(

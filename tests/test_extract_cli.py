@@ -81,10 +81,48 @@ def test_exit_codes_follow_the_one_rule(qwen3_dir, tmp_path, capsys):
 
 
 def test_fault_injection_is_armed_from_the_environment_only_for_tests():
-    from extract.config import KILL_AFTER_BATCHES_ENV, KILL_DRIVER_ENV, FaultInjection, JobConfig
+    from extract.config import (
+        KILL_AFTER_BATCHES_ENV, KILL_DRIVER_ENV, STOP_AFTER_BATCHES_ENV, FaultInjection, JobConfig,
+    )
 
     assert FaultInjection.from_env({}) == FaultInjection()
-    faults = FaultInjection.from_env({KILL_AFTER_BATCHES_ENV: "3, 7", KILL_DRIVER_ENV: "2"})
-    assert faults == FaultInjection(kill_after_batches=(3, 7), kill_driver_after_shards=2)
+    faults = FaultInjection.from_env({KILL_AFTER_BATCHES_ENV: "3, 7", KILL_DRIVER_ENV: "2", STOP_AFTER_BATCHES_ENV: "5"})
+    assert faults == FaultInjection(kill_after_batches=(3, 7), stop_after_batches=(5,), kill_driver_after_shards=2)
     assert [faults.actor_kill_after(i) for i in range(3)] == [3, 7, None]  # later actors live
+    assert [faults.actor_stop_after(i) for i in range(2)] == [5, None]
     assert JobConfig(model="m", corpus="c", store="s").faults == FaultInjection.from_env()
+
+
+def test_a_refused_job_leaves_nothing_behind(qwen3_dir, tmp_path, capsys):
+    """Issue 16.8: a job refused after it took the store's lock (here: no record of the
+    corpus gives a sample) removes what it made -- the lock file and the store
+    directory with its new parents -- and nothing that was there before."""
+    from extract.__main__ import main
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')  # no assistant turn
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    for store in (tmp_path / "new" / "store", existing):
+        argv = ["run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--store", str(store), "--layers", "1,3",
+                "--no-progress"]
+        assert main(argv) == 1
+        assert "gives no samples" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    assert existing.is_dir() and not list(existing.iterdir())
+
+
+def test_new_flags_are_validated_and_plan_workers_default_to_the_cores(capsys):
+    from extract.__main__ import build_parser
+    from extract.config import JobConfig, available_cpus
+
+    args = build_parser().parse_args(["run", "--model", "m", "--corpus", "c", "--store", "s"])
+    assert args.plan_workers == available_cpus() and JobConfig(model="m", corpus="c", store="s").plan_workers >= 1
+    assert (args.batch_shards, args.worker_timeout, args.require_fast_kernels) == (4, 3600.0, False)
+    for field, value in (("batch_shards", 0), ("worker_timeout", 0.0), ("progress_interval", -1.0)):
+        try:
+            JobConfig(model="m", corpus="c", store="s", **{field: value})
+        except ValueError as error:
+            assert f"--{field.replace('_', '-')} must be positive" in str(error)
+        else:
+            raise AssertionError(f"{field}={value} accepted")

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -75,11 +76,15 @@ def test_reference_run_report_quarantine_and_verify(reference, corpus):
     assert report["quarantined_by_reason"] == {**{reason: 1 for reason in bad}, "malformed_json": 1}
     assert report["workers"] == 2 and report["kernels"]["linear_attention"] in ("torch", "fla")
     assert report["tokens_per_s"] > 0 and report["bytes_per_s"] > 0
+    assert report["shards_committed"] == report["shards"] and not report["plan_reused"]
+    # Each sample padded to its batch's longest: computed >= real tokens, as the worker counted them.
+    assert report["padded_tokens"] >= report["tokens_written"] > 0
+    assert report["padded_token_ratio"] == round(report["padded_tokens"] / report["tokens_written"], 4)
 
     reader = Store(store)
     stored = [sid for name in reader.committed_shards() for sid in reader.read_shard(name).sample_ids]
     assert sorted(stored) == sorted(r["id"] for r in good)  # every good record once, no bad one
-    assert json.loads((store / "reports" / "extract.json").read_text())["plan_digest"] == report["plan_digest"]
+    assert json.loads((store / report["report"]).read_text()) == report
     fp = reader.fingerprint
     assert list(fp.layer_ids) == LAYERS and fp.num_target_layers == 8 and fp.hidden_size == 64
     assert fp.corpus_sha256 and fp.tokenizer_sha256 and fp.chat_template_sha256 and fp.target_config_sha256
@@ -178,20 +183,38 @@ def test_loss_masks_are_the_assistant_spans(reference, corpus, tokenizer):
 # --------------------------------------------------------------------------- reruns
 
 
-def test_rerun_recomputes_nothing_and_other_plans_are_refused(reference, qwen3_5_dir, corpus):
+def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_other_plans(
+        reference, qwen3_5_dir, corpus, tmp_path):
+    """A rerun of a finished job reuses the stored plan (same corpus bytes, tokenizer and
+    settings: nothing re-tokenized), computes nothing, says so, and keeps the report of
+    the run that extracted (issue 16.3). Other corpus bytes or settings are refused,
+    naming what differs, before anything is tokenized."""
     from extract.job import ExtractError, run_job
 
-    store, _ = reference
+    store, first = reference
     before = {p.name: p.stat().st_ino for p in (store / "shards").iterdir() if p.is_dir()}
-    report = run_job(_config(qwen3_5_dir, corpus[0], store))
-    assert report["shards_written"] == 0 and report["shards_skipped"] == report["shards"]
+    kept = (store / first["report"]).read_bytes()
+    messages = []
+    report = run_job(_config(qwen3_5_dir, corpus[0], store), log=messages.append)
+    assert report["status"] == "nothing_to_do" and report["plan_reused"]
+    assert any("reusing the store's plan" in m and "nothing re-tokenized" in m for m in messages), messages
+    assert report["shards_written"] == 0 and report["shards_skipped"] == report["shards"] == report["shards_committed"]
     assert report["workers"] == 0  # nothing to do: no worker was even started
+    assert report["plan_digest"] == first["plan_digest"] and report["padded_token_ratio"] is None
     assert {p.name: p.stat().st_ino for p in (store / "shards").iterdir() if p.is_dir()} == before
+    assert (store / first["report"]).read_bytes() == kept  # the extracting run's report is not overwritten
+    assert sorted(p.name for p in (store / "reports").iterdir()) == sorted(
+        Path(r["report"]).name for r in (first, report))
 
     with pytest.raises(ExtractError, match=r"different plan \(shard_tokens: 1500 -> 1000\).*--overwrite"):
         run_job(_config(qwen3_5_dir, corpus[0], store, shard_tokens=1000))
     with pytest.raises(ExtractError, match="layer_ids"):
         run_job(_config(qwen3_5_dir, corpus[0], store, layers=[1, 2]))
+    longer = tmp_path / "chats.jsonl"
+    longer.write_bytes(corpus[0].read_bytes() + corpus[0].read_bytes().splitlines(keepends=True)[0])
+    with pytest.raises(ExtractError, match=r"different plan \(corpus_hash: '[0-9a-f]{64}' -> '[0-9a-f]{64}', "
+                                           r"corpus_records: 24 -> 25\)"):  # one line more
+        run_job(_config(qwen3_5_dir, longer, store))
 
 
 def test_second_job_on_a_held_store_is_refused(reference, qwen3_5_dir, corpus, capsys):
@@ -231,8 +254,9 @@ def test_one_worker_with_overwrite_gives_identical_content(reference, qwen3_5_di
 
 
 def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
-    """The first actor SIGKILLs itself after its 2nd batch (mid-shard, before the write):
-    its shards are redone on a fresh actor; nothing lost, nothing duplicated."""
+    """The first actor SIGKILLs itself after its 2nd batch (mid-group, before any write):
+    the groups it held are redone on a fresh actor; nothing lost, nothing duplicated,
+    byte for byte what the uninterrupted run wrote."""
     from store_schema.verify import verify_store
 
     from extract.config import FaultInjection
@@ -242,7 +266,7 @@ def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     store = tmp_path / "store"
     report = run_job(_config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(kill_after_batches=(2,))))
     assert report["worker_deaths"] == 1 and report["workers_started"] == 3
-    assert 1 <= report["shards_retried"] <= 2
+    assert 1 <= report["shards_retried"] <= report["shards"]  # what it held: up to two groups
     assert report["shards_written"] + report["shards_committed_elsewhere"] == ref_report["shards"]
     result = verify_store(store)
     assert result.ok and not result.leftovers, result.problems
@@ -310,3 +334,109 @@ def test_disk_full_stops_cleanly_and_rerun_completes(reference, qwen3_5_dir, cor
         assert _content(store) == _content(ref_store)
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+# --------------------------------------------------------------------------- a moved tree, the command line
+
+
+def test_a_copied_tree_resumes_with_its_plan(reference, qwen3_5_dir, corpus, tmp_path):
+    """Issue 16.7: model, corpus and store copied elsewhere (a new machine, a moved demo
+    tree), a group of shards missing: the same bytes, tokenizer and settings decide,
+    not the paths -- the stored plan is reused, the workers read the corpus where it
+    is now, and the finished store equals the original byte for byte."""
+    from extract.batching import batch_groups
+    from extract.job import run_job
+    from store_schema import Store
+
+    ref_store, ref_report = reference
+    tree = tmp_path / "copied"
+    shutil.copytree(ref_store, tree / "store")
+    shutil.copytree(qwen3_5_dir, tree / "model")
+    shutil.copy(corpus[0], tree / "chats.jsonl")
+    group = batch_groups([s.name for s in Store(ref_store).plan().shards], 4)[0]
+    for name in group:
+        shutil.rmtree(tree / "store" / "shards" / name)
+
+    report = run_job(_config(tree / "model", tree / "chats.jsonl", tree / "store", workers=1))
+    assert report["plan_reused"] and report["plan_digest"] == ref_report["plan_digest"]
+    assert report["shards_written"] == len(group) and report["shards_skipped"] == ref_report["shards"] - len(group)
+    assert _content(tree / "store") == _content(ref_store)
+
+
+def _progress_lines(text: str) -> list[str]:
+    import re
+
+    pattern = re.compile(r"^extract: [\d,]+/[\d,]+ samples \(\d+\.\d%\), .*ETA (unknown|\d+:\d\d:\d\d)$")
+    return [line for line in text.splitlines() if pattern.match(line)]
+
+
+def _session_processes(session: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[3]) == session and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found
+
+
+def test_progress_lines_without_a_terminal_ctrl_c_then_resume(ray_cluster, qwen3_5_dir, tmp_path):
+    """Issues 16.4, 16.3 and Ctrl-C, through `python -m extract run` with stderr a pipe
+    (as under `ray job logs`): progress lines come every --progress-interval; Ctrl-C
+    (SIGINT to the whole process group, as a terminal sends it) ends the job with one
+    line saying how to resume, exit 130, no traceback, and the Ray it started gone;
+    the same command then finishes the store; once more, it says there was nothing to do."""
+    import signal
+    import time
+
+    corpus = write_chat_jsonl(tmp_path / "chats.jsonl", coding_chats(160, seed=7))
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "extract", "run", "--model", str(qwen3_5_dir), "--corpus", str(corpus),
+               "--store", str(store), "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS), "--batch-tokens",
+               "150", "--workers", "1", "--progress-interval", "0.5"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)
+    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)  # its own process group: the "terminal" we press Ctrl-C in
+    seen = []
+    try:
+        for line in job.stderr:  # until extraction says where it is
+            seen.append(line.rstrip("\n"))
+            if _progress_lines(line.rstrip("\n")):
+                break
+        os.killpg(job.pid, signal.SIGINT)
+        out, rest = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    err = "\n".join(seen) + "\n" + rest
+    if job.returncode == 0:
+        pytest.skip("the job finished before Ctrl-C landed")
+    assert job.returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"interrupted: committed shards are kept; rerun the same command to "
+                                            f"resume ({store})"), err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    for _ in range(600):  # poll bound (a hang guard, not a timing): Ray's processes exit with the driver
+        if not _session_processes(job.pid):
+            break
+        time.sleep(0.1)
+    assert not _session_processes(job.pid), "processes of the job's Ray outlived it"
+
+    kept = len(list(store.glob("shards/*/commit.json")))
+    joined = command + ["--address", ray_cluster]
+    finished = subprocess.run(joined, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert _progress_lines(finished.stderr), finished.stderr[-3000:]
+    report = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert report["status"] == "complete" and report["shards_committed"] == report["shards"]
+    assert report["shards_skipped"] == kept and report["shards_written"] == report["shards"] - kept
+
+    again = subprocess.run(joined, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.strip().splitlines()[-1].startswith(f"nothing to do: all {report['shards']} shard(s) of ")
+    assert json.loads(again.stdout.strip().splitlines()[-1])["status"] == "nothing_to_do"
+    assert json.loads((store / report["report"]).read_text()) == report  # the extracting run's report is kept

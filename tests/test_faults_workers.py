@@ -1,4 +1,4 @@
-"""Fault suite, extraction processes: real SIGKILLs on a real local Ray cluster.
+"""Fault suite, extraction processes: real SIGKILLs and SIGSTOPs on a real local Ray cluster.
 
 - Worker death, ten times over one run (seeded kill points, each mid-shard): the job
   completes, `verify` is clean, every planned sample is stored exactly once, the
@@ -9,6 +9,12 @@
 - Two jobs, one store: a second job is refused while the first lives (stopped with
   SIGSTOP, so it holds the lock without racing us); after the first is SIGKILLed a
   new job takes over and completes the store.
+- A worker frozen (SIGSTOP) past its deadline, its shards reassigned, then resumed
+  (SIGCONT): it can no longer commit; the store is the uninterrupted run's and the
+  report says what happened (issue 15.7). The same with the driver's and the
+  writer's side of the fence raced by hand.
+- A store on a filesystem whose flock is not implemented (Lustre without `-o flock`):
+  one line naming the mount option, nothing left behind.
 
 One cluster, one corpus and one uninterrupted reference run are shared by the module.
 """
@@ -19,15 +25,17 @@ import json
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
 from builders import coding_chats, write_chat_jsonl
 from ray_helpers import (  # noqa: F401 - ray_cluster is a fixture
     REPO, committed_inodes, extract_command, job_config, kill, ray_cluster, store_content, verify_cli,
-    wait_for_no_workers,
+    wait_for_no_workers, worker_pids,
 )
 
 pytestmark = pytest.mark.faults
@@ -109,7 +117,7 @@ def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     assert report["status"] == "complete"
     assert report["worker_deaths"] == WORKER_KILLS, (kills, report)
     assert report["workers_started"] == 2 + WORKER_KILLS  # each dead actor replaced once
-    assert sum("died" in m for m in messages) == WORKER_KILLS
+    assert sum("died:" in m for m in messages) == WORKER_KILLS
     assert report["shards_retried"] >= WORKER_KILLS  # each death interrupted at least its current shard
     # Committed shards never recomputed: a shard is computed again only when no commit of it
     # exists; a worker finding its shard already committed (`committed_elsewhere`) would mean
@@ -121,65 +129,78 @@ def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     assert report["plan_digest"] == ref_report["plan_digest"]
 
 
+class _Pool:  # stands in for the Ray actor pool: records which actor is replaced
+    def __init__(self):
+        self.actors, self.replaced = [], []
+
+    def replace(self, index):
+        self.replaced.append(index)
+
+
 def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
-    """The driver's bookkeeping when an actor dies holding two shards, one of which
-    it had committed just before dying (the rename landed, the reply did not): only
-    the other is queued again; the committed one is counted as written."""
+    """The driver's bookkeeping when an actor dies holding a group of two shards, one
+    of which it had committed just before dying (the rename landed, the reply did
+    not): the group is queued again for the other only, its attempt revoked and its
+    staging removed; the committed one is counted as written."""
     import builders
-    from extract.dispatch import DispatchCounts, Dispatcher
+    from extract.dispatch import DispatchCounts, Dispatcher, _Held
     from store_schema import Store
+    from store_schema.lock import ShardFence, ShardFenced, claim
 
     builders.random_store(tmp_path / "s", num_shards=2, samples_per_shard=2)
     store = tmp_path / "s"
-    (store / ".staging").mkdir(exist_ok=True)
-    (store / ".staging" / "shard-000002.tmp").mkdir()  # the dead writer's half-written shard
-
-    class Pool:  # stands in for the Ray actor pool: records which actor is replaced
-        actors: list = []
-        replaced: list = []
-
-        def replace(self, index):
-            self.replaced.append(index)
+    fence = ShardFence(store).open()
+    first = fence.attempt(1)
+    half_written = store / ".staging" / f"shard-000002.{first.token}.abc123"
+    half_written.mkdir()  # the dead writer's half-written shard
 
     plan = Store(store).plan()
-    log = []
-    dispatcher = Dispatcher(Pool(), plan, ["shard-000004"], store, max_attempts=4, inflight_per_worker=2,
-                            log=log.append)
-    dispatcher.inflight = {"ref-a": (0, "shard-000001"), "ref-b": (1, "shard-000003")}
-    dispatcher.attempts.update({"shard-000002": 1, "shard-000001": 1, "shard-000003": 1})
-    landed = dispatcher.worker_died(RuntimeError("killed"), 0, "shard-000002")
+    log, pool = [], _Pool()
+    dispatcher = Dispatcher(pool, plan, ["shard-000002", "shard-000004"], store, fence, max_attempts=4,
+                            batch_shards=2, log=log.append)
+    dispatcher.queue.clear()
+    dying = _Held(0, ("shard-000001", "shard-000002"), {"shard-000001": first, "shard-000002": first}, 0.0)
+    other = _Held(1, ("shard-000003", "shard-000004"), {"shard-000004": first}, 0.0)
+    dispatcher.inflight = {"ref-a": dying, "ref-b": other}
+    dispatcher.left |= {"shard-000001"}
+    dispatcher.attempts.update({"shard-000002": 1, "shard-000001": 1, "shard-000004": 1})
+    landed = dispatcher.worker_died(RuntimeError("killed"), 0)
     assert landed == ["shard-000001"]  # committed by random_store: whole, kept
-    assert list(dispatcher.queue) == ["shard-000002", "shard-000004"]  # only the uncommitted one is redone, first
-    assert dispatcher.inflight == {"ref-b": (1, "shard-000003")} and Pool.replaced == [0]
+    assert list(dispatcher.queue) == [("shard-000001", "shard-000002")]  # redone first; 000001 only as a filler
+    assert dispatcher.left == {"shard-000002", "shard-000004"}
+    assert dispatcher.inflight == {"ref-b": other} and pool.replaced == [0]
     shard = plan.shard("shard-000001")
     assert dispatcher.counts == DispatchCounts(
-        worker_deaths=1, shards_retried=1, shards_committed_before_worker_death=1,
+        worker_deaths=1, shards_retried=1, shards_committed_before_worker_death=1, attempts_revoked=2,
         shards_written=1, samples_written=len(shard.samples), tokens_written=shard.num_tokens,
     )
-    assert not (store / ".staging" / "shard-000002.tmp").exists()
-    assert "shard-000001 committed before it died" in log[0]
+    assert not half_written.exists()
+    with pytest.raises(ShardFenced, match="revoked"):  # the dead writer's attempt can never commit now
+        claim(store, "shard-000002", first)
+    assert "died: killed" in log[0] and "shard-000001 committed before" in log[0]
 
 
 def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
     """`max_attempts` tries per shard, then the job stops naming the shard."""
     import builders
+    from extract.dispatch import Dispatcher, _Held
     from extract.errors import ExtractError
-    from extract.dispatch import Dispatcher
     from store_schema import Store
+    from store_schema.lock import ShardFence
 
     builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=2)
 
-    class Pool:
-        actors: list = []
-
+    class Pool(_Pool):
         def replace(self, index):
             raise AssertionError("no replacement once the job stops")
 
-    dispatcher = Dispatcher(Pool(), Store(tmp_path / "s").plan(), [], tmp_path / "s", max_attempts=2,
-                            inflight_per_worker=2, log=lambda message: None)
+    fence = ShardFence(tmp_path / "s").open()
+    dispatcher = Dispatcher(Pool(), Store(tmp_path / "s").plan(), [], tmp_path / "s", fence, max_attempts=2,
+                            batch_shards=2, log=lambda message: None)
+    dispatcher.inflight = {"ref": _Held(0, ("shard-000009",), {"shard-000009": fence.attempt(2)}, 0.0)}
     dispatcher.attempts["shard-000009"] = 2
     with pytest.raises(ExtractError, match=r"shard shard-000009 failed 2 time\(s\).*rerun to resume"):
-        dispatcher.worker_died(RuntimeError("killed"), 0, "shard-000009")
+        dispatcher.worker_died(RuntimeError("killed"), 0)
 
 
 # --------------------------------------------------------------------------- driver death x3
@@ -211,15 +232,16 @@ def test_driver_killed_at_three_points_then_rerun(reference, ray_cluster, qwen3_
         points.append((point, after, len(now)))
         kept = now
         if point == "after_last_commit":
-            assert len(now) == total and not (store / "reports" / "extract.json").exists()
+            assert len(now) == total and not list((store / "reports").glob("extract-*.json"))
         else:
             assert len(now) < total, points
     assert [p[2] for p in points] == sorted(p[2] for p in points) and points[0][2] >= 1
 
     report = run_job(_config(qwen3_5_dir, corpus[0], store))  # the same job, uninterrupted now
     assert report["shards_skipped"] == total and report["shards_written"] == 0 and report["workers"] == 0
+    assert report["status"] == "nothing_to_do" and report["plan_reused"]
     assert committed_inodes(store) == kept
-    assert json.loads((store / "reports" / "extract.json").read_text())["plan_digest"] == ref_report["plan_digest"]
+    assert json.loads((store / report["report"]).read_text())["plan_digest"] == ref_report["plan_digest"]
     _assert_complete_and_clean(store, ref_content, [r["id"] for r in corpus[1]])
 
 
@@ -266,3 +288,177 @@ def test_second_job_refused_while_first_lives_then_takes_over(reference, ray_clu
     assert report["shards_written"] == ref_report["shards"] - len(kept)
     assert {n: committed_inodes(store)[n] for n in kept} == kept
     _assert_complete_and_clean(store, ref_content, [r["id"] for r in corpus[1]])
+
+
+# --------------------------------------------------------------------------- a partitioned worker (15.7)
+
+
+def _stopped(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(reference, qwen3_5_dir, corpus, tmp_path):
+    """Worker A freezes (a real SIGSTOP, after its first batch) holding a group of four
+    shards; the driver's side revokes A's attempts and hands the group to worker B;
+    A is resumed (SIGCONT) before B is done and finishes first: each of its commits
+    is refused (without the fence, A's shards would land). B commits the group; the
+    store is byte-equal to the reference."""
+    import shutil
+
+    import ray
+
+    from extract.batching import batch_groups
+    from extract.config import FaultInjection
+    from extract.dispatch import WorkerPool
+    from store_schema import Store
+    from store_schema.lock import ShardFence
+    from store_schema.verify import verify_store
+
+    ref_store, _, ref_content = reference
+    store = tmp_path / "store"
+    shutil.copytree(ref_store, store)
+    plan = Store(store).plan()
+    group = batch_groups([s.name for s in plan.shards], 4)[1]
+    for name in group:
+        shutil.rmtree(store / "shards" / name)
+    pool = WorkerPool(_config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(stop_after_batches=(1,))),
+                      plan, [1, 3, 5])
+    pool.start(2)
+    frozen = pool.infos[0].pid
+    try:
+        fence = ShardFence(store).open()
+        first = {name: fence.attempt(1) for name in group}
+        held = pool.actors[0].extract_group.remote(list(group), first)
+        for _ in range(3000):  # poll bound (a hang guard, not a timing)
+            if _stopped(frozen):
+                break
+            time.sleep(0.02)
+        assert _stopped(frozen), "worker A never froze"
+
+        assert all(fence.revoke(name, attempt) for name, attempt in first.items())  # the driver gives A up
+        second = {n: fence.attempt(2) for n in group}
+        kill(frozen, signal.SIGCONT)
+        late = ray.get(held, timeout=300)
+        assert [(r.shard, getattr(r, "kind", None)) for r in late.replies] == [(n, "fenced") for n in group], late
+        assert all("revoked by the driver" in r.message for r in late.replies)
+        assert not [n for n in group if n in committed_inodes(store)]  # nothing of A's landed
+        assert not list((store / ".staging").glob(f"*.{first[group[0]].token}.*"))  # A removed its own staging
+
+        redone = ray.get(pool.actors[1].extract_group.remote(list(group), second))
+        assert [(r.shard, r.written) for r in redone.replies] == [(n, True) for n in group]
+        fence.close()
+        result = verify_store(store)
+        assert result.ok and not result.leftovers, (result.problems, result.leftovers)
+        assert store_content(store) == ref_content
+    finally:
+        kill(frozen, signal.SIGCONT)
+        pool.shutdown()
+
+
+def test_claim_and_revoke_race_for_one_file(tmp_path):
+    """The fence's two sides: whichever comes first wins, the other learns it; a
+    closed fence (the run is over) refuses every claim."""
+    from store_schema.lock import ShardFence, ShardFenced, claim
+
+    fence = ShardFence(tmp_path).open()
+    attempt = fence.attempt(1)
+    claim(tmp_path, "shard-000001", attempt)  # the writer first: it is committing
+    assert not fence.revoke("shard-000001", attempt)  # the driver must leave its staging alone
+    assert fence.revoke("shard-000002", attempt)  # the driver first: the writer can never commit
+    with pytest.raises(ShardFenced):
+        claim(tmp_path, "shard-000002", attempt)
+    fence.close()
+    with pytest.raises(ShardFenced):
+        claim(tmp_path, "shard-000003", fence.attempt(2))
+    assert not list((tmp_path / ".staging").iterdir())  # closing removed the fence, leaving nothing
+
+
+def test_a_worker_frozen_past_its_deadline_is_replaced_and_the_report_says_so(reference, qwen3_5_dir, corpus,
+                                                                              tmp_path):
+    """Through the job: the first actor freezes (SIGSTOP) after its 2nd batch; after
+    `worker_timeout` of silence the driver revokes its attempts and redoes its groups
+    on a fresh actor; the moment it says so, the frozen actor is resumed (SIGCONT) to
+    race it. The job completes byte-equal to the reference, and the report counts
+    the timeout, the revoked attempts and every shard exactly once."""
+    from extract.config import FaultInjection
+    from extract.job import run_job
+    from store_schema.verify import verify_store
+
+    ref_store, ref_report, ref_content = reference
+    store = tmp_path / "store"
+    messages, resumed = [], []
+
+    def log(message):
+        messages.append(message)
+        if "no reply for" in message:
+            for pid in worker_pids():
+                if _stopped(pid):
+                    kill(pid, signal.SIGCONT)
+                    resumed.append(pid)
+
+    try:
+        report = run_job(_config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(stop_after_batches=(2,)),
+                                 worker_timeout=20), log=log)
+    finally:
+        for pid in worker_pids():
+            kill(pid, signal.SIGCONT)
+    assert resumed, messages
+    assert report["status"] == "complete" and report["shards_committed"] == report["shards"] == ref_report["shards"]
+    assert report["workers_timed_out"] == 1 and report["worker_deaths"] == 1 and report["workers_started"] == 3
+    assert report["attempts_revoked"] >= 1 and report["shards_retried"] >= 1
+    assert (report["shards_written"] + report["shards_committed_elsewhere"]) == ref_report["shards"]
+    assert report["samples_written"] == ref_report["samples"]
+    wait_for_no_workers()
+    result = verify_store(store)
+    assert result.ok, result.problems
+    stale = [name for name in result.leftovers if f".{report['run']}-1." not in name]
+    assert not stale, result.leftovers  # at most the revoked attempts' files, written after the job ended
+    assert store_content(store) == ref_content
+
+
+# --------------------------------------------------------------------------- flock not supported (15.6)
+
+
+_NO_FLOCK = """
+import ctypes, errno, sys
+# seccomp-bpf: flock(2) fails with ENOSYS in this process, as on a Lustre client
+# mounted without -o flock ("noflock": applications get ENOSYS). x86_64 only.
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+class Program(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(Filter))]
+LD, JEQ, RET, ALLOW, ERRNO = 0x20, 0x15, 0x06, 0x7FFF0000, 0x00050000
+code = [(LD, 0, 0, 4), (JEQ, 1, 0, 0xC000003E), (RET, 0, 0, ALLOW),  # arch x86_64, else allow
+        (LD, 0, 0, 0), (JEQ, 0, 1, 73), (RET, 0, 0, ERRNO | errno.ENOSYS), (RET, 0, 0, ALLOW)]  # nr 73: flock
+program = Program(len(code), (Filter * len(code))(*[Filter(*c) for c in code]))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.byref(program), 0, 0):  # NO_NEW_PRIVS, SECCOMP filter
+    print("seccomp unavailable", ctypes.get_errno())
+    sys.exit(77)
+from extract.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.skipif(__import__("platform").machine() != "x86_64", reason="the seccomp filter is written for x86_64")
+def test_a_store_on_a_filesystem_without_flock_is_refused_in_one_line(qwen3_dir, corpus, tmp_path):
+    """Lustre without the flock mount option: flock(2) gives ENOSYS (reproduced with a
+    seccomp filter on the real syscall). One line naming the mount option, exit 1, and
+    what the refused job made (the store directory) is gone; what was there stays."""
+    existing = tmp_path / "existing"
+    existing.mkdir()
+    for store, stays in ((tmp_path / "new" / "store", False), (existing, True)):
+        argv = ["run", "--model", str(qwen3_dir), "--corpus", str(corpus[0]), "--store", str(store), "--no-progress"]
+        result = subprocess.run([sys.executable, "-c", _NO_FLOCK, *argv], cwd=REPO, capture_output=True, text=True,
+                                env=dict(__import__("os").environ, PYTHONPATH=str(REPO)), timeout=300)
+        if result.returncode == 77:
+            pytest.skip(f"cannot install a seccomp filter here: {result.stdout.strip()}")
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr[-3000:]
+        assert lines[0].startswith(f"error: cannot lock {store}: its filesystem does not support flock (ENOSYS")
+        assert "-o flock" in lines[0] and "Lustre" in lines[0]
+        assert store.exists() == stays and (not stays or not list(store.iterdir()))
+    assert not (tmp_path / "new").exists()  # the parent the refused job made went too

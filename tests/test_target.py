@@ -6,13 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from extract.target import (
-    TargetRunner,
-    batches_by_length,
-    decoder_layers,
-    kernel_report,
-    load_target,
-)
+from extract.batching import batches_by_length
+from extract.kernels import kernel_report
+from extract.target import TargetRunner, decoder_layers, load_target
 
 # Mixed lengths: 1 token, shorter and longer than the gated-delta-rule chunk (64),
 # and the longest defines the padded width of the batch.
@@ -218,3 +214,50 @@ def test_batches_by_length_counts_padded_tokens():
     assert batches_by_length([], 10) == []
     with pytest.raises(ValueError):
         batches_by_length(lengths, 0)
+
+
+# --------------------------------------------------------------------------- only what is captured (issue 15.8)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_5", "qwen3_5_vl"])
+def test_workers_load_no_lm_head_and_no_layer_past_the_last_context_layer(targets, kind):
+    """`keep_layers=4` (context layers up to 3): decoder layers 0..3 and no head are
+    loaded -- the parameters are exactly the full model's minus those -- and the
+    captured states are bit-identical to the full model's."""
+    path, full = targets[kind]
+    part = load_target(path, keep_layers=4)
+    names = {name for name, _ in part.model.named_parameters()}
+    assert not [n for n in names if "lm_head" in n] and len(decoder_layers(part.model)) == 4
+    assert (part.num_layers, part.vocab_size, part.kernels) == (full.num_layers, full.vocab_size, full.kernels)
+    kept = {n for n, _ in full.model.named_parameters()  # (the final norm stays: hidden-size floats)
+            if not n.startswith("lm_head") and not any(f"layers.{i}." in n for i in range(4, full.num_layers))}
+    dropped = sum(p.numel() for n, p in full.model.named_parameters() if n not in kept)
+    assert sum(p.numel() for p in part.model.parameters()) == sum(p.numel() for p in full.model.parameters()) - dropped
+    assert dropped > full.model.get_output_embeddings().weight.numel()  # the head and the later layers
+    sequences = _sequences([40, 7, 65], seed=6)
+    for a, b in zip(TargetRunner(full, [1, 3]).run_batch(sequences), TargetRunner(part, [1, 3]).run_batch(sequences)):
+        assert all(torch.equal(a[L], b[L]) for L in (1, 3))
+    with pytest.raises(ValueError, match="need the whole target"):
+        TargetRunner(part, [1, 4])  # a valid id of the target, past what was loaded
+    with pytest.raises(ValueError, match="need the whole target"):
+        TargetRunner(part, [1], topk=2)
+
+
+def test_a_cuda_worker_on_the_pytorch_fallback_is_refused_before_loading_when_asked():
+    """The rule `--require-fast-kernels` applies, on the class this install would run:
+    without fla / causal-conv1d the hybrid model's prefill kernels are the fallback."""
+    from transformers import Qwen3_5TextModel, Qwen3Model
+
+    from extract.kernels import check_fast_kernels, fallback_kernels, kernels_of_class, slow_kernels_message
+
+    if _importable("fla") and _importable("causal_conv1d"):
+        pytest.skip("optimized kernels installed here")
+    hybrid = kernels_of_class(Qwen3_5TextModel)
+    assert fallback_kernels(hybrid) == ["causal_conv1d", "linear_attention"]
+    with pytest.raises(RuntimeError, match=r"PyTorch fallback for causal_conv1d, linear_attention on CUDA.*"
+                                           r"refused by --require-fast-kernels"):
+        check_fast_kernels(hybrid, "cuda", "worker on h1")
+    check_fast_kernels(hybrid, "cpu", "worker on h1")  # the CPU path is the reference path: never refused
+    check_fast_kernels(kernels_of_class(Qwen3Model), "cuda", "worker on h1")  # no linear attention at all
+    assert check_fast_kernels({"linear_attention": "fla", "causal_conv1d": "causal-conv1d"}, "cuda", "w") is None
+    assert 'pip install -e ".[gpu]"' in slow_kernels_message(hybrid, "worker on h1")

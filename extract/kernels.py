@@ -1,0 +1,91 @@
+"""Which kernel implementations a target's forward runs, and the rule for the slow ones.
+
+On a GPU, hybrid linear-attention targets (Qwen3.5 / 3.6) need `fla` (chunked gated
+delta rule) and `causal-conv1d`; without them transformers falls back to its PyTorch
+reference, many times slower. The store's fingerprint records what ran; a CUDA
+worker on the fallback is warned about loudly, and refused with
+``--require-fast-kernels`` before it loads a single weight."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+FAST_KERNELS_EXTRA = 'pip install -e ".[gpu]"  (flash-linear-attention, causal-conv1d)'
+
+
+# Functions transformers wraps with `use_kernel_func_from_hub_with_fallback`, as run
+# by a cache-less (prefill) forward: hub-kernel name -> (report key, package name).
+_PREFILL_KERNELS = {
+    "chunk_gated_delta_rule": ("linear_attention", {"fla": "fla"}),
+    "causal_conv1d_fn": ("causal_conv1d", {"causal_conv1d": "causal-conv1d"}),
+}
+
+
+def kernel_report(model: torch.nn.Module) -> dict:
+    """Which implementations this model's forward uses, for the store's fingerprint:
+    ``{"attention": "sdpa", "linear_attention": "fla"|"torch"|None,
+    "causal_conv1d": "causal-conv1d"|"torch"|None}`` (None: the model has no such layers).
+
+    transformers picks, once at import of the modeling module, the optional package's
+    function if it imports and its own PyTorch reference otherwise, and keeps the choice
+    in the wrapper's closure; we read that choice rather than guess it. (Hub kernels via
+    ``use_kernels=True``/``kernelize`` would override it; `load_target` never asks for them.)
+    """
+    report = {"attention": getattr(model.config, "_attn_implementation", None)}
+    report.update(_prefill_kernels({type(m).__module__ for m in model.modules()}))
+    return report
+
+
+def kernels_of_class(model_class) -> dict:
+    """The prefill kernels a model class will run, known before any weight is loaded."""
+    return _prefill_kernels({model_class.__module__})
+
+
+def _prefill_kernels(module_names) -> dict:
+    report = {key: None for key, _ in _PREFILL_KERNELS.values()}
+    modules = [sys.modules[n] for n in sorted(module_names) if n in sys.modules and not n.startswith("torch")]
+    for module in modules:
+        for function in vars(module).values():
+            if not inspect.isfunction(function):
+                continue
+            chosen = _kernel_choice(function)
+            if chosen is not None and chosen[0] in _PREFILL_KERNELS:
+                key, names = _PREFILL_KERNELS[chosen[0]]
+                report[key] = names.get(chosen[1], chosen[1]) if chosen[1] != "torch" else "torch"
+    return report
+
+
+def _kernel_choice(function) -> tuple[str, str] | None:
+    """(hub-kernel name, "torch" or the package it resolved to) for a function wrapped
+    by transformers' `use_kernel_func_from_hub_with_fallback`, else None."""
+    while function is not None:
+        try:
+            names = inspect.getclosurevars(function).nonlocals
+        except (TypeError, ValueError):
+            names = {}
+        if {"func_name", "implementation", "torch_function", "package"} <= names.keys():
+            if names["implementation"] is names["torch_function"]:
+                return names["func_name"], "torch"
+            return names["func_name"], names["package"]
+        function = getattr(function, "__wrapped__", None)
+    return None
+
+
+def fallback_kernels(kernels: dict) -> list[str]:
+    """The prefill kernels of `kernels` (a `kernel_report`) running the PyTorch fallback."""
+    return sorted(key for key, _ in _PREFILL_KERNELS.values() if kernels.get(key) == "torch")
+
+
+def slow_kernels_message(kernels: dict, where: str) -> str:
+    slow = ", ".join(fallback_kernels(kernels))
+    return (
+        f"{where} runs the PyTorch fallback for {slow} on CUDA (fla / causal-conv1d not importable): "
+        f"extraction will be many times slower -- {FAST_KERNELS_EXTRA}"
+    )
+
+
+def check_fast_kernels(kernels: dict, device_type: str, where: str) -> None:
+    """Refuse a CUDA target whose prefill kernels are the fallback (`--require-fast-kernels`)."""
+    if device_type == "cuda" and fallback_kernels(kernels):
+        raise RuntimeError(slow_kernels_message(kernels, where) + "; refused by --require-fast-kernels")

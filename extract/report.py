@@ -1,0 +1,111 @@
+"""The job's JSON report: printed last by `run`, and kept in the store, one file per
+run (``reports/extract-<UTC start>-<run>.json``), so a rerun that had nothing to do
+(``"status": "nothing_to_do"``) never hides what the run that extracted measured."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .config import JobConfig
+from .dispatch import DispatchCounts
+
+REPORT_PREFIX = "extract"
+
+
+@dataclass
+class Outcome:
+    """What the run did, gathered for the report."""
+
+    run: str  # this run's id (staging names, fence, report file)
+    started_at: float = field(default_factory=time.time)  # wall clock, for the report's name
+    plan_seconds: float = 0.0
+    startup_seconds: float = 0.0
+    extract_seconds: float = 0.0
+    workers: list = field(default_factory=list)  # WorkerInfo of each started actor
+    workers_started: int = 0  # replacements of lost actors included
+    kernels: dict = field(default_factory=dict)
+    kernel_warning: str | None = None
+    counts: DispatchCounts = field(default_factory=DispatchCounts)
+    shards_committed: int = 0  # planned shards committed in the store when the run ended
+
+
+def report_name(outcome: Outcome) -> str:
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(outcome.started_at))
+    return f"{REPORT_PREFIX}-{stamp}-{outcome.run}"
+
+
+def build_report(config: JobConfig, store_path: Path, resume, layer_ids, outcome: Outcome, *, wall: float,
+                 leftovers: int) -> dict:
+    from .planning import summarize
+
+    plan = resume.plan
+    summary = summarize(plan)
+    counts = outcome.counts
+    seconds = outcome.extract_seconds
+    return {
+        "status": "complete" if resume.pending else "nothing_to_do",
+        "run": outcome.run,
+        "report": f"reports/{report_name(outcome)}.json",
+        "store": str(store_path.resolve()),
+        "plan_digest": plan.digest(),
+        "plan_reused": resume.reused,
+        "samples": plan.num_samples,
+        "tokens": plan.num_tokens,
+        "shards": len(plan.shards),
+        "shards_committed": outcome.shards_committed,
+        "samples_written": counts.samples_written,
+        "tokens_written": counts.tokens_written,
+        "shards_written": counts.shards_written,
+        "shards_skipped": resume.skipped,
+        "shards_committed_elsewhere": counts.shards_committed_elsewhere,
+        "shards_retried": counts.shards_retried,
+        "shards_committed_before_worker_death": counts.shards_committed_before_worker_death,
+        "worker_deaths": counts.worker_deaths,
+        "workers_timed_out": counts.workers_timed_out,
+        "attempts_revoked": counts.attempts_revoked,
+        "quarantined": summary.quarantined,
+        "quarantined_by_reason": summary.quarantined_by_reason,
+        "layer_ids": list(layer_ids),
+        "target_topk": int(config.target_topk or 0),
+        "workers": len(outcome.workers),
+        "workers_started": outcome.workers_started,
+        "batch_shards": config.batch_shards,
+        "batch_tokens": config.batch_tokens,
+        "device": config.device,
+        "devices": sorted({w.device for w in outcome.workers}),
+        "hosts": sorted({w.host for w in outcome.workers}),
+        "kernels": outcome.kernels,
+        "kernel_warning": outcome.kernel_warning,
+        "padded_tokens": counts.padded_tokens,
+        "filler_tokens": counts.filler_tokens,
+        # computed / real tokens of what this run extracted (1.0: no padding); null if it extracted nothing
+        "padded_token_ratio": round(counts.padded_tokens / counts.tokens_written, 4) if counts.tokens_written else None,
+        "bytes_written": counts.bytes_written,
+        "raw_bytes_written": counts.raw_bytes_written,
+        "tokens_per_s": round(counts.tokens_written / seconds, 2) if seconds else 0.0,
+        "bytes_per_s": round(counts.bytes_written / seconds, 2) if seconds else 0.0,
+        "wall_seconds": round(wall, 3),
+        "plan_seconds": round(outcome.plan_seconds, 3),
+        "startup_seconds": round(outcome.startup_seconds, 3),
+        "extract_seconds": round(seconds, 3),
+        "leftovers_cleaned": leftovers,
+    }
+
+
+def summary_line(report: dict) -> str:
+    """The one line `run` prints on stderr before the JSON."""
+    from store_schema.units import human_bytes
+
+    if report["status"] == "nothing_to_do":
+        return (f"nothing to do: all {report['shards']} shard(s) of {report['store']} are committed "
+                f"(this run's report: {report['report']})")
+    ratio = report["padded_token_ratio"]
+    return (
+        f"extracted {report['shards_written']} shard(s) ({report['samples_written']} samples, "
+        f"{report['tokens_written']} tokens), {report['shards_skipped']} already committed, "
+        f"{report['quarantined']} record(s) quarantined; {report['tokens_per_s']:.0f} tokens/s, "
+        f"{human_bytes(int(report['bytes_per_s']))}/s on {report['workers']} worker(s)"
+        + (f", padded/real tokens {ratio:.3f}" if ratio else "")
+    )

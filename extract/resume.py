@@ -1,0 +1,82 @@
+"""What a job does with the store it is pointed at: the plan to follow and the shards left.
+
+A store that holds a plan is resumed with *that* plan when the corpus bytes, the
+tokenizer and the settings are the ones it was made with -- checked by hashing the
+corpus and reading the tokenizer (`planning.plan_inputs`), not by tokenizing the
+corpus again (hours at full size). Where the files lie does not matter: a copied or
+moved tree resumes. Anything else differing is refused, naming what differs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .config import JobConfig
+from .errors import ExtractError
+
+if TYPE_CHECKING:
+    from store_schema import Plan, Store
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The plan a job follows and what the store already holds of it."""
+
+    plan: Plan
+    reused: bool  # the store's own plan, nothing re-tokenized
+    store: Store | None  # the store to resume; None: create one (new, overwritten or never finished)
+    pending: list[str]  # planned shards not committed yet, in plan order
+    skipped: int  # planned shards already committed
+
+
+def plan_and_resume(config: JobConfig, store_path: Path, planner, log) -> Resume:
+    """The job's plan and the shards left. `planner()` makes a plan from scratch
+    (`extract.job.plan_job`), called only when the store holds none to reuse."""
+    store = _existing_store(config, store_path)
+    stored = store.plan() if store is not None else None
+    if store is not None and stored is None and store.committed_shards():
+        raise ExtractError(f"{store_path} has committed shards but no plan; use --overwrite or a new store")
+    if stored is not None:
+        _check_same_plan(config, store_path, stored)
+        log(f"reusing the store's plan ({stored.num_samples} samples in {len(stored.shards)} shards): same corpus "
+            "bytes, tokenizer and settings, nothing re-tokenized")
+        plan, reused = stored, True
+    else:
+        plan, reused = planner(), False
+    everything = [s.name for s in plan.shards]
+    committed = set(store.committed_shards()) if store is not None else set()
+    pending = [name for name in everything if name not in committed]
+    return Resume(plan, reused, store, pending, len(everything) - len(pending))
+
+
+def _existing_store(config: JobConfig, store_path: Path) -> Store | None:
+    from store_schema import Store, layout
+    from store_schema.writer import store_entries
+
+    if config.overwrite or not store_entries(store_path):
+        return None
+    if not (store_path / layout.ROOT_RECORD).is_file():
+        return None  # never finished creating: no plan, no shards, nothing to lose
+    return Store(store_path)
+
+
+def _check_same_plan(config: JobConfig, store_path: Path, stored: Plan) -> None:
+    """Refuse unless this job's corpus, tokenizer and settings are the stored plan's."""
+    from transformers import AutoTokenizer
+
+    from .corpus import open_corpus
+    from .planning import PlanError, plan_differences, plan_inputs
+
+    tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
+    wanted = plan_inputs(open_corpus(config.corpus), config.corpus, tokenizer, config.tokenizer_path,
+                         config.plan_settings)
+    differences = plan_differences(stored.settings, wanted)
+    if differences:
+        raise ExtractError(
+            f"{store_path} holds a different plan ({', '.join(differences[:6])}); rerun with the settings it was "
+            "made with, use a new store, or pass --overwrite to start over"
+        )
+    if config.strict and stored.quarantined:
+        first = stored.quarantined[0]
+        raise PlanError(first.record_index, first.reason, first.detail)
