@@ -451,7 +451,8 @@ def test_a_store_on_a_filesystem_without_flock_is_refused_in_one_line(qwen3_dir,
     existing = tmp_path / "existing"
     existing.mkdir()
     for store, stays in ((tmp_path / "new" / "store", False), (existing, True)):
-        argv = ["run", "--model", str(qwen3_dir), "--corpus", str(corpus[0]), "--store", str(store), "--no-progress"]
+        argv = ["run", "--model", str(qwen3_dir), "--corpus", str(corpus[0]), "--store", str(store), "--layers", "1,3",
+                    "--no-progress"]
         result = subprocess.run([sys.executable, "-c", _NO_FLOCK, *argv], cwd=REPO, capture_output=True, text=True,
                                 env=dict(__import__("os").environ, PYTHONPATH=str(REPO)), timeout=300)
         if result.returncode == 77:
