@@ -22,7 +22,14 @@ from store_schema.cli import EXIT_INTERRUPTED, UsageError, run_command
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
     from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
-    from store_schema.plan import DEFAULT_BLOCK_SIZE, DEFAULT_MAX_LENGTH, DEFAULT_SEED, DEFAULT_SHARD_TOKENS
+    from store_schema.plan import (
+        DEFAULT_BLOCK_SIZE,
+        DEFAULT_LOSS_MASK,
+        DEFAULT_MAX_LENGTH,
+        DEFAULT_SEED,
+        DEFAULT_SHARD_TOKENS,
+        LOSS_MASK_CONVENTIONS,
+    )
 
     from .config import available_cpus
 
@@ -47,6 +54,9 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
         parser.add_argument("--workers", type=int, default=cores,
                             help="tokenizer processes (default: this machine's cores, %(default)s)")
     parser.add_argument("--limit", type=int, help="plan only the first N records")
+    parser.add_argument("--loss-mask", choices=tuple(LOSS_MASK_CONVENTIONS), default=DEFAULT_LOSS_MASK,
+                        help="what the loss scores in each assistant turn: the whole turn as served (reasoning, "
+                             "content, tool calls, end-of-turn token; default) or its content only")
     parser.add_argument("--compression-ratio", type=float, default=BFLOAT16_STORE.size_ratio,
                         help=f"compressed/raw of a bf16 store for the size estimate (fp8: {FP8_E4M3_STORE.size_ratio})")
 
@@ -69,6 +79,7 @@ def _job_config(args, **execution):
         seed=args.seed,
         drop_long=args.drop_long,
         limit=args.limit,
+        loss_mask=args.loss_mask,
     )
     return JobConfig(
         model=args.model,

@@ -38,7 +38,6 @@ from .corpus import BadRecord, Corpus, open_corpus
 from .errors import ExtractError
 from .progress import Progress
 from .tokenization import (
-    MASK_CONVENTION,
     RecordError,
     chat_template_hash,
     has_generation_tags,
@@ -126,6 +125,7 @@ def _plan_record(index: int, record, tokenizer, rules: _RecordRules) -> _Ok | _B
             max_length=rules.settings.max_length,
             drop_long=rules.settings.drop_long,
             use_generation_tags=rules.generation_tags,
+            loss_mask=rules.settings.loss_mask,
         )
     except RecordError as error:
         return _Bad(index, sample_id, error.reason, error.detail)
@@ -297,7 +297,6 @@ def plan_inputs(corpus: Corpus, corpus_path, tokenizer, tokenizer_path, settings
         tokenizer_hash=tokenizer_hash(tokenizer),
         chat_template_hash=chat_template_hash(tokenizer) if tokenizer.chat_template else None,
         generation_tags=_generation_tags(tokenizer),
-        mask_convention=MASK_CONVENTION,
         truncation="keep_first_max_length_tokens",
     )
 
@@ -362,6 +361,7 @@ def load_samples(
                 max_length=settings["max_length"],
                 drop_long=False,  # the plan only holds records that fit or were truncated
                 use_generation_tags=settings.get("generation_tags"),
+                loss_mask=PlanSettings.from_record(settings).loss_mask,
             )
         except RecordError as error:
             raise SampleMismatchError(f"{where} is now rejected: {error}") from None

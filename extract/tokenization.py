@@ -1,11 +1,17 @@
 """Turn one corpus record into ``(input_ids int32, loss_mask uint8)``.
 
-The loss mask is the assistant's *content* only, in every assistant turn: the
-drafter learns to predict what the target says, never the prompt or the chat
-template's role markers (``<|im_start|>assistant\\n``, ``<|im_end|>``, an
-inserted empty ``<think></think>``), which are free at serving time.
+The loss mask covers what the target says in each assistant turn, never the
+prompt or the chat template's role header (``<|im_start|>assistant\\n``), which
+are free at serving time. Two scopes (`store_schema.plan.LOSS_MASK_CONVENTIONS`):
 
-Two ways to find the content, which must agree:
+* ``turn`` (default): the turn as the target emits it when served: its reasoning
+  (``<think>...</think>``, rendered from ``reasoning_content`` or written inline),
+  content, tool calls if the template renders them, and the end-of-turn token
+  (``<|im_end|>``). A ``<think></think>`` with nothing inside is the template's
+  (Qwen3 inserts one when there is no reasoning) and stays unscored;
+* ``content``: the message's ``content`` only, no end-of-turn token.
+
+Two ways to find what the assistant said, which must agree:
 
 * the template has ``{% generation %}`` tags: transformers returns the mask
   (``return_assistant_tokens_mask=True``);
@@ -13,7 +19,7 @@ Two ways to find the content, which must agree:
   assistant message's content in the rendered text after the prefix the
   template renders for ``messages[:i]`` plus its generation prompt, and mark the
   tokens whose character spans overlap the content (the same overlap rule
-  transformers uses).
+  transformers uses). The turn scope starts at the end of that generation prompt.
 
 Named ``tokenization`` rather than ``tokenize`` so that running a file from this
 directory never shadows the standard library's ``tokenize`` module.
@@ -25,14 +31,17 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
-from store_schema.plan import DEFAULT_MAX_LENGTH
+from store_schema.plan import DEFAULT_LOSS_MASK, DEFAULT_MAX_LENGTH
 
 ROLES = ("system", "user", "assistant")
-MASK_CONVENTION = "assistant_content"  # recorded in the plan settings
+# Tokens that end an assistant turn in the common chat formats, besides the tokenizer's EOS.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")  # what a template inserts when there is no reasoning
 
 
 class RecordError(ValueError):
@@ -115,6 +124,9 @@ def validate_messages(messages) -> list[dict]:
                 raise RecordError("missing_field", f"messages[{i}] has no {key}")
             if not isinstance(message[key], str):
                 raise RecordError("wrong_type", f"messages[{i}].{key} is a {type(message[key]).__name__}")
+        if message.get("reasoning_content") is not None and not isinstance(message["reasoning_content"], str):
+            raise RecordError("wrong_type", f"messages[{i}].reasoning_content is a "
+                                            f"{type(message['reasoning_content']).__name__}")
         if message["role"] not in ROLES:
             raise RecordError("unknown_role", f"messages[{i}].role is {message['role']!r}, not one of {ROLES}")
         try:
@@ -155,53 +167,141 @@ def _common_prefix_length(a: str, b: str) -> int:
     return lo
 
 
-def assistant_content_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
-    """Render the chat and return ``(text, [(start, end) of each assistant content])``.
+class _Turn(NamedTuple):
+    """Where one assistant turn lies in the rendered chat."""
+
+    generation_start: int | None  # end of the template's generation prompt for it (None: not rendered)
+    start: int  # its content
+    end: int
+
+
+def _assistant_turns(tokenizer, messages: list[dict], text: str, whole_turn: bool) -> list[_Turn]:
+    """Each assistant turn with something to score, located in `text`.
 
     The search for turn i starts where the template's own rendering of
     ``messages[:i]`` + generation prompt stops agreeing with the full text (and
     never before the previous turn's content), so whatever the template inserts
     between the role marker and the content is skipped, and an assistant reply
-    that repeats earlier text is not matched in the prompt."""
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans, cursor = [], 0
+    that repeats earlier text is not matched in the prompt. ``whole_turn`` also
+    takes turns with only reasoning, and content written after an inline
+    ``</think>`` (templates render the part after it as the content)."""
+    turns, cursor = [], 0
     for i, message in enumerate(messages):
-        if message["role"] != "assistant" or not message["content"]:
+        has_reasoning = whole_turn and bool(message.get("reasoning_content", "").strip())
+        if message["role"] != "assistant" or not (message["content"] or has_reasoning):
             continue
         try:
             prefix = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
-            start_at = max(cursor, _common_prefix_length(prefix, text))
+            generation_start = _common_prefix_length(prefix, text)
+            start_at = max(cursor, generation_start)
         except Exception:  # some templates refuse a prefix (e.g. one without a user turn)
-            start_at = cursor
-        content = message["content"]
-        start = text.find(content, start_at)
-        if start < 0:  # templates commonly strip the content (Qwen: content.strip())
-            content = content.strip()
-            start = text.find(content, start_at) if content else -1
-        if start < 0:
+            generation_start, start_at = None, cursor
+        candidates = [message["content"], message["content"].strip()]
+        if whole_turn and "</think>" in message["content"]:
+            candidates.append(message["content"].split("</think>")[-1].strip())
+        for content in candidates:
+            start = text.find(content, start_at) if content or not message["content"] else -1
+            if start >= 0:
+                break
+        else:
             raise RecordError(
                 "template_mismatch",
                 f"assistant message {i}'s content does not appear verbatim in the rendered chat template",
             )
-        spans.append((start, start + len(content)))
+        turns.append(_Turn(generation_start, start, start + len(content)))
         cursor = start + len(content)
-    return text, spans
+    return turns
 
 
-def mask_with_offsets(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
-    """Path (b): no generation tags; find content spans in the rendered text."""
-    text, spans = assistant_content_spans(tokenizer, messages)
-    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    mask = [0] * len(encoding["input_ids"])
+def assistant_content_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[int, int]]]:
+    """Render the chat and return ``(text, [(start, end) of each assistant content])``."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    return text, [(turn.start, turn.end) for turn in _assistant_turns(tokenizer, messages, text, False)]
+
+
+def end_of_turn_strings(tokenizer) -> list[str]:
+    """The tokens that end an assistant turn: the tokenizer's EOS and the common
+    chat formats' end-of-turn tokens it has."""
+    vocab = tokenizer.get_vocab()
+    found = [token for token in END_OF_TURN_TOKENS if token in vocab]
+    if tokenizer.eos_token and tokenizer.eos_token not in found:
+        found.insert(0, tokenizer.eos_token)
+    return found
+
+
+def _whole_turns(text: str, spans: list[tuple[int, int]], ends: list[str]) -> list[tuple[int, int]]:
+    """Each span widened to the turn as served: through the first end-of-turn token
+    after it unless it ends with one (tool calls rendered before that token included;
+    never into the next span), less a leading empty ``<think></think>`` (the
+    template's, not the target's)."""
+    whole = []
+    for i, (start, end) in enumerate(spans):
+        limit = spans[i + 1][0] if i + 1 < len(spans) else len(text)
+        closed = any(text.endswith(token, start, end) for token in ends)  # the tags hold the token already
+        hits = [] if closed else [(at, len(token)) for token in ends if 0 <= (at := text.find(token, end, limit))]
+        if hits:
+            at, length = min(hits)
+            end = max(end, at + length)
+        empty_think = _EMPTY_THINK.match(text, start)
+        if empty_think and empty_think.end() <= end:
+            start = empty_think.end()
+        whole.append((start, end))
+    return whole
+
+
+def _overlap_mask(offsets, spans: list[tuple[int, int]]) -> list[int]:
+    """1 for each token whose character span overlaps one of `spans` (sorted, disjoint)."""
+    mask = [0] * len(offsets)
     span_pos = 0
-    for token, (start, end) in enumerate(encoding["offset_mapping"]):
+    for token, (start, end) in enumerate(offsets):
         while span_pos < len(spans) and start >= spans[span_pos][1]:
             span_pos += 1
         if span_pos == len(spans):
             break
         if end > spans[span_pos][0] and end > start:
             mask[token] = 1
-    return list(encoding["input_ids"]), mask
+    return mask
+
+
+def _encode(tokenizer, text: str):
+    return tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+
+
+def mask_with_offsets(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Path (b), content scope: no generation tags; find content spans in the rendered text."""
+    text, spans = assistant_content_spans(tokenizer, messages)
+    encoding = _encode(tokenizer, text)
+    return list(encoding["input_ids"]), _overlap_mask(encoding["offset_mapping"], spans)
+
+
+def turn_mask_with_offsets(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Path (b), turn scope: from the end of each turn's generation prompt (its
+    content, when the template cannot render the prefix) through its end-of-turn token."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    spans = [(turn.start if turn.generation_start is None else min(turn.generation_start, turn.start), turn.end)
+             for turn in _assistant_turns(tokenizer, messages, text, True)]
+    encoding = _encode(tokenizer, text)
+    return list(encoding["input_ids"]), _overlap_mask(encoding["offset_mapping"], _whole_turns(
+        text, spans, end_of_turn_strings(tokenizer)))
+
+
+def turn_mask_with_generation_tags(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Path (a), turn scope: each ``{% generation %}`` run, through its end-of-turn
+    token when the template leaves that outside the tags."""
+    ids, tagged = mask_with_generation_tags(tokenizer, messages)
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    encoding = _encode(tokenizer, text)
+    if list(encoding["input_ids"]) != ids:
+        raise RecordError("template_mismatch", "the rendered chat tokenizes differently than the template's own ids")
+    offsets, spans = encoding["offset_mapping"], []
+    for token, scored in enumerate(tagged):
+        if not scored:
+            continue
+        if spans and tagged[token - 1]:
+            spans[-1] = (spans[-1][0], offsets[token][1])
+        else:
+            spans.append(tuple(offsets[token]))
+    return ids, _overlap_mask(offsets, _whole_turns(text, spans, end_of_turn_strings(tokenizer)))
 
 
 # --------------------------------------------------------------------------- records
@@ -228,6 +328,14 @@ def _pretokenized(record: dict, vocab_size: int) -> tuple[list[int], list[int]]:
     return [int(v) for v in ids], [int(v) for v in mask]
 
 
+_CHAT_PATHS = {  # (scope, template has generation tags) -> the function that masks a chat
+    ("turn", True): turn_mask_with_generation_tags,
+    ("turn", False): turn_mask_with_offsets,
+    ("content", True): mask_with_generation_tags,
+    ("content", False): mask_with_offsets,
+}
+
+
 def tokenize_record(
     record: dict,
     tokenizer,
@@ -235,12 +343,14 @@ def tokenize_record(
     max_length: int = DEFAULT_MAX_LENGTH,
     drop_long: bool = False,
     use_generation_tags: bool | None = None,
+    loss_mask: str = DEFAULT_LOSS_MASK,
 ) -> Tokenized:
     """Tokenize one record or raise `RecordError` with the quarantine reason.
 
     Longer than ``max_length``: truncated (keep the first ``max_length`` tokens)
     or, with ``drop_long``, rejected as ``too_long``. ``use_generation_tags``
-    forces a chat path (None: tags if the template has them)."""
+    forces a chat path (None: tags if the template has them). ``loss_mask``: the
+    scope of a chat's mask, ``turn`` or ``content`` (pre-tokenized records bring theirs)."""
     if not isinstance(record, dict):
         raise RecordError("wrong_type", f"record is a {type(record).__name__}, not an object")
     has_chat, has_tokens = _present(record, "messages"), _present(record, "input_ids")
@@ -251,7 +361,7 @@ def tokenize_record(
     elif has_chat:
         messages = validate_messages(record["messages"])
         tags = has_generation_tags(tokenizer) if use_generation_tags is None else use_generation_tags
-        ids, mask = (mask_with_generation_tags if tags else mask_with_offsets)(tokenizer, messages)
+        ids, mask = _CHAT_PATHS[loss_mask, tags](tokenizer, messages)
     elif _present(record, "loss_mask"):
         raise RecordError("missing_field", "loss_mask without input_ids")
     else:

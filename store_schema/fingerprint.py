@@ -21,6 +21,10 @@ class FingerprintMismatch(ValueError):
         super().__init__("store fingerprint does not match: " + "; ".join(lines))
 
 
+# Fields added after stores existed, with the value a store without them has.
+_ADDED_LATER = {"loss_mask": "content"}
+
+
 @dataclass(frozen=True)
 class Fingerprint:
     target_model: str  # path or hub name the target was loaded from
@@ -40,6 +44,7 @@ class Fingerprint:
     kernels: dict = field(default_factory=dict)  # e.g. {"linear_attention": "torch"}
     package_versions: dict = field(default_factory=dict)
     target_topk: int = 0
+    loss_mask: str = "content"  # the plan's loss-mask scope (PlanSettings.loss_mask); stores before it: content
 
     def __post_init__(self):
         ids = validate_layer_ids([int(i) for i in self.layer_ids], self.num_target_layers)
@@ -79,9 +84,20 @@ class Fingerprint:
             package_versions=package_versions(),
             target_topk=int(target_topk),
             dtype=dtype,
+            loss_mask=PlanSettings.from_record(recorded).loss_mask,
         )
 
     def to_json(self) -> dict:
+        """The fields as stored; a field added later is left out while it holds what
+        every store before it meant, so those stores keep their recorded hash."""
+        data = self.values()
+        for name, before in _ADDED_LATER.items():
+            if data[name] == before:
+                del data[name]
+        return data
+
+    def values(self) -> dict:
+        """Every field, JSON-shaped."""
         data = asdict(self)
         data["layer_ids"] = list(self.layer_ids)
         return data
@@ -100,9 +116,9 @@ class Fingerprint:
         expected: another Fingerprint (every field compared: a resumed job) or a
         mapping of the fields a reader cares about (a trainer: hidden size, vocabulary,
         layer count). `ignore` names fields that may differ."""
-        have = self.to_json()
+        have = self.values()
         if isinstance(expected, Fingerprint):
-            want = expected.to_json()
+            want = expected.values()
         else:
             unknown = sorted(set(expected) - set(have))
             if unknown:

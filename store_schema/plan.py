@@ -14,6 +14,12 @@ DEFAULT_MAX_LENGTH = 3072
 DEFAULT_SHARD_TOKENS = 32768
 DEFAULT_BLOCK_SIZE = 16
 DEFAULT_SEED = 0
+# Which tokens of an assistant turn the loss scores (`--loss-mask`), and how a plan
+# records each (its `mask_convention`). "turn": the turn as the target emits it when
+# served (reasoning, content, tool calls, the end-of-turn token); "content": the
+# message's content only, the rule every plan made before scopes existed used.
+LOSS_MASK_CONVENTIONS = {"turn": "assistant_turn", "content": "assistant_content"}
+DEFAULT_LOSS_MASK = "turn"
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,7 @@ class PlanSettings:
     seed: int = DEFAULT_SEED  # the shuffle that deals samples into shards
     drop_long: bool = False
     limit: int | None = None  # plan only the first `limit` records
+    loss_mask: str = DEFAULT_LOSS_MASK  # a key of LOSS_MASK_CONVENTIONS
 
     def __post_init__(self):
         for name in ("max_length", "shard_tokens", "block_size"):
@@ -40,6 +47,9 @@ class PlanSettings:
             raise ValueError(f"plan settings: seed must be an integer, got {self.seed!r}")
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)):
             raise ValueError(f"plan settings: limit must be an integer or None, got {self.limit!r}")
+        if self.loss_mask not in LOSS_MASK_CONVENTIONS:
+            raise ValueError(f"plan settings: loss_mask must be one of {tuple(LOSS_MASK_CONVENTIONS)}, "
+                             f"got {self.loss_mask!r}")
         object.__setattr__(self, "drop_long", bool(self.drop_long))
 
     @property
@@ -48,13 +58,22 @@ class PlanSettings:
         return 2 * self.block_size
 
     def to_record(self) -> dict:
-        """These settings as the plan records them (with the derived `min_loss_tokens`)."""
-        return dict(asdict(self), min_loss_tokens=self.min_loss_tokens)
+        """These settings as the plan records them: the derived `min_loss_tokens`, and
+        the loss-mask scope as the `mask_convention` plans have always recorded (so a
+        content-scope plan keeps the digest it had before scopes existed)."""
+        record = dict(asdict(self), min_loss_tokens=self.min_loss_tokens)
+        record["mask_convention"] = LOSS_MASK_CONVENTIONS[record.pop("loss_mask")]
+        return record
 
     @classmethod
     def from_record(cls, record: Mapping) -> "PlanSettings":
         """The settings a recorded plan was made with (a plan's `settings`)."""
-        return cls(**{name: record[name] for name in cls.__dataclass_fields__})
+        scopes = {convention: scope for scope, convention in LOSS_MASK_CONVENTIONS.items()}
+        convention = record.get("mask_convention", LOSS_MASK_CONVENTIONS["content"])
+        if convention not in scopes:
+            raise ValueError(f"plan settings: unknown mask_convention {convention!r}")
+        names = [name for name in cls.__dataclass_fields__ if name != "loss_mask"]
+        return cls(**{name: record[name] for name in names}, loss_mask=scopes[convention])
 
 
 @dataclass(frozen=True)

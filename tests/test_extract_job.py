@@ -150,13 +150,17 @@ def test_fp8_job_stores_the_reference_within_rounding_and_a_store_never_mixes_dt
         run_job(_config(qwen3_5_dir, corpus[0], reference[0], store_dtype="fp8_e4m3"))
 
 
-def test_loss_masks_are_the_assistant_spans(reference, corpus, tokenizer):
+def test_loss_masks_are_the_assistant_turns(reference, corpus, tokenizer):
+    """The default scope: each assistant turn's content as the template's generation
+    tags mark it, plus the end-of-turn token that follows; role headers never."""
     from store_schema import Store
 
     store, _ = reference
     _, good, _ = corpus
     by_id = {r["id"]: r for r in good}
     reader = Store(store)
+    assert reader.fingerprint.loss_mask == "turn" and reader.fingerprint.to_json()["loss_mask"] == "turn"
+    end_of_turn = tokenizer.convert_tokens_to_ids("<|im_end|>")
     multi = 0
     for name in reader.committed_shards():
         data = reader.read_shard(name)
@@ -165,17 +169,21 @@ def test_loss_masks_are_the_assistant_spans(reference, corpus, tokenizer):
             messages = by_id[sample.sample_id]["messages"]
             rendered = tokenizer.apply_chat_template(
                 messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
-            assert sample.input_ids.tolist() == list(rendered["input_ids"])
-            assert sample.loss_mask.tolist() == list(rendered["assistant_masks"])
-            # The masked tokens are exactly the assistant turns' content, turn by turn.
+            ids, content = list(rendered["input_ids"]), list(rendered["assistant_masks"])
+            assert sample.input_ids.tolist() == ids
+            turn = [int(m or (i > 0 and content[i - 1] and not m and t == end_of_turn))
+                    for i, (t, m) in enumerate(zip(ids, content))]
+            assert sample.loss_mask.tolist() == turn
+            # The masked tokens are exactly the assistant turns as served, turn by turn.
             mask = sample.loss_mask.numpy().astype(bool)
             ids = sample.input_ids.numpy()
             starts = np.flatnonzero(mask & ~np.concatenate([[False], mask[:-1]]))
             ends = np.flatnonzero(mask & ~np.concatenate([mask[1:], [False]])) + 1
             spans = [tokenizer.decode(ids[a:b]) for a, b in zip(starts, ends)]
             # (BPE may merge the template's newline with the content's leading spaces.)
-            assert [s.strip() for s in spans] == [m["content"].strip() for m in messages if m["role"] == "assistant"]
-            assert not any("<|im_" in s or "assistant" in s[:12] for s in spans)
+            assert [s.lstrip() for s in spans] == [
+                m["content"].lstrip() + "<|im_end|>" for m in messages if m["role"] == "assistant"]
+            assert not any("<|im_start|>" in s or "assistant" in s[:12] for s in spans)
             multi += len(spans) > 1
     assert multi == 4
 
@@ -190,6 +198,7 @@ def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_othe
     the run that extracted (issue 16.3). Other corpus bytes or settings are refused,
     naming what differs, before anything is tokenized."""
     from extract.job import ExtractError, run_job
+    from store_schema.plan import PlanSettings
 
     store, first = reference
     before = {p.name: p.stat().st_ino for p in (store / "shards").iterdir() if p.is_dir()}
@@ -210,6 +219,9 @@ def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_othe
         run_job(_config(qwen3_5_dir, corpus[0], store, shard_tokens=1000))
     with pytest.raises(ExtractError, match="layer_ids"):
         run_job(_config(qwen3_5_dir, corpus[0], store, layers=[1, 2]))
+    content_only = PlanSettings(shard_tokens=SHARD_TOKENS, loss_mask="content")
+    with pytest.raises(ExtractError, match=r"different plan \(mask_convention: 'assistant_turn' -> 'assistant_content'\)"):
+        run_job(_config(qwen3_5_dir, corpus[0], store, plan_settings=content_only))
     longer = tmp_path / "chats.jsonl"
     longer.write_bytes(corpus[0].read_bytes() + corpus[0].read_bytes().splitlines(keepends=True)[0])
     with pytest.raises(ExtractError, match=r"different plan \(corpus_hash: '[0-9a-f]{64}' -> '[0-9a-f]{64}', "

@@ -130,13 +130,16 @@ def test_offsets_path_skips_what_the_template_inserts(think):
     _, tokenizer = think
     chats = long_chats(2)
     messages = multi_turn(chats)
-    tokenized = tokenize_record({"messages": messages}, tokenizer)
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     assert "<think>\n\n</think>\n\n" in text
     answers = [m["content"].strip() for m in messages if m["role"] == "assistant"]
-    got = masked_text(tokenizer, tokenized.input_ids, tokenized.loss_mask)
+    content = tokenize_record({"messages": messages}, tokenizer, loss_mask="content")
+    got = masked_text(tokenizer, content.input_ids, content.loss_mask)
     assert got == "".join(answers) and "think>" not in got
-    assert runs(tokenized.loss_mask) == 2
+    assert runs(content.loss_mask) == 2
+    turn = tokenize_record({"messages": messages}, tokenizer)  # the default scope adds each end-of-turn token
+    assert masked_text(tokenizer, turn.input_ids, turn.loss_mask) == "".join(a + "<|im_end|>" for a in answers)
+    assert runs(turn.loss_mask) == 2
 
 
 def test_answer_repeating_the_prompt_is_found_in_the_answer(no_tags):
@@ -148,7 +151,7 @@ def test_answer_repeating_the_prompt_is_found_in_the_answer(no_tags):
     prompt = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
     prompt_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
     assert first == prompt_tokens  # not the copy inside the user turn
-    assert masked_text(tokenizer, tokenized.input_ids, tokenized.loss_mask) == text
+    assert masked_text(tokenizer, tokenized.input_ids, tokenized.loss_mask) == text + "<|im_end|>"
 
 
 def test_pretokenized_records_and_truncation(tokenizer):
@@ -297,6 +300,9 @@ RECORDED_KEYS = {
 }
 
 
+TURN_PLAN_DIGEST = "a6f01beaba52e0b8708338c976730e7a5ed367ed31965411c5c0be9d15788566"
+
+
 def test_plan_digest_is_pinned():
     """A plan made before `PlanSettings` existed (a flat settings dict) keeps its digest."""
     from store_schema.plan import Plan, PlannedShard, QuarantinedRecord
@@ -316,7 +322,14 @@ def test_plan_digest_is_pinned():
         settings,
     )
     assert plan.digest() == "af597751763a6e375332ebe0ecced524832a390d35c17221bde3abec0acb53ff"
-    assert PlanSettings.from_record(settings) == PlanSettings()  # the defaults are the ones stores were made with
+    # Stores made before loss-mask scopes scored the content: `--loss-mask content` resumes them.
+    assert PlanSettings.from_record(settings) == PlanSettings(loss_mask="content")
+    assert PlanSettings(loss_mask="content").to_record().items() <= settings.items()
+    # The default scope scores whole turns: a new convention, so a new digest (pinned too).
+    turn = dict(settings, **PlanSettings().to_record())
+    assert turn == dict(settings, mask_convention="assistant_turn")
+    assert PlanSettings.from_record(turn) == PlanSettings()
+    assert Plan(plan.shards, plan.quarantined, turn).digest() == TURN_PLAN_DIGEST
 
 
 def test_plan_settings_are_the_planners_input_and_its_record(tmp_path, tokenizer, tokenizer_dir):
@@ -335,7 +348,7 @@ def test_plan_settings_are_the_planners_input_and_its_record(tmp_path, tokenizer
         corpus_hash=open_corpus(corpus).content_hash(), corpus_records=6, limit=5, max_length=300, drop_long=True,
         shard_tokens=999, block_size=8, min_loss_tokens=16, seed=5, tokenizer_path=str(tokenizer_dir.resolve()),
         tokenizer_hash=tokenizer_hash(tokenizer), chat_template_hash=chat_template_hash(tokenizer),
-        generation_tags=True, mask_convention="assistant_content", truncation="keep_first_max_length_tokens",
+        generation_tags=True, mask_convention="assistant_turn", truncation="keep_first_max_length_tokens",
     )
     assert set(plan.settings) == RECORDED_KEYS
     assert plan.num_samples + len(plan.quarantined) == 5  # limit: record 5 never planned
