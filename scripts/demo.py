@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -44,8 +45,31 @@ DRAFTER_SETTINGS = [
 ]
 
 
-def step(title: str) -> None:
-    print(f"\n=== {title} ===", flush=True)
+class Stages:
+    """Wall and CPU seconds (this process + its children) of each demo stage: where
+    the demo's time goes, in the summary as `stage_s` / `stage_cpu_s`."""
+
+    def __init__(self):
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self._open: tuple[str, float, float] | None = None
+
+    @staticmethod
+    def _cpu() -> float:
+        own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+    def start(self, name: str, title: str) -> None:
+        self.stop()
+        print(f"\n=== {title} ===", flush=True)
+        self._open = (name, time.time(), self._cpu())
+
+    def stop(self) -> None:
+        if self._open:
+            name, wall, cpu = self._open
+            self.wall[name] = round(time.time() - wall, 1)
+            self.cpu[name] = round(self._cpu() - cpu, 1)
+        self._open = None
 
 
 def run(args: list[str], capture_json: bool = True, allow: tuple[int, ...] = (0,)) -> dict:
@@ -124,19 +148,33 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per reply (default 128)")
     parser.add_argument("--pretrain-steps", type=int, default=embedded.DEMO_TARGET["pretrain_steps"],
                         help=f"target pretraining steps (default {embedded.DEMO_TARGET['pretrain_steps']})")
+    parser.add_argument("--target-set", action="append", default=[], metavar="KEY=VALUE",
+                        help=f"override a target setting (repeatable): {', '.join(embedded.DEMO_TARGET)}")
     args = parser.parse_args()
+    try:
+        target_settings = {"pretrain_steps": args.pretrain_steps, **embedded.target_settings(args.target_set)}
+    except ValueError as error:
+        parser.error(str(error))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    # The demo's models are too small for intra-op threads to pay: two torch threads
+    # per process run several times slower than one on 2 cores (5-10x when other jobs
+    # share them). Its commands inherit this; set OMP_NUM_THREADS to choose otherwise.
+    import torch
 
-    step("1. corpus and target (built once, then cached)")
+    torch.set_num_threads(int(os.environ.setdefault("OMP_NUM_THREADS", "1")))
+    stages = Stages()
+    step = stages.start
+
+    step("target", "1. corpus and target (built once, then cached)")
     functions = embedded.coding_chats()
     records = embedded.coding_chats(phrasings=3)[: args.records]
     print(f"corpus: {len(records)} chat records ({len(functions)} standard-library functions, each asked for "
           f"3 ways)")
-    target = embedded.ensure_demo_target(out / "cache", functions, pretrain_steps=args.pretrain_steps)
+    target = embedded.ensure_demo_target(out / "cache", functions, **target_settings)
 
-    step("2. the corpus in the target's own words (greedy regeneration)")
+    step("regenerate", "2. the corpus in the target's own words (greedy regeneration)")
     corpus = embedded.regenerate(target, records, out / "cache" / f"{target.name}-corpus-{len(records)}-"
                                  f"{args.max_new_tokens}.jsonl", max_new_tokens=args.max_new_tokens)
     regenerated = [json.loads(line) for line in corpus.read_text().splitlines()]
@@ -146,36 +184,37 @@ def main() -> int:
     generated_tokens = sum(len(tokenizer(r["messages"][-1]["content"])["input_ids"]) for r in regenerated)
 
     store, run_dir, export_dir, plot = out / "store", out / "run", out / "drafter", out / "diagnose.png"
-    step("3. extract on a local Ray cluster")
+    step("extract", "3. extract on a local Ray cluster")
     report = run(["-m", "extract", "run", "--model", target, "--corpus", corpus, "--store", store,
                   "--workers", args.workers, "--device", "cpu", "--num-context-layers", "3",
                   "--max-length", "512", "--shard-tokens", "16384", "--progress-interval", "5"])
     if report.get("status") == "nothing_to_do":  # a rerun: the figures are the run that extracted
         report = json.loads((store / sorted((store / "reports").iterdir())[0]).read_text())
 
-    step("4. verify and info")
+    step("verify", "4. verify and info")
     run(["-m", "store_schema", "verify", store], capture_json=False)
     info = run(["-m", "store_schema", "info", store, "--json"])
 
-    step("5. fit the drafter")
+    step("fit", "5. fit the drafter")
     overrides = [x for setting in DRAFTER_SETTINGS for x in ("--set", setting)]
     run(["-m", "train", "fit", "--store", store, "--target", target, "--out", run_dir,
          "--max-steps", args.train_steps, *fit_args(run_dir), *overrides])
 
-    step("6. export")
+    step("export", "6. export")
     run(["-m", "train", "export", run_dir, "--out", export_dir])
 
-    step("7. offline acceptance on the held-out split (the run's: the export records data.heldout_fraction)")
+    step("eval", "7. offline acceptance on the held-out split (the run's: the export records data.heldout_fraction)")
     evaluation = run(["-m", "train", "eval", "--store", store, "--drafter", export_dir, "--target", target,
                       "--ddtree-budgets", "8,32,128", "--max-blocks-per-sample", args.max_new_tokens, "--json"])
 
-    step("8. speculative decoding of held-out prompts (the target verifies every drafted block)")
+    step("speculate", "8. speculative decoding of held-out prompts (the target verifies every drafted block)")
     decoded = run(["-m", "train", "speculate", "--drafter", export_dir, "--target", target, "--store", store,
                    "--limit", args.prompts, "--max-new-tokens", args.max_new_tokens, "--json"], allow=(0, 1))
 
-    step("9. diagnose the run")
+    step("diagnose", "9. diagnose the run")
     run(["-m", "train", "diagnose", run_dir, "--plot", plot], capture_json=False, allow=(0, 1))
 
+    stages.stop()
     trained = last_training_line(run_dir)
     summary = {
         "records": len(regenerated),
@@ -204,8 +243,10 @@ def main() -> int:
         "exported_drafter": str(export_dir),
         "plot": str(plot),
         "wall_s": round(time.time() - started, 1),
+        "stage_s": stages.wall,
+        "stage_cpu_s": stages.cpu,
     }
-    step("summary")
+    print("\n=== summary ===")
     rows = summary_rows(summary)
     width = max(len(name) for name, _ in rows)
     for name, value in rows:

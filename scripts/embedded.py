@@ -179,6 +179,22 @@ DEMO_TARGET = dict(vocab_size=2048, hidden_size=256, num_layers=6, num_heads=8, 
                    pretrain_steps=400, pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0, architecture="qwen3")
 
 
+def target_settings(assignments: list[str]) -> dict:
+    """`KEY=VALUE` overrides of DEMO_TARGET (the demo's `--target-set`), each value
+    parsed as its default's type; an unknown key or a bad value is a one-line error."""
+    settings = {}
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep or key not in DEMO_TARGET:
+            raise ValueError(f"--target-set {assignment!r}: expected KEY=VALUE with KEY one of {', '.join(DEMO_TARGET)}")
+        kind = type(DEMO_TARGET[key])
+        try:
+            settings[key] = kind(text)
+        except ValueError:
+            raise ValueError(f"--target-set {assignment!r}: {key} takes a {kind.__name__}") from None
+    return settings
+
+
 def ensure_demo_target(cache_root, records, log=print, **overrides) -> Path:
     """Build (once) and return the cached demo target: tokenizer + pretrained
     Qwen3.5 model in one directory, keyed by its settings and the corpus."""
