@@ -98,7 +98,7 @@ def cmd_plan(args) -> int:
         )
     from .job import plan_job
 
-    from .progress import default_mode
+    from store_schema.progress import default_mode
 
     config = _job_config(args, plan_workers=args.workers, progress=default_mode(not args.json))
     plan, layer_ids = plan_job(config)
@@ -147,7 +147,7 @@ def cmd_plan(args) -> int:
 
 def cmd_run(args) -> int:
     from .job import run_job
-    from .progress import default_mode
+    from store_schema.progress import default_mode
     from .report import summary_line
 
     if not args.store:
