@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from store_schema.cli import EXIT_INTERRUPTED, UsageError, run_command
+from store_schema.cli import UsageError, interrupted, run_command
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
@@ -177,9 +177,7 @@ def cmd_run(args) -> int:
     try:
         report = run_job(config)  # Ray and the workers are shut down on the way out, Ctrl-C included
     except KeyboardInterrupt:
-        print(f"interrupted: committed shards are kept; rerun the same command to resume ({args.store})",
-              file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return interrupted("committed shards are kept", f"rerun the same command to resume ({args.store})")
     print(summary_line(report), file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
     return 0

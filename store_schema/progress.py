@@ -29,7 +29,7 @@ class Progress:
                  initial: int = 0, log: Callable[[str], None] | None = None, clock=time.monotonic):
         self.desc, self.total, self.unit, self.mode, self.interval = desc, int(total), unit, mode, float(interval)
         self.done = int(initial)
-        self._start_done = self.done
+        self._start_done = self._line_done = self.done
         self._clock = clock
         self._started = self._last_line = clock()
         self._log = log or (lambda line: print(line, file=sys.stderr, flush=True))
@@ -75,14 +75,14 @@ class Progress:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
-        elif self.mode == "lines" and self.done > self._start_done:
-            self._line()
+        elif self.mode == "lines" and self.done > self._start_done and self.done != self._line_done:
+            self._line()  # the last count, unless the last line already said it
 
     def _rate(self, amount: float) -> float:
         return amount / max(self._clock() - self._started, 1e-9)
 
     def _line(self) -> None:
-        self._last_line = self._clock()
+        self._last_line, self._line_done = self._clock(), self.done
         parts = [f"{self.done:,}/{self.total:,} {self.unit}s ({100 * self.done / max(self.total, 1):.1f}%)"]
         parts += [f"{value} {key}" for key, value in self._extra.items()]
         if self._tokens:

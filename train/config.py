@@ -153,6 +153,7 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2  # newest checkpoints kept (0: keep all)
+    progress_interval: float = 30.0  # seconds between progress lines when stderr is not a terminal
 
     def validate(self):
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
@@ -167,6 +168,7 @@ class TrainConfig:
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         _check(self.log_every >= 1, "train.log_every", "must be >= 1")
+        _check(self.progress_interval >= 0, "train.progress_interval", "must be >= 0 (seconds)")
 
     @property
     def sequences_per_step(self) -> int:
