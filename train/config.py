@@ -339,6 +339,17 @@ def _apply(config: RunConfig, key: str, value) -> None:
     setattr(target, name, _coerce(shown, value, annotation))
 
 
+def _yaml_where(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    return f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's explanation without its quoted excerpt of the file (the location says where)."""
+    parts = [getattr(error, "context", None), getattr(error, "problem", None)]
+    return "; ".join(p for p in parts if p) or str(error).splitlines()[0]
+
+
 def _apply_mapping(config: RunConfig, data: dict, where: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
@@ -378,8 +389,10 @@ def load_config(
         text = path.read_text()
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as error:
-            raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path} line {error.lineno}, column {error.colno}: not valid JSON: {error.msg}") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}{_yaml_where(error)}: not valid YAML: {_yaml_problem(error)}") from None
         _apply_mapping(config, data or {}, str(path))
     for key, value in explicit.items():
         if value is not None:

@@ -42,6 +42,7 @@ from pathlib import Path
 import torch
 
 from store_schema import Store, file_sha256
+from store_schema.host import resolve_device
 from store_schema.target_config import TargetConfig, read_target_config
 from train import checkpoint as ckpt
 from train.config import ConfigError, RunConfig
@@ -115,12 +116,7 @@ def build_optimizer(drafter: torch.nn.Module, optim) -> torch.optim.AdamW:
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("config train.device: cuda requested but torch sees no CUDA device")
-    return device
+    return resolve_device(name, "config train.device")
 
 
 # -- the trainer -------------------------------------------------------------------------
