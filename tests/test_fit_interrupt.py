@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -54,26 +53,16 @@ def test_ctrl_c_checkpoints_says_how_to_resume_and_resume_is_exact(store, qwen3_
 
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    job = subprocess.Popen([sys.executable, "-m", "train", *fit_argv(store, qwen3_dir, run, 100_000)], cwd=REPO,
-                           env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)  # its own process group: the terminal we press Ctrl-C in
-    seen = []
-    try:
-        for line in job.stderr:  # stderr is a pipe: progress comes as lines, one per step at interval 0
-            seen.append(line.rstrip("\n"))
-            match = PROGRESS.match(seen[-1])
-            if match and int(match.group(1).replace(",", "")) >= 2:
-                break
-        os.killpg(job.pid, signal.SIGINT)
-        out, rest = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    err = "\n".join(seen) + "\n" + rest
-    assert job.returncode == 130, err[-3000:]
+
+    def ready(line: str) -> bool:  # stderr is a pipe: progress comes as lines, one per step at interval 0
+        match = PROGRESS.match(line)
+        return bool(match) and int(match.group(1).replace(",", "")) >= 2
+
+    returncode, err, _ = builders.ctrl_c_when([sys.executable, "-m", "train", *fit_argv(store, qwen3_dir, run, 100_000)],
+                                              env, ready)
+    assert returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
-    progress = [PROGRESS.match(line) for line in seen if PROGRESS.match(line)]
+    progress = [PROGRESS.match(line) for line in err.splitlines() if PROGRESS.match(line)]
     assert [int(m.group(3).replace(",", "")) for m in progress] == [int(m.group(1)) for m in progress]  # 1 per step
     checkpoint = latest_checkpoint(run)
     step = int(checkpoint.name.split("-")[1])
