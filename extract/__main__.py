@@ -17,7 +17,7 @@ import argparse
 import json
 import sys
 
-from store_schema.cli import EXIT_INTERRUPTED, UsageError, run_command
+from store_schema.cli import UsageError, interrupted, run_command
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
@@ -109,7 +109,7 @@ def cmd_plan(args) -> int:
         )
     from .job import plan_job
 
-    from .progress import default_mode
+    from store_schema.progress import default_mode
 
     config = _job_config(args, plan_workers=args.workers, progress=default_mode(not args.json))
     plan, layer_ids = plan_job(config)
@@ -158,7 +158,7 @@ def cmd_plan(args) -> int:
 
 def cmd_run(args) -> int:
     from .job import run_job
-    from .progress import default_mode
+    from store_schema.progress import default_mode
     from .report import summary_line
 
     if not args.store:
@@ -188,9 +188,7 @@ def cmd_run(args) -> int:
     try:
         report = run_job(config)  # Ray and the workers are shut down on the way out, Ctrl-C included
     except KeyboardInterrupt:
-        print(f"interrupted: committed shards are kept; rerun the same command to resume ({args.store})",
-              file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return interrupted("committed shards are kept", f"rerun the same command to resume ({args.store})")
     print(summary_line(report), file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
     return 0

@@ -26,9 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from store_schema.progress import Progress
+
 from .config import JobConfig
 from .errors import ExtractError, disk_full_message
-from .progress import Progress
 from .worker import ShardDone, ShardFailed, WorkerInfo
 
 GROUPS_IN_FLIGHT = 2  # per actor: one on the device while the previous one is written

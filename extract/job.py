@@ -49,9 +49,10 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
+from store_schema.progress import Progress
+
 from .config import JobConfig
 from .errors import ExtractError, disk_full_message, is_disk_full
-from .progress import Progress
 from .report import Outcome, build_report, report_name
 
 # Fields a resumed job may differ in: where the model lives and the package versions.

@@ -75,6 +75,12 @@ def cmd_verify(args) -> int:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if args.checksums_only and args.recompute:
         raise UsageError("--checksums-only and --recompute exclude each other")
+    if args.recompute:  # a model or device this machine lacks is refused before the store is read
+        from .host import resolve_device
+        from .target_config import read_config_json
+
+        read_config_json(args.model)
+        resolve_device(args.device)
     report = verify_store(args.store, progress=None if args.json else ProgressLines(), workers=args.workers,
                           checksums_only=args.checksums_only)
     if args.recompute and report.ok:

@@ -47,6 +47,16 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
+def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
+    """safetensors' save_file, with the file's mode from the umask like any other
+    file this process writes: safetensors writes 0600, which a server running as
+    another user cannot read."""
+    save_file(tensors, str(path), metadata=metadata)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+
+
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     with safe_open(str(path), framework="pt") as f:
         return {name: f.get_tensor(name) for name in f.keys()}
@@ -135,11 +145,11 @@ def save_checkpoint(
     tmp.mkdir(parents=True)
     names = [name for name, _ in model.named_parameters()]
     weights = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
-    save_file(weights, str(tmp / "model.safetensors"))
+    save_tensors(weights, tmp / "model.safetensors")
     opt_tensors, opt_meta = optimizer_state(optimizer, names)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    save_tensors(opt_tensors, tmp / "optimizer.safetensors")
     rng_tensors, rng_meta = rng_state(generator)
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    save_tensors(rng_tensors, tmp / "rng.safetensors")
     body = {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta}
     (tmp / "state.json").write_text(json.dumps(body, indent=1) + "\n")
     if final.exists():

@@ -153,6 +153,7 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2  # newest checkpoints kept (0: keep all)
+    progress_interval: float = 30.0  # seconds between progress lines when stderr is not a terminal
 
     def validate(self):
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
@@ -167,6 +168,7 @@ class TrainConfig:
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         _check(self.log_every >= 1, "train.log_every", "must be >= 1")
+        _check(self.progress_interval >= 0, "train.progress_interval", "must be >= 0 (seconds)")
 
     @property
     def sequences_per_step(self) -> int:
@@ -337,6 +339,17 @@ def _apply(config: RunConfig, key: str, value) -> None:
     setattr(target, name, _coerce(shown, value, annotation))
 
 
+def _yaml_where(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    return f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's explanation without its quoted excerpt of the file (the location says where)."""
+    parts = [getattr(error, "context", None), getattr(error, "problem", None)]
+    return "; ".join(p for p in parts if p) or str(error).splitlines()[0]
+
+
 def _apply_mapping(config: RunConfig, data: dict, where: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
@@ -376,8 +389,10 @@ def load_config(
         text = path.read_text()
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as error:
-            raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path} line {error.lineno}, column {error.colno}: not valid JSON: {error.msg}") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}{_yaml_where(error)}: not valid YAML: {_yaml_problem(error)}") from None
         _apply_mapping(config, data or {}, str(path))
     for key, value in explicit.items():
         if value is not None:

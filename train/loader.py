@@ -78,6 +78,9 @@ class LoaderPosition:
     def from_dict(cls, data: dict) -> "LoaderPosition":
         return cls(int(data["epoch"]), int(data["group"]), int(data["sample"]))
 
+    def describe(self) -> str:
+        return f"epoch {self.epoch}, shard group {self.group}, sample {self.sample} of that group"
+
 
 @dataclass
 class TrainSample:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -43,6 +42,7 @@ from pathlib import Path
 import torch
 
 from store_schema import Store, file_sha256
+from store_schema.host import resolve_device
 from store_schema.target_config import TargetConfig, read_target_config
 from train import checkpoint as ckpt
 from train.config import ConfigError, RunConfig
@@ -55,6 +55,7 @@ from train.export import load_weights
 from train.init_from import fine_tune_config, init_record, read_source
 from train.mask_token import resolve_mask_token
 from train.metrics import MetricSums
+from train.progress import TrainingInterrupted, fit_progress, headline, sigint_deferred
 from train.model import DFlashDrafter, DrafterConfig
 from train.runlog import LOG_FILE, append_log, truncate_log
 from train.schedule import lr_at
@@ -115,12 +116,7 @@ def build_optimizer(drafter: torch.nn.Module, optim) -> torch.optim.AdamW:
 
 
 def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("config train.device: cuda requested but torch sees no CUDA device")
-    return device
+    return resolve_device(name, "config train.device")
 
 
 # -- the trainer -------------------------------------------------------------------------
@@ -215,7 +211,8 @@ class Trainer:
             missing = sorted(set(shards) - set(store.committed_shards()))
             if missing:
                 raise ValueError(f"--resume: shards {missing[:4]} of the checkpointed run are not in {store.path}")
-            log(f"resumed from {latest} at step {start_step}, loader {position}")
+            log(f"fit: resumed from {latest} at step {start_step} "
+                f"({start_step * config.train.sequences_per_step:,} samples trained on), {position.describe()}")
 
         loader = ShardLoader(
             store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
@@ -261,7 +258,8 @@ class Trainer:
         sums = MetricSums(self.drafter.config.block_size)
         interval_start, wait_start = time.perf_counter(), self.loader.wait_seconds
         last: dict = {}
-        progress = _progress(self.total_steps, self.step)
+        progress = fit_progress(self.total_steps, self.step, train.progress_interval)
+        rng = ckpt.rng_state(self.generator)  # every RNG as of the last completed step
         try:
             while self.step < self.total_steps:
                 lr = lr_at(self.step, self.total_steps, self.config.optim)
@@ -271,11 +269,13 @@ class Trainer:
                 if len(samples) < train.sequences_per_step:
                     break  # out of data: a partial step is dropped
                 step_sums = self.backward_step(samples)
-                self.position, self.epoch = samples[-1].position, samples[-1].epoch
                 clip = self.config.optim.grad_clip or float("inf")  # 0 disables clipping
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-                self.optimizer.step()
-                self.step += 1
+                with sigint_deferred():  # a step is applied whole or not at all
+                    self.optimizer.step()
+                    self.step += 1
+                    self.position, self.epoch = samples[-1].position, samples[-1].epoch
+                    rng = ckpt.rng_state(self.generator)
                 sums.merge(step_sums)
                 record: dict = {}
                 if self.step % train.log_every == 0 or self.step == self.total_steps:
@@ -295,17 +295,20 @@ class Trainer:
                 if record:
                     append_log(log_path, record)
                     last = record
-                    progress.set_postfix(_headline(record), refresh=False)
+                    progress.show(**headline(record))
                     interval_start, wait_start = time.perf_counter(), self.loader.wait_seconds
                 if train.checkpoint_every and self.step % train.checkpoint_every == 0:
                     self.save_checkpoint()
-                progress.update(1)
+                progress.update(1, tokens=step_sums.tokens, samples=f"{self.step * train.sequences_per_step:,}")
             if every and self._last_eval_step != self.step:  # the final model is always evaluated
                 record = {"step": self.step, "epoch": self.epoch, **self.evaluate()}
                 append_log(log_path, record)
                 last = {**last, **record}
             if not (train.checkpoint_every and self.step % train.checkpoint_every == 0):
                 self.save_checkpoint()
+        except KeyboardInterrupt:
+            ckpt.restore_rng(*rng, self.generator)  # as the last completed step left them
+            raise TrainingInterrupted(self.step, self.checkpoint_on_interrupt()) from None
         finally:
             progress.close()
             self.loader.close()
@@ -343,6 +346,16 @@ class Trainer:
             result.update(evaluator(self, self.step))
         return result
 
+    def checkpoint_on_interrupt(self) -> Path:
+        """The checkpoint of the last completed step (written now unless it already
+        is), with a second Ctrl-C ignored while it is written."""
+        done = ckpt.checkpoint_dir(self.run_dir, self.step)
+        if ckpt.latest_checkpoint(self.run_dir) == done:
+            return done
+        self.log(f"interrupted: saving a checkpoint of step {self.step}")
+        with sigint_deferred(reraise=False):
+            return self.save_checkpoint()
+
     def save_checkpoint(self) -> Path:
         state = {
             "scheduler": {"step": self.step, "total_steps": self.total_steps, "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.config.optim)},
@@ -358,17 +371,4 @@ class Trainer:
         return ckpt.save_checkpoint(
             self.run_dir, self.step, self.drafter, self.optimizer, self.generator, state, keep=self.config.train.keep_checkpoints
         )
-
-
-def _headline(record: dict) -> dict:
-    keys = {"loss": "loss", "acc": "acc", "eval_tau": "tau", "tokens_per_s": "tok/s", "loader_wait_frac": "wait",
-            "heldout_acc": "ho_acc"}
-    return {short: f"{record[k]:.3g}" for k, short in keys.items() if isinstance(record.get(k), (int, float))}
-
-
-def _progress(total: int, initial: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc="fit", unit="step", file=sys.stderr, dynamic_ncols=True,
-                disable=None, mininterval=1.0)
 

@@ -1,5 +1,5 @@
 """`python -m train fit --store STORE --target PATH --out RUN [--config FILE]
-[--max-steps N] [--init-from DIR] [--resume] [--set key=value ...]`
+[--max-steps N] [--init-from DIR] [--resume] [--progress-interval S] [--set key=value ...]`
 
 The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
 saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format
@@ -7,7 +7,8 @@ drafter directory (a published one, or an export) instead of starting from
 random weights: the run takes its shape and weights after checking them
 against the store and the config (`train.init_from`). `--resume` continues RUN
 from its newest checkpoint with RUN's saved config (flags and --set still
-override it, e.g. a larger --max-steps)."""
+override it, e.g. a larger --max-steps). Ctrl-C checkpoints the last completed
+step and prints how to resume (exit 130)."""
 
 from __future__ import annotations
 
@@ -26,26 +27,42 @@ def add_parser(subparsers) -> None:
     p.add_argument("--init-from", metavar="DIR",
                    help="fine-tune this drafter directory (config.json with dflash_config + model.safetensors)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    p.add_argument("--progress-interval", type=float, metavar="S",
+                   help="seconds between progress lines when stderr is not a terminal (train.progress_interval, 30)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set optim.lr=3e-4 --set num_anchors=256")
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
+    from store_schema.cli import interrupted
+    from train.checkpoint import CHECKPOINTS, latest_checkpoint
     from train.config import CONFIG_FILE, load_config
+    from train.progress import TrainingInterrupted
     from train.trainer import Trainer
 
     config_file = args.config
+    if args.resume and latest_checkpoint(args.out) is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {Path(args.out) / CHECKPOINTS} "
+                                "(nothing to continue; without --resume the run starts afresh)")
     if args.resume and config_file is None and (Path(args.out) / CONFIG_FILE).is_file():
         config_file = str(Path(args.out) / CONFIG_FILE)
     config = load_config(
         config_file, args.overrides, store=args.store, target=args.target, out=args.out,
-        **{"train.max_steps": args.max_steps, "model.init_from": args.init_from},
+        **{"train.max_steps": args.max_steps, "model.init_from": args.init_from,
+           "train.progress_interval": args.progress_interval},
     )
-    trainer = Trainer.from_config(config, resume=args.resume)
+    try:
+        trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr))
+    except KeyboardInterrupt:
+        return interrupted("before the first step, no new checkpoint", "rerun the same command")
     print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
           f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}",
           file=sys.stderr)
-    last = trainer.fit()
+    try:
+        last = trainer.fit()
+    except TrainingInterrupted as stop:
+        return interrupted(f"checkpoint of step {stop.step} saved in {stop.checkpoint}",
+                           f"resume with: python -m train fit --out {args.out} --resume")
     print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
     return 0
