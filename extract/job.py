@@ -142,10 +142,10 @@ def _run_locked(config: JobConfig, store_path: Path, layer_ids: list[int], start
     with ExitStack() as stack:
         pool = None
         if resume.pending:
-            from .dispatch import started_workers
+            from .dispatch import WorkerPool, started_workers
 
             count = min(config.workers, len(resume.pending))
-            pool = stack.enter_context(started_workers(config, plan, layer_ids, count))
+            pool = stack.enter_context(started_workers(config, lambda: WorkerPool(config, plan, layer_ids), count))
             target = _loaded_target(pool.infos[0])
             outcome.kernel_warning = _kernel_warning(config, pool.infos, log)
         else:

@@ -12,13 +12,30 @@ from pathlib import Path
 from .dtypes import store_dtype
 from .layout import LAYER_ID_CONVENTION, validate_layer_ids
 from .plan import Plan, PlanSettings
+from .provenance import PROVENANCES, UNKNOWN
 
 
 class FingerprintMismatch(ValueError):
-    def __init__(self, differences: dict):
+    def __init__(self, differences: dict, subject: str = "store"):
         self.differences = differences
-        lines = [f"{name}: store has {have!r}, expected {want!r}" for name, (have, want) in differences.items()]
-        super().__init__("store fingerprint does not match: " + "; ".join(lines))
+        super().__init__(f"{subject} fingerprint does not match: " + describe_differences(differences, subject))
+
+
+def describe_differences(differences: Mapping, subject: str = "store") -> str:
+    """``field: <subject> has X, expected Y; ...``: the one wording of what differs
+    (a store's fingerprint, a generated corpus's generation settings)."""
+    return "; ".join(f"{name}: {subject} has {have!r}, expected {want!r}" for name, (have, want) in differences.items())
+
+
+def mapping_differences(have: Mapping, want: Mapping, ignore: Iterable[str] = ()) -> dict:
+    """{field: (have, want)} for every field of `want` whose value differs from `have`'s."""
+    skip = set(ignore)
+    return {name: (have.get(name), want[name]) for name in want if name not in skip and have.get(name) != want[name]}
+
+
+# Fields added after schema version 1, with the value every older store implicitly has:
+# left out of the stored JSON at that value, so older stores keep their fingerprint hash.
+_ADDED_FIELDS = {"response_provenance": UNKNOWN}
 
 
 @dataclass(frozen=True)
@@ -40,8 +57,12 @@ class Fingerprint:
     kernels: dict = field(default_factory=dict)  # e.g. {"linear_attention": "torch"}
     package_versions: dict = field(default_factory=dict)
     target_topk: int = 0
+    # Where the responses came from: target / other / unknown (`store_schema.provenance`).
+    response_provenance: str = UNKNOWN
 
     def __post_init__(self):
+        if self.response_provenance not in PROVENANCES:
+            raise ValueError(f"response_provenance must be one of {PROVENANCES}, got {self.response_provenance!r}")
         ids = validate_layer_ids([int(i) for i in self.layer_ids], self.num_target_layers)
         object.__setattr__(self, "layer_ids", tuple(ids))
         object.__setattr__(self, "dtype", store_dtype(self.dtype).name)
@@ -59,11 +80,13 @@ class Fingerprint:
         kernels: Mapping,
         target_topk: int = 0,
         dtype: str = "bfloat16",
+        response_provenance: str = UNKNOWN,
     ) -> "Fingerprint":
         """The fingerprint of a store extracted from the target at `model_path` along
         `plan`: the target's identity (`target_identity`), its size and kernels as the
         workers loaded it, the plan's max length and the tokenizer, chat-template and
-        corpus hashes the plan recorded, and this environment's package versions."""
+        corpus hashes the plan recorded, where the corpus's responses came from
+        (`store_schema.provenance`), and this environment's package versions."""
         recorded = plan.settings
         return cls(
             **target_identity(model_path),
@@ -79,9 +102,18 @@ class Fingerprint:
             package_versions=package_versions(),
             target_topk=int(target_topk),
             dtype=dtype,
+            response_provenance=response_provenance,
         )
 
     def to_json(self) -> dict:
+        """As stored (and hashed): every field, less added ones at their implicit value."""
+        data = self._all_fields()
+        for name, implicit in _ADDED_FIELDS.items():
+            if data[name] == implicit:
+                del data[name]
+        return data
+
+    def _all_fields(self) -> dict:
         data = asdict(self)
         data["layer_ids"] = list(self.layer_ids)
         return data
@@ -100,16 +132,15 @@ class Fingerprint:
         expected: another Fingerprint (every field compared: a resumed job) or a
         mapping of the fields a reader cares about (a trainer: hidden size, vocabulary,
         layer count). `ignore` names fields that may differ."""
-        have = self.to_json()
+        have = self._all_fields()
         if isinstance(expected, Fingerprint):
-            want = expected.to_json()
+            want = expected._all_fields()
         else:
             unknown = sorted(set(expected) - set(have))
             if unknown:
                 raise KeyError(f"fingerprint has no field(s) {unknown}")
             want = {name: list(value) if isinstance(value, tuple) else value for name, value in expected.items()}
-        skip = set(ignore)
-        return {name: (have[name], want[name]) for name in want if name not in skip and have[name] != want[name]}
+        return mapping_differences(have, want, ignore)
 
     def check(self, expected: "Fingerprint | Mapping | None" = None, *, ignore: Iterable[str] = (), **fields) -> None:
         """Raise FingerprintMismatch naming every field that differs from `expected`

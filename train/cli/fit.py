@@ -32,6 +32,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from store_schema import Store, provenance_warning
     from train.config import CONFIG_FILE, load_config
     from train.trainer import Trainer
 
@@ -43,6 +44,9 @@ def run(args) -> int:
         **{"train.max_steps": args.max_steps, "model.init_from": args.init_from},
     )
     trainer = Trainer.from_config(config, resume=args.resume)
+    warning = provenance_warning(Store(config.store).fingerprint.response_provenance)
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
           f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}",
           file=sys.stderr)
