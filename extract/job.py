@@ -113,9 +113,11 @@ def run_job(config: JobConfig, log=None) -> dict:
 
 
 def _run_locked(config: JobConfig, store_path: Path, layer_ids: list[int], started: float, log) -> dict:
-    from store_schema import Fingerprint, layout
+    from store_schema import Fingerprint, layout, response_provenance
     from store_schema.lock import ShardFence
     from store_schema.writer import remove_staging
+
+    from .generated_corpus import generation_of
 
     from .planning import summarize
     from .resume import plan_and_resume
@@ -151,7 +153,8 @@ def _run_locked(config: JobConfig, store_path: Path, layer_ids: list[int], start
         else:
             target = _configured_target(config.model, resume.store)
         fingerprint = Fingerprint.for_extraction(
-            config.model, plan, layer_ids, **target, target_topk=config.target_topk or 0, dtype=config.store_dtype
+            config.model, plan, layer_ids, **target, target_topk=config.target_topk or 0, dtype=config.store_dtype,
+            response_provenance=response_provenance(generation_of(config.corpus), config.model),
         )
         writer = _open_or_create(store_path, resume, fingerprint, plan)
         outcome.kernels = dict(target["kernels"])
