@@ -55,11 +55,8 @@ def _rows(out) -> dict:
     return {r["id"]: r for _, r in open_corpus(out).iter_records()}
 
 
-def _reference(model_dir, tokenizer, conversation_messages, replies_so_far):
+def _reference(model, tokenizer, conversation_messages):
     """transformers' own greedy `generate` of one prompt, batch of one."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     text = tokenizer.apply_chat_template(conversation_messages, tokenize=False, add_generation_prompt=True)
     ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -80,12 +77,16 @@ def corpus(tmp_path_factory):
 def test_greedy_replies_equal_model_generate_turn_by_turn(kind, request, corpus, tokenizer, tmp_path, ray_cluster):  # noqa: F811
     from extract.generate.job import run_generate
 
+    from transformers import AutoModelForCausalLM
+
     model_dir = request.getfixturevalue(kind)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     report = run_generate(_config(model_dir, corpus, tmp_path / "out", address=ray_cluster), log=lambda m: None)
     assert report["status"] == "complete" and report["records"] == 6 and report["quarantined"] == 0
     assert report["turns"] == 7 and report["generated_tokens"] > 0
-    rows, source = _rows(tmp_path / "out"), {r["id"]: r for r in _records()}
-    assert list(rows) == [r["id"] for r in _records()]  # ids kept, corpus order kept
+    written = [json.loads(line) for line in corpus.read_text().splitlines()]
+    rows, source = _rows(tmp_path / "out"), {r["id"]: r for r in written}
+    assert list(rows) == [r["id"] for r in written]  # ids kept, corpus order kept
     for record_id, row in rows.items():
         original = source[record_id]["messages"]
         messages = [{k: v for k, v in m.items() if v is not None} for m in row["messages"]]
@@ -95,7 +96,7 @@ def test_greedy_replies_equal_model_generate_turn_by_turn(kind, request, corpus,
         for position in turns:  # each turn's prompt holds the target's own earlier replies
             assert [m for m in messages[:position] if m["role"] != "assistant"] == \
                 [m for m in original[:position] if m["role"] != "assistant"]
-            expected, limited = _reference(model_dir, tokenizer, messages[:position], None)
+            expected, limited = _reference(model, tokenizer, messages[:position])
             assert messages[position] == {"role": "assistant", "content": expected}, (record_id, position)
             hit_limit = hit_limit or limited
         assert row["truncated"] == hit_limit
@@ -117,7 +118,7 @@ def test_a_killed_worker_and_a_rerun_give_the_same_corpus(qwen3_dir, corpus, tmp
                              log=lambda m: None)
     killed = run_generate(_config(qwen3_dir, corpus, tmp_path / "out", address=ray_cluster,
                                   faults=FaultInjection(kill_after_batches=(2,)), **small), log=lambda m: None)
-    assert killed["worker_deaths"] == 1 and killed["shards_retried"] == 1
+    assert killed["worker_deaths"] == 1 and killed["shards_retried"] == 2  # the two shards it held
     assert killed["generated_tokens"] == reference["generated_tokens"]
 
     def files(root):
@@ -239,7 +240,7 @@ def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_
     assert store_main(["info", stores["other"].as_posix()]) == 0
     assert "responses    other" in capsys.readouterr().out
 
-    sets = ["model.num_hidden_layers=1", "model.block_size=4", "model.num_anchors=4", "eval.every=0",
+    sets = ["model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=4", "eval.every=0",
             "data.heldout_fraction=0.0"]
     for name, warned in (("unknown", True), ("target", False)):
         argv = ["fit", "--store", str(stores[name]), "--target", str(qwen3_dir), "--out", str(tmp_path / f"run-{name}"),
