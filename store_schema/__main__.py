@@ -36,6 +36,7 @@ def cmd_info(args) -> int:
     print(f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, "
           f"{fp['num_target_layers']} layers)")
     print(f"kernels      {fp['kernels']}")
+    print(f"responses    {summary['response_provenance']} (where the corpus's responses came from)")
     return EXIT_OK
 
 
@@ -52,6 +53,7 @@ def _info_summary(store) -> dict:
         "store": str(store.path),
         "shards": len(store.committed_shards()),
         "planned_shards": None if plan is None else len(plan.shards),
+        "response_provenance": fp.response_provenance,
         "samples": store.num_samples(),
         "tokens": tokens,
         "layers": [layer_array(i) for i in fp.layer_ids],

@@ -35,6 +35,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from store_schema import Store, provenance_warning
     from store_schema.cli import interrupted
     from train.checkpoint import CHECKPOINTS, latest_checkpoint
     from train.config import CONFIG_FILE, load_config
@@ -56,6 +57,9 @@ def run(args) -> int:
         trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr))
     except KeyboardInterrupt:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")
+    warning = provenance_warning(Store(config.store).fingerprint.response_provenance)
+    if warning:
+        print(warning, file=sys.stderr)
     print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
           f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}",
           file=sys.stderr)
