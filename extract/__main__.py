@@ -200,7 +200,7 @@ def cmd_generate(args) -> int:
     from .generate.config import GenerateConfig, GenerationSettings
     from .generate.job import plan_generate, run_generate
     from .generate.planning import plan_counts
-    from .progress import default_mode
+    from store_schema.progress import default_mode
 
     if not args.out and not args.dry_run:
         raise UsageError("generate needs --out CORPUS_DIR")

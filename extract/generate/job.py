@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..dispatch import ActorPool
 from ..errors import ExtractError
-from ..progress import Progress
+from store_schema.progress import Progress
 from .config import GenerateConfig
 
 
