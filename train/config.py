@@ -208,6 +208,7 @@ class EvalConfig:
 @dataclass
 class LogConfig:
     tensorboard: bool = False  # also write the logged metrics as TensorBoard events under RUN/tb/ (JSONL stays the record)
+    samples: bool = False  # each rank writes RUN/samples/rank-<r>.jsonl: every trained sample's step, lane, epoch, id
 
     def validate(self):
         return self

@@ -28,6 +28,7 @@ import datetime
 import logging
 import math
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +42,7 @@ from train.metrics import MetricSums
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)  # rank 0 evaluates while the others wait in the next collective
 LAUNCH_LOGS = "launch"  # RUN/launch/: the other ranks' stdout/stderr under `--nproc`
+LAUNCHED_BY_FIT = "DFLASH_FIT_LAUNCHER"  # set in the processes `--nproc` starts: the launcher reports failures
 
 
 @dataclass(frozen=True)
@@ -77,7 +79,10 @@ def init_process_group(world: World, device: torch.device) -> None:
 
 
 def close_process_group() -> None:
+    """Leave the group together (after every DDP module over it is released:
+    a DDP reducer outliving its gloo group waits forever on a departed peer)."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
 
 
@@ -92,6 +97,15 @@ def device_for(world: World, name: str) -> torch.device:
         if world.distributed:
             device = torch.device("cuda", world.local_rank)
     return device
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """An error from a collective whose peer is gone (gloo raises a plain
+    RuntimeError from DDP's reducer, with the transport in the message)."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and any(s in text for s in ("gloo", "NCCL", "Connection reset", "Connection closed"))
 
 
 # -- the deal ------------------------------------------------------------------------------
@@ -175,8 +189,7 @@ def wrap(drafter: torch.nn.Module, world: World, device: torch.device) -> torch.
     if not world.distributed:
         return drafter
     ids = [device.index] if device.type == "cuda" else None
-    # No buffer broadcast: rank 0 alone runs the evaluators, through the bare drafter.
-    return DrafterDDP(drafter, device_ids=ids, broadcast_buffers=False)
+    return DrafterDDP(drafter, device_ids=ids)  # rank 0 alone runs the evaluators, through the bare drafter
 
 
 # -- `python -m train fit --nproc N` ---------------------------------------------------------
@@ -194,6 +207,7 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path) -> int:
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its failure report is ours, in one line
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for more than one process
+    os.environ[LAUNCHED_BY_FIT] = "1"
     logs = run_dir / LAUNCH_LOGS
     specs = DefaultLogsSpecs(log_dir=str(logs), redirects={r: Std.ALL for r in range(1, nproc)})
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, logs_specs=specs, rdzv_backend="c10d",
@@ -202,7 +216,10 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path) -> int:
         elastic_launch(config, sys.executable)("-m", "train", "fit", *fit_argv)
     except ChildFailedError as error:
         latest = latest_checkpoint(run_dir)
-        failed = "; ".join(_describe_failure(rank, failure, logs) for rank, failure in sorted(error.failures.items()))
+        failures = sorted(error.failures.items())
+        # SIGTERM is how the launcher stops the survivors: the cause is whatever else happened.
+        causes = [(r, f) for r, f in failures if f.exitcode != -signal.SIGTERM] or failures
+        failed = "; ".join(_describe_failure(rank, failure, logs) for rank, failure in causes)
         kept = f"the last checkpoint is {latest}" if latest else "no checkpoint was written yet"
         print(f"error: fit on {nproc} processes stopped: {failed}; the other ranks were stopped; {kept}; "
               "the same command with --resume continues", file=sys.stderr, flush=True)

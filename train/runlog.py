@@ -24,6 +24,7 @@ from typing import Sequence
 import numpy as np
 
 LOG_FILE = "train_log.jsonl"
+SAMPLES_DIR = "samples"  # log.samples=true: RUN/samples/rank-<r>.jsonl, one line per trained sample
 _DDTREE_KEY = re.compile(r"^(?:(heldout|eval)_)?ddtree\D*?(\d+)$")
 # The tau keys, headline first: decode-time rollout, then the per-position estimates.
 TAU_KEYS = ("eval_tau", "eval_tau_per_position", "heldout_tau_per_position", "tau_per_position")
@@ -34,6 +35,10 @@ _LEGACY_KEYS = {"tau": "tau_per_position", "heldout_tau": "heldout_tau_per_posit
 def append_log(path: Path, record: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def samples_log(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / SAMPLES_DIR / f"rank-{rank}.jsonl"
 
 
 def truncate_log(path: Path, step: int) -> None:

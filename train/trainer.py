@@ -62,7 +62,7 @@ from train.init_from import fine_tune_config, init_record, read_source
 from train.mask_token import resolve_mask_token
 from train.metrics import MetricSums
 from train.model import DFlashDrafter, DrafterConfig
-from train.runlog import LOG_FILE, append_log, truncate_log
+from train.runlog import LOG_FILE, append_log, samples_log, truncate_log
 from train.schedule import lr_at
 from train.step import dflash_step
 from train.tblog import TensorBoardLog
@@ -286,6 +286,10 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             truncate_log(log_path, self.step)
         board = TensorBoardLog(self.run_dir, self.step) if main and self.config.log.tensorboard else None
+        trained = samples_log(self.run_dir, self.world.rank) if self.config.log.samples else None
+        if trained is not None:
+            trained.parent.mkdir(parents=True, exist_ok=True)
+            truncate_log(trained, self.step)
 
         def write(record: dict) -> None:
             append_log(log_path, record)
@@ -311,6 +315,11 @@ class Trainer:
                 if step_sums.sequences == 0:
                     break  # out of data on every rank
                 self.position = self.feed.positions[self.loader.lane]
+                if trained is not None:
+                    for lane, sample in slots:
+                        if sample is not None:
+                            append_log(trained, {"step": self.step + 1, "lane": lane, "epoch": sample.epoch,
+                                                 "sample_id": sample.sample_id})
                 clip = self.config.optim.grad_clip or float("inf")  # 0 disables clipping
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
                 self.optimizer.step()
@@ -403,6 +412,10 @@ class Trainer:
         features = [torch.zeros(length, config.hidden_size, dtype=torch.bfloat16) for _ in config.context_layer_ids]
         return TrainSample("<pad>", "", torch.zeros(length, dtype=torch.long), torch.ones(length, dtype=torch.uint8),
                            features)
+
+    def release_replica(self) -> None:
+        """Drop the DDP module, which must go before its process group does."""
+        self.model = self.drafter
 
     def evaluate(self) -> dict:
         self._last_eval_step = self.step

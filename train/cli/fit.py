@@ -53,12 +53,13 @@ def fit_argv(args) -> list[str]:
 
 
 def run(args) -> int:
-    from train.config import CONFIG_FILE, load_config
-    from train.distributed import close_process_group, launch
-    from train.trainer import Trainer
+    from store_schema.cli import fail
+    from train.distributed import LAUNCHED_BY_FIT, close_process_group, is_peer_loss, launch
 
     if args.nproc and args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return launch(args.nproc, fit_argv(args), Path(args.out))
+    from train.config import CONFIG_FILE, load_config
+    from train.trainer import Trainer
 
     config_file = args.config
     if args.resume and config_file is None and (Path(args.out) / CONFIG_FILE).is_file():
@@ -67,16 +68,26 @@ def run(args) -> int:
         config_file, args.overrides, store=args.store, target=args.target, out=args.out,
         **{"train.max_steps": args.max_steps, "model.init_from": args.init_from},
     )
+    trainer = Trainer.from_config(config, resume=args.resume)
+    main = trainer.world.is_main
+    if main:
+        print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
+              f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}, "
+              f"{trainer.world.size} process(es), {trainer.feed.lanes} lane(s)", file=sys.stderr)
     try:
-        trainer = Trainer.from_config(config, resume=args.resume)
-        main = trainer.world.is_main
-        if main:
-            print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
-                  f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}, "
-                  f"{trainer.world.size} process(es), {trainer.feed.lanes} lane(s)", file=sys.stderr)
         last = trainer.fit()
-    finally:
-        close_process_group()
+    except Exception as error:
+        if not trainer.world.distributed or not is_peer_loss(error):
+            raise
+        # A collective failed: another process of the job is gone. Under --nproc the launcher
+        # names it in its one line; under torchrun this rank says what it saw.
+        if os.environ.get(LAUNCHED_BY_FIT):
+            return 1
+        return fail(f"rank {trainer.world.rank}: another process of the job stopped "
+                    f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                    "the job cannot continue; the same command with --resume continues from the last checkpoint")
+    trainer.release_replica()
+    close_process_group()
     if main:
         print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
     return 0
