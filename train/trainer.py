@@ -335,6 +335,7 @@ class Trainer:
                         **sums.means(),
                         "grad_norm": grad_norm,
                         "tokens_per_s": sums.tokens / elapsed,
+                        "sequences_per_s": sums.sequences / elapsed,
                         "loader_wait_frac": (self.feed.wait_seconds - wait_start) / elapsed,
                         "world_size": self.world.size,
                     }
