@@ -2,7 +2,9 @@
 
 One JSON object per line, each with `step` (optimizer steps done). The trainer
 writes one line per logged step (loss, acc, top4_acc, top8_acc, per_position_acc,
-tau_per_position, lr, grad_norm, epoch, tokens_per_s, loader_wait_frac) and the
+tau_per_position, lr, grad_norm, epoch, tokens_per_s, sequences_per_s,
+loader_wait_frac, world_size; the sums behind the means are over every rank of a
+data-parallel run) and the
 evaluators' keys (`heldout_*` from the trainer's held-out pass, `eval_*` from the
 acceptance evaluation: eval_tau (decode-time rollout), eval_tau_per_position,
 eval_ddtree_<budget>, ...), sometimes on a line of their own for the same step.
