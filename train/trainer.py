@@ -36,7 +36,6 @@ touching the loop.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import sys
 import time
 from collections.abc import Callable
@@ -49,13 +48,13 @@ from store_schema import Store, file_sha256
 from store_schema.target_config import TargetConfig, read_target_config
 from train import checkpoint as ckpt
 from train.config import ConfigError, RunConfig
-from train.distributed import (World, check_world, device_for, gather_lanes, init_process_group, lanes_of, reduce_step,
+from train.distributed import (World, check_world, device_for, gather_lanes, init_process_group, reduce_step,
                                total_steps as lane_steps, world_from_env, wrap)
 from train.dtypes import torch_dtype
 from train.evaluators import AcceptanceEval, HeldoutEval
 from train.heldout import heldout_record
-from train.lanes import LaneFeed, lane_generator
-from train.loader import LoaderPosition, ShardLoader, TrainSample
+from train.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
+from train.loader import ShardLoader, TrainSample
 from train.loss import default_gamma
 from train.export import load_weights
 from train.init_from import fine_tune_config, init_record, read_source
@@ -161,7 +160,6 @@ class Trainer:
             HeldoutEval(config.eval),
             AcceptanceEval(config.eval, attention=config.model.attention),
         ]
-        self.position = loader.start
         self._last_eval_step: int | None = None
         self.epoch = loader.start.epoch
         autocast = device.type == "cuda" and config.train.dtype != "float32"
@@ -235,23 +233,17 @@ class Trainer:
         global_batch = config.train.sequences_per_step
         check_world(world.size, lanes, global_batch, resumed=latest is not None)
 
-        loaders, generators = {}, {}
-        for lane in lanes_of(world.rank, world.size, lanes):
-            loaders[lane] = ShardLoader(
-                store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
-                epochs=config.train.epochs, position=positions.get(lane), log=log, shards=shards, device=device,
-                lane=lane, lanes=lanes,
-            )
-            generators[lane] = generator if lane == 0 else lane_generator(config.train.seed, lane)
-            if lane in generator_states:
-                generators[lane].set_state(generator_states[lane])
-        feed = LaneFeed(loaders, generators, lanes, global_batch, world.rank, world.size)
-        loader = next(iter(loaders.values()))
+        feed = LaneFeed.for_rank(
+            world, lanes, global_batch, config.train.seed, generator, generator_states,
+            lambda lane: ShardLoader(store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
+                                     epochs=config.train.epochs, position=positions.get(lane), log=log, shards=shards,
+                                     device=device, lane=lane, lanes=lanes))
+        loader = next(iter(feed.loaders.values()))
         total_steps = config.train.max_steps or lane_steps(loader.lane_totals(), global_batch)
         if world.is_main:
             config.save(run_dir)
         store_info = {"store": str(store.path), "fingerprint_sha256": store.fingerprint.sha256(), "layer_ids": layer_ids}
-        return cls(config, head, drafter, optimizer, loader, total_steps, device, generators[loader.lane], start_step,
+        return cls(config, head, drafter, optimizer, loader, total_steps, device, feed.generators[loader.lane], start_step,
                    store_info, log, run_info, feed=feed, world=world)
 
     # -- one sequence ------------------------------------------------------------------------
@@ -314,7 +306,6 @@ class Trainer:
                                                [self.feed.generators[lane] for lane, _ in slots])
                 if step_sums.sequences == 0:
                     break  # out of data on every rank
-                self.position = self.feed.positions[self.loader.lane]
                 if trained is not None:
                     for lane, sample in slots:
                         if sample is not None:
@@ -388,7 +379,7 @@ class Trainer:
         for i, (sample, generator) in enumerate(zip(samples, generators)):
             real = sample is not None
             if not real:
-                sample, generator = self._pad_sample(), torch.Generator().manual_seed(0)
+                sample, generator = pad_sample(self.drafter.config), torch.Generator().manual_seed(0)
             sync = not self.world.distributed or i == len(samples) - 1  # DDP all_reduces on the last backward only
             with nullcontext() if sync else self.model.no_sync():
                 output, _, targets = self.run_sequence(sample, generator, model=self.model)
@@ -405,14 +396,6 @@ class Trainer:
                 if param.grad is not None:
                     param.grad.div_(divisor)
         return sums
-
-    def _pad_sample(self) -> TrainSample:
-        """A two-block sequence of zeros: the shape of work, no data."""
-        config = self.drafter.config
-        length = 2 * config.block_size
-        features = [torch.zeros(length, config.hidden_size, dtype=torch.bfloat16) for _ in config.context_layer_ids]
-        return TrainSample("<pad>", "", torch.zeros(length, dtype=torch.long), torch.ones(length, dtype=torch.uint8),
-                           features)
 
     def release_replica(self) -> None:
         """Drop the DDP module, which must go before its process group does."""
@@ -452,14 +435,6 @@ class Trainer:
             self.run_dir, self.step, self.drafter, self.optimizer, generator, state, keep=self.config.train.keep_checkpoints,
             lane_generators=states,
         )
-
-
-def lane_positions(loader_state: dict) -> dict[int, LoaderPosition]:
-    """Each lane's position in a checkpoint's `loader` record (one lane before lanes existed)."""
-    lanes = loader_state.get("lanes")
-    if not lanes:
-        return {0: LoaderPosition.from_dict(loader_state["position"])}
-    return {int(entry["lane"]): LoaderPosition.from_dict(entry) for entry in lanes}
 
 
 def _quiet(message: str) -> None:
