@@ -394,7 +394,8 @@ class ShardLoader:
             thread.join(timeout=5.0)
 
     def __del__(self):
-        self._stop.set()
+        if hasattr(self, "_stop"):  # not when __init__ refused its arguments
+            self._stop.set()
 
     # -- held-out -------------------------------------------------------------------------
     def heldout_samples(self, limit: int | None = None) -> Iterator[TrainSample]:
