@@ -32,6 +32,7 @@ from train.cli import main
 from train.config import ConfigError
 from train.distributed import check_world
 from train.heldout import is_heldout
+from train.runlog import read_log
 
 REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25
@@ -39,7 +40,8 @@ SETS = [
     "model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=16", f"data.heldout_fraction={HELDOUT}",
     "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16", "data.buffer_shards=2",
     "optim.lr=1e-2", "train.batch_size=2", "train.grad_accumulation=2", "train.epochs=3", "train.log_every=1",
-    "eval.every=0", "train.checkpoint_every=4", "train.keep_checkpoints=0", "log.samples=true",
+    "eval.every=10", "eval.samples=4", "eval.max_blocks_per_sample=16", "eval.ddtree_budgets=[8]",
+    "train.checkpoint_every=4", "train.keep_checkpoints=0", "log.samples=true",
 ]
 STEPS = 21  # 3 epochs of the store's training samples, 4 per step, the fuller lane's tail padded
 
@@ -80,11 +82,14 @@ def truncated_copy(run: Path, to: Path, step: int) -> Path:
 
 
 def assert_same_curve(got: Path, expected: Path, rel: float) -> None:
-    a, b = read_jsonl(got / "train_log.jsonl"), read_jsonl(expected / "train_log.jsonl")
+    a, b = read_log(got), read_log(expected)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
     for x, y in zip(a, b):
         assert x["loss"] == pytest.approx(y["loss"], rel=rel) and x["grad_norm"] == pytest.approx(y["grad_norm"], rel=rel)
         assert x["epoch"] == y["epoch"] and x["lr"] == y["lr"]
+        assert ("heldout_loss" in x) == (x["step"] in (10, 20, STEPS)) == ("heldout_loss" in y)  # rank 0 evaluates
+        if "heldout_loss" in x:
+            assert x["heldout_loss"] == pytest.approx(y["heldout_loss"], rel=rel) and x["heldout_samples"] == 4
     assert steps_of(got) == steps_of(expected)
 
 
@@ -97,7 +102,7 @@ def one_rank(store, qwen3_dir, tmp_path_factory) -> Path:
 
 
 def test_one_rank_over_two_lanes_resumes_exactly(one_rank, tmp_path):
-    rows = read_jsonl(one_rank / "train_log.jsonl")
+    rows = read_log(one_rank)
     assert len(rows) == STEPS and all(r["world_size"] == 1 for r in rows)
     cut = truncated_copy(one_rank, tmp_path / "cut", 8)
     assert main(["fit", "--out", str(cut), "--resume"]) == 0
@@ -156,7 +161,7 @@ def test_two_ranks_follow_one_rank_survive_a_killed_rank_and_cover_every_sample_
                              capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_curve(out, one_rank, rel=1e-4)
-    rows = read_jsonl(out / "train_log.jsonl")
+    rows = read_log(out)
     assert all(r["world_size"] == 2 for r in rows)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -95,6 +95,9 @@ def device_for(world: World, name: str) -> torch.device:
         if not torch.cuda.is_available():
             raise ConfigError("config train.device: cuda requested but torch sees no CUDA device")
         if world.distributed:
+            if world.local_rank >= torch.cuda.device_count():
+                raise ConfigError(f"train fit: local rank {world.local_rank} has no GPU of its own (torch sees "
+                                  f"{torch.cuda.device_count()}); start at most that many processes per host")
             device = torch.device("cuda", world.local_rank)
     return device
 

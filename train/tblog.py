@@ -19,8 +19,9 @@ class TensorBoardLog:
         except ImportError:
             raise ConfigError("config log.tensorboard=true needs the tensorboard package: "
                               "pip install 'dflash-cache[tensorboard]'") from None
-        # purge_step: a resumed run's events after its checkpoint are dropped, as its JSONL lines are.
-        self.writer = SummaryWriter(str(Path(run_dir) / TB_DIR), purge_step=start_step or None)
+        # purge_step: a resumed run's events after its checkpoint (step > start_step) are dropped,
+        # as its JSONL lines are.
+        self.writer = SummaryWriter(str(Path(run_dir) / TB_DIR), purge_step=start_step + 1 if start_step else None)
 
     def write(self, record: dict) -> None:
         step = int(record["step"])
