@@ -367,9 +367,9 @@ class Trainer:
         (`BlockTargets.weight_sum`) and the gradients, summed over sequences and
         ranks, are divided by the step's total weight (an all_reduce of the
         ranks' sums); "sequence": the mean of the sequences' own normalised
-        losses. A None sample (its lane ran dry) is zero-weight work: a pad
-        sequence's backward times 0, so every rank joins the same gradient
-        all_reduces. Returns the step's metric sums over all ranks and sets
+        losses. A None sample (its lane ran dry) is skipped in a single process
+        and zero-weight work on more (a pad sequence's backward times 0, so
+        every rank joins the same gradient all_reduces). Returns the step's metric sums over all ranks and sets
         `epoch` to the furthest epoch among its samples."""
         self.optimizer.zero_grad(set_to_none=True)
         per_step = self.config.loss.normalize == "step"
@@ -378,6 +378,8 @@ class Trainer:
         epoch = self.epoch
         for i, (sample, generator) in enumerate(zip(samples, generators)):
             real = sample is not None
+            if not real and not self.world.distributed:
+                continue  # no replica waits on this process's all-reduce: nothing to pad
             if not real:
                 sample, generator = pad_sample(self.drafter.config), torch.Generator().manual_seed(0)
             sync = not self.world.distributed or i == len(samples) - 1  # DDP all_reduces on the last backward only
