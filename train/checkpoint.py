@@ -3,7 +3,8 @@
     RUN/checkpoints/step-00000100/
         model.safetensors      drafter weights (fp32 master copy), z-lab names
         optimizer.safetensors  AdamW moments and step counts, keyed "<param name>/<key>"
-        rng.safetensors        torch CPU (+ CUDA) RNG, the run's anchor/noise generator,
+        rng.safetensors        torch CPU (+ CUDA) RNG, the run's anchor/noise generator
+                               (lane 0's), each further lane's (`generator_lane_<j>`),
                                numpy's MT19937 key
         state.json             step, scheduler, loader position, drafter config,
                                optimizer param groups, python/numpy RNG scalars
@@ -27,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 CHECKPOINTS = "checkpoints"
+LANE_GENERATOR = "generator_lane_"
 PREFIX = "step-"
 
 
@@ -135,9 +137,12 @@ def save_checkpoint(
     generator: torch.Generator,
     state: dict,
     keep: int = 0,
+    lane_generators: dict[int, torch.Tensor] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically; `state` is JSON (scheduler, loader, config...).
-    keep > 0 deletes all but the newest `keep` checkpoints afterwards."""
+    keep > 0 deletes all but the newest `keep` checkpoints afterwards.
+    lane_generators: the generator states of lanes 1.. of a run dealt into lanes
+    (lane 0's is `generator`)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
@@ -149,6 +154,7 @@ def save_checkpoint(
     opt_tensors, opt_meta = optimizer_state(optimizer, names)
     save_tensors(opt_tensors, tmp / "optimizer.safetensors")
     rng_tensors, rng_meta = rng_state(generator)
+    rng_tensors.update({f"{LANE_GENERATOR}{lane}": t for lane, t in (lane_generators or {}).items() if lane != 0})
     save_tensors(rng_tensors, tmp / "rng.safetensors")
     body = {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta}
     (tmp / "state.json").write_text(json.dumps(body, indent=1) + "\n")
@@ -183,3 +189,10 @@ def load_checkpoint(
     if generator is not None:
         restore_rng(_read_safetensors(path / "rng.safetensors"), state["rng"], generator)
     return state
+
+
+def load_lane_generators(path: str | Path) -> dict[int, torch.Tensor]:
+    """Generator state of every lane a checkpoint holds (lane 0: the run's generator)."""
+    tensors = _read_safetensors(Path(path) / "rng.safetensors")
+    states = {int(k[len(LANE_GENERATOR):]): t for k, t in tensors.items() if k.startswith(LANE_GENERATOR)}
+    return {0: tensors["generator"], **states}

@@ -43,6 +43,8 @@ class DataConfig:
     loader_threads: int | None = None  # threads decoding a shard's chunks in parallel; None: the cores available
     prefetch_samples: int = 8  # ready samples queued ahead of the trainer
     skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
+    lanes: int | None = None  # sample streams the shard order is dealt into (train/loader.py); None: the world size
+
 
     def validate(self):
         _check(self.max_length >= 2, "data.max_length", "must be >= 2")
@@ -50,6 +52,7 @@ class DataConfig:
         _check(self.buffer_shards >= 1, "data.buffer_shards", "must be >= 1")
         _check(self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)")
         _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
+        _check(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/model.py)
@@ -205,6 +208,15 @@ class EvalConfig:
 
 
 @dataclass
+class LogConfig:
+    tensorboard: bool = False  # also write the logged metrics as TensorBoard events under RUN/tb/ (JSONL stays the record)
+    samples: bool = False  # each rank writes RUN/samples/rank-<r>.jsonl: every trained sample's step, lane, epoch, id
+
+    def validate(self):
+        return self
+
+
+@dataclass
 class RunConfig:
     store: str = ""  # the hidden-state store (store_schema)
     target: str = ""  # target model directory: config.json, safetensors, tokenizer
@@ -215,6 +227,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self, require_paths: bool = True) -> "RunConfig":
         for name in ("store", "target", "out") if require_paths else ():
@@ -236,7 +249,7 @@ class RunConfig:
         (run_dir / "config.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
-SECTIONS = ("data", "model", "loss", "optim", "train", "eval")
+SECTIONS = ("data", "model", "loss", "optim", "train", "eval", "log")
 _SECTION_TYPES = {name: f.type for name, f in ((f.name, f) for f in dataclasses.fields(RunConfig))}
 
 
