@@ -1,6 +1,6 @@
 # `make test` sets itself up on a fresh machine: a venv, the project with its test
-# extra, torch from a range that the local CPU build (2.13) satisfies, and the
-# reference `dflash` package the tests compare against.
+# extra, torch from pyproject.toml's range (up to 2.13, the newest release the suite
+# has run on), and the reference `dflash` package the tests compare against.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python

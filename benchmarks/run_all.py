@@ -39,6 +39,7 @@ GOALS = [
     ("train", "loss_memory_ratio", "<= 0.15", lambda v: v <= 0.15),
     ("train", "loader_efficiency", ">= 0.8", lambda v: v >= 0.8),
     ("train", "loader_tokens_per_s", "- (seeds' trainer consumed ~36K/s on one GPU)", None),
+    ("train", "ddp_scaling_2v1", ">= 1.7", lambda v: v >= 1.7),
 ]
 
 

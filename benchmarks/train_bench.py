@@ -25,6 +25,14 @@ Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
   The attention mask is built on the GPU (flex BlockMask), not by the loader.
 - loader_tokens_per_s, beside the ~36K tokens/s the seeds' trainer consumed on
   one GPU (77 samples of ~2.9K tokens per ~6 s step).
+- ddp_scaling_2v1: training sequences/s of `python -m train fit --nproc 2` (two
+  gloo ranks, one thread each) over the same run in one process with one
+  thread, same global batch (8), same two lanes, so both train on the same
+  samples. A small drafter (target hidden 256, 2 layers, 64 anchors, sequences
+  of 256-512 tokens) on a store of random states; the rate is the log's
+  `sequences_per_s` after the first logged interval (startup and warmup left
+  out); the two runs alternate for `--rounds` rounds, best of each kept. The
+  machine's load average is recorded beside it (the cores are shared).
 """
 
 from __future__ import annotations
@@ -182,6 +190,73 @@ def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     return nbytes, tokens, t.seconds, loader.wait_seconds
 
 
+# -- data-parallel scaling --------------------------------------------------------------------
+DDP_HIDDEN, DDP_VOCAB, DDP_LAYERS = 256, 2048, 4
+
+
+def build_ddp_inputs(root: Path) -> tuple[Path, Path]:
+    """A tiny Qwen3 target (random weights, saved with save_pretrained) and a store of
+    random states of its layers 1 and 2: 8 shards x 6 sequences of 256-512 tokens."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=DDP_VOCAB, hidden_size=DDP_HIDDEN, intermediate_size=2 * DDP_HIDDEN,
+                         num_hidden_layers=DDP_LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
+                         tie_word_embeddings=False)
+    Qwen3ForCausalLM(config).save_pretrained(str(root / "target"))
+    fingerprint = Fingerprint(target_model="bench", num_target_layers=DDP_LAYERS, hidden_size=DDP_HIDDEN,
+                              vocab_size=DDP_VOCAB, layer_ids=[1, 2], max_length=512)
+    writer = create_store(root / "store", fingerprint, CodecConfig())
+    rng = np.random.default_rng(0)
+    for s in range(8):
+        samples = []
+        for i in range(6):
+            n = int(rng.integers(256, 513))
+            hidden = {layer: torch.randn(n, DDP_HIDDEN).to(torch.bfloat16) for layer in (1, 2)}
+            mask = np.ones(n, np.uint8)
+            mask[: n // 4] = 0
+            samples.append(SampleArrays(f"d{s}-{i}", rng.integers(0, DDP_VOCAB, n).astype(np.int32), mask, hidden))
+        writer.write_shard(shard_name(s), samples)
+    return root / "target", root / "store"
+
+
+def fit_rate(target: Path, store: Path, out: Path, nproc: int, steps: int) -> float:
+    """Sequences/s of one `train fit` run after its first logged interval."""
+    sets = ["model.num_hidden_layers=2", "model.num_anchors=64", "model.mask_token_id=0", "data.heldout_fraction=0",
+            "data.loader_threads=1", "data.lanes=2", "train.batch_size=1", "train.grad_accumulation=8",
+            "train.epochs=100", f"train.log_every={steps // 3}", "eval.every=0", "train.checkpoint_every=0",
+            "data.buffer_shards=2"]
+    command = [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
+               "--max-steps", str(steps), *sum((["--set", s] for s in sets), [])]
+    if nproc > 1:
+        command += ["--nproc", str(nproc)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    subprocess.run(command, check=True, capture_output=True, text=True, env=env)
+    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    shutil.rmtree(out)
+    return float(np.mean([row["sequences_per_s"] for row in rows[1:]]))
+
+
+def ddp_scaling(rounds: int, steps: int) -> dict:
+    root = Path(tempfile.mkdtemp(prefix="ddp_bench_"))
+    try:
+        target, store = build_ddp_inputs(root)
+        load_before = os.getloadavg()[0]
+        one, two = [], []
+        for r in range(rounds):
+            one.append(fit_rate(target, store, root / f"one{r}", 1, steps))
+            two.append(fit_rate(target, store, root / f"two{r}", 2, steps))
+        load_after = os.getloadavg()[0]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"ddp_scaling_2v1": round(max(two) / max(one), 3), "ddp_1rank_seq_per_s": round(max(one), 3),
+            "ddp_2rank_seq_per_s": round(max(two), 3), "ddp_rounds_1rank": [round(x, 3) for x in one],
+            "ddp_rounds_2rank": [round(x, 3) for x in two], "ddp_steps": steps,
+            "ddp_load_avg": [round(load_before, 2), round(load_after, 2)]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
@@ -190,9 +265,17 @@ def main() -> None:
     parser.add_argument("--chunk-rows", type=int, default=1024, help="loss chunk rows (the trainer's default)")
     parser.add_argument("--loss-child", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     parser.add_argument("--anchors", type=int, default=ANCHORS, help=argparse.SUPPRESS)
+    parser.add_argument("--ddp-only", action="store_true", help="measure ddp_scaling_2v1 alone")
     args = parser.parse_args()
     if args.loss_child:
         print(json.dumps(loss_child(args.loss_child, args.anchors, args.chunk_rows)))
+        return
+    ddp = ddp_scaling(1 if args.quick else 2, 12 if args.quick else 24)
+    ddp_row = ("ddp_scaling_2v1 (sequences/s, 2 gloo ranks x 1 thread / 1 rank x 1 thread, global batch 8)", ">= 1.7",
+               f"{ddp['ddp_scaling_2v1']} ({ddp['ddp_2rank_seq_per_s']} / {ddp['ddp_1rank_seq_per_s']} seq/s; "
+               f"load average {ddp['ddp_load_avg'][0]} -> {ddp['ddp_load_avg'][1]} on {os.cpu_count()} cores)")
+    if args.ddp_only:
+        append_results("train_bench --ddp-only", [ddp_row], ddp)
         return
 
     memory = loss_memory(args.quick, args.chunk_rows)
@@ -244,6 +327,7 @@ def main() -> None:
         "store_gb_raw": round(stored_tokens * len(LAYERS) * HIDDEN * 2 / 1e9, 2),
         "cache": cache,
         "quick": args.quick,
+        **ddp,
     }
     rows = [
         ("loss_memory_ratio (chunked / naive peak, V=248,320, 512x16)", "<= 0.15",
@@ -251,6 +335,7 @@ def main() -> None:
         ("loader_efficiency (loader / raw decode bytes/s, cold)", ">= 0.8",
          f"{figures['loader_efficiency']} ({figures['loader_mb_s']} / {figures['raw_decode_mb_s']} MB/s)"),
         ("loader efficiency (warm)", "-", f"{figures['loader_efficiency_warm']}"),
+        ddp_row,
         ("loader_tokens_per_s (5 x 5120 bf16, cold)", f"seeds' trainer used ~{SEEDS_TOKENS_PER_S:,} on one GPU",
          f"{figures['loader_tokens_per_s']:,} with {args.threads} decode threads"),
     ]

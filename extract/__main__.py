@@ -1,9 +1,11 @@
-"""Command line: ``python -m extract {plan,run} ...``.
+"""Command line: ``python -m extract {plan,run,generate} ...``.
 
 ``plan --dry-run`` answers "what would this job be?" before any GPU time is
 spent: samples, tokens, quarantine reasons and the store's estimated size.
 ``run`` plans the same way, then extracts on Ray workers into the store (or
-resumes it) and prints the job's JSON report as its last line.
+resumes it) and prints the job's JSON report as its last line. ``generate`` has
+the target regenerate every assistant turn of a corpus into a generated corpus
+(Parquet shards + manifest) that ``run`` takes as its ``--corpus``.
 
 Exit codes follow `store_schema.cli`: 0 done, 1 refused (a store made with other
 settings or held by a live job, a bad layer id, a worker failure), 2 usage (bad
@@ -17,7 +19,7 @@ import argparse
 import json
 import sys
 
-from store_schema.cli import EXIT_INTERRUPTED, UsageError, run_command
+from store_schema.cli import UsageError, interrupted, run_command
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
@@ -109,7 +111,7 @@ def cmd_plan(args) -> int:
         )
     from .job import plan_job
 
-    from .progress import default_mode
+    from store_schema.progress import default_mode
 
     config = _job_config(args, plan_workers=args.workers, progress=default_mode(not args.json))
     plan, layer_ids = plan_job(config)
@@ -158,7 +160,7 @@ def cmd_plan(args) -> int:
 
 def cmd_run(args) -> int:
     from .job import run_job
-    from .progress import default_mode
+    from store_schema.progress import default_mode
     from .report import summary_line
 
     if not args.store:
@@ -188,12 +190,91 @@ def cmd_run(args) -> int:
     try:
         report = run_job(config)  # Ray and the workers are shut down on the way out, Ctrl-C included
     except KeyboardInterrupt:
-        print(f"interrupted: committed shards are kept; rerun the same command to resume ({args.store})",
-              file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return interrupted("committed shards are kept", f"rerun the same command to resume ({args.store})")
     print(summary_line(report), file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
     return 0
+
+
+def cmd_generate(args) -> int:
+    from .generate.config import GenerateConfig, GenerationSettings
+    from .generate.job import plan_generate, run_generate
+    from .generate.planning import plan_counts
+    from store_schema.progress import default_mode
+
+    if not args.out and not args.dry_run:
+        raise UsageError("generate needs --out CORPUS_DIR")
+    try:
+        settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                                      thinking=args.thinking, max_length=args.max_length,
+                                      shard_records=args.shard_records, limit=args.limit)
+        config = GenerateConfig(
+            model=args.model, corpus=args.corpus, out=args.out, settings=settings, workers=args.workers,
+            device=args.device, address=args.address, batch_tokens=args.batch_tokens,
+            cpus_per_worker=args.cpus_per_worker, max_attempts=args.max_attempts, worker_timeout=args.worker_timeout,
+            progress=default_mode(not args.no_progress), progress_interval=args.progress_interval,
+        )
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.dry_run:
+        _, plan = plan_generate(config)
+        counts = plan_counts(plan)
+        print(f"records     {counts['records']} ({counts['turns']} turns to generate) in {counts['shards']} shard(s)",
+              file=sys.stderr)
+        print(f"prompt      {counts['prompt_tokens']} tokens (first turns)", file=sys.stderr)
+        print(f"quarantined {counts['quarantined']} {counts['quarantined_by_reason']}", file=sys.stderr)
+        for record in plan.quarantined[:10]:
+            print(f"    record {record.record_index}: {record.reason} {record.detail}".rstrip(), file=sys.stderr)
+        print("dry run: nothing written", file=sys.stderr)
+        print(json.dumps(dict(counts, dry_run=True, out=args.out), sort_keys=True))
+        return 0
+    try:
+        report = run_generate(config)
+    except KeyboardInterrupt:
+        print(f"interrupted: committed shards are kept; rerun the same command to resume ({args.out})",
+              file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    print(f"generated {report['records']} record(s) ({report['generated_tokens']} tokens, "
+          f"{report['truncated_records']} truncated), {report['quarantined']} quarantined; "
+          f"{report['generated_tokens_per_s']:.0f} generated tokens/s on {report['workers']} worker(s)", file=sys.stderr)
+    print(json.dumps(report, sort_keys=True))
+    return 0
+
+
+def _add_generate_parser(commands) -> None:
+    from store_schema.plan import DEFAULT_MAX_LENGTH
+
+    from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES
+    from .generate.config import DEFAULT_GENERATE_BATCH_TOKENS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_SHARD_RECORDS, THINKING
+
+    gen = commands.add_parser("generate", help="regenerate every assistant turn with the target (resumes)")
+    gen.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
+    gen.add_argument("--corpus", required=True, help="chat corpus: JSONL / Parquet file, directory of them, datasets dir")
+    gen.add_argument("--out", help="generated corpus directory (Parquet shards + manifest.json)")
+    gen.add_argument("--workers", type=int, default=1, help="generate workers (one per GPU with --device cuda)")
+    gen.add_argument("--device", choices=DEVICES, default="cpu")
+    gen.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                     help="tokens per reply; a reply that reaches it is kept and flagged truncated")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    gen.add_argument("--thinking", choices=THINKING, default="keep",
+                     help="enable_thinking on / off for the chat template; keep: the template's default")
+    gen.add_argument("--batch-tokens", type=int, default=DEFAULT_GENERATE_BATCH_TOKENS,
+                     help="(prompt + max new tokens) x rows per generate batch")
+    gen.add_argument("--limit", type=int, help="generate only the first N records")
+    gen.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
+                     help="prompt + reply tokens of a turn; a first prompt that fills it is quarantined")
+    gen.add_argument("--shard-records", type=int, default=DEFAULT_SHARD_RECORDS, help="records per output shard")
+    gen.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
+    gen.add_argument("--dry-run", action="store_true", help="print records, prompt tokens, quarantine; write nothing")
+    gen.add_argument("--cpus-per-worker", type=int, default=1, help="Ray CPUs per worker (= torch threads on cpu)")
+    gen.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, help="tries per shard")
+    gen.add_argument("--worker-timeout", type=float, default=DEFAULT_WORKER_TIMEOUT,
+                     help="seconds a worker holding shards may stay silent before it is presumed lost")
+    gen.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
+                     help="seconds between progress lines when stderr is not a terminal")
+    gen.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    gen.set_defaults(handler=cmd_generate)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     run.set_defaults(handler=cmd_run)
+    _add_generate_parser(commands)
     return parser
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from store_schema.dtypes import store_dtype
 from store_schema.plan import PlanSettings
@@ -117,6 +118,8 @@ class JobConfig:
         self.store_dtype = store_dtype(self.store_dtype).name  # refuses an unknown one, naming the choices
         if self.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
+        if self.tokenizer is not None and not Path(self.tokenizer).exists():  # not a hub lookup: one line
+            raise FileNotFoundError(f"--tokenizer {self.tokenizer}: no such directory")
 
     @property
     def tokenizer_path(self) -> str:

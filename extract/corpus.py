@@ -11,8 +11,9 @@ A record that cannot be parsed is not an exception: it comes back as a
 `BadRecord` with a reason, so one broken line never stops a 900K-record job.
 
 A corpus path is one file (``.jsonl``/``.json``/``.parquet``), a directory
-saved by ``Dataset.save_to_disk``, or a directory of ``.jsonl`` or ``.parquet``
-files read in sorted name order.
+saved by ``Dataset.save_to_disk``, a generated corpus (`extract.generated_corpus`:
+the Parquet shards its manifest lists, in that order, all committed), or a directory
+of ``.jsonl`` or ``.parquet`` files read in sorted name order.
 """
 
 from __future__ import annotations
@@ -342,6 +343,10 @@ def open_corpus(path: str | Path) -> Corpus:
         raise ValueError(f"corpus file {path} is neither JSONL ({', '.join(JSONL_SUFFIXES)}) nor Parquet")
     if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
         return DatasetsCorpus(path)
+    from .generated_corpus import committed_shard_files, is_generated_corpus
+
+    if is_generated_corpus(path):
+        return ParquetCorpus(path, committed_shard_files(path))
     files = sorted(p for p in path.iterdir() if p.is_file())
     jsonl = [p for p in files if p.name.endswith(JSONL_SUFFIXES)]
     parquet = [p for p in files if p.name.endswith(PARQUET_SUFFIXES)]

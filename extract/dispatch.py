@@ -26,9 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from store_schema.progress import Progress
+
 from .config import JobConfig
 from .errors import ExtractError, disk_full_message
-from .progress import Progress
 from .worker import ShardDone, ShardFailed, WorkerInfo
 
 GROUPS_IN_FLIGHT = 2  # per actor: one on the device while the previous one is written
@@ -36,7 +37,7 @@ GROUPS_IN_FLIGHT = 2  # per actor: one on the device while the previous one is w
 # --------------------------------------------------------------------------- Ray
 
 
-def start_ray(config: JobConfig) -> bool:
+def start_ray(config) -> bool:
     """Connect to Ray. Returns True if this call started it (and must shut it down)."""
     import ray
 
@@ -56,7 +57,7 @@ def start_ray(config: JobConfig) -> bool:
     return True
 
 
-def check_resources(config: JobConfig, workers: int) -> None:
+def check_resources(config, workers: int) -> None:
     import ray
 
     resources = ray.cluster_resources()
@@ -70,39 +71,22 @@ def check_resources(config: JobConfig, workers: int) -> None:
         )
 
 
-class WorkerPool:
-    """The actors, one `ExtractionWorker` each. Replaces dead actors on request."""
+class ActorPool:
+    """Long-lived actors of one class, one per GPU (``num_gpus=1``) or per CPU slot,
+    each running ``task(shard names, attempts) -> GroupDone`` for the `Dispatcher`.
+    Replaces dead actors on request. `config` gives the placement (device, workers,
+    cpus_per_worker, faults): an `extract.config.JobConfig` or a config with those fields."""
 
-    def __init__(self, config: JobConfig, plan, layer_ids: list[int]):
+    def __init__(self, config, actor_class: type, args: tuple, kwargs: dict, task: str):
         import ray
-
-        from .worker import ExtractionWorker
 
         if config.device == "cuda":
             options = dict(num_gpus=1, num_cpus=config.cpus_per_worker)
         else:
             options = dict(num_cpus=config.cpus_per_worker)
         # Two group tasks at once: one computes while the other writes (see extract.worker).
-        self._remote = ray.remote(max_concurrency=GROUPS_IN_FLIGHT, max_restarts=0, **options)(ExtractionWorker)
-        # The job's own paths, not the plan's: a plan is identified by content, so a
-        # copied or moved corpus / tokenizer is read where it is now.
-        self._args = (
-            str(Path(config.model).resolve()),
-            str(Path(config.tokenizer_path).resolve()),
-            str(Path(config.corpus).resolve()),
-            str(Path(config.store).resolve()),
-            list(layer_ids),
-            plan.settings,
-        )
-        self._kwargs = dict(
-            device=config.device,
-            topk=config.target_topk,
-            store_dtype=config.store_dtype,
-            batch_tokens=config.batch_tokens,
-            torch_threads=config.cpus_per_worker if config.device == "cpu" else None,
-            trust_remote_code=config.trust_remote_code,
-            require_fast_kernels=config.require_fast_kernels,
-        )
+        self._remote = ray.remote(max_concurrency=GROUPS_IN_FLIGHT, max_restarts=0, **options)(actor_class)
+        self._args, self._kwargs, self.task = args, kwargs, task
         self._faults = config.faults
         self.created = 0  # actors spawned, replacements of dead ones included
         self.actors: list = []
@@ -155,17 +139,46 @@ class WorkerPool:
         self.actors = []
 
 
+class WorkerPool(ActorPool):
+    """The extraction actors, one `ExtractionWorker` each."""
+
+    def __init__(self, config: JobConfig, plan, layer_ids: list[int]):
+        from .worker import ExtractionWorker
+
+        # The job's own paths, not the plan's: a plan is identified by content, so a
+        # copied or moved corpus / tokenizer is read where it is now.
+        args = (
+            str(Path(config.model).resolve()),
+            str(Path(config.tokenizer_path).resolve()),
+            str(Path(config.corpus).resolve()),
+            str(Path(config.store).resolve()),
+            list(layer_ids),
+            plan.settings,
+        )
+        kwargs = dict(
+            device=config.device,
+            topk=config.target_topk,
+            store_dtype=config.store_dtype,
+            batch_tokens=config.batch_tokens,
+            torch_threads=config.cpus_per_worker if config.device == "cpu" else None,
+            trust_remote_code=config.trust_remote_code,
+            require_fast_kernels=config.require_fast_kernels,
+        )
+        super().__init__(config, ExtractionWorker, args, kwargs, task="extract_group")
+
+
 @contextmanager
-def started_workers(config: JobConfig, plan, layer_ids: list[int], count: int) -> Iterator[WorkerPool]:
-    """`count` started actors on Ray (started here unless it runs already or the job
-    joins a cluster); the actors, and a Ray started here, are shut down on exit."""
+def started_workers(config, make_pool: Callable[[], ActorPool], count: int) -> Iterator[ActorPool]:
+    """`count` started actors of the pool `make_pool()` builds, on Ray (started here
+    unless it runs already or the job joins a cluster); the actors, and a Ray started
+    here, are shut down on exit."""
     import ray
 
     started_ray = start_ray(config)
     pool = None
     try:
         check_resources(config, count)
-        pool = WorkerPool(config, plan, layer_ids)
+        pool = make_pool()
         pool.start(count)
         yield pool
     finally:
@@ -326,7 +339,7 @@ class Dispatcher:
                     if name in self.left:
                         self.attempts[name] += 1
                         attempts[name] = self.fence.attempt(self.attempts[name])
-                ref = actor.extract_group.remote(list(group), attempts)
+                ref = getattr(actor, self.pool.task).remote(list(group), attempts)
                 self.inflight[ref] = _Held(index, group, attempts, time.monotonic())
 
     def _done(self, reply: ShardDone) -> None:
@@ -341,7 +354,7 @@ class Dispatcher:
         else:
             counts.shards_committed_elsewhere += 1
         samples, tokens = self._sizes[reply.shard]
-        self.progress.update(samples, tokens if reply.written else 0, shards=f"{self._replies}/{self._pending}")
+        self.progress.update(samples, reply.tokens if reply.written else 0, shards=f"{self._replies}/{self._pending}")
         kill = self.kill_driver_after_shards
         if kill is not None and counts.shards_written >= kill:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: the driver dies here

@@ -49,9 +49,10 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
+from store_schema.progress import Progress
+
 from .config import JobConfig
 from .errors import ExtractError, disk_full_message, is_disk_full
-from .progress import Progress
 from .report import Outcome, build_report, report_name
 
 # Fields a resumed job may differ in: where the model lives and the package versions.
@@ -113,9 +114,11 @@ def run_job(config: JobConfig, log=None) -> dict:
 
 
 def _run_locked(config: JobConfig, store_path: Path, layer_ids: list[int], started: float, log) -> dict:
-    from store_schema import Fingerprint, layout
+    from store_schema import Fingerprint, layout, response_provenance
     from store_schema.lock import ShardFence
     from store_schema.writer import remove_staging
+
+    from .generated_corpus import generation_of
 
     from .planning import summarize
     from .resume import plan_and_resume
@@ -142,16 +145,17 @@ def _run_locked(config: JobConfig, store_path: Path, layer_ids: list[int], start
     with ExitStack() as stack:
         pool = None
         if resume.pending:
-            from .dispatch import started_workers
+            from .dispatch import WorkerPool, started_workers
 
             count = min(config.workers, len(resume.pending))
-            pool = stack.enter_context(started_workers(config, plan, layer_ids, count))
+            pool = stack.enter_context(started_workers(config, lambda: WorkerPool(config, plan, layer_ids), count))
             target = _loaded_target(pool.infos[0])
             outcome.kernel_warning = _kernel_warning(config, pool.infos, log)
         else:
             target = _configured_target(config.model, resume.store)
         fingerprint = Fingerprint.for_extraction(
-            config.model, plan, layer_ids, **target, target_topk=config.target_topk or 0, dtype=config.store_dtype
+            config.model, plan, layer_ids, **target, target_topk=config.target_topk or 0, dtype=config.store_dtype,
+            response_provenance=response_provenance(generation_of(config.corpus), config.model),
         )
         writer = _open_or_create(store_path, resume, fingerprint, plan)
         outcome.kernels = dict(target["kernels"])

@@ -111,6 +111,17 @@ def _present(record: dict, key: str) -> bool:
 def validate_messages(messages) -> list[dict]:
     """Check the chat shape and return messages with None-valued keys dropped
     (Arrow formats fill absent struct fields with None; JSONL omits them)."""
+    clean = clean_messages(messages)
+    assistant = [m for m in clean if m["role"] == "assistant"]
+    if not assistant:
+        raise RecordError("no_assistant_turn", f"{len(clean)} messages, none from the assistant")
+    if not any(m["content"].strip() for m in assistant):
+        raise RecordError("empty_response", "every assistant turn is empty")
+    return clean
+
+
+def clean_messages(messages) -> list[dict]:
+    """Check each message's shape (role, content); messages with None-valued keys dropped."""
     if not isinstance(messages, list):
         raise RecordError("wrong_type", f"messages is a {type(messages).__name__}, not a list")
     if not messages:
@@ -134,11 +145,6 @@ def validate_messages(messages) -> list[dict]:
         except UnicodeEncodeError:
             raise RecordError("invalid_utf8", f"messages[{i}].content has unpaired surrogates") from None
         clean.append({k: v for k, v in message.items() if v is not None})
-    assistant = [m for m in clean if m["role"] == "assistant"]
-    if not assistant:
-        raise RecordError("no_assistant_turn", f"{len(clean)} messages, none from the assistant")
-    if not any(m["content"].strip() for m in assistant):
-        raise RecordError("empty_response", "every assistant turn is empty")
     return clean
 
 

@@ -147,6 +147,41 @@ def _classify(error: BaseException) -> str:
     return "error"
 
 
+def worker_info(target, startup_seconds: float) -> WorkerInfo:
+    """What a worker that loaded `target` (`extract.target.load_target`) tells the driver."""
+    import torch
+
+    device_name = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu"
+    return WorkerInfo(
+        num_layers=target.num_layers,
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        architecture=target.architecture,
+        kernels={**target.kernels, "compute_dtype": str(target.dtype).replace("torch.", "")},
+        device=device_name,
+        torch_threads=torch.get_num_threads(),
+        pid=os.getpid(),
+        host=socket.gethostname(),
+        startup_seconds=round(startup_seconds, 3),
+    )
+
+
+class BatchFaults:
+    """Fault injection in a worker: after its N-th batch the process SIGKILLs itself
+    (`kill`: a real, unannounced death, mid-shard) or SIGSTOPs itself (`stop`: frozen
+    until someone sends SIGCONT). None: never."""
+
+    def __init__(self, kill: int | None = None, stop: int | None = None):
+        self.kill, self.stop, self.batches = kill, stop, 0
+
+    def batch_done(self) -> None:
+        self.batches += 1
+        if self.kill is not None and self.batches >= self.kill:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.stop is not None and self.batches == self.stop:
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
 class ExtractionWorker:
     """Plain class; `extract.dispatch` wraps it with ``ray.remote``. Also usable in-process."""
 
@@ -184,7 +219,7 @@ class ExtractionWorker:
         self.store_path = str(store_path)
         self.corpus_path = str(corpus_path)
         self.settings = dict(settings)
-        self.faults = {"kill": kill_after_batches, "stop": stop_after_batches}
+        self.faults = BatchFaults(kill_after_batches, stop_after_batches)
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
         check_tokenizer(self.tokenizer, self.settings)  # fail at start, not on the first shard
         self.target = load_target(
@@ -199,7 +234,6 @@ class ExtractionWorker:
         self._compute = threading.Lock()
         self._writer = None
         self._writer_lock = threading.Lock()
-        self._batches = 0
         # One tiny forward now: lazy initialisation (allocator, kernels) belongs to
         # start-up, and a broken model fails here rather than on a shard.
         self.runner.run_batch([np.arange(16, dtype=np.int64) % self.target.vocab_size])
@@ -207,22 +241,7 @@ class ExtractionWorker:
 
     # -- facts for the driver ---------------------------------------------------------------
     def info(self) -> WorkerInfo:
-        import torch
-
-        target = self.target
-        device_name = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu"
-        return WorkerInfo(
-            num_layers=target.num_layers,
-            hidden_size=target.hidden_size,
-            vocab_size=target.vocab_size,
-            architecture=target.architecture,
-            kernels={**target.kernels, "compute_dtype": str(target.dtype).replace("torch.", "")},
-            device=device_name,
-            torch_threads=torch.get_num_threads(),
-            pid=os.getpid(),
-            host=socket.gethostname(),
-            startup_seconds=round(self.startup_seconds, 3),
-        )
+        return worker_info(self.target, self.startup_seconds)
 
     # -- the work -----------------------------------------------------------------------------
     def _store_writer(self):
@@ -319,7 +338,7 @@ class ExtractionWorker:
             if pending is not None:
                 self._collect(pending, outputs)
             pending = submitted
-            self._count_batch()
+            self.faults.batch_done()
         if pending is not None:
             self._collect(pending, outputs)
         return outputs, widths
@@ -329,13 +348,6 @@ class ExtractionWorker:
         batch, result = pending
         for index, out in zip(batch, result.result()):
             outputs[index] = out
-
-    def _count_batch(self) -> None:
-        self._batches += 1
-        if self.faults["kill"] is not None and self._batches >= self.faults["kill"]:
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: a real, unannounced death
-        if self.faults["stop"] is not None and self._batches == self.faults["stop"]:
-            os.kill(os.getpid(), signal.SIGSTOP)  # fault injection: frozen until someone sends SIGCONT
 
     # -- benchmark support --------------------------------------------------------------------
     def forward_only(self, groups: list[list[str]], start_at: float | None = None) -> ForwardTiming:

@@ -217,6 +217,8 @@ def ensure_demo_target(cache_root, records, log=print, **overrides) -> Path:
 def _pretrain(tokenizer, records, settings, log):
     from transformers import AutoModelForCausalLM
 
+    from store_schema.units import human_duration
+
     torch.manual_seed(settings["seed"])
     make_config = ARCHITECTURES[settings.get("architecture", "qwen3_5")]  # overrides may pick "qwen3"
     config = make_config(len(tokenizer), settings["hidden_size"], settings["num_layers"],
@@ -243,7 +245,9 @@ def _pretrain(tokenizer, records, settings, log):
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         if step % 25 == 0 or step == steps:
-            log(f"demo target pretraining: step {step}/{steps} loss {loss.item():.3f} ({time.time() - start:.0f}s)")
+            elapsed = time.time() - start
+            log(f"demo target pretraining: step {step}/{steps} loss {loss.item():.3f} ({human_duration(elapsed)}, "
+                f"ETA {human_duration(elapsed / step * (steps - step))})")
     return model.eval()
 
 

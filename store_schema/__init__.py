@@ -23,6 +23,8 @@ _EXPORTS = {
     "file_sha256": "fingerprint",
     "package_versions": "fingerprint",
     "target_identity": "fingerprint",
+    "response_provenance": "provenance",
+    "provenance_warning": "provenance",
     "ShardCommit": "records",
     "TargetConfig": "target_config",
     "read_target_config": "target_config",

@@ -36,6 +36,7 @@ def cmd_info(args) -> int:
     print(f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, "
           f"{fp['num_target_layers']} layers)")
     print(f"kernels      {fp['kernels']}")
+    print(f"responses    {summary['response_provenance']} (where the corpus's responses came from)")
     return EXIT_OK
 
 
@@ -52,6 +53,7 @@ def _info_summary(store) -> dict:
         "store": str(store.path),
         "shards": len(store.committed_shards()),
         "planned_shards": None if plan is None else len(plan.shards),
+        "response_provenance": fp.response_provenance,
         "samples": store.num_samples(),
         "tokens": tokens,
         "layers": [layer_array(i) for i in fp.layer_ids],
@@ -75,6 +77,12 @@ def cmd_verify(args) -> int:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if args.checksums_only and args.recompute:
         raise UsageError("--checksums-only and --recompute exclude each other")
+    if args.recompute:  # a model or device this machine lacks is refused before the store is read
+        from .host import resolve_device
+        from .target_config import read_config_json
+
+        read_config_json(args.model)
+        resolve_device(args.device)
     report = verify_store(args.store, progress=None if args.json else ProgressLines(), workers=args.workers,
                           checksums_only=args.checksums_only)
     if args.recompute and report.ok:

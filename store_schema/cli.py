@@ -6,9 +6,11 @@
        another target, a corrupt shard, a bad config value, verify problems,
        diagnose findings)
     2  usage: bad arguments, or a path that does not exist
+  130  interrupted (Ctrl-C), as shells expect
 
 An error is one line on stderr, `error: <what, naming the file/field>`, never a
-traceback. Ctrl-C prints one line and exits 130, as shells expect."""
+traceback. Ctrl-C prints one line, `interrupted: <what was kept>; <how to resume>`
+(`interrupted`), and no traceback."""
 
 from __future__ import annotations
 
@@ -30,6 +32,13 @@ def fail(message: str, code: int = EXIT_PROBLEM) -> int:
     return code
 
 
+def interrupted(kept: str = "", resume: str = "") -> int:
+    """The one Ctrl-C line: what the command kept and how to go on."""
+    detail = "; ".join(part for part in (kept, resume) if part)
+    print(f"interrupted: {detail}" if detail else "interrupted", file=sys.stderr, flush=True)
+    return EXIT_INTERRUPTED
+
+
 def run_command(handler: Callable[[object], int], args, refusals: tuple[type[BaseException], ...] = ()) -> int:
     """Run a subcommand's handler under the rule above. `refusals` are the
     package's own error types meant for the user (exit 1), besides ValueError,
@@ -37,8 +46,7 @@ def run_command(handler: Callable[[object], int], args, refusals: tuple[type[Bas
     try:
         return handler(args)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return interrupted()
     except (UsageError, FileNotFoundError, NotADirectoryError) as error:
         return fail(_message(error), EXIT_USAGE)
     except (*refusals, ValueError, KeyError, OSError) as error:

@@ -12,17 +12,30 @@ from pathlib import Path
 from .dtypes import store_dtype
 from .layout import LAYER_ID_CONVENTION, validate_layer_ids
 from .plan import Plan, PlanSettings
+from .provenance import PROVENANCES, UNKNOWN
 
 
 class FingerprintMismatch(ValueError):
-    def __init__(self, differences: dict):
+    def __init__(self, differences: dict, subject: str = "store"):
         self.differences = differences
-        lines = [f"{name}: store has {have!r}, expected {want!r}" for name, (have, want) in differences.items()]
-        super().__init__("store fingerprint does not match: " + "; ".join(lines))
+        super().__init__(f"{subject} fingerprint does not match: " + describe_differences(differences, subject))
 
 
-# Fields added after stores existed, with the value a store without them has.
-_ADDED_LATER = {"loss_mask": "content"}
+def describe_differences(differences: Mapping, subject: str = "store") -> str:
+    """``field: <subject> has X, expected Y; ...``: the one wording of what differs
+    (a store's fingerprint, a generated corpus's generation settings)."""
+    return "; ".join(f"{name}: {subject} has {have!r}, expected {want!r}" for name, (have, want) in differences.items())
+
+
+def mapping_differences(have: Mapping, want: Mapping, ignore: Iterable[str] = ()) -> dict:
+    """{field: (have, want)} for every field of `want` whose value differs from `have`'s."""
+    skip = set(ignore)
+    return {name: (have.get(name), want[name]) for name in want if name not in skip and have.get(name) != want[name]}
+
+
+# Fields added after schema version 1, with the value every older store implicitly has:
+# left out of the stored JSON at that value, so older stores keep their fingerprint hash.
+_ADDED_LATER = {"loss_mask": "content", "response_provenance": UNKNOWN}
 
 
 @dataclass(frozen=True)
@@ -45,8 +58,12 @@ class Fingerprint:
     package_versions: dict = field(default_factory=dict)
     target_topk: int = 0
     loss_mask: str = "content"  # the plan's loss-mask scope (PlanSettings.loss_mask); stores before it: content
+    # Where the responses came from: target / other / unknown (`store_schema.provenance`).
+    response_provenance: str = UNKNOWN
 
     def __post_init__(self):
+        if self.response_provenance not in PROVENANCES:
+            raise ValueError(f"response_provenance must be one of {PROVENANCES}, got {self.response_provenance!r}")
         ids = validate_layer_ids([int(i) for i in self.layer_ids], self.num_target_layers)
         object.__setattr__(self, "layer_ids", tuple(ids))
         object.__setattr__(self, "dtype", store_dtype(self.dtype).name)
@@ -64,11 +81,13 @@ class Fingerprint:
         kernels: Mapping,
         target_topk: int = 0,
         dtype: str = "bfloat16",
+        response_provenance: str = UNKNOWN,
     ) -> "Fingerprint":
         """The fingerprint of a store extracted from the target at `model_path` along
         `plan`: the target's identity (`target_identity`), its size and kernels as the
         workers loaded it, the plan's max length and the tokenizer, chat-template and
-        corpus hashes the plan recorded, and this environment's package versions."""
+        corpus hashes the plan recorded, where the corpus's responses came from
+        (`store_schema.provenance`), and this environment's package versions."""
         recorded = plan.settings
         return cls(
             **target_identity(model_path),
@@ -85,6 +104,7 @@ class Fingerprint:
             target_topk=int(target_topk),
             dtype=dtype,
             loss_mask=PlanSettings.from_record(recorded).loss_mask,
+            response_provenance=response_provenance,
         )
 
     def to_json(self) -> dict:
@@ -124,8 +144,7 @@ class Fingerprint:
             if unknown:
                 raise KeyError(f"fingerprint has no field(s) {unknown}")
             want = {name: list(value) if isinstance(value, tuple) else value for name, value in expected.items()}
-        skip = set(ignore)
-        return {name: (have[name], want[name]) for name in want if name not in skip and have[name] != want[name]}
+        return mapping_differences(have, want, ignore)
 
     def check(self, expected: "Fingerprint | Mapping | None" = None, *, ignore: Iterable[str] = (), **fields) -> None:
         """Raise FingerprintMismatch naming every field that differs from `expected`

@@ -11,3 +11,27 @@ def available_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return os.cpu_count() or 1
+
+
+def resolve_device(name: str | None, setting: str = "--device"):
+    """The torch device a command runs on: `name` (cpu, cuda, cuda:N), or CUDA when
+    torch sees one and CPU otherwise for None / "auto". A device this machine does not
+    have is refused here, naming `setting`, before anything is loaded (ValueError: one
+    line, exit 1), instead of failing deep inside torch with a traceback."""
+    import torch
+
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"{setting} {name}: not a device (cpu, cuda or cuda:N)") from None
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{setting} {name}: only cpu and cuda are supported")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"built without CUDA ({torch.__version__})" if torch.version.cuda is None else "sees no GPU"
+            raise ValueError(f"{setting} {name}: torch on this machine {build}; use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{setting} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device

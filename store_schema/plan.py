@@ -128,6 +128,13 @@ class Plan:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Plan":
+        """The plan `to_json` gave (e.g. kept in a JSON manifest)."""
+        shards = tuple(PlannedShard(s["name"], tuple(PlannedSample(**x) for x in s["samples"])) for s in data["shards"])
+        quarantined = tuple(QuarantinedRecord(**q) for q in data.get("quarantined", ()))
+        return cls(shards, quarantined, dict(data.get("settings", {})))
+
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 

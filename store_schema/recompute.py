@@ -18,6 +18,7 @@ import torch
 
 from . import layout
 from .reader import Store
+from .target_config import read_config_json
 
 MIN_COSINE = {"bfloat16": 0.999, "fp8_e4m3": 0.995}  # per store dtype, see above
 
@@ -28,6 +29,7 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
     token cosine is below the store dtype's MIN_COSINE."""
     from transformers import AutoModelForCausalLM
 
+    read_config_json(model_path)  # a path that is not a model directory: one line naming it, not a hub lookup
     locations = store.sample_locations()
     picks = random.Random(seed).sample(locations, min(num_samples, len(locations)))
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +23,12 @@ from .encoding import ARRAY_CODEC_ATTR, CodecConfig, write_bytesplit_shard
 from .fingerprint import Fingerprint
 from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layout import WRITE_ALL_CHUNKS, write_small_array
-from .lock import Attempt, claim, discard
+from .lock import Attempt, discard
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
 from .records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
 from .root import read_root, root_attributes
+from .staging import staging_dir, write_and_commit
 
 
 class StoreExistsError(FileExistsError):
@@ -79,7 +79,7 @@ class StoreWriter:
                     "(other corpus or settings); use a new store or --overwrite"
                 )
             return
-        staging = self._staging_dir(layout.PLAN_DIR)
+        staging = staging_dir(self.path, layout.PLAN_DIR)
         write_plan_group(staging, plan)
         files = describe_files(staging)
         write_record(
@@ -106,29 +106,17 @@ class StoreWriter:
         if layout.is_committed(self.path, name):
             return False
         self._check_against_plan(name, samples)
-        staging = self._staging_dir(name if attempt is None else f"{name}.{attempt.token}")
-        try:
-            summary = self._write_arrays(staging, samples)
-            if attempt is not None:
-                claim(self.path, name, attempt)
-            files = describe_files(staging)
-            commit = ShardCommit.from_record(
-                {"shard": name, "fingerprint_sha256": self.fingerprint.sha256(), "files": files, **summary}
-            )
-            write_record(staging / layout.COMMIT_RECORD, commit.to_record())
-            fsync_tree(staging)
-            _check_complete(staging, commit, self._arrays(summary["target_topk"]))
-            try:
-                os.rename(staging, layout.shard_dir(self.path, name))
-            except OSError:
-                if layout.is_committed(self.path, name):
-                    return False  # another writer committed it first
-                raise
-            fsync_path(self.path / layout.SHARDS_DIR)
-            return True
-        finally:
-            if staging.exists():
-                shutil.rmtree(staging, ignore_errors=True)
+
+        def record(summary: dict, files: dict) -> dict:
+            body = {"shard": name, "fingerprint_sha256": self.fingerprint.sha256(), "files": files, **summary}
+            return ShardCommit.from_record(body).to_record()
+
+        def check(staging: Path, body: dict) -> None:
+            commit = ShardCommit.from_record(body)
+            _check_complete(staging, commit, self._arrays(commit.target_topk))
+
+        return write_and_commit(self.path, name, lambda staging: self._write_arrays(staging, samples), record,
+                                attempt, check)
 
     def _arrays(self, topk: int) -> set[str]:
         """The arrays every committed shard holds."""
@@ -220,11 +208,6 @@ class StoreWriter:
         if self._plan is None:
             self._plan = read_committed_plan(self.path)
         return self._plan
-
-    def _staging_dir(self, prefix: str) -> Path:
-        staging = self.path / layout.STAGING_DIR / f"{prefix}.{uuid.uuid4().hex[:12]}"
-        staging.mkdir(parents=True)
-        return staging
 
     # -- reports ------------------------------------------------------------------------
     def write_report(self, name: str, report: dict) -> Path:

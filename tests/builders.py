@@ -175,3 +175,29 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
     for name, samples in shards.items():
         writer.write_shard(name, samples)
     return writer, shards
+
+
+def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
+    """Run `command` in its own session (the terminal), read its stderr until a line
+    satisfies `ready`, then press Ctrl-C (SIGINT to the whole process group, as a
+    terminal sends it). Returns its exit code, all of its stderr and its pid (= the
+    session id)."""
+    import os
+    import signal
+    import subprocess
+
+    job = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = []
+    try:
+        for line in job.stderr:
+            seen.append(line.rstrip("\n"))
+            if ready(seen[-1]):
+                break
+        os.killpg(job.pid, signal.SIGINT)
+        _, rest = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    return job.returncode, "\n".join(seen) + "\n" + rest, job.pid

@@ -266,3 +266,54 @@ def test_diagnose_cli_json_plot_compare_and_exit_codes(tmp_path, capsys):
     capsys.readouterr()
     assert diagnose_cli([str(clean), "--config", str(tmp_path / "run.yaml"), "--json"]) == 1
     assert [f["kind"] for f in json.loads(capsys.readouterr().out)["findings"]] == ["lr_schedule"]
+
+
+def test_gains_fading_at_the_end_of_a_cosine_schedule_are_not_a_plateau(tmp_path):
+    """The same flattening is a plateau when it starts while the LR is high, and the
+    schedule ending when it starts only once the LR is under 7 % of the peak (cosine
+    to 0 over 20K steps: 3.8 % at step 17,500)."""
+    run, _ = synthetic_log(tmp_path / "ending", plateau_at=17_500)
+    write_config(run)
+    result = dg.diagnose(run, window=2500)
+    assert result.findings == [] and result.plateau["verdict"] == "schedule ending", result.render()
+    assert 0.03 < result.plateau["lr_to_peak"] < 0.07 and result.plateau["since_step"] == 17_500
+    assert "the schedule is ending, not a plateau" in result.verdict()
+    flat_early, _ = synthetic_log(tmp_path / "early", plateau_at=8000)
+    assert kinds(dg.diagnose(flat_early, window=2500)) == ["plateau"]  # there the LR is still high
+
+
+def test_too_short_or_disjoint_runs_say_there_is_nothing_to_judge(tmp_path, capsys):
+    short = tmp_path / "short"
+    short.mkdir()
+    (short / "train_log.jsonl").write_text("".join(
+        json.dumps({"step": s, "lr": 1e-3, "loss": 5.0 - s / 10, "acc": 0.01 * s}) + "\n" for s in (1, 2, 3)))
+    verdict = dg.diagnose(short).verdict()
+    assert verdict.startswith("Too short to judge improvement (3 records, steps 1-3)") and "no metric" not in verdict
+    long, _ = synthetic_log(tmp_path / "long")
+    assert main(["diagnose", str(long), "--compare", str(short)]) == 0
+    out = capsys.readouterr().out
+    assert "VERDICT: Too short to judge improvement" in out and "No problems found: no metric" not in out
+    later = tmp_path / "later"
+    later.mkdir()
+    (later / "train_log.jsonl").write_text(json.dumps({"step": 30_000, "loss": 1.0}) + "\n")
+    table = compare(read_log(long), read_log(later))
+    assert table["steps"] == [] and "do not overlap" in table["note"]
+    from train.diagnose_compare import render_compare
+
+    assert render_compare("A", "B", table).startswith("Nothing to compare between A = A and B = B: the runs' logged")
+
+
+def test_plot_shows_heldout_loss_markers_on_sparse_series_and_the_verdict(tmp_path):
+    from train.diagnose_plot import figure
+
+    run, _ = synthetic_log(tmp_path / "run")
+    with (run / "train_log.jsonl").open("a") as log:  # held-out loss, evaluated 4 times
+        for step in (5000, 10000, 15000, 20000):
+            log.write(json.dumps({"step": step, "heldout_loss": 3.0 - step / 20000}) + "\n")
+    drawn = figure([run], verdicts=["No problems found: eval_ddtree_8 improving."])
+    loss_panel, _, tau_panel = drawn.axes[:3]
+    lines = {line.get_label(): line for line in loss_panel.get_lines()}
+    assert "heldout_loss" in lines and lines["heldout_loss"].get_marker() == "o"
+    assert lines["loss"].get_marker() in ("None", None, "")  # 20K points: a line
+    assert {line.get_label(): line.get_marker() for line in tau_panel.get_lines()}["eval_tau"] == "None"  # 200 points
+    assert drawn._suptitle.get_text() == f"{run}: No problems found: eval_ddtree_8 improving."

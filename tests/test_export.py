@@ -174,3 +174,19 @@ def test_read_refuses_what_the_drafter_cannot_run(tmp_path, sliding, changes, me
     with pytest.raises(ValueError, match=message) as info:
         load_drafter(out)
     assert "config.json" in str(info.value)
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_exported_files_follow_the_umask(tmp_path, trained, umask):
+    """A server running as another user must be able to read an export: its files get
+    the mode the umask gives any file (safetensors alone writes 0600)."""
+    import os
+    import stat
+
+    previous = os.umask(umask)
+    try:
+        out = export_drafter(trained[0], tmp_path / "drafter")
+    finally:
+        os.umask(previous)
+    for name in ("config.json", "model.safetensors"):
+        assert stat.S_IMODE((out / name).stat().st_mode) == 0o666 & ~umask, name

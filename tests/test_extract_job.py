@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from builders import coding_chats, write_chat_jsonl
+from builders import coding_chats, ctrl_c_when, write_chat_jsonl
 from ray_helpers import (  # noqa: F401 - ray_cluster is a fixture
     BATCH_TOKENS, LAYERS, REPO, SHARD_TOKENS, job_config as _config, ray_cluster, store_content as _content,
     verify_cli as _verify_cli,
@@ -401,7 +401,6 @@ def test_progress_lines_without_a_terminal_ctrl_c_then_resume(ray_cluster, qwen3
     (SIGINT to the whole process group, as a terminal sends it) ends the job with one
     line saying how to resume, exit 130, no traceback, and the Ray it started gone;
     the same command then finishes the store; once more, it says there was nothing to do."""
-    import signal
     import time
 
     corpus = write_chat_jsonl(tmp_path / "chats.jsonl", coding_chats(160, seed=7))
@@ -411,32 +410,18 @@ def test_progress_lines_without_a_terminal_ctrl_c_then_resume(ray_cluster, qwen3
                "150", "--workers", "1", "--progress-interval", "0.5"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(REPO)
-    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)  # its own process group: the "terminal" we press Ctrl-C in
-    seen = []
-    try:
-        for line in job.stderr:  # until extraction says where it is
-            seen.append(line.rstrip("\n"))
-            if _progress_lines(line.rstrip("\n")):
-                break
-        os.killpg(job.pid, signal.SIGINT)
-        out, rest = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-            job.wait()
-    err = "\n".join(seen) + "\n" + rest
-    if job.returncode == 0:
+    returncode, err, session = ctrl_c_when(command, env, lambda line: bool(_progress_lines(line)))
+    if returncode == 0:
         pytest.skip("the job finished before Ctrl-C landed")
-    assert job.returncode == 130, err[-3000:]
+    assert returncode == 130, err[-3000:]
     assert err.strip().splitlines()[-1] == (f"interrupted: committed shards are kept; rerun the same command to "
                                             f"resume ({store})"), err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     for _ in range(600):  # poll bound (a hang guard, not a timing): Ray's processes exit with the driver
-        if not _session_processes(job.pid):
+        if not _session_processes(session):
             break
         time.sleep(0.1)
-    assert not _session_processes(job.pid), "processes of the job's Ray outlived it"
+    assert not _session_processes(session), "processes of the job's Ray outlived it"
 
     kept = len(list(store.glob("shards/*/commit.json")))
     joined = command + ["--address", ray_cluster]

@@ -25,10 +25,11 @@ def store(tmp_path_factory):
     return Store(path), shards
 
 
-def make_loader(store, layers=(1, 3), seed=3, epochs=2, position=None, log=print, **data):
+def make_loader(store, layers=(1, 3), seed=3, epochs=2, position=None, log=print, lane=0, lanes=1, **data):
     """A loader over `store`; `data` overrides fields of the DataConfig below."""
     config = DataConfig(**{**dict(max_length=512, heldout_fraction=HELDOUT, buffer_shards=2, prefetch_samples=3), **data})
-    return ShardLoader(store, config, list(layers), 8, seed=seed, epochs=epochs, position=position, log=log)
+    return ShardLoader(store, config, list(layers), 8, seed=seed, epochs=epochs, position=position, log=log,
+                       lane=lane, lanes=lanes)
 
 
 def test_heldout_never_trained_on_and_each_train_sample_once_per_epoch(store):
@@ -59,6 +60,27 @@ def test_resume_from_any_position_continues_exactly(store):
         rest = list(make_loader(store, position=full[k - 1].position))
         assert [s.sample_id for s in rest] == [s.sample_id for s in full[k:]], f"resumed after sample {k}"
         assert torch.equal(rest[0].features[0], full[k].features[0])
+
+
+def test_lanes_split_each_epoch_without_overlap_and_resume_exactly(store):
+    """Two lanes over 5 shards: each epoch's shards dealt 3 + 2, the odd one rotating;
+    together they deliver exactly the single stream's samples; a lane resumes exactly."""
+    store, _ = store
+    single = list(make_loader(store))
+    lanes = [list(make_loader(store, lane=j, lanes=2)) for j in (0, 1)]
+    for epoch in (0, 1):
+        shards = [{s.shard for s in lane if s.epoch == epoch} for lane in lanes]
+        assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 5
+        ids = [[s.sample_id for s in lane if s.epoch == epoch] for lane in lanes]
+        assert Counter(ids[0] + ids[1]) == Counter(s.sample_id for s in single if s.epoch == epoch)
+    loader = make_loader(store, lane=1, lanes=2)
+    assert [len(loader.lane_shards(e)) for e in (0, 1)] == [2, 3]  # the odd shard goes to lane (0 + epoch) % 2
+    assert sum(loader.lane_totals()) == len(single)
+    k = len(lanes[1]) // 2
+    rest = list(make_loader(store, lane=1, lanes=2, position=lanes[1][k - 1].position))
+    assert [s.sample_id for s in rest] == [s.sample_id for s in lanes[1][k:]]
+    with pytest.raises(ValueError, match="data.lanes: 6 sample streams need at least as many shards"):
+        make_loader(store, lane=0, lanes=6)
 
 
 def test_seed_changes_the_order(store):

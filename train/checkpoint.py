@@ -3,7 +3,8 @@
     RUN/checkpoints/step-00000100/
         model.safetensors      drafter weights (fp32 master copy), z-lab names
         optimizer.safetensors  AdamW moments and step counts, keyed "<param name>/<key>"
-        rng.safetensors        torch CPU (+ CUDA) RNG, the run's anchor/noise generator,
+        rng.safetensors        torch CPU (+ CUDA) RNG, the run's anchor/noise generator
+                               (lane 0's), each further lane's (`generator_lane_<j>`),
                                numpy's MT19937 key
         state.json             step, scheduler, loader position, drafter config,
                                optimizer param groups, python/numpy RNG scalars
@@ -27,6 +28,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 CHECKPOINTS = "checkpoints"
+LANE_GENERATOR = "generator_lane_"
 PREFIX = "step-"
 
 
@@ -45,6 +47,16 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
+    """safetensors' save_file, with the file's mode from the umask like any other
+    file this process writes: safetensors writes 0600, which a server running as
+    another user cannot read."""
+    save_file(tensors, str(path), metadata=metadata)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
 
 
 def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
@@ -125,9 +137,12 @@ def save_checkpoint(
     generator: torch.Generator,
     state: dict,
     keep: int = 0,
+    lane_generators: dict[int, torch.Tensor] | None = None,
 ) -> Path:
     """Write checkpoint `step` atomically; `state` is JSON (scheduler, loader, config...).
-    keep > 0 deletes all but the newest `keep` checkpoints afterwards."""
+    keep > 0 deletes all but the newest `keep` checkpoints afterwards.
+    lane_generators: the generator states of lanes 1.. of a run dealt into lanes
+    (lane 0's is `generator`)."""
     final = checkpoint_dir(run_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     if tmp.exists():
@@ -135,11 +150,12 @@ def save_checkpoint(
     tmp.mkdir(parents=True)
     names = [name for name, _ in model.named_parameters()]
     weights = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
-    save_file(weights, str(tmp / "model.safetensors"))
+    save_tensors(weights, tmp / "model.safetensors")
     opt_tensors, opt_meta = optimizer_state(optimizer, names)
-    save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+    save_tensors(opt_tensors, tmp / "optimizer.safetensors")
     rng_tensors, rng_meta = rng_state(generator)
-    save_file(rng_tensors, str(tmp / "rng.safetensors"))
+    rng_tensors.update({f"{LANE_GENERATOR}{lane}": t for lane, t in (lane_generators or {}).items() if lane != 0})
+    save_tensors(rng_tensors, tmp / "rng.safetensors")
     body = {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta}
     (tmp / "state.json").write_text(json.dumps(body, indent=1) + "\n")
     if final.exists():
@@ -173,3 +189,10 @@ def load_checkpoint(
     if generator is not None:
         restore_rng(_read_safetensors(path / "rng.safetensors"), state["rng"], generator)
     return state
+
+
+def load_lane_generators(path: str | Path) -> dict[int, torch.Tensor]:
+    """Generator state of every lane a checkpoint holds (lane 0: the run's generator)."""
+    tensors = _read_safetensors(Path(path) / "rng.safetensors")
+    states = {int(k[len(LANE_GENERATOR):]): t for k, t in tensors.items() if k.startswith(LANE_GENERATOR)}
+    return {0: tensors["generator"], **states}

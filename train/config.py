@@ -43,6 +43,8 @@ class DataConfig:
     loader_threads: int | None = None  # threads decoding a shard's chunks in parallel; None: the cores available
     prefetch_samples: int = 8  # ready samples queued ahead of the trainer
     skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
+    lanes: int | None = None  # sample streams the shard order is dealt into (train/loader.py); None: the world size
+
 
     def validate(self):
         _check(self.max_length >= 2, "data.max_length", "must be >= 2")
@@ -50,6 +52,7 @@ class DataConfig:
         _check(self.buffer_shards >= 1, "data.buffer_shards", "must be >= 1")
         _check(self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)")
         _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
+        _check(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")
 
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/model.py)
@@ -153,6 +156,7 @@ class TrainConfig:
     log_every: int = 10
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2  # newest checkpoints kept (0: keep all)
+    progress_interval: float = 30.0  # seconds between progress lines when stderr is not a terminal
 
     def validate(self):
         _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
@@ -167,6 +171,7 @@ class TrainConfig:
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         _check(self.log_every >= 1, "train.log_every", "must be >= 1")
+        _check(self.progress_interval >= 0, "train.progress_interval", "must be >= 0 (seconds)")
 
     @property
     def sequences_per_step(self) -> int:
@@ -203,6 +208,15 @@ class EvalConfig:
 
 
 @dataclass
+class LogConfig:
+    tensorboard: bool = False  # also write the logged metrics as TensorBoard events under RUN/tb/ (JSONL stays the record)
+    samples: bool = False  # each rank writes RUN/samples/rank-<r>.jsonl: every trained sample's step, lane, epoch, id
+
+    def validate(self):
+        return self
+
+
+@dataclass
 class RunConfig:
     store: str = ""  # the hidden-state store (store_schema)
     target: str = ""  # target model directory: config.json, safetensors, tokenizer
@@ -213,6 +227,7 @@ class RunConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
 
     def validate(self, require_paths: bool = True) -> "RunConfig":
         for name in ("store", "target", "out") if require_paths else ():
@@ -234,7 +249,7 @@ class RunConfig:
         (run_dir / "config.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
-SECTIONS = ("data", "model", "loss", "optim", "train", "eval")
+SECTIONS = ("data", "model", "loss", "optim", "train", "eval", "log")
 _SECTION_TYPES = {name: f.type for name, f in ((f.name, f) for f in dataclasses.fields(RunConfig))}
 
 
@@ -337,6 +352,17 @@ def _apply(config: RunConfig, key: str, value) -> None:
     setattr(target, name, _coerce(shown, value, annotation))
 
 
+def _yaml_where(error: yaml.YAMLError) -> str:
+    mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
+    return f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """PyYAML's explanation without its quoted excerpt of the file (the location says where)."""
+    parts = [getattr(error, "context", None), getattr(error, "problem", None)]
+    return "; ".join(p for p in parts if p) or str(error).splitlines()[0]
+
+
 def _apply_mapping(config: RunConfig, data: dict, where: str) -> None:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
@@ -376,8 +402,10 @@ def load_config(
         text = path.read_text()
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as error:
-            raise ConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {error}") from None
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"{path} line {error.lineno}, column {error.colno}: not valid JSON: {error.msg}") from None
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{path}{_yaml_where(error)}: not valid YAML: {_yaml_problem(error)}") from None
         _apply_mapping(config, data or {}, str(path))
     for key, value in explicit.items():
         if value is not None:

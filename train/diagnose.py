@@ -185,12 +185,22 @@ class Diagnosis:
     def verdict(self) -> str:
         if not self.findings:
             state = self.plateau.get("verdict", "unknown")
-            parts = [f"{self.plateau.get('metric', 'the metric')} {state}" if state != "unknown" else "no metric to judge"]
+            metric = self.plateau.get("metric", "the metric")
+            if state in ("unknown", "too short"):
+                head, parts = (f"Too short to judge improvement ({self.records} records, steps {self.steps[0]}-"
+                               f"{self.steps[1]}); nothing wrong found: "), []
+            elif state == "schedule ending":
+                share, since = self.plateau["lr_to_peak"], self.plateau["since_step"]
+                head, parts = "No problems found: ", [
+                    f"{metric} gains little from step {since}, where the LR is down to {share:.0%} of its peak: "
+                    "the schedule is ending, not a plateau"]
+            else:
+                head, parts = "No problems found: ", [f"{metric} {state}"]
             parts.append("no cliffs")
             parts.append("LR matches the config" if self.lr.get("checked") else "LR not checked (no config)")
             parts.append("loss distribution unimodal")
             parts.append("no epoch-boundary jumps" if self.epochs else "no epoch boundary logged")
-            return "No problems found: " + ", ".join(parts) + "."
+            return head + ", ".join(parts) + "."
         kinds = sorted({f.kind for f in self.findings}, key=[f.kind for f in self.findings].index)
         return f"{len(self.findings)} problem(s) found ({', '.join(kinds)})."
 

@@ -103,6 +103,18 @@ def primary_metric(records: Sequence[dict], min_points: int = 8) -> str | None:
     return None
 
 
+SCHEDULE_ENDING = 0.07  # gains that faded only below this share of the peak LR: the schedule is ending
+
+
+def lr_share_at(records, step: int) -> float | None:
+    """The logged LR at the first record from `step` on, as a share of the run's
+    peak LR (None without an LR in the log)."""
+    steps, lrs = series(records, "lr")
+    if not len(lrs) or lrs.max() <= 0 or not (steps >= step).any():
+        return None
+    return float(lrs[steps >= step][0] / lrs.max())
+
+
 def check_plateau(records, metric: str, window: int | None, plateau_ratio: float, slowing_ratio: float):
     steps, values = series(records, metric)
     window = window or auto_window(steps[0], steps[-1])
@@ -132,6 +144,10 @@ def check_plateau(records, metric: str, window: int | None, plateau_ratio: float
     while first_low > 0 and gains[first_low - 1] <= low:
         first_low -= 1
     since_window = windows[first_low]["start"]
+    lr_share = lr_share_at(records, since_window)
+    if lr_share is not None and lr_share < SCHEDULE_ENDING:
+        info.update(verdict="schedule ending", lr_to_peak=lr_share, since_step=since_window)
+        return info, []  # gains faded only once the LR was nearly 0: what a decaying schedule does
     tail = steps >= windows[best_index]["start"]
     since = hinge_fit(steps[tail], values[tail]) if tail.sum() >= 10 else since_window
     info.update(since_step=since)

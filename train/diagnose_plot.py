@@ -1,5 +1,8 @@
-"""`python -m train diagnose RUN --plot FILE.png`: loss, accuracy, tau, DDTree
-acceptance and LR against step, one or more runs overlaid."""
+"""`python -m train diagnose RUN --plot FILE.png`: loss (training and held-out),
+accuracy, tau, DDTree acceptance and LR against step, one or more runs overlaid,
+titled with each run's name and diagnose's verdict. Sparse series (evaluations
+every few hundred steps) get a marker at each point, so a handful of evaluations
+reads as points, not as a line that looks measured in between."""
 
 from __future__ import annotations
 
@@ -19,10 +22,24 @@ def _smooth(values: np.ndarray, window: int) -> np.ndarray:
     return np.concatenate([head, np.convolve(values, kernel, mode="valid")])
 
 
-def plot(runs: Iterable, path, labels: Sequence[str] | None = None, smooth: int | None = None) -> Path:
-    """Draw loss, accuracy, tau, DDTree acceptance and LR against step for each
-    run (a run directory, a train_log.jsonl, or a list of records), overlaid and
-    aligned by step: first run solid, the next dashed, dotted, .... Writes a PNG."""
+SPARSE_POINTS = 60  # a series with at most this many points is drawn with a marker at each
+
+
+def plot(runs: Iterable, path, labels: Sequence[str] | None = None, smooth: int | None = None,
+         verdicts: Sequence[str] | None = None) -> Path:
+    """Draw the runs (see `figure`) and write a PNG."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure(runs, labels, smooth, verdicts).savefig(str(path), format="png")
+    return path
+
+
+def figure(runs: Iterable, labels: Sequence[str] | None = None, smooth: int | None = None,
+           verdicts: Sequence[str] | None = None):
+    """Loss, accuracy, tau, DDTree acceptance and LR against step for each run (a
+    run directory, a train_log.jsonl, or a list of records), overlaid and aligned by
+    step: first run solid, the next dashed, dotted, .... The title names each run
+    with its verdict (`verdicts`, one per run) when given."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -31,11 +48,11 @@ def plot(runs: Iterable, path, labels: Sequence[str] | None = None, smooth: int 
     labels = list(labels) if labels else [Path(r).name if not isinstance(r, (list, tuple)) else f"run {i + 1}"
                                           for i, r in enumerate(runs)]
     styles = ["-", "--", ":", "-."]
-    figure = Figure(figsize=(11, 14), dpi=100)
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(5, 1, sharex=True)
+    drawing = Figure(figsize=(11, 14), dpi=100)
+    FigureCanvasAgg(drawing)
+    axes = drawing.subplots(5, 1, sharex=True)
     panels = [
-        ("loss", lambda rs: ["loss"]),
+        ("loss (training; held-out)", lambda rs: ["loss", "heldout_loss"]),
         ("accuracy", lambda rs: [k for k in (accuracy_key(rs), "top4_acc", "top8_acc", "heldout_acc",
                                              "eval_top1_acc") if k]),
         ("tau (acceptance length)", lambda rs: list(TAU_KEYS)),
@@ -57,6 +74,7 @@ def plot(runs: Iterable, path, labels: Sequence[str] | None = None, smooth: int 
                 if window > 1 and key != "lr":
                     ax.plot(steps[::every], values[::every], style, color=color, alpha=0.2, linewidth=0.6)
                 ax.plot(steps[::every], line[::every], style, color=color,
+                        marker="o" if len(values) <= SPARSE_POINTS else None, markersize=3.5,
                         linewidth=1.3, label=f"{key} [{labels[run_index]}]" if len(loaded) > 1 else key)
                 drawn += 1
         ax.set_title(title, fontsize=10)
@@ -66,9 +84,14 @@ def plot(runs: Iterable, path, labels: Sequence[str] | None = None, smooth: int 
         else:
             ax.text(0.5, 0.5, "not logged", transform=ax.transAxes, ha="center", va="center", color="gray")
     axes[-1].set_xlabel("step")
-    figure.suptitle(" vs ".join(labels), fontsize=11)
-    figure.tight_layout(rect=(0, 0, 1, 0.97))
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(str(path), format="png")
-    return path
+    names = [str(r) if not isinstance(r, (list, tuple)) else labels[i] for i, r in enumerate(runs)]
+    titles = [f"{name}: {verdict}" for name, verdict in zip(names, verdicts)] if verdicts else [" vs ".join(names)]
+    drawing.suptitle("\n".join(_wrap(title) for title in titles), fontsize=10)
+    drawing.tight_layout(rect=(0, 0, 1, 0.97 - 0.012 * sum(_wrap(t).count("\n") + 1 for t in titles)))
+    return drawing
+
+
+def _wrap(text: str, width: int = 130) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width))

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from train.checkpoint import save_tensors
 from train.dtypes import name_of
 from train.heldout import heldout_fraction_of, heldout_record
 from train.model import DFlashDrafter, DrafterConfig
@@ -100,7 +100,7 @@ def export_drafter(
     leaked = [name for name in state if "embed_tokens" in name or "lm_head" in name]
     if leaked:
         raise ValueError(f"drafter state dict carries target tensors {leaked}; they must stay out of the export")
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    save_tensors(state, out_dir / "model.safetensors", metadata={"format": "pt"})
     config = drafter_config_json(drafter.config, dtype, extra_config)
     if heldout_fraction is not None:
         config[HELDOUT_SPLIT_KEY] = heldout_record(heldout_fraction)

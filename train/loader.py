@@ -26,6 +26,13 @@ training iterator never yields it. `heldout_samples()` yields only those, readin
 just their rows through the held-out index (`train.heldout`), built once from
 the store's plan and kept for the run: evaluation never scans the shards.
 
+Lanes (data-parallel runs, `train.lanes`): the epoch's shard order can be dealt
+into `lanes` independent sample streams; lane j reads only the shards at
+positions i of the order with (i - epoch) mod lanes == j (the odd shards rotate
+among lanes from epoch to epoch), grouped and shuffled as above. Every training
+sample is in exactly one lane per epoch, so the lanes of a run together see each
+once per epoch. One loader serves one lane; `lanes=1` is the single stream.
+
 Position: where the loader stands is (epoch, group, samples of that group
 already delivered). Because every permutation is derived from (seed, epoch,
 group), that position *is* the RNG state: resuming from it delivers exactly the
@@ -78,6 +85,9 @@ class LoaderPosition:
     def from_dict(cls, data: dict) -> "LoaderPosition":
         return cls(int(data["epoch"]), int(data["group"]), int(data["sample"]))
 
+    def describe(self) -> str:
+        return f"epoch {self.epoch}, shard group {self.group}, sample {self.sample} of that group"
+
 
 @dataclass
 class TrainSample:
@@ -127,7 +137,8 @@ class ShardLoader:
     seed, epochs: the run's (`train` section): the order, and when to stop.
     position: where to start (a checkpoint's); shards: the shard list a checkpoint
         recorded (default: the store's committed shards).
-    device: where training runs; a CUDA device gets samples copied there ahead."""
+    device: where training runs; a CUDA device gets samples copied there ahead.
+    lane, lanes: the sample stream this loader serves, of how many (module docstring)."""
 
     def __init__(
         self,
@@ -142,6 +153,8 @@ class ShardLoader:
         log: Callable[[str], None] = print,
         shards: list[str] | None = None,
         device: torch.device | str | None = None,
+        lane: int = 0,
+        lanes: int = 1,
     ):
         self.store = store
         self.config = config
@@ -153,6 +166,12 @@ class ShardLoader:
         self.shards = sorted(store.committed_shards() if shards is None else shards)
         if not self.shards:
             raise ValueError(f"{store.path}: no committed shards to train on")
+        if not 0 <= lane < lanes:
+            raise ValueError(f"loader lane {lane} is not one of {lanes} lanes")
+        if lanes > len(self.shards):
+            raise ValueError(f"data.lanes: {lanes} sample streams need at least as many shards; {store.path} has "
+                             f"{len(self.shards)}")
+        self.lane, self.lanes = lane, lanes
         self.start = position or LoaderPosition()
         self.skipped_shards: list[str] = []
         self.skipped_empty = 0
@@ -169,41 +188,54 @@ class ShardLoader:
         """Identifies the shard list a position refers to (a resume must see the same)."""
         return hashlib.sha256("\n".join(self.shards).encode()).hexdigest()
 
-    @property
-    def num_groups(self) -> int:
-        return math.ceil(len(self.shards) / self.config.buffer_shards)
+    def num_groups(self, epoch: int) -> int:
+        return math.ceil(len(self.lane_shards(epoch)) / self.config.buffer_shards)
 
     def epoch_order(self, epoch: int) -> list[str]:
         rng = np.random.default_rng([self.seed, epoch])
         return [self.shards[i] for i in rng.permutation(len(self.shards))]
 
+    def lane_shards(self, epoch: int, lane: int | None = None) -> list[str]:
+        """The shards `lane` (default: this loader's) reads in `epoch`, in order."""
+        lane = self.lane if lane is None else lane
+        return [name for i, name in enumerate(self.epoch_order(epoch)) if (i - epoch) % self.lanes == lane]
+
     def groups(self, epoch: int) -> list[list[str]]:
-        order = self.epoch_order(epoch)
+        order = self.lane_shards(epoch)
         size = self.config.buffer_shards
         return [order[i : i + size] for i in range(0, len(order), size)]
 
     def group_permutation(self, epoch: int, group: int, count: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch, group, 1]).permutation(count)
+        lane = [] if self.lanes == 1 else [self.lane, self.lanes]
+        return np.random.default_rng([self.seed, epoch, group, 1, *lane]).permutation(count)
 
     def next_position(self, position: LoaderPosition, group_size: int) -> LoaderPosition:
         """The position after delivering one more sample of a group of `group_size`."""
         if position.sample + 1 < group_size:
             return LoaderPosition(position.epoch, position.group, position.sample + 1)
-        if position.group + 1 < self.num_groups:
+        if position.group + 1 < self.num_groups(position.epoch):
             return LoaderPosition(position.epoch, position.group + 1, 0)
         return LoaderPosition(position.epoch + 1, 0, 0)
 
     def count_train_samples(self) -> int:
         """Training samples per epoch, before the no-anchor filter: exact from the
         store's plan when it has one, else estimated from commit records."""
+        return max(1, round(sum(self.train_samples_by_shard().values())))
+
+    def train_samples_by_shard(self) -> dict[str, float]:
+        """Training samples of each shard (exact from the plan, else estimated)."""
         fraction = self.config.heldout_fraction
         plan = self.store.plan()
         if plan is not None:
             by_name = {shard.name: shard for shard in plan.shards}
             if all(name in by_name for name in self.shards):
-                return sum(not is_heldout(s.sample_id, fraction) for n in self.shards for s in by_name[n].samples)
-        total = sum(self.store.commit(n).num_samples for n in self.shards)
-        return max(1, round(total * (1.0 - fraction)))
+                return {n: sum(not is_heldout(s.sample_id, fraction) for s in by_name[n].samples) for n in self.shards}
+        return {n: self.store.commit(n).num_samples * (1.0 - fraction) for n in self.shards}
+
+    def lane_totals(self) -> list[float]:
+        """Training samples each lane delivers over all the run's epochs."""
+        counts = self.train_samples_by_shard()
+        return [sum(counts[n] for e in range(self.epochs) for n in self.lane_shards(e, lane)) for lane in range(self.lanes)]
 
     # -- reading --------------------------------------------------------------------------
     def _read(self, names: list[str]) -> Iterator[ShardData]:
@@ -365,7 +397,8 @@ class ShardLoader:
             thread.join(timeout=5.0)
 
     def __del__(self):
-        self._stop.set()
+        if hasattr(self, "_stop"):  # not when __init__ refused its arguments
+            self._stop.set()
 
     # -- held-out -------------------------------------------------------------------------
     def heldout_samples(self, limit: int | None = None) -> Iterator[TrainSample]:

@@ -65,6 +65,21 @@ class MetricSums:
         self.slot_valid += more.slot_valid
         return self
 
+    def as_vector(self) -> torch.Tensor:
+        """Every sum in one float64 vector (summed over ranks in one all_reduce)."""
+        scalars = torch.tensor([float(getattr(self, name)) for name in _SCALARS], dtype=torch.float64)
+        return torch.cat([scalars, self.slot_hits, self.slot_valid])
+
+    @classmethod
+    def from_vector(cls, block_size: int, vector: torch.Tensor) -> "MetricSums":
+        sums = cls(block_size)
+        n, slots = len(_SCALARS), block_size - 1
+        for name, value in zip(_SCALARS, vector[:n].tolist()):
+            setattr(sums, name, int(round(value)) if name in ("sequences", "tokens") else value)
+        sums.slot_hits = vector[n : n + slots].clone()
+        sums.slot_valid = vector[n + slots : n + 2 * slots].clone()
+        return sums
+
     def means(self, prefix: str = "") -> dict:
         valid = max(self.valid, 1.0)
         per_position = [

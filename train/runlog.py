@@ -2,7 +2,9 @@
 
 One JSON object per line, each with `step` (optimizer steps done). The trainer
 writes one line per logged step (loss, acc, top4_acc, top8_acc, per_position_acc,
-tau_per_position, lr, grad_norm, epoch, tokens_per_s, loader_wait_frac) and the
+tau_per_position, lr, grad_norm, epoch, tokens_per_s, sequences_per_s,
+loader_wait_frac, world_size; the sums behind the means are over every rank of a
+data-parallel run) and the
 evaluators' keys (`heldout_*` from the trainer's held-out pass, `eval_*` from the
 acceptance evaluation: eval_tau (decode-time rollout), eval_tau_per_position,
 eval_ddtree_<budget>, ...), sometimes on a line of their own for the same step.
@@ -24,6 +26,7 @@ from typing import Sequence
 import numpy as np
 
 LOG_FILE = "train_log.jsonl"
+SAMPLES_DIR = "samples"  # log.samples=true: RUN/samples/rank-<r>.jsonl, one line per trained sample
 _DDTREE_KEY = re.compile(r"^(?:(heldout|eval)_)?ddtree\D*?(\d+)$")
 # The tau keys, headline first: decode-time rollout, then the per-position estimates.
 TAU_KEYS = ("eval_tau", "eval_tau_per_position", "heldout_tau_per_position", "tau_per_position")
@@ -34,6 +37,10 @@ _LEGACY_KEYS = {"tau": "tau_per_position", "heldout_tau": "heldout_tau_per_posit
 def append_log(path: Path, record: dict) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record) + "\n")
+
+
+def samples_log(run_dir: Path, rank: int) -> Path:
+    return Path(run_dir) / SAMPLES_DIR / f"rank-{rank}.jsonl"
 
 
 def truncate_log(path: Path, step: int) -> None:

@@ -30,6 +30,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
+from store_schema.target_config import read_config_json
+
 # End-of-turn tokens of common chat templates; a target stops at any of them.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
 
@@ -38,6 +40,7 @@ def load_target_model(path: str | Path, device: torch.device, dtype: torch.dtype
     """The target causal LM, eval mode, no gradients, trust_remote_code off."""
     from transformers import AutoModelForCausalLM
 
+    read_config_json(path)  # a path that is not a model directory: one line naming it, not a hub lookup
     model, loading = AutoModelForCausalLM.from_pretrained(
         str(path),
         dtype=dtype,

@@ -17,7 +17,11 @@ Order of a run (`Trainer.from_config`):
    loss mask, targets built from clean tokens before any noise, chunked loss
    through the frozen head); the loss normalised over all weighted labels of the
    step (`loss.normalize`), gradients clipped, stepped.
-5. `train_log.jsonl` gets one line per logged step, evaluators run every
+5. Data-parallel (torchrun, or `fit --nproc N`; `train.distributed`): each
+   process trains a DDP replica on its lanes' samples (`train.lanes`), the
+   step's loss normalised over the weighted labels of every rank; rank 0 alone
+   logs, evaluates and checkpoints (with every lane's position and generator).
+6. `train_log.jsonl` gets one line per logged step, evaluators run every
    `eval.every` steps (their `heldout_*` / `eval_*` keys go into the same log),
    and a checkpoint (safetensors + JSON) every `checkpoint_every` steps and at
    the end; the checkpoint records the run's held-out split.
@@ -32,9 +36,6 @@ touching the loop.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import math
-import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -43,22 +44,28 @@ from pathlib import Path
 import torch
 
 from store_schema import Store, file_sha256
+from store_schema.progress import default_mode
 from store_schema.target_config import TargetConfig, read_target_config
 from train import checkpoint as ckpt
 from train.config import ConfigError, RunConfig
+from train.distributed import (World, check_world, device_for, gather_lanes, init_process_group, reduce_step,
+                               total_steps as lane_steps, world_from_env, wrap)
 from train.dtypes import torch_dtype
 from train.evaluators import AcceptanceEval, HeldoutEval
 from train.heldout import heldout_record
-from train.loader import LoaderPosition, ShardLoader, TrainSample
+from train.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
+from train.loader import ShardLoader, TrainSample
 from train.loss import default_gamma
 from train.export import load_weights
 from train.init_from import fine_tune_config, init_record, read_source
 from train.mask_token import resolve_mask_token
 from train.metrics import MetricSums
 from train.model import DFlashDrafter, DrafterConfig
-from train.runlog import LOG_FILE, append_log, truncate_log
+from train.progress import TrainingInterrupted, fit_progress, headline, sigint_deferred
+from train.runlog import LOG_FILE, append_log, samples_log, truncate_log
 from train.schedule import lr_at
 from train.step import dflash_step
+from train.tblog import TensorBoardLog
 from train.target_head import TargetHead, load_target_head
 
 
@@ -114,15 +121,6 @@ def build_optimizer(drafter: torch.nn.Module, optim) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, foreach=False)
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("config train.device: cuda requested but torch sees no CUDA device")
-    return device
-
-
 # -- the trainer -------------------------------------------------------------------------
 class Trainer:
     def __init__(
@@ -139,6 +137,8 @@ class Trainer:
         store_info: dict | None = None,
         log: Callable[[str], None] = print,
         run_info: dict | None = None,
+        feed: LaneFeed | None = None,
+        world: World | None = None,
     ):
         self.config = config
         self.head = head
@@ -149,6 +149,10 @@ class Trainer:
         self.device = device
         self.generator = generator
         self.step = start_step
+        self.world = world or World()
+        # This process's lanes of the sample streams (one lane, the loader, in a single-stream run).
+        self.feed = feed or LaneFeed({0: loader}, {0: generator}, 1, config.train.sequences_per_step, 0, 1)
+        self.model = wrap(drafter, self.world, device)  # what training steps run: DDP on more than one process
         self.store_info = store_info or {}
         self.run_info = run_info or {}  # how the run started (mask token rule, ...): checkpoints and exports keep it
         self.log = log
@@ -157,7 +161,6 @@ class Trainer:
             HeldoutEval(config.eval),
             AcceptanceEval(config.eval, attention=config.model.attention),
         ]
-        self.position = loader.start
         self._last_eval_step: int | None = None
         self.epoch = loader.start.epoch
         autocast = device.type == "cuda" and config.train.dtype != "float32"
@@ -167,7 +170,11 @@ class Trainer:
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print) -> "Trainer":
+    def from_config(cls, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
+                    world: World | None = None) -> "Trainer":
+        world = world or world_from_env()
+        if not world.is_main:
+            log = _quiet  # rank 0 speaks for the job
         run_dir = Path(config.out)
         latest = ckpt.latest_checkpoint(run_dir) if resume else None
         if resume and latest is None:
@@ -175,7 +182,8 @@ class Trainer:
         if not resume and ckpt.latest_checkpoint(run_dir) is not None:
             raise FileExistsError(f"{run_dir} already holds checkpoints; pass --resume to continue it or use a new --out")
 
-        device = pick_device(config.train.device)
+        device = device_for(world, config.train.device)
+        init_process_group(world, device)
         target = read_target_config(config.target)
         store = Store(config.store)
         layer_ids = check_store_against_target(store, target)
@@ -202,42 +210,55 @@ class Trainer:
         drafter = drafter.to(device)  # fp32 master weights
         drafter.gradient_checkpointing = config.model.gradient_checkpointing
         optimizer = build_optimizer(drafter, config.optim)
-        generator = torch.Generator().manual_seed(config.train.seed)
+        generator = lane_generator(config.train.seed, 0)
 
-        start_step, position = 0, LoaderPosition()
+        start_step, positions, generator_states = 0, {}, {}
         shards = None
+        lanes = config.data.lanes or world.size
         if latest is not None:
             state = ckpt.load_checkpoint(latest, drafter, optimizer, generator)
             start_step = state["step"]
-            position = LoaderPosition.from_dict(state["loader"]["position"])
+            positions = lane_positions(state["loader"])
+            generator_states = ckpt.load_lane_generators(latest)
+            if config.data.lanes not in (None, len(positions)):
+                raise ConfigError(f"--resume: {latest} deals its samples into {len(positions)} lanes; "
+                                  f"data.lanes={config.data.lanes} would deal them anew")
+            lanes = len(positions)
             shards = state["loader"]["shards"]
             run_info.update(state.get("run_info", {}))  # how the run first started (e.g. the rule that chose the mask)
             missing = sorted(set(shards) - set(store.committed_shards()))
             if missing:
                 raise ValueError(f"--resume: shards {missing[:4]} of the checkpointed run are not in {store.path}")
-            log(f"resumed from {latest} at step {start_step}, loader {position}")
+            log(f"fit: resumed from {latest} at step {start_step} "
+                f"({start_step * config.train.sequences_per_step:,} samples trained on), "
+                f"{positions[0].describe()}{' (lane 0)' if len(positions) > 1 else ''}")
+        config.data.lanes = lanes  # fixed for the run: its config and checkpoints record it
+        global_batch = config.train.sequences_per_step
+        check_world(world.size, lanes, global_batch, resumed=latest is not None)
 
-        loader = ShardLoader(
-            store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
-            epochs=config.train.epochs, position=position, log=log, shards=shards, device=device,
-        )
-        total_steps = config.train.max_steps or max(
-            1, config.train.epochs * math.ceil(loader.count_train_samples() / config.train.sequences_per_step)
-        )
-        config.save(run_dir)
+        feed = LaneFeed.for_rank(
+            world, lanes, global_batch, config.train.seed, generator, generator_states,
+            lambda lane: ShardLoader(store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
+                                     epochs=config.train.epochs, position=positions.get(lane), log=log, shards=shards,
+                                     device=device, lane=lane, lanes=lanes))
+        loader = next(iter(feed.loaders.values()))
+        total_steps = config.train.max_steps or lane_steps(loader.lane_totals(), global_batch)
+        if world.is_main:
+            config.save(run_dir)
         store_info = {"store": str(store.path), "fingerprint_sha256": store.fingerprint.sha256(), "layer_ids": layer_ids}
-        return cls(config, head, drafter, optimizer, loader, total_steps, device, generator, start_step, store_info,
-                   log, run_info)
+        return cls(config, head, drafter, optimizer, loader, total_steps, device, feed.generators[loader.lane], start_step,
+                   store_info, log, run_info, feed=feed, world=world)
 
     # -- one sequence ------------------------------------------------------------------------
-    def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None):
+    def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None, model=None):
         """dflash_step on one loader sample: (LossOutput, anchors, BlockTargets).
-        `noise` overrides `loss.noise` (the held-out pass scores with 0)."""
+        `noise` overrides `loss.noise` (the held-out pass scores with 0); `model`
+        defaults to the bare drafter (training steps pass the DDP module)."""
         loss = self.config.loss if noise is None else dataclasses.replace(self.config.loss, noise=noise)
         device = self.device
         with self._autocast():
             return dflash_step(
-                self.drafter,
+                model if model is not None else self.drafter,
                 self.head,
                 sample.input_ids.to(device),
                 sample.loss_mask.to(device),
@@ -251,31 +272,55 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
-        """Train until `total_steps` or the loader's epochs run out. Returns the last log record."""
+        """Train until `total_steps` or the data runs out on every rank. Returns the
+        last log record. Every rank runs the loop; rank 0 alone writes."""
         train, every = self.config.train, self.config.eval.every
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        main = self.world.is_main
         log_path = self.run_dir / LOG_FILE
-        truncate_log(log_path, self.step)
+        if main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            truncate_log(log_path, self.step)
+        board = TensorBoardLog(self.run_dir, self.step) if main and self.config.log.tensorboard else None
+        trained = samples_log(self.run_dir, self.world.rank) if self.config.log.samples else None
+        if trained is not None:
+            trained.parent.mkdir(parents=True, exist_ok=True)
+            truncate_log(trained, self.step)
+
+        def write(record: dict) -> None:
+            append_log(log_path, record)
+            if board is not None:
+                board.write(record)
+
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.drafter.train()
         sums = MetricSums(self.drafter.config.block_size)
-        interval_start, wait_start = time.perf_counter(), self.loader.wait_seconds
+        interval_start, wait_start = time.perf_counter(), self.feed.wait_seconds
         last: dict = {}
-        progress = _progress(self.total_steps, self.step)
+        progress = fit_progress(self.total_steps, self.step, train.progress_interval, default_mode(main))
+        committed = self._committed_state()  # positions and RNGs as of the last completed step
         try:
             while self.step < self.total_steps:
                 lr = lr_at(self.step, self.total_steps, self.config.optim)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                samples = list(itertools.islice(self.loader, train.sequences_per_step))
-                if len(samples) < train.sequences_per_step:
-                    break  # out of data: a partial step is dropped
-                step_sums = self.backward_step(samples)
-                self.position, self.epoch = samples[-1].position, samples[-1].epoch
+                slots = self.feed.take(self.step)
+                if not self.world.distributed and all(sample is None for _, sample in slots):
+                    break  # out of data
+                step_sums = self.backward_step([sample for _, sample in slots],
+                                               [self.feed.generators[lane] for lane, _ in slots])
+                if step_sums.sequences == 0:
+                    break  # out of data on every rank
+                if trained is not None:
+                    for lane, sample in slots:
+                        if sample is not None:
+                            append_log(trained, {"step": self.step + 1, "lane": lane, "epoch": sample.epoch,
+                                                 "sample_id": sample.sample_id})
                 clip = self.config.optim.grad_clip or float("inf")  # 0 disables clipping
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-                self.optimizer.step()
-                self.step += 1
+                with sigint_deferred():  # a step is applied whole or not at all
+                    self.optimizer.step()
+                    self.step += 1
+                    committed = self._committed_state()
                 sums.merge(step_sums)
                 record: dict = {}
                 if self.step % train.log_every == 0 or self.step == self.total_steps:
@@ -287,54 +332,84 @@ class Trainer:
                         **sums.means(),
                         "grad_norm": grad_norm,
                         "tokens_per_s": sums.tokens / elapsed,
-                        "loader_wait_frac": (self.loader.wait_seconds - wait_start) / elapsed,
+                        "sequences_per_s": sums.sequences / elapsed,
+                        "loader_wait_frac": (self.feed.wait_seconds - wait_start) / elapsed,
+                        "world_size": self.world.size,
                     }
                     sums = MetricSums(self.drafter.config.block_size)
-                if every and self.step % every == 0:
+                if main and every and self.step % every == 0:
                     record = {"step": self.step, "epoch": self.epoch, **record, **self.evaluate()}
-                if record:
-                    append_log(log_path, record)
+                if record and main:
+                    write(record)
                     last = record
-                    progress.set_postfix(_headline(record), refresh=False)
-                    interval_start, wait_start = time.perf_counter(), self.loader.wait_seconds
+                    progress.show(**headline(record))
+                if record:
+                    interval_start, wait_start = time.perf_counter(), self.feed.wait_seconds
                 if train.checkpoint_every and self.step % train.checkpoint_every == 0:
                     self.save_checkpoint()
-                progress.update(1)
-            if every and self._last_eval_step != self.step:  # the final model is always evaluated
+                progress.update(1, tokens=step_sums.tokens, samples=f"{self.step * train.sequences_per_step:,}")
+            if main and every and self._last_eval_step != self.step:  # the final model is always evaluated
                 record = {"step": self.step, "epoch": self.epoch, **self.evaluate()}
-                append_log(log_path, record)
+                write(record)
                 last = {**last, **record}
             if not (train.checkpoint_every and self.step % train.checkpoint_every == 0):
                 self.save_checkpoint()
+        except KeyboardInterrupt:
+            raise TrainingInterrupted(self.step, self.checkpoint_on_interrupt(committed)) from None
         finally:
             progress.close()
-            self.loader.close()
-        if self.loader.skipped_shards:
-            self.log(f"skipped corrupt shards (never trained on): {self.loader.skipped_shards}")
+            self.feed.close()
+            if board is not None:
+                board.close()
+        if self.feed.skipped_shards:
+            self.log(f"skipped corrupt shards (never trained on): {self.feed.skipped_shards}")
         return last
 
-    def backward_step(self, samples: list[TrainSample]) -> MetricSums:
-        """Gradients of one optimizer step over `samples` (the global batch), each
-        sequence its own forward and backward. `loss.normalize="step"`: the loss
-        is normalised over all weighted labels of the step, so each sequence's own
-        normalised loss counts by its label weight (`BlockTargets.weight_sum`) and
-        the summed gradients are divided by the step's total weight; "sequence":
-        the mean of the sequences' own normalised losses."""
+    def backward_step(self, samples: list[TrainSample | None], generators: list[torch.Generator] | None = None
+                      ) -> MetricSums:
+        """Gradients of one optimizer step over this rank's `samples` of the
+        global batch, each sequence its own forward and backward with its lane's
+        generator (default: the run's). `loss.normalize="step"`: the loss is
+        normalised over all weighted labels of the step on every rank, so each
+        sequence's own normalised loss counts by its label weight
+        (`BlockTargets.weight_sum`) and the gradients, summed over sequences and
+        ranks, are divided by the step's total weight (an all_reduce of the
+        ranks' sums); "sequence": the mean of the sequences' own normalised
+        losses. A None sample (its lane ran dry) is skipped in a single process
+        and zero-weight work on more (a pad sequence's backward times 0, so
+        every rank joins the same gradient all_reduces). Returns the step's metric sums over all ranks and sets
+        `epoch` to the furthest epoch among its samples."""
         self.optimizer.zero_grad(set_to_none=True)
         per_step = self.config.loss.normalize == "step"
         sums = MetricSums(self.drafter.config.block_size)
-        total = 0.0
-        for sample in samples:
-            output, _, targets = self.run_sequence(sample, self.generator)
-            scale = float(targets.weight_sum) if per_step else 1.0
-            (output.loss * scale).backward()
-            total += scale
-            sums.add(float(output.loss.detach()), output.metrics, targets, sample.num_tokens)
+        generators = generators or [self.generator] * len(samples)
+        epoch = self.epoch
+        for i, (sample, generator) in enumerate(zip(samples, generators)):
+            real = sample is not None
+            if not real and not self.world.distributed:
+                continue  # no replica waits on this process's all-reduce: nothing to pad
+            if not real:
+                sample, generator = pad_sample(self.drafter.config), torch.Generator().manual_seed(0)
+            sync = not self.world.distributed or i == len(samples) - 1  # DDP all_reduces on the last backward only
+            with nullcontext() if sync else self.model.no_sync():
+                output, _, targets = self.run_sequence(sample, generator, model=self.model)
+                scale = float(targets.weight_sum) if per_step else 1.0
+                (output.loss * (scale if real else 0.0)).backward()
+            if real:
+                sums.add(float(output.loss.detach()), output.metrics, targets, sample.num_tokens)
+                epoch = max(epoch, sample.epoch)
+        sums, self.epoch = reduce_step(self.world, sums, epoch, self.device)
+        total = sums.weight if per_step else sums.sequences
         if total > 0:
+            divisor = total / self.world.size  # DDP averaged the ranks' gradient sums
             for param in self.drafter.parameters():
                 if param.grad is not None:
-                    param.grad.div_(total)
+                    param.grad.div_(divisor)
         return sums
+
+    def release_replica(self) -> None:
+        """Drop the DDP module, which must go before its process group does."""
+        self.model = self.drafter
 
     def evaluate(self) -> dict:
         self._last_eval_step = self.step
@@ -343,11 +418,46 @@ class Trainer:
             result.update(evaluator(self, self.step))
         return result
 
-    def save_checkpoint(self) -> Path:
+    def _committed_state(self) -> tuple:
+        """What a checkpoint of the last completed step needs that the next step's
+        sampling changes: every lane's position and generator, and the global RNGs."""
+        return dict(self.feed.positions), self.feed.generator_states(), ckpt.rng_state(self.generator)
+
+    def checkpoint_on_interrupt(self, committed: tuple) -> Path | None:
+        """After Ctrl-C: the checkpoint of the last completed step (written now unless
+        it already is, a second Ctrl-C ignored meanwhile). Data-parallel runs keep
+        their last periodic checkpoint: writing one needs every rank's collective,
+        and the launcher is already stopping them."""
+        if self.world.distributed:
+            return ckpt.latest_checkpoint(self.run_dir)
+        positions, generator_states, rng = committed
+        self.feed.positions.update(positions)
+        for lane, state in generator_states.items():
+            self.feed.generators[lane].set_state(state)
+        ckpt.restore_rng(*rng, self.generator)
+        done = ckpt.checkpoint_dir(self.run_dir, self.step)
+        if ckpt.latest_checkpoint(self.run_dir) == done:
+            return done
+        self.log(f"interrupted: saving a checkpoint of step {self.step}")
+        with sigint_deferred(reraise=False):
+            return self.save_checkpoint()
+
+    def save_checkpoint(self) -> Path | None:
+        """Every rank calls it (each lane's position and generator are gathered);
+        rank 0 writes."""
+        lanes = self.feed.lanes
+        positions, states = gather_lanes(self.world, lanes, self.feed.positions, self.feed.generator_states(),
+                                         self.device)
+        if not self.world.is_main:
+            return None
+        generator = torch.Generator()
+        generator.set_state(states[0])
         state = {
             "scheduler": {"step": self.step, "total_steps": self.total_steps, "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.config.optim)},
-            "loader": {"position": self.position.to_dict(), "shards": self.loader.shards, "shards_sha256": self.loader.shards_sha256,
-                       "skipped_shards": self.loader.skipped_shards},
+            "loader": {"position": positions[0].to_dict(), "shards": self.loader.shards, "shards_sha256": self.loader.shards_sha256,
+                       "skipped_shards": self.feed.skipped_shards, "world_size": self.world.size,
+                       "lanes": [{"lane": lane, "rank": lane % self.world.size, **positions[lane].to_dict()}
+                                 for lane in range(lanes)]},
             "epoch": self.epoch,
             "drafter_config": self.drafter.config.to_dict(),
             "config": self.config.to_dict(),
@@ -356,19 +466,11 @@ class Trainer:
             "run_info": self.run_info,
         }
         return ckpt.save_checkpoint(
-            self.run_dir, self.step, self.drafter, self.optimizer, self.generator, state, keep=self.config.train.keep_checkpoints
+            self.run_dir, self.step, self.drafter, self.optimizer, generator, state, keep=self.config.train.keep_checkpoints,
+            lane_generators=states,
         )
 
 
-def _headline(record: dict) -> dict:
-    keys = {"loss": "loss", "acc": "acc", "eval_tau": "tau", "tokens_per_s": "tok/s", "loader_wait_frac": "wait",
-            "heldout_acc": "ho_acc"}
-    return {short: f"{record[k]:.3g}" for k, short in keys.items() if isinstance(record.get(k), (int, float))}
-
-
-def _progress(total: int, initial: int):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, desc="fit", unit="step", file=sys.stderr, dynamic_ncols=True,
-                disable=None, mininterval=1.0)
+def _quiet(message: str) -> None:
+    """The log of ranks other than 0."""
 

@@ -13,7 +13,8 @@ def add_parser(subparsers) -> None:
         "diagnose", help="diagnose a run's train_log.jsonl (plateau, cliffs, LR, loss)", description=__doc__
     )
     p.add_argument("run_dir", metavar="RUN", help="run directory (with train_log.jsonl and config.yaml) or a train_log.jsonl")
-    p.add_argument("--plot", metavar="FILE.png", help="draw loss, accuracy, tau, DDTree and LR against step")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="draw loss (training and held-out), accuracy, tau, DDTree and LR against step, with the verdict")
     p.add_argument("--compare", metavar="RUN2", help="a second run: overlaid on the plot, compared at common steps")
     p.add_argument("--config", metavar="FILE", help="run config (YAML) to check the LR against (default: RUN/config.yaml)")
     p.add_argument("--window", type=int, help="improvement window in steps (default: about 4-8 windows)")
@@ -36,7 +37,8 @@ def run(args) -> int:
     other = diagnose(args.compare) if args.compare else None
     table = compare(read_log(args.run_dir), read_log(args.compare)) if other is not None else None
     if args.plot:
-        plot([args.run_dir] + ([args.compare] if args.compare else []), args.plot)
+        plot([args.run_dir] + ([args.compare] if args.compare else []), args.plot,
+             verdicts=[result.verdict()] + ([other.verdict()] if other is not None else []))
     if args.json:
         data = result.to_dict()
         if other is not None:

@@ -95,17 +95,16 @@ def heldout_fraction(args, drafter_dir: Path) -> float | None:
 
 
 def run(args) -> int:
-    import torch
-
     from store_schema import Store
     from store_schema.cli import fail
+    from store_schema.host import resolve_device
     from train.dtypes import torch_dtype
     from train.evaluate import evaluate
     from train.export import load_drafter, resolve_drafter_dir
     from train.target_head import load_target_head
 
     config = eval_config(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else None
     drafter_dir = resolve_drafter_dir(args.drafter)
     fraction = heldout_fraction(args, drafter_dir)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.config import SPLITS, DataConfig
@@ -57,8 +58,19 @@ def check_compatible(drafter_config, model, where) -> None:
             raise ValueError(f"{where}: drafter {name} {drafter_value} does not match the target's {target_value}")
 
 
-def load_prompts(args, drafter_dir, model, tokenizer) -> list:
+def open_prompt_source(args):
+    """The store (or None for --prompts), opened before any model loads, so a wrong
+    path is refused at once."""
     from store_schema import Store
+
+    if args.prompts:
+        if not Path(args.prompts).is_file():
+            raise FileNotFoundError(f"--prompts {args.prompts}: no such file")
+        return None
+    return Store(args.store)
+
+
+def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
     from store_schema.target_config import read_target_config
     from train.cli.eval import heldout_fraction
     from train.prompts import jsonl_prompts, store_prompts
@@ -67,7 +79,6 @@ def load_prompts(args, drafter_dir, model, tokenizer) -> list:
     vocab = model.get_input_embeddings().weight.shape[0]
     if args.prompts:
         return jsonl_prompts(args.prompts, tokenizer, vocab_size=vocab, limit=args.limit)
-    store = Store(args.store)
     check_store_against_target(store, read_target_config(args.target))
     return store_prompts(store, heldout_fraction(args, drafter_dir), split=args.split, limit=args.limit)
 
@@ -76,19 +87,21 @@ def run(args) -> int:
     import torch
 
     from store_schema.cli import fail
+    from store_schema.host import resolve_device
     from train.dtypes import torch_dtype
     from train.export import load_drafter, resolve_drafter_dir
     from train.speculate import decode_prompt, summarize
     from train.target_decode import load_target_model, stop_token_ids
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     drafter_dir = resolve_drafter_dir(args.drafter)
+    store = open_prompt_source(args)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
     model = load_target_model(args.target, device, dtype)
     check_compatible(drafter.config, model, drafter_dir / "config.json")
     tokenizer = _tokenizer(args.target)
-    prompts = load_prompts(args, drafter_dir, model, tokenizer)
+    prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
     if not prompts:
         return fail(f"no prompt to decode in {args.prompts or args.store}")
     stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)

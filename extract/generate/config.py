@@ -1,0 +1,86 @@
+"""A generate job's configuration, validated when made; light (no torch, no Ray).
+
+Placement fields (workers, device, cpus_per_worker, address, faults) are named as in
+`extract.config.JobConfig`, so the same Ray start-up and actor pool serve both jobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from store_schema.plan import DEFAULT_MAX_LENGTH
+
+from ..config import (
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES, PROGRESS_MODES, FaultInjection,
+)
+
+THINKING = ("on", "off", "keep")  # enable_thinking=True / False / the template's default
+DEFAULT_MAX_NEW_TOKENS = 2048
+DEFAULT_GENERATE_BATCH_TOKENS = 65536  # (prompt + max new tokens) x rows of one generate batch
+DEFAULT_SHARD_RECORDS = 256
+ENGINE = "transformers"
+GENERATOR_VERSION = 1  # bump when the same settings would generate something else
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """What decides the generated text besides the target, its tokenizer and the corpus;
+    recorded in the manifest and compared by a rerun on the same output."""
+
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    temperature: float = 0.0  # 0: greedy
+    seed: int = 0  # sampling (temperature > 0)
+    thinking: str = "keep"
+    max_length: int = DEFAULT_MAX_LENGTH  # prompt + reply tokens of any turn
+    shard_records: int = DEFAULT_SHARD_RECORDS
+    limit: int | None = None  # only the first `limit` records
+
+    def __post_init__(self):
+        for name in ("max_new_tokens", "max_length", "shard_records"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not self.temperature >= 0:
+            raise ValueError(f"--temperature must be >= 0, got {self.temperature!r}")
+        if self.thinking not in THINKING:
+            raise ValueError(f"--thinking must be one of {THINKING}, got {self.thinking!r}")
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"--limit must be >= 0, got {self.limit}")
+
+    def to_record(self) -> dict:
+        return dict(engine=ENGINE, generator_version=GENERATOR_VERSION, max_new_tokens=self.max_new_tokens,
+                    temperature=float(self.temperature), seed=self.seed, thinking=self.thinking,
+                    max_length=self.max_length, shard_records=self.shard_records, limit=self.limit)
+
+    @classmethod
+    def from_record(cls, record) -> "GenerationSettings":
+        return cls(**{name: record[name] for name in cls.__dataclass_fields__})
+
+
+@dataclass
+class GenerateConfig:
+    model: str
+    corpus: str
+    out: str | None  # None only for --dry-run
+    settings: GenerationSettings = field(default_factory=GenerationSettings)
+    workers: int = 1
+    device: str = "cpu"
+    address: str | None = None
+    batch_tokens: int = DEFAULT_GENERATE_BATCH_TOKENS
+    cpus_per_worker: int = 1
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    worker_timeout: float = DEFAULT_WORKER_TIMEOUT
+    progress: str = "off"
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    faults: FaultInjection = field(default_factory=FaultInjection.from_env)
+
+    def __post_init__(self):
+        positive = dict(workers=self.workers, batch_tokens=self.batch_tokens, max_attempts=self.max_attempts,
+                        cpus_per_worker=self.cpus_per_worker, worker_timeout=self.worker_timeout,
+                        progress_interval=self.progress_interval)
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+        if self.progress not in PROGRESS_MODES:
+            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")

@@ -1,0 +1,138 @@
+"""The one exit-code and error rule of every command (store_schema.cli; issue 16
+items 5, 6, 10): a path that does not exist is a usage error (exit 2) in every
+command, a device this machine lacks and a config file that does not parse are
+refusals (exit 1); each is one `error:` line naming what is wrong, never a
+traceback. `--help` answers without importing torch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import builders
+from extract.__main__ import main as extract_main
+from store_schema.__main__ import main as store_main
+from train.cli import main as train_main
+
+REPO = Path(__file__).resolve().parents[1]
+MISSING = "/nonexistent/dflash-missing"
+TINY = ["model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8", "model.num_attention_heads=4",
+        "model.num_key_value_heads=2", "model.head_dim=16", "train.grad_accumulation=1", "eval.every=0"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
+    """Everything the commands take, real: a store matching the tiny Qwen3 target, a
+    run of 2 steps on it, its export, a corpus, a prompts file."""
+    root = tmp_path_factory.mktemp("cli")
+    builders.random_store(root / "store", num_shards=2, samples_per_shard=4, num_target_layers=6, hidden_size=64,
+                          vocab_size=512)
+    assert train_main(["fit", "--store", str(root / "store"), "--target", str(qwen3_dir), "--out", str(root / "run"),
+                       "--max-steps", "2", *sum((["--set", s] for s in TINY), [])]) == 0
+    assert train_main(["export", str(root / "run"), "--out", str(root / "export")]) == 0
+    builders.write_chat_jsonl(root / "chats.jsonl", builders.coding_chats(4))
+    (root / "prompts.jsonl").write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
+    return {"S": str(root / "store"), "T": str(qwen3_dir), "RUN": str(root / "run"), "E": str(root / "export"),
+            "C": str(root / "chats.jsonl"), "P": str(root / "prompts.jsonl"), "NEW": str(root / "new"),
+            "M": MISSING}
+
+
+COMMANDS = {  # every command, with one path that does not exist (M)
+    "fit --store": "train fit --store M --target T --out NEW",
+    "fit --target": "train fit --store S --target M --out NEW",
+    "fit --config": "train fit --store S --target T --out NEW --config M",
+    "fit --init-from": "train fit --store S --target T --out NEW --init-from M",
+    "fit --resume --out": "train fit --out M --resume",
+    "export RUN": "train export M --out NEW",
+    "export --checkpoint": "train export RUN --checkpoint M --out NEW",
+    "eval --store": "train eval --store M --drafter E --target T",
+    "eval --drafter": "train eval --store S --drafter M --target T",
+    "eval --target": "train eval --store S --drafter E --target M",
+    "diagnose RUN": "train diagnose M",
+    "diagnose --compare": "train diagnose RUN --compare M",
+    "diagnose --config": "train diagnose RUN --config M",
+    "speculate --drafter": "train speculate --drafter M --target T --store S",
+    "speculate --target": "train speculate --drafter E --target M --store S",
+    "speculate --store": "train speculate --drafter E --target T --store M",
+    "speculate --prompts": "train speculate --drafter E --target T --prompts M",
+    "info": "store_schema info M",
+    "verify": "store_schema verify M",
+    "verify --model": "store_schema verify S --recompute 1 --model M",
+    "plan --model": "extract plan --dry-run --model M --corpus C --layers 1,3",
+    "plan --corpus": "extract plan --dry-run --model T --corpus M --layers 1,3",
+    "plan --tokenizer": "extract plan --dry-run --model T --tokenizer M --corpus C --layers 1,3",
+    "run --model": "extract run --model M --corpus C --store NEW --layers 1,3",
+    "run --corpus": "extract run --model T --corpus M --store NEW --layers 1,3",
+}
+MAINS = {"train": train_main, "store_schema": store_main, "extract": extract_main}
+
+
+def run_in_process(command: str, world: dict[str, str]) -> int:
+    program, *argv = command.split()
+    return MAINS[program]([world.get(word, word) for word in argv])
+
+
+@pytest.mark.parametrize("command", COMMANDS.values(), ids=COMMANDS.keys())
+def test_a_missing_path_is_a_usage_error_in_every_command(command, world, capsys):
+    capsys.readouterr()
+    assert run_in_process(command, world) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and MISSING in err, err
+    assert not Path(world["NEW"]).exists()  # a refused command leaves nothing behind
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", [
+    "train eval --store S --drafter E --target T --device cuda",
+    "train speculate --drafter E --target T --store S --device cuda:0",
+    "store_schema verify S --recompute 1 --model T --device cuda",
+    "train fit --store S --target T --out NEW --set train.device=cuda",
+], ids=["eval", "speculate", "verify --recompute", "fit"])
+def test_cuda_on_a_machine_without_it_is_one_line(command, world, capsys):
+    capsys.readouterr()
+    assert run_in_process(command, world) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "cuda" in err and "use cpu" in err, err
+    assert not Path(world["NEW"]).exists()
+
+
+def test_a_device_that_is_not_one_is_one_line(world, capsys):
+    capsys.readouterr()
+    assert run_in_process("train eval --store S --drafter E --target T --device gpu0", world) == 1
+    assert capsys.readouterr().err == "error: --device gpu0: not a device (cpu, cuda or cuda:N)\n"
+
+
+@pytest.mark.parametrize("text,where", [
+    ("optim:\n  lr: [1, 2\nseed: 3\n", "line 3, column 5"),
+    ("optim:\n\tlr: 1\n", "line 2, column 1"),
+    ("train: {seed: 1\n", "line 2, column 1"),
+])
+def test_a_config_that_does_not_parse_is_named_with_its_line(text, where, world, tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text(text)
+    for command in (f"train fit --store S --target T --out NEW --config {config}",
+                    f"train diagnose RUN --config {config}"):
+        capsys.readouterr()
+        assert run_in_process(command, world) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {config} {where}: not valid YAML: ") and err.count("\n") == 1, err
+
+
+def test_help_imports_nothing_heavy():
+    """`--help` of every command line answers without torch, transformers or Ray."""
+    script = ("import sys\n"
+              "from extract.__main__ import main as e\nfrom store_schema.__main__ import main as s\n"
+              "from train.cli import main as t\n"
+              "codes = [t(['--help']), t(['fit', '--help']), s(['--help']), s(['verify', '--help'])]\n"
+              "try:\n    e(['run', '--help'])\nexcept SystemExit as exit_:\n    codes.append(exit_.code)\n"
+              "heavy = sorted(m for m in ('torch', 'transformers', 'ray', 'safetensors') if m in sys.modules)\n"
+              "print(codes, heavy)")
+    result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip().splitlines()[-1] == "[0, 0, 0, 0, 0] []", result.stdout[-2000:] + result.stderr

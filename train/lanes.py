@@ -1,0 +1,96 @@
+"""This process's share of a run's sample streams (lanes): one loader and one
+anchor/noise generator per lane, and each optimizer step's slots.
+
+Lane j's samples draw their anchors (and noise) from lane j's own generator, in
+the lane's order, so a sample's loss does not depend on which rank trains it or
+on what the other lanes did. Lane 0's generator is seeded with `train.seed`, the
+single-stream run's generator; lane j > 0 with a seed derived from (seed, j).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from train.distributed import World, lanes_of, step_lanes
+from train.loader import LoaderPosition, ShardLoader, TrainSample
+
+
+def lane_generator(seed: int, lane: int) -> torch.Generator:
+    if lane == 0:
+        return torch.Generator().manual_seed(seed)
+    return torch.Generator().manual_seed(int(np.random.SeedSequence([seed, lane]).generate_state(1)[0]))
+
+
+class LaneFeed:
+    """The lanes one rank serves. `take(step)` returns, for each of this rank's
+    slots of that optimizer step, (lane, sample or None when the lane has run dry)."""
+
+    def __init__(self, loaders: dict[int, ShardLoader], generators: dict[int, torch.Generator], lanes: int,
+                 global_batch: int, rank: int, world_size: int):
+        self.loaders = loaders
+        self.generators = generators
+        self.lanes = lanes
+        self.global_batch = global_batch
+        self.rank, self.world_size = rank, world_size
+        self.positions: dict[int, LoaderPosition] = {lane: loader.start for lane, loader in loaders.items()}
+        self._dry: set[int] = set()
+
+    @classmethod
+    def for_rank(cls, world: World, lanes: int, global_batch: int, seed: int, generator: torch.Generator,
+                 generator_states: dict[int, torch.Tensor], make_loader: Callable[[int], ShardLoader]) -> "LaneFeed":
+        """The lanes `world.rank` serves: a loader from `make_loader(lane)` each, and
+        its generator (lane 0's is `generator`, the run's; lane j's is seeded from
+        (seed, j)), restored from `generator_states` (a checkpoint's) where given."""
+        loaders, generators = {}, {}
+        for lane in lanes_of(world.rank, world.size, lanes):
+            loaders[lane] = make_loader(lane)
+            generators[lane] = generator if lane == 0 else lane_generator(seed, lane)
+            if lane in generator_states:
+                generators[lane].set_state(generator_states[lane])
+        return cls(loaders, generators, lanes, global_batch, world.rank, world.size)
+
+    def take(self, step: int) -> list[tuple[int, TrainSample | None]]:
+        slots = [lane for lane in step_lanes(step, self.global_batch, self.lanes) if lane % self.world_size == self.rank]
+        taken = []
+        for lane in slots:
+            sample = None if lane in self._dry else next(self.loaders[lane], None)
+            if sample is None:
+                self._dry.add(lane)
+            else:
+                self.positions[lane] = sample.position
+            taken.append((lane, sample))
+        return taken
+
+    def generator_states(self) -> dict[int, torch.Tensor]:
+        return {lane: generator.get_state() for lane, generator in self.generators.items()}
+
+    @property
+    def wait_seconds(self) -> float:
+        return sum(loader.wait_seconds for loader in self.loaders.values())
+
+    @property
+    def skipped_shards(self) -> list[str]:
+        return sorted({name for loader in self.loaders.values() for name in loader.skipped_shards})
+
+    def close(self) -> None:
+        for loader in self.loaders.values():
+            loader.close()
+
+
+def pad_sample(config) -> TrainSample:
+    """Zero-weight work for a slot whose lane ran dry: a two-block sequence of
+    zeros for a drafter of `config` (DrafterConfig), the shape of work, no data."""
+    length = 2 * config.block_size
+    features = [torch.zeros(length, config.hidden_size, dtype=torch.bfloat16) for _ in config.context_layer_ids]
+    return TrainSample("<pad>", "", torch.zeros(length, dtype=torch.long), torch.ones(length, dtype=torch.uint8), features)
+
+
+def lane_positions(loader_state: dict) -> dict[int, LoaderPosition]:
+    """Each lane's position in a checkpoint's `loader` record (one lane before lanes existed)."""
+    lanes = loader_state.get("lanes")
+    if not lanes:
+        return {0: LoaderPosition.from_dict(loader_state["position"])}
+    return {int(entry["lane"]): LoaderPosition.from_dict(entry) for entry in lanes}
