@@ -179,6 +179,22 @@ DEMO_TARGET = dict(vocab_size=2048, hidden_size=256, num_layers=6, num_heads=8, 
                    pretrain_steps=400, pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0, architecture="qwen3")
 
 
+def target_settings(assignments: list[str]) -> dict:
+    """`KEY=VALUE` overrides of DEMO_TARGET (the demo's `--target-set`), each value
+    parsed as its default's type; an unknown key or a bad value is a one-line error."""
+    settings = {}
+    for assignment in assignments:
+        key, sep, text = assignment.partition("=")
+        if not sep or key not in DEMO_TARGET:
+            raise ValueError(f"--target-set {assignment!r}: expected KEY=VALUE with KEY one of {', '.join(DEMO_TARGET)}")
+        kind = type(DEMO_TARGET[key])
+        try:
+            settings[key] = kind(text)
+        except ValueError:
+            raise ValueError(f"--target-set {assignment!r}: {key} takes a {kind.__name__}") from None
+    return settings
+
+
 def ensure_demo_target(cache_root, records, log=print, **overrides) -> Path:
     """Build (once) and return the cached demo target: tokenizer + pretrained
     Qwen3.5 model in one directory, keyed by its settings and the corpus."""
@@ -233,46 +249,6 @@ def _pretrain(tokenizer, records, settings, log):
             log(f"demo target pretraining: step {step}/{steps} loss {loss.item():.3f} ({human_duration(elapsed)}, "
                 f"ETA {human_duration(elapsed / step * (steps - step))})")
     return model.eval()
-
-
-def regenerate(target_dir, records, path, max_new_tokens: int = 256, batch_size: int = 32, log=print) -> Path:
-    """The corpus in the target's own words: each record's assistant turn replaced by
-    the target's greedy reply to its prompt (the chat up to that turn, with the
-    generation prompt), stopping at `<|im_end|>` or `max_new_tokens`. Batched, left
-    padded, prompts of similar length together. Written once as JSONL at `path`."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = Path(path)
-    if path.exists():
-        log(f"regenerated corpus: cached at {path}")
-        return path
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32).eval()
-    end, pad = tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.pad_token_id
-    prompts = [tokenizer.apply_chat_template(r["messages"][:-1], add_generation_prompt=True, tokenize=True,
-                                             return_dict=True)["input_ids"] for r in records]
-    order = sorted(range(len(records)), key=lambda i: len(prompts[i]))
-    replies, generated, start = [None] * len(records), 0, time.time()
-    for first in range(0, len(order), batch_size):
-        batch = order[first : first + batch_size]
-        width = max(len(prompts[i]) for i in batch)
-        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in batch])
-        attention = (ids != pad).long()
-        with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=attention, max_new_tokens=max_new_tokens,
-                                 do_sample=False, eos_token_id=end, pad_token_id=pad)
-        for row, i in enumerate(batch):
-            new = out[row, width:].tolist()
-            new = new[: new.index(end)] if end in new else [t for t in new if t != pad]
-            replies[i] = tokenizer.decode(new)
-            generated += len(new)
-        log(f"regenerating: {min(first + batch_size, len(order))}/{len(order)} records, {generated} tokens "
-            f"({generated / (time.time() - start):.0f} tokens/s)")
-    partial = path.with_name(path.name + ".partial")
-    write_jsonl(partial, [{"id": r["id"], "messages": [*r["messages"][:-1], {"role": "assistant", "content": reply}]}
-                          for r, reply in zip(records, replies)])
-    partial.rename(path)
-    return path
 
 
 if __name__ == "__main__":

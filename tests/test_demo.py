@@ -11,9 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
-SHORT = ["--records", "150", "--pretrain-steps", "150", "--train-steps", "150", "--prompts", "4",
-         "--max-new-tokens", "48"]
+# ~2 minutes on 2 idle cores (the stages' own timings are in the summary's `stage_s`):
+# a hidden-128 target pretrained on batches of 4 (its replies are repetitive: easy to
+# draft), 120 records of 32 new tokens, 200 drafter steps.
+SMALL_TARGET = ["--target-set", "hidden_size=128", "--target-set", "num_heads=4", "--target-set", "pretrain_batch=4"]
+SHORT = ["--records", "120", "--pretrain-steps", "150", *SMALL_TARGET, "--train-steps", "200", "--prompts", "3",
+         "--max-new-tokens", "32"]
 
 
 def _demo(out: Path) -> dict:
@@ -29,7 +35,19 @@ def test_shortened_demo_drafts_losslessly(tmp_path):
     assert summary["lossless"] is True
     assert summary["decode_tau"] >= 1.3, summary  # a drafter that guesses nothing scores exactly 1.0
     assert summary["offline_tau"] > 1.0 and summary["samples"] > 0 and summary["store_disk_bytes"] > 0
+    assert set(summary["stage_s"]) == {"target", "regenerate", "extract", "verify", "fit", "export", "eval",
+                                       "speculate", "diagnose"}
 
+
+def test_target_settings_name_the_bad_override():
+    sys.path.insert(0, str(REPO / "scripts"))
+    import embedded
+
+    assert embedded.target_settings(["hidden_size=128", "lr=0.01"]) == {"hidden_size": 128, "lr": 0.01}
+    with pytest.raises(ValueError, match="'width=3'.*hidden_size"):
+        embedded.target_settings(["width=3"])
+    with pytest.raises(ValueError, match="'num_layers=six'.*int"):
+        embedded.target_settings(["num_layers=six"])
 
 
 def test_demo_resumes_only_from_a_checkpoint(tmp_path):
