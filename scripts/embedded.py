@@ -130,6 +130,15 @@ def build_tokenizer(path, texts, vocab_size: int = 512, chat_template: str = CHA
     return fast
 
 
+def _attention_shape(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, head_dim: int) -> dict:
+    """What the dense and the hybrid test targets share: sizes, attention heads (half as
+    many KV heads), untied head."""
+    return dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
+                num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                num_key_value_heads=max(1, num_heads // 2), head_dim=head_dim, max_position_embeddings=4096,
+                tie_word_embeddings=False)
+
+
 def qwen3_5_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, num_heads: int = 4,
                    head_dim: int = 16):
     """Qwen3.5 text config: three linear-attention layers per full-attention layer."""
@@ -137,20 +146,12 @@ def qwen3_5_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, 
 
     layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(num_layers)]
     return Qwen3_5TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
-        head_dim=head_dim,
+        **_attention_shape(vocab_size, hidden_size, num_layers, num_heads, head_dim),
         linear_num_key_heads=max(1, num_heads // 2),
         linear_num_value_heads=num_heads,
         linear_key_head_dim=head_dim,
         linear_value_head_dim=head_dim,
         layer_types=layer_types,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
     )
 
 
@@ -158,17 +159,7 @@ def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, nu
     """Dense Qwen3 text config (plain attention: fast on CPU; benchmarks/fp8_parity.py)."""
     from transformers import Qwen3Config
 
-    return Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=hidden_size * 2,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
-        head_dim=head_dim,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
+    return Qwen3Config(**_attention_shape(vocab_size, hidden_size, num_layers, num_heads, head_dim))
 
 
 ARCHITECTURES = {"qwen3_5": qwen3_5_config, "qwen3": qwen3_config}
