@@ -82,11 +82,11 @@ def run_job(config: JobConfig, log=None) -> dict:
     """Run (or resume) one extraction job; returns the report. Raises `ExtractError`
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
-    from store_schema import StoreLock
     from store_schema.target_config import read_config_json
-    from store_schema.writer import looks_like_store, store_entries
+    from store_schema.writer import looks_like_store
 
     from .layers import resolve_layer_ids
+    from .output import output_locked, refuse_foreign_output
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.perf_counter()
@@ -94,20 +94,11 @@ def run_job(config: JobConfig, log=None) -> dict:
     read_config_json(config.model)  # a model directory, before anything is locked or planned
     if not Path(config.corpus).exists():
         raise FileNotFoundError(f"corpus {config.corpus} does not exist")
-    if store_path.exists() and not store_path.is_dir():
-        raise ExtractError(f"{store_path} exists and is not a directory")
-    if store_entries(store_path) and not looks_like_store(store_path):
-        raise ExtractError(
-            f"{store_path} is a non-empty directory that is not a dflash store; refusing to write into "
-            "(or, with --overwrite, delete) it -- choose a new path"
-        )
+    refuse_foreign_output(store_path, looks_like_store, "is a non-empty directory that is not a dflash store; refusing "
+                          "to write into (or, with --overwrite, delete) it -- choose a new path")
     layer_ids = resolve_layer_ids(config.model, config.layers, config.num_context_layers)
-
-    lock = StoreLock(store_path, job=f"extract {' '.join(sys.argv[1:])}"[:2000]).acquire()
-    try:
+    with output_locked(store_path):
         return _run_locked(config, store_path, layer_ids, started, log)
-    finally:
-        lock.release(discard_if_unused=True)  # a job that wrote nothing leaves nothing
 
 
 # --------------------------------------------------------------------------- the phases

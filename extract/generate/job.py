@@ -67,24 +67,16 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     """Run (or resume) one generate job; returns the report. Raises `ExtractError`
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
-    from store_schema import StoreLock
-    from store_schema.writer import store_entries
-
     from ..generated_corpus import is_generated_corpus
+    from ..output import output_locked, refuse_foreign_output
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.perf_counter()
     out = Path(config.out)
-    if out.exists() and not out.is_dir():
-        raise ExtractError(f"{out} exists and is not a directory")
-    if store_entries(out) and not is_generated_corpus(out):
-        raise ExtractError(f"{out} is a non-empty directory that is not a generated corpus; refusing to write into it "
-                           "-- choose a new --out")
-    lock = StoreLock(out, job=f"extract {' '.join(sys.argv[1:])}"[:2000]).acquire()
-    try:
+    refusal = "is a non-empty directory that is not a generated corpus; refusing to write into it -- choose a new --out"
+    refuse_foreign_output(out, is_generated_corpus, refusal)
+    with output_locked(out):
         return _run_locked(config, out, started, log)
-    finally:
-        lock.release(discard_if_unused=True)
 
 
 def _run_locked(config: GenerateConfig, out: Path, started: float, log) -> dict:

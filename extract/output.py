@@ -1,0 +1,35 @@
+"""Claiming a job's output directory: one rule for `run` (a store) and `generate`
+(a generated corpus)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from .errors import ExtractError
+
+
+def refuse_foreign_output(path: Path, belongs: Callable[[Path], bool], refusal: str) -> None:
+    """Refuse `path` when it is a file, or a non-empty directory that `belongs` does not
+    recognise (`refusal` ends the message: what it is not and what to do)."""
+    from store_schema.writer import store_entries
+
+    if path.exists() and not path.is_dir():
+        raise ExtractError(f"{path} exists and is not a directory")
+    if store_entries(path) and not belongs(path):
+        raise ExtractError(f"{path} {refusal}")
+
+
+@contextmanager
+def output_locked(path: Path) -> Iterator[None]:
+    """Hold `path`'s lock for this job (a second live job is refused); released on the
+    way out, and a job that wrote nothing leaves nothing."""
+    from store_schema import StoreLock
+
+    lock = StoreLock(path, job=f"extract {' '.join(sys.argv[1:])}"[:2000]).acquire()
+    try:
+        yield
+    finally:
+        lock.release(discard_if_unused=True)
