@@ -147,6 +147,18 @@ def _classify(error: BaseException) -> str:
     return "error"
 
 
+def quiet_worker_process(torch_threads: int | None) -> None:
+    """A worker process's setup: its torch thread count, and no transformers progress
+    bars or warnings in the job's log."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    if torch_threads:
+        torch.set_num_threads(int(torch_threads))
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def worker_info(target, startup_seconds: float) -> WorkerInfo:
     """What a worker that loaded `target` (`extract.target.load_target`) tells the driver."""
     import torch
@@ -204,17 +216,12 @@ class ExtractionWorker:
         kill_after_batches: int | None = None,
         stop_after_batches: int | None = None,
     ):
-        import torch
         from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
         from .planning import check_tokenizer
         from .target import TargetRunner, load_target
 
-        if torch_threads:
-            torch.set_num_threads(int(torch_threads))
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
+        quiet_worker_process(torch_threads)
         started = time.perf_counter()
         self.store_path = str(store_path)
         self.corpus_path = str(corpus_path)

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 
-from ..worker import BatchFaults, GroupDone, ShardDone, _failure, worker_info
+from ..worker import BatchFaults, GroupDone, ShardDone, _failure, quiet_worker_process, worker_info
 from .config import GenerationSettings
 from .turns import Conversation, conversation, conversation_digest, end_of_turn_ids, render_prompt, reply_message
 
@@ -36,19 +36,14 @@ class GenerationWorker:
     def __init__(self, model_path: str, corpus_path: str, out_path: str, plan_settings: dict, *, device: str = "cpu",
                  batch_tokens: int = 65536, torch_threads: int | None = None, kill_after_batches: int | None = None,
                  stop_after_batches: int | None = None):
-        import torch
         from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
 
         from ..corpus import open_corpus
         from ..generated_corpus import read_manifest
         from ..target import load_target
         from store_schema.plan import Plan
 
-        if torch_threads:
-            torch.set_num_threads(int(torch_threads))
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()
+        quiet_worker_process(torch_threads)
         started = time.perf_counter()
         self.out_path = str(out_path)
         self.settings = GenerationSettings.from_record(plan_settings)
