@@ -19,7 +19,16 @@ same C call (zstd + SIMD unshuffle, GIL released) as v1 chunks. The encoder's
 choice is recorded in the root's codec settings and the array's attributes.
 
 v1 (`blosc`: blosc zstd-1, byte shuffle, every stream coded) and `none` (raw) stay
-readable and writable; they go through zarr-python's own encoder."""
+readable and writable; they go through zarr-python's own encoder.
+
+Decoding (`decode_split_zstd_chunk`): c-blosc's decoder, called from the reader's
+threads, runs each chunk through a fresh context and a scratch copy of the whole
+block before unshuffling; measured here that made a bytesplit chunk decode at 0.43
+GB/s per thread, no faster than v1. The chunks this module writes (and v1's, which
+have the same one-block zstd form) are decoded here instead: each zstd stream
+straight from the file's bytes, raw streams not copied at all, and the two bytes
+of a bf16 value joined by one shift-or pass (~3x faster per thread). Any other blosc
+chunk is left to c-blosc."""
 
 from __future__ import annotations
 
@@ -41,6 +50,9 @@ _BLOSC_BYTE_SHUFFLE = 0x01
 _BLOSC_ZSTD_FORMAT = 4 << 5  # compressor enumeration in the top three flag bits; bit 0x10 clear = split streams
 _BLOSC_MIN_STREAM = 128  # blosc splits a block into streams only when each holds at least this many bytes
 _INDEX_ENTRY = struct.Struct("<QQ")  # sharding index entry: offset, nbytes
+_BLOSC_NOT_SPLIT = 0x10
+_BLOSC_ZSTD_BITS = 0xE0  # the compressor enumeration's bits in `flags`
+_STREAM_SIZE = struct.Struct("<i")
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,54 @@ def encode_bytesplit_chunk(chunk: np.ndarray, level: int, min_saving: float) -> 
     flags = _BLOSC_ZSTD_FORMAT | (_BLOSC_BYTE_SHUFFLE if split else 0) | (0 if split else 0x10)
     header = _BLOSC_HEADER.pack(_BLOSC_VERSION, _BLOSC_ZSTD_VERSIONLZ, flags, typesize, nbytes, nbytes, total)
     return b"".join([header, bstarts, *body])
+
+
+def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
+    """Fill `out` (a flat array of 1- or 2-byte values) from a one-block blosc1 zstd
+    chunk: byte-shuffled streams (one per byte of a value, each zstd or raw) or one
+    unshuffled stream of 1-byte values. Returns False, touching nothing, for any
+    other blosc chunk (the caller hands those to c-blosc); raises ValueError when
+    the chunk claims this form but its streams do not add up."""
+    if len(chunk) < _BLOSC_HEADER.size + 4:
+        return False
+    version, _, flags, typesize, nbytes, blocksize, cbytes = _BLOSC_HEADER.unpack_from(chunk)
+    split = not flags & _BLOSC_NOT_SPLIT
+    layout_known = (
+        version == _BLOSC_VERSION
+        and flags & _BLOSC_ZSTD_BITS == _BLOSC_ZSTD_FORMAT
+        and nbytes == blocksize == out.nbytes
+        and cbytes == len(chunk)
+        and typesize == out.itemsize
+        and _STREAM_SIZE.unpack_from(chunk, _BLOSC_HEADER.size)[0] == _BLOSC_HEADER.size + 4
+        and (
+            (split and flags & 0x07 == _BLOSC_BYTE_SHUFFLE and typesize in (1, 2) and nbytes // typesize >= _BLOSC_MIN_STREAM)
+            or (not split and flags & 0x07 == 0 and typesize == 1)
+        )
+    )
+    if not layout_known:
+        return False
+    count = nbytes // typesize
+    streams, offset = [], _BLOSC_HEADER.size + 4
+    for _ in range(typesize if split else 1):
+        (stored,) = _STREAM_SIZE.unpack_from(chunk, offset)
+        body = chunk[offset + 4 : offset + 4 + stored]
+        if stored <= 0 or len(body) != stored:
+            raise ValueError(f"blosc stream of {stored} bytes in a chunk of {len(chunk)}")
+        if stored != count:
+            body = zstd.decompress(body)
+            if len(body) != count:
+                raise ValueError(f"zstd stream decodes to {len(body)} bytes, expected {count}")
+        streams.append(np.frombuffer(body, np.uint8))
+        offset += 4 + stored
+    if offset != len(chunk):
+        raise ValueError(f"blosc chunk has {len(chunk) - offset} bytes after its last stream")
+    if typesize == 1:
+        out.view(np.uint8)[...] = streams[0]
+    else:
+        bits = out.view("<u2")
+        np.left_shift(streams[1], 8, out=bits, dtype=np.uint16)
+        np.bitwise_or(bits, streams[0], out=bits)
+    return True
 
 
 def write_bytesplit_shard(path: Path, data: np.ndarray, chunk_rows: int, level: int, min_saving: float,

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 import google_crc32c
+import numpy as np
 
 
 class RecordError(ValueError):
@@ -118,7 +119,8 @@ def file_mismatch(expected: Mapping, size: int, crc32c: Callable[[], str]) -> st
 
 
 def crc32c_bytes(data) -> str:
-    return f"{google_crc32c.value(data):08x}"
+    """crc32c of any buffer (bytes, or a memory map's view, which google_crc32c takes as numpy)."""
+    return f"{google_crc32c.value(data if isinstance(data, bytes) else np.frombuffer(data, np.uint8)):08x}"
 
 
 def check_files(directory: Path, expected: dict) -> list[tuple[str, str]]:

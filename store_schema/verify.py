@@ -25,6 +25,7 @@ from .host import available_cores
 from .plan import is_safe_id
 from .reader import CorruptShardError, Store, as_bits
 from .records import RecordError, check_files, crc32c_bytes, file_mismatch, list_files, read_record
+from .shard_codec import read_file
 
 
 @dataclass
@@ -185,7 +186,7 @@ def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> 
     files, bad = {}, False
     for rel, entry in commit.file_table.items():
         try:
-            data = (directory / rel).read_bytes()
+            data = read_file(directory / rel)
         except FileNotFoundError:
             what = "file missing"
         else:
@@ -237,7 +238,7 @@ def _check_contents(store: Store, commit, files: dict, planned_ids, result: _Sha
         if meta_file not in files:
             result.add("array missing", array=array)
             continue
-        meta = json.loads(files[meta_file])
+        meta = json.loads(bytes(files[meta_file]))
         if tuple(meta["shape"]) != shape or meta["data_type"] != data_type:
             result.add(f"shape/dtype {tuple(meta['shape'])} {meta['data_type']}, expected {shape} {data_type}", array=array)
     if len(result.problems) > problems_before:

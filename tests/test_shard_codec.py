@@ -3,13 +3,17 @@ zarr-python: every array of a shard, every codec the writer makes, bit for bit."
 
 from __future__ import annotations
 
+import struct
 
 import numpy as np
 import pytest
+import torch
 import zarr
+from numcodecs import blosc
 
 import builders
 from store_schema import CodecConfig, CorruptShardError, Store, layout
+from store_schema.encoding import decode_split_zstd_chunk, encode_bytesplit_chunk
 from store_schema.reader import as_bits
 
 CODECS = [
@@ -86,3 +90,66 @@ def test_layer_arrays_are_told_apart_by_one_rule():
                  "layer_1/c/0/0", "layer_١"):
         assert layout.layer_id_of(name) is None, name
     assert layout.array_of("layer_3/c/0/0") == "layer_3" and layout.array_of("zarr.json") == "zarr.json"
+
+
+@pytest.mark.parametrize("min_saving", [0.0, 0.1, 0.99])  # both streams coded / high byte only / none
+def test_split_zstd_decoder_takes_every_bf16_pattern_bit_for_bit(min_saving):
+    """The fast path (not c-blosc) decodes the bytesplit chunks: all 65,536 bf16 bit
+    patterns, whatever streams the encoder chose to code."""
+    bits = np.arange(2**16, dtype=np.uint16)
+    out = np.empty_like(bits)
+    assert decode_split_zstd_chunk(memoryview(encode_bytesplit_chunk(bits, 1, min_saving)), out)
+    assert np.array_equal(out, bits)
+
+
+def test_split_zstd_decoder_takes_fp8_chunks_and_leaves_other_blosc_chunks_to_c_blosc():
+    codes = np.tile(np.arange(256, dtype=np.uint8), 16)
+    out = np.empty_like(codes)
+    assert decode_split_zstd_chunk(memoryview(encode_bytesplit_chunk(codes, 1, 0.1)), out)
+    assert np.array_equal(out, codes)
+    bits = np.arange(4096, dtype=np.uint16)
+    for cname, shuffle in [("zstd", blosc.SHUFFLE), ("lz4", blosc.SHUFFLE), ("zstd", blosc.BITSHUFFLE)]:
+        chunk = blosc.compress(bits.tobytes(), cname.encode(), 1, shuffle)
+        untouched = np.zeros_like(bits)
+        assert not decode_split_zstd_chunk(memoryview(chunk), untouched)  # v1 and the rest: c-blosc
+        assert not untouched.any()
+
+
+def test_a_damaged_chunk_is_a_corrupt_shard_naming_the_chunk(tmp_path):
+    """Unverified reads (verify=False) still refuse a chunk whose zstd stream is damaged."""
+    builders.random_store(tmp_path / "s", num_shards=1, codec=CodecConfig(chunk_bytes=2048))
+    data = tmp_path / "s/shards/shard-000000/layer_1/c/0/0"
+    raw = bytearray(data.read_bytes())
+    header = 16 + 4
+    (low,) = struct.unpack_from("<i", raw, header)
+    high_stream = header + 4 + low + 4
+    raw[high_stream : high_stream + 8] = b"\xff" * 8  # the zstd frame's magic and header
+    data.write_bytes(bytes(raw))
+    with pytest.raises(CorruptShardError, match="shard-000000: layer_1: inner chunk 0 does not decode"):
+        Store(tmp_path / "s").read_shard("shard-000000", verify=False)
+
+
+def test_mapped_files_read_verify_and_refuse_damage_like_read_ones(tmp_path, monkeypatch):
+    """Large files are memory-mapped (`read_file`); with every file mapped, the fast
+    reader gives the same states and verify still finds a flipped byte."""
+    from store_schema import shard_codec
+    from store_schema.verify import verify_store
+
+    builders.random_store(tmp_path / "s", num_shards=2, codec=CodecConfig(chunk_bytes=2048))
+    store = Store(tmp_path / "s")
+    read = {name: store.read_shard(name) for name in store.committed_shards()}
+    monkeypatch.setattr(shard_codec, "_MAP_AT_BYTES", 0)
+    assert isinstance(shard_codec.read_file(tmp_path / "s/shards/shard-000000/layer_1/c/0/0"), memoryview)
+    for name, expected in read.items():
+        mapped = Store(tmp_path / "s").read_shard(name)
+        assert all(torch.equal(mapped.hidden[i].view(torch.int16), expected.hidden[i].view(torch.int16))
+                   for i in expected.hidden)
+    assert verify_store(tmp_path / "s").ok
+    data = tmp_path / "s/shards/shard-000001/layer_1/c/0/0"
+    raw = bytearray(data.read_bytes())
+    raw[100] ^= 0x01
+    data.write_bytes(bytes(raw))
+    report = verify_store(tmp_path / "s")
+    assert not report.ok and any("shard-000001" in str(p) and "crc32c" in str(p) for p in report.problems)
+    with pytest.raises(CorruptShardError, match="shard-000001: layer_1/c/0/0"):
+        Store(tmp_path / "s").read_shard("shard-000001")
