@@ -167,7 +167,7 @@ ARCHITECTURES = {"qwen3_5": qwen3_5_config, "qwen3": qwen3_config}
 # The demo target: small enough to train and extract on 2 CPU cores in minutes.
 # (head_dim 64 makes the PyTorch linear-attention fallback ~7x slower on CPU than 32.)
 DEMO_TARGET = dict(vocab_size=2048, hidden_size=256, num_layers=6, num_heads=8, head_dim=32,
-                   pretrain_steps=400, pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0, architecture="qwen3")
+                   pretrain_steps=350, pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0, architecture="qwen3")
 
 
 def target_settings(assignments: list[str]) -> dict:
