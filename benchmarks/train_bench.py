@@ -31,8 +31,12 @@ Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
   samples. A small drafter (target hidden 256, 2 layers, 64 anchors, sequences
   of 256-512 tokens) on a store of random states; the rate is the log's
   `sequences_per_s` after the first logged interval (startup and warmup left
-  out); the two runs alternate for `--rounds` rounds, best of each kept. The
+  out); the runs alternate for `--rounds` rounds, best of each kept. The
   machine's load average is recorded beside it (the cores are shared).
+- ddp_2rank_vs_independent_pair: the 2-rank rate over two independent 1-rank
+  fits started side by side (`ddp_independent_pair_seq_per_s`, their sum): the
+  most two busy processes get from this machine, so this is DDP's own cost
+  (collectives, padding) apart from what sharing the machine costs.
 """
 
 from __future__ import annotations
@@ -222,21 +226,31 @@ def build_ddp_inputs(root: Path) -> tuple[Path, Path]:
     return root / "target", root / "store"
 
 
-def fit_rate(target: Path, store: Path, out: Path, nproc: int, steps: int) -> float:
-    """Sequences/s of one `train fit` run after its first logged interval."""
+def _fit_command(target: Path, store: Path, out: Path, nproc: int, steps: int) -> list[str]:
     sets = ["model.num_hidden_layers=2", "model.num_anchors=64", "model.mask_token_id=0", "data.heldout_fraction=0",
             "data.loader_threads=1", "data.lanes=2", "train.batch_size=1", "train.grad_accumulation=8",
             "train.epochs=100", f"train.log_every={steps // 3}", "eval.every=0", "train.checkpoint_every=0",
             "data.buffer_shards=2"]
     command = [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
                "--max-steps", str(steps), *sum((["--set", s] for s in sets), [])]
-    if nproc > 1:
-        command += ["--nproc", str(nproc)]
+    return command + (["--nproc", str(nproc)] if nproc > 1 else [])
+
+
+def fit_rates(target: Path, store: Path, outs: list[Path], nproc: int, steps: int) -> list[float]:
+    """Sequences/s of `train fit` runs started together (one per out directory),
+    each after its first logged interval."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    subprocess.run(command, check=True, capture_output=True, text=True, env=env)
-    rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    shutil.rmtree(out)
-    return float(np.mean([row["sequences_per_s"] for row in rows[1:]]))
+    runs = [subprocess.Popen(_fit_command(target, store, out, nproc, steps), env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for out in outs]
+    rates = []
+    for out, run in zip(outs, runs):
+        output, _ = run.communicate()
+        if run.returncode:
+            raise SystemExit(f"train fit for {out} failed:\n{output[-4000:]}")
+        rows = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+        shutil.rmtree(out)
+        rates.append(float(np.mean([row["sequences_per_s"] for row in rows[1:]])))
+    return rates
 
 
 def ddp_scaling(rounds: int, steps: int) -> dict:
@@ -244,16 +258,20 @@ def ddp_scaling(rounds: int, steps: int) -> dict:
     try:
         target, store = build_ddp_inputs(root)
         load_before = os.getloadavg()[0]
-        one, two = [], []
+        one, two, pair = [], [], []
         for r in range(rounds):
-            one.append(fit_rate(target, store, root / f"one{r}", 1, steps))
-            two.append(fit_rate(target, store, root / f"two{r}", 2, steps))
+            one += fit_rates(target, store, [root / f"one{r}"], 1, steps)
+            two += fit_rates(target, store, [root / f"two{r}"], 2, steps)
+            pair.append(sum(fit_rates(target, store, [root / f"pair{r}a", root / f"pair{r}b"], 1, steps)))
         load_after = os.getloadavg()[0]
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"ddp_scaling_2v1": round(max(two) / max(one), 3), "ddp_1rank_seq_per_s": round(max(one), 3),
             "ddp_2rank_seq_per_s": round(max(two), 3), "ddp_rounds_1rank": [round(x, 3) for x in one],
             "ddp_rounds_2rank": [round(x, 3) for x in two], "ddp_steps": steps,
+            "ddp_independent_pair_seq_per_s": round(max(pair), 3),
+            "ddp_rounds_independent_pair": [round(x, 3) for x in pair],
+            "ddp_2rank_vs_independent_pair": round(max(two) / max(pair), 3),
             "ddp_load_avg": [round(load_before, 2), round(load_after, 2)]}
 
 
@@ -273,7 +291,9 @@ def main() -> None:
     ddp = ddp_scaling(1 if args.quick else 2, 12 if args.quick else 24)
     ddp_row = ("ddp_scaling_2v1 (sequences/s, 2 gloo ranks x 1 thread / 1 rank x 1 thread, global batch 8)", ">= 1.7",
                f"{ddp['ddp_scaling_2v1']} ({ddp['ddp_2rank_seq_per_s']} / {ddp['ddp_1rank_seq_per_s']} seq/s; "
-               f"load average {ddp['ddp_load_avg'][0]} -> {ddp['ddp_load_avg'][1]} on {os.cpu_count()} cores)")
+               f"load average {ddp['ddp_load_avg'][0]} -> {ddp['ddp_load_avg'][1]} on {os.cpu_count()} cores); "
+               f"two independent 1-rank fits side by side: {ddp['ddp_independent_pair_seq_per_s']} seq/s together, "
+               f"so 2 ranks reach {ddp['ddp_2rank_vs_independent_pair']} of them")
     if args.ddp_only:
         append_results("train_bench --ddp-only", [ddp_row], ddp)
         return
