@@ -46,13 +46,13 @@ ARRAY_CODEC_ATTR = "dflash_codec"  # a layer array's attribute naming the encode
 
 _BLOSC_HEADER = struct.Struct("<BBBBiii")  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
 _BLOSC_VERSION, _BLOSC_ZSTD_VERSIONLZ = 2, 1
-_BLOSC_BYTE_SHUFFLE = 0x01
-_BLOSC_ZSTD_FORMAT = 4 << 5  # compressor enumeration in the top three flag bits; bit 0x10 clear = split streams
+_BLOSC_SHUFFLE_BITS, _BLOSC_BYTE_SHUFFLE = 0x07, 0x01  # the shuffle bits of `flags`, and byte shuffle
+_BLOSC_NOT_SPLIT = 0x10  # flag: the block is one stream, not one per byte of a value
+_BLOSC_COMPRESSOR_BITS, _BLOSC_ZSTD_FORMAT = 0xE0, 4 << 5  # compressor enumeration in the top three flag bits
 _BLOSC_MIN_STREAM = 128  # blosc splits a block into streams only when each holds at least this many bytes
+_BLOSC_STREAM_SIZE = struct.Struct("<i")  # the block-start table's entry, and each stream's stored size
+_BLOSC_ONE_BLOCK_START = _BLOSC_HEADER.size + _BLOSC_STREAM_SIZE.size  # after the header and a one-entry table
 _INDEX_ENTRY = struct.Struct("<QQ")  # sharding index entry: offset, nbytes
-_BLOSC_NOT_SPLIT = 0x10
-_BLOSC_ZSTD_BITS = 0xE0  # the compressor enumeration's bits in `flags`
-_STREAM_SIZE = struct.Struct("<i")
 
 
 @dataclass(frozen=True)
@@ -132,11 +132,11 @@ def encode_bytesplit_chunk(chunk: np.ndarray, level: int, min_saving: float) -> 
         coded = zstd.compress(raw, level)
         # A stream whose stored size equals its raw size is read as raw: never store a code that long.
         stored = coded if len(coded) <= len(raw) * (1.0 - min_saving) and len(coded) < len(raw) else raw
-        body.append(struct.pack("<i", len(stored)))
+        body.append(_BLOSC_STREAM_SIZE.pack(len(stored)))
         body.append(stored)
-    bstarts = struct.pack("<i", _BLOSC_HEADER.size + 4)  # one block, right after the header and this table
+    bstarts = _BLOSC_STREAM_SIZE.pack(_BLOSC_ONE_BLOCK_START)  # one block, right after the header and this table
     total = _BLOSC_HEADER.size + len(bstarts) + sum(len(b) for b in body)
-    flags = _BLOSC_ZSTD_FORMAT | (_BLOSC_BYTE_SHUFFLE if split else 0) | (0 if split else 0x10)
+    flags = _BLOSC_ZSTD_FORMAT | (_BLOSC_BYTE_SHUFFLE if split else _BLOSC_NOT_SPLIT)
     header = _BLOSC_HEADER.pack(_BLOSC_VERSION, _BLOSC_ZSTD_VERSIONLZ, flags, typesize, nbytes, nbytes, total)
     return b"".join([header, bstarts, *body])
 
@@ -147,29 +147,31 @@ def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
     unshuffled stream of 1-byte values. Returns False, touching nothing, for any
     other blosc chunk (the caller hands those to c-blosc); raises ValueError when
     the chunk claims this form but its streams do not add up."""
-    if len(chunk) < _BLOSC_HEADER.size + 4:
+    if len(chunk) < _BLOSC_ONE_BLOCK_START:
         return False
     version, _, flags, typesize, nbytes, blocksize, cbytes = _BLOSC_HEADER.unpack_from(chunk)
     split = not flags & _BLOSC_NOT_SPLIT
     layout_known = (
         version == _BLOSC_VERSION
-        and flags & _BLOSC_ZSTD_BITS == _BLOSC_ZSTD_FORMAT
+        and flags & _BLOSC_COMPRESSOR_BITS == _BLOSC_ZSTD_FORMAT
         and nbytes == blocksize == out.nbytes
         and cbytes == len(chunk)
         and typesize == out.itemsize
-        and _STREAM_SIZE.unpack_from(chunk, _BLOSC_HEADER.size)[0] == _BLOSC_HEADER.size + 4
+        and _BLOSC_STREAM_SIZE.unpack_from(chunk, _BLOSC_HEADER.size)[0] == _BLOSC_ONE_BLOCK_START
         and (
-            (split and flags & 0x07 == _BLOSC_BYTE_SHUFFLE and typesize in (1, 2) and nbytes // typesize >= _BLOSC_MIN_STREAM)
-            or (not split and flags & 0x07 == 0 and typesize == 1)
+            (split and flags & _BLOSC_SHUFFLE_BITS == _BLOSC_BYTE_SHUFFLE and typesize in (1, 2)
+             and nbytes // typesize >= _BLOSC_MIN_STREAM)
+            or (not split and flags & _BLOSC_SHUFFLE_BITS == 0 and typesize == 1)
         )
     )
     if not layout_known:
         return False
     count = nbytes // typesize
-    streams, offset = [], _BLOSC_HEADER.size + 4
+    streams, offset = [], _BLOSC_ONE_BLOCK_START
     for _ in range(typesize if split else 1):
-        (stored,) = _STREAM_SIZE.unpack_from(chunk, offset)
-        body = chunk[offset + 4 : offset + 4 + stored]
+        (stored,) = _BLOSC_STREAM_SIZE.unpack_from(chunk, offset)
+        start = offset + _BLOSC_STREAM_SIZE.size
+        body = chunk[start : start + stored]
         if stored <= 0 or len(body) != stored:
             raise ValueError(f"blosc stream of {stored} bytes in a chunk of {len(chunk)}")
         if stored != count:
@@ -177,7 +179,7 @@ def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
             if len(body) != count:
                 raise ValueError(f"zstd stream decodes to {len(body)} bytes, expected {count}")
         streams.append(np.frombuffer(body, np.uint8))
-        offset += 4 + stored
+        offset = start + stored
     if offset != len(chunk):
         raise ValueError(f"blosc chunk has {len(chunk) - offset} bytes after its last stream")
     if typesize == 1:
