@@ -23,6 +23,7 @@ class StoreDtype:
     nonfinite_mask: int  # bits that are all set exactly in NaN/Inf values
     scaled: bool  # a float32 scale per token in a sibling array
     size_ratio: float  # store bytes / raw bf16 bytes that size estimates assume: the goal bound, see README
+    default_codec: str  # `encoding.CodecConfig.name` of new stores of this dtype (measured: store_bench)
 
     @property
     def itemsize(self) -> int:
@@ -30,9 +31,9 @@ class StoreDtype:
 
 
 BFLOAT16_STORE = StoreDtype("bfloat16", "bfloat16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16), 0x7F80,
-                            scaled=False, size_ratio=0.70)
+                            scaled=False, size_ratio=0.70, default_codec="bytesplit")
 FP8_E4M3_STORE = StoreDtype("fp8_e4m3", "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.uint8), 0x7F,
-                            scaled=True, size_ratio=0.40)
+                            scaled=True, size_ratio=0.40, default_codec="channels")
 STORE_DTYPES = {d.name: d for d in (BFLOAT16_STORE, FP8_E4M3_STORE)}
 _ALIASES = {"bf16": "bfloat16"}
 

@@ -19,7 +19,7 @@ import zarr
 from . import layout
 from .bf16 import BFLOAT16
 from .dtypes import StoreDtype, store_dtype
-from .encoding import ARRAY_CODEC_ATTR, CodecConfig, write_bytesplit_shard
+from .encoding import ARRAY_CODEC_ATTR, CodecConfig, element_bytes, write_bytesplit_shard
 from .fingerprint import Fingerprint
 from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layout import WRITE_ALL_CHUNKS, write_small_array
@@ -166,23 +166,24 @@ class StoreWriter:
 
     def _write_layer(self, group, staging: Path, name: str, values: np.ndarray, dtype: StoreDtype) -> None:
         """One hidden-state array [tokens, hidden]: zarr.json through zarr, the shard file
-        through the bytesplit encoder (or zarr's own encoder for the v1 codecs)."""
+        through the bytesplit encoder (`bytesplit`, `channels`; zarr's own for the others)."""
         num_tokens, hidden_size = values.shape
-        chunk_tokens = self.codec.chunk_tokens(hidden_size, dtype.itemsize)
+        rows, cols = self.codec.chunk_shape(num_tokens, hidden_size, dtype.itemsize)
         array = group.create_array(
             name,
             shape=values.shape,
             dtype=values.dtype,
-            chunks=(chunk_tokens, hidden_size),
-            shards=(layout.padded_shard_shape(num_tokens, chunk_tokens), hidden_size),
-            compressors=self.codec.compressors(chunk_tokens * hidden_size * dtype.itemsize, dtype.itemsize),
+            chunks=(rows, cols),
+            shards=(layout.padded_shard_shape(num_tokens, rows), hidden_size),
+            compressors=self.codec.compressors((rows, cols), dtype.itemsize),
             fill_value=0,
             config=WRITE_ALL_CHUNKS,
             attributes={ARRAY_CODEC_ATTR: self.codec.to_json()},
         )
-        if self.codec.name == "bytesplit":
-            write_bytesplit_shard(staging / name / layout.chunk_file(2), values.view(dtype.bits), chunk_tokens,
-                                  self.codec.level, self.codec.min_saving)
+        if self.codec.name in ("bytesplit", "channels"):
+            write_bytesplit_shard(staging / name / layout.chunk_file(2), values.view(dtype.bits), (rows, cols),
+                                  element_bytes(self.codec.name, cols, dtype.itemsize), self.codec.level,
+                                  self.codec.min_saving)
         else:
             array[...] = values
 
@@ -290,9 +291,10 @@ def create_store(
     codec: CodecConfig | None = None,
     overwrite: bool = False,
 ) -> StoreWriter:
-    """Create an empty store. An existing store is kept unless `overwrite`."""
+    """Create an empty store (codec: the store dtype's default unless given). An
+    existing store is kept unless `overwrite`."""
     path = Path(path)
-    codec = codec or CodecConfig()
+    codec = codec or CodecConfig(name=store_dtype(fingerprint.dtype).default_codec)
     existing = store_entries(path)  # a job holds `.lock` before it creates the store
     if existing:
         if not overwrite:

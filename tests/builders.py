@@ -148,7 +148,8 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
     fingerprint = Fingerprint(target_model="random", num_target_layers=num_target_layers, hidden_size=hidden_size,
                               vocab_size=vocab_size, layer_ids=list(layer_ids), max_length=512, target_topk=topk,
                               dtype=dtype)
-    writer = create_store(path, fingerprint, codec or CodecConfig(chunk_bytes=4096))
+    small = CodecConfig(chunk_bytes=4096) if dtype == "bfloat16" else CodecConfig(name="channels", channel_rows=128)
+    writer = create_store(path, fingerprint, codec or small)  # each dtype's default codec, in small chunks
     shards, planned = {}, []
     for s in range(num_shards):
         samples = []

@@ -24,8 +24,12 @@ CODECS = [
     CodecConfig(name="none", chunk_bytes=2048),
     CodecConfig(name="blosc", cname="lz4", shuffle="bitshuffle", chunk_bytes=1024),
     CodecConfig(name="blosc", cname="zlib", level=5, shuffle="noshuffle", chunk_bytes=4096),
+    # v3: chunks of 8 bf16 or 16 fp8 channels, a stream each; several row chunks per shard
+    CodecConfig(name="channels", channel_rows=128),
 ]
-CASES = [(codec, "bfloat16") for codec in CODECS] + [(CODECS[0], "fp8_e4m3"), (CODECS[3], "fp8_e4m3")]
+CHANNELS = CODECS[-1]
+CASES = [(codec, "bfloat16") for codec in CODECS] + [(CODECS[0], "fp8_e4m3"), (CODECS[3], "fp8_e4m3"),
+                                                     (CHANNELS, "fp8_e4m3")]
 
 
 @pytest.mark.parametrize("codec, dtype", CASES,
@@ -59,7 +63,8 @@ def test_fast_decoder_matches_zarr_python_bit_for_bit(tmp_path, codec, dtype):
                 values = np.array([str(v) for v in values])
             assert decoded[array].dtype == values.dtype, array
             assert np.array_equal(decoded[array], values), f"{name}/{array}"
-        padded += bool(store.commit(name).num_tokens % codec.chunk_tokens(64, store.dtype.itemsize))
+        tokens = store.commit(name).num_tokens
+        padded += bool(tokens % codec.chunk_shape(tokens, 64, store.dtype.itemsize)[0])
     assert padded, "no shard with a partly filled last chunk: the padding path went untested"
 
 
@@ -115,15 +120,17 @@ def test_split_zstd_decoder_takes_fp8_chunks_and_leaves_other_blosc_chunks_to_c_
         assert not untouched.any()
 
 
-def test_a_damaged_chunk_is_a_corrupt_shard_naming_the_chunk(tmp_path):
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8_e4m3"])  # bytesplit / channels chunks
+def test_a_damaged_chunk_is_a_corrupt_shard_naming_the_chunk(tmp_path, dtype):
     """Unverified reads (verify=False) still refuse a chunk whose zstd stream is damaged."""
-    builders.random_store(tmp_path / "s", num_shards=1, codec=CodecConfig(chunk_bytes=2048))
+    builders.random_store(tmp_path / "s", num_shards=1, dtype=dtype)
     data = tmp_path / "s/shards/shard-000000/layer_1/c/0/0"
     raw = bytearray(data.read_bytes())
-    header = 16 + 4
-    (low,) = struct.unpack_from("<i", raw, header)
-    high_stream = header + 4 + low + 4
-    raw[high_stream : high_stream + 8] = b"\xff" * 8  # the zstd frame's magic and header
+    _, _, _, typesize, nbytes, _, _ = struct.unpack_from("<BBBBiii", raw)
+    stream = 16 + 4
+    while struct.unpack_from("<i", raw, stream)[0] == nbytes // typesize:  # skip streams stored raw
+        stream += 4 + struct.unpack_from("<i", raw, stream)[0]
+    raw[stream + 4 : stream + 12] = b"\xff" * 8  # the first zstd frame's magic and header
     data.write_bytes(bytes(raw))
     with pytest.raises(CorruptShardError, match="shard-000000: layer_1: inner chunk 0 does not decode"):
         Store(tmp_path / "s").read_shard("shard-000000", verify=False)

@@ -62,7 +62,9 @@ def test_bf16_round_trip_is_bit_exact_for_every_pattern(tmp_path):
 
 
 @pytest.mark.parametrize("codec", [CodecConfig(chunk_bytes=2048), CodecConfig(name="blosc", chunk_bytes=2048),
-                                   CodecConfig(name="none", chunk_bytes=2048)], ids=lambda c: c.name)
+                                   CodecConfig(name="none", chunk_bytes=2048),
+                                   CodecConfig(name="channels", channel_rows=128)],
+                         ids=lambda c: c.name)
 def test_reads_return_what_was_written(tmp_path, codec):
     writer, shards = builders.random_store(tmp_path / "s", codec=codec, topk=4)
     store = Store(tmp_path / "s")
@@ -78,13 +80,18 @@ def test_reads_return_what_was_written(tmp_path, codec):
                 assert torch.equal(got.hidden[layer], expected.hidden[layer])
     # Only the asked-for layers are read.
     assert set(store.read_shard("shard-000001", layers=[3]).hidden) == {3}
-    # The chunk layout is what the codec config says: blocksize = chunk bytes.
+    # The chunk layout is what the codec config says: a blosc block is a whole chunk,
+    # of whole rows, or (`channels`) of 8 channels, a 16-byte blosc element a row.
     meta = json.loads((tmp_path / "s/shards/shard-000000/layer_1/zarr.json").read_text())
     inner = meta["codecs"][0]["configuration"]
-    assert inner["chunk_shape"] == [codec.chunk_tokens(64), 64]
+    rows, cols = codec.chunk_shape(meta["shape"][0], 64, 2)
+    assert inner["chunk_shape"] == [rows, cols]
+    assert cols == (8 if codec.name == "channels" else 64)
     if codec.name != "none":
-        assert inner["codecs"][1]["configuration"]["blocksize"] == codec.chunk_tokens(64) * 64 * 2
-        assert inner["codecs"][1]["configuration"]["shuffle"] == "shuffle"
+        blosc = inner["codecs"][1]["configuration"]
+        assert blosc["blocksize"] == rows * cols * 2
+        assert blosc["typesize"] == (16 if codec.name == "channels" else 2)
+        assert blosc["shuffle"] == "shuffle"
 
 
 def test_crash_before_commit_leaves_nothing_visible(tmp_path):
