@@ -14,6 +14,7 @@ from .cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
 
 
 def cmd_info(args) -> int:
+    from .encoding import CodecConfig
     from .reader import Store
     from .units import human_bytes
 
@@ -29,8 +30,7 @@ def cmd_info(args) -> int:
     print(f"tokens       {summary['tokens']}")
     print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
     print(f"dtype        {fp['dtype']}" + (" (float8 e4m3 + a float32 scale per token)" if fp["dtype"] != "bfloat16" else ""))
-    print(f"codec        {summary['codec']['name']} (zstd level {summary['codec']['level']}, "
-          f"{human_bytes(summary['codec']['chunk_bytes'])} chunks)")
+    print(f"codec        {CodecConfig.from_json(summary['codec']).describe()}")
     print(f"raw bytes    {human_bytes(summary['raw_bytes'])} (as bf16)")
     print(f"on disk      {human_bytes(summary['disk_bytes'])} (ratio {summary['ratio']})")
     print(f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, "

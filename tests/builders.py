@@ -131,6 +131,15 @@ def coding_chats(count: int, seed: int = 0) -> list[dict]:
     return embedded.coding_chats(count, seed, modules=TEST_MODULES)
 
 
+def small_codec(dtype: str):
+    """The store dtype's default codec, in chunks small enough that tiny test shards
+    span several."""
+    from store_schema import CodecConfig, store_dtype
+
+    name = store_dtype(dtype).default_codec
+    return CodecConfig(name=name, chunk_bytes=4096, channel_rows=128)
+
+
 def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_ids=(1, 3), hidden_size: int = 64,
                  vocab_size: int = 512, num_target_layers: int = 8, seed: int = 0, codec=None, topk: int = 0,
                  with_plan: bool = True, dtype: str = "bfloat16"):
@@ -139,7 +148,7 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
     import numpy as np
 
     from store_schema import (
-        CodecConfig, Fingerprint, Plan, PlannedSample, PlannedShard, SampleArrays, create_store, sample_digest,
+        Fingerprint, Plan, PlannedSample, PlannedShard, SampleArrays, create_store, sample_digest,
         shard_name,
     )
 
@@ -148,8 +157,7 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
     fingerprint = Fingerprint(target_model="random", num_target_layers=num_target_layers, hidden_size=hidden_size,
                               vocab_size=vocab_size, layer_ids=list(layer_ids), max_length=512, target_topk=topk,
                               dtype=dtype)
-    small = CodecConfig(chunk_bytes=4096) if dtype == "bfloat16" else CodecConfig(name="channels", channel_rows=128)
-    writer = create_store(path, fingerprint, codec or small)  # each dtype's default codec, in small chunks
+    writer = create_store(path, fingerprint, codec or small_codec(dtype))
     shards, planned = {}, []
     for s in range(num_shards):
         samples = []

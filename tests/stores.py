@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import builders
-from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
+from store_schema import Fingerprint, SampleArrays, create_store, shard_name
 
 
 def chat_tokens(tokenizer, record: dict, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -51,7 +51,7 @@ def build_real_store(
         target_topk=topk or 0,
         dtype=dtype,
     )
-    writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=4096))
+    writer = create_store(path, fingerprint, builders.small_codec(dtype))
     records = records if records is not None else builders.coding_chats(num_samples)
     num_samples = len(records)
     for s, start in enumerate(range(0, num_samples, samples_per_shard)):

@@ -130,7 +130,9 @@ def test_fp8_store_holds_the_bf16_states_within_rounding_and_verifies(twin_store
     assert verify_store(fp8_path).ok
     assert store_cli(["info", str(fp8_path), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["dtype"] == "fp8_e4m3" and info["codec"]["name"] == "bytesplit"
+    assert info["dtype"] == "fp8_e4m3" and info["codec"]["name"] == "channels"
+    assert store_cli(["info", str(fp8_path)]) == 0
+    assert "codec        channels (zstd level 1, 16-byte-wide chunks of <= 128 tokens)" in capsys.readouterr().out
     layer_bytes = {p: sum(f.stat().st_size for f in p.glob("shards/*/layer_*/c/0/0")) for p in (bf16_path, fp8_path)}
     assert layer_bytes[fp8_path] < 0.75 * layer_bytes[bf16_path]
 
