@@ -58,6 +58,7 @@ import numpy as np
 from numcodecs import zstd
 
 CODEC_NAMES = ("bytesplit", "channels", "blosc", "none")
+SPLIT_CODECS = ("bytesplit", "channels")  # written by `write_bytesplit_shard`; the others by zarr
 ARRAY_CODEC_ATTR = "dflash_codec"  # a layer array's attribute naming the encoder that wrote it
 
 _BLOSC_HEADER = struct.Struct("<BBBBiii")  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
@@ -128,20 +129,26 @@ class CodecConfig:
         rows, cols = chunk_shape
         if self.name == "none":
             return None
-        if self.name in ("bytesplit", "channels"):
-            typesize = element_bytes(self.name, cols, itemsize)
+        if self.name in SPLIT_CODECS:
+            typesize = self.element_bytes(cols, itemsize)
             shuffle = "shuffle" if typesize > 1 else "noshuffle"
             return [BloscCodec(cname="zstd", clevel=self.level, shuffle=shuffle, typesize=typesize,
                                blocksize=rows * cols * itemsize)]
         return [BloscCodec(cname=self.cname, clevel=self.level, shuffle=self.shuffle, typesize=itemsize,
                            blocksize=rows * cols * itemsize)]
 
+    def element_bytes(self, chunk_cols: int, itemsize: int) -> int:
+        """blosc's element (typesize) in a chunk of `chunk_cols` values a row: one value,
+        or for `channels` one row of the chunk (a stream per channel byte)."""
+        return chunk_cols * itemsize if self.name == "channels" else itemsize
+
     def describe(self) -> str:
         """One line for `info`."""
         from .units import human_bytes
 
         if self.name == "channels":
-            return f"channels (zstd level {self.level}, 16-byte-wide chunks of <= {self.channel_rows} tokens)"
+            return (f"channels (zstd level {self.level}, {_BLOSC_MAX_SPLITS}-byte-wide chunks of <= {self.channel_rows}"
+                    " tokens)")
         coded = "" if self.name == "none" else f"{self.cname if self.name == 'blosc' else 'zstd'} level {self.level}, "
         return f"{self.name} ({coded}{human_bytes(self.chunk_bytes)} chunks)"
 
@@ -163,12 +170,6 @@ class CodecConfig:
 
 
 # -- the bytesplit chunk encoder --------------------------------------------------------------
-def element_bytes(codec_name: str, chunk_cols: int, itemsize: int) -> int:
-    """blosc's element (typesize) in a chunk of `chunk_cols` values a row: one value
-    for `bytesplit`, one row of the chunk for `channels` (a stream per channel byte)."""
-    return chunk_cols * itemsize if codec_name == "channels" else itemsize
-
-
 def encode_bytesplit_chunk(chunk: np.ndarray, level: int, min_saving: float, typesize: int | None = None) -> bytes:
     """One blosc1 chunk (see the module docstring) holding `chunk`'s bytes, split into
     one stream per byte of a `typesize`-byte element (default: one value)."""

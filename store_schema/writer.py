@@ -19,7 +19,7 @@ import zarr
 from . import layout
 from .bf16 import BFLOAT16
 from .dtypes import StoreDtype, store_dtype
-from .encoding import ARRAY_CODEC_ATTR, CodecConfig, element_bytes, write_bytesplit_shard
+from .encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
 from .fingerprint import Fingerprint
 from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layout import WRITE_ALL_CHUNKS, write_small_array
@@ -180,9 +180,9 @@ class StoreWriter:
             config=WRITE_ALL_CHUNKS,
             attributes={ARRAY_CODEC_ATTR: self.codec.to_json()},
         )
-        if self.codec.name in ("bytesplit", "channels"):
+        if self.codec.name in SPLIT_CODECS:
             write_bytesplit_shard(staging / name / layout.chunk_file(2), values.view(dtype.bits), (rows, cols),
-                                  element_bytes(self.codec.name, cols, dtype.itemsize), self.codec.level,
+                                  self.codec.element_bytes(cols, dtype.itemsize), self.codec.level,
                                   self.codec.min_saving)
         else:
             array[...] = values
