@@ -80,7 +80,8 @@ class CodecConfig:
     name: `bytesplit` (v2, the default for bf16), `channels` (v3, the default for
     fp8), `blosc` (v1: blosc `cname`, `shuffle`, every stream coded), or `none` (raw).
     level: zstd level of coded streams (blosc's clevel for `blosc` and `channels`).
-    min_saving: `bytesplit` codes a byte stream only when zstd saves this fraction of it.
+    min_saving: `bytesplit` and `channels` code a byte stream only when zstd saves this
+    fraction of it.
     chunk_bytes: target size of one inner chunk of a hidden-state array.
     channel_rows: `channels`: the most tokens in one chunk, hence one channel's zstd
     frame (see the module docstring); `chunk_bytes` does not apply."""
@@ -255,9 +256,11 @@ def write_bytesplit_shard(path: Path, data: np.ndarray, chunk_shape: tuple[int, 
 
     def encode(i: int) -> bytes:
         r, c = divmod(i, grid[1])
-        chunk = np.zeros((chunk_rows, chunk_cols), data.dtype)
-        part = data[r * chunk_rows : (r + 1) * chunk_rows, c * chunk_cols : (c + 1) * chunk_cols]
-        chunk[: part.shape[0]] = part
+        chunk = data[r * chunk_rows : (r + 1) * chunk_rows, c * chunk_cols : (c + 1) * chunk_cols]
+        if chunk.shape[0] < chunk_rows or not chunk.flags.c_contiguous:  # padded, or narrower than the shard
+            whole = np.zeros((chunk_rows, chunk_cols), data.dtype)
+            whole[: chunk.shape[0]] = chunk
+            chunk = whole
         return encode_bytesplit_chunk(chunk, level, min_saving, typesize)
 
     with ThreadPoolExecutor(max(1, threads)) as pool:
