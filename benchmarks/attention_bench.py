@@ -1,5 +1,5 @@
 """Drafter training attention on CPU: the split path (context and own block attended
-apart, one softmax; train/attention.py) against dense SDPA over
+apart, one softmax; train/drafter/attention.py) against dense SDPA over
 `[context | every block]` with a materialised mask.
 
     python benchmarks/attention_bench.py [--quick] [--rounds R]
@@ -30,8 +30,8 @@ QUICK_SIZES = [(384, 64), (384, 256)]
 
 
 def build_drafter():
-    from store_schema.target_config import TargetConfig
-    from train.model import DFlashDrafter, DrafterConfig
+    from store_schema.runtime.target_config import TargetConfig
+    from train.drafter.model import DFlashDrafter, DrafterConfig
 
     target = TargetConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_hidden_layers=8, num_attention_heads=8,
                           num_key_value_heads=4, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e6,

@@ -97,7 +97,7 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
 
 def train(model: Path, store: Path, out: Path, size: dict) -> dict:
     from train.config import load_config
-    from train.trainer import Trainer
+    from train.fitting.trainer import Trainer
 
     config = load_config(None, {
         "model.num_hidden_layers": size["drafter_layers"], "model.num_anchors": size["num_anchors"],

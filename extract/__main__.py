@@ -7,7 +7,7 @@ resumes it) and prints the job's JSON report as its last line. ``generate`` has
 the target regenerate every assistant turn of a corpus into a generated corpus
 (Parquet shards + manifest) that ``run`` takes as its ``--corpus``.
 
-Exit codes follow `store_schema.cli`: 0 done, 1 refused (a store made with other
+Exit codes follow `store_schema.runtime.cli`: 0 done, 1 refused (a store made with other
 settings or held by a live job, a bad layer id, a worker failure), 2 usage (bad
 arguments, a model or corpus path that does not exist), 130 interrupted (Ctrl-C:
 one line says how to resume).
@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from store_schema.cli import UsageError, interrupted, run_command
+from store_schema.runtime.cli import UsageError, interrupted, run_command
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
@@ -99,8 +99,8 @@ def _job_config(args, **execution):
 def cmd_plan(args) -> int:
     from store_schema.dtypes import FP8_E4M3_STORE
     from store_schema.layout import LAYER_ID_CONVENTION
-    from store_schema.target_config import read_target_config
-    from store_schema.units import human_bytes
+    from store_schema.runtime.target_config import read_target_config
+    from store_schema.runtime.units import human_bytes
 
     from .planning import estimate_store_bytes, summarize
 
@@ -111,7 +111,7 @@ def cmd_plan(args) -> int:
         )
     from .job import plan_job
 
-    from store_schema.progress import default_mode
+    from store_schema.runtime.progress import default_mode
 
     config = _job_config(args, plan_workers=args.workers, progress=default_mode(not args.json))
     plan, layer_ids = plan_job(config)
@@ -160,7 +160,7 @@ def cmd_plan(args) -> int:
 
 def cmd_run(args) -> int:
     from .job import run_job
-    from store_schema.progress import default_mode
+    from store_schema.runtime.progress import default_mode
     from .report import summary_line
 
     if not args.store:
@@ -200,7 +200,7 @@ def cmd_generate(args) -> int:
     from .generate.config import GenerateConfig, GenerationSettings
     from .generate.job import plan_generate, run_generate
     from .generate.planning import plan_counts
-    from store_schema.progress import default_mode
+    from store_schema.runtime.progress import default_mode
 
     if not args.out and not args.dry_run:
         raise UsageError("generate needs --out CORPUS_DIR")

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from store_schema.progress import Progress
+from store_schema.runtime.progress import Progress
 
 from .config import JobConfig
 from .errors import ExtractError, disk_full_message

@@ -49,7 +49,7 @@ import uuid
 from contextlib import ExitStack
 from pathlib import Path
 
-from store_schema.progress import Progress
+from store_schema.runtime.progress import Progress
 
 from .config import JobConfig
 from .errors import ExtractError, disk_full_message, is_disk_full
@@ -82,7 +82,7 @@ def run_job(config: JobConfig, log=None) -> dict:
     """Run (or resume) one extraction job; returns the report. Raises `ExtractError`
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
-    from store_schema.target_config import read_config_json
+    from store_schema.runtime.target_config import read_config_json
     from store_schema.writer import looks_like_store
 
     from .layers import resolve_layer_ids
@@ -196,7 +196,7 @@ def _configured_target(model: str, store) -> dict:
     """Nothing is left to compute, so no worker loads the target: its config gives
     the layer count and hidden size; the vocabulary and kernels are the store's
     (nothing this job computes depends on them)."""
-    from store_schema.target_config import read_target_config
+    from store_schema.runtime.target_config import read_target_config
 
     dims = read_target_config(model)
     return dict(num_target_layers=dims.num_hidden_layers, hidden_size=dims.hidden_size,

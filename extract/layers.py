@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from store_schema.layout import default_layer_ids, validate_layer_ids
-from store_schema.target_config import read_target_config
+from store_schema.runtime.target_config import read_target_config
 
 
 def parse_layer_ids(text: str) -> list[int]:

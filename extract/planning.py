@@ -33,7 +33,7 @@ from store_schema.plan import (
     sample_digest,
     shard_name,
 )
-from store_schema.progress import Progress
+from store_schema.runtime.progress import Progress
 
 from .corpus import BadRecord, Corpus, open_corpus
 from .errors import ExtractError
@@ -231,7 +231,7 @@ def build_plan(
     """Tokenize every record (``workers`` processes), quarantine bad ones,
     deal good ones into shards. Same corpus + tokenizer + settings -> identical Plan,
     whatever the execution options (``workers``, ``chunk_records``, ``progress``: a
-    function of the record count giving the `store_schema.progress.Progress` to update).
+    function of the record count giving the `store_schema.runtime.progress.Progress` to update).
 
     ``tokenizer_path`` is what workers load (a model or tokenizer directory);
     pass an already loaded ``tokenizer`` of the same path to skip one load.

@@ -96,7 +96,7 @@ def build_report(config: JobConfig, store_path: Path, resume, layer_ids, outcome
 
 def summary_line(report: dict) -> str:
     """The one line `run` prints on stderr before the JSON."""
-    from store_schema.units import human_bytes
+    from store_schema.runtime.units import human_bytes
 
     if report["status"] == "nothing_to_do":
         return (f"nothing to do: all {report['shards']} shard(s) of {report['store']} are committed "

@@ -49,7 +49,7 @@ import torch
 
 from store_schema import fp8
 from store_schema.layout import validate_layer_ids
-from store_schema.target_config import read_config_json
+from store_schema.runtime.target_config import read_config_json
 
 from .kernels import check_fast_kernels, kernel_report, kernels_of_class
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
 import embedded  # noqa: E402
-from store_schema.units import human_bytes, human_duration  # noqa: E402
+from store_schema.runtime.units import human_bytes, human_duration  # noqa: E402
 
 # A drafter small enough to learn the target's text in a few CPU minutes. One layer:
 # on this budget steps matter more than depth (a 1-layer step costs ~0.6 of a 2-layer
@@ -102,7 +102,7 @@ def run(args: list[str], capture_json: bool = True, allow: tuple[int, ...] = (0,
 def fit_args(run_dir: Path) -> list[str]:
     """`--resume` only when the run saved a checkpoint; a run stopped before its first
     one (Ctrl-C during the first steps) starts afresh (issue 16.2)."""
-    from train.checkpoint import latest_checkpoint
+    from train.fitting.checkpoint import latest_checkpoint
 
     if latest_checkpoint(run_dir) is not None:
         return ["--resume"]
@@ -112,7 +112,7 @@ def fit_args(run_dir: Path) -> list[str]:
 
 
 def summary_rows(s: dict) -> list[tuple[str, str]]:
-    """The summary table: every figure formatted, sizes in SI units (store_schema.units)."""
+    """The summary table: every figure formatted, sizes in SI units (store_schema.runtime.units)."""
     def number(value, digits: int = 2) -> str:
         return "n/a" if value is None else f"{value:,.{digits}f}"
 

@@ -208,7 +208,7 @@ def ensure_demo_target(cache_root, records, log=print, **overrides) -> Path:
 def _pretrain(tokenizer, records, settings, log):
     from transformers import AutoModelForCausalLM
 
-    from store_schema.units import human_duration
+    from store_schema.runtime.units import human_duration
 
     torch.manual_seed(settings["seed"])
     make_config = ARCHITECTURES[settings.get("architecture", "qwen3_5")]  # overrides may pick "qwen3"

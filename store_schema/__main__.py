@@ -1,6 +1,6 @@
 """python -m store_schema {info,verify} STORE
 
-Exit codes and error lines follow `store_schema.cli`. The handlers import the
+Exit codes and error lines follow `store_schema.runtime.cli`. The handlers import the
 reader (torch, zarr) themselves, so `--help` and usage errors answer at once."""
 
 from __future__ import annotations
@@ -10,13 +10,13 @@ import json
 import sys
 import time
 
-from .cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
+from .runtime.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
 
 
 def cmd_info(args) -> int:
     from .encoding import CodecConfig
     from .reader import Store
-    from .units import human_bytes
+    from .runtime.units import human_bytes
 
     summary = _info_summary(Store(args.store))
     if args.json:
@@ -78,8 +78,8 @@ def cmd_verify(args) -> int:
     if args.checksums_only and args.recompute:
         raise UsageError("--checksums-only and --recompute exclude each other")
     if args.recompute:  # a model or device this machine lacks is refused before the store is read
-        from .host import resolve_device
-        from .target_config import read_config_json
+        from .runtime.host import resolve_device
+        from .runtime.target_config import read_config_json
 
         read_config_json(args.model)
         resolve_device(args.device)
@@ -112,7 +112,7 @@ class ProgressLines:
         self.start = self.last = time.monotonic()
 
     def __call__(self, done: int, total: int, done_bytes: int, total_bytes: int) -> None:
-        from .units import human_bytes, human_duration
+        from .runtime.units import human_bytes, human_duration
 
         now = time.monotonic()
         final = done == total

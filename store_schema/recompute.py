@@ -18,7 +18,7 @@ import torch
 
 from . import layout
 from .reader import Store
-from .target_config import read_config_json
+from .runtime.target_config import read_config_json
 
 MIN_COSINE = {"bfloat16": 0.999, "fp8_e4m3": 0.995}  # per store dtype, see above
 

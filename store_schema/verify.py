@@ -21,7 +21,7 @@ import numpy as np
 
 from . import layout
 from .dtypes import nonfinite_rows
-from .host import available_cores
+from .runtime.host import available_cores
 from .plan import is_safe_id
 from .reader import CorruptShardError, Store, as_bits
 from .records import RecordError, check_files, crc32c_bytes, file_mismatch, list_files, read_record

@@ -3,7 +3,7 @@ worked out by hand, and properties over random drafter outputs; the fast DDTree
 path against a plain tree built and walked here; the decode-time rollout against
 the per-position estimate on texts with hard stretches, both counted by hand.
 (tau's per-sample-then-over-samples average is checked through
-`train.evaluate` in test_eval.py.)"""
+`train.acceptance.evaluate` in test_eval.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Sequence
 import pytest
 import torch
 
-from train.acceptance import (
+from train.acceptance.measures import (
     accuracy_counts,
     chain_accepted,
     chain_acceptance,
@@ -22,8 +22,8 @@ from train.acceptance import (
     scored_blocks,
     topk_hits,
 )
-from train.evaluate import DraftedBlocks, per_position_rows, rollout_anchors
-from train.loss import block_targets
+from train.acceptance.evaluate import DraftedBlocks, per_position_rows, rollout_anchors
+from train.fitting.loss import block_targets
 
 V = 10
 B = 5  # anchor + 4 drafted slots
@@ -36,7 +36,7 @@ def build_ddtree(slot_logprobs: torch.Tensor, slot_ids: torch.Tensor, budget: in
     over the full vocabulary, sorted descending) and token ids per drafted slot.
     Returns [(parent, depth, token)] for nodes 1..n, where parent 0 is the root
     (the anchor) and node i is the i-th entry (1-based). n = min(budget, nodes
-    that exist). The plain tree, as train/acceptance.py's docstring defines it:
+    that exist). The plain tree, as train/acceptance/measures.py's docstring defines it:
     the oracle `ddtree_acceptance` (the fast path) is checked against."""
     nodes: list[tuple[int, int, int]] = []
     depth_limit, k = slot_logprobs.shape

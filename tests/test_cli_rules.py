@@ -1,4 +1,4 @@
-"""The one exit-code and error rule of every command (store_schema.cli; issue 16
+"""The one exit-code and error rule of every command (store_schema.runtime.cli; issue 16
 items 5, 6, 10): a path that does not exist is a usage error (exit 2) in every
 command, a device this machine lacks and a config file that does not parse are
 refusals (exit 1); each is one `error:` line naming what is wrong, never a

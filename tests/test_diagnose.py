@@ -1,4 +1,4 @@
-"""`train.diagnose` on synthetic train_log.jsonl files with planted problems: each
+"""`train.diagnose.report` on synthetic train_log.jsonl files with planted problems: each
 is found, at the planted steps, and a clean log gives no finding. The logs are
 written to disk in the trainer's format and read back through the real reader;
 the run's config is a real RunConfig saved as `fit` saves it."""
@@ -12,13 +12,13 @@ import struct
 import numpy as np
 import pytest
 
-from train import diagnose as dg
+from train.diagnose import report as dg
 from train.cli import main
 from train.config import load_config
-from train.diagnose_compare import compare
-from train.diagnose_plot import plot
-from train.runlog import read_log
-from train.schedule import lr_at
+from train.diagnose.compare import compare
+from train.diagnose.plot import plot
+from train.fitting.runlog import read_log
+from train.fitting.schedule import lr_at
 
 STEPS = 20_000
 LR = 6e-4
@@ -298,13 +298,13 @@ def test_too_short_or_disjoint_runs_say_there_is_nothing_to_judge(tmp_path, caps
     (later / "train_log.jsonl").write_text(json.dumps({"step": 30_000, "loss": 1.0}) + "\n")
     table = compare(read_log(long), read_log(later))
     assert table["steps"] == [] and "do not overlap" in table["note"]
-    from train.diagnose_compare import render_compare
+    from train.diagnose.compare import render_compare
 
     assert render_compare("A", "B", table).startswith("Nothing to compare between A = A and B = B: the runs' logged")
 
 
 def test_plot_shows_heldout_loss_markers_on_sparse_series_and_the_verdict(tmp_path):
-    from train.diagnose_plot import figure
+    from train.diagnose.plot import figure
 
     run, _ = synthetic_log(tmp_path / "run")
     with (run / "train_log.jsonl").open("a") as log:  # held-out loss, evaluated 4 times

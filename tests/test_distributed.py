@@ -27,12 +27,12 @@ import pytest
 
 import builders
 from store_schema import Store
-from train.checkpoint import list_checkpoints, load_model_weights, read_state
+from train.fitting.checkpoint import list_checkpoints, load_model_weights, read_state
 from train.cli import main
 from train.config import ConfigError
-from train.distributed import check_world
-from train.heldout import is_heldout
-from train.runlog import read_log
+from train.fitting.distributed import check_world
+from train.data.heldout import is_heldout
+from train.fitting.runlog import read_log
 
 REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25

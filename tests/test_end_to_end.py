@@ -55,9 +55,9 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
     assert evaluation["samples"] > 0 and 1.0 <= evaluation["tau"] <= 16.0
     assert set(evaluation["ddtree"]) == {"4", "16"}
 
-    from train import checkpoint
-    from train.export import load_drafter
-    from train.model import DFlashDrafter, DrafterConfig
+    from train.fitting import checkpoint
+    from train.export.drafter_dir import load_drafter
+    from train.drafter.model import DFlashDrafter, DrafterConfig
 
     state_dir = checkpoint.latest_checkpoint(run)
     trained = DFlashDrafter(DrafterConfig.from_dict(checkpoint.read_state(state_dir)["drafter_config"]))

@@ -1,4 +1,4 @@
-"""`train.evaluate` on a real store, a real drafter and the tiny Qwen3 target's
+"""`train.acceptance.evaluate` on a real store, a real drafter and the tiny Qwen3 target's
 frozen head: the result equals acceptance counted block by block by hand; a store
 whose recorded target predictions are the drafter's own gives tau = B; the
 held-out split, and `train eval` evaluating exactly the samples the exported run
@@ -15,18 +15,18 @@ import torch
 
 import builders
 from store_schema import Fingerprint, SampleArrays, Store, create_store
-from store_schema.target_config import read_target_config
-from train import evaluate as ev
-from train.anchors import anchor_candidates
+from store_schema.runtime.target_config import read_target_config
+from train.acceptance import evaluate as ev
+from train.drafter.anchors import anchor_candidates
 from train.cli import main
 from train.cli.eval import render_table
 from train.config import EvalConfig, load_config
-from train.evaluators import AcceptanceEval, log_fields
-from train.export import export_drafter
-from train.heldout import is_heldout
-from train.model import DFlashDrafter, DrafterConfig
-from train.target_head import load_target_head
-from train.trainer import Trainer
+from train.fitting.evaluators import AcceptanceEval, log_fields
+from train.export.drafter_dir import export_drafter
+from train.data.heldout import is_heldout
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.fitting.target_head import load_target_head
+from train.fitting.trainer import Trainer
 
 LAYERS = [1, 3]
 B = 8

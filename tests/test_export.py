@@ -10,11 +10,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from train.anchors import LayerAttention
-from train.export import export_drafter, load_drafter, read_drafter_config
-from train.model import DFlashDrafter, DrafterConfig
-from store_schema.target_config import read_target_config
-from train.target_head import load_target_head
+from train.drafter.anchors import LayerAttention
+from train.export.drafter_dir import export_drafter, load_drafter, read_drafter_config
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from store_schema.runtime.target_config import read_target_config
+from train.fitting.target_head import load_target_head
 
 
 def perturbed_drafter(qwen3_dir, **geometry):

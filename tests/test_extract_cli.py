@@ -57,7 +57,7 @@ def test_run_rejects_bad_layers_before_any_work(qwen3_dir, tmp_path, capsys):
 
 
 def test_exit_codes_follow_the_one_rule(qwen3_dir, tmp_path, capsys):
-    """store_schema.cli's rule: 2 for usage (a path that does not exist, a malformed
+    """store_schema.runtime.cli's rule: 2 for usage (a path that does not exist, a malformed
     flag value), 1 for input that exists but is refused; one `error:` line each."""
     from extract.__main__ import main
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import builders
-from train.checkpoint import latest_checkpoint
+from train.fitting.checkpoint import latest_checkpoint
 from train.cli import main
 
 REPO = Path(__file__).resolve().parents[1]

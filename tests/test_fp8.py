@@ -162,8 +162,8 @@ def test_verify_names_nan_codes_and_bad_scales_in_an_fp8_store(tmp_path):
 def test_loader_trainer_and_eval_on_an_fp8_store(twin_stores, qwen3_dir, tmp_path, capsys):
     from train.cli import main as train_cli
     from train.config import DataConfig, load_config
-    from train.loader import ShardLoader
-    from train.trainer import Trainer
+    from train.data.loader import ShardLoader
+    from train.fitting.trainer import Trainer
 
     _, fp8_path = twin_stores
     store = Store(fp8_path)

@@ -10,13 +10,13 @@ import pytest
 import yaml
 
 import builders
-from store_schema.target_config import TargetConfig, read_target_config
-from train import checkpoint as ckpt
-from train.anchors import LayerAttention
+from store_schema.runtime.target_config import TargetConfig, read_target_config
+from train.fitting import checkpoint as ckpt
+from train.drafter.anchors import LayerAttention
 from train.config import ConfigError, load_config
-from train.export import drafter_config_json
-from train.model import DrafterConfig, default_kv_heads
-from train.trainer import Trainer
+from train.export.drafter_dir import drafter_config_json
+from train.drafter.model import DrafterConfig, default_kv_heads
+from train.fitting.trainer import Trainer
 
 QWEN36_27B = TargetConfig(  # the text fields of Qwen3.6-27B's config.json
     hidden_size=5120, vocab_size=248320, num_hidden_layers=64, num_attention_heads=24, num_key_value_heads=4,

@@ -16,10 +16,10 @@ from dflash.model import DFlashDraftModel
 
 import builders
 from store_schema import file_sha256
-from train.checkpoint import list_checkpoints, read_state
+from train.fitting.checkpoint import list_checkpoints, read_state
 from train.cli import main
 from train.config import ConfigError, load_config
-from train.trainer import Trainer
+from train.fitting.trainer import Trainer
 
 BLOCK = 8
 RUN = ["model.block_size=8", "model.num_anchors=16", "train.grad_accumulation=1", "eval.every=0",

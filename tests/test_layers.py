@@ -9,7 +9,7 @@ import torch
 
 from extract.layers import parse_layer_ids, resolve_layer_ids
 from store_schema.layout import default_layer_ids, validate_layer_ids
-from store_schema.target_config import read_target_config
+from store_schema.runtime.target_config import read_target_config
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,8 @@ import torch
 import builders
 from store_schema import CorruptShardError, Store
 from train.config import DataConfig
-from train.heldout import is_heldout
-from train.loader import ShardLoader
+from train.data.heldout import is_heldout
+from train.data.loader import ShardLoader
 
 HELDOUT = 0.25
 

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from train.config import LossConfig, ModelConfig
-from train.loss import block_metrics, block_targets, default_gamma, dflash_loss, slot_weights
-from train.model import DFlashDrafter, DrafterConfig
-from train.step import add_context_noise, dflash_step
-from train.target_head import TargetHead
+from train.fitting.loss import block_metrics, block_targets, default_gamma, dflash_loss, slot_weights
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.fitting.step import add_context_noise, dflash_step
+from train.fitting.target_head import TargetHead
 
 HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 64
 

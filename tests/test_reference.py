@@ -13,11 +13,11 @@ import torch
 from dflash.model import DFlashDraftModel, _attention_mask
 
 import builders
-from store_schema.target_config import read_target_config
-from train.anchors import LayerAttention, dense_attention_mask
-from train.export import export_drafter, load_drafter
-from train.model import DFlashDrafter, DrafterConfig
-from train.target_head import load_target_head
+from store_schema.runtime.target_config import read_target_config
+from train.drafter.anchors import LayerAttention, dense_attention_mask
+from train.export.drafter_dir import export_drafter, load_drafter
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.fitting.target_head import load_target_head
 
 BLOCK, T = 8, 56
 ANCHORS = [0, 1, 5, 13, 30, 47, T - BLOCK]  # anchor 0: no context; the last: block ends at T
@@ -149,7 +149,7 @@ def test_eval_takes_a_drafter_the_reference_saved(qwen3_dir, zlab_dir, tmp_path,
 
     from store_schema import Store
     from test_eval import everything, make_samples, write_store
-    from train import evaluate as ev
+    from train.acceptance import evaluate as ev
     from train.__main__ import main
 
     target = read_target_config(qwen3_dir)

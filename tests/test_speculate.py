@@ -25,17 +25,17 @@ from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
 import builders
 from extract.target import TargetRunner, load_target
 from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
-from store_schema.target_config import read_target_config
+from store_schema.runtime.target_config import read_target_config
 from train.cli import main
 from train.config import load_config
-from train.draft_cache import DraftCache
-from train.evaluate import store_samples
-from train.export import export_drafter, load_drafter
-from train.model import DFlashDrafter, DrafterConfig
-from train.prompts import jsonl_prompts, store_prompts
-from train.speculate import decode_prompt, greedy_generate, mismatch_logit_gap, summarize
-from train.target_decode import TargetSession
-from train.trainer import Trainer
+from train.drafter.draft_cache import DraftCache
+from train.acceptance.evaluate import store_samples
+from train.export.drafter_dir import export_drafter, load_drafter
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.data.prompts import jsonl_prompts, store_prompts
+from train.acceptance.speculate import decode_prompt, greedy_generate, mismatch_logit_gap, summarize
+from train.acceptance.target_decode import TargetSession
+from train.fitting.trainer import Trainer
 
 LAYERS = [1, 3]
 BLOCK = 8

@@ -293,7 +293,7 @@ def test_creating_a_store_keeps_the_jobs_held_lock(tmp_path):
 
 
 def test_cli_names_a_damaged_root_or_a_held_store_with_exit_1(tmp_path, capsys):
-    """Input that exists but is wrong exits 1 (store_schema.cli): `verify` reports a
+    """Input that exists but is wrong exits 1 (store_schema.runtime.cli): `verify` reports a
     store root that is no longer JSON as a problem naming zarr.json, like any other
     damaged file; `info` refuses it in one line; `--clean` is refused while a live
     job holds the store."""

@@ -11,8 +11,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from store_schema.target_config import read_target_config
-from train.target_head import load_target_head
+from store_schema.runtime.target_config import read_target_config
+from train.fitting.target_head import load_target_head
 
 
 def test_qwen3_separate_lm_head(qwen3_dir):

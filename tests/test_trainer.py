@@ -20,13 +20,13 @@ import builders
 import stores
 from store_schema import FingerprintMismatch, Store
 from train.cli import main
-from train.checkpoint import list_checkpoints
+from train.fitting.checkpoint import list_checkpoints
 from train.config import ConfigError, load_config
-from train.diagnose import diagnose
-from train.export import load_drafter
-from train.anchors import sample_anchors
-from train.heldout import is_heldout
-from train.trainer import Trainer
+from train.diagnose.report import diagnose
+from train.export.drafter_dir import load_drafter
+from train.drafter.anchors import sample_anchors
+from train.data.heldout import is_heldout
+from train.fitting.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25

@@ -43,7 +43,7 @@ class DataConfig:
     loader_threads: int | None = None  # threads decoding a shard's chunks in parallel; None: the cores available
     prefetch_samples: int = 8  # ready samples queued ahead of the trainer
     skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
-    lanes: int | None = None  # sample streams the shard order is dealt into (train/loader.py); None: the world size
+    lanes: int | None = None  # sample streams the shard order is dealt into (train/data/loader.py); None: the world size
 
 
     def validate(self):
@@ -55,8 +55,8 @@ class DataConfig:
         _check(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")
 
 
-LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/model.py)
-ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/attention.py)
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/drafter/model.py)
+ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/drafter/attention.py)
 
 
 @dataclass
@@ -72,8 +72,8 @@ class ModelConfig:
     layer_types: list[str] | None = None  # per layer: full_attention or sliding_attention
     sliding_window: int | None = None  # context window of the sliding layers
     block_size: int = 16  # B: anchor + B-1 drafted tokens
-    mask_token_id: int | None = None  # None: resolved by train.mask_token's rules (the run records the id and rule)
-    init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.init_from)
+    mask_token_id: int | None = None  # None: resolved by train.drafter.mask_token's rules (the run records the id and rule)
+    init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.export.init_from)
     num_anchors: int = 512  # blocks per sequence, redrawn every step
     attention: str = "auto"  # "auto" (flex on CUDA, split elsewhere), "split", "sdpa", "flex"
     gradient_checkpointing: bool = False
@@ -181,7 +181,7 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Acceptance evaluation (train.evaluate): during training on held-out samples
+    """Acceptance evaluation (train.acceptance.evaluate): during training on held-out samples
     every `every` steps, and by `python -m train eval`, whose flags set the same
     fields (that command caps samples at EVAL_CLI_SAMPLES and rolls out whole
     responses unless told otherwise)."""

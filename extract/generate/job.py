@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ..dispatch import ActorPool
 from ..errors import ExtractError
-from store_schema.progress import Progress
+from store_schema.runtime.progress import Progress
 from .config import GenerateConfig
 
 
@@ -47,7 +47,7 @@ def plan_generate(config: GenerateConfig, log=None):
     """The job's generation identity and a fresh plan (what --dry-run previews)."""
     from transformers import AutoTokenizer
 
-    from store_schema.target_config import read_config_json
+    from store_schema.runtime.target_config import read_config_json
 
     from ..corpus import open_corpus
     from .planning import generation_identity, plan_generation

@@ -17,7 +17,7 @@ from store_schema.plan import Plan, PlannedSample, PlannedShard, QuarantinedReco
 
 from ..corpus import BadRecord, open_corpus
 from ..planning import sample_id_for
-from store_schema.progress import Progress
+from store_schema.runtime.progress import Progress
 from ..tokenization import RecordError, chat_template_hash, tokenizer_hash
 from .config import GenerationSettings
 from .turns import conversation, conversation_digest, render_prompt

@@ -2,7 +2,7 @@
 
 One module per subcommand (train/cli/fit.py, export.py, eval.py, diagnose.py, speculate.py),
 each with `add_parser(subparsers)` and `run(args) -> int`. Every command runs
-under `store_schema.cli.run_command`, the one exit-code rule of the project:
+under `store_schema.runtime.cli.run_command`, the one exit-code rule of the project:
 0 ok; 1 refused or a problem found (a store from another target, a corrupt
 shard, a bad config value, diagnose findings); 2 usage (bad arguments, a path
 that does not exist). Errors are one line on stderr, never a traceback.
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help (0) or bad arguments (2, argparse's message already printed)
         return exit_.code if isinstance(exit_.code, int) else 2
     from store_schema import CorruptShardError, StoreLockedError
-    from store_schema.cli import run_command
+    from store_schema.runtime.cli import run_command
 
     return run_command(args.handler, args, refusals=(CorruptShardError, StoreLockedError))
 

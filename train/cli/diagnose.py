@@ -26,10 +26,10 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from train.config import load_config
-    from train.diagnose import diagnose
-    from train.diagnose_compare import compare, render_compare
-    from train.diagnose_plot import plot
-    from train.runlog import read_log
+    from train.diagnose.report import diagnose
+    from train.diagnose.compare import compare, render_compare
+    from train.diagnose.plot import plot
+    from train.fitting.runlog import read_log
 
     config = load_config(args.config, require_paths=False) if args.config else None
     result = diagnose(args.run_dir, config=config, window=args.window, cliff_drop=args.cliff_drop,

@@ -78,7 +78,7 @@ def eval_config(args) -> EvalConfig:
 
 def heldout_fraction(args, drafter_dir: Path) -> float | None:
     """--heldout-fraction, else the export's record, else the default (with a note)."""
-    from train.export import read_heldout_fraction
+    from train.export.drafter_dir import read_heldout_fraction
 
     if args.split == "all":
         return None
@@ -96,12 +96,12 @@ def heldout_fraction(args, drafter_dir: Path) -> float | None:
 
 def run(args) -> int:
     from store_schema import Store
-    from store_schema.cli import fail
-    from store_schema.host import resolve_device
+    from store_schema.runtime.cli import fail
+    from store_schema.runtime.host import resolve_device
     from train.dtypes import torch_dtype
-    from train.evaluate import evaluate
-    from train.export import load_drafter, resolve_drafter_dir
-    from train.target_head import load_target_head
+    from train.acceptance.evaluate import evaluate
+    from train.export.drafter_dir import load_drafter, resolve_drafter_dir
+    from train.fitting.target_head import load_target_head
 
     config = eval_config(args)
     device = resolve_device(args.device)

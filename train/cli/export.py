@@ -24,11 +24,11 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    from train import checkpoint as ckpt
+    from train.fitting import checkpoint as ckpt
     from train.dtypes import torch_dtype
-    from train.export import export_drafter
-    from train.heldout import heldout_fraction_of, heldout_record
-    from train.model import DFlashDrafter, DrafterConfig
+    from train.export.drafter_dir import export_drafter
+    from train.data.heldout import heldout_fraction_of, heldout_record
+    from train.drafter.model import DFlashDrafter, DrafterConfig
 
     path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(args.run)
     if path is None:

@@ -5,12 +5,12 @@ The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
 saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format
 drafter directory (a published one, or an export) instead of starting from
 random weights: the run takes its shape and weights after checking them
-against the store and the config (`train.init_from`). `--resume` continues RUN
+against the store and the config (`train.export.init_from`). `--resume` continues RUN
 from its newest checkpoint with RUN's saved config (flags and --set still
 override it, e.g. a larger --max-steps). Ctrl-C checkpoints the last completed
 step and prints how to resume (exit 130). `--nproc N` trains data-parallel on N
 processes (one per GPU; gloo on CPU) by starting torchrun's launcher, as
-`torchrun --nproc-per-node N -m train fit ...` does (`train.distributed`)."""
+`torchrun --nproc-per-node N -m train fit ...` does (`train.fitting.distributed`)."""
 
 from __future__ import annotations
 
@@ -58,15 +58,15 @@ def fit_argv(args) -> list[str]:
 
 def run(args) -> int:
     from store_schema import Store, provenance_warning
-    from store_schema.cli import fail, interrupted
-    from train.checkpoint import CHECKPOINTS, latest_checkpoint
-    from train.distributed import LAUNCHED_BY_FIT, close_process_group, is_peer_loss, launch
+    from store_schema.runtime.cli import fail, interrupted
+    from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
+    from train.fitting.distributed import LAUNCHED_BY_FIT, close_process_group, is_peer_loss, launch
 
     if args.nproc and args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return launch(args.nproc, fit_argv(args), Path(args.out))
     from train.config import CONFIG_FILE, load_config
-    from train.progress import TrainingInterrupted
-    from train.trainer import Trainer
+    from train.fitting.progress import TrainingInterrupted
+    from train.fitting.trainer import Trainer
 
     config_file = args.config
     if args.resume and latest_checkpoint(args.out) is None:

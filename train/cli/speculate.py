@@ -2,12 +2,12 @@
 [--max-new-tokens N] [--limit K] [--json] ...`
 
 Real speculative decoding: the target (transformers, bf16 on GPU / fp32 on CPU)
-and the drafter decode each prompt the DFlash way (train/speculate.py), and the
+and the drafter decode each prompt the DFlash way (train/acceptance/speculate.py), and the
 target also decodes it greedily on its own. Per prompt and overall: whether the
 outputs are identical (`lossless`), `tau` (tokens committed per round, averaged
 per prompt then over prompts), rounds, new tokens, target forwards, wall time and
 tokens/s of both. Prompts: the store's held-out samples up to their first
-response token (train/prompts.py), or a JSONL file of chats / token ids."""
+response token (train/data/prompts.py), or a JSONL file of chats / token ids."""
 
 from __future__ import annotations
 
@@ -71,10 +71,10 @@ def open_prompt_source(args):
 
 
 def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
-    from store_schema.target_config import read_target_config
+    from store_schema.runtime.target_config import read_target_config
     from train.cli.eval import heldout_fraction
-    from train.prompts import jsonl_prompts, store_prompts
-    from train.trainer import check_store_against_target
+    from train.data.prompts import jsonl_prompts, store_prompts
+    from train.fitting.trainer import check_store_against_target
 
     vocab = model.get_input_embeddings().weight.shape[0]
     if args.prompts:
@@ -86,12 +86,12 @@ def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
 def run(args) -> int:
     import torch
 
-    from store_schema.cli import fail
-    from store_schema.host import resolve_device
+    from store_schema.runtime.cli import fail
+    from store_schema.runtime.host import resolve_device
     from train.dtypes import torch_dtype
-    from train.export import load_drafter, resolve_drafter_dir
-    from train.speculate import decode_prompt, summarize
-    from train.target_decode import load_target_model, stop_token_ids
+    from train.export.drafter_dir import load_drafter, resolve_drafter_dir
+    from train.acceptance.speculate import decode_prompt, summarize
+    from train.acceptance.target_decode import load_target_model, stop_token_ids
 
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)

@@ -2,7 +2,7 @@
 
 `tau_per_position` here is chain acceptance over the step's randomly drawn
 training anchors, pooled over blocks: a per-position estimate, not the
-decode-time `tau` (`train.evaluate`), which only a rollout gives."""
+decode-time `tau` (`train.acceptance.evaluate`), which only a rollout gives."""
 
 from __future__ import annotations
 

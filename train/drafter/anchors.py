@@ -13,7 +13,7 @@ published drafters are causal inside the block and see only a window of context.
 The mask is defined once, as a `mask_mod(b, h, q_idx, kv_idx)` over the key layout
 `[context (T) | block 0 (B) | block 1 (B) | ...]`. flex_attention takes it directly;
 the dense boolean mask for SDPA is the same function evaluated on an index grid, and
-the split path (train/attention.py) evaluates it on the context and own-block keys.
+the split path (train/drafter/attention.py) evaluates it on the context and own-block keys.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ What makes it DFlash rather than a small Qwen3:
   `sliding_window` and `is_causal`. RoPE is absolute: context keys at their token
   positions, block tokens at anchor .. anchor+B-1.
 - The target's `embed_tokens` and `lm_head` are frozen and live outside the
-  drafter (see `train/target_head.py`); they are passed in, never saved here.
+  drafter (see `train/fitting/target_head.py`); they are passed in, never saved here.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 from store_schema.layout import default_layer_ids as default_context_layer_ids  # the one formula
 from store_schema.layout import validate_layer_ids  # the one rule
-from train.anchors import LayerAttention, block_position_ids
-from train.attention import attend, build_attention_mask, resolve_attention
+from train.drafter.anchors import LayerAttention, block_position_ids
+from train.drafter.attention import attend, build_attention_mask, resolve_attention
 from train.config import LAYER_TYPES
 
 
@@ -141,7 +141,7 @@ class DrafterConfig:
         num_context_layers: int = 5,
         **overrides,
     ) -> "DrafterConfig":
-        """Size a drafter for a `store_schema.target_config.TargetConfig`: the one place
+        """Size a drafter for a `store_schema.runtime.target_config.TargetConfig`: the one place
         for the geometry defaults. Overrides that are None take the default:
         head_dim 128, heads hidden // 128 clamped to 1..32, KV heads the largest
         divisor of heads up to 8, the target's intermediate size, 5 layers, the last full
@@ -244,7 +244,7 @@ class DFlashAttention(nn.Module):
 
     def forward(self, x, context, cos, sin, mask):
         """x [b, Q, H] block tokens; context [b, T, H]; cos/sin [b, T+Q, D] for the
-        keys (queries use the last Q rows); mask: from `train.attention.build_attention_mask`
+        keys (queries use the last Q rows); mask: from `train.drafter.attention.build_attention_mask`
         for this layer's rule, or None (every key visible)."""
         b, q_len, _ = x.shape
         kv_input = torch.cat([context, x], dim=1)
@@ -328,9 +328,9 @@ class DFlashDrafter(nn.Module):
         embed_tokens: the target's frozen embedding (e.g. TargetHead.embed_tokens).
         attention: "split" (context and own block attended apart, one softmax),
             "sdpa" (dense boolean mask), "flex" (flex_attention BlockMask), or
-            "auto" (flex on CUDA, split elsewhere); see train/attention.py.
+            "auto" (flex on CUDA, split elsewhere); see train/drafter/attention.py.
         Returns final hidden states [N, B, H] after `norm`; apply the target's
-        lm_head to get logits (see train/loss.py)."""
+        lm_head to get logits (see train/fitting/loss.py)."""
         cfg = self.config
         block = cfg.block_size
         length = input_ids.shape[0]

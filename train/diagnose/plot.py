@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from train.runlog import TAU_KEYS, accuracy_key, ddtree_keys_by_budget, read_log, series
+from train.fitting.runlog import TAU_KEYS, accuracy_key, ddtree_keys_by_budget, read_log, series
 
 
 def _smooth(values: np.ndarray, window: int) -> np.ndarray:

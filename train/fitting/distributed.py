@@ -8,7 +8,7 @@ LOCAL_RANK from the environment torchrun sets, joins the group (NCCL on GPU,
 gloo on CPU) and trains one replica under torch's DistributedDataParallel.
 
 The data: the run's samples are dealt into `data.lanes` streams
-(`train.loader`, fixed when the run starts; default: the world size); rank r
+(`train.data.loader`, fixed when the run starts; default: the world size); rank r
 serves the lanes j with j mod N == r, and slot k of optimizer step s is filled
 from lane (s * G + k) mod lanes (G: the global batch). Which sample fills which
 slot therefore depends on the seed, G and the lane count, never on N: a run on
@@ -36,10 +36,10 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from store_schema.host import resolve_device
+from store_schema.runtime.host import resolve_device
 from train.config import ConfigError
-from train.loader import LoaderPosition
-from train.metrics import MetricSums
+from train.data.loader import LoaderPosition
+from train.fitting.metrics import MetricSums
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)  # rank 0 evaluates while the others wait in the next collective
 LAUNCH_LOGS = "launch"  # RUN/launch/: the other ranks' stdout/stderr under `--nproc`
@@ -207,7 +207,7 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from train.checkpoint import latest_checkpoint
+    from train.fitting.checkpoint import latest_checkpoint
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its failure report is ours, in one line
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for more than one process

@@ -15,7 +15,7 @@ target's frozen lm_head and compared with the reference continuation:
   greedy continuation from the anchor whenever the earlier slots agree with the
   stored tokens.
 
-From those blocks (definitions in `train/acceptance.py`):
+From those blocks (definitions in `train/acceptance/measures.py`):
 
 - `tau`: decode-time. Each response is decoded the way a server would, round by
   round (`acceptance.rollout`): start at its first position, accept the matching
@@ -31,8 +31,8 @@ From those blocks (definitions in `train/acceptance.py`):
 - accuracies: pooled over the scored slots of those per-position blocks.
 
 What to evaluate is the run's `eval` section (`train.config.EvalConfig`); which
-samples are held out is `train.heldout` at the run's own fraction. The training
-loop evaluates through `train.evaluators`; `python -m train eval` calls
+samples are held out is `train.data.heldout` at the run's own fraction. The training
+loop evaluates through `train.fitting.evaluators`; `python -m train eval` calls
 `evaluate`; `evaluate_sample_ids` scores exactly the samples (e.g. the prompts
 `python -m train speculate` decoded) a caller names.
 """
@@ -45,11 +45,11 @@ from typing import Iterable, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from train.acceptance import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
-from train.anchors import anchor_candidates
+from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
+from train.drafter.anchors import anchor_candidates
 from train.config import SPLITS, EvalConfig
-from train.heldout import is_heldout, locate_samples, read_located
-from train.loss import block_targets
+from train.data.heldout import is_heldout, locate_samples, read_located
+from train.fitting.loss import block_targets
 
 
 def in_split(sample_id: str, split: str, heldout_fraction: float | None) -> bool:
@@ -64,7 +64,7 @@ def in_split(sample_id: str, split: str, heldout_fraction: float | None) -> bool
 
 
 def split_locations(store, split: str, heldout_fraction: float | None) -> list:
-    """Where the samples of `split` are (`train.heldout.SampleLocation`s, store
+    """Where the samples of `split` are (`train.data.heldout.SampleLocation`s, store
     order), from the store's plan: no shard is read."""
     in_split("", split, heldout_fraction)  # refuse a bad split before reading anything
     return locate_samples(store, store.committed_shards(), lambda i: in_split(i, split, heldout_fraction))
@@ -265,7 +265,7 @@ class _Accumulator:
 
 def _context_features(sample, config, device) -> torch.Tensor:
     """[T, n_ctx*H] drafter input of a store_schema `Sample` (`hidden` by layer id)
-    or a train.loader `TrainSample` (`context_features()`, already in fc order)."""
+    or a train.data.loader `TrainSample` (`context_features()`, already in fc order)."""
     if hasattr(sample, "context_features"):
         features = sample.context_features(device)
         expected = config.num_context_layers * config.hidden_size
@@ -281,11 +281,11 @@ def _context_features(sample, config, device) -> torch.Tensor:
 @torch.no_grad()
 def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, attention: str = "auto") -> dict:
     """Acceptance metrics of `drafter` over `samples`: store_schema `Sample`s with
-    `hidden` holding the drafter's context layers, or train.loader `TrainSample`s
+    `hidden` holding the drafter's context layers, or train.data.loader `TrainSample`s
     (e.g. `ShardLoader.heldout_samples(limit)`). See `evaluate` for the result.
 
-    drafter: train.model.DFlashDrafter (put in eval mode for the call, then
-    restored); head: train.target_head.TargetHead. Runs on the drafter's device.
+    drafter: train.drafter.model.DFlashDrafter (put in eval mode for the call, then
+    restored); head: train.fitting.target_head.TargetHead. Runs on the drafter's device.
     config: ddtree_budgets, labels, anchor_stride, max_blocks_per_sample,
     batch_blocks (`samples` is the caller's business). attention: the run's
     `model.attention`."""

@@ -1,4 +1,4 @@
-"""The statistics behind `train.diagnose`: improvement per 1K steps in windows and
+"""The statistics behind `train.diagnose.report`: improvement per 1K steps in windows and
 the plateau verdict, instability cliffs, the loss distribution, epoch-boundary
 jumps. Each check takes the log's records and returns (details, findings)."""
 
@@ -10,7 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
-from train.runlog import accuracy_key, ddtree_keys, series
+from train.fitting.runlog import accuracy_key, ddtree_keys, series
 
 
 # -- trends and cliffs --------------------------------------------------------------------------

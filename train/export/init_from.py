@@ -17,7 +17,7 @@ refusal naming the field:
   given must equal the drafter's; unset ones take the drafter's.
 
 The mask token is the drafter's unless `model.mask_token_id` says otherwise
-(`train.mask_token`). The run records where it started: `model.init_from` in
+(`train.drafter.mask_token`). The run records where it started: `model.init_from` in
 its config, and the directory and the sha256 of its weights (`init_record`) in
 its checkpoints and exports. A resumed run takes the shape from its checkpoint
 (the directory need not exist any more), under the same checks.
@@ -30,14 +30,14 @@ from pathlib import Path
 
 from store_schema import file_sha256
 from train.config import ConfigError, ModelConfig
-from train.export import read_drafter_config
-from train.model import DrafterConfig
+from train.export.drafter_dir import read_drafter_config
+from train.drafter.model import DrafterConfig
 
 WEIGHTS = "model.safetensors"
 
 
 def read_source(path: str | Path) -> DrafterConfig:
-    """The drafter configuration of a z-lab-format directory (`train.export`'s reader)."""
+    """The drafter configuration of a z-lab-format directory (`train.export.drafter_dir`'s reader)."""
     path = Path(path)
     if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
         raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config "

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from train.anchors import FULL_ATTENTION
-from train.attention import attend
-from train.model import DFlashDrafter, _rope
+from train.drafter.anchors import FULL_ATTENTION
+from train.drafter.attention import attend
+from train.drafter.model import DFlashDrafter, _rope
 
 
 class DraftCache:

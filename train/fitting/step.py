@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from train.anchors import sample_anchors
+from train.drafter.anchors import sample_anchors
 from train.config import LossConfig, ModelConfig
-from train.loss import BlockTargets, LossOutput, block_targets, dflash_loss
+from train.fitting.loss import BlockTargets, LossOutput, block_targets, dflash_loss
 
 
 def add_context_noise(
@@ -49,7 +49,7 @@ def dflash_step(
 ) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
     """Loss for one sequence. Returns (LossOutput, anchor_positions, BlockTargets).
 
-    drafter: train.model.DFlashDrafter; head: train.target_head.TargetHead.
+    drafter: train.drafter.model.DFlashDrafter; head: train.fitting.target_head.TargetHead.
     input_ids, loss_mask: [T]; context_features: [T, n_ctx*H] (clean, from the store).
     loss: the run's `loss` section (gamma, labels, kl_mix, noise, chunk_rows); pass
         `dataclasses.replace(loss, noise=0.0)` to score without noise.

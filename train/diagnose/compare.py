@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from train.runlog import TAU_KEYS, accuracy_key, ddtree_keys, series
+from train.fitting.runlog import TAU_KEYS, accuracy_key, ddtree_keys, series
 
 
 def compare(records_a: Sequence[dict], records_b: Sequence[dict], points: int = 5, window: int = 50) -> dict:

@@ -21,12 +21,12 @@ inside the crop (`pos <= len - B`). A sample whose crop has no valid anchor
 (nothing trained on, or shorter than a block) is not delivered (`skipped_empty`).
 
 Held-out split: a sample is held out when a stable hash of its id falls below
-`heldout_fraction` (`train.heldout.is_heldout`, the one owner of the rule); the
+`heldout_fraction` (`train.data.heldout.is_heldout`, the one owner of the rule); the
 training iterator never yields it. `heldout_samples()` yields only those, reading
-just their rows through the held-out index (`train.heldout`), built once from
+just their rows through the held-out index (`train.data.heldout`), built once from
 the store's plan and kept for the run: evaluation never scans the shards.
 
-Lanes (data-parallel runs, `train.lanes`): the epoch's shard order can be dealt
+Lanes (data-parallel runs, `train.data.lanes`): the epoch's shard order can be dealt
 into `lanes` independent sample streams; lane j reads only the shards at
 positions i of the order with (i - epoch) mod lanes == j (the odd shards rotate
 among lanes from epoch to epoch), grouped and shuffled as above. Every training
@@ -41,7 +41,7 @@ just after it, so the trainer checkpoints the position of what it consumed,
 not what the prefetch threads ran ahead to.
 
 To the GPU: with a CUDA `device`, the delivery thread also moves each sample's
-features there ahead of use (`train.device_copy.DeviceCopier`: pinned host memory,
+features there ahead of use (`train.data.device_copy.DeviceCopier`: pinned host memory,
 asynchronous copy on a side stream), so the training step neither waits for a
 ~157 MB host-to-device copy nor pays for page-locking it. fp8 stores deliver their
 float8 codes and per-token scales, half the bytes, and `context_features`
@@ -67,10 +67,10 @@ import torch
 
 from store_schema import CorruptShardError, ShardData, Store, available_cores
 from store_schema.fp8 import as_bf16
-from train.anchors import anchor_candidates
+from train.drafter.anchors import anchor_candidates
 from train.config import DataConfig
-from train.heldout import heldout_locations, is_heldout, read_located
-from train.device_copy import DeviceCopier
+from train.data.heldout import heldout_locations, is_heldout, read_located
+from train.data.device_copy import DeviceCopier
 
 @dataclass(frozen=True)
 class LoaderPosition:
@@ -91,7 +91,7 @@ class LoaderPosition:
 
 @dataclass
 class TrainSample:
-    """One cropped sequence, ready for `train.step.dflash_step`."""
+    """One cropped sequence, ready for `train.fitting.step.dflash_step`."""
 
     sample_id: str
     shard: str
@@ -404,7 +404,7 @@ class ShardLoader:
     def heldout_samples(self, limit: int | None = None) -> Iterator[TrainSample]:
         """Held-out samples (cropped like training ones), shards in sorted order, up
         to `limit`. Only their rows are read, through the held-out index built on
-        the first call and kept (`train.heldout`); read on the caller's thread, never
+        the first call and kept (`train.data.heldout`); read on the caller's thread, never
         sharing state with training. Samples of shards skipped as corrupt are left out."""
         if self._heldout is None:
             self._heldout = heldout_locations(self.store, self.shards, self.config.heldout_fraction)

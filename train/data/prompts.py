@@ -1,7 +1,7 @@
 """Prompts to decode: a store's held-out samples, or a JSONL file.
 
 From a store (`store_prompts`): the samples of the run's held-out split
-(`train.heldout.is_heldout` at the run's fraction, the same samples `train eval`
+(`train.data.heldout.is_heldout` at the run's fraction, the same samples `train eval`
 scores), in store order. A sample's prompt is its tokens before its first
 response token, the first position with `loss_mask == 1` (for a chat rendered
 with the chat template: the conversation up to and including the assistant
@@ -40,7 +40,7 @@ def response_start(loss_mask: torch.Tensor) -> int | None:
 def store_prompts(store, heldout_fraction: float | None, split: str = "heldout", limit: int | None = None) -> list[Prompt]:
     """Prompts of the `split` samples of `store` (a path or `store_schema.Store`),
     at most `limit`. The one rule for which stored samples are decoded."""
-    from train.evaluate import store_samples
+    from train.acceptance.evaluate import store_samples
 
     prompts = []
     for sample in store_samples(store, [], split=split, heldout_fraction=heldout_fraction):

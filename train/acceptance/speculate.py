@@ -5,13 +5,13 @@ round, which the target has not processed yet):
 
 1. the drafter drafts the block `[anchor, MASK x (b-1)]` at positions
    start .. start+b-1 from the target's features of the verified positions
-   `< start` (`train.draft_cache.DraftCache`), greedy per slot;
+   `< start` (`train.drafter.draft_cache.DraftCache`), greedy per slot;
 2. the target verifies the whole block in one forward;
 3. the drafted tokens that equal the target's own greedy choices are accepted,
    up to the first mismatch, plus the target's token after them (the bonus, the
    next anchor): accepted + 1 tokens, cut at a stop token or the token limit;
 4. the target's cache keeps the anchor and the accepted tokens
-   (`train.target_decode.TargetSession.keep`: cropped, or for linear-attention
+   (`train.acceptance.target_decode.TargetSession.keep`: cropped, or for linear-attention
    layers restored and re-run), and the drafter's context grows by their features.
 
 b is the drafter's block size, or what is left of `max_new_tokens` on the last
@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from train.draft_cache import DraftCache
-from train.target_decode import TargetSession, clock
+from train.drafter.draft_cache import DraftCache
+from train.acceptance.target_decode import TargetSession, clock
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The drafter's training attention, three ways, all from the one mask rule
-(`train.anchors.dflash_mask_mod`):
+(`train.drafter.anchors.dflash_mask_mod`):
 
 - "split" (the default off CUDA): each query block attends to the context and to
   its own B keys separately, the two score sets concatenated before one softmax,
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from train.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
+from train.drafter.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
 from train.config import ATTENTION_KINDS
 
 SPLIT_CHUNK_SCORES = 1 << 21  # scores per chunk (all heads) the split path aims for

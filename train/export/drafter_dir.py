@@ -25,10 +25,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from train.checkpoint import save_tensors
+from train.fitting.checkpoint import save_tensors
 from train.dtypes import name_of
-from train.heldout import heldout_fraction_of, heldout_record
-from train.model import DFlashDrafter, DrafterConfig
+from train.data.heldout import heldout_fraction_of, heldout_record
+from train.drafter.model import DFlashDrafter, DrafterConfig
 
 HELDOUT_SPLIT_KEY = "heldout_split"
 

@@ -13,22 +13,22 @@ These are the analyses that found the seeds' plateau, made a product:
 - the LR schedule against the run's own config (RUN/config.yaml, read with
   `train.config.load_config`): the warmup peak at the configured step with the
   configured value, and every logged LR on the trainer's own schedule
-  (`train.schedule.lr_at`);
+  (`train.fitting.schedule.lr_at`);
 - the loss distribution: the share of steps above twice the running median, and a
   bimodality flag (a two-Gaussian mixture on log(loss / running median) that
   wins by BIC with well separated, non-negligible components);
 - loss deltas at epoch boundaries (mean over the records just before and after).
 
 `diagnose(run)` returns a `Diagnosis`; `render()` gives a plain-language verdict
-first and the details after. Plots are `train.diagnose_plot`, the comparison of
-two runs `train.diagnose_compare`; the log's format is `train.runlog`.
+first and the details after. Plots are `train.diagnose.plot`, the comparison of
+two runs `train.diagnose.compare`; the log's format is `train.fitting.runlog`.
 
 Log records are dicts with at least `step`; the other keys are used when present:
 `loss`, `acc`, `top4_acc`, `top8_acc`, `tau_per_position`, `lr`, `epoch`, and
 held-out evaluation keys: `eval_tau` (decode-time rollout), `eval_ddtree_<budget>`,
-`eval_tau_per_position` (`train.evaluators`), `heldout_tau_per_position`,
+`eval_tau_per_position` (`train.fitting.evaluators`), `heldout_tau_per_position`,
 `heldout_acc` (the trainer's held-out pass). Logs written before tau meant the
-rollout are read with their per-position keys renamed (`train.runlog`).
+rollout are read with their per-position keys renamed (`train.fitting.runlog`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from typing import Sequence
 import numpy as np
 
 from train.config import CONFIG_FILE, ConfigError, OptimConfig, RunConfig, load_config
-from train.diagnose_checks import (
+from train.diagnose.checks import (
     Finding,
     check_epochs,
     check_loss_distribution,
@@ -49,8 +49,8 @@ from train.diagnose_checks import (
     improvement_windows,
     primary_metric,
 )
-from train.runlog import TAU_KEYS, Log, accuracy_key, ddtree_keys_by_budget, read_log, series
-from train.schedule import lr_at, warmup_steps
+from train.fitting.runlog import TAU_KEYS, Log, accuracy_key, ddtree_keys_by_budget, read_log, series
+from train.fitting.schedule import lr_at, warmup_steps
 
 
 # -- the run's config ----------------------------------------------------------------------

@@ -14,8 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from train.distributed import World, lanes_of, step_lanes
-from train.loader import LoaderPosition, ShardLoader, TrainSample
+from train.fitting.distributed import World, lanes_of, step_lanes
+from train.data.loader import LoaderPosition, ShardLoader, TrainSample
 
 
 def lane_generator(seed: int, lane: int) -> torch.Generator:

@@ -7,9 +7,9 @@ Order of a run (`Trainer.from_config`):
    must match (refused naming the field), and no context layer may be the
    target's final layer (its features produce the logits: a shortcut that does
    not exist at inference, bug 2 of the seeds).
-3. Resolve the mask token (`train.mask_token`) and build the drafter from the
+3. Resolve the mask token (`train.drafter.mask_token`) and build the drafter from the
    store's layer ids, or, fine-tuning (`model.init_from`), from a published
-   drafter's shape and weights once they fit (`train.init_from`); AdamW over
+   drafter's shape and weights once they fit (`train.export.init_from`); AdamW over
    fp32 master weights (bf16 autocast on CUDA), linear warmup then cosine, the
    streaming loader.
 4. Every optimizer step: the global batch, `batch_size x grad_accumulation`
@@ -17,8 +17,8 @@ Order of a run (`Trainer.from_config`):
    loss mask, targets built from clean tokens before any noise, chunked loss
    through the frozen head); the loss normalised over all weighted labels of the
    step (`loss.normalize`), gradients clipped, stepped.
-5. Data-parallel (torchrun, or `fit --nproc N`; `train.distributed`): each
-   process trains a DDP replica on its lanes' samples (`train.lanes`), the
+5. Data-parallel (torchrun, or `fit --nproc N`; `train.fitting.distributed`): each
+   process trains a DDP replica on its lanes' samples (`train.data.lanes`), the
    step's loss normalised over the weighted labels of every rank; rank 0 alone
    logs, evaluates and checkpoints (with every lane's position and generator).
 6. `train_log.jsonl` gets one line per logged step, evaluators run every
@@ -28,7 +28,7 @@ Order of a run (`Trainer.from_config`):
 
 Evaluation hook: `Trainer.evaluators` is a list of callables
 `(trainer, step) -> dict`; their dicts are merged into the log line of that
-step. The defaults are `train.evaluators.HeldoutEval` (held-out loss and
+step. The defaults are `train.fitting.evaluators.HeldoutEval` (held-out loss and
 accuracies) and `AcceptanceEval` (tau, DDTree); more can be appended without
 touching the loop.
 """
@@ -44,29 +44,29 @@ from pathlib import Path
 import torch
 
 from store_schema import Store, file_sha256
-from store_schema.progress import default_mode
-from store_schema.target_config import TargetConfig, read_target_config
-from train import checkpoint as ckpt
+from store_schema.runtime.progress import default_mode
+from store_schema.runtime.target_config import TargetConfig, read_target_config
+from train.fitting import checkpoint as ckpt
 from train.config import ConfigError, RunConfig
-from train.distributed import (World, check_world, device_for, gather_lanes, init_process_group, reduce_step,
+from train.fitting.distributed import (World, check_world, device_for, gather_lanes, init_process_group, reduce_step,
                                total_steps as lane_steps, world_from_env, wrap)
 from train.dtypes import torch_dtype
-from train.evaluators import AcceptanceEval, HeldoutEval
-from train.heldout import heldout_record
-from train.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
-from train.loader import ShardLoader, TrainSample
-from train.loss import default_gamma
-from train.export import load_weights
-from train.init_from import fine_tune_config, init_record, read_source
-from train.mask_token import resolve_mask_token
-from train.metrics import MetricSums
-from train.model import DFlashDrafter, DrafterConfig
-from train.progress import TrainingInterrupted, fit_progress, headline, sigint_deferred
-from train.runlog import LOG_FILE, append_log, samples_log, truncate_log
-from train.schedule import lr_at
-from train.step import dflash_step
-from train.tblog import TensorBoardLog
-from train.target_head import TargetHead, load_target_head
+from train.fitting.evaluators import AcceptanceEval, HeldoutEval
+from train.data.heldout import heldout_record
+from train.data.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
+from train.data.loader import ShardLoader, TrainSample
+from train.fitting.loss import default_gamma
+from train.export.drafter_dir import load_weights
+from train.export.init_from import fine_tune_config, init_record, read_source
+from train.drafter.mask_token import resolve_mask_token
+from train.fitting.metrics import MetricSums
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.fitting.progress import TrainingInterrupted, fit_progress, headline, sigint_deferred
+from train.fitting.runlog import LOG_FILE, append_log, samples_log, truncate_log
+from train.fitting.schedule import lr_at
+from train.fitting.step import dflash_step
+from train.fitting.tblog import TensorBoardLog
+from train.fitting.target_head import TargetHead, load_target_head
 
 
 # -- checks and components ---------------------------------------------------------------
@@ -86,8 +86,8 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
     """The drafter a run trains, and how the run started (`run_info`, kept in its
     checkpoints and exports). Sized for the target (published geometry, the
     store's layers) by default; with `model.init_from`, the shape of that drafter
-    (`train.init_from`); resumed, it must equal the checkpoint's. The mask token
-    is resolved here (`train.mask_token`), logged, and written into the config."""
+    (`train.export.init_from`); resumed, it must equal the checkpoint's. The mask token
+    is resolved here (`train.drafter.mask_token`), logged, and written into the config."""
     model = config.model
     checkpointed = DrafterConfig.from_dict(ckpt.read_state(latest)["drafter_config"]) if latest else None
     source = read_source(model.init_from) if model.init_from and checkpointed is None else None

@@ -6,7 +6,7 @@ resident. We open the checkpoint with `safetensors.safe_open` and read exactly t
 tensors; the target model is never instantiated and nothing is unpickled.
 
 The target's config fields (`TargetConfig`, `read_target_config`) are read by
-`store_schema.target_config`, the one reader of a target's `config.json`.
+`store_schema.runtime.target_config`, the one reader of a target's `config.json`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from store_schema.target_config import read_target_config
+from store_schema.runtime.target_config import read_target_config
 
 # Where the token embedding lives in the checkpoint layouts we know, most common first.
 EMBED_NAMES = (

@@ -1,6 +1,6 @@
 """What `fit` tells the person watching: progress, and what a Ctrl-C kept.
 
-Progress goes through the project's one progress owner (`store_schema.progress`):
+Progress goes through the project's one progress owner (`store_schema.runtime.progress`):
 a live bar on a terminal; without one (`ray job logs --follow`, a batch log) a
 line every `train.progress_interval` seconds, e.g.
 
@@ -18,7 +18,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from store_schema.progress import Progress, default_mode
+from store_schema.runtime.progress import Progress, default_mode
 
 _HEADLINE = {"loss": "loss", "acc": "acc", "eval_tau": "tau", "heldout_loss": "heldout_loss", "heldout_acc": "heldout_acc"}
 

@@ -1,0 +1,1 @@
+"""How well a drafter drafts: acceptance metrics, stored-sample eval, speculative decoding."""

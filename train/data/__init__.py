@@ -1,0 +1,1 @@
+"""What the trainer reads: the streaming shard loader, lanes, the held-out split, prompts."""

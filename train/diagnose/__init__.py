@@ -1,0 +1,1 @@
+"""Reading a finished or running fit: plateaus, LR, comparisons, plots."""

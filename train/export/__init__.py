@@ -1,0 +1,1 @@
+"""Drafter directories other code loads: export, import, and fine-tuning from one."""
