@@ -142,9 +142,11 @@ def small_codec(dtype: str):
 
 def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_ids=(1, 3), hidden_size: int = 64,
                  vocab_size: int = 512, num_target_layers: int = 8, seed: int = 0, codec=None, topk: int = 0,
-                 with_plan: bool = True, dtype: str = "bfloat16"):
+                 with_plan: bool = True, dtype: str = "bfloat16", layer_rms: dict | None = None):
     """A store of random bf16 states written through the real writer, with a plan.
-    For store mechanics only; tests that need meaningful states extract them."""
+    For store mechanics only; tests that need meaningful states extract them.
+    `layer_rms` (layer id -> RMS, default 1 for all) scales each layer's states, e.g.
+    growing with depth as a real target's do."""
     import numpy as np
 
     from store_schema import (
@@ -167,7 +169,8 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
             mask = (rng.random(length) > 0.3).astype(np.uint8)
             sample = SampleArrays(
                 f"s{s}-{i}", ids, mask,
-                {layer: torch.randn(length, hidden_size, generator=generator).to(torch.bfloat16) for layer in layer_ids},
+                {layer: (torch.randn(length, hidden_size, generator=generator) * (layer_rms or {}).get(layer, 1.0))
+                 .to(torch.bfloat16) for layer in layer_ids},
             )
             if topk:
                 sample.topk_ids = rng.integers(0, vocab_size, (length, topk)).astype(np.int32)
