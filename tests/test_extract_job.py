@@ -229,6 +229,28 @@ def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_othe
         run_job(_config(qwen3_5_dir, longer, store))
 
 
+def test_a_capture_of_all_zeros_is_never_committed(ray_cluster, qwen3_5_dir, corpus, tmp_path):
+    """Issue 27.3: the silent failure other pipelines hit (a hybrid target whose capture
+    wrote all-zero states) is refused at commit. A real Qwen3.5 hybrid whose embedding
+    table is all zeros computes exactly zero at every layer: the job stops naming the
+    shard and the layer, and commits nothing."""
+    from safetensors.torch import load_file, save_file
+
+    from extract.job import ExtractError, run_job
+    from store_schema import layout
+
+    model = tmp_path / "zero-embeddings"
+    shutil.copytree(qwen3_5_dir, model)
+    weights = load_file(model / "model.safetensors")
+    embedding = next(name for name in weights if name.endswith("embed_tokens.weight"))
+    weights[embedding] = torch.zeros_like(weights[embedding])
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    store = tmp_path / "store"
+    with pytest.raises(ExtractError, match=r"shard shard-\d{6}: captured layer 1 is all zeros .* not committed"):
+        run_job(_config(model, corpus[0], store, workers=1))
+    assert not [p for p in (store / layout.SHARDS_DIR).iterdir() if p.is_dir()]
+
+
 def test_second_job_on_a_held_store_is_refused(reference, qwen3_5_dir, corpus, capsys):
     from extract.__main__ import main
     from store_schema import StoreLock, StoreLockedError
