@@ -84,21 +84,20 @@ def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
 
 
 def run(args) -> int:
-    import torch
-
     from store_schema.runtime.cli import fail
     from store_schema.runtime.host import resolve_device
     from train.dtypes import torch_dtype
     from train.export.drafter_dir import load_drafter, resolve_drafter_dir
     from train.acceptance.speculate import decode_prompt, summarize
-    from train.acceptance.target_decode import load_target_model, stop_token_ids
+    from store_schema.runtime.target_model import compute_dtype, load_target_model
+    from train.acceptance.target_decode import stop_token_ids
 
     device = resolve_device(args.device)
-    dtype = torch_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
     drafter_dir = resolve_drafter_dir(args.drafter)
     store = open_prompt_source(args)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
-    model = load_target_model(args.target, device, dtype)
+    model = load_target_model(args.target, device, dtype).model
     check_compatible(drafter.config, model, drafter_dir / "config.json")
     tokenizer = _tokenizer(args.target)
     prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
