@@ -165,8 +165,7 @@ class Trainer:
         self._last_eval_step: int | None = None
         self.epoch = loader.start.epoch
         compute = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
-        # Training steps and every evaluator run under this (fp32 master weights), so the
-        # compiled flex graphs see one dtype (train.drafter.attention).
+        # steps and evaluators alike (fp32 master weights): compiled flex sees one dtype
         self.autocast = (lambda: torch.autocast("cuda", dtype=compute)) if compute != torch.float32 else nullcontext
 
     # -- construction ----------------------------------------------------------------------
@@ -202,8 +201,8 @@ class Trainer:
 
         drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
         layer_ids = drafter_config.context_layer_ids  # a fine-tuned drafter reads its own layers of the store
-        head = load_target_head(config.target, dtype=compute_dtype(device, on_cuda=torch_dtype(config.train.dtype)),
-                                device=device)
+        head_dtype = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
+        head = load_target_head(config.target, dtype=head_dtype, device=device)
         torch.manual_seed(config.train.seed)
         drafter = DFlashDrafter(drafter_config)
         if latest is None and config.model.init_from:
