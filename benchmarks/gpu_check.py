@@ -48,10 +48,10 @@ import embedded  # noqa: E402
 
 REAL_VOCAB = 248_320
 FULL = dict(hidden=2048, layers=24, heads=16, head_dim=128, vocab=REAL_VOCAB, records=4000, max_length=3072,
-            shard_tokens=65536, batch_tokens=65536, train_steps=20, num_anchors=512, drafter_layers=5,
+            shard_tokens=65536, batch_tokens=65536, train_steps=20, grad_accumulation=8, num_anchors=512, drafter_layers=5,
             kernel_tokens=4096, attention_context=3072, attention_anchors=512)
 SMOKE = dict(hidden=64, layers=6, heads=4, head_dim=16, vocab=REAL_VOCAB, records=24, max_length=256,
-             shard_tokens=2048, batch_tokens=4096, train_steps=4, num_anchors=8, drafter_layers=1,
+             shard_tokens=2048, batch_tokens=4096, train_steps=4, grad_accumulation=2, num_anchors=8, drafter_layers=1,
              kernel_tokens=96, attention_context=300, attention_anchors=12)
 WARMUP_STEPS = 2  # step 1 compiles flex; step 2 is the first steady one on CPU noise (nothing recompiles)
 
@@ -234,7 +234,7 @@ def train(model: Path, store: Path, out: Path, size: dict) -> dict:
     config = load_config(None, {
         "model.num_hidden_layers": size["drafter_layers"], "model.num_anchors": size["num_anchors"],
         "data.max_length": size["max_length"], "train.log_every": 1, "eval.every": 0,  # 0: no evaluation at all
-        "train.checkpoint_every": 0, "train.grad_accumulation": 2,
+        "train.checkpoint_every": 0, "train.grad_accumulation": size["grad_accumulation"],
     }, store=str(store), target=str(model), out=str(out), **{"train.max_steps": size["train_steps"]})
     trainer = Trainer.from_config(config, log=lambda message: None)
     trainer.fit()
