@@ -22,7 +22,8 @@ Phases, each with its peak GPU memory (`peak_gpu_gb`, reset before each; None on
 5. loader: the streaming loader over the store, to the device through pinned memory
    on CUDA (`train.data.device_copy`): samples/s and feature GB/s.
 6. train: a few optimizer steps at the real vocabulary; step timing leaves out the
-   first `WARMUP_STEPS` (compilation), no evaluation runs.
+   first `WARMUP_STEPS` (compilation), no evaluation runs; `train_compiled_graphs`
+   counts what torch.compile built meanwhile (2 expected on CUDA: flex's two layer rules).
 
 Ray itself is not used (its wheel is larger than what travels to the device); the
 worker is the same code. Prints one JSON line last."""
@@ -236,7 +237,10 @@ def train(model: Path, store: Path, out: Path, size: dict) -> dict:
         "data.max_length": size["max_length"], "train.log_every": 1, "eval.every": 0,  # 0: no evaluation at all
         "train.checkpoint_every": 0, "train.grad_accumulation": size["grad_accumulation"],
     }, store=str(store), target=str(model), out=str(out), **{"train.max_steps": size["train_steps"]})
+    from torch._dynamo.utils import counters
+
     trainer = Trainer.from_config(config, log=lambda message: None)
+    compiled = counters["frames"]["ok"]
     trainer.fit()
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     steps = [r for r in log if "loss" in r][WARMUP_STEPS:]
@@ -246,6 +250,9 @@ def train(model: Path, store: Path, out: Path, size: dict) -> dict:
         "train_tokens_per_s": round(sum(r["tokens_per_s"] for r in steps) / max(1, len(steps))),
         "train_loader_wait_frac": round(sum(r["loader_wait_frac"] for r in steps) / max(1, len(steps)), 4),
         "train_loss_finite": all(r["loss"] == r["loss"] for r in log if "loss" in r),
+        # torch.compile graphs the steps made: flex's, one per layer rule (2 on CUDA: full and
+        # sliding; train/drafter/flex_compile.py), 0 on CPU (the split path)
+        "train_compiled_graphs": counters["frames"]["ok"] - compiled,
     }
 
 

@@ -28,4 +28,5 @@ def test_gpu_check_smoke_runs_every_phase_on_cpu(tmp_path):
     assert figures["tokens"] > 0 and figures["extract_tokens_per_s"] > 0 and figures["forward_only_tokens_per_s"] > 0
     assert figures["loader_samples"] > 0 and figures["train_vocab"] == 248_320 and figures["train_loss_finite"]
     assert figures["train_steps_timed"] == 2  # 4 steps, the first two (compilation) left out
+    assert figures["train_compiled_graphs"] == 0  # the split path on CPU: nothing compiled
     assert not list(tmp_path.iterdir())  # the work directory is removed
