@@ -18,6 +18,7 @@ from pathlib import Path
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.config import SPLITS, DataConfig
 from train.dtypes import NAMES
+from train.target_check import add_allow_flag
 
 
 def add_parser(subparsers) -> None:
@@ -42,6 +43,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dtype", type=dtype_arg, choices=NAMES,
                    help="target and drafter dtype (default: bfloat16 on GPU, float32 on CPU)")
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
+    add_allow_flag(p)
     p.set_defaults(handler=run)
 
 
@@ -74,7 +76,7 @@ def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
     from store_schema.runtime.target_config import read_target_config
     from train.cli.eval import heldout_fraction
     from train.data.prompts import jsonl_prompts, store_prompts
-    from train.fitting.trainer import check_store_against_target
+    from train.fitting.preflight import check_store_against_target
 
     vocab = model.get_input_embeddings().weight.shape[0]
     if args.prompts:
@@ -95,9 +97,15 @@ def run(args) -> int:
 
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    from train.target_check import check_target
+
     drafter_dir = resolve_drafter_dir(args.drafter)
     store = open_prompt_source(args)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    other_target = {} if store is None else check_target(store, args.target,
+                                                          allow_other_target=args.allow_other_target, log=say)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
+    say(f"speculate: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")
     model = load_target_model(args.target, device, dtype)
     check_compatible(drafter.config, model, drafter_dir / "config.json")
     tokenizer = _tokenizer(args.target)
@@ -107,6 +115,7 @@ def run(args) -> int:
     stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)
 
     # One short untimed pass first, so one-time setup is not charged to the first prompt.
+    say(f"speculate: {len(prompts)} prompt(s), up to {args.max_new_tokens} new tokens each, speculative then greedy")
     decode_prompt(model, drafter, "warmup", prompts[0].input_ids.to(device), min(8, args.max_new_tokens), stops)
     results = []
     for number, prompt in enumerate(prompts, start=1):
@@ -117,7 +126,7 @@ def run(args) -> int:
     summary = summarize(results)
     summary.update(drafter=str(drafter_dir), target=str(args.target), device=device.type, dtype=str(dtype).removeprefix("torch."),
                    block_size=drafter.config.block_size, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
-                   per_prompt=[r.to_dict() for r in results])
+                   per_prompt=[r.to_dict() for r in results], **other_target)
     print(json.dumps(summary) if args.json else render(summary))
     return 0 if summary["lossless"] else fail(
         f"speculative output differs from greedy decoding on {summary['prompts'] - summary['lossless_prompts']} prompt(s)")

@@ -49,7 +49,9 @@ dequantizes them to bf16 on the device.
 
 Corrupt shards: a `CorruptShardError` stops the run with the shard, file and
 defect named; with `skip_corrupt_shards` the shard is left out of its group
-(never trained on), reported through `log`, and listed in `skipped_shards`.
+(never trained on), reported once per run through `log` (`CorruptShards`, shared
+by a rank's lanes, also holds the shards the integrity pass found before step 1,
+which are never read), and listed in `skipped_shards`.
 """
 
 from __future__ import annotations
@@ -127,6 +129,30 @@ class _Stop(Exception):
     pass
 
 
+def check_lanes(store_path, lanes: int, shards: int) -> None:
+    """Each lane (sample stream) reads whole shards: there must be one per lane at least."""
+    if lanes > shards:
+        raise ValueError(f"data.lanes: {lanes} lanes (default: one per process) need at least as many shards; "
+                         f"{store_path} has {shards}: train on at most {shards} process(es), or extract the store "
+                         "into more shards with a smaller `python -m extract run --shard-tokens`")
+
+
+class CorruptShards:
+    """The shards of a run known to be corrupt, each reported once (shared by lanes)."""
+
+    def __init__(self, known=(), log: Callable[[str], None] = print):
+        self.known = set(known)
+        self.log = log
+        self._lock = threading.Lock()
+
+    def found(self, shard: str, file: str, what: str) -> None:
+        with self._lock:
+            if shard in self.known:
+                return
+            self.known.add(shard)
+        self.log(f"loader: skipping corrupt shard {shard} ({file}: {what}); it is never trained on")
+
+
 class ShardLoader:
     """Iterate training samples of `store`; see the module docstring.
 
@@ -155,6 +181,7 @@ class ShardLoader:
         device: torch.device | str | None = None,
         lane: int = 0,
         lanes: int = 1,
+        corrupt: CorruptShards | None = None,
     ):
         self.store = store
         self.config = config
@@ -168,11 +195,10 @@ class ShardLoader:
             raise ValueError(f"{store.path}: no committed shards to train on")
         if not 0 <= lane < lanes:
             raise ValueError(f"loader lane {lane} is not one of {lanes} lanes")
-        if lanes > len(self.shards):
-            raise ValueError(f"data.lanes: {lanes} sample streams need at least as many shards; {store.path} has "
-                             f"{len(self.shards)}")
+        check_lanes(store.path, lanes, len(self.shards))
         self.lane, self.lanes = lane, lanes
         self.start = position or LoaderPosition()
+        self.corrupt = corrupt or CorruptShards(log=log)
         self.skipped_shards: list[str] = []
         self.skipped_empty = 0
         self.wait_seconds = 0.0
@@ -217,11 +243,6 @@ class ShardLoader:
             return LoaderPosition(position.epoch, position.group + 1, 0)
         return LoaderPosition(position.epoch + 1, 0, 0)
 
-    def count_train_samples(self) -> int:
-        """Training samples per epoch, before the no-anchor filter: exact from the
-        store's plan when it has one, else estimated from commit records."""
-        return max(1, round(sum(self.train_samples_by_shard().values())))
-
     def train_samples_by_shard(self) -> dict[str, float]:
         """Training samples of each shard (exact from the plan, else estimated)."""
         fraction = self.config.heldout_fraction
@@ -232,15 +253,18 @@ class ShardLoader:
                 return {n: sum(not is_heldout(s.sample_id, fraction) for s in by_name[n].samples) for n in self.shards}
         return {n: self.store.commit(n).num_samples * (1.0 - fraction) for n in self.shards}
 
-    def lane_totals(self) -> list[float]:
-        """Training samples each lane delivers over all the run's epochs."""
-        counts = self.train_samples_by_shard()
-        return [sum(counts[n] for e in range(self.epochs) for n in self.lane_shards(e, lane)) for lane in range(self.lanes)]
+    def lane_totals(self, epochs: int | None = None) -> list[float]:
+        """Training samples each lane delivers over `epochs` (default: the run's);
+        shards known to be corrupt deliver none."""
+        counts = {n: 0 if n in self.corrupt.known else c for n, c in self.train_samples_by_shard().items()}
+        epochs = self.epochs if epochs is None else epochs
+        return [sum(counts[n] for e in range(epochs) for n in self.lane_shards(e, lane)) for lane in range(self.lanes)]
 
     # -- reading --------------------------------------------------------------------------
     def _read(self, names: list[str]) -> Iterator[ShardData]:
         """Whole shards in order; a corrupt one is refused or (if allowed) skipped."""
-        remaining = list(names)
+        remaining = [name for name in names if name not in self.corrupt.known]
+        self.skipped_shards += [name for name in names if name in self.corrupt.known and name not in self.skipped_shards]
         while remaining:
             try:
                 threads = self.config.loader_threads or available_cores()
@@ -257,8 +281,9 @@ class ShardLoader:
                         "`python -m store_schema verify`, re-extract the shard, or set "
                         "data.skip_corrupt_shards=true to leave it out",
                     ) from None
-                self.skipped_shards.append(exc.shard)
-                self.log(f"loader: skipping corrupt shard {exc.shard} ({exc.file}: {exc.what}); it is never trained on")
+                if exc.shard not in self.skipped_shards:
+                    self.skipped_shards.append(exc.shard)
+                self.corrupt.found(exc.shard, exc.file, exc.what)
                 remaining = remaining[remaining.index(exc.shard) + 1 :] if exc.shard in remaining else remaining[1:]
 
     def _crop(self, data: ShardData, index: int, position: LoaderPosition, epoch: int = 0) -> TrainSample | None:
@@ -412,7 +437,7 @@ class ShardLoader:
         for location in self._heldout:
             if limit is not None and count >= limit:
                 return
-            if location.shard in self.skipped_shards:
+            if location.shard in self.skipped_shards or location.shard in self.corrupt.known:
                 continue
             sample = read_located(self.store, location, self.layers, self.config.max_length)
             if anchor_candidates(sample.loss_mask, self.block_size).numel() == 0:
