@@ -215,3 +215,15 @@ def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     return job.returncode, "\n".join(seen) + "\n" + rest, job.pid
+
+
+def fp8_rounding_bound(reference, scales):
+    """Per-element bound on |dequantized - reference| for float32 `reference` states
+    [tokens, hidden] stored as fp8 e4m3 with `scales` [tokens]: half an e4m3 ulp."""
+    from store_schema.fp8 import E4M3_MANTISSA_BITS, E4M3_MIN_NORMAL_EXPONENT
+
+    scale = scales.float()[..., None]
+    normal = reference.abs() >= scale * 2.0**E4M3_MIN_NORMAL_EXPONENT
+    relative = reference.abs() * 2.0 ** -(E4M3_MANTISSA_BITS + 1)
+    absolute = scale * 2.0 ** (E4M3_MIN_NORMAL_EXPONENT - E4M3_MANTISSA_BITS - 1)
+    return torch.where(normal, relative, absolute)

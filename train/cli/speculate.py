@@ -97,6 +97,7 @@ def run(args) -> int:
 
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    from store_schema.runtime.target_config import read_config_json
     from train.target_check import check_target
 
     drafter_dir = resolve_drafter_dir(args.drafter)
@@ -105,6 +106,7 @@ def run(args) -> int:
     other_target = {} if store is None else check_target(store, args.target,
                                                           allow_other_target=args.allow_other_target, log=say)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
+    read_config_json(args.target)  # a wrong path is refused before the line below
     say(f"speculate: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")
     model = load_target_model(args.target, device, dtype)
     check_compatible(drafter.config, model, drafter_dir / "config.json")

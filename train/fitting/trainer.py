@@ -133,7 +133,6 @@ class Trainer:
         layer_ids = preflight.check_store_against_target(store, target)
         other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target, log=log)
         preflight.check_block_size(store, config)
-        preflight.check_complete(store, checks, log)
         if config.loss.labels == "target" or config.loss.kl_mix > 0 or config.eval.labels == "target":
             if not store.fingerprint.target_topk:
                 raise ConfigError(
@@ -142,11 +141,11 @@ class Trainer:
                 )
         if config.loss.gamma is None:
             default_gamma(config.model.block_size)  # refuse a block size without a default before any work
-        damaged = preflight.integrity_pass(store, config, log) if checks.verify else []
-        preflight.check_heldout(store, config, log)
-
         drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
         run_info.update(other_target)
+        preflight.check_complete(store, checks, log)
+        damaged = preflight.integrity_pass(store, config, log) if checks.verify else []
+        preflight.check_heldout(store, config, log)
         layer_ids = drafter_config.context_layer_ids  # a fine-tuned drafter reads its own layers of the store
         head_dtype = torch_dtype(config.train.dtype) if device.type == "cuda" else torch.float32
         head = load_target_head(config.target, dtype=head_dtype, device=device)
