@@ -240,3 +240,19 @@ def test_diagnose_finds_no_false_problem_in_short_runs(store, qwen3_dir, tmp_pat
         assert "LR too short to judge" in report and "too short to judge (1 logged LR value(s)" in report, report
     else:  # logged every 10 steps, the LR never lands on the peak of step 2: the shape is what is judged
         assert "LR matches the config" in report and "largest deviation 0.0%" in report, report
+
+
+# -- 9: long phases say what they do ----------------------------------------------------------------------
+def test_the_final_evaluation_and_eval_say_what_they_are_doing(store, qwen3_dir, tmp_path, capsys):
+    out, messages = tmp_path / "run", []
+    held = ["data.heldout_fraction=0.25", "eval.every=100", "eval.samples=2", "eval.max_blocks_per_sample=4",
+            "eval.ddtree_budgets=[4]"]
+    Trainer.from_config(config_for(store, qwen3_dir, out, *held, max_steps=2), log=messages.append).fit()
+    assert any(m == "fit: evaluating the final drafter on up to 2 held-out sample(s)" for m in messages), messages
+    assert any(m.startswith("fit: final evaluation done in ") for m in messages), messages
+    assert main(["export", str(out), "--out", str(tmp_path / "export")]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--store", str(store), "--drafter", str(tmp_path / "export"), "--target", str(qwen3_dir),
+                 "--max-samples", "2", "--max-blocks-per-sample", "4", "--ddtree-budgets", "4", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert f"eval: 2 heldout sample(s) of {store} on cpu" in err, err
