@@ -159,7 +159,8 @@ def test_a_damaged_store_is_refused_before_step_1_naming_the_repair(store, qwen3
     assert trainer.step == 24  # 2 good shards x 4 samples x 3 epochs
     # Named once before step 1 (never read), once in the closing summary; the schedule knew.
     assert sum("shard-000001" in m for m in messages) == 2, messages
-    assert messages[0].startswith("fit: 1 damaged shard(s) left out") and not any("ran out" in m for m in messages)
+    assert any(m.startswith("fit: 1 damaged shard(s) left out (data.skip_corrupt_shards): shard-000001") for m in messages[:3])
+    assert not any("ran out" in m for m in messages)
 
 
 def test_a_shard_corrupt_mid_run_leaves_a_checkpoint_and_a_resume_command_that_works(store, qwen3_dir, tmp_path,

@@ -12,9 +12,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from store_schema import Store
 from store_schema.runtime.target_config import TargetConfig
 from train.config import ConfigError, RunConfig
+from train.fitting.distributed import World, any_rank
 
 REPAIR_COMMAND = "python -m store_schema verify {store} --repair"
 SKIP_VERIFY_FLAG = "--skip-verify"
@@ -74,28 +77,34 @@ def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) 
     log(f"warning: {line}; training on those (--require-complete refuses)")
 
 
-def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None]) -> list[str]:
-    """`verify --checksums-only` over the committed shards (parallel): the damaged
-    shards. Refused naming them and the repair command, unless
-    `data.skip_corrupt_shards` (then they are left out, reported once here)."""
+def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], world: World = World(),
+                   device: torch.device | None = None) -> list[str]:
+    """`verify --checksums-only` over the committed shards, in parallel, the job's
+    processes sharing them out: the damaged shards (every rank gets the same list).
+    Refused naming them and the repair command, unless `data.skip_corrupt_shards`
+    (then they are left out, reported once here)."""
     from store_schema.verify import verify_store
 
-    committed = set(store.committed_shards())
-    report = verify_store(store.path, checksums_only=True, workers=config.data.loader_threads)
-    damage = [p for p in report.problems if not p["shard"] or p["shard"] in committed]
-    if not damage:
+    committed = sorted(store.committed_shards())
+    mine = committed[world.rank :: world.size]
+    report = verify_store(store.path, checksums_only=True, workers=config.data.loader_threads, shards=mine)
+    local = [p for p in report.problems if not p["shard"] or p["shard"] in mine]
+    hit = {p["shard"] for p in local}
+    flags = any_rank(world, ["" in hit, *(name in hit for name in committed)], device or torch.device("cpu"))
+    root_damage, damaged = flags[0], [name for name, bad in zip(committed, flags[1:]) if bad]
+    if not root_damage and not damaged:
         return []
-    damaged = sorted({p["shard"] for p in damage if p["shard"]})
-    first = damage[0]
-    where = f"shard {first['shard']}: {first['file']}: " if first["shard"] else ""
     names = ", ".join(damaged[:8]) + (f" and {len(damaged) - 8} more" if len(damaged) > 8 else "")
-    if config.data.skip_corrupt_shards and damaged and len(damaged) == len({p["shard"] for p in damage}):
-        log(f"fit: {len(damaged)} damaged shard(s) left out (data.skip_corrupt_shards): {names}; "
-            f"repair: {REPAIR_COMMAND.format(store=store.path)}")
+    repair = REPAIR_COMMAND.format(store=store.path)
+    if config.data.skip_corrupt_shards and not root_damage:
+        log(f"fit: {len(damaged)} damaged shard(s) left out (data.skip_corrupt_shards): {names}; repair: {repair}")
         return damaged
+    first = local[0] if local else None
+    where = "" if first is None else (f"shard {first['shard']}: {first['file']}: " if first["shard"] else "") + \
+        f"{first['what']}; "
+    found = f"{len(damaged)} damaged shard(s) of {len(committed)}: {names}" if damaged else "a damaged store root"
     raise DamagedStoreError(
-        f"{where}{first['what']}; the integrity pass found {len(damaged)} damaged shard(s) of {len(committed)}: "
-        f"{names}; repair with `{REPAIR_COMMAND.format(store=store.path)}` and rerun `python -m extract run`, "
+        f"{where}the integrity pass found {found}; repair with `{repair}` and rerun `python -m extract run`, "
         f"or set data.skip_corrupt_shards=true to leave them out ({SKIP_VERIFY_FLAG} skips this check)")
 
 

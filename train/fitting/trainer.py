@@ -144,7 +144,7 @@ class Trainer:
         drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
         run_info.update(other_target)
         preflight.check_complete(store, checks, log)
-        damaged = preflight.integrity_pass(store, config, log) if checks.verify else []
+        damaged = preflight.integrity_pass(store, config, log, world, device) if checks.verify else []
         preflight.check_heldout(store, config, log)
         layer_ids = drafter_config.context_layer_ids  # a fine-tuned drafter reads its own layers of the store
         head_dtype = torch_dtype(config.train.dtype) if device.type == "cuda" else torch.float32
