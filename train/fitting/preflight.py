@@ -127,7 +127,8 @@ def check_heldout(store: Store, config: RunConfig, log: Callable[[str], None]) -
         return
     count = heldout_count(store, fraction)
     if count == 0:
-        total = sum(len(s.samples) for s in store.plan().shards)
+        committed = set(store.committed_shards())
+        total = sum(len(s.samples) for s in store.plan().shards if s.name in committed)
         log(f"warning: data.heldout_fraction={fraction} holds out 0 of {total:,} samples: held-out evaluation is "
             f"off for this run and `train eval` will find no held-out sample; raise data.heldout_fraction "
             f"(e.g. {min(0.5, max(0.05, 4 / max(total, 1))):.2g})")
@@ -141,7 +142,7 @@ def epochs_for(max_steps: int | None, epochs: int, steps_of: Callable[[int], int
         return epochs
     one = steps_of(1)
     needed = max(1, math.ceil(max_steps / max(one, 1)))
-    while steps_of(needed) < max_steps:
+    while steps_of(needed) < max_steps and needed < max_steps:  # an epoch with a sample gives a step
         needed += 1
     if needed != epochs:
         log(f"fit: --max-steps {max_steps} (train.max_steps) overrides train.epochs={epochs}: "
