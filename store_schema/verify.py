@@ -81,11 +81,14 @@ class _ShardResult:
         self.problems.append(problem(what, self.name, array, file))
 
 
-def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False) -> Report:
+def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False,
+                 shards=None) -> Report:
     """Check a store with `workers` threads (default: the cores available);
     `progress(done_shards, total_shards, bytes_done, total_bytes)` is called after
-    each shard. FileNotFoundError where `path` holds no store at all: there is
-    nothing to report on (a wrong path), unlike a store whose root is damaged."""
+    each shard. `shards`: check only these shard directories (the processes of a
+    job share the work out), and not which planned shards are missing.
+    FileNotFoundError where `path` holds no store at all: there is nothing to
+    report on (a wrong path), unlike a store whose root is damaged."""
     path = Path(path)
     report = Report(checksums_only=checksums_only)
     try:
@@ -102,6 +105,8 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
 
     shards_root = path / layout.SHARDS_DIR
     shard_dirs = sorted(p.name for p in shards_root.iterdir() if p.is_dir()) if shards_root.is_dir() else []
+    if shards is not None:
+        shard_dirs = sorted(set(shard_dirs) & set(shards))
     planned_ids = None if plan is None else {s.name: [x.sample_id for x in s.samples] for s in plan.shards}
     total_bytes = sum(_committed_bytes(store, name) for name in shard_dirs)
     seen_ids: dict[str, str] = {}
@@ -116,7 +121,7 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
             if progress:
                 progress(done, len(shard_dirs), done_bytes, total_bytes)
     _flag_outlier_layers(stats_by_shard, report)
-    if planned_ids is not None:
+    if planned_ids is not None and shards is None:
         planned = set(planned_ids)
         for name in sorted(planned - set(shard_dirs)):
             report.add("planned shard missing (not committed, or deleted)", shard=name)

@@ -128,7 +128,7 @@ def test_fp8_job_stores_the_reference_within_rounding_and_a_store_never_mixes_dt
     resumed as a bf16 store (and the bf16 store as an fp8 one), naming the dtype."""
     from extract.job import ExtractError, run_job
     from store_schema import Store
-    from store_schema.fp8 import rounding_bound
+    from builders import fp8_rounding_bound as rounding_bound
 
     store = tmp_path / "fp8"
     report = run_job(_config(qwen3_5_dir, corpus[0], store, store_dtype="fp8_e4m3"))

@@ -170,8 +170,8 @@ def test_training_never_reads_a_corrupted_shard(tmp_path):
 @pytest.mark.faults
 def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_dir, tmp_path):
     """`python -m train fit` on a store with one flipped byte: exit 1 naming shard and
-    file. With data.skip_corrupt_shards=true the run completes, logs the skip, and no
-    training step ever sees a sample of that shard."""
+    file (the integrity pass before step 1). With data.skip_corrupt_shards=true the run
+    completes, names the shard once, and no training step ever sees a sample of it."""
     import subprocess
     import sys
 
@@ -211,7 +211,9 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     trainer.fit()
     assert seen and not any(shard == bad for shard, _ in seen)
     assert {sid for _, sid in seen} == {s.sample_id for name, samples in written.items() if name != bad for s in samples}
-    assert any(f"skipping corrupt shard {bad} (layer_3/c/0/0" in m and "never trained on" in m for m in messages), messages
+    # The integrity pass before step 1 named it (once); the loader never read it.
+    assert any(f"damaged shard(s) left out (data.skip_corrupt_shards): {bad}" in m for m in messages), messages
+    assert not any("skipping corrupt shard" in m for m in messages), messages
 
 
 # --------------------------------------------------------------------------- captures without signal (issue 27.3)
