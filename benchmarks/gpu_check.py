@@ -57,19 +57,20 @@ def build_target(path: Path, size: dict, device: str) -> None:
 def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> dict:
     from extract.layers import resolve_layer_ids
     from extract.planning import build_plan
-    from extract.worker import ExtractionWorker, ShardFailed
-    from store_schema import Fingerprint, Store, create_store, on_disk_bytes
+    from extract.worker import ExtractionSpec, ExtractionWorker, ShardFailed
+    from store_schema import Fingerprint, Store, TargetFacts, create_store, on_disk_bytes, target_identity
     from store_schema.plan import PlanSettings
 
     plan = build_plan(str(corpus), str(model), PlanSettings(max_length=size["max_length"], shard_tokens=65536),
                       workers=4)
     layer_ids = resolve_layer_ids(str(model), None, 5)
-    worker = ExtractionWorker(str(model), str(model), str(store), layer_ids, plan.settings, device=device,
-                              batch_tokens=65536)
+    worker = ExtractionWorker(ExtractionSpec(model=str(model), tokenizer=str(model), corpus=str(corpus),
+                                             store=str(store), layer_ids=tuple(layer_ids), settings=plan.settings,
+                                             device=device, batch_tokens=65536))
     info = worker.info()
-    fingerprint = Fingerprint.for_extraction(model, plan, layer_ids, num_target_layers=info.num_layers,
-                                             hidden_size=info.hidden_size, vocab_size=info.vocab_size,
-                                             kernels=info.kernels)
+    facts = TargetFacts(num_target_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size,
+                        kernels=info.kernels)
+    fingerprint = Fingerprint.for_extraction(target_identity(model), plan, layer_ids, facts)
     writer = create_store(store, fingerprint)
     writer.write_plan(plan)
     names = [s.name for s in plan.shards]

@@ -414,8 +414,8 @@ def test_progress_lines_without_a_terminal_ctrl_c_then_resume(ray_cluster, qwen3
     if returncode == 0:
         pytest.skip("the job finished before Ctrl-C landed")
     assert returncode == 130, err[-3000:]
-    assert err.strip().splitlines()[-1] == (f"interrupted: committed shards are kept; rerun the same command to "
-                                            f"resume ({store})"), err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"interrupted: the plan and committed shards are kept; rerun the same "
+                                            f"command to resume ({store})"), err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     for _ in range(600):  # poll bound (a hang guard, not a timing): Ray's processes exit with the driver
         if not _session_processes(session):
