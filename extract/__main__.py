@@ -125,8 +125,8 @@ def cmd_plan(args) -> int:
     from store_schema.runtime.progress import default_mode
 
     config = _job_config(args, plan_workers=args.workers, progress=default_mode(not args.json))
-    plan, layer_ids = plan_job(config)
     dims = read_target_config(args.model)
+    plan, layer_ids = plan_job(config, dims)
     summary = summarize(plan)
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
     report = dict(

@@ -152,7 +152,7 @@ class ActorPool:
         infos: dict[int, WorkerInfo] = {}
         try:
             while waiting:
-                ready, _ = ray.wait(list(waiting), num_returns=1, timeout=interval)
+                ready, _ = ray.wait(list(waiting), num_returns=1, timeout=max(interval, 1.0))
                 elapsed = time.perf_counter() - started
                 if not ready:
                     log(f"loading the target: {len(infos)} of {count} worker(s) ready after {elapsed:.0f} s")

@@ -179,7 +179,7 @@ class Extraction(ShardedJob):
         per_token = raw_bytes_per_token(self.target.hidden_size, len(self.layer_ids))
         return int(tokens * per_token * store_dtype(self.config.store_dtype).size_ratio)
 
-    def prepare(self, pool) -> None:
+    def prepare(self, pool, log) -> None:
         """Create the store root with the job's fingerprint, or check an existing one's."""
         from store_schema import Fingerprint, response_provenance
 
@@ -188,6 +188,8 @@ class Extraction(ShardedJob):
         if pool is not None:
             facts = _loaded_target(pool.infos[0])
             self.kernel_warning = _kernel_warning(self.config, pool.infos)
+            if self.kernel_warning:
+                log(f"WARNING: {self.kernel_warning}; --require-fast-kernels refuses this")
         else:
             facts = _configured_target(self.target, self.resume.store)
         provenance = response_provenance(generation_of(self.config.corpus),
@@ -200,13 +202,11 @@ class Extraction(ShardedJob):
 
     def finish(self, run, wall: float, log) -> dict:
         """The report of `run`, kept in the store."""
-        outcome = Outcome(run=run.run, started_at=run.started_at, plan_seconds=run.plan_seconds, startup_seconds=run.startup_seconds,
-                          extract_seconds=run.dispatch_seconds, workers=run.workers,
+        outcome = Outcome(run=run.run, started_at=run.started_at, plan_seconds=run.plan_seconds,
+                          startup_seconds=run.startup_seconds, extract_seconds=run.dispatch_seconds, workers=run.workers,
                           workers_started=run.workers_started, kernels=self.kernels,
                           kernel_warning=self.kernel_warning, counts=run.counts,
                           shards_committed=len(run.planned.plan.shards))
-        if self.kernel_warning:
-            log(f"WARNING: {self.kernel_warning}; --require-fast-kernels refuses this")
         report = build_report(self.config, self.output, self.resume, self.layer_ids, outcome, wall=wall,
                               leftovers=run.leftovers)
         try:

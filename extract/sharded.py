@@ -101,7 +101,7 @@ class ShardedJob(ABC):
     def bytes_needed(self, planned: Planned) -> int:
         """Estimated bytes the pending shards will take on disk."""
 
-    def prepare(self, pool) -> None:
+    def prepare(self, pool, log) -> None:
         """Called once the workers are up (`pool`), or with None when nothing is left to
         do; before any shard is handed out."""
 
@@ -136,7 +136,7 @@ def run_sharded(job: ShardedJob, log) -> JobRun:
                               SKIP_SPACE_CHECK_FLAG)
     with ExitStack() as stack:
         if not pending:
-            job.prepare(None)
+            job.prepare(None, log)
         else:
             sizes = {s.name: len(s.samples) for s in plan.shards}
             settings = job.progress
@@ -146,7 +146,7 @@ def run_sharded(job: ShardedJob, log) -> JobRun:
             count = min(job.placement.workers, len(pending))
             pool = stack.enter_context(started_workers(job.placement, job.worker_spec(plan), count, log,
                                                        settings.interval))
-            job.prepare(pool)
+            job.prepare(pool, log)
             fence = ShardFence(out, result.run).open()
             stack.callback(fence.close)  # closed before the actors go: no attempt of this run commits after
             dispatcher = Dispatcher(pool, plan, pending, fence, job.dispatch, progress=progress, log=log)

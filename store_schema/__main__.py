@@ -70,7 +70,7 @@ def cmd_verify(args) -> int:
     """A store that cannot be opened at all is a usage error (exit 2); anything
     wrong inside one, its root included, is a problem in the report (exit 1, also
     after --repair: the store lacks those shards until `extract run` redoes them)."""
-    from .verify import clean_leftovers, format_report, verify_store
+    from .verify import format_report, verify_store
 
     if args.recompute and not args.model:
         raise UsageError("--recompute needs --model PATH")
@@ -99,7 +99,9 @@ def cmd_verify(args) -> int:
         report.problems.extend(problems)
     done = {}
     if args.clean or args.repair:
-        removed = clean_leftovers(args.store)
+        from .repair import clean_store
+
+        removed, done["set_aside"] = clean_store(args.store, commitless=not args.repair)
         report.leftovers = [name for name in report.leftovers if name not in removed]
         done["removed_leftovers"] = removed
     if args.repair:
@@ -121,10 +123,13 @@ def _done_lines(store: str, done: dict) -> list[str]:
     if "removed_leftovers" in done:
         removed = done["removed_leftovers"]
         lines.append(f"removed {len(removed)} uncommitted leftover(s)" + (f": {', '.join(removed)}" if removed else ""))
+    from .layout import DAMAGED_DIR
+
+    if done.get("set_aside"):
+        lines.append(f"moved {len(done['set_aside'])} shard directory(ies) without a commit record to {store}/"
+                     f"{DAMAGED_DIR}/: {', '.join(done['set_aside'])}")
     repair = done.get("repair")
     if repair:
-        from .layout import DAMAGED_DIR
-
         moved = repair["moved"]
         if moved:
             lines.append(f"moved {len(moved)} damaged shard(s) to {store}/{DAMAGED_DIR}/: {', '.join(moved)}")
@@ -176,7 +181,8 @@ def _parser() -> argparse.ArgumentParser:
     p_verify.add_argument("store")
     p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
     p_verify.add_argument("--clean", action="store_true",
-                          help="remove uncommitted leftovers (.staging/ entries of a dead job) and say which")
+                          help="remove uncommitted leftovers (.staging/ entries of a dead job) and move shard "
+                               "directories without a commit record to damaged/; names each")
     p_verify.add_argument("--repair", action="store_true",
                           help="also move every damaged or commit-less shard out of shards/ into damaged/ "
                                "(kept until the store is complete again); then rerun `extract run`")

@@ -97,3 +97,16 @@ def repair_store(store, report) -> Repair:
     with StoreLock(store, job="verify --repair"):
         repair.moved = set_aside(store, shards)
     return repair
+
+
+def clean_store(store, commitless: bool = True) -> tuple[list[str], list[str]]:
+    """`verify --clean`: remove ``.staging/`` leftovers of a dead job and set aside the
+    shard directories without a commit record (uncommitted too, but in ``shards/``,
+    where they block the shard's next commit; not with `commitless=False`: `repair_store`
+    moves them with the damaged ones). Returns both lists of names. Refused while a live
+    job holds the store."""
+    from .lock import StoreLock
+    from .writer import remove_staging
+
+    with StoreLock(store, job="verify --clean"):
+        return remove_staging(store), set_aside(store, uncommitted_shard_dirs(store) if commitless else [])

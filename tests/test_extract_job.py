@@ -417,6 +417,7 @@ def test_progress_lines_without_a_terminal_ctrl_c_then_resume(ray_cluster, qwen3
     assert err.strip().splitlines()[-1] == (f"interrupted: the plan and committed shards are kept; rerun the same "
                                             f"command to resume ({store})"), err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "Token authentication" not in err, err[-3000:]  # Ray's notice about its own default: silenced
     for _ in range(600):  # poll bound (a hang guard, not a timing): Ray's processes exit with the driver
         if not _session_processes(session):
             break

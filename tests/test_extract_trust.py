@@ -102,12 +102,15 @@ def test_verify_clean_removes_what_it_names(tmp_path, capsys):
     leftover = store / ".staging" / "shard-000000.dead.abc"
     leftover.mkdir(parents=True)
     (leftover / "x").write_bytes(b"half")
-    assert main(["verify", str(store), "--clean"]) == 0
+    (store / "shards" / "shard-000001" / "commit.json").unlink()  # uncommitted, but where readers look
+    assert main(["verify", str(store), "--clean"]) == 1  # the shard is missing until extract run redoes it
     out = capsys.readouterr().out
     assert "removed 1 uncommitted leftover(s): shard-000000.dead.abc" in out and "--clean removes" not in out, out
-    assert not any((store / ".staging").iterdir())
-    assert main(["verify", str(store), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["leftovers"] == []
+    assert "moved 1 shard directory(ies) without a commit record to" in out and "shard-000001" in out, out
+    assert not any((store / ".staging").iterdir()) and not (store / "shards" / "shard-000001").exists()
+    assert main(["verify", str(store), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["leftovers"] == [] and [p["shard"] for p in report["problems"]] == ["shard-000001"]
 
 
 def test_verify_repair_moves_damaged_and_commitless_shards_aside_and_names_the_next_step(tmp_path, capsys):
