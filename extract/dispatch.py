@@ -30,9 +30,7 @@ from store_schema.runtime.progress import Progress
 
 from .config import FaultInjection
 from .errors import ExtractError, disk_full_message
-from .worker import BatchFaults, ShardDone, ShardFailed, WorkerInfo
-
-GROUPS_IN_FLIGHT = 2  # per actor: one on the device while the previous one is written
+from .worker import GROUPS_IN_FLIGHT, BatchFaults, ShardDone, ShardFailed, WorkerInfo  # noqa: F401
 
 # --------------------------------------------------------------------------- Ray
 
@@ -112,7 +110,7 @@ def check_resources(placement, workers: int) -> None:
 class ActorPool:
     """Long-lived actors built from one worker spec (`extract.worker.ExtractionSpec`,
     `extract.generate.worker.GenerationSpec`, ...: a frozen dataclass naming its
-    ``actor_class()`` and ``task``), one per GPU (``num_gpus=1``) or per CPU slot, each
+    ``actor_class()``, ``task`` and ``groups_in_flight``), one per GPU (``num_gpus=1``) or per CPU slot, each
     running ``task(shard names, attempts) -> GroupDone`` for the `Dispatcher`.
     Replaces dead actors on request."""
 
@@ -123,8 +121,9 @@ class ActorPool:
             options = dict(num_gpus=1, num_cpus=placement.cpus_per_worker)
         else:
             options = dict(num_cpus=placement.cpus_per_worker)
-        # Two group tasks at once: one computes while the other writes (see extract.worker).
-        self._remote = ray.remote(max_concurrency=GROUPS_IN_FLIGHT, max_restarts=0, **options)(spec.actor_class())
+        # Group tasks held at once: the spec's (extraction: two, one computes while the other writes).
+        self.groups_in_flight = spec.groups_in_flight
+        self._remote = ray.remote(max_concurrency=self.groups_in_flight, max_restarts=0, **options)(spec.actor_class())
         self.spec, self.task = spec, spec.task
         self._faults = placement.faults
         self.created = 0  # actors spawned, replacements of dead ones included
@@ -348,7 +347,7 @@ class Dispatcher:
 
     def _fill(self) -> None:
         for index, actor in enumerate(self.pool.actors):
-            while self.queue and self._load(index) < GROUPS_IN_FLIGHT:
+            while self.queue and self._load(index) < self.pool.groups_in_flight:
                 group = self.queue.popleft()
                 attempts = {}
                 for name in group:

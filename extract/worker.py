@@ -49,6 +49,8 @@ from typing import ClassVar
 
 import numpy as np
 
+GROUPS_IN_FLIGHT = 2  # group tasks per actor: one on the device while the previous one is written
+
 # --------------------------------------------------------------------------- replies
 # What a worker sends back to the driver (Ray pickles them between the processes).
 
@@ -215,6 +217,7 @@ class ExtractionSpec:
     trust_remote_code: bool = False
     require_fast_kernels: bool = False
     task: ClassVar[str] = "extract_group"
+    groups_in_flight: ClassVar[int] = GROUPS_IN_FLIGHT
 
     @staticmethod
     def actor_class() -> type:

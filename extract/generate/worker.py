@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..worker import BatchFaults, GroupDone, ShardDone, _failure, quiet_worker_process, worker_info
+from ..worker import GROUPS_IN_FLIGHT, BatchFaults, GroupDone, ShardDone, _failure, quiet_worker_process, worker_info
 from .config import GenerationSettings
 from .turns import Conversation, conversation, conversation_digest, end_of_turn_ids, render_prompt, reply_message
 
@@ -44,6 +44,7 @@ class GenerationSpec:
     batch_tokens: int = 65536
     torch_threads: int | None = None
     task: ClassVar[str] = "generate_group"
+    groups_in_flight: ClassVar[int] = GROUPS_IN_FLIGHT
 
     @staticmethod
     def actor_class() -> type:
