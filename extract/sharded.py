@@ -127,7 +127,7 @@ def run_sharded(job: ShardedJob, log) -> JobRun:
     plan, pending = planned.plan, planned.pending
     if planned.skipped and pending:
         log(f"resuming: {planned.skipped} of {len(plan.shards)} shard(s) already committed, {len(pending)} to go")
-    result.set_aside = set_aside(out, [name for name in uncommitted_shard_dirs(out) if name in set(pending)])
+    result.set_aside = set_aside(out, sorted(set(uncommitted_shard_dirs(out)) & set(pending)))
     if result.set_aside:
         log(f"moved {len(result.set_aside)} shard directory(ies) without a commit record to "
             f"{layout.DAMAGED_DIR}/ ({', '.join(result.set_aside[:5])}); they are extracted again")
