@@ -170,19 +170,20 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
     from extract.batching import batch_groups
     from extract.layers import resolve_layer_ids
     from extract.planning import build_plan
-    from extract.worker import ShardFailed, ExtractionWorker
-    from store_schema import Fingerprint, Store, create_store, on_disk_bytes
+    from extract.worker import ExtractionSpec, ExtractionWorker, ShardFailed
+    from store_schema import Fingerprint, Store, TargetFacts, create_store, on_disk_bytes, target_identity
     from store_schema.plan import PlanSettings
 
     plan = build_plan(str(corpus), str(model), PlanSettings(max_length=size["max_length"],
                                                               shard_tokens=size["shard_tokens"]))
     layer_ids = resolve_layer_ids(str(model), None, 2 if size["layers"] < 8 else 5)
-    worker = ExtractionWorker(str(model), str(model), str(corpus), str(store), layer_ids, plan.settings,
-                              device=device, batch_tokens=size["batch_tokens"])
+    worker = ExtractionWorker(ExtractionSpec(model=str(model), tokenizer=str(model), corpus=str(corpus),
+                                             store=str(store), layer_ids=tuple(layer_ids), settings=plan.settings,
+                                             device=device, batch_tokens=size["batch_tokens"]))
     info = worker.info()
-    fingerprint = Fingerprint.for_extraction(model, plan, layer_ids, num_target_layers=info.num_layers,
-                                             hidden_size=info.hidden_size, vocab_size=info.vocab_size,
-                                             kernels=info.kernels)
+    facts = TargetFacts(num_target_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size,
+                        kernels=info.kernels)
+    fingerprint = Fingerprint.for_extraction(target_identity(model), plan, layer_ids, facts)
     create_store(store, fingerprint).write_plan(plan)
     groups = batch_groups([s.name for s in plan.shards], 2)
     worker.forward_only(groups[:1])  # warm-up: first-call allocations and kernel selection

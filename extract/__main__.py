@@ -42,10 +42,14 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
     layers = parser.add_mutually_exclusive_group()
     layers.add_argument("--layers", help="context layer ids, comma-separated (id L = output of decoder layer L)")
     layers.add_argument("--num-context-layers", type=int, help="use the default spread of N layers (default 5)")
-    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH)
-    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS)
-    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE)
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
+                        help="tokens per sample; longer records are truncated (default %(default)s)")
+    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
+                        help="tokens per shard, the unit of work and of a commit (default %(default)s)")
+    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+                        help="the drafter's block size: a sample needs 2 x this many loss tokens (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                        help="seed of the samples' assignment to shards (default %(default)s)")
     parser.add_argument("--drop-long", action="store_true", help="quarantine records over --max-length (default: truncate)")
     parser.add_argument("--strict", action="store_true", help="stop at the first bad record")
     cores = available_cpus()
@@ -59,8 +63,15 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
     parser.add_argument("--loss-mask", choices=tuple(LOSS_MASK_CONVENTIONS), default=DEFAULT_LOSS_MASK,
                         help="what the loss scores in each assistant turn: the whole turn as served (reasoning, "
                              "content, tool calls, end-of-turn token; default) or its content only")
-    parser.add_argument("--compression-ratio", type=float, default=BFLOAT16_STORE.size_ratio,
-                        help=f"compressed/raw of a bf16 store for the size estimate (fp8: {FP8_E4M3_STORE.size_ratio})")
+    if not run:  # `run` sizes its free-space check with the store dtype's own ratio
+        parser.add_argument("--compression-ratio", type=float, default=BFLOAT16_STORE.size_ratio,
+                            help="compressed/raw of a bf16 store for the size estimate "
+                                 f"(default %(default)s; fp8: {FP8_E4M3_STORE.size_ratio})")
+
+
+# JobConfig fields `_job_config` fills from the planning flags for `plan` and `run` alike.
+_PLAN_FIELDS = ("model", "corpus", "store", "tokenizer", "layers", "num_context_layers", "plan_settings", "strict",
+                "progress")
 
 
 def _job_config(args, **execution):
@@ -114,8 +125,8 @@ def cmd_plan(args) -> int:
     from store_schema.runtime.progress import default_mode
 
     config = _job_config(args, plan_workers=args.workers, progress=default_mode(not args.json))
-    plan, layer_ids = plan_job(config)
     dims = read_target_config(args.model)
+    plan, layer_ids = plan_job(config, dims)
     summary = summarize(plan)
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
     report = dict(
@@ -159,38 +170,27 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .job import run_job
+    from dataclasses import fields
+
     from store_schema.runtime.progress import default_mode
+
+    from .config import JobConfig
+    from .job import run_job
     from .report import summary_line
 
     if not args.store:
         raise UsageError("run needs --store PATH")
-    config = _job_config(
-        args,
-        plan_workers=args.plan_workers,
-        workers=args.workers,
-        device=args.device,
-        address=args.address,
-        batch_tokens=args.batch_tokens,
-        target_topk=args.target_topk,
-        store_dtype=args.store_dtype,
-        overwrite=args.overwrite,
-        trust_remote_code=args.trust_remote_code,
-        max_attempts=args.max_attempts,
-        batch_shards=args.batch_shards,
-        worker_timeout=args.worker_timeout,
-        cpus_per_worker=args.cpus_per_worker,
-        require_fast_kernels=args.require_fast_kernels,
-        progress=default_mode(not args.no_progress),
-        progress_interval=args.progress_interval,
-    )
+    execution = {f.name: getattr(args, f.name) for f in fields(JobConfig)  # the flags named as the fields
+                 if f.name not in _PLAN_FIELDS and hasattr(args, f.name)}
+    config = _job_config(args, **execution, progress=default_mode(not args.no_progress))
     import warnings
 
     warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
     try:
         report = run_job(config)  # Ray and the workers are shut down on the way out, Ctrl-C included
     except KeyboardInterrupt:
-        return interrupted("committed shards are kept", f"rerun the same command to resume ({args.store})")
+        return interrupted("the plan and committed shards are kept",
+                           f"rerun the same command to resume ({args.store})")
     print(summary_line(report), file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
     return 0
@@ -213,6 +213,7 @@ def cmd_generate(args) -> int:
             device=args.device, address=args.address, batch_tokens=args.batch_tokens,
             cpus_per_worker=args.cpus_per_worker, max_attempts=args.max_attempts, worker_timeout=args.worker_timeout,
             progress=default_mode(not args.no_progress), progress_interval=args.progress_interval,
+            skip_space_check=args.skip_space_check,
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
@@ -231,9 +232,7 @@ def cmd_generate(args) -> int:
     try:
         report = run_generate(config)
     except KeyboardInterrupt:
-        print(f"interrupted: committed shards are kept; rerun the same command to resume ({args.out})",
-              file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return interrupted("the plan and committed shards are kept", f"rerun the same command to resume ({args.out})")
     print(f"generated {report['records']} record(s) ({report['generated_tokens']} tokens, "
           f"{report['truncated_records']} truncated), {report['quarantined']} quarantined; "
           f"{report['generated_tokens_per_s']:.0f} generated tokens/s on {report['workers']} worker(s)", file=sys.stderr)
@@ -274,7 +273,15 @@ def _add_generate_parser(commands) -> None:
     gen.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
                      help="seconds between progress lines when stderr is not a terminal")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    _add_space_flag(gen)
     gen.set_defaults(handler=cmd_generate)
+
+
+def _add_space_flag(parser: argparse.ArgumentParser) -> None:
+    from .sharded import SKIP_SPACE_CHECK_FLAG
+
+    parser.add_argument(SKIP_SPACE_CHECK_FLAG, action="store_true",
+                        help="start even when the plan's size estimate exceeds the output filesystem's free space")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -295,17 +302,18 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="extract hidden states into a store on Ray workers (resumes)")
     _add_plan_arguments(run, run=True)
     run.set_defaults(json=False)
-    run.add_argument("--workers", type=int, default=1, help="extraction workers (one per GPU with --device cuda)")
-    run.add_argument("--device", choices=DEVICES, default="cpu")
+    run.add_argument("--workers", type=int, default=1,
+                     help="extraction workers, one per GPU with --device cuda (default %(default)s)")
+    run.add_argument("--device", choices=DEVICES, default="cpu", help="where workers run (default %(default)s)")
     run.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     run.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
-                     help="padded tokens per forward batch")
+                     help="padded tokens per forward batch (default %(default)s)")
     run.add_argument("--target-topk", type=int, help="also store the target's top-K next-token ids and log-probs")
     from store_schema.dtypes import STORE_DTYPES
 
     run.add_argument("--store-dtype", choices=tuple(STORE_DTYPES), default="bfloat16",
                      help="hidden states as bf16 (lossless, default) or fp8 e4m3 with a scale per token "
-                          "(about 0.6x the bytes of bf16, lossy; a store never mixes them)"),
+                          "(about 0.6x the bytes of bf16, lossy; a store never mixes them)")
     run.add_argument("--overwrite", action="store_true", help="delete the store's content and start over")
     run.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off)")
     run.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
@@ -324,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
                      help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    _add_space_flag(run)
     run.set_defaults(handler=cmd_run)
     _add_generate_parser(commands)
     return parser

@@ -102,6 +102,7 @@ class JobConfig:
     worker_timeout: float = DEFAULT_WORKER_TIMEOUT
     cpus_per_worker: int = 1  # Ray num_cpus per actor; torch threads for --device cpu
     require_fast_kernels: bool = False  # refuse CUDA workers on the PyTorch linear-attention fallback
+    skip_space_check: bool = False  # start even when the size estimate exceeds the store's free space
     progress: str = "off"  # one of PROGRESS_MODES
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # seconds between progress lines ("lines")
     faults: FaultInjection = field(default_factory=FaultInjection.from_env)

@@ -23,31 +23,59 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from store_schema.runtime.progress import Progress
 
-from .config import JobConfig
+from .config import FaultInjection
 from .errors import ExtractError, disk_full_message
-from .worker import ShardDone, ShardFailed, WorkerInfo
-
-GROUPS_IN_FLIGHT = 2  # per actor: one on the device while the previous one is written
+from .worker import GROUPS_IN_FLIGHT, BatchFaults, ShardDone, ShardFailed, WorkerInfo  # noqa: F401
 
 # --------------------------------------------------------------------------- Ray
 
 
-def start_ray(config) -> bool:
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's actors run: the fields of the same names in `extract.config.JobConfig`
+    and `extract.generate.config.GenerateConfig` (`of`)."""
+
+    device: str
+    workers: int
+    cpus_per_worker: int
+    address: str | None
+    faults: FaultInjection
+
+    @classmethod
+    def of(cls, config) -> "Placement":
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    """How the `Dispatcher` hands shards out and when it gives a worker up."""
+
+    max_attempts: int  # tries per shard, counting the first
+    batch_shards: int = 1  # consecutive shards computed together on one worker
+    worker_timeout: float = float("inf")  # seconds a worker holding shards may stay silent
+    kill_driver_after_shards: int | None = None  # fault injection: the driver dies after this many commits
+
+
+def start_ray(placement) -> bool:
     """Connect to Ray. Returns True if this call started it (and must shut it down)."""
+    import logging
+
     import ray
 
     if ray.is_initialized():
         return False
     quiet = dict(log_to_driver=True, logging_level="WARNING")
-    if config.address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=config.address, **quiet)  # a running cluster (or `ray job submit`)
+    # Ray announces on stderr that token authentication (its secure default) is on: not news for a job's log.
+    logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
+    if placement.address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=placement.address, **quiet)  # a running cluster (or `ray job submit`)
         return True
-    needed = config.workers * config.cpus_per_worker if config.device == "cpu" else config.workers
+    needed = placement.workers * placement.cpus_per_worker if placement.device == "cpu" else placement.workers
     ray.init(
         address="local",
         num_cpus=max(os.cpu_count() or 1, needed),
@@ -57,37 +85,47 @@ def start_ray(config) -> bool:
     return True
 
 
-def check_resources(config, workers: int) -> None:
+def check_resources(placement, workers: int) -> None:
+    """Refuse a cluster too small for `workers`, with advice the command line accepts."""
     import ray
 
     resources = ray.cluster_resources()
-    if config.device == "cuda":
-        have, need, what = resources.get("GPU", 0), workers, "GPU"
+    if placement.device == "cuda":
+        have, per_worker, what = resources.get("GPU", 0), 1, "GPU"
     else:
-        have, need, what = resources.get("CPU", 0), workers * config.cpus_per_worker, "CPU"
-    if have < need:
-        raise ExtractError(
-            f"the Ray cluster has {have:g} {what}(s); {workers} worker(s) need {need} -- lower --workers"
-        )
+        have, per_worker, what = resources.get("CPU", 0), placement.cpus_per_worker, "CPU"
+    if have >= workers * per_worker:
+        return
+    fits = int(have // per_worker)
+    if fits >= 1:
+        advice = f"pass --workers {fits}" + (" (or fewer --cpus-per-worker)" if what == "CPU" else "")
+    elif what == "GPU":
+        advice = "use --device cpu, or join a cluster with GPUs (--address)"
+    else:
+        advice = f"lower --cpus-per-worker to {int(have)} or join a bigger cluster (--address)"
+    raise ExtractError(f"the Ray cluster has {have:g} {what}(s); {workers} worker(s) need {workers * per_worker} "
+                       f"-- {advice}")
 
 
 class ActorPool:
-    """Long-lived actors of one class, one per GPU (``num_gpus=1``) or per CPU slot,
-    each running ``task(shard names, attempts) -> GroupDone`` for the `Dispatcher`.
-    Replaces dead actors on request. `config` gives the placement (device, workers,
-    cpus_per_worker, faults): an `extract.config.JobConfig` or a config with those fields."""
+    """Long-lived actors built from one worker spec (`extract.worker.ExtractionSpec`,
+    `extract.generate.worker.GenerationSpec`, ...: a frozen dataclass naming its
+    ``actor_class()``, ``task`` and ``groups_in_flight``), one per GPU (``num_gpus=1``) or per CPU slot, each
+    running ``task(shard names, attempts) -> GroupDone`` for the `Dispatcher`.
+    Replaces dead actors on request."""
 
-    def __init__(self, config, actor_class: type, args: tuple, kwargs: dict, task: str):
+    def __init__(self, placement: Placement, spec):
         import ray
 
-        if config.device == "cuda":
-            options = dict(num_gpus=1, num_cpus=config.cpus_per_worker)
+        if placement.device == "cuda":
+            options = dict(num_gpus=1, num_cpus=placement.cpus_per_worker)
         else:
-            options = dict(num_cpus=config.cpus_per_worker)
-        # Two group tasks at once: one computes while the other writes (see extract.worker).
-        self._remote = ray.remote(max_concurrency=GROUPS_IN_FLIGHT, max_restarts=0, **options)(actor_class)
-        self._args, self._kwargs, self.task = args, kwargs, task
-        self._faults = config.faults
+            options = dict(num_cpus=placement.cpus_per_worker)
+        # Group tasks held at once: the spec's (extraction: two, one computes while the other writes).
+        self.groups_in_flight = spec.groups_in_flight
+        self._remote = ray.remote(max_concurrency=self.groups_in_flight, max_restarts=0, **options)(spec.actor_class())
+        self.spec, self.task = spec, spec.task
+        self._faults = placement.faults
         self.created = 0  # actors spawned, replacements of dead ones included
         self.actors: list = []
         self.infos: list[WorkerInfo] = []  # what each first actor loaded (`start`)
@@ -96,24 +134,39 @@ class ActorPool:
     def spawn(self):
         number = self.created
         self.created += 1
-        return self._remote.remote(*self._args, **self._kwargs, kill_after_batches=self._faults.actor_kill_after(number),
-                                   stop_after_batches=self._faults.actor_stop_after(number))
+        faults = BatchFaults(self._faults.actor_kill_after(number), self._faults.actor_stop_after(number))
+        return self._remote.remote(self.spec, faults)
 
-    def start(self, count: int) -> None:
+    def start(self, count: int, log=None, interval: float = 30.0) -> None:
         """Start `count` actors; each loads the target once and says what it loaded
-        (`infos`). All must run the same kernels: a store comes from one implementation."""
+        (`infos`), its ready time logged as it comes (loading a 27B target takes
+        minutes). All must run the same kernels: a store comes from one implementation."""
         import ray
 
+        log = log or (lambda message: None)
         started = time.perf_counter()
         self.actors = [self.spawn() for _ in range(count)]
+        log(f"loading the target on {count} worker(s)...")
+        waiting = {actor.info.remote(): index for index, actor in enumerate(self.actors)}
+        infos: dict[int, WorkerInfo] = {}
         try:
-            self.infos = ray.get([actor.info.remote() for actor in self.actors])
+            while waiting:
+                ready, _ = ray.wait(list(waiting), num_returns=1, timeout=max(interval, 1.0))
+                elapsed = time.perf_counter() - started
+                if not ready:
+                    log(f"loading the target: {len(infos)} of {count} worker(s) ready after {elapsed:.0f} s")
+                for ref in ready:
+                    index = waiting.pop(ref)
+                    info = infos[index] = ray.get(ref)
+                    log(f"worker {index} ready after {elapsed:.1f} s ({info.device} on {info.host}, "
+                        f"{info.startup_seconds:.1f} s loading)")
         except ray.exceptions.RayActorError as error:
             raise ExtractError(f"a worker failed to start (loading the target): {cause(error)}") from None
         except KeyboardInterrupt:
             raise
         except Exception as error:  # noqa: BLE001 - e.g. a worker's own exception from __init__
             raise ExtractError(f"a worker failed to start: {cause(error)}") from None
+        self.infos = [infos[index] for index in range(count)]
         self.startup_seconds = time.perf_counter() - started
         kernels = sorted({json.dumps(info.kernels, sort_keys=True) for info in self.infos})
         if len(kernels) > 1:
@@ -139,47 +192,19 @@ class ActorPool:
         self.actors = []
 
 
-class WorkerPool(ActorPool):
-    """The extraction actors, one `ExtractionWorker` each."""
-
-    def __init__(self, config: JobConfig, plan, layer_ids: list[int]):
-        from .worker import ExtractionWorker
-
-        # The job's own paths, not the plan's: a plan is identified by content, so a
-        # copied or moved corpus / tokenizer is read where it is now.
-        args = (
-            str(Path(config.model).resolve()),
-            str(Path(config.tokenizer_path).resolve()),
-            str(Path(config.corpus).resolve()),
-            str(Path(config.store).resolve()),
-            list(layer_ids),
-            plan.settings,
-        )
-        kwargs = dict(
-            device=config.device,
-            topk=config.target_topk,
-            store_dtype=config.store_dtype,
-            batch_tokens=config.batch_tokens,
-            torch_threads=config.cpus_per_worker if config.device == "cpu" else None,
-            trust_remote_code=config.trust_remote_code,
-            require_fast_kernels=config.require_fast_kernels,
-        )
-        super().__init__(config, ExtractionWorker, args, kwargs, task="extract_group")
-
-
 @contextmanager
-def started_workers(config, make_pool: Callable[[], ActorPool], count: int) -> Iterator[ActorPool]:
-    """`count` started actors of the pool `make_pool()` builds, on Ray (started here
-    unless it runs already or the job joins a cluster); the actors, and a Ray started
-    here, are shut down on exit."""
+def started_workers(placement: Placement, spec, count: int, log=None, interval: float = 30.0) -> Iterator[ActorPool]:
+    """`count` started actors built from `spec`, on Ray (started here unless it runs
+    already or the job joins a cluster); the actors, and a Ray started here, are shut
+    down on exit."""
     import ray
 
-    started_ray = start_ray(config)
+    started_ray = start_ray(placement)
     pool = None
     try:
-        check_resources(config, count)
-        pool = make_pool()
-        pool.start(count)
+        check_resources(placement, count)
+        pool = ActorPool(placement, spec)
+        pool.start(count, log, interval)
         yield pool
     finally:
         if pool is not None:
@@ -220,7 +245,7 @@ def failure_message(failure: ShardFailed, store_path: Path) -> str:
         return f"shard {shard}: {message} -- the corpus or tokenizer changed since the plan was made; use --overwrite"
     if kind == "device_oom":
         return f"shard {shard}: the device ran out of memory ({message}); lower --batch-tokens and rerun"
-    return f"shard {shard} failed on {failure.host}: {message}\n{failure.traceback}".rstrip()
+    return f"shard {shard} failed on {failure.host}: {message} (the worker's traceback is above)"
 
 
 # --------------------------------------------------------------------------- the queue
@@ -260,35 +285,22 @@ class Dispatcher:
     """The queue of pending groups, what each actor holds (in flight), tries per
     shard, and the counts. `run` keeps every actor busy until the queue is empty."""
 
-    def __init__(
-        self,
-        pool: WorkerPool,
-        plan,
-        pending: list[str],
-        store_path: Path,
-        fence,
-        *,
-        max_attempts: int,
-        batch_shards: int,
-        worker_timeout: float = float("inf"),
-        kill_driver_after_shards: int | None = None,
-        progress: Progress | None = None,
-        log: Callable[[str], None] = print,
-    ):
+    def __init__(self, pool: ActorPool, plan, pending: list[str], fence, settings: DispatchSettings,
+                 progress: Progress | None = None, log: Callable[[str], None] = print):
         from .batching import batch_groups
 
         self.pool = pool
-        self.store_path = Path(store_path)
         self.fence = fence  # store_schema.lock.ShardFence of this run
+        self.store_path = Path(fence.store)
         self.left = set(pending)  # shards neither written nor found committed yet
-        groups = batch_groups([s.name for s in plan.shards], batch_shards)
+        groups = batch_groups([s.name for s in plan.shards], settings.batch_shards)
         self.queue: deque[tuple[str, ...]] = deque(g for g in groups if self.left.intersection(g))
         self.inflight: dict = {}  # ObjectRef -> _Held
         self.attempts: Counter = Counter()
         self.counts = DispatchCounts()
-        self.max_attempts = max_attempts
-        self.worker_timeout = worker_timeout
-        self.kill_driver_after_shards = kill_driver_after_shards
+        self.max_attempts = settings.max_attempts
+        self.worker_timeout = settings.worker_timeout
+        self.kill_driver_after_shards = settings.kill_driver_after_shards
         self.progress = progress or Progress("extract", 0, "sample")
         self.log = log
         self._sizes = {s.name: (len(s.samples), s.num_tokens) for s in plan.shards}  # samples, tokens
@@ -318,6 +330,9 @@ class Dispatcher:
                     self.counts.filler_tokens += reply.filler_tokens
                     for shard_reply in reply.replies:
                         if isinstance(shard_reply, ShardFailed):
+                            if shard_reply.kind == "error" and shard_reply.traceback:
+                                self.log(f"worker traceback ({shard_reply.shard} on {shard_reply.host}):\n"
+                                         f"{shard_reply.traceback.rstrip()}")
                             raise ExtractError(failure_message(shard_reply, self.store_path))
                         self._done(shard_reply)
                 self._check_deadlines()
@@ -332,7 +347,7 @@ class Dispatcher:
 
     def _fill(self) -> None:
         for index, actor in enumerate(self.pool.actors):
-            while self.queue and self._load(index) < GROUPS_IN_FLIGHT:
+            while self.queue and self._load(index) < self.pool.groups_in_flight:
                 group = self.queue.popleft()
                 attempts = {}
                 for name in group:

@@ -22,3 +22,18 @@ def disk_full_message(store_path: Path, where: str) -> str:
         f"disk full {where} in {store_path}: free space (or move the store) and rerun the same command; "
         "committed shards are intact and will not be recomputed, half-written ones were never visible"
     )
+
+
+def refuse_unless_it_fits(path: Path, needed: int, what: str, override: str) -> None:
+    """Refuse a job whose output needs more than the free space of `path`'s
+    filesystem (`store_schema.runtime.host.free_bytes`), naming both figures; better
+    now than when the disk fills hours in."""
+    from store_schema.runtime.host import free_bytes
+    from store_schema.runtime.units import human_bytes
+
+    free = free_bytes(path)
+    if needed > free:
+        raise ExtractError(
+            f"{path}: {what} take about {human_bytes(needed)}, its filesystem has {human_bytes(free)} free -- "
+            f"free space or choose another location, or pass {override} to start anyway"
+        )

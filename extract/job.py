@@ -3,35 +3,28 @@
     report = run_job(JobConfig(model=..., corpus=..., store=..., workers=8, device="cuda",
                                plan_settings=PlanSettings(max_length=3072)))
 
-What the driver does, in order (all of it under the store's lock):
+`run_job` checks what it can before anything is locked or planned (the model
+directory, the corpus, ``--device cuda`` on a machine without CUDA when the job
+starts its own Ray), takes ``STORE/.lock`` (a second live job is refused; a job
+refused before it wrote anything leaves nothing behind) and runs `Extraction`
+through the one sharded-job driver (`extract.sharded.run_sharded`: staging
+leftovers, plan or resume, free space, workers, fenced dispatch, missing shards).
+What is extraction's own:
 
-1. Take ``STORE/.lock`` (flock; a second live job is refused, a dead job's lock is
-   released by the kernel) and remove the ``.staging/`` leftovers of a dead job.
-   A job refused before it wrote anything leaves nothing behind (not even the lock
-   file, nor the store directory if it made it).
-2. Plan (`extract.resume`): a store that holds a plan is resumed with it if the
-   corpus bytes, tokenizer and settings are unchanged (checked by hash, nothing is
-   re-tokenized; paths may differ), else the job is refused unless ``overwrite``;
-   a new store gets a fresh plan (`extract.planning.build_plan`). Committed shards
-   are skipped.
-3. If shards are left: start the workers (`extract.dispatch`): ``ray.init()``
-   locally (dashboard off) or join ``address``; one `ExtractionWorker` actor per GPU
-   (``num_gpus=1``) or, with ``device="cpu"``, per CPU slot (``num_cpus=1`` and one
-   torch thread). Each loads what it captures of the target once and reports its
-   kernels; CUDA workers on the PyTorch linear-attention fallback are warned about
-   (or refused with ``require_fast_kernels``).
-4. Open or create the store (`_open_or_create`): the one place the job's
-   fingerprint (`Fingerprint.for_extraction`) is checked against an existing
-   store's or a new store is created with it; then write the plan.
-5. Hand the uncommitted shards out (`extract.dispatch.Dispatcher`) as numbered
-   attempts of this run (`store_schema.lock.ShardFence`): a queue, lost workers'
-   shards revoked and redone on fresh actors (at most ``max_attempts`` tries each),
-   any other failure a worker reports (disk full, corpus changed since planning,
-   device out of memory) stops the job at once with a clear message; committed
-   shards stay valid and the same command resumes. At the end the fence closes (no
-   attempt of this run can commit any more) and every planned shard must be there.
-6. Write the JSON report into the store (`extract.report`, one file per run) and
-   return it.
+- Plan (`extract.resume`): a store holding a plan -- with or without its root, since
+  the plan is committed before any worker starts -- is resumed with it if the corpus
+  bytes, tokenizer and settings are unchanged (checked by hash, nothing is
+  re-tokenized; paths may differ), else refused unless ``overwrite``; otherwise a
+  fresh plan (`extract.planning.build_plan`) is committed into the store at once.
+- Workers (`extract.worker.ExtractionWorker`, built from an `ExtractionSpec`): one
+  actor per GPU or, with ``device="cpu"``, per CPU slot; CUDA workers on the PyTorch
+  linear-attention fallback are warned about (or refused with
+  ``require_fast_kernels``).
+- `Extraction.prepare`: the one place the job's fingerprint
+  (`Fingerprint.for_extraction`, from the target's identity hashed once and its facts
+  as the workers loaded it, `TargetFacts`) is checked against an existing store's, or
+  the store root is created with it.
+- The JSON report goes into the store (`extract.report`, one file per run).
 
 Why Ray core actors, not Ray Data: the unit of work is a whole shard that one
 writer commits atomically, the worker must keep the model and a store writer for
@@ -45,8 +38,6 @@ from __future__ import annotations
 
 import sys
 import time
-import uuid
-from contextlib import ExitStack
 from pathlib import Path
 
 from store_schema.runtime.progress import Progress
@@ -54,18 +45,21 @@ from store_schema.runtime.progress import Progress
 from .config import JobConfig
 from .errors import ExtractError, disk_full_message, is_disk_full
 from .report import Outcome, build_report, report_name
+from .sharded import Planned, ProgressSettings, ShardedJob, run_sharded
 
 # Fields a resumed job may differ in: where the model lives and the package versions.
 _RESUME_TOLERATES = {"target_model", "package_versions"}
 
 
-def plan_job(config: JobConfig):
+def plan_job(config: JobConfig, target=None):
     """The job's context layer ids and a fresh plan: what `plan --dry-run` previews
-    and `run` writes into a new store."""
+    and `run` commits into a new store. `target`: the model's config as already read
+    (`read_target_config`). A corpus that gives no samples is refused, naming why."""
     from .layers import resolve_layer_ids
-    from .planning import build_plan
+    from .planning import build_plan, summarize
+    from .report import quarantine_text
 
-    layer_ids = resolve_layer_ids(config.model, config.layers, config.num_context_layers)
+    layer_ids = resolve_layer_ids(target or config.model, config.layers, config.num_context_layers)
     plan = build_plan(
         config.corpus,
         config.tokenizer_path,
@@ -75,14 +69,35 @@ def plan_job(config: JobConfig):
         progress=lambda records: Progress("planning", records, "record", mode=config.progress,
                                           interval=config.progress_interval),
     )
+    if not plan.shards:
+        summary = summarize(plan)
+        quarantined = quarantine_text(summary.quarantined, summary.quarantined_by_reason)
+        raise ExtractError(f"the corpus gives no samples ({quarantined}); nothing to extract")
     return plan, layer_ids
+
+
+def refuse_missing_cuda(config) -> None:
+    """``--device cuda`` on a machine whose torch sees no GPU, for a job that starts its
+    own Ray: refused before anything is planned. A job joining a cluster
+    (``--address``) is checked against the cluster's GPUs once it connects."""
+    import os
+
+    if config.device != "cuda" or config.address or os.environ.get("RAY_ADDRESS"):
+        return
+    from store_schema.runtime.host import resolve_device
+
+    try:
+        resolve_device("cuda")
+    except ValueError as error:
+        raise ExtractError(f"{error} (or --address to join a Ray cluster with GPUs)") from None
 
 
 def run_job(config: JobConfig, log=None) -> dict:
     """Run (or resume) one extraction job; returns the report. Raises `ExtractError`
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
-    from store_schema.runtime.target_config import read_config_json
+    from store_schema.fingerprint import target_identity
+    from store_schema.runtime.target_config import read_target_config
     from store_schema.writer import looks_like_store
 
     from .layers import resolve_layer_ids
@@ -91,165 +106,167 @@ def run_job(config: JobConfig, log=None) -> dict:
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.perf_counter()
     store_path = Path(config.store)
-    read_config_json(config.model)  # a model directory, before anything is locked or planned
+    target = read_target_config(config.model)  # a model directory, before anything is locked or planned
     if not Path(config.corpus).exists():
         raise FileNotFoundError(f"corpus {config.corpus} does not exist")
+    refuse_missing_cuda(config)
     refuse_foreign_output(store_path, looks_like_store, "is a non-empty directory that is not a dflash store; refusing "
                           "to write into (or, with --overwrite, delete) it -- choose a new path")
-    layer_ids = resolve_layer_ids(config.model, config.layers, config.num_context_layers)
+    layer_ids = resolve_layer_ids(target, config.layers, config.num_context_layers)
     with output_locked(store_path):
-        return _run_locked(config, store_path, layer_ids, started, log)
+        job = Extraction(config, target, layer_ids, target_identity(config.model))
+        run = run_sharded(job, log)
+        return job.finish(run, time.perf_counter() - started, log)
 
 
-# --------------------------------------------------------------------------- the phases
+class Extraction(ShardedJob):
+    """`extract run` as a sharded job: its plan, workers, fingerprint and report."""
 
+    def __init__(self, config: JobConfig, target, layer_ids: list[int], identity: dict):
+        from .dispatch import DispatchSettings, Placement
 
-def _run_locked(config: JobConfig, store_path: Path, layer_ids: list[int], started: float, log) -> dict:
-    from store_schema import Fingerprint, layout, response_provenance
-    from store_schema.lock import ShardFence
-    from store_schema.writer import remove_staging
-
-    from .generated_corpus import generation_of
-
-    from .planning import summarize
-    from .resume import plan_and_resume
-
-    leftovers = remove_staging(store_path)
-    if leftovers:
-        log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job from .staging/")
-
-    outcome = Outcome(run=uuid.uuid4().hex[:8])
-    plan_started = time.perf_counter()
-    resume = plan_and_resume(config, store_path, lambda: plan_job(config)[0], log)
-    outcome.plan_seconds = time.perf_counter() - plan_started
-    plan = resume.plan
-    if not plan.shards:
-        summary = summarize(plan)
-        raise ExtractError(
-            f"the corpus gives no samples ({summary.quarantined} record(s) quarantined: "
-            f"{summary.quarantined_by_reason}); nothing to extract"
+        super().__init__(
+            Path(config.store), Placement.of(config),
+            DispatchSettings(config.max_attempts, config.batch_shards, config.worker_timeout,
+                             config.faults.kill_driver_after_shards),
+            ProgressSettings("extract", "sample", config.progress, config.progress_interval),
+            skip_space_check=config.skip_space_check,
         )
-    if resume.skipped and resume.pending:
-        log(f"resuming: {resume.skipped} of {len(plan.shards)} shard(s) already committed, "
-            f"{len(resume.pending)} to go")
+        self.config, self.target, self.layer_ids, self.identity = config, target, list(layer_ids), identity
+        self.resume = None  # extract.resume.Resume, once planned
+        self.writer = None  # store_schema.StoreWriter, once prepared
+        self.kernels: dict = {}
+        self.kernel_warning: str | None = None
 
-    with ExitStack() as stack:
-        pool = None
-        if resume.pending:
-            from .dispatch import WorkerPool, started_workers
+    def plan(self, log) -> Planned:
+        from store_schema.writer import clear_store, commit_plan
 
-            count = min(config.workers, len(resume.pending))
-            pool = stack.enter_context(started_workers(config, lambda: WorkerPool(config, plan, layer_ids), count))
-            target = _loaded_target(pool.infos[0])
-            outcome.kernel_warning = _kernel_warning(config, pool.infos, log)
-        else:
-            target = _configured_target(config.model, resume.store)
-        fingerprint = Fingerprint.for_extraction(
-            config.model, plan, layer_ids, **target, target_topk=config.target_topk or 0, dtype=config.store_dtype,
-            response_provenance=response_provenance(generation_of(config.corpus), config.model),
+        from .resume import plan_and_resume
+
+        config = self.config
+        self.resume = resume = plan_and_resume(config, self.output, lambda: plan_job(config, self.target)[0], log)
+        if not resume.reused:
+            try:
+                if config.overwrite:
+                    clear_store(self.output)
+                commit_plan(self.output, resume.plan)
+            except OSError as error:
+                if is_disk_full(error):
+                    raise ExtractError(disk_full_message(self.output, "while writing the plan")) from None
+                raise
+        return Planned(resume.plan, resume.reused, resume.pending)
+
+    def worker_spec(self, plan):
+        from .worker import ExtractionSpec
+
+        config = self.config
+        return ExtractionSpec(
+            model=str(Path(config.model).resolve()), tokenizer=str(Path(config.tokenizer_path).resolve()),
+            corpus=str(Path(config.corpus).resolve()), store=str(self.output.resolve()),
+            layer_ids=tuple(self.layer_ids), settings=plan.settings, device=config.device, topk=config.target_topk,
+            store_dtype=config.store_dtype, batch_tokens=config.batch_tokens,
+            torch_threads=config.cpus_per_worker if config.device == "cpu" else None,
+            trust_remote_code=config.trust_remote_code, require_fast_kernels=config.require_fast_kernels,
         )
-        writer = _open_or_create(store_path, resume, fingerprint, plan)
-        outcome.kernels = dict(target["kernels"])
+
+    def bytes_needed(self, planned: Planned) -> int:
+        """The pending shards' tokens at the store dtype's size ratio (`store_schema.dtypes`)."""
+        from store_schema.dtypes import store_dtype
+        from store_schema.layout import raw_bytes_per_token
+
+        pending = set(planned.pending)
+        tokens = sum(s.num_tokens for s in planned.plan.shards if s.name in pending)
+        per_token = raw_bytes_per_token(self.target.hidden_size, len(self.layer_ids))
+        return int(tokens * per_token * store_dtype(self.config.store_dtype).size_ratio)
+
+    def prepare(self, pool, log) -> None:
+        """Create the store root with the job's fingerprint, or check an existing one's."""
+        from store_schema import Fingerprint, response_provenance
+
+        from .generated_corpus import generation_of
+
         if pool is not None:
-            fence = ShardFence(store_path, outcome.run).open()
-            stack.callback(fence.close)  # closed before the actors go: no attempt of this run commits after
-            outcome.extract_seconds, outcome.counts = _dispatch(config, resume, pool, fence, store_path, log)
-            outcome.workers, outcome.startup_seconds = pool.infos, pool.startup_seconds
-            outcome.workers_started = pool.created
+            facts = _loaded_target(pool.infos[0])
+            self.kernel_warning = _kernel_warning(self.config, pool.infos)
+            if self.kernel_warning:
+                log(f"WARNING: {self.kernel_warning}; --require-fast-kernels refuses this")
+        else:
+            facts = _configured_target(self.target, self.resume.store)
+        provenance = response_provenance(generation_of(self.config.corpus),
+                                         self.identity["target_weights_index_sha256"])
+        fingerprint = Fingerprint.for_extraction(self.identity, self.resume.plan, self.layer_ids, facts,
+                                                 target_topk=self.config.target_topk or 0,
+                                                 dtype=self.config.store_dtype, response_provenance=provenance)
+        self.writer = _open_or_create(self.output, self.resume, fingerprint)
+        self.kernels = dict(facts.kernels)
 
-    remove_staging(store_path)  # what lost attempts of this run left (they can no longer commit)
-    missing = [s.name for s in plan.shards if not layout.is_committed(store_path, s.name)]
-    if missing:  # the report never says complete for a store that is not
-        raise ExtractError(f"{len(missing)} planned shard(s) are not committed after the run ({', '.join(missing[:5])}"
-                           f"{' ...' if len(missing) > 5 else ''}); rerun the same command to finish them")
-    outcome.shards_committed = len(plan.shards)
-    report = build_report(config, store_path, resume, layer_ids, outcome,
-                          wall=time.perf_counter() - started, leftovers=len(leftovers))
-    try:
-        writer.write_report(report_name(outcome), report)
-    except OSError as error:
-        if not is_disk_full(error):
-            raise
-        log("warning: disk full, the report was not stored (every shard is committed)")
-    return report
+    def finish(self, run, wall: float, log) -> dict:
+        """The report of `run`, kept in the store."""
+        outcome = Outcome(run=run.run, started_at=run.started_at, plan_seconds=run.plan_seconds,
+                          startup_seconds=run.startup_seconds, extract_seconds=run.dispatch_seconds, workers=run.workers,
+                          workers_started=run.workers_started, kernels=self.kernels,
+                          kernel_warning=self.kernel_warning, counts=run.counts,
+                          shards_committed=len(run.planned.plan.shards))
+        report = build_report(self.config, self.output, self.resume, self.layer_ids, outcome, wall=wall,
+                              leftovers=run.leftovers)
+        try:
+            self.writer.write_report(report_name(outcome), report)
+        except OSError as error:
+            if not is_disk_full(error):
+                raise
+            log("warning: disk full, the report was not stored (every shard is committed)")
+        return report
 
 
-def _kernel_warning(config: JobConfig, infos, log) -> str | None:
-    """Say loudly that CUDA workers run the PyTorch fallback (a silent 10x otherwise)."""
+def _kernel_warning(config: JobConfig, infos) -> str | None:
+    """CUDA workers on the PyTorch fallback (a silent 10x otherwise), said loudly."""
     from .kernels import fallback_kernels, slow_kernels_message
 
     slow = [info for info in infos if config.device == "cuda" and fallback_kernels(info.kernels)]
     if not slow:
         return None
-    message = slow_kernels_message(slow[0].kernels, f"{len(slow)} of {len(infos)} worker(s) ({slow[0].host})")
-    log(f"WARNING: {message}; --require-fast-kernels refuses this")
-    return message
+    return slow_kernels_message(slow[0].kernels, f"{len(slow)} of {len(infos)} worker(s) ({slow[0].host})")
 
 
-def _loaded_target(info) -> dict:
-    """The target's fingerprint facts as a worker loaded it."""
-    return dict(num_target_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size,
-                kernels=info.kernels)
+def _loaded_target(info):
+    """The target's facts as a worker loaded it."""
+    from store_schema import TargetFacts
+
+    return TargetFacts(num_target_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size,
+                       kernels=info.kernels)
 
 
-def _configured_target(model: str, store) -> dict:
+def _configured_target(target, store):
     """Nothing is left to compute, so no worker loads the target: its config gives
     the layer count and hidden size; the vocabulary and kernels are the store's
     (nothing this job computes depends on them)."""
-    from store_schema.runtime.target_config import read_target_config
+    from store_schema import TargetFacts
 
-    dims = read_target_config(model)
-    return dict(num_target_layers=dims.num_hidden_layers, hidden_size=dims.hidden_size,
-                vocab_size=store.fingerprint.vocab_size, kernels=store.fingerprint.kernels)
+    return TargetFacts(num_target_layers=target.num_hidden_layers, hidden_size=target.hidden_size,
+                       vocab_size=store.fingerprint.vocab_size, kernels=store.fingerprint.kernels)
 
 
-def _open_or_create(store_path: Path, resume, fingerprint, plan):
-    """The one place the job meets the store: create it with the job's fingerprint,
-    or refuse an existing one made with another target or settings (`Fingerprint.check`,
-    naming every field that differs); then write the plan (a no-op if it is there)."""
+def _open_or_create(store_path: Path, resume, fingerprint):
+    """The one place the job meets the store root: create it with the job's
+    fingerprint beside the plan committed earlier, or refuse an existing one made
+    with another target or settings (`Fingerprint.check`, naming every field that
+    differs)."""
     from store_schema import FingerprintMismatch, StoreWriter, create_store
 
     try:
         if resume.store is None:
-            writer = create_store(store_path, fingerprint, overwrite=True)
-        else:
-            try:
-                resume.store.fingerprint.check(fingerprint, ignore=_RESUME_TOLERATES)
-            except FingerprintMismatch as mismatch:
-                raise ExtractError(
-                    f"{store_path} was made with a different target or settings: {mismatch} "
-                    "-- pass --overwrite to start over"
-                ) from None
-            writer = StoreWriter(store_path)
-        writer.write_plan(plan)
+            return create_store(store_path, fingerprint, keep_plan=True)
+        try:
+            resume.store.fingerprint.check(fingerprint, ignore=_RESUME_TOLERATES)
+        except FingerprintMismatch as mismatch:
+            raise ExtractError(
+                f"{store_path} was made with a different target or settings: {mismatch} "
+                "-- pass --overwrite to start over"
+            ) from None
+        writer = StoreWriter(store_path)
+        writer.write_plan(resume.plan)  # a no-op: the store holds it
+        return writer
     except OSError as error:
         if is_disk_full(error):
-            raise ExtractError(disk_full_message(store_path, "while creating the store or writing its plan")) from None
+            raise ExtractError(disk_full_message(store_path, "while creating the store")) from None
         raise
-    return writer
-
-
-def _dispatch(config: JobConfig, resume, pool, fence, store_path: Path, log):
-    """Seconds taken and counts of handing the pending shards out to the pool's actors."""
-    from .dispatch import Dispatcher
-
-    plan = resume.plan
-    sizes = {s.name: len(s.samples) for s in plan.shards}
-    progress = Progress("extract", plan.num_samples, "sample", mode=config.progress, interval=config.progress_interval,
-                        initial=plan.num_samples - sum(sizes[name] for name in resume.pending), log=log)
-    dispatcher = Dispatcher(
-        pool,
-        plan,
-        resume.pending,
-        store_path,
-        fence,
-        max_attempts=config.max_attempts,
-        batch_shards=config.batch_shards,
-        worker_timeout=config.worker_timeout,
-        kill_driver_after_shards=config.faults.kill_driver_after_shards,
-        progress=progress,
-        log=log,
-    )
-    started = time.perf_counter()
-    counts = dispatcher.run()
-    return time.perf_counter() - started, counts

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from store_schema.layout import default_layer_ids, validate_layer_ids
-from store_schema.runtime.target_config import read_target_config
+from store_schema.runtime.target_config import TargetConfig, read_target_config
 
 
 def parse_layer_ids(text: str) -> list[int]:
@@ -25,10 +25,12 @@ def parse_layer_ids(text: str) -> list[int]:
 
 
 def resolve_layer_ids(
-    model_path: str | Path, layer_ids: list[int] | None = None, num_context_layers: int | None = None
+    target: str | Path | TargetConfig, layer_ids: list[int] | None = None, num_context_layers: int | None = None
 ) -> list[int]:
-    """Explicit ids (validated) or the default spread for ``num_context_layers`` (5 if neither)."""
-    num_layers = read_target_config(model_path).num_hidden_layers
+    """Explicit ids (validated) or the default spread for ``num_context_layers`` (5 if
+    neither), for the target at a model path or as its config already read."""
+    config = target if isinstance(target, TargetConfig) else read_target_config(target)
+    num_layers = config.num_hidden_layers
     if layer_ids is not None and num_context_layers is not None:
         raise ValueError("give either explicit layer ids or a number of context layers, not both")
     if layer_ids is not None:

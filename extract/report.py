@@ -105,7 +105,14 @@ def summary_line(report: dict) -> str:
     return (
         f"extracted {report['shards_written']} shard(s) ({report['samples_written']} samples, "
         f"{report['tokens_written']} tokens), {report['shards_skipped']} already committed, "
-        f"{report['quarantined']} record(s) quarantined; {report['tokens_per_s']:.0f} tokens/s, "
+        f"{quarantine_text(report['quarantined'], report['quarantined_by_reason'])}; "
+        f"{report['tokens_per_s']:.0f} tokens/s, "
         f"{human_bytes(int(report['bytes_per_s']))}/s on {report['workers']} worker(s)"
         + (f", padded/real tokens {ratio:.3f}" if ratio else "")
     )
+
+
+def quarantine_text(count: int, by_reason: dict) -> str:
+    """``6 record(s) quarantined (no_assistant_turn 2, unsafe_id 4)``: the count with its reasons."""
+    reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(by_reason.items()))
+    return f"{count} record(s) quarantined" + (f" ({reasons})" if reasons else "")

@@ -25,7 +25,7 @@ class Resume:
 
     plan: Plan
     reused: bool  # the store's own plan, nothing re-tokenized
-    store: Store | None  # the store to resume; None: create one (new, overwritten or never finished)
+    store: Store | None  # the store to resume; None: create its root (new, overwritten, or planned only)
     pending: list[str]  # planned shards not committed yet, in plan order
     skipped: int  # planned shards already committed
 
@@ -34,7 +34,7 @@ def plan_and_resume(config: JobConfig, store_path: Path, planner, log) -> Resume
     """The job's plan and the shards left. `planner()` makes a plan from scratch
     (`extract.job.plan_job`), called only when the store holds none to reuse."""
     store = _existing_store(config, store_path)
-    stored = store.plan() if store is not None else None
+    stored = store.plan() if store is not None else _plan_without_root(config, store_path)
     if store is not None and stored is None and store.committed_shards():
         raise ExtractError(f"{store_path} has committed shards but no plan; use --overwrite or a new store")
     if stored is not None:
@@ -57,8 +57,18 @@ def _existing_store(config: JobConfig, store_path: Path) -> Store | None:
     if config.overwrite or not store_entries(store_path):
         return None
     if not (store_path / layout.ROOT_RECORD).is_file():
-        return None  # never finished creating: no plan, no shards, nothing to lose
+        return None  # no root yet: at most a plan committed before the workers started (`_plan_without_root`)
     return Store(store_path)
+
+
+def _plan_without_root(config: JobConfig, store_path: Path) -> Plan | None:
+    """The plan a job committed before its workers started, in a store whose root
+    they never got to create (no GPU, a failed start, Ctrl-C)."""
+    from store_schema.plan_io import read_committed_plan
+
+    if config.overwrite or not store_path.is_dir():
+        return None
+    return read_committed_plan(store_path)
 
 
 def _check_same_plan(config: JobConfig, store_path: Path, stored: Plan) -> None:

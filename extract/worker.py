@@ -45,8 +45,11 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
+
+GROUPS_IN_FLIGHT = 2  # group tasks per actor: one on the device while the previous one is written
 
 # --------------------------------------------------------------------------- replies
 # What a worker sends back to the driver (Ray pickles them between the processes).
@@ -194,50 +197,61 @@ class BatchFaults:
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
-class ExtractionWorker:
-    """Plain class; `extract.dispatch` wraps it with ``ray.remote``. Also usable in-process."""
+@dataclass(frozen=True)
+class ExtractionSpec:
+    """What every extraction actor is built from (Ray sends it to each): the job's own
+    paths (a plan is identified by content, so a copied or moved corpus / tokenizer
+    is read where it is now), the context layers, the plan's settings and how to run."""
 
-    def __init__(
-        self,
-        model_path: str,
-        tokenizer_path: str,
-        corpus_path: str,
-        store_path: str,
-        layer_ids: list[int],
-        settings: dict,
-        *,
-        device: str = "cpu",
-        topk: int | None = None,
-        store_dtype: str = "bfloat16",
-        batch_tokens: int = 16384,
-        torch_threads: int | None = None,
-        trust_remote_code: bool = False,
-        require_fast_kernels: bool = False,
-        kill_after_batches: int | None = None,
-        stop_after_batches: int | None = None,
-    ):
+    model: str
+    tokenizer: str
+    corpus: str
+    store: str
+    layer_ids: tuple[int, ...]
+    settings: dict  # the plan's recorded settings
+    device: str = "cpu"
+    topk: int | None = None
+    store_dtype: str = "bfloat16"
+    batch_tokens: int = 16384
+    torch_threads: int | None = None
+    trust_remote_code: bool = False
+    require_fast_kernels: bool = False
+    task: ClassVar[str] = "extract_group"
+    groups_in_flight: ClassVar[int] = GROUPS_IN_FLIGHT
+
+    @staticmethod
+    def actor_class() -> type:
+        return ExtractionWorker
+
+
+class ExtractionWorker:
+    """Plain class; `extract.dispatch.ActorPool` wraps it with ``ray.remote``. Also usable in-process."""
+
+    def __init__(self, spec: ExtractionSpec, faults: BatchFaults | None = None):
         from transformers import AutoTokenizer
 
         from .planning import check_tokenizer
         from .target import TargetRunner, load_target
 
-        quiet_worker_process(torch_threads)
+        quiet_worker_process(spec.torch_threads)
         started = time.perf_counter()
-        self.store_path = str(store_path)
-        self.corpus_path = str(corpus_path)
-        self.settings = dict(settings)
-        self.faults = BatchFaults(kill_after_batches, stop_after_batches)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
+        self.store_path = str(spec.store)
+        self.corpus_path = str(spec.corpus)
+        self.settings = dict(spec.settings)
+        self.faults = faults or BatchFaults()
+        self.tokenizer = AutoTokenizer.from_pretrained(str(spec.tokenizer))
         check_tokenizer(self.tokenizer, self.settings)  # fail at start, not on the first shard
         self.target = load_target(
-            model_path, device=device, trust_remote_code=trust_remote_code, require_fast_kernels=require_fast_kernels,
-            keep_layers=None if topk is not None else max(layer_ids) + 1,  # top-k needs the whole model
+            spec.model, device=spec.device, trust_remote_code=spec.trust_remote_code,
+            require_fast_kernels=spec.require_fast_kernels,
+            keep_layers=None if spec.topk is not None else max(spec.layer_ids) + 1,  # top-k needs the whole model
         )
         from store_schema.dtypes import store_dtype as lookup_store_dtype
 
         # fp8 stores: states are quantized on the device, so half the bytes cross to the host
-        self.runner = TargetRunner(self.target, layer_ids, topk, quantize=lookup_store_dtype(store_dtype).scaled)
-        self.batch_tokens = int(batch_tokens)
+        self.runner = TargetRunner(self.target, list(spec.layer_ids), spec.topk,
+                                   quantize=lookup_store_dtype(spec.store_dtype).scaled)
+        self.batch_tokens = int(spec.batch_tokens)
         self._compute = threading.Lock()
         self._writer = None
         self._writer_lock = threading.Lock()

@@ -2,11 +2,11 @@
 
 Only this package knows where arrays live; `extract` writes through `StoreWriter`,
 `train` reads through `Store`. Names are imported lazily so that light users
-(`store_schema.plan`, planning workers) don't pay for torch and zarr."""
+(`store_schema.plan`, planning workers, `--help`) don't pay for torch and zarr:
+zarr comes with the reader or writer, which register the store's zarr data types
+(`store_schema.zarr_dtypes`) when they are imported."""
 
 from importlib import import_module
-
-from . import bf16, fp8  # noqa: F401  register the zarr `bfloat16` / `float8_e4m3fn` data types (no torch)
 
 _EXPORTS = {
     "LAYER_ID_CONVENTION": "layout",
@@ -20,6 +20,7 @@ _EXPORTS = {
     "validate_layer_ids": "layout",
     "Fingerprint": "fingerprint",
     "FingerprintMismatch": "fingerprint",
+    "TargetFacts": "fingerprint",
     "file_sha256": "fingerprint",
     "package_versions": "fingerprint",
     "target_identity": "fingerprint",

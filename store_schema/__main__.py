@@ -68,8 +68,9 @@ def _info_summary(store) -> dict:
 
 def cmd_verify(args) -> int:
     """A store that cannot be opened at all is a usage error (exit 2); anything
-    wrong inside one, its root included, is a problem in the report (exit 1)."""
-    from .verify import clean_leftovers, format_report, verify_store
+    wrong inside one, its root included, is a problem in the report (exit 1, also
+    after --repair: the store lacks those shards until `extract run` redoes them)."""
+    from .verify import format_report, verify_store
 
     if args.recompute and not args.model:
         raise UsageError("--recompute needs --model PATH")
@@ -77,27 +78,67 @@ def cmd_verify(args) -> int:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if args.checksums_only and args.recompute:
         raise UsageError("--checksums-only and --recompute exclude each other")
+    if args.repair and args.recompute:
+        raise UsageError("--repair and --recompute exclude each other: a recompute mismatch is not a damaged file")
     if args.recompute:  # a model or device this machine lacks is refused before the store is read
         from .runtime.host import resolve_device
         from .runtime.target_config import read_config_json
 
         read_config_json(args.model)
         resolve_device(args.device)
-    report = verify_store(args.store, progress=None if args.json else ProgressLines(), workers=args.workers,
+    # Progress on stderr in both forms: stdout carries the report (one JSON object with --json).
+    report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
                           checksums_only=args.checksums_only)
     if args.recompute and report.ok:
         from .reader import Store
         from .recompute import recompute_check
 
+        print(f"recomputing {args.recompute} sample(s) with {args.model} on {args.device}...", file=sys.stderr,
+              flush=True)
         report.recomputed, problems = recompute_check(Store(args.store), args.model, args.recompute, device=args.device)
         report.problems.extend(problems)
-    if args.clean:
-        removed = clean_leftovers(args.store)
-        report.leftovers = []
-        if not args.json:
-            print(f"removed {len(removed)} uncommitted leftover(s)")
-    print(json.dumps(report.to_json()) if args.json else format_report(report))
+    done = {}
+    if args.clean or args.repair:
+        from .repair import clean_store
+
+        removed, done["set_aside"] = clean_store(args.store, commitless=not args.repair)
+        report.leftovers = [name for name in report.leftovers if name not in removed]
+        done["removed_leftovers"] = removed
+    if args.repair:
+        from .repair import repair_store
+
+        done["repair"] = repair_store(args.store, report).to_json()
+    if args.json:
+        print(json.dumps(dict(report.to_json(), **done)))
+    else:
+        print(format_report(report))
+        for line in _done_lines(args.store, done):
+            print(line)
     return EXIT_OK if report.ok else EXIT_PROBLEM
+
+
+def _done_lines(store: str, done: dict) -> list[str]:
+    """What --clean / --repair did, and what to run next."""
+    lines = []
+    if "removed_leftovers" in done:
+        removed = done["removed_leftovers"]
+        lines.append(f"removed {len(removed)} uncommitted leftover(s)" + (f": {', '.join(removed)}" if removed else ""))
+    from .layout import DAMAGED_DIR
+
+    if done.get("set_aside"):
+        lines.append(f"moved {len(done['set_aside'])} shard directory(ies) without a commit record to {store}/"
+                     f"{DAMAGED_DIR}/: {', '.join(done['set_aside'])}")
+    repair = done.get("repair")
+    if repair:
+        moved = repair["moved"]
+        if moved:
+            lines.append(f"moved {len(moved)} damaged shard(s) to {store}/{DAMAGED_DIR}/: {', '.join(moved)}")
+            lines.append("next: rerun the same `python -m extract run` command (it extracts exactly those shards "
+                         f"again, byte-identical); it deletes {DAMAGED_DIR}/ once the store is complete")
+        for p in repair["unrepairable"]:
+            lines.append(f"not repaired (re-extraction cannot mend it): {p['shard'] or 'store'}/"
+                         f"{p['file'] or p['array']}: {p['what']}")
+    return lines
 
 
 class ProgressLines:
@@ -139,14 +180,19 @@ def _parser() -> argparse.ArgumentParser:
     p_verify = sub.add_parser("verify", help="re-read every committed file; exit 0 intact, 1 problems, 2 usage")
     p_verify.add_argument("store")
     p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
-    p_verify.add_argument("--clean", action="store_true", help="remove uncommitted leftovers")
+    p_verify.add_argument("--clean", action="store_true",
+                          help="remove uncommitted leftovers (.staging/ entries of a dead job) and move shard "
+                               "directories without a commit record to damaged/; names each")
+    p_verify.add_argument("--repair", action="store_true",
+                          help="also move every damaged or commit-less shard out of shards/ into damaged/ "
+                               "(kept until the store is complete again); then rerun `extract run`")
     p_verify.add_argument("--workers", type=int, default=None, metavar="N",
                           help="shards checked at once (default: the cores available)")
     p_verify.add_argument("--checksums-only", action="store_true",
                           help="only sizes and crc32c of every committed file: a quick integrity pass")
     p_verify.add_argument("--recompute", type=int, default=0, metavar="N",
                           help="re-extract N random committed samples with --model and compare (cosine >= 0.999; "
-                               "fp8 stores: >= 0.99)")
+                               "fp8 stores: >= 0.995)")
     p_verify.add_argument("--model", help="target model path for --recompute")
     p_verify.add_argument("--device", default="cpu", help="device for --recompute (cpu, cuda)")
     p_verify.set_defaults(handler=cmd_verify)

@@ -42,6 +42,18 @@ RECORDED_LATER = ("target_weights_sample_sha256",)
 TARGET_CHECKS = ("target_config_sha256", "target_weights_index_sha256", "target_weights_sample_sha256")
 
 
+@dataclass(frozen=True)
+class TargetFacts:
+    """What a store records of the target besides its identity: its size and the
+    kernels that computed the states, as the job's workers loaded it (or, with
+    nothing left to compute, as its config and the store say)."""
+
+    num_target_layers: int
+    hidden_size: int
+    vocab_size: int
+    kernels: dict = field(default_factory=dict)  # e.g. {"linear_attention": "torch", "compute_dtype": "float32"}
+
+
 # Fields added after schema version 1, with the value every older store implicitly has:
 # left out of the stored JSON at that value, so older stores keep their fingerprint hash.
 _ADDED_LATER = {"loss_mask": "content", "response_provenance": UNKNOWN, "target_weights_sample_sha256": ""}
@@ -81,39 +93,38 @@ class Fingerprint:
     @classmethod
     def for_extraction(
         cls,
-        model_path: str | Path,
+        identity: Mapping,
         plan: Plan,
         layer_ids: Iterable[int],
+        target: "TargetFacts",
         *,
-        num_target_layers: int,
-        hidden_size: int,
-        vocab_size: int,
-        kernels: Mapping,
         target_topk: int = 0,
         dtype: str = "bfloat16",
         response_provenance: str = UNKNOWN,
     ) -> "Fingerprint":
-        """The fingerprint of a store extracted from the target at `model_path` along
-        `plan`: the target's identity (`target_identity`), its size and kernels as the
-        workers loaded it, the plan's max length and the tokenizer, chat-template and
-        corpus hashes the plan recorded, where the corpus's responses came from
-        (`store_schema.provenance`), and this environment's package versions."""
+        """The fingerprint of a store extracted along `plan` from the target that
+        `identity` names (`target_identity`, hashed once by the job), its size and
+        kernels as the workers loaded it (`target`), the plan's max length and the
+        tokenizer, chat-template and corpus hashes the plan recorded, where the corpus's
+        responses came from (`store_schema.provenance`), and this environment's
+        package versions."""
         recorded = plan.settings
+        settings = PlanSettings.from_record(recorded)
         return cls(
-            **target_identity(model_path),
-            num_target_layers=int(num_target_layers),
-            hidden_size=int(hidden_size),
-            vocab_size=int(vocab_size),
+            **identity,
+            num_target_layers=int(target.num_target_layers),
+            hidden_size=int(target.hidden_size),
+            vocab_size=int(target.vocab_size),
             layer_ids=tuple(layer_ids),
-            max_length=PlanSettings.from_record(recorded).max_length,
+            max_length=settings.max_length,
             tokenizer_sha256=recorded.get("tokenizer_hash") or "",
             chat_template_sha256=recorded.get("chat_template_hash") or "",
             corpus_sha256=recorded.get("corpus_hash") or "",
-            kernels=dict(kernels),
+            kernels=dict(target.kernels),
             package_versions=package_versions(),
             target_topk=int(target_topk),
             dtype=dtype,
-            loss_mask=PlanSettings.from_record(recorded).loss_mask,
+            loss_mask=settings.loss_mask,
             response_provenance=response_provenance,
         )
 

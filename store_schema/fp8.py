@@ -9,21 +9,16 @@ rounding: at most 2^-4 of a value in the normal range (|x| >= 2^-6 scale) and
 and a NaN would poison the token's scale (so are the few bf16 values within 3 % of
 bf16's max, whose e4m3 rounding is Inf: `LARGEST_STORABLE`).
 
-Registered as a zarr `float8_e4m3fn` data type over `ml_dtypes.float8_e4m3fn`
-(LLVM / ml_dtypes / torch spelling; zarr-extensions' `float8_e4m3` is the IEEE-like
-variant with infinities and a max of 240), so plain zarr-python reads an fp8 store
-after `import store_schema`."""
+The zarr data type `float8_e4m3fn` over `ml_dtypes.float8_e4m3fn` is registered by
+`store_schema.zarr_dtypes` (imported by whatever opens a store), so this module's
+numerics need no zarr."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import ml_dtypes
 import numpy as np
-from zarr.core.dtype import data_type_registry
-from zarr.core.dtype.common import DataTypeValidationError
-from zarr.core.dtype.npy.float import BaseFloat
 
 FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
 E4M3_MAX = 448.0
@@ -33,37 +28,6 @@ _MAX_SCALE_EXPONENT = 126  # scales stay normal float32 (and their inverses fini
 # The largest magnitude e4m3 holds with any scale without its rounding reaching 2^128 (Inf in
 # float32 and bf16): 4 significant bits round 1.9375 * 2^127 and above up to 2^128.
 LARGEST_STORABLE = 1.9375 * 2.0**127
-
-
-@dataclass(frozen=True, kw_only=True)
-class Float8E4M3FN(BaseFloat):
-    dtype_cls = type(FLOAT8_E4M3FN)
-    _zarr_v3_name: ClassVar[str] = "float8_e4m3fn"
-    _zarr_v2_names: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def from_native_dtype(cls, dtype):
-        if cls._check_native_dtype(dtype):
-            return cls(endianness="little")
-        raise DataTypeValidationError(f"Invalid data type: {dtype}. Expected float8_e4m3fn")
-
-    def to_native_dtype(self):
-        return FLOAT8_E4M3FN
-
-    @property
-    def item_size(self) -> int:
-        return 1
-
-    def _cast_scalar_unchecked(self, data):
-        return FLOAT8_E4M3FN.type(data)
-
-
-def register() -> None:
-    """Idempotent; done on import of `store_schema`."""
-    data_type_registry.register(Float8E4M3FN._zarr_v3_name, Float8E4M3FN)
-
-
-register()
 
 
 @dataclass(frozen=True)

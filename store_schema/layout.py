@@ -19,6 +19,8 @@
         commit.json             size + crc32c of every file above; written before the
                                 directory is renamed into shards/, so it is the commit
       .staging/                 shards being written aside (never visible to readers)
+      damaged/                  shards `verify --repair` (or a job) moved out of shards/, kept
+                                until the job that re-extracts them completes the store
       .lock                     held (flock) by the one live job writing the store
       reports/                  job reports (JSON)
 
@@ -39,6 +41,7 @@ ROOT_RECORD = "dflash_store.json"
 PLAN_DIR = "plan"
 SHARDS_DIR = "shards"
 STAGING_DIR = ".staging"
+DAMAGED_DIR = "damaged"
 LOCK_FILE = ".lock"
 REPORTS_DIR = "reports"
 COMMIT_RECORD = "commit.json"

@@ -63,10 +63,10 @@ class StoreLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+                holder = describe_holder(os.pread(fd, 4096, 0).decode(errors="replace"))
                 os.close(fd)
                 raise StoreLockedError(
-                    f"{store} is held by another live job ({holder}); wait for it to finish or stop it first"
+                    f"{store} is held by another live job, {holder}; wait for it to finish or stop it first"
                 ) from None
             except OSError as error:
                 os.close(fd)
@@ -111,6 +111,17 @@ class StoreLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def describe_holder(text: str) -> str:
+    """The lock file's JSON as a sentence: ```extract run ...` (pid 12, host h, since
+    2026-12-01 19:30:00 UTC)``; what it holds verbatim if it is not that JSON."""
+    try:
+        info = json.loads(text)
+        since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["since"])))
+        return f"`{info['job']}` (pid {info['pid']} on {info['host']}, since {since})"
+    except (ValueError, KeyError, TypeError):
+        return f"which left {text.strip()!r} in its lock file" if text.strip() else "which left no details"
 
 
 def _open_lock_file(path: Path) -> tuple[int, bool]:

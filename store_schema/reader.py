@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import zarr
 
-from . import layout
+from . import layout, zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
 from .dtypes import StoreDtype, store_dtype
 from .fp8 import as_bf16, dequantize
 from .plan import Plan

@@ -334,5 +334,7 @@ def format_report(report: Report) -> str:
         lines.append(f"PROBLEM {where}: {p['what']}")
     if report.leftovers:
         lines.append(f"uncommitted leftovers in {layout.STAGING_DIR}/: {', '.join(report.leftovers)} (--clean removes them)")
+    if any(p["shard"] for p in report.problems):
+        lines.append("--repair moves the damaged shards aside; the same `extract run` then extracts them again")
     lines.append("OK: store is intact" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
     return "\n".join(lines)

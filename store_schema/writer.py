@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import zarr
 
-from . import layout
+from . import layout, zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
 from .bf16 import BFLOAT16
 from .dtypes import StoreDtype, store_dtype
 from .encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
@@ -70,28 +70,8 @@ class StoreWriter:
 
     # -- plan ---------------------------------------------------------------------------
     def write_plan(self, plan: Plan) -> None:
-        """Write the plan once; a second, different plan for the same store is refused."""
-        plan_dir = self.path / layout.PLAN_DIR
-        if (plan_dir / layout.COMMIT_RECORD).exists():
-            existing = read_record(plan_dir / layout.COMMIT_RECORD)
-            if existing["plan_sha256"] != plan.digest():
-                raise ValueError(
-                    f"{self.path}: the store already holds a different plan "
-                    "(other corpus or settings); use a new store or --overwrite"
-                )
-            return
-        staging = staging_dir(self.path, layout.PLAN_DIR)
-        write_plan_group(staging, plan)
-        files = describe_files(staging)
-        write_record(
-            staging / layout.COMMIT_RECORD,
-            {"plan_sha256": plan.digest(), "files": files, "fingerprint_sha256": self.fingerprint.sha256()},
-        )
-        fsync_tree(staging)
-        if plan_dir.exists():
-            shutil.rmtree(plan_dir)  # an uncommitted leftover (no commit record)
-        os.rename(staging, plan_dir)
-        fsync_path(self.path)
+        """Write the plan once (`commit_plan`); a second, different plan is refused."""
+        commit_plan(self.path, plan)
         self._plan = plan
 
     # -- shards -------------------------------------------------------------------------
@@ -250,6 +230,40 @@ def _quantized(sample: SampleArrays, layer_id: int) -> tuple[np.ndarray, np.ndar
     return states.codes.detach().cpu().contiguous().view(torch.uint8).numpy().view(FLOAT8_E4M3FN), scales
 
 
+def commit_plan(path, plan: Plan) -> None:
+    """Commit `plan` into the store directory `path`: written aside, listed in its
+    commit record, renamed into ``plan/``. No store root is needed: a job commits its
+    plan before any worker starts, so whatever fails later resumes without
+    re-tokenizing the corpus. A committed plan is kept; a different one is refused."""
+    path = Path(path)
+    plan_dir = path / layout.PLAN_DIR
+    if (plan_dir / layout.COMMIT_RECORD).exists():
+        if read_record(plan_dir / layout.COMMIT_RECORD)["plan_sha256"] != plan.digest():
+            raise ValueError(f"{path}: the store already holds a different plan (other corpus or settings); "
+                             "use a new store or --overwrite")
+        return
+    staging = staging_dir(path, layout.PLAN_DIR)
+    write_plan_group(staging, plan)
+    write_record(staging / layout.COMMIT_RECORD, {"plan_sha256": plan.digest(), "files": describe_files(staging)})
+    fsync_tree(staging)
+    if plan_dir.exists():
+        shutil.rmtree(plan_dir)  # an uncommitted leftover (no commit record)
+    os.rename(staging, plan_dir)
+    fsync_path(path)
+
+
+def clear_store(path, keep=()) -> None:
+    """Delete what a store directory holds (`--overwrite`), the held `.lock` and the
+    entries named in `keep` aside."""
+    for entry in store_entries(path):
+        if entry.name in keep:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def store_entries(path) -> list[Path]:
     """What a store directory holds, the job lock (`.lock`) aside: the lock is not
     content, and removing it while held would let a second job lock a fresh inode."""
@@ -263,6 +277,7 @@ def looks_like_store(path) -> bool:
     names = {p.name for p in store_entries(path)}
     return bool(names) and names <= {
         layout.ZARR_METADATA, layout.ROOT_RECORD, layout.PLAN_DIR, layout.SHARDS_DIR, layout.STAGING_DIR, layout.REPORTS_DIR,
+        layout.DAMAGED_DIR,
     }
 
 
@@ -300,20 +315,20 @@ def create_store(
     fingerprint: Fingerprint,
     codec: CodecConfig | None = None,
     overwrite: bool = False,
+    keep_plan: bool = False,
 ) -> StoreWriter:
     """Create an empty store (codec: the store dtype's default unless given). An
-    existing store is kept unless `overwrite`."""
+    existing store is kept unless `overwrite`. With `keep_plan`, a plan committed
+    before the root (`commit_plan`) stays, and whatever else an earlier creation
+    cut short left is removed (without a root record nothing in it was committed)."""
     path = Path(path)
     codec = codec or CodecConfig(name=store_dtype(fingerprint.dtype).default_codec)
-    existing = store_entries(path)  # a job holds `.lock` before it creates the store
+    kept = {layout.PLAN_DIR, layout.STAGING_DIR} if keep_plan else set()
+    existing = [e for e in store_entries(path) if e.name not in kept]  # a job holds `.lock` before it creates the store
     if existing:
-        if not overwrite:
+        if not (overwrite or keep_plan):
             raise StoreExistsError(f"{path} exists and is not empty; pass overwrite to start over")
-        for entry in existing:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
+        clear_store(path, keep=kept)
     # Mode "a" on the emptied directory, never "w": zarr's "w" deletes everything in
     # it, the held `.lock` included, and a second job could then lock a fresh file.
     root = zarr.open_group(str(path), mode="a")

@@ -353,8 +353,11 @@ def test_disk_full_stops_cleanly_and_rerun_completes(reference, qwen3_5_dir, cor
         pytest.skip(f"cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN): {made.stderr.strip()}")
     try:
         store = mount / "store"
+        with pytest.raises(ExtractError, match=r"take about .* its filesystem has .* free .*--skip-space-check"):
+            run_job(_config(qwen3_5_dir, corpus[0], store))  # the plan's estimate does not fit: refused up front
+        assert not list(store.glob("shards/*"))
         with pytest.raises(ExtractError, match="disk full .* rerun the same command"):
-            run_job(_config(qwen3_5_dir, corpus[0], store))
+            run_job(_config(qwen3_5_dir, corpus[0], store, skip_space_check=True))
         result = verify_store(store)
         committed = result.shards_checked
         assert 0 < committed < ref_report["shards"]
@@ -436,9 +439,10 @@ def test_progress_lines_without_a_terminal_ctrl_c_then_resume(ray_cluster, qwen3
     if returncode == 0:
         pytest.skip("the job finished before Ctrl-C landed")
     assert returncode == 130, err[-3000:]
-    assert err.strip().splitlines()[-1] == (f"interrupted: committed shards are kept; rerun the same command to "
-                                            f"resume ({store})"), err[-3000:]
+    assert err.strip().splitlines()[-1] == (f"interrupted: the plan and committed shards are kept; rerun the same "
+                                            f"command to resume ({store})"), err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert "Token authentication" not in err, err[-3000:]  # Ray's notice about its own default: silenced
     for _ in range(600):  # poll bound (a hang guard, not a timing): Ray's processes exit with the driver
         if not _session_processes(session):
             break

@@ -143,7 +143,7 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
     not): the group is queued again for the other only, its attempt revoked and its
     staging removed; the committed one is counted as written."""
     import builders
-    from extract.dispatch import DispatchCounts, Dispatcher, _Held
+    from extract.dispatch import DispatchCounts, Dispatcher, DispatchSettings, _Held
     from store_schema import Store
     from store_schema.lock import ShardFence, ShardFenced, claim
 
@@ -156,8 +156,8 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
 
     plan = Store(store).plan()
     log, pool = [], _Pool()
-    dispatcher = Dispatcher(pool, plan, ["shard-000002", "shard-000004"], store, fence, max_attempts=4,
-                            batch_shards=2, log=log.append)
+    dispatcher = Dispatcher(pool, plan, ["shard-000002", "shard-000004"], fence,
+                            DispatchSettings(max_attempts=4, batch_shards=2), log=log.append)
     dispatcher.queue.clear()
     dying = _Held(0, ("shard-000001", "shard-000002"), {"shard-000001": first, "shard-000002": first}, 0.0)
     other = _Held(1, ("shard-000003", "shard-000004"), {"shard-000004": first}, 0.0)
@@ -183,7 +183,7 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
 def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
     """`max_attempts` tries per shard, then the job stops naming the shard."""
     import builders
-    from extract.dispatch import Dispatcher, _Held
+    from extract.dispatch import Dispatcher, DispatchSettings, _Held
     from extract.errors import ExtractError
     from store_schema import Store
     from store_schema.lock import ShardFence
@@ -195,8 +195,8 @@ def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
             raise AssertionError("no replacement once the job stops")
 
     fence = ShardFence(tmp_path / "s").open()
-    dispatcher = Dispatcher(Pool(), Store(tmp_path / "s").plan(), [], tmp_path / "s", fence, max_attempts=2,
-                            batch_shards=2, log=lambda message: None)
+    dispatcher = Dispatcher(Pool(), Store(tmp_path / "s").plan(), [], fence,
+                            DispatchSettings(max_attempts=2, batch_shards=2), log=lambda message: None)
     dispatcher.inflight = {"ref": _Held(0, ("shard-000009",), {"shard-000009": fence.attempt(2)}, 0.0)}
     dispatcher.attempts["shard-000009"] = 2
     with pytest.raises(ExtractError, match=r"shard shard-000009 failed 2 time\(s\).*rerun to resume"):
@@ -273,7 +273,7 @@ def test_second_job_refused_while_first_lives_then_takes_over(reference, ray_clu
                      "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS), "--batch-tokens", str(BATCH_TOKENS),
                      "--no-progress"])
         err = capsys.readouterr().err
-        assert code == 1 and "held by another live job" in err and f'"pid": {first.pid}' in err, err
+        assert code == 1 and "held by another live job" in err and f"(pid {first.pid} on " in err, err
     finally:
         kill(first.pid, signal.SIGKILL)
         first.wait()
@@ -312,7 +312,9 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
 
     from extract.batching import batch_groups
     from extract.config import FaultInjection
-    from extract.dispatch import WorkerPool
+    from extract.dispatch import ActorPool, Placement
+    from extract.job import Extraction
+    from store_schema.runtime.target_config import read_target_config
     from store_schema import Store
     from store_schema.lock import ShardFence
     from store_schema.verify import verify_store
@@ -324,8 +326,9 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
     group = batch_groups([s.name for s in plan.shards], 4)[1]
     for name in group:
         shutil.rmtree(store / "shards" / name)
-    pool = WorkerPool(_config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(stop_after_batches=(1,))),
-                      plan, [1, 3, 5])
+    config = _config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(stop_after_batches=(1,)))
+    spec = Extraction(config, read_target_config(qwen3_5_dir), [1, 3, 5], {}).worker_spec(plan)
+    pool = ActorPool(Placement.of(config), spec)
     pool.start(2)
     frozen = pool.infos[0].pid
     try:

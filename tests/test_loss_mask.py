@@ -14,7 +14,7 @@ from builders import CHAT_TEMPLATE, write_chat_jsonl
 
 from extract.planning import build_plan
 from extract.tokenization import mask_with_generation_tags, mask_with_offsets, tokenize_record
-from store_schema.fingerprint import Fingerprint
+from store_schema.fingerprint import Fingerprint, TargetFacts, target_identity
 from store_schema.plan import PlanSettings
 
 # Like Qwen3's / Qwen3.6's: reasoning from `reasoning_content` or split off inline
@@ -212,9 +212,10 @@ def test_the_scope_is_recorded_in_the_plan_and_the_fingerprint(tmp_path, tokeniz
     with pytest.raises(ValueError, match="plan settings: loss_mask must be one of"):
         PlanSettings(loss_mask="all")
 
-    facts = dict(num_target_layers=8, hidden_size=64, vocab_size=512, kernels={})
-    with_turn = Fingerprint.for_extraction(tokenizer_dir, turn, [1, 3], **facts)
-    with_content = Fingerprint.for_extraction(tokenizer_dir, content, [1, 3], **facts)
+    facts = TargetFacts(num_target_layers=8, hidden_size=64, vocab_size=512)
+    identity = target_identity(tokenizer_dir)
+    with_turn = Fingerprint.for_extraction(identity, turn, [1, 3], facts)
+    with_content = Fingerprint.for_extraction(identity, content, [1, 3], facts)
     assert with_turn.loss_mask == "turn" and with_turn.to_json()["loss_mask"] == "turn"
     # A content-scope store records what every store before scopes did: no key, the same hash.
     assert with_content.loss_mask == "content" and "loss_mask" not in with_content.to_json()

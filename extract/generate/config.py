@@ -71,6 +71,7 @@ class GenerateConfig:
     worker_timeout: float = DEFAULT_WORKER_TIMEOUT
     progress: str = "off"
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
+    skip_space_check: bool = False  # start even when the size estimate exceeds the output's free space
     faults: FaultInjection = field(default_factory=FaultInjection.from_env)
 
     def __post_init__(self):

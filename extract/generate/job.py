@@ -11,36 +11,27 @@ The same rules as `extract run` (`extract.job`), through the same parts:
    tokenizer, source corpus bytes and settings are the ones it was made with; any
    other is refused naming each field that differs. A new output is planned
    (`planning.plan_generation`) and its manifest written before any shard.
-3. Pending shards go to `GenerationWorker` actors through extraction's
-   `ActorPool` and `Dispatcher`: numbered attempts (`store_schema.lock.ShardFence`),
-   lost workers' shards revoked and redone elsewhere, ``max_attempts`` tries.
-4. Every planned shard must be committed; the JSON report is returned."""
+3. The rest is the one sharded-job driver (`extract.sharded.run_sharded`) with
+   `GenerationWorker` actors built from a `GenerationSpec`: free space, numbered
+   attempts (`store_schema.lock.ShardFence`), lost workers' shards revoked and redone
+   elsewhere, ``max_attempts`` tries; every planned shard must be committed; the
+   JSON report is returned."""
 
 from __future__ import annotations
 
 import sys
 import time
-import uuid
-from contextlib import ExitStack
 from pathlib import Path
 
-from ..dispatch import ActorPool
-from ..errors import ExtractError
 from store_schema.runtime.progress import Progress
+
+from ..errors import ExtractError
+from ..sharded import Planned, ProgressSettings, ShardedJob, run_sharded
 from .config import GenerateConfig
 
-
-class GenerationPool(ActorPool):
-    """The generate actors, one `GenerationWorker` each."""
-
-    def __init__(self, config: GenerateConfig, plan):
-        from .worker import GenerationWorker
-
-        args = (str(Path(config.model).resolve()), str(Path(config.corpus).resolve()), str(Path(config.out).resolve()),
-                plan.settings)
-        kwargs = dict(device=config.device, batch_tokens=config.batch_tokens,
-                      torch_threads=config.cpus_per_worker if config.device == "cpu" else None)
-        super().__init__(config, GenerationWorker, args, kwargs, task="generate_group")
+# A rough upper bound on a generated corpus's bytes per token (UTF-8 text in Parquet),
+# for the free-space check: generous, since a reply may use its whole --max-new-tokens.
+BYTES_PER_TOKEN = 4
 
 
 def plan_generate(config: GenerateConfig, log=None):
@@ -68,82 +59,89 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
     from ..generated_corpus import is_generated_corpus
+    from ..job import refuse_missing_cuda
     from ..output import output_locked, refuse_foreign_output
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.perf_counter()
     out = Path(config.out)
+    refuse_missing_cuda(config)
     refusal = "is a non-empty directory that is not a generated corpus; refusing to write into it -- choose a new --out"
     refuse_foreign_output(out, is_generated_corpus, refusal)
     with output_locked(out):
-        return _run_locked(config, out, started, log)
+        run = run_sharded(Generation(config), log)
+        return _report(config, run, time.perf_counter() - started)
 
 
-def _run_locked(config: GenerateConfig, out: Path, started: float, log) -> dict:
-    from store_schema import layout
-    from store_schema.lock import ShardFence
-    from store_schema.writer import remove_staging
+class Generation(ShardedJob):
+    """`extract generate` as a sharded job."""
 
-    from ..dispatch import Dispatcher, started_workers
-    from ..generated_corpus import shard_record, write_manifest
+    def __init__(self, config: GenerateConfig):
+        from ..dispatch import DispatchSettings, Placement
+
+        super().__init__(Path(config.out), Placement.of(config),
+                         DispatchSettings(config.max_attempts, 1, config.worker_timeout,
+                                          config.faults.kill_driver_after_shards),
+                         ProgressSettings("generate", "record", config.progress, config.progress_interval),
+                         skip_space_check=config.skip_space_check)
+        self.config = config
+
+    def plan(self, log) -> Planned:
+        from store_schema import layout
+
+        from ..generated_corpus import write_manifest
+
+        plan, reused = _plan_or_resume(self.config, self.output, log)
+        if not reused:
+            write_manifest(self.output, plan.settings, [s.name for s in plan.shards], plan.to_json())
+        return Planned(plan, reused, [s.name for s in plan.shards if not layout.is_committed(self.output, s.name)])
+
+    def worker_spec(self, plan):
+        from .worker import GenerationSpec
+
+        config = self.config
+        return GenerationSpec(model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
+                              out=str(self.output.resolve()), plan_settings=plan.settings, device=config.device,
+                              batch_tokens=config.batch_tokens,
+                              torch_threads=config.cpus_per_worker if config.device == "cpu" else None)
+
+    def bytes_needed(self, planned: Planned) -> int:
+        """Prompts plus every turn's reply at its full --max-new-tokens, `BYTES_PER_TOKEN` each."""
+        pending = set(planned.pending)
+        samples = [s for shard in planned.plan.shards if shard.name in pending for s in shard.samples]
+        tokens = sum(s.num_tokens + s.num_loss_tokens * self.config.settings.max_new_tokens for s in samples)
+        return tokens * BYTES_PER_TOKEN
+
+
+def _report(config: GenerateConfig, run, wall: float) -> dict:
+    from ..generated_corpus import shard_record
     from .planning import plan_counts
 
-    leftovers = remove_staging(out)
-    if leftovers:
-        log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job from .staging/")
-    plan, reused = _plan_or_resume(config, out, log)
-    pending = [s.name for s in plan.shards if not layout.is_committed(out, s.name)]
-    if not reused:
-        write_manifest(out, plan.settings, [s.name for s in plan.shards], plan.to_json())
-    elif pending and len(pending) < len(plan.shards):
-        log(f"resuming: {len(plan.shards) - len(pending)} of {len(plan.shards)} shard(s) already committed, "
-            f"{len(pending)} to go")
-    run = uuid.uuid4().hex[:8]
-    counts, seconds, workers = None, 0.0, []
-    if pending:
-        sizes = {s.name: len(s.samples) for s in plan.shards}
-        progress = Progress("generate", plan.num_samples, "record", mode=config.progress,
-                            interval=config.progress_interval, log=log,
-                            initial=plan.num_samples - sum(sizes[name] for name in pending))
-        with ExitStack() as stack:
-            count = min(config.workers, len(pending))
-            pool = stack.enter_context(started_workers(config, lambda: GenerationPool(config, plan), count))
-            fence = ShardFence(out, run).open()
-            stack.callback(fence.close)
-            dispatcher = Dispatcher(pool, plan, pending, out, fence, max_attempts=config.max_attempts, batch_shards=1,
-                                    worker_timeout=config.worker_timeout, progress=progress, log=log,
-                                    kill_driver_after_shards=config.faults.kill_driver_after_shards)
-            begun = time.perf_counter()
-            counts = dispatcher.run()
-            seconds, workers = time.perf_counter() - begun, pool.infos
-    remove_staging(out)
-    missing = [s.name for s in plan.shards if not layout.is_committed(out, s.name)]
-    if missing:
-        raise ExtractError(f"{len(missing)} planned shard(s) are not committed after the run "
-                           f"({', '.join(missing[:5])}); rerun the same command to finish them")
-    records = {s.name: shard_record(out, s.name) for s in plan.shards}
+    plan, pending, counts = run.planned.plan, run.planned.pending, run.counts
+    records = {s.name: shard_record(config.out, s.name) for s in plan.shards}
     generated_now = sum(records[name]["generated_tokens"] for name in pending)
+    seconds = run.dispatch_seconds
     return dict(
         plan_counts(plan),
         status="complete" if pending else "nothing_to_do",
-        run=run,
-        out=str(out.resolve()),
-        plan_reused=reused,
-        shards_written=counts.shards_written if counts else 0,
-        shards_skipped=len(plan.shards) - len(pending),
-        shards_retried=counts.shards_retried if counts else 0,
-        worker_deaths=counts.worker_deaths if counts else 0,
+        run=run.run,
+        out=str(Path(config.out).resolve()),
+        plan_reused=run.planned.reused,
+        shards_written=counts.shards_written,
+        shards_skipped=run.planned.skipped,
+        shards_retried=counts.shards_retried,
+        worker_deaths=counts.worker_deaths,
         generated_tokens=sum(r["generated_tokens"] for r in records.values()),
         generated_tokens_this_run=generated_now,
         truncated_records=sum(r.get("truncated_records", 0) for r in records.values()),
         generated_tokens_per_s=round(generated_now / seconds, 2) if seconds else 0.0,
-        padded_tokens=counts.padded_tokens if counts else 0,
-        workers=len(workers),
+        padded_tokens=counts.padded_tokens,
+        workers=len(run.workers),
         device=config.device,
-        devices=sorted({w.device for w in workers}),
+        devices=sorted({w.device for w in run.workers}),
         generate_seconds=round(seconds, 3),
-        wall_seconds=round(time.perf_counter() - started, 3),
-        leftovers_cleaned=len(leftovers),
+        wall_seconds=round(wall, 3),
+        leftovers_cleaned=run.leftovers,
     )
 
 

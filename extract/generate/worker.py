@@ -24,18 +24,37 @@ import hashlib
 import os
 import threading
 import time
+from dataclasses import dataclass
+from typing import ClassVar
 
-from ..worker import BatchFaults, GroupDone, ShardDone, _failure, quiet_worker_process, worker_info
+from ..worker import GROUPS_IN_FLIGHT, BatchFaults, GroupDone, ShardDone, _failure, quiet_worker_process, worker_info
 from .config import GenerationSettings
 from .turns import Conversation, conversation, conversation_digest, end_of_turn_ids, render_prompt, reply_message
 
 
-class GenerationWorker:
-    """Plain class; `extract.generate.job` wraps it with ``ray.remote``. Also usable in-process."""
+@dataclass(frozen=True)
+class GenerationSpec:
+    """What every generate actor is built from (Ray sends it to each)."""
 
-    def __init__(self, model_path: str, corpus_path: str, out_path: str, plan_settings: dict, *, device: str = "cpu",
-                 batch_tokens: int = 65536, torch_threads: int | None = None, kill_after_batches: int | None = None,
-                 stop_after_batches: int | None = None):
+    model: str
+    corpus: str
+    out: str
+    plan_settings: dict  # the plan's recorded settings (the generation identity and settings)
+    device: str = "cpu"
+    batch_tokens: int = 65536
+    torch_threads: int | None = None
+    task: ClassVar[str] = "generate_group"
+    groups_in_flight: ClassVar[int] = GROUPS_IN_FLIGHT
+
+    @staticmethod
+    def actor_class() -> type:
+        return GenerationWorker
+
+
+class GenerationWorker:
+    """Plain class; `extract.dispatch.ActorPool` wraps it with ``ray.remote``. Also usable in-process."""
+
+    def __init__(self, spec: GenerationSpec, faults: BatchFaults | None = None):
         from transformers import AutoTokenizer
 
         from ..corpus import open_corpus
@@ -43,20 +62,20 @@ class GenerationWorker:
         from ..target import load_target
         from store_schema.plan import Plan
 
-        quiet_worker_process(torch_threads)
+        quiet_worker_process(spec.torch_threads)
         started = time.perf_counter()
-        self.out_path = str(out_path)
-        self.settings = GenerationSettings.from_record(plan_settings)
-        self.plan = Plan.from_json(read_manifest(out_path)["plan"])
-        self.corpus = open_corpus(corpus_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        self.target = load_target(model_path, device=device)
+        self.out_path = str(spec.out)
+        self.settings = GenerationSettings.from_record(spec.plan_settings)
+        self.plan = Plan.from_json(read_manifest(spec.out)["plan"])
+        self.corpus = open_corpus(spec.corpus)
+        self.tokenizer = AutoTokenizer.from_pretrained(str(spec.model))
+        self.target = load_target(spec.model, device=spec.device)
         self.model = self.target.model
         self.end_of_turn = end_of_turn_ids(self.tokenizer, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.end_of_turn[0])
-        self.batch_tokens = int(batch_tokens)
-        self.faults = BatchFaults(kill_after_batches, stop_after_batches)
+        self.batch_tokens = int(spec.batch_tokens)
+        self.faults = faults or BatchFaults()
         self._compute = threading.Lock()
         self.startup_seconds = time.perf_counter() - started
 

@@ -50,3 +50,15 @@ def resolve_device(name: str | None, setting: str = "--device"):
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"{setting} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+def free_bytes(path) -> int:
+    """Bytes an unprivileged writer may still use on the filesystem holding `path` (or
+    its nearest existing parent): the one place that asks the OS (statvfs)."""
+    from pathlib import Path
+
+    where = Path(path).absolute()
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    stats = os.statvfs(where)
+    return stats.f_bavail * stats.f_frsize
