@@ -3,7 +3,8 @@ queue that hands shards out and takes replies in (`Dispatcher`).
 
 The unit of work is a group of ``batch_shards`` consecutive shards of the plan
 (`extract.batching.batch_groups`), batched together on one worker. Every actor
-holds at most two groups (one on the device while the other is written) and gets
+holds at most two groups (one on the device while the other is written; its
+pool's ``groups_in_flight``) and gets
 the next one when one finishes, so fast workers take more. Each shard handed out is
 a numbered attempt of this run (`store_schema.lock.ShardFence`). An actor whose
 process dies, or that holds work and replies nothing for ``worker_timeout`` seconds
@@ -77,15 +78,18 @@ class ActorPool:
     Replaces dead actors on request. `config` gives the placement (device, workers,
     cpus_per_worker, faults): an `extract.config.JobConfig` or a config with those fields."""
 
-    def __init__(self, config, actor_class: type, args: tuple, kwargs: dict, task: str):
+    def __init__(self, config, actor_class: type, args: tuple, kwargs: dict, task: str,
+                 groups_in_flight: int = GROUPS_IN_FLIGHT):
         import ray
 
         if config.device == "cuda":
             options = dict(num_gpus=1, num_cpus=config.cpus_per_worker)
         else:
             options = dict(num_cpus=config.cpus_per_worker)
-        # Two group tasks at once: one computes while the other writes (see extract.worker).
-        self._remote = ray.remote(max_concurrency=GROUPS_IN_FLIGHT, max_restarts=0, **options)(actor_class)
+        # Two group tasks at once: one computes while the other writes (see extract.worker);
+        # an engine that only waits on servers holds more (`groups_in_flight`).
+        self.groups_in_flight = groups_in_flight
+        self._remote = ray.remote(max_concurrency=groups_in_flight, max_restarts=0, **options)(actor_class)
         self._args, self._kwargs, self.task = args, kwargs, task
         self._faults = config.faults
         self.created = 0  # actors spawned, replacements of dead ones included
@@ -220,6 +224,9 @@ def failure_message(failure: ShardFailed, store_path: Path) -> str:
         return f"shard {shard}: {message} -- the corpus or tokenizer changed since the plan was made; use --overwrite"
     if kind == "device_oom":
         return f"shard {shard}: the device ran out of memory ({message}); lower --batch-tokens and rerun"
+    if kind == "endpoints_down":
+        return (f"shard {shard}: {message.split(': ', 1)[-1]} -- the job stops; committed shards and finished "
+                f"replies are kept: restart the server(s) and rerun the same command to resume")
     return f"shard {shard} failed on {failure.host}: {message}\n{failure.traceback}".rstrip()
 
 
@@ -332,7 +339,7 @@ class Dispatcher:
 
     def _fill(self) -> None:
         for index, actor in enumerate(self.pool.actors):
-            while self.queue and self._load(index) < GROUPS_IN_FLIGHT:
+            while self.queue and self._load(index) < self.pool.groups_in_flight:
                 group = self.queue.popleft()
                 attempts = {}
                 for name in group:

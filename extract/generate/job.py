@@ -31,19 +31,34 @@ from .config import GenerateConfig
 
 
 class GenerationPool(ActorPool):
-    """The generate actors, one `GenerationWorker` each."""
+    """The generate actors: one `GenerationWorker` each, or with `--engine openai`
+    (`served`: the checked endpoints) one `OpenAIGenerationWorker`, holding enough
+    shards to keep every endpoint's ``concurrency`` requests in flight."""
 
-    def __init__(self, config: GenerateConfig, plan):
-        from .worker import GenerationWorker
-
+    def __init__(self, config: GenerateConfig, plan, served=None):
         args = (str(Path(config.model).resolve()), str(Path(config.corpus).resolve()), str(Path(config.out).resolve()),
                 plan.settings)
-        kwargs = dict(device=config.device, batch_tokens=config.batch_tokens,
-                      torch_threads=config.cpus_per_worker if config.device == "cpu" else None)
-        super().__init__(config, GenerationWorker, args, kwargs, task="generate_group")
+        if config.server is None:
+            from .worker import GenerationWorker
+
+            kwargs = dict(device=config.device, batch_tokens=config.batch_tokens,
+                          torch_threads=config.cpus_per_worker if config.device == "cpu" else None)
+            super().__init__(config, GenerationWorker, args, kwargs, task="generate_group")
+            return
+        from dataclasses import asdict
+
+        from .openai_worker import OpenAIGenerationWorker
+
+        server = config.server
+        concurrency = -(-server.concurrency // config.workers)  # --concurrency per endpoint, over the actors
+        kwargs = dict(served=[asdict(s) for s in served], concurrency=concurrency,
+                      request_timeout=server.request_timeout, request_retries=server.request_retries)
+        in_flight = len(served) * concurrency
+        shards = 2 + 2 * -(-in_flight // config.settings.shard_records)  # a slow shard's tail leaves room
+        super().__init__(config, OpenAIGenerationWorker, args, kwargs, task="generate_group", groups_in_flight=shards)
 
 
-def plan_generate(config: GenerateConfig, log=None):
+def plan_generate(config: GenerateConfig, log=None, served=None):
     """The job's generation identity and a fresh plan (what --dry-run previews)."""
     from transformers import AutoTokenizer
 
@@ -56,7 +71,7 @@ def plan_generate(config: GenerateConfig, log=None):
     if not Path(config.corpus).exists():
         raise FileNotFoundError(f"corpus {config.corpus} does not exist")
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
-    identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings)
+    identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
     def progress(records: int) -> Progress:
         return Progress("planning", records, "record", mode=config.progress, interval=config.progress_interval, log=log)
 
@@ -75,11 +90,23 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     out = Path(config.out)
     refusal = "is a non-empty directory that is not a generated corpus; refusing to write into it -- choose a new --out"
     refuse_foreign_output(out, is_generated_corpus, refusal)
+    served = check_endpoints(config) if config.server is not None else None
     with output_locked(out):
-        return _run_locked(config, out, started, log)
+        return _run_locked(config, out, started, log, served)
 
 
-def _run_locked(config: GenerateConfig, out: Path, started: float, log) -> dict:
+def check_endpoints(config: GenerateConfig):
+    """`--engine openai`: every endpoint answers and serves --model (`server.check_servers`)."""
+    from transformers import AutoTokenizer
+
+    from .server import check_servers
+
+    tokenizer = AutoTokenizer.from_pretrained(str(config.model))
+    return check_servers(config.server.endpoints, config.model, tokenizer, config.settings.thinking,
+                         config.settings.max_length, config.server.served_model)
+
+
+def _run_locked(config: GenerateConfig, out: Path, started: float, log, served=None) -> dict:
     from store_schema import layout
     from store_schema.lock import ShardFence
     from store_schema.writer import remove_staging
@@ -91,7 +118,7 @@ def _run_locked(config: GenerateConfig, out: Path, started: float, log) -> dict:
     leftovers = remove_staging(out)
     if leftovers:
         log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job from .staging/")
-    plan, reused = _plan_or_resume(config, out, log)
+    plan, reused = _plan_or_resume(config, out, log, served)
     pending = [s.name for s in plan.shards if not layout.is_committed(out, s.name)]
     if not reused:
         write_manifest(out, plan.settings, [s.name for s in plan.shards], plan.to_json())
@@ -100,6 +127,11 @@ def _run_locked(config: GenerateConfig, out: Path, started: float, log) -> dict:
             f"{len(pending)} to go")
     run = uuid.uuid4().hex[:8]
     counts, seconds, workers = None, 0.0, []
+    journaled = 0
+    if served is not None:
+        from .replies import journaled_replies
+
+        journaled = journaled_replies(out, pending)
     if pending:
         sizes = {s.name: len(s.samples) for s in plan.shards}
         progress = Progress("generate", plan.num_samples, "record", mode=config.progress,
@@ -107,7 +139,7 @@ def _run_locked(config: GenerateConfig, out: Path, started: float, log) -> dict:
                             initial=plan.num_samples - sum(sizes[name] for name in pending))
         with ExitStack() as stack:
             count = min(config.workers, len(pending))
-            pool = stack.enter_context(started_workers(config, lambda: GenerationPool(config, plan), count))
+            pool = stack.enter_context(started_workers(config, lambda: GenerationPool(config, plan, served), count))
             fence = ShardFence(out, run).open()
             stack.callback(fence.close)
             dispatcher = Dispatcher(pool, plan, pending, out, fence, max_attempts=config.max_attempts, batch_shards=1,
@@ -123,8 +155,16 @@ def _run_locked(config: GenerateConfig, out: Path, started: float, log) -> dict:
                            f"({', '.join(missing[:5])}); rerun the same command to finish them")
     records = {s.name: shard_record(out, s.name) for s in plan.shards}
     generated_now = sum(records[name]["generated_tokens"] for name in pending)
+    served_counts = {}
+    if served is not None:
+        from .replies import remove_journal
+        from .served_report import served_report
+
+        remove_journal(out)  # every shard is committed: no reply is asked for again
+        served_counts = served_report(plan_counts(plan), records.values(), served, journaled, log)
     return dict(
         plan_counts(plan),
+        **served_counts,
         status="complete" if pending else "nothing_to_do",
         run=run,
         out=str(out.resolve()),
@@ -147,7 +187,7 @@ def _run_locked(config: GenerateConfig, out: Path, started: float, log) -> dict:
     )
 
 
-def _plan_or_resume(config: GenerateConfig, out: Path, log):
+def _plan_or_resume(config: GenerateConfig, out: Path, log, served=None):
     """(plan, reused): the manifest's plan when this job is the one that made it,
     else a fresh plan; an output made otherwise is refused naming what differs."""
     from store_schema.fingerprint import describe_differences, mapping_differences
@@ -164,7 +204,7 @@ def _plan_or_resume(config: GenerateConfig, out: Path, log):
 
         manifest = read_manifest(out)
         tokenizer = AutoTokenizer.from_pretrained(str(config.model))
-        identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings)
+        identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
         differences = mapping_differences(manifest["generation"], identity, RERUN_TOLERATES)
         if differences:
             raise ExtractError(f"{out} was generated with a different target, corpus or settings: "
@@ -172,7 +212,7 @@ def _plan_or_resume(config: GenerateConfig, out: Path, log):
         plan = Plan.from_json(manifest["plan"])
         log(f"reusing the output's plan ({plan.num_samples} records in {len(plan.shards)} shards)")
         return plan, True
-    _, plan = plan_generate(config, log)
+    _, plan = plan_generate(config, log, served)
     if not plan.shards:
         reasons = sorted({q.reason for q in plan.quarantined})
         raise ExtractError(f"the corpus gives no records to generate ({len(plan.quarantined)} quarantined: "
