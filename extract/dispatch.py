@@ -3,8 +3,8 @@ queue that hands shards out and takes replies in (`Dispatcher`).
 
 The unit of work is a group of ``batch_shards`` consecutive shards of the plan
 (`extract.batching.batch_groups`), batched together on one worker. Every actor
-holds at most two groups (one on the device while the other is written; its
-pool's ``groups_in_flight``) and gets
+holds at most two groups (one on the device while the other is written; an engine
+that only waits on servers, more: `ActorPool.groups_in_flight`) and gets
 the next one when one finishes, so fast workers take more. Each shard handed out is
 a numbered attempt of this run (`store_schema.lock.ShardFence`). An actor whose
 process dies, or that holds work and replies nothing for ``worker_timeout`` seconds
