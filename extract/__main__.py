@@ -196,8 +196,27 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _server_config(args):
+    """`--engine openai`'s servers (None for hf), refusing a flag of the other engine."""
+    from .generate.config import REASONING, ServerConfig
+
+    engine = args.engine or ("openai" if args.endpoint else "hf")
+    if engine == "hf":
+        if args.endpoint:
+            raise UsageError("--endpoint goes with --engine openai")
+        return engine, None
+    if not args.endpoint:
+        raise UsageError("--engine openai needs --endpoint URL (one per server)")
+    if args.reasoning is None and args.thinking == "keep":
+        raise UsageError("--engine openai needs the thinking mode spelled out: --reasoning keep (thinking on) or "
+                         f"--reasoning drop (off); a drafter is served in one of them ({sorted(REASONING)})")
+    return engine, ServerConfig(endpoints=tuple(args.endpoint), concurrency=args.concurrency,
+                                request_timeout=args.request_timeout, request_retries=args.request_retries,
+                                served_model=args.served_model)
+
+
 def cmd_generate(args) -> int:
-    from .generate.config import GenerateConfig, GenerationSettings
+    from .generate.config import ENGINES, REASONING, GenerateConfig, GenerationSettings
     from .generate.job import plan_generate, run_generate
     from .generate.planning import plan_counts
     from store_schema.runtime.progress import default_mode
@@ -205,14 +224,16 @@ def cmd_generate(args) -> int:
     if not args.out and not args.dry_run:
         raise UsageError("generate needs --out CORPUS_DIR")
     try:
+        engine, server = _server_config(args)
+        thinking = REASONING[args.reasoning] if args.reasoning else args.thinking
         settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                      thinking=args.thinking, max_length=args.max_length,
-                                      shard_records=args.shard_records, limit=args.limit)
+                                      thinking=thinking, max_length=args.max_length,
+                                      shard_records=args.shard_records, limit=args.limit, engine=ENGINES[engine])
         config = GenerateConfig(
             model=args.model, corpus=args.corpus, out=args.out, settings=settings, workers=args.workers,
             device=args.device, address=args.address, batch_tokens=args.batch_tokens,
             cpus_per_worker=args.cpus_per_worker, max_attempts=args.max_attempts, worker_timeout=args.worker_timeout,
-            progress=default_mode(not args.no_progress), progress_interval=args.progress_interval,
+            progress=default_mode(not args.no_progress), progress_interval=args.progress_interval, server=server,
             skip_space_check=args.skip_space_check,
         )
     except ValueError as error:
@@ -244,7 +265,10 @@ def _add_generate_parser(commands) -> None:
     from store_schema.plan import DEFAULT_MAX_LENGTH
 
     from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES
-    from .generate.config import DEFAULT_GENERATE_BATCH_TOKENS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_SHARD_RECORDS, THINKING
+    from .generate.config import (
+        DEFAULT_CONCURRENCY, DEFAULT_GENERATE_BATCH_TOKENS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_REQUEST_RETRIES,
+        DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHARD_RECORDS, ENGINES, REASONING, THINKING,
+    )
 
     gen = commands.add_parser("generate", help="regenerate every assistant turn with the target (resumes)")
     gen.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
@@ -256,8 +280,24 @@ def _add_generate_parser(commands) -> None:
                      help="tokens per reply; a reply that reaches it is kept and flagged truncated")
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
     gen.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
-    gen.add_argument("--thinking", choices=THINKING, default="keep",
-                     help="enable_thinking on / off for the chat template; keep: the template's default")
+    mode = gen.add_mutually_exclusive_group()
+    mode.add_argument("--thinking", choices=THINKING, default="keep",
+                      help="enable_thinking on / off for the chat template; keep: the template's default")
+    mode.add_argument("--reasoning", choices=tuple(REASONING),
+                      help="thinking mode, spelled out (required with --engine openai): keep = enable_thinking on "
+                           "(the replies reason), drop = off; serve the drafter in the same mode")
+    gen.add_argument("--engine", choices=tuple(ENGINES),
+                     help="hf: transformers' generate on Ray workers (default without --endpoint); openai: ask "
+                          "OpenAI-compatible servers of the target (vLLM, SGLang) at --endpoint")
+    gen.add_argument("--endpoint", action="append", metavar="URL",
+                     help="an OpenAI-compatible server of --model (http://host:8000); repeat for several")
+    gen.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                     help="requests in flight per endpoint (default %(default)s; about the server's max-num-seqs)")
+    gen.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                     help="seconds one reply may take, the server's queue included (default %(default)g)")
+    gen.add_argument("--request-retries", type=int, default=DEFAULT_REQUEST_RETRIES,
+                     help="tries after a timeout or HTTP error before the record is quarantined (default %(default)s)")
+    gen.add_argument("--served-model", help="the name the servers give --model, when it is an alias")
     gen.add_argument("--batch-tokens", type=int, default=DEFAULT_GENERATE_BATCH_TOKENS,
                      help="(prompt + max new tokens) x rows per generate batch")
     gen.add_argument("--limit", type=int, help="generate only the first N records")

@@ -3,7 +3,8 @@ queue that hands shards out and takes replies in (`Dispatcher`).
 
 The unit of work is a group of ``batch_shards`` consecutive shards of the plan
 (`extract.batching.batch_groups`), batched together on one worker. Every actor
-holds at most two groups (one on the device while the other is written) and gets
+holds at most two groups (one on the device while the other is written; an engine
+that only waits on servers, more: `ActorPool.groups_in_flight`) and gets
 the next one when one finishes, so fast workers take more. Each shard handed out is
 a numbered attempt of this run (`store_schema.lock.ShardFence`). An actor whose
 process dies, or that holds work and replies nothing for ``worker_timeout`` seconds
@@ -245,6 +246,9 @@ def failure_message(failure: ShardFailed, store_path: Path) -> str:
         return f"shard {shard}: {message} -- the corpus or tokenizer changed since the plan was made; use --overwrite"
     if kind == "device_oom":
         return f"shard {shard}: the device ran out of memory ({message}); lower --batch-tokens and rerun"
+    if kind == "endpoints_down":
+        return (f"shard {shard}: {message.split(': ', 1)[-1]} -- the job stops; committed shards and finished "
+                f"replies are kept: restart the server(s) and rerun the same command to resume")
     return f"shard {shard} failed on {failure.host}: {message} (the worker's traceback is above)"
 
 

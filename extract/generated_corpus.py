@@ -104,10 +104,11 @@ def shard_table(rows: list[dict]):
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-def commit_shard(corpus_dir, name: str, table, attempt: Attempt | None = None) -> bool:
+def commit_shard(corpus_dir, name: str, table, attempt: Attempt | None = None, extra: Mapping | None = None) -> bool:
     """Write `table` as shard `name` and commit it (`store_schema.staging`); False if
     it was committed already. With the driver's `attempt`, a revoked attempt raises
-    `store_schema.lock.ShardFenced` instead of committing."""
+    `store_schema.lock.ShardFenced` instead of committing. `extra`: more fields of
+    the commit record (an engine's counts: records quarantined while generating, ...)."""
     import pyarrow.parquet as pq
 
     from store_schema.staging import write_and_commit
@@ -120,7 +121,7 @@ def commit_shard(corpus_dir, name: str, table, attempt: Attempt | None = None) -
 
     def record(_, files: dict) -> dict:
         return {"shard": name, "num_records": table.num_rows, "generated_tokens": generated,
-                "truncated_records": truncated, "files": files}
+                "truncated_records": truncated, **dict(extra or {}), "files": files}
 
     return write_and_commit(corpus_dir, name, lambda staging: pq.write_table(table, staging / SHARD_FILE), record,
                             attempt)

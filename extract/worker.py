@@ -146,6 +146,8 @@ def _classify(error: BaseException) -> str:
             return "corpus_changed"
         if type(seen).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA)
             return "device_oom"
+        if isinstance(getattr(seen, "failure_kind", None), str):  # an error that names its own kind
+            return seen.failure_kind
         seen = seen.__cause__ or seen.__context__
     return "error"
 

@@ -40,7 +40,7 @@ def build_tokenizer(path: str | Path, vocab_size: int = 512, chat_template: str 
     return embedded.build_tokenizer(path, training_text(), vocab_size=vocab_size, chat_template=chat_template)
 
 
-def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 6):
+def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 6, head_dim: int = 16):
     from transformers import Qwen3Config
 
     return Qwen3Config(
@@ -50,7 +50,7 @@ def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 6):
         num_hidden_layers=num_layers,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=head_dim,  # vLLM's CPU attention needs >= 32 (the served tests)
         max_position_embeddings=4096,
         tie_word_embeddings=False,
     )

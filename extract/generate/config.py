@@ -14,10 +14,14 @@ from ..config import (
 )
 
 THINKING = ("on", "off", "keep")  # enable_thinking=True / False / the template's default
+REASONING = {"keep": "on", "drop": "off"}  # --reasoning: the thinking mode it sets
 DEFAULT_MAX_NEW_TOKENS = 2048
 DEFAULT_GENERATE_BATCH_TOKENS = 65536  # (prompt + max new tokens) x rows of one generate batch
 DEFAULT_SHARD_RECORDS = 256
-ENGINE = "transformers"
+ENGINES = {"hf": "transformers", "openai": "openai"}  # --engine -> the name recorded in the manifest
+DEFAULT_CONCURRENCY = 64  # requests in flight per endpoint
+DEFAULT_REQUEST_TIMEOUT = 1800.0  # seconds for one reply, the server's queue included
+DEFAULT_REQUEST_RETRIES = 3
 GENERATOR_VERSION = 1  # bump when the same settings would generate something else
 
 
@@ -33,6 +37,7 @@ class GenerationSettings:
     max_length: int = DEFAULT_MAX_LENGTH  # prompt + reply tokens of any turn
     shard_records: int = DEFAULT_SHARD_RECORDS
     limit: int | None = None  # only the first `limit` records
+    engine: str = ENGINES["hf"]
 
     def __post_init__(self):
         for name in ("max_new_tokens", "max_length", "shard_records"):
@@ -45,15 +50,45 @@ class GenerationSettings:
             raise ValueError(f"--thinking must be one of {THINKING}, got {self.thinking!r}")
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"--limit must be >= 0, got {self.limit}")
+        if self.engine not in ENGINES.values():
+            raise ValueError(f"engine must be one of {tuple(ENGINES.values())}, got {self.engine!r}")
 
     def to_record(self) -> dict:
-        return dict(engine=ENGINE, generator_version=GENERATOR_VERSION, max_new_tokens=self.max_new_tokens,
+        return dict(engine=self.engine, generator_version=GENERATOR_VERSION, max_new_tokens=self.max_new_tokens,
                     temperature=float(self.temperature), seed=self.seed, thinking=self.thinking,
                     max_length=self.max_length, shard_records=self.shard_records, limit=self.limit)
 
     @classmethod
     def from_record(cls, record) -> "GenerationSettings":
-        return cls(**{name: record[name] for name in cls.__dataclass_fields__})
+        return cls(**{name: record[name] for name in cls.__dataclass_fields__ if name in record})
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """`--engine openai`: the OpenAI-compatible servers (vLLM, SGLang, transformers
+    serve) that generate, and how the job talks to them. None of it decides the
+    text: a rerun may name other endpoints."""
+
+    endpoints: tuple[str, ...]
+    concurrency: int = DEFAULT_CONCURRENCY  # per endpoint
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    request_retries: int = DEFAULT_REQUEST_RETRIES  # then the record is quarantined
+    served_model: str | None = None  # the server's name for --model, when it serves it under an alias
+
+    def __post_init__(self):
+        if not self.endpoints:
+            raise ValueError("--engine openai needs at least one --endpoint URL")
+        for url in self.endpoints:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"--endpoint {url!r} is not an http(s):// URL")
+        if len(set(self.endpoints)) != len(self.endpoints):
+            raise ValueError("an --endpoint is given twice")
+        if isinstance(self.concurrency, bool) or not isinstance(self.concurrency, int) or self.concurrency < 1:
+            raise ValueError(f"--concurrency must be a positive integer, got {self.concurrency!r}")
+        if not self.request_timeout > 0:
+            raise ValueError(f"--request-timeout must be positive, got {self.request_timeout!r}")
+        if self.request_retries < 0:
+            raise ValueError(f"--request-retries must be >= 0, got {self.request_retries!r}")
 
 
 @dataclass
@@ -73,6 +108,7 @@ class GenerateConfig:
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL
     skip_space_check: bool = False  # start even when the size estimate exceeds the output's free space
     faults: FaultInjection = field(default_factory=FaultInjection.from_env)
+    server: ServerConfig | None = None  # --engine openai
 
     def __post_init__(self):
         positive = dict(workers=self.workers, batch_tokens=self.batch_tokens, max_attempts=self.max_attempts,
@@ -85,3 +121,5 @@ class GenerateConfig:
             raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
         if self.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
+        if (self.server is not None) != (self.settings.engine == ENGINES["openai"]):
+            raise ValueError("the openai engine goes with its servers (--endpoint), and only it")

@@ -12,7 +12,9 @@ The same rules as `extract run` (`extract.job`), through the same parts:
    other is refused naming each field that differs. A new output is planned
    (`planning.plan_generation`) and its manifest written before any shard.
 3. The rest is the one sharded-job driver (`extract.sharded.run_sharded`) with
-   `GenerationWorker` actors built from a `GenerationSpec`: free space, numbered
+   `GenerationWorker` actors built from a `GenerationSpec` (or, with ``--engine
+   openai``, `OpenAIGenerationWorker` actors asking the checked endpoints, built
+   from an `OpenAIGenerationSpec`): free space, numbered
    attempts (`store_schema.lock.ShardFence`), lost workers' shards revoked and redone
    elsewhere, ``max_attempts`` tries; every planned shard must be committed; the
    JSON report is returned."""
@@ -34,7 +36,7 @@ from .config import GenerateConfig
 BYTES_PER_TOKEN = 4
 
 
-def plan_generate(config: GenerateConfig, log=None):
+def plan_generate(config: GenerateConfig, log=None, served=None):
     """The job's generation identity and a fresh plan (what --dry-run previews)."""
     from transformers import AutoTokenizer
 
@@ -47,7 +49,8 @@ def plan_generate(config: GenerateConfig, log=None):
     if not Path(config.corpus).exists():
         raise FileNotFoundError(f"corpus {config.corpus} does not exist")
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
-    identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings)
+    identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
+
     def progress(records: int) -> Progress:
         return Progress("planning", records, "record", mode=config.progress, interval=config.progress_interval, log=log)
 
@@ -68,15 +71,28 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     refuse_missing_cuda(config)
     refusal = "is a non-empty directory that is not a generated corpus; refusing to write into it -- choose a new --out"
     refuse_foreign_output(out, is_generated_corpus, refusal)
+    served = check_endpoints(config) if config.server is not None else None
     with output_locked(out):
-        run = run_sharded(Generation(config), log)
-        return _report(config, run, time.perf_counter() - started)
+        job = Generation(config, served)
+        run = run_sharded(job, log)
+        return _report(config, run, time.perf_counter() - started, served, job.journaled, log)
+
+
+def check_endpoints(config: GenerateConfig):
+    """`--engine openai`: every endpoint answers and serves --model (`server.check_servers`)."""
+    from transformers import AutoTokenizer
+
+    from .server import check_servers
+
+    tokenizer = AutoTokenizer.from_pretrained(str(config.model))
+    return check_servers(config.server.endpoints, config.model, tokenizer, config.settings.thinking,
+                         config.settings.max_length, config.server.served_model)
 
 
 class Generation(ShardedJob):
     """`extract generate` as a sharded job."""
 
-    def __init__(self, config: GenerateConfig):
+    def __init__(self, config: GenerateConfig, served=None):
         from ..dispatch import DispatchSettings, Placement
 
         super().__init__(Path(config.out), Placement.of(config),
@@ -85,25 +101,50 @@ class Generation(ShardedJob):
                          ProgressSettings("generate", "record", config.progress, config.progress_interval),
                          skip_space_check=config.skip_space_check)
         self.config = config
+        self.served = served  # the checked endpoints (`server.ServedModel`), --engine openai
+        self.journaled = 0  # replies a previous run finished and journaled, asked for no more
 
     def plan(self, log) -> Planned:
         from store_schema import layout
 
         from ..generated_corpus import write_manifest
 
-        plan, reused = _plan_or_resume(self.config, self.output, log)
+        plan, reused = _plan_or_resume(self.config, self.output, log, self.served)
         if not reused:
             write_manifest(self.output, plan.settings, [s.name for s in plan.shards], plan.to_json())
-        return Planned(plan, reused, [s.name for s in plan.shards if not layout.is_committed(self.output, s.name)])
+        pending = [s.name for s in plan.shards if not layout.is_committed(self.output, s.name)]
+        if self.served is not None:
+            from .replies import journaled_replies
+
+            self.journaled = journaled_replies(self.output, pending)
+        return Planned(plan, reused, pending)
 
     def worker_spec(self, plan):
+        config = self.config
+        if self.served is not None:
+            return self._openai_spec(plan)
         from .worker import GenerationSpec
 
-        config = self.config
         return GenerationSpec(model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
                               out=str(self.output.resolve()), plan_settings=plan.settings, device=config.device,
                               batch_tokens=config.batch_tokens,
                               torch_threads=config.cpus_per_worker if config.device == "cpu" else None)
+
+    def _openai_spec(self, plan):
+        """Each actor's share of --concurrency per endpoint, and enough shards held to keep
+        every endpoint's requests in flight (a slow shard's tail leaves room)."""
+        from dataclasses import asdict
+
+        from .openai_worker import OpenAIGenerationSpec
+
+        config, server = self.config, self.config.server
+        concurrency = -(-server.concurrency // config.workers)
+        in_flight = len(self.served) * concurrency
+        return OpenAIGenerationSpec(
+            model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
+            out=str(self.output.resolve()), plan_settings=plan.settings, served=tuple(asdict(s) for s in self.served),
+            concurrency=concurrency, request_timeout=server.request_timeout, request_retries=server.request_retries,
+            groups_in_flight=2 + 2 * -(-in_flight // config.settings.shard_records))
 
     def bytes_needed(self, planned: Planned) -> int:
         """Prompts plus every turn's reply at its full --max-new-tokens, `BYTES_PER_TOKEN` each."""
@@ -113,7 +154,7 @@ class Generation(ShardedJob):
         return tokens * BYTES_PER_TOKEN
 
 
-def _report(config: GenerateConfig, run, wall: float) -> dict:
+def _report(config: GenerateConfig, run, wall: float, served=None, journaled: int = 0, log=print) -> dict:
     from ..generated_corpus import shard_record
     from .planning import plan_counts
 
@@ -121,8 +162,16 @@ def _report(config: GenerateConfig, run, wall: float) -> dict:
     records = {s.name: shard_record(config.out, s.name) for s in plan.shards}
     generated_now = sum(records[name]["generated_tokens"] for name in pending)
     seconds = run.dispatch_seconds
+    served_counts = {}
+    if served is not None:
+        from .replies import remove_journal
+        from .served_report import served_report
+
+        remove_journal(config.out)  # every shard is committed: no reply is asked for again
+        served_counts = served_report(plan_counts(plan), records.values(), served, journaled, log)
     return dict(
         plan_counts(plan),
+        **served_counts,
         status="complete" if pending else "nothing_to_do",
         run=run.run,
         out=str(Path(config.out).resolve()),
@@ -145,7 +194,7 @@ def _report(config: GenerateConfig, run, wall: float) -> dict:
     )
 
 
-def _plan_or_resume(config: GenerateConfig, out: Path, log):
+def _plan_or_resume(config: GenerateConfig, out: Path, log, served=None):
     """(plan, reused): the manifest's plan when this job is the one that made it,
     else a fresh plan; an output made otherwise is refused naming what differs."""
     from store_schema.fingerprint import describe_differences, mapping_differences
@@ -162,7 +211,7 @@ def _plan_or_resume(config: GenerateConfig, out: Path, log):
 
         manifest = read_manifest(out)
         tokenizer = AutoTokenizer.from_pretrained(str(config.model))
-        identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings)
+        identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
         differences = mapping_differences(manifest["generation"], identity, RERUN_TOLERATES)
         if differences:
             raise ExtractError(f"{out} was generated with a different target, corpus or settings: "
@@ -170,7 +219,7 @@ def _plan_or_resume(config: GenerateConfig, out: Path, log):
         plan = Plan.from_json(manifest["plan"])
         log(f"reusing the output's plan ({plan.num_samples} records in {len(plan.shards)} shards)")
         return plan, True
-    _, plan = plan_generate(config, log)
+    _, plan = plan_generate(config, log, served)
     if not plan.shards:
         reasons = sorted({q.reason for q in plan.quarantined})
         raise ExtractError(f"the corpus gives no records to generate ({len(plan.quarantined)} quarantined: "

@@ -22,15 +22,18 @@ from ..tokenization import RecordError, chat_template_hash, tokenizer_hash
 from .config import GenerationSettings
 from .turns import conversation, conversation_digest, render_prompt
 
-# May differ between runs on one output: where the target lies (its hashes may not).
-RERUN_TOLERATES = ("target_model",)
+# May differ between runs on one output: where the target lies (its hashes may not),
+# and the name a server gives it.
+RERUN_TOLERATES = ("target_model", "served_models")
 
 
-def generation_identity(model: str, tokenizer, corpus, settings: GenerationSettings) -> dict:
+def generation_identity(model: str, tokenizer, corpus, settings: GenerationSettings, served=None) -> dict:
     """What made a generated corpus: the target (`target_identity`), its tokenizer and
-    chat template, the source corpus's bytes, and the generation settings. Recorded as
-    the manifest's ``generation`` block (read by `store_schema.provenance`)."""
-    return dict(
+    chat template, the source corpus's bytes, and the generation settings; with
+    `--engine openai` (`served`: `server.ServedModel`s), the server build and the
+    sampling settings sent. Recorded as the manifest's ``generation`` block (read by
+    `store_schema.provenance`)."""
+    identity = dict(
         target_identity(model),
         tokenizer_sha256=tokenizer_hash(tokenizer),
         chat_template_sha256=chat_template_hash(tokenizer),
@@ -38,6 +41,12 @@ def generation_identity(model: str, tokenizer, corpus, settings: GenerationSetti
         source_corpus_records=len(corpus),
         **settings.to_record(),
     )
+    if served is not None:
+        from .replies import SAMPLING
+        from .server import server_identity
+
+        identity.update(server_identity(served), sampling=dict(SAMPLING))
+    return identity
 
 
 def plan_generation(corpus_path: str | Path, tokenizer, settings: GenerationSettings, identity: dict,

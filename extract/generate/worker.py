@@ -11,7 +11,7 @@ batches, and its bytes, are the same in every run. A reply that reaches its limi
 (``--max-new-tokens``, or ``--max-length`` counting the prompt) is kept and the record
 flagged ``truncated``; a later turn whose prompt alone fills ``--max-length`` ends the
 record there (flagged too). The shard is committed as one Parquet file
-(`extract.generated_corpus.commit_shard`), claiming the driver's attempt first.
+(`shards.CorpusShards.commit`), claiming the driver's attempt first.
 
 Replies are `extract.worker`'s (`GroupDone` of `ShardDone` / `ShardFailed`), with
 ``tokens`` = tokens generated, so the driver's queue, retries and progress are
@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..worker import GROUPS_IN_FLIGHT, BatchFaults, GroupDone, ShardDone, _failure, quiet_worker_process, worker_info
+from ..worker import GROUPS_IN_FLIGHT, BatchFaults, GroupDone, _failure, quiet_worker_process, worker_info
 from .config import GenerationSettings
-from .turns import Conversation, conversation, conversation_digest, end_of_turn_ids, render_prompt, reply_message
+from .turns import end_of_turn_ids, render_prompt, reply_message
 
 
 @dataclass(frozen=True)
@@ -57,17 +56,13 @@ class GenerationWorker:
     def __init__(self, spec: GenerationSpec, faults: BatchFaults | None = None):
         from transformers import AutoTokenizer
 
-        from ..corpus import open_corpus
-        from ..generated_corpus import read_manifest
         from ..target import load_target
-        from store_schema.plan import Plan
+        from .shards import CorpusShards
 
         quiet_worker_process(spec.torch_threads)
         started = time.perf_counter()
-        self.out_path = str(spec.out)
         self.settings = GenerationSettings.from_record(spec.plan_settings)
-        self.plan = Plan.from_json(read_manifest(spec.out)["plan"])
-        self.corpus = open_corpus(spec.corpus)
+        self.shards = CorpusShards(spec.corpus, spec.out)
         self.tokenizer = AutoTokenizer.from_pretrained(str(spec.model))
         self.target = load_target(spec.model, device=spec.device)
         self.model = self.target.model
@@ -92,31 +87,15 @@ class GenerationWorker:
             try:
                 with self._compute:
                     rows, generated, padded = self._generate_shard(name)
-                replies.append(self._commit(name, attempts[name], rows, generated, padded))
+                replies.append(self.shards.commit(name, attempts[name], rows, generated, padded))
             except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
                 replies.append(dataclasses.replace(_failure(error), shard=name))
         return GroupDone(replies, 0, 0.0, round(time.perf_counter() - started, 4))
 
     # -- one shard ------------------------------------------------------------------------
-    def _records(self, name: str) -> list[tuple[str, Conversation]]:
-        from ..planning import SampleMismatchError
-
-        planned = self.plan.shard(name).samples
-        out = []
-        for sample, record in zip(planned, self.corpus.read([s.record_index for s in planned])):
-            where = f"record {sample.record_index} ({sample.sample_id!r})"
-            try:
-                conv = conversation(record)
-            except Exception as error:  # noqa: BLE001 - a BadRecord or a RecordError now
-                raise SampleMismatchError(f"{where} is no longer a valid conversation ({error})") from None
-            if conversation_digest(conv) != sample.digest:
-                raise SampleMismatchError(f"{where} differs from when it was planned")
-            out.append((sample.sample_id, conv))
-        return out
-
     def _generate_shard(self, name: str) -> tuple[list[dict], int, int]:
         """The shard's rows, tokens generated and tokens computed (padded batches)."""
-        records = self._records(name)
+        records = [(sample_id, conv) for sample_id, _, conv in self.shards.records(name)]
         replies: list[list[dict]] = [[] for _ in records]
         truncated = [False] * len(records)
         done = [False] * len(records)
@@ -186,17 +165,3 @@ class GenerationWorker:
             stop = next((k for k, t in enumerate(tokens) if t in self.end_of_turn), None)
             results.append((tokens, True) if stop is None else (tokens[:stop], False))
         return results
-
-    def _commit(self, name: str, attempt, rows: list[dict], generated: int, padded: int):
-        from ..generated_corpus import commit_shard, shard_record, shard_table
-
-        started = time.perf_counter()
-        try:
-            written = commit_shard(self.out_path, name, shard_table(rows), attempt=attempt)
-            disk = sum(entry["size"] for entry in shard_record(self.out_path, name)["files"].values())
-        except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
-            return dataclasses.replace(_failure(error), shard=name)
-        return ShardDone(shard=name, written=bool(written), samples=len(rows), tokens=generated, raw_bytes=0,
-                         disk_bytes=disk, padded_tokens=padded, write_seconds=round(time.perf_counter() - started, 4),
-                         pid=os.getpid())
-
