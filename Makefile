@@ -6,7 +6,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch>=2.4,<2.14
 
-.PHONY: venv test demo bench clean
+.PHONY: venv test test-fast demo bench clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ venv: $(VENV)/.installed
 
 test: venv
 	$(PY) -m pytest -q tests
+
+# For iteration: no Ray, no child processes, no pretraining (tests/conftest.py says what is slow).
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow" tests
 
 demo: venv
 	$(PY) scripts/demo.py

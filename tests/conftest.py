@@ -73,3 +73,28 @@ def real_vocab_target_dir(tmp_path_factory, real_vocab_tokenizer_dir) -> Path:
     for file in real_vocab_tokenizer_dir.iterdir():
         shutil.copy(file, path / file.name)
     return path
+
+
+# `make test-fast` runs `-m "not slow"`: no Ray cluster, no child process, no pretrained target.
+# What is slow follows from what a test uses, so no list has to be kept by hand.
+# The real vocabulary costs ~30 s to build and ~8 s per load: slow too.
+_SLOW_FIXTURES = {"ray_cluster", "real_vocab_tokenizer_dir", "real_vocab_target_dir"}
+_SLOW_CALLS = ("subprocess", "sys.executable", "ctrl_c_when", "verify_cli", "Popen")
+
+
+def _starts_a_process(function) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return any(call in source for call in _SLOW_CALLS)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        function = getattr(item, "function", None)
+        if (_SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("faults")
+                or (function is not None and _starts_a_process(function))):
+            item.add_marker(pytest.mark.slow)

@@ -151,7 +151,7 @@ class TrainConfig:
     epochs: int = 6
     max_steps: int | None = None  # optimizer steps; None: as many as `epochs` give
     seed: int = 0
-    dtype: str = "bfloat16"  # autocast dtype on CUDA (bf16/fp16/fp32 accepted too); weights and optimizer stay fp32
+    dtype: str = "bfloat16"  # autocast dtype on CUDA: bfloat16 or float32 (not float16: no loss scaler); weights and optimizer stay fp32
     device: str = "auto"  # "auto": cuda if available, else cpu
     log_every: int = 10
     checkpoint_every: int = 1000
@@ -167,6 +167,10 @@ class TrainConfig:
             self.dtype = dtype_name(self.dtype)
         except ValueError as error:
             raise ConfigError(f"config train.dtype: {error}") from None
+        # fp16's 5-bit exponent underflows small gradients without a loss scaler, which this
+        # trainer does not have: bf16 trains without one (same exponent range as fp32).
+        _check(self.dtype != "float16", "train.dtype",
+               "float16 is refused: training in it needs a loss scaler; use bfloat16 (or float32)")
         _check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")

@@ -46,6 +46,7 @@ import torch
 from store_schema import Store, file_sha256
 from store_schema.runtime.progress import default_mode
 from store_schema.runtime.target_config import TargetConfig, read_target_config
+from store_schema.runtime.target_model import compute_dtype
 from train.fitting import checkpoint as ckpt
 from train.config import ConfigError, RunConfig
 from train.fitting.distributed import (World, check_world, device_for, gather_lanes, init_process_group, reduce_step,
@@ -163,10 +164,9 @@ class Trainer:
         ]
         self._last_eval_step: int | None = None
         self.epoch = loader.start.epoch
-        autocast = device.type == "cuda" and config.train.dtype != "float32"
-        self._autocast = (
-            (lambda: torch.autocast("cuda", dtype=torch_dtype(config.train.dtype))) if autocast else nullcontext
-        )
+        compute = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
+        # steps and evaluators alike (fp32 master weights): compiled flex sees one dtype
+        self.autocast = (lambda: torch.autocast("cuda", dtype=compute)) if compute != torch.float32 else nullcontext
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
@@ -201,7 +201,7 @@ class Trainer:
 
         drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
         layer_ids = drafter_config.context_layer_ids  # a fine-tuned drafter reads its own layers of the store
-        head_dtype = torch_dtype(config.train.dtype) if device.type == "cuda" else torch.float32
+        head_dtype = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
         head = load_target_head(config.target, dtype=head_dtype, device=device)
         torch.manual_seed(config.train.seed)
         drafter = DFlashDrafter(drafter_config)
@@ -256,7 +256,7 @@ class Trainer:
         defaults to the bare drafter (training steps pass the DDP module)."""
         loss = self.config.loss if noise is None else dataclasses.replace(self.config.loss, noise=noise)
         device = self.device
-        with self._autocast():
+        with self.autocast():
             return dflash_step(
                 model if model is not None else self.drafter,
                 self.head,
