@@ -4,7 +4,7 @@ From the target's config alone (the model built on torch's meta device: no weigh
 read, nothing allocated) and the plan:
 
 - weights: what a worker loads, `embed_tokens` + decoder layers ``0..last context
-  layer`` (`extract.target.load_target(keep_layers=...)`), in bf16 as on a GPU;
+  layer`` (`store_schema.runtime.target_model.load_target_model(keep_layers=...)`), in bf16 as on a GPU;
 - activations per batch token: the widest transient of a decoder layer under
   `torch.inference_mode`, the MLP's: its input and normed input (2 x hidden) plus
   gate, up and act(gate) * up (3 x intermediate), bf16. Attention is taken to be a
@@ -31,7 +31,7 @@ RUNTIME_RESERVE_GIB = 2.0  # CUDA context (~0.5), cuBLAS/attention workspaces, a
 # --quick measured 238-337 MB/s with both cores of the 2-core VM (2026-12-01): ~120 per core.
 WRITE_RAW_MB_S_PER_CORE = 120.0
 BUDGET_MULTIPLE = 1024  # token budgets are reported rounded down to this
-WEIGHT_DTYPE = "bfloat16"  # what a worker computes in on a GPU (`extract.target.default_dtype`)
+WEIGHT_DTYPE = "bfloat16"  # what a worker computes in on a GPU (`target_model.compute_dtype`)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,17 +51,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def loaded_weights(model_dir: str, keep_layers: int) -> dict:
     """What a worker keeping decoder layers ``0..keep_layers-1`` holds, in bytes, by
     building that model on the meta device."""
-    import torch
     from transformers import AutoConfig
 
-    from .target import _base_model_class, _cut_to_layers
+    from store_schema.runtime.target_model import headless_on_meta
 
     text = AutoConfig.from_pretrained(model_dir).get_text_config()
-    model_class = _base_model_class(text)
-    if model_class is None:
-        raise ValueError(f"{model_dir}: transformers has no text model class for {type(text).__name__}")
-    with torch.device("meta"):
-        model = model_class(_cut_to_layers(text, keep_layers))
+    model = headless_on_meta(text, keep_layers)
     size = DTYPE_BYTES[WEIGHT_DTYPE]
     layers = [parameter_count(layer) * size for layer in model.layers]
     kinds = list(getattr(text, "layer_types", None) or ["decoder"] * text.num_hidden_layers)[:keep_layers]
