@@ -55,7 +55,7 @@ def dflash_step(
     loss_mask: torch.Tensor,
     context_features: torch.Tensor,
     loss: LossConfig,
-    model: ModelConfig,
+    model_config: ModelConfig,
     generator: torch.Generator | None = None,
     target_topk_ids: torch.Tensor | None = None,
     target_topk_logprobs: torch.Tensor | None = None,
@@ -66,7 +66,7 @@ def dflash_step(
     input_ids, loss_mask: [T]; context_features: [T, n_ctx*H] (clean, from the store).
     loss: the run's `loss` section (gamma, labels, kl_mix, noise, chunk_rows); pass
         `dataclasses.replace(loss, noise=0.0)` to score without noise.
-    model: the run's `model` section (num_anchors, attention).
+    model_config: the run's `model` section (num_anchors, attention).
     generator: one seeded torch.Generator for the run: anchors (and noise) are
         redrawn every step, reproducibly.
     target_topk_ids / target_topk_logprobs [T, K]: the store's target top-k (row p
@@ -81,7 +81,7 @@ def dflash_step(
             target_next_ids = target_topk_ids[:, 0].to(device)
         if loss.kl_mix > 0:
             topk_ids, topk_logprobs = target_topk_ids.to(device), target_topk_logprobs.to(device)
-    anchor_positions = sample_anchors(loss_mask, block_size, model.num_anchors, generator)
+    anchor_positions = sample_anchors(loss_mask, block_size, model_config.num_anchors, generator)
     targets = block_targets(
         input_ids,
         loss_mask,
@@ -94,6 +94,6 @@ def dflash_step(
         target_topk_logprobs=topk_logprobs,
     )
     drafter_input = add_context_noise(context_features, loss.noise, generator)
-    hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model.attention)
+    hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model_config.attention)
     output = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=loss.chunk_rows, kl_mix=loss.kl_mix)
     return output, anchor_positions, targets
