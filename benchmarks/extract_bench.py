@@ -28,6 +28,8 @@ scaling_2v1 = tokens/s with 2 workers / tokens/s with 1; goal >= 1.8. Beside it,
 machine's own ceiling: bare forwards on 2 workers / 1 (forward_only_scaling_2v1), and
 the job's efficiency = scaling_2v1 / that ceiling (2 vCPUs that share caches or a
 busy host cap both alike).
+plan_records_per_s: planning at Qwen3.6's real vocabulary (`benchmarks/plan_bench.py`);
+goal >= 100 on 2 cores. ``--plan-only`` measures just that.
 Appends to benchmarks/RESULTS.md and prints one JSON line last.
 """
 
@@ -46,6 +48,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 os.chdir(ROOT)  # Ray workers import the project from the driver's working directory
 
 from benchmarks.common import Timer, append_results  # noqa: E402
+from benchmarks.plan_bench import plan_figures, plan_rows  # noqa: E402
 
 HIDDEN, LAYERS, CONTEXT_LAYERS = 512, 6, 3
 BATCH_TOKENS = 4096
@@ -120,7 +123,17 @@ def per_shard_padded_ratio(shards: list[list[int]], batch_tokens: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small corpus (< 3 minutes on 2 cores)")
+    parser.add_argument("--plan-only", action="store_true", help="only plan_records_per_s (real vocabulary)")
     args = parser.parse_args()
+    if args.plan_only:
+        root = Path(tempfile.mkdtemp(prefix="plan_bench_"))
+        try:
+            planning = plan_figures(root)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        append_results(f"extract_bench (plan only): {planning['plan_records']} agentic records, Qwen3.6 vocabulary",
+                       plan_rows(planning), planning)
+        return 0
     samples = 200 if args.quick else 600
     shard_tokens = 3000 if args.quick else 6000
 
@@ -136,6 +149,7 @@ def main() -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     root = Path(tempfile.mkdtemp(prefix="extract_bench_"))
     try:
+        planning = plan_figures(root)
         with Timer() as setup:
             model, corpus = build_inputs(root, samples)
             ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
@@ -188,6 +202,7 @@ def main() -> int:
         "model": f"Qwen3.5 hybrid hidden {HIDDEN}, {LAYERS} layers, layers {one['layer_ids']}",
         "kernels": one["kernels"],
         "quick": args.quick,
+        **planning,
     }
     mode = "quick" if args.quick else "full"
     append_results(
@@ -207,6 +222,7 @@ def main() -> int:
              f"{one['bytes_per_s'] / 1e6:.2f} / {two['bytes_per_s'] / 1e6:.2f}"),
             ("excluded from both sides", "-", "Ray start, actor start, model load, warm-up forward"),
             ("load average before (1/5/15 min)", "-", " ".join(map(str, load_before))),
+            *plan_rows(planning),
         ],
         figures,
     )

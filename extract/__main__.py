@@ -129,8 +129,14 @@ def cmd_plan(args) -> int:
     plan, layer_ids = plan_job(config, dims)
     summary = summarize(plan)
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
+    from .estimate import estimate_lines, extraction_estimate
+
+    store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
+    job = extraction_estimate(args.model, layer_ids, plan.num_tokens, store_bytes, args.batch_tokens, args.gpu_memory,
+                              args.tokens_per_s, args.gpus)
     report = dict(
         summary.to_json(),
+        job=job,
         layer_ids=layer_ids,
         layer_id_convention=LAYER_ID_CONVENTION,
         num_target_layers=dims.num_hidden_layers,
@@ -165,6 +171,8 @@ def cmd_plan(args) -> int:
     )
     print(f"            {human_bytes(estimate.fp8_bytes)} with --store-dtype fp8_e4m3 "
           f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)")
+    for line in estimate_lines(job):
+        print(line)
     print("dry run: nothing written")
     return 0
 
@@ -332,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_arguments(plan)
     plan.add_argument("--dry-run", action="store_true", help="print counts and the size estimate, write nothing")
     plan.add_argument("--json", action="store_true", help="print one JSON line instead of text")
+    from .estimate import add_arguments as add_estimate_arguments
+
+    add_estimate_arguments(plan)
     plan.set_defaults(handler=cmd_plan)
 
     from .config import (

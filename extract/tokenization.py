@@ -11,6 +11,11 @@ are free at serving time. Two scopes (`store_schema.plan.LOSS_MASK_CONVENTIONS`)
   (Qwen3 inserts one when there is no reasoning) and stays unscored;
 * ``content``: the message's ``content`` only, no end-of-turn token.
 
+A ``tool`` message (a tool's reply) is the prompt's, never scored; an assistant turn
+that only calls tools (empty content) is scored like any other under ``turn``: its
+reasoning, its rendered ``<tool_call>`` block and its end-of-turn token
+(`extract.messages` checks the messages and turns string arguments into objects).
+
 Two ways to find what the assistant said, which must agree:
 
 * the template has ``{% generation %}`` tags: transformers returns the mask
@@ -36,20 +41,10 @@ from typing import NamedTuple
 import numpy as np
 from store_schema.plan import DEFAULT_LOSS_MASK, DEFAULT_MAX_LENGTH
 
-ROLES = ("system", "user", "assistant")
-# Tokens that end an assistant turn in the common chat formats, besides the tokenizer's EOS.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+from .messages import ROLES, RecordError, clean_messages, has_reply, validate_messages  # noqa: F401 (re-exported)
+from .tokenizer_facts import END_OF_TURN_TOKENS, tokenizer_facts  # noqa: F401 (re-exported)
 
-_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 _EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")  # what a template inserts when there is no reasoning
-
-
-class RecordError(ValueError):
-    """A record that cannot become a sample; ``reason`` is the quarantine reason."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason, self.detail = reason, detail
 
 
 @dataclass(frozen=True)
@@ -68,16 +63,10 @@ class Tokenized:
 
 
 def has_generation_tags(tokenizer) -> bool:
-    return bool(_GENERATION_TAG.search(_template(tokenizer)))
-
-
-def _template(tokenizer) -> str:
-    template = tokenizer.chat_template
-    if isinstance(template, dict):  # several named templates: the default one renders chats
-        template = template.get("default")
-    if not isinstance(template, str) or not template:
+    tags = tokenizer_facts(tokenizer).generation_tags
+    if tags is None:
         raise ValueError("the tokenizer has no (default) chat template; chat records cannot be rendered")
-    return template
+    return tags
 
 
 def chat_template_hash(tokenizer) -> str:
@@ -106,46 +95,6 @@ def _is_int(value) -> bool:
 
 def _present(record: dict, key: str) -> bool:
     return record.get(key) is not None  # Parquet/datasets give None for absent columns
-
-
-def validate_messages(messages) -> list[dict]:
-    """Check the chat shape and return messages with None-valued keys dropped
-    (Arrow formats fill absent struct fields with None; JSONL omits them)."""
-    clean = clean_messages(messages)
-    assistant = [m for m in clean if m["role"] == "assistant"]
-    if not assistant:
-        raise RecordError("no_assistant_turn", f"{len(clean)} messages, none from the assistant")
-    if not any(m["content"].strip() for m in assistant):
-        raise RecordError("empty_response", "every assistant turn is empty")
-    return clean
-
-
-def clean_messages(messages) -> list[dict]:
-    """Check each message's shape (role, content); messages with None-valued keys dropped."""
-    if not isinstance(messages, list):
-        raise RecordError("wrong_type", f"messages is a {type(messages).__name__}, not a list")
-    if not messages:
-        raise RecordError("no_assistant_turn", "messages is empty")
-    clean = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise RecordError("wrong_type", f"messages[{i}] is a {type(message).__name__}, not an object")
-        for key in ("role", "content"):
-            if message.get(key) is None:
-                raise RecordError("missing_field", f"messages[{i}] has no {key}")
-            if not isinstance(message[key], str):
-                raise RecordError("wrong_type", f"messages[{i}].{key} is a {type(message[key]).__name__}")
-        if message.get("reasoning_content") is not None and not isinstance(message["reasoning_content"], str):
-            raise RecordError("wrong_type", f"messages[{i}].reasoning_content is a "
-                                            f"{type(message['reasoning_content']).__name__}")
-        if message["role"] not in ROLES:
-            raise RecordError("unknown_role", f"messages[{i}].role is {message['role']!r}, not one of {ROLES}")
-        try:
-            message["content"].encode("utf-8")
-        except UnicodeEncodeError:
-            raise RecordError("invalid_utf8", f"messages[{i}].content has unpaired surrogates") from None
-        clean.append({k: v for k, v in message.items() if v is not None})
-    return clean
 
 
 # --------------------------------------------------------------------------- chat paths
@@ -193,8 +142,8 @@ def _assistant_turns(tokenizer, messages: list[dict], text: str, whole_turn: boo
     ``</think>`` (templates render the part after it as the content)."""
     turns, cursor = [], 0
     for i, message in enumerate(messages):
-        has_reasoning = whole_turn and bool(message.get("reasoning_content", "").strip())
-        if message["role"] != "assistant" or not (message["content"] or has_reasoning):
+        says_more = whole_turn and bool(message.get("reasoning_content", "").strip() or message.get("tool_calls"))
+        if message["role"] != "assistant" or not (message["content"] or says_more):
             continue
         try:
             prefix = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
@@ -227,12 +176,8 @@ def assistant_content_spans(tokenizer, messages: list[dict]) -> tuple[str, list[
 
 def end_of_turn_strings(tokenizer) -> list[str]:
     """The tokens that end an assistant turn: the tokenizer's EOS and the common
-    chat formats' end-of-turn tokens it has."""
-    vocab = tokenizer.get_vocab()
-    found = [token for token in END_OF_TURN_TOKENS if token in vocab]
-    if tokenizer.eos_token and tokenizer.eos_token not in found:
-        found.insert(0, tokenizer.eos_token)
-    return found
+    chat formats' end-of-turn tokens it has (read once per tokenizer)."""
+    return list(tokenizer_facts(tokenizer).end_of_turn_strings)
 
 
 def _whole_turns(text: str, spans: list[tuple[int, int]], ends: list[str]) -> list[tuple[int, int]]:
@@ -363,7 +308,7 @@ def tokenize_record(
     if has_chat and has_tokens:
         raise RecordError("ambiguous_record", "record has both messages and input_ids")
     if has_tokens:
-        ids, mask = _pretokenized(record, len(tokenizer))
+        ids, mask = _pretokenized(record, tokenizer_facts(tokenizer).vocab_size)
     elif has_chat:
         messages = validate_messages(record["messages"])
         tags = has_generation_tags(tokenizer) if use_generation_tags is None else use_generation_tags

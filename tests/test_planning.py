@@ -208,7 +208,7 @@ def bad_corpus(path: Path, tokenizer, extra_good: int = 0) -> tuple[dict[int, st
     add({"input_ids": [1, 2, 3], "loss_mask": [1, 1]}, reason="length_mismatch")
     add({"input_ids": [1, 99999] * 20, "loss_mask": [1] * 40}, reason="token_out_of_range")
     add({"messages": chats[4]["messages"]})  # no id: rec-000000015
-    add({"messages": [{"role": "tool", "content": "{}"}, {"role": "assistant", "content": answer}]}, reason="unknown_role")
+    add({"messages": [{"role": "robot", "content": "{}"}, {"role": "assistant", "content": answer}]}, reason="unknown_role")
     add({"id": "multi", "messages": multi_turn(chats[4:6])})
     for chat in chats[6:]:
         add(chat)

@@ -2,8 +2,10 @@
 prompt of each turn, and the target's reply parsed back into a message. Pure (a
 tokenizer, no model), so planning and workers apply the same rules.
 
-The target speaks at every assistant message, and after a final user message
-(a prompt-only record gets one reply). Turn k's prompt is the conversation before
+The target speaks at every assistant message, and after a final user or tool
+message (a prompt-only record gets one reply); ``tool`` replies are the record's,
+kept as they are (a regenerated turn that called a tool keeps the record's reply
+to it, and its own call stays in its text as the target wrote it). Turn k's prompt is the conversation before
 it, with the earlier assistant turns replaced by the target's own replies,
 rendered by the target's chat template with ``add_generation_prompt``."""
 
@@ -13,7 +15,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from ..tokenization import RecordError, clean_messages
+from ..messages import RecordError, clean_messages
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -52,10 +54,10 @@ def conversation(record: dict) -> Conversation:
         raise RecordError("missing_field", "record has no messages (generate needs chat records)")
     messages = clean_messages(record["messages"])
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
-    if messages[-1]["role"] == "user":
+    if messages[-1]["role"] in ("user", "tool"):  # the target answers the last request or tool reply
         turns.append(len(messages))
     if not turns:
-        raise RecordError("no_turn_to_generate", "no assistant turn, and the last message is not from the user")
+        raise RecordError("no_turn_to_generate", "no assistant turn, and the last message is not from the user or a tool")
     if not any(m["role"] == "user" for m in messages[: turns[0]]):
         raise RecordError("no_user_turn", f"no user message before the first assistant turn (message {turns[0]})")
     return Conversation(tuple(messages), tuple(turns))

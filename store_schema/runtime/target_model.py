@@ -199,3 +199,13 @@ def _cut_to_layers(text_config, keep: int):
     if isinstance(getattr(config, "layer_types", None), list):
         config.layer_types = config.layer_types[:keep]
     return config
+
+
+def headless_on_meta(text_config, keep_layers: int):
+    """The headless model `load_target_model(keep_layers=...)` builds, on torch's meta
+    device (no weights read, nothing allocated): what `extract plan --dry-run` sizes."""
+    model_class = _headless_class(text_config)
+    if model_class is None:
+        raise ValueError(f"transformers has no text model class for {type(text_config).__name__}")
+    with torch.device("meta"):
+        return model_class(_cut_to_layers(text_config, keep_layers))

@@ -48,6 +48,9 @@ def add_parser(subparsers) -> None:
                    help="train data-parallel on N processes (one per GPU), started through torchrun's launcher")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set optim.lr=3e-4 --set num_anchors=256")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the run's memory per GPU and steps per epoch from --target's config.json; train nothing")
+    p.add_argument("--samples", type=int, help="--dry-run without --store: the samples an epoch has")
     add_allow_flag(p)
     p.add_argument("--require-complete", action="store_true",
                    help="refuse a store holding fewer shards than its plan (default: warn and train on those)")
@@ -89,6 +92,10 @@ def run(args) -> int:
     from train.fitting.distributed import LAUNCHED_BY_FIT, close_process_group, is_peer_loss, launch
     from train.fitting.preflight import REPAIR_COMMAND, FitChecks
 
+    if args.dry_run:
+        from train.fitting.estimate import dry_run
+
+        return dry_run(args)
     if args.resume and latest_checkpoint(args.out) is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {Path(args.out) / CHECKPOINTS} "
                                 "(nothing to continue; without --resume the run starts afresh)")

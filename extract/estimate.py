@@ -1,0 +1,121 @@
+"""The extraction job on paper (`python -m extract plan --dry-run`), before any GPU time.
+
+From the target's config alone (the model built on torch's meta device: no weights
+read, nothing allocated) and the plan:
+
+- weights: what a worker loads, `embed_tokens` + decoder layers ``0..last context
+  layer`` (`store_schema.runtime.target_model.load_target_model(keep_layers=...)`), in bf16 as on a GPU;
+- activations per batch token: the widest transient of a decoder layer under
+  `torch.inference_mode`, the MLP's: its input and normed input (2 x hidden) plus
+  gate, up and act(gate) * up (3 x intermediate), bf16. Attention is taken to be a
+  fused kernel (flash / SDPA, fla for linear attention: no tokens x tokens matrix);
+- capture buffers: each context layer's output at the batch's tokens, bf16;
+- a fixed reserve for the CUDA context, cuBLAS workspaces and allocator slack.
+
+Weights + reserve + (activations + captures) x ``--batch-tokens`` is the peak per
+worker, checked against ``--gpu-memory``; the largest token budget that fits is the
+free memory over the per-token bytes. The job's hours are the plan's tokens over
+``--tokens-per-s`` x ``--gpus``; writer cores per GPU are the raw bytes one GPU
+produces per second over what one core compresses, checksums and writes."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from store_schema.layout import raw_bytes_per_token
+from store_schema.runtime.estimate import DTYPE_BYTES, GIB, gib, hours, largest_fitting, parameter_count
+
+RUNTIME_RESERVE_GIB = 2.0  # CUDA context (~0.5), cuBLAS/attention workspaces, allocator fragmentation
+# Raw bf16 bytes one core encodes (bytesplit), checksums and writes with fsync: store_bench
+# --quick measured 238-337 MB/s with both cores of the 2-core VM (2026-12-01): ~120 per core.
+WRITE_RAW_MB_S_PER_CORE = 120.0
+BUDGET_MULTIPLE = 1024  # token budgets are reported rounded down to this
+WEIGHT_DTYPE = "bfloat16"  # what a worker computes in on a GPU (`target_model.compute_dtype`)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The dry-run's sizing flags (plan only)."""
+    from .config import DEFAULT_BATCH_TOKENS
+
+    parser.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
+                        help="padded tokens per forward batch, as `run --batch-tokens` (default %(default)s)")
+    parser.add_argument("--gpu-memory", type=float, metavar="GIB",
+                        help="memory of one GPU in GiB (e.g. 96 for an RTX PRO 6000, 141 for an H200): check "
+                             "the worker's peak against it and print the largest --batch-tokens that fits")
+    parser.add_argument("--tokens-per-s", type=float, metavar="N",
+                        help="extraction tokens/s of one GPU, to print the job's hours and writer cores")
+    parser.add_argument("--gpus", type=int, default=1, help="GPUs (workers) the job runs on (default 1)")
+
+
+def loaded_weights(model_dir: str, keep_layers: int) -> dict:
+    """What a worker keeping decoder layers ``0..keep_layers-1`` holds, in bytes, by
+    building that model on the meta device."""
+    from transformers import AutoConfig
+
+    from store_schema.runtime.target_model import headless_on_meta
+
+    text = AutoConfig.from_pretrained(model_dir).get_text_config()
+    model = headless_on_meta(text, keep_layers)
+    size = DTYPE_BYTES[WEIGHT_DTYPE]
+    layers = [parameter_count(layer) * size for layer in model.layers]
+    kinds = list(getattr(text, "layer_types", None) or ["decoder"] * text.num_hidden_layers)[:keep_layers]
+    return dict(
+        loaded_layers=keep_layers,
+        embed_bytes=parameter_count(model.embed_tokens) * size,
+        layer_bytes=sum(layers),
+        layer_bytes_by_kind={kind: layers[kinds.index(kind)] for kind in dict.fromkeys(kinds)},
+        weights_bytes=parameter_count(model) * size,
+        hidden_size=int(text.hidden_size),
+        intermediate_size=int(text.intermediate_size),
+    )
+
+
+def per_token_bytes(hidden: int, intermediate: int, num_context_layers: int) -> dict:
+    size = DTYPE_BYTES[WEIGHT_DTYPE]
+    return dict(activations=(2 * hidden + 3 * intermediate) * size, captures=num_context_layers * hidden * size)
+
+
+def extraction_estimate(model_dir: str, layer_ids: list[int], plan_tokens: int, store_bytes: dict,
+                        batch_tokens: int, gpu_memory_gib: float | None, tokens_per_s: float | None,
+                        gpus: int) -> dict:
+    """The figures `plan --dry-run` prints (bytes; GiB where named so)."""
+    weights = loaded_weights(model_dir, layer_ids[-1] + 1)
+    token = per_token_bytes(weights["hidden_size"], weights["intermediate_size"], len(layer_ids))
+    per_token = token["activations"] + token["captures"]
+    reserve = int(RUNTIME_RESERVE_GIB * GIB)
+    peak = weights["weights_bytes"] + reserve + per_token * batch_tokens
+    out = dict(weights, activation_bytes_per_token=token["activations"], capture_bytes_per_token=token["captures"],
+               runtime_reserve_bytes=reserve, batch_tokens=batch_tokens, peak_gpu_bytes=peak,
+               peak_gpu_gib=gib(peak), store_bytes=store_bytes, gpus=gpus)
+    if gpu_memory_gib is not None:
+        free = gpu_memory_gib * GIB - weights["weights_bytes"] - reserve
+        out.update(gpu_memory_gib=gpu_memory_gib, fits=peak <= gpu_memory_gib * GIB,
+                   largest_batch_tokens=largest_fitting(free, per_token, BUDGET_MULTIPLE))
+    if tokens_per_s is not None:
+        raw_per_s = tokens_per_s * raw_bytes_per_token(weights["hidden_size"], len(layer_ids))
+        out.update(tokens_per_s=tokens_per_s, job_hours=round(hours(plan_tokens, tokens_per_s * gpus), 3),
+                   gpu_hours=round(hours(plan_tokens, tokens_per_s), 3),
+                   writer_cores_per_gpu=math.ceil(raw_per_s / (WRITE_RAW_MB_S_PER_CORE * 1e6)))
+    return out
+
+
+def estimate_lines(e: dict) -> list[str]:
+    """The dry-run's text for these figures."""
+    kinds = ", ".join(f"{kind} {gib(size)} GiB" for kind, size in e["layer_bytes_by_kind"].items())
+    lines = [
+        f"worker      loads embed_tokens + decoder layers 0..{e['loaded_layers'] - 1}: {gib(e['weights_bytes'])} GiB "
+        f"bf16 (embed {gib(e['embed_bytes'])}, layers {gib(e['layer_bytes'])}; one layer: {kinds})",
+        f"peak GPU    {e['peak_gpu_gib']} GiB per worker at --batch-tokens {e['batch_tokens']}: weights + "
+        f"{RUNTIME_RESERVE_GIB:g} reserve + {e['activation_bytes_per_token'] + e['capture_bytes_per_token']} B/token "
+        f"(activations {e['activation_bytes_per_token']}, captures {e['capture_bytes_per_token']})",
+    ]
+    if "gpu_memory_gib" in e:
+        verdict = "fits" if e["fits"] else "does NOT fit"
+        lines.append(f"            {verdict} in {e['gpu_memory_gib']:g} GiB; the largest --batch-tokens that fits: "
+                     f"{e['largest_batch_tokens']}")
+    if "job_hours" in e:
+        lines.append(f"job         {e['job_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
+                     f"({e['gpu_hours']:.1f} GPU-hours); writer cores per GPU: {e['writer_cores_per_gpu']} "
+                     f"(~{WRITE_RAW_MB_S_PER_CORE:g} MB/s raw per core)")
+    return lines

@@ -1,0 +1,33 @@
+"""Arithmetic both dry-runs (`extract plan --dry-run`, `train fit --dry-run`) share:
+sizes of modules built on torch's meta device (no weights, no memory), what fits in
+a GPU, and hours at a rate. GPU memory is counted in GiB (2**30 bytes), as
+nvidia-smi and torch report it; store sizes stay SI (`units`)."""
+
+from __future__ import annotations
+
+import math
+
+GIB = 2**30
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1}
+
+
+def parameter_count(module) -> int:
+    """Parameters of `module` (meta tensors count like real ones)."""
+    return sum(p.numel() for p in module.parameters())
+
+
+def largest_fitting(free_bytes: float, bytes_per_unit: float, multiple: int = 1) -> int:
+    """The most units (e.g. tokens of a batch) that fit in `free_bytes`, rounded down
+    to a multiple of `multiple`; 0 when not even one fits."""
+    if free_bytes <= 0 or bytes_per_unit <= 0:
+        return 0
+    return int(free_bytes // bytes_per_unit) // multiple * multiple
+
+
+def hours(work: float, rate_per_second: float) -> float:
+    """`work` units at `rate_per_second`, in hours (inf at a zero rate)."""
+    return work / rate_per_second / 3600 if rate_per_second > 0 else math.inf
+
+
+def gib(count: float) -> float:
+    return round(count / GIB, 2)

@@ -1,0 +1,99 @@
+"""The Qwen3.6-27B job on paper (issue 27.2): `extract plan --dry-run` and `train fit
+--dry-run` on a config-only directory (the published architecture's config.json and
+the real-vocabulary tokenizer; the models are built on the meta device) print figures
+that equal the hand computations written out here."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import builders
+import pytest
+
+GIB = 2**30
+H, I, V = 5120, 17408, 248_320  # hidden, intermediate, embedding rows
+MLP = 3 * H * I
+LINEAR_LAYER = (H * (10240 + 6144 + 48 + 48)  # in_proj qkv (2 x 16 x 128 + 48 x 128), z (48 x 128), b, a
+                + 10240 * 4 + 48 + 48 + 128  # conv1d (kernel 4), dt_bias, A_log, gated norm
+                + 6144 * H + MLP + 2 * H)  # out_proj, MLP, the two layer norms
+FULL_LAYER = (H * (2 * 24 * 256 + 2 * 4 * 256)  # q_proj (query + output gate), k_proj, v_proj
+              + 24 * 256 * H + 2 * 256 + MLP + 2 * H)  # o_proj, q/k norms, MLP, layer norms
+LAYERS = [1, 16, 31, 46, 61]
+
+
+@pytest.fixture(scope="module")
+def qwen3_6_27b(real_vocab_tokenizer_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("qwen3_6_27b")
+    model = builders.real_vocab.write_config_only_target(root / "model", real_vocab_tokenizer_dir)
+    corpus = builders.write_chat_jsonl(root / "corpus.jsonl", builders.real_vocab.tool_call_chats(12))
+    return model, corpus
+
+
+def _json_out(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_plan_dry_run_sizes_the_27b_extraction(qwen3_6_27b, capsys):
+    from extract.__main__ import main
+
+    model, corpus = qwen3_6_27b
+    assert main(["plan", "--dry-run", "--json", "--model", str(model), "--corpus", str(corpus), "--workers", "1",
+                 "--gpu-memory", "96", "--tokens-per-s", "20000", "--gpus", "8"]) == 0
+    report = _json_out(capsys)
+    job = report["job"]
+    assert report["layer_ids"] == LAYERS and job["loaded_layers"] == 62  # decoder layers 0..61, not 62-63
+    full = len(range(3, 62, 4))  # layers 3, 7, .., 59
+    assert full == 15
+    embed = V * H * 2
+    layers = 2 * ((62 - full) * LINEAR_LAYER + full * FULL_LAYER)
+    assert job["embed_bytes"] == embed and job["layer_bytes"] == layers
+    assert job["layer_bytes_by_kind"] == {"linear_attention": 2 * LINEAR_LAYER, "full_attention": 2 * FULL_LAYER}
+    weights = embed + layers + 2 * H  # + the final norm
+    assert job["weights_bytes"] == weights
+    per_token = 2 * (2 * H + 3 * I) + 5 * H * 2  # the MLP's transients + five captured layers, bf16
+    assert job["activation_bytes_per_token"] + job["capture_bytes_per_token"] == per_token == 176_128
+    assert job["peak_gpu_bytes"] == weights + 2 * GIB + per_token * 16384
+    assert job["fits"] is True
+    assert job["largest_batch_tokens"] == (96 * GIB - weights - 2 * GIB) // per_token // 1024 * 1024 == 289_792
+    raw_token = 5 * H * 2 + 4 + 1
+    assert job["store_bytes"]["raw"] == report["tokens"] * raw_token
+    assert job["store_bytes"]["fp8_e4m3"] == round(report["tokens"] * raw_token * 0.40)
+    assert job["writer_cores_per_gpu"] == math.ceil(20000 * raw_token / 120e6) == 9
+    assert job["job_hours"] == round(report["tokens"] / (20000 * 8) / 3600, 3)
+
+
+def test_plan_dry_run_names_a_gpu_too_small(qwen3_6_27b, capsys):
+    from extract.__main__ import main
+
+    model, corpus = qwen3_6_27b
+    assert main(["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--workers", "1",
+                 "--gpu-memory", "48", "--batch-tokens", "32768"]) == 0
+    out = capsys.readouterr().out
+    assert "does NOT fit in 48 GiB; the largest --batch-tokens that fits: 0" in out  # 46.3 GiB weights + reserve
+
+
+def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
+    from train.cli import main
+
+    model, _ = qwen3_6_27b
+    assert main(["fit", "--dry-run", "--target", str(model), "--out", str(tmp_path / "run"), "--nproc", "8",
+                 "--samples", "902000"]) == 0
+    report = _json_out(capsys)
+    q, kv = 32 * 128, 8 * 128  # the published drafter: 32 heads x 128, 8 KV heads
+    layer = 2 * H * q + 2 * H * kv + 2 * 128 + MLP + 2 * H  # q, o, k, v, q/k norms, MLP, layer norms
+    params = 5 * layer + 5 * H * H + 2 * H  # 5 layers, fc over 5 context layers, hidden_norm + final norm
+    assert report["drafter_parameters"] == params == 1_730_213_120
+    assert report["state_bytes"] == {"weights": 4 * params, "gradients": 4 * params, "adam_moments": 8 * params,
+                                     "ddp_buckets": 4 * params}
+    assert report["mask_token_id"] == 248_070 and report["mask_token_rule"] == "first_unused_row"
+    assert report["target_head_bytes"] == 2 * V * H * 2  # embed_tokens + lm_head, bf16
+    assert report["loss_chunk_bytes"] == 1024 * V * 16  # fp32 logits, log-probs, gradient + one buffer
+    block_token = 2 * ((H + 4 * I) + (H + 4 * q + 4 * kv)) + 2 * 4 * H
+    context_token = 2 * (5 * H + 5 * (H + 2 * kv))
+    activations = report["activations"]
+    assert activations["per_block_token_layer"] == block_token and activations["per_context_token"] == context_token
+    assert activations["bytes"] == 512 * 16 * 5 * block_token + 3072 * context_token
+    assert report["peak_gpu_bytes"] == 20 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
+    assert report["steps_per_epoch"] == 902000 // 8 and report["sequences_per_gpu_per_step"] == 1
+    assert not (tmp_path / "run").exists()  # nothing written

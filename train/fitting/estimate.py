@@ -1,0 +1,133 @@
+"""The training job on paper (`python -m train fit --dry-run`), before any GPU time.
+
+The drafter is built on torch's meta device from the run config and the target's
+config.json (no weights, no store needed); per GPU:
+
+- drafter weights, gradients and AdamW's two moments, all fp32 (`train.dtype` is an
+  autocast dtype; weights and optimizer stay fp32), plus DDP's gradient buckets (one
+  more fp32 copy) on more than one GPU;
+- the frozen target head: `embed_tokens` + `lm_head` (one tensor when tied) in the
+  autocast dtype;
+- the loss chunk (`train.fitting.loss`): per chunk row and vocabulary entry, the fp32
+  logits, log-probs and gradient and one more such buffer (16 B, as measured);
+- activations kept for backward, per sequence in flight (`train.batch_size`): each
+  block token (anchors x B queries) in each drafter layer keeps, in the autocast
+  dtype, the MLP's input, gate, act(gate), up and product (H + 4 I) and the
+  attention's input, q, k, v, their normed/rotated copies and output
+  (H + 4 q + 4 kv), plus the two RMSNorms' fp32 inputs (2 x 4 H); each context token
+  keeps its fc input (layers x H) and, per layer, its normed K/V input and K, V
+  (H + 2 kv). Flex attention (the CUDA path) keeps no queries x keys matrix.
+
+Steps per epoch: the samples over the global batch (`train.batch_size x
+train.grad_accumulation`), which every GPU count shares out."""
+
+from __future__ import annotations
+
+import math
+
+from store_schema.runtime.estimate import DTYPE_BYTES, gib, parameter_count
+
+FP32 = 4
+# Per chunk row and vocabulary entry: fp32 logits, log-probs and gradient, and one more
+# row-sized buffer (log_softmax's on CPU, the gradient's bf16 copy on a GPU). Measured on
+# CPU at V = 248,320: 1.03 GB at 256 rows = 16.2 B (benchmarks/RESULTS.md, 2026-12-01).
+LOSS_BYTES_PER_LOGIT = 16
+
+
+def drafter_on_meta(drafter_config):
+    import torch
+
+    from train.drafter.model import DFlashDrafter
+
+    with torch.device("meta"):
+        return DFlashDrafter(drafter_config)
+
+
+def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
+    """Bytes one sequence keeps for backward: block tokens and context tokens."""
+    d, act = drafter_config, DTYPE_BYTES[config.train.dtype]
+    q, kv, h = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.hidden_size
+    per_block_token = act * ((h + 4 * d.intermediate_size) + (h + 4 * q + 4 * kv)) + 2 * FP32 * h
+    per_context_token = act * (len(d.context_layer_ids) * h + d.num_hidden_layers * (h + 2 * kv))
+    block_tokens = config.model.num_anchors * config.model.block_size
+    return dict(per_block_token_layer=per_block_token, per_context_token=per_context_token,
+                block_tokens=block_tokens, context_tokens=sequence_tokens,
+                bytes=block_tokens * d.num_hidden_layers * per_block_token + sequence_tokens * per_context_token)
+
+
+def fit_estimate(config, target, drafter_config, gpus: int, samples: int | None) -> dict:
+    """The figures `fit --dry-run` prints (bytes; GiB where named so), per GPU."""
+    drafter = drafter_on_meta(drafter_config)
+    params = parameter_count(drafter)
+    act = DTYPE_BYTES[config.train.dtype]
+    state = dict(weights=params * FP32, gradients=params * FP32, adam_moments=2 * params * FP32,
+                 ddp_buckets=params * FP32 if gpus > 1 else 0)
+    head_tensors = 1 if target.tie_word_embeddings else 2
+    head = head_tensors * target.vocab_size * target.hidden_size * act
+    loss_chunk = config.loss.chunk_rows * target.vocab_size * LOSS_BYTES_PER_LOGIT
+    activations = activation_bytes(config, drafter_config, config.data.max_length)
+    in_flight = config.train.batch_size * activations["bytes"]
+    peak = sum(state.values()) + head + loss_chunk + in_flight
+    global_batch = config.train.batch_size * config.train.grad_accumulation
+    out = dict(drafter_parameters=params, drafter_layers=drafter_config.num_hidden_layers,
+               context_layer_ids=list(drafter_config.context_layer_ids), mask_token_id=drafter_config.mask_token_id,
+               state_bytes=state, target_head_bytes=head, loss_chunk_rows=config.loss.chunk_rows,
+               loss_chunk_bytes=loss_chunk, activations=activations, sequences_in_flight=config.train.batch_size,
+               peak_gpu_bytes=peak, peak_gpu_gib=gib(peak), gpus=gpus, global_batch=global_batch,
+               sequences_per_gpu_per_step=global_batch / gpus, dtype=config.train.dtype)
+    if samples is not None:
+        out.update(samples=samples, steps_per_epoch=math.ceil(samples / global_batch))
+    return out
+
+
+def estimate_lines(e: dict) -> list[str]:
+    s, a = e["state_bytes"], e["activations"]
+    lines = [
+        f"drafter     {e['drafter_parameters']:,} parameters, {e['drafter_layers']} layers, context layers "
+        f"{e['context_layer_ids']}, mask token {e['mask_token_id']}",
+        f"per GPU     weights {gib(s['weights'])} + gradients {gib(s['gradients'])} + AdamW {gib(s['adam_moments'])}"
+        f" + DDP buckets {gib(s['ddp_buckets'])} GiB (fp32)",
+        f"            target head {gib(e['target_head_bytes'])} GiB ({e['dtype']}); loss chunk {e['loss_chunk_rows']} "
+        f"rows: {gib(e['loss_chunk_bytes'])} GiB",
+        f"            activations {gib(a['bytes'] * e['sequences_in_flight'])} GiB ({e['sequences_in_flight']} "
+        f"sequence(s) in flight: {a['block_tokens']} block tokens x {e['drafter_layers']} layers x "
+        f"{a['per_block_token_layer']} B + {a['context_tokens']} context tokens x {a['per_context_token']} B)",
+        f"peak GPU    {e['peak_gpu_gib']} GiB per GPU on {e['gpus']} GPU(s); global batch {e['global_batch']} "
+        f"({e['sequences_per_gpu_per_step']:g} per GPU per step)",
+    ]
+    if "steps_per_epoch" in e:
+        lines.append(f"epoch       {e['steps_per_epoch']} steps over {e['samples']} samples")
+    return lines
+
+
+def dry_run(args) -> int:
+    """`fit --dry-run`: the run's config (file, flags, --set) sized for --target, the
+    store's samples and layers when --store is given, else --samples and the default
+    layers; prints the figures and their JSON as the last line."""
+    import json
+
+    from store_schema.runtime.target_config import read_target_config
+    from train.config import load_config
+    from train.drafter.mask_token import resolve_mask_token
+    from train.drafter.model import DrafterConfig
+
+    if not args.target:
+        raise ValueError("fit --dry-run needs --target (a directory with config.json; no weights are read)")
+    config = load_config(args.config, args.overrides, require_paths=False, store=args.store, target=args.target,
+                         out=args.out)
+    target = read_target_config(args.target)
+    samples, layer_ids = args.samples, None
+    if args.store:
+        from store_schema import Store
+
+        store = Store(args.store)
+        samples, layer_ids = store.plan().num_samples, list(store.fingerprint.layer_ids)
+    mask = resolve_mask_token(config.model.mask_token_id, args.target, target.vocab_size)
+    drafter_config = DrafterConfig.from_target(target, mask_token_id=mask.id, context_layer_ids=layer_ids,
+                                               **config.model.geometry())
+    figures = dict(fit_estimate(config, target, drafter_config, args.nproc or 1, samples), mask_token_rule=mask.rule)
+    for line in estimate_lines(figures):
+        print(line)
+    print("dry run: nothing trained or written")
+    print(json.dumps(figures, sort_keys=True))
+    return 0
