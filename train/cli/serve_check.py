@@ -56,6 +56,7 @@ def run(args) -> int:
 
     from store_schema.runtime.cli import fail
     from store_schema.runtime.host import resolve_device
+    from store_schema.runtime.target_config import read_target_config
     from train.acceptance import serve_check
     from train.acceptance.speculate import decode_prompt
     from train.acceptance.target_decode import load_target_model, stop_token_ids
@@ -67,7 +68,10 @@ def run(args) -> int:
     dtype = torch_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
     drafter_dir = resolve_drafter_dir(args.drafter)
     store = open_prompt_source(args)
+    read_target_config(args.target)  # a missing target is a usage error before vLLM is looked for
     python = serve_check.find_vllm_python(args.vllm_python)
+    version = serve_check.probe(python)
+    print(f"vLLM {version} from {python}", file=sys.stderr)
     config = read_drafter_config(drafter_dir)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
     model = load_target_model(args.target, device, dtype)
@@ -102,7 +106,7 @@ def run(args) -> int:
                 served_run.process.wait()
     summary = _summary(serve_check, results, served, stops, config.block_size)
     summary.update(drafter=str(drafter_dir), target=str(args.target), vllm_python=python,
-                   vllm_version=served.get("vllm_version"), vllm_device=served.get("device"),
+                   vllm_version=served.get("vllm_version", version), vllm_device=served.get("device"),
                    dtype=str(dtype).removeprefix("torch."), block_size=config.block_size,
                    max_new_tokens=args.max_new_tokens, stop_token_ids=stops)
     if summary.get("served_skipped"):
