@@ -16,7 +16,11 @@ the last committed accepted + 1, the last one what the output holds after them
 (`committed_lengths`). Tokens per round and the per-position accepted counts are
 then computed from committed lengths by one rule (`per_position_counts`) for
 both, and vLLM's own uncut figures (`served_tau`, `served_per_position`) are
-reported beside them.
+reported beside them. vLLM drafts a whole block on its last step too, where
+`speculate` drafts only what is left of the limit (a shorter block, which a
+bidirectional layer drafts differently), so `speculate` decodes B - 1 tokens past
+the limit and its rounds are cut at the limit here (`cut_at_limit`): both sides
+draft the same blocks and commit the same tokens.
 """
 
 from __future__ import annotations
@@ -129,6 +133,26 @@ def until_stop(tokens: list[int], stop_ids) -> list[int]:
         if token in stop:
             return tokens[: i + 1]
     return list(tokens)
+
+
+def cut_at_limit(result, max_new_tokens: int):
+    """A speculate PromptResult decoded past the limit, cut to `max_new_tokens`: the
+    tokens of both decodings, and the rounds up to the limit with the one crossing it
+    counting what it committed before it."""
+    from train.acceptance.speculate import Decoded, PromptResult
+
+    budget, lengths = max_new_tokens - 1, []  # the prefill commits the first token
+    for length in result.speculative.acceptance_lengths:
+        if budget <= 0:
+            break
+        lengths.append(min(length, budget))
+        budget -= lengths[-1]
+    spec, greedy = result.speculative, result.greedy
+    return PromptResult(result.prompt_id, result.prompt_tokens,
+                        Decoded(spec.tokens[:max_new_tokens], spec.target_forwards, spec.wall_s, lengths,
+                                spec.rerun_forwards),
+                        Decoded(greedy.tokens[:max_new_tokens], greedy.target_forwards, greedy.wall_s),
+                        result.mismatch_logit_gap)
 
 
 def committed_lengths(output_tokens: int, per_step_accepted: list[int]) -> list[int]:

@@ -78,6 +78,9 @@ def decode(request: dict) -> dict:
         skip_tokenizer_init=True,
         disable_log_stats=False,
         per_request_spec_decode_metrics="detailed",
+        # Every prompt prefilled whole: a prefix-cache hit skips the target's forward
+        # over the cached tokens, whose hidden states are the drafter's context.
+        enable_prefix_caching=False,
         seed=0,
     )
     params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"], detokenize=False,

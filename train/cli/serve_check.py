@@ -93,8 +93,10 @@ def run(args) -> int:
         results = []
         try:
             for number, prompt in enumerate(prompts, start=1):
-                result = decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), args.max_new_tokens,
-                                       stops)
+                past_limit = args.max_new_tokens + config.block_size - 1  # whole blocks up to the limit, as vLLM
+                result = serve_check.cut_at_limit(
+                    decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), past_limit, stops),
+                    args.max_new_tokens)
                 results.append(result)
                 print(f"[{number}/{len(prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
                       f"{'lossless' if result.lossless else 'MISMATCH'}", file=sys.stderr)
