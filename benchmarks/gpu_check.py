@@ -1,24 +1,37 @@
-"""GPU check for sessions with a device: extraction and training at real sizes on
-one GPU, in one short run (goal: under 8 minutes on an H200).
+"""GPU check for sessions with a device: what the first GPU hour must learn, in one
+short run (goal: under 8 minutes on an H200). `--smoke` runs the same code at tiny
+sizes on a CPU, in the test suite (tests/test_gpu_check.py), so the check cannot rot.
 
-    python benchmarks/gpu_check.py [--smoke]     # --smoke: tiny sizes, runs on CPU too
+    python benchmarks/gpu_check.py [--smoke]
 
-1. builds a ~2B Qwen3.5-architecture model from a config (random weights, bf16,
-   vocabulary 248,320, no download) and saves it with the embedded tokenizer;
-2. extracts a corpus into a store in-process with the project's own worker
-   (`extract.worker.ExtractionWorker`, what each Ray actor runs), timing the
-   forward passes alone and then the full extraction (forward + host copies +
-   compression + checksums + fsync + commit): extraction tokens/s against
-   forward-only tokens/s, and store write GB/s;
-3. trains the drafter for a few steps with the streaming loader at the real
-   vocabulary and 512 anchors: step time and loader wait.
+Phases, each with its peak GPU memory (`peak_gpu_gb`, reset before each; None on CPU):
 
-Ray itself is not used (its wheel is larger than what travels to the device);
-the worker is the same code. Prints one JSON line last."""
+1. kernels: the Qwen3.5 linear-attention layer's chunked gated delta rule and causal
+   conv1d, the implementation transformers chose (fla / causal-conv1d) against its
+   PyTorch fallback on the layer's shapes and gates; where the package is missing
+   (always on CPU) that part is skipped with the reason, and the fallback still runs
+   against the token-by-token recurrence.
+2. attention: the drafter's flex attention (compiled on CUDA) against the split path,
+   values and gradients, under training's autocast (flex has no backward on CPU:
+   gradients there are skipped with the reason).
+3. build: a Qwen3.5-architecture target (~2B at full size; vocabulary 248,320 in
+   both modes) from a config, random weights, saved with a tokenizer.
+4. extract: the project's own worker (`extract.worker.ExtractionWorker`, what each Ray
+   actor runs), in-process: forward-only tokens/s, then the full extraction (forward +
+   host copies + compression + checksums + commit) tokens/s and store GB/s.
+5. loader: the streaming loader over the store, to the device through pinned memory
+   on CUDA (`train.data.device_copy`): samples/s and feature GB/s.
+6. train: a few optimizer steps at the real vocabulary; step timing leaves out the
+   first `WARMUP_STEPS` (compilation), no evaluation runs; `train_compiled_graphs`
+   counts what torch.compile built meanwhile (2 expected on CUDA: flex's two layer rules).
+
+Ray itself is not used (its wheel is larger than what travels to the device); the
+worker is the same code. Prints one JSON line last."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -34,10 +47,109 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 import embedded  # noqa: E402
 
-FULL = dict(hidden=2048, layers=24, heads=16, head_dim=128, vocab=248_320, records=4000, max_length=3072,
-            train_steps=20, num_anchors=512, drafter_layers=5)
-SMOKE = dict(hidden=64, layers=8, heads=4, head_dim=16, vocab=4096, records=40, max_length=512,
-             train_steps=3, num_anchors=32, drafter_layers=1)
+REAL_VOCAB = 248_320
+FULL = dict(hidden=2048, layers=24, heads=16, head_dim=128, vocab=REAL_VOCAB, records=4000, max_length=3072,
+            shard_tokens=65536, batch_tokens=65536, train_steps=20, grad_accumulation=8, num_anchors=512, drafter_layers=5,
+            kernel_tokens=4096, attention_context=3072, attention_anchors=512)
+SMOKE = dict(hidden=64, layers=6, heads=4, head_dim=16, vocab=REAL_VOCAB, records=24, max_length=256,
+             shard_tokens=2048, batch_tokens=4096, train_steps=4, grad_accumulation=2, num_anchors=8, drafter_layers=1,
+             kernel_tokens=96, attention_context=300, attention_anchors=12)
+WARMUP_STEPS = 2  # step 1 compiles flex; step 2 is the first steady one on CPU noise (nothing recompiles)
+
+
+@contextlib.contextmanager
+def phase(figures: dict, name: str, device: str):
+    """Time a phase and record its peak GPU memory (reset first)."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    yield
+    if device == "cuda":
+        torch.cuda.synchronize()
+    figures.setdefault("seconds", {})[name] = round(time.perf_counter() - started, 2)
+    peak = round(torch.cuda.max_memory_allocated() / 1e9, 3) if device == "cuda" else None
+    figures.setdefault("peak_gpu_gb", {})[name] = peak
+
+
+def _compare(a: torch.Tensor, b: torch.Tensor) -> dict:
+    a, b = a.float().flatten(), b.float().flatten()
+    return {"max_abs_diff": float((a - b).abs().max()), "cosine": round(float(torch.nn.functional.cosine_similarity(a, b, dim=0)), 6)}
+
+
+def check_kernels(size: dict, device: str) -> dict:
+    """The chosen linear-attention / conv1d kernels against transformers' fallbacks."""
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
+
+    from extract.kernels import kernel_implementations
+
+    config = embedded.qwen3_5_config(1024, size["hidden"], 4, size["heads"], size["head_dim"])
+    torch.manual_seed(0)
+    layer = qwen.Qwen3_5GatedDeltaNet(config, layer_idx=0).to(device)
+    heads, dk, dv, tokens = layer.num_v_heads, layer.head_k_dim, layer.head_v_dim, size["kernel_tokens"]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    q, k = (torch.randn(1, tokens, heads, dk, device=device, dtype=dtype) for _ in range(2))
+    v = torch.randn(1, tokens, heads, dv, device=device, dtype=dtype)
+    beta = torch.rand(1, tokens, heads, device=device, dtype=dtype)
+    a = torch.randn(1, tokens, heads, device=device)
+    with torch.no_grad():
+        g = -layer.A_log.float().exp() * torch.nn.functional.softplus(a + layer.dt_bias.float())
+        chosen, fallback = kernel_implementations(qwen.torch_chunk_gated_delta_rule)
+        reference, _ = fallback(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+        recurrent, _ = qwen.torch_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+        report = {"linear_attention_fallback_vs_recurrent": _compare(reference, recurrent)}
+        if chosen is fallback:
+            report["linear_attention_fla"] = "skipped: fla not importable here (the PyTorch fallback ran)"
+        else:
+            fast, _ = chosen(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
+            report["linear_attention_fla_vs_fallback"] = _compare(fast, reference)
+        mixed = torch.randn(1, layer.conv_dim, tokens, device=device, dtype=dtype)
+        conv_weight = layer.conv1d.weight.squeeze(1).to(dtype)
+        chosen, fallback = kernel_implementations(qwen.causal_conv1d_fn)
+        reference = fallback(mixed, conv_weight, None, activation=layer.activation)
+        if chosen is fallback:
+            report["causal_conv1d"] = "skipped: causal-conv1d not importable here (the PyTorch fallback ran)"
+        else:
+            report["causal_conv1d_vs_fallback"] = _compare(chosen(mixed, conv_weight, None, activation=layer.activation),
+                                                          reference)
+    return report
+
+
+def check_attention(size: dict, device: str) -> dict:
+    """Flex (compiled on CUDA) against the split path: outputs, and on CUDA gradients."""
+    import warnings
+
+    from train.drafter.anchors import sample_anchors
+    from train.drafter.model import DFlashDrafter, DrafterConfig
+
+    config = DrafterConfig(hidden_size=size["hidden"], num_attention_heads=size["heads"], num_key_value_heads=max(1, size["heads"] // 2),
+                           head_dim=size["head_dim"], intermediate_size=2 * size["hidden"], vocab_size=4096,
+                           num_target_layers=8, context_layer_ids=[1, 3], mask_token_id=5, num_hidden_layers=2,
+                           layer_types=["sliding_attention", "full_attention"], sliding_window=256)
+    torch.manual_seed(0)
+    drafter = DFlashDrafter(config).to(device)
+    embed = torch.nn.Embedding(4096, size["hidden"]).to(device)
+    length = size["attention_context"]
+    features = torch.randn(length, 2 * size["hidden"], device=device)
+    ids = torch.randint(0, 4096, (length,), device=device)
+    anchors = sample_anchors(torch.ones(length, dtype=torch.uint8, device=device), config.block_size,
+                             size["attention_anchors"], torch.Generator().manual_seed(0))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
+    outputs, grads = {}, {}
+    for kind in ("split", "flex"):
+        drafter.zero_grad(set_to_none=True)
+        backward = device == "cuda" or kind == "split"  # flex has no backward on CPU
+        with autocast, torch.set_grad_enabled(backward), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager flex on CPU warns that it is unfused
+            out = drafter(features, ids, anchors, embed, attention=kind)
+        if backward:
+            out.float().square().mean().backward()
+            grads[kind] = torch.cat([p.grad.flatten() for p in drafter.parameters() if p.grad is not None])
+        outputs[kind] = out.detach()
+    report = {"flex_vs_split": _compare(outputs["flex"], outputs["split"])}
+    report["flex_vs_split_grads"] = (_compare(grads["flex"], grads["split"]) if "flex" in grads
+                                     else "skipped: flex_attention has no backward on CPU")
+    return report
 
 
 def build_target(path: Path, size: dict, device: str) -> None:
@@ -50,36 +162,37 @@ def build_target(path: Path, size: dict, device: str) -> None:
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen3_5ForCausalLM(config).to(torch.bfloat16)
-    model.save_pretrained(str(path), safe_serialization=True)
+    model.save_pretrained(str(path))
     del model
 
 
 def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> dict:
+    from extract.batching import batch_groups
     from extract.layers import resolve_layer_ids
     from extract.planning import build_plan
-    from extract.worker import ExtractionWorker, ShardFailed
+    from extract.worker import ShardFailed, ExtractionWorker
     from store_schema import Fingerprint, Store, create_store, on_disk_bytes
     from store_schema.plan import PlanSettings
 
-    plan = build_plan(str(corpus), str(model), PlanSettings(max_length=size["max_length"], shard_tokens=65536),
-                      workers=4)
-    layer_ids = resolve_layer_ids(str(model), None, 5)
-    worker = ExtractionWorker(str(model), str(model), str(store), layer_ids, plan.settings, device=device,
-                              batch_tokens=65536)
+    plan = build_plan(str(corpus), str(model), PlanSettings(max_length=size["max_length"],
+                                                              shard_tokens=size["shard_tokens"]))
+    layer_ids = resolve_layer_ids(str(model), None, 2 if size["layers"] < 8 else 5)
+    worker = ExtractionWorker(str(model), str(model), str(corpus), str(store), layer_ids, plan.settings,
+                              device=device, batch_tokens=size["batch_tokens"])
     info = worker.info()
     fingerprint = Fingerprint.for_extraction(model, plan, layer_ids, num_target_layers=info.num_layers,
                                              hidden_size=info.hidden_size, vocab_size=info.vocab_size,
                                              kernels=info.kernels)
-    writer = create_store(store, fingerprint)
-    writer.write_plan(plan)
-    names = [s.name for s in plan.shards]
-    worker.forward_only(names[:1])  # warm-up: first-call allocations and kernel selection
-    forward = worker.forward_only(names)
+    create_store(store, fingerprint).write_plan(plan)
+    groups = batch_groups([s.name for s in plan.shards], 2)
+    worker.forward_only(groups[:1])  # warm-up: first-call allocations and kernel selection
+    forward = worker.forward_only(groups)
     started = time.perf_counter()
-    for name in names:
-        result = worker.extract_shard(name)
-        if isinstance(result, ShardFailed):
-            raise RuntimeError(result)
+    for group in groups:
+        done = worker.extract_group(group, {name: None for name in group})
+        failed = [reply for reply in done.replies if isinstance(reply, ShardFailed)]
+        if failed:
+            raise RuntimeError(f"extraction failed: {failed[0]}")
     seconds = time.perf_counter() - started
     tokens = Store(store).num_tokens()
     raw = tokens * len(layer_ids) * size["hidden"] * 2
@@ -89,10 +202,30 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
         "forward_only_tokens_per_s": round(forward.tokens / forward.seconds),
         "extract_tokens_per_s": round(tokens / seconds),
         "extract_over_forward": round(seconds / forward.seconds, 3),
-        "store_write_gb_s": round(raw / seconds / 1e9, 3),
+        "store_write_gb_s": round(raw / seconds / 1e9, 4),
         "store_bytes_ratio": round(on_disk_bytes(store) / raw, 4),
         "kernels": info.kernels,
     }
+
+
+def loader_throughput(store: Path, device: str, block_size: int = 16) -> dict:
+    """Every training sample of the store through the loader, to `device` (pinned
+    host memory and a side stream on CUDA)."""
+    from store_schema import Store
+    from train.config import DataConfig
+    from train.data.loader import ShardLoader
+
+    reader = Store(store)
+    loader = ShardLoader(reader, DataConfig(), list(reader.layer_ids), block_size, seed=0, epochs=1, device=device)
+    started, samples, nbytes = time.perf_counter(), 0, 0
+    for sample in loader:
+        features = sample.context_features(device)
+        samples, nbytes = samples + 1, nbytes + features.numel() * features.element_size()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    return {"loader_samples_per_s": round(samples / seconds, 1), "loader_feature_gb_s": round(nbytes / seconds / 1e9, 4),
+            "loader_pinned": device == "cuda", "loader_samples": samples}
 
 
 def train(model: Path, store: Path, out: Path, size: dict) -> dict:
@@ -101,40 +234,57 @@ def train(model: Path, store: Path, out: Path, size: dict) -> dict:
 
     config = load_config(None, {
         "model.num_hidden_layers": size["drafter_layers"], "model.num_anchors": size["num_anchors"],
-        "data.max_length": size["max_length"], "train.log_every": 1, "eval.every": 10**9,
-        "train.checkpoint_every": 10**9,
+        "data.max_length": size["max_length"], "train.log_every": 1, "eval.every": 0,  # 0: no evaluation at all
+        "train.checkpoint_every": 0, "train.grad_accumulation": size["grad_accumulation"],
     }, store=str(store), target=str(model), out=str(out), **{"train.max_steps": size["train_steps"]})
-    trainer = Trainer.from_config(config)
+    from torch._dynamo.utils import counters
+
+    trainer = Trainer.from_config(config, log=lambda message: None)
+    compiled = counters["frames"]["ok"]
     trainer.fit()
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
-    steps = [r for r in log if "loss" in r][1:]  # the first step includes compilation and warm-up
+    steps = [r for r in log if "loss" in r][WARMUP_STEPS:]
     return {
+        "train_vocab": trainer.head.lm_head.weight.shape[0],
+        "train_steps_timed": len(steps),
         "train_tokens_per_s": round(sum(r["tokens_per_s"] for r in steps) / max(1, len(steps))),
         "train_loader_wait_frac": round(sum(r["loader_wait_frac"] for r in steps) / max(1, len(steps)), 4),
-        "train_peak_gpu_gb": round(torch.cuda.max_memory_allocated() / 1e9, 2) if torch.cuda.is_available() else None,
+        "train_loss_finite": all(r["loss"] == r["loss"] for r in log if "loss" in r),
+        # torch.compile graphs the steps made: flex's, one per layer rule (2 on CUDA: full and
+        # sliding; train/drafter/flex_compile.py), 0 on CPU (the split path)
+        "train_compiled_graphs": counters["frames"]["ok"] - compiled,
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU is fine)")
     parser.add_argument("--workdir", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     size = SMOKE if args.smoke else FULL
     device = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="gpu_check_", dir=args.workdir))
-    figures = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "smoke": args.smoke}
+    figures: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "smoke": args.smoke}
+    started = time.perf_counter()
     try:
-        started = time.perf_counter()
-        build_target(work / "target", size, device)
-        figures["build_s"] = round(time.perf_counter() - started, 1)
+        with phase(figures, "kernels", device):
+            figures["kernels_check"] = check_kernels(size, device)
+        with phase(figures, "attention", device):
+            figures["attention_check"] = check_attention(size, device)
+        with phase(figures, "build", device):
+            build_target(work / "target", size, device)
         corpus = embedded.write_jsonl(work / "corpus.jsonl", embedded.coding_chats(size["records"]))
-        figures.update(extract(work / "target", corpus, work / "store", size, device))
-        figures.update(train(work / "target", work / "store", work / "run", size))
+        with phase(figures, "extract", device):
+            figures.update(extract(work / "target", corpus, work / "store", size, device))
+        with phase(figures, "loader", device):
+            figures.update(loader_throughput(work / "store", device))
+        with phase(figures, "train", device):
+            figures.update(train(work / "target", work / "store", work / "run", size))
         figures["wall_s"] = round(time.perf_counter() - started, 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(figures))
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""Run the store, extraction and trainer benchmarks in one go and rewrite
-benchmarks/RESULTS.md as one table (figure, goal, measured, machine, command).
+"""Run the store, extraction and trainer benchmarks in one go and append their
+figures to benchmarks/RESULTS.md as one table (figure, goal, measured, machine, command).
 
     python benchmarks/run_all.py [--quick]
 
@@ -66,12 +66,8 @@ def main() -> None:
 
     host = machine()
     lines = [
-        "# Benchmark results",
-        "",
-        f"Written by `python benchmarks/run_all.py{' --quick' if args.quick else ''}` on "
-        f"{time.strftime('%Y-%m-%d %H:%M')}. Cold reads empty the page cache first "
-        f"({figures['store'].get('cache', 'posix_fadvise')}).",
-        "",
+        f"\n## run_all{' --quick' if args.quick else ''} ({time.strftime('%Y-%m-%d %H:%M')})\n",
+        f"Cold reads empty the page cache first ({figures['store'].get('cache', 'posix_fadvise')}).\n",
         "| figure | goal | measured | met | machine | command |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -80,10 +76,8 @@ def main() -> None:
         met = "-" if check is None or value is None else ("yes" if check(value) else "**no**")
         lines.append(f"| {bench}.{key} | {goal} | {value} | {met} | {host} | `{commands[bench]}` |")
     lines += ["", "Wall time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()), ""]
-    gpu = HERE / "GPU_RESULTS.md"
-    if gpu.exists():
-        lines += [gpu.read_text()]
-    RESULTS.write_text("\n".join(lines) + "\n")
+    with RESULTS.open("a") as f:
+        f.write("\n".join(lines))
     merged = {f"{bench}.{key}": value for bench, values in figures.items() for key, value in values.items()}
     print(json.dumps(merged))
 

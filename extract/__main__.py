@@ -335,6 +335,10 @@ def main(argv=None) -> int:
     from .errors import ExtractError
 
     args = build_parser().parse_args(argv)
+    if args.command in ("run", "generate"):  # the driver tokenizes; its workers set their own threads
+        from store_schema.runtime.host import set_torch_threads
+
+        set_torch_threads()
     return run_command(args.handler, args, refusals=(ExtractError, StoreLockedError))
 
 

@@ -2,12 +2,24 @@
 
 A batch is right-padded to its longest sample, so the device computes
 ``len(batch) * longest`` tokens for ``sum(lengths)`` real ones; the job reports
-their ratio as ``padded_token_ratio``. Batching within one shard (~10-22 samples)
-leaves little choice: on a chat-like length mix (log-normal around 1,800 tokens, cut
-at 3072; ~17 samples per 32K-token shard) that is 1.19x at ``--batch-tokens 16384``
-and 1.28x at 32768. So shards are batched in *groups*: ``--batch-shards K``
-consecutive shards of the plan go to one worker together and their samples are
-batched by length as one set: 1.08x / 1.14x with K=4, 1.05x / 1.09x with K=8
+their ratio as ``padded_token_ratio``. Two things set it.
+
+- The window: ``--batch-shards K`` consecutive shards of the plan go to one worker
+  together and their samples are batched by length as one set (one shard alone,
+  ~10-22 samples, leaves little choice). The worker holds the whole window's
+  captured states until its shards are written: K x shard tokens x context layers x
+  hidden x 2 bytes (1 + 4/hidden for fp8), twice over while the next window
+  computes (docs/extraction.md).
+- Where batches are cut (`batches_min_padding`): over the window's samples sorted
+  by length, the cuts that minimise padded tokens plus a fixed cost per forward
+  (`FORWARD_COST_SHARE` of the budget), found exactly by dynamic programming. The
+  greedy fill (`batches_by_length`: as many samples as the budget takes, longest
+  first) pads each batch's tail of shorter samples up to its longest; cutting where
+  the lengths step down instead costs a few more, smaller forwards.
+
+On a chat-like length mix (log-normal around 1,800 tokens, cut at 3072; ~17
+samples per 32K-token shard) at ``--batch-tokens 16384``: greedy 1.19x per shard,
+1.08x with K=4, 1.05x with K=8; minimal padding 1.02x with K=4 and 1.016x with K=8
 (`tests/test_batching.py`; the job reports the ratio it ran at).
 
 Groups are fixed by the plan and K, never by timing: a sample meets the same batch
@@ -21,6 +33,12 @@ causal conv1d) would need per-sample state resets that their PyTorch fallback la
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+# What one more forward is taken to cost, as a share of the batch budget in padded
+# tokens: a cut that saves less padding than this is not made. Small, because a
+# forward's fixed cost (launch, host sync) is small beside a budget's tokens; not
+# zero, which would cut every sample into a batch of its own.
+FORWARD_COST_SHARE = 0.02
 
 
 def batches_by_length(
@@ -51,6 +69,47 @@ def batches_by_length(
     if current:
         batches.append(current)
     return batches
+
+
+def batches_min_padding(
+    lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int | None = None,
+    forward_cost_share: float = FORWARD_COST_SHARE,
+) -> list[list[int]]:
+    """Group sample indices into batches of *padded* size (``len(batch) * longest``)
+    within ``max_batch_tokens`` (a longer sample alone), minimising padded tokens +
+    ``forward_cost_share * max_batch_tokens`` per batch over the samples sorted by
+    length (exact: dynamic programming over the cut points, integer costs).
+
+    Deterministic (ties keep input order), every index exactly once; the batch with
+    the most padded tokens runs first, so an out-of-memory shows up at once."""
+    _check_limits(max_batch_tokens, max_batch_size)
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    sizes = [int(lengths[i]) for i in order]
+    per_forward = max(1, round(forward_cost_share * max_batch_tokens))
+    rows_limit = max_batch_size or len(sizes)
+    # best[j]: least cost of batching the j longest samples; cut[j]: where its last batch starts
+    best, cut = [0] + [None] * len(sizes), [0] * (len(sizes) + 1)
+    for end in range(1, len(sizes) + 1):
+        for start in range(end - 1, max(-1, end - 1 - rows_limit), -1):
+            padded = (end - start) * sizes[start]  # sizes descend: the batch's first is its longest
+            if padded > max_batch_tokens and end - start > 1:
+                break  # longer batches only grow
+            cost = best[start] + padded + per_forward
+            if best[end] is None or cost < best[end]:
+                best[end], cut[end] = cost, start
+    batches, end = [], len(sizes)
+    while end:
+        batches.append(order[cut[end]:end])
+        end = cut[end]
+    batches.reverse()
+    return sorted(batches, key=lambda batch: -len(batch) * int(lengths[batch[0]]))
+
+
+def _check_limits(max_batch_tokens: int, max_batch_size: int | None) -> None:
+    if max_batch_tokens < 1:
+        raise ValueError(f"max_batch_tokens must be >= 1, got {max_batch_tokens}")
+    if max_batch_size is not None and max_batch_size < 1:
+        raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
 
 
 def padded_tokens(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> int:

@@ -13,7 +13,7 @@ The manifest's ``generation`` block says which checkpoint wrote the responses (t
 fields of `store_schema.fingerprint.target_identity`) and with which settings;
 `extract run` compares its weights hash with its own target's
 (`store_schema.provenance`). Another engine (vLLM, SGLang offline generation) writes
-the same format with `write_manifest` and `commit_shard`; see the README."""
+the same format with `write_manifest` and `commit_shard`; see docs/extraction.md."""
 
 from __future__ import annotations
 

@@ -59,15 +59,30 @@ def _prefill_kernels(module_names) -> dict:
 def _kernel_choice(function) -> tuple[str, str] | None:
     """(hub-kernel name, "torch" or the package it resolved to) for a function wrapped
     by transformers' `use_kernel_func_from_hub_with_fallback`, else None."""
+    names = _fallback_closure(function)
+    if names is None:
+        return None
+    if names["implementation"] is names["torch_function"]:
+        return names["func_name"], "torch"
+    return names["func_name"], names["package"]
+
+
+def kernel_implementations(function) -> tuple | None:
+    """(the implementation transformers chose, its PyTorch reference) behind a function
+    wrapped by `use_kernel_func_from_hub_with_fallback` (the same function twice when
+    the package is missing), else None: what `benchmarks/gpu_check.py` compares."""
+    names = _fallback_closure(function)
+    return None if names is None else (names["implementation"], names["torch_function"])
+
+
+def _fallback_closure(function) -> dict | None:
     while function is not None:
         try:
             names = inspect.getclosurevars(function).nonlocals
         except (TypeError, ValueError):
             names = {}
         if {"func_name", "implementation", "torch_function", "package"} <= names.keys():
-            if names["implementation"] is names["torch_function"]:
-                return names["func_name"], "torch"
-            return names["func_name"], names["package"]
+            return names
         function = getattr(function, "__wrapped__", None)
     return None
 

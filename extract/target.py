@@ -11,15 +11,13 @@ Layer id ``L`` is the output of decoder layer ``L`` (0-based), i.e. transformers
 
 What it does, in order:
 
-1. ``load_target`` loads any Hugging Face causal LM from a local directory with
-   ``AutoModelForCausalLM``. For the multimodal release layout
+1. ``load_target`` loads the target's language model through the one loader both
+   sides share (`store_schema.runtime.target_model`): a multimodal release
    (``Qwen3_5ForConditionalGeneration``: nested ``text_config``, weights under
-   ``model.language_model.*``) transformers itself maps the checkpoint onto the
-   text-only ``Qwen3_5ForCausalLM`` and strips the ``language_model`` prefix; the
-   vision tower's tensors are skipped while reading the safetensors, so they never
-   reach memory. We check that afterwards (no missing weights, no vision
-   parameters), because a silently random-initialised weight would poison the
-   whole store.
+   ``model.language_model.*``) becomes the text-only model, its vision tower never
+   read; missing, mismatched or unexpected weights are refused, because a silently
+   random-initialised weight would poison the whole store. Here it adds the kernel
+   report and the ``--require-fast-kernels`` rule.
 2. ``TargetRunner`` captures only the chosen layers with forward hooks on the
    decoder layers and stops the forward after the last needed layer by raising a
    private exception from that layer's hook (layers after it, the final norm and
@@ -39,7 +37,6 @@ What it does, in order:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +46,7 @@ import torch
 
 from store_schema import fp8
 from store_schema.layout import validate_layer_ids
-from store_schema.runtime.target_config import read_config_json
+from store_schema.runtime.target_model import load_target_model
 
 from .kernels import check_fast_kernels, kernel_report, kernels_of_class
 
@@ -79,14 +76,6 @@ class Target:
     kernels: dict = field(default_factory=dict)  # see `kernel_report`
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    """bf16 on GPU (what the target is served in). float32 on CPU: the CPU path is
-    the reference path (tests, `verify` re-extracting a few samples), where accuracy
-    matters and throughput does not, and CPU bf16 speed depends on the host (fast
-    with AVX512-BF16/AMX, emulated and slow without). The store keeps bf16 either way."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
 def load_target(
     model_path: str | Path,
     device: str | torch.device = "cpu",
@@ -96,113 +85,39 @@ def load_target(
     keep_layers: int | None = None,
     require_fast_kernels: bool = False,
 ) -> Target:
-    """Load the target's language model from a local directory, in eval mode with
-    gradients off. Only the language model of a multimodal checkpoint is loaded.
+    """Load the target's language model through the one loader
+    (`store_schema.runtime.target_model.load_target_model`: device and dtype rule,
+    refusal of missing or unexpected weights and of vision towers, partial loads).
 
-    ``keep_layers=K`` loads decoder layers ``0..K-1`` and no ``lm_head`` (the base
-    model class, its config cut to K layers): what capturing layers ``< K`` needs.
-    On Qwen3.6-27B with context layers up to 61 that leaves out layers 62-63 and the
-    2.5 GB head, ~4 GB never used. ``num_layers`` stays the checkpoint's count.
+    ``keep_layers=K`` loads decoder layers ``0..K-1`` and no ``lm_head``: what
+    capturing layers ``< K`` needs. ``num_layers`` stays the checkpoint's count.
 
     ``require_fast_kernels``: on CUDA, refuse (RuntimeError) a target whose linear
     attention or causal conv1d would run the PyTorch fallback, before loading it."""
-    from transformers import AutoConfig
-
-    path = Path(model_path)
-    checkpoint = read_config_json(path)  # a clear error for a directory that is not a model
-    device = torch.device(device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device='cuda' requested but torch sees no CUDA device")
-    dtype = dtype or default_dtype(device)
-    text = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code).get_text_config()
-    num_layers = int(text.num_hidden_layers)
-    options = dict(
-        dtype=dtype,
-        device_map=None if device.type == "cpu" else str(device),  # weights go straight to the GPU
-        trust_remote_code=trust_remote_code,
+    where = f"{model_path}"
+    loaded = load_target_model(
+        model_path, device, dtype, keep_layers=keep_layers, trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
-        output_loading_info=True,
+        check_class=(lambda cls: check_fast_kernels(kernels_of_class(cls), torch.device(device).type, where))
+        if require_fast_kernels else None,
     )
-    model_class = _base_model_class(text) if keep_layers is not None else None
-    if require_fast_kernels and model_class is not None:
-        check_fast_kernels(kernels_of_class(model_class), device.type, f"{path}")
-    if model_class is None:
-        from transformers import AutoModelForCausalLM
-
-        model, loading = AutoModelForCausalLM.from_pretrained(str(path), **options)
-    else:
-        from transformers.utils import logging as hf_logging
-
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # the left-out layers and head are "unexpected" on purpose
-        try:
-            model, loading = model_class.from_pretrained(
-                str(path), config=_cut_to_layers(text, keep_layers), key_mapping=_TEXT_MODEL_KEYS, **options
-            )
-        finally:
-            hf_logging.set_verbosity(verbosity)
-    if loading["missing_keys"] or loading["mismatched_keys"]:
-        raise RuntimeError(
-            f"{path}: weights missing {sorted(loading['missing_keys'])[:8]} or mismatched "
-            f"{sorted(loading['mismatched_keys'])[:8]} while loading {type(model).__name__}; "
-            "they would be randomly initialised"
-        )
-    vision = [name for name, _ in model.named_parameters() if _is_vision_parameter(name)]
-    if vision:
-        raise RuntimeError(
-            f"{path}: {type(model).__name__} holds vision-tower parameters ({vision[:3]} ...); this "
-            "transformers version does not map the multimodal checkpoint onto its text-only causal LM"
-        )
-    model.eval()
-    model.requires_grad_(False)
+    model = loaded.model
     kernels = kernel_report(model)
     if require_fast_kernels:
-        check_fast_kernels(kernels, device.type, f"{path}")
-
+        check_fast_kernels(kernels, loaded.device.type, where)
     head = model.get_output_embeddings()
     return Target(
         model=model,
-        path=str(path),
-        device=device,
-        dtype=dtype,
-        num_layers=num_layers,
+        path=loaded.path,
+        device=loaded.device,
+        dtype=loaded.dtype,
+        num_layers=loaded.num_layers,
         hidden_size=int(model.config.hidden_size),
         vocab_size=int((head if head is not None else model.get_input_embeddings()).weight.shape[0]),
-        architecture=type(model).__name__,
-        checkpoint_architectures=list(checkpoint.get("architectures") or []),
+        architecture=loaded.architecture,
+        checkpoint_architectures=loaded.checkpoint_architectures,
         kernels=kernels,
     )
-
-
-# A multimodal release keeps the language model under `model.language_model.*`; the
-# text model's own weights are `model.*` in a causal-LM checkpoint (the base model
-# class drops the `model.` prefix itself).
-_TEXT_MODEL_KEYS = {r"^model\.language_model\.": "model."}
-
-
-def _base_model_class(text_config):
-    """The headless text model class for this config (e.g. Qwen3_5TextModel), or None
-    for one transformers does not know (remote code): then the whole model loads."""
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING
-
-    try:
-        return MODEL_MAPPING[type(text_config)]
-    except KeyError:
-        return None
-
-
-def _cut_to_layers(text_config, keep: int):
-    config = copy.deepcopy(text_config)
-    if not 1 <= keep <= config.num_hidden_layers:
-        raise ValueError(f"keep_layers must be in 1..{config.num_hidden_layers}, got {keep}")
-    config.num_hidden_layers = keep
-    if isinstance(getattr(config, "layer_types", None), list):
-        config.layer_types = config.layer_types[:keep]
-    return config
-
-
-def _is_vision_parameter(name: str) -> bool:
-    return any(part in ("visual", "vision_tower", "vision_model") for part in name.split("."))
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:

@@ -331,13 +331,13 @@ class ExtractionWorker:
         """All samples through the target, batched by length; outputs in the order of
         `samples`, and each sample's padded width (its batch's longest). Batch k+1 is
         submitted before batch k is collected."""
-        from .batching import batches_by_length
+        from .batching import batches_min_padding
 
         lengths = [len(ids) for _, ids, _ in samples]
         outputs: list[dict | None] = [None] * len(samples)
         widths = [0] * len(samples)
         pending = None
-        for batch in batches_by_length(lengths, self.batch_tokens):
+        for batch in batches_min_padding(lengths, self.batch_tokens):
             submitted = (batch, self.runner.submit([samples[i][1] for i in batch]))
             width = max(lengths[i] for i in batch)
             for i in batch:

@@ -35,7 +35,7 @@ from store_schema.runtime.units import human_bytes, human_duration  # noqa: E402
 
 # A drafter small enough to learn the target's text in a few CPU minutes. One layer:
 # on this budget steps matter more than depth (a 1-layer step costs ~0.6 of a 2-layer
-# one, and per step it learned as fast; README "Demo").
+# one, and per step it learned as fast; benchmarks/RESULTS.md, "The demo").
 DRAFTER_SETTINGS = [
     "model.num_hidden_layers=1",
     "model.num_anchors=64",

@@ -22,7 +22,7 @@ class StoreDtype:
     bits: np.dtype  # unsigned integer type of their raw bits
     nonfinite_mask: int  # bits that are all set exactly in NaN/Inf values
     scaled: bool  # a float32 scale per token in a sibling array
-    size_ratio: float  # store bytes / raw bf16 bytes that size estimates assume: the goal bound, see README
+    size_ratio: float  # store bytes / raw bf16 bytes that size estimates assume: the goal bound, see docs/store.md
     default_codec: str  # `encoding.CodecConfig.name` of new stores of this dtype (measured: store_bench)
 
     @property

@@ -28,14 +28,23 @@ def describe_differences(differences: Mapping, subject: str = "store") -> str:
 
 
 def mapping_differences(have: Mapping, want: Mapping, ignore: Iterable[str] = ()) -> dict:
-    """{field: (have, want)} for every field of `want` whose value differs from `have`'s."""
-    skip = set(ignore)
+    """{field: (have, want)} for every field of `want` whose value differs from `have`'s.
+    A field `have` never recorded (`RECORDED_LATER`: older stores and corpora lack it)
+    is not compared: nothing says it differs."""
+    skip = set(ignore) | {name for name in RECORDED_LATER if not have.get(name)}
     return {name: (have.get(name), want[name]) for name in want if name not in skip and have.get(name) != want[name]}
+
+
+# Identity fields a store or generated corpus made before them does not record ("").
+RECORDED_LATER = ("target_weights_sample_sha256",)
+# What says which checkpoint a target directory is, as far as a reader can check
+# without loading it: its config and its weights (`target_identity`).
+TARGET_CHECKS = ("target_config_sha256", "target_weights_index_sha256", "target_weights_sample_sha256")
 
 
 # Fields added after schema version 1, with the value every older store implicitly has:
 # left out of the stored JSON at that value, so older stores keep their fingerprint hash.
-_ADDED_LATER = {"loss_mask": "content", "response_provenance": UNKNOWN}
+_ADDED_LATER = {"loss_mask": "content", "response_provenance": UNKNOWN, "target_weights_sample_sha256": ""}
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class Fingerprint:
     target_revision: str = ""
     target_config_sha256: str = ""
     target_weights_index_sha256: str = ""
+    target_weights_sample_sha256: str = ""  # `weights_sample_sha256`: tells same-shaped weights apart
     tokenizer_sha256: str = ""
     chat_template_sha256: str = ""
     corpus_sha256: str = ""
@@ -155,6 +165,16 @@ class Fingerprint:
         if differences:
             raise FingerprintMismatch(differences)
 
+    def target_differences(self, model_path: str | Path) -> dict:
+        """{field: (store's value, the directory's)} for each `TARGET_CHECKS` field this
+        store recorded that differs for the target at `model_path`: is it the
+        checkpoint the store was extracted from (config and weights; no weight is
+        loaded). A field the store left empty is not known, so not compared."""
+        have = self.values()
+        identity = target_identity(model_path)
+        want = {name: identity[name] for name in TARGET_CHECKS if have.get(name)}
+        return mapping_differences(have, want)
+
 
 def package_versions() -> dict:
     from importlib.metadata import PackageNotFoundError, version
@@ -185,6 +205,28 @@ def weights_index_sha256(model_path: str | Path) -> str:
     return digest.hexdigest()
 
 
+SAMPLE_WINDOWS = 16  # byte windows hashed per weight file
+SAMPLE_BYTES = 1 << 16
+
+
+def weights_sample_sha256(model_path: str | Path) -> str:
+    """Hash of `SAMPLE_WINDOWS` windows of `SAMPLE_BYTES` spread evenly over each
+    safetensors file's tensor data (1 MiB a file, a few milliseconds at 27B).
+    The index hash cannot tell two checkpoints of one shape apart (a fine-tune, a
+    re-initialised copy): their headers are byte-identical; their weights are not."""
+    digest = hashlib.sha256()
+    for file in sorted(Path(model_path).glob("*.safetensors")):
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            start = 8 + int.from_bytes(f.read(8), "little")
+            span = max(0, size - start - SAMPLE_BYTES)
+            digest.update(f"{file.name}\0{size}\0".encode())
+            for k in range(SAMPLE_WINDOWS):
+                f.seek(start + span * k // max(1, SAMPLE_WINDOWS - 1))
+                digest.update(f.read(SAMPLE_BYTES))
+    return digest.hexdigest()
+
+
 def model_revision(model_path: str | Path) -> str:
     """The hub commit of a snapshot directory (``.../snapshots/<sha>``), if it is one."""
     resolved = Path(model_path).resolve()
@@ -201,6 +243,7 @@ def target_identity(model_path: str | Path) -> dict:
         "target_revision": model_revision(path),
         "target_config_sha256": file_sha256(path / "config.json"),
         "target_weights_index_sha256": weights_index_sha256(path),
+        "target_weights_sample_sha256": weights_sample_sha256(path),
     }
 
 

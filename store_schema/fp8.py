@@ -134,15 +134,3 @@ def as_bf16(stored, scales=None, device=None):
         stored = stored.to(device, non_blocking=True)
         scales = None if scales is None else scales.to(device, non_blocking=True)
     return stored if scales is None else dequantize(stored, scales)
-
-
-def rounding_bound(reference, scales):
-    """Per-element bound on |dequantized - reference| for float32 `reference` states
-    [tokens, hidden] stored with `scales` [tokens]: half an e4m3 ulp."""
-    import torch
-
-    scale = scales.float()[..., None]
-    normal = reference.abs() >= scale * 2.0**E4M3_MIN_NORMAL_EXPONENT
-    relative = reference.abs() * 2.0 ** -(E4M3_MANTISSA_BITS + 1)
-    absolute = scale * 2.0 ** (E4M3_MIN_NORMAL_EXPONENT - E4M3_MANTISSA_BITS - 1)
-    return torch.where(normal, relative, absolute)

@@ -18,24 +18,21 @@ import torch
 
 from . import layout
 from .reader import Store
-from .runtime.target_config import read_config_json
+from .runtime.target_model import load_target_model
 
 MIN_COSINE = {"bfloat16": 0.999, "fp8_e4m3": 0.995}  # per store dtype, see above
 
 
-def recompute_check(store: Store, model_path: str, num_samples: int, device: str = "cpu", seed: int = 0,
+def recompute_check(store: Store, model_path: str, num_samples: int, device: str | torch.device = "cpu", seed: int = 0,
                     trust_remote_code: bool = False) -> tuple[list[dict], list[dict]]:
     """Returns (per-sample results, problems). A problem is any layer whose worst
-    token cosine is below the store dtype's MIN_COSINE."""
-    from transformers import AutoModelForCausalLM
-
-    read_config_json(model_path)  # a path that is not a model directory: one line naming it, not a hub lookup
+    token cosine is below the store dtype's MIN_COSINE. The model is loaded whole
+    (`store_schema.runtime.target_model`: bf16 on CUDA, fp32 elsewhere)."""
     locations = store.sample_locations()
     picks = random.Random(seed).sample(locations, min(num_samples, len(locations)))
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, trust_remote_code=trust_remote_code)
-    model.to(device).eval()
-    num_layers = model.config.get_text_config().num_hidden_layers
+    # the one loader: missing weights are refused here, not left random to surface as a low cosine
+    loaded = load_target_model(model_path, device, trust_remote_code=trust_remote_code)
+    model, device, num_layers = loaded.model, loaded.device, loaded.num_layers
     if num_layers != store.fingerprint.num_target_layers:
         return [], [{"shard": "", "array": "", "file": "", "what":
                      f"model has {num_layers} layers, store was made from {store.fingerprint.num_target_layers}"}]

@@ -8,12 +8,14 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 import google_crc32c
 import numpy as np
+
+from .layer_stats import LayerStats
 
 
 class RecordError(ValueError):
@@ -149,7 +151,9 @@ class FileEntry:
 class ShardCommit:
     """A shard's commit record (`shards/NAME/commit.json`): what the shard holds
     and the size + crc32c of every file in it. Written before the rename that
-    commits the shard; read back (and self-hash checked) by every reader."""
+    commits the shard; read back (and self-hash checked) by every reader.
+    `layer_stats`: per context layer, what its states look like
+    (`store_schema.layer_stats`); empty in shards committed before they were recorded."""
 
     shard: str
     num_samples: int
@@ -157,11 +161,13 @@ class ShardCommit:
     target_topk: int
     fingerprint_sha256: str
     files: Mapping[str, FileEntry]
+    layer_stats: Mapping[int, LayerStats] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def from_record(cls, body: dict) -> "ShardCommit":
         try:
             files = {rel: FileEntry(int(meta["size"]), str(meta["crc32c"])) for rel, meta in body["files"].items()}
+            stats = {int(layer): LayerStats.from_json(entry) for layer, entry in (body.get("layer_stats") or {}).items()}
             return cls(
                 shard=str(body["shard"]),
                 num_samples=int(body["num_samples"]),
@@ -169,12 +175,13 @@ class ShardCommit:
                 target_topk=int(body.get("target_topk") or 0),
                 fingerprint_sha256=str(body.get("fingerprint_sha256") or ""),
                 files=MappingProxyType(files),
+                layer_stats=MappingProxyType(stats),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"commit record lacks or mistypes a field ({exc!r})") from None
 
     def to_record(self) -> dict:
-        return {
+        record = {
             "shard": self.shard,
             "num_samples": self.num_samples,
             "num_tokens": self.num_tokens,
@@ -182,6 +189,9 @@ class ShardCommit:
             "fingerprint_sha256": self.fingerprint_sha256,
             "files": {rel: {"size": e.size, "crc32c": e.crc32c} for rel, e in self.files.items()},
         }
+        if self.layer_stats:
+            record["layer_stats"] = {str(layer): stats.to_json() for layer, stats in sorted(self.layer_stats.items())}
+        return record
 
     @property
     def file_table(self) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import layout
+from . import layer_stats, layout
 from .dtypes import nonfinite_rows
 from .runtime.host import available_cores
 from .plan import is_safe_id
@@ -75,16 +75,20 @@ class _ShardResult:
     samples: int = 0
     tokens: int = 0
     bytes_read: int = 0
+    layer_stats: dict = field(default_factory=dict)  # layer id -> LayerStats, for the store-wide median
 
     def add(self, what: str, array: str = "", file: str = "") -> None:
         self.problems.append(problem(what, self.name, array, file))
 
 
-def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False) -> Report:
+def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False,
+                 shards=None) -> Report:
     """Check a store with `workers` threads (default: the cores available);
     `progress(done_shards, total_shards, bytes_done, total_bytes)` is called after
-    each shard. FileNotFoundError where `path` holds no store at all: there is
-    nothing to report on (a wrong path), unlike a store whose root is damaged."""
+    each shard. `shards`: check only these shard directories (the processes of a
+    job share the work out), and not which planned shards are missing.
+    FileNotFoundError where `path` holds no store at all: there is nothing to
+    report on (a wrong path), unlike a store whose root is damaged."""
     path = Path(path)
     report = Report(checksums_only=checksums_only)
     try:
@@ -101,18 +105,23 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
 
     shards_root = path / layout.SHARDS_DIR
     shard_dirs = sorted(p.name for p in shards_root.iterdir() if p.is_dir()) if shards_root.is_dir() else []
+    if shards is not None:
+        shard_dirs = sorted(set(shard_dirs) & set(shards))
     planned_ids = None if plan is None else {s.name: [x.sample_id for x in s.samples] for s in plan.shards}
     total_bytes = sum(_committed_bytes(store, name) for name in shard_dirs)
     seen_ids: dict[str, str] = {}
+    stats_by_shard: dict[str, dict] = {}
     done_bytes = 0
     with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
         results = pool.map(lambda name: _check_shard(store, name, planned_ids, checksums_only), shard_dirs)
         for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
             _merge(result, seen_ids, report)
+            stats_by_shard[result.name] = result.layer_stats
             done_bytes += result.bytes_read
             if progress:
                 progress(done, len(shard_dirs), done_bytes, total_bytes)
-    if planned_ids is not None:
+    _flag_outlier_layers(stats_by_shard, report)
+    if planned_ids is not None and shards is None:
         planned = set(planned_ids)
         for name in sorted(planned - set(shard_dirs)):
             report.add("planned shard missing (not committed, or deleted)", shard=name)
@@ -202,6 +211,10 @@ def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> 
         result.add("shard was written under a different fingerprint", file=layout.COMMIT_RECORD)
     if checksums_only and not bad:
         result.samples, result.tokens = commit.num_samples, commit.num_tokens  # as committed; not decoded
+        for layer_id, stats in commit.layer_stats.items():  # as recorded (none in older stores): not recomputed
+            for what in layer_stats.problems(stats):
+                result.add(what, array=layout.layer_array(layer_id), file=layout.COMMIT_RECORD)
+            result.layer_stats[layer_id] = stats
     if bad or checksums_only:
         return result  # contents are not trustworthy, or not asked for; checksums named the files
     try:
@@ -272,9 +285,34 @@ def _check_contents(store: Store, commit, files: dict, planned_ids, result: _Sha
         if len(bad):
             result.add(f"{len(bad)} scale(s) not a positive power of two, first at token {int(bad[0])}",
                        array=layout.scale_array(layer_id))
+    _check_layer_statistics(store, commit, data, result)
     result.sample_ids = sample_ids
     result.samples += num_samples
     result.tokens += num_tokens
+
+
+def _check_layer_statistics(store: Store, commit, data, result: _ShardResult) -> None:
+    """Each layer's states carry signal (`store_schema.layer_stats`): statistics
+    recomputed from the data, checked on their own, against those the commit
+    recorded (older stores recorded none: checked from the data alone), and kept
+    for the store-wide median (`_flag_outlier_layers`)."""
+    for layer_id, states in data.hidden.items():
+        scales = data.scales[layer_id].numpy() if layer_id in data.scales else None
+        computed = layer_stats.layer_stats(as_bits(states, store.dtype).view(store.dtype.values), scales)
+        array = layout.layer_array(layer_id)
+        for what in layer_stats.problems(computed):
+            result.add(what, array=array)
+        recorded = commit.layer_stats.get(layer_id)
+        if recorded is not None and layer_stats.differs(recorded, computed):
+            result.add(f"states differ from the statistics recorded at commit (RMS {computed.rms:g} vs {recorded.rms:g}, "
+                       f"token spread {computed.token_spread:g} vs {recorded.token_spread:g}): rewritten after the "
+                       "commit", array=array)
+        result.layer_stats[layer_id] = computed
+
+
+def _flag_outlier_layers(stats_by_shard: dict, report: Report) -> None:
+    for shard, layer_id, what in layer_stats.outliers(stats_by_shard):
+        report.add(what, shard=shard, array=layout.layer_array(layer_id))
 
 
 def clean_leftovers(path) -> list[str]:

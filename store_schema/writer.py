@@ -22,6 +22,7 @@ from .dtypes import StoreDtype, store_dtype
 from .encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
 from .fingerprint import Fingerprint
 from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
+from .layer_stats import layer_stats, refuse_empty_capture
 from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .lock import Attempt, discard
 from .plan import Plan, sample_digest
@@ -115,7 +116,7 @@ class StoreWriter:
             commit = ShardCommit.from_record(body)
             _check_complete(staging, commit, self._arrays(commit.target_topk))
 
-        return write_and_commit(self.path, name, lambda staging: self._write_arrays(staging, samples), record,
+        return write_and_commit(self.path, name, lambda staging: self._write_arrays(staging, name, samples), record,
                                 attempt, check)
 
     def _arrays(self, topk: int) -> set[str]:
@@ -124,7 +125,10 @@ class StoreWriter:
         names |= {layout.INPUT_IDS, layout.LOSS_MASK, layout.SAMPLE_OFFSETS, layout.SAMPLE_IDS}
         return names | ({layout.TOPK_IDS, layout.TOPK_LOGPROBS} if topk else set())
 
-    def _write_arrays(self, staging: Path, samples: list[SampleArrays]) -> dict:
+    def _write_arrays(self, staging: Path, name: str, samples: list[SampleArrays]) -> dict:
+        """Write the shard's arrays; a layer without signal is refused before it is
+        written (`layer_stats.refuse_empty_capture`), and every layer's statistics go
+        into the summary, hence the commit record."""
         if not samples:
             raise ValueError("a shard needs at least one sample")
         group = zarr.open_group(str(staging), mode="w")
@@ -143,13 +147,18 @@ class StoreWriter:
                         f"expected ({len(sample.input_ids)}, {hidden_size})"
                     )
         dtype = store_dtype(self.fingerprint.dtype)
+        stats = {}
         for layer_id in self.fingerprint.layer_ids:
+            scales = None
             if dtype.scaled:
                 parts = [_quantized(s, layer_id) for s in samples]
-                values = np.concatenate([codes for codes, _ in parts])
-                write_small_array(group, layout.scale_array(layer_id), np.concatenate([scales for _, scales in parts]))
+                values, scales = np.concatenate([codes for codes, _ in parts]), np.concatenate([sc for _, sc in parts])
             else:
                 values = np.concatenate([_bf16(s, layer_id) for s in samples])
+            stats[str(layer_id)] = layer_stats(values, scales)
+            refuse_empty_capture(name, layer_id, stats[str(layer_id)])
+            if scales is not None:
+                write_small_array(group, layout.scale_array(layer_id), scales)
             self._write_layer(group, staging, layout.layer_array(layer_id), values, dtype)
         write_small_array(group, layout.INPUT_IDS, np.concatenate([np.asarray(s.input_ids, np.int32) for s in samples]))
         write_small_array(group, layout.LOSS_MASK, np.concatenate([np.asarray(s.loss_mask, np.uint8) for s in samples]))
@@ -162,7 +171,8 @@ class StoreWriter:
             write_small_array(
                 group, layout.TOPK_LOGPROBS, np.concatenate([np.asarray(s.topk_logprobs, np.float32) for s in samples])
             )
-        return {"num_samples": len(samples), "num_tokens": num_tokens, "target_topk": topk}
+        return {"num_samples": len(samples), "num_tokens": num_tokens, "target_topk": topk,
+                "layer_stats": {layer: entry.to_json() for layer, entry in stats.items()}}
 
     def _write_layer(self, group, staging: Path, name: str, values: np.ndarray, dtype: StoreDtype) -> None:
         """One hidden-state array [tokens, hidden]: zarr.json through zarr, the shard file

@@ -142,9 +142,14 @@ def small_codec(dtype: str):
 
 def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_ids=(1, 3), hidden_size: int = 64,
                  vocab_size: int = 512, num_target_layers: int = 8, seed: int = 0, codec=None, topk: int = 0,
-                 with_plan: bool = True, dtype: str = "bfloat16"):
+                 with_plan: bool = True, dtype: str = "bfloat16", layer_rms: dict | None = None,
+                 target_dir=None, plan_settings: dict | None = None):
     """A store of random bf16 states written through the real writer, with a plan.
-    For store mechanics only; tests that need meaningful states extract them."""
+    For store mechanics only; tests that need meaningful states extract them.
+    `layer_rms` (layer id -> RMS, default 1 for all) scales each layer's states, e.g.
+    growing with depth as a real target's do. target_dir: record that model directory's
+    identity (config and weights hashes) in the fingerprint, as extraction does;
+    plan_settings: the plan's settings."""
     import numpy as np
 
     from store_schema import (
@@ -154,7 +159,10 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
 
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    fingerprint = Fingerprint(target_model="random", num_target_layers=num_target_layers, hidden_size=hidden_size,
+    from store_schema.fingerprint import target_identity
+
+    identity = target_identity(target_dir) if target_dir is not None else {"target_model": "random"}
+    fingerprint = Fingerprint(**identity, num_target_layers=num_target_layers, hidden_size=hidden_size,
                               vocab_size=vocab_size, layer_ids=list(layer_ids), max_length=512, target_topk=topk,
                               dtype=dtype)
     writer = create_store(path, fingerprint, codec or small_codec(dtype))
@@ -167,7 +175,8 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
             mask = (rng.random(length) > 0.3).astype(np.uint8)
             sample = SampleArrays(
                 f"s{s}-{i}", ids, mask,
-                {layer: torch.randn(length, hidden_size, generator=generator).to(torch.bfloat16) for layer in layer_ids},
+                {layer: (torch.randn(length, hidden_size, generator=generator) * (layer_rms or {}).get(layer, 1.0))
+                 .to(torch.bfloat16) for layer in layer_ids},
             )
             if topk:
                 sample.topk_ids = rng.integers(0, vocab_size, (length, topk)).astype(np.int32)
@@ -180,7 +189,7 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
                           sample_digest(x.input_ids.tobytes(), x.loss_mask.tobytes()))
             for i, x in enumerate(samples))))
     if with_plan:
-        writer.write_plan(Plan(tuple(planned), settings={"source": "random_store"}))
+        writer.write_plan(Plan(tuple(planned), settings=plan_settings or {"source": "random_store"}))
     for name, samples in shards.items():
         writer.write_shard(name, samples)
     return writer, shards
@@ -210,3 +219,15 @@ def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
     return job.returncode, "\n".join(seen) + "\n" + rest, job.pid
+
+
+def fp8_rounding_bound(reference, scales):
+    """Per-element bound on |dequantized - reference| for float32 `reference` states
+    [tokens, hidden] stored as fp8 e4m3 with `scales` [tokens]: half an e4m3 ulp."""
+    from store_schema.fp8 import E4M3_MANTISSA_BITS, E4M3_MIN_NORMAL_EXPONENT
+
+    scale = scales.float()[..., None]
+    normal = reference.abs() >= scale * 2.0**E4M3_MIN_NORMAL_EXPONENT
+    relative = reference.abs() * 2.0 ** -(E4M3_MANTISSA_BITS + 1)
+    absolute = scale * 2.0 ** (E4M3_MIN_NORMAL_EXPONENT - E4M3_MANTISSA_BITS - 1)
+    return torch.where(normal, relative, absolute)

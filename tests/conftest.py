@@ -52,3 +52,27 @@ def qwen3_5_dir(tmp_path_factory, tokenizer_dir) -> Path:
 def qwen3_5_vl_dir(tmp_path_factory, tokenizer_dir) -> Path:
     """Tiny multimodal Qwen3.5 release layout (nested text_config)."""
     return _model_dir(tmp_path_factory, tokenizer_dir, "qwen3_5_vl")
+
+
+# `make test-fast` runs `-m "not slow"`: no Ray cluster, no child process, no pretrained target.
+# What is slow follows from what a test uses, so no list has to be kept by hand.
+_SLOW_FIXTURES = {"ray_cluster"}
+_SLOW_CALLS = ("subprocess", "sys.executable", "ctrl_c_when", "verify_cli", "Popen")
+
+
+def _starts_a_process(function) -> bool:
+    import inspect
+
+    try:
+        source = inspect.getsource(function)
+    except (OSError, TypeError):
+        return False
+    return any(call in source for call in _SLOW_CALLS)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        function = getattr(item, "function", None)
+        if (_SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("faults")
+                or (function is not None and _starts_a_process(function))):
+            item.add_marker(pytest.mark.slow)

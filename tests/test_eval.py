@@ -6,6 +6,7 @@ held out; the eval CLI's JSON."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from types import SimpleNamespace
 
@@ -246,7 +247,7 @@ def test_heldout_split_is_a_stable_partition(tmp_path, parts):
     assert set(fields) >= {"eval_tau", "eval_tau_per_position", "eval_ddtree_8", "eval_top1_acc", "eval_per_position_acc"}
     # The training-loop evaluator reads held-out samples from the trainer's loader
     # (here the store's own held-out samples stand in for ShardLoader.heldout_samples).
-    trainer = SimpleNamespace(drafter=drafter, head=head, loader=SimpleNamespace(
+    trainer = SimpleNamespace(drafter=drafter, head=head, autocast=contextlib.nullcontext, loader=SimpleNamespace(
         heldout_samples=lambda n: ev.store_samples(store, LAYERS, "heldout", 0.5, max_samples=n)))
     section = EvalConfig(samples=2, ddtree_budgets=(8,), max_blocks_per_sample=10)
     logged = AcceptanceEval(section)(trainer, step=100)

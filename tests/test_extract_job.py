@@ -128,7 +128,7 @@ def test_fp8_job_stores_the_reference_within_rounding_and_a_store_never_mixes_dt
     resumed as a bf16 store (and the bf16 store as an fp8 one), naming the dtype."""
     from extract.job import ExtractError, run_job
     from store_schema import Store
-    from store_schema.fp8 import rounding_bound
+    from builders import fp8_rounding_bound as rounding_bound
 
     store = tmp_path / "fp8"
     report = run_job(_config(qwen3_5_dir, corpus[0], store, store_dtype="fp8_e4m3"))
@@ -227,6 +227,28 @@ def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_othe
     with pytest.raises(ExtractError, match=r"different plan \(corpus_hash: '[0-9a-f]{64}' -> '[0-9a-f]{64}', "
                                            r"corpus_records: 24 -> 25\)"):  # one line more
         run_job(_config(qwen3_5_dir, longer, store))
+
+
+def test_a_capture_of_all_zeros_is_never_committed(ray_cluster, qwen3_5_dir, corpus, tmp_path):
+    """Issue 27.3: the silent failure other pipelines hit (a hybrid target whose capture
+    wrote all-zero states) is refused at commit. A real Qwen3.5 hybrid whose embedding
+    table is all zeros computes exactly zero at every layer: the job stops naming the
+    shard and the layer, and commits nothing."""
+    from safetensors.torch import load_file, save_file
+
+    from extract.job import ExtractError, run_job
+    from store_schema import layout
+
+    model = tmp_path / "zero-embeddings"
+    shutil.copytree(qwen3_5_dir, model)
+    weights = load_file(model / "model.safetensors")
+    embedding = next(name for name in weights if name.endswith("embed_tokens.weight"))
+    weights[embedding] = torch.zeros_like(weights[embedding])
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    store = tmp_path / "store"
+    with pytest.raises(ExtractError, match=r"shard shard-\d{6}: captured layer 1 is all zeros .* not committed"):
+        run_job(_config(model, corpus[0], store, workers=1))
+    assert not [p for p in (store / layout.SHARDS_DIR).iterdir() if p.is_dir()]
 
 
 def test_second_job_on_a_held_store_is_refused(reference, qwen3_5_dir, corpus, capsys):

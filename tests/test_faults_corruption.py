@@ -170,8 +170,8 @@ def test_training_never_reads_a_corrupted_shard(tmp_path):
 @pytest.mark.faults
 def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_dir, tmp_path):
     """`python -m train fit` on a store with one flipped byte: exit 1 naming shard and
-    file. With data.skip_corrupt_shards=true the run completes, logs the skip, and no
-    training step ever sees a sample of that shard."""
+    file (the integrity pass before step 1). With data.skip_corrupt_shards=true the run
+    completes, names the shard once, and no training step ever sees a sample of it."""
     import subprocess
     import sys
 
@@ -211,4 +211,126 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     trainer.fit()
     assert seen and not any(shard == bad for shard, _ in seen)
     assert {sid for _, sid in seen} == {s.sample_id for name, samples in written.items() if name != bad for s in samples}
-    assert any(f"skipping corrupt shard {bad} (layer_3/c/0/0" in m and "never trained on" in m for m in messages), messages
+    # The integrity pass before step 1 named it (once); the loader never read it.
+    assert any(f"damaged shard(s) left out (data.skip_corrupt_shards): {bad}" in m for m in messages), messages
+    assert not any("skipping corrupt shard" in m for m in messages), messages
+
+
+# --------------------------------------------------------------------------- captures without signal (issue 27.3)
+
+DEPTH_RMS = {1: 0.5, 3: 4.0}  # hidden-state RMS grows with depth in real targets
+
+
+@pytest.fixture(scope="module", params=["bfloat16", "fp8_e4m3"])
+def depth_store(tmp_path_factory, request) -> Path:
+    path = tmp_path_factory.mktemp("depth") / "store"
+    builders.random_store(path, num_shards=4, samples_per_shard=3, dtype=request.param, layer_rms=DEPTH_RMS)
+    assert cli(["verify", str(path)]) == 0
+    return path
+
+
+def _empty_states(kind: str, like):
+    import torch
+
+    if kind == "zeroed":
+        return torch.zeros_like(like)
+    return like[:1].expand_as(like).clone()  # every token the first one's states
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("kind", ["zeroed", "constant"])
+def test_the_writer_refuses_a_layer_without_signal_naming_shard_and_layer(kind, tmp_path):
+    """Issue 27.3: a capture whose layer is all zeros or the same for every token is
+    never committed (bf16 and fp8 stores); the error names shard and layer."""
+    import numpy as np
+
+    from store_schema import SampleArrays
+    from store_schema.layer_stats import EmptyCaptureError
+
+    for dtype in ("bfloat16", "fp8_e4m3"):
+        writer, shards = builders.random_store(tmp_path / dtype, num_shards=1, dtype=dtype, with_plan=False)
+        good = shards["shard-000000"][0]
+        bad = SampleArrays("bad", good.input_ids, good.loss_mask, {1: good.hidden[1], 3: _empty_states(kind, good.hidden[3])})
+        why = "all zeros" if kind == "zeroed" else "constant across tokens"
+        with pytest.raises(EmptyCaptureError, match=f"shard shard-000001: captured layer 3 is {why}"):
+            writer.write_shard("shard-000001", [bad])
+        assert Store(tmp_path / dtype).committed_shards() == ["shard-000000"]
+        assert not any((tmp_path / dtype / ".staging").iterdir())
+        assert np.isclose(Store(tmp_path / dtype).commit("shard-000000").layer_stats[1].rms, 1.0, rtol=0.1)
+
+
+def _rewrite_layers(shard_dir: Path, kind: str, keep_stats: bool) -> None:
+    """Change a committed shard's states and re-sign its commit record, as a buggy
+    capture (or another tool) would leave it: checksums right, states wrong. With
+    `keep_stats` False the record has no statistics (a store written before them).
+    States are re-encoded by the store's own encoder (zarr would drop an all-zero shard file)."""
+    import numpy as np
+    import zarr
+
+    from store_schema.encoding import write_bytesplit_shard
+    from store_schema.layout import WRITE_ALL_CHUNKS
+    from store_schema.records import describe_files, read_record, write_record
+
+    if kind == "swapped":
+        for suffix in ("", "_scale"):
+            first, second = shard_dir / f"layer_1{suffix}", shard_dir / f"layer_3{suffix}"
+            if first.exists():
+                first.rename(shard_dir / "swap")
+                second.rename(first)
+                (shard_dir / "swap").rename(second)
+    else:
+        store = Store(shard_dir.parents[1])
+        bits = np.array(zarr.open_array(str(shard_dir / "layer_3"), mode="r")[...]).view(store.dtype.bits)
+        bits = np.zeros_like(bits) if kind == "zeroed" else np.repeat(bits[:1], len(bits), axis=0)
+        rows, cols = store.codec.chunk_shape(*bits.shape, store.dtype.itemsize)
+        write_bytesplit_shard(shard_dir / "layer_3" / "c" / "0" / "0", bits, (rows, cols),
+                              store.codec.element_bytes(cols, store.dtype.itemsize), store.codec.level,
+                              store.codec.min_saving)
+        if kind == "constant" and (shard_dir / "layer_3_scale").exists():
+            scales = zarr.open_array(str(shard_dir / "layer_3_scale"), mode="r+", config=WRITE_ALL_CHUNKS)
+            scales[...] = np.repeat(scales[:1], scales.shape[0])
+    body = read_record(shard_dir / "commit.json")
+    body["files"] = describe_files(shard_dir, exclude=("commit.json",))
+    if not keep_stats:
+        body.pop("layer_stats")
+    write_record(shard_dir / "commit.json", body)
+
+
+@pytest.mark.faults
+@pytest.mark.parametrize("kind", ["zeroed", "constant", "swapped"])
+@pytest.mark.parametrize("keep_stats", [True, False], ids=["recorded-stats", "older-store"])
+def test_verify_catches_a_layer_zeroed_constant_or_swapped(depth_store, kind, keep_stats, tmp_path, capsys):
+    """Issue 27.3: states rewritten with valid checksums, in a store that recorded
+    statistics (they no longer match) and in an older one that did not (the data alone
+    tells): verify exits 1 naming the shard and the layer array."""
+    copy = tmp_path / "store"
+    shutil.copytree(depth_store, copy)
+    _rewrite_layers(copy / "shards" / "shard-000002", kind, keep_stats)
+    assert cli(["verify", str(copy), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    flagged = {(p["shard"], p["array"]) for p in report["problems"]}
+    layers = {"layer_3"} if kind != "swapped" else {"layer_1", "layer_3"}
+    assert flagged == {("shard-000002", layer) for layer in layers}, report["problems"]
+    whats = " ".join(p["what"] for p in report["problems"])
+    expected = {"zeroed": "all zeros", "constant": "constant across tokens", "swapped": "store's median"}[kind]
+    assert expected in whats and (not keep_stats or "differ from the statistics recorded at commit" in whats), whats
+
+
+@pytest.mark.faults
+def test_verify_catches_layers_swapped_by_the_capture_itself(tmp_path, capsys):
+    """Two layers swapped before the writer saw them: the shard's statistics agree with
+    its data, but not with the other shards' for those layer ids (median token RMS
+    off by more than MEDIAN_FACTOR), in a full verify and in --checksums-only (from
+    the recorded statistics)."""
+    from store_schema import SampleArrays
+
+    path = tmp_path / "store"
+    writer, shards = builders.random_store(path, num_shards=4, samples_per_shard=3, layer_rms=DEPTH_RMS,
+                                           with_plan=False)
+    writer.write_shard("shard-000004", [SampleArrays(s.sample_id + "-x", s.input_ids, s.loss_mask,
+                                                     {1: s.hidden[3], 3: s.hidden[1]}) for s in shards["shard-000001"]])
+    for flags in ([], ["--checksums-only"]):
+        assert cli(["verify", str(path), "--json", *flags]) == 1
+        problems = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["problems"]
+        assert {(p["shard"], p["array"]) for p in problems} == {("shard-000004", "layer_1"), ("shard-000004", "layer_3")}
+        assert all("median" in p["what"] for p in problems), problems

@@ -16,7 +16,8 @@ import builders
 import stores
 from store_schema import Fingerprint, FingerprintMismatch, NonFiniteStatesError, SampleArrays, Store, create_store, layout
 from store_schema.__main__ import main as store_cli
-from store_schema.fp8 import E4M3_MAX, LARGEST_STORABLE, QuantizedStates, dequantize, quantize, rounding_bound
+from store_schema.fp8 import E4M3_MAX, LARGEST_STORABLE, QuantizedStates, dequantize, quantize
+from builders import fp8_rounding_bound as rounding_bound
 from store_schema.verify import verify_store
 
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)

@@ -240,8 +240,8 @@ def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_
     assert store_main(["info", stores["other"].as_posix()]) == 0
     assert "responses    other" in capsys.readouterr().out
 
-    sets = ["model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=4", "eval.every=0",
-            "data.heldout_fraction=0.0"]
+    sets = ["model.num_hidden_layers=1", "model.block_size=4", "loss.gamma=4", "model.num_anchors=4", "eval.every=0",
+            "data.heldout_fraction=0.0"]  # the block the stores were planned for (a larger one is refused)
     for name, warned in (("unknown", True), ("target", False)):
         argv = ["fit", "--store", str(stores[name]), "--target", str(qwen3_dir), "--out", str(tmp_path / f"run-{name}"),
                 "--max-steps", "1", *sum((["--set", s] for s in sets), [])]

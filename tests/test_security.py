@@ -45,8 +45,10 @@ def test_trust_remote_code_is_never_switched_on_in_code():
                 offenders.append(f"{path.relative_to(REPO)}:{lineno}")
     assert not offenders, offenders
     from extract.target import load_target
+    from store_schema.runtime.target_model import load_target_model
 
-    assert inspect.signature(load_target).parameters["trust_remote_code"].default is False
+    for loader in (load_target, load_target_model):
+        assert inspect.signature(loader).parameters["trust_remote_code"].default is False
 
 
 @pytest.mark.parametrize("sample_id", ["../../x", "/etc/passwd", "a/b", "..", ".hidden", "", "x" * 129, "a\x00b", "a b", "ü"])

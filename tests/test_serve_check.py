@@ -135,6 +135,7 @@ def serve(capsys, *argv) -> tuple[int, dict, str]:
     return code, (json.loads(lines[-1]) if lines else {}), err
 
 
+@pytest.mark.slow  # vLLM (or the probe) runs in a child process
 def test_a_trained_drafter_is_served_as_trained(trained, target_dir, vllm_python, capsys, tmp_path):
     store, export = trained
     code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--store", store,
@@ -152,6 +153,7 @@ def test_a_trained_drafter_is_served_as_trained(trained, target_dir, vllm_python
     assert summary["served_tau"] >= summary["served_tokens_per_round"] - 1e-9  # uncut >= committed
 
 
+@pytest.mark.slow  # vLLM (or the probe) runs in a child process
 def test_a_random_drafter_is_served_losslessly_at_tau_one(target_dir, mask_id, vllm_python, capsys, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": r["messages"][:1]}) + "\n" for r in builders.coding_chats(2)))
@@ -162,6 +164,7 @@ def test_a_random_drafter_is_served_losslessly_at_tau_one(target_dir, mask_id, v
     assert summary["lossless"] and summary["served_tau"] < 1.1 and summary["speculate_tau"] < 1.1, summary
 
 
+@pytest.mark.slow  # vLLM (or the probe) runs in a child process
 def test_a_mixed_layout_is_not_served_on_cpu_but_speculate_still_runs(target_dir, mask_id, vllm_python, capsys,
                                                                       tmp_path):
     prompts = tmp_path / "prompts.jsonl"
@@ -174,6 +177,7 @@ def test_a_mixed_layout_is_not_served_on_cpu_but_speculate_still_runs(target_dir
     assert "note: " in err and "only speculate vs the target was checked" in err
 
 
+@pytest.mark.slow  # vLLM (or the probe) runs in a child process
 def test_a_python_without_vllm_is_refused_by_name(target_dir, mask_id, capsys, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": [10, 20, 30]}) + "\n")

@@ -104,7 +104,7 @@ from store_schema import StoreWriter, SampleArrays
 writer = StoreWriter({str(tmp_path / 's')!r})
 os.rename = lambda *a: os._exit(3)  # the process dies at the moment of commit
 writer.write_shard('shard-000009', [SampleArrays('x', np.zeros(50, np.int32), np.ones(50, np.uint8),
-                   {{1: torch.zeros(50, 64, dtype=torch.bfloat16), 3: torch.zeros(50, 64, dtype=torch.bfloat16)}})])
+                   {{1: torch.randn(50, 64).bfloat16(), 3: torch.randn(50, 64).bfloat16()}})])
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True)
     assert result.returncode == 3, result.stderr.decode()
@@ -227,7 +227,8 @@ from store_schema import StoreWriter, SampleArrays
 index = int(sys.argv[1])
 writer = StoreWriter({store!r})
 samples = [SampleArrays(f"p{{index}}-{{i}}", np.full(300, i, np.int32), np.ones(300, np.uint8),
-           {{1: torch.full((300, 256), float(index), dtype=torch.bfloat16)}}) for i in range(20)]
+           {{1: (index + torch.arange(300).remainder(2)[:, None].expand(300, 256) - 0.5).bfloat16()}})
+           for i in range(20)]  # tokens alternate index -+ 0.5: mean index, and not constant (refused)
 assert writer.write_shard(f"shard-{{index:06d}}", samples)
 """
 

@@ -14,6 +14,7 @@ the key. The resolved config is saved into the run directory as `config.yaml`
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import types
 import typing
@@ -151,7 +152,7 @@ class TrainConfig:
     epochs: int = 6
     max_steps: int | None = None  # optimizer steps; None: as many as `epochs` give
     seed: int = 0
-    dtype: str = "bfloat16"  # autocast dtype on CUDA (bf16/fp16/fp32 accepted too); weights and optimizer stay fp32
+    dtype: str = "bfloat16"  # autocast dtype on CUDA: bfloat16 or float32 (not float16: no loss scaler); weights and optimizer stay fp32
     device: str = "auto"  # "auto": cuda if available, else cpu
     log_every: int = 10
     checkpoint_every: int = 1000
@@ -167,6 +168,10 @@ class TrainConfig:
             self.dtype = dtype_name(self.dtype)
         except ValueError as error:
             raise ConfigError(f"config train.dtype: {error}") from None
+        # fp16's 5-bit exponent underflows small gradients without a loss scaler, which this
+        # trainer does not have: bf16 trains without one (same exponent range as fp32).
+        _check(self.dtype != "float16", "train.dtype",
+               "float16 is refused: training in it needs a loss scaler; use bfloat16 (or float32)")
         _check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
             _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
@@ -323,6 +328,21 @@ def _coerce(key: str, value, annotation):
 RENAMED_KEYS = {"model.num_layers": "model.num_hidden_layers", "num_layers": "model.num_hidden_layers"}
 
 
+def known_keys() -> list[str]:
+    """Every key a config accepts, spelled `section.field` (and the three paths)."""
+    return ["store", "target", "out"] + [f"{s}.{name}" for s in SECTIONS for name in _field_types(type(getattr(RunConfig(), s)))]
+
+
+def did_you_mean(key: str) -> str:
+    """' (did you mean optim.lr?)' for the known keys closest to `key`, else ''."""
+    keys = known_keys()
+    bare = {k.split(".")[-1]: k for k in keys}
+    close = difflib.get_close_matches(key, keys, n=2, cutoff=0.6)
+    close += [bare[m] for m in difflib.get_close_matches(key.split(".")[-1], list(bare), n=2, cutoff=0.6)
+              if bare[m] not in close]
+    return f" (did you mean {' or '.join(close[:2])}?)" if close else ""
+
+
 def _resolve_key(key: str) -> tuple[str | None, str]:
     """'optim.lr' -> ('optim', 'lr'); 'lr' -> ('optim', 'lr') when only one section has it.
     Older spellings (RENAMED_KEYS, e.g. in a saved run's config) map to today's."""
@@ -330,15 +350,16 @@ def _resolve_key(key: str) -> tuple[str | None, str]:
     if "." in key:
         section, name = key.split(".", 1)
         if section not in SECTIONS:
-            raise ConfigError(f"config {key}: unknown section {section!r} (sections: {', '.join(SECTIONS)})")
+            raise ConfigError(f"config {key}: unknown section {section!r} (sections: {', '.join(SECTIONS)})"
+                              f"{did_you_mean(key)}")
         if name not in _field_types(type(getattr(RunConfig(), section))):
-            raise ConfigError(f"config {key}: unknown key {name!r} in section {section!r}")
+            raise ConfigError(f"config {key}: unknown key {name!r} in section {section!r}{did_you_mean(key)}")
         return section, name
     if key in ("store", "target", "out"):
         return None, key
     owners = [s for s in SECTIONS if key in _field_types(type(getattr(RunConfig(), s)))]
     if not owners:
-        raise ConfigError(f"config {key}: unknown key")
+        raise ConfigError(f"config {key}: unknown key{did_you_mean(key)}")
     if len(owners) > 1:
         raise ConfigError(f"config {key}: ambiguous, say {' or '.join(f'{s}.{key}' for s in owners)}")
     return owners[0], key
@@ -364,8 +385,18 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
 
 
 def _apply_mapping(config: RunConfig, data: dict, where: str) -> None:
+    """A file's keys. A bare key beside its own section's spelling (`lr:` and
+    `optim: lr:`) is refused: which one wins would be an accident of order."""
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping at the top level")
+    sectioned = {f"{k}.{name}" for k, v in data.items() if k in SECTIONS and isinstance(v, dict) for name in v}
+    for key in data:
+        if key not in SECTIONS and "." not in str(key) and str(key) not in ("store", "target", "out"):
+            owner = _resolve_key(str(key))
+            full = f"{owner[0]}.{owner[1]}"
+            if full in sectioned:
+                raise ConfigError(f"{where}: top-level {key!r} and {full} are both set (did you mean {full}? "
+                                  f"remove the top-level {key!r})")
     for key, value in data.items():
         if key in SECTIONS:
             if not isinstance(value, dict):
@@ -374,6 +405,12 @@ def _apply_mapping(config: RunConfig, data: dict, where: str) -> None:
                 _apply(config, f"{key}.{name}", inner)
         else:
             _apply(config, key, value)
+
+
+def check_override(text: str) -> None:
+    """Refuse a `--set` that is not KEY=VALUE of a known key (ConfigError naming it)."""
+    key, _ = parse_override(text)
+    _resolve_key(key)
 
 
 def parse_override(text: str) -> tuple[str, object]:

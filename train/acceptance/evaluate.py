@@ -279,7 +279,8 @@ def _context_features(sample, config, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, attention: str = "auto") -> dict:
+def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, attention: str = "auto",
+                     progress=None) -> dict:
     """Acceptance metrics of `drafter` over `samples`: store_schema `Sample`s with
     `hidden` holding the drafter's context layers, or train.data.loader `TrainSample`s
     (e.g. `ShardLoader.heldout_samples(limit)`). See `evaluate` for the result.
@@ -288,7 +289,8 @@ def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, atten
     restored); head: train.fitting.target_head.TargetHead. Runs on the drafter's device.
     config: ddtree_budgets, labels, anchor_stride, max_blocks_per_sample,
     batch_blocks (`samples` is the caller's business). attention: the run's
-    `model.attention`."""
+    `model.attention`. progress: a `store_schema.runtime.progress.Progress`
+    advanced by each sample (closed at the end), or None."""
     config.validate()
     budgets = sorted({int(b) for b in config.ddtree_budgets})
     block_size = drafter.config.block_size
@@ -302,8 +304,12 @@ def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, atten
             if blocks is not None:
                 rows = per_position_rows(blocks, sample.loss_mask.cpu(), block_size, config.anchor_stride)
                 acc.add_sample(sample.sample_id, blocks, rows)
+            if progress is not None:
+                progress.update(1)
     finally:
         drafter.train(was_training)
+        if progress is not None:
+            progress.close()
     result = acc.result()
     result.update(labels=config.labels, anchor_stride=config.anchor_stride,
                   max_blocks_per_sample=config.max_blocks_per_sample)
@@ -319,6 +325,7 @@ def evaluate(
     split: str = "heldout",
     heldout_fraction: float | None = None,
     attention: str = "auto",
+    progress=None,
 ) -> dict:
     """Evaluate `drafter` on the `split` samples of `store` (a store_schema.Store
     or its path), at most `config.samples` of them (None: all).
@@ -342,7 +349,8 @@ def evaluate(
       split_samples: samples in the split; max_samples: the cap (config.samples);
       per_sample: [{sample_id, tau, rounds, tokens, tau_per_position}];
       block_size, labels, split, heldout_fraction, anchor_stride, max_blocks_per_sample.
-    Samples with no scoreable block are not counted."""
+    Samples with no scoreable block are not counted. progress: a callable
+    (samples to evaluate) -> Progress, shown while evaluating, or None."""
     from store_schema import Store
 
     store = store if isinstance(store, Store) else Store(store)
@@ -350,7 +358,8 @@ def evaluate(
     locations = split_locations(store, split, heldout_fraction)
     samples = read_samples(store, locations[: config.samples], drafter.config.context_layer_ids,
                            need_topk=config.labels == "target")
-    result = evaluate_samples(drafter, head, samples, config, attention=attention)
+    bar = progress(len(locations[: config.samples])) if progress else None
+    result = evaluate_samples(drafter, head, samples, config, attention=attention, progress=bar)
     result.update(split=split, heldout_fraction=None if split == "all" else heldout_fraction,
                   split_samples=len(locations), max_samples=config.samples)
     return result

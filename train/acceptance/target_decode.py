@@ -1,4 +1,4 @@
-"""The target at decode time: loaded whole (transformers), run over a growing
+"""The target at decode time: loaded whole (`store_schema.runtime.target_model`), run over a growing
 cache, its cache rolled back after a partly rejected block.
 
 Rolling back differs by layer kind:
@@ -24,37 +24,13 @@ target's greedy output (tests/test_speculate.py shows it).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
-from store_schema.runtime.target_config import read_config_json
-
 # End-of-turn tokens of common chat templates; a target stops at any of them.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
-
-
-def load_target_model(path: str | Path, device: torch.device, dtype: torch.dtype):
-    """The target causal LM, eval mode, no gradients, trust_remote_code off."""
-    from transformers import AutoModelForCausalLM
-
-    read_config_json(path)  # a path that is not a model directory: one line naming it, not a hub lookup
-    model, loading = AutoModelForCausalLM.from_pretrained(
-        str(path),
-        dtype=dtype,
-        device_map=None if device.type == "cpu" else str(device),
-        trust_remote_code=False,
-        output_loading_info=True,
-    )
-    if loading["missing_keys"] or loading["mismatched_keys"]:
-        raise ValueError(
-            f"{path}: weights missing {sorted(loading['missing_keys'])[:8]} or mismatched "
-            f"{sorted(loading['mismatched_keys'])[:8]} while loading {type(model).__name__}"
-        )
-    model.eval().requires_grad_(False)
-    return model.to(device)
 
 
 def stop_token_ids(model, tokenizer=None) -> list[int]:

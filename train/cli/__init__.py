@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 
 from train.dtypes import dtype_name
 
 COMMANDS = ("fit", "export", "eval", "diagnose", "speculate", "serve-check")
+TORCH_COMMANDS = ("fit", "export", "eval", "speculate", "serve-check")  # diagnose reads logs with numpy only
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,7 +41,23 @@ def main(argv: list[str] | None = None) -> int:
     from store_schema import CorruptShardError, StoreLockedError
     from store_schema.runtime.cli import run_command
 
+    if args.command in TORCH_COMMANDS:
+        from store_schema.runtime.host import set_torch_threads
+
+        set_torch_threads(processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun sets it per host
+        quiet_transformers()
     return run_command(args.handler, args, refusals=(CorruptShardError, StoreLockedError))
+
+
+def quiet_transformers() -> None:
+    """No "Loading weights" bar and no deprecation chatter (`past_key_values`) from
+    transformers on the commands' stderr: read when it is first imported, so set
+    before the handlers import it. Errors still show; an explicit setting wins."""
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)
 
 
 # -- argument types shared by the commands ------------------------------------------------

@@ -26,6 +26,7 @@ from pathlib import Path
 from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
 from train.config import EVAL_CLI_SAMPLES, LABELS, SPLITS, DataConfig, EvalConfig
 from train.dtypes import NAMES
+from train.target_check import add_allow_flag
 
 
 def add_parser(subparsers) -> None:
@@ -56,6 +57,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-blocks", type=positive_int, default=defaults.batch_blocks,
                    help=f"blocks per drafter forward (default {defaults.batch_blocks})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    add_allow_flag(p)
     p.set_defaults(handler=run)
 
 
@@ -98,20 +100,31 @@ def run(args) -> int:
     from store_schema import Store
     from store_schema.runtime.cli import fail
     from store_schema.runtime.host import resolve_device
+    from store_schema.runtime.progress import Progress, default_mode
     from train.dtypes import torch_dtype
     from train.acceptance.evaluate import evaluate
     from train.export.drafter_dir import load_drafter, resolve_drafter_dir
     from train.fitting.target_head import load_target_head
+    from train.target_check import check_target
 
     config = eval_config(args)
+    store = Store(args.store)
+    other_target = check_target(store, args.target, allow_other_target=args.allow_other_target,
+                                log=lambda line: print(line, file=sys.stderr))
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else None
     drafter_dir = resolve_drafter_dir(args.drafter)
     fraction = heldout_fraction(args, drafter_dir)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device)
     head = load_target_head(args.target, dtype=dtype or drafter.fc.weight.dtype, device=device)
-    result = evaluate(drafter, head, Store(args.store), config, split=args.split, heldout_fraction=fraction)
+
+    def progress(total: int) -> Progress:
+        print(f"eval: {total} {args.split} sample(s) of {args.store} on {device}", file=sys.stderr, flush=True)
+        return Progress("eval", total, "sample", mode=default_mode(), interval=10.0)
+
+    result = evaluate(drafter, head, store, config, split=args.split, heldout_fraction=fraction, progress=progress)
     result["drafter"] = str(drafter_dir)
+    result.update(other_target)
     if result["samples"] == 0:
         return fail(f"no {args.split} sample with a scoreable block in {args.store}")
     if config.samples is not None and result["split_samples"] > config.samples:

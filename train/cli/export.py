@@ -23,6 +23,18 @@ def add_parser(subparsers) -> None:
     p.set_defaults(handler=run)
 
 
+def refuse_store_dir(out: str | Path) -> None:
+    """An export never goes into a hidden-state store (a directory holding a Zarr
+    root, or one inside it): its files would sit among the store's shards."""
+    from store_schema.layout import ZARR_METADATA
+
+    resolved = Path(out).resolve()
+    for directory in (resolved, *resolved.parents):
+        if (directory / ZARR_METADATA).is_file():
+            raise ValueError(f"export --out {out}: {directory} is a hidden-state store (it holds {ZARR_METADATA}); "
+                             "export into a directory outside it")
+
+
 def run(args) -> int:
     from train.fitting import checkpoint as ckpt
     from train.dtypes import torch_dtype
@@ -30,6 +42,7 @@ def run(args) -> int:
     from train.data.heldout import heldout_fraction_of, heldout_record
     from train.drafter.model import DFlashDrafter, DrafterConfig
 
+    refuse_store_dir(args.out)
     path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(args.run)
     if path is None:
         raise FileNotFoundError(f"{args.run}: no checkpoint to export")

@@ -1,5 +1,6 @@
 """`python -m train fit --store STORE --target PATH --out RUN [--config FILE]
-[--max-steps N] [--init-from DIR] [--resume] [--progress-interval S] [--nproc N] [--set key=value ...]`
+[--max-steps N] [--init-from DIR] [--resume] [--progress-interval S] [--nproc N] [--set key=value ...]
+[--allow-other-target] [--require-complete] [--skip-verify]`
 
 The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
 saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format
@@ -10,7 +11,15 @@ from its newest checkpoint with RUN's saved config (flags and --set still
 override it, e.g. a larger --max-steps). Ctrl-C checkpoints the last completed
 step and prints how to resume (exit 130). `--nproc N` trains data-parallel on N
 processes (one per GPU; gloo on CPU) by starting torchrun's launcher, as
-`torchrun --nproc-per-node N -m train fit ...` does (`train.fitting.distributed`)."""
+`torchrun --nproc-per-node N -m train fit ...` does (`train.fitting.distributed`).
+
+Before step 1 (`train.fitting.preflight`): the target must be the store's
+(config and weights; `--allow-other-target` overrides, recorded in the run), an
+incomplete store is named (`--require-complete` refuses it), the integrity pass
+reads every committed file's checksum (`--skip-verify` skips it) and refuses
+damaged shards naming the repair command. `--max-steps` wins over
+`train.epochs`. A shard found corrupt mid-run checkpoints the last completed step
+and prints the resume commands (exit 1)."""
 
 from __future__ import annotations
 
@@ -20,6 +29,7 @@ import sys
 from pathlib import Path
 
 from train.cli import positive_int
+from train.target_check import ALLOW_FLAG, add_allow_flag
 
 
 def add_parser(subparsers) -> None:
@@ -38,7 +48,15 @@ def add_parser(subparsers) -> None:
                    help="train data-parallel on N processes (one per GPU), started through torchrun's launcher")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set optim.lr=3e-4 --set num_anchors=256")
+    add_allow_flag(p)
+    p.add_argument("--require-complete", action="store_true",
+                   help="refuse a store holding fewer shards than its plan (default: warn and train on those)")
+    p.add_argument("--skip-verify", action="store_true",
+                   help="skip the integrity pass (checksums of every committed file) before step 1")
     p.set_defaults(handler=run)
+
+
+FLAGS = (("allow_other_target", ALLOW_FLAG), ("require_complete", "--require-complete"), ("skip_verify", "--skip-verify"))
 
 
 def fit_argv(args) -> list[str]:
@@ -51,9 +69,17 @@ def fit_argv(args) -> list[str]:
             argv += [flag, str(value)]
     if args.resume:
         argv.append("--resume")
+    argv += [flag for name, flag in FLAGS if getattr(args, name)]
     for override in args.overrides:
         argv += ["--set", override]
     return argv
+
+
+def resume_commands(args, store) -> tuple[str, str]:
+    """The command that continues the run in --out, and the one that also leaves corrupt shards out."""
+    flags = "".join(f" {flag}" for name, flag in FLAGS[:2] if getattr(args, name))
+    command = f"python -m train fit --out {args.out} --resume{flags}"
+    return command, f"{command} --set data.skip_corrupt_shards=true"
 
 
 def run(args) -> int:
@@ -61,26 +87,26 @@ def run(args) -> int:
     from store_schema.runtime.cli import fail, interrupted
     from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
     from train.fitting.distributed import LAUNCHED_BY_FIT, close_process_group, is_peer_loss, launch
+    from train.fitting.preflight import REPAIR_COMMAND, FitChecks
 
-    if args.nproc and args.nproc > 1 and "WORLD_SIZE" not in os.environ:
-        return launch(args.nproc, fit_argv(args), Path(args.out))
-    from train.config import CONFIG_FILE, load_config
-    from train.fitting.progress import TrainingInterrupted
-    from train.fitting.trainer import Trainer
-
-    config_file = args.config
     if args.resume and latest_checkpoint(args.out) is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {Path(args.out) / CHECKPOINTS} "
                                 "(nothing to continue; without --resume the run starts afresh)")
-    if args.resume and config_file is None and (Path(args.out) / CONFIG_FILE).is_file():
-        config_file = str(Path(args.out) / CONFIG_FILE)
-    config = load_config(
-        config_file, args.overrides, store=args.store, target=args.target, out=args.out,
-        **{"train.max_steps": args.max_steps, "model.init_from": args.init_from,
-           "train.progress_interval": args.progress_interval},
-    )
+    config = resolve_config(args)
+    if args.nproc and args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+        from train.data.loader import check_lanes
+
+        if not args.resume:  # every process would refuse it, each with a traceback of its own
+            check_lanes(config.store, config.data.lanes or args.nproc, len(Store(config.store).committed_shards()))
+        return launch(args.nproc, fit_argv(args), Path(args.out))
+    from train.fitting.progress import DataStopped, TrainingInterrupted
+    from train.fitting.trainer import Trainer
+
+    checks = FitChecks(allow_other_target=args.allow_other_target, require_complete=args.require_complete,
+                       verify=not args.skip_verify)
     try:
-        trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr))
+        trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr),
+                                      checks=checks)
     except KeyboardInterrupt:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")
     main = trainer.world.is_main
@@ -100,7 +126,15 @@ def run(args) -> int:
             return interrupted("no checkpoint yet", "rerun the same command")
         kept = (f"checkpoint of step {stop.step} saved in {stop.checkpoint}" if not trainer.world.distributed
                 else f"the last checkpoint is {stop.checkpoint}")
-        return interrupted(kept, f"resume with: python -m train fit --out {args.out} --resume")
+        return interrupted(kept, f"resume with: {resume_commands(args, config.store)[0]}")
+    except DataStopped as stop:
+        error = stop.error
+        kept = (f"checkpoint of step {stop.step} saved in {stop.checkpoint}" if stop.checkpoint
+                else "no checkpoint was written")
+        resume, skipping = resume_commands(args, config.store)
+        return fail(f"shard {error.shard}: {error.file}: {error.what}; {kept}; repair the store with "
+                    f"`{REPAIR_COMMAND.format(store=config.store)}` and `python -m extract run`, then resume with "
+                    f"`{resume}`, or resume leaving the shard out: `{skipping}`")
     except Exception as error:
         if not trainer.world.distributed or not is_peer_loss(error):
             raise
@@ -116,3 +150,28 @@ def run(args) -> int:
     if main:
         print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
     return 0
+
+
+def resolve_config(args):
+    """The run's config (defaults <- --config <- flags <- --set). A --set that is not
+    KEY=VALUE of a known key, or a run without --store / --target, is a usage error (exit 2)."""
+    from store_schema.runtime.cli import UsageError
+    from train.config import CONFIG_FILE, ConfigError, check_override, load_config
+
+    for override in args.overrides:
+        try:
+            check_override(override)
+        except ConfigError as error:
+            raise UsageError(f"--set {override}: {error}") from None
+    config_file = args.config
+    if args.resume and config_file is None and (Path(args.out) / CONFIG_FILE).is_file():
+        config_file = str(Path(args.out) / CONFIG_FILE)
+    config = load_config(
+        config_file, args.overrides, store=args.store, target=args.target, out=args.out, require_paths=False,
+        **{"train.max_steps": args.max_steps, "model.init_from": args.init_from,
+           "train.progress_interval": args.progress_interval},
+    )
+    for name in ("store", "target"):
+        if not getattr(config, name):
+            raise UsageError(f"fit: --{name} is required (or a --config that sets {name})")
+    return config

@@ -6,23 +6,36 @@ memory; `.to("cuda", non_blocking=True)` from pageable memory is synchronous
 5 x 5120 bf16. `DeviceCopier` stages them through pinned memory (torch's caching
 host allocator, reused once a copy is done) and copies on its own stream from the
 loader's delivery thread; the consumer makes its stream wait for that copy only
-when it uses the sample (`wait`)."""
+when it uses the sample (`wait`).
+
+A new thread's current CUDA device is 0, and leaving `torch.cuda.stream()` restores
+the thread's current device: on a rank whose GPU is not 0 that creates a CUDA context
+on GPU 0 (~0.5 GB, per rank). So the first call on each thread sets the thread's
+device first, as PyTorch's pin-memory thread does (`torch.cuda.set_device`)."""
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
 
 class DeviceCopier:
     def __init__(self, device: torch.device | str):
-        self.device = torch.device(device)
-        if self.device.type != "cuda":
-            raise ValueError(f"DeviceCopier copies to a CUDA device, not {self.device}")
+        device = torch.device(device)
+        if device.type != "cuda":
+            raise ValueError(f"DeviceCopier copies to a CUDA device, not {device}")
+        # the index now, on the constructing thread: a bare "cuda" on another thread means GPU 0
+        self.device = device if device.index is not None else torch.device("cuda", torch.cuda.current_device())
         self.stream = torch.cuda.Stream(self.device)
+        self._thread = threading.local()
 
     def __call__(self, sample):
         """Start copying `sample.features` (and fp8 `scales`) to the device; the sample
         then holds the device tensors and `ready`, the event that marks the copy done."""
+        if not getattr(self._thread, "bound", False):
+            torch.cuda.set_device(self.device)
+            self._thread.bound = True
         with torch.cuda.stream(self.stream):
             sample.features = [self._copy(t) for t in sample.features]
             sample.scales = [self._copy(t) for t in sample.scales]

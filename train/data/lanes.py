@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from train.fitting.distributed import World, lanes_of, step_lanes
+from train.fitting.distributed import World, gather_lanes, lanes_of, step_lanes
 from train.data.loader import LoaderPosition, ShardLoader, TrainSample
 
 
@@ -63,6 +63,19 @@ class LaneFeed:
                 self.positions[lane] = sample.position
             taken.append((lane, sample))
         return taken
+
+    def state_dict(self, world: World, device: torch.device) -> tuple[dict, dict[int, torch.Tensor]]:
+        """What a checkpoint keeps of the feed (torchtitan's Stateful pattern: the
+        feed owns its record; `lane_positions` reads it back): every lane's position
+        and the shard list they refer to, and every lane's generator state.
+        Collective: every rank calls it (each lane's state lives on its rank)."""
+        positions, states = gather_lanes(world, self.lanes, self.positions, self.generator_states(), device)
+        loader = next(iter(self.loaders.values()))
+        record = {"position": positions[0].to_dict(), "shards": loader.shards, "shards_sha256": loader.shards_sha256,
+                  "skipped_shards": self.skipped_shards, "world_size": world.size,
+                  "lanes": [{"lane": lane, "rank": lane % world.size, **positions[lane].to_dict()}
+                            for lane in range(self.lanes)]}
+        return record, states
 
     def generator_states(self) -> dict[int, torch.Tensor]:
         return {lane: generator.get_state() for lane, generator in self.generators.items()}

@@ -49,44 +49,30 @@ dequantizes them to bf16 on the device.
 
 Corrupt shards: a `CorruptShardError` stops the run with the shard, file and
 defect named; with `skip_corrupt_shards` the shard is left out of its group
-(never trained on), reported through `log`, and listed in `skipped_shards`.
+(never trained on), reported once per run through `log` (`CorruptShards`, shared
+by a rank's lanes, also holds the shards the integrity pass found before step 1,
+which are never read), and listed in `skipped_shards`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from store_schema import CorruptShardError, ShardData, Store, available_cores
 from store_schema.fp8 import as_bf16
 from train.drafter.anchors import anchor_candidates
 from train.config import DataConfig
-from train.data.heldout import heldout_locations, is_heldout, read_located
 from train.data.device_copy import DeviceCopier
+from train.data.heldout import heldout_locations, is_heldout, read_located
+from train.data.order import LoaderPosition, SampleOrder, train_samples_by_shard
 
-@dataclass(frozen=True)
-class LoaderPosition:
-    epoch: int = 0
-    group: int = 0  # index of the shard group in this epoch's order
-    sample: int = 0  # samples of that group already delivered
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "LoaderPosition":
-        return cls(int(data["epoch"]), int(data["group"]), int(data["sample"]))
-
-    def describe(self) -> str:
-        return f"epoch {self.epoch}, shard group {self.group}, sample {self.sample} of that group"
+__all__ = ["CorruptShards", "LoaderPosition", "ShardLoader", "TrainSample", "check_lanes"]
 
 
 @dataclass
@@ -127,6 +113,30 @@ class _Stop(Exception):
     pass
 
 
+def check_lanes(store_path, lanes: int, shards: int) -> None:
+    """Each lane (sample stream) reads whole shards: there must be one per lane at least."""
+    if lanes > shards:
+        raise ValueError(f"data.lanes: {lanes} lanes (default: one per process) need at least as many shards; "
+                         f"{store_path} has {shards}: train on at most {shards} process(es), or extract the store "
+                         "into more shards with a smaller `python -m extract run --shard-tokens`")
+
+
+class CorruptShards:
+    """The shards of a run known to be corrupt, each reported once (shared by lanes)."""
+
+    def __init__(self, known=(), log: Callable[[str], None] = print):
+        self.known = set(known)
+        self.log = log
+        self._lock = threading.Lock()
+
+    def found(self, shard: str, file: str, what: str) -> None:
+        with self._lock:
+            if shard in self.known:
+                return
+            self.known.add(shard)
+        self.log(f"loader: skipping corrupt shard {shard} ({file}: {what}); it is never trained on")
+
+
 class ShardLoader:
     """Iterate training samples of `store`; see the module docstring.
 
@@ -155,6 +165,7 @@ class ShardLoader:
         device: torch.device | str | None = None,
         lane: int = 0,
         lanes: int = 1,
+        corrupt: CorruptShards | None = None,
     ):
         self.store = store
         self.config = config
@@ -163,16 +174,16 @@ class ShardLoader:
         self.seed = seed
         self.epochs = epochs
         self.log = log
-        self.shards = sorted(store.committed_shards() if shards is None else shards)
-        if not self.shards:
+        names = sorted(store.committed_shards() if shards is None else shards)
+        if not names:
             raise ValueError(f"{store.path}: no committed shards to train on")
         if not 0 <= lane < lanes:
             raise ValueError(f"loader lane {lane} is not one of {lanes} lanes")
-        if lanes > len(self.shards):
-            raise ValueError(f"data.lanes: {lanes} sample streams need at least as many shards; {store.path} has "
-                             f"{len(self.shards)}")
+        check_lanes(store.path, lanes, len(names))
+        self.order = SampleOrder(names, seed, config.buffer_shards, lane, lanes)
         self.lane, self.lanes = lane, lanes
         self.start = position or LoaderPosition()
+        self.corrupt = corrupt or CorruptShards(log=log)
         self.skipped_shards: list[str] = []
         self.skipped_empty = 0
         self.wait_seconds = 0.0
@@ -182,65 +193,36 @@ class ShardLoader:
         self._heldout = None  # the held-out index, built on first use
         self._to_device = DeviceCopier(device) if device is not None and torch.device(device).type == "cuda" else None
 
-    # -- the order ------------------------------------------------------------------------
+    # -- the order (train.data.order) ---------------------------------------------------
+    @property
+    def shards(self) -> list[str]:
+        return self.order.shards
+
     @property
     def shards_sha256(self) -> str:
-        """Identifies the shard list a position refers to (a resume must see the same)."""
-        return hashlib.sha256("\n".join(self.shards).encode()).hexdigest()
-
-    def num_groups(self, epoch: int) -> int:
-        return math.ceil(len(self.lane_shards(epoch)) / self.config.buffer_shards)
+        return self.order.shards_sha256
 
     def epoch_order(self, epoch: int) -> list[str]:
-        rng = np.random.default_rng([self.seed, epoch])
-        return [self.shards[i] for i in rng.permutation(len(self.shards))]
+        return self.order.epoch_order(epoch)
 
     def lane_shards(self, epoch: int, lane: int | None = None) -> list[str]:
-        """The shards `lane` (default: this loader's) reads in `epoch`, in order."""
-        lane = self.lane if lane is None else lane
-        return [name for i, name in enumerate(self.epoch_order(epoch)) if (i - epoch) % self.lanes == lane]
+        return self.order.lane_shards(epoch, lane)
 
     def groups(self, epoch: int) -> list[list[str]]:
-        order = self.lane_shards(epoch)
-        size = self.config.buffer_shards
-        return [order[i : i + size] for i in range(0, len(order), size)]
+        return self.order.groups(epoch)
 
-    def group_permutation(self, epoch: int, group: int, count: int) -> np.ndarray:
-        lane = [] if self.lanes == 1 else [self.lane, self.lanes]
-        return np.random.default_rng([self.seed, epoch, group, 1, *lane]).permutation(count)
-
-    def next_position(self, position: LoaderPosition, group_size: int) -> LoaderPosition:
-        """The position after delivering one more sample of a group of `group_size`."""
-        if position.sample + 1 < group_size:
-            return LoaderPosition(position.epoch, position.group, position.sample + 1)
-        if position.group + 1 < self.num_groups(position.epoch):
-            return LoaderPosition(position.epoch, position.group + 1, 0)
-        return LoaderPosition(position.epoch + 1, 0, 0)
-
-    def count_train_samples(self) -> int:
-        """Training samples per epoch, before the no-anchor filter: exact from the
-        store's plan when it has one, else estimated from commit records."""
-        return max(1, round(sum(self.train_samples_by_shard().values())))
-
-    def train_samples_by_shard(self) -> dict[str, float]:
-        """Training samples of each shard (exact from the plan, else estimated)."""
-        fraction = self.config.heldout_fraction
-        plan = self.store.plan()
-        if plan is not None:
-            by_name = {shard.name: shard for shard in plan.shards}
-            if all(name in by_name for name in self.shards):
-                return {n: sum(not is_heldout(s.sample_id, fraction) for s in by_name[n].samples) for n in self.shards}
-        return {n: self.store.commit(n).num_samples * (1.0 - fraction) for n in self.shards}
-
-    def lane_totals(self) -> list[float]:
-        """Training samples each lane delivers over all the run's epochs."""
-        counts = self.train_samples_by_shard()
-        return [sum(counts[n] for e in range(self.epochs) for n in self.lane_shards(e, lane)) for lane in range(self.lanes)]
+    def lane_totals(self, epochs: int | None = None) -> list[float]:
+        """Training samples each lane delivers over `epochs` (default: the run's);
+        shards known to be corrupt deliver none."""
+        counts = train_samples_by_shard(self.store, self.shards, self.config.heldout_fraction)
+        counts = {n: 0 if n in self.corrupt.known else c for n, c in counts.items()}
+        return self.order.lane_totals(counts, self.epochs if epochs is None else epochs)
 
     # -- reading --------------------------------------------------------------------------
     def _read(self, names: list[str]) -> Iterator[ShardData]:
         """Whole shards in order; a corrupt one is refused or (if allowed) skipped."""
-        remaining = list(names)
+        remaining = [name for name in names if name not in self.corrupt.known]
+        self.skipped_shards += [name for name in names if name in self.corrupt.known and name not in self.skipped_shards]
         while remaining:
             try:
                 threads = self.config.loader_threads or available_cores()
@@ -257,8 +239,9 @@ class ShardLoader:
                         "`python -m store_schema verify`, re-extract the shard, or set "
                         "data.skip_corrupt_shards=true to leave it out",
                     ) from None
-                self.skipped_shards.append(exc.shard)
-                self.log(f"loader: skipping corrupt shard {exc.shard} ({exc.file}: {exc.what}); it is never trained on")
+                if exc.shard not in self.skipped_shards:
+                    self.skipped_shards.append(exc.shard)
+                self.corrupt.found(exc.shard, exc.file, exc.what)
                 remaining = remaining[remaining.index(exc.shard) + 1 :] if exc.shard in remaining else remaining[1:]
 
     def _crop(self, data: ShardData, index: int, position: LoaderPosition, epoch: int = 0) -> TrainSample | None:
@@ -308,11 +291,11 @@ class ShardLoader:
             epoch, group, shards = item
             fraction = self.config.heldout_fraction
             samples = [(data, i) for data in shards for i in range(len(data)) if not is_heldout(data.sample_ids[i], fraction)]
-            order = self.group_permutation(epoch, group, len(samples))
+            order = self.order.group_permutation(epoch, group, len(samples))
             first = self.start.sample if (epoch, group) == (self.start.epoch, self.start.group) else 0
             position = LoaderPosition(epoch, group, first)
             for k in range(first, len(samples)):
-                position = self.next_position(LoaderPosition(epoch, group, k), len(samples))
+                position = self.order.next_position(LoaderPosition(epoch, group, k), len(samples))
                 data, i = samples[order[k]]
                 sample = self._crop(data, i, position, epoch)
                 if sample is None:
@@ -412,7 +395,7 @@ class ShardLoader:
         for location in self._heldout:
             if limit is not None and count >= limit:
                 return
-            if location.shard in self.skipped_shards:
+            if location.shard in self.skipped_shards or location.shard in self.corrupt.known:
                 continue
             sample = read_located(self.store, location, self.layers, self.config.max_length)
             if anchor_candidates(sample.loss_mask, self.block_size).numel() == 0:

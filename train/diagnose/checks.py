@@ -243,8 +243,10 @@ def _gaussian_mixture_bic(x: np.ndarray, iterations: int = 200) -> dict:
 
 def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01) -> tuple[dict, list[Finding]]:
     steps, loss = series(records, "loss")
-    if len(loss) < 50 or np.any(loss <= 0):
-        return {"note": "too few (or non-positive) loss values"}, []
+    if np.any(loss <= 0):
+        return {"note": "non-positive loss values: distribution not checked"}, []
+    if len(loss) < 50:
+        return {"note": f"too short to judge ({len(loss)} loss values, 50 needed)"}, []
     median = _running_median(loss, block)
     ratio = loss / median
     high = ratio > 2.0

@@ -93,15 +93,19 @@ def dflash_mask_mod(
     the pair of absolute positions (causal / window, as in the reference)."""
 
     last_block = max(anchor_positions.numel() - 1, 0)
+    num_queries = anchor_positions.numel() * block_size
+    if anchor_positions.numel() == 1:  # two entries (never read past last_block): torch.compile specialises size 1
+        anchor_positions = anchor_positions.repeat(2)
 
     def mask_mod(b, h, q_idx, kv_idx):
         block = q_idx // block_size
-        anchor = anchor_positions[block.clamp(max=last_block)]  # clamp: flex may pad q_idx
+        anchor = anchor_positions[block.clamp(max=last_block)]  # clamp: flex pads q_idx
         in_context = kv_idx < context_len
         sees_context = in_context & (kv_idx < anchor)
         same_block = ~in_context & ((kv_idx - context_len) // block_size == block)
         key_pos = torch.where(in_context, kv_idx, anchor + (kv_idx - context_len) % block_size)
-        return (sees_context | same_block) & rule.allows(anchor + q_idx % block_size, key_pos)
+        visible = (sees_context | same_block) & rule.allows(anchor + q_idx % block_size, key_pos)
+        return visible & (q_idx < num_queries)  # a padded query sees nothing (train.drafter.flex_mask)
 
     return mask_mod
 

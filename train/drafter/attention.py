@@ -8,7 +8,8 @@
   context columns its rule lets it see (up to its last anchor, within the window).
 - "sdpa": one dense SDPA over `[context | every block]` with a materialised
   [N*B, T + N*B] boolean mask. Simple and slow; the reference the others are tested against.
-- "flex": flex_attention with a BlockMask (compiled on CUDA, the default there).
+- "flex": flex_attention with a BlockMask built from the anchors
+  (`train.drafter.flex_mask`), compiled on CUDA (`train.drafter.flex_compile`), the default there.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from train.drafter.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
 from train.config import ATTENTION_KINDS
+from train.drafter.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
+from train.drafter.flex_compile import CompiledFlex
+from train.drafter.flex_mask import dflash_block_mask
 
 SPLIT_CHUNK_SCORES = 1 << 21  # scores per chunk (all heads) the split path aims for
 
@@ -95,17 +98,7 @@ def build_attention_mask(
     if attention == "sdpa":
         return dense_attention_mask(anchor_positions, context_len, block_size, rule)
     if attention == "flex":
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        num_queries = anchor_positions.numel() * block_size
-        return create_block_mask(
-            dflash_mask_mod(anchor_positions, context_len, block_size, rule),
-            B=None,
-            H=None,
-            Q_LEN=num_queries,
-            KV_LEN=context_len + num_queries,
-            device=anchor_positions.device,
-        )
+        return dflash_block_mask(anchor_positions, context_len, block_size, rule)
     raise ValueError(f"attention must be 'split', 'sdpa' or 'flex' here, got {attention!r}")
 
 
@@ -146,17 +139,28 @@ def _split_attention(q, k, v, mask: SplitMask, scale: float) -> torch.Tensor:
     return torch.cat(outputs, dim=2).reshape(1, heads, num_queries, dim)
 
 
-_compiled_flex = None
-
-
 def _flex_attention(q, k, v, block_mask, scale):
-    """flex_attention, compiled on CUDA (the fused kernel); eager elsewhere."""
-    global _compiled_flex
-    from torch.nn.attention.flex_attention import flex_attention
-
-    fn = flex_attention
+    """flex_attention over the block mask's padded lengths (zeros past the real queries
+    and keys, which see and are seen by nothing), compiled on CUDA, eager elsewhere."""
+    queries = q.shape[2]
+    q_len, kv_len = block_mask.seq_lengths
+    q = F.pad(q, (0, 0, 0, q_len - queries))
+    k, v = (F.pad(t, (0, 0, 0, kv_len - t.shape[2])) for t in (k, v))
     if q.is_cuda:
-        if _compiled_flex is None:
-            _compiled_flex = torch.compile(flex_attention, dynamic=True)
-        fn = _compiled_flex
-    return fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+        out = compiled_flex()(q, k, v, block_mask, scale)
+    else:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+    return out[:, :, :queries]
+
+
+_COMPILED: CompiledFlex | None = None
+
+
+def compiled_flex() -> CompiledFlex:
+    """The process's one compiled flex_attention (the fused kernel on CUDA)."""
+    global _COMPILED
+    if _COMPILED is None:
+        _COMPILED = CompiledFlex()
+    return _COMPILED

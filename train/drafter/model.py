@@ -247,14 +247,22 @@ class DFlashAttention(nn.Module):
         keys (queries use the last Q rows); mask: from `train.drafter.attention.build_attention_mask`
         for this layer's rule, or None (every key visible)."""
         b, q_len, _ = x.shape
+        out = attend(*self.queries_keys_values(x, context, cos, sin), mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+
+    def queries_keys_values(self, x, context, cos, sin):
+        """q [b, heads, Q, D] and k, v [b, kv_heads, T+Q, D], all in v's dtype. Under
+        bf16 autocast the projections are bf16 but the q/k norms compute in fp32 and
+        return fp32; flex attention refuses mixed dtypes on older torch and its compiled
+        backward can fail on them (PyTorch #176025), so q and k follow v after RoPE."""
+        b, q_len, _ = x.shape
         kv_input = torch.cat([context, x], dim=1)
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(kv_input).view(b, -1, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(kv_input).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
         q = _rope(q, cos[:, -q_len:], sin[:, -q_len:])
         k = _rope(k, cos, sin)
-        out = attend(q, k, v, mask)
-        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, -1))
+        return q.to(v.dtype), k.to(v.dtype), v
 
 
 class DFlashDecoderLayer(nn.Module):

@@ -158,6 +158,15 @@ def reduce_step(world: World, sums: MetricSums, epoch: int, device: torch.device
     return MetricSums.from_vector(sums.block_size, vector.cpu()), int(furthest.item())
 
 
+def any_rank(world: World, flags: list[bool], device: torch.device) -> list[bool]:
+    """Each flag set on any rank (every rank gets the same). Collective."""
+    if not world.distributed:
+        return list(flags)
+    table = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=_comm_device(device))
+    dist.all_reduce(table, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in table.cpu().tolist()]
+
+
 def gather_lanes(world: World, lanes: int, positions: dict[int, LoaderPosition], states: dict[int, torch.Tensor],
                  device: torch.device) -> tuple[dict[int, LoaderPosition], dict[int, torch.Tensor]]:
     """Every lane's loader position and generator state, from whichever rank serves

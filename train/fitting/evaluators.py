@@ -60,7 +60,8 @@ class AcceptanceEval:
 
     def __call__(self, trainer, step: int) -> dict:
         samples = trainer.loader.heldout_samples(self.config.samples)
-        result = evaluate_samples(trainer.drafter, trainer.head, samples, self.config, attention=self.attention)
+        with trainer.autocast():  # training's dtype: the compiled flex graphs are shared, not recompiled in fp32
+            result = evaluate_samples(trainer.drafter, trainer.head, samples, self.config, attention=self.attention)
         return log_fields(result, self.prefix)
 
 

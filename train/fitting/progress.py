@@ -46,6 +46,15 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.step, self.checkpoint = step, checkpoint
 
 
+class DataStopped(Exception):
+    """A corrupt shard met mid-run (damaged after the integrity pass): the last
+    completed step was checkpointed (`checkpoint`; None if it could not be)."""
+
+    def __init__(self, step: int, checkpoint: Path | None, error: BaseException):
+        super().__init__(step, checkpoint, error)
+        self.step, self.checkpoint, self.error = step, checkpoint, error
+
+
 @contextmanager
 def sigint_deferred(reraise: bool = True):
     """Hold Ctrl-C until the block is done (then raise KeyboardInterrupt, or drop it

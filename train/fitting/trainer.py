@@ -4,9 +4,13 @@ Order of a run (`Trainer.from_config`):
 1. Read the target's config and its frozen `embed_tokens` / `lm_head` from its
    safetensors (the target model is never built).
 2. Check the store against the target: hidden size, vocabulary and layer count
-   must match (refused naming the field), and no context layer may be the
-   target's final layer (its features produce the logits: a shortcut that does
-   not exist at inference, bug 2 of the seeds).
+   must match (refused naming the field), the target directory must be the
+   checkpoint the store was extracted from (`train.target_check`), and no context
+   layer may be the target's final layer (its features produce the logits: a
+   shortcut that does not exist at inference, bug 2 of the seeds). Then the rest
+   of `train.fitting.preflight`: the plan's block size, an incomplete store, the
+   integrity pass, an empty held-out split, lanes against shards, and the epochs
+   `--max-steps` needs.
 3. Resolve the mask token (`train.drafter.mask_token`) and build the drafter from the
    store's layer ids, or, fine-tuning (`model.init_from`), from a published
    drafter's shape and weights once they fit (`train.export.init_from`); AdamW over
@@ -43,116 +47,55 @@ from pathlib import Path
 
 import torch
 
-from store_schema import Store, file_sha256
+from store_schema import CorruptShardError, Store
 from store_schema.runtime.progress import default_mode
-from store_schema.runtime.target_config import TargetConfig, read_target_config
-from train.fitting import checkpoint as ckpt
+from store_schema.runtime.target_config import read_target_config
+from store_schema.runtime.target_model import compute_dtype
 from train.config import ConfigError, RunConfig
-from train.fitting.distributed import (World, check_world, device_for, gather_lanes, init_process_group, reduce_step,
-                               total_steps as lane_steps, world_from_env, wrap)
-from train.dtypes import torch_dtype
-from train.fitting.evaluators import AcceptanceEval, HeldoutEval
 from train.data.heldout import heldout_record
 from train.data.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
-from train.data.loader import ShardLoader, TrainSample
-from train.fitting.loss import default_gamma
+from train.data.loader import CorruptShards, ShardLoader, TrainSample, check_lanes
+from train.drafter.model import DFlashDrafter
+from train.dtypes import torch_dtype
 from train.export.drafter_dir import load_weights
-from train.export.init_from import fine_tune_config, init_record, read_source
-from train.drafter.mask_token import resolve_mask_token
+from train.fitting import checkpoint as ckpt
+from train.fitting import preflight
+from train.fitting.distributed import (World, check_world, device_for, init_process_group, reduce_step,
+                                       total_steps as lane_steps, world_from_env, wrap)
+from train.fitting.evaluators import AcceptanceEval, HeldoutEval
+from train.fitting.loss import default_gamma
 from train.fitting.metrics import MetricSums
-from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.fitting.progress import TrainingInterrupted, fit_progress, headline, sigint_deferred
+from train.fitting.preflight import FitChecks
+from train.fitting.progress import DataStopped, TrainingInterrupted, fit_progress, headline, sigint_deferred
 from train.fitting.runlog import LOG_FILE, append_log, samples_log, truncate_log
 from train.fitting.schedule import lr_at
+from train.fitting.setup import build_optimizer, plan_drafter
 from train.fitting.step import dflash_step
 from train.fitting.tblog import TensorBoardLog
 from train.fitting.target_head import TargetHead, load_target_head
-
-
-# -- checks and components ---------------------------------------------------------------
-def check_store_against_target(store: Store, target: TargetConfig) -> list[int]:
-    """Refuse a store made from another target (FingerprintMismatch naming each
-    differing field); return its layer ids. A store holding the target's final
-    layer never gets here: its fingerprint is refused when the store is opened
-    (`store_schema.layout.validate_layer_ids`)."""
-    store.fingerprint.check(
-        hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_target_layers=target.num_hidden_layers
-    )
-    return list(store.layer_ids)
-
-
-def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[int], latest: Path | None,
-                 log: Callable[[str], None]) -> tuple[DrafterConfig, dict]:
-    """The drafter a run trains, and how the run started (`run_info`, kept in its
-    checkpoints and exports). Sized for the target (published geometry, the
-    store's layers) by default; with `model.init_from`, the shape of that drafter
-    (`train.export.init_from`); resumed, it must equal the checkpoint's. The mask token
-    is resolved here (`train.drafter.mask_token`), logged, and written into the config."""
-    model = config.model
-    checkpointed = DrafterConfig.from_dict(ckpt.read_state(latest)["drafter_config"]) if latest else None
-    source = read_source(model.init_from) if model.init_from and checkpointed is None else None
-    mask = resolve_mask_token(model.mask_token_id, config.target, target.vocab_size,
-                              init_from_id=source.mask_token_id if source else None)
-    log(f"fit: {mask.describe()}")
-    model.mask_token_id = mask.id  # the saved run config records the id it trains with
-    run_info: dict = {"mask_token_rule": mask.rule}
-    if model.init_from:
-        base, where = (source, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
-        drafter_config = fine_tune_config(base, where, model, target, store_layer_ids, mask.id)
-    else:
-        drafter_config = DrafterConfig.from_target(target, mask_token_id=mask.id, context_layer_ids=store_layer_ids,
-                                                   **model.geometry())
-    if checkpointed is not None:
-        changed = drafter_config.differences(checkpointed)
-        if changed:
-            raise ConfigError(f"--resume: {latest} holds a different drafter: {'; '.join(changed)}")
-    if source is not None:
-        run_info["init_from"] = init_record(model.init_from)
-        log(f"fit: fine-tuning from {run_info['init_from']['path']} (weights sha256 "
-            f"{run_info['init_from']['model_sha256'][:12]})")
-    return drafter_config, run_info
-
-
-def build_optimizer(drafter: torch.nn.Module, optim) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not norms)."""
-    decay = [p for p in drafter.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in drafter.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, foreach=False)
+from train.target_check import check_target
 
 
 # -- the trainer -------------------------------------------------------------------------
 class Trainer:
-    def __init__(
-        self,
-        config: RunConfig,
-        head: TargetHead,
-        drafter: DFlashDrafter,
-        optimizer: torch.optim.Optimizer,
-        loader: ShardLoader,
-        total_steps: int,
-        device: torch.device,
-        generator: torch.Generator,
-        start_step: int = 0,
-        store_info: dict | None = None,
-        log: Callable[[str], None] = print,
-        run_info: dict | None = None,
-        feed: LaneFeed | None = None,
-        world: World | None = None,
-    ):
+    def __init__(self, config: RunConfig, head: TargetHead, drafter: DFlashDrafter, optimizer: torch.optim.Optimizer,
+                 feed: LaneFeed, *, total_steps: int, device: torch.device, start_step: int = 0,
+                 world: World | None = None, store_info: dict | None = None, run_info: dict | None = None,
+                 log: Callable[[str], None] = print):
+        """A run's parts, built by `from_config`: `feed` serves this process's lanes
+        (its first loader is `loader`, whose generator is the run's `generator`)."""
         self.config = config
         self.head = head
         self.drafter = drafter
         self.optimizer = optimizer
-        self.loader = loader
+        self.feed = feed  # this process's lanes of the sample streams (one lane in a single-stream run)
+        self.loader = next(iter(feed.loaders.values()))
+        self.generator = feed.generators[self.loader.lane]
         self.total_steps = total_steps
         self.device = device
-        self.generator = generator
         self.step = start_step
         self.world = world or World()
-        # This process's lanes of the sample streams (one lane, the loader, in a single-stream run).
-        self.feed = feed or LaneFeed({0: loader}, {0: generator}, 1, config.train.sequences_per_step, 0, 1)
-        self.model = wrap(drafter, self.world, device)  # what training steps run: DDP on more than one process
+        self.replica = wrap(drafter, self.world, device)  # what training steps run: DDP on more than one process
         self.store_info = store_info or {}
         self.run_info = run_info or {}  # how the run started (mask token rule, ...): checkpoints and exports keep it
         self.log = log
@@ -162,16 +105,17 @@ class Trainer:
             AcceptanceEval(config.eval, attention=config.model.attention),
         ]
         self._last_eval_step: int | None = None
-        self.epoch = loader.start.epoch
-        autocast = device.type == "cuda" and config.train.dtype != "float32"
-        self._autocast = (
-            (lambda: torch.autocast("cuda", dtype=torch_dtype(config.train.dtype))) if autocast else nullcontext
-        )
+        self.epoch = self.loader.start.epoch
+        compute = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
+        # steps and evaluators alike (fp32 master weights): compiled flex sees one dtype
+        self.autocast = (lambda: torch.autocast("cuda", dtype=compute)) if compute != torch.float32 else nullcontext
 
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_config(cls, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
-                    world: World | None = None) -> "Trainer":
+                    world: World | None = None, checks: FitChecks = FitChecks()) -> "Trainer":
+        """Build a run from its config after the checks of `train.fitting.preflight`
+        (`checks` relaxes them)."""
         world = world or world_from_env()
         if not world.is_main:
             log = _quiet  # rank 0 speaks for the job
@@ -186,7 +130,9 @@ class Trainer:
         init_process_group(world, device)
         target = read_target_config(config.target)
         store = Store(config.store)
-        layer_ids = check_store_against_target(store, target)
+        layer_ids = preflight.check_store_against_target(store, target)
+        other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target, log=log)
+        preflight.check_block_size(store, config)
         if config.loss.labels == "target" or config.loss.kl_mix > 0 or config.eval.labels == "target":
             if not store.fingerprint.target_topk:
                 raise ConfigError(
@@ -195,13 +141,13 @@ class Trainer:
                 )
         if config.loss.gamma is None:
             default_gamma(config.model.block_size)  # refuse a block size without a default before any work
-        expected_config = store.fingerprint.target_config_sha256
-        if expected_config and expected_config != file_sha256(Path(config.target) / "config.json"):
-            log(f"warning: {config.target}/config.json differs from the one the store was extracted with")
-
         drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
+        run_info.update(other_target)
+        preflight.check_complete(store, checks, log)
+        damaged = preflight.integrity_pass(store, config, log, world, device) if checks.verify else []
+        preflight.check_heldout(store, config, log)
         layer_ids = drafter_config.context_layer_ids  # a fine-tuned drafter reads its own layers of the store
-        head_dtype = torch_dtype(config.train.dtype) if device.type == "cuda" else torch.float32
+        head_dtype = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
         head = load_target_head(config.target, dtype=head_dtype, device=device)
         torch.manual_seed(config.train.seed)
         drafter = DFlashDrafter(drafter_config)
@@ -236,29 +182,37 @@ class Trainer:
         global_batch = config.train.sequences_per_step
         check_world(world.size, lanes, global_batch, resumed=latest is not None)
 
-        feed = LaneFeed.for_rank(
-            world, lanes, global_batch, config.train.seed, generator, generator_states,
-            lambda lane: ShardLoader(store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
-                                     epochs=config.train.epochs, position=positions.get(lane), log=log, shards=shards,
-                                     device=device, lane=lane, lanes=lanes))
-        loader = next(iter(feed.loaders.values()))
-        total_steps = config.train.max_steps or lane_steps(loader.lane_totals(), global_batch)
+        corrupt = CorruptShards(damaged, log)
+        check_lanes(store.path, lanes, len(shards or store.committed_shards()))
+
+        def make_loader(lane: int, epochs: int = config.train.epochs) -> ShardLoader:
+            return ShardLoader(store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
+                               epochs=epochs, position=positions.get(lane), log=log, shards=shards, device=device,
+                               lane=lane, lanes=lanes, corrupt=corrupt)
+
+        order = make_loader(0)  # reads nothing: the sample order, to size the run
+        epochs = preflight.epochs_for(config.train.max_steps, config.train.epochs,
+                                      lambda e: lane_steps(order.lane_totals(e), global_batch), log)
+        feed = LaneFeed.for_rank(world, lanes, global_batch, config.train.seed, generator, generator_states,
+                                 lambda lane: make_loader(lane, epochs))
+        total_steps = config.train.max_steps or lane_steps(order.lane_totals(epochs), global_batch)
         if world.is_main:
             config.save(run_dir)
         store_info = {"store": str(store.path), "fingerprint_sha256": store.fingerprint.sha256(), "layer_ids": layer_ids}
-        return cls(config, head, drafter, optimizer, loader, total_steps, device, feed.generators[loader.lane], start_step,
-                   store_info, log, run_info, feed=feed, world=world)
+        return cls(config, head, drafter, optimizer, feed, total_steps=total_steps, device=device, start_step=start_step,
+                   world=world, store_info=store_info, run_info=run_info, log=log)
 
     # -- one sequence ------------------------------------------------------------------------
-    def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None, model=None):
+    def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None,
+                     replica: torch.nn.Module | None = None):
         """dflash_step on one loader sample: (LossOutput, anchors, BlockTargets).
-        `noise` overrides `loss.noise` (the held-out pass scores with 0); `model`
+        `noise` overrides `loss.noise` (the held-out pass scores with 0); `replica`
         defaults to the bare drafter (training steps pass the DDP module)."""
         loss = self.config.loss if noise is None else dataclasses.replace(self.config.loss, noise=noise)
         device = self.device
-        with self._autocast():
+        with self.autocast():
             return dflash_step(
-                model if model is not None else self.drafter,
+                replica if replica is not None else self.drafter,
                 self.head,
                 sample.input_ids.to(device),
                 sample.loss_mask.to(device),
@@ -349,13 +303,20 @@ class Trainer:
                     self.save_checkpoint()
                 progress.update(1, tokens=step_sums.tokens, samples=f"{self.step * train.sequences_per_step:,}")
             if main and every and self._last_eval_step != self.step:  # the final model is always evaluated
+                began = time.perf_counter()
+                self.log(f"fit: evaluating the final drafter on up to {self.config.eval.samples or 'all'} "
+                         "held-out sample(s)")
                 record = {"step": self.step, "epoch": self.epoch, **self.evaluate()}
+                self.log(f"fit: final evaluation done in {time.perf_counter() - began:.1f} s")
                 write(record)
                 last = {**last, **record}
             if not (train.checkpoint_every and self.step % train.checkpoint_every == 0):
                 self.save_checkpoint()
         except KeyboardInterrupt:
-            raise TrainingInterrupted(self.step, self.checkpoint_on_interrupt(committed)) from None
+            raise TrainingInterrupted(self.step, self.checkpoint_last_step(committed, "interrupted")) from None
+        except CorruptShardError as error:
+            raise DataStopped(self.step, self.checkpoint_last_step(committed, f"shard {error.shard} is corrupt"),
+                              error) from None
         finally:
             progress.close()
             self.feed.close()
@@ -363,6 +324,11 @@ class Trainer:
                 board.close()
         if self.feed.skipped_shards:
             self.log(f"skipped corrupt shards (never trained on): {self.feed.skipped_shards}")
+        if self.step < self.total_steps:
+            empty = sum(loader.skipped_empty for loader in self.feed.loaders.values())
+            self.log(f"warning: the data ran out after step {self.step} of the {self.total_steps} planned "
+                     f"(the LR schedule was built for {self.total_steps}; {empty} sample(s) had no whole block "
+                     "to train on)")
         return last
 
     def backward_step(self, samples: list[TrainSample | None], generators: list[torch.Generator] | None = None
@@ -391,8 +357,8 @@ class Trainer:
             if not real:
                 sample, generator = pad_sample(self.drafter.config), torch.Generator().manual_seed(0)
             sync = not self.world.distributed or i == len(samples) - 1  # DDP all_reduces on the last backward only
-            with nullcontext() if sync else self.model.no_sync():
-                output, _, targets = self.run_sequence(sample, generator, model=self.model)
+            with nullcontext() if sync else self.replica.no_sync():
+                output, _, targets = self.run_sequence(sample, generator, replica=self.replica)
                 scale = float(targets.weight_sum) if per_step else 1.0
                 (output.loss * (scale if real else 0.0)).backward()
             if real:
@@ -409,7 +375,7 @@ class Trainer:
 
     def release_replica(self) -> None:
         """Drop the DDP module, which must go before its process group does."""
-        self.model = self.drafter
+        self.replica = self.drafter
 
     def evaluate(self) -> dict:
         self._last_eval_step = self.step
@@ -423,11 +389,11 @@ class Trainer:
         sampling changes: every lane's position and generator, and the global RNGs."""
         return dict(self.feed.positions), self.feed.generator_states(), ckpt.rng_state(self.generator)
 
-    def checkpoint_on_interrupt(self, committed: tuple) -> Path | None:
-        """After Ctrl-C: the checkpoint of the last completed step (written now unless
-        it already is, a second Ctrl-C ignored meanwhile). Data-parallel runs keep
-        their last periodic checkpoint: writing one needs every rank's collective,
-        and the launcher is already stopping them."""
+    def checkpoint_last_step(self, committed: tuple, why: str) -> Path | None:
+        """After Ctrl-C or a corrupt shard: the checkpoint of the last completed step
+        (written now unless it already is, a second Ctrl-C ignored meanwhile).
+        Data-parallel runs keep their last periodic checkpoint: writing one needs
+        every rank's collective, and the launcher is already stopping them."""
         if self.world.distributed:
             return ckpt.latest_checkpoint(self.run_dir)
         positions, generator_states, rng = committed
@@ -438,26 +404,22 @@ class Trainer:
         done = ckpt.checkpoint_dir(self.run_dir, self.step)
         if ckpt.latest_checkpoint(self.run_dir) == done:
             return done
-        self.log(f"interrupted: saving a checkpoint of step {self.step}")
+        self.log(f"{why}: saving a checkpoint of step {self.step}")
         with sigint_deferred(reraise=False):
             return self.save_checkpoint()
 
     def save_checkpoint(self) -> Path | None:
         """Every rank calls it (each lane's position and generator are gathered);
         rank 0 writes."""
-        lanes = self.feed.lanes
-        positions, states = gather_lanes(self.world, lanes, self.feed.positions, self.feed.generator_states(),
-                                         self.device)
+        loader_state, states = self.feed.state_dict(self.world, self.device)
         if not self.world.is_main:
             return None
         generator = torch.Generator()
         generator.set_state(states[0])
         state = {
-            "scheduler": {"step": self.step, "total_steps": self.total_steps, "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.config.optim)},
-            "loader": {"position": positions[0].to_dict(), "shards": self.loader.shards, "shards_sha256": self.loader.shards_sha256,
-                       "skipped_shards": self.feed.skipped_shards, "world_size": self.world.size,
-                       "lanes": [{"lane": lane, "rank": lane % self.world.size, **positions[lane].to_dict()}
-                                 for lane in range(lanes)]},
+            "scheduler": {"step": self.step, "total_steps": self.total_steps,
+                          "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.config.optim)},
+            "loader": loader_state,
             "epoch": self.epoch,
             "drafter_config": self.drafter.config.to_dict(),
             "config": self.config.to_dict(),

@@ -1,0 +1,149 @@
+"""Per-layer statistics of the states a shard stores: evidence that a capture carries
+signal, recorded in the shard's commit record (`records.ShardCommit.layer_stats`).
+
+Other pipelines have shipped captures that were silently empty (a hybrid target's
+hook wrote all-zero states; the drafter "converged" and served acceptance was ~0).
+Checksums and NaN tests pass on such a store, so three rules, written once here:
+
+- the writer refuses to commit a layer that is all zeros or constant across tokens
+  (`refuse_empty_capture`, naming shard and layer);
+- `verify` flags the same, a share of all-zero tokens above `MAX_ZERO_TOKEN_SHARE`,
+  and a layer whose median token RMS is more than `MEDIAN_FACTOR` times off the
+  store's median for that layer id (`outliers`: a layer swapped with another of a
+  different scale, a capture of the wrong layer); it recomputes the statistics from
+  the data and compares them with the recorded ones (`differs`), so a store written
+  before they were recorded is checked too.
+
+The statistics are taken over at most `SAMPLED_TOKENS` evenly spaced tokens of the
+shard (all of them in a smaller shard): a fixed, small cost per layer whatever the
+shard's size, and the same rows for writer and verify."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+SAMPLED_TOKENS = 4096  # token rows the statistics are taken over, at most
+CONSTANT_SPREAD = 1e-4  # token spread <= this x RMS: every token's states the same
+MAX_ZERO_TOKEN_SHARE = 0.01  # verify: real states never have an all-zero token; a few % means a broken capture
+MEDIAN_FACTOR = 2.0  # verify: median token RMS outside [median / F, median x F] of the layer across shards
+MIN_SHARDS_FOR_MEDIAN = 3  # fewer shards: no median to be far from
+SIGNIFICANT_DIGITS = 6  # as recorded: deterministic, readable, far finer than any rule here
+
+
+class EmptyCaptureError(ValueError):
+    """A shard's captured layer carries no signal (all zeros, or constant across tokens)."""
+
+
+@dataclass(frozen=True)
+class LayerStats:
+    """What one shard stores for one layer, over its sampled tokens (as float values,
+    fp8 codes times their scales; NaN/Inf counted as 0, verify reports those apart)."""
+
+    tokens: int  # token rows the statistics were taken over
+    rms: float  # over every value
+    median_token_rms: float  # median over tokens of each token's RMS: robust to a few massive-activation tokens
+    token_spread: float  # RMS over channels of each channel's std across tokens: 0 when every token is the same
+    zero_token_share: float  # tokens whose states are all zero
+    min: float
+    max: float
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: dict) -> "LayerStats":
+        return cls(tokens=int(body["tokens"]), **{k: float(body[k]) for k in
+                                                  ("rms", "median_token_rms", "token_spread", "zero_token_share",
+                                                   "min", "max")})
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.{SIGNIFICANT_DIGITS}g}")
+
+
+def sampled_rows(num_tokens: int) -> np.ndarray:
+    """The token rows the statistics of a `num_tokens`-token shard are taken over."""
+    if num_tokens <= SAMPLED_TOKENS:
+        return np.arange(num_tokens)
+    return np.linspace(0, num_tokens - 1, SAMPLED_TOKENS).round().astype(np.int64)
+
+
+def layer_stats(values: np.ndarray, scales: np.ndarray | None = None) -> LayerStats:
+    """Statistics of one layer's stored states: `values` [tokens, hidden] as stored
+    (bfloat16, or float8_e4m3fn codes with float32 per-token `scales`)."""
+    rows = sampled_rows(len(values))
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf bits: verify reports them apart
+        x = np.asarray(values[rows]).astype(np.float64)  # float64: squares of bf16's largest values overflow float32
+        if scales is not None:
+            x *= np.asarray(scales, np.float64)[rows, None]
+    x[~np.isfinite(x)] = 0.0
+    if x.size == 0:
+        return LayerStats(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    token_sq = np.square(x).mean(axis=1)
+    spread = math.sqrt(float(x.var(axis=0).mean()))
+    return LayerStats(
+        tokens=len(rows),
+        rms=_rounded(math.sqrt(float(token_sq.mean()))),
+        median_token_rms=_rounded(math.sqrt(float(np.median(token_sq)))),
+        token_spread=_rounded(spread),
+        zero_token_share=_rounded(float((~x.any(axis=1)).mean())),
+        min=_rounded(float(x.min())),
+        max=_rounded(float(x.max())),
+    )
+
+
+def empty_capture(stats: LayerStats) -> str | None:
+    """Why these states carry no signal (all zeros, constant across tokens), or None."""
+    if stats.tokens and stats.rms == 0.0:
+        return "all zeros"
+    if stats.tokens > 1 and stats.token_spread <= CONSTANT_SPREAD * stats.rms:
+        return f"constant across tokens (spread {stats.token_spread:g} at RMS {stats.rms:g})"
+    return None
+
+
+def refuse_empty_capture(shard: str, layer_id: int, stats: LayerStats) -> None:
+    """The writer's rule: a captured layer without signal is never committed."""
+    why = empty_capture(stats)
+    if why:
+        raise EmptyCaptureError(f"shard {shard}: captured layer {layer_id} is {why} over {stats.tokens} token(s); "
+                                "not committed -- the target's capture of that layer is broken (hook, kernel "
+                                "or layer id)")
+
+
+def problems(stats: LayerStats) -> list[str]:
+    """What verify flags in one shard's layer on its own."""
+    found = [f"states are {why}" for why in [empty_capture(stats)] if why]
+    if not found and stats.zero_token_share > MAX_ZERO_TOKEN_SHARE:
+        found.append(f"{stats.zero_token_share:.1%} of the sampled tokens are all zeros "
+                     f"(more than {MAX_ZERO_TOKEN_SHARE:.0%})")
+    return found
+
+
+def outliers(per_shard: dict[str, dict[int, LayerStats]]) -> list[tuple[str, int, str]]:
+    """(shard, layer id, what) for every layer whose median token RMS is more than
+    `MEDIAN_FACTOR` times off the store's median for that layer id."""
+    found = []
+    layer_ids = sorted({layer for layers in per_shard.values() for layer in layers})
+    for layer in layer_ids:
+        values = {shard: layers[layer].median_token_rms for shard, layers in per_shard.items()
+                  if layer in layers and layers[layer].tokens}
+        if len(values) < MIN_SHARDS_FOR_MEDIAN:
+            continue
+        median = statistics.median(values.values())
+        for shard, value in sorted(values.items()):
+            if median > 0 and not (median / MEDIAN_FACTOR <= value <= median * MEDIAN_FACTOR):
+                found.append((shard, layer, f"median token RMS {value:g} is {value / median:.2f}x the store's "
+                                            f"median {median:g} for layer {layer} (allowed 1/{MEDIAN_FACTOR:g}.."
+                                            f"{MEDIAN_FACTOR:g}x): a capture of another layer, or layers swapped?"))
+    return found
+
+
+def differs(recorded: LayerStats, computed: LayerStats, tolerance: float = 1e-3) -> bool:
+    """Whether statistics recomputed from a shard's data disagree with those its commit
+    recorded (beyond float noise between numpy builds)."""
+    a, b = recorded.to_json(), computed.to_json()
+    return any(not math.isclose(a[k], b[k], rel_tol=tolerance, abs_tol=1e-6) for k in a)

@@ -1,0 +1,150 @@
+"""What `fit` checks before step 1, so that a run never trains on something other
+than what was asked without a word: the target is the store's (`train.target_check`),
+the store is whole (committed shards against its plan) and undamaged (the quick
+integrity pass, `store_schema.verify` with checksums only), the held-out split
+holds samples, the lanes have shards to read, and `--max-steps` has the epochs it
+needs (it wins over `train.epochs`: the loader runs as many epochs as the steps take,
+and the schedule is built for those steps)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from store_schema import Store
+from store_schema.runtime.target_config import TargetConfig
+from train.config import ConfigError, RunConfig
+from train.fitting.distributed import World, any_rank
+
+REPAIR_COMMAND = "python -m store_schema verify {store} --repair"
+SKIP_VERIFY_FLAG = "--skip-verify"
+
+
+@dataclass(frozen=True)
+class FitChecks:
+    """The checks a caller may relax (each a `fit` flag)."""
+
+    allow_other_target: bool = False  # --allow-other-target: train against another checkpoint (recorded)
+    require_complete: bool = False  # --require-complete: refuse a store missing planned shards
+    verify: bool = True  # the integrity pass before step 1 (--skip-verify turns it off)
+
+
+class DamagedStoreError(ValueError):
+    """The integrity pass found damaged shards (exit 1)."""
+
+
+def check_store_against_target(store: Store, target: TargetConfig) -> list[int]:
+    """Refuse a store made from another target (FingerprintMismatch naming each
+    differing field); return its layer ids. A store holding the target's final
+    layer never gets here: its fingerprint is refused when the store is opened
+    (`store_schema.layout.validate_layer_ids`)."""
+    store.fingerprint.check(
+        hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_target_layers=target.num_hidden_layers
+    )
+    return list(store.layer_ids)
+
+
+def check_block_size(store: Store, config: RunConfig) -> None:
+    """One owner of the block size: the store's plan records the block its samples
+    were planned for (each holds >= 2 blocks of loss tokens). A larger drafter
+    block would find samples without a whole block and skip them silently; a
+    smaller one fits every sample."""
+    plan = store.plan()
+    planned = (plan.settings or {}).get("block_size") if plan is not None else None
+    if planned is not None and config.model.block_size > int(planned):
+        raise ConfigError(f"config model.block_size: {config.model.block_size}, but {store.path} was planned for "
+                          f"block size {planned} (its plan's block_size); set model.block_size={planned} or "
+                          "re-plan the store with --block-size")
+
+
+def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) -> None:
+    """Warn (refuse with --require-complete) when the store holds fewer shards than planned."""
+    plan = store.plan()
+    if plan is None:
+        return
+    planned = {shard.name for shard in plan.shards}
+    committed = set(store.committed_shards()) & planned
+    if len(committed) == len(planned):
+        return
+    samples = sum(len(s.samples) for s in plan.shards if s.name in committed)
+    line = (f"{store.path} is incomplete: {len(committed)} of {len(planned)} planned shards committed "
+            f"({samples:,} of {plan.num_samples:,} samples)")
+    if checks.require_complete:
+        raise ValueError(f"{line}; finish it with `python -m extract run` (--require-complete)")
+    log(f"warning: {line}; training on those (--require-complete refuses)")
+
+
+def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], world: World = World(),
+                   device: torch.device | None = None) -> list[str]:
+    """`verify --checksums-only` over the committed shards, in parallel, the job's
+    processes sharing them out: the damaged shards (every rank gets the same list).
+    Refused naming them and the repair command, unless `data.skip_corrupt_shards`
+    (then they are left out, reported once here)."""
+    from store_schema.verify import verify_store
+
+    committed = sorted(store.committed_shards())
+    mine = committed[world.rank :: world.size]
+    report = verify_store(store.path, checksums_only=True, workers=config.data.loader_threads, shards=mine)
+    local = [p for p in report.problems if not p["shard"] or p["shard"] in mine]
+    hit = {p["shard"] for p in local}
+    flags = any_rank(world, ["" in hit, *(name in hit for name in committed)], device or torch.device("cpu"))
+    root_damage, damaged = flags[0], [name for name, bad in zip(committed, flags[1:]) if bad]
+    if not root_damage and not damaged:
+        return []
+    names = ", ".join(damaged[:8]) + (f" and {len(damaged) - 8} more" if len(damaged) > 8 else "")
+    repair = REPAIR_COMMAND.format(store=store.path)
+    if config.data.skip_corrupt_shards and not root_damage:
+        log(f"fit: {len(damaged)} damaged shard(s) left out (data.skip_corrupt_shards): {names}; repair: {repair}")
+        return damaged
+    first = local[0] if local else None
+    where = "" if first is None else (f"shard {first['shard']}: {first['file']}: " if first["shard"] else "") + \
+        f"{first['what']}; "
+    found = f"{len(damaged)} damaged shard(s) of {len(committed)}: {names}" if damaged else "a damaged store root"
+    raise DamagedStoreError(
+        f"{where}the integrity pass found {found}; repair with `{repair}` and rerun `python -m extract run`, "
+        f"or set data.skip_corrupt_shards=true to leave them out ({SKIP_VERIFY_FLAG} skips this check)")
+
+
+def heldout_count(store: Store, fraction: float) -> int | None:
+    """Samples of the store's plan in the held-out split (None without a plan)."""
+    from train.data.heldout import is_heldout
+
+    plan = store.plan()
+    if plan is None:
+        return None
+    committed = set(store.committed_shards())
+    return sum(is_heldout(s.sample_id, fraction) for shard in plan.shards if shard.name in committed
+               for s in shard.samples)
+
+
+def check_heldout(store: Store, config: RunConfig, log: Callable[[str], None]) -> None:
+    """An empty held-out split turns evaluation off: say so at the start, with the figures."""
+    fraction = config.data.heldout_fraction
+    if not config.eval.every or fraction <= 0:
+        return
+    count = heldout_count(store, fraction)
+    if count == 0:
+        committed = set(store.committed_shards())
+        total = sum(len(s.samples) for s in store.plan().shards if s.name in committed)
+        log(f"warning: data.heldout_fraction={fraction} holds out 0 of {total:,} samples: held-out evaluation is "
+            f"off for this run and `train eval` will find no held-out sample; raise data.heldout_fraction "
+            f"(e.g. {min(0.5, max(0.05, 4 / max(total, 1))):.2g})")
+
+
+def epochs_for(max_steps: int | None, epochs: int, steps_of: Callable[[int], int], log: Callable[[str], None]) -> int:
+    """The loader's epochs: `train.epochs`, or, under `train.max_steps`, the fewest
+    epochs whose samples last that many steps (`steps_of(e)`: the steps e epochs
+    give). --max-steps wins, said in one line when it changes the epochs."""
+    if max_steps is None or steps_of(epochs) >= max_steps:
+        return epochs
+    one = steps_of(1)
+    needed = max(1, math.ceil(max_steps / max(one, 1)))
+    while steps_of(needed) < max_steps and needed < max_steps:  # an epoch with a sample gives a step
+        needed += 1
+    if needed != epochs:
+        log(f"fit: --max-steps {max_steps} (train.max_steps) overrides train.epochs={epochs}: "
+            f"{needed} epoch(s) of {one} step(s) each")
+    return needed

@@ -1,0 +1,53 @@
+"""Is `--target` the checkpoint the store was extracted from? The one check `fit`,
+`eval`, `speculate` and `serve-check` make before any work: the store's
+fingerprint against the target directory's config and weights
+(`Fingerprint.target_differences`, the comparison's one owner; no weight is loaded).
+A drafter trained on one checkpoint's hidden states and served with another's
+learns the wrong thing while every number looks plausible, so a mismatch is
+refused by field; `--allow-other-target` accepts it deliberately, and the run
+records that it did."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+ALLOW_FLAG = "--allow-other-target"
+
+
+class OtherTargetError(ValueError):
+    """The target directory is not the store's target (exit 1); names each field."""
+
+    def __init__(self, differences: dict, target: str | Path, store: str | Path):
+        self.differences = differences
+        fields = "; ".join(f"{name}: store has {_short(have)}, {target} has {_short(got)}"
+                           for name, (have, got) in differences.items())
+        super().__init__(f"--target {target} is not the checkpoint {store} was extracted from ({fields}); pass "
+                         f"{ALLOW_FLAG} to use it anyway (the run records it)")
+
+
+def check_target(store, target: str | Path, *, allow_other_target: bool = False,
+                 log: Callable[[str], None] = print) -> dict:
+    """Refuse (OtherTargetError) a `target` directory whose config or weights differ
+    from what `store` (an open `store_schema.Store`) recorded, unless
+    `allow_other_target`: then one warning line. Returns what a run records:
+    {} when they match, else {"other_target": {field: [store's, target's]}}."""
+    differences = store.fingerprint.target_differences(target)
+    if not differences:
+        return {}
+    if not allow_other_target:
+        raise OtherTargetError(differences, target, store.path)
+    log(f"warning: {target} differs from the target {store.path} was extracted from "
+        f"({', '.join(differences)}); going on ({ALLOW_FLAG})")
+    return {"other_target": {name: list(pair) for name, pair in differences.items()}}
+
+
+def add_allow_flag(parser) -> None:
+    """The override flag, worded the same on every command that checks."""
+    parser.add_argument(ALLOW_FLAG, action="store_true",
+                        help="use a --target whose config or weights differ from the store's target (recorded)")
+
+
+def _short(value) -> str:
+    text = str(value)
+    return repr(text[:12] + "...") if len(text) > 16 else repr(text)
