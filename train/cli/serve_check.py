@@ -52,29 +52,31 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    import torch
-
     from store_schema.runtime.cli import fail
     from store_schema.runtime.host import resolve_device
     from store_schema.runtime.target_config import read_target_config
     from train.acceptance import serve_check
     from train.acceptance.speculate import decode_prompt
-    from train.acceptance.target_decode import load_target_model, stop_token_ids
+    from store_schema.runtime.target_model import compute_dtype, load_target_model
+    from train.acceptance.target_decode import stop_token_ids
+    from train.target_check import check_target
     from train.cli.speculate import _tokenizer, check_compatible, load_prompts, open_prompt_source
     from train.dtypes import torch_dtype
     from train.export.drafter_dir import load_drafter, read_drafter_config, resolve_drafter_dir
 
     device = resolve_device(args.device)
-    dtype = torch_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
     drafter_dir = resolve_drafter_dir(args.drafter)
     store = open_prompt_source(args)
+    if store is not None:
+        check_target(store, args.target, log=lambda line: print(line, file=sys.stderr, flush=True))
     read_target_config(args.target)  # a missing target is a usage error before vLLM is looked for
     python = serve_check.find_vllm_python(args.vllm_python)
     version = serve_check.probe(python)
     print(f"vLLM {version} from {python}", file=sys.stderr)
     config = read_drafter_config(drafter_dir)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
-    model = load_target_model(args.target, device, dtype)
+    model = load_target_model(args.target, device, dtype).model
     check_compatible(drafter.config, model, drafter_dir / "config.json")
     tokenizer = _tokenizer(args.target)
     prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
