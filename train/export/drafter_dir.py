@@ -11,6 +11,14 @@ target's `embed_tokens` / `lm_head`.
 `target_layer_ids` use z-lab's convention: id L is the output of decoder layer L
 (transformers' hidden_states[L + 1]); the same convention as `context_layer_ids`.
 
+What the serving engines would read differently from the trainer is refused at
+export, one line naming the field (`check_serving_traps`): an `is_causal` that is
+not also written as `dflash_config.causal` (older vLLM reads only that one), a
+sliding layer without a window (vLLM and SGLang raise), and
+`eagle_aux_hidden_state_layer_ids` (vLLM would take it over `target_layer_ids`,
+without their +1). docs/acceptance-and-serving.md says which engines ignore
+`is_causal` altogether.
+
 An export of this trainer also records, under the top-level key `heldout_split`
 (which other loaders ignore), how the run split its samples: `{"fraction": f,
 "rule": "sha256(sample_id)[:8] / 2**64 < fraction"}`, so that `python -m train
@@ -75,10 +83,33 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
     }
     if config.is_causal is not None:
         data["is_causal"] = config.is_causal
+        data["dflash_config"]["causal"] = config.is_causal
     if config.rope_parameters.get("rope_type", "default") != "default":
         data["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
     data.update(extra or {})
     return data
+
+
+# vLLM reads it in place of dflash_config.target_layer_ids and without their +1
+# (vllm/v1/worker/gpu/spec_decode/eagle/eagle3_utils.py, get_eagle3_aux_layers_from_config).
+EAGLE_AUX_LAYERS_KEY = "eagle_aux_hidden_state_layer_ids"
+
+
+def check_serving_traps(data: dict, where: str | Path) -> None:
+    """Refuse a drafter config.json that vLLM or SGLang would read differently from
+    how the trainer ran it (ValueError, one line naming the field)."""
+    dflash = data.get("dflash_config") or {}
+    if EAGLE_AUX_LAYERS_KEY in data or EAGLE_AUX_LAYERS_KEY in dflash:
+        raise ValueError(f"{where}: {EAGLE_AUX_LAYERS_KEY} must not be written: vLLM would read it instead of "
+                         "dflash_config.target_layer_ids, without their +1 offset")
+    if data.get("is_causal") is not None and dflash.get("causal") != data["is_causal"]:
+        raise ValueError(f"{where}: is_causal={data['is_causal']} must also be written as dflash_config.causal "
+                         f"(got {dflash.get('causal')!r}): older vLLM reads only that one")
+    sliding = [i for i, kind in enumerate(data.get("layer_types") or []) if kind == "sliding_attention"]
+    window = data.get("sliding_window") if data.get("use_sliding_window") else None
+    if sliding and window is None:
+        raise ValueError(f"{where}: layers {sliding} are sliding_attention but sliding_window is unset (or "
+                         "use_sliding_window false): vLLM and SGLang refuse a sliding layer without a window")
 
 
 def export_drafter(
@@ -95,13 +126,14 @@ def export_drafter(
     heldout_fraction: the run's `data.heldout_fraction`, recorded with the split
     rule under `heldout_split` (None: not recorded)."""
     out_dir = Path(out_dir)
+    config = drafter_config_json(drafter.config, dtype, extra_config)
+    check_serving_traps(config, out_dir / "config.json")
     out_dir.mkdir(parents=True, exist_ok=True)
     state = {name: tensor.detach().to("cpu", dtype).contiguous() for name, tensor in drafter.state_dict().items()}
     leaked = [name for name in state if "embed_tokens" in name or "lm_head" in name]
     if leaked:
         raise ValueError(f"drafter state dict carries target tensors {leaked}; they must stay out of the export")
     save_tensors(state, out_dir / "model.safetensors", metadata={"format": "pt"})
-    config = drafter_config_json(drafter.config, dtype, extra_config)
     if heldout_fraction is not None:
         config[HELDOUT_SPLIT_KEY] = heldout_record(heldout_fraction)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")

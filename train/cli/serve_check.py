@@ -1,0 +1,157 @@
+"""`python -m train serve-check --drafter DIR --target PATH (--store STORE | --prompts FILE)
+[--limit K] [--max-new-tokens N] [--json] ...`
+
+Served as trained: decodes the prompts greedily three ways (the target alone in
+transformers, this project's `speculate`, and vLLM with the drafter as its DFlash
+speculator) and reports per prompt and overall `lossless` (vLLM's output equals the
+target's greedy output, up to a stop token), `served_tau` (1 + accepted / drafts from
+vLLM's spec-decode metrics), `served_per_position`, `speculate_tokens_per_round`,
+`speculate_tau`, both sides' tokens per round counted the same way and their
+relative difference. Exit 1 when not lossless or when that difference exceeds 5 %.
+vLLM runs in a subprocess: this python when it imports vLLM, else the project's
+`.venv-vllm` (`make vllm-env`), or --vllm-python."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from train.cli import dtype_arg, fraction_arg, positive_int
+from train.config import SPLITS
+from train.dtypes import NAMES
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve-check", help="serve the drafter with vLLM: lossless, served tau vs speculate's",
+        description=__doc__.split("\n\n")[1],
+    )
+    p.add_argument("--drafter", required=True, help="exported drafter directory, or a run directory holding one")
+    p.add_argument("--target", required=True, help="target model directory")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--store", help="decode the store's held-out samples' prompts")
+    source.add_argument("--prompts", help="JSONL file: one {\"messages\": [...]} or {\"input_ids\": [...]} per line")
+    p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")
+    p.add_argument("--split", choices=SPLITS, default="heldout", help="store samples to take (default heldout)")
+    p.add_argument("--heldout-fraction", type=fraction_arg,
+                   help="share of samples in the held-out split (default: the run's, as the export records it)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS / end-of-turn tokens")
+    p.add_argument("--device", help="device of this project's decoding: cuda or cpu (default: cuda if available)")
+    p.add_argument("--dtype", type=dtype_arg, choices=NAMES,
+                   help="dtype of both decodings (default: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument("--vllm-python", help="python of an environment with vLLM (default: this one when it imports "
+                                         "vLLM, else .venv-vllm/bin/python; also $DFLASH_VLLM_PYTHON)")
+    p.add_argument("--gpu-memory-utilization", type=fraction_arg,
+                   help="vLLM's memory share (default 0.05 on CPU, where it is a share of host memory; 0.9 on GPU)")
+    p.add_argument("--workdir", help="where vLLM's request, result and log are kept (default: a temporary directory)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
+    p.set_defaults(handler=run)
+
+
+def run(args) -> int:
+    from store_schema.runtime.cli import fail
+    from store_schema.runtime.host import resolve_device
+    from store_schema.runtime.target_config import read_target_config
+    from train.acceptance import serve_check
+    from train.acceptance.speculate import decode_prompt
+    from store_schema.runtime.target_model import compute_dtype, load_target_model
+    from train.acceptance.target_decode import stop_token_ids
+    from train.target_check import check_target
+    from train.cli.speculate import _tokenizer, check_compatible, load_prompts, open_prompt_source
+    from train.dtypes import torch_dtype
+    from train.export.drafter_dir import load_drafter, read_drafter_config, resolve_drafter_dir
+
+    device = resolve_device(args.device)
+    dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
+    drafter_dir = resolve_drafter_dir(args.drafter)
+    store = open_prompt_source(args)
+    if store is not None:
+        check_target(store, args.target, log=lambda line: print(line, file=sys.stderr, flush=True))
+    read_target_config(args.target)  # a missing target is a usage error before vLLM is looked for
+    python = serve_check.find_vllm_python(args.vllm_python)
+    version = serve_check.probe(python)
+    print(f"vLLM {version} from {python}", file=sys.stderr)
+    config = read_drafter_config(drafter_dir)
+    drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
+    model = load_target_model(args.target, device, dtype).model
+    check_compatible(drafter.config, model, drafter_dir / "config.json")
+    tokenizer = _tokenizer(args.target)
+    prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
+    if not prompts:
+        return fail(f"no prompt to decode in {args.prompts or args.store}")
+    stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)
+
+    with tempfile.TemporaryDirectory(prefix="serve-check-") as scratch:
+        request = serve_check.served_request(
+            Path(args.target).resolve(), drafter_dir.resolve(), [p.input_ids.tolist() for p in prompts],
+            block_size=config.block_size, mixed_layers=len(set(config.layer_types)) > 1,
+            max_new_tokens=args.max_new_tokens, stop_token_ids=stops, dtype=str(dtype).removeprefix("torch."),
+            gpu_memory_utilization=args.gpu_memory_utilization)
+        # vLLM starts (tens of seconds) while this process decodes the same prompts.
+        served_run = serve_check.start_served(python, request, Path(args.workdir or scratch))
+        results = []
+        try:
+            for number, prompt in enumerate(prompts, start=1):
+                past_limit = args.max_new_tokens + config.block_size - 1  # whole blocks up to the limit, as vLLM
+                result = serve_check.cut_at_limit(
+                    decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), past_limit, stops),
+                    args.max_new_tokens)
+                results.append(result)
+                print(f"[{number}/{len(prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
+                      f"{'lossless' if result.lossless else 'MISMATCH'}", file=sys.stderr)
+            print("waiting for vLLM ...", file=sys.stderr, flush=True)
+            served = served_run.result()
+        finally:
+            if served_run.process.poll() is None:
+                served_run.process.terminate()
+                served_run.process.wait()
+    summary = _summary(serve_check, results, served, stops, config.block_size)
+    summary.update(drafter=str(drafter_dir), target=str(args.target), vllm_python=python,
+                   vllm_version=served.get("vllm_version", version), vllm_device=served.get("device"),
+                   dtype=str(dtype).removeprefix("torch."), block_size=config.block_size,
+                   max_new_tokens=args.max_new_tokens, stop_token_ids=stops)
+    if summary.get("served_skipped"):
+        print(f"note: {summary['served_skipped']}; only speculate vs the target was checked", file=sys.stderr)
+    print(json.dumps(summary) if args.json else render(summary))
+    found = serve_check.problems(summary)
+    return fail("; ".join(found)) if found else 0
+
+
+def _summary(serve_check, results, served: dict, stops, block_size: int) -> dict:
+    if "skipped" in served:
+        return {"prompts": len(results), "speculate_lossless": all(r.lossless for r in results),
+                "served_skipped": served["skipped"],
+                "speculate_tau": _mean([r.tau for r in results if r.tau is not None])}
+    return serve_check.compare(results, served["prompts"], stops, block_size)
+
+
+def _mean(values):
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def render(summary: dict) -> str:
+    """Per-prompt lines, the per-position counts side by side, the overall figures."""
+    if summary.get("served_skipped"):
+        return (f"served: skipped ({summary['served_skipped']})\n"
+                f"speculate: lossless {summary['speculate_lossless']}, tau {summary['speculate_tau']}")
+    lines = [f"{'prompt':<24}{'lossless':>9}{'served rounds':>14}{'speculate rounds':>17}{'same rounds':>12}"]
+    for row in summary["per_prompt"]:
+        lines.append(f"{row['id'][:23]:<24}{str(row['lossless']):>9}{row['served_rounds']:>14}"
+                     f"{row['speculate_rounds']:>17}{str(row['rounds_equal']):>12}")
+    counts = summary["per_position_accepted"]
+    lines += ["", "accepted per draft position (rounds counted alike): served / speculate"]
+    lines.append("  " + ", ".join(f"{p}: {a}/{b}" for p, (a, b) in
+                                  enumerate(zip(counts["served"], counts["speculate"]), start=1) if a or b))
+    lines += [
+        "",
+        f"vLLM {summary['vllm_version']} ({summary['vllm_device']}): lossless {summary['lossless_prompts']}/"
+        f"{summary['prompts']}, served_tau {summary['served_tau']} ({summary['served_accepted']} accepted / "
+        f"{summary['served_drafts']} drafts)",
+        f"tokens per round: served {summary['served_tokens_per_round']}, speculate "
+        f"{summary['speculate_tokens_per_round']} (relative difference {summary['tokens_per_round_difference']}); "
+        f"speculate_tau {summary['speculate_tau']}",
+    ]
+    return "\n".join(lines)
