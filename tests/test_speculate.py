@@ -16,15 +16,13 @@ from __future__ import annotations
 import json
 import time
 
-import numpy as np
 import pytest
 import torch
 from dflash import model as dflash_model
 from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
 
 import builders
-from extract.target import TargetRunner, load_target
-from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
+from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
 from train.cli import main
 from train.config import load_config
@@ -65,15 +63,6 @@ def random_drafter(target_dir, mask_token_id, geometry=DECODE_GEOMETRY, seed=0) 
                                        num_key_value_heads=2, head_dim=16, **geometry)
     torch.manual_seed(seed)
     return DFlashDrafter(config).eval()
-
-
-def chat_prompts(tokenizer, count, seed=1) -> list[torch.Tensor]:
-    """The user turns of coding chats, rendered with the generation prompt."""
-    return [
-        torch.tensor(tokenizer.apply_chat_template(r["messages"][:1], tokenize=True, add_generation_prompt=True,
-                                                   return_dict=True)["input_ids"])
-        for r in builders.coding_chats(count, seed=seed)
-    ]
 
 
 def reference_decode(export_dir, model, prompt, max_new_tokens):
@@ -186,7 +175,7 @@ def test_random_drafter_is_lossless_and_matches_the_reference_on_dense_qwen3(qwe
     export_drafter(random_drafter(qwen3_dir, mask_id), tmp_path / "drafter", dtype=torch.float32)
     drafter = load_drafter(tmp_path / "drafter").eval()
     results = []
-    for i, prompt in enumerate(chat_prompts(tokenizer, 2)):
+    for i, prompt in enumerate(builders.chat_prompts(tokenizer, 2)):
         result = decode_prompt(model, drafter, str(i), prompt, NEW_TOKENS, stop_ids=[])
         reference = reference_decode(tmp_path / "drafter", model, prompt, NEW_TOKENS)
         assert result.lossless, result.first_mismatch()
@@ -205,7 +194,7 @@ def test_random_drafter_is_lossless_on_hybrid_targets(target, request, tokenizer
     target_dir = request.getfixturevalue(target)
     model = load_model(target_dir)
     drafter = random_drafter(target_dir, mask_id)
-    for i, prompt in enumerate(chat_prompts(tokenizer, 1)):
+    for i, prompt in enumerate(builders.chat_prompts(tokenizer, 1)):
         result = decode_prompt(model, drafter, str(i), prompt, NEW_TOKENS, stop_ids=[])
         assert result.lossless, result.first_mismatch()
         rounds = len(result.speculative.acceptance_lengths)
@@ -218,7 +207,7 @@ def test_the_reference_decoder_is_not_lossless_on_a_hybrid_target(sensitive_hybr
     tokens and the output leaves the target's greedy path."""
     model = load_model(sensitive_hybrid)
     export_drafter(random_drafter(sensitive_hybrid, mask_id), tmp_path / "drafter", dtype=torch.float32)
-    prompt = chat_prompts(tokenizer, 1)[0]
+    prompt = builders.chat_prompts(tokenizer, 1)[0]
     greedy = greedy_generate(model, prompt, NEW_TOKENS, stop_ids=[])
     reference = reference_decode(tmp_path / "drafter", model, prompt, NEW_TOKENS)
     assert reference.output_ids[0, prompt.shape[0]:].tolist() != greedy.tokens
@@ -226,7 +215,7 @@ def test_the_reference_decoder_is_not_lossless_on_a_hybrid_target(sensitive_hybr
 
 def test_stop_tokens_end_both_decodings_alike(qwen3_dir, tokenizer, mask_id):
     model = load_model(qwen3_dir)
-    prompt = chat_prompts(tokenizer, 1)[0]
+    prompt = builders.chat_prompts(tokenizer, 1)[0]
     free = greedy_generate(model, prompt, NEW_TOKENS, stop_ids=[]).tokens
     stop = free[12]  # a token the target emits: decoding must end right after its first occurrence
     result = decode_prompt(model, random_drafter(qwen3_dir, mask_id), "p", prompt, NEW_TOKENS, stop_ids=[stop])
@@ -238,7 +227,7 @@ def test_a_mismatch_is_named_with_its_logit_gap(qwen3_dir, tokenizer, mask_id):
     """A hand-altered speculative output: the first differing position and the
     target's logit gap there, as a direct forward computes it."""
     model = load_model(qwen3_dir)
-    prompt = chat_prompts(tokenizer, 1)[0]
+    prompt = builders.chat_prompts(tokenizer, 1)[0]
     result = decode_prompt(model, random_drafter(qwen3_dir, mask_id), "p", prompt, 12, stop_ids=[])
     assert result.lossless and result.mismatch_logit_gap is None
     wrong = (result.greedy.tokens[5] + 1) % 512
@@ -253,37 +242,13 @@ def test_a_mismatch_is_named_with_its_logit_gap(qwen3_dir, tokenizer, mask_id):
 
 
 # -- drafters trained on the target's own outputs ------------------------------------------
-def greedy_store(path, model_dir, tokenizer, count=24, new_tokens=NEW_TOKENS):
-    """A store whose responses are the target's own greedy continuations of coding
-    prompts (what the drafter must predict at decode time), with real hidden states."""
-    target = load_target(model_dir)
-    runner = TargetRunner(target, LAYERS)
-    fingerprint = Fingerprint(target_model=str(model_dir), num_target_layers=target.num_layers,
-                              hidden_size=target.hidden_size, vocab_size=target.vocab_size, layer_ids=LAYERS,
-                              max_length=512)
-    writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=4096))
-    records = builders.coding_chats(count)
-    prompts = chat_prompts(tokenizer, count, seed=0)
-    for s, start in enumerate(range(0, count, 8)):
-        rows = []
-        for prompt in prompts[start : start + 8]:
-            reply = greedy_generate(target.model, prompt, new_tokens, stop_ids=[]).tokens
-            ids = np.asarray(prompt.tolist() + reply, dtype=np.int32)
-            rows.append((ids, np.r_[np.zeros(len(prompt)), np.ones(len(reply))].astype(np.uint8)))
-        outputs = runner.run_batch([ids for ids, _ in rows])
-        samples = [SampleArrays(r["id"], ids, mask, {layer: out[layer] for layer in LAYERS})
-                   for r, (ids, mask), out in zip(records[start : start + 8], rows, outputs)]
-        writer.write_shard(shard_name(s), samples)
-    return path
-
-
 @pytest.fixture(scope="module", params=["qwen3_dir", "qwen3_5_dir"])
 def trained(request, tokenizer, tmp_path_factory):
     """(target dir, store, export dir) of a drafter (a sliding layer, then a full one)
     trained 300 steps on a greedy store."""
     target_dir = request.getfixturevalue(request.param)
     root = tmp_path_factory.mktemp("trained")
-    store = greedy_store(root / "store", target_dir, tokenizer)
+    store = greedy_store(root / "store", target_dir, tokenizer, LAYERS, count=24, new_tokens=NEW_TOKENS)
     config = load_config(None, [
         "model.num_hidden_layers=2", "model.sliding_window=12", "model.num_attention_heads=4",
         "model.num_key_value_heads=2", "model.head_dim=16", f"model.block_size={BLOCK}", "model.num_anchors=32", f"data.heldout_fraction={HELDOUT}",
@@ -350,7 +315,7 @@ def test_cli_json_on_a_store(trained, capsys):
 def test_cli_prompts_file_and_refusals(qwen3_dir, qwen3_5_dir, tokenizer, mask_id, tmp_path, capsys):
     export = export_drafter(random_drafter(qwen3_dir, mask_id), tmp_path / "drafter", dtype=torch.float32)
     chat = builders.coding_chats(1)[0]
-    ids = chat_prompts(tokenizer, 1)[0].tolist()
+    ids = builders.chat_prompts(tokenizer, 1)[0].tolist()
     prompts = builders.write_chat_jsonl(tmp_path / "p.jsonl", [chat, {"input_ids": ids}])
     parsed = jsonl_prompts(prompts, tokenizer)
     assert [p.id for p in parsed] == [chat["id"], "line-2"]

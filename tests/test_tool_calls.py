@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import builders
 from builders import QWEN_TOOL_TEMPLATE
 
 from extract.generate.turns import conversation
@@ -44,15 +45,7 @@ def agentic(arguments, content=None) -> dict:
 
 
 def _scored_runs(tokenizer, tokenized) -> list[str]:
-    ids, mask = tokenized.input_ids.tolist(), tokenized.loss_mask.tolist()
-    runs, start = [], None
-    for i, m in enumerate(mask + [0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            runs.append(tokenizer.decode(ids[start:i]))
-            start = None
-    return runs
+    return builders.scored_text(tokenizer, tokenized.input_ids.tolist(), tokenized.loss_mask.tolist())
 
 
 def test_the_tool_call_turn_is_scored_and_the_tool_reply_is_not(qwen_tools):

@@ -373,15 +373,12 @@ def _apply(config: RunConfig, key: str, value) -> None:
     setattr(target, name, _coerce(shown, value, annotation))
 
 
-def _yaml_where(error: yaml.YAMLError) -> str:
+def _yaml_error(path, error: yaml.YAMLError) -> ConfigError:
+    """Where and what, without PyYAML's quoted excerpt of the file (the location says where)."""
     mark = getattr(error, "problem_mark", None) or getattr(error, "context_mark", None)
-    return f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-
-
-def _yaml_problem(error: yaml.YAMLError) -> str:
-    """PyYAML's explanation without its quoted excerpt of the file (the location says where)."""
-    parts = [getattr(error, "context", None), getattr(error, "problem", None)]
-    return "; ".join(p for p in parts if p) or str(error).splitlines()[0]
+    where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = "; ".join(p for p in (getattr(error, "context", None), getattr(error, "problem", None)) if p)
+    return ConfigError(f"{path}{where}: not valid YAML: {problem or str(error).splitlines()[0]}")
 
 
 def _apply_mapping(config: RunConfig, data: dict, where: str) -> None:
@@ -442,7 +439,7 @@ def load_config(
         except json.JSONDecodeError as error:
             raise ConfigError(f"{path} line {error.lineno}, column {error.colno}: not valid JSON: {error.msg}") from None
         except yaml.YAMLError as error:
-            raise ConfigError(f"{path}{_yaml_where(error)}: not valid YAML: {_yaml_problem(error)}") from None
+            raise _yaml_error(path, error) from None
         _apply_mapping(config, data or {}, str(path))
     for key, value in explicit.items():
         if value is not None:

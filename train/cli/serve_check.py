@@ -21,6 +21,7 @@ from pathlib import Path
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.config import SPLITS
 from train.dtypes import NAMES
+from train.target_check import add_allow_flag
 
 
 def add_parser(subparsers) -> None:
@@ -48,41 +49,27 @@ def add_parser(subparsers) -> None:
                    help="vLLM's memory share (default 0.05 on CPU, where it is a share of host memory; 0.9 on GPU)")
     p.add_argument("--workdir", help="where vLLM's request, result and log are kept (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
+    add_allow_flag(p)
     p.set_defaults(handler=run)
 
 
 def run(args) -> int:
     from store_schema.runtime.cli import fail
-    from store_schema.runtime.host import resolve_device
     from store_schema.runtime.target_config import read_target_config
     from train.acceptance import serve_check
     from train.acceptance.speculate import decode_prompt
-    from store_schema.runtime.target_model import compute_dtype, load_target_model
-    from train.acceptance.target_decode import stop_token_ids
-    from train.target_check import check_target
-    from train.cli.speculate import _tokenizer, check_compatible, load_prompts, open_prompt_source
-    from train.dtypes import torch_dtype
-    from train.export.drafter_dir import load_drafter, read_drafter_config, resolve_drafter_dir
+    from train.cli.speculate import load_decoding
+    from train.export.drafter_dir import read_drafter_config, resolve_drafter_dir
 
-    device = resolve_device(args.device)
-    dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
-    drafter_dir = resolve_drafter_dir(args.drafter)
-    store = open_prompt_source(args)
-    if store is not None:
-        check_target(store, args.target, log=lambda line: print(line, file=sys.stderr, flush=True))
     read_target_config(args.target)  # a missing target is a usage error before vLLM is looked for
     python = serve_check.find_vllm_python(args.vllm_python)
     version = serve_check.probe(python)
     print(f"vLLM {version} from {python}", file=sys.stderr)
-    config = read_drafter_config(drafter_dir)
-    drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
-    model = load_target_model(args.target, device, dtype).model
-    check_compatible(drafter.config, model, drafter_dir / "config.json")
-    tokenizer = _tokenizer(args.target)
-    prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
-    if not prompts:
-        return fail(f"no prompt to decode in {args.prompts or args.store}")
-    stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)
+    config = read_drafter_config(resolve_drafter_dir(args.drafter))
+    loaded = load_decoding(args, "serve-check")
+    drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
+                                                   loaded.stops)
+    device, dtype = loaded.device, loaded.dtype
 
     with tempfile.TemporaryDirectory(prefix="serve-check-") as scratch:
         request = serve_check.served_request(
@@ -112,7 +99,7 @@ def run(args) -> int:
     summary.update(drafter=str(drafter_dir), target=str(args.target), vllm_python=python,
                    vllm_version=served.get("vllm_version", version), vllm_device=served.get("device"),
                    dtype=str(dtype).removeprefix("torch."), block_size=config.block_size,
-                   max_new_tokens=args.max_new_tokens, stop_token_ids=stops)
+                   max_new_tokens=args.max_new_tokens, stop_token_ids=stops, **loaded.other_target)
     if summary.get("served_skipped"):
         print(f"note: {summary['served_skipped']}; only speculate vs the target was checked", file=sys.stderr)
     print(json.dumps(summary) if args.json else render(summary))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
@@ -87,20 +88,34 @@ def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
     return store_prompts(store, heldout_fraction(args, drafter_dir), split=args.split, limit=args.limit)
 
 
-def run(args) -> int:
-    from store_schema.runtime.cli import fail
+@dataclass
+class Decoding:
+    """What `speculate` and `serve-check` decode with: the drafter and the whole target
+    on one device and dtype, the prompts, and the stop tokens."""
+
+    drafter_dir: Path
+    drafter: object  # train.drafter.model.DFlashDrafter, eval mode
+    model: object  # the target (transformers), whole
+    prompts: list
+    stops: list[int]
+    device: object
+    dtype: object
+    other_target: dict  # what `--allow-other-target` let through, recorded in the output
+
+
+def load_decoding(args, command: str) -> Decoding:
+    """The target checked against the store (`train.target_check`), then the drafter,
+    the target and the prompts loaded; a prompt source that gives none is refused."""
     from store_schema.runtime.host import resolve_device
-    from train.dtypes import torch_dtype
-    from train.export.drafter_dir import load_drafter, resolve_drafter_dir
-    from train.acceptance.speculate import decode_prompt, summarize
     from store_schema.runtime.target_config import read_config_json
     from store_schema.runtime.target_model import compute_dtype, load_target_model
-    from train.target_check import check_target
     from train.acceptance.target_decode import stop_token_ids
+    from train.dtypes import torch_dtype
+    from train.export.drafter_dir import load_drafter, resolve_drafter_dir
+    from train.target_check import check_target
 
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
-
     drafter_dir = resolve_drafter_dir(args.drafter)
     store = open_prompt_source(args)
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
@@ -108,14 +123,26 @@ def run(args) -> int:
                                                           allow_other_target=args.allow_other_target, log=say)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
     read_config_json(args.target)  # a wrong path is refused before the line below
-    say(f"speculate: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")
+    say(f"{command}: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")
     model = load_target_model(args.target, device, dtype).model
     check_compatible(drafter.config, model, drafter_dir / "config.json")
     tokenizer = _tokenizer(args.target)
     prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
     if not prompts:
-        return fail(f"no prompt to decode in {args.prompts or args.store}")
+        raise ValueError(f"no prompt to decode in {args.prompts or args.store}")
     stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)
+    return Decoding(drafter_dir, drafter, model, prompts, stops, device, dtype, other_target)
+
+
+def run(args) -> int:
+    from store_schema.runtime.cli import fail
+    from train.acceptance.speculate import decode_prompt, summarize
+
+    loaded = load_decoding(args, "speculate")
+    drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
+                                                   loaded.stops)
+    device, dtype, other_target = loaded.device, loaded.dtype, loaded.other_target
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
 
     # One short untimed pass first, so one-time setup is not charged to the first prompt.
     say(f"speculate: {len(prompts)} prompt(s), up to {args.max_new_tokens} new tokens each, speculative then greedy")
