@@ -58,14 +58,15 @@ def run(args) -> int:
     from store_schema.runtime.target_config import read_target_config
     from train.acceptance import serve_check
     from train.acceptance.speculate import decode_prompt
-    from train.cli.speculate import load_decoding
+    from train.cli.speculate import load_decoding, open_prompt_source
     from train.export.drafter_dir import read_drafter_config, resolve_drafter_dir
 
-    read_target_config(args.target)  # a missing target is a usage error before vLLM is looked for
+    read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
+    config = read_drafter_config(resolve_drafter_dir(args.drafter))
+    open_prompt_source(args)
     python = serve_check.find_vllm_python(args.vllm_python)
     version = serve_check.probe(python)
     print(f"vLLM {version} from {python}", file=sys.stderr)
-    config = read_drafter_config(resolve_drafter_dir(args.drafter))
     loaded = load_decoding(args, "serve-check")
     drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
                                                    loaded.stops)
