@@ -59,15 +59,16 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-def decode(request: dict) -> dict:
-    """Every prompt through one `LLM`, greedy; per prompt its tokens and per-step metrics."""
+def build_llm(request: dict):
+    """The `LLM` of `request`: its target, the drafter as its DFlash speculator, greedy-ready.
+    vllm_logits.py builds its engine here too, so both see the same engine."""
     if request["mixed_layers"]:
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    from vllm import LLM, SamplingParams
+    from vllm import LLM
 
     on_cpu = not _has_cuda()
     memory = request.get("gpu_memory_utilization") or (0.05 if on_cpu else 0.9)
-    llm = LLM(
+    return LLM(
         model=request["target"],
         speculative_config={"method": "dflash", "model": request["drafter"],
                             "num_speculative_tokens": request["num_speculative_tokens"]},
@@ -83,6 +84,14 @@ def decode(request: dict) -> dict:
         enable_prefix_caching=False,
         seed=0,
     )
+
+
+def decode(request: dict) -> dict:
+    """Every prompt through one `LLM`, greedy; per prompt its tokens and per-step metrics."""
+    from vllm import SamplingParams
+
+    llm = build_llm(request)
+    on_cpu = not _has_cuda()
     params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"], detokenize=False,
                             ignore_eos=True, stop_token_ids=list(request["stop_token_ids"]))
     # One prompt at a time: batched together, vLLM 0.32.0 (CPU) served some prompts'
