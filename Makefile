@@ -62,7 +62,7 @@ test:
 
 # For iteration: no Ray, no child processes, no pretraining (tests/conftest.py says what is slow).
 test-fast: venv
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests
 
 demo: venv
 	$(PY) scripts/demo.py

@@ -76,25 +76,46 @@ def real_vocab_target_dir(tmp_path_factory, real_vocab_tokenizer_dir) -> Path:
 
 
 # `make test-fast` runs `-m "not slow"`: no Ray cluster, no child process, no pretrained target.
-# What is slow follows from what a test uses, so no list has to be kept by hand.
+# What is slow follows from what a test uses, so no list has to be kept by hand: its
+# fixtures, the calls in its source, in the module's helpers it calls and in the
+# fixtures it asks for (a module fixture that trains a drafter to the end is slow too).
 # The real vocabulary costs ~30 s to build and ~8 s per load: slow too.
 _SLOW_FIXTURES = {"ray_cluster", "real_vocab_tokenizer_dir", "real_vocab_target_dir"}
 _SLOW_CALLS = ("subprocess", "sys.executable", "ctrl_c_when", "verify_cli", "Popen")
+_SLOW_FIXTURE_CALLS = _SLOW_CALLS + ("trainer.fit()",)
 
 
-def _starts_a_process(function) -> bool:
+def _source(function) -> str:
     import inspect
 
     try:
-        source = inspect.getsource(function)
+        return inspect.getsource(function)
     except (OSError, TypeError):
+        return ""
+
+
+def _helpers(function) -> list:
+    """The module-level functions of the test's own module that it calls by name."""
+    names = getattr(getattr(function, "__code__", None), "co_names", ())
+    module = getattr(function, "__globals__", {})
+    return [module[name] for name in names if callable(module.get(name)) and
+            getattr(module[name], "__module__", None) == function.__module__]
+
+
+def _is_slow(item) -> bool:
+    function = getattr(item, "function", None)
+    if _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("faults"):
+        return True
+    if function is None:
         return False
-    return any(call in source for call in _SLOW_CALLS)
+    if any(call in _source(code) for code in (function, *_helpers(function)) for call in _SLOW_CALLS):
+        return True
+    fixtures = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    return any(call in _source(definition.func) for definitions in fixtures.values() for definition in definitions
+               for call in _SLOW_FIXTURE_CALLS)
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
-        function = getattr(item, "function", None)
-        if (_SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or item.get_closest_marker("faults")
-                or (function is not None and _starts_a_process(function))):
+        if _is_slow(item):
             item.add_marker(pytest.mark.slow)
