@@ -229,9 +229,9 @@ def main() -> int:
     # The demo's models are too small for intra-op threads to pay: two torch threads
     # per process run several times slower than one on 2 cores (5-10x when other jobs
     # share them). Its commands inherit this; set OMP_NUM_THREADS to choose otherwise.
-    from store_schema.runtime.host import set_torch_threads
+    from store_schema.runtime.host import omp_threads, set_torch_threads
 
-    if not os.environ.get("OMP_NUM_THREADS", "").strip().isdigit():  # unset, empty or not a count
+    if omp_threads() is None:  # unset, empty or not a count
         os.environ["OMP_NUM_THREADS"] = "1"
     set_torch_threads()
     stages = Stages()

@@ -216,7 +216,7 @@ def test_usage_errors_exit_2_and_export_never_writes_into_a_store(store, qwen3_d
 
 # -- 11: threads --------------------------------------------------------------------------------------
 def test_torch_threads_follow_omp_num_threads_or_the_cores_per_process(monkeypatch):
-    from store_schema.runtime.host import available_cores, set_torch_threads
+    from store_schema.runtime.host import available_cores, omp_threads, set_torch_threads
 
     before = torch.get_num_threads()
     try:
@@ -224,6 +224,12 @@ def test_torch_threads_follow_omp_num_threads_or_the_cores_per_process(monkeypat
         assert set_torch_threads(processes=1) == 1 == torch.get_num_threads()
         monkeypatch.delenv("OMP_NUM_THREADS")
         assert set_torch_threads(processes=2) == max(1, available_cores() // 2) == torch.get_num_threads()
+        for not_a_count in ("", " ", "0", "two"):  # the demo crashed on an empty one
+            monkeypatch.setenv("OMP_NUM_THREADS", not_a_count)
+            assert omp_threads() is None
+            assert set_torch_threads(processes=2) == max(1, available_cores() // 2)
+        monkeypatch.setenv("OMP_NUM_THREADS", " 3 ")
+        assert omp_threads() == 3
     finally:
         torch.set_num_threads(before)
 

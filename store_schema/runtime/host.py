@@ -13,6 +13,13 @@ def available_cores() -> int:
     return os.cpu_count() or 1
 
 
+def omp_threads() -> int | None:
+    """OMP_NUM_THREADS when it is a positive integer; None when it is unset, empty,
+    zero or not a count (then the caller's default applies)."""
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    return int(given) if given.isdigit() and int(given) > 0 else None
+
+
 def set_torch_threads(processes: int = 1) -> int:
     """Set torch's intra-op threads to what this process can use: OMP_NUM_THREADS
     when it is set (a positive integer), else its cores shared among `processes`
@@ -22,8 +29,7 @@ def set_torch_threads(processes: int = 1) -> int:
     Returns the count set."""
     import torch
 
-    given = os.environ.get("OMP_NUM_THREADS", "").strip()
-    threads = int(given) if given.isdigit() and int(given) > 0 else max(1, available_cores() // max(1, processes))
+    threads = omp_threads() or max(1, available_cores() // max(1, processes))
     torch.set_num_threads(threads)
     return threads
 
