@@ -147,7 +147,7 @@ def main() -> None:
     parser.add_argument("--train-steps", type=int, default=demo.TRAIN_STEPS,
                         help=f"--trained: drafter steps (default the demo's {demo.TRAIN_STEPS})")
     parser.add_argument("--prompts", type=int, default=64,
-                        help="--trained: held-out prompts speculate decodes, at most (default 64: all of the demo's 30)")
+                        help="--trained: held-out prompts speculate decodes, at most (default 64: every one of the demo's 19)")
     parser.add_argument("--seeds", default="0,1",
                         help="--trained: drafter training seeds, comma-separated (default 0,1: two give the noise floor)")
     args = parser.parse_args()
