@@ -242,3 +242,12 @@ def test_an_object_damaged_in_the_bucket_is_named_by_verify_and_repair_deletes_i
     assert cli(["verify", url, "--clean"]) == 0
     assert not [k for k in _keys(url, ATTEMPTS_DIR) if k.startswith(prefix)]
     assert verify_store(url).ok
+
+
+def test_extract_run_to_a_url_is_refused_and_writes_no_local_directory(qwen3_dir, tmp_path):
+    corpus = builders.write_chat_jsonl(tmp_path / "corpus.jsonl", builders.coding_chats(2))
+    done = subprocess.run([sys.executable, "-m", "extract", "run", "--model", str(qwen3_dir), "--corpus", str(corpus),
+                           "--layers", "1,3", "--store", "s3://bucket/jobs/store"], cwd=tmp_path, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
+    assert done.returncode == 1 and "s3://bucket/jobs/store: extract run writes a store into a directory" in done.stderr
+    assert not (tmp_path / "s3:").exists()
