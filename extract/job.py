@@ -97,6 +97,7 @@ def run_job(config: JobConfig, log=None) -> dict:
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
     from store_schema.fingerprint import target_identity
+    from store_schema.location import is_object_store
     from store_schema.runtime.target_config import read_target_config
     from store_schema.writer import looks_like_store
 
@@ -105,6 +106,9 @@ def run_job(config: JobConfig, log=None) -> dict:
 
     log = log or (lambda message: print(message, file=sys.stderr, flush=True))
     started = time.perf_counter()
+    if is_object_store(config.store):  # never a local directory named "s3:"
+        raise ExtractError(f"{config.store}: extract run writes a store into a directory; a store on object storage "
+                           "is written through store_schema.create_store(URL) (store_schema.objstore)")
     store_path = Path(config.store)
     target = read_target_config(config.model)  # a model directory, before anything is locked or planned
     if not Path(config.corpus).exists():

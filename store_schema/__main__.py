@@ -1,4 +1,4 @@
-"""python -m store_schema {info,verify} STORE
+"""python -m store_schema {info,verify} STORE   (a directory, or s3://bucket/prefix, gs://bucket/prefix)
 
 Exit codes and error lines follow `store_schema.runtime.cli`. The handlers import the
 reader (torch, zarr) themselves, so `--help` and usage errors answer at once."""
@@ -15,10 +15,10 @@ from .runtime.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_comm
 
 def cmd_info(args) -> int:
     from .encoding import CodecConfig
-    from .reader import Store
+    from .location import open_store
     from .runtime.units import human_bytes
 
-    summary = _info_summary(Store(args.store))
+    summary = _info_summary(open_store(args.store))
     if args.json:
         print(json.dumps(summary))
         return EXIT_OK
@@ -42,12 +42,11 @@ def cmd_info(args) -> int:
 
 def _info_summary(store) -> dict:
     from .layout import layer_array, raw_bytes_per_token
-    from .records import on_disk_bytes
 
     fp = store.fingerprint
     tokens = store.num_tokens()
     raw = tokens * raw_bytes_per_token(fp.hidden_size, len(fp.layer_ids))
-    disk = on_disk_bytes(store.path)
+    disk = store.stored_bytes()
     plan = store.plan()
     return {
         "store": str(store.path),
@@ -90,12 +89,12 @@ def cmd_verify(args) -> int:
     report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
                           checksums_only=args.checksums_only)
     if args.recompute and report.ok:
-        from .reader import Store
+        from .location import open_store
         from .recompute import recompute_check
 
         print(f"recomputing {args.recompute} sample(s) with {args.model} on {args.device}...", file=sys.stderr,
               flush=True)
-        report.recomputed, problems = recompute_check(Store(args.store), args.model, args.recompute, device=args.device)
+        report.recomputed, problems = recompute_check(open_store(args.store), args.model, args.recompute, device=args.device)
         report.problems.extend(problems)
     done = {}
     if args.clean or args.repair:
@@ -124,6 +123,7 @@ def _done_lines(store: str, done: dict) -> list[str]:
         removed = done["removed_leftovers"]
         lines.append(f"removed {len(removed)} uncommitted leftover(s)" + (f": {', '.join(removed)}" if removed else ""))
     from .layout import DAMAGED_DIR
+    from .location import is_object_store
 
     if done.get("set_aside"):
         lines.append(f"moved {len(done['set_aside'])} shard directory(ies) without a commit record to {store}/"
@@ -131,7 +131,11 @@ def _done_lines(store: str, done: dict) -> list[str]:
     repair = done.get("repair")
     if repair:
         moved = repair["moved"]
-        if moved:
+        if moved and is_object_store(store):
+            lines.append(f"deleted the commit markers of {len(moved)} damaged shard(s): {', '.join(moved)}")
+            lines.append("next: rerun the same `python -m extract run` command (it extracts exactly those shards "
+                         "again, byte-identical); `verify --clean` then deletes their old objects")
+        elif moved:
             lines.append(f"moved {len(moved)} damaged shard(s) to {store}/{DAMAGED_DIR}/: {', '.join(moved)}")
             lines.append("next: rerun the same `python -m extract run` command (it extracts exactly those shards "
                          f"again, byte-identical); it deletes {DAMAGED_DIR}/ once the store is complete")
@@ -174,11 +178,11 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m store_schema", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="what a store holds")
-    p_info.add_argument("store")
+    p_info.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
     p_info.add_argument("--json", action="store_true")
     p_info.set_defaults(handler=cmd_info)
     p_verify = sub.add_parser("verify", help="re-read every committed file; exit 0 intact, 1 problems, 2 usage")
-    p_verify.add_argument("store")
+    p_verify.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
     p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
     p_verify.add_argument("--clean", action="store_true",
                           help="remove uncommitted leftovers (.staging/ entries of a dead job) and move shard "
@@ -204,10 +208,12 @@ def main(argv=None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code else EXIT_OK
+    from obstore.exceptions import BaseError as ObjectStoreError
+
     from .lock import StoreLockedError
     from .shard_codec import CorruptShardError
 
-    return run_command(args.handler, args, refusals=(StoreLockedError, CorruptShardError))
+    return run_command(args.handler, args, refusals=(StoreLockedError, CorruptShardError, ObjectStoreError))
 
 
 if __name__ == "__main__":

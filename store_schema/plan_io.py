@@ -47,7 +47,11 @@ def read_committed_plan(store_path) -> Plan | None:
 
 def read_plan(store_path) -> Plan:
     """The plan a store holds (as `write_plan_group` wrote it)."""
-    group = zarr.open_group(str(Path(store_path) / layout.PLAN_DIR), mode="r")
+    return plan_from_group(zarr.open_group(str(Path(store_path) / layout.PLAN_DIR), mode="r"))
+
+
+def plan_from_group(group) -> Plan:
+    """The plan in an open plan group (a directory's or a bucket's)."""
     attrs = group.attrs.asdict()
     ids = group[layout.PLAN_SAMPLE_IDS][...]
     digests = group[layout.PLAN_DIGESTS][...]

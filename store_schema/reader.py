@@ -19,6 +19,7 @@ import queue
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -30,10 +31,10 @@ from .dtypes import StoreDtype, store_dtype
 from .fp8 import as_bf16, dequantize
 from .plan import Plan
 from .plan_io import read_committed_plan
-from .records import RecordError, ShardCommit, read_record
+from .records import RecordError, ShardCommit, check_files, list_files, on_disk_bytes, read_record
 from .root import read_root
 from .shard_codec import (
-    CorruptShardError, EncodedArray, decode_array, encoded_arrays, read_arrays, start_sharded_decode,
+    CorruptShardError, EncodedArray, decode_array, encoded_arrays, read_arrays, read_file, start_sharded_decode,
 )
 
 
@@ -134,6 +135,42 @@ class Store:
     def plan(self) -> Plan | None:
         return read_committed_plan(self.path)
 
+    # -- what `verify` reads; a bucket store (`store_schema.objstore`) answers the same ----
+    def shard_file(self, name: str, rel: str):
+        """The bytes of file `rel` of shard `name` (`shard_codec.read_file`); FileNotFoundError if missing."""
+        return read_file(layout.shard_dir(self.path, name) / rel)
+
+    def unlisted_shard_files(self, name: str, commit: ShardCommit) -> list[str]:
+        """Files of shard `name` that its commit record does not list."""
+        found = list_files(layout.shard_dir(self.path, name), exclude=(layout.COMMIT_RECORD,))
+        return sorted(set(found) - set(commit.files))
+
+    def shard_entries(self) -> list[str]:
+        """Every shard directory in ``shards/``, committed or not: what `verify` checks."""
+        shards = self.path / layout.SHARDS_DIR
+        return sorted(p.name for p in shards.iterdir() if p.is_dir()) if shards.is_dir() else []
+
+    def leftovers(self) -> list[str]:
+        """Uncommitted writes left behind (``.staging/`` entries): never read."""
+        staging = self.path / layout.STAGING_DIR
+        return sorted(p.name for p in staging.glob("*")) if staging.is_dir() else []
+
+    def has_plan_files(self) -> bool:
+        """Whether anything of a plan is there (committed or not)."""
+        return (self.path / layout.PLAN_DIR).exists()
+
+    def store_record(self, rel: str) -> dict:
+        """A store-level record (the root record, the plan's commit record); RecordError if bad."""
+        return read_record(self.path / rel)
+
+    def store_file_problems(self, table: dict) -> list[tuple[str, str]]:
+        """(path, what is wrong) for each store-level file of `table` ({path relative to the store: entry})."""
+        return check_files(self.path, table)
+
+    def stored_bytes(self) -> int:
+        """What the store occupies."""
+        return on_disk_bytes(self.path)
+
     def num_samples(self) -> int:
         return sum(self.commit(n).num_samples for n in self.committed_shards())
 
@@ -145,7 +182,8 @@ class Store:
         return [(name, i) for name in self.committed_shards() for i in range(self.commit(name).num_samples)]
 
     # -- partial reads (zarr-python) -----------------------------------------------------
-    def _group(self, name: str):
+    def shard_group(self, name: str):
+        """The committed shard `name` as a read-only zarr group (partial reads)."""
         if not self.is_committed(name):
             raise KeyError(f"{self.path}: no committed shard {name!r}")
         return zarr.open_group(str(layout.shard_dir(self.path, name)), mode="r")
@@ -153,7 +191,7 @@ class Store:
     def read_window(self, shard: str, index: int, start: int, stop: int, layers=None) -> Sample:
         """Tokens [start, stop) of sample `index` in `shard`, reading only the chunks they span."""
         layers = self.require_layers(layers)
-        group = self._group(shard)
+        group = self.shard_group(shard)
         offsets = group[layout.SAMPLE_OFFSETS][index : index + 2]
         length = int(offsets[1] - offsets[0])
         if not 0 <= start <= stop <= length:
@@ -180,7 +218,7 @@ class Store:
 
     def sample_length(self, shard: str, index: int) -> int:
         """Tokens in sample `index` of `shard` (reads only the shard's offsets)."""
-        offsets = self._group(shard)[layout.SAMPLE_OFFSETS][index : index + 2]
+        offsets = self.shard_group(shard)[layout.SAMPLE_OFFSETS][index : index + 2]
         return int(offsets[1] - offsets[0])
 
     def read_sample(self, shard: str, index: int, layers=None) -> Sample:
@@ -290,8 +328,7 @@ def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) 
     commit = store.commit(name)
     arrays = _shard_arrays(store, commit, layers)
     unread_layers = _layer_arrays(store, [i for i in store.layer_ids if i not in layers])
-    directory = layout.shard_dir(store.path, name)
-    return _RawShard(name, commit, read_arrays(directory, commit, arrays, verify, skip=unread_layers))
+    return _RawShard(name, commit, read_arrays(name, partial(store.shard_file, name), commit, arrays, verify, skip=unread_layers))
 
 
 @dataclass

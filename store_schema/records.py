@@ -73,15 +73,20 @@ def fsync_tree(directory: Path) -> None:
     fsync_path(directory)
 
 
-def write_record(path: Path, body: dict) -> None:
-    """Write atomically (tmp + fsync + rename) with a self-hash."""
+def record_bytes(body: dict) -> bytes:
+    """A record's canonical bytes, its self-hash added: what `write_record` writes."""
     body = dict(body)
     body.pop("record_sha256", None)
     body["record_sha256"] = _body_hash(body)
+    return _canonical(body)
+
+
+def write_record(path: Path, body: dict) -> None:
+    """Write atomically (tmp + fsync + rename) with a self-hash."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "wb") as f:
-        f.write(_canonical(body))
+        f.write(record_bytes(body))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
@@ -95,17 +100,22 @@ def read_record(path: Path) -> dict:
         raw = path.read_bytes()
     except FileNotFoundError:
         raise RecordError(f"{path}: commit record missing") from None
+    return parse_record(raw, path)
+
+
+def parse_record(raw: bytes, where) -> dict:
+    """`read_record` on bytes already read (an object's); `where` names it in errors."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"{path}: not valid JSON ({exc})") from None
+        raise RecordError(f"{where}: not valid JSON ({exc})") from None
     if not isinstance(body, dict) or "record_sha256" not in body:
-        raise RecordError(f"{path}: not a commit record")
+        raise RecordError(f"{where}: not a commit record")
     if raw != _canonical(body):
-        raise RecordError(f"{path}: bytes differ from the record's canonical form (edited or corrupted)")
+        raise RecordError(f"{where}: bytes differ from the record's canonical form (edited or corrupted)")
     claimed = body.pop("record_sha256")
     if claimed != _body_hash(body):
-        raise RecordError(f"{path}: content does not match its own hash (edited or corrupted)")
+        raise RecordError(f"{where}: content does not match its own hash (edited or corrupted)")
     return body
 
 

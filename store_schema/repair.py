@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import layout
+from .location import classify_store, is_object_store
 
 
 @dataclass
@@ -84,19 +85,29 @@ def repair_store(store, report) -> Repair:
     from .lock import StoreLock
     from .plan_io import read_committed_plan
 
+    if is_object_store(store):
+        from .objstore.repair import repair_bucket
+
+        return repair_bucket(classify_store(store), report)
     store = Path(store)
-    repair = Repair()
     plan_damaged = any(not p["shard"] and p["file"].startswith(layout.PLAN_DIR) for p in report.problems)
-    plan = None if plan_damaged else read_committed_plan(store)
+    repair, shards = plan_repair(None if plan_damaged else read_committed_plan(store), report)
+    if shards:
+        with StoreLock(store, job="verify --repair"):
+            repair.moved = set_aside(store, shards)
+    return repair
+
+
+def plan_repair(plan, report) -> tuple[Repair, list[str]]:
+    """The planned shards `report` names problems of, and a Repair listing the problems
+    re-extraction cannot mend: all of them without a sound `plan` (None)."""
+    repair = Repair()
     if plan is None:  # without a sound plan no job can re-extract a shard as it was
         repair.unrepairable = list(report.problems)
-        return repair
+        return repair, []
     planned = {s.name for s in plan.shards}
-    shards = sorted({p["shard"] for p in report.problems if p["shard"] in planned})
     repair.unrepairable = [p for p in report.problems if p["shard"] not in planned]
-    with StoreLock(store, job="verify --repair"):
-        repair.moved = set_aside(store, shards)
-    return repair
+    return repair, sorted({p["shard"] for p in report.problems if p["shard"] in planned})
 
 
 def clean_store(store, commitless: bool = True) -> tuple[list[str], list[str]]:
@@ -105,6 +116,10 @@ def clean_store(store, commitless: bool = True) -> tuple[list[str], list[str]]:
     where they block the shard's next commit; not with `commitless=False`: `repair_store`
     moves them with the damaged ones). Returns both lists of names. Refused while a live
     job holds the store."""
+    if is_object_store(store):
+        from .objstore.repair import clean_bucket
+
+        return clean_bucket(classify_store(store)), []
     from .lock import StoreLock
     from .writer import remove_staging
 

@@ -37,13 +37,18 @@ def read_root(path) -> StoreRoot:
     metadata = path / layout.ZARR_METADATA
     if not metadata.is_file():
         raise FileNotFoundError(f"{path}: not a zarr store (no {layout.ZARR_METADATA})")
+    return parse_root(metadata.read_bytes(), path, metadata)
+
+
+def parse_root(raw: bytes, store, metadata) -> StoreRoot:
+    """`read_root` on the root metadata's bytes (`store`, `metadata`: how errors name them)."""
     try:
-        attrs = json.loads(metadata.read_bytes())["attributes"][layout.ROOT_ATTR]
+        attrs = json.loads(raw)["attributes"][layout.ROOT_ATTR]
         version = attrs.get("schema_version")
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"{metadata}: not a dflash store root ({exc!r})") from None
     if version != layout.SCHEMA_VERSION:
-        raise ValueError(f"{path}: schema version {version!r}, this code reads {layout.SCHEMA_VERSION}")
+        raise ValueError(f"{store}: schema version {version!r}, this code reads {layout.SCHEMA_VERSION}")
     try:
         return StoreRoot(attrs, Fingerprint.from_json(attrs["fingerprint"]), CodecConfig.from_json(attrs["codec"]))
     except (KeyError, TypeError, ValueError) as exc:

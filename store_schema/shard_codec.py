@@ -64,24 +64,25 @@ class EncodedArray:
 
 
 # -- reading the files ---------------------------------------------------------------------
-def read_arrays(directory: Path, commit: ShardCommit, arrays: Iterable[str], verify: bool,
+def read_arrays(shard: str, read: Callable[[str], bytes], commit: ShardCommit, arrays: Iterable[str], verify: bool,
                 skip: Iterable[str] = ()) -> dict[str, EncodedArray]:
-    """Read `arrays` of the shard in `directory`. With `verify`, every file read is
+    """Read `arrays` of `shard`, each file through `read(path relative to the shard)`
+    (FileNotFoundError where it is missing: a directory's files, a bucket's objects). With `verify`, every file read is
     checked against the commit record, and so is every other committed file except
     those of the arrays in `skip` (layers not asked for), so a damaged shard is
     refused whole rather than partly used."""
     files: dict[str, bytes] = {}
     for array in arrays:
         meta_file = f"{array}/{layout.ZARR_METADATA}"
-        files[meta_file] = _read_checked(directory, meta_file, commit, verify)
+        files[meta_file] = _read_checked(shard, read, meta_file, commit, verify)
         data_file = array_data_file(array, json.loads(bytes(files[meta_file])))
-        files[data_file] = _read_checked(directory, data_file, commit, verify)
-    encoded = encoded_arrays(directory.name, files, arrays)
+        files[data_file] = _read_checked(shard, read, data_file, commit, verify)
+    encoded = encoded_arrays(shard, files, arrays)
     if verify:
         skipped = set(skip)
         for rel in commit.files:
             if layout.array_of(rel) not in encoded and layout.array_of(rel) not in skipped:
-                _read_checked(directory, rel, commit, verify)
+                _read_checked(shard, read, rel, commit, verify)
     return encoded
 
 
@@ -105,11 +106,10 @@ def encoded_arrays(shard: str, files: Mapping[str, bytes], arrays: Iterable[str]
     return encoded
 
 
-def _read_checked(directory: Path, rel: str, commit: ShardCommit, verify: bool):
-    """One file's bytes (`read_file`); with `verify`, its size and crc32c as committed."""
-    shard = directory.name
+def _read_checked(shard: str, read: Callable[[str], bytes], rel: str, commit: ShardCommit, verify: bool):
+    """One file's bytes (`read(rel)`); with `verify`, its size and crc32c as committed."""
     try:
-        data = read_file(directory / rel)
+        data = read(rel)
     except FileNotFoundError:
         raise CorruptShardError(shard, rel, "file missing") from None
     if verify:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -23,9 +22,9 @@ from . import layer_stats, layout
 from .dtypes import nonfinite_rows
 from .runtime.host import available_cores
 from .plan import is_safe_id
+from .location import open_store
 from .reader import CorruptShardError, Store, as_bits
-from .records import RecordError, check_files, crc32c_bytes, file_mismatch, list_files, read_record
-from .shard_codec import read_file
+from .records import RecordError, crc32c_bytes, file_mismatch
 
 
 @dataclass
@@ -89,10 +88,9 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     job share the work out), and not which planned shards are missing.
     FileNotFoundError where `path` holds no store at all: there is nothing to
     report on (a wrong path), unlike a store whose root is damaged."""
-    path = Path(path)
     report = Report(checksums_only=checksums_only)
     try:
-        store = Store(path)
+        store = open_store(path)
     except FileNotFoundError:
         raise
     except (OSError, ValueError, KeyError) as exc:
@@ -100,11 +98,8 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
         return report
     _check_root(store, report)
     plan = _check_plan(store, report)
-    staging = path / layout.STAGING_DIR
-    report.leftovers = sorted(p.name for p in staging.glob("*")) if staging.is_dir() else []
-
-    shards_root = path / layout.SHARDS_DIR
-    shard_dirs = sorted(p.name for p in shards_root.iterdir() if p.is_dir()) if shards_root.is_dir() else []
+    report.leftovers = store.leftovers()
+    shard_dirs = store.shard_entries()
     if shards is not None:
         shard_dirs = sorted(set(shard_dirs) & set(shards))
     planned_ids = None if plan is None else {s.name: [x.sample_id for x in s.samples] for s in plan.shards}
@@ -152,11 +147,11 @@ def _merge(result: _ShardResult, seen_ids: dict, report: Report) -> None:
 
 def _check_root(store: Store, report: Report) -> None:
     try:
-        record = read_record(store.path / layout.ROOT_RECORD)
+        record = store.store_record(layout.ROOT_RECORD)
     except RecordError as exc:
         report.add(str(exc), file=layout.ROOT_RECORD)
         return
-    for rel, what in check_files(store.path, record["files"]):
+    for rel, what in store.store_file_problems(record["files"]):
         report.add(what, file=rel)
     actual = store.fingerprint.sha256()
     if store.attrs.get("fingerprint_sha256") != actual or record["fingerprint_sha256"] != actual:
@@ -164,17 +159,16 @@ def _check_root(store: Store, report: Report) -> None:
 
 
 def _check_plan(store: Store, report: Report):
-    plan_dir = store.path / layout.PLAN_DIR
-    if not plan_dir.exists():
+    if not store.has_plan_files():
         return None
     try:
-        record = read_record(plan_dir / layout.COMMIT_RECORD)
+        record = store.store_record(f"{layout.PLAN_DIR}/{layout.COMMIT_RECORD}")
     except RecordError as exc:
         report.add(str(exc), file=f"{layout.PLAN_DIR}/{layout.COMMIT_RECORD}")
         return None
-    problems = check_files(plan_dir, record["files"])
+    problems = store.store_file_problems({f"{layout.PLAN_DIR}/{rel}": entry for rel, entry in record["files"].items()})
     for rel, what in problems:
-        report.add(what, file=f"{layout.PLAN_DIR}/{rel}")
+        report.add(what, file=rel)
     if problems:
         return None
     plan = store.plan()
@@ -185,7 +179,6 @@ def _check_plan(store: Store, report: Report):
 
 def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> _ShardResult:
     result = _ShardResult(name)
-    directory = layout.shard_dir(store.path, name)
     try:
         commit = store.commit(name)
     except CorruptShardError as exc:
@@ -195,7 +188,7 @@ def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> 
     files, bad = {}, False
     for rel, entry in commit.file_table.items():
         try:
-            data = read_file(directory / rel)
+            data = store.shard_file(name, rel)
         except FileNotFoundError:
             what = "file missing"
         else:
@@ -205,7 +198,7 @@ def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> 
         if what:
             bad = True
             result.add(what, array=layout.array_of(rel), file=rel)
-    for rel in sorted(set(list_files(directory, exclude=(layout.COMMIT_RECORD,))) - set(commit.files)):
+    for rel in store.unlisted_shard_files(name, commit):
         result.add("file not in the commit record", file=rel)
     if commit.fingerprint_sha256 != store.fingerprint.sha256():
         result.add("shard was written under a different fingerprint", file=layout.COMMIT_RECORD)

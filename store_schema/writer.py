@@ -24,6 +24,7 @@ from .fingerprint import Fingerprint
 from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layer_stats import layer_stats, refuse_empty_capture
 from .layout import WRITE_ALL_CHUNKS, write_small_array
+from .location import classify_store, is_object_store
 from .lock import Attempt, discard
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
@@ -84,7 +85,7 @@ class StoreWriter:
         before the checksums: from then on nobody else touches the staging directory,
         so what the commit record lists is what the rename makes visible -- checked
         once more (every array there, every file at its size) right before the rename."""
-        if layout.is_committed(self.path, name):
+        if self.is_committed(name):
             return False
         self._check_against_plan(name, samples)
 
@@ -96,8 +97,15 @@ class StoreWriter:
             commit = ShardCommit.from_record(body)
             _check_complete(staging, commit, self._arrays(commit.target_topk))
 
-        return write_and_commit(self.path, name, lambda staging: self._write_arrays(staging, name, samples), record,
-                                attempt, check)
+        return self.commit_written(name, lambda staging: self._write_arrays(staging, name, samples), record,
+                                   attempt, check)
+
+    def is_committed(self, name: str) -> bool:
+        return layout.is_committed(self.path, name)
+
+    def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check) -> bool:
+        """The commit step (`staging.write_and_commit`'s arguments); a bucket writer commits by its marker."""
+        return write_and_commit(self.path, name, write, make_record, attempt, check)
 
     def _arrays(self, topk: int) -> set[str]:
         """The arrays every committed shard holds."""
@@ -317,10 +325,17 @@ def create_store(
     overwrite: bool = False,
     keep_plan: bool = False,
 ) -> StoreWriter:
-    """Create an empty store (codec: the store dtype's default unless given). An
+    """Create an empty store (codec: the store dtype's default unless given) in a
+    directory, or under an object-store URL (`objstore.commit.create_bucket_store`). An
     existing store is kept unless `overwrite`. With `keep_plan`, a plan committed
     before the root (`commit_plan`) stays, and whatever else an earlier creation
     cut short left is removed (without a root record nothing in it was committed)."""
+    if is_object_store(path):
+        if overwrite:
+            raise ValueError(f"{path}: a store on object storage is never overwritten in place; use a new prefix")
+        from .objstore.commit import create_bucket_store  # obstore only where a bucket is used
+
+        return create_bucket_store(classify_store(path), fingerprint, codec)
     path = Path(path)
     codec = codec or CodecConfig(name=store_dtype(fingerprint.dtype).default_codec)
     kept = {layout.PLAN_DIR, layout.STAGING_DIR} if keep_plan else set()

@@ -1,0 +1,93 @@
+"""The few object-store operations the commit protocol needs, over obstore.
+
+A create (`If-None-Match: *`) or a replace (`If-Match: ETAG`) that another writer beat
+returns False / None instead of raising: servers answer a lost race with 412, or 404
+where the object to match is gone (moto, some S3 clones), and obstore raises
+AlreadyExistsError, PreconditionError or NotFoundError for those; all three mean
+"another writer got there first". zarr's `ObjectStore.set_if_not_exists` swallows that
+answer, so commits never go through it."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionError
+from obstore.store import from_url
+
+from ..location import StoreURL
+
+LOST_RACE = (AlreadyExistsError, PreconditionError, NotFoundError)
+PARALLEL_REQUESTS = 16
+
+
+class Bucket:
+    """The objects under one store URL; keys are paths relative to the store."""
+
+    def __init__(self, url: StoreURL):
+        self.url = url
+        self.store = from_url(str(url))  # credentials and endpoint from the provider's environment
+
+    def where(self, key: str) -> str:
+        return f"{self.url}/{key}"
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; FileNotFoundError naming its URL if there is none."""
+        try:
+            return obstore.get(self.store, key).bytes().to_bytes()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.where(key)}: no such object") from None
+
+    def get_many(self, keys) -> dict[str, bytes]:
+        """Several objects at once, fetched in parallel."""
+        keys = list(keys)
+        with ThreadPoolExecutor(min(PARALLEL_REQUESTS, max(1, len(keys)))) as pool:
+            return dict(zip(keys, pool.map(self.get, keys)))
+
+    def get_versioned(self, key: str) -> tuple[bytes, str] | None:
+        """(bytes, ETag) of the object, or None if there is none."""
+        try:
+            result = obstore.get(self.store, key)
+        except FileNotFoundError:
+            return None
+        return result.bytes().to_bytes(), result.meta["e_tag"]
+
+    def exists(self, key: str) -> bool:
+        try:
+            obstore.head(self.store, key)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def put(self, key: str, data: bytes) -> str:
+        return obstore.put(self.store, key, data)["e_tag"]
+
+    def create(self, key: str, data: bytes) -> str | None:
+        """PUT with `If-None-Match: *`: the ETag if this call created the object, None if it existed."""
+        try:
+            return obstore.put(self.store, key, data, mode="create")["e_tag"]
+        except LOST_RACE:
+            return None
+
+    def replace(self, key: str, data: bytes, e_tag: str) -> str | None:
+        """PUT with `If-Match: e_tag`: the new ETag, or None if the object changed or went."""
+        try:
+            return obstore.put(self.store, key, data, mode={"e_tag": e_tag})["e_tag"]
+        except LOST_RACE:
+            return None
+
+    def delete(self, key: str) -> None:
+        obstore.delete(self.store, key)
+
+    def delete_many(self, keys) -> None:
+        keys = list(keys)
+        if keys:
+            obstore.delete(self.store, keys)
+
+    def list(self, prefix: str) -> dict[str, int]:
+        """{key: size} of every object under `prefix` (a folder, no trailing slash; "" for all)."""
+        found = {}
+        for batch in obstore.list(self.store, prefix.rstrip("/") + "/" if prefix else None):
+            for meta in batch:
+                found[meta["path"]] = int(meta["size"])
+        return found

@@ -1,0 +1,158 @@
+"""Reading a store on object storage through the same API as a directory store.
+
+`BucketStore` is a `reader.Store`: the training path (`read_shard`, `iter_shards`)
+fetches a committed shard's objects whole and decodes them as it decodes files;
+partial reads (`read_window`) go through zarr's `ObjectStore` over the attempt's
+prefix. The plan names every shard and a shard's marker is at a fixed key, so
+nothing a reader does lists the bucket; `verify` lists, to find what is there
+besides (unfinished attempts, objects no marker names)."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import zarr
+from zarr.storage import ObjectStore
+
+from .. import layout
+from ..dtypes import store_dtype
+from ..plan import Plan
+from ..plan_io import plan_from_group
+from ..reader import Store
+from ..records import RecordError, ShardCommit, crc32c_bytes, file_mismatch, parse_record
+from ..root import parse_root
+from ..shard_codec import CorruptShardError
+from .bucket import PARALLEL_REQUESTS, Bucket
+from .keys import ATTEMPTS_DIR, MARKER_ATTEMPT, PLAN_RECORD, attempt_of_key, attempt_prefix, shard_marker
+
+
+def read_bucket_plan(bucket: Bucket) -> Plan | None:
+    """The store's plan once `plan/commit.json` exists; None before."""
+    if not bucket.exists(PLAN_RECORD):
+        return None
+    group = zarr.open_group(store=ObjectStore(bucket.store, read_only=True), path=layout.PLAN_DIR, mode="r")
+    return plan_from_group(group)
+
+
+class BucketStore(Store):
+    def __init__(self, url):
+        self.bucket = Bucket(url)
+        self.path = url  # how messages name the store
+        raw = self._root_bytes()
+        root = parse_root(raw, url, self.bucket.where(layout.ZARR_METADATA))
+        self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
+        self.dtype = store_dtype(self.fingerprint.dtype)
+        self._commits: dict[str, ShardCommit] = {}
+        self._attempts: dict[str, str] = {}
+        self._plan: Plan | None = None
+
+    def _root_bytes(self) -> bytes:
+        try:
+            return self.bucket.get(layout.ZARR_METADATA)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{self.path}: not a store (no {layout.ZARR_METADATA} under that prefix)") from None
+
+    # -- committed shards ----------------------------------------------------------------
+    def plan(self) -> Plan | None:
+        if self._plan is None:
+            self._plan = read_bucket_plan(self.bucket)
+        return self._plan
+
+    def committed_shards(self) -> list[str]:
+        plan = self.plan()
+        if plan is None:
+            return []
+        names = [s.name for s in plan.shards]
+        with ThreadPoolExecutor(PARALLEL_REQUESTS) as pool:
+            present = list(pool.map(self.is_committed, names))
+        return sorted(name for name, there in zip(names, present) if there)
+
+    def is_committed(self, name: str) -> bool:
+        return name in self._commits or self.bucket.exists(shard_marker(name))
+
+    def commit(self, name: str) -> ShardCommit:
+        if name not in self._commits:
+            key = shard_marker(name)
+            try:
+                body = parse_record(self.bucket.get(key), self.bucket.where(key))
+                attempt = body.get(MARKER_ATTEMPT)
+                if not isinstance(attempt, str) or not attempt:
+                    raise RecordError(f"{self.bucket.where(key)}: the marker names no attempt")
+                commit = ShardCommit.from_record(body)
+            except FileNotFoundError:
+                raise CorruptShardError(name, layout.COMMIT_RECORD, "commit marker missing") from None
+            except RecordError as exc:
+                raise CorruptShardError(name, layout.COMMIT_RECORD, str(exc)) from None
+            self._commits[name], self._attempts[name] = commit, attempt
+        return self._commits[name]
+
+    def attempt(self, name: str) -> str:
+        """The attempt whose objects the shard's marker names."""
+        self.commit(name)
+        return self._attempts[name]
+
+    def shard_group(self, name: str):
+        if not self.is_committed(name):
+            raise KeyError(f"{self.path}: no committed shard {name!r}")
+        return zarr.open_group(store=ObjectStore(self.bucket.store, read_only=True),
+                               path=attempt_prefix(name, self.attempt(name)), mode="r")
+
+    # -- what `verify` reads ---------------------------------------------------------------
+    def shard_file(self, name: str, rel: str) -> bytes:
+        return self.bucket.get(f"{attempt_prefix(name, self.attempt(name))}/{rel}")
+
+    def unlisted_shard_files(self, name: str, commit: ShardCommit) -> list[str]:
+        prefix = attempt_prefix(name, self.attempt(name))
+        found = {key[len(prefix) + 1:] for key in self.bucket.list(prefix)}
+        return sorted(found - set(commit.files))
+
+    def shard_entries(self) -> list[str]:
+        """Every shard with a marker (listed: `verify` checks what is there, planned or not)."""
+        suffix = "/" + layout.COMMIT_RECORD
+        keys = self.bucket.list(layout.SHARDS_DIR)
+        return sorted(key.split("/")[1] for key in keys if key.endswith(suffix) and key.count("/") == 2)
+
+    def attempts(self) -> dict[tuple[str, str], list[str]]:
+        """{(shard, attempt token): its keys} of every attempt in the bucket."""
+        found: dict[tuple[str, str], list[str]] = {}
+        for key in self.bucket.list(ATTEMPTS_DIR):
+            owner = attempt_of_key(key)
+            if owner is not None:
+                found.setdefault(owner, []).append(key)
+        return found
+
+    def leftovers(self) -> list[str]:
+        """Attempts no marker names (unfinished, lost a race, or of a marker `--repair` deleted)."""
+        committed = {}
+        for name in self.shard_entries():
+            try:
+                committed[name] = self.attempt(name)
+            except CorruptShardError:
+                continue
+        return [f"{shard}.{token}" for shard, token in sorted(self.attempts()) if committed.get(shard) != token]
+
+    def has_plan_files(self) -> bool:
+        return bool(self.bucket.list(layout.PLAN_DIR))
+
+    def store_record(self, rel: str) -> dict:
+        try:
+            raw = self.bucket.get(rel)
+        except FileNotFoundError:
+            raise RecordError(f"{self.bucket.where(rel)}: commit record missing") from None
+        return parse_record(raw, self.bucket.where(rel))
+
+    def store_file_problems(self, table: dict) -> list[tuple[str, str]]:
+        problems = []
+        for rel, entry in table.items():
+            try:
+                data = self.bucket.get(rel)
+            except FileNotFoundError:
+                problems.append((rel, "file missing"))
+                continue
+            what = file_mismatch(entry, len(data), lambda: crc32c_bytes(data))
+            if what:
+                problems.append((rel, what))
+        return problems
+
+    def stored_bytes(self) -> int:
+        return sum(self.bucket.list("").values())

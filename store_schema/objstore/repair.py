@@ -1,0 +1,63 @@
+"""`verify --clean` and `verify --repair` for a store on object storage, under the lease.
+
+Repair deletes the marker of each damaged shard: readers stop seeing it at once, and
+the next `extract run` commits it again under a new attempt (same plan, same bytes).
+Clean removes attempts that can never be read: those of a shard whose marker names
+another attempt, and unfinished ones whose fence the cleaner wins by revoking them. An
+attempt that claimed its fence but has no marker may be committing right now: it is
+kept (named as a leftover) until its shard has a marker."""
+
+from __future__ import annotations
+
+from .. import layout
+from ..repair import Repair, plan_repair
+from .bucket import Bucket
+from .commit import REVOKED, attempt_of_token, take_fence
+from .keys import fence_key, shard_marker
+from .lease import StoreLease
+from .reader import BucketStore
+
+
+def clean_bucket(url) -> list[str]:
+    """Delete the attempts no reader can ever see; returns them as `SHARD.ATTEMPT`."""
+    store = BucketStore(url)
+    with StoreLease(store.bucket, job="verify --clean"):
+        return remove_dead_attempts(store)
+
+
+def remove_dead_attempts(store: BucketStore) -> list[str]:
+    removed = []
+    for (shard, token), keys in sorted(store.attempts().items()):
+        if store.is_committed(shard):
+            if store.attempt(shard) == token:
+                continue
+        elif not _revoked(store.bucket, shard, token):
+            continue  # claimed: its writer may be creating the marker now
+        store.bucket.delete_many(keys)
+        removed.append(f"{shard}.{token}")
+    return removed
+
+
+def _revoked(bucket: Bucket, shard: str, token: str) -> bool:
+    """Revoke the attempt (or find it revoked): True when it can never commit."""
+    attempt = attempt_of_token(token)
+    if take_fence(bucket, shard, attempt, REVOKED):
+        return True
+    try:
+        return bucket.get(fence_key(attempt.run, shard, attempt.number)).startswith(REVOKED.encode())
+    except FileNotFoundError:
+        return False
+
+
+def repair_bucket(url, report) -> Repair:
+    """Delete the marker of every planned shard `report` names a problem of."""
+    store = BucketStore(url)
+    plan_damaged = any(not p["shard"] and p["file"].startswith(layout.PLAN_DIR) for p in report.problems)
+    repair, shards = plan_repair(None if plan_damaged else store.plan(), report)
+    if shards:
+        with StoreLease(store.bucket, job="verify --repair"):
+            for name in shards:
+                if store.bucket.exists(shard_marker(name)):
+                    store.bucket.delete(shard_marker(name))
+                    repair.moved.append(name)
+    return repair
