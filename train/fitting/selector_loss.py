@@ -22,9 +22,17 @@ term adds K x r per row (the successor codebook rows of the candidates), never a
 
 Codebook gradients are sparse: a step touches only the predecessor rows of A
 and the candidate rows of B (at most rows x (1 + K) of V), yet a dense AdamW
-keeps 2 x V x r fp32 moments per codebook (~0.51 GB each at V = 248,320,
-r = 256) and updates all of it every step. benchmarks/RESULTS.md has the
-measured cost of the choices and the recommendation."""
+keeps 2 x V x r fp32 moments per codebook (0.51 GB each, 1.02 GB for both at
+V = 248,320, r = 256; the 27B drafter's whole AdamW state is ~15.4 GB) and
+updates every row each step. Recommendation: keep A and B dense parameters in
+the run's one AdamW (fused). Measured on the 2-core CPU for one codebook and one
+sequence's 512 x 15 rows x (1 + 16) uniform ids (~101K distinct rows;
+`benchmarks/codebook_optim_bench.py`, benchmarks/RESULTS.md 2026-12-02): dense
+backward 1.4 s + fused AdamW step 0.19 s (foreach 1.7 s), against SparseAdam on
+`nn.Embedding(sparse=True)` 0.32 s + 4.1 s. SparseAdam's moments are dense as
+well (no memory saved), its lazy moments are not AdamW's, and sparse gradients
+would need their own path through grad clipping and the `--nproc` all-reduce
+(NCCL has no sparse all-reduce). A batch of sequences touches more rows still."""
 
 from __future__ import annotations
 
