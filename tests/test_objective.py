@@ -11,9 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.config import ConfigError, LossConfig
+from train.config import ConfigError, LossConfig, ModelConfig
+from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.fitting.loss import block_metrics, block_targets, dflash_loss, dpace_weights
 from train.fitting.selector_loss import selector_loss, selector_weight_at
+from train.fitting.step import dflash_step
+from train.fitting.target_head import TargetHead
 
 
 class PairSelector(nn.Module):
@@ -159,7 +162,7 @@ def test_metrics_recall_and_selector_accuracy():
 
 def tiny_problem(dtype, position_weights="decay", seed=0):
     torch.manual_seed(seed)
-    vocab, size, block = 8, 6, 4
+    vocab, size, block = 8, 4, 4
     input_ids = torch.randint(0, vocab, (14,))
     mask = torch.ones(14)
     mask[6] = 0
@@ -272,3 +275,21 @@ def test_predecessors_are_teacher_forced():
     targets = block_targets(input_ids, torch.ones(20), torch.tensor([2, 9]), 4, gamma=3.0)
     # slot 1: the anchor token; slot k >= 2: the true previous token
     assert targets.predecessors.tolist() == [[12, 12, 13, 14], [19, 19, 20, 21]]
+
+
+def test_dflash_step_applies_the_configured_position_weights():
+    torch.manual_seed(0)
+    config = DrafterConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                           intermediate_size=64, vocab_size=64, num_target_layers=4, context_layer_ids=[1],
+                           mask_token_id=3, num_hidden_layers=1, block_size=8, rope_theta=10000.0)
+    drafter, head = DFlashDrafter(config), TargetHead(torch.randn(64, 32), torch.randn(64, 32))
+    input_ids, loss_mask, features = torch.randint(0, 64, (40,)), torch.ones(40, dtype=torch.long), torch.randn(40, 32)
+    runs = {}
+    for rule in ("decay", "dpace"):
+        generator = torch.Generator().manual_seed(1)
+        output, _, targets = dflash_step(drafter, head, input_ids, loss_mask, features,
+                                         LossConfig(position_weights=rule), ModelConfig(num_anchors=4), generator)
+        runs[rule] = (output.loss.item(), targets)
+    assert runs["dpace"][1].position_weights == "dpace" and runs["decay"][1].position_weights == "decay"
+    assert runs["dpace"][1].weight_sum == runs["dpace"][1].valid.sum()  # normalised by the scored labels
+    assert runs["dpace"][0] != pytest.approx(runs["decay"][0])
