@@ -10,7 +10,12 @@ and optimizer step both ways, with the ids of one sequence's scored rows
 (the most distinct rows, the worst case for the sparse update), and reports the
 optimizer state. Figures go to benchmarks/RESULTS.md; one JSON line last.
 
+`--selector-memory` instead measures the peak extra memory of the chunked loss's
+forward + backward with and without the selector term (each in a fresh process):
+the selector must add K x r per scored row, never a [rows, V] tensor.
+
     python benchmarks/codebook_optim_bench.py            # V = 248,320, r = 256
+    python benchmarks/codebook_optim_bench.py --selector-memory
     python benchmarks/codebook_optim_bench.py --quick    # tiny sizes, seconds (the suite's smoke run)
 """
 
@@ -18,7 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +37,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import append_results  # noqa: E402
+from train.fitting.loss import block_targets, dflash_loss  # noqa: E402
 
 METHODS = ("adamw_foreach", "adamw_fused", "sparse_adam")
 
@@ -80,6 +89,63 @@ def measure(method: str, vocab: int, rank: int, rows: int, top_k: int, steps: in
     }
 
 
+class PairSelector(nn.Module):
+    """The reference CandidateSelector's bilinear term, for the memory measurement."""
+
+    def __init__(self, vocab: int, hidden: int, rank: int):
+        super().__init__()
+        self.predecessor_codebook = nn.Embedding(vocab, rank)
+        self.successor_codebook = nn.Embedding(vocab, rank)
+        self.hidden_projection = nn.Linear(hidden, rank, bias=False)
+
+    def pair_scores(self, hidden, predecessor_ids, candidate_ids):
+        context = self.predecessor_codebook(predecessor_ids) * self.hidden_projection(hidden)
+        return torch.einsum("nr,nkr->nk", context, self.successor_codebook(candidate_ids))
+
+
+def loss_peak_child(variant: str, vocab: int, rank: int, anchors: int, top_k: int, chunk_rows: int) -> dict:
+    """Peak extra RSS of one chunked loss forward + backward (hidden 256, block 16)."""
+    torch.manual_seed(0)
+    length, block, hidden_size = 3072, 16, 256
+    input_ids = torch.randint(0, vocab, (length,))
+    positions = torch.randperm(length - block)[:anchors].sort().values
+    targets = block_targets(input_ids, torch.ones(length), positions, block)
+    hidden = torch.randn(anchors, block, hidden_size, requires_grad=True)
+    head = torch.randn(vocab, hidden_size) * 0.02
+    selector = PairSelector(vocab, hidden_size, rank) if variant == "selector" else None
+    with open("/proc/self/statm") as f:
+        before = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    out = dflash_loss(hidden, head, targets, chunk_rows=chunk_rows, selector=selector, selector_top_k=top_k)
+    out.loss.backward()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+    return {"variant": variant, "rows": int(targets.valid.sum()), "peak_bytes": int(peak)}
+
+
+def loss_peaks(args) -> list[dict]:
+    results = []
+    for variant in ("plain", "selector"):
+        child = subprocess.run(
+            [sys.executable, __file__, "--loss-child", variant, "--vocab", str(args.vocab), "--rank", str(args.rank),
+             "--anchors", str(args.anchors), "--top-k", str(args.top_k), "--chunk-rows", str(args.chunk_rows)],
+            capture_output=True, text=True, check=True)
+        results.append(json.loads(child.stdout.strip().splitlines()[-1]))
+    return results
+
+
+def selector_memory(args) -> int:
+    plain, with_selector = loss_peaks(args)
+    rows = plain["rows"]
+    summary = {"rows": rows, "plain_peak_bytes": plain["peak_bytes"], "selector_peak_bytes": with_selector["peak_bytes"],
+               "rows_x_vocab_fp32_bytes": rows * args.vocab * 4}
+    mib = 2**20
+    table = [(f"loss fwd + bwd peak extra RSS, V {args.vocab}, {rows} rows, chunk {args.chunk_rows}: plain / "
+              f"+ selector (K {args.top_k}, r {args.rank})", "selector adds ~ rows x K x r, not rows x V",
+              f"{plain['peak_bytes'] / mib:.0f} / {with_selector['peak_bytes'] / mib:.0f} MiB "
+              f"(one [rows, V] fp32 tensor: {rows * args.vocab * 4 / mib:.0f} MiB)")]
+    append_results("DFlash 2 selector loss memory (codebook_optim_bench --selector-memory)", table, summary)
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", type=int, default=248_320)
@@ -88,7 +154,17 @@ def main(argv=None) -> int:
     parser.add_argument("--top-k", type=int, default=16)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, nothing appended")
+    parser.add_argument("--selector-memory", action="store_true", help="the loss's peak memory with / without selector")
+    parser.add_argument("--anchors", type=int, default=128, help="--selector-memory: anchors of the 3072-token sequence")
+    parser.add_argument("--chunk-rows", type=int, default=256, help="--selector-memory: the loss's chunk_rows")
+    parser.add_argument("--loss-child", choices=("plain", "selector"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.loss_child:
+        print(json.dumps(loss_peak_child(args.loss_child, args.vocab, args.rank, args.anchors, args.top_k,
+                                         args.chunk_rows)))
+        return 0
+    if args.selector_memory:
+        return selector_memory(args)
     if args.quick:
         args.vocab, args.rank, args.rows, args.top_k, args.steps = 512, 8, 16, 4, 2
     results = [measure(m, args.vocab, args.rank, args.rows, args.top_k, args.steps) for m in METHODS]
@@ -97,7 +173,8 @@ def main(argv=None) -> int:
     by_method = {r["method"]: r for r in results}
     summary = {f"{m}_{key}": by_method[m][key] for m in METHODS for key in ("backward_s", "step_s", "state_bytes")}
     summary["distinct_rows"] = results[0]["distinct_rows"]
-    if args.quick:
+    if args.quick:  # the memory measurement's path too, in-process (its figure needs fresh processes)
+        summary["quick_loss_rows"] = loss_peak_child("selector", args.vocab, args.rank, 4, args.top_k, 8)["rows"]
         print(json.dumps(summary))
         return 0
     rows = [

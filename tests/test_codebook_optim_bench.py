@@ -4,12 +4,15 @@ selector loss's recommendation rests on."""
 
 from __future__ import annotations
 
+import json
+
 from benchmarks.codebook_optim_bench import main, measure
 
 
 def test_quick_run_and_state_sizes(capsys):
     assert main(["--quick"]) == 0
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith('{"adamw_foreach_backward_s"')
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["quick_loss_rows"] == 4 * 15 and summary["adamw_fused_state_bytes"] == 2 * 512 * 8 * 4
     dense = measure("adamw_fused", 64, 4, 8, 2, steps=1)
     sparse = measure("sparse_adam", 64, 4, 8, 2, steps=1)
     assert dense["state_bytes"] == sparse["state_bytes"] == 2 * 64 * 4 * 4
