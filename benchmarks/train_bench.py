@@ -87,7 +87,7 @@ def loss_child(variant: str, anchors: int, chunk_rows: int) -> dict:
     cuda = torch.cuda.is_available()
     if cuda:
         hidden, head = hidden.detach().cuda().requires_grad_(), head.cuda()
-        targets = type(targets)(*(t.cuda() if t is not None else None for t in vars(targets).values()))
+        targets = type(targets)(*(t.cuda() if torch.is_tensor(t) else t for t in vars(targets).values()))
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()

@@ -28,6 +28,7 @@ from train.dtypes import dtype_name
 CONFIG_FILE = "config.yaml"  # a run directory's saved config
 LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
 NORMALIZE = ("step", "sequence")  # loss.normalize: over an optimizer step's weighted labels, or per sequence
+POSITION_WEIGHTS = ("decay", "dpace")  # loss.position_weights: exp(-(k-1)/gamma), or D-PACE (arXiv 2605.18810)
 SPLITS = ("heldout", "train", "all")  # a run's samples: never trained on (data.heldout_fraction), the rest, both
 EVAL_CLI_SAMPLES = 256  # `python -m train eval` evaluates at most this many samples unless told otherwise
 
@@ -113,6 +114,10 @@ class LossConfig:
     noise: float = 0.0  # uniform noise scale on the drafter's context features only (0: off)
     chunk_rows: int = 1024  # scored rows per loss chunk: peak ~ chunk_rows x vocab fp32 x 3
     normalize: str = "step"  # "step": over all weighted labels of an optimizer step (SpecForge); "sequence": per sequence
+    position_weights: str = "decay"  # "decay": exp(-(k-1)/gamma); "dpace": D-PACE's dynamic weights (hard CE only)
+    dpace_alpha: float = 0.5  # D-PACE confidence smoothing: (1 - alpha) q + alpha (the paper's and speculators' 0.5)
+    selector_weight: float = 1.0  # DFlash 2: weight of the selector's K-way CE beside the main loss
+    selector_warmup_steps: int = 0  # DFlash 2: linear ramp of selector_weight over the first steps (0: none)
 
     def validate(self):
         _check(self.gamma is None or self.gamma > 0, "loss.gamma", "must be > 0")
@@ -121,6 +126,11 @@ class LossConfig:
         _check(self.noise >= 0.0, "loss.noise", "must be >= 0")
         _check(self.chunk_rows >= 1, "loss.chunk_rows", "must be >= 1")
         _check(self.normalize in NORMALIZE, "loss.normalize", 'must be "step" or "sequence"')
+        _check(self.position_weights in POSITION_WEIGHTS, "loss.position_weights", 'must be "decay" or "dpace"')
+        _check(0.0 <= self.dpace_alpha <= 1.0, "loss.dpace_alpha", "must be in [0, 1]")
+        _check(self.position_weights != "dpace" or self.kl_mix == 0.0, "loss.position_weights", "dpace needs loss.kl_mix=0")
+        _check(self.selector_weight >= 0.0, "loss.selector_weight", "must be >= 0")
+        _check(self.selector_warmup_steps >= 0, "loss.selector_warmup_steps", "must be >= 0")
 
 
 @dataclass

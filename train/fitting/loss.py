@@ -15,6 +15,13 @@ the loss, its gradient w.r.t. the drafter's hidden states, and the metrics from
 the same logits, then drops them; the full [N*B, V] logits never exist, in
 forward or backward, and nothing is recomputed.
 
+Position weights (`loss.position_weights`): "decay" is the fixed schedule above;
+"dpace" is D-PACE (`dpace_weights`), whose weights follow the drafter's current
+confidence in each label and are computed inside the chunk walk. DFlash 2's
+selector loss (`train.fitting.selector_loss`) rides the same walk: the top-K of
+each chunk's logits are kept ([rows, K]) and their gradient reaches the hidden
+states through the head's rows, so no second [rows, V] pass exists.
+
 Everything a label, weight or metric is compared against lives in `BlockTargets`,
 built from `input_ids` / `loss_mask` (or stored target predictions) only — never
 from the context features the drafter reads, which may carry training noise.
@@ -27,6 +34,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from train.fitting.selector_loss import selector_loss
 
 # The paper's weight decay per block size.
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -46,17 +55,48 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
     return weights
 
 
+def dpace_weights(confidence: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
+    """D-PACE position weights [N, B] (arXiv 2605.18810; the authors' code is
+    Lucas-TY/D-PACE `specforge/core/dflash.py`, speculators' `dpace_loss_decay`).
+
+    confidence [N, B]: q_k, the drafter's probability of slot k's label, from the
+    same logits the CE is taken on (exp(-CE_k)); valid [N, B]: slot is scored.
+    With s_k = (1 - alpha) q_k + alpha on valid slots and 1 elsewhere (a no-op in
+    the products), P_k = s_1 ... s_k is a smooth probability that the draft is
+    accepted through slot k, sum_k P_k a surrogate of the accepted length, and
+    w_k = sum_{j >= k, valid} P_j is slot k's share of that surrogate's gradient
+    (every prefix through k depends on slot k). Weights are 0 on invalid slots.
+
+    Dynamic: the weights depend on the drafter's output, so they are computed
+    under no_grad and used as constants; gradients flow only through the CE
+    terms they multiply, never through the weights (as in the paper)."""
+    with torch.no_grad():
+        confidence = confidence.to(torch.promote_types(confidence.dtype, torch.float32))
+        mask = valid.to(confidence.dtype)
+        smoothed = torch.where(valid.bool(), (1.0 - alpha) * confidence + alpha, torch.ones_like(mask))
+        prefix = torch.cumprod(smoothed, dim=-1)
+        suffix = (prefix * mask).flip(-1).cumsum(-1).flip(-1)
+        return suffix * mask
+
+
 @dataclass
 class BlockTargets:
     """What the drafter's blocks are scored against. [N, B] each; slot 0 never valid.
 
     labels: token each slot must predict.
     valid: slot is scored (inside the sequence, loss_mask == 1, k >= 1).
-    weights: exp(-(k-1)/gamma) on valid slots, normalised to sum 1 (all 0 if none).
+    weights: the static part of each slot's weight. position_weights="decay":
+        exp(-(k-1)/gamma) on valid slots, normalised to sum 1 (all 0 if none);
+        "dpace": 1 / (valid slots) on each valid slot, which the loss multiplies
+        by `dpace_weights` (known only once the drafter's logits are).
+    predecessors: the teacher-forced token before each slot, for DFlash 2's
+        selector: the anchor token for slot 1 (and slot 0), then slot k-1's label.
     topk_ids / topk_logprobs: [N, B, K] target distribution per slot, for the
         optional soft-KL term; None when not given.
     weight_sum: the weights' sum before normalising (a 0-dim tensor): what the
-        sequence weighs in a loss normalised over a whole optimizer step."""
+        sequence weighs in a loss normalised over a whole optimizer step (for
+        "dpace": the number of valid slots, as speculators normalises D-PACE).
+    position_weights / dpace_alpha: the rule the loss applies on top of `weights`."""
 
     labels: torch.Tensor
     valid: torch.Tensor
@@ -64,6 +104,9 @@ class BlockTargets:
     topk_ids: torch.Tensor | None = None
     topk_logprobs: torch.Tensor | None = None
     weight_sum: torch.Tensor | None = None
+    predecessors: torch.Tensor | None = None
+    position_weights: str = "decay"
+    dpace_alpha: float = 0.5
 
 
 def block_targets(
@@ -76,6 +119,8 @@ def block_targets(
     target_next_ids: torch.Tensor | None = None,
     target_topk_ids: torch.Tensor | None = None,
     target_topk_logprobs: torch.Tensor | None = None,
+    position_weights: str = "decay",
+    dpace_alpha: float = 0.5,
 ) -> BlockTargets:
     """Labels, validity and weights for the blocks at `anchor_positions` [N].
 
@@ -86,8 +131,11 @@ def block_targets(
         (the prediction for token p + 1), as a store would record it.
     target_topk_ids / target_topk_logprobs [T, K]: same convention (row p is the
         target's distribution for token p + 1); gathered per slot for soft KL.
-    Validity always follows the sequence: `a + k < T` and `loss_mask[a + k] == 1`."""
-    if gamma is None:
+    Validity always follows the sequence: `a + k < T` and `loss_mask[a + k] == 1`.
+    position_weights: "decay" (gamma's schedule) or "dpace" (see `dpace_weights`)."""
+    if position_weights not in ("decay", "dpace"):
+        raise ValueError(f'position_weights must be "decay" or "dpace", got {position_weights!r}')
+    if gamma is None and position_weights == "decay":
         gamma = default_gamma(block_size)
     length = input_ids.shape[0]
     device = input_ids.device
@@ -107,7 +155,10 @@ def block_targets(
     else:
         raise ValueError(f'labels must be "tokens" or "target", got {labels!r}')
 
-    weights = slot_weights(block_size, gamma).to(device)[None, :] * valid
+    if position_weights == "decay":
+        weights = slot_weights(block_size, gamma).to(device)[None, :] * valid
+    else:
+        weights = valid.to(torch.float32)
     total = weights.sum()
     weights = weights / total if total > 0 else weights
 
@@ -117,7 +168,10 @@ def block_targets(
     if target_topk_ids is not None:
         topk_ids = target_topk_ids.to(device).long()[previous]
         topk_logprobs = target_topk_logprobs.to(device).float()[previous]
-    return BlockTargets(block_labels, valid, weights, topk_ids, topk_logprobs, total)
+    anchor_tokens = input_ids[safe[:, :1]]
+    predecessors = torch.cat([anchor_tokens, anchor_tokens, block_labels[:, 1:-1]], dim=1)[:, :block_size]
+    return BlockTargets(block_labels, valid, weights, topk_ids, topk_logprobs, total, predecessors,
+                        position_weights, float(dpace_alpha))
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):
@@ -125,24 +179,38 @@ class _ChunkedHeadLoss(torch.autograd.Function):
 
     For each chunk of scored rows: logits = h W^T in fp32, loss terms, the gradient
     d loss / d h = (softmax - (1-m) onehot(label) - m p_target) w W, and the
-    hit flags for top-1/4/8. Only the [M, H] gradient is kept for backward."""
+    hit flags for top-1/4/8. Only the [M, H] gradient is kept for backward.
+
+    reweight (None, or a function of the rows' CE [M] -> a factor [M]): weights
+    known only after the walk (D-PACE); each row's loss and kept gradient are
+    scaled by its factor at the end, which stays exact because the factor is a
+    constant of the gradient. top_k > 0 also returns each row's top-k ids and
+    logits [M, k] (differentiable: backward adds sum_c g_c W[c] per row through
+    `embedding_bag`, no [M, V] tensor); the row weights used are returned too."""
 
     @staticmethod
-    def forward(ctx, hidden, head_weight, labels, weights, topk_ids, topk_probs, kl_mix, chunk_rows):
+    def forward(ctx, hidden, head_weight, labels, weights, topk_ids, topk_probs, kl_mix, chunk_rows, reweight, top_k):
         need_grad = ctx.needs_input_grad[0]
         grad_hidden = torch.zeros_like(hidden) if need_grad else None
-        ce_sum = hidden.new_zeros((), dtype=torch.float32)
-        kl_sum = hidden.new_zeros((), dtype=torch.float32)
+        compute = torch.promote_types(hidden.dtype, torch.float32)  # fp32, or fp64 for gradcheck
+        ce_sum = hidden.new_zeros((), dtype=compute)
+        kl_sum = hidden.new_zeros((), dtype=compute)
         rows = hidden.shape[0]
         hits = torch.zeros(rows, 3, dtype=torch.bool, device=hidden.device)  # top1, top4, top8
-        top = min(8, head_weight.shape[0])
+        top = min(max(8, top_k), head_weight.shape[0])
+        row_ce = torch.zeros(rows, dtype=compute, device=hidden.device) if reweight is not None else None
+        candidates = torch.zeros(rows, top_k, dtype=torch.long, device=hidden.device)
+        unary = torch.zeros(rows, top_k, dtype=compute, device=hidden.device)
         for start in range(0, rows, chunk_rows):
             end = min(start + chunk_rows, rows)
-            logits = F.linear(hidden[start:end], head_weight).float()
+            logits = F.linear(hidden[start:end], head_weight).to(compute)
             logprobs = torch.log_softmax(logits, dim=-1)
             label = labels[start:end, None]
             w = weights[start:end]
-            ce_sum += -(logprobs.gather(1, label).squeeze(1) * w).sum()
+            if reweight is None:
+                ce_sum += -(logprobs.gather(1, label).squeeze(1) * w).sum()
+            else:
+                row_ce[start:end] = -logprobs.gather(1, label).squeeze(1)
             if kl_mix > 0:
                 p_target = topk_probs[start:end]
                 ids = topk_ids[start:end]
@@ -155,32 +223,49 @@ class _ChunkedHeadLoss(torch.autograd.Function):
                     grad_logits.scatter_add_(1, ids, -kl_mix * p_target)
                 grad_logits *= w[:, None]
                 grad_hidden[start:end] = (grad_logits.to(head_weight.dtype) @ head_weight).to(hidden.dtype)
-            best = logits.topk(top, dim=-1).indices
-            found = best == label
+            best = logits.topk(top, dim=-1)
+            found = best.indices[:, :8] == label
             hits[start:end, 0] = found[:, 0]
             hits[start:end, 1] = found[:, :4].any(1)
             hits[start:end, 2] = found.any(1)
+            if top_k:
+                candidates[start:end] = best.indices[:, :top_k]
+                unary[start:end] = best.values[:, :top_k]
+        row_weights = weights
+        if reweight is not None:
+            factor = reweight(row_ce)
+            row_weights = weights * factor
+            ce_sum = (row_ce * row_weights).sum()
+            if need_grad:
+                grad_hidden *= factor[:, None].to(grad_hidden.dtype)
         if need_grad:
-            ctx.save_for_backward(grad_hidden)
-        ctx.mark_non_differentiable(hits)
+            ctx.save_for_backward(grad_hidden, head_weight, candidates)
+        ctx.mark_non_differentiable(hits, candidates, row_weights)
         loss = (1.0 - kl_mix) * ce_sum + kl_mix * kl_sum
-        return loss, ce_sum.detach(), kl_sum.detach(), hits
+        return loss, ce_sum.detach(), kl_sum.detach(), hits, candidates, unary, row_weights
 
     @staticmethod
-    def backward(ctx, grad_loss, _grad_ce, _grad_kl, _grad_hits):
-        (grad_hidden,) = ctx.saved_tensors
-        return grad_hidden * grad_loss.to(grad_hidden.dtype), None, None, None, None, None, None, None
+    def backward(ctx, grad_loss, _grad_ce, _grad_kl, _grad_hits, _grad_candidates, grad_unary, _grad_weights):
+        grad_hidden, head_weight, candidates = ctx.saved_tensors
+        grad = grad_hidden * grad_loss.to(grad_hidden.dtype)
+        if candidates.shape[1] and grad_unary is not None:
+            through_head = F.embedding_bag(candidates, head_weight, per_sample_weights=grad_unary.to(head_weight.dtype),
+                                           mode="sum")
+            grad = grad + through_head.to(grad.dtype)
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 @dataclass
 class LossOutput:
-    """loss: scalar to backpropagate. ce / kl: the two terms, detached (kl is 0 when
-    off). metrics: detached tensors, see `block_metrics`."""
+    """loss: scalar to backpropagate (with DFlash 2's selector term when a selector
+    is given). ce / kl / selector: the terms, detached (0 when off). metrics:
+    detached tensors, see `block_metrics`."""
 
     loss: torch.Tensor
     ce: torch.Tensor
     kl: torch.Tensor
     metrics: dict
+    selector: torch.Tensor | None = None
 
 
 def dflash_loss(
@@ -190,6 +275,9 @@ def dflash_loss(
     *,
     chunk_rows: int,
     kl_mix: float = 0.0,
+    selector: torch.nn.Module | None = None,
+    selector_top_k: int = 16,
+    selector_weight: float = 1.0,
 ) -> LossOutput:
     """Loss and metrics of drafter outputs `hidden` [N, B, H] against `targets`.
 
@@ -198,11 +286,18 @@ def dflash_loss(
         memory ~ chunk_rows x V fp32.
     kl_mix: weight m of the optional soft KL to the target's top-k distribution,
         loss = (1 - m) CE + m KL (default 0: hard CE only, as DFlash trains).
-    Gradients flow to `hidden` only; the head stays frozen."""
+    Position weights follow `targets.position_weights` ("decay" or "dpace").
+    selector (DFlash 2, None for DFlash): a module with `pair_scores`; adds
+        `selector_weight` x its K-way CE over the top-`selector_top_k` candidates
+        (`train.fitting.selector_loss`), with the same row weights as the main
+        loss, and the recall@K / selector accuracy metrics.
+    Gradients flow to `hidden` (and the selector's parameters); the head stays frozen."""
     if not 0.0 <= kl_mix <= 1.0:
         raise ValueError(f"kl_mix must be in [0, 1], got {kl_mix}")
     if kl_mix > 0 and targets.topk_ids is None:
         raise ValueError("kl_mix > 0 needs target top-k ids/logprobs in BlockTargets")
+    if kl_mix > 0 and targets.position_weights == "dpace":
+        raise ValueError("D-PACE weighs the hard CE only: kl_mix must be 0")
     num_blocks, block_size, hidden_size = hidden.shape
     scored = targets.valid.flatten().nonzero().flatten()  # slot 0 and invalid slots cost nothing
     rows = hidden.reshape(-1, hidden_size)[scored]
@@ -213,17 +308,38 @@ def dflash_loss(
         topk_ids = targets.topk_ids.flatten(0, 1)[scored]
         probs = targets.topk_logprobs.flatten(0, 1)[scored].exp()
         topk_probs = probs / probs.sum(1, keepdim=True).clamp_min(1e-30)  # renormalised top-k
-    loss, ce, kl, row_hits = _ChunkedHeadLoss.apply(
-        rows, lm_head_weight, labels, weights, topk_ids, topk_probs, float(kl_mix), int(chunk_rows)
+    reweight = None
+    if targets.position_weights == "dpace":
+        def reweight(row_ce):
+            confidence = torch.zeros(num_blocks * block_size, dtype=row_ce.dtype, device=hidden.device)
+            confidence[scored] = torch.exp(-row_ce)
+            factor = dpace_weights(confidence.view(num_blocks, block_size), targets.valid, targets.dpace_alpha)
+            return factor.flatten()[scored]
+    top_k = int(selector_top_k) if selector is not None else 0
+    loss, ce, kl, row_hits, candidates, unary, row_weights = _ChunkedHeadLoss.apply(
+        rows, lm_head_weight, labels, weights, topk_ids, topk_probs, float(kl_mix), int(chunk_rows), reweight, top_k
     )
-    hits = torch.zeros(num_blocks * block_size, 3, dtype=torch.bool, device=hidden.device)
-    hits[scored] = row_hits
-    hits = hits.view(num_blocks, block_size, 3)
-    metrics = block_metrics(hits[..., 0], hits[..., 1], hits[..., 2], targets.valid)
-    return LossOutput(loss=loss, ce=ce, kl=kl, metrics=metrics)
+    selector_term = None
+    flags = {}
+    if selector is not None:
+        predecessors = targets.predecessors.flatten()[scored]
+        picked = selector_loss(selector, rows, unary, candidates, labels, predecessors, row_weights)
+        selector_term = picked.loss.detach()
+        loss = loss + selector_weight * picked.loss
+        flags = {"in_topk": picked.in_topk, "selector_hit": picked.hit}
+    per_slot = {}
+    for name, row_flags in {"hits": row_hits, **flags}.items():
+        full = torch.zeros((num_blocks * block_size,) + row_flags.shape[1:], dtype=torch.bool, device=hidden.device)
+        full[scored] = row_flags
+        per_slot[name] = full.view((num_blocks, block_size) + row_flags.shape[1:])
+    hits = per_slot["hits"]
+    metrics = block_metrics(hits[..., 0], hits[..., 1], hits[..., 2], targets.valid,
+                            in_topk=per_slot.get("in_topk"), selector_hit=per_slot.get("selector_hit"))
+    return LossOutput(loss=loss, ce=ce, kl=kl, metrics=metrics, selector=selector_term)
 
 
-def block_metrics(top1: torch.Tensor, top4: torch.Tensor, top8: torch.Tensor, valid: torch.Tensor) -> dict:
+def block_metrics(top1: torch.Tensor, top4: torch.Tensor, top8: torch.Tensor, valid: torch.Tensor,
+                  in_topk: torch.Tensor | None = None, selector_hit: torch.Tensor | None = None) -> dict:
     """Metrics from per-slot hit flags [N, B] and validity [N, B].
 
     top1/top4/top8: fraction of valid slots whose label is in the drafter's top k.
@@ -231,7 +347,11 @@ def block_metrics(top1: torch.Tensor, top4: torch.Tensor, top8: torch.Tensor, va
     tau: expected acceptance length under greedy chain verification, the mean over
         blocks with any valid slot of (correct streak from slot 1 + 1); a streak
         stops at the first wrong or invalid slot.
-    num_valid / num_blocks: denominators, for averaging across steps."""
+    num_valid / num_blocks: denominators, for averaging across steps.
+    DFlash 2 (when the flags are given): recall_at_k, the fraction of valid slots
+    whose label is among the selector's K candidates (`in_topk`), and
+    selector_acc, the fraction where the teacher-forced selector's argmax is the
+    label (`selector_hit`); both over valid slots, like top1."""
     valid = valid.bool()
     count = valid.sum()
     denominator = count.clamp_min(1).float()
@@ -244,7 +364,7 @@ def block_metrics(top1: torch.Tensor, top4: torch.Tensor, top8: torch.Tensor, va
     scored_blocks = valid.any(1)
     num_blocks = scored_blocks.sum()
     tau = ((streak + 1).float() * scored_blocks).sum() / num_blocks.clamp_min(1).float()
-    return {
+    metrics = {
         "top1": (correct.sum() / denominator).detach(),
         "top4": ((top4 & valid).sum() / denominator).detach(),
         "top8": ((top8 & valid).sum() / denominator).detach(),
@@ -253,3 +373,8 @@ def block_metrics(top1: torch.Tensor, top4: torch.Tensor, top8: torch.Tensor, va
         "num_valid": count.detach(),
         "num_blocks": num_blocks.detach(),
     }
+    if in_topk is not None:
+        metrics["recall_at_k"] = ((in_topk & valid).sum() / denominator).detach()
+    if selector_hit is not None:
+        metrics["selector_acc"] = ((selector_hit & valid).sum() / denominator).detach()
+    return metrics

@@ -64,8 +64,8 @@ def dflash_step(
 
     drafter: train.drafter.model.DFlashDrafter; head: train.fitting.target_head.TargetHead.
     input_ids, loss_mask: [T]; context_features: [T, n_ctx*H] (clean, from the store).
-    loss: the run's `loss` section (gamma, labels, kl_mix, noise, chunk_rows); pass
-        `dataclasses.replace(loss, noise=0.0)` to score without noise.
+    loss: the run's `loss` section (gamma, position_weights, labels, kl_mix, noise,
+        chunk_rows); pass `dataclasses.replace(loss, noise=0.0)` to score without noise.
     model_config: the run's `model` section (num_anchors, attention).
     generator: one seeded torch.Generator for the run: anchors (and noise) are
         redrawn every step, reproducibly.
@@ -92,6 +92,8 @@ def dflash_step(
         target_next_ids=target_next_ids,
         target_topk_ids=topk_ids,
         target_topk_logprobs=topk_logprobs,
+        position_weights=loss.position_weights,
+        dpace_alpha=loss.dpace_alpha,
     )
     drafter_input = add_context_noise(context_features, loss.noise, generator)
     hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model_config.attention)
