@@ -13,25 +13,26 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
-from dflash import model as dflash_model
 from dflash.model import DFlash2DraftModel
 
 import builders
+from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
-from test_reference import ANCHORS, BLOCK, T, inputs, reference_logits
-from test_speculate import load_model, one_thread  # noqa: F401  (one_thread: autouse, 1 intra-op thread)
+from test_reference import ANCHORS, BLOCK, inputs, reference_logits
+from test_reference import load_reference as load_reference_as
+from test_speculate import load_model, one_thread, reference_generate  # noqa: F401  (one_thread: autouse)
 from train.config import ConfigError, load_config
 from train.drafter.conv import BlockConv
 from train.drafter.dflash2 import DFlash2Drafter, build_drafter, dflash2_config, from_dflash
 from train.drafter.draft_cache import DraftCache
 from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.acceptance.speculate import decode_prompt
+from train.acceptance.speculate import decode_prompt, summarize
+from train.data.prompts import store_prompts
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.target_head import load_target_head
+from train.fitting.trainer import Trainer
 
 SIZES = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=8)
 GEOMETRIES = {
@@ -39,6 +40,7 @@ GEOMETRIES = {
     "sliding": dict(num_hidden_layers=3, sliding_window=8),
 }
 NEW_TOKENS = 32
+HELDOUT = 0.25
 
 
 def dflash_drafter(qwen3_dir, geometry=GEOMETRIES["sliding"], mask_token_id=3, seed=0) -> DFlashDrafter:
@@ -185,9 +187,7 @@ def test_the_draft_cache_convolves_the_drafted_block_alone(qwen3_dir):
 
 # -- the reference ---------------------------------------------------------------------------
 def load_reference(path) -> DFlash2DraftModel:
-    reference, info = DFlash2DraftModel.from_pretrained(str(path), dtype=torch.float32, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    return reference.eval()
+    return load_reference_as(path, DFlash2DraftModel)
 
 
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
@@ -235,24 +235,15 @@ def test_a_dflash2_the_reference_saves_loads_here(qwen3_dir, tmp_path):
 
 
 # -- decoding --------------------------------------------------------------------------------
-def recording(method, calls: list):
-    """`method`, unchanged, with each call's result appended to `calls`."""
-    def record(*args, **kwargs):
-        result = method(*args, **kwargs)
-        calls.append(result[0] if isinstance(result, tuple) else result)
+def recording(method, calls: list, keep_arguments: bool = False):
+    """`method`, unchanged, with each call's result (its first item if a tuple)
+    appended to `calls`, or with `keep_arguments` (arguments, result)."""
+    def record(*args):
+        result = method(*args)
+        first = result[0] if isinstance(result, tuple) else result
+        calls.append((args, first) if keep_arguments else first)
         return result
     return record
-
-
-def reference_generate(reference, model, prompt, max_new_tokens):
-    """`dflash_generate` with its CUDA stats timer replaced by the plain clock (a CPU
-    build of torch refuses torch.cuda.synchronize), as tests/test_speculate.py does."""
-    clock = dflash_model._cuda_time
-    dflash_model._cuda_time = time.perf_counter
-    try:
-        return dflash_model.dflash_generate(reference, model, prompt[None], max_new_tokens, None, return_stats=True)
-    finally:
-        dflash_model._cuda_time = clock
 
 
 def test_speculate_walks_the_selector_losslessly_as_dflash_generate_does(qwen3_dir, tokenizer, tmp_path):
@@ -274,3 +265,54 @@ def test_speculate_walks_the_selector_losslessly_as_dflash_generate_does(qwen3_d
         assert result.speculative.acceptance_lengths == generated.acceptance_lengths
     assert len(ours) == len(theirs) > 4
     assert all(torch.equal(a, b[0]) for a, b in zip(ours, theirs))
+
+
+@pytest.fixture(scope="module")
+def trained_export(qwen3_dir, tokenizer, tmp_path_factory):
+    """(store, export) of a `model.architecture=dflash2` run trained 300 steps on the
+    dense target's own greedy outputs (cross-entropy through the backbone and the
+    convolutions), its selector then set at random so that its walk leaves the
+    argmax chain on some slots."""
+    root = tmp_path_factory.mktemp("dflash2")
+    mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
+    store = greedy_store(root / "store", qwen3_dir, tokenizer, [1, 3], count=24, new_tokens=NEW_TOKENS)
+    config = load_config(None, [
+        "model.architecture=dflash2", "model.selector_rank=16", "model.selector_top_k=8",
+        "model.num_hidden_layers=2", "model.sliding_window=12", "model.num_attention_heads=4",
+        "model.num_key_value_heads=2", "model.head_dim=16", f"model.block_size={BLOCK}", "model.num_anchors=32",
+        f"model.mask_token_id={mask_id}", f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2",
+        "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100",
+    ], store=str(store), target=str(qwen3_dir), out=str(root / "run"), **{"train.max_steps": 300})
+    trainer = Trainer.from_config(config, log=lambda message: None)
+    trainer.fit()
+    selector = trainer.drafter.candidate_selector
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tensor, scale in ((selector.predecessor_codebook, 1.0), (selector.hidden_projection.weight, 0.3),
+                              (selector.successor_codebook, 0.05)):
+            tensor.copy_(torch.randn(tensor.shape, generator=generator) * scale)
+    return store, export_drafter(trainer.drafter, root / "export", dtype=torch.float32, heldout_fraction=HELDOUT)
+
+
+@pytest.mark.slow  # trains a drafter
+def test_a_trained_dflash2_decodes_as_dflash_generate_does(qwen3_dir, trained_export):
+    """Real acceptance (whole runs of drafted tokens accepted), lossless, the same
+    accepted lengths and drafted blocks as the reference, and the selector's walk
+    differing from the argmax chain on some rounds."""
+    store, export = trained_export
+    model = load_model(qwen3_dir)
+    drafter, reference = load_drafter(export).eval(), load_reference(export)
+    head = model.get_output_embeddings()
+    ours, theirs = [], []
+    drafter.greedy_tokens = recording(drafter.greedy_tokens, ours, keep_arguments=True)
+    reference.propose = recording(reference.propose, theirs)
+    prompts = store_prompts(store, HELDOUT, limit=4)
+    results = [decode_prompt(model, drafter, p.id, p.input_ids, NEW_TOKENS, stop_ids=[]) for p in prompts]
+    assert summarize(results)["lossless"], [r.first_mismatch() for r in results]
+    for prompt, result in zip(prompts, results):
+        generated = reference_generate(reference, model, prompt.input_ids, NEW_TOKENS)
+        assert result.speculative.acceptance_lengths == generated.acceptance_lengths, prompt.id
+    assert summarize(results)["tau"] > 1.3 and max(max(r.speculative.acceptance_lengths) for r in results) >= 3
+    assert len(ours) == len(theirs) and all(torch.equal(a[1], b[0]) for a, b in zip(ours, theirs))
+    chains = [DFlashDrafter.greedy_tokens(drafter, hidden, anchor, head) for (hidden, anchor, _), _ in ours]
+    assert any(not torch.equal(chain, path) for chain, (_, path) in zip(chains, ours))

@@ -69,6 +69,15 @@ class DFlash2Drafter(DFlashDrafter):
         return self.candidate_selector.walk(hidden[None], logits[None], anchor)[0]
 
 
+# The submodules DFlash 2 adds to a DFlash drafter (the only tensors a warm start lacks).
+DFLASH2_MODULES = ("attention_conv", "mlp_conv", "candidate_selector")
+
+
+def added_by_dflash2(tensor_name: str) -> bool:
+    """Whether a DFlash 2 state-dict name belongs to a module DFlash does not have."""
+    return any(part in DFLASH2_MODULES for part in tensor_name.split("."))
+
+
 def build_drafter(config: DrafterConfig) -> DFlashDrafter:
     """The drafter `config.architecture` names."""
     return DFlash2Drafter(config) if config.architecture == "dflash2" else DFlashDrafter(config)
@@ -88,6 +97,7 @@ def from_dflash(drafter: DFlashDrafter, **sizes) -> DFlash2Drafter:
     weight = drafter.fc.weight
     warm = DFlash2Drafter(dflash2_config(drafter.config, **sizes)).to(device=weight.device, dtype=weight.dtype)
     result = warm.load_state_dict(drafter.state_dict(), strict=False)
-    if result.unexpected_keys:
-        raise KeyError(f"tensors the DFlash 2 drafter has no place for: {result.unexpected_keys}")
+    missing = [name for name in result.missing_keys if not added_by_dflash2(name)]
+    if result.unexpected_keys or missing:
+        raise KeyError(f"DFlash backbone mismatch: missing {missing}, unexpected {result.unexpected_keys}")
     return warm

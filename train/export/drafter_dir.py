@@ -43,7 +43,7 @@ from train.fitting.checkpoint import save_tensors
 from train.dtypes import name_of
 from train.data.heldout import heldout_fraction_of, heldout_record
 from train.config import DFLASH2_SIZES
-from train.drafter.dflash2 import build_drafter
+from train.drafter.dflash2 import added_by_dflash2, build_drafter
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.selector import CODEBOOKS
 
@@ -239,12 +239,15 @@ def load_drafter(model_dir: str | Path, dtype: torch.dtype | None = None, device
     return load_weights(drafter, model_dir, keep_dtype=dtype is None).to(device=device, dtype=dtype)
 
 
-def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool = False) -> DFlashDrafter:
+def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool = False,
+                 backbone_only: bool = False) -> DFlashDrafter:
     """Copy a drafter directory's `model.safetensors` into `drafter` (strict: every
     weight present, nothing extra; KeyError naming them otherwise), cast to the
     drafter's dtype, or with `keep_dtype` the drafter cast to the stored one. The
     selector's codebooks are read under either name the reference loads
-    (`candidate_selector.X`, or `candidate_selector.X.weight` as its save_pretrained writes)."""
+    (`candidate_selector.X`, or `candidate_selector.X.weight` as its save_pretrained writes).
+    `backbone_only`: a DFlash 2 drafter takes a DFlash drafter's weights, its own
+    modules keeping what they hold (the warm start, train/drafter/dflash2.py)."""
     weights = Path(model_dir) / "model.safetensors"
     spelled = {f"candidate_selector.{name}.weight": f"candidate_selector.{name}" for name in CODEBOOKS}
     with safe_open(str(weights), framework="pt") as f:
@@ -252,8 +255,9 @@ def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool
     if keep_dtype:
         drafter.to(next(iter(state.values())).dtype)
     result = drafter.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise KeyError(f"{weights}: missing tensors {result.missing_keys}, unexpected tensors {result.unexpected_keys}")
+    missing = [name for name in result.missing_keys if not (backbone_only and added_by_dflash2(name))]
+    if missing or result.unexpected_keys:
+        raise KeyError(f"{weights}: missing tensors {missing}, unexpected tensors {result.unexpected_keys}")
     return drafter
 
 

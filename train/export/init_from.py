@@ -14,7 +14,12 @@ refusal naming the field:
   (a store with more layers is fine: only the drafter's are read);
 - the geometry keys the run sets (`model.num_hidden_layers`, heads, KV heads,
   `head_dim`, `intermediate_size`, `layer_types`, `sliding_window`): a value
-  given must equal the drafter's; unset ones take the drafter's.
+  given must equal the drafter's; unset ones take the drafter's;
+- `model.architecture` against the drafter's, with one exception: a DFlash
+  drafter warm-starts a `model.architecture=dflash2` run (its backbone copied,
+  the convolutions and the selector at their identity start, sized by the run's
+  `model.conv_*` / `model.selector_*`), so the run starts drafting exactly what
+  the DFlash drafter drafts, as the published Muse-Glimmer DFlash 2 started.
 
 The mask token is the drafter's unless `model.mask_token_id` says otherwise
 (`train.drafter.mask_token`). The run records where it started: `model.init_from` in
@@ -29,9 +34,10 @@ import dataclasses
 from pathlib import Path
 
 from store_schema import file_sha256
-from train.config import ConfigError, ModelConfig
-from train.export.drafter_dir import read_drafter_config
-from train.drafter.model import DrafterConfig
+from train.config import DFLASH2_SIZES, ConfigError, ModelConfig
+from train.drafter.dflash2 import dflash2_config
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.export.drafter_dir import load_weights, read_drafter_config
 
 WEIGHTS = "model.safetensors"
 
@@ -50,6 +56,11 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
     """`source` with the run's mask token, once it fits the run (module docstring);
     ConfigError naming the field otherwise. `where` names the source in messages
     ("--init-from DIR", or the checkpoint a resumed run continues)."""
+    if source.architecture == "dflash" and model.architecture == "dflash2":  # the warm start (module docstring)
+        source = dflash2_config(source, **{name: getattr(model, name) for name in DFLASH2_SIZES})
+    elif source.architecture != model.architecture:
+        raise ConfigError(f"config model.architecture: {model.architecture}, but {where} is a {source.architecture} "
+                          f"drafter; set model.architecture={source.architecture} to fine-tune it")
     if source.block_size != model.block_size:
         raise ConfigError(f"config model.block_size: {model.block_size}, but {where} drafts blocks of "
                           f"block_size {source.block_size}; set model.block_size={source.block_size}")
@@ -67,6 +78,13 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
             raise ConfigError(f"config model.{name}: {given!r}, but {where} has {theirs!r} "
                               "(leave it unset to take the drafter's)")
     return dataclasses.replace(source, mask_token_id=mask_token_id)
+
+
+def load_start_weights(drafter: DFlashDrafter, path: str | Path) -> DFlashDrafter:
+    """The --init-from weights into the run's drafter: every tensor, or for a DFlash 2
+    run from a DFlash drafter the backbone (the new modules keep their identity start)."""
+    warm = drafter.config.architecture == "dflash2" and read_source(path).architecture == "dflash"
+    return load_weights(drafter, path, backbone_only=warm)
 
 
 def init_record(path: str | Path) -> dict:
