@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from dflash.model import DFlash2DraftModel
@@ -28,6 +30,7 @@ from train.drafter.conv import BlockConv
 from train.drafter.dflash2 import DFlash2Drafter, build_drafter, dflash2_config, from_dflash
 from train.drafter.draft_cache import DraftCache
 from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.drafter.selector import CandidateSelector
 from train.acceptance.speculate import decode_prompt, summarize
 from train.data.prompts import store_prompts
 from train.export.drafter_dir import export_drafter, load_drafter
@@ -122,6 +125,38 @@ def test_block_conv_never_crosses_a_block_start():
         conv.prepare(x, 3)
 
 
+def test_pair_scores_are_the_bilinear_term_in_fp32():
+    """<A[prev] * (W h), B[cand]> summed by hand over the rank, for every row and
+    candidate; fp32 under a bf16 autocast too; the walk ranks unary + pair score."""
+    torch.manual_seed(0)
+    selector = CandidateSelector(hidden_size=8, vocab_size=20, rank=3, top_k=4)
+    with torch.no_grad():
+        selector.successor_codebook.normal_()
+    hidden, previous = torch.randn(5, 8), torch.tensor([0, 7, 7, 19, 3])
+    candidates = torch.randint(0, 20, (5, 4))
+    A, B, W = selector.predecessor_codebook, selector.successor_codebook, selector.hidden_projection.weight
+    expected = torch.zeros(5, 4)
+    for n in range(5):
+        projected = [sum(float(W[i, j]) * float(hidden[n, j]) for j in range(8)) for i in range(3)]
+        for k in range(4):
+            expected[n, k] = sum(float(A[previous[n], i]) * projected[i] * float(B[candidates[n, k], i])
+                                 for i in range(3))
+    with torch.no_grad():
+        torch.testing.assert_close(selector.pair_scores(hidden, previous, candidates), expected)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            scores = selector.pair_scores(hidden.bfloat16(), previous, candidates)
+        assert scores.dtype == torch.float32
+        torch.testing.assert_close(scores, selector.pair_scores(hidden.bfloat16().float(), previous, candidates))
+
+        logits = torch.randn(1, 2, 20)
+        path = selector.walk(hidden[None, :2], logits, torch.tensor([7]))
+        unary, ids = selector.candidates(logits[0])
+        first = unary[0] + selector.pair_scores(hidden[:1], torch.tensor([7]), ids[:1])[0]
+        assert path[0, 0] == ids[0, first.argmax()]
+        second = unary[1] + selector.pair_scores(hidden[1:2], path[0, :1], ids[1:2])[0]
+        assert path[0, 1] == ids[1, second.argmax()]
+
+
 def test_a_block_ignores_the_other_blocks(qwen3_dir):
     """In training's layout ([block 0 | block 1 | ...] side by side), changing the
     previous block (its anchor token, and so its last row) or a far one leaves a
@@ -205,8 +240,10 @@ def test_export_loads_in_the_reference_with_the_same_logits_and_paths(qwen3_dir,
     anchors = torch.tensor(ANCHORS)
     with torch.no_grad():
         expected = torch.stack([reference_logits(reference, head, features, input_ids, a) for a in ANCHORS])
-        for attention in ("split", "sdpa"):
-            hidden = drafter(features, input_ids, anchors, head.embed_tokens, attention=attention)
+        for attention in ("flex", "sdpa", "split"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # flex without torch.compile warns on CPU
+                hidden = drafter(features, input_ids, anchors, head.embed_tokens, attention=attention)
             assert (head.lm_head(hidden) - expected).abs().max() < 1e-4, attention
 
         drafted = hidden[:, 1:]
