@@ -101,24 +101,36 @@ def test_a_resumed_fine_tuning_run_no_longer_needs_the_directory(store, zlab_dir
 
 
 @pytest.mark.slow  # trains
-def test_a_dflash_drafter_warm_starts_a_dflash2_run(store, zlab_dir, qwen3_dir, tmp_path):
-    """`--init-from` a DFlash drafter with `model.architecture=dflash2`: its backbone,
-    identity convolutions and a zero successor codebook, so the run starts from
-    exactly the DFlash drafter's logits; it trains and exports a DFlash 2 the
-    reference loads; a DFlash run from that DFlash 2 export is refused."""
-    reference = DFlashDraftModel.from_pretrained(str(zlab_dir), dtype=torch.float32)
-    config = run_config(store, qwen3_dir, tmp_path / "run", zlab_dir, "model.architecture=dflash2",
+@pytest.mark.parametrize("start", ["export", "run", "checkpoint"])
+def test_a_dflash_drafter_warm_starts_a_dflash2_run(store, zlab_dir, qwen3_dir, tmp_path, start):
+    """`--init-from` a DFlash drafter (an export, a run: its newest checkpoint, or a
+    checkpoint) with `model.architecture=dflash2`: its backbone, identity
+    convolutions and a zero successor codebook, so the run starts from exactly the
+    DFlash drafter's logits; it trains and exports a DFlash 2 the reference loads; a
+    DFlash run from that DFlash 2 export is refused."""
+    source = zlab_dir
+    if start != "export":
+        dflash = Trainer.from_config(run_config(store, qwen3_dir, tmp_path / "dflash", zlab_dir), log=lambda m: None)
+        dflash.fit()
+        source = tmp_path / "dflash" if start == "run" else list_checkpoints(tmp_path / "dflash")[-1]
+        backbone = {name: t.detach().clone() for name, t in dflash.drafter.state_dict().items()}
+    else:
+        backbone = DFlashDraftModel.from_pretrained(str(zlab_dir), dtype=torch.float32).state_dict()
+    config = run_config(store, qwen3_dir, tmp_path / "run", source, "model.architecture=dflash2",
                         "model.selector_rank=8", "model.selector_top_k=4")
     trainer = Trainer.from_config(config, log=lambda m: None)
     drafter = trainer.drafter
     assert isinstance(drafter, DFlash2Drafter) and drafter.config.selector_rank == 8
     state = drafter.state_dict()
-    assert all(torch.equal(state[name], t) for name, t in reference.state_dict().items())
+    assert all(torch.equal(state[name], t) for name, t in backbone.items())
     assert not drafter.candidate_selector.successor_codebook.any()
     for layer in drafter.layers:
         for conv in (layer.attention_conv, layer.mlp_conv):
             assert conv.base_kernel[:, 0].eq(1).all() and not conv.base_kernel[:, 1:].any()
             assert not conv.kernel_projection.weight.any()
+    if start == "run":
+        assert trainer.run_info["init_from"]["path"] == str(list_checkpoints(tmp_path / "dflash")[-1].resolve())
+        return
 
     trainer.fit()
     assert trainer.step == 3 and drafter.layers[0].attention_conv.kernel_projection.weight.any()

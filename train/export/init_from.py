@@ -2,7 +2,8 @@
 
 DIR is any z-lab-format drafter directory (`config.json` with `dflash_config`
 + `model.safetensors`): a downloaded `z-lab/Qwen3.6-27B-DFlash`, a SpecForge
-output, or this trainer's export. The run takes the drafter's whole shape from
+output, or this trainer's export; or one of this trainer's checkpoints
+(`state.json` + `model.safetensors`), or a run directory (its newest checkpoint). The run takes the drafter's whole shape from
 it and starts from its weights, after checking that it fits the run, each
 refusal naming the field:
 
@@ -38,17 +39,30 @@ from train.config import DFLASH2_SIZES, ConfigError, ModelConfig
 from train.drafter.dflash2 import dflash2_config
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import load_weights, read_drafter_config
+from train.fitting import checkpoint as ckpt
 
 WEIGHTS = "model.safetensors"
 
 
-def read_source(path: str | Path) -> DrafterConfig:
-    """The drafter configuration of a z-lab-format directory (`train.export.drafter_dir`'s reader)."""
+def source_dir(path: str | Path) -> Path:
+    """The directory whose weights a run starts from: `path` itself when it holds
+    them (a drafter directory or a checkpoint), else the newest checkpoint of the run `path`."""
     path = Path(path)
-    if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
-        raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config "
-                                f"and {WEIGHTS})")
-    return read_drafter_config(path)
+    latest = ckpt.latest_checkpoint(path) if path.is_dir() and not (path / WEIGHTS).is_file() else None
+    return latest or path
+
+
+def read_source(path: str | Path) -> DrafterConfig:
+    """The drafter configuration of a z-lab-format directory (`train.export.drafter_dir`'s
+    reader), or of a checkpoint (its `drafter_config`)."""
+    found = source_dir(path)
+    if (found / WEIGHTS).is_file() and (found / "config.json").is_file():
+        return read_drafter_config(found)
+    try:
+        return DrafterConfig.from_dict(ckpt.read_state(found)["drafter_config"])
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config and "
+                                f"{WEIGHTS}), a checkpoint or a run with one") from None
 
 
 def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, target, store_layer_ids,
@@ -84,12 +98,12 @@ def load_start_weights(drafter: DFlashDrafter, path: str | Path) -> DFlashDrafte
     """The --init-from weights into the run's drafter: every tensor, or for a DFlash 2
     run from a DFlash drafter the backbone (the new modules keep their identity start)."""
     warm = drafter.config.architecture == "dflash2" and read_source(path).architecture == "dflash"
-    return load_weights(drafter, path, backbone_only=warm)
+    return load_weights(drafter, source_dir(path), backbone_only=warm)
 
 
 def init_record(path: str | Path) -> dict:
     """Where a fine-tuning run started: the directory and its weights' sha256."""
-    path = Path(path).resolve()
+    path = source_dir(path).resolve()
     return {"path": str(path), "model_sha256": file_sha256(path / WEIGHTS)}
 
 
