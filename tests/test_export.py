@@ -11,6 +11,7 @@ import torch
 from safetensors import safe_open
 
 from train.drafter.anchors import LayerAttention
+from train.drafter.dflash2 import DFlash2Drafter, from_dflash
 from train.export.drafter_dir import export_drafter, load_drafter, read_drafter_config
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from store_schema.runtime.target_config import read_target_config
@@ -128,11 +129,13 @@ def test_load_refuses_incomplete_weights(tmp_path, trained):
 def write_config(out, **changes):
     path = out / "config.json"
     config = json.loads(path.read_text())
-    for key, value in changes.items():
+    for key, value in changes.items():  # "dflash_config.name" changes a dflash_config entry
+        section, _, name = key.rpartition(".")
+        holder = config[section] if section else config
         if value is None:
-            config.pop(key, None)
+            holder.pop(name, None)
         else:
-            config[key] = value
+            holder[name] = value
     path.write_text(json.dumps(config))
 
 
@@ -160,20 +163,53 @@ def test_reads_sliding_layers_the_way_qwen3config_does(tmp_path, sliding):
     assert json.loads((export_drafter(reloaded, tmp_path / "again") / "config.json").read_text())["is_causal"] is False
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"architectures": ["DFlash2DraftModel"]}, "architectures"),
-    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "chunked_attention"),
-    ({"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
-    ({"output_multiplier": 2.0}, "output_multiplier=2.0"),
-    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
-    ({"num_key_value_heads": 3}, "num_key_value_heads 3"),
+@pytest.fixture(scope="module")
+def dflash2(sliding):
+    """The sliding drafter as a DFlash 2 (identity convolutions, zero successor codebook)."""
+    return from_dflash(sliding[0], selector_rank=8, selector_top_k=4), sliding[1]
+
+
+@pytest.mark.parametrize("which,changes,message", [
+    ("sliding", {"architectures": ["Eagle3DraftModel"]}, "architectures"),
+    ("sliding", {"architectures": ["DFlashDraftModel", "DFlash2DraftModel"]}, "architectures"),
+    ("sliding", {"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "chunked_attention"),
+    ("sliding", {"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
+    ("sliding", {"output_multiplier": 2.0}, "output_multiplier=2.0"),
+    ("sliding", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+    ("sliding", {"num_key_value_heads": 3}, "num_key_value_heads 3"),
+    # DFlash 2: its sizes must be in dflash_config (vLLM's qwen3_dflash2 reads them only there).
+    ("sliding", {"architectures": ["DFlash2DraftModel"]}, "dflash_config lacks .'conv_kernel_size'"),
+    ("dflash2", {"dflash_config.selector_rank": None, "selector_rank": 8}, r"dflash_config lacks \['selector_rank'\]"),
+    ("dflash2", {"dflash_config.conv_group_size": 24}, "conv_group_size 24 must divide hidden_size 64"),
+    ("dflash2", {"dflash_config.selector_top_k": 600}, "selector_top_k 600 exceeds the vocabulary"),
+    ("dflash2", {"dflash_config.conv_kernel_size": 0}, "conv_kernel_size must be >= 1"),
+    ("dflash2", {"dflash_config.output_multiplier": 2.0}, "output_multiplier=2.0"),
 ])
-def test_read_refuses_what_the_drafter_cannot_run(tmp_path, sliding, changes, message):
-    out = export_drafter(sliding[0], tmp_path / "drafter")
+def test_read_refuses_what_the_drafter_cannot_run(tmp_path, request, which, changes, message):
+    out = export_drafter(request.getfixturevalue(which)[0], tmp_path / "drafter")
     write_config(out, **changes)
-    with pytest.raises(ValueError, match=message) as info:
+    with pytest.raises((ValueError, KeyError), match=message) as info:
         load_drafter(out)
     assert "config.json" in str(info.value)
+
+
+def test_dflash2_export_layout_and_round_trip(tmp_path, dflash2):
+    drafter, head = dflash2
+    out = export_drafter(drafter, tmp_path / "drafter", dtype=torch.float32)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["model_type"] == "qwen3"
+    assert config["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 3], "block_size": 8,
+                                       "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8,
+                                       "selector_top_k": 4}
+    with safe_open(str(out / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+    assert {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
+            "candidate_selector.hidden_projection.weight", "layers.2.attention_conv.base_kernel",
+            "layers.0.mlp_conv.kernel_projection.weight"} <= names
+    assert names == set(drafter.state_dict())
+    exact = load_drafter(out)
+    assert isinstance(exact, DFlash2Drafter) and exact.config == drafter.config
+    assert torch.equal(outputs(exact, head), outputs(drafter, head))
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027])

@@ -12,13 +12,14 @@ import shutil
 
 import pytest
 import torch
-from dflash.model import DFlashDraftModel
+from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
 import builders
 from store_schema import file_sha256
 from train.fitting.checkpoint import list_checkpoints, read_state
 from train.cli import main
 from train.config import ConfigError, load_config
+from train.drafter.dflash2 import DFlash2Drafter
 from train.fitting.trainer import Trainer
 
 BLOCK = 8
@@ -97,6 +98,49 @@ def test_a_resumed_fine_tuning_run_no_longer_needs_the_directory(store, zlab_dir
     state = read_state(list_checkpoints(tmp_path / "run")[-1])
     assert state["step"] == 4 and state["run_info"]["init_from"]["path"] == str(source.resolve())
     assert state["drafter_config"]["intermediate_size"] == 96
+
+
+@pytest.mark.slow  # trains
+@pytest.mark.parametrize("start", ["export", "run", "checkpoint"])
+def test_a_dflash_drafter_warm_starts_a_dflash2_run(store, zlab_dir, qwen3_dir, tmp_path, start):
+    """`--init-from` a DFlash drafter (an export, a run: its newest checkpoint, or a
+    checkpoint) with `model.architecture=dflash2`: its backbone, identity
+    convolutions and a zero successor codebook, so the run starts from exactly the
+    DFlash drafter's logits; it trains and exports a DFlash 2 the reference loads; a
+    DFlash run from that DFlash 2 export is refused."""
+    source = zlab_dir
+    if start != "export":
+        dflash = Trainer.from_config(run_config(store, qwen3_dir, tmp_path / "dflash", zlab_dir), log=lambda m: None)
+        dflash.fit()
+        source = tmp_path / "dflash" if start == "run" else list_checkpoints(tmp_path / "dflash")[-1]
+        backbone = {name: t.detach().clone() for name, t in dflash.drafter.state_dict().items()}
+    else:
+        backbone = DFlashDraftModel.from_pretrained(str(zlab_dir), dtype=torch.float32).state_dict()
+    config = run_config(store, qwen3_dir, tmp_path / "run", source, "model.architecture=dflash2",
+                        "model.selector_rank=8", "model.selector_top_k=4")
+    trainer = Trainer.from_config(config, log=lambda m: None)
+    drafter = trainer.drafter
+    assert isinstance(drafter, DFlash2Drafter) and drafter.config.selector_rank == 8
+    state = drafter.state_dict()
+    assert all(torch.equal(state[name], t) for name, t in backbone.items())
+    assert not drafter.candidate_selector.successor_codebook.any()
+    for layer in drafter.layers:
+        for conv in (layer.attention_conv, layer.mlp_conv):
+            assert conv.base_kernel[:, 0].eq(1).all() and not conv.base_kernel[:, 1:].any()
+            assert not conv.kernel_projection.weight.any()
+    if start == "run":
+        assert trainer.run_info["init_from"]["path"] == str(list_checkpoints(tmp_path / "dflash")[-1].resolve())
+        return
+
+    trainer.fit()
+    assert trainer.step == 3 and drafter.layers[0].attention_conv.kernel_projection.weight.any()
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export"), "--dtype", "fp32"]) == 0
+    again, info = DFlash2DraftModel.from_pretrained(str(tmp_path / "export"), dtype=torch.float32,
+                                                    output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert json.loads((tmp_path / "export" / "config.json").read_text())["dflash_config"]["selector_top_k"] == 4
+    with pytest.raises(ConfigError, match="model.architecture: dflash, but --init-from .* is a dflash2 drafter"):
+        Trainer.from_config(run_config(store, qwen3_dir, tmp_path / "back", tmp_path / "export"), log=lambda m: None)
 
 
 def edited(zlab_dir, tmp_path, **changes):

@@ -85,8 +85,10 @@ def inputs(seed=1):
     return torch.randn(T, 2 * 64, generator=generator), torch.randint(0, 512, (T,), generator=generator)
 
 
-def load_reference(path) -> DFlashDraftModel:
-    reference, info = DFlashDraftModel.from_pretrained(str(path), dtype=torch.float32, output_loading_info=True)
+def load_reference(path, model_class=DFlashDraftModel) -> DFlashDraftModel:
+    """The reference's `model_class` (DFlashDraftModel or DFlash2DraftModel) from `path`,
+    in fp32, with every tensor in place."""
+    reference, info = model_class.from_pretrained(str(path), dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     return reference.eval()
 

@@ -30,8 +30,9 @@ from store_schema.runtime.target_config import read_target_config
 from train.acceptance import serve_check
 from train.cli import main
 from train.config import load_config
+from train.drafter.dflash2 import from_dflash
 from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.export.drafter_dir import export_drafter
+from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.trainer import Trainer
 
 LAYERS = [1, 3]
@@ -145,6 +146,24 @@ def test_a_mixed_layout_is_not_served_on_cpu_but_speculate_still_runs(target_dir
     code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts)
     assert code == 0, err
     assert "V2 model runner" in summary["served_skipped"] and "Triton" in summary["served_skipped"]
+    assert summary["speculate_lossless"] is True
+    assert "note: " in err and "only speculate vs the target was checked" in err
+
+
+@pytest.mark.slow  # vLLM (or the probe) runs in a child process
+def test_a_dflash2_drafter_is_not_served_on_cpu_but_speculate_still_runs(target_dir, mask_id, vllm_python, capsys,
+                                                                        tmp_path):
+    """vLLM serves DFlash 2 only on its V2 model runner (a Triton selector walk): on
+    CPU serve-check says so in one line and checks speculate against the target."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": [10, 20, 30, 40, 50]}) + "\n")
+    dflash = load_drafter(random_export(target_dir, mask_id, tmp_path / "dflash", num_hidden_layers=1,
+                                        layer_types=["full_attention"]))
+    export = export_drafter(from_dflash(dflash, selector_rank=8, selector_top_k=4), tmp_path / "dflash2",
+                            dtype=torch.float32)
+    code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts)
+    assert code == 0, err
+    assert "DFlash 2" in summary["served_skipped"] and "GPU only" in summary["served_skipped"]
     assert summary["speculate_lossless"] is True
     assert "note: " in err and "only speculate vs the target was checked" in err
 

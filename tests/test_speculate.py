@@ -66,10 +66,15 @@ def random_drafter(target_dir, mask_token_id, geometry=DECODE_GEOMETRY, seed=0) 
 
 
 def reference_decode(export_dir, model, prompt, max_new_tokens):
-    """z-lab's `dflash_generate` on the same export and target. Its stats timer calls
-    torch.cuda.synchronize, which a CPU build of torch refuses: only that timer is
-    replaced by the plain clock."""
+    """z-lab's `dflash_generate` on the same export and target."""
     reference = dflash_model.DFlashDraftModel.from_pretrained(str(export_dir), dtype=torch.float32).eval()
+    return reference_generate(reference, model, prompt, max_new_tokens)
+
+
+def reference_generate(reference, model, prompt, max_new_tokens):
+    """`dflash_generate` with the reference drafter `reference` (DFlash or DFlash 2).
+    Its stats timer calls torch.cuda.synchronize, which a CPU build of torch refuses:
+    only that timer is replaced by the plain clock."""
     clock = dflash_model._cuda_time
     dflash_model._cuda_time = time.perf_counter
     try:

@@ -47,7 +47,6 @@ class DataConfig:
     skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
     lanes: int | None = None  # sample streams the shard order is dealt into (train/data/loader.py); None: the world size
 
-
     def validate(self):
         _check(self.max_length >= 2, "data.max_length", "must be >= 2")
         _check(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", "must be in [0, 1)")
@@ -59,6 +58,8 @@ class DataConfig:
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/drafter/model.py)
 ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/drafter/attention.py)
+ARCHITECTURES = ("dflash", "dflash2")  # drafter kinds: train/drafter/model.py, train/drafter/dflash2.py
+DFLASH2_SIZES = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # DrafterConfig's fields
 
 
 @dataclass
@@ -74,6 +75,11 @@ class ModelConfig:
     layer_types: list[str] | None = None  # per layer: full_attention or sliding_attention
     sliding_window: int | None = None  # context window of the sliding layers
     block_size: int = 16  # B: anchor + B-1 drafted tokens
+    architecture: str = "dflash"  # "dflash", or "dflash2" (+ block-local convolutions and a candidate selector)
+    conv_kernel_size: int | None = None  # dflash2 sizes; None takes DrafterConfig's default (2, 16, 256, 16)
+    conv_group_size: int | None = None
+    selector_rank: int | None = None
+    selector_top_k: int | None = None
     mask_token_id: int | None = None  # None: resolved by train.drafter.mask_token's rules (the run records the id and rule)
     init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.export.init_from)
     num_anchors: int = 512  # blocks per sequence, redrawn every step
@@ -82,7 +88,7 @@ class ModelConfig:
 
     def validate(self):
         for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "intermediate_size", "sliding_window"):
+                     "intermediate_size", "sliding_window", *DFLASH2_SIZES):
             value = getattr(self, name)
             _check(value is None or value >= 1, f"model.{name}", "must be >= 1")
         if self.num_attention_heads and self.num_key_value_heads:
@@ -98,11 +104,12 @@ class ModelConfig:
         _check(self.mask_token_id is None or self.mask_token_id >= 0, "model.mask_token_id", "must be >= 0")
         _check(self.num_anchors >= 1, "model.num_anchors", "must be >= 1")
         _check(self.attention in ATTENTION_KINDS, "model.attention", f"must be one of {', '.join(ATTENTION_KINDS)}")
+        _check(self.architecture in ARCHITECTURES, "model.architecture", f"must be one of {', '.join(ARCHITECTURES)}")
 
     def geometry(self) -> dict:
         """The drafter-shape overrides for `DrafterConfig.from_target` (None = its default)."""
         names = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "intermediate_size", "layer_types", "sliding_window", "block_size")
+                 "intermediate_size", "layer_types", "sliding_window", "block_size", "architecture", *DFLASH2_SIZES)
         return {name: getattr(self, name) for name in names}
 
 

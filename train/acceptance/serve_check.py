@@ -114,15 +114,16 @@ def start_served(python: str, request: dict, workdir: Path) -> ServedRun:
 
 def served_request(target, drafter, prompts: list[list[int]], *, block_size: int, mixed_layers: bool,
                    max_new_tokens: int, stop_token_ids: list[int], dtype: str,
-                   gpu_memory_utilization: float | None = None) -> dict:
+                   gpu_memory_utilization: float | None = None, dflash2: bool = False) -> dict:
     """What vllm_runner.py needs. `num_speculative_tokens` is block size - 1 (vLLM
     takes it from the caller and never reads `block_size`). `max_model_len` leaves
     4 blocks past the longest reply: vLLM clamps draft positions at it, and with one
     block of room the demo's 128-token replies ended in rounds drafted at clamped
-    positions (served 4.58 tokens per round vs speculate's 4.92; 4.92 both with 4)."""
+    positions (served 4.58 tokens per round vs speculate's 4.92; 4.92 both with 4).
+    `dflash2`: the drafter is DFlash 2 (vLLM's qwen3_dflash2, V2 model runner only)."""
     return {
         "target": str(target), "drafter": str(drafter), "prompts": prompts,
-        "num_speculative_tokens": block_size - 1, "mixed_layers": mixed_layers,
+        "num_speculative_tokens": block_size - 1, "mixed_layers": mixed_layers, "dflash2": dflash2,
         "max_new_tokens": max_new_tokens, "stop_token_ids": list(stop_token_ids), "dtype": dtype,
         "max_model_len": max(len(p) for p in prompts) + max_new_tokens + 4 * block_size,
         "gpu_memory_utilization": gpu_memory_utilization,

@@ -5,7 +5,8 @@ round, which the target has not processed yet):
 
 1. the drafter drafts the block `[anchor, MASK x (b-1)]` at positions
    start .. start+b-1 from the target's features of the verified positions
-   `< start` (`train.drafter.draft_cache.DraftCache`), greedy per slot;
+   `< start` (`train.drafter.draft_cache.DraftCache`), greedy: per slot for DFlash,
+   along the candidate selector's path from the anchor for DFlash 2 (`greedy_tokens`);
 2. the target verifies the whole block in one forward;
 3. the drafted tokens that equal the target's own greedy choices are accepted,
    up to the first mismatch, plus the target's token after them (the bonus, the
@@ -77,7 +78,7 @@ def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop_ids) 
 @torch.no_grad()
 def speculative_generate(model, drafter, prompt: torch.Tensor, max_new_tokens: int, stop_ids) -> Decoded:
     """DFlash speculative decoding of `prompt` [n] with the target `model` (whose
-    embedding and lm_head the drafter uses) and `drafter` (a DFlashDrafter)."""
+    embedding and lm_head the drafter uses) and `drafter` (a DFlashDrafter or DFlash2Drafter)."""
     config = drafter.config
     stop = set(stop_ids)
     target = TargetSession(model, config.context_layer_ids, rollback=True)
@@ -98,7 +99,7 @@ def speculative_generate(model, drafter, prompt: torch.Tensor, max_new_tokens: i
         block[0] = tokens[-1]
         if size > 1:
             hidden = draft.draft(block)
-            block[1:] = lm_head(hidden[1:].to(lm_head.weight.dtype)).argmax(dim=-1)
+            block[1:] = drafter.greedy_tokens(hidden[1:], tokens[-1], lm_head)
         target.save()
         logits, features = target.forward(block, features=True)
         choice = logits.argmax(dim=-1)

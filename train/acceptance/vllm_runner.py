@@ -28,6 +28,8 @@ REFUSED = 3
 DFLASH_MODULE = "vllm.model_executor.models.qwen3_dflash"
 MIXED_LAYOUT_ON_CPU = ("the drafter mixes sliding and full attention layers: vLLM serves that only with its V2 "
                        "model runner (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton and a GPU")
+DFLASH2_ON_CPU = ("the drafter is DFlash 2: vLLM serves it (qwen3_dflash2) only with its V2 model runner "
+                  "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only")
 
 
 def vllm_version() -> str | None:
@@ -62,7 +64,7 @@ def _has_cuda() -> bool:
 def build_llm(request: dict):
     """The `LLM` of `request`: its target, the drafter as its DFlash speculator, greedy-ready.
     vllm_logits.py builds its engine here too, so both see the same engine."""
-    if request["mixed_layers"]:
+    if request["mixed_layers"] or request.get("dflash2"):
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     from vllm import LLM
 
@@ -119,6 +121,8 @@ def main(argv: list[str]) -> int:
     why = refusal()
     if why is not None:
         result, code = {"refused": why, "vllm_version": vllm_version()}, REFUSED
+    elif request.get("dflash2") and not _has_cuda():
+        result, code = {"skipped": DFLASH2_ON_CPU, "vllm_version": vllm_version()}, 0
     elif request["mixed_layers"] and not _has_cuda():
         result, code = {"skipped": MIXED_LAYOUT_ON_CPU, "vllm_version": vllm_version()}, 0
     else:

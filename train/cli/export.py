@@ -40,14 +40,15 @@ def run(args) -> int:
     from train.dtypes import torch_dtype
     from train.export.drafter_dir import export_drafter
     from train.data.heldout import heldout_fraction_of, heldout_record
-    from train.drafter.model import DFlashDrafter, DrafterConfig
+    from train.drafter.dflash2 import build_drafter
+    from train.drafter.model import DrafterConfig
 
     refuse_store_dir(args.out)
     path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(args.run)
     if path is None:
         raise FileNotFoundError(f"{args.run}: no checkpoint to export")
     state = ckpt.read_state(path)
-    drafter = DFlashDrafter(DrafterConfig.from_dict(state["drafter_config"]))
+    drafter = build_drafter(DrafterConfig.from_dict(state["drafter_config"]))
     drafter.load_state_dict(ckpt.load_model_weights(path), strict=True)
     # Checkpoints written before the split was recorded used the same rule at the config's fraction.
     split = state.get("heldout_split") or heldout_record(state["config"]["data"]["heldout_fraction"])

@@ -77,7 +77,7 @@ def run(args) -> int:
             Path(args.target).resolve(), drafter_dir.resolve(), [p.input_ids.tolist() for p in prompts],
             block_size=config.block_size, mixed_layers=len(set(config.layer_types)) > 1,
             max_new_tokens=args.max_new_tokens, stop_token_ids=stops, dtype=str(dtype).removeprefix("torch."),
-            gpu_memory_utilization=args.gpu_memory_utilization)
+            gpu_memory_utilization=args.gpu_memory_utilization, dflash2=config.architecture == "dflash2")
         # vLLM starts (tens of seconds) while this process decodes the same prompts.
         served_run = serve_check.start_served(python, request, Path(args.workdir or scratch))
         results = []

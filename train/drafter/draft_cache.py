@@ -12,10 +12,13 @@ positions `[0, length)`, as z-lab's reference does with its draft-side cache.
 layers see everything, sliding layers are causal with a window over key
 positions, of which only the window's keys are read), the same computation as the
 training forward with the anchor at `length` (context strictly before the anchor,
-the block's own slots), which `tests/test_speculate.py` checks.
+the block's own slots), which `tests/test_speculate.py` checks. A DFlash 2
+drafter's block-local convolutions see just this block (train/drafter/dflash2.py).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 from torch import nn
@@ -73,8 +76,8 @@ class DraftCache:
         x = self.embed_tokens(block_ids).to(self.dtype)[None]  # [1, b, H]
         cos, sin = drafter.rotary_emb(x, self._positions(count, block_ids.device))
         for i, layer in enumerate(drafter.layers):
-            x = x + self._attend(layer.self_attn, layer.input_layernorm(x), i, cos, sin)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            attention = partial(self._attend, layer.self_attn, layer=i, cos=cos, sin=sin)
+            x = layer.sublayers(x, attention, count)  # the block drafted is one block of `count` rows
         return drafter.norm(x)[0]
 
     def _attend(self, attn, x: torch.Tensor, layer: int, cos, sin) -> torch.Tensor:

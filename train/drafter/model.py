@@ -38,7 +38,7 @@ from store_schema.layout import default_layer_ids as default_context_layer_ids  
 from store_schema.layout import validate_layer_ids  # the one rule
 from train.drafter.anchors import LayerAttention, block_position_ids
 from train.drafter.attention import attend, build_attention_mask, resolve_attention
-from train.config import LAYER_TYPES
+from train.config import ARCHITECTURES, DFLASH2_SIZES, LAYER_TYPES
 
 
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
@@ -90,6 +90,12 @@ class DrafterConfig:
     hidden_act: str = "silu"
     initializer_range: float = 0.02
     rope_parameters: dict = field(default_factory=dict)  # extra rope fields, e.g. rope_type/factor
+    # DFlash 2 (train/drafter/dflash2.py); read only when architecture is "dflash2".
+    architecture: str = "dflash"
+    conv_kernel_size: int = 2  # taps of each block-local convolution
+    conv_group_size: int = 16  # channels that share one dynamic coefficient
+    selector_rank: int = 256  # rank r of the selector's codebooks [V, r]
+    selector_top_k: int = 16  # candidates the selector reranks per drafted position
 
     def __post_init__(self):
         self.context_layer_ids = validate_layer_ids([int(i) for i in self.context_layer_ids], self.num_target_layers)
@@ -119,6 +125,21 @@ class DrafterConfig:
             raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
         if "sliding_attention" not in self.layer_types:
             self.sliding_window = None
+        self.check_architecture()
+
+    def check_architecture(self) -> None:
+        """The architecture and, for DFlash 2, its module sizes (ValueError naming the field)."""
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}, got {self.architecture!r}")
+        if self.architecture != "dflash2":
+            return
+        for name in DFLASH2_SIZES:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.conv_group_size:
+            raise ValueError(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
+        if self.selector_top_k > self.vocab_size:
+            raise ValueError(f"selector_top_k {self.selector_top_k} exceeds the vocabulary ({self.vocab_size})")
 
     @property
     def num_context_layers(self) -> int:
@@ -274,14 +295,24 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = Qwen3MLP(qwen3_config)
         self.input_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = Qwen3RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.block_size = config.block_size
 
     def forward(self, x, context, cos, sin, mask):
-        x = x + self.self_attn(self.input_layernorm(x), context, cos, sin, mask)
+        """x [1, N*B, H]: the N blocks of a training forward (or one block)."""
+        return self.sublayers(x, lambda normed: self.self_attn(normed, context, cos, sin, mask), self.block_size)
+
+    def sublayers(self, x, attention, block_size: int):
+        """The residual stream through `attention` (the normed block -> its attention
+        output) and the MLP. x [..., L, H] holds whole blocks of `block_size` rows
+        (DFlash ignores them; DFlash 2's convolutions stay inside each)."""
+        x = x + attention(self.input_layernorm(x))
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class DFlashDrafter(nn.Module):
     """The drafter. `state_dict()` keys are exactly z-lab's checkpoint names."""
+
+    layer_class = DFlashDecoderLayer
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -289,7 +320,7 @@ class DFlashDrafter(nn.Module):
         qwen3_config = config.qwen3_config()
         hidden = config.hidden_size
         self.layers = nn.ModuleList(
-            DFlashDecoderLayer(config, qwen3_config, i) for i in range(config.num_hidden_layers)
+            self.layer_class(config, qwen3_config, i) for i in range(config.num_hidden_layers)
         )
         self.fc = nn.Linear(config.num_context_layers * hidden, hidden, bias=False)
         self.hidden_norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
@@ -372,6 +403,11 @@ class DFlashDrafter(nn.Module):
             else:
                 x = layer(x, context, cos, sin, mask)
         return self.norm(x).view(num_blocks, block, cfg.hidden_size)
+
+    def greedy_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module) -> torch.Tensor:
+        """The drafted tokens [L] of one block's drafted slots (`hidden` [L, H], after
+        `norm`) at greedy decoding: each slot's argmax through the target's lm_head."""
+        return lm_head(hidden.to(lm_head.weight.dtype)).argmax(dim=-1)
 
     def attention_masks(self, anchor_positions: torch.Tensor, context_len: int, attention: str = "auto") -> dict:
         """One mask per distinct layer rule (full, sliding), built once per forward."""

@@ -8,6 +8,12 @@ drafters (e.g. z-lab/Qwen3-8B-DFlash-b16) do: a Qwen3 config
 vLLM and SGLang read these fields. The weights carry z-lab's names and never the
 target's `embed_tokens` / `lm_head`.
 
+A DFlash 2 drafter (train/drafter/dflash2.py) is written in the reference's DFlash 2
+layout: `architectures: ["DFlash2DraftModel"]` (vLLM: `qwen3_dflash2`) and
+`dflash_config` also holding `block_size`, `conv_kernel_size`, `conv_group_size`,
+`selector_rank` and `selector_top_k`; its convolutions and selector tensors under
+the reference's names (the codebooks without a `.weight` suffix, as vLLM reads them).
+
 `target_layer_ids` use z-lab's convention: id L is the output of decoder layer L
 (transformers' hidden_states[L + 1]); the same convention as `context_layer_ids`.
 
@@ -36,9 +42,14 @@ from safetensors import safe_open
 from train.fitting.checkpoint import save_tensors
 from train.dtypes import name_of
 from train.data.heldout import heldout_fraction_of, heldout_record
+from train.config import DFLASH2_SIZES
+from train.drafter.dflash2 import added_by_dflash2, build_drafter
 from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.drafter.selector import CODEBOOKS
 
 HELDOUT_SPLIT_KEY = "heldout_split"
+# config.json `architectures` per DrafterConfig.architecture, as the reference and vLLM name them.
+ARCHITECTURE_CLASSES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 
 
 def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> dict:
@@ -47,7 +58,7 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
     `rope_parameters` for transformers 5."""
     rope_parameters = {"rope_type": "default", **config.rope_parameters, "rope_theta": config.rope_theta}
     data = {
-        "architectures": ["DFlashDraftModel"],
+        "architectures": [ARCHITECTURE_CLASSES[config.architecture]],
         "model_type": "qwen3",
         "block_size": config.block_size,
         "num_target_layers": config.num_target_layers,
@@ -81,6 +92,9 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
         "use_cache": True,
         "dtype": name_of(dtype),
     }
+    if config.architecture == "dflash2":  # the reference reads these from dflash_config
+        data["dflash_config"].update({"block_size": config.block_size,
+                                      **{name: getattr(config, name) for name in DFLASH2_SIZES}})
     if config.is_causal is not None:
         data["is_causal"] = config.is_causal
         data["dflash_config"]["causal"] = config.is_causal
@@ -158,10 +172,14 @@ def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
     path = Path(model_dir) / "config.json"
     data = json.loads(path.read_text())
     architectures = data.get("architectures") or ["DFlashDraftModel"]
-    if architectures != ["DFlashDraftModel"]:
-        raise ValueError(f"{path}: architectures {architectures} not supported (DFlashDraftModel only)")
+    kinds = {name: kind for kind, name in ARCHITECTURE_CLASSES.items()}
+    if len(architectures) != 1 or architectures[0] not in kinds:
+        raise ValueError(f"{path}: architectures {architectures} not supported "
+                         f"({' or '.join(ARCHITECTURE_CLASSES.values())})")
+    architecture = kinds[architectures[0]]
     dflash = data.get("dflash_config") or {}
-    missing = [k for k in ("mask_token_id", "target_layer_ids") if k not in dflash]
+    needed = ("mask_token_id", "target_layer_ids") + (DFLASH2_SIZES if architecture == "dflash2" else ())
+    missing = [k for k in needed if k not in dflash]
     if missing:
         raise KeyError(f"{path}: dflash_config lacks {missing}")
     for key, neutral in UNSUPPORTED_DFLASH_KEYS.items():
@@ -205,32 +223,41 @@ def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
             hidden_act=data.get("hidden_act", "silu"),
             initializer_range=data.get("initializer_range", 0.02),
             rope_parameters=rope_parameters,
+            architecture=architecture,
+            **{name: dflash[name] for name in DFLASH2_SIZES if architecture == "dflash2"},
         )
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
 
 
 def load_drafter(model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> DFlashDrafter:
-    """Rebuild a DFlashDrafter from an exported or z-lab-format directory, sliding
-    layers included (strict: every weight present, nothing extra). dtype None keeps
-    the dtype stored on disk."""
+    """Rebuild a DFlash (or DFlash 2) drafter from an exported or z-lab-format
+    directory, sliding layers included (strict: every weight present, nothing
+    extra). dtype None keeps the dtype stored on disk."""
     model_dir = Path(model_dir)
-    drafter = DFlashDrafter(read_drafter_config(model_dir))
+    drafter = build_drafter(read_drafter_config(model_dir))
     return load_weights(drafter, model_dir, keep_dtype=dtype is None).to(device=device, dtype=dtype)
 
 
-def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool = False) -> DFlashDrafter:
+def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool = False,
+                 backbone_only: bool = False) -> DFlashDrafter:
     """Copy a drafter directory's `model.safetensors` into `drafter` (strict: every
     weight present, nothing extra; KeyError naming them otherwise), cast to the
-    drafter's dtype, or with `keep_dtype` the drafter cast to the stored one."""
+    drafter's dtype, or with `keep_dtype` the drafter cast to the stored one. The
+    selector's codebooks are read under either name the reference loads
+    (`candidate_selector.X`, or `candidate_selector.X.weight` as its save_pretrained writes).
+    `backbone_only`: a DFlash 2 drafter takes a DFlash drafter's weights, its own
+    modules keeping what they hold (the warm start, train/drafter/dflash2.py)."""
     weights = Path(model_dir) / "model.safetensors"
+    spelled = {f"candidate_selector.{name}.weight": f"candidate_selector.{name}" for name in CODEBOOKS}
     with safe_open(str(weights), framework="pt") as f:
-        state = {name: f.get_tensor(name) for name in f.keys()}
+        state = {spelled.get(name, name): f.get_tensor(name) for name in f.keys()}
     if keep_dtype:
         drafter.to(next(iter(state.values())).dtype)
     result = drafter.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise KeyError(f"{weights}: missing tensors {result.missing_keys}, unexpected tensors {result.unexpected_keys}")
+    missing = [name for name in result.missing_keys if not (backbone_only and added_by_dflash2(name))]
+    if missing or result.unexpected_keys:
+        raise KeyError(f"{weights}: missing tensors {missing}, unexpected tensors {result.unexpected_keys}")
     return drafter
 
 

@@ -2,7 +2,8 @@
 
 DIR is any z-lab-format drafter directory (`config.json` with `dflash_config`
 + `model.safetensors`): a downloaded `z-lab/Qwen3.6-27B-DFlash`, a SpecForge
-output, or this trainer's export. The run takes the drafter's whole shape from
+output, or this trainer's export; or one of this trainer's checkpoints
+(`state.json` + `model.safetensors`), or a run directory (its newest checkpoint). The run takes the drafter's whole shape from
 it and starts from its weights, after checking that it fits the run, each
 refusal naming the field:
 
@@ -14,7 +15,12 @@ refusal naming the field:
   (a store with more layers is fine: only the drafter's are read);
 - the geometry keys the run sets (`model.num_hidden_layers`, heads, KV heads,
   `head_dim`, `intermediate_size`, `layer_types`, `sliding_window`): a value
-  given must equal the drafter's; unset ones take the drafter's.
+  given must equal the drafter's; unset ones take the drafter's;
+- `model.architecture` against the drafter's, with one exception: a DFlash
+  drafter warm-starts a `model.architecture=dflash2` run (its backbone copied,
+  the convolutions and the selector at their identity start, sized by the run's
+  `model.conv_*` / `model.selector_*`), so the run starts drafting exactly what
+  the DFlash drafter drafts, as the published Muse-Glimmer DFlash 2 started.
 
 The mask token is the drafter's unless `model.mask_token_id` says otherwise
 (`train.drafter.mask_token`). The run records where it started: `model.init_from` in
@@ -29,20 +35,34 @@ import dataclasses
 from pathlib import Path
 
 from store_schema import file_sha256
-from train.config import ConfigError, ModelConfig
-from train.export.drafter_dir import read_drafter_config
-from train.drafter.model import DrafterConfig
+from train.config import DFLASH2_SIZES, ConfigError, ModelConfig
+from train.drafter.dflash2 import dflash2_config
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.export.drafter_dir import load_weights, read_drafter_config
+from train.fitting import checkpoint as ckpt
 
 WEIGHTS = "model.safetensors"
 
 
-def read_source(path: str | Path) -> DrafterConfig:
-    """The drafter configuration of a z-lab-format directory (`train.export.drafter_dir`'s reader)."""
+def source_dir(path: str | Path) -> Path:
+    """The directory whose weights a run starts from: `path` itself when it holds
+    them (a drafter directory or a checkpoint), else the newest checkpoint of the run `path`."""
     path = Path(path)
-    if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
-        raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config "
-                                f"and {WEIGHTS})")
-    return read_drafter_config(path)
+    latest = ckpt.latest_checkpoint(path) if path.is_dir() and not (path / WEIGHTS).is_file() else None
+    return latest or path
+
+
+def read_source(path: str | Path) -> DrafterConfig:
+    """The drafter configuration of a z-lab-format directory (`train.export.drafter_dir`'s
+    reader), or of a checkpoint (its `drafter_config`)."""
+    found = source_dir(path)
+    if (found / WEIGHTS).is_file() and (found / "config.json").is_file():
+        return read_drafter_config(found)
+    try:
+        return DrafterConfig.from_dict(ckpt.read_state(found)["drafter_config"])
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config and "
+                                f"{WEIGHTS}), a checkpoint or a run with one") from None
 
 
 def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, target, store_layer_ids,
@@ -50,6 +70,11 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
     """`source` with the run's mask token, once it fits the run (module docstring);
     ConfigError naming the field otherwise. `where` names the source in messages
     ("--init-from DIR", or the checkpoint a resumed run continues)."""
+    if source.architecture == "dflash" and model.architecture == "dflash2":  # the warm start (module docstring)
+        source = dflash2_config(source, **{name: getattr(model, name) for name in DFLASH2_SIZES})
+    elif source.architecture != model.architecture:
+        raise ConfigError(f"config model.architecture: {model.architecture}, but {where} is a {source.architecture} "
+                          f"drafter; set model.architecture={source.architecture} to fine-tune it")
     if source.block_size != model.block_size:
         raise ConfigError(f"config model.block_size: {model.block_size}, but {where} drafts blocks of "
                           f"block_size {source.block_size}; set model.block_size={source.block_size}")
@@ -69,9 +94,16 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
     return dataclasses.replace(source, mask_token_id=mask_token_id)
 
 
+def load_start_weights(drafter: DFlashDrafter, path: str | Path) -> DFlashDrafter:
+    """The --init-from weights into the run's drafter: every tensor, or for a DFlash 2
+    run from a DFlash drafter the backbone (the new modules keep their identity start)."""
+    warm = drafter.config.architecture == "dflash2" and read_source(path).architecture == "dflash"
+    return load_weights(drafter, source_dir(path), backbone_only=warm)
+
+
 def init_record(path: str | Path) -> dict:
     """Where a fine-tuning run started: the directory and its weights' sha256."""
-    path = Path(path).resolve()
+    path = source_dir(path).resolve()
     return {"path": str(path), "model_sha256": file_sha256(path / WEIGHTS)}
 
 

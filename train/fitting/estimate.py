@@ -37,10 +37,10 @@ LOSS_BYTES_PER_LOGIT = 16
 def drafter_on_meta(drafter_config):
     import torch
 
-    from train.drafter.model import DFlashDrafter
+    from train.drafter.dflash2 import build_drafter
 
     with torch.device("meta"):
-        return DFlashDrafter(drafter_config)
+        return build_drafter(drafter_config)
 
 
 def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:

@@ -55,9 +55,10 @@ from train.config import ConfigError, RunConfig
 from train.data.heldout import heldout_record
 from train.data.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
 from train.data.loader import CorruptShards, ShardLoader, TrainSample, check_lanes
+from train.drafter.dflash2 import build_drafter
 from train.drafter.model import DFlashDrafter
 from train.dtypes import torch_dtype
-from train.export.drafter_dir import load_weights
+from train.export.init_from import load_start_weights
 from train.fitting import checkpoint as ckpt
 from train.fitting import preflight
 from train.fitting.distributed import (World, check_world, device_for, init_process_group, reduce_step,
@@ -150,9 +151,9 @@ class Trainer:
         head_dtype = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
         head = load_target_head(config.target, dtype=head_dtype, device=device)
         torch.manual_seed(config.train.seed)
-        drafter = DFlashDrafter(drafter_config)
+        drafter = build_drafter(drafter_config)
         if latest is None and config.model.init_from:
-            load_weights(drafter, config.model.init_from)  # fine-tuning starts from the published weights
+            load_start_weights(drafter, config.model.init_from)  # fine-tuning starts from the published weights
         drafter = drafter.to(device)  # fp32 master weights
         drafter.gradient_checkpointing = config.model.gradient_checkpointing
         optimizer = build_optimizer(drafter, config.optim)

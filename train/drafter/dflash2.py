@@ -1,0 +1,103 @@
+"""The DFlash 2 drafter: the DFlash drafter (train/drafter/model.py) plus two small
+modules, laid out and named as z-lab's reference (`dflash` 0.1.0's
+`DFlash2DraftModel`) and vLLM's `qwen3_dflash2` lay them out:
+
+    layers.{i}.attention_conv.{base_kernel, kernel_projection.weight}
+    layers.{i}.mlp_conv.{base_kernel, kernel_projection.weight}
+    candidate_selector.{predecessor_codebook, successor_codebook, hidden_projection.weight}
+
+- every decoder layer wraps its attention and its MLP in a block-local convolution
+  (`train.drafter.conv.BlockConv`): `prepare` on the normed input, `finish` on the
+  sublayer's output, inside the residual;
+- the candidate selector (`train.drafter.selector.CandidateSelector`) reranks the
+  top-K of each drafted position's logits along a path walked from the anchor.
+
+Identity start: a fresh DFlash 2 has identity convolutions and a zero successor
+codebook, so with its DFlash backbone's weights (`from_dflash`) it computes exactly
+that drafter's hidden states, logits and greedy drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+from transformers import Qwen3Config
+
+from train.drafter.conv import BlockConv
+from train.drafter.model import DFlashDecoderLayer, DFlashDrafter, DrafterConfig
+from train.drafter.selector import CandidateSelector
+
+
+class DFlash2DecoderLayer(DFlashDecoderLayer):
+    def __init__(self, config: DrafterConfig, qwen3_config: Qwen3Config, layer: int):
+        super().__init__(config, qwen3_config, layer)
+        self.attention_conv = BlockConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+        self.mlp_conv = BlockConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+
+    def sublayers(self, x, attention, block_size: int):
+        normed, coefficients = self.attention_conv.prepare(self.input_layernorm(x), block_size)
+        x = x + self.attention_conv.finish(attention(normed), coefficients, block_size)
+        normed, coefficients = self.mlp_conv.prepare(self.post_attention_layernorm(x), block_size)
+        return x + self.mlp_conv.finish(self.mlp(normed), coefficients, block_size)
+
+
+class DFlash2Drafter(DFlashDrafter):
+    """`state_dict()` keys are exactly the reference's DFlash 2 checkpoint names."""
+
+    layer_class = DFlash2DecoderLayer
+
+    def __init__(self, config: DrafterConfig):
+        if config.architecture != "dflash2":
+            raise ValueError(f"DFlash2Drafter needs architecture 'dflash2', got {config.architecture!r}")
+        super().__init__(config)
+        self.candidate_selector = CandidateSelector(config.hidden_size, config.vocab_size, config.selector_rank,
+                                                    config.selector_top_k, config.initializer_range)
+
+    def reset_parameters(self):
+        """Qwen's init for the backbone, then the identity start (module docstring)."""
+        super().reset_parameters()
+        for module in self.modules():
+            if isinstance(module, (BlockConv, CandidateSelector)):
+                module.reset_parameters()
+
+    def greedy_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module) -> torch.Tensor:
+        """The selector's greedy walk from the anchor over the drafted slots' `hidden` [L, H]."""
+        logits = lm_head(hidden.to(lm_head.weight.dtype))
+        anchor = torch.tensor([anchor_id], device=hidden.device)
+        return self.candidate_selector.walk(hidden[None], logits[None], anchor)[0]
+
+
+# The submodules DFlash 2 adds to a DFlash drafter (the only tensors a warm start lacks).
+DFLASH2_MODULES = ("attention_conv", "mlp_conv", "candidate_selector")
+
+
+def added_by_dflash2(tensor_name: str) -> bool:
+    """Whether a DFlash 2 state-dict name belongs to a module DFlash does not have."""
+    return any(part in DFLASH2_MODULES for part in tensor_name.split("."))
+
+
+def build_drafter(config: DrafterConfig) -> DFlashDrafter:
+    """The drafter `config.architecture` names."""
+    return DFlash2Drafter(config) if config.architecture == "dflash2" else DFlashDrafter(config)
+
+
+def dflash2_config(config: DrafterConfig, **sizes) -> DrafterConfig:
+    """A DFlash drafter's config as DFlash 2's (sizes None take the defaults)."""
+    return dataclasses.replace(config, architecture="dflash2", **{k: v for k, v in sizes.items() if v is not None})
+
+
+@torch.no_grad()
+def from_dflash(drafter: DFlashDrafter, **sizes) -> DFlash2Drafter:
+    """A DFlash 2 warm-started from a DFlash drafter: its backbone copied, the new
+    modules at the identity start (so it drafts exactly what `drafter` drafts)."""
+    if drafter.config.architecture != "dflash":
+        raise ValueError(f"from_dflash takes a DFlash drafter, got architecture {drafter.config.architecture!r}")
+    weight = drafter.fc.weight
+    warm = DFlash2Drafter(dflash2_config(drafter.config, **sizes)).to(device=weight.device, dtype=weight.dtype)
+    result = warm.load_state_dict(drafter.state_dict(), strict=False)
+    missing = [name for name in result.missing_keys if not added_by_dflash2(name)]
+    if result.unexpected_keys or missing:
+        raise KeyError(f"DFlash backbone mismatch: missing {missing}, unexpected {result.unexpected_keys}")
+    return warm
