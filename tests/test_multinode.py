@@ -1,20 +1,30 @@
 """More than one node, rehearsed on one host:
 
+- A Ray cluster of three raylets (`ray.cluster_utils.Cluster`: a head that runs no
+  workers and two nodes of one CPU each) runs `python -m extract run --address`
+  with a worker on each node; once the first shard is committed one node is
+  removed: its shards are redone on the other, the shards committed before are
+  untouched (same bytes, same inodes) and `verify` reports the store clean.
 - `train fit --nnodes 2 --node-rank 0|1 --master-addr 127.0.0.1` (two node
   processes, one rank each, gloo over loopback) trains the same steps with the
   same losses as `fit --nproc 2` on one node with the same config."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import builders
+from builders import coding_chats, write_chat_jsonl
+from ray_helpers import committed_inodes, extract_command, verify_cli
 from test_distributed import fit_args, steps_of
 from train.fitting.runlog import read_log
 
@@ -22,6 +32,80 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_EPOCH = ("train.epochs=1",)
+
+
+# Many small shards of one-sample batches: each worker holds work when the node goes.
+RECORDS = 40
+SHARD_TOKENS = 500
+BATCH_TOKENS = 150
+
+
+@pytest.fixture
+def two_node_cluster():
+    """A head (no CPUs: the driver's node, no workers) and two one-CPU nodes, each its own raylet."""
+    from ray.cluster_utils import Cluster
+
+    # Node deaths are noticed within ~1 s, not Ray's default ~15 s of missed health checks.
+    cluster = Cluster(initialize_head=True, head_node_args=dict(
+        num_cpus=0, include_dashboard=False,
+        _system_config={"health_check_period_ms": 200, "health_check_failure_threshold": 3,
+                        "health_check_initial_delay_ms": 0}))
+    nodes = [cluster.add_node(num_cpus=1, resources={f"node_{name}": 1}) for name in "ab"]
+    cluster.wait_for_nodes()
+    try:
+        yield cluster, nodes
+    finally:
+        cluster.shutdown()
+
+
+def shard_digests(store: Path, names) -> dict:
+    """sha256 of every file of each named committed shard."""
+    return {name: {str(path.relative_to(store)): hashlib.sha256(path.read_bytes()).hexdigest()
+                   for path in sorted((store / "shards" / name).rglob("*")) if path.is_file()} for name in names}
+
+
+def test_extraction_on_two_nodes_survives_losing_one(two_node_cluster, qwen3_5_dir, tmp_path):
+    cluster, (kept, lost) = two_node_cluster
+    corpus = write_chat_jsonl(tmp_path / "chats.jsonl", coding_chats(RECORDS, seed=5))
+    store = tmp_path / "store"
+    command = extract_command(qwen3_5_dir, corpus, store, cluster.address, shard_tokens=SHARD_TOKENS,
+                              batch_tokens=BATCH_TOKENS, workers=2, extra=("--batch-shards", "1"))
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    job = subprocess.Popen(command, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        polls = 0
+        while not committed_inodes(store) and job.poll() is None and polls < 6000:  # a hang guard
+            time.sleep(0.05)
+            polls += 1
+        before = committed_inodes(store)
+        assert before and job.poll() is None, "the job ended before a node could be removed"
+        digests = shard_digests(store, before)
+        cluster.remove_node(lost, allow_graceful=False)
+        stdout, stderr = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.communicate()
+    assert job.returncode == 0, stderr[-3000:]
+    report = json.loads(stdout.strip().splitlines()[-1])  # Ray prints the raylet's death on stdout before it
+
+    assert report["status"] == "complete" and report["shards_committed"] == report["shards"] > len(before)
+    assert report["nodes"] == sorted([kept.node_id, lost.node_id])  # a worker started on each node
+    by_node = report["shards_by_node"]  # the first commit may have been either node's
+    assert by_node.get(kept.node_id, 0) > 0 and set(by_node) <= {kept.node_id, lost.node_id}, by_node
+    assert sum(by_node.values()) + report["shards_committed_before_worker_death"] == report["shards_written"] \
+        == report["shards"]
+    # The lost node's attempts were revoked and redone; its replacement had no room on the
+    # node left (one CPU, taken), so the node that stayed wrote them.
+    assert report["worker_deaths"] == 1 and report["shards_retried"] >= 1 and report["attempts_revoked"] >= 1
+    assert report["workers_started"] == 3 and "lost (died" in stderr, stderr[-3000:]
+    # Nothing committed before the loss was lost or rewritten.
+    assert {name: committed_inodes(store)[name] for name in before} == before
+    assert shard_digests(store, before) == digests
+    verified = verify_cli(store)
+    assert verified.returncode == 0, verified.stdout[-3000:] + verified.stderr[-3000:]
+    assert json.loads(verified.stdout)["ok"] is True
 
 
 def free_port() -> int:
