@@ -1,6 +1,7 @@
 """`python -m train fit --store STORE --target PATH --out RUN [--config FILE]
 [--max-steps N] [--init-from DIR] [--resume] [--progress-interval S] [--nproc N] [--set key=value ...]
-[--nnodes N --node-rank R --master-addr HOST [--master-port P]] [--allow-other-target] [--require-complete] [--skip-verify]`
+[--nnodes N --node-rank R --master-addr HOST [--master-port P]] [--allow-other-target]
+[--require-complete] [--skip-verify]`
 
 The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
 saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format

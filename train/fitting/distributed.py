@@ -221,7 +221,8 @@ class Nodes:
 
     def __post_init__(self):
         if not 0 <= self.rank < self.count:
-            raise ConfigError(f"train fit: --node-rank {self.rank} is outside 0..{self.count - 1} (--nnodes {self.count})")
+            raise ConfigError(f"train fit: --node-rank {self.rank} is outside 0..{self.count - 1} "
+                              f"(--nnodes {self.count})")
 
 
 def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes()) -> int:
