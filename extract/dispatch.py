@@ -11,9 +11,10 @@ process dies, or that holds work and replies nothing for ``worker_timeout`` seco
 (hung, or on a node cut off from the driver but perhaps still writing), is *lost*:
 each attempt it held is revoked -- it can never commit, whatever its process does
 later -- its groups go back to the front of the queue (a commit that landed before
-is counted, never redone), and the actor is replaced. A shard gets at most
-``max_attempts`` tries. Any failure a worker reports (`ShardFailed`) stops the job
-with a message that says what to do."""
+is counted, never redone), and the actor is replaced; a replacement gets work once
+it has started (`extract.starting`). A shard gets at most ``max_attempts`` tries.
+Any failure a worker reports (`ShardFailed`) stops the job with a message that says
+what to do."""
 
 from __future__ import annotations
 
@@ -24,13 +25,14 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from store_schema.runtime.progress import Progress
 
 from .config import FaultInjection
 from .errors import ExtractError, disk_full_message
+from .starting import StartingActors
 from .worker import GROUPS_IN_FLIGHT, BatchFaults, ShardDone, ShardFailed, WorkerInfo  # noqa: F401
 
 # --------------------------------------------------------------------------- Ray
@@ -130,6 +132,7 @@ class ActorPool:
         self.created = 0  # actors spawned, replacements of dead ones included
         self.actors: list = []
         self.infos: list[WorkerInfo] = []  # what each first actor loaded (`start`)
+        self.starting = StartingActors()  # replacements still loading the target
         self.startup_seconds = 0.0
 
     def spawn(self):
@@ -181,6 +184,7 @@ class ActorPool:
 
         ray.kill(self.actors[index], no_restart=True)
         self.actors[index] = self.spawn()
+        self.starting.add(index, self.actors[index].info.remote())
 
     def shutdown(self) -> None:
         import ray
@@ -272,6 +276,7 @@ class DispatchCounts:
     worker_deaths: int = 0
     workers_timed_out: int = 0  # lost by missing their deadline (counted in worker_deaths too)
     attempts_revoked: int = 0
+    shards_by_node: dict = field(default_factory=dict)  # Ray node id -> shards its workers wrote and replied for
 
 
 @dataclass(frozen=True)
@@ -318,7 +323,11 @@ class Dispatcher:
         died = _worker_died_errors()
         try:
             self._fill()
-            while self.inflight:
+            while self.inflight or self.queue:
+                if not self.inflight:  # every actor lost, no replacement started yet
+                    self.pool.starting.wait(self.worker_timeout, len(self.left))
+                    self._fill()
+                    continue
                 ready, _ = ray.wait(list(self.inflight), num_returns=1, timeout=1.0)
                 for ref in ready:
                     held = self.inflight.get(ref)
@@ -340,6 +349,7 @@ class Dispatcher:
                             raise ExtractError(failure_message(shard_reply, self.store_path))
                         self._done(shard_reply)
                 self._check_deadlines()
+                self.pool.starting.poll()
                 self._fill()
                 self.progress.tick()
         finally:
@@ -351,7 +361,7 @@ class Dispatcher:
 
     def _fill(self) -> None:
         for index, actor in enumerate(self.pool.actors):
-            while self.queue and self._load(index) < self.pool.groups_in_flight:
+            while self.queue and self._load(index) < self.pool.groups_in_flight and self.pool.starting.ready(index):
                 group = self.queue.popleft()
                 attempts = {}
                 for name in group:
@@ -367,6 +377,7 @@ class Dispatcher:
         counts = self.counts
         if reply.written:
             self._count_written(reply.shard)
+            counts.shards_by_node[reply.node] = counts.shards_by_node.get(reply.node, 0) + 1
             counts.bytes_written += reply.disk_bytes
             counts.raw_bytes_written += reply.raw_bytes
             counts.padded_tokens += reply.padded_tokens

@@ -76,6 +76,8 @@ def build_report(config: JobConfig, store_path: Path, resume, layer_ids, outcome
         "device": config.device,
         "devices": sorted({w.device for w in outcome.workers}),
         "hosts": sorted({w.host for w in outcome.workers}),
+        "nodes": sorted({w.node for w in outcome.workers}),  # Ray node ids of the first workers
+        "shards_by_node": dict(sorted(counts.shards_by_node.items())),
         "kernels": outcome.kernels,
         "kernel_warning": outcome.kernel_warning,
         "padded_tokens": counts.padded_tokens,

@@ -71,6 +71,7 @@ class WorkerInfo:
     pid: int
     host: str
     startup_seconds: float
+    node: str = ""  # the Ray node id it runs on ("" outside Ray)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ class ShardDone:
     padded_tokens: int  # what the device computed for its samples (each padded to its batch's longest)
     write_seconds: float
     pid: int
+    node: str = ""  # the Ray node id of the worker that replied ("" outside Ray)
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,13 @@ def quiet_worker_process(torch_threads: int | None) -> None:
     hf_logging.set_verbosity_error()
 
 
+def ray_node_id() -> str:
+    """The Ray node this process runs on ("" outside Ray): several nodes may share a host name."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+
+
 def worker_info(target, startup_seconds: float) -> WorkerInfo:
     """What a worker that loaded `target` (`extract.target.load_target`) tells the driver."""
     import torch
@@ -180,6 +189,7 @@ def worker_info(target, startup_seconds: float) -> WorkerInfo:
         pid=os.getpid(),
         host=socket.gethostname(),
         startup_seconds=round(startup_seconds, 3),
+        node=ray_node_id(),
     )
 
 
@@ -257,6 +267,7 @@ class ExtractionWorker:
         self._compute = threading.Lock()
         self._writer = None
         self._writer_lock = threading.Lock()
+        self.node = ray_node_id()
         # One tiny forward now: lazy initialisation (allocator, kernels) belongs to
         # start-up, and a broken model fails here rather than on a shard.
         self.runner.run_batch([np.arange(16, dtype=np.int64) % self.target.vocab_size])
@@ -336,6 +347,7 @@ class ExtractionWorker:
             padded_tokens=int(sum(widths)),
             write_seconds=round(time.perf_counter() - started, 4),
             pid=os.getpid(),
+            node=self.node,
         )
 
     def _load(self, writer, name: str):

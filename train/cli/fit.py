@@ -1,6 +1,7 @@
 """`python -m train fit --store STORE --target PATH --out RUN [--config FILE]
 [--max-steps N] [--init-from DIR] [--resume] [--progress-interval S] [--nproc N] [--set key=value ...]
-[--allow-other-target] [--require-complete] [--skip-verify]`
+[--nnodes N --node-rank R --master-addr HOST [--master-port P]] [--allow-other-target]
+[--require-complete] [--skip-verify]`
 
 The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
 saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format
@@ -11,7 +12,10 @@ from its newest checkpoint with RUN's saved config (flags and --set still
 override it, e.g. a larger --max-steps). Ctrl-C checkpoints the last completed
 step and prints how to resume (exit 130). `--nproc N` trains data-parallel on N
 processes (one per GPU; gloo on CPU) by starting torchrun's launcher, as
-`torchrun --nproc-per-node N -m train fit ...` does (`train.fitting.distributed`).
+`torchrun --nproc-per-node N -m train fit ...` does (`train.fitting.distributed`);
+with `--nnodes N --node-rank R --master-addr HOST` this host is node R of N (the
+same command on every host, --node-rank 0 on the one at HOST), as torchrun's
+flags of the same names; the store and RUN must be the same paths on every node.
 
 Before step 1 (`train.fitting.preflight`): the target must be the store's
 (config and weights; `--allow-other-target` overrides, recorded in the run), an
@@ -46,6 +50,14 @@ def add_parser(subparsers) -> None:
                    help="seconds between progress lines when stderr is not a terminal (train.progress_interval, 30)")
     p.add_argument("--nproc", type=positive_int, metavar="N",
                    help="train data-parallel on N processes (one per GPU), started through torchrun's launcher")
+    p.add_argument("--nnodes", type=positive_int, default=1, metavar="N",
+                   help="hosts in the job, each running --nproc processes (torchrun's --nnodes; default 1)")
+    p.add_argument("--node-rank", type=int, default=0, metavar="R",
+                   help="this host's rank among --nnodes, 0 on the --master-addr host (torchrun's --node-rank)")
+    p.add_argument("--master-addr", default="127.0.0.1", metavar="HOST",
+                   help="address of the node-rank 0 host, reachable from every node (torchrun's --master-addr)")
+    p.add_argument("--master-port", type=positive_int, metavar="P",
+                   help="a free port on --master-addr (torchrun's --master-port and its default)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set optim.lr=3e-4 --set num_anchors=256")
     p.add_argument("--dry-run", action="store_true",
@@ -63,7 +75,7 @@ FLAGS = (("allow_other_target", ALLOW_FLAG), ("require_complete", "--require-com
 
 
 def fit_argv(args) -> list[str]:
-    """The command line of one process of a `--nproc` job: these arguments without --nproc."""
+    """The command line of one process of a `--nproc` job: these arguments without the launch flags."""
     argv = ["--out", args.out]
     for flag, value in (("--store", args.store), ("--target", args.target), ("--config", args.config),
                         ("--max-steps", args.max_steps), ("--init-from", args.init_from),
@@ -89,7 +101,8 @@ def run(args) -> int:
     from store_schema import Store, provenance_warning
     from store_schema.runtime.cli import fail, interrupted
     from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
-    from train.fitting.distributed import LAUNCHED_BY_FIT, close_process_group, is_peer_loss, launch
+    from train.fitting.distributed import (DEFAULT_MASTER_PORT, LAUNCHED_BY_FIT, Nodes, close_process_group,
+                                           is_peer_loss, launch)
     from train.fitting.preflight import REPAIR_COMMAND, FitChecks
 
     if args.dry_run:
@@ -100,12 +113,14 @@ def run(args) -> int:
         raise FileNotFoundError(f"--resume: no checkpoint in {Path(args.out) / CHECKPOINTS} "
                                 "(nothing to continue; without --resume the run starts afresh)")
     config = resolve_config(args)
-    if args.nproc and args.nproc > 1 and "WORLD_SIZE" not in os.environ:
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
+    world_size = (args.nproc or 1) * nodes.count
+    if world_size > 1 and "WORLD_SIZE" not in os.environ:
         from train.data.loader import check_lanes
 
         if not args.resume:  # every process would refuse it, each with a traceback of its own
-            check_lanes(config.store, config.data.lanes or args.nproc, len(Store(config.store).committed_shards()))
-        return launch(args.nproc, fit_argv(args), Path(args.out))
+            check_lanes(config.store, config.data.lanes or world_size, len(Store(config.store).committed_shards()))
+        return launch(args.nproc or 1, fit_argv(args), Path(args.out), nodes)
     from train.fitting.progress import DataStopped, TrainingInterrupted
     from train.fitting.trainer import Trainer
 

@@ -206,12 +206,32 @@ def wrap(drafter: torch.nn.Module, world: World, device: torch.device) -> torch.
 
 
 # -- `python -m train fit --nproc N` ---------------------------------------------------------
-def launch(nproc: int, fit_argv: list[str], run_dir: Path) -> int:
+DEFAULT_MASTER_PORT = 29500  # torchrun's
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """This host's place among the job's hosts (torchrun's --nnodes, --node-rank,
+    --master-addr, --master-port; a static rendezvous, as torchrun's default)."""
+
+    count: int = 1
+    rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = DEFAULT_MASTER_PORT
+
+    def __post_init__(self):
+        if not 0 <= self.rank < self.count:
+            raise ConfigError(f"train fit: --node-rank {self.rank} is outside 0..{self.count - 1} "
+                              f"(--nnodes {self.count})")
+
+
+def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes()) -> int:
     """Run `python -m train fit <fit_argv>` on `nproc` processes under torchrun's
-    launcher (torch.distributed.launcher, max_restarts=0): rank 0 keeps this
-    terminal, the other ranks' output goes to RUN/launch/. A failed job ends with
-    one line naming each failed rank (signal or exit code, its last error line)
-    and where the last checkpoint is; the exit code is 1."""
+    launcher (torch.distributed.launcher, max_restarts=0), as node `nodes.rank` of
+    `nodes.count`: local rank 0 keeps this terminal, the other local ranks' output
+    goes to RUN/launch/. A failed job ends with one line naming each failed rank
+    (signal or exit code, its last error line) and where the last checkpoint is;
+    the exit code is 1."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -223,8 +243,13 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path) -> int:
     os.environ[LAUNCHED_BY_FIT] = "1"
     logs = run_dir / LAUNCH_LOGS
     specs = DefaultLogsSpecs(log_dir=str(logs), redirects={r: Std.ALL for r in range(1, nproc)})
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, logs_specs=specs, rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1, run_id="fit")
+    if nodes.count == 1:
+        rendezvous = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0")
+    else:  # node 0 hosts the store the others join, as `torchrun --node-rank R --master-addr A` does
+        rendezvous = dict(rdzv_backend="static", rdzv_endpoint=f"{nodes.master_addr}:{nodes.master_port}",
+                          rdzv_configs={"rank": nodes.rank})
+    config = LaunchConfig(min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, logs_specs=specs,
+                          max_restarts=0, monitor_interval=0.1, run_id="fit", **rendezvous)
     try:
         elastic_launch(config, sys.executable)("-m", "train", "fit", *fit_argv)
     except ChildFailedError as error:
@@ -234,7 +259,8 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path) -> int:
         causes = [(r, f) for r, f in failures if f.exitcode != -signal.SIGTERM] or failures
         failed = "; ".join(_describe_failure(rank, failure, logs) for rank, failure in causes)
         kept = f"the last checkpoint is {latest}" if latest else "no checkpoint was written yet"
-        print(f"error: fit on {nproc} processes stopped: {failed}; the other ranks were stopped; {kept}; "
+        where = f"{nproc} processes" + (f" of node {nodes.rank} of {nodes.count}" if nodes.count > 1 else "")
+        print(f"error: fit on {where} stopped: {failed}; the other ranks were stopped; {kept}; "
               "the same command with --resume continues", file=sys.stderr, flush=True)
         return 1
     return 0
