@@ -23,6 +23,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -52,6 +53,7 @@ DRAFTER_SETTINGS = [
 
 TRAIN_STEPS = 1500
 RECORDS = 600
+ERROR_PREFIX = "error: "  # how the project's commands print their one-line failure (runtime.cli.fail)
 SUMMARY = "summary.json"  # the last demo's summary, in --out: what --served-check-only reuses
 NO_VLLM_LINE = ("served by vLLM: skipped, no vLLM environment (`make vllm-env` adds one; `make served-check` then "
                 "serves this demo's drafter)")
@@ -84,17 +86,28 @@ class Stages:
         self._open = None
 
 
-def run(args: list[str], capture_json: bool = True, allow: tuple[int, ...] = (0,)) -> dict:
-    """Run one of the project's commands; stream its output; return its last JSON line."""
+def run(args: list[str], capture_json: bool = True, allow: tuple[int, ...] = (0,), errors: list | None = None) -> dict:
+    """Run one of the project's commands; stream its output; return its last JSON line.
+    With `errors`, its stderr lines are streamed too and kept there."""
     print("$ " + " ".join(str(a) for a in args), flush=True)
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    process = subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO, env=env,
-                               stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=None if errors is None else subprocess.PIPE, text=True)
+    if errors is not None:
+        def relay():
+            for line in process.stderr:
+                print(line, end="", file=sys.stderr, flush=True)
+                errors.append(line.rstrip("\n"))
+
+        reader = threading.Thread(target=relay, daemon=True)
+        reader.start()
     last = None
     for line in process.stdout:
         print(line, end="", flush=True)
         if line.strip():
             last = line
+    if errors is not None:
+        reader.join()
     if process.wait() not in allow:
         raise SystemExit(f"demo: `{' '.join(map(str, args[:3]))}` failed with exit code {process.returncode}")
     if capture_json and last:
@@ -149,14 +162,24 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
 def served_row(s: dict) -> str:
     if s.get("served_tau") is None:
         return s.get("served_note") or "n/a"
-    return (f"served_tau {s['served_tau']:.2f}, served_lossless {'yes' if s['served_lossless'] else 'NO'}; tokens per "
-            f"round {s['served_tokens_per_round']:.2f} vs speculate {s['speculate_tokens_per_round']:.2f} "
-            f"(vLLM {s['vllm_version']})")
+    row = (f"served_tau {s['served_tau']:.2f}, served_lossless {'yes' if s['served_lossless'] else 'NO'}; tokens per "
+           f"round {s['served_tokens_per_round']:.2f} vs speculate {s['speculate_tokens_per_round']:.2f} "
+           f"(vLLM {s['vllm_version']})")
+    return row if s.get("served_within_tolerance") is not False else row + " - outside the 5 % tolerance"
+
+
+def served_failure(stderr_lines: list[str]) -> str:
+    """What the summary says when serve-check gave no figures: its own error line
+    ("failed: <cause>, log: <path>" when vLLM failed), else where to look."""
+    errors = [line.removeprefix(ERROR_PREFIX) for line in stderr_lines if line.startswith(ERROR_PREFIX)]
+    return f"failed: {errors[-1]}" if errors else "failed: serve-check gave no result (its output is above)"
 
 
 def serve_stage(paths: dict, prompts: int, max_new_tokens: int) -> dict:
     """`train serve-check` on the demo's drafter when a vLLM environment exists; the
-    figures it adds to the summary, or one line on how to add it."""
+    figures it adds to the summary, or one line saying why there are none: no vLLM
+    environment (how to add one), skipped (a layout vLLM cannot serve here), or
+    failed (serve-check's own error line: vLLM's root cause and its log)."""
     from train.acceptance.serve_check import ServeRefused, find_vllm_python
 
     try:
@@ -164,14 +187,21 @@ def serve_stage(paths: dict, prompts: int, max_new_tokens: int) -> dict:
     except ServeRefused:
         print(NO_VLLM_LINE)
         return {"served_tau": None, "served_lossless": None, "served_note": NO_VLLM_LINE}
+    stderr_lines: list[str] = []
     served = run(["-m", "train", "serve-check", "--drafter", paths["exported_drafter"], "--target", paths["target"],
                   "--store", paths["store"], "--limit", prompts, "--max-new-tokens", max_new_tokens, "--json"],
-                 allow=(0, 1))
+                 allow=(0, 1, 2), errors=stderr_lines)
     figures = {key: served.get(key) for key in ("served_tau", "served_tokens_per_round", "speculate_tokens_per_round",
-                                                "tokens_per_round_difference", "vllm_version", "served_per_position")}
+                                                "tokens_per_round_difference", "vllm_version", "served_per_position",
+                                                "vllm_log")}
     figures["served_lossless"] = served.get("lossless")
     figures["served_within_tolerance"] = served.get("within_tolerance")
     figures["served_per_position_accepted"] = served.get("per_position_accepted")
+    if served.get("served_skipped"):
+        figures["served_note"] = f"skipped: {served['served_skipped']}"
+    elif figures["served_tau"] is None:
+        figures["served_note"] = served_failure(stderr_lines)
+        print(f"served by vLLM: {figures['served_note']}")
     return figures
 
 
