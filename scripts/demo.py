@@ -54,7 +54,10 @@ DRAFTER_SETTINGS = [
 TRAIN_STEPS = 1500
 RECORDS = 600
 ERROR_PREFIX = "error: "  # how the project's commands print their one-line failure (runtime.cli.fail)
-SUMMARY = "summary.json"  # the last demo's summary, in --out: what --served-check-only reuses
+SUMMARY = "summary.json"
+# The CPU kernels every x86-64 machine of the last decade has: ATen's own vectorized
+# ops, MKL's GEMM (its conditional numerical reproducibility branch) and oneDNN.
+CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}  # the last demo's summary, in --out: what --served-check-only reuses
 NO_VLLM_LINE = ("served by vLLM: skipped, no vLLM environment (`make vllm-env` adds one; `make served-check` then "
                 "serves this demo's drafter)")
 
@@ -225,6 +228,23 @@ def served_check_only(out: Path, args) -> int | None:
     return 0 if summary.get("served_lossless") and summary.get("served_within_tolerance") else 1
 
 
+def pin_cpu_kernels() -> dict:
+    """Every stage on the same CPU kernels whatever the machine (`CPU_KERNELS`, each
+    unless already set), before any torch op here; the commands inherit them. Measured
+    (2026-12-02, AMD EPYC with AVX512): 25 steps of the target's pretraining gave other
+    weights with ATen's AVX2 kernels than with its AVX512 ones (and others again with
+    MKL's SSE path, MKL_CBWR=COMPATIBLE), the same at 1 and 2 threads; the pinned AVX2
+    path cost 16.3 CPU s against 16.0. A target pretrained on other kernels regenerates
+    other text, and the demo's tau follows its target's text."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return {}  # other CPUs have other kernels: nothing to pin them to
+    for name, value in CPU_KERNELS.items():
+        os.environ.setdefault(name, value)
+    return {name: os.environ[name] for name in CPU_KERNELS}
+
+
 def file_digest(path: Path) -> str:
     import hashlib
 
@@ -249,7 +269,8 @@ def provenance(source: Path, target: Path) -> dict:
 
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
             "tokenizers": tokenizers.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "torch_threads": torch.get_num_threads(), "corpus_sha256": file_digest(source),
+            "torch_threads": torch.get_num_threads(), **{name: os.environ.get(name) for name in CPU_KERNELS},
+            "corpus_sha256": file_digest(source),
             "target_weights_sha256": file_digest(target / "model.safetensors")}
 
 
@@ -286,6 +307,7 @@ def main() -> int:
         if code is not None:
             return code
     started = time.time()
+    pin_cpu_kernels()
     # The demo's models are too small for intra-op threads to pay: two torch threads
     # per process run several times slower than one on 2 cores (5-10x when other jobs
     # share them). Its commands inherit this; set OMP_NUM_THREADS to choose otherwise.
