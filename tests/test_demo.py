@@ -96,3 +96,26 @@ def test_the_summary_says_what_happened_to_the_served_check():
                                    "(vLLM 0.32.0)")
     assert served_row(dict(figures, served_lossless=False, served_within_tolerance=False)).endswith(
         "served_lossless NO; tokens per round 4.92 vs speculate 4.92 (vLLM 0.32.0) - outside the 5 % tolerance")
+
+
+def test_the_demo_corpus_is_pinned_not_read_from_this_python():
+    """Issue 35.3: the corpus came from the running Python's standard library, so each
+    Python version (and the libraries imported beside it) made another demo; it is now
+    the pinned copy in scripts/, whatever the Python."""
+    import hashlib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import embedded
+
+    assert hashlib.sha256(embedded.PINNED_FUNCTIONS.read_bytes()).hexdigest()[:12] == PINNED_SHA256
+    functions = embedded.stdlib_functions()
+    assert len(functions) == 598 and all(len(f) == 3 for f in functions)
+    assert {module for module, _, _ in functions} <= set(embedded.CORPUS_MODULES)
+    records = embedded.coding_chats(phrasings=3)[:600]
+    sources = {source for _, _, source in functions}
+    assert len(records) == 600 and all(r["messages"][1]["content"] in sources for r in records)
+    assert records[0]["id"] == "sample-00000-0" and records[0]["messages"][0]["content"] == PINNED_FIRST_PROMPT
+
+
+PINNED_SHA256 = "9e9fbb841419"
+PINNED_FIRST_PROMPT = "Write `print_exception` from the `traceback` module."
