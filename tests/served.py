@@ -20,8 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from store_schema.runtime.target_config import read_target_config
+from train.acceptance import vllm_memory
+
 ROOT = Path(__file__).resolve().parents[1]
 START_SECONDS = 600  # a cold start on a busy 2-core VM
+MAX_MODEL_LEN = 1024
 
 
 def vllm_python() -> str:
@@ -58,9 +62,14 @@ class VLLMServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
+        config = read_target_config(model_dir)
+        kv = vllm_memory.kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 4)
+        share = vllm_memory.cpu_memory_share(  # float32, as --dtype below
+            vllm_memory.engine_bytes(weights=vllm_memory.weight_bytes(model_dir), kv_per_token=kv,
+                                     max_model_len=MAX_MODEL_LEN), vllm_memory.host_memory())
         command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                   "--host", "127.0.0.1", "--port", str(self.port), "--gpu-memory-utilization", "0.05",
-                   "--max-model-len", "1024", "--enforce-eager", "--dtype", "float32", "--max-num-seqs", "16"]
+                   "--host", "127.0.0.1", "--port", str(self.port), "--gpu-memory-utilization", str(share),
+                   "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--dtype", "float32", "--max-num-seqs", "16"]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         env.pop("PYTHONPATH", None)
         with open(log_path, "ab") as log:

@@ -69,3 +69,53 @@ def test_demo_resumes_only_from_a_checkpoint(tmp_path):
     state.mkdir(parents=True)
     (state / "state.json").write_text("{}")
     assert fit_args(run) == ["--resume"] and state.exists()
+
+
+def test_the_summary_says_what_happened_to_the_served_check():
+    """Issue 35.2: no vLLM environment, a failed engine (serve-check's own line: vLLM's
+    cause and its log), a layout it cannot serve, and figures, each said as it is."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from demo import NO_VLLM_LINE, served_failure, served_row
+
+    assert served_row({"served_tau": None, "served_note": NO_VLLM_LINE}).startswith(
+        "served by vLLM: skipped, no vLLM environment")
+    failed = served_failure([
+        "vLLM 0.32.0 from /x/.venv-vllm/bin/python",
+        "error: vLLM exited 1: ValueError: Available memory on node 0 (8.78/10.46 GiB) on kv cache allocation is less "
+        "than requested memory for kv (-0.13/0.52 GiB)., log: /d/drafter/serve-check/vllm.log"])
+    assert failed == ("failed: vLLM exited 1: ValueError: Available memory on node 0 (8.78/10.46 GiB) on kv cache "
+                      "allocation is less than requested memory for kv (-0.13/0.52 GiB)., "
+                      "log: /d/drafter/serve-check/vllm.log")
+    assert served_row({"served_tau": None, "served_note": failed}) == failed
+    assert "no vLLM environment" not in failed
+    assert served_failure(["Traceback (most recent call last):", "KeyError: 'x'"]).startswith(
+        "failed: serve-check gave no result")
+    figures = {"served_tau": 4.93, "served_lossless": True, "served_tokens_per_round": 4.92,
+               "speculate_tokens_per_round": 4.92, "vllm_version": "0.32.0", "served_within_tolerance": True}
+    assert served_row(figures) == ("served_tau 4.93, served_lossless yes; tokens per round 4.92 vs speculate 4.92 "
+                                   "(vLLM 0.32.0)")
+    assert served_row(dict(figures, served_lossless=False, served_within_tolerance=False)).endswith(
+        "served_lossless NO; tokens per round 4.92 vs speculate 4.92 (vLLM 0.32.0) - outside the 5 % tolerance")
+
+
+def test_the_demo_corpus_is_pinned_not_read_from_this_python():
+    """Issue 35.3: the corpus came from the running Python's standard library, so each
+    Python version (and the libraries imported beside it) made another demo; it is now
+    the pinned copy in scripts/, whatever the Python."""
+    import hashlib
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import embedded
+
+    assert hashlib.sha256(embedded.PINNED_FUNCTIONS.read_bytes()).hexdigest()[:12] == PINNED_SHA256
+    functions = embedded.stdlib_functions()
+    assert len(functions) == 598 and all(len(f) == 3 for f in functions)
+    assert {module for module, _, _ in functions} <= set(embedded.CORPUS_MODULES)
+    records = embedded.coding_chats(phrasings=3)[:600]
+    sources = {source for _, _, source in functions}
+    assert len(records) == 600 and all(r["messages"][1]["content"] in sources for r in records)
+    assert records[0]["id"] == "sample-00000-0" and records[0]["messages"][0]["content"] == PINNED_FIRST_PROMPT
+
+
+PINNED_SHA256 = "9e9fbb841419"
+PINNED_FIRST_PROMPT = "Write `print_exception` from the `traceback` module."

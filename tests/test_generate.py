@@ -241,3 +241,32 @@ def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_
         assert ("not from the target" in err) == warned, err
         if warned:
             assert len([line for line in err.splitlines() if "not from the target" in line]) == 1
+
+
+def test_a_reply_cut_inside_a_character_has_one_text_whatever_the_engine(tokenizer):
+    """Issue 35.9: the openai engine's text is the server's ids decoded by the target's
+    tokenizer, exactly the hf engine's rule, never the server's incremental text (which
+    holds back or replaces an unfinished UTF-8 sequence its own way)."""
+    from extract.generate.client import Completion
+    from extract.generate.replies import make_reply
+    from extract.generate.turns import render_prompt, reply_text
+
+    messages = [{"role": "user", "content": "Write `sub`."}]
+    prompt_text, prompt_ids = render_prompt(tokenizer, messages, "off")
+    full = tokenizer("return 'é' + x", add_special_tokens=False)["input_ids"]
+    e_bytes = tokenizer("é", add_special_tokens=False)["input_ids"]
+    assert len(e_bytes) == 2  # byte-level: C3 A9, neither UTF-8 on its own
+    cut = full[: full.index(e_bytes[0]) + 1]  # the limit falls between the two bytes of é
+    expected = reply_text(tokenizer, cut)
+    assert expected.endswith("\ufffd") and expected == tokenizer.decode(cut, skip_special_tokens=False)
+    served_text = expected[:-1]  # vLLM's detokenizer holds the unfinished byte back
+    completion = Completion(text=served_text, reasoning=None, token_ids=cut, prompt_token_ids=prompt_ids,
+                            finish_reason="length", has_tool_calls=False, endpoint="http://127.0.0.1:1")
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    reply = make_reply(completion, tokenizer, messages, prompt_text, prompt_ids, [end])
+    assert reply.text == expected and reply.hit_limit and reply.tokens == len(cut) and reply.checked
+    ended = Completion(text=served_text, reasoning=None, token_ids=full + [end], prompt_token_ids=prompt_ids,
+                       finish_reason="stop", has_tool_calls=False, endpoint="http://127.0.0.1:1")
+    reply = make_reply(ended, tokenizer, messages, prompt_text, prompt_ids, [end])
+    assert reply.text == reply_text(tokenizer, full) == "return 'é' + x" and reply.tokens == len(full) + 1
+    assert not reply.mismatch

@@ -199,3 +199,96 @@ def test_speculate_decoded_past_the_limit_is_cut_as_vllm_cuts():
     cut = serve_check.cut_at_limit(result, 24)
     assert cut.speculative.acceptance_lengths == [8, 8, 3, 2, 2] and cut.speculative.tokens == tokens[:24]
     assert cut.lossless and cut.greedy.tokens == tokens[:24]
+
+
+# Lines of a real vLLM 0.32.0 (CPU) log whose engine failed to start at share 0.05.
+FAILED_LOG = """\
+(APIServer pid=10513) WARNING 12-02 06:53:33 [system_utils.py:255] Found ulimit of 20000 and failed to automatically \
+increase with error current limit exceeds maximum limit. This can cause fd limit errors like `OSError: [Errno 24] Too \
+many open files`. Consider increasing with ulimit -n
+(Worker pid=11027) ERROR 12-02 06:53:57 [multiproc_executor.py:1063] WorkerProc hit an exception.
+(Worker pid=11027) ERROR 12-02 06:53:57 [multiproc_executor.py:1063] Traceback (most recent call last):
+(Worker pid=11027) ERROR 12-02 06:53:57 [multiproc_executor.py:1063]     raise ValueError(
+(Worker pid=11027) ERROR 12-02 06:53:57 [multiproc_executor.py:1063] ValueError: Available memory on node 0 \
+(8.78/10.46 GiB) on kv cache allocation is less than requested memory for kv (-0.13/0.52 GiB). Reduce CPU memory used \
+by other processes.
+(EngineCore pid=10855) ERROR 12-02 06:53:57 [core.py:1510] EngineCore failed to start.
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
+"""
+
+
+def test_the_root_cause_is_the_engines_first_error_line():
+    assert serve_check.root_cause(FAILED_LOG) == (
+        "ValueError: Available memory on node 0 (8.78/10.46 GiB) on kv cache allocation is less than requested memory "
+        "for kv (-0.13/0.52 GiB). Reduce CPU memory used by other processes.")
+    assert serve_check.root_cause("RuntimeError: Engine core initialization failed. See root cause above.\n") is None
+    assert serve_check.root_cause("INFO loading\nKeyError: 'dflash_config'\n") == "KeyError: 'dflash_config'"
+
+
+def test_the_memory_share_is_sized_from_what_the_engine_needs(tmp_path):
+    from train.acceptance import vllm_memory
+
+    gib, mib = 1024**3, 1024**2
+    # 6 layers x 2 KV heads x head_dim 32 in float32: keys + values of one token.
+    assert vllm_memory.kv_bytes_per_token(6, 2, 32, 4) == 2 * 6 * 2 * 32 * 4 == 3072
+    # 300 tokens -> 3 blocks of 128 plus one; weights counted twice; 1.5 GiB overhead.
+    needed = vllm_memory.engine_bytes(weights=10 * mib, kv_per_token=3072, max_model_len=300)
+    assert needed == int(1.5 * gib) + 2 * 10 * mib + 4 * 128 * 3072 == 1_633_157_120
+    # 1_633_157_120 / 16 GiB = 0.09506 -> 0.10 (rounded up to 0.01).
+    assert vllm_memory.cpu_memory_share(needed, vllm_memory.HostMemory(total=16 * gib, available=8 * gib)) == 0.10
+    with pytest.raises(vllm_memory.NotEnoughMemory, match=r"needs ~1\.52 GiB .* only 1\.00 GiB is available"):
+        vllm_memory.cpu_memory_share(needed, vllm_memory.HostMemory(total=16 * gib, available=1 * gib))
+    # The host as vLLM reads it: the memory node of this process's first CPU, a cgroup limit, MemAvailable.
+    import os
+
+    cpu = min(os.sched_getaffinity(0))
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 24000000 kB\nMemFree: 9000000 kB\n"
+                                               "MemAvailable: 6000000 kB\n")
+    (tmp_path / f"sys/devices/system/cpu/cpu{cpu}/node0").mkdir(parents=True)
+    (tmp_path / "sys/devices/system/node/node0").mkdir(parents=True)
+    (tmp_path / "sys/devices/system/node/node0/meminfo").write_text(
+        "Node 0 MemTotal:       10000000 kB\nNode 0 MemFree:         3000000 kB\nNode 0 Active(file):     1000000 kB\n"
+        "Node 0 Inactive(file):   500000 kB\nNode 0 SReclaimable:     100000 kB\n")
+    assert vllm_memory.host_memory(tmp_path) == vllm_memory.HostMemory(total=10_000_000 * 1024,
+                                                                        available=4_600_000 * 1024)
+    (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/memory.max").write_text(f"{4 * gib}\n")
+    (tmp_path / "sys/fs/cgroup/memory.current").write_text(f"{3 * gib}\n")
+    assert vllm_memory.host_memory(tmp_path) == vllm_memory.HostMemory(total=4 * gib, available=1 * gib)
+
+
+@pytest.mark.slow  # vLLM runs in a child process
+def test_an_engine_that_fails_says_why_in_one_line_and_keeps_its_log(target_dir, mask_id, vllm_python, capsys,
+                                                                     tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": [10, 20, 30, 40]}) + "\n")
+    export = random_export(target_dir, mask_id, tmp_path / "d", num_hidden_layers=1, layer_types=["full_attention"])
+    # 1 % of host memory is less than vLLM's own worker holds before its KV cache: vLLM fails, by its own check.
+    code, _, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts,
+                         "--gpu-memory-utilization", "0.01")
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert code == 1 and len(lines) == 1, err
+    log = export / serve_check.WORKDIR_NAME / "vllm.log"
+    assert lines[0].startswith("error: vLLM exited ") and f"log: {log}" in lines[0], lines[0]
+    assert "ValueError: " in lines[0] and "kv" in lines[0] and "Traceback" not in err, lines[0]
+    assert log.is_file() and serve_check.root_cause(log.read_text()) in lines[0]
+
+
+@pytest.mark.slow  # vLLM runs in a child process
+def test_the_default_share_is_sized_and_served(target_dir, mask_id, vllm_python, capsys, tmp_path):
+    from train.acceptance import vllm_memory
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"input_ids": [10, 20, 30, 40]}) + "\n")
+    export = random_export(target_dir, mask_id, tmp_path / "d", num_hidden_layers=1, layer_types=["full_attention"])
+    code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts)
+    assert code == 0 and summary["lossless"], err
+    config = read_target_config(target_dir)
+    needed = vllm_memory.engine_bytes(
+        weights=vllm_memory.weight_bytes(target_dir) + vllm_memory.weight_bytes(export),
+        kv_per_token=vllm_memory.kv_bytes_per_token(config.num_hidden_layers + 1, 1, 32, 4),
+        max_model_len=4 + NEW_TOKENS + 4 * BLOCK)
+    assert summary["vllm_memory_share"] * vllm_memory.host_memory().total >= needed
+    assert summary["vllm_log"] == str(export / serve_check.WORKDIR_NAME / "vllm.log")
+    assert "vLLM's memory share " in err

@@ -8,7 +8,8 @@ the journal of replies that lets a rerun skip every reply it already has.
   knob neutral (`SAMPLING`, recorded in the manifest), stopping at the target's
   end-of-turn tokens, ``return_token_ids`` (vLLM) so the ids come back too.
 * **Reply.** With the generated ids, the text is theirs decoded by the target's
-  tokenizer, as ``--engine hf`` decodes its own; without, the server's text (reasoning
+  tokenizer (`turns.reply_text`, the hf engine's rule), never the server's text; only a
+  server that returns no ids (``return_token_ids`` is vLLM's) gives its text (reasoning
   a server's reasoning parser split off put back in its ``<think>`` block). Then
   `turns.reply_message` parses it as the hf engine does.
 * **Token check.** The conversation with the reply is rendered and tokenized as
@@ -28,7 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .client import Completion
-from .turns import THINK_CLOSE, THINK_OPEN, reply_message
+from .turns import THINK_CLOSE, THINK_OPEN, reply_message, reply_text
 
 JOURNAL_DIR = ".replies"
 # Sampling settings sent with every request besides temperature and seed: the full
@@ -69,7 +70,7 @@ def make_reply(completion: Completion, tokenizer, prompt_messages: list[dict], p
     if ids is not None:
         ids = [int(i) for i in ids]  # the end-of-turn token included, where the server returns it
         body = ids[:-1] if ids and ids[-1] in end_of_turn else ids
-        text = tokenizer.decode(body, skip_special_tokens=False)
+        text = reply_text(tokenizer, body)  # never the server's own (incremental) text
         tokens = len(body) + (0 if hit_limit else 1)
         rendered = rendered_reply_ids(tokenizer, prompt_messages, prompt_ids, reply_message(prompt_text, text), len(ids))
         mismatch = rendered != ids

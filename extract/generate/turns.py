@@ -79,6 +79,14 @@ def render_prompt(tokenizer, messages: list[dict], thinking: str) -> tuple[str, 
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def reply_text(tokenizer, ids: list[int]) -> str:
+    """A generated reply's text, the one rule of every engine: its ids (without the
+    end-of-turn token) decoded whole by the target's own tokenizer, special tokens
+    kept. A byte-level token that is no UTF-8 on its own becomes U+FFFD where it
+    stands, as `extract run` will read it; a server's incremental text may differ."""
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
 def reply_message(prompt_text: str, text: str) -> dict:
     """The target's reply as an assistant message: reasoning the template puts in
     ``<think>...</think>`` (opened by the prompt or by the reply) becomes

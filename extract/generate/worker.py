@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from ..worker import GROUPS_IN_FLIGHT, BatchFaults, GroupDone, _failure, quiet_worker_process, worker_info
 from .config import GenerationSettings
-from .turns import end_of_turn_ids, render_prompt, reply_message
+from .turns import end_of_turn_ids, render_prompt, reply_message, reply_text
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class GenerationWorker:
             outputs, computed = self._generate(name, turn, {i: ids for i, (_, ids) in prompts.items()})
             padded += computed
             for i, (tokens, hit_limit) in outputs.items():
-                text = self.tokenizer.decode(tokens, skip_special_tokens=False)
+                text = reply_text(self.tokenizer, tokens)
                 replies[i].append(reply_message(prompts[i][0], text))
                 generated[i] += len(tokens) + (0 if hit_limit else 1)  # the end-of-turn token counts
                 truncated[i] = truncated[i] or hit_limit

@@ -28,6 +28,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -43,8 +44,28 @@ MAX_RELATIVE_DIFFERENCE = 0.05  # served vs speculate tokens per round
 REFUSED = 3  # vllm_runner's exit code for a refusal (its result holds the line)
 
 
+WORKDIR_NAME = "serve-check"  # under the --drafter directory: vLLM's request, result and log, kept
+# An exception line of a traceback, after vLLM's log prefix ("(EngineCore pid=7) ERROR 12-02 06:50:01 [core.py:1] ").
+EXCEPTION_LINE = re.compile(r"(?:^|\] |\) )([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+SECONDARY = "See root cause above"  # vLLM's front end re-raising its engine core's failure
+
+
 class ServeRefused(ValueError):
     """vLLM cannot serve this drafter: none found, a version without DFlash."""
+
+
+class ServeFailed(ValueError):
+    """vLLM started and failed: one line with its own root cause and its log's path."""
+
+
+def root_cause(log: str) -> str | None:
+    """vLLM's own reason for failing: the first exception line in its log (its engine
+    core's, not the front end's "See root cause above"), without the log prefix."""
+    for line in log.splitlines():
+        found = EXCEPTION_LINE.search(line.strip())
+        if found and SECONDARY not in line and " WARNING " not in line:
+            return f"{found.group(1)}: {found.group(2).strip()}"
+    return None
 
 
 def find_vllm_python(explicit: str | None = None) -> str:
@@ -93,8 +114,10 @@ class ServedRun:
         if code == REFUSED and data.get("refused"):
             raise ServeRefused(data["refused"])
         if code != 0:
-            tail = " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-3:])
-            raise RuntimeError(f"vLLM ({self.python}) failed with exit code {code}; its log {self.log_path}: {tail}")
+            log = self.log_path.read_text(errors="replace") if self.log_path.is_file() else ""
+            lines = log.strip().splitlines()
+            cause = root_cause(log) or (lines[-1].strip() if lines else "no output")
+            raise ServeFailed(f"vLLM exited {code}: {cause}, log: {self.log_path}")
         return data
 
 
@@ -114,20 +137,28 @@ def start_served(python: str, request: dict, workdir: Path) -> ServedRun:
 
 def served_request(target, drafter, prompts: list[list[int]], *, block_size: int, mixed_layers: bool,
                    max_new_tokens: int, stop_token_ids: list[int], dtype: str,
-                   gpu_memory_utilization: float | None = None, dflash2: bool = False) -> dict:
+                   gpu_memory_utilization: float | None = None, cpu_memory_share: float | None = None,
+                   dflash2: bool = False) -> dict:
     """What vllm_runner.py needs. `num_speculative_tokens` is block size - 1 (vLLM
     takes it from the caller and never reads `block_size`). `max_model_len` leaves
     4 blocks past the longest reply: vLLM clamps draft positions at it, and with one
     block of room the demo's 128-token replies ended in rounds drafted at clamped
     positions (served 4.58 tokens per round vs speculate's 4.92; 4.92 both with 4).
+    `gpu_memory_utilization` is the user's (any device); `cpu_memory_share` the one
+    sized for a CPU engine (`vllm_memory`), used when vLLM runs on CPU and none is given.
     `dflash2`: the drafter is DFlash 2 (vLLM's qwen3_dflash2, V2 model runner only)."""
     return {
         "target": str(target), "drafter": str(drafter), "prompts": prompts,
         "num_speculative_tokens": block_size - 1, "mixed_layers": mixed_layers, "dflash2": dflash2,
         "max_new_tokens": max_new_tokens, "stop_token_ids": list(stop_token_ids), "dtype": dtype,
-        "max_model_len": max(len(p) for p in prompts) + max_new_tokens + 4 * block_size,
-        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_model_len": max_model_len(prompts, max_new_tokens, block_size),
+        "gpu_memory_utilization": gpu_memory_utilization, "cpu_memory_share": cpu_memory_share,
     }
+
+
+def max_model_len(prompts: list[list[int]], max_new_tokens: int, block_size: int) -> int:
+    """The longest prompt, its reply and 4 blocks of room (see `served_request`)."""
+    return max(len(p) for p in prompts) + max_new_tokens + 4 * block_size
 
 
 def until_stop(tokens: list[int], stop_ids) -> list[int]:

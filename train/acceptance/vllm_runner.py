@@ -69,7 +69,8 @@ def build_llm(request: dict):
     from vllm import LLM
 
     on_cpu = not _has_cuda()
-    memory = request.get("gpu_memory_utilization") or (0.05 if on_cpu else 0.9)
+    # On CPU a share of host memory, sized by the caller from what the engine needs.
+    memory = request.get("gpu_memory_utilization") or ((request.get("cpu_memory_share") or 0.1) if on_cpu else 0.9)
     return LLM(
         model=request["target"],
         speculative_config={"method": "dflash", "model": request["drafter"],

@@ -9,13 +9,15 @@ vLLM's spec-decode metrics), `served_per_position`, `speculate_tokens_per_round`
 `speculate_tau`, both sides' tokens per round counted the same way and their
 relative difference. Exit 1 when not lossless or when that difference exceeds 5 %.
 vLLM runs in a subprocess: this python when it imports vLLM, else the project's
-`.venv-vllm` (`make vllm-env`), or --vllm-python."""
+`.venv-vllm` (`make vllm-env`), or --vllm-python. On CPU its memory share is sized
+from what its engine needs (train/acceptance/vllm_memory.py); its request, result and
+log stay in DRAFTER/serve-check/, and a failed engine is one line: vLLM's own first
+error and that log's path."""
 
 from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
@@ -46,8 +48,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--vllm-python", help="python of an environment with vLLM (default: this one when it imports "
                                          "vLLM, else .venv-vllm/bin/python; also $DFLASH_VLLM_PYTHON)")
     p.add_argument("--gpu-memory-utilization", type=fraction_arg,
-                   help="vLLM's memory share (default 0.05 on CPU, where it is a share of host memory; 0.9 on GPU)")
-    p.add_argument("--workdir", help="where vLLM's request, result and log are kept (default: a temporary directory)")
+                   help="vLLM's memory share (default on CPU, where it is a share of host memory: sized from the "
+                        "weights, the KV cache of the longest reply and vLLM's overhead; 0.9 on GPU)")
+    p.add_argument("--workdir", help="where vLLM's request, result and log are kept (default: DRAFTER/serve-check, "
+                                     "DRAFTER being --drafter)")
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_allow_flag(p)
     p.set_defaults(handler=run)
@@ -72,33 +76,39 @@ def run(args) -> int:
                                                    loaded.stops)
     device, dtype = loaded.device, loaded.dtype
 
-    with tempfile.TemporaryDirectory(prefix="serve-check-") as scratch:
-        request = serve_check.served_request(
-            Path(args.target).resolve(), drafter_dir.resolve(), [p.input_ids.tolist() for p in prompts],
-            block_size=config.block_size, mixed_layers=len(set(config.layer_types)) > 1,
-            max_new_tokens=args.max_new_tokens, stop_token_ids=stops, dtype=str(dtype).removeprefix("torch."),
-            gpu_memory_utilization=args.gpu_memory_utilization, dflash2=config.architecture == "dflash2")
-        # vLLM starts (tens of seconds) while this process decodes the same prompts.
-        served_run = serve_check.start_served(python, request, Path(args.workdir or scratch))
-        results = []
-        try:
-            for number, prompt in enumerate(prompts, start=1):
-                past_limit = args.max_new_tokens + config.block_size - 1  # whole blocks up to the limit, as vLLM
-                result = serve_check.cut_at_limit(
-                    decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), past_limit, stops),
-                    args.max_new_tokens)
-                results.append(result)
-                print(f"[{number}/{len(prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
-                      f"{'lossless' if result.lossless else 'MISMATCH'}", file=sys.stderr)
-            print("waiting for vLLM ...", file=sys.stderr, flush=True)
-            served = served_run.result()
-        finally:
-            if served_run.process.poll() is None:
-                served_run.process.terminate()
-                served_run.process.wait()
+    workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
+    token_prompts = [p.input_ids.tolist() for p in prompts]
+    share = None
+    if args.gpu_memory_utilization is None and device.type == "cpu":
+        share = _cpu_share(args.target, drafter_dir, config, token_prompts, args.max_new_tokens, dtype)
+    request = serve_check.served_request(
+        Path(args.target).resolve(), drafter_dir.resolve(), token_prompts,
+        block_size=config.block_size, mixed_layers=len(set(config.layer_types)) > 1,
+        max_new_tokens=args.max_new_tokens, stop_token_ids=stops, dtype=str(dtype).removeprefix("torch."),
+        gpu_memory_utilization=args.gpu_memory_utilization, cpu_memory_share=share,
+        dflash2=config.architecture == "dflash2")
+    # vLLM starts (tens of seconds) while this process decodes the same prompts.
+    served_run = serve_check.start_served(python, request, workdir)
+    results = []
+    try:
+        for number, prompt in enumerate(prompts, start=1):
+            past_limit = args.max_new_tokens + config.block_size - 1  # whole blocks up to the limit, as vLLM
+            result = serve_check.cut_at_limit(
+                decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), past_limit, stops),
+                args.max_new_tokens)
+            results.append(result)
+            print(f"[{number}/{len(prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
+                  f"{'lossless' if result.lossless else 'MISMATCH'}", file=sys.stderr)
+        print("waiting for vLLM ...", file=sys.stderr, flush=True)
+        served = served_run.result()
+    finally:
+        if served_run.process.poll() is None:
+            served_run.process.terminate()
+            served_run.process.wait()
     summary = _summary(serve_check, results, served, stops, config.block_size)
     summary.update(drafter=str(drafter_dir), target=str(args.target), vllm_python=python,
                    vllm_version=served.get("vllm_version", version), vllm_device=served.get("device"),
+                   vllm_log=str(served_run.log_path), vllm_memory_share=args.gpu_memory_utilization or share,
                    dtype=str(dtype).removeprefix("torch."), block_size=config.block_size,
                    max_new_tokens=args.max_new_tokens, stop_token_ids=stops, **loaded.other_target)
     if summary.get("served_skipped"):
@@ -106,6 +116,21 @@ def run(args) -> int:
     print(json.dumps(summary) if args.json else render(summary))
     found = serve_check.problems(summary)
     return fail("; ".join(found)) if found else 0
+
+
+def _cpu_share(target, drafter_dir, config, prompts, max_new_tokens: int, dtype) -> float:
+    """vLLM's CPU memory share for these prompts (`vllm_memory`), said in one line."""
+    from train.acceptance import serve_check, vllm_memory
+
+    needed = vllm_memory.served_engine_bytes(target, drafter_dir, config,
+                                             serve_check.max_model_len(prompts, max_new_tokens, config.block_size),
+                                             dtype.itemsize)
+    memory = vllm_memory.host_memory()
+    share = vllm_memory.cpu_memory_share(needed, memory)
+    print(f"vLLM's memory share {share:.2f} of {memory.total / vllm_memory.GIB:.1f} GiB host memory (its engine needs "
+          f"~{needed / vllm_memory.GIB:.2f} GiB; {memory.available / vllm_memory.GIB:.1f} GiB available)",
+          file=sys.stderr)
+    return share
 
 
 def _summary(serve_check, results, served: dict, stops, block_size: int) -> dict:
