@@ -10,7 +10,7 @@ import json
 import sys
 import time
 
-from .runtime.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
+from .runtime.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
 
 
 def cmd_info(args) -> int:
@@ -67,8 +67,9 @@ def _info_summary(store) -> dict:
 
 def cmd_verify(args) -> int:
     """A store that cannot be opened at all is a usage error (exit 2); anything
-    wrong inside one, its root included, is a problem in the report (exit 1, also
-    after --repair: the store lacks those shards until `extract run` redoes them)."""
+    wrong inside one, its root included, is a problem in the report (exit 1); an
+    intact store with planned shards not yet extracted is incomplete (exit 3, also
+    after a --repair that moved every damaged shard aside: `extract run` finishes it)."""
     from .verify import format_report, verify_store
 
     if args.recompute and not args.model:
@@ -103,17 +104,22 @@ def cmd_verify(args) -> int:
         removed, done["set_aside"] = clean_store(args.store, commitless=not args.repair)
         report.leftovers = [name for name in report.leftovers if name not in removed]
         done["removed_leftovers"] = removed
+    after = report
     if args.repair:
         from .repair import repair_store
 
         done["repair"] = repair_store(args.store, report).to_json()
+        after = report.after_repair(done["repair"]["moved"])
+        done["status_after_repair"] = after.status
     if args.json:
         print(json.dumps(dict(report.to_json(), **done)))
     else:
-        print(format_report(report))
+        print(format_report(report, repair_advice=not args.repair))
         for line in _done_lines(args.store, done):
             print(line)
-    return EXIT_OK if report.ok else EXIT_PROBLEM
+        if after is not report and after.status == "incomplete":
+            print(f"now {after.incomplete_line()}")
+    return {"intact": EXIT_OK, "incomplete": EXIT_INCOMPLETE}.get(after.status, EXIT_PROBLEM)
 
 
 def _done_lines(store: str, done: dict) -> list[str]:
@@ -181,7 +187,12 @@ def _parser() -> argparse.ArgumentParser:
     p_info.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
     p_info.add_argument("--json", action="store_true")
     p_info.set_defaults(handler=cmd_info)
-    p_verify = sub.add_parser("verify", help="re-read every committed file; exit 0 intact, 1 problems, 2 usage")
+    p_verify = sub.add_parser(
+        "verify", help="re-read every committed file; exit 0 intact, 1 damaged, 2 usage, 3 incomplete",
+        description="Re-read every committed file of STORE. Exit 0: intact and complete; 1: damaged (a bad "
+                    "checksum, a missing file, ...: --repair moves those shards aside); 2: usage (no store at "
+                    "that path); 3: incomplete, intact but planned shards not yet extracted (a disk-full stop, "
+                    "Ctrl-C): rerun the same `python -m extract run ...` command to finish.")
     p_verify.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
     p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
     p_verify.add_argument("--clean", action="store_true",
