@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 
 from .runtime.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
 
@@ -27,6 +28,10 @@ def cmd_info(args) -> int:
     print(f"store        {summary['store']}")
     print(f"shards       {summary['shards']} committed{planned}")
     print(f"samples      {summary['samples']}")
+    quarantined = summary["quarantined"]
+    if quarantined:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in quarantined.items())
+        print(f"quarantined  {sum(quarantined.values())} record(s) left out by the plan: {reasons}")
     print(f"tokens       {summary['tokens']}")
     print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
     print(f"dtype        {fp['dtype']}" + (" (float8 e4m3 + a float32 scale per token)" if fp["dtype"] != "bfloat16" else ""))
@@ -52,6 +57,7 @@ def _info_summary(store) -> dict:
         "store": str(store.path),
         "shards": len(store.committed_shards()),
         "planned_shards": None if plan is None else len(plan.shards),
+        "quarantined": quarantined_by_reason(plan),
         "response_provenance": fp.response_provenance,
         "samples": store.num_samples(),
         "tokens": tokens,
@@ -63,6 +69,12 @@ def _info_summary(store) -> dict:
         "codec": store.codec.to_json(),
         "fingerprint": fp.to_json(),
     }
+
+
+def quarantined_by_reason(plan) -> dict[str, int]:
+    """Records the plan left out, counted by reason, most frequent first."""
+    counts = Counter(q.reason for q in plan.quarantined) if plan is not None else Counter()
+    return dict(counts.most_common())
 
 
 def cmd_verify(args) -> int:

@@ -276,6 +276,23 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert result.returncode == 0 and "OK: store is intact" in result.stdout
 
 
+def test_info_counts_quarantined_records_by_reason(tmp_path, capsys):
+    """Issue 35.10: `info` never showed the records the plan left out."""
+    from store_schema import QuarantinedRecord
+
+    left_out = [QuarantinedRecord(3, "r3", "too_short", "2 loss tokens"), QuarantinedRecord(5, None, "bad_json"),
+                QuarantinedRecord(8, "r8", "too_short", "1 loss token")]
+    builders.random_store(tmp_path / "s", num_shards=1, quarantined=left_out)
+    assert cli(["info", str(tmp_path / "s")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "quarantined  3 record(s) left out by the plan: too_short 2, bad_json 1" in lines, lines
+    assert cli(["info", str(tmp_path / "s"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["quarantined"] == {"too_short": 2, "bad_json": 1}
+    builders.random_store(tmp_path / "clean", num_shards=1)
+    assert cli(["info", str(tmp_path / "clean")]) == 0
+    assert not any(line.startswith("quarantined") for line in capsys.readouterr().out.splitlines())
+
+
 def test_creating_a_store_keeps_the_jobs_held_lock(tmp_path):
     """A job locks STORE/.lock before it creates the store; creating (or overwriting)
     it must not delete that file, else a second job locks a fresh inode beside it."""
