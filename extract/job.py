@@ -36,6 +36,7 @@ the object store to a separate write stage -- terabytes we never want to move.
 
 from __future__ import annotations
 
+import errno
 import sys
 import time
 from pathlib import Path
@@ -216,9 +217,12 @@ class Extraction(ShardedJob):
         try:
             self.writer.write_report(report_name(outcome), report)
         except OSError as error:
-            if not is_disk_full(error):
+            if error.errno == errno.EROFS:
+                log(f"{self.output} is on a read-only filesystem: the report was not stored (every shard is committed)")
+            elif not is_disk_full(error):
                 raise
-            log("warning: disk full, the report was not stored (every shard is committed)")
+            else:
+                log("warning: disk full, the report was not stored (every shard is committed)")
         return report
 
 

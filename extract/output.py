@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,11 +26,19 @@ def refuse_foreign_output(path: Path, belongs: Callable[[Path], bool], refusal: 
 @contextmanager
 def output_locked(path: Path) -> Iterator[None]:
     """Hold `path`'s lock for this job (a second live job is refused); released on the
-    way out, and a job that wrote nothing leaves nothing."""
+    way out, and a job that wrote nothing leaves nothing. On a read-only filesystem
+    no job can write, so there is no lock to take: the job reads on (a complete
+    store has nothing to do; any write it needs fails naming the file)."""
     from store_schema import StoreLock
 
-    lock = StoreLock(path, job=f"extract {' '.join(sys.argv[1:])}"[:2000]).acquire()
+    try:
+        lock = StoreLock(path, job=f"extract {' '.join(sys.argv[1:])}"[:2000]).acquire()
+    except OSError as error:
+        if error.errno != errno.EROFS:
+            raise
+        lock = None
     try:
         yield
     finally:
-        lock.release(discard_if_unused=True)
+        if lock is not None:
+            lock.release(discard_if_unused=True)

@@ -7,15 +7,18 @@ replies). `len(tokenizer)` is 248,070: the published Qwen3.6-27B drafter's mask 
 the first unused embedding row (the package also lists 7 audio/TTS tokens after
 `</think>` that the released tokenizer's mask id says it lacks).
 
-Also: a coding corpus with tool calls, and the published Qwen3.6-27B architecture as a
-config-only directory (no weights) for `plan --dry-run` / `fit --dry-run`."""
+Also: a coding corpus with tool calls. The published Qwen3.6-27B architecture as a
+config-only directory (no weights) for `plan --dry-run` / `fit --dry-run` is
+`store_schema.runtime.config_only_target` (`python -m store_schema config-only-target`)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-REAL_VOCAB_ROWS = 248_320  # Qwen3.6's embedding rows (padded past the tokenizer's 248,070)
+from store_schema.runtime.config_only_target import QWEN3_6_VOCAB_ROWS as REAL_VOCAB_ROWS
+from store_schema.runtime.config_only_target import write_config_only_target  # noqa: F401  (tests' builders)
+
 SPECIAL_TOKEN_COUNT = 26  # <|endoftext|> .. </think>
 
 # Qwen3's template, shortened: reasoning from `reasoning_content` (or inline
@@ -132,30 +135,3 @@ def tool_call_chats(count: int, seed: int = 0, tool_every: int = 4, modules=None
             {"role": "assistant", "content": answer["content"]},
         ]
     return records
-
-
-# The published Qwen3.6-27B text architecture (Qwen3.5's config class; the values a
-# released config.json carries). Linear attention x3 then full attention, 16 times.
-QWEN3_6_27B = dict(
-    model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], vocab_size=REAL_VOCAB_ROWS,
-    hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
-    num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
-    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
-    layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)],
-    max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16",
-    eos_token_id=248046, pad_token_id=248044,
-)
-
-
-def write_config_only_target(path, tokenizer_dir=None) -> Path:
-    """A Qwen3.6-27B directory with only its config.json (+ the tokenizer's files):
-    what the dry-runs read. No weights."""
-    import shutil
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(QWEN3_6_27B, indent=2))
-    if tokenizer_dir is not None:
-        for file in Path(tokenizer_dir).iterdir():
-            shutil.copy(file, path / file.name)
-    return path

@@ -1,4 +1,5 @@
-"""python -m store_schema {info,verify} STORE   (a directory, or s3://bucket/prefix, gs://bucket/prefix)
+"""python -m store_schema {info,verify} STORE | config-only-target OUT
+(STORE: a directory, or s3://bucket/prefix, gs://bucket/prefix)
 
 Exit codes and error lines follow `store_schema.runtime.cli`. The handlers import the
 reader (torch, zarr) themselves, so `--help` and usage errors answer at once."""
@@ -9,8 +10,10 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
+from pathlib import Path
 
-from .runtime.cli import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
+from .runtime.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
 
 
 def cmd_info(args) -> int:
@@ -27,6 +30,10 @@ def cmd_info(args) -> int:
     print(f"store        {summary['store']}")
     print(f"shards       {summary['shards']} committed{planned}")
     print(f"samples      {summary['samples']}")
+    quarantined = summary["quarantined"]
+    if quarantined:
+        reasons = ", ".join(f"{reason} {count}" for reason, count in quarantined.items())
+        print(f"quarantined  {sum(quarantined.values())} record(s) left out by the plan: {reasons}")
     print(f"tokens       {summary['tokens']}")
     print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
     print(f"dtype        {fp['dtype']}" + (" (float8 e4m3 + a float32 scale per token)" if fp["dtype"] != "bfloat16" else ""))
@@ -52,6 +59,7 @@ def _info_summary(store) -> dict:
         "store": str(store.path),
         "shards": len(store.committed_shards()),
         "planned_shards": None if plan is None else len(plan.shards),
+        "quarantined": quarantined_by_reason(plan),
         "response_provenance": fp.response_provenance,
         "samples": store.num_samples(),
         "tokens": tokens,
@@ -65,10 +73,32 @@ def _info_summary(store) -> dict:
     }
 
 
+def cmd_config_only_target(args) -> int:
+    """The 27B target as config.json only: sizes a job on paper, loads no weights."""
+    from .runtime.config_only_target import write_config_only_target
+
+    if args.tokenizer and not (Path(args.tokenizer) / "tokenizer_config.json").is_file():
+        raise FileNotFoundError(f"--tokenizer {args.tokenizer}: no tokenizer_config.json there")
+    path = write_config_only_target(args.out, args.tokenizer)
+    print(f"wrote {path}/config.json: Qwen3.6-27B's architecture, no weights (for dry-runs only)")
+    if not args.tokenizer:
+        print("no tokenizer copied: pass --tokenizer DIR (the target's tokenizer files) for `plan --dry-run`")
+    print(f"next: python -m extract plan --dry-run --model {path} --corpus CORPUS.jsonl --gpus 8")
+    print(f"      python -m train fit --dry-run --target {path} --out RUN --samples 900000")
+    return EXIT_OK
+
+
+def quarantined_by_reason(plan) -> dict[str, int]:
+    """Records the plan left out, counted by reason, most frequent first."""
+    counts = Counter(q.reason for q in plan.quarantined) if plan is not None else Counter()
+    return dict(counts.most_common())
+
+
 def cmd_verify(args) -> int:
     """A store that cannot be opened at all is a usage error (exit 2); anything
-    wrong inside one, its root included, is a problem in the report (exit 1, also
-    after --repair: the store lacks those shards until `extract run` redoes them)."""
+    wrong inside one, its root included, is a problem in the report (exit 1); an
+    intact store with planned shards not yet extracted is incomplete (exit 3, also
+    after a --repair that moved every damaged shard aside: `extract run` finishes it)."""
     from .verify import format_report, verify_store
 
     if args.recompute and not args.model:
@@ -103,17 +133,22 @@ def cmd_verify(args) -> int:
         removed, done["set_aside"] = clean_store(args.store, commitless=not args.repair)
         report.leftovers = [name for name in report.leftovers if name not in removed]
         done["removed_leftovers"] = removed
+    after = report
     if args.repair:
         from .repair import repair_store
 
         done["repair"] = repair_store(args.store, report).to_json()
+        after = report.after_repair(done["repair"]["moved"])
+        done["status_after_repair"] = after.status
     if args.json:
         print(json.dumps(dict(report.to_json(), **done)))
     else:
-        print(format_report(report))
+        print(format_report(report, repair_advice=not args.repair))
         for line in _done_lines(args.store, done):
             print(line)
-    return EXIT_OK if report.ok else EXIT_PROBLEM
+        if after is not report and after.status == "incomplete":
+            print(f"now {after.incomplete_line()}")
+    return {"intact": EXIT_OK, "incomplete": EXIT_INCOMPLETE}.get(after.status, EXIT_PROBLEM)
 
 
 def _done_lines(store: str, done: dict) -> list[str]:
@@ -181,7 +216,12 @@ def _parser() -> argparse.ArgumentParser:
     p_info.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
     p_info.add_argument("--json", action="store_true")
     p_info.set_defaults(handler=cmd_info)
-    p_verify = sub.add_parser("verify", help="re-read every committed file; exit 0 intact, 1 problems, 2 usage")
+    p_verify = sub.add_parser(
+        "verify", help="re-read every committed file; exit 0 intact, 1 damaged, 2 usage, 3 incomplete",
+        description="Re-read every committed file of STORE. Exit 0: intact and complete; 1: damaged (a bad "
+                    "checksum, a missing file, ...: --repair moves those shards aside); 2: usage (no store at "
+                    "that path); 3: incomplete, intact but planned shards not yet extracted (a disk-full stop, "
+                    "Ctrl-C): rerun the same `python -m extract run ...` command to finish.")
     p_verify.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
     p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
     p_verify.add_argument("--clean", action="store_true",
@@ -200,6 +240,13 @@ def _parser() -> argparse.ArgumentParser:
     p_verify.add_argument("--model", help="target model path for --recompute")
     p_verify.add_argument("--device", default="cpu", help="device for --recompute (cpu, cuda)")
     p_verify.set_defaults(handler=cmd_verify)
+    p_target = sub.add_parser(
+        "config-only-target", help="write Qwen3.6-27B's config.json (no weights) for dry-runs at the 27B shape",
+        description=cmd_config_only_target.__doc__)
+    p_target.add_argument("out", metavar="OUT", help="directory to write config.json into (created)")
+    p_target.add_argument("--tokenizer", metavar="DIR", default=None,
+                          help="copy this tokenizer's files beside it (default: none; plan --dry-run needs one)")
+    p_target.set_defaults(handler=cmd_config_only_target)
     return parser
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -27,9 +27,18 @@ from .reader import CorruptShardError, Store, as_bits
 from .records import RecordError, crc32c_bytes, file_mismatch
 
 
+MISSING_SHARD = "planned shard missing (not committed, or deleted)"
+RERUN = "rerun `python -m extract run ...` to finish"  # the same command: it extracts only what is missing
+
+
 @dataclass
 class Report:
+    """`problems` holds damage and the planned shards that are missing; `status`
+    tells an intact store that is only unfinished (a disk-full stop, Ctrl-C) from a
+    damaged one."""
+
     problems: list[dict] = field(default_factory=list)
+    planned_shards: int | None = None
     leftovers: list[str] = field(default_factory=list)
     recomputed: list[dict] = field(default_factory=list)  # per-sample cosines from --recompute
     shards_checked: int = 0
@@ -42,12 +51,40 @@ class Report:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def missing(self) -> list[str]:
+        return [p["shard"] for p in self.problems if p["what"] == MISSING_SHARD]
+
+    @property
+    def damage(self) -> list[dict]:
+        return [p for p in self.problems if p["what"] != MISSING_SHARD]
+
+    @property
+    def status(self) -> str:
+        """intact | incomplete (intact, planned shards not yet extracted) | damaged"""
+        return "intact" if self.ok else "damaged" if self.damage else "incomplete"
+
+    def incomplete_line(self) -> str:
+        committed = self.planned_shards - len(self.missing)
+        return f"incomplete: {committed} of {self.planned_shards} shards committed; {RERUN}"
+
+    def after_repair(self, moved) -> Report:
+        """The store as `repair_store` left it: the shards it moved aside are missing, not damaged."""
+        moved = set(moved)
+        kept = [p for p in self.problems if p["shard"] not in moved]
+        missing = set(self.missing)
+        kept += [problem(MISSING_SHARD, shard=name) for name in sorted(moved - missing)]
+        return replace(self, problems=kept)
+
     def add(self, what: str, shard: str = "", array: str = "", file: str = "") -> None:
         self.problems.append(problem(what, shard, array, file))
 
     def to_json(self) -> dict:
         return {
             "ok": self.ok,
+            "status": self.status,
+            "planned_shards": self.planned_shards,
+            "missing_shards": len(self.missing),
             "problems": self.problems,
             "leftovers": self.leftovers,
             "recomputed": self.recomputed,
@@ -118,8 +155,9 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     _flag_outlier_layers(stats_by_shard, report)
     if planned_ids is not None and shards is None:
         planned = set(planned_ids)
+        report.planned_shards = len(planned)
         for name in sorted(planned - set(shard_dirs)):
-            report.add("planned shard missing (not committed, or deleted)", shard=name)
+            report.add(MISSING_SHARD, shard=name)
         for name in sorted(set(shard_dirs) - planned):
             report.add("shard not in the plan", shard=name)
     return report
@@ -317,17 +355,25 @@ def clean_leftovers(path) -> list[str]:
         return remove_staging(path)
 
 
-def format_report(report: Report) -> str:
+def format_report(report: Report, repair_advice: bool = True) -> str:
+    """The text report: a PROBLEM line per damage, one line for the planned shards
+    not yet extracted (what finishes them), the verdict last."""
     lines = [f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}"
              + (" (--checksums-only: sizes and crc32c, contents not decoded)" if report.checksums_only else "")]
     for entry in report.recomputed:
         lines.append(f"recomputed {entry['shard']}/{entry['sample']}: min cosine per layer {entry['min_cosine']}")
-    for p in report.problems:
+    for p in report.damage:
         where = "/".join(x for x in (p["shard"], p["file"] or p["array"]) if x) or "store"
         lines.append(f"PROBLEM {where}: {p['what']}")
     if report.leftovers:
         lines.append(f"uncommitted leftovers in {layout.STAGING_DIR}/: {', '.join(report.leftovers)} (--clean removes them)")
-    if any(p["shard"] for p in report.problems):
+    if repair_advice and any(p["shard"] for p in report.damage):
         lines.append("--repair moves the damaged shards aside; the same `extract run` then extracts them again")
-    lines.append("OK: store is intact" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
+    if report.status == "intact":
+        lines.append("OK: store is intact")
+    elif report.status == "incomplete":
+        lines.append(report.incomplete_line())
+    else:
+        missing = f", and {len(report.missing)} planned shard(s) missing" if report.missing else ""
+        lines.append(f"FAILED: {len(report.damage)} problem(s){missing}")
     return "\n".join(lines)

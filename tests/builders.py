@@ -145,13 +145,13 @@ def small_codec(dtype: str):
 def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_ids=(1, 3), hidden_size: int = 64,
                  vocab_size: int = 512, num_target_layers: int = 8, seed: int = 0, codec=None, topk: int = 0,
                  with_plan: bool = True, dtype: str = "bfloat16", layer_rms: dict | None = None,
-                 target_dir=None, plan_settings: dict | None = None):
+                 target_dir=None, plan_settings: dict | None = None, quarantined=()):
     """A store of random bf16 states written through the real writer, with a plan.
     For store mechanics only; tests that need meaningful states extract them.
     `layer_rms` (layer id -> RMS, default 1 for all) scales each layer's states, e.g.
     growing with depth as a real target's do. target_dir: record that model directory's
     identity (config and weights hashes) in the fingerprint, as extraction does;
-    plan_settings: the plan's settings."""
+    plan_settings: the plan's settings; quarantined: the plan's QuarantinedRecords."""
     import numpy as np
 
     from store_schema import (
@@ -191,7 +191,7 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
                           sample_digest(x.input_ids.tobytes(), x.loss_mask.tobytes()))
             for i, x in enumerate(samples))))
     if with_plan:
-        writer.write_plan(Plan(tuple(planned), settings=plan_settings or {"source": "random_store"}))
+        writer.write_plan(Plan(tuple(planned), tuple(quarantined), settings=plan_settings or {"source": "random_store"}))
     for name, samples in shards.items():
         writer.write_shard(name, samples)
     return writer, shards

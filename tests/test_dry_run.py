@@ -25,7 +25,10 @@ LAYERS = [1, 16, 31, 46, 61]
 @pytest.fixture(scope="module")
 def qwen3_6_27b(real_vocab_tokenizer_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3_6_27b")
-    model = builders.real_vocab.write_config_only_target(root / "model", real_vocab_tokenizer_dir)
+    from store_schema.__main__ import main as store_cli
+
+    model = root / "model"  # through its CLI, as the README tells a user to make it
+    assert store_cli(["config-only-target", str(model), "--tokenizer", str(real_vocab_tokenizer_dir)]) == 0
     corpus = builders.write_chat_jsonl(root / "corpus.jsonl", builders.real_vocab.tool_call_chats(12))
     return model, corpus
 

@@ -191,6 +191,34 @@ def test_loss_masks_are_the_assistant_turns(reference, corpus, tokenizer):
 # --------------------------------------------------------------------------- reruns
 
 
+def test_a_complete_store_on_a_read_only_filesystem_has_nothing_to_do(reference, qwen3_5_dir, corpus, tmp_path):
+    """Issue 35.10: a finished store mounted read-only (an archive, a shared copy) could
+    not even say "nothing to do". Tests run as root, which chmod does not stop: a
+    read-only bind mount does."""
+    from extract.job import run_job
+
+    store, _ = reference
+    copy, mount = tmp_path / "copy", tmp_path / "ro"
+    shutil.copytree(store, copy)
+    mount.mkdir()
+    try:
+        bound = subprocess.run(["mount", "--bind", str(copy), str(mount)], capture_output=True, text=True)
+    except OSError as error:  # no mount(8) at all
+        pytest.skip(f"cannot bind-mount here: {error}")
+    if bound.returncode != 0:
+        pytest.skip(f"cannot bind-mount here (needs root or CAP_SYS_ADMIN): {bound.stderr.strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(mount)], check=True)
+        with pytest.raises(OSError):
+            (mount / "probe").write_text("")
+        messages = []
+        report = run_job(_config(qwen3_5_dir, corpus[0], mount), log=messages.append)
+        assert report["status"] == "nothing_to_do" and report["workers"] == 0, report
+        assert any("read-only" in m for m in messages), messages
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+
+
 def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_other_plans(
         reference, qwen3_5_dir, corpus, tmp_path):
     """A rerun of a finished job reuses the stored plan (same corpus bytes, tokenizer and

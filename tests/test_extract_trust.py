@@ -108,7 +108,7 @@ def test_verify_clean_removes_what_it_names(tmp_path, capsys):
     assert "removed 1 uncommitted leftover(s): shard-000000.dead.abc" in out and "--clean removes" not in out, out
     assert "moved 1 shard directory(ies) without a commit record to" in out and "shard-000001" in out, out
     assert not any((store / ".staging").iterdir()) and not (store / "shards" / "shard-000001").exists()
-    assert main(["verify", str(store), "--json"]) == 1
+    assert main(["verify", str(store), "--json"]) == 3  # intact: only incomplete
     report = json.loads(capsys.readouterr().out)
     assert report["leftovers"] == [] and [p["shard"] for p in report["problems"]] == ["shard-000001"]
 
@@ -125,16 +125,17 @@ def test_verify_repair_moves_damaged_and_commitless_shards_aside_and_names_the_n
     layer.write_bytes(bytes(data))
     (store / "shards" / "shard-000002" / "commit.json").unlink()
 
-    assert main(["verify", str(store), "--repair"]) == 1  # the store lacks them until extract run redoes them
+    assert main(["verify", str(store), "--repair"]) == 3  # intact now, incomplete until extract run redoes them
     captured = capsys.readouterr()
     assert "moved 2 damaged shard(s)" in captured.out and "shard-000001, shard-000002" in captured.out
     assert "rerun the same `python -m extract run` command" in captured.out
     assert "verified 3/3 shards" in captured.err  # progress on stderr
     assert sorted(p.name.split(".")[0] for p in (store / "damaged").iterdir()) == ["shard-000001", "shard-000002"]
     assert Store(store).committed_shards() == ["shard-000000"]
-    assert main(["verify", str(store), "--json"]) == 1
+    assert main(["verify", str(store), "--json"]) == 3
     report = json.loads(capsys.readouterr().out)
     assert {p["what"] for p in report["problems"]} == {"planned shard missing (not committed, or deleted)"}
+    assert report["status"] == "incomplete"
 
 
 # --------------------------------------------------------------------------- messages and help (26.12)

@@ -276,6 +276,40 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert result.returncode == 0 and "OK: store is intact" in result.stdout
 
 
+def test_info_counts_quarantined_records_by_reason(tmp_path, capsys):
+    """Issue 35.10: `info` never showed the records the plan left out."""
+    from store_schema import QuarantinedRecord
+
+    left_out = [QuarantinedRecord(3, "r3", "too_short", "2 loss tokens"), QuarantinedRecord(5, None, "bad_json"),
+                QuarantinedRecord(8, "r8", "too_short", "1 loss token")]
+    builders.random_store(tmp_path / "s", num_shards=1, quarantined=left_out)
+    assert cli(["info", str(tmp_path / "s")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "quarantined  3 record(s) left out by the plan: too_short 2, bad_json 1" in lines, lines
+    assert cli(["info", str(tmp_path / "s"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["quarantined"] == {"too_short": 2, "bad_json": 1}
+    builders.random_store(tmp_path / "clean", num_shards=1)
+    assert cli(["info", str(tmp_path / "clean")]) == 0
+    assert not any(line.startswith("quarantined") for line in capsys.readouterr().out.splitlines())
+
+
+def test_config_only_target_cli_writes_the_27b_config_and_no_weights(tmp_path, tokenizer_dir, capsys):
+    from store_schema.runtime.config_only_target import QWEN3_6_27B
+    from store_schema.runtime.target_config import read_target_config
+
+    out = tmp_path / "qwen3.6-27b"
+    assert cli(["config-only-target", str(out), "--tokenizer", str(tokenizer_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert f"python -m extract plan --dry-run --model {out}" in printed and "no weights" in printed
+    assert json.loads((out / "config.json").read_text()) == QWEN3_6_27B
+    target = read_target_config(out)
+    assert (target.hidden_size, target.num_hidden_layers, target.vocab_size) == (5120, 64, 248_320)
+    assert (out / "tokenizer_config.json").is_file()
+    assert not list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
+    assert cli(["config-only-target", str(tmp_path / "other"), "--tokenizer", str(tmp_path / "nowhere")]) == 2
+    assert "no tokenizer_config.json" in capsys.readouterr().err
+
+
 def test_creating_a_store_keeps_the_jobs_held_lock(tmp_path):
     """A job locks STORE/.lock before it creates the store; creating (or overwriting)
     it must not delete that file, else a second job locks a fresh inode beside it."""

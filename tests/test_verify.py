@@ -1,10 +1,12 @@
 """verify at full-scale speed: parallel across shards, each file read once,
-`--checksums-only`, progress with an ETA as lines when not on a terminal."""
+`--checksums-only`, progress with an ETA as lines when not on a terminal; an intact
+but unfinished store told from a damaged one."""
 
 from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -101,3 +103,46 @@ def test_progress_prints_lines_with_an_eta_when_not_a_terminal():
     for done in range(1, 4):
         sparse(done, 3, done, 3)
     assert len(stream.getvalue().splitlines()) == 1  # only the last within the interval
+
+
+def _flip_a_byte(store: Path, shard: str) -> None:
+    chunk = next(p for p in (store / layout.SHARDS_DIR / shard / "layer_1" / "c").rglob("*") if p.is_file())
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+
+
+def test_an_intact_store_with_missing_planned_shards_is_incomplete_not_damaged(tmp_path, capsys):
+    """Issue 35.7: after a disk-full stop or Ctrl-C, verify printed a PROBLEM per missing
+    shard, FAILED and --repair advice; the store is intact and `extract run` finishes it."""
+    store = tmp_path / "s"
+    builders.random_store(store, num_shards=4, samples_per_shard=2)
+    for name in ("shard-000002", "shard-000003"):  # never extracted: a planned shard without a directory
+        shutil.rmtree(store / layout.SHARDS_DIR / name)
+    assert cli(["verify", str(store)]) == 3
+    out = capsys.readouterr().out
+    assert out.splitlines()[-1] == "incomplete: 2 of 4 shards committed; rerun `python -m extract run ...` to finish"
+    assert "PROBLEM" not in out and "--repair" not in out and "FAILED" not in out, out
+    assert cli(["verify", str(store), "--json"]) == 3
+    report = json.loads(capsys.readouterr().out)
+    assert (report["status"], report["planned_shards"], report["missing_shards"]) == ("incomplete", 4, 2)
+    assert verify_store(store).status == "incomplete"
+    # Damage as well: damaged wins (exit 1), and the missing shards are one count, not a line each.
+    _flip_a_byte(store, "shard-000001")
+    assert cli(["verify", str(store)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("PROBLEM") == 1 and "PROBLEM shard-000001/" in out, out
+    assert "--repair moves the damaged shards aside" in out
+    assert out.splitlines()[-1] == "FAILED: 1 problem(s), and 2 planned shard(s) missing"
+
+
+def test_after_repair_the_advice_is_the_rerun(tmp_path, capsys):
+    store = tmp_path / "s"
+    builders.random_store(store, num_shards=3, samples_per_shard=2)
+    _flip_a_byte(store, "shard-000001")
+    assert cli(["verify", str(store), "--repair"]) == 3  # every damaged shard moved aside: intact, unfinished
+    out = capsys.readouterr().out
+    assert "moved 1 damaged shard(s)" in out and "--repair moves" not in out, out
+    assert out.splitlines()[-1] == "now incomplete: 2 of 3 shards committed; rerun `python -m extract run ...` to finish"
+    assert cli(["verify", str(store)]) == 3
+    assert capsys.readouterr().out.splitlines()[-1].startswith("incomplete: 2 of 3 shards committed; rerun")

@@ -6,6 +6,8 @@
        another target, a corrupt shard, a bad config value, verify problems,
        diagnose findings)
     2  usage: bad arguments, or a path that does not exist
+    3  incomplete: `verify` on an intact store whose planned shards are not all
+       extracted yet (rerun `extract run` to finish)
   130  interrupted (Ctrl-C), as shells expect
 
 An error is one line on stderr, `error: <what, naming the file/field>`, never a
@@ -20,6 +22,7 @@ from collections.abc import Callable
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
 EXIT_INTERRUPTED = 130
 
 

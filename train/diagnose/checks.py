@@ -1,6 +1,7 @@
-"""The statistics behind `train.diagnose.report`: improvement per 1K steps in windows and
-the plateau verdict, instability cliffs, the loss distribution, epoch-boundary
-jumps. Each check takes the log's records and returns (details, findings)."""
+"""The statistics behind `train.diagnose.report`: whether the run learns at all,
+improvement per 1K steps in windows and the plateau verdict, instability cliffs, the
+loss distribution, epoch-boundary jumps. Each check takes the log's records and
+returns (details, findings)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,64 @@ import numpy as np
 from train.fitting.runlog import accuracy_key, ddtree_keys, series
 
 
-# -- trends and cliffs --------------------------------------------------------------------------
-
-
 @dataclass
 class Finding:
-    kind: str  # plateau | slowing | no_improvement | cliff | lr_schedule | loss_spikes | bimodal_loss | epoch_jump
+    kind: str  # not_learning | plateau | slowing | no_improvement | cliff | lr_schedule | loss_spikes | bimodal_loss | epoch_jump
     message: str
     steps: list[int] = field(default_factory=list)
+
+
+# -- does it learn at all ------------------------------------------------------------------------
+
+
+MIN_LEARNING_POINTS = 20  # logged loss values below which "does it learn" is not judged
+LOSS_DROP = 0.05  # a loss that fell by less than this share of its start has not moved
+UNIFORM_SHARE = 0.9  # a loss above this share of ln(vocabulary) is no better than a uniform guess
+CHANCE_ACC = 0.05  # top-1 accuracy under this at the end of a run drafts nothing (tau ~1)
+
+
+def check_learning(records, vocab_size: int | None = None, warm_start: bool = False):
+    """Does the run learn at all: the loss at the end (median of the last tenth)
+    against its start (median of the first twentieth) and against ln of the
+    vocabulary (a uniform guess), with the top-1 accuracy at the end at chance
+    (a loss can stay high while the argmax is right: a head with flat logits).
+    A warm start (`model.init_from`) may begin near its best, so only
+    ln(vocabulary) judges its loss."""
+    steps, loss = series(records, "loss")
+    info: dict = {"vocab_size": vocab_size}
+    if len(loss) < MIN_LEARNING_POINTS:
+        info["note"] = f"too short to judge ({len(loss)} loss values, {MIN_LEARNING_POINTS} needed)"
+        return info, []
+    start = float(np.median(loss[:max(3, len(loss) // 20)]))
+    end = float(np.median(loss[-max(5, len(loss) // 10):]))
+    info.update(loss_start=start, loss_end=end, loss_drop=(start - end) / start if start > 0 else 0.0)
+    stuck = []
+    if not warm_start and end > (1 - LOSS_DROP) * start:
+        stuck.append(f"the loss is {end:.3f} at the end against {start:.3f} at the start "
+                     f"({-info['loss_drop']:+.1%}: it has not moved)")
+    if vocab_size and vocab_size > 1:
+        info["ln_vocab"] = math.log(vocab_size)
+        if end > UNIFORM_SHARE * info["ln_vocab"]:
+            stuck.append(f"it is near ln({vocab_size}) = {info['ln_vocab']:.3f}, a uniform guess over the vocabulary")
+    key = accuracy_key(records)
+    _, acc = series(records, key) if key else (None, np.array([]))
+    chance = True
+    if len(acc):
+        info.update(acc_key=key, acc_start=float(np.median(acc[:max(3, len(acc) // 20)])),
+                    acc_end=float(np.median(acc[-max(5, len(acc) // 10):])))
+        chance = info["acc_end"] < CHANCE_ACC
+    info["learning"] = not (stuck and chance)
+    if info["learning"]:
+        return info, []
+    accuracy = (f"; {key} is {info['acc_end']:.1%} at the end (from {info['acc_start']:.1%}), at chance"
+                if len(acc) else "")
+    message = ("Not learning: " + "; ".join(stuck) + accuracy + ". Check the LR (optim.lr, warmup), that the "
+               "store's context features are not constant or zero (`python -m store_schema verify --recompute`), "
+               "and the loss mask.")
+    return info, [Finding("not_learning", message, [int(steps[0]), int(steps[-1])])]
+
+
+# -- trends and cliffs --------------------------------------------------------------------------
 
 
 def _slope_per_1k(steps: np.ndarray, values: np.ndarray) -> float | None:
@@ -41,15 +92,16 @@ def auto_window(first: float, last: float) -> int:
 
 def improvement_windows(steps: np.ndarray, values: np.ndarray, window: int, higher_is_better: bool = True) -> list[dict]:
     """Gain per 1K steps in successive windows [k*window, (k+1)*window) (slope of a
-    least-squares line through the window's points; for loss, the drop). A last
-    window shorter than half a window is merged into the one before."""
+    least-squares line through the window's points; for loss, the drop). Every
+    window lies inside the run: the last one ends at the last logged step, and is
+    merged into the one before when shorter than half a window."""
     if not len(steps):
         return []
     first = int(steps[0] // window * window)
     edges = list(range(first, int(steps[-1]) + window, window))
     if len(edges) > 2 and steps[-1] - edges[-2] < window / 2:
         edges.pop(-2)
-    edges[-1] = max(edges[-1], int(steps[-1]) + 1)
+    edges[-1] = int(steps[-1]) + 1
     out = []
     for lo, hi in zip(edges[:-1], edges[1:]):
         inside = (steps >= lo) & (steps < hi)
@@ -103,7 +155,9 @@ def primary_metric(records: Sequence[dict], min_points: int = 8) -> str | None:
     return None
 
 
-SCHEDULE_ENDING = 0.07  # gains that faded only below this share of the peak LR: the schedule is ending
+SCHEDULE_ENDING = 0.07  # windows that start below this share of the peak LR: the schedule is ending
+HELDOUT_RISE = 0.03  # a held-out acceptance that rose by more than this share since the flattening still improves
+HELDOUT_KEYS = ("eval_tau", "eval_tau_per_position", "heldout_tau_per_position", "heldout_acc")
 
 
 def lr_share_at(records, step: int) -> float | None:
@@ -115,7 +169,29 @@ def lr_share_at(records, step: int) -> float | None:
     return float(lrs[steps >= step][0] / lrs.max())
 
 
+def heldout_rise(records, since: int) -> dict | None:
+    """The held-out acceptance from its last evaluation at or before `since` (else
+    its first) to its last one, when it rose by more than `HELDOUT_RISE` of its
+    level (the training metric may flatten while what is served still improves);
+    None otherwise."""
+    for key in HELDOUT_KEYS:
+        steps, values = series(records, key)
+        if len(steps) < 2 or steps[-1] <= since:
+            continue
+        before = np.nonzero(steps <= since)[0]
+        first = int(before[-1]) if len(before) else 0
+        start, end = float(values[first]), float(values[-1])
+        if end - start > HELDOUT_RISE * abs(start):
+            return {"key": key, "from_step": int(steps[first]), "to_step": int(steps[-1]), "from": start, "to": end}
+        return None
+    return None
+
+
 def check_plateau(records, metric: str, window: int | None, plateau_ratio: float, slowing_ratio: float):
+    """Plateau / slowing: the last window gains under `plateau_ratio` / `slowing_ratio`
+    of the best. Windows that start once the LR has annealed (under
+    `SCHEDULE_ENDING` of its peak) are not judged, and neither is a flattening
+    while the held-out acceptance still rises."""
     steps, values = series(records, metric)
     window = window or auto_window(steps[0], steps[-1])
     windows = improvement_windows(steps, values, window, higher_is_better=metric != "loss")
@@ -123,40 +199,51 @@ def check_plateau(records, metric: str, window: int | None, plateau_ratio: float
     if len(windows) < 3:
         info["verdict"] = "too short"
         return info, []
-    gains = [w["gain_per_1k"] for w in windows]
+    shares = [lr_share_at(records, w["start"]) for w in windows]
+    kept = len(windows)  # the windows before the annealed tail (warmup's low LR is no tail)
+    while kept and shares[kept - 1] is not None and shares[kept - 1] < SCHEDULE_ENDING:
+        kept -= 1
+    judged = windows[:kept]
+    annealed = kept < len(windows) and kept >= 3
+    if not annealed:
+        judged = windows
+    gains = [w["gain_per_1k"] for w in judged]
     best_index = int(np.argmax(gains))
     best, last = gains[best_index], gains[-1]
-    info.update(best_gain_per_1k=best, last_gain_per_1k=last, best_window=[windows[best_index]["start"], windows[best_index]["end"]])
-    last_window = f"steps {windows[-1]['start']}-{windows[-1]['end'] - 1}"
+    info.update(best_gain_per_1k=best, last_gain_per_1k=last, best_window=[judged[best_index]["start"], judged[best_index]["end"]])
+    last_window = f"steps {judged[-1]['start']}-{judged[-1]['end'] - 1}"
     if best <= 0:
         info["verdict"] = "no improvement"
         return info, [Finding("no_improvement", f"{metric} never improved: the best window gains {best:+.4g} per 1K steps.",
-                              [windows[0]["start"]])]
+                              [judged[0]["start"]])]
     ratio = last / best
     info["last_to_best"] = ratio
     if ratio > slowing_ratio:
-        info["verdict"] = "improving"
+        if annealed and windows[-1]["gain_per_1k"] <= slowing_ratio * best:  # faded once the LR was nearly 0
+            info.update(verdict="schedule ending", lr_to_peak=shares[kept], since_step=windows[kept]["start"])
+        else:
+            info["verdict"] = "improving"
         return info, []
     # The plateau starts where the last run of low-gain windows starts; the hinge
     # fit over the data from the best window on places it to the step.
     low = slowing_ratio * best if ratio > plateau_ratio else plateau_ratio * best
-    first_low = len(windows) - 1
+    first_low = len(judged) - 1
     while first_low > 0 and gains[first_low - 1] <= low:
         first_low -= 1
-    since_window = windows[first_low]["start"]
-    lr_share = lr_share_at(records, since_window)
-    if lr_share is not None and lr_share < SCHEDULE_ENDING:
-        info.update(verdict="schedule ending", lr_to_peak=lr_share, since_step=since_window)
-        return info, []  # gains faded only once the LR was nearly 0: what a decaying schedule does
-    tail = steps >= windows[best_index]["start"]
+    since_window = judged[first_low]["start"]
+    rise = heldout_rise(records, since_window)
+    if rise is not None:
+        info.update(verdict="held-out improving", since_step=since_window, heldout=rise)
+        return info, []
+    tail = steps >= judged[best_index]["start"]
     since = hinge_fit(steps[tail], values[tail]) if tail.sum() >= 10 else since_window
     info.update(since_step=since)
-    best_text = (f"{best:+.4g}/1K at best (steps {windows[best_index]['start']}-{windows[best_index]['end'] - 1})")
+    best_text = (f"{best:+.4g}/1K at best (steps {judged[best_index]['start']}-{judged[best_index]['end'] - 1})")
     if ratio <= plateau_ratio:
         info["verdict"] = "plateau"
         message = (f"Plateau: {metric} gains {last:+.4g} per 1K steps in the last window ({last_window}), "
                    f"{max(ratio, 0):.0%} of the {best_text}; flat since about step {since}.")
-        return info, [Finding("plateau", message, [since, int(windows[-1]["start"])])]
+        return info, [Finding("plateau", message, [since, int(judged[-1]["start"])])]
     info["verdict"] = "slowing"
     message = (f"Slowing: {metric} gains {last:+.4g} per 1K steps in the last window ({last_window}), "
                f"{ratio:.0%} of the {best_text}.")
@@ -204,11 +291,11 @@ def find_cliffs(records, metric: str, window: int, drop: float) -> list[dict]:
 
 
 def _running_median(values: np.ndarray, block: int) -> np.ndarray:
-    """Median of each block of `block` records, repeated over the block."""
-    out = np.empty_like(values)
-    for start in range(0, len(values), block):
-        out[start:start + block] = np.median(values[start:start + block])
-    return out
+    """Centred running median over `block` records (at most a tenth of the run, so
+    that a falling loss is followed rather than cut into steps)."""
+    width = max(5, min(block, len(values) // 10)) | 1
+    padded = np.pad(values, width // 2, mode="edge")
+    return np.median(np.lib.stride_tricks.sliding_window_view(padded, width), axis=1)
 
 
 def _gaussian_mixture_bic(x: np.ndarray, iterations: int = 200) -> dict:
@@ -241,7 +328,14 @@ def _gaussian_mixture_bic(x: np.ndarray, iterations: int = 200) -> dict:
             "weights": weights[order].tolist(), "separation": float(separation)}
 
 
+SPIKE_SIGMAS = 5.0  # a spike is further above the running median than this many of the run's own noise
+BIMODAL_RATIO = 1.5  # the upper loss mode must sit this many times above the lower one to be a second mode
+
+
 def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01) -> tuple[dict, list[Finding]]:
+    """Loss spikes and a second loss mode, both against the loss's running median.
+    A spike is above twice the median and `SPIKE_SIGMAS` robust standard deviations
+    of the run's own log-ratio to it (one sequence per step is noisy by nature)."""
     steps, loss = series(records, "loss")
     if np.any(loss <= 0):
         return {"note": "non-positive loss values: distribution not checked"}, []
@@ -249,15 +343,19 @@ def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01
         return {"note": f"too short to judge ({len(loss)} loss values, 50 needed)"}, []
     median = _running_median(loss, block)
     ratio = loss / median
-    high = ratio > 2.0
-    info = {"median": float(np.median(loss)), "share_above_2x_running_median": float(high.mean()),
-            "share_above_2x_global_median": float((loss > 2 * np.median(loss)).mean()), "block": block}
-    mixture = _gaussian_mixture_bic(np.log(ratio))
+    log_ratio = np.log(ratio)
+    noise = 1.4826 * float(np.median(np.abs(log_ratio - np.median(log_ratio))))
+    spike_level = max(math.log(2.0), SPIKE_SIGMAS * noise)
+    high = log_ratio > spike_level
+    info = {"median": float(np.median(loss)), "share_above_2x_running_median": float((ratio > 2.0).mean()),
+            "share_above_2x_global_median": float((loss > 2 * np.median(loss)).mean()), "block": block,
+            "noise_sd": noise, "spike_ratio": math.exp(spike_level), "share_spikes": float(high.mean())}
+    mixture = _gaussian_mixture_bic(log_ratio)
     bimodal = (mixture["bic_one"] - mixture["bic_two"] > 10 and mixture["separation"] > 2.0
-               and min(mixture["weights"]) >= 0.03)
+               and min(mixture["weights"]) >= 0.03
+               and math.exp(mixture["means"][1] - mixture["means"][0]) >= BIMODAL_RATIO)
     info.update(mixture=mixture, bimodal=bool(bimodal))
     findings = []
-    high_steps = [int(s) for s in steps[high][:10]]
     if bimodal:
         upper = math.exp(mixture["means"][1])
         findings.append(Finding(
@@ -265,13 +363,14 @@ def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01
             f"Bimodal loss: {mixture['weights'][1]:.1%} of steps sit near {upper:.2f}x the running median, "
             f"the rest near {math.exp(mixture['means'][0]):.2f}x ({info['share_above_2x_running_median']:.1%} "
             "of steps above twice the median). Some batches are systematically different: check what they share.",
-            high_steps,
+            [int(s) for s in steps[ratio > 2.0][:10]],
         ))
-    elif info["share_above_2x_running_median"] > spike_share:
+    elif info["share_spikes"] > spike_share:
         findings.append(Finding(
             "loss_spikes",
-            f"Loss spikes: {info['share_above_2x_running_median']:.1%} of steps are above twice the running median.",
-            high_steps,
+            f"Loss spikes: {info['share_spikes']:.1%} of steps are above {info['spike_ratio']:.2f}x the running "
+            f"median (twice it, and {SPIKE_SIGMAS:g} of the run's own standard deviations).",
+            [int(s) for s in steps[high][:10]],
         ))
     return info, findings
 
@@ -285,25 +384,40 @@ def _median_se(values: np.ndarray) -> float:
 def check_epochs(records, window: int = 50, rel_threshold: float = 0.05, sigmas: float = 4.0):
     """Median loss over the `window` records before and after each epoch boundary
     (where the integer part of `epoch` increases); medians so that a bimodal loss
-    does not hide a jump. Flagged when the change is over `rel_threshold` of the
-    level and `sigmas` standard errors."""
+    does not hide a jump. The change is net of the loss's own trend, measured over
+    the windows next to those two (a falling loss falls across a boundary too); the
+    window is at most half an epoch. Flagged when the change is over
+    `rel_threshold` of the level and `sigmas` standard errors."""
     epoch_steps, epochs = series(records, "epoch")
     loss_steps, loss = series(records, "loss")
     out, findings = [], []
     if not len(epoch_steps) or not len(loss):
         return out, findings
     whole = np.floor(epochs + 1e-9)
-    for i in np.nonzero(np.diff(whole) > 0)[0]:
-        boundary = epoch_steps[i + 1]
-        before = loss[loss_steps < boundary][-window:]
-        after = loss[loss_steps >= boundary][:window]
+    boundaries = [int(epoch_steps[i + 1]) for i in np.nonzero(np.diff(whole) > 0)[0]]
+    if len(boundaries) >= 2:
+        per_epoch = int(np.median(np.diff([np.searchsorted(loss_steps, b) for b in boundaries])))
+        window = max(5, min(window, per_epoch // 2))
+    for i, boundary in zip(np.nonzero(np.diff(whole) > 0)[0], boundaries):
+        at = int(np.searchsorted(loss_steps, boundary))
+        before, after = loss[max(at - window, 0):at], loss[at:at + window]
         if len(before) < 5 or len(after) < 5:
             continue
+        earlier, later = loss[max(at - 2 * window, 0):max(at - window, 0)], loss[at + window:at + 2 * window]
         level_before, level_after = float(np.median(before)), float(np.median(after))
-        delta = level_after - level_before
-        se = math.sqrt(_median_se(before) ** 2 + _median_se(after) ** 2)
+        trends, trend_se = [], []
+        if len(earlier) >= 5:
+            trends.append(level_before - float(np.median(earlier)))
+            trend_se.append(_median_se(before) ** 2 + _median_se(earlier) ** 2)
+        if len(later) >= 5:
+            trends.append(float(np.median(later)) - level_after)
+            trend_se.append(_median_se(later) ** 2 + _median_se(after) ** 2)
+        trend = float(np.mean(trends)) if trends else 0.0
+        delta = level_after - level_before - trend
+        se = math.sqrt(_median_se(before) ** 2 + _median_se(after) ** 2
+                       + (sum(trend_se) / len(trend_se) ** 2 if trend_se else 0.0))
         entry = {"epoch": int(whole[i + 1]), "step": int(boundary), "loss_before": level_before,
-                 "loss_after": level_after, "delta": delta}
+                 "loss_after": level_after, "delta": delta, "trend": trend}
         out.append(entry)
         if abs(delta) > rel_threshold * level_before and abs(delta) > sigmas * se:
             why = ("the model does worse on data it has seen: an ordering/distribution shift, or state lost at the boundary"
@@ -312,7 +426,7 @@ def check_epochs(records, window: int = 50, rel_threshold: float = 0.05, sigmas:
                 "epoch_jump",
                 f"Loss {'rises' if delta > 0 else 'drops'} {delta:+.3f} ({delta / before.mean():+.1%}) at the epoch "
                 f"{entry['epoch']} boundary (step {entry['step']}): {entry['loss_before']:.3f} -> "
-                f"{entry['loss_after']:.3f}; {why}.",
+                f"{entry['loss_after']:.3f} (net of the loss's own trend, {entry['trend']:+.3f}); {why}.",
                 [entry["step"]],
             ))
     return out, findings

@@ -40,9 +40,11 @@ from typing import Sequence
 import numpy as np
 
 from train.config import CONFIG_FILE, ConfigError, OptimConfig, RunConfig, load_config
+from store_schema.root import read_root
 from train.diagnose.checks import (
     Finding,
     check_epochs,
+    check_learning,
     check_loss_distribution,
     check_plateau,
     find_cliffs,
@@ -54,6 +56,17 @@ from train.fitting.schedule import lr_at, warmup_steps
 
 
 # -- the run's config ----------------------------------------------------------------------
+
+
+def store_vocab_size(config: RunConfig | None) -> int | None:
+    """The vocabulary of the run's store (its fingerprint): ln of it is the loss of a
+    uniform guess. None when the store cannot be read from here."""
+    if config is None or not config.store:
+        return None
+    try:
+        return read_root(config.store).fingerprint.vocab_size
+    except (OSError, ValueError):
+        return None
 
 
 def read_run_config(run) -> RunConfig | None:
@@ -191,6 +204,7 @@ class Diagnosis:
     loss: dict
     epochs: list[dict]
     notes: list[str] = field(default_factory=list)
+    learning: dict = field(default_factory=dict)
 
     @property
     def healthy(self) -> bool:
@@ -208,8 +222,16 @@ class Diagnosis:
                 head, parts = "No problems found: ", [
                     f"{metric} gains little from step {since}, where the LR is down to {share:.0%} of its peak: "
                     "the schedule is ending, not a plateau"]
+            elif state == "held-out improving":
+                rise = self.plateau["heldout"]
+                head, parts = "No problems found: ", [
+                    f"{metric} gains little from step {self.plateau['since_step']}, but {rise['key']} still rose "
+                    f"{rise['from']:.3g} -> {rise['to']:.3g} (steps {rise['from_step']}-{rise['to_step']}): "
+                    "still improving, not a plateau"]
             else:
                 head, parts = "No problems found: ", [f"{metric} {state}"]
+            if self.learning.get("learning"):
+                parts.insert(0, f"it learns (loss {self.learning['loss_start']:.3g} -> {self.learning['loss_end']:.3g})")
             parts.append("no cliffs")
             parts.append("LR matches the config" if self.lr.get("checked") else
                          "LR too short to judge" if "too short" in self.lr.get("note", "") else "LR not checked (no config)")
@@ -231,6 +253,7 @@ class Diagnosis:
         for finding in self.findings:
             lines.append(f"  - {finding.message}")
         lines += ["", "Details", "-------"]
+        lines.append(self._learning_line())
         lines.append(f"Improvement per 1K steps (window {self.plateau.get('window', '-')} steps):")
         for metric, windows in self.improvement.items():
             cells = "  ".join(f"{w['start']}-{w['end'] - 1}: {w['gain_per_1k']:+.4f}" for w in windows)
@@ -270,6 +293,18 @@ class Diagnosis:
         return "\n".join(lines)
 
 
+    def _learning_line(self) -> str:
+        info = self.learning
+        if "loss_end" not in info:
+            return f"Learning: {info.get('note', 'no loss logged')}"
+        line = f"Learning: loss {info['loss_start']:.3f} -> {info['loss_end']:.3f} ({-info['loss_drop']:+.1%})"
+        if "ln_vocab" in info:
+            line += f"; ln(vocabulary {info['vocab_size']}) = {info['ln_vocab']:.3f}"
+        if "acc_end" in info:
+            line += f"; {info['acc_key']} {info['acc_start']:.1%} -> {info['acc_end']:.1%}"
+        return line
+
+
 def diagnose(
     run,
     config: RunConfig | None = None,
@@ -296,7 +331,8 @@ def diagnose(
         notes.append("the config has no train.max_steps and the log no epoch boundary to estimate the run's "
                      "length from; LR schedule not checked")
 
-    findings: list[Finding] = []
+    learning, findings = check_learning(records, store_vocab_size(config),
+                                        warm_start=bool(config is not None and config.model.init_from))
     metric = primary_metric(records)
     plateau, improvement = {"verdict": "unknown"}, {}
     if metric is None:
@@ -334,4 +370,4 @@ def diagnose(
     epochs, found = check_epochs(records)
     findings += found
     return Diagnosis(str(run), [records[0]["step"], records[-1]["step"]], len(records), findings, plateau,
-                     improvement, cliffs, lr, loss, epochs, notes)
+                     improvement, cliffs, lr, loss, epochs, notes, learning)
