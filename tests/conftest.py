@@ -75,9 +75,9 @@ def real_vocab_target_dir(tmp_path_factory, real_vocab_tokenizer_dir) -> Path:
     return path
 
 
-# `make test-fast` runs `-m "not slow"`. A test that starts a Ray cluster, a child process,
-# vLLM, builds the real vocabulary or trains a drafter (itself or in its fixture) carries
-# `@pytest.mark.slow` (or its module `pytestmark = pytest.mark.slow`): written on the test,
+# `make test-fast` runs `-m "not slow"`. A test that starts a Ray cluster or a child process
+# (vLLM's among them), builds the real vocabulary or uses a fixture that trains a drafter
+# to the end carries `@pytest.mark.slow` (or its module `pytestmark = pytest.mark.slow`): written on the test,
 # never guessed. What keeps the marker honest is the summary below, not a list.
 UNMARKED_SLOW_SECONDS = 20.0  # an unmarked test slower than this is named at the end of the run
 # pytest-timeout: pyproject.toml sets the default for every test; a test marked slow gets
