@@ -82,7 +82,7 @@ def real_vocab_target_dir(tmp_path_factory, real_vocab_tokenizer_dir) -> Path:
 UNMARKED_SLOW_SECONDS = 20.0  # an unmarked test slower than this is named at the end of the run
 # pytest-timeout: pyproject.toml sets the default for every test; a test marked slow gets
 # this one unless it sets its own `@pytest.mark.timeout(...)`.
-SLOW_TIMEOUT_SECONDS = 1200
+SLOW_TIMEOUT_SECONDS = 1800  # the longest (the shortened demo, the served checks) take minutes idle
 
 
 class UnmarkedSlowTests:
