@@ -2,7 +2,7 @@
 apart, one softmax; train/drafter/attention.py) against dense SDPA over
 `[context | every block]` with a materialised mask.
 
-    python benchmarks/attention_bench.py [--quick] [--rounds R]
+    python benchmarks/attention_bench.py [--quick | --smoke] [--rounds R]
 
 One training step's drafter forward + backward (loss: mean square of the drafter's
 output; the target's lm_head costs the same on both paths and is left out) for a
@@ -22,11 +22,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, append_results  # noqa: E402
+from benchmarks.common import Timer, add_smoke_flag, append_results  # noqa: E402
 
 HIDDEN, VOCAB, BLOCK = 256, 2048, 16
 SIZES = [(384, 64), (384, 256), (1024, 64), (1024, 512)]
 QUICK_SIZES = [(384, 64), (384, 256)]
+SMOKE_SIZES = [(64, 4)]  # one round
 
 
 def build_drafter():
@@ -75,11 +76,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help=f"only {QUICK_SIZES}")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; each path keeps its best")
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    add_smoke_flag(parser)
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds = 1
     torch.set_num_threads(args.threads)
     drafter, embed = build_drafter()
     results = []
-    for length, anchors in QUICK_SIZES if args.quick else SIZES:
+    for length, anchors in SMOKE_SIZES if args.smoke else QUICK_SIZES if args.quick else SIZES:
         results.append(measure(drafter, embed, length, anchors, args.rounds))
         print(results[-1], file=sys.stderr, flush=True)
     figures = {
@@ -89,13 +93,15 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "rounds": args.rounds,
         "quick": args.quick,
+        "smoke": args.smoke,
     }
     rows = [
         (f"split vs sdpa, T={r['tokens']}, {r['anchors']} anchors (fwd+bwd s)", "> 1",
          f"{r['speedup']}x ({r['sdpa_s']} / {r['split_s']} s; max abs diff {r['max_abs_diff']:.1e})")
         for r in results
     ]
-    append_results(f"attention_bench{' --quick' if args.quick else ''}: hidden {HIDDEN}, 5 layers", rows, figures)
+    append_results(f"attention_bench{' --quick' if args.quick else ''}: hidden {HIDDEN}, 5 layers", rows, figures,
+                   smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Shared benchmark plumbing: cold-cache reads, results table, machine line."""
+"""Shared benchmark plumbing: cold-cache reads, results table, machine line, smoke flag."""
 
 from __future__ import annotations
 
@@ -52,8 +52,21 @@ class Timer:
         self.seconds = time.perf_counter() - self.start
 
 
-def append_results(title: str, rows: list[tuple[str, str, str]], figures: dict) -> None:
-    """Append a section (figure, goal, measured) with machine and command to RESULTS.md."""
+SMOKE_HELP = "tiny sizes, seconds: checks the benchmark runs (tests/test_benchmarks.py); RESULTS.md untouched"
+
+
+def add_smoke_flag(parser) -> None:
+    """Every benchmark's `--smoke`: the suite runs each one so none can rot unnoticed."""
+    parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
+
+
+def append_results(title: str, rows: list[tuple[str, str, str]], figures: dict, smoke: bool = False) -> None:
+    """Append a section (figure, goal, measured) with machine and command to RESULTS.md,
+    then print the figures as one JSON line. A smoke run only prints: its tiny sizes
+    measure nothing worth keeping, and the suite must not edit the repository."""
+    if smoke:
+        print(json.dumps(figures))
+        return
     lines = [
         f"\n## {title} ({time.strftime('%Y-%m-%d %H:%M')})\n",
         f"Machine: {machine()}. Command: `{command()}`\n",

@@ -1,6 +1,6 @@
 """Extraction overhead and worker scaling, on one model and one corpus in one run.
 
-    python benchmarks/extract_bench.py [--quick]
+    python benchmarks/extract_bench.py [--quick | --smoke]
 
 Target: a random-weight Qwen3.5 hybrid (linear + full attention) with hidden 512 and
 6 layers, built and saved on the fly (nothing downloaded), 3 context layers
@@ -30,7 +30,8 @@ the job's efficiency = scaling_2v1 / that ceiling (2 vCPUs that share caches or 
 busy host cap both alike).
 plan_records_per_s: planning at Qwen3.6's real vocabulary (`benchmarks/plan_bench.py`);
 goal >= 100 on 2 cores. ``--plan-only`` measures just that.
-Appends to benchmarks/RESULTS.md and prints one JSON line last.
+Appends to benchmarks/RESULTS.md and prints one JSON line last (``--smoke``: tiny
+corpus and plan, the JSON line only).
 """
 
 from __future__ import annotations
@@ -47,11 +48,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 os.chdir(ROOT)  # Ray workers import the project from the driver's working directory
 
-from benchmarks.common import Timer, append_results  # noqa: E402
+from benchmarks.common import Timer, add_smoke_flag, append_results  # noqa: E402
 from benchmarks.plan_bench import plan_figures, plan_rows  # noqa: E402
 
 HIDDEN, LAYERS, CONTEXT_LAYERS = 512, 6, 3
 BATCH_TOKENS = 4096
+# samples, shard tokens, plan records (a smoke plan still spans 3 chunks of 256: two planning processes)
+SIZES = {"smoke": (24, 1500, 600), "quick": (200, 3000, 4000), "full": (600, 6000, 4000)}
 
 
 def build_inputs(root: Path, samples: int) -> tuple[Path, Path]:
@@ -77,21 +80,19 @@ def forward_only(config, store: Path, workers: int = 1) -> dict:
     import ray
 
     from extract.batching import batch_groups
+    from extract.job import Extraction
     from extract.layers import resolve_layer_ids
-    from extract.worker import ExtractionWorker
     from store_schema import Store
+    from store_schema.fingerprint import target_identity
+    from store_schema.runtime.target_config import read_target_config
 
-    reader = Store(store)
-    plan = reader.plan()
-    layer_ids = resolve_layer_ids(config.model, None, config.num_context_layers)
-    actors = [
-        ray.remote(num_cpus=1, max_concurrency=2)(ExtractionWorker).remote(
-            str(Path(config.model).resolve()), str(Path(config.tokenizer_path).resolve()),
-            str(Path(config.corpus).resolve()), str(store), layer_ids, plan.settings,
-            device="cpu", batch_tokens=config.batch_tokens, torch_threads=1,
-        )
-        for _ in range(workers)
-    ]
+    plan = Store(store).plan()
+    target = read_target_config(config.model)
+    layer_ids = resolve_layer_ids(target, None, config.num_context_layers)
+    # the job's own actor spec (what `run_job` gives each actor), so both sides run the same worker
+    spec = Extraction(config, target, layer_ids, target_identity(config.model)).worker_spec(plan)
+    actor_class = spec.actor_class()
+    actors = [ray.remote(num_cpus=1, max_concurrency=2)(actor_class).remote(spec) for _ in range(workers)]
     try:
         ray.get([actor.info.remote() for actor in actors])  # started and warmed up, off the clock
         groups = batch_groups([s.name for s in plan.shards], config.batch_shards)
@@ -123,19 +124,20 @@ def per_shard_padded_ratio(shards: list[list[int]], batch_tokens: int) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small corpus (< 3 minutes on 2 cores)")
+    add_smoke_flag(parser)
     parser.add_argument("--plan-only", action="store_true", help="only plan_records_per_s (real vocabulary)")
     args = parser.parse_args()
+    mode = "smoke" if args.smoke else "quick" if args.quick else "full"
+    samples, shard_tokens, plan_records = SIZES[mode]
     if args.plan_only:
         root = Path(tempfile.mkdtemp(prefix="plan_bench_"))
         try:
-            planning = plan_figures(root)
+            planning = plan_figures(root, plan_records)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         append_results(f"extract_bench (plan only): {planning['plan_records']} agentic records, Qwen3.6 vocabulary",
-                       plan_rows(planning), planning)
+                       plan_rows(planning), planning, smoke=args.smoke)
         return 0
-    samples = 200 if args.quick else 600
-    shard_tokens = 3000 if args.quick else 6000
 
     import ray
     from transformers.utils import logging as hf_logging
@@ -149,7 +151,7 @@ def main() -> int:
     load_before = [round(x, 2) for x in os.getloadavg()]
     root = Path(tempfile.mkdtemp(prefix="extract_bench_"))
     try:
-        planning = plan_figures(root)
+        planning = plan_figures(root, plan_records)
         with Timer() as setup:
             model, corpus = build_inputs(root, samples)
             ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
@@ -202,9 +204,9 @@ def main() -> int:
         "model": f"Qwen3.5 hybrid hidden {HIDDEN}, {LAYERS} layers, layers {one['layer_ids']}",
         "kernels": one["kernels"],
         "quick": args.quick,
+        "smoke": args.smoke,
         **planning,
     }
-    mode = "quick" if args.quick else "full"
     append_results(
         f"extract_bench ({mode}): {one['tokens']} tokens, {one['shards']} shards, Qwen3.5 hybrid "
         f"hidden {HIDDEN} x {LAYERS} layers, CPU workers with 1 torch thread",
@@ -225,6 +227,7 @@ def main() -> int:
             *plan_rows(planning),
         ],
         figures,
+        smoke=args.smoke,
     )
     return 0
 

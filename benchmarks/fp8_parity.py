@@ -1,7 +1,7 @@
 """fp8 parity: the same drafter trained on a bf16 and an fp8 store of the same corpus
 (same target, plan, seed and steps), evaluated on the same held-out split.
 
-    python benchmarks/fp8_parity.py [--quick] [--target DIR]
+    python benchmarks/fp8_parity.py [--quick | --smoke] [--target DIR] [--workdir DIR]
     python benchmarks/fp8_parity.py --trained [--workdir demo_out] [--seeds 0,1] [--prompts 64]
 
 Everything runs through the project's command line, as a user would: `extract run`
@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 import embedded  # noqa: E402
-from benchmarks.common import append_results  # noqa: E402
+from benchmarks.common import SMOKE_HELP, append_results  # noqa: E402
 import demo  # noqa: E402
 from demo import run  # noqa: E402  the demo's runner: a project command, its output streamed, its last JSON line
 
@@ -50,6 +50,7 @@ DRAFTER = ["model.num_layers=2", "model.num_anchors=64", "data.max_length=512", 
            "optim.lr=2e-3", "train.log_every=50", "eval.every=0", "train.checkpoint_every=100000", "train.seed=0"]
 DTYPES = ("bfloat16", "fp8_e4m3")
 SIZES = {  # (functions asked for, target pretraining steps, drafter steps)
+    "smoke": (16, 4, 4),  # the command chain runs; nothing is learned
     "quick": (150, 150, 300),
     "full": (600, 400, 1500),
 }
@@ -140,6 +141,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="a smaller corpus and fewer steps (~10 CPU minutes)")
+    mode.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     mode.add_argument("--trained", action="store_true",
                       help="at the demo's level: its target, regenerated corpus and drafter recipe, plus speculate")
     parser.add_argument("--target", help="target model directory (default: build the small pretrained Qwen3)")
@@ -156,7 +158,7 @@ def main() -> None:
             parser.error("--trained uses the demo's target (cached under --workdir/cache); --target is for the other modes")
         trained(Path(args.workdir), args.train_steps, args.prompts, [int(seed) for seed in args.seeds.split(",")])
         return
-    functions_count, pretrain_steps, train_steps = SIZES["quick" if args.quick else "full"]
+    functions_count, pretrain_steps, train_steps = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
     work = Path(args.workdir)
     started = time.time()
 
@@ -198,6 +200,7 @@ def main() -> None:
         "records": len(records),
         "target": str(target),
         "wall_s": round(time.time() - started, 1),
+        "smoke": args.smoke,
     }
     rows = [
         ("tau_ratio (fp8 / bf16, held-out, same seed and steps)", ">= 0.97", str(figures["tau_ratio"])),
@@ -205,7 +208,7 @@ def main() -> None:
         ("store ratio to raw bf16: bf16 / fp8", "<= 0.70 / <= 0.40", f"{figures['bytes_ratio']} / {figures['fp8_bytes_ratio']}"),
     ]
     append_results(f"fp8_parity{' --quick' if args.quick else ''}: {len(records)} records, {train_steps} steps, "
-                   f"{figures['heldout_samples']} held-out samples", rows, figures)
+                   f"{figures['heldout_samples']} held-out samples", rows, figures, smoke=args.smoke)
 
 
 if __name__ == "__main__":

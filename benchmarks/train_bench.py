@@ -1,7 +1,7 @@
 """Trainer benchmarks: memory of the chunked loss, and how well the streaming
 loader keeps up with decompression.
 
-    python benchmarks/train_bench.py [--quick]
+    python benchmarks/train_bench.py [--quick | --smoke]
 
 Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
 
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, append_results, drop_page_cache  # noqa: E402
+from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache  # noqa: E402
 
 VOCAB = 248_320
 BLOCK = 16
@@ -64,6 +64,8 @@ HIDDEN_LOSS = 64
 LAYERS = [1, 16, 31, 46, 61]  # 5 context layers of a 64-layer target
 HIDDEN = 5120
 SEEDS_TOKENS_PER_S = 36_000
+# --smoke: the loss at 64 anchors (naive at 16 and 32), 6 fit steps (3 logged intervals), 2 one-sample shards
+SMOKE_ANCHORS, SMOKE_NAIVE_ANCHORS, SMOKE_DDP_STEPS = 64, (16, 32), 6
 
 
 # -- loss memory -----------------------------------------------------------------------------
@@ -118,17 +120,16 @@ def measure_loss(variant: str, anchors: int, chunk_rows: int) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def loss_memory(quick: bool, chunk_rows: int) -> dict:
-    chunked = measure_loss("chunked", ANCHORS, chunk_rows)
+def loss_memory(naive_sizes: tuple[int, ...], chunk_rows: int, anchors: int = ANCHORS) -> dict:
+    chunked = measure_loss("chunked", anchors, chunk_rows)
     if chunked["method"].startswith("torch.cuda"):
-        naive = measure_loss("naive", ANCHORS, chunk_rows)["peak_bytes"]
+        naive = measure_loss("naive", anchors, chunk_rows)["peak_bytes"]
         how = "measured"
-        points = [(ANCHORS, naive)]
+        points = [(anchors, naive)]
     else:
-        sizes = (64, 128) if quick else (64, 128, 192)
-        points = [(a, measure_loss("naive", a, chunk_rows)["peak_bytes"]) for a in sizes]
+        points = [(a, measure_loss("naive", a, chunk_rows)["peak_bytes"]) for a in naive_sizes]
         slope, intercept = np.polyfit([a for a, _ in points], [p for _, p in points], 1)
-        naive = float(slope * ANCHORS + intercept)
+        naive = float(slope * anchors + intercept)
         how = f"extrapolated linearly from {[a for a, _ in points]} anchors"
     return {
         "chunked_bytes": chunked["peak_bytes"],
@@ -284,25 +285,31 @@ def main() -> None:
     parser.add_argument("--loss-child", choices=["naive", "chunked"], help=argparse.SUPPRESS)
     parser.add_argument("--anchors", type=int, default=ANCHORS, help=argparse.SUPPRESS)
     parser.add_argument("--ddp-only", action="store_true", help="measure ddp_scaling_2v1 alone")
+    add_smoke_flag(parser)
     args = parser.parse_args()
     if args.loss_child:
         print(json.dumps(loss_child(args.loss_child, args.anchors, args.chunk_rows)))
         return
-    ddp = ddp_scaling(1 if args.quick else 2, 12 if args.quick else 24)
+    if args.smoke:
+        args.rounds = 1
+    ddp = ddp_scaling(1, SMOKE_DDP_STEPS) if args.smoke else ddp_scaling(1 if args.quick else 2, 12 if args.quick else 24)
     ddp_row = ("ddp_scaling_2v1 (sequences/s, 2 gloo ranks x 1 thread / 1 rank x 1 thread, global batch 8)", ">= 1.7",
                f"{ddp['ddp_scaling_2v1']} ({ddp['ddp_2rank_seq_per_s']} / {ddp['ddp_1rank_seq_per_s']} seq/s; "
                f"load average {ddp['ddp_load_avg'][0]} -> {ddp['ddp_load_avg'][1]} on {os.cpu_count()} cores); "
                f"two independent 1-rank fits side by side: {ddp['ddp_independent_pair_seq_per_s']} seq/s together, "
                f"so 2 ranks reach {ddp['ddp_2rank_vs_independent_pair']} of them")
     if args.ddp_only:
-        append_results("train_bench --ddp-only", [ddp_row], ddp)
+        append_results("train_bench --ddp-only", [ddp_row], ddp, smoke=args.smoke)
         return
 
-    memory = loss_memory(args.quick, args.chunk_rows)
+    if args.smoke:
+        memory = loss_memory(SMOKE_NAIVE_ANCHORS, args.chunk_rows, SMOKE_ANCHORS)
+    else:
+        memory = loss_memory((64, 128) if args.quick else (64, 128, 192), args.chunk_rows)
 
     root = Path(tempfile.mkdtemp(prefix="train_bench_"))
     try:
-        num_shards, per_shard = (6, 2) if args.quick else (16, 4)
+        num_shards, per_shard = (2, 1) if args.smoke else (6, 2) if args.quick else (16, 4)
         stored_tokens = build_store(root / "store", num_shards, per_shard)
         from store_schema import Store
 
@@ -347,6 +354,7 @@ def main() -> None:
         "store_gb_raw": round(stored_tokens * len(LAYERS) * HIDDEN * 2 / 1e9, 2),
         "cache": cache,
         "quick": args.quick,
+        "smoke": args.smoke,
         **ddp,
     }
     rows = [
@@ -361,7 +369,7 @@ def main() -> None:
     ]
     title = (f"train_bench{' --quick' if args.quick else ''}: {figures['store_gb_raw']} GB raw, "
              f"cache emptied by {cache}")
-    append_results(title, rows, figures)
+    append_results(title, rows, figures, smoke=args.smoke)
 
 
 if __name__ == "__main__":

@@ -16,14 +16,14 @@ import pytest
 import torch
 
 import builders
+import tiny
 from extract.__main__ import main as extract_main
 from store_schema.__main__ import main as store_main
 from train.cli import main as train_main
 
 REPO = Path(__file__).resolve().parents[1]
 MISSING = "/nonexistent/dflash-missing"
-TINY = ["model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8", "model.num_attention_heads=4",
-        "model.num_key_value_heads=2", "model.head_dim=16", "train.grad_accumulation=1", "eval.every=0"]
+TINY = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", heads=True)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
     builders.random_store(root / "store", num_shards=2, samples_per_shard=4, num_target_layers=6, hidden_size=64,
                           vocab_size=512)
     assert train_main(["fit", "--store", str(root / "store"), "--target", str(qwen3_dir), "--out", str(root / "run"),
-                       "--max-steps", "2", *sum((["--set", s] for s in TINY), [])]) == 0
+                       "--max-steps", "2", *tiny.cli_sets(TINY)]) == 0
     assert train_main(["export", str(root / "run"), "--out", str(root / "export")]) == 0
     builders.write_chat_jsonl(root / "chats.jsonl", builders.coding_chats(4))
     (root / "prompts.jsonl").write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
@@ -128,6 +128,7 @@ def test_a_config_that_does_not_parse_is_named_with_its_line(text, where, world,
         assert err.startswith(f"error: {config} {where}: not valid YAML: ") and err.count("\n") == 1, err
 
 
+@pytest.mark.slow  # child processes
 def test_help_imports_nothing_heavy():
     """`--help` of every command line answers without torch, transformers or Ray."""
     script = ("import sys\n"

@@ -30,6 +30,7 @@ def _demo(out: Path) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # child processes
 def test_shortened_demo_drafts_losslessly(tmp_path):
     summary = _demo(tmp_path / "demo")
     assert summary["lossless"] is True

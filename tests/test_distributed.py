@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import builders
+import tiny
 from store_schema import Store
 from train.fitting.checkpoint import list_checkpoints, load_model_weights, read_state
 from train.cli import main
@@ -36,13 +37,11 @@ from train.fitting.runlog import read_log
 
 REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25
-SETS = [
-    "model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=16", f"data.heldout_fraction={HELDOUT}",
-    "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16", "data.buffer_shards=2",
-    "optim.lr=1e-2", "train.batch_size=2", "train.grad_accumulation=2", "train.epochs=3", "train.log_every=1",
+SETS = tiny.drafter_sets(
+    "model.num_anchors=16", f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2", "optim.lr=1e-2", "train.batch_size=2", "train.grad_accumulation=2", "train.epochs=3", "train.log_every=1",
     "eval.every=10", "eval.samples=4", "eval.max_blocks_per_sample=16", "eval.ddtree_budgets=[8]",
-    "train.checkpoint_every=4", "train.keep_checkpoints=0", "log.samples=true",
-]
+    "train.checkpoint_every=4", "train.keep_checkpoints=0", "log.samples=true", heads=True,
+)
 STEPS = 21  # 3 epochs of the store's training samples, 4 per step, the fuller lane's tail padded
 
 
@@ -56,7 +55,7 @@ def store(tmp_path_factory) -> Path:
 
 def fit_args(store: Path, target: Path, out: Path, *sets: str) -> list[str]:
     return ["--store", str(store), "--target", str(target), "--out", str(out),
-            *sum((["--set", s] for s in (*SETS, *sets)), [])]
+            *tiny.cli_sets((*SETS, *sets))]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -127,6 +126,7 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
     return None
 
 
+@pytest.mark.slow  # child processes
 def test_two_ranks_follow_one_rank_survive_a_killed_rank_and_cover_every_sample_once_per_epoch(
         store, qwen3_dir, one_rank, tmp_path):
     out = tmp_path / "two"

@@ -11,6 +11,8 @@ import math
 import builders
 import pytest
 
+pytestmark = pytest.mark.slow  # the real vocabulary (~30 s to build)
+
 GIB = 2**30
 H, I, V = 5120, 17408, 248_320  # hidden, intermediate, embedding rows
 MLP = 3 * H * I

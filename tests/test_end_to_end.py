@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from builders import coding_chats, write_chat_jsonl
+
+pytestmark = pytest.mark.slow  # child processes
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import builders
+import tiny
 from store_schema import Fingerprint, SampleArrays, Store, create_store
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import evaluate as ev
@@ -300,8 +301,8 @@ def test_eval_uses_the_held_out_split_the_run_trained_with(qwen3_dir, tmp_path, 
     held_by_run = {i for i in ids if is_heldout(i, 0.005)}
     held_by_default = {i for i in ids if is_heldout(i, 0.01)}
     assert held_by_run and held_by_run < held_by_default  # the old default takes trained-on samples too
-    config = load_config(None, ["model.num_hidden_layers=1", f"model.block_size={B}", "model.num_anchors=8",
-                                "data.heldout_fraction=0.005", "eval.every=0", "train.max_steps=2"],
+    config = load_config(None, tiny.drafter_sets(f"model.block_size={B}", "data.heldout_fraction=0.005", "eval.every=0",
+                                                     "train.max_steps=2"),
                          store=str(tmp_path / "store"), target=str(qwen3_dir), out=str(tmp_path / "run"))
     trainer = Trainer.from_config(config, log=lambda m: None)
     trainer.fit()

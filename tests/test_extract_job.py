@@ -23,6 +23,8 @@ from ray_helpers import (  # noqa: F401 - ray_cluster is a fixture
     verify_cli as _verify_cli,
 )
 
+pytestmark = pytest.mark.slow  # a Ray cluster
+
 
 def _records() -> tuple[list, dict]:
     """Good single- and multi-turn chats plus one record of each kind of bad one."""

@@ -19,6 +19,8 @@ import pytest
 from builders import coding_chats, ctrl_c_when, write_chat_jsonl
 from ray_helpers import REPO, extract_command, job_config, ray_cluster  # noqa: F401 - ray_cluster is a fixture
 
+pytestmark = pytest.mark.slow  # a Ray cluster
+
 SHARD_TOKENS = 600
 
 

@@ -190,6 +190,7 @@ def test_no_statement_of_the_command_line_is_a_stray_tuple():
 # --------------------------------------------------------------------------- imports (23.1)
 
 
+@pytest.mark.slow  # child processes
 def test_import_store_schema_alone_imports_no_zarr_and_provenance_not_the_fingerprint():
     code = ("import sys, store_schema, store_schema.plan, store_schema.fingerprint, store_schema.fp8\n"
             "assert 'zarr' not in sys.modules, 'zarr imported'\n"

@@ -23,7 +23,7 @@ import pytest
 from builders import coding_chats
 from ray_helpers import REPO, extract_command, ray_cluster  # noqa: F401 - ray_cluster is a fixture
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]  # fault injection, a Ray cluster
 MAX_LENGTH = 1024
 
 

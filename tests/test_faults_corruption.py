@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 
 import builders
+import tiny
 from store_schema import CorruptShardError, Store
 from store_schema.__main__ import main as cli
+
+pytestmark = pytest.mark.slow  # fault injection
 
 INJECTIONS = 50
 KINDS = ("flip_data", "flip_index", "flip_metadata", "truncate", "delete_shard", "delete_commit_record")
@@ -187,12 +190,11 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     data = bytearray(chunk.read_bytes())
     data[len(data) // 2] ^= 0x04
     chunk.write_bytes(bytes(data))
-    sets = ["model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8", "eval.every=0",
-            "data.heldout_fraction=0.0", "train.epochs=2"]
+    sets = tiny.drafter_sets("eval.every=0", "data.heldout_fraction=0.0", "train.epochs=2")
 
     refused = subprocess.run(
         [sys.executable, "-m", "train", "fit", "--store", str(path), "--target", str(qwen3_dir),
-         "--out", str(tmp_path / "run"), *sum((["--set", s] for s in sets), [])],
+         "--out", str(tmp_path / "run"), *tiny.cli_sets(sets)],
         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1, refused.stderr[-2000:]
     error = refused.stderr.strip().splitlines()[-1]

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 import builders
+import tiny
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]  # fault injection
 
 # The tiny Qwen3 target (qwen3_dir): 6 layers, hidden 64, vocabulary 512.
 MATCHING = dict(num_target_layers=6, hidden_size=64, vocab_size=512)
@@ -22,8 +23,7 @@ MATCHING = dict(num_target_layers=6, hidden_size=64, vocab_size=512)
 def fit(store, target, out, *extra) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
-         "--max-steps", "1", "--set", "model.num_hidden_layers=1", "--set", "model.block_size=8",
-         "--set", "model.num_anchors=8", "--set", "eval.every=0", *extra],
+         "--max-steps", "1", *tiny.cli_sets(tiny.drafter_sets("eval.every=0")), *extra],
         cwd=REPO, capture_output=True, text=True, timeout=300)
 
 

@@ -38,7 +38,7 @@ from ray_helpers import (  # noqa: F401 - ray_cluster is a fixture
     wait_for_no_workers, worker_pids,
 )
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.slow]  # fault injection, a Ray cluster
 
 # Small shards of one-sample batches: ~60 batches in ~22 shards of ~3 batches, so that
 # ten seeded kill points (1..4 batches into each dying actor's life) always fall

@@ -16,16 +16,16 @@ from pathlib import Path
 import pytest
 
 import builders
+import tiny
 from train.fitting.checkpoint import latest_checkpoint
 from train.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
 # A drafter small enough for CPU, a constant LR (so a resumed run may end at another
 # --max-steps and still take the same steps), epochs enough to outlast the test.
-SETS = ["model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=16", "model.num_attention_heads=4",
-        "model.num_key_value_heads=2", "model.head_dim=16", "train.grad_accumulation=1", "train.log_every=1",
-        "eval.every=0", "train.checkpoint_every=0", "optim.schedule=constant", "optim.warmup_fraction=0",
-        "train.epochs=10000", "train.progress_interval=0"]
+SETS = tiny.drafter_sets("model.num_anchors=16", "train.grad_accumulation=1", "train.log_every=1", "eval.every=0",
+                         "train.checkpoint_every=0", "optim.schedule=constant", "optim.warmup_fraction=0",
+                         "train.epochs=10000", "train.progress_interval=0", heads=True)
 PROGRESS = re.compile(r"^fit: ([\d,]+)/([\d,]+) steps \(\d+\.\d%\), ([\d,]+) samples, [\d,]+ tokens/s, .*"
                       r"ETA (unknown|\d+:\d\d:\d\d)$")
 COMPARED_STEPS = 12
@@ -40,13 +40,14 @@ def store(tmp_path_factory) -> Path:
 
 def fit_argv(store, target, out, max_steps: int) -> list[str]:
     return ["fit", "--store", str(store), "--target", str(target), "--out", str(out), "--max-steps", str(max_steps),
-            *sum((["--set", s] for s in SETS), [])]
+            *tiny.cli_sets(SETS)]
 
 
 def read_log(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # child processes
 def test_ctrl_c_checkpoints_says_how_to_resume_and_resume_is_exact(store, qwen3_dir, tmp_path):
     reference = tmp_path / "reference"
     assert main(fit_argv(store, qwen3_dir, reference, COMPARED_STEPS)) == 0

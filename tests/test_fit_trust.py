@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import builders
+import tiny
 from store_schema.fingerprint import target_identity
 from train.cli import main
 from train.config import ConfigError, load_config
@@ -22,14 +23,13 @@ from train.fitting.schedule import lr_at
 from train.fitting.trainer import Trainer
 from train.target_check import OtherTargetError
 
-TINY = ["model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8", "model.num_attention_heads=4",
-        "model.num_key_value_heads=2", "model.head_dim=16", "train.grad_accumulation=1", "eval.every=0",
-        "data.heldout_fraction=0.0", "data.buffer_shards=1", "train.checkpoint_every=0"]
+TINY = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", "data.heldout_fraction=0.0", "data.buffer_shards=1",
+                         "train.checkpoint_every=0", heads=True)
 SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
 
 
 def sets(*extra: str) -> list[str]:
-    return sum((["--set", s] for s in (*TINY, *extra)), [])
+    return tiny.cli_sets((*TINY, *extra))
 
 
 def config_for(store, target, out, *extra, max_steps=None):

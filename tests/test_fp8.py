@@ -13,6 +13,7 @@ import torch
 import zarr
 
 import builders
+import tiny
 import stores
 from store_schema import Fingerprint, FingerprintMismatch, NonFiniteStatesError, SampleArrays, Store, create_store, layout
 from store_schema.__main__ import main as store_cli
@@ -179,8 +180,8 @@ def test_loader_trainer_and_eval_on_an_fp8_store(twin_stores, qwen3_dir, tmp_pat
     assert torch.equal(sample.context_features(), expected)
 
     out = tmp_path / "run"
-    config = load_config(None, ["model.num_layers=1", "model.block_size=8", "model.num_anchors=16",
-                                "data.heldout_fraction=0.25", "eval.every=0", "train.max_steps=4"],
+    config = load_config(None, tiny.drafter_sets("model.num_anchors=16", "data.heldout_fraction=0.25", "eval.every=0",
+                                                     "train.max_steps=4"),
                          store=str(fp8_path), target=str(qwen3_dir), out=str(out))
     record = Trainer.from_config(config, log=lambda m: None).fit()
     assert np.isfinite(record["loss"])

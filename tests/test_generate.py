@@ -14,6 +14,7 @@ import torch
 from ray_helpers import ray_cluster  # noqa: F401  the module's local Ray cluster
 
 import builders
+import tiny
 
 MAX_NEW = 16
 THINK_TEMPLATE = (  # Qwen3-like: reasoning_content rendered in <think>, enable_thinking opens or closes it
@@ -64,6 +65,7 @@ def corpus(tmp_path_factory):
     return builders.write_chat_jsonl(tmp_path_factory.mktemp("gen") / "chats.jsonl", _records())
 
 
+@pytest.mark.slow  # a Ray cluster
 @pytest.mark.parametrize("kind", ["qwen3_dir", "qwen3_5_dir"])
 def test_greedy_replies_equal_model_generate_turn_by_turn(kind, request, corpus, tokenizer, tmp_path, ray_cluster):  # noqa: F811
     from extract.generate.job import run_generate
@@ -95,6 +97,7 @@ def test_greedy_replies_equal_model_generate_turn_by_turn(kind, request, corpus,
     assert multi[0]["content"] != "def add(a, b):\n    return a + b\n"
 
 
+@pytest.mark.slow  # a Ray cluster
 def test_a_killed_worker_and_a_rerun_give_the_same_corpus(qwen3_dir, corpus, tmp_path, ray_cluster):  # noqa: F811
     """The first actor SIGKILLs itself after its 2nd batch, mid-shard (one row per
     batch); its shard is redone on a fresh actor. A rerun after a shard is lost
@@ -151,6 +154,7 @@ def test_bad_records_are_quarantined_with_reasons(qwen3_dir, tmp_path):
     assert not out.exists()
 
 
+@pytest.mark.slow  # a Ray cluster
 def test_another_job_on_the_same_output_is_refused(qwen3_dir, corpus, tmp_path, ray_cluster):  # noqa: F811
     from extract.errors import ExtractError
     from extract.generate.job import run_generate
@@ -206,6 +210,7 @@ def test_an_unfinished_generated_corpus_is_refused_as_a_corpus(tmp_path):
     assert pq.read_table(tmp_path / "shards" / "shard-000000" / "data.parquet").column_names[:2] == ["id", "messages"]
 
 
+@pytest.mark.slow  # a Ray cluster
 def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_dir, corpus, tmp_path, ray_cluster,  # noqa: F811
                                                              capsys):
     from extract.generate.job import run_generate
@@ -231,11 +236,11 @@ def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_
     assert store_main(["info", stores["other"].as_posix()]) == 0
     assert "responses    other" in capsys.readouterr().out
 
-    sets = ["model.num_hidden_layers=1", "model.block_size=4", "loss.gamma=4", "model.num_anchors=4", "eval.every=0",
-            "data.heldout_fraction=0.0"]  # the block the stores were planned for (a larger one is refused)
+    sets = tiny.drafter_sets("model.block_size=4", "loss.gamma=4", "model.num_anchors=4", "eval.every=0",
+                             "data.heldout_fraction=0.0")  # the block the stores were planned for (a larger one is refused)
     for name, warned in (("unknown", True), ("target", False)):
         argv = ["fit", "--store", str(stores[name]), "--target", str(qwen3_dir), "--out", str(tmp_path / f"run-{name}"),
-                "--max-steps", "1", *sum((["--set", s] for s in sets), [])]
+                "--max-steps", "1", *tiny.cli_sets(sets)]
         assert train_main(argv) == 0
         err = capsys.readouterr().err
         assert ("not from the target" in err) == warned, err

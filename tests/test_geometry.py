@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import builders
+import tiny
 from store_schema.runtime.target_config import TargetConfig, read_target_config
 from train.fitting import checkpoint as ckpt
 from train.drafter.anchors import LayerAttention
@@ -115,8 +116,8 @@ def test_num_layers_is_read_as_num_hidden_layers(tmp_path):
     assert DrafterConfig.from_dict(old).num_hidden_layers == 5
 
 
-TINY = ["model.num_hidden_layers=2", "model.block_size=8", "model.num_anchors=8", "eval.every=0",
-        "train.checkpoint_every=1", "train.log_every=1", "data.heldout_fraction=0"]
+TINY = tiny.drafter_sets("model.num_hidden_layers=2", "eval.every=0", "train.checkpoint_every=1", "train.log_every=1",
+                         "data.heldout_fraction=0")
 
 
 def test_resume_refuses_a_different_drafter(qwen3_dir, tmp_path):

@@ -15,6 +15,7 @@ import torch
 from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
 import builders
+import tiny
 from store_schema import file_sha256
 from train.fitting.checkpoint import list_checkpoints, read_state
 from train.cli import main
@@ -91,7 +92,7 @@ def test_a_resumed_fine_tuning_run_no_longer_needs_the_directory(store, zlab_dir
     source = tmp_path / "published"
     shutil.copytree(zlab_dir, source)
     argv = ["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
-            "--init-from", str(source), "--max-steps", "2", *sum((["--set", s] for s in RUN), [])]
+            "--init-from", str(source), "--max-steps", "2", *tiny.cli_sets(RUN)]
     assert main(argv) == 0
     shutil.rmtree(source)
     assert main(["fit", "--out", str(tmp_path / "run"), "--resume", "--max-steps", "4"]) == 0

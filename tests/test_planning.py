@@ -459,6 +459,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # child processes
 def test_plan_dry_run_prints_counts_and_writes_nothing(tmp_path, tokenizer, qwen3_dir, capsys):
     from extract.__main__ import main
 

@@ -17,6 +17,8 @@ import builders
 import pytest
 from ray_helpers import ray_cluster  # noqa: F401  the module's local Ray cluster
 
+pytestmark = pytest.mark.slow  # a Ray cluster, the real vocabulary (~30 s to build)
+
 REPO = Path(__file__).resolve().parents[1]
 MASK_ID = 248_070  # len(tokenizer): the published Qwen3.6-27B drafter's mask id
 

@@ -136,6 +136,7 @@ def _listening() -> set[tuple[str, int]]:
     return out
 
 
+@pytest.mark.slow  # fault injection
 @pytest.mark.faults
 def test_the_local_ray_the_job_starts_serves_no_dashboard_or_client_port(tmp_path):
     """Start Ray exactly as `extract run` does without --address (in a child process)

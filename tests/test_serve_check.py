@@ -25,6 +25,7 @@ import torch
 from transformers import Qwen3ForCausalLM
 
 import builders
+import tiny
 from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import serve_check
@@ -81,12 +82,11 @@ def trained(target_dir, tokenizer, tmp_path_factory):
     target's greedy text: the one trained drafter of this module."""
     root = tmp_path_factory.mktemp("served")
     store = greedy_store(root / "store", target_dir, tokenizer, LAYERS, count=16, new_tokens=2 * NEW_TOKENS)
-    config = load_config(None, [
-        "model.num_hidden_layers=1", "model.layer_types=[full_attention]", "model.num_attention_heads=2",
-        "model.num_key_value_heads=1", "model.head_dim=32", f"model.block_size={BLOCK}", "model.num_anchors=32",
-        f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0",
-        "train.epochs=100", "train.log_every=100",
-    ], store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 200})
+    config = load_config(None, tiny.drafter_sets(  # heads of 32: vLLM's CPU attention needs head_dim >= 32
+        "model.layer_types=[full_attention]", "model.num_attention_heads=2", "model.num_key_value_heads=1",
+        "model.head_dim=32", f"model.block_size={BLOCK}", "model.num_anchors=32", f"data.heldout_fraction={HELDOUT}",
+        "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100",
+    ), store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 200})
     trainer = Trainer.from_config(config, log=lambda message: None)
     trainer.fit()
     return store, export_drafter(trainer.drafter, root / "export", dtype=torch.float32, heldout_fraction=HELDOUT)

@@ -22,6 +22,7 @@ from dflash import model as dflash_model
 from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
 
 import builders
+import tiny
 from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
 from train.cli import main
@@ -254,17 +255,18 @@ def trained(request, tokenizer, tmp_path_factory):
     target_dir = request.getfixturevalue(request.param)
     root = tmp_path_factory.mktemp("trained")
     store = greedy_store(root / "store", target_dir, tokenizer, LAYERS, count=24, new_tokens=NEW_TOKENS)
-    config = load_config(None, [
-        "model.num_hidden_layers=2", "model.sliding_window=12", "model.num_attention_heads=4",
-        "model.num_key_value_heads=2", "model.head_dim=16", f"model.block_size={BLOCK}", "model.num_anchors=32", f"data.heldout_fraction={HELDOUT}",
-        "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100",
-    ], store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 300})
+    config = load_config(None, tiny.drafter_sets(
+        "model.num_hidden_layers=2", "model.sliding_window=12", f"model.block_size={BLOCK}", "model.num_anchors=32",
+        f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0", "train.epochs=100",
+        "train.log_every=100", heads=True,
+    ), store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 300})
     trainer = Trainer.from_config(config, log=lambda message: None)
     trainer.fit()
     export = export_drafter(trainer.drafter, root / "export", dtype=torch.float32, heldout_fraction=HELDOUT)
     return target_dir, store, export
 
 
+@pytest.mark.slow  # its fixture trains a drafter
 def test_trained_drafter_is_lossless_with_real_acceptance(trained):
     target_dir, store, export = trained
     model, drafter = load_model(target_dir), load_drafter(export).eval()
@@ -301,6 +303,7 @@ def test_store_prompts_are_heldout_samples_up_to_their_first_response_token(tmp_
     assert [p.id for p in store_prompts(store, 0.3, limit=1)] == [prompts[0].id]
 
 
+@pytest.mark.slow  # its fixture trains a drafter
 def test_cli_json_on_a_store(trained, capsys):
     target_dir, store, export = trained
     code = main(["speculate", "--drafter", str(export), "--target", str(target_dir), "--store", str(store),

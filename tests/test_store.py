@@ -94,6 +94,7 @@ def test_reads_return_what_was_written(tmp_path, codec):
         assert blosc["shuffle"] == "shuffle"
 
 
+@pytest.mark.slow  # child processes
 def test_crash_before_commit_leaves_nothing_visible(tmp_path):
     builders.random_store(tmp_path / "s", num_shards=1, with_plan=False)
     script = f"""
@@ -233,6 +234,7 @@ assert writer.write_shard(f"shard-{{index:06d}}", samples)
 """
 
 
+@pytest.mark.slow  # child processes
 def test_two_processes_writing_different_shards_leave_a_valid_store(tmp_path):
     create_store(tmp_path / "s", _fingerprint(), CodecConfig(chunk_bytes=4096))
     script = _WRITE_ONE_SHARD.format(tests=str(REPO / "tests"), repo=str(REPO), store=str(tmp_path / "s"))
@@ -245,6 +247,7 @@ def test_two_processes_writing_different_shards_leave_a_valid_store(tmp_path):
     assert float(store.read_shard("shard-000001").hidden[1].float().mean()) == 1.0
 
 
+@pytest.mark.slow  # child processes
 def test_a_live_job_holds_the_store_and_a_dead_one_does_not(tmp_path):
     (tmp_path / "s").mkdir()
     holder = subprocess.Popen(
@@ -261,6 +264,7 @@ def test_a_live_job_holds_the_store_and_a_dead_one_does_not(tmp_path):
         pass
 
 
+@pytest.mark.slow  # child processes
 def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert cli(["verify", str(tmp_path / "nowhere")]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'nowhere'}: not a zarr store (no zarr.json)\n"
@@ -351,6 +355,7 @@ def test_cli_names_a_damaged_root_or_a_held_store_with_exit_1(tmp_path, capsys):
     assert cli(["verify", str(tmp_path / "s"), "--clean"]) == 0
 
 
+@pytest.mark.slow  # child processes
 def test_cli_help_does_not_import_torch():
     """`--help` and usage errors answer without loading torch (the handlers import the reader)."""
     script = ("import sys; from store_schema.__main__ import main; "

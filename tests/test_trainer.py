@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import builders
+import tiny
 import stores
 from store_schema import FingerprintMismatch, Store
 from train.cli import main
@@ -31,11 +32,10 @@ from train.fitting.trainer import Trainer
 REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25
 BLOCK = 8
-TINY = [  # a drafter and schedule small enough for CPU tests
-    "model.num_hidden_layers=1", f"model.block_size={BLOCK}", "model.num_anchors=64", f"data.heldout_fraction={HELDOUT}",
-    "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16",  # the target's own shape
-    "data.buffer_shards=2", "optim.lr=1e-2", "eval.samples=64", "train.grad_accumulation=1",
-]
+TINY = tiny.drafter_sets(  # a drafter and schedule small enough for CPU tests
+    f"model.block_size={BLOCK}", "model.num_anchors=64", f"data.heldout_fraction={HELDOUT}",
+    "data.buffer_shards=2", "optim.lr=1e-2", "eval.samples=64", "train.grad_accumulation=1", heads=True,
+)
 LOG_KEYS = {"step", "epoch", "lr", "loss", "grad_norm", "acc", "top4_acc", "top8_acc", "per_position_acc",
             "tau_per_position", "tokens_per_s", "loader_wait_frac"}
 
@@ -81,6 +81,7 @@ def majority_baseline(store_path: Path) -> float:
     return heldout[token] / sum(heldout.values())
 
 
+@pytest.mark.slow  # its fixture trains a drafter
 def test_it_learns_well_above_the_majority_baseline(learned, real_store):
     trainer, out = learned
     log = read_log(out)
@@ -97,6 +98,7 @@ def test_it_learns_well_above_the_majority_baseline(learned, real_store):
     assert evals[-1]["eval_rounds"] > 0 and all(f"eval_ddtree_{b}" in evals[-1] for b in (8, 32, 128))
 
 
+@pytest.mark.slow  # its fixture trains a drafter
 def test_log_has_every_key_and_config_is_saved(learned):
     _, out = learned
     lines = [r for r in read_log(out) if "loss" in r]
@@ -114,6 +116,7 @@ def test_log_has_every_key_and_config_is_saved(learned):
     assert [p.name for p in list_checkpoints(out)] == ["step-00000150", "step-00000300"]
 
 
+@pytest.mark.slow  # its fixture trains a drafter
 def test_mask_token_defaults_to_the_tokenizers_and_the_run_records_it(learned, tokenizer, tmp_path):
     trainer, out = learned
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
@@ -124,6 +127,7 @@ def test_mask_token_defaults_to_the_tokenizers_and_the_run_records_it(learned, t
     assert exported["dflash_config"]["mask_token_id"] == mask_id and exported["mask_token_rule"] == "tokenizer"
 
 
+@pytest.mark.slow  # child processes
 def test_export_via_cli_gives_identical_logits(learned, tmp_path):
     trainer, out = learned
     drafter, head = trainer.drafter.eval(), trainer.head
@@ -161,7 +165,7 @@ def test_resume_continues_exactly(real_store, qwen3_dir, tmp_path):
             "train.batch_size=2", "train.grad_accumulation=2", "model.num_anchors=16"]
     whole = tmp_path / "whole"
     main(["fit", "--store", str(real_store), "--target", str(qwen3_dir), "--out", str(whole), "--max-steps", "12",
-          *sum((["--set", s] for s in TINY + sets), [])])
+          *tiny.cli_sets(TINY + sets)])
     # The interrupted run: what was on disk after step 6 (checkpoint 6 written, later work lost).
     cut = tmp_path / "cut"
     shutil.copytree(whole, cut)
