@@ -153,7 +153,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=512 * 15, help="scored rows of one sequence")
     parser.add_argument("--top-k", type=int, default=16)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run, nothing appended")
+    parser.add_argument("--quick", "--smoke", dest="quick", action="store_true",
+                        help="tiny sizes: a smoke run, nothing appended")
     parser.add_argument("--selector-memory", action="store_true", help="the loss's peak memory with / without selector")
     parser.add_argument("--anchors", type=int, default=128, help="--selector-memory: anchors of the 3072-token sequence")
     parser.add_argument("--chunk-rows", type=int, default=256, help="--selector-memory: the loss's chunk_rows")

@@ -32,6 +32,8 @@ def run_all_module():
 # script -> the keys its last JSON line promises (its docstring's figures)
 SMOKE_KEYS = {
     "attention_bench.py": {"attention_speedup_min", "attention_speedup_max", "sizes", "threads", "rounds"},
+    "codebook_optim_bench.py": {"adamw_fused_step_s", "sparse_adam_step_s", "adamw_fused_state_bytes",
+                                "distinct_rows", "quick_loss_rows"},
     "fp8_parity.py": {"tau_bf16", "tau_fp8", "tau_ratio", "bytes_ratio", "fp8_bytes_ratio", "heldout_samples"},
     "generate_bench.py": {"openai_vs_plain_client", "openai_tokens_per_s", "plain_client_tokens_per_s",
                           "hf_tokens_per_s", "server"},
@@ -90,3 +92,9 @@ def test_generate_bench_smoke():
     figures = smoke("generate_bench.py", env={"DFLASH_VLLM_PYTHON": served.vllm_python()})
     assert SMOKE_KEYS["generate_bench.py"] <= set(figures) and figures["smoke"] is True
     assert figures["openai_tokens_per_s"] > 0 and figures["hf_tokens_per_s"] > 0
+
+
+@pytest.mark.slow  # a child process
+def test_codebook_optim_bench_smoke():
+    figures = smoke("codebook_optim_bench.py")
+    assert SMOKE_KEYS["codebook_optim_bench.py"] <= set(figures)
