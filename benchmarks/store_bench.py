@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -155,7 +156,7 @@ def decode_gb_per_s_per_core(root: Path, repeats: int = 3) -> float:
     arrays = []
     for name in store.committed_shards():
         commit = store.commit(name)
-        encoded = read_arrays(layout.shard_dir(root, name), commit, [layout.layer_array(1)], verify=False)
+        encoded = read_arrays(name, partial(store.shard_file, name), commit, [layout.layer_array(1)], verify=False)
         arrays.append((encoded[layout.layer_array(1)], commit.num_tokens))
     out_bytes = sum(tokens * HIDDEN * store.dtype.itemsize for _, tokens in arrays)
     times = []
