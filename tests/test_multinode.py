@@ -96,9 +96,12 @@ def test_extraction_on_two_nodes_survives_losing_one(two_node_cluster, qwen3_5_d
     assert by_node.get(kept.node_id, 0) > 0 and set(by_node) <= {kept.node_id, lost.node_id}, by_node
     assert sum(by_node.values()) + report["shards_committed_before_worker_death"] == report["shards_written"] \
         == report["shards"]
-    # The lost node's attempts were revoked and redone; its replacement had no room on the
-    # node left (one CPU, taken), so the node that stayed wrote them.
-    assert report["worker_deaths"] == 1 and report["shards_retried"] >= 1 and report["attempts_revoked"] >= 1
+    # The lost node's attempts were redone; its replacement had no room on the node left
+    # (one CPU, taken), so the node that stayed wrote them. An attempt is revoked unless
+    # its writer had already claimed its commit when the node went (then the claim
+    # stands and the retry races nothing that can land), so revocations are not counted on.
+    assert report["worker_deaths"] == 1 and report["shards_retried"] >= 1
+    assert report["attempts_revoked"] <= report["shards_retried"]
     assert report["workers_started"] == 3 and "lost (died" in stderr, stderr[-3000:]
     # Nothing committed before the loss was lost or rewritten.
     assert {name: committed_inodes(store)[name] for name in before} == before
