@@ -20,6 +20,7 @@ import json
 import sys
 
 from store_schema.runtime.cli import UsageError, interrupted, run_command
+from store_schema.runtime.target_weights import check_target_weights
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
@@ -178,6 +179,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_run(args) -> int:
+    check_target_weights(args.model, "--model")  # before Ray or torch: one line, not a worker's traceback
     from dataclasses import fields
 
     from store_schema.runtime.progress import default_mode
@@ -246,6 +248,8 @@ def cmd_generate(args) -> int:
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if engine == "hf" and not args.dry_run:
+        check_target_weights(args.model, "--model")  # the servers hold the weights with --engine openai
     if args.dry_run:
         _, plan = plan_generate(config)
         counts = plan_counts(plan)

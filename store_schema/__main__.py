@@ -111,9 +111,9 @@ def cmd_verify(args) -> int:
         raise UsageError("--repair and --recompute exclude each other: a recompute mismatch is not a damaged file")
     if args.recompute:  # a model or device this machine lacks is refused before the store is read
         from .runtime.host import resolve_device
-        from .runtime.target_config import read_config_json
+        from .runtime.target_weights import check_target_weights
 
-        read_config_json(args.model)
+        check_target_weights(args.model, "--model")
         resolve_device(args.device)
     # Progress on stderr in both forms: stdout carries the report (one JSON object with --json).
     report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,

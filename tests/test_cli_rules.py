@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,7 +39,12 @@ def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
     assert train_main(["export", str(root / "run"), "--out", str(root / "export")]) == 0
     builders.write_chat_jsonl(root / "chats.jsonl", builders.coding_chats(4))
     (root / "prompts.jsonl").write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
-    return {"S": str(root / "store"), "T": str(qwen3_dir), "RUN": str(root / "run"), "E": str(root / "export"),
+    weightless = root / "weightless"  # the target's config and tokenizer, its safetensors never downloaded
+    weightless.mkdir()
+    for file in Path(qwen3_dir).iterdir():
+        if not file.name.startswith("model.safetensors"):
+            shutil.copy(file, weightless / file.name)
+    return {"W": str(weightless), "S": str(root / "store"), "T": str(qwen3_dir), "RUN": str(root / "run"), "E": str(root / "export"),
             "C": str(root / "chats.jsonl"), "P": str(root / "prompts.jsonl"), "NEW": str(root / "new"),
             "M": MISSING}
 
@@ -89,6 +95,28 @@ def test_a_missing_path_is_a_usage_error_in_every_command(command, world, capsys
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and MISSING in err, err
     assert not Path(world["NEW"]).exists()  # a refused command leaves nothing behind
+
+
+WEIGHTLESS = {  # every command that runs the target, given a model directory without weights (W)
+    "extract run": ("extract run --model W --corpus C --store NEW --layers 1,3", "--model"),
+    "extract generate": ("extract generate --model W --corpus C --out NEW", "--model"),
+    "fit": ("train fit --store S --target W --out NEW", "--target"),
+    "eval": ("train eval --store S --drafter E --target W", "--target"),
+    "speculate": ("train speculate --drafter E --target W --store S", "--target"),
+    "verify --recompute": ("store_schema verify S --recompute 1 --model W", "--model"),
+}
+
+
+@pytest.mark.parametrize("command,flag", WEIGHTLESS.values(), ids=WEIGHTLESS.keys())
+def test_a_target_without_weights_is_refused_in_one_line_naming_it(command, flag, world, capsys):
+    """Not a Ray traceback after the cluster started, not "another checkpoint": the
+    directory named, before anything runs or is written."""
+    capsys.readouterr()
+    assert run_in_process(command, world) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: {flag} {world['W']}: no weights (model.safetensors or model.safetensors.index.json); "
+                   "a config-only directory sizes a job (--dry-run) but cannot run the target\n"), err
+    assert not Path(world["NEW"]).exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

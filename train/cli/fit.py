@@ -100,6 +100,7 @@ def resume_commands(args, store) -> tuple[str, str]:
 def run(args) -> int:
     from store_schema import Store, provenance_warning
     from store_schema.runtime.cli import fail, interrupted
+    from store_schema.runtime.target_weights import check_target_weights
     from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
     from train.fitting.distributed import (DEFAULT_MASTER_PORT, LAUNCHED_BY_FIT, Nodes, close_process_group,
                                            is_peer_loss, launch)
@@ -113,6 +114,7 @@ def run(args) -> int:
         raise FileNotFoundError(f"--resume: no checkpoint in {Path(args.out) / CHECKPOINTS} "
                                 "(nothing to continue; without --resume the run starts afresh)")
     config = resolve_config(args)
+    check_target_weights(config.target, "--target")  # before torch or torchrun start: one line naming it
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
     world_size = (args.nproc or 1) * nodes.count
     if world_size > 1 and "WORLD_SIZE" not in os.environ:
