@@ -138,7 +138,7 @@ def cmd_plan(args) -> int:
 
     store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
     job = extraction_estimate(args.model, layer_ids, plan.num_tokens, store_bytes, args.batch_tokens, args.gpu_memory,
-                              args.tokens_per_s, args.gpus)
+                              args.tokens_per_s, args.gpus, args.gpu_tflops)
     report = dict(
         summary.to_json(),
         job=job,

@@ -169,3 +169,9 @@ def test_help_imports_nothing_heavy():
     result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.stdout.strip().splitlines()[-1] == "[0, 0, 0, 0, 0] []", result.stdout[-2000:] + result.stderr
+
+
+def test_fit_needs_out_except_for_a_dry_run(world, capsys):
+    capsys.readouterr()
+    assert run_in_process("train fit --store S --target T", world) == 2
+    assert capsys.readouterr().err == "error: fit needs --out RUN (the run directory; only --dry-run goes without)\n"
