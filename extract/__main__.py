@@ -20,7 +20,7 @@ import json
 import sys
 from pathlib import Path
 
-from store_schema.runtime.cli import UsageError, interrupted, run_command
+from store_schema.runtime.cli import UsageError, interrupted, run_command, show_defaults
 from store_schema.runtime.host import AUTO_DEVICE, choose_device
 from store_schema.runtime.target_weights import check_target_weights
 
@@ -406,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_space_flag(run)
     run.set_defaults(handler=cmd_run)
     _add_generate_parser(commands)
+    show_defaults(parser)
     return parser
 
 

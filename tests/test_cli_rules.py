@@ -175,3 +175,26 @@ def test_fit_needs_out_except_for_a_dry_run(world, capsys):
     capsys.readouterr()
     assert run_in_process("train fit --store S --target T", world) == 2
     assert capsys.readouterr().err == "error: fit needs --out RUN (the run directory; only --dry-run goes without)\n"
+
+
+@pytest.mark.parametrize("program", MAINS)
+def test_every_option_with_a_default_shows_it_in_help(program):
+    """Issue 35.10: `--help` of every subcommand shows each option's default."""
+    import importlib
+
+    from store_schema.runtime.cli import parsers_of, shown_default
+
+    module = importlib.import_module("train.cli" if program == "train" else f"{program}.__main__")
+    checked = 0
+    for parser in parsers_of(module.build_parser()):
+        for action in parser._actions:
+            if shown_default(action):
+                shown = (action.help or "") % dict(vars(action), prog=parser.prog)
+                spellings = {str(action.default)}
+                if isinstance(action.default, float):
+                    spellings.add(f"{action.default:g}")
+                after = shown[shown.index("default"):] if "default" in shown else ""
+                assert any(spelling in after for spelling in spellings), (
+                    f"{parser.prog} {action.option_strings[0]}: {shown!r}")
+                checked += 1
+    assert checked >= 1
