@@ -198,3 +198,22 @@ def test_every_option_with_a_default_shows_it_in_help(program):
                     f"{parser.prog} {action.option_strings[0]}: {shown!r}")
                 checked += 1
     assert checked >= 1
+
+
+def test_fit_ends_with_a_summary_and_the_next_commands(world, tmp_path, capsys):
+    """Issue 35.10: not a JSON line only; the JSON stays the last line of stdout."""
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert train_main(["fit", "--store", world["S"], "--target", world["T"], "--out", str(out), "--max-steps", "2",
+                       *tiny.cli_sets(TINY)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["step"] == 2
+    end = captured.err.strip().splitlines()[-4:]
+    assert end[0].startswith("fit: done at step 2, loss ") and ", top-1 " in end[0], end
+    assert f"; checkpoint {out / 'checkpoints'}" in end[0] and end[0].endswith(f"; run log {out / 'train_log.jsonl'}")
+    assert end[1:] == [f"next: python -m train export {out} --out {out / 'drafter'}",
+                       f"      python -m train eval --store {world['S']} --drafter {out / 'drafter'} --target {world['T']}",
+                       f"      python -m train diagnose {out}"]
+    assert train_main(end[1].split()[4:]) == 0  # the next commands run: export, then eval up to the data
+    assert train_main(end[2].split()[3:]) == 1  # the random store holds no held-out sample to score
+    assert "no heldout sample with a scoreable block" in capsys.readouterr().err

@@ -178,8 +178,27 @@ def run(args) -> int:
     trainer.release_replica()
     close_process_group()
     if main:
+        for line in finished_lines(trainer.step, last, args.out, config):
+            print(line, file=sys.stderr)
         print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
     return 0
+
+
+def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
+    """What a finished run says before its JSON line: where it ended and the next commands."""
+    from train.fitting.checkpoint import latest_checkpoint
+    from train.fitting.runlog import LOG_FILE
+
+    figures = [f"{name} {last[key]:{form}}" for key, name, form in
+               (("loss", "loss", ".4f"), ("acc", "top-1", ".1%"), ("eval_tau", "eval tau", ".2f"))
+               if isinstance(last.get(key), (int, float))]
+    checkpoint = latest_checkpoint(out)
+    drafter = Path(out) / "drafter"
+    return [f"fit: done at step {step}" + "".join(f", {figure}" for figure in figures)
+            + (f"; checkpoint {checkpoint}" if checkpoint else "") + f"; run log {Path(out) / LOG_FILE}",
+            f"next: python -m train export {out} --out {drafter}",
+            f"      python -m train eval --store {config.store} --drafter {drafter} --target {config.target}",
+            f"      python -m train diagnose {out}"]
 
 
 def resolve_config(args):
