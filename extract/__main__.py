@@ -167,8 +167,8 @@ def cmd_plan(args) -> int:
     print(f"quarantined {summary.quarantined}")
     for reason, count in summary.quarantined_by_reason.items():
         print(f"  {reason:<22}{count}")
-    for record in plan.quarantined[:10]:
-        print(f"    record {record.record_index}: {record.reason} {record.detail}".rstrip())
+    for line in quarantined_lines(plan.quarantined, config.corpus):
+        print(line)
     print(f"layers      {layer_ids} of {dims.num_hidden_layers} (id L = {LAYER_ID_CONVENTION})")
     print(
         f"store size  {human_bytes(estimate.raw_bytes)} raw, {human_bytes(estimate.compressed_bytes)} "
@@ -180,6 +180,17 @@ def cmd_plan(args) -> int:
         print(line)
     print("dry run: nothing written")
     return 0
+
+
+def quarantined_lines(quarantined, corpus_path, shown: int = 10) -> list[str]:
+    """The first quarantined records, each where a person finds it (file and 1-based line or row)."""
+    if not quarantined:
+        return []
+    from .corpus import open_corpus
+
+    corpus = open_corpus(corpus_path)
+    return [f"    {corpus.where(record.record_index)}: {record.reason} {record.detail}".rstrip()
+            for record in quarantined[:shown]]
 
 
 def cmd_run(args) -> int:
@@ -271,8 +282,8 @@ def cmd_generate(args) -> int:
               file=sys.stderr)
         print(f"prompt      {counts['prompt_tokens']} tokens (first turns)", file=sys.stderr)
         print(f"quarantined {counts['quarantined']} {counts['quarantined_by_reason']}", file=sys.stderr)
-        for record in plan.quarantined[:10]:
-            print(f"    record {record.record_index}: {record.reason} {record.detail}".rstrip(), file=sys.stderr)
+        for line in quarantined_lines(plan.quarantined, config.corpus):
+            print(line, file=sys.stderr)
         print("dry run: nothing written", file=sys.stderr)
         print(json.dumps(dict(counts, dry_run=True, out=args.out), sort_keys=True))
         return 0

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-
 
 from builders import coding_chats, write_chat_jsonl
 
@@ -150,5 +150,17 @@ def test_device_auto_is_the_default_and_the_first_line_says_what_it_chose(qwen3_
                          f"device: {chosen}")):
         assert main(argv) in (0, 1)  # run: no sample in the corpus; generate: a dry run
         err = capsys.readouterr().err
-        assert err.splitlines()[0] == first and "gives no samples" in err or argv[0] == "generate", err
         assert err.splitlines()[0] == first, err
+        assert argv[0] == "generate" or "gives no samples" in err, err
+
+
+def test_plan_names_a_quarantined_record_by_its_1_based_line(qwen3_dir, tmp_path, capsys):
+    """Issue 35.10: `record 3` was printed for line 4 (the plan's 0-based index)."""
+    from extract.__main__ import main
+
+    chats = coding_chats(2)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(chat) + "\n" for chat in chats) + "\n{not json\n")  # line 3 is blank
+    assert main(["plan", "--dry-run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--layers", "1,3",
+                 "--workers", "1"]) == 0
+    assert "    c.jsonl line 4: malformed_json " in capsys.readouterr().out
