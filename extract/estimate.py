@@ -141,12 +141,13 @@ def estimate_lines(e: dict) -> list[str]:
                      f"({e['gpu_hours']:.1f} GPU-hours); writer cores per GPU: {e['writer_cores_per_gpu']} "
                      f"(~{WRITE_RAW_MB_S_PER_CORE:g} MB/s raw per core)")
         rates = e["write_bytes_per_s"]
-        lines.append(f"writes      {human_bytes(rates['raw'])}/s raw to the store's filesystem for {e['job_hours']:.1f} h "
-                     f"({human_bytes(rates['bfloat16'])}/s compressed bf16, {human_bytes(rates['fp8_e4m3'])}/s fp8)")
+        lines.append(f"writes      {human_bytes(rates['raw'])}/s raw to the store's filesystem for "
+                     f"{e['job_hours']:.1f} h ({human_bytes(rates['bfloat16'])}/s compressed bf16, "
+                     f"{human_bytes(rates['fp8_e4m3'])}/s fp8)")
     if "gpu_utilisation" in e:
         share = f"{e['gpu_utilisation']:.0%}"
-        lines.append(f"GPU         {e['tokens_per_s']:g} tokens/s x {e['forward_flops_per_token'] / 1e9:.1f} GFLOP/token is "
-                     f"{share} of a {e['gpu_tflops']:g} TFLOPS GPU" + (
+        lines.append(f"GPU         {e['tokens_per_s']:g} tokens/s x {e['forward_flops_per_token'] / 1e9:.1f} "
+                     f"GFLOP/token is {share} of a {e['gpu_tflops']:g} TFLOPS GPU" + (
                          f"; warning: above {HIGH_UTILISATION:.0%}, rarely sustained: the hours above are likely "
                          "optimistic" if e["gpu_utilisation"] > HIGH_UTILISATION else ""))
     return lines

@@ -30,7 +30,7 @@ TINY = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", heads=True
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
     """Everything the commands take, real: a store matching the tiny Qwen3 target, a
-    run of 2 steps on it, its export, a corpus, a prompts file."""
+    run of 2 steps on it, its export, a corpus, a prompts file, a copy of the target without weights."""
     root = tmp_path_factory.mktemp("cli")
     builders.random_store(root / "store", num_shards=2, samples_per_shard=4, num_target_layers=6, hidden_size=64,
                           vocab_size=512)
@@ -44,9 +44,9 @@ def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
     for file in Path(qwen3_dir).iterdir():
         if not file.name.startswith("model.safetensors"):
             shutil.copy(file, weightless / file.name)
-    return {"W": str(weightless), "S": str(root / "store"), "T": str(qwen3_dir), "RUN": str(root / "run"), "E": str(root / "export"),
+    return {"S": str(root / "store"), "T": str(qwen3_dir), "RUN": str(root / "run"), "E": str(root / "export"),
             "C": str(root / "chats.jsonl"), "P": str(root / "prompts.jsonl"), "NEW": str(root / "new"),
-            "M": MISSING}
+            "M": MISSING, "W": str(weightless)}
 
 
 COMMANDS = {  # every command, with one path that does not exist (M)
@@ -211,8 +211,9 @@ def test_fit_ends_with_a_summary_and_the_next_commands(world, tmp_path, capsys):
     end = captured.err.strip().splitlines()[-4:]
     assert end[0].startswith("fit: done at step 2, loss ") and ", top-1 " in end[0], end
     assert f"; checkpoint {out / 'checkpoints'}" in end[0] and end[0].endswith(f"; run log {out / 'train_log.jsonl'}")
-    assert end[1:] == [f"next: python -m train export {out} --out {out / 'drafter'}",
-                       f"      python -m train eval --store {world['S']} --drafter {out / 'drafter'} --target {world['T']}",
+    drafter = out / "drafter"
+    assert end[1:] == [f"next: python -m train export {out} --out {drafter}",
+                       f"      python -m train eval --store {world['S']} --drafter {drafter} --target {world['T']}",
                        f"      python -m train diagnose {out}"]
     assert train_main(end[1].split()[4:]) == 0  # the next commands run: export, then eval up to the data
     assert train_main(end[2].split()[3:]) == 1  # the random store holds no held-out sample to score
