@@ -18,8 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from store_schema.runtime.cli import UsageError, interrupted, run_command
+from store_schema.runtime.cli import UsageError, interrupted, run_command, show_defaults
+from store_schema.runtime.host import AUTO_DEVICE, choose_device
+from store_schema.runtime.target_weights import check_target_weights
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
@@ -85,6 +88,8 @@ def _job_config(args, **execution):
         layers = parse_layer_ids(args.layers) if args.layers else None
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if not Path(args.corpus).exists():  # before any line of work is printed
+        raise FileNotFoundError(f"corpus {args.corpus} does not exist")
     settings = PlanSettings(
         max_length=args.max_length,
         shard_tokens=args.shard_tokens,
@@ -133,7 +138,7 @@ def cmd_plan(args) -> int:
 
     store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
     job = extraction_estimate(args.model, layer_ids, plan.num_tokens, store_bytes, args.batch_tokens, args.gpu_memory,
-                              args.tokens_per_s, args.gpus)
+                              args.tokens_per_s, args.gpus, args.gpu_tflops)
     report = dict(
         summary.to_json(),
         job=job,
@@ -162,8 +167,8 @@ def cmd_plan(args) -> int:
     print(f"quarantined {summary.quarantined}")
     for reason, count in summary.quarantined_by_reason.items():
         print(f"  {reason:<22}{count}")
-    for record in plan.quarantined[:10]:
-        print(f"    record {record.record_index}: {record.reason} {record.detail}".rstrip())
+    for line in quarantined_lines(plan.quarantined, config.corpus):
+        print(line)
     print(f"layers      {layer_ids} of {dims.num_hidden_layers} (id L = {LAYER_ID_CONVENTION})")
     print(
         f"store size  {human_bytes(estimate.raw_bytes)} raw, {human_bytes(estimate.compressed_bytes)} "
@@ -177,7 +182,19 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def quarantined_lines(quarantined, corpus_path, shown: int = 10) -> list[str]:
+    """The first quarantined records, each where a person finds it (file and 1-based line or row)."""
+    if not quarantined:
+        return []
+    from .corpus import open_corpus
+
+    corpus = open_corpus(corpus_path)
+    return [f"    {corpus.where(record.record_index)}: {record.reason} {record.detail}".rstrip()
+            for record in quarantined[:shown]]
+
+
 def cmd_run(args) -> int:
+    check_target_weights(args.model, "--model")  # before Ray or torch: one line, not a worker's traceback
     from dataclasses import fields
 
     from store_schema.runtime.progress import default_mode
@@ -188,9 +205,11 @@ def cmd_run(args) -> int:
 
     if not args.store:
         raise UsageError("run needs --store PATH")
+    args.device, why = choose_device(args.device)
     execution = {f.name: getattr(args, f.name) for f in fields(JobConfig)  # the flags named as the fields
                  if f.name not in _PLAN_FIELDS and hasattr(args, f.name)}
     config = _job_config(args, **execution, progress=default_mode(not args.no_progress))
+    say_device(args.device, why)  # first, once the arguments hold: a refusal stays one line
     import warnings
 
     warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
@@ -202,6 +221,12 @@ def cmd_run(args) -> int:
     print(summary_line(report), file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
     return 0
+
+
+def say_device(device: str, why: str) -> None:
+    """The first line of `run` and `generate`: where the workers run and why
+    (`store_schema.runtime.host.choose_device`: `auto` is what this host sees)."""
+    print(f"device: {device} ({why})", file=sys.stderr, flush=True)
 
 
 def _server_config(args):
@@ -231,6 +256,7 @@ def cmd_generate(args) -> int:
 
     if not args.out and not args.dry_run:
         raise UsageError("generate needs --out CORPUS_DIR")
+    args.device, why = choose_device(args.device)
     try:
         engine, server = _server_config(args)
         thinking = REASONING[args.reasoning] if args.reasoning else args.thinking
@@ -246,6 +272,9 @@ def cmd_generate(args) -> int:
         )
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if engine == "hf" and not args.dry_run:
+        check_target_weights(args.model, "--model")  # the servers hold the weights with --engine openai
+    say_device(args.device, why)
     if args.dry_run:
         _, plan = plan_generate(config)
         counts = plan_counts(plan)
@@ -253,8 +282,8 @@ def cmd_generate(args) -> int:
               file=sys.stderr)
         print(f"prompt      {counts['prompt_tokens']} tokens (first turns)", file=sys.stderr)
         print(f"quarantined {counts['quarantined']} {counts['quarantined_by_reason']}", file=sys.stderr)
-        for record in plan.quarantined[:10]:
-            print(f"    record {record.record_index}: {record.reason} {record.detail}".rstrip(), file=sys.stderr)
+        for line in quarantined_lines(plan.quarantined, config.corpus):
+            print(line, file=sys.stderr)
         print("dry run: nothing written", file=sys.stderr)
         print(json.dumps(dict(counts, dry_run=True, out=args.out), sort_keys=True))
         return 0
@@ -283,7 +312,8 @@ def _add_generate_parser(commands) -> None:
     gen.add_argument("--corpus", required=True, help="chat corpus: JSONL / Parquet file, directory of them, datasets dir")
     gen.add_argument("--out", help="generated corpus directory (Parquet shards + manifest.json)")
     gen.add_argument("--workers", type=int, default=1, help="generate workers (one per GPU with --device cuda)")
-    gen.add_argument("--device", choices=DEVICES, default="cpu")
+    gen.add_argument("--device", choices=(AUTO_DEVICE, *DEVICES), default=AUTO_DEVICE,
+                     help="where workers run: auto is cuda when this host sees a GPU, else cpu (default %(default)s)")
     gen.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                      help="tokens per reply; a reply that reaches it is kept and flagged truncated")
     gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
@@ -355,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(json=False)
     run.add_argument("--workers", type=int, default=1,
                      help="extraction workers, one per GPU with --device cuda (default %(default)s)")
-    run.add_argument("--device", choices=DEVICES, default="cpu", help="where workers run (default %(default)s)")
+    run.add_argument("--device", choices=(AUTO_DEVICE, *DEVICES), default=AUTO_DEVICE,
+                     help="where workers run: auto is cuda when this host sees a GPU, else cpu (default %(default)s)")
     run.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     run.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                      help="padded tokens per forward batch (default %(default)s)")
@@ -386,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_space_flag(run)
     run.set_defaults(handler=cmd_run)
     _add_generate_parser(commands)
+    show_defaults(parser)
     return parser
 
 

@@ -62,6 +62,11 @@ class Corpus:
         """Records at ``indices``, in the order given (duplicates allowed)."""
         raise NotImplementedError
 
+    def where(self, index: int) -> str:
+        """Where record `index` (0-based, as plans number records) is, as a person finds
+        it: its file and 1-based line (JSONL) or row (Parquet, datasets)."""
+        return f"{self.path.name} row {index + 1}"
+
     def content_hash(self) -> str:
         """sha256 over the data files' names (relative) and bytes, in read order.
 
@@ -113,17 +118,22 @@ class JsonlCorpus(Corpus):
 
     def __init__(self, path: Path, files: list[Path]):
         self.path, self.files = path, tuple(files)
-        file_ids, offsets = [], []
+        file_ids, offsets, lines = [], [], []
         for file_id, file in enumerate(self.files):
             with file.open("rb") as f:
                 position = 0
-                for line in f:
+                for number, line in enumerate(f, start=1):
                     if line.strip():
                         file_ids.append(file_id)
                         offsets.append(position)
+                        lines.append(number)
                     position += len(line)
         self._file_ids = np.asarray(file_ids, dtype=np.int32)
         self._offsets = np.asarray(offsets, dtype=np.int64)
+        self._lines = np.asarray(lines, dtype=np.int64)  # 1-based, blank lines counted as an editor does
+
+    def where(self, index: int) -> str:
+        return f"{self.files[int(self._file_ids[index])].name} line {int(self._lines[index])}"
 
     def __len__(self) -> int:
         return len(self._offsets)
@@ -211,6 +221,11 @@ class ParquetCorpus(Corpus):
 
     def _group_of(self, index: int) -> int:
         return bisect_right(self._starts, index) - 1
+
+    def where(self, index: int) -> str:
+        file_id = self._groups[self._group_of(index)][0]
+        first = next(start for group_file, _, start, _ in self._groups if group_file == file_id)
+        return f"{self.files[file_id].name} row {index - first + 1}"
 
     def _parquet(self, group_pos: int):
         import pyarrow.parquet as pq

@@ -16,7 +16,13 @@ Weights + reserve + (activations + captures) x ``--batch-tokens`` is the peak pe
 worker, checked against ``--gpu-memory``; the largest token budget that fits is the
 free memory over the per-token bytes. The job's hours are the plan's tokens over
 ``--tokens-per-s`` x ``--gpus``; writer cores per GPU are the raw bytes one GPU
-produces per second over what one core compresses, checksums and writes."""
+produces per second over what one core compresses, checksums and writes; the
+job's sustained write rate is those raw bytes x ``--gpus`` (and x the store's
+compression ratio as written). With ``--gpu-tflops`` (one GPU's dense bf16 peak)
+the rate is checked against the GPU: a forward pass costs 2 FLOPs per loaded
+weight outside the embedding per token (attention's own tokens x tokens work is
+left out, so this is a floor), and above 60 % of the peak the hours are likely
+optimistic."""
 
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ import argparse
 import math
 
 from store_schema.layout import raw_bytes_per_token
-from store_schema.runtime.estimate import DTYPE_BYTES, GIB, gib, hours, largest_fitting, parameter_count
+from store_schema.runtime.estimate import (DTYPE_BYTES, GIB, HIGH_UTILISATION, fits_in, gib, hours, largest_fitting,
+                                           parameter_count, utilisation)
+from store_schema.runtime.units import human_bytes
 
 RUNTIME_RESERVE_GIB = 2.0  # CUDA context (~0.5), cuBLAS/attention workspaces, allocator fragmentation
 # Raw bf16 bytes one core encodes (bytesplit), checksums and writes with fsync: store_bench
@@ -46,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens-per-s", type=float, metavar="N",
                         help="extraction tokens/s of one GPU, to print the job's hours and writer cores")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (workers) the job runs on (default 1)")
+    parser.add_argument("--gpu-tflops", type=float, metavar="TFLOPS",
+                        help="one GPU's dense bf16 peak, to print the share of it --tokens-per-s needs")
 
 
 def loaded_weights(model_dir: str, keep_layers: int) -> dict:
@@ -78,7 +88,7 @@ def per_token_bytes(hidden: int, intermediate: int, num_context_layers: int) -> 
 
 def extraction_estimate(model_dir: str, layer_ids: list[int], plan_tokens: int, store_bytes: dict,
                         batch_tokens: int, gpu_memory_gib: float | None, tokens_per_s: float | None,
-                        gpus: int) -> dict:
+                        gpus: int, gpu_tflops: float | None = None) -> dict:
     """The figures `plan --dry-run` prints (bytes; GiB where named so)."""
     weights = loaded_weights(model_dir, layer_ids[-1] + 1)
     token = per_token_bytes(weights["hidden_size"], weights["intermediate_size"], len(layer_ids))
@@ -90,14 +100,26 @@ def extraction_estimate(model_dir: str, layer_ids: list[int], plan_tokens: int, 
                peak_gpu_gib=gib(peak), store_bytes=store_bytes, gpus=gpus)
     if gpu_memory_gib is not None:
         free = gpu_memory_gib * GIB - weights["weights_bytes"] - reserve
-        out.update(gpu_memory_gib=gpu_memory_gib, fits=peak <= gpu_memory_gib * GIB,
+        out.update(gpu_memory_gib=gpu_memory_gib, fits=fits_in(peak, gpu_memory_gib),
                    largest_batch_tokens=largest_fitting(free, per_token, BUDGET_MULTIPLE))
     if tokens_per_s is not None:
         raw_per_s = tokens_per_s * raw_bytes_per_token(weights["hidden_size"], len(layer_ids))
         out.update(tokens_per_s=tokens_per_s, job_hours=round(hours(plan_tokens, tokens_per_s * gpus), 3),
                    gpu_hours=round(hours(plan_tokens, tokens_per_s), 3),
-                   writer_cores_per_gpu=math.ceil(raw_per_s / (WRITE_RAW_MB_S_PER_CORE * 1e6)))
+                   writer_cores_per_gpu=math.ceil(raw_per_s / (WRITE_RAW_MB_S_PER_CORE * 1e6)),
+                   write_bytes_per_s=write_rates(raw_per_s * gpus, store_bytes))
+        if gpu_tflops is not None:
+            flops = 2 * (weights["weights_bytes"] - weights["embed_bytes"]) // DTYPE_BYTES[WEIGHT_DTYPE]
+            out.update(gpu_tflops=gpu_tflops, forward_flops_per_token=flops,
+                       gpu_utilisation=round(utilisation(tokens_per_s, flops, gpu_tflops), 3))
     return out
+
+
+def write_rates(raw_per_s: float, store_bytes: dict) -> dict:
+    """The job's sustained write rate to the store's filesystem: raw, and as each store dtype writes it."""
+    raw = store_bytes["raw"] or 1
+    return {"raw": round(raw_per_s), **{dtype: round(raw_per_s * size / raw) for dtype, size in store_bytes.items()
+                                        if dtype != "raw"}}
 
 
 def estimate_lines(e: dict) -> list[str]:
@@ -118,4 +140,14 @@ def estimate_lines(e: dict) -> list[str]:
         lines.append(f"job         {e['job_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
                      f"({e['gpu_hours']:.1f} GPU-hours); writer cores per GPU: {e['writer_cores_per_gpu']} "
                      f"(~{WRITE_RAW_MB_S_PER_CORE:g} MB/s raw per core)")
+        rates = e["write_bytes_per_s"]
+        lines.append(f"writes      {human_bytes(rates['raw'])}/s raw to the store's filesystem for "
+                     f"{e['job_hours']:.1f} h ({human_bytes(rates['bfloat16'])}/s compressed bf16, "
+                     f"{human_bytes(rates['fp8_e4m3'])}/s fp8)")
+    if "gpu_utilisation" in e:
+        share = f"{e['gpu_utilisation']:.0%}"
+        lines.append(f"GPU         {e['tokens_per_s']:g} tokens/s x {e['forward_flops_per_token'] / 1e9:.1f} "
+                     f"GFLOP/token is {share} of a {e['gpu_tflops']:g} TFLOPS GPU" + (
+                         f"; warning: above {HIGH_UTILISATION:.0%}, rarely sustained: the hours above are likely "
+                         "optimistic" if e["gpu_utilisation"] > HIGH_UTILISATION else ""))
     return lines

@@ -56,8 +56,8 @@ LOCATION_FIELDS = ("corpus_path", "tokenizer_path")
 class PlanError(ValueError):
     """Raised in strict mode at the first bad record (in record order)."""
 
-    def __init__(self, record_index: int, reason: str, detail: str = ""):
-        super().__init__(f"record {record_index}: {reason}" + (f" ({detail})" if detail else ""))
+    def __init__(self, record_index: int, reason: str, detail: str = "", where: str = ""):
+        super().__init__(f"{where or f'record {record_index}'}: {reason}" + (f" ({detail})" if detail else ""))
         self.record_index, self.reason, self.detail = record_index, reason, detail
 
 
@@ -259,7 +259,7 @@ def build_plan(
             )
         if isinstance(result, _Bad):
             if strict:
-                raise PlanError(result.record_index, result.reason, result.detail)
+                raise PlanError(result.record_index, result.reason, result.detail, corpus.where(result.record_index))
             quarantined.append(QuarantinedRecord(result.record_index, result.sample_id, result.reason, result.detail))
             return
         seen[result.sample_id] = result.record_index

@@ -79,7 +79,8 @@ def _check_same_plan(config: JobConfig, store_path: Path, stored: Plan) -> None:
     from .planning import PlanError, plan_differences, plan_inputs
 
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
-    wanted = plan_inputs(open_corpus(config.corpus), config.corpus, tokenizer, config.tokenizer_path,
+    corpus = open_corpus(config.corpus)
+    wanted = plan_inputs(corpus, config.corpus, tokenizer, config.tokenizer_path,
                          config.plan_settings)
     differences = plan_differences(stored.settings, wanted)
     if differences:
@@ -89,4 +90,4 @@ def _check_same_plan(config: JobConfig, store_path: Path, stored: Plan) -> None:
         )
     if config.strict and stored.quarantined:
         first = stored.quarantined[0]
-        raise PlanError(first.record_index, first.reason, first.detail)
+        raise PlanError(first.record_index, first.reason, first.detail, corpus.where(first.record_index))

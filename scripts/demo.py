@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -89,10 +90,16 @@ class Stages:
         self._open = None
 
 
+def shown_command(args: list) -> str:
+    """The command as a user pastes it from the repository root (`python -m extract run ...`,
+    quoted where a shell needs it), not the bare arguments given to this interpreter."""
+    return shlex.join(["python", *map(str, args)])
+
+
 def run(args: list[str], capture_json: bool = True, allow: tuple[int, ...] = (0,), errors: list | None = None) -> dict:
     """Run one of the project's commands; stream its output; return its last JSON line.
     With `errors`, its stderr lines are streamed too and kept there."""
-    print("$ " + " ".join(str(a) for a in args), flush=True)
+    print("$ " + shown_command(args), flush=True)
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     process = subprocess.Popen([sys.executable, *map(str, args)], cwd=REPO, env=env, stdout=subprocess.PIPE,
                                stderr=None if errors is None else subprocess.PIPE, text=True)

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .runtime.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command
+from .runtime.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command, show_defaults
 
 
 def cmd_info(args) -> int:
@@ -111,9 +111,9 @@ def cmd_verify(args) -> int:
         raise UsageError("--repair and --recompute exclude each other: a recompute mismatch is not a damaged file")
     if args.recompute:  # a model or device this machine lacks is refused before the store is read
         from .runtime.host import resolve_device
-        from .runtime.target_config import read_config_json
+        from .runtime.target_weights import check_target_weights
 
-        read_config_json(args.model)
+        check_target_weights(args.model, "--model")
         resolve_device(args.device)
     # Progress on stderr in both forms: stdout carries the report (one JSON object with --json).
     report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
@@ -209,7 +209,7 @@ class ProgressLines:
             print(line, file=self.stream, flush=True)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m store_schema", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="what a store holds")
@@ -247,12 +247,13 @@ def _parser() -> argparse.ArgumentParser:
     p_target.add_argument("--tokenizer", metavar="DIR", default=None,
                           help="copy this tokenizer's files beside it (default: none; plan --dry-run needs one)")
     p_target.set_defaults(handler=cmd_config_only_target)
+    show_defaults(parser)
     return parser
 
 
 def main(argv=None) -> int:
     try:
-        args = _parser().parse_args(argv)
+        args = build_parser().parse_args(argv)
     except SystemExit as exc:
         return EXIT_USAGE if exc.code else EXIT_OK
     from obstore.exceptions import BaseError as ObjectStoreError

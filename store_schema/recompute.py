@@ -8,7 +8,9 @@ kernels, or a store against the checkpoint it claims to come from.
 The bar is a per-token cosine of 0.999 for bf16 stores. fp8 stores hold each value
 to within 2^-4 of itself (e4m3 rounding): measured on real activations the
 dequantized states' worst token cosine against bf16 is ~0.9995, so their bar is
-0.995: still far above what another checkpoint or layer gives (< 0.9)."""
+0.995: still far above what another checkpoint or layer gives (< 0.9). A worst cosine
+below OTHER_TARGET_COSINE is not numerics: the report asks first whether `--model` is
+the checkpoint the store was extracted from (and names what its fingerprint recorded)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from .reader import Store
 from .runtime.target_model import load_target_model
 
 MIN_COSINE = {"bfloat16": 0.999, "fp8_e4m3": 0.995}  # per store dtype, see above
+OTHER_TARGET_COSINE = 0.9  # below this, another checkpoint (or layer), not rounding
 
 
 def recompute_check(store: Store, model_path: str, num_samples: int, device: str | torch.device = "cpu", seed: int = 0,
@@ -56,4 +59,16 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
                             f"at token {int(cosine.argmin())}",
                 })
         results.append(entry)
+    worst = min((c for entry in results for c in entry["min_cosine"].values()), default=1.0)
+    if worst < OTHER_TARGET_COSINE:
+        problems.insert(0, other_target_question(store, model_path, worst, min_cosine))
     return results, problems
+
+
+def other_target_question(store: Store, model_path: str, worst: float, min_cosine: float) -> dict:
+    """The problem a far-too-low cosine leads with: is `model_path` the store's target?"""
+    differences = store.fingerprint.target_differences(model_path)
+    known = f"; it differs from the store's target in {', '.join(differences)}" if differences else ""
+    return {"shard": "", "array": "", "file": "", "what":
+            f"worst recomputed cosine {worst:.3f}, far below {min_cosine}: is --model {model_path} the checkpoint "
+            f"the store was extracted from ({store.fingerprint.target_model}){known}?"}

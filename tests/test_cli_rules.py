@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,7 @@ TINY = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", heads=True
 @pytest.fixture(scope="module")
 def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
     """Everything the commands take, real: a store matching the tiny Qwen3 target, a
-    run of 2 steps on it, its export, a corpus, a prompts file."""
+    run of 2 steps on it, its export, a corpus, a prompts file, a copy of the target without weights."""
     root = tmp_path_factory.mktemp("cli")
     builders.random_store(root / "store", num_shards=2, samples_per_shard=4, num_target_layers=6, hidden_size=64,
                           vocab_size=512)
@@ -38,9 +39,14 @@ def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
     assert train_main(["export", str(root / "run"), "--out", str(root / "export")]) == 0
     builders.write_chat_jsonl(root / "chats.jsonl", builders.coding_chats(4))
     (root / "prompts.jsonl").write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
+    weightless = root / "weightless"  # the target's config and tokenizer, its safetensors never downloaded
+    weightless.mkdir()
+    for file in Path(qwen3_dir).iterdir():
+        if not file.name.startswith("model.safetensors"):
+            shutil.copy(file, weightless / file.name)
     return {"S": str(root / "store"), "T": str(qwen3_dir), "RUN": str(root / "run"), "E": str(root / "export"),
             "C": str(root / "chats.jsonl"), "P": str(root / "prompts.jsonl"), "NEW": str(root / "new"),
-            "M": MISSING}
+            "M": MISSING, "W": str(weightless)}
 
 
 COMMANDS = {  # every command, with one path that does not exist (M)
@@ -89,6 +95,28 @@ def test_a_missing_path_is_a_usage_error_in_every_command(command, world, capsys
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and MISSING in err, err
     assert not Path(world["NEW"]).exists()  # a refused command leaves nothing behind
+
+
+WEIGHTLESS = {  # every command that runs the target, given a model directory without weights (W)
+    "extract run": ("extract run --model W --corpus C --store NEW --layers 1,3", "--model"),
+    "extract generate": ("extract generate --model W --corpus C --out NEW", "--model"),
+    "fit": ("train fit --store S --target W --out NEW", "--target"),
+    "eval": ("train eval --store S --drafter E --target W", "--target"),
+    "speculate": ("train speculate --drafter E --target W --store S", "--target"),
+    "verify --recompute": ("store_schema verify S --recompute 1 --model W", "--model"),
+}
+
+
+@pytest.mark.parametrize("command,flag", WEIGHTLESS.values(), ids=WEIGHTLESS.keys())
+def test_a_target_without_weights_is_refused_in_one_line_naming_it(command, flag, world, capsys):
+    """Not a Ray traceback after the cluster started, not "another checkpoint": the
+    directory named, before anything runs or is written."""
+    capsys.readouterr()
+    assert run_in_process(command, world) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: {flag} {world['W']}: no weights (model.safetensors or model.safetensors.index.json); "
+                   "a config-only directory sizes a job (--dry-run) but cannot run the target\n"), err
+    assert not Path(world["NEW"]).exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -141,3 +169,52 @@ def test_help_imports_nothing_heavy():
     result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.stdout.strip().splitlines()[-1] == "[0, 0, 0, 0, 0] []", result.stdout[-2000:] + result.stderr
+
+
+def test_fit_needs_out_except_for_a_dry_run(world, capsys):
+    capsys.readouterr()
+    assert run_in_process("train fit --store S --target T", world) == 2
+    assert capsys.readouterr().err == "error: fit needs --out RUN (the run directory; only --dry-run goes without)\n"
+
+
+@pytest.mark.parametrize("program", MAINS)
+def test_every_option_with_a_default_shows_it_in_help(program):
+    """Issue 35.10: `--help` of every subcommand shows each option's default."""
+    import importlib
+
+    from store_schema.runtime.cli import parsers_of, shown_default
+
+    module = importlib.import_module("train.cli" if program == "train" else f"{program}.__main__")
+    checked = 0
+    for parser in parsers_of(module.build_parser()):
+        for action in parser._actions:
+            if shown_default(action):
+                shown = (action.help or "") % dict(vars(action), prog=parser.prog)
+                spellings = {str(action.default)}
+                if isinstance(action.default, float):
+                    spellings.add(f"{action.default:g}")
+                after = shown[shown.index("default"):] if "default" in shown else ""
+                assert any(spelling in after for spelling in spellings), (
+                    f"{parser.prog} {action.option_strings[0]}: {shown!r}")
+                checked += 1
+    assert checked >= 1
+
+
+def test_fit_ends_with_a_summary_and_the_next_commands(world, tmp_path, capsys):
+    """Issue 35.10: not a JSON line only; the JSON stays the last line of stdout."""
+    out = tmp_path / "run"
+    capsys.readouterr()
+    assert train_main(["fit", "--store", world["S"], "--target", world["T"], "--out", str(out), "--max-steps", "2",
+                       *tiny.cli_sets(TINY)]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out.strip().splitlines()[-1])["step"] == 2
+    end = captured.err.strip().splitlines()[-4:]
+    assert end[0].startswith("fit: done at step 2, loss ") and ", top-1 " in end[0], end
+    assert f"; checkpoint {out / 'checkpoints'}" in end[0] and end[0].endswith(f"; run log {out / 'train_log.jsonl'}")
+    drafter = out / "drafter"
+    assert end[1:] == [f"next: python -m train export {out} --out {drafter}",
+                       f"      python -m train eval --store {world['S']} --drafter {drafter} --target {world['T']}",
+                       f"      python -m train diagnose {out}"]
+    assert train_main(end[1].split()[4:]) == 0  # the next commands run: export, then eval up to the data
+    assert train_main(end[2].split()[3:]) == 1  # the random store holds no held-out sample to score
+    assert "no heldout sample with a scoreable block" in capsys.readouterr().err

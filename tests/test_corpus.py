@@ -136,3 +136,19 @@ def test_parquet_reads_rows_without_turning_a_big_row_group_into_python(tmp_path
     assert streamed.read(wanted) == [records[i] for i in wanted]
     assert tracemalloc.get_traced_memory()[1] * 10 < whole_peak
     tracemalloc.stop()
+
+
+def test_where_names_the_file_and_its_1_based_line_or_row(tmp_path):
+    """Issue 35.10: a quarantined record is named where an editor finds it, not by the
+    plan's 0-based index over non-blank lines."""
+    (tmp_path / "a.jsonl").write_text('{"id": 1}\n\n{"id": 2}\n')
+    (tmp_path / "b.jsonl").write_text('\n{"id": 3}\n')
+    corpus = open_corpus(tmp_path)
+    assert [corpus.where(i) for i in range(len(corpus))] == ["a.jsonl line 1", "a.jsonl line 3", "b.jsonl line 2"]
+    parquet = tmp_path / "pq"
+    parquet.mkdir()
+    for name, ids in (("a.parquet", range(10)), ("b.parquet", range(10, 13))):
+        pq.write_table(pa.Table.from_pylist([{"id": i} for i in ids]), parquet / name, row_group_size=4)
+    corpus = open_corpus(parquet)
+    assert [corpus.where(i) for i in (0, 9, 10, 12)] == ["a.parquet row 1", "a.parquet row 10", "b.parquet row 1",
+                                                         "b.parquet row 3"]

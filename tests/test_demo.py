@@ -120,3 +120,14 @@ def test_the_demo_corpus_is_pinned_not_read_from_this_python():
 
 PINNED_SHA256 = "9e9fbb841419"
 PINNED_FIRST_PROMPT = "Write `print_exception` from the `traceback` module."
+
+
+def test_echoed_commands_can_be_pasted(capsys):
+    """Issue 35.10: `$ python -m extract ...`, not `$ -m extract ...`."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import demo
+
+    assert demo.shown_command(["-m", "train", "fit", "--out", Path("/tmp/a run")]) == (
+        "python -m train fit --out '/tmp/a run'")
+    demo.run(["-m", "store_schema", "--help"], capture_json=False)
+    assert capsys.readouterr().out.splitlines()[0] == "$ python -m store_schema --help"

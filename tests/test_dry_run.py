@@ -44,7 +44,7 @@ def test_plan_dry_run_sizes_the_27b_extraction(qwen3_6_27b, capsys):
 
     model, corpus = qwen3_6_27b
     assert main(["plan", "--dry-run", "--json", "--model", str(model), "--corpus", str(corpus), "--workers", "1",
-                 "--gpu-memory", "96", "--tokens-per-s", "20000", "--gpus", "8"]) == 0
+                 "--gpu-memory", "96", "--tokens-per-s", "20000", "--gpus", "8", "--gpu-tflops", "500"]) == 0
     report = _json_out(capsys)
     job = report["job"]
     assert report["layer_ids"] == LAYERS and job["loaded_layers"] == 62  # decoder layers 0..61, not 62-63
@@ -66,6 +66,31 @@ def test_plan_dry_run_sizes_the_27b_extraction(qwen3_6_27b, capsys):
     assert job["store_bytes"]["fp8_e4m3"] == round(report["tokens"] * raw_token * 0.40)
     assert job["writer_cores_per_gpu"] == math.ceil(20000 * raw_token / 120e6) == 9
     assert job["job_hours"] == round(report["tokens"] / (20000 * 8) / 3600, 3)
+    stored = job["store_bytes"]  # the job's sustained writes: 8 GPUs' raw bytes, and as each dtype writes them
+    assert job["write_bytes_per_s"] == {"raw": 20000 * 8 * raw_token,
+                                        "bfloat16": round(20000 * 8 * raw_token * stored["bfloat16"] / stored["raw"]),
+                                        "fp8_e4m3": round(20000 * 8 * raw_token * stored["fp8_e4m3"] / stored["raw"])}
+    assert job["forward_flops_per_token"] == 2 * (layers + 2 * H) // 2  # 2 FLOPs per loaded weight, embedding aside
+    assert job["gpu_utilisation"] == round(20000 * (layers + 2 * H) / 500e12, 3)
+
+
+def test_plan_dry_run_says_the_write_rate_and_warns_of_an_optimistic_rate(qwen3_6_27b, capsys):
+    """Issue 35.8's figures: 9000 tokens/s on a ~500 TFLOPS GPU is ~85 % of its peak."""
+    from extract.__main__ import main
+
+    model, corpus = qwen3_6_27b
+    argv = ["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--workers", "1",
+            "--tokens-per-s", "9000", "--gpus", "8"]
+    assert main([*argv, "--gpu-tflops", "500"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    writes = next(line for line in lines if line.startswith("writes"))
+    assert writes.startswith("writes      3.69 GB/s raw to the store's filesystem for ") and (
+        "(2.58 GB/s compressed bf16, 1.47 GB/s fp8)" in writes), writes
+    gpu = next(line for line in lines if line.startswith("GPU"))
+    assert " is 85% of a 500 TFLOPS GPU; warning: above 60%, rarely sustained" in gpu, gpu
+    assert main([*argv, "--gpu-tflops", "2000"]) == 0  # 21 %: no warning
+    gpu = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("GPU"))
+    assert gpu.endswith(" is 21% of a 2000 TFLOPS GPU"), gpu
 
 
 def test_plan_dry_run_names_a_gpu_too_small(qwen3_6_27b, capsys):
@@ -82,9 +107,10 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
     from train.cli import main
 
     model, _ = qwen3_6_27b
-    assert main(["fit", "--dry-run", "--target", str(model), "--out", str(tmp_path / "run"), "--nproc", "8",
-                 "--samples", "902000"]) == 0
-    report = _json_out(capsys)
+    assert main(["fit", "--dry-run", "--target", str(model), "--nproc", "8", "--samples", "902000",
+                 "--tokens-per-s", "20000", "--gpu-memory", "96"]) == 0  # no --out: nothing is written anyway
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
     q, kv = 32 * 128, 8 * 128  # the published drafter: 32 heads x 128, 8 KV heads
     layer = 2 * H * q + 2 * H * kv + 2 * 128 + MLP + 2 * H  # q, o, k, v, q/k norms, MLP, layer norms
     params = 5 * layer + 5 * H * H + 2 * H  # 5 layers, fc over 5 context layers, hidden_norm + final norm
@@ -101,4 +127,13 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
     assert activations["bytes"] == 512 * 16 * 5 * block_token + 3072 * context_token
     assert report["peak_gpu_bytes"] == 20 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
     assert report["steps_per_epoch"] == 902000 // 8 and report["sequences_per_gpu_per_step"] == 1
-    assert not (tmp_path / "run").exists()  # nothing written
+    assert report["total_steps"] == 6 * 902000 // 8 and report["total_steps_rule"] == "6 epochs"
+    assert report["run_tokens"] == 6 * 902000 * 3072  # no store: samples taken as data.max_length long
+    assert report["run_hours"] == round(6 * 902000 * 3072 / (20000 * 8) / 3600, 3)
+    assert report["fits"] is True and report["peak_gpu_bytes"] <= 96 * GIB
+    assert "            fits in 96 GiB per GPU" in out and f"time        {report['run_hours']:.2f} h on 8 GPU(s)" in out
+    assert main(["fit", "--dry-run", "--target", str(model), "--max-steps", "1000", "--gpu-memory", "40"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["total_steps"] == 1000 and report["fits"] is False and report["peak_gpu_bytes"] > 40 * GIB
+    assert "does NOT fit in 40 GiB per GPU" in out and "run_hours" not in report

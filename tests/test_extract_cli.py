@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-
 
 from builders import coding_chats, write_chat_jsonl
 
@@ -126,3 +126,41 @@ def test_new_flags_are_validated_and_plan_workers_default_to_the_cores(capsys):
             assert f"--{field.replace('_', '-')} must be positive" in str(error)
         else:
             raise AssertionError(f"{field}={value} accepted")
+
+
+def test_device_auto_is_the_default_and_the_first_line_says_what_it_chose(qwen3_dir, tmp_path, capsys):
+    """Issue 35.6: `run` and `generate` default to --device auto (cuda when this host's
+    torch sees a GPU, else cpu), said first; cpu and cuda are still taken as given."""
+    import torch
+
+    from extract.__main__ import build_parser, main
+
+    for command in ("run", "generate"):
+        assert build_parser().parse_args([command, "--model", "m", "--corpus", "c"]).device == "auto"
+    chosen = (f"cuda (--device auto: torch sees {torch.cuda.device_count()} CUDA device(s))"
+              if torch.cuda.is_available() else
+              "cpu (--device auto: torch sees no CUDA device here (--device cuda for a Ray cluster's GPUs))")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')  # refused after planning
+    run = ["run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--store", str(tmp_path / "s"), "--layers", "1,3",
+           "--no-progress"]
+    capsys.readouterr()
+    for argv, first in ((run, f"device: {chosen}"), ([*run, "--device", "cpu"], "device: cpu (--device cpu)"),
+                        (["generate", "--model", str(qwen3_dir), "--corpus", str(corpus), "--dry-run", "--no-progress"],
+                         f"device: {chosen}")):
+        assert main(argv) in (0, 1)  # run: no sample in the corpus; generate: a dry run
+        err = capsys.readouterr().err
+        assert err.splitlines()[0] == first, err
+        assert argv[0] == "generate" or "gives no samples" in err, err
+
+
+def test_plan_names_a_quarantined_record_by_its_1_based_line(qwen3_dir, tmp_path, capsys):
+    """Issue 35.10: `record 3` was printed for line 4 (the plan's 0-based index)."""
+    from extract.__main__ import main
+
+    chats = coding_chats(2)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(chat) + "\n" for chat in chats) + "\n{not json\n")  # line 3 is blank
+    assert main(["plan", "--dry-run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--layers", "1,3",
+                 "--workers", "1"]) == 0
+    assert "    c.jsonl line 4: malformed_json " in capsys.readouterr().out

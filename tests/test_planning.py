@@ -235,7 +235,7 @@ def test_quarantine_names_each_bad_record_and_keeps_every_good_one(tmp_path, tok
 def test_strict_mode_raises_naming_the_record(tmp_path, tokenizer, tokenizer_dir):
     corpus = tmp_path / "mixed.jsonl"
     bad_corpus(corpus, tokenizer)
-    with pytest.raises(PlanError, match=r"record 1: malformed_json") as error:
+    with pytest.raises(PlanError, match=r"^mixed.jsonl line 2: malformed_json") as error:
         build_plan(corpus, tokenizer_dir, tokenizer=tokenizer, strict=True)
     assert error.value.record_index == 1 and error.value.reason == "malformed_json"
 

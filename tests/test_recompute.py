@@ -40,6 +40,9 @@ def test_recompute_agrees_with_the_model_and_not_with_another(tmp_path, qwen3_5_
     assert cli(["verify", str(tmp_path / "s"), "--recompute", "2", "--model", str(other), "--json"]) == 1
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["problems"] and all("recomputed cosine" in p["what"] for p in report["problems"])
+    question = report["problems"][0]["what"]  # asked first: the cosines are far too low for numerics
+    assert question.startswith("worst recomputed cosine ") and f"is --model {other} the checkpoint" in question
+    assert question.endswith(f"extracted from ({qwen3_5_dir})?"), question  # this store recorded no hashes
 
 
 def test_recompute_needs_a_model(tmp_path):

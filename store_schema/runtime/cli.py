@@ -56,6 +56,37 @@ def run_command(handler: Callable[[object], int], args, refusals: tuple[type[Bas
         return fail(_message(error), EXIT_PROBLEM)
 
 
+def shown_default(action) -> bool:
+    """Does this option's default say something (not None, off, or an empty list)?"""
+    import argparse
+
+    quiet = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+    return not quiet and action.default != [] and bool(action.option_strings)
+
+
+def parsers_of(parser) -> list:
+    """`parser` and every subcommand's parser under it."""
+    import argparse
+
+    found = [parser]
+    for action in parser._actions:  # argparse keeps no public list of them
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                found += parsers_of(sub)
+    return found
+
+
+def show_defaults(parser) -> None:
+    """Every option of `parser` and its subcommands with a default says it in `--help`
+    (appended where the help text does not already show `%(default)s`)."""
+    import argparse
+
+    for each in parsers_of(parser):
+        for action in each._actions:
+            if shown_default(action) and action.help != argparse.SUPPRESS and "%(default)" not in (action.help or ""):
+                action.help = f"{action.help} (default %(default)s)" if action.help else "default %(default)s"
+
+
 def _message(error: BaseException) -> str:
     text = error.args[0] if isinstance(error, KeyError) and error.args else str(error)
     return " ".join(str(text).split()) or type(error).__name__

@@ -29,5 +29,19 @@ def hours(work: float, rate_per_second: float) -> float:
     return work / rate_per_second / 3600 if rate_per_second > 0 else math.inf
 
 
+HIGH_UTILISATION = 0.60  # of a GPU's dense bf16 peak: a sustained rate above it is rarely reached
+
+
+def fits_in(peak_bytes: float, gpu_memory_gib: float) -> bool:
+    """Does a peak of `peak_bytes` fit a GPU of `gpu_memory_gib` GiB (the one verdict both dry-runs give)?"""
+    return peak_bytes <= gpu_memory_gib * GIB
+
+
+def utilisation(tokens_per_s: float, flops_per_token: float, gpu_tflops: float) -> float:
+    """The share of a GPU's peak (`gpu_tflops`, dense bf16) that `tokens_per_s` at
+    `flops_per_token` needs: above HIGH_UTILISATION the rate is likely optimistic."""
+    return tokens_per_s * flops_per_token / (gpu_tflops * 1e12)
+
+
 def gib(count: float) -> float:
     return round(count / GIB, 2)

@@ -34,6 +34,23 @@ def set_torch_threads(processes: int = 1) -> int:
     return threads
 
 
+AUTO_DEVICE = "auto"
+
+
+def choose_device(name: str) -> tuple[str, str]:
+    """A job's `--device` as "cpu" or "cuda", and the words that say why (the first line
+    the command prints): `auto` is cuda when torch on this host sees a CUDA device, else
+    cpu; cpu and cuda stand as given. Without it a user who left the flag out on a GPU
+    host ran a 27B extraction on CPU."""
+    if name != AUTO_DEVICE:
+        return name, f"--device {name}"
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda", f"--device auto: torch sees {torch.cuda.device_count()} CUDA device(s)"
+    return "cpu", "--device auto: torch sees no CUDA device here (--device cuda for a Ray cluster's GPUs)"
+
+
 def resolve_device(name: str | None, setting: str = "--device"):
     """The torch device a command runs on: `name` (cpu, cuda, cuda:N), or CUDA when
     torch sees one and CPU otherwise for None / "auto". A device this machine does not

@@ -40,10 +40,7 @@ from pathlib import Path
 import torch
 
 from .target_config import read_config_json
-
-
-class TargetWeightsError(ValueError):
-    """The checkpoint does not fill the model it was loaded into (exit 1 in a command)."""
+from .target_weights import TargetWeightsError  # noqa: F401  (the loader's refusal; callers catch it from here)
 
 
 def compute_dtype(device: torch.device | str, on_cuda: torch.dtype = torch.bfloat16) -> torch.dtype:

@@ -18,6 +18,7 @@ import argparse
 import importlib
 import os
 
+from store_schema.runtime.cli import show_defaults
 from train.dtypes import dtype_name
 
 COMMANDS = ("fit", "export", "eval", "diagnose", "speculate", "serve-check")
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"train.cli.{name.replace('-', '_')}").add_parser(subparsers)
+    show_defaults(parser)
     return parser
 
 

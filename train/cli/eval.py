@@ -101,6 +101,7 @@ def run(args) -> int:
     from store_schema.runtime.cli import fail
     from store_schema.runtime.host import resolve_device
     from store_schema.runtime.progress import Progress, default_mode
+    from store_schema.runtime.target_weights import check_target_weights
     from train.dtypes import torch_dtype
     from train.acceptance.evaluate import evaluate
     from train.export.drafter_dir import load_drafter, resolve_drafter_dir
@@ -109,6 +110,7 @@ def run(args) -> int:
 
     config = eval_config(args)
     store = Store(args.store)
+    check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
     other_target = check_target(store, args.target, allow_other_target=args.allow_other_target,
                                 log=lambda line: print(line, file=sys.stderr))
     device = resolve_device(args.device)

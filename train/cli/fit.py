@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser("fit", help="train a drafter on a hidden-state store", description=__doc__)
     p.add_argument("--store", help="hidden-state store directory")
     p.add_argument("--target", help="target model directory (config.json, safetensors, tokenizer)")
-    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--out", help="run directory (required, except with --dry-run)")
     p.add_argument("--config", help="YAML (or JSON) config file")
     p.add_argument("--max-steps", type=int, help="optimizer steps (default: epochs over the store)")
     p.add_argument("--init-from", metavar="DIR",
@@ -63,6 +63,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print the run's memory per GPU and steps per epoch from --target's config.json; train nothing")
     p.add_argument("--samples", type=int, help="--dry-run without --store: the samples an epoch has")
+    p.add_argument("--tokens-per-s", type=float, metavar="N",
+                   help="--dry-run: training tokens/s of one GPU, to print the run's hours")
+    p.add_argument("--gpu-memory", type=float, metavar="GIB",
+                   help="--dry-run: memory of one GPU in GiB, to say whether the run fits (e.g. 96, 141)")
     add_allow_flag(p)
     p.add_argument("--require-complete", action="store_true",
                    help="refuse a store holding fewer shards than its plan (default: warn and train on those)")
@@ -99,7 +103,8 @@ def resume_commands(args, store) -> tuple[str, str]:
 
 def run(args) -> int:
     from store_schema import Store, provenance_warning
-    from store_schema.runtime.cli import fail, interrupted
+    from store_schema.runtime.cli import UsageError, fail, interrupted
+    from store_schema.runtime.target_weights import check_target_weights
     from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
     from train.fitting.distributed import (DEFAULT_MASTER_PORT, LAUNCHED_BY_FIT, Nodes, close_process_group,
                                            is_peer_loss, launch)
@@ -109,10 +114,13 @@ def run(args) -> int:
         from train.fitting.estimate import dry_run
 
         return dry_run(args)
+    if not args.out:
+        raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
     if args.resume and latest_checkpoint(args.out) is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {Path(args.out) / CHECKPOINTS} "
                                 "(nothing to continue; without --resume the run starts afresh)")
     config = resolve_config(args)
+    check_target_weights(config.target, "--target")  # before torch or torchrun start: one line naming it
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
     world_size = (args.nproc or 1) * nodes.count
     if world_size > 1 and "WORLD_SIZE" not in os.environ:
@@ -170,8 +178,27 @@ def run(args) -> int:
     trainer.release_replica()
     close_process_group()
     if main:
+        for line in finished_lines(trainer.step, last, args.out, config):
+            print(line, file=sys.stderr)
         print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
     return 0
+
+
+def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
+    """What a finished run says before its JSON line: where it ended and the next commands."""
+    from train.fitting.checkpoint import latest_checkpoint
+    from train.fitting.runlog import LOG_FILE
+
+    figures = [f"{name} {last[key]:{form}}" for key, name, form in
+               (("loss", "loss", ".4f"), ("acc", "top-1", ".1%"), ("eval_tau", "eval tau", ".2f"))
+               if isinstance(last.get(key), (int, float))]
+    checkpoint = latest_checkpoint(out)
+    drafter = Path(out) / "drafter"
+    return [f"fit: done at step {step}" + "".join(f", {figure}" for figure in figures)
+            + (f"; checkpoint {checkpoint}" if checkpoint else "") + f"; run log {Path(out) / LOG_FILE}",
+            f"next: python -m train export {out} --out {drafter}",
+            f"      python -m train eval --store {config.store} --drafter {drafter} --target {config.target}",
+            f"      python -m train diagnose {out}"]
 
 
 def resolve_config(args):

@@ -109,6 +109,7 @@ def load_decoding(args, command: str) -> Decoding:
     from store_schema.runtime.host import resolve_device
     from store_schema.runtime.target_config import read_config_json
     from store_schema.runtime.target_model import compute_dtype, load_target_model
+    from store_schema.runtime.target_weights import check_target_weights
     from train.acceptance.target_decode import stop_token_ids
     from train.dtypes import torch_dtype
     from train.export.drafter_dir import load_drafter, resolve_drafter_dir
@@ -118,6 +119,7 @@ def load_decoding(args, command: str) -> Decoding:
     dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
     drafter_dir = resolve_drafter_dir(args.drafter)
     store = open_prompt_source(args)
+    check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     other_target = {} if store is None else check_target(store, args.target,
                                                           allow_other_target=args.allow_other_target, log=say)

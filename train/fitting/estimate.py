@@ -19,13 +19,17 @@ config.json (no weights, no store needed); per GPU:
   (H + 2 kv). Flex attention (the CUDA path) keeps no queries x keys matrix.
 
 Steps per epoch: the samples over the global batch (`train.batch_size x
-train.grad_accumulation`), which every GPU count shares out."""
+train.grad_accumulation`), which every GPU count shares out; the run's steps are
+`train.max_steps` (`--max-steps`), else `train.epochs` of them. Its hours are the
+tokens those steps read (steps x global batch x a sample's mean tokens: the store's,
+or `data.max_length` as a bound without one) over `--tokens-per-s` x GPUs. The peak
+is checked against `--gpu-memory` as `extract plan --dry-run` checks its own."""
 
 from __future__ import annotations
 
 import math
 
-from store_schema.runtime.estimate import DTYPE_BYTES, gib, parameter_count
+from store_schema.runtime.estimate import DTYPE_BYTES, fits_in, gib, hours, parameter_count
 
 FP32 = 4
 # Per chunk row and vocabulary entry: fp32 logits, log-probs and gradient, and one more
@@ -55,8 +59,10 @@ def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
                 bytes=block_tokens * d.num_hidden_layers * per_block_token + sequence_tokens * per_context_token)
 
 
-def fit_estimate(config, target, drafter_config, gpus: int, samples: int | None) -> dict:
-    """The figures `fit --dry-run` prints (bytes; GiB where named so), per GPU."""
+def fit_estimate(config, target, drafter_config, gpus: int, samples: int | None, tokens: int | None = None,
+                 tokens_per_s: float | None = None, gpu_memory_gib: float | None = None) -> dict:
+    """The figures `fit --dry-run` prints (bytes; GiB where named so), per GPU;
+    `tokens` are the store's (None: samples taken as `data.max_length` long)."""
     drafter = drafter_on_meta(drafter_config)
     params = parameter_count(drafter)
     act = DTYPE_BYTES[config.train.dtype]
@@ -77,6 +83,29 @@ def fit_estimate(config, target, drafter_config, gpus: int, samples: int | None)
                sequences_per_gpu_per_step=global_batch / gpus, dtype=config.train.dtype)
     if samples is not None:
         out.update(samples=samples, steps_per_epoch=math.ceil(samples / global_batch))
+    if gpu_memory_gib is not None:
+        out.update(gpu_memory_gib=gpu_memory_gib, fits=fits_in(peak, gpu_memory_gib))
+    out.update(run_length(config, out.get("steps_per_epoch"), samples, tokens, tokens_per_s, gpus))
+    return out
+
+
+def run_length(config, steps_per_epoch: int | None, samples: int | None, tokens: int | None,
+               tokens_per_s: float | None, gpus: int) -> dict:
+    """The run's steps, the tokens they read and, at `tokens_per_s` per GPU, its hours
+    ({} when neither --max-steps nor the samples give the steps)."""
+    if config.train.max_steps is not None:
+        total, rule = config.train.max_steps, "train.max_steps"
+    elif steps_per_epoch is not None:
+        total, rule = config.train.epochs * steps_per_epoch, f"{config.train.epochs} epochs"
+    else:
+        return {}
+    mean = tokens / samples if tokens and samples else config.data.max_length
+    read = round(total * config.train.batch_size * config.train.grad_accumulation * mean)
+    out = dict(total_steps=total, total_steps_rule=rule, run_tokens=read, sample_tokens=round(mean, 1),
+               sample_tokens_rule="the store's mean" if tokens and samples else "data.max_length (a bound)")
+    if tokens_per_s is not None:
+        out.update(tokens_per_s=tokens_per_s, run_hours=round(hours(read, tokens_per_s * gpus), 3),
+                   gpu_hours=round(hours(read, tokens_per_s), 3))
     return out
 
 
@@ -95,8 +124,17 @@ def estimate_lines(e: dict) -> list[str]:
         f"peak GPU    {e['peak_gpu_gib']} GiB per GPU on {e['gpus']} GPU(s); global batch {e['global_batch']} "
         f"({e['sequences_per_gpu_per_step']:g} per GPU per step)",
     ]
+    if "fits" in e:
+        lines.append(f"            {'fits' if e['fits'] else 'does NOT fit'} in {e['gpu_memory_gib']:g} GiB per GPU"
+                     + ("" if e["fits"] else " (lower train.batch_size or loss.chunk_rows, or use a larger GPU)"))
     if "steps_per_epoch" in e:
         lines.append(f"epoch       {e['steps_per_epoch']} steps over {e['samples']} samples")
+    if "total_steps" in e:
+        lines.append(f"run         {e['total_steps']} steps ({e['total_steps_rule']}), {e['run_tokens']:,} tokens read "
+                     f"(samples of {e['sample_tokens']:g} tokens: {e['sample_tokens_rule']})")
+    if "run_hours" in e:
+        lines.append(f"time        {e['run_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
+                     f"({e['gpu_hours']:.1f} GPU-hours)")
     return lines
 
 
@@ -114,18 +152,20 @@ def dry_run(args) -> int:
     if not args.target:
         raise ValueError("fit --dry-run needs --target (a directory with config.json; no weights are read)")
     config = load_config(args.config, args.overrides, require_paths=False, store=args.store, target=args.target,
-                         out=args.out)
+                         out=args.out, **{"train.max_steps": args.max_steps})
     target = read_target_config(args.target)
-    samples, layer_ids = args.samples, None
+    samples, tokens, layer_ids = args.samples, None, None
     if args.store:
         from store_schema import Store
 
         store = Store(args.store)
-        samples, layer_ids = store.plan().num_samples, list(store.fingerprint.layer_ids)
+        plan = store.plan()
+        samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)
     mask = resolve_mask_token(config.model.mask_token_id, args.target, target.vocab_size)
     drafter_config = DrafterConfig.from_target(target, mask_token_id=mask.id, context_layer_ids=layer_ids,
                                                **config.model.geometry())
-    figures = dict(fit_estimate(config, target, drafter_config, args.nproc or 1, samples), mask_token_rule=mask.rule)
+    figures = dict(fit_estimate(config, target, drafter_config, args.nproc or 1, samples, tokens, args.tokens_per_s,
+                                args.gpu_memory), mask_token_rule=mask.rule)
     for line in estimate_lines(figures):
         print(line)
     print("dry run: nothing trained or written")
