@@ -37,7 +37,8 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import append_results  # noqa: E402
-from train.fitting.loss import block_targets, dflash_loss  # noqa: E402
+from train.drafter.targets import block_targets  # noqa: E402
+from train.fitting.loss import dflash_loss  # noqa: E402
 
 METHODS = ("adamw_foreach", "adamw_fused", "sparse_adam")
 

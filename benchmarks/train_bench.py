@@ -76,7 +76,8 @@ def _rss_bytes() -> int:
 
 def loss_child(variant: str, anchors: int, chunk_rows: int) -> dict:
     """Run one loss variant forward + backward; return its peak extra memory."""
-    from train.fitting.loss import block_targets, dflash_loss
+    from train.drafter.targets import block_targets
+    from train.fitting.loss import dflash_loss
 
     torch.manual_seed(0)
     length = 3072
@@ -180,7 +181,7 @@ def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     from train.drafter.anchors import sample_anchors
     from train.config import DataConfig
     from train.data.loader import ShardLoader
-    from train.fitting.loss import block_targets
+    from train.drafter.targets import block_targets
 
     data = DataConfig(max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4)
     loader = ShardLoader(store, data, LAYERS, BLOCK, seed=0, epochs=1)

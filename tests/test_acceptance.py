@@ -23,7 +23,7 @@ from train.acceptance.measures import (
     topk_hits,
 )
 from train.acceptance.evaluate import DraftedBlocks, per_position_rows, rollout_anchors
-from train.fitting.loss import block_targets
+from train.drafter.targets import block_targets
 
 V = 10
 B = 5  # anchor + 4 drafted slots

@@ -19,6 +19,7 @@ import tiny
 from store_schema import Fingerprint, SampleArrays, Store, create_store
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import evaluate as ev
+from train.data.heldout import store_samples
 from train.drafter.anchors import anchor_candidates
 from train.cli import main
 from train.cli.eval import render_table
@@ -236,8 +237,8 @@ def test_heldout_split_is_a_stable_partition(tmp_path, parts):
     assert 0 < len(held) < len(ids)
     assert held == [i for i in ids if is_heldout(i, 0.5)]  # a function of the id alone
     assert not any(is_heldout(i, 0.0) for i in ids) and all(is_heldout(i, 1.0) for i in ids)
-    got_held = [s.sample_id for s in ev.store_samples(store, LAYERS, "heldout", 0.5)]
-    got_train = [s.sample_id for s in ev.store_samples(store, LAYERS, "train", 0.5)]
+    got_held = [s.sample_id for s in store_samples(store, LAYERS, "heldout", 0.5)]
+    got_train = [s.sample_id for s in store_samples(store, LAYERS, "train", 0.5)]
     assert got_held == held and sorted(got_held + got_train) == sorted(ids)
     result = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,)), heldout_fraction=0.5)
     assert result["samples"] == len(held) and result["split"] == "heldout" and result["heldout_fraction"] == 0.5
@@ -249,7 +250,7 @@ def test_heldout_split_is_a_stable_partition(tmp_path, parts):
     # The training-loop evaluator reads held-out samples from the trainer's loader
     # (here the store's own held-out samples stand in for ShardLoader.heldout_samples).
     trainer = SimpleNamespace(drafter=drafter, head=head, autocast=contextlib.nullcontext, loader=SimpleNamespace(
-        heldout_samples=lambda n: ev.store_samples(store, LAYERS, "heldout", 0.5, max_samples=n)))
+        heldout_samples=lambda n: store_samples(store, LAYERS, "heldout", 0.5, max_samples=n)))
     section = EvalConfig(samples=2, ddtree_budgets=(8,), max_blocks_per_sample=10)
     logged = AcceptanceEval(section)(trainer, step=100)
     direct = ev.evaluate(drafter, head, store, section, heldout_fraction=0.5)

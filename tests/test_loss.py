@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from train.config import LossConfig, ModelConfig
-from train.fitting.loss import block_metrics, block_targets, default_gamma, dflash_loss, slot_weights
+from train.drafter.targets import block_targets, default_gamma, slot_weights
+from train.fitting.loss import block_metrics, dflash_loss
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.fitting.step import add_context_noise, dflash_step
 from train.fitting.target_head import TargetHead

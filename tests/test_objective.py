@@ -13,7 +13,8 @@ from torch import nn
 
 from train.config import ConfigError, LossConfig, ModelConfig
 from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.fitting.loss import block_metrics, block_targets, dflash_loss, dpace_weights
+from train.drafter.targets import block_targets
+from train.fitting.loss import block_metrics, dflash_loss, dpace_weights
 from train.fitting.selector_loss import selector_loss, selector_weight_at
 from train.fitting.step import dflash_step
 from train.fitting.target_head import TargetHead

@@ -28,7 +28,7 @@ from store_schema.runtime.target_config import read_target_config
 from train.cli import main
 from train.config import load_config
 from train.drafter.draft_cache import DraftCache
-from train.acceptance.evaluate import store_samples
+from train.data.heldout import store_samples
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.data.prompts import jsonl_prompts, store_prompts

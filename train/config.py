@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from train.drafter.geometry import ATTENTION_KINDS, BLOCK_SIZE, DFLASH2_SIZES, shape_problems
 from train.dtypes import dtype_name
 
 CONFIG_FILE = "config.yaml"  # a run directory's saved config
@@ -56,12 +57,6 @@ class DataConfig:
         _check(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")
 
 
-LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/drafter/model.py)
-ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/drafter/attention.py)
-ARCHITECTURES = ("dflash", "dflash2")  # drafter kinds: train/drafter/model.py, train/drafter/dflash2.py
-DFLASH2_SIZES = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # DrafterConfig's fields
-
-
 @dataclass
 class ModelConfig:
     # Drafter geometry; None takes DrafterConfig.from_target's default (the published
@@ -74,37 +69,26 @@ class ModelConfig:
     intermediate_size: int | None = None
     layer_types: list[str] | None = None  # per layer: full_attention or sliding_attention
     sliding_window: int | None = None  # context window of the sliding layers
-    block_size: int = 16  # B: anchor + B-1 drafted tokens
+    block_size: int = BLOCK_SIZE  # B: anchor + B-1 drafted tokens
     architecture: str = "dflash"  # "dflash", or "dflash2" (+ block-local convolutions and a candidate selector)
     conv_kernel_size: int | None = None  # dflash2 sizes; None takes DrafterConfig's default (2, 16, 256, 16)
     conv_group_size: int | None = None
     selector_rank: int | None = None
     selector_top_k: int | None = None
     mask_token_id: int | None = None  # None: resolved by train.drafter.mask_token's rules (the run records the id and rule)
-    init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.export.init_from)
+    init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.fitting.init_from)
     num_anchors: int = 512  # blocks per sequence, redrawn every step
     attention: str = "auto"  # "auto" (flex on CUDA, split elsewhere), "split", "sdpa", "flex"
     gradient_checkpointing: bool = False
 
     def validate(self):
-        for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                     "intermediate_size", "sliding_window", *DFLASH2_SIZES):
-            value = getattr(self, name)
-            _check(value is None or value >= 1, f"model.{name}", "must be >= 1")
-        if self.num_attention_heads and self.num_key_value_heads:
-            _check(self.num_attention_heads % self.num_key_value_heads == 0, "model.num_key_value_heads",
-                   f"must divide model.num_attention_heads ({self.num_attention_heads})")
-        if self.layer_types is not None:
-            _check(len(self.layer_types) >= 1, "model.layer_types", "must name at least one layer")
-            _check(set(self.layer_types) <= set(LAYER_TYPES), "model.layer_types",
-                   f"entries must be {' or '.join(LAYER_TYPES)}")
-            _check(self.num_hidden_layers in (None, len(self.layer_types)), "model.layer_types",
-                   f"has {len(self.layer_types)} entries, model.num_hidden_layers is {self.num_hidden_layers}")
-        _check(self.block_size >= 2, "model.block_size", "must be >= 2 (slot 0 is the anchor)")
+        problems = shape_problems(self.geometry(), prefix="model.")  # the drafter's rule
+        if problems:
+            key, problem = problems[0]
+            raise ConfigError(f"config {key}: {problem}")
         _check(self.mask_token_id is None or self.mask_token_id >= 0, "model.mask_token_id", "must be >= 0")
         _check(self.num_anchors >= 1, "model.num_anchors", "must be >= 1")
         _check(self.attention in ATTENTION_KINDS, "model.attention", f"must be one of {', '.join(ATTENTION_KINDS)}")
-        _check(self.architecture in ARCHITECTURES, "model.architecture", f"must be one of {', '.join(ARCHITECTURES)}")
 
     def geometry(self) -> dict:
         """The drafter-shape overrides for `DrafterConfig.from_target` (None = its default)."""

@@ -40,59 +40,16 @@ loop evaluates through `train.fitting.evaluators`; `python -m train eval` calls
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
 from train.drafter.anchors import anchor_candidates
-from train.config import SPLITS, EvalConfig
-from train.data.heldout import is_heldout, locate_samples, read_located
-from train.fitting.loss import block_targets
-
-
-def in_split(sample_id: str, split: str, heldout_fraction: float | None) -> bool:
-    """Whether a sample belongs to `split` of a run that held out `heldout_fraction`."""
-    if split == "all":
-        return True
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-    if heldout_fraction is None or not 0.0 <= heldout_fraction <= 1.0:
-        raise ValueError(f"split {split!r} needs the run's held-out fraction in [0, 1], got {heldout_fraction!r}")
-    return is_heldout(sample_id, heldout_fraction) == (split == "heldout")
-
-
-def split_locations(store, split: str, heldout_fraction: float | None) -> list:
-    """Where the samples of `split` are (`train.data.heldout.SampleLocation`s, store
-    order), from the store's plan: no shard is read."""
-    in_split("", split, heldout_fraction)  # refuse a bad split before reading anything
-    return locate_samples(store, store.committed_shards(), lambda i: in_split(i, split, heldout_fraction))
-
-
-def read_samples(store, locations, layers: Sequence[int], need_topk: bool = False) -> Iterator:
-    """The samples at `locations` with only `layers`, each reading only its own rows."""
-    layers = store.require_layers(list(layers))
-    for location in locations:
-        sample = read_located(store, location, layers)
-        if need_topk and sample.topk_ids is None:
-            raise ValueError(
-                f"{store.path}: labels='target' needs the target's top-k predictions, "
-                "but this store has none (extract with topk=K)"
-            )
-        yield sample
-
-
-def store_samples(store, layers: Sequence[int], split: str, heldout_fraction: float | None,
-                  max_samples: int | None = None, need_topk: bool = False) -> Iterator:
-    """Samples of `split` in store order (shards sorted, samples in shard order)
-    with only `layers`, at most `max_samples`: a few held-out samples cost their
-    own rows, not a scan of the store."""
-    from store_schema import Store
-
-    store = store if isinstance(store, Store) else Store(store)
-    locations = split_locations(store, split, heldout_fraction)
-    return read_samples(store, locations[:max_samples], layers, need_topk)
+from train.drafter.targets import block_targets
+from train.config import EvalConfig
+from train.data.heldout import locate_samples, read_located, read_samples, split_locations
 
 
 def rollout_anchors(loss_mask: torch.Tensor, limit: int | None = None) -> torch.Tensor:

@@ -22,8 +22,11 @@ The loader builds the held-out index once per run and keeps it.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+
+from store_schema import Store
+from train.config import SPLITS
 
 HELDOUT_RULE = "sha256(sample_id)[:8] / 2**64 < fraction"
 
@@ -102,3 +105,45 @@ def read_located(store, location: SampleLocation, layers, max_tokens: int | None
             f"the store's plan says {location.sample_id!r}"
         )
     return sample
+
+
+# -- the samples of a split ----------------------------------------------------------
+def in_split(sample_id: str, split: str, heldout_fraction: float | None) -> bool:
+    """Whether a sample belongs to `split` of a run that held out `heldout_fraction`."""
+    if split == "all":
+        return True
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if heldout_fraction is None or not 0.0 <= heldout_fraction <= 1.0:
+        raise ValueError(f"split {split!r} needs the run's held-out fraction in [0, 1], got {heldout_fraction!r}")
+    return is_heldout(sample_id, heldout_fraction) == (split == "heldout")
+
+
+def split_locations(store, split: str, heldout_fraction: float | None) -> list:
+    """Where the samples of `split` are (`train.data.heldout.SampleLocation`s, store
+    order), from the store's plan: no shard is read."""
+    in_split("", split, heldout_fraction)  # refuse a bad split before reading anything
+    return locate_samples(store, store.committed_shards(), lambda i: in_split(i, split, heldout_fraction))
+
+
+def read_samples(store, locations, layers: Sequence[int], need_topk: bool = False) -> Iterator:
+    """The samples at `locations` with only `layers`, each reading only its own rows."""
+    layers = store.require_layers(list(layers))
+    for location in locations:
+        sample = read_located(store, location, layers)
+        if need_topk and sample.topk_ids is None:
+            raise ValueError(
+                f"{store.path}: labels='target' needs the target's top-k predictions, "
+                "but this store has none (extract with topk=K)"
+            )
+        yield sample
+
+
+def store_samples(store, layers: Sequence[int], split: str, heldout_fraction: float | None,
+                  max_samples: int | None = None, need_topk: bool = False) -> Iterator:
+    """Samples of `split` in store order (shards sorted, samples in shard order)
+    with only `layers`, at most `max_samples`: a few held-out samples cost their
+    own rows, not a scan of the store."""
+    store = store if isinstance(store, Store) else Store(store)
+    locations = split_locations(store, split, heldout_fraction)
+    return read_samples(store, locations[:max_samples], layers, need_topk)

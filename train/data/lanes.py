@@ -5,17 +5,30 @@ Lane j's samples draw their anchors (and noise) from lane j's own generator, in
 the lane's order, so a sample's loss does not depend on which rank trains it or
 on what the other lanes did. Lane 0's generator is seeded with `train.seed`, the
 single-stream run's generator; lane j > 0 with a seed derived from (seed, j).
+
+The deal: the run's samples are dealt into `data.lanes` streams
+(`train.data.loader`, fixed when the run starts; default: the world size); rank r
+serves the lanes j with j mod N == r, and slot k of optimizer step s is filled
+from lane (s * G + k) mod lanes (G: the global batch). Which sample fills which
+slot therefore depends on the seed, G and the lane count, never on N: a run on
+2 ranks and a run on 1 with the same lanes train on the same samples per step.
+A lane that has run dry pads its slots with zero-weight work (a sample re-run
+with its loss times 0) so every rank does the same number of backward passes;
+the run ends when no rank has a sample left.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
-from train.fitting.distributed import World, gather_lanes, lanes_of, step_lanes
+from train.config import ConfigError
 from train.data.loader import LoaderPosition, ShardLoader, TrainSample
+from train.world import World, comm_device
 
 
 def lane_generator(seed: int, lane: int) -> torch.Generator:
@@ -107,3 +120,53 @@ def lane_positions(loader_state: dict) -> dict[int, LoaderPosition]:
     if not lanes:
         return {0: LoaderPosition.from_dict(loader_state["position"])}
     return {int(entry["lane"]): LoaderPosition.from_dict(entry) for entry in lanes}
+
+
+# -- the deal: which lane fills which slot ----------------------------------------
+def check_world(world_size: int, lanes: int, global_batch: int, resumed: bool) -> None:
+    """Refuse a world the run's sample deal cannot serve, saying why."""
+    if global_batch % world_size:
+        raise ConfigError(
+            f"train fit on {world_size} processes: the global batch (train.batch_size x train.grad_accumulation = "
+            f"{global_batch} sequences per optimizer step) must be a multiple of the number of processes")
+    if lanes % world_size:
+        divisors = [d for d in range(1, lanes + 1) if lanes % d == 0]
+        why = ("it was dealt into data.lanes={lanes} sample streams when it started (its checkpoints record the "
+               "position of each); the processes must share them out evenly to continue exactly"
+               if resumed else f"data.lanes={lanes} sample streams cannot be shared out evenly")
+        raise ConfigError(f"train fit on {world_size} processes: {why.format(lanes=lanes)}: use "
+                          f"{' or '.join(map(str, divisors))} processes")
+
+
+def lanes_of(rank: int, world_size: int, lanes: int) -> list[int]:
+    """The lanes rank `rank` serves."""
+    return [lane for lane in range(lanes) if lane % world_size == rank]
+
+
+def step_lanes(step: int, global_batch: int, lanes: int) -> list[int]:
+    """The lane of each slot of optimizer step `step` (0-based)."""
+    return [(step * global_batch + k) % lanes for k in range(global_batch)]
+
+
+def total_steps(lane_totals: list[float], global_batch: int) -> int:
+    """Optimizer steps until the fullest lane has delivered its samples."""
+    lanes = len(lane_totals)
+    return max(1, max(math.ceil(total * lanes / global_batch - 1e-9) for total in lane_totals))
+
+
+def gather_lanes(world: World, lanes: int, positions: dict[int, LoaderPosition], states: dict[int, torch.Tensor],
+                 device: torch.device) -> tuple[dict[int, LoaderPosition], dict[int, torch.Tensor]]:
+    """Every lane's loader position and generator state, from whichever rank serves
+    it (a checkpoint holds them all). Collective: every rank calls it."""
+    if not world.distributed:
+        return positions, states
+    where = comm_device(device)
+    size = next(iter(states.values())).numel()
+    table = torch.zeros(lanes, 3 + size, dtype=torch.int64, device=where)
+    for lane, position in positions.items():
+        row = [position.epoch, position.group, position.sample, *states[lane].to(torch.int64).tolist()]
+        table[lane] = torch.tensor(row, dtype=torch.int64)
+    dist.all_reduce(table)  # each row is non-zero on exactly one rank
+    table = table.cpu()
+    return ({lane: LoaderPosition(*map(int, table[lane, :3])) for lane in range(lanes)},
+            {lane: table[lane, 3:].to(torch.uint8) for lane in range(lanes)})

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from train.data.heldout import store_samples
+
 
 @dataclass
 class Prompt:
@@ -40,8 +42,6 @@ def response_start(loss_mask: torch.Tensor) -> int | None:
 def store_prompts(store, heldout_fraction: float | None, split: str = "heldout", limit: int | None = None) -> list[Prompt]:
     """Prompts of the `split` samples of `store` (a path or `store_schema.Store`),
     at most `limit`. The one rule for which stored samples are decoded."""
-    from train.acceptance.evaluate import store_samples
-
     prompts = []
     for sample in store_samples(store, [], split=split, heldout_fraction=heldout_fraction):
         start = response_start(sample.loss_mask)

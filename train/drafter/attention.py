@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from train.config import ATTENTION_KINDS
+from train.drafter.geometry import ATTENTION_KINDS
 from train.drafter.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
 from train.drafter.flex_compile import CompiledFlex
 from train.drafter.flex_mask import dflash_block_mask

@@ -25,7 +25,7 @@ from torch import nn
 
 from train.drafter.anchors import FULL_ATTENTION
 from train.drafter.attention import attend
-from train.drafter.model import DFlashDrafter, _rope
+from train.drafter.model import DFlashDrafter, apply_rope
 
 
 class DraftCache:
@@ -62,7 +62,7 @@ class DraftCache:
             attn = layer.self_attn
             k = attn.k_norm(attn.k_proj(context).view(1, count, attn.num_kv_heads, attn.head_dim)).transpose(1, 2)
             v = attn.v_proj(context).view(1, count, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-            k = _rope(k, cos, sin)
+            k = apply_rope(k, cos, sin)
             self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], dim=2)
             self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], dim=2)
         self.length += count
@@ -85,7 +85,7 @@ class DraftCache:
         q = attn.q_norm(attn.q_proj(x).view(1, count, attn.num_heads, attn.head_dim)).transpose(1, 2)
         k = attn.k_norm(attn.k_proj(x).view(1, count, attn.num_kv_heads, attn.head_dim)).transpose(1, 2)
         v = attn.v_proj(x).view(1, count, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
-        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         anchor, rule = self.length, attn.rule
         first = 0 if rule.window is None else max(0, anchor - rule.window + 1)  # older keys are out of every window
         if anchor > first:

@@ -38,7 +38,7 @@ from store_schema.layout import default_layer_ids as default_context_layer_ids  
 from store_schema.layout import validate_layer_ids  # the one rule
 from train.drafter.anchors import LayerAttention, block_position_ids
 from train.drafter.attention import attend, build_attention_mask, resolve_attention
-from train.config import ARCHITECTURES, DFLASH2_SIZES, LAYER_TYPES
+from train.drafter.geometry import BLOCK_SIZE, shape_problems
 
 
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
@@ -79,7 +79,7 @@ class DrafterConfig:
     context_layer_ids: list[int]
     mask_token_id: int
     num_hidden_layers: int = PUBLISHED_LAYERS
-    block_size: int = 16
+    block_size: int = BLOCK_SIZE
     layer_types: list[str] | None = None
     sliding_window: int | None = None  # kept only when a layer is sliding
     is_causal: bool | None = None
@@ -104,42 +104,14 @@ class DrafterConfig:
                 f"mask_token_id {self.mask_token_id} is outside the target vocabulary [0, {self.vocab_size}): "
                 "the mask token must have a row in the target's embedding table"
             )
-        if self.block_size < 2:
-            raise ValueError(f"block_size must be >= 2 (slot 0 is the anchor), got {self.block_size}")
-        for name in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads {self.num_attention_heads} is not a multiple of num_key_value_heads {self.num_key_value_heads}"
-            )
         if self.layer_types is None:
             self.layer_types = ["full_attention"] * self.num_hidden_layers
         self.layer_types = list(self.layer_types)
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for num_hidden_layers {self.num_hidden_layers}")
-        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
-        if unknown:
-            raise ValueError(f"layer_types {unknown} not supported (only {' and '.join(LAYER_TYPES)})")
-        if self.sliding_window is not None and self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
+        problems = shape_problems(asdict(self))  # the one rule, train/drafter/geometry.py
+        if problems:
+            raise ValueError(" ".join(problems[0]))
         if "sliding_attention" not in self.layer_types:
             self.sliding_window = None
-        self.check_architecture()
-
-    def check_architecture(self) -> None:
-        """The architecture and, for DFlash 2, its module sizes (ValueError naming the field)."""
-        if self.architecture not in ARCHITECTURES:
-            raise ValueError(f"architecture must be one of {', '.join(ARCHITECTURES)}, got {self.architecture!r}")
-        if self.architecture != "dflash2":
-            return
-        for name in DFLASH2_SIZES:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.hidden_size % self.conv_group_size:
-            raise ValueError(f"conv_group_size {self.conv_group_size} must divide hidden_size {self.hidden_size}")
-        if self.selector_top_k > self.vocab_size:
-            raise ValueError(f"selector_top_k {self.selector_top_k} exceeds the vocabulary ({self.vocab_size})")
 
     @property
     def num_context_layers(self) -> int:
@@ -240,7 +212,7 @@ class DrafterConfig:
         return asdict(self)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate x [b, heads, L, D] by per-position cos/sin [b, L, D]."""
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     return x * cos + rotate_half(x) * sin
@@ -281,8 +253,8 @@ class DFlashAttention(nn.Module):
         q = self.q_norm(self.q_proj(x).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(self.k_proj(kv_input).view(b, -1, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(kv_input).view(b, -1, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q = _rope(q, cos[:, -q_len:], sin[:, -q_len:])
-        k = _rope(k, cos, sin)
+        q = apply_rope(q, cos[:, -q_len:], sin[:, -q_len:])
+        k = apply_rope(k, cos, sin)
         return q.to(v.dtype), k.to(v.dtype), v
 
 

@@ -37,15 +37,14 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-from train.fitting.checkpoint import save_tensors
 from train.dtypes import name_of
 from train.data.heldout import heldout_fraction_of, heldout_record
-from train.config import DFLASH2_SIZES
+from train.drafter.geometry import DFLASH2_SIZES
 from train.drafter.dflash2 import added_by_dflash2, build_drafter
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.selector import CODEBOOKS
+from train.tensor_files import read_tensors, save_tensors
 
 HELDOUT_SPLIT_KEY = "heldout_split"
 # config.json `architectures` per DrafterConfig.architecture, as the reference and vLLM name them.
@@ -250,8 +249,7 @@ def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool
     modules keeping what they hold (the warm start, train/drafter/dflash2.py)."""
     weights = Path(model_dir) / "model.safetensors"
     spelled = {f"candidate_selector.{name}.weight": f"candidate_selector.{name}" for name in CODEBOOKS}
-    with safe_open(str(weights), framework="pt") as f:
-        state = {spelled.get(name, name): f.get_tensor(name) for name in f.keys()}
+    state = {spelled.get(name, name): tensor for name, tensor in read_tensors(weights).items()}
     if keep_dtype:
         drafter.to(next(iter(state.values())).dtype)
     result = drafter.load_state_dict(state, strict=False)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
+
+from train.tensor_files import read_tensors, save_tensors
 
 CHECKPOINTS = "checkpoints"
 LANE_GENERATOR = "generator_lane_"
@@ -47,21 +47,6 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
     found = list_checkpoints(run_dir)
     return found[-1] if found else None
-
-
-def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
-    """safetensors' save_file, with the file's mode from the umask like any other
-    file this process writes: safetensors writes 0600, which a server running as
-    another user cannot read."""
-    save_file(tensors, str(path), metadata=metadata)
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-
-
-def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    with safe_open(str(path), framework="pt") as f:
-        return {name: f.get_tensor(name) for name in f.keys()}
 
 
 # -- optimizer ---------------------------------------------------------------------------
@@ -172,7 +157,7 @@ def read_state(path: str | Path) -> dict:
 
 
 def load_model_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    return _read_safetensors(Path(path) / "model.safetensors")
+    return read_tensors(Path(path) / "model.safetensors")
 
 
 def load_checkpoint(
@@ -185,14 +170,14 @@ def load_checkpoint(
     del result
     if optimizer is not None:
         names = [name for name, _ in model.named_parameters()]
-        load_optimizer_state(optimizer, names, _read_safetensors(path / "optimizer.safetensors"), state["optimizer"])
+        load_optimizer_state(optimizer, names, read_tensors(path / "optimizer.safetensors"), state["optimizer"])
     if generator is not None:
-        restore_rng(_read_safetensors(path / "rng.safetensors"), state["rng"], generator)
+        restore_rng(read_tensors(path / "rng.safetensors"), state["rng"], generator)
     return state
 
 
 def load_lane_generators(path: str | Path) -> dict[int, torch.Tensor]:
     """Generator state of every lane a checkpoint holds (lane 0: the run's generator)."""
-    tensors = _read_safetensors(Path(path) / "rng.safetensors")
+    tensors = read_tensors(Path(path) / "rng.safetensors")
     states = {int(k[len(LANE_GENERATOR):]): t for k, t in tensors.items() if k.startswith(LANE_GENERATOR)}
     return {0: tensors["generator"], **states}

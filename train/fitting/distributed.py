@@ -7,15 +7,8 @@ elastic agent, `max_restarts=0`) itself. Each process reads RANK / WORLD_SIZE /
 LOCAL_RANK from the environment torchrun sets, joins the group (NCCL on GPU,
 gloo on CPU) and trains one replica under torch's DistributedDataParallel.
 
-The data: the run's samples are dealt into `data.lanes` streams
-(`train.data.loader`, fixed when the run starts; default: the world size); rank r
-serves the lanes j with j mod N == r, and slot k of optimizer step s is filled
-from lane (s * G + k) mod lanes (G: the global batch). Which sample fills which
-slot therefore depends on the seed, G and the lane count, never on N: a run on
-2 ranks and a run on 1 with the same lanes train on the same samples per step.
-A lane that has run dry pads its slots with zero-weight work (a sample re-run
-with its loss times 0) so every rank does the same number of backward passes;
-the run ends when no rank has a sample left.
+The data: which lanes a rank serves and which lane fills each slot of a step is
+`train.data.lanes`'s deal.
 
 A dead rank: the elastic agent sees the process exit (it polls every 0.1 s) and
 stops the others; survivors blocked in a collective get an error from gloo (or
@@ -26,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import logging
-import math
 import os
 import signal
 import sys
@@ -38,35 +30,12 @@ import torch.distributed as dist
 
 from store_schema.runtime.host import resolve_device
 from train.config import ConfigError
-from train.data.loader import LoaderPosition
 from train.fitting.metrics import MetricSums
+from train.world import World, comm_device
 
 COLLECTIVE_TIMEOUT = datetime.timedelta(minutes=30)  # rank 0 evaluates while the others wait in the next collective
 LAUNCH_LOGS = "launch"  # RUN/launch/: the other ranks' stdout/stderr under `--nproc`
 LAUNCHED_BY_FIT = "DFLASH_FIT_LAUNCHER"  # set in the processes `--nproc` starts: the launcher reports failures
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's place in the job (a single process is rank 0 of 1)."""
-
-    rank: int = 0
-    size: int = 1
-    local_rank: int = 0
-
-    @property
-    def distributed(self) -> bool:
-        return self.size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def world_from_env() -> World:
-    """The world torchrun describes in the environment; rank 0 of 1 without it."""
-    size = int(os.environ.get("WORLD_SIZE", "1"))
-    return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
 
 
 def init_process_group(world: World, device: torch.device) -> None:
@@ -108,49 +77,13 @@ def is_peer_loss(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(s in text for s in ("gloo", "NCCL", "Connection reset", "Connection closed"))
 
 
-# -- the deal ------------------------------------------------------------------------------
-def check_world(world_size: int, lanes: int, global_batch: int, resumed: bool) -> None:
-    """Refuse a world the run's sample deal cannot serve, saying why."""
-    if global_batch % world_size:
-        raise ConfigError(
-            f"train fit on {world_size} processes: the global batch (train.batch_size x train.grad_accumulation = "
-            f"{global_batch} sequences per optimizer step) must be a multiple of the number of processes")
-    if lanes % world_size:
-        divisors = [d for d in range(1, lanes + 1) if lanes % d == 0]
-        why = ("it was dealt into data.lanes={lanes} sample streams when it started (its checkpoints record the "
-               "position of each); the processes must share them out evenly to continue exactly"
-               if resumed else f"data.lanes={lanes} sample streams cannot be shared out evenly")
-        raise ConfigError(f"train fit on {world_size} processes: {why.format(lanes=lanes)}: use "
-                          f"{' or '.join(map(str, divisors))} processes")
-
-
-def lanes_of(rank: int, world_size: int, lanes: int) -> list[int]:
-    """The lanes rank `rank` serves."""
-    return [lane for lane in range(lanes) if lane % world_size == rank]
-
-
-def step_lanes(step: int, global_batch: int, lanes: int) -> list[int]:
-    """The lane of each slot of optimizer step `step` (0-based)."""
-    return [(step * global_batch + k) % lanes for k in range(global_batch)]
-
-
-def total_steps(lane_totals: list[float], global_batch: int) -> int:
-    """Optimizer steps until the fullest lane has delivered its samples."""
-    lanes = len(lane_totals)
-    return max(1, max(math.ceil(total * lanes / global_batch - 1e-9) for total in lane_totals))
-
-
 # -- reductions ----------------------------------------------------------------------------
-def _comm_device(device: torch.device) -> torch.device:
-    return device if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
 def reduce_step(world: World, sums: MetricSums, epoch: int, device: torch.device) -> tuple[MetricSums, int]:
     """An optimizer step's metric sums over all ranks, and the furthest epoch any
     of its samples came from (every rank gets the same)."""
     if not world.distributed:
         return sums, epoch
-    where = _comm_device(device)
+    where = comm_device(device)
     vector = sums.as_vector().to(where)
     dist.all_reduce(vector)
     furthest = torch.tensor([epoch], dtype=torch.int64, device=where)
@@ -162,27 +95,9 @@ def any_rank(world: World, flags: list[bool], device: torch.device) -> list[bool
     """Each flag set on any rank (every rank gets the same). Collective."""
     if not world.distributed:
         return list(flags)
-    table = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=_comm_device(device))
+    table = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=comm_device(device))
     dist.all_reduce(table, op=dist.ReduceOp.MAX)
     return [bool(v) for v in table.cpu().tolist()]
-
-
-def gather_lanes(world: World, lanes: int, positions: dict[int, LoaderPosition], states: dict[int, torch.Tensor],
-                 device: torch.device) -> tuple[dict[int, LoaderPosition], dict[int, torch.Tensor]]:
-    """Every lane's loader position and generator state, from whichever rank serves
-    it (a checkpoint holds them all). Collective: every rank calls it."""
-    if not world.distributed:
-        return positions, states
-    where = _comm_device(device)
-    size = next(iter(states.values())).numel()
-    table = torch.zeros(lanes, 3 + size, dtype=torch.int64, device=where)
-    for lane, position in positions.items():
-        row = [position.epoch, position.group, position.sample, *states[lane].to(torch.int64).tolist()]
-        table[lane] = torch.tensor(row, dtype=torch.int64)
-    dist.all_reduce(table)  # each row is non-zero on exactly one rank
-    table = table.cpu()
-    return ({lane: LoaderPosition(*map(int, table[lane, :3])) for lane in range(lanes)},
-            {lane: table[lane, 3:].to(torch.uint8) for lane in range(lanes)})
 
 
 class DrafterDDP(torch.nn.parallel.DistributedDataParallel):

@@ -35,25 +35,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from train.drafter.targets import BlockTargets
 from train.fitting.selector_loss import selector_loss
-
-# The paper's weight decay per block size.
-DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
-
-
-def default_gamma(block_size: int) -> float:
-    if block_size not in DEFAULT_GAMMA:
-        raise ValueError(f"no default gamma for block_size {block_size} (known: {sorted(DEFAULT_GAMMA)}); pass gamma=")
-    return DEFAULT_GAMMA[block_size]
-
-
-def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
-    """Unnormalised weight per slot, [B]: 0 for slot 0, exp(-(k-1)/gamma) for k >= 1."""
-    k = torch.arange(block_size, dtype=torch.float32)
-    weights = torch.exp(-(k - 1) / gamma)
-    weights[0] = 0.0
-    return weights
-
 
 def dpace_weights(confidence: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
     """D-PACE position weights [N, B] (arXiv 2605.18810; the authors' code is
@@ -77,101 +60,6 @@ def dpace_weights(confidence: torch.Tensor, valid: torch.Tensor, alpha: float) -
         prefix = torch.cumprod(smoothed, dim=-1)
         suffix = (prefix * mask).flip(-1).cumsum(-1).flip(-1)
         return suffix * mask
-
-
-@dataclass
-class BlockTargets:
-    """What the drafter's blocks are scored against. [N, B] each; slot 0 never valid.
-
-    labels: token each slot must predict.
-    valid: slot is scored (inside the sequence, loss_mask == 1, k >= 1).
-    weights: the static part of each slot's weight. position_weights="decay":
-        exp(-(k-1)/gamma) on valid slots, normalised to sum 1 (all 0 if none);
-        "dpace": 1 / (valid slots) on each valid slot, which the loss multiplies
-        by `dpace_weights` (known only once the drafter's logits are).
-    predecessors: the teacher-forced token before each slot, for DFlash 2's
-        selector: the anchor token for slot 1 (and slot 0), then slot k-1's label.
-    topk_ids / topk_logprobs: [N, B, K] target distribution per slot, for the
-        optional soft-KL term; None when not given.
-    weight_sum: the weights' sum before normalising (a 0-dim tensor): what the
-        sequence weighs in a loss normalised over a whole optimizer step (for
-        "dpace": the number of valid slots, as speculators normalises D-PACE).
-    position_weights / dpace_alpha: the rule the loss applies on top of `weights`."""
-
-    labels: torch.Tensor
-    valid: torch.Tensor
-    weights: torch.Tensor
-    topk_ids: torch.Tensor | None = None
-    topk_logprobs: torch.Tensor | None = None
-    weight_sum: torch.Tensor | None = None
-    predecessors: torch.Tensor | None = None
-    position_weights: str = "decay"
-    dpace_alpha: float = 0.5
-
-
-def block_targets(
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    anchor_positions: torch.Tensor,
-    block_size: int,
-    gamma: float | None = None,
-    labels: str = "tokens",
-    target_next_ids: torch.Tensor | None = None,
-    target_topk_ids: torch.Tensor | None = None,
-    target_topk_logprobs: torch.Tensor | None = None,
-    position_weights: str = "decay",
-    dpace_alpha: float = 0.5,
-) -> BlockTargets:
-    """Labels, validity and weights for the blocks at `anchor_positions` [N].
-
-    labels="tokens" (default): slot k's label is `input_ids[a + k]`.
-    labels="target": slot k's label is the target's greedy prediction for
-        position a + k, i.e. `target_next_ids[a + k - 1]`, where
-        `target_next_ids[p]` is the argmax of the target's logits at position p
-        (the prediction for token p + 1), as a store would record it.
-    target_topk_ids / target_topk_logprobs [T, K]: same convention (row p is the
-        target's distribution for token p + 1); gathered per slot for soft KL.
-    Validity always follows the sequence: `a + k < T` and `loss_mask[a + k] == 1`.
-    position_weights: "decay" (gamma's schedule) or "dpace" (see `dpace_weights`)."""
-    if position_weights not in ("decay", "dpace"):
-        raise ValueError(f'position_weights must be "decay" or "dpace", got {position_weights!r}')
-    if gamma is None and position_weights == "decay":
-        gamma = default_gamma(block_size)
-    length = input_ids.shape[0]
-    device = input_ids.device
-    positions = anchor_positions.to(device).long()[:, None] + torch.arange(block_size, device=device)[None, :]
-    inside = positions < length
-    safe = positions.clamp(max=length - 1)
-    previous = (safe - 1).clamp(min=0)  # row predicting token `positions` in next-token convention
-
-    valid = inside & loss_mask.to(device).bool()[safe]
-    valid[:, 0] = False
-    if labels == "tokens":
-        block_labels = input_ids[safe]
-    elif labels == "target":
-        if target_next_ids is None:
-            raise ValueError('labels="target" needs target_next_ids')
-        block_labels = target_next_ids.to(device).long()[previous]
-    else:
-        raise ValueError(f'labels must be "tokens" or "target", got {labels!r}')
-
-    if position_weights == "decay":
-        weights = slot_weights(block_size, gamma).to(device)[None, :] * valid
-    else:
-        weights = valid.to(torch.float32)
-    total = weights.sum()
-    weights = weights / total if total > 0 else weights
-
-    topk_ids = topk_logprobs = None
-    if (target_topk_ids is None) != (target_topk_logprobs is None):
-        raise ValueError("target_topk_ids and target_topk_logprobs go together")
-    if target_topk_ids is not None:
-        topk_ids = target_topk_ids.to(device).long()[previous]
-        topk_logprobs = target_topk_logprobs.to(device).float()[previous]
-    anchor_tokens = input_ids[safe[:, :1]]
-    predecessors = torch.cat([anchor_tokens, anchor_tokens, block_labels[:, 1:-1]], dim=1)[:, :block_size]
-    return BlockTargets(block_labels, valid, weights, topk_ids, topk_logprobs, total, predecessors,
-                        position_weights, float(dpace_alpha))
 
 
 class _ChunkedHeadLoss(torch.autograd.Function):

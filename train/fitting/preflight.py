@@ -17,7 +17,8 @@ import torch
 from store_schema import Store
 from store_schema.runtime.target_config import TargetConfig
 from train.config import ConfigError, RunConfig
-from train.fitting.distributed import World, any_rank
+from train.fitting.distributed import any_rank
+from train.world import World
 
 REPAIR_COMMAND = "python -m store_schema verify {store} --repair"
 SKIP_VERIFY_FLAG = "--skip-verify"

@@ -11,7 +11,7 @@ from store_schema.runtime.target_config import TargetConfig
 from train.config import ConfigError, RunConfig
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig
-from train.export.init_from import fine_tune_config, init_record, read_source
+from train.fitting.init_from import fine_tune_config, init_record, read_source
 from train.fitting import checkpoint as ckpt
 
 
@@ -20,7 +20,7 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
     """The drafter a run trains, and how the run started (`run_info`, kept in its
     checkpoints and exports). Sized for the target (published geometry, the
     store's layers) by default; with `model.init_from`, the shape of that drafter
-    (`train.export.init_from`); resumed, it must equal the checkpoint's. The mask token
+    (`train.fitting.init_from`); resumed, it must equal the checkpoint's. The mask token
     is resolved here (`train.drafter.mask_token`), logged, and written into the config."""
     model = config.model
     checkpointed = DrafterConfig.from_dict(ckpt.read_state(latest)["drafter_config"]) if latest else None

@@ -17,7 +17,8 @@ import torch
 
 from train.drafter.anchors import sample_anchors
 from train.config import LossConfig, ModelConfig
-from train.fitting.loss import BlockTargets, LossOutput, block_targets, dflash_loss
+from train.drafter.targets import BlockTargets, block_targets
+from train.fitting.loss import LossOutput, dflash_loss
 
 
 def add_context_noise(

@@ -13,7 +13,7 @@ Order of a run (`Trainer.from_config`):
    `--max-steps` needs.
 3. Resolve the mask token (`train.drafter.mask_token`) and build the drafter from the
    store's layer ids, or, fine-tuning (`model.init_from`), from a published
-   drafter's shape and weights once they fit (`train.export.init_from`); AdamW over
+   drafter's shape and weights once they fit (`train.fitting.init_from`); AdamW over
    fp32 master weights (bf16 autocast on CUDA), linear warmup then cosine, the
    streaming loader.
 4. Every optimizer step: the global batch, `batch_size x grad_accumulation`
@@ -53,18 +53,18 @@ from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import compute_dtype
 from train.config import ConfigError, RunConfig
 from train.data.heldout import heldout_record
-from train.data.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
+from train.data.lanes import LaneFeed, check_world, lane_generator, lane_positions, pad_sample
+from train.data.lanes import total_steps as lane_steps
 from train.data.loader import CorruptShards, ShardLoader, TrainSample, check_lanes
 from train.drafter.dflash2 import build_drafter
 from train.drafter.model import DFlashDrafter
+from train.drafter.targets import default_gamma
 from train.dtypes import torch_dtype
-from train.export.init_from import load_start_weights
+from train.fitting.init_from import load_start_weights
 from train.fitting import checkpoint as ckpt
 from train.fitting import preflight
-from train.fitting.distributed import (World, check_world, device_for, init_process_group, reduce_step,
-                                       total_steps as lane_steps, world_from_env, wrap)
+from train.fitting.distributed import device_for, init_process_group, reduce_step, wrap
 from train.fitting.evaluators import AcceptanceEval, HeldoutEval
-from train.fitting.loss import default_gamma
 from train.fitting.metrics import MetricSums
 from train.fitting.preflight import FitChecks
 from train.fitting.progress import DataStopped, TrainingInterrupted, fit_progress, headline, sigint_deferred
@@ -75,6 +75,7 @@ from train.fitting.step import dflash_step
 from train.fitting.tblog import TensorBoardLog
 from train.fitting.target_head import TargetHead, load_target_head
 from train.target_check import check_target
+from train.world import World, world_from_env
 
 
 # -- the trainer -------------------------------------------------------------------------
