@@ -279,6 +279,11 @@ def last_training_line(run_dir: Path) -> dict:
     return next((line for line in reversed(lines) if "loss" in line), {})
 
 
+def first_extraction_report(store: Path) -> dict:
+    """The report of the extraction that wrote `store` (a relative path too)."""
+    return json.loads(sorted((store / "reports").iterdir())[0].read_text())
+
+
 def build_store(out: Path, records_wanted: int = RECORDS, workers: int = 2, max_new_tokens: int = 128,
                 target_settings: dict | None = None, stages: Stages | None = None) -> dict:
     """Steps 1-4 of the demo: its target (built once, cached under `out/cache`), the
@@ -306,7 +311,7 @@ def build_store(out: Path, records_wanted: int = RECORDS, workers: int = 2, max_
                   "--workers", workers, "--device", "cpu", "--num-context-layers", "3",
                   "--max-length", "512", "--shard-tokens", "16384", "--progress-interval", "5"])
     if report.get("status") == "nothing_to_do":  # a rerun: the figures are the run that extracted
-        report = json.loads((store / sorted((store / "reports").iterdir())[0]).read_text())
+        report = first_extraction_report(store)
 
     step("verify", "4. verify and info")
     run(["-m", "store_schema", "verify", store], capture_json=False)

@@ -120,3 +120,17 @@ def test_the_demo_corpus_is_pinned_not_read_from_this_python():
 
 PINNED_SHA256 = "9e9fbb841419"
 PINNED_FIRST_PROMPT = "Write `print_exception` from the `traceback` module."
+
+
+def test_a_rerun_reads_the_first_extraction_report_of_a_relative_store(tmp_path, monkeypatch):
+    """Bug: a rerun on a relative `--out` (`demo_out`) joined the store path twice
+    (demo_out/store/demo_out/store/reports/...) and failed with FileNotFoundError."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from demo import first_extraction_report
+
+    reports = tmp_path / "out" / "store" / "reports"
+    reports.mkdir(parents=True)
+    (reports / "extract-2.json").write_text('{"tokens_per_s": 2}')
+    (reports / "extract-1.json").write_text('{"tokens_per_s": 1}')
+    monkeypatch.chdir(tmp_path)
+    assert first_extraction_report(Path("out") / "store") == {"tokens_per_s": 1}
