@@ -57,10 +57,11 @@ from demo import run  # noqa: E402  a project command, its output streamed, its 
 # name -> (run settings, the variant whose same-seed run it warm-starts from)
 VARIANTS = {
     "dflash_decay": (["model.architecture=dflash", "loss.position_weights=decay"], None),
-    "dflash_dpace": (["model.architecture=dflash", "loss.position_weights=dpace"], None),
     "dflash2_decay": (["model.architecture=dflash2", "loss.position_weights=decay"], None),
     "dflash2_warm": (["model.architecture=dflash2", "loss.position_weights=decay"], "dflash_decay"),
+    "dflash_dpace": (["model.architecture=dflash", "loss.position_weights=dpace"], None),
 }
+EVAL_SAMPLES, EVAL_BLOCKS = 16, 64  # `eval`: held-out samples, blocks rolled out per sample (CPU minutes)
 GOAL_RATIO = 1.05  # DFlash 2's decode tau over DFlash's, equal steps
 # --smoke: a tiny target pretrained 2 steps, 12 records of 16 new tokens, 3 drafter steps, 1 prompt
 SMOKE_TARGET = dict(vocab_size=512, hidden_size=64, num_layers=6, num_heads=2, head_dim=32, pretrain_steps=2,
@@ -80,17 +81,19 @@ def train_one(work: Path, paths: dict, name: str, seed: int, steps: int, prompts
     """fit, export, eval, speculate one variant at one seed; its figures."""
     sets, warm_from = VARIANTS[name]
     run_dir, drafter = work / f"bench-run-{name}-seed{seed}", work / f"bench-drafter-{name}-seed{seed}"
-    for stale in (run_dir, drafter):
-        shutil.rmtree(stale, ignore_errors=True)
     settings = [*fit_settings(steps), *sets, f"train.seed={seed}"]
-    start = ["--init-from", work / f"bench-run-{warm_from}-seed{seed}"] if warm_from else []
     started = time.time()
-    run(["-m", "train", "fit", "--store", paths["store"], "--target", paths["target"], "--out", run_dir,
-         "--max-steps", steps, *start, *[x for s in settings for x in ("--set", s)]], capture_json=False)
+    if not finished(run_dir, steps, settings):
+        for stale in (run_dir, drafter):
+            shutil.rmtree(stale, ignore_errors=True)
+        start = ["--init-from", work / f"bench-run-{warm_from}-seed{seed}"] if warm_from else []
+        run(["-m", "train", "fit", "--store", paths["store"], "--target", paths["target"], "--out", run_dir,
+             "--max-steps", steps, *start, *[x for s in settings for x in ("--set", s)]], capture_json=False)
     fit_s = time.time() - started
     run(["-m", "train", "export", run_dir, "--out", drafter])
     evaluated = run(["-m", "train", "eval", "--store", paths["store"], "--drafter", drafter, "--target",
-                     paths["target"], "--ddtree-budgets", "8", "--max-blocks-per-sample", new_tokens, "--json"])
+                     paths["target"], "--ddtree-budgets", "8", "--max-samples", EVAL_SAMPLES,
+                     "--max-blocks-per-sample", min(new_tokens, EVAL_BLOCKS), "--json"])
     decoded = run(["-m", "train", "speculate", "--drafter", drafter, "--target", paths["target"], "--store",
                    paths["store"], "--limit", prompts, "--max-new-tokens", new_tokens, "--json"], allow=(0, 1))
     log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines() if line.strip()]
@@ -99,6 +102,25 @@ def train_one(work: Path, paths: dict, name: str, seed: int, steps: int, prompts
             "offline_per_position_acc": evaluated.get("per_position_acc"),
             "per_position_acceptance": acceptance_per_position(decoded), "parameters": exported_parameters(drafter),
             "step_s": step_seconds(log), "fit_wall_s": round(fit_s, 1), **selector_figures(log)}
+
+
+def finished(run_dir: Path, steps: int, settings: list[str]) -> bool:
+    """A run a previous bench finished with these settings (a rerun reuses it): its
+    checkpoint of the last step, and its saved config equal to these settings'."""
+    from train.config import load_config
+    from train.fitting.checkpoint import latest_checkpoint
+
+    checkpoint = latest_checkpoint(run_dir) if run_dir.is_dir() else None
+    if checkpoint is None or not Path(checkpoint).name.endswith(f"{steps:08d}"):
+        return False
+    saved = load_config(run_dir / "config.yaml", require_paths=False)
+    wanted = load_config(None, settings, require_paths=False)
+
+    def value(config, key: str):
+        section, name = key.split("=", 1)[0].split(".")
+        return getattr(getattr(config, section), name)
+
+    return all(value(saved, key) == value(wanted, key) for key in settings)
 
 
 def acceptance_per_position(decoded: dict) -> list[float | None]:
