@@ -24,6 +24,10 @@ Phases, each with its peak GPU memory (`peak_gpu_gb`, reset before each; None on
 6. train: a few optimizer steps at the real vocabulary; step timing leaves out the
    first `WARMUP_STEPS` (compilation), no evaluation runs; `train_compiled_graphs`
    counts what torch.compile built meanwhile (2 expected on CUDA: flex's two layer rules).
+7. train_dflash2: the same steps for DFlash 2 (`model.architecture=dflash2`: block
+   convolutions and the candidate selector's two V x 256 codebooks, its loss
+   included), figures prefixed `train_dflash2_` with its parameters, recall@K and
+   selector accuracy.
 
 Ray itself is not used (its wheel is larger than what travels to the device); the
 worker is the same code. Prints one JSON line last."""
@@ -50,10 +54,11 @@ import embedded  # noqa: E402
 REAL_VOCAB = 248_320
 FULL = dict(hidden=2048, layers=24, heads=16, head_dim=128, vocab=REAL_VOCAB, records=4000, max_length=3072,
             shard_tokens=65536, batch_tokens=65536, train_steps=20, grad_accumulation=8, num_anchors=512, drafter_layers=5,
-            kernel_tokens=4096, attention_context=3072, attention_anchors=512)
+            kernel_tokens=4096, attention_context=3072, attention_anchors=512, selector_rank=256)
 SMOKE = dict(hidden=64, layers=6, heads=4, head_dim=16, vocab=REAL_VOCAB, records=24, max_length=256,
              shard_tokens=2048, batch_tokens=4096, train_steps=4, grad_accumulation=2, num_anchors=8, drafter_layers=1,
-             kernel_tokens=96, attention_context=300, attention_anchors=12)
+             kernel_tokens=96, attention_context=300, attention_anchors=12,
+             selector_rank=32)  # 2 codebooks x V x 32 fp32 + AdamW: ~0.5 GB of CPU memory, not 4
 WARMUP_STEPS = 2  # step 1 compiles flex; step 2 is the first steady one on CPU noise (nothing recompiles)
 
 
@@ -229,11 +234,14 @@ def loader_throughput(store: Path, device: str, block_size: int = 16) -> dict:
             "loader_pinned": device == "cuda", "loader_samples": samples}
 
 
-def train(model: Path, store: Path, out: Path, size: dict) -> dict:
+def train(model: Path, store: Path, out: Path, size: dict, architecture: str = "dflash") -> dict:
+    """A few steps of `architecture`; DFlash 2's figures are prefixed `train_dflash2_`
+    and add its parameters and the last step's selector metrics."""
     from train.config import load_config
     from train.fitting.trainer import Trainer
 
     config = load_config(None, {
+        "model.architecture": architecture, "model.selector_rank": size["selector_rank"],
         "model.num_hidden_layers": size["drafter_layers"], "model.num_anchors": size["num_anchors"],
         "data.max_length": size["max_length"], "train.log_every": 1, "eval.every": 0,  # 0: no evaluation at all
         "train.checkpoint_every": 0, "train.grad_accumulation": size["grad_accumulation"],
@@ -245,7 +253,7 @@ def train(model: Path, store: Path, out: Path, size: dict) -> dict:
     trainer.fit()
     log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
     steps = [r for r in log if "loss" in r][WARMUP_STEPS:]
-    return {
+    figures = {
         "train_vocab": trainer.head.lm_head.weight.shape[0],
         "train_steps_timed": len(steps),
         "train_tokens_per_s": round(sum(r["tokens_per_s"] for r in steps) / max(1, len(steps))),
@@ -255,6 +263,12 @@ def train(model: Path, store: Path, out: Path, size: dict) -> dict:
         # sliding; train/drafter/flex_compile.py), 0 on CPU (the split path)
         "train_compiled_graphs": counters["frames"]["ok"] - compiled,
     }
+    if architecture == "dflash":
+        return figures
+    last = [r for r in log if "loss" in r][-1]
+    figures.update(parameters=sum(p.numel() for p in trainer.drafter.parameters()),
+                   recall_at_k=last.get("recall_at_k"), selector_acc=last.get("selector_acc"))
+    return {f"train_{architecture}_" + key.removeprefix("train_"): value for key, value in figures.items()}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -281,6 +295,8 @@ def main(argv: list[str] | None = None) -> dict:
             figures.update(loader_throughput(work / "store", device))
         with phase(figures, "train", device):
             figures.update(train(work / "target", work / "store", work / "run", size))
+        with phase(figures, "train_dflash2", device):
+            figures.update(train(work / "target", work / "store", work / "run-dflash2", size, "dflash2"))
         figures["wall_s"] = round(time.perf_counter() - started, 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)

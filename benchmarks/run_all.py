@@ -1,4 +1,4 @@
-"""Run the store, extraction and trainer benchmarks in one go and append their
+"""Run the store, extraction, trainer and drafter benchmarks in one go and append their
 figures to benchmarks/RESULTS.md as one table (figure, goal, measured, machine, command).
 
     python benchmarks/run_all.py [--quick | --smoke]
@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 from benchmarks.common import RESULTS, SMOKE_HELP, machine  # noqa: E402
 
-BENCHMARKS = ("store", "extract", "train")  # benchmarks/<name>_bench.py, in this order
+BENCHMARKS = ("store", "extract", "train", "drafter")  # benchmarks/<name>_bench.py, in this order
 # (benchmark, figure, goal as text, check or None)
 GOALS = [
     ("store", "bytes_ratio", "<= 0.70", lambda v: v <= 0.70),
@@ -42,6 +42,10 @@ GOALS = [
     ("train", "loader_efficiency", ">= 0.8", lambda v: v >= 0.8),
     ("train", "loader_tokens_per_s", "- (seeds' trainer consumed ~36K/s on one GPU)", None),
     ("train", "ddp_scaling_2v1", ">= 1.7", lambda v: v >= 1.7),
+    ("drafter", "dflash2_vs_dflash_decode_tau", ">= 1.05 (DFlash 2 / DFlash, equal steps)", lambda v: v >= 1.05),
+    ("drafter", "dflash2_warm_vs_dflash_decode_tau", "- (warm-started from the DFlash run)", None),
+    ("drafter", "dpace_vs_decay_decode_tau", "- (D-PACE / decay, DFlash)", None),
+    ("drafter", "decode_tau_dflash_decay", "- (information)", None),
 ]
 
 

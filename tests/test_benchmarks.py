@@ -2,7 +2,7 @@
 JSON line it prints last checked for the keys it promises), so no benchmark can rot
 between the runs that measure with it (`extract_bench --quick` once crashed on main
 unnoticed). A smoke run never writes benchmarks/RESULTS.md. gpu_check's smoke has its
-own test (tests/test_gpu_check.py); store, extract and train run through run_all."""
+own test (tests/test_gpu_check.py); store, extract, train and drafter run through run_all."""
 
 from __future__ import annotations
 
@@ -39,7 +39,8 @@ SMOKE_KEYS = {
                           "hf_tokens_per_s", "server"},
     # the GOALS table's figures of store, extract and train, and extract's padding and planning
     "run_all.py": {f"{bench}.{key}" for bench, key, _, _ in run_all_module().GOALS}
-                  | {"extract.padded_token_ratio", "extract.plan_records_per_s"},
+                  | {"extract.padded_token_ratio", "extract.plan_records_per_s", "drafter.variants", "drafter.goal_met",
+                     "drafter.offline_tau_dflash2_decay", "drafter.decode_tau_dflash2_warm"},
 }
 
 
@@ -78,6 +79,11 @@ def test_run_all_smoke_runs_store_extract_and_train():
     assert not missing, f"run_all --smoke lacks {sorted(missing)}"
     assert all(figures[f"{name}.smoke"] is True for name in run_all_module().BENCHMARKS)
     assert figures["extract.tokens"] > 0 and 1.0 <= figures["extract.padded_token_ratio"] < 2.0
+    variants = figures["drafter.variants"]  # DFlash / DFlash 2, each decoded losslessly
+    assert set(variants) == {"dflash_decay", "dflash_dpace", "dflash2_decay", "dflash2_warm"}
+    assert all(v["lossless"] and v["decode_tau"] >= 1.0 for v in variants.values())
+    assert variants["dflash2_decay"]["parameters"] > variants["dflash_decay"]["parameters"]
+    assert variants["dflash2_decay"]["heldout_selector_acc"] is not None  # the selector trained and was measured
 
 
 @pytest.mark.slow  # child processes

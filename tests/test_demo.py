@@ -131,3 +131,17 @@ def test_echoed_commands_can_be_pasted(capsys):
         "python -m train fit --out '/tmp/a run'")
     demo.run(["-m", "store_schema", "--help"], capture_json=False)
     assert capsys.readouterr().out.splitlines()[0] == "$ python -m store_schema --help"
+
+
+def test_a_rerun_reads_the_first_extraction_report_of_a_relative_store(tmp_path, monkeypatch):
+    """Bug: a rerun on a relative `--out` (`demo_out`) joined the store path twice
+    (demo_out/store/demo_out/store/reports/...) and failed with FileNotFoundError."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    from demo import first_extraction_report
+
+    reports = tmp_path / "out" / "store" / "reports"
+    reports.mkdir(parents=True)
+    (reports / "extract-2.json").write_text('{"tokens_per_s": 2}')
+    (reports / "extract-1.json").write_text('{"tokens_per_s": 1}')
+    monkeypatch.chdir(tmp_path)
+    assert first_extraction_report(Path("out") / "store") == {"tokens_per_s": 1}

@@ -457,3 +457,20 @@ def test_a_real_run_at_lr_zero_is_flagged_not_learning(chat_store, qwen3_dir, tm
     data = json.loads(capsys.readouterr().out)
     assert data["findings"][0]["kind"] == "not_learning", data["verdict"]
     assert data["learning"]["acc_end"] < 0.05 and data["learning"]["loss_end"] > 0.9 * math.log(512), data["learning"]
+
+
+def test_dflash2_selector_metrics_are_diagnosed(tmp_path):
+    """Issue 32.4: a DFlash 2 run's recall@K and selector accuracy (train and held out)
+    get their improvement per 1K steps in the report, as acc does."""
+    records = []
+    for step in range(1, 3001):
+        selector = 0.2 + 0.3 * step / 3000
+        record = {"step": step, "loss": 3.0 - step / 3000, "acc": 0.1 + 0.3 * step / 3000,
+                  "recall_at_k": 0.5 + 0.3 * step / 3000, "selector_acc": selector}
+        if step % 100 == 0:
+            record.update(heldout_recall_at_k=0.45 + 0.3 * step / 3000, heldout_selector_acc=selector - 0.05)
+        records.append(record)
+    result = dg.diagnose(tmp_path / "run", records=records, window=1000)
+    for key in ("recall_at_k", "selector_acc", "heldout_recall_at_k", "heldout_selector_acc"):
+        assert [round(w["gain_per_1k"], 3) for w in result.improvement[key]] == [0.1, 0.1, 0.1], key
+    assert "  selector_acc: 0-999: +0.1000" in result.render()

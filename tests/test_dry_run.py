@@ -137,3 +137,38 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
     report = json.loads(out.strip().splitlines()[-1])
     assert report["total_steps"] == 1000 and report["fits"] is False and report["peak_gpu_bytes"] > 40 * GIB
     assert "does NOT fit in 40 GiB per GPU" in out and "run_hours" not in report
+
+
+def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys):
+    """Issue 32.9: DFlash 2 at the published 27B shape (SpecForge's qwen3.6-27b-dflash2:
+    1.92B parameters, ~127M of them the two V x 256 codebooks), counted by formula."""
+    from train.cli import main
+
+    model, _ = qwen3_6_27b
+    assert main(["fit", "--dry-run", "--target", str(model), "--out", str(tmp_path / "run"), "--nproc", "8",
+                 "--samples", "902000", "--set", "model.architecture=dflash2"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
+    q, kv = 32 * 128, 8 * 128
+    layer = 2 * H * q + 2 * H * kv + 2 * 128 + MLP + 2 * H
+    backbone = 5 * layer + 5 * H * H + 2 * H
+    k, g, r = 2, 16, 256  # conv_kernel_size, conv_group_size, selector_rank
+    conv = 2 * k * H + H * (2 * k * H // g)  # base_kernel [2, k, H] + kernel_projection H -> 2k H/g
+    convolutions = 5 * 2 * conv  # attention_conv and mlp_conv in each of 5 layers
+    codebooks, projection = 2 * V * r, r * H
+    params = backbone + convolutions + codebooks + projection
+    assert report["architecture"] == "dflash2"
+    assert report["parameter_groups"] == {"backbone": backbone, "convolutions": convolutions,
+                                          "selector_codebooks": codebooks, "selector_projection": projection}
+    assert codebooks == 127_139_840 and report["drafter_parameters"] == params == 1_924_404_480
+    assert report["state_bytes"] == {"weights": 4 * params, "gradients": 4 * params, "adam_moments": 8 * params,
+                                     "ddp_buckets": 4 * params}
+    block_token = 2 * ((H + 4 * I) + (H + 4 * q + 4 * kv)) + 2 * 4 * H
+    block_token += 2 * 2 * 2 * k * (H + H // g)  # 2 convolutions x bf16 x 2 sides x k taps (rows + coefficients)
+    context_token = 2 * (5 * H + 5 * (H + 2 * kv))
+    activations = report["activations"]
+    assert activations["per_block_token_layer"] == block_token
+    assert activations["bytes"] == 512 * 16 * 5 * block_token + 3072 * context_token
+    assert report["peak_gpu_bytes"] == 20 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
+    assert "selector codebooks 127,139,840 (2 x V x r)" in out
+    assert not (tmp_path / "run").exists()

@@ -332,3 +332,61 @@ def test_eval_uses_the_held_out_split_the_run_trained_with(qwen3_dir, tmp_path, 
     captured = capsys.readouterr()
     assert json.loads(captured.out)["samples"] == len(held_by_default)
     assert "records no held-out split" in captured.err and "--heldout-fraction" in captured.err
+
+
+def selector_rounds(drafter, head, sample: SampleArrays) -> tuple[list[int], int]:
+    """Each response decoded block by block along DFlash 2's selector path
+    (`greedy_tokens`, as `speculate` drafts); and how many blocks' paths differ
+    from the slots' own argmax."""
+    ids = torch.from_numpy(sample.input_ids).long()
+    mask = torch.from_numpy(sample.loss_mask)
+    features = torch.cat([sample.hidden[layer] for layer in LAYERS], dim=-1)
+
+    def usable(position):
+        return position < len(ids) and mask[position] == 1
+
+    rounds, differ = [], 0
+    starts = [p for p in range(len(ids)) if mask[p] == 1 and (p == 0 or mask[p - 1] == 0)]
+    for anchor in starts:
+        while usable(anchor) and usable(anchor + 1):
+            with torch.no_grad():
+                hidden = drafter(features, ids, torch.tensor([anchor]), head.embed_tokens)[0, 1:]
+                path = drafter.greedy_tokens(hidden, int(ids[anchor]), head.lm_head)
+                differ += int((path != head.lm_head(hidden.float()).argmax(-1)).any())
+            n = 0
+            while n < B - 1 and usable(anchor + 1 + n) and path[n] == ids[anchor + 1 + n]:
+                n += 1
+            rounds.append(n + 1)
+            anchor += n + 1
+    return rounds, differ
+
+
+def test_eval_reports_dflash2_tau_along_the_selector_beside_the_unary_chain(tmp_path, parts, qwen3_dir):
+    """Issue 32.4: for DFlash 2, `tau_selector` is the rollout along the selector's
+    path (what speculate drafts), counted here block by block; `tau` stays the unary
+    argmax chain; the table and the training log carry both."""
+    from train.drafter.dflash2 import build_drafter
+
+    _, head, target = parts
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1,
+                                       block_size=B, architecture="dflash2", selector_rank=8, selector_top_k=4)
+    torch.manual_seed(1)
+    drafter = build_drafter(config)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        drafter.candidate_selector.successor_codebook.normal_(0, 3.0)  # a selector that overrules the argmax
+    drafter.eval()
+    samples = make_samples(target, count=3, seed=2)
+    store = write_store(tmp_path / "store", target, samples)
+    result = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), batch_blocks=16), split="all")
+    walked = [selector_rounds(drafter, head, s) for s in samples]
+    assert sum(differ for _, differ in walked) > 0  # the two paths are not the same here
+    assert result["tau_selector"] == pytest.approx(np.mean([np.mean(r) for r, _ in walked]), abs=1e-9)
+    assert [s["tau_selector"] for s in result["per_sample"]] == pytest.approx([np.mean(r) for r, _ in walked])
+    unary = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), batch_blocks=5), split="all")
+    assert unary["tau"] == result["tau"] and unary["tau_selector"] == result["tau_selector"]  # batching changes nothing
+    assert "tau along the selector (DFlash 2)" in render_table(result)
+    assert log_fields(result)["eval_tau_selector"] == result["tau_selector"]
+    dflash = ev.evaluate(parts[0], head, store, everything(ddtree_budgets=(8,)), split="all")
+    assert dflash["tau_selector"] is None and "eval_tau_selector" not in log_fields(dflash)

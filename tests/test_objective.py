@@ -294,3 +294,40 @@ def test_dflash_step_applies_the_configured_position_weights():
     assert runs["dpace"][1].position_weights == "dpace" and runs["decay"][1].position_weights == "decay"
     assert runs["dpace"][1].weight_sum == runs["dpace"][1].valid.sum()  # normalised by the scored labels
     assert runs["dpace"][0] != pytest.approx(runs["decay"][0])
+
+
+def test_dflash_step_trains_the_dflash2_selector_and_logs_its_metrics():
+    """Bug (issue 32.4): the training step never handed DFlash 2's selector to the loss,
+    so `fit` trained a DFlash 2 whose selector stayed at its identity start and logged
+    no recall@K / selector accuracy. Now the step adds the selector's CE (ramped by
+    loss.selector_warmup_steps) and the run's log means carry both metrics."""
+    from train.drafter.dflash2 import build_drafter
+    from train.fitting.metrics import MetricSums
+
+    torch.manual_seed(0)
+    config = DrafterConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                           intermediate_size=64, vocab_size=64, num_target_layers=4, context_layer_ids=[1],
+                           mask_token_id=3, num_hidden_layers=1, block_size=8, rope_theta=10000.0,
+                           architecture="dflash2", selector_rank=8, selector_top_k=4)
+    drafter, head = build_drafter(config), TargetHead(torch.randn(64, 32), torch.randn(64, 32))
+    input_ids, loss_mask, features = torch.randint(0, 64, (40,)), torch.ones(40, dtype=torch.long), torch.randn(40, 32)
+    losses = {}
+    for step, warmup in ((0, 0), (0, 4)):
+        drafter.zero_grad()
+        loss = LossConfig(selector_weight=2.0, selector_warmup_steps=warmup)
+        output, _, targets = dflash_step(drafter, head, input_ids, loss_mask, features, loss,
+                                         ModelConfig(num_anchors=4), torch.Generator().manual_seed(1), step=step)
+        output.loss.backward()
+        losses[warmup] = (output.loss.item(), output.ce.item() if torch.is_tensor(output.ce) else output.ce,
+                          output.selector.item())
+        assert drafter.candidate_selector.successor_codebook.grad.abs().sum() > 0  # the selector learns
+    full, ramped = losses[0], losses[4]
+    assert full[0] - ramped[0] == pytest.approx((2.0 - 2.0 / 4) * full[2], rel=1e-5)  # weight 2 vs 2 x 1/4
+    sums = MetricSums(config.block_size)
+    sums.add(output.loss.item(), output.metrics, targets, 40)
+    means = sums.means("heldout_")
+    assert means["heldout_recall_at_k"] == pytest.approx(output.metrics["recall_at_k"].item())
+    assert means["heldout_selector_acc"] == pytest.approx(output.metrics["selector_acc"].item())
+    assert "recall_at_k" not in MetricSums(config.block_size).means()  # DFlash logs neither
+    merged = MetricSums.from_vector(config.block_size, sums.as_vector())  # summed over ranks in one all_reduce
+    assert merged.means()["selector_acc"] == pytest.approx(sums.means()["selector_acc"])

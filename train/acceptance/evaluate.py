@@ -89,9 +89,13 @@ class DraftedBlocks:
     logprobs: torch.Tensor
     ids: torch.Tensor
     accepted: torch.Tensor
+    selector_accepted: torch.Tensor | None = None  # DFlash 2: chain acceptance of the selector's path
 
-    def chain_rounds(self) -> list[int]:
-        accepted = dict(zip(self.positions.tolist(), self.accepted.tolist()))
+    def chain_rounds(self, selector: bool = False) -> list[int]:
+        """Rollout round lengths along the unary argmax chain, or (`selector`) along
+        DFlash 2's selector path, as `speculate` drafts."""
+        values = self.selector_accepted if selector else self.accepted
+        accepted = dict(zip(self.positions.tolist(), values.tolist()))
         return rollout(list(accepted), accepted.__getitem__)
 
     def ddtree_rounds(self, budgets: Sequence[int]) -> dict[int, list[int]]:
@@ -133,17 +137,21 @@ def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: s
                             labels=config.labels, target_next_ids=target_next_ids)
     reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
     features = _context_features(sample, drafter.config, device)
-    logprobs, ids = [], []
+    selector = getattr(drafter, "candidate_selector", None)
+    logprobs, ids, paths = [], [], []
     for start in range(0, positions.numel(), config.batch_blocks):
         batch = positions[start : start + config.batch_blocks].to(device)
         hidden = drafter(features, input_ids, batch, head.embed_tokens, attention=attention)
-        top = slot_topk(hidden[:, 1:], head.lm_head.weight, k)
-        logprobs.append(top[0].cpu())
-        ids.append(top[1].cpu())
+        top = slot_topk(hidden[:, 1:], head.lm_head.weight, max(k, selector.top_k) if selector else k)
+        if selector is not None:  # the path `speculate` drafts: walked from the anchor
+            paths.append(selector.walk_candidates(hidden[:, 1:], top[0], top[1], input_ids[batch]).cpu())
+        logprobs.append(top[0][..., :k].cpu())
+        ids.append(top[1][..., :k].cpu())
     ids = torch.cat(ids)
     reference, valid = reference.cpu(), valid.cpu()
+    selector_accepted = chain_accepted(torch.cat(paths), reference, valid) if paths else None
     return DraftedBlocks(positions, reference, valid, torch.cat(logprobs), ids,
-                         chain_accepted(ids[..., 0], reference, valid))
+                         chain_accepted(ids[..., 0], reference, valid), selector_accepted)
 
 
 def per_position_rows(blocks: DraftedBlocks, loss_mask: torch.Tensor, block_size: int, stride: int) -> torch.Tensor:
@@ -177,6 +185,9 @@ class _Accumulator:
         if not rounds:
             return
         entry = {"sample_id": sample_id, "tau": sum(rounds) / len(rounds), "rounds": len(rounds), "tokens": sum(rounds)}
+        if blocks.selector_accepted is not None:
+            walked = blocks.chain_rounds(selector=True)
+            entry["tau_selector"] = sum(walked) / len(walked)
         self.rounds += rounds
         for budget, tree_rounds in blocks.ddtree_rounds(self.budgets).items():
             self.ddtree_means[budget].append(sum(tree_rounds) / len(tree_rounds))
@@ -203,6 +214,8 @@ class _Accumulator:
         histogram = torch.bincount(torch.tensor(self.rounds, dtype=torch.long), minlength=self.block_size + 1)
         return {
             "tau": mean([s["tau"] for s in self.per_sample]),
+            "tau_selector": (mean([s["tau_selector"] for s in self.per_sample])
+                             if any("tau_selector" in s for s in self.per_sample) else None),
             "ddtree": {b: mean(self.ddtree_means[b]) for b in self.budgets},
             "tau_per_position": mean(self.per_position_means),
             "per_position_acc": [ratio(int(h), int(v)) for h, v in zip(self.pos_hits, self.pos_valid)],
@@ -294,7 +307,10 @@ def evaluate(
     Returns a dict:
       tau: decode-time acceptance length (accepted + 1 bonus, 1..B) under greedy
           chain verification, rolled out along each response, per sample then
-          over samples;
+          over samples, along the unary argmax chain (each slot's own top-1);
+      tau_selector: DFlash 2 (None for DFlash): the same along the candidate
+          selector's greedy path from the anchor, what `speculate` and the engines
+          draft, beside `tau` for the same blocks;
       ddtree: {budget: the same under DDTree verification at that node budget};
       tau_per_position: chain acceptance over blocks at every anchor position
           (the per-position estimate), per sample then over samples;

@@ -27,7 +27,8 @@ Log records are dicts with at least `step`; the other keys are used when present
 `loss`, `acc`, `top4_acc`, `top8_acc`, `tau_per_position`, `lr`, `epoch`, and
 held-out evaluation keys: `eval_tau` (decode-time rollout), `eval_ddtree_<budget>`,
 `eval_tau_per_position` (`train.fitting.evaluators`), `heldout_tau_per_position`,
-`heldout_acc` (the trainer's held-out pass). Logs written before tau meant the
+`heldout_acc` (the trainer's held-out pass), and DFlash 2's `recall_at_k` /
+`selector_acc` (and their `heldout_` twins). Logs written before tau meant the
 rollout are read with their per-position keys renamed (`train.fitting.runlog`).
 """
 
@@ -53,6 +54,11 @@ from train.diagnose.checks import (
 )
 from train.fitting.runlog import TAU_KEYS, Log, accuracy_key, ddtree_keys_by_budget, read_log, series
 from train.fitting.schedule import lr_at, warmup_steps
+
+
+# DFlash 2's selector (train.fitting.metrics): the label among the unary top-K, and the
+# teacher-forced selector's pick right; on training and held-out data
+SELECTOR_KEYS = ("recall_at_k", "selector_acc", "heldout_recall_at_k", "heldout_selector_acc")
 
 
 # -- the run's config ----------------------------------------------------------------------
@@ -341,7 +347,7 @@ def diagnose(
         plateau, found = check_plateau(records, metric, window, plateau_ratio, slowing_ratio)
         findings += found
         others = [metric, "loss", accuracy_key(records), "top4_acc", "top8_acc", *TAU_KEYS]
-        others += ddtree_keys_by_budget(records)
+        others += ddtree_keys_by_budget(records) + list(SELECTOR_KEYS)
         for key in dict.fromkeys(k for k in others if k):
             steps, values = series(records, key)
             if len(steps) >= 3:

@@ -60,6 +60,14 @@ class CandidateSelector(nn.Module):
         L drafted positions, anchor_ids [b] -> token ids [b, L]; each position takes
         its best-scoring candidate given the token chosen before it."""
         unary, ids = self.candidates(logits)
+        return self.walk_candidates(hidden, unary, ids, anchor_ids)
+
+    def walk_candidates(self, hidden: torch.Tensor, unary: torch.Tensor, ids: torch.Tensor,
+                        anchor_ids: torch.Tensor) -> torch.Tensor:
+        """`walk` from each position's top-K already taken: unary [b, L, K] (logits, or
+        log-probs: a per-row shift leaves every argmax alone) and ids [b, L, K], so
+        `eval` walks without the [b, L, V] logits."""
+        unary, ids = unary[..., : self.top_k].float(), ids[..., : self.top_k]
         previous = anchor_ids
         path = []
         for position in range(hidden.shape[1]):

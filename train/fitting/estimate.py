@@ -17,6 +17,9 @@ config.json (no weights, no store needed); per GPU:
   (H + 4 q + 4 kv), plus the two RMSNorms' fp32 inputs (2 x 4 H); each context token
   keeps its fc input (layers x H) and, per layer, its normed K/V input and K, V
   (H + 2 kv). Flex attention (the CUDA path) keeps no queries x keys matrix.
+  DFlash 2 adds, per block token and layer, its two convolutions' inputs: per
+  module and side (before and after the sublayer) k tap rows of H and k x H/g
+  coefficients. Its selector loss adds K x r per scored row, not V (negligible).
 
 Steps per epoch: the samples over the global batch (`train.batch_size x
 train.grad_accumulation`), which every GPU count shares out; the run's steps are
@@ -47,11 +50,34 @@ def drafter_on_meta(drafter_config):
         return build_drafter(drafter_config)
 
 
+def parameter_groups(drafter) -> dict:
+    """Parameters by part: the DFlash backbone, and DFlash 2's additions (the per-layer
+    `attention_conv` / `mlp_conv`, the selector's two V x r codebooks and its
+    projection), so the 27B job shows what DFlash 2 costs; all zero but the backbone
+    for DFlash. Each part trains with the same fp32 AdamW (dense codebook moments:
+    train.fitting.selector_loss says why)."""
+    from train.drafter.selector import CODEBOOKS
+
+    groups = dict(backbone=0, convolutions=0, selector_codebooks=0, selector_projection=0)
+    for name, parameter in drafter.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if "attention_conv." in name or "mlp_conv." in name:
+            part = "convolutions"
+        elif "candidate_selector." in name:
+            part = "selector_codebooks" if leaf in CODEBOOKS else "selector_projection"
+        else:
+            part = "backbone"
+        groups[part] += parameter.numel()
+    return groups
+
+
 def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
     """Bytes one sequence keeps for backward: block tokens and context tokens."""
     d, act = drafter_config, DTYPE_BYTES[config.train.dtype]
     q, kv, h = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.hidden_size
     per_block_token = act * ((h + 4 * d.intermediate_size) + (h + 4 * q + 4 * kv)) + 2 * FP32 * h
+    if d.architecture == "dflash2":  # two convolutions, each: per side its k taps' rows and coefficients
+        per_block_token += 2 * act * 2 * d.conv_kernel_size * (h + h // d.conv_group_size)
     per_context_token = act * (len(d.context_layer_ids) * h + d.num_hidden_layers * (h + 2 * kv))
     block_tokens = config.model.num_anchors * config.model.block_size
     return dict(per_block_token_layer=per_block_token, per_context_token=per_context_token,
@@ -75,7 +101,8 @@ def fit_estimate(config, target, drafter_config, gpus: int, samples: int | None,
     in_flight = config.train.batch_size * activations["bytes"]
     peak = sum(state.values()) + head + loss_chunk + in_flight
     global_batch = config.train.batch_size * config.train.grad_accumulation
-    out = dict(drafter_parameters=params, drafter_layers=drafter_config.num_hidden_layers,
+    out = dict(drafter_parameters=params, parameter_groups=parameter_groups(drafter),
+               architecture=drafter_config.architecture, drafter_layers=drafter_config.num_hidden_layers,
                context_layer_ids=list(drafter_config.context_layer_ids), mask_token_id=drafter_config.mask_token_id,
                state_bytes=state, target_head_bytes=head, loss_chunk_rows=config.loss.chunk_rows,
                loss_chunk_bytes=loss_chunk, activations=activations, sequences_in_flight=config.train.batch_size,
@@ -114,6 +141,7 @@ def estimate_lines(e: dict) -> list[str]:
     lines = [
         f"drafter     {e['drafter_parameters']:,} parameters, {e['drafter_layers']} layers, context layers "
         f"{e['context_layer_ids']}, mask token {e['mask_token_id']}",
+        *dflash2_lines(e),
         f"per GPU     weights {gib(s['weights'])} + gradients {gib(s['gradients'])} + AdamW {gib(s['adam_moments'])}"
         f" + DDP buckets {gib(s['ddp_buckets'])} GiB (fp32)",
         f"            target head {gib(e['target_head_bytes'])} GiB ({e['dtype']}); loss chunk {e['loss_chunk_rows']} "
@@ -136,6 +164,18 @@ def estimate_lines(e: dict) -> list[str]:
         lines.append(f"time        {e['run_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
                      f"({e['gpu_hours']:.1f} GPU-hours)")
     return lines
+
+
+def dflash2_lines(e: dict) -> list[str]:
+    """DFlash 2's additions and their fp32 weights + gradients + AdamW moments (16 B a
+    parameter); nothing for DFlash."""
+    g = e["parameter_groups"]
+    added = g["convolutions"] + g["selector_codebooks"] + g["selector_projection"]
+    if not added:
+        return []
+    return [f"DFlash 2    backbone {g['backbone']:,} + convolutions {g['convolutions']:,} + selector codebooks "
+            f"{g['selector_codebooks']:,} (2 x V x r) + selector projection {g['selector_projection']:,}; the "
+            f"additions' weights, gradients and AdamW: {gib(added * 4 * FP32)} GiB (fp32)"]
 
 
 def dry_run(args) -> int:

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-_SCALARS = ("sequences", "tokens", "loss", "weight", "valid", "top1", "top4", "top8", "blocks", "tau")
+_SCALARS = ("sequences", "tokens", "loss", "weight", "valid", "top1", "top4", "top8", "blocks", "tau",
+            "selector_valid", "recall", "selector_hits")
 
 
 @dataclass
@@ -28,6 +29,9 @@ class MetricSums:
     top8: float = 0.0
     blocks: float = 0.0
     tau: float = 0.0
+    selector_valid: float = 0.0  # DFlash 2: valid slots with recall@K / selector flags (0 for DFlash)
+    recall: float = 0.0  # label among the selector's top-K candidates
+    selector_hits: float = 0.0  # teacher-forced selector's argmax is the label
     slot_hits: torch.Tensor = field(default=None)
     slot_valid: torch.Tensor = field(default=None)
 
@@ -54,6 +58,10 @@ class MetricSums:
         self.top8 += float(metrics["top8"]) * valid
         self.blocks += blocks
         self.tau += float(metrics["tau"]) * blocks
+        if "recall_at_k" in metrics:
+            self.selector_valid += valid
+            self.recall += float(metrics["recall_at_k"]) * valid
+            self.selector_hits += float(metrics["selector_acc"]) * valid
         self.slot_hits += per_position * per_slot_valid
         self.slot_valid += per_slot_valid
 
@@ -81,10 +89,16 @@ class MetricSums:
         return sums
 
     def means(self, prefix: str = "") -> dict:
+        """The log's means; DFlash 2 adds `recall_at_k` (label in the unary top-K) and
+        `selector_acc` (teacher-forced selector right), over valid slots as `acc` is."""
         valid = max(self.valid, 1.0)
         per_position = [
             round(float(h / v), 6) if v > 0 else None for h, v in zip(self.slot_hits, self.slot_valid)
         ]
+        selector = {} if self.selector_valid <= 0 else {
+            f"{prefix}recall_at_k": self.recall / self.selector_valid,
+            f"{prefix}selector_acc": self.selector_hits / self.selector_valid,
+        }
         return {
             f"{prefix}loss": self.loss / self.weight if self.weight > 0 else 0.0,
             f"{prefix}acc": self.top1 / valid,
@@ -92,4 +106,5 @@ class MetricSums:
             f"{prefix}top8_acc": self.top8 / valid,
             f"{prefix}per_position_acc": per_position,
             f"{prefix}tau_per_position": self.tau / max(self.blocks, 1.0),
+            **selector,
         }

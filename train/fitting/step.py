@@ -19,6 +19,7 @@ from train.drafter.anchors import sample_anchors
 from train.config import LossConfig, ModelConfig
 from train.drafter.targets import BlockTargets, block_targets
 from train.fitting.loss import LossOutput, dflash_loss
+from train.fitting.selector_loss import selector_weight_at
 
 
 def add_context_noise(
@@ -60,6 +61,7 @@ def dflash_step(
     generator: torch.Generator | None = None,
     target_topk_ids: torch.Tensor | None = None,
     target_topk_logprobs: torch.Tensor | None = None,
+    step: int = 0,
 ) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
     """Loss for one sequence. Returns (LossOutput, anchor_positions, BlockTargets).
 
@@ -71,7 +73,10 @@ def dflash_step(
     generator: one seeded torch.Generator for the run: anchors (and noise) are
         redrawn every step, reproducibly.
     target_topk_ids / target_topk_logprobs [T, K]: the store's target top-k (row p
-        predicts token p + 1); read only for labels="target" (top-1) or kl_mix > 0."""
+        predicts token p + 1); read only for labels="target" (top-1) or kl_mix > 0.
+    step: the optimizer step (0-based), for `loss.selector_warmup_steps`.
+    A DFlash 2 drafter (bare or DDP-wrapped) adds its candidate selector's K-way CE
+    (`loss.selector_weight`, ramped) and the recall@K / selector accuracy metrics."""
     block_size = drafter.config.block_size
     device = input_ids.device
     target_next_ids = topk_ids = topk_logprobs = None
@@ -98,5 +103,9 @@ def dflash_step(
     )
     drafter_input = add_context_noise(context_features, loss.noise, generator)
     hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model_config.attention)
-    output = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=loss.chunk_rows, kl_mix=loss.kl_mix)
+    bare = getattr(drafter, "module", drafter)  # the drafter under a DDP replica
+    selector = getattr(bare, "candidate_selector", None)
+    output = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=loss.chunk_rows, kl_mix=loss.kl_mix,
+                         selector=selector, selector_top_k=bare.config.selector_top_k if selector else 0,
+                         selector_weight=selector_weight_at(step, loss.selector_weight, loss.selector_warmup_steps))
     return output, anchor_positions, targets

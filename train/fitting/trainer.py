@@ -224,6 +224,7 @@ class Trainer:
                 generator,
                 target_topk_ids=sample.topk_ids,
                 target_topk_logprobs=sample.topk_logprobs,
+                step=self.step,
             )
 
     # -- the loop ------------------------------------------------------------------------------
