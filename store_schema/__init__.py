@@ -49,7 +49,8 @@ _EXPORTS = {
     "SampleArrays": "writer",
     "StoreExistsError": "writer",
     "StoreWriter": "writer",
-    "create_store": "writer",
+    "create_store": "stores",
+    "open_store": "stores",
 }
 
 __all__ = sorted(_EXPORTS)

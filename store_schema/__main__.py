@@ -18,7 +18,7 @@ from .runtime.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, Usa
 
 def cmd_info(args) -> int:
     from .encoding import CodecConfig
-    from .location import open_store
+    from .stores import open_store
     from .runtime.units import human_bytes
 
     summary = _info_summary(open_store(args.store))
@@ -119,7 +119,7 @@ def cmd_verify(args) -> int:
     report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
                           checksums_only=args.checksums_only)
     if args.recompute and report.ok:
-        from .location import open_store
+        from .stores import open_store
         from .recompute import recompute_check
 
         print(f"recomputing {args.recompute} sample(s) with {args.model} on {args.device}...", file=sys.stderr,
@@ -128,14 +128,14 @@ def cmd_verify(args) -> int:
         report.problems.extend(problems)
     done = {}
     if args.clean or args.repair:
-        from .repair import clean_store
+        from .stores import clean_store
 
         removed, done["set_aside"] = clean_store(args.store, commitless=not args.repair)
         report.leftovers = [name for name in report.leftovers if name not in removed]
         done["removed_leftovers"] = removed
     after = report
     if args.repair:
-        from .repair import repair_store
+        from .stores import repair_store
 
         done["repair"] = repair_store(args.store, report).to_json()
         after = report.after_repair(done["repair"]["moved"])

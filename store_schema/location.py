@@ -4,7 +4,7 @@
     classify_store("s3://bucket/jobs/store")  -> StoreURL("s3", "bucket", "jobs/store")
 
 The one rule for telling a store argument's kind, called by every command that takes
-a store (`store_schema info|verify`, and `extract` / `train` through `open_store`).
+a store (`store_schema info|verify`, and `extract` / `train` through `store_schema.stores`).
 Credentials and the endpoint are never part of a URL: they come from each provider's
 standard variables and files (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, profiles ...)."""
 
@@ -53,15 +53,3 @@ def classify_store(arg) -> Path | StoreURL:
 
 def is_object_store(arg) -> bool:
     return isinstance(classify_store(arg), StoreURL)
-
-
-def open_store(arg):
-    """The reader (`reader.Store`, or `objstore.reader.BucketStore`) of a store path or URL."""
-    location = classify_store(arg)
-    if isinstance(location, StoreURL):
-        from .objstore.reader import BucketStore  # obstore only where a bucket is used
-
-        return BucketStore(location)
-    from .reader import Store
-
-    return Store(location)

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import layout
-from .location import classify_store, is_object_store
 
 
 @dataclass
@@ -78,17 +77,13 @@ def discard_set_aside(store) -> int:
     return count
 
 
-def repair_store(store, report) -> Repair:
+def repair_dir(store, report) -> Repair:
     """Set aside every planned shard `report` (`store_schema.verify.verify_store`'s)
     names a problem of, under the store's lock. Problems of the root or the plan are
     returned as unrepairable (a shard re-extraction cannot mend them)."""
     from .lock import StoreLock
     from .plan_io import read_committed_plan
 
-    if is_object_store(store):
-        from .objstore.repair import repair_bucket
-
-        return repair_bucket(classify_store(store), report)
     store = Path(store)
     plan_damaged = any(not p["shard"] and p["file"].startswith(layout.PLAN_DIR) for p in report.problems)
     repair, shards = plan_repair(None if plan_damaged else read_committed_plan(store), report)
@@ -110,16 +105,12 @@ def plan_repair(plan, report) -> tuple[Repair, list[str]]:
     return repair, sorted({p["shard"] for p in report.problems if p["shard"] in planned})
 
 
-def clean_store(store, commitless: bool = True) -> tuple[list[str], list[str]]:
+def clean_dir(store, commitless: bool = True) -> tuple[list[str], list[str]]:
     """`verify --clean`: remove ``.staging/`` leftovers of a dead job and set aside the
     shard directories without a commit record (uncommitted too, but in ``shards/``,
     where they block the shard's next commit; not with `commitless=False`: `repair_store`
     moves them with the damaged ones). Returns both lists of names. Refused while a live
     job holds the store."""
-    if is_object_store(store):
-        from .objstore.repair import clean_bucket
-
-        return clean_bucket(classify_store(store)), []
     from .lock import StoreLock
     from .writer import remove_staging
 

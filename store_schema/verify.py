@@ -22,7 +22,7 @@ from . import layer_stats, layout
 from .dtypes import nonfinite_rows
 from .runtime.host import available_cores
 from .plan import is_safe_id
-from .location import open_store
+from .stores import open_store
 from .reader import CorruptShardError, Store, as_bits
 from .records import RecordError, crc32c_bytes, file_mismatch
 

@@ -24,7 +24,6 @@ from .fingerprint import Fingerprint
 from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layer_stats import layer_stats, refuse_empty_capture
 from .layout import WRITE_ALL_CHUNKS, write_small_array
-from .location import classify_store, is_object_store
 from .lock import Attempt, discard
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
@@ -318,7 +317,7 @@ def _check_complete(staging: Path, commit: ShardCommit, arrays: set[str]) -> Non
                                "not committed")
 
 
-def create_store(
+def create_store_dir(
     path,
     fingerprint: Fingerprint,
     codec: CodecConfig | None = None,
@@ -326,16 +325,10 @@ def create_store(
     keep_plan: bool = False,
 ) -> StoreWriter:
     """Create an empty store (codec: the store dtype's default unless given) in a
-    directory, or under an object-store URL (`objstore.commit.create_bucket_store`). An
-    existing store is kept unless `overwrite`. With `keep_plan`, a plan committed
+    directory (`store_schema.stores.create_store` takes a URL too). An existing store
+    is kept unless `overwrite`. With `keep_plan`, a plan committed
     before the root (`commit_plan`) stays, and whatever else an earlier creation
     cut short left is removed (without a root record nothing in it was committed)."""
-    if is_object_store(path):
-        if overwrite:
-            raise ValueError(f"{path}: a store on object storage is never overwritten in place; use a new prefix")
-        from .objstore.commit import create_bucket_store  # obstore only where a bucket is used
-
-        return create_bucket_store(classify_store(path), fingerprint, codec)
     path = Path(path)
     codec = codec or CodecConfig(name=store_dtype(fingerprint.dtype).default_codec)
     kept = {layout.PLAN_DIR, layout.STAGING_DIR} if keep_plan else set()

@@ -23,7 +23,8 @@ import torch
 import builders
 from store_schema import layout
 from store_schema.__main__ import main as cli
-from store_schema.location import StoreURL, classify_store, open_store
+from store_schema.location import StoreURL, classify_store
+from store_schema.stores import open_store
 from store_schema.lock import Attempt, ShardFenced, StoreLockedError
 from store_schema.objstore.bucket import Bucket
 from store_schema.objstore.commit import KILL_BEFORE_ENV, BucketFence, BucketWriter, claim

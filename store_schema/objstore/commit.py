@@ -25,7 +25,7 @@ from ..plan import Plan
 from ..plan_io import write_plan_group
 from ..records import describe_files, parse_record, record_bytes
 from ..root import parse_root
-from ..writer import StoreExistsError, StoreWriter, create_store
+from ..writer import StoreExistsError, StoreWriter, create_store_dir
 from .bucket import Bucket
 from .keys import MARKER_ATTEMPT, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
 from .reader import read_bucket_plan
@@ -154,7 +154,7 @@ def create_bucket_store(url, fingerprint, codec=None, spool=None) -> BucketWrite
     refused: a bucket store is never overwritten in place, use a new prefix."""
     bucket = Bucket(url)
     with tempfile.TemporaryDirectory(prefix="dflash-root.") as tmp:
-        create_store(tmp, fingerprint, codec)
+        create_store_dir(tmp, fingerprint, codec)
         root = {rel: (Path(tmp) / rel).read_bytes()
                 for rel in (layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}", layout.ROOT_RECORD)}
     if bucket.create(layout.ZARR_METADATA, root[layout.ZARR_METADATA]) is None:
