@@ -69,6 +69,11 @@ def world_from_env() -> World:
     return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def local_world_size(world: World) -> int:
+    """Processes of the job on this host (torchrun's LOCAL_WORLD_SIZE; the whole world without it)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world.size))
+
+
 def init_process_group(world: World, device: torch.device) -> None:
     """Join the job's group: NCCL for CUDA devices, gloo on CPU."""
     if not world.distributed or dist.is_initialized():

@@ -47,11 +47,13 @@ from pathlib import Path
 
 import torch
 
-from store_schema import CorruptShardError, Store
+from store_schema import CorruptShardError
+from store_schema.location import open_store
 from store_schema.runtime.progress import default_mode
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import compute_dtype
 from train.config import ConfigError, RunConfig
+from train.data.cache import lanes_per_node
 from train.data.heldout import heldout_record
 from train.data.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
 from train.data.loader import CorruptShards, ShardLoader, TrainSample, check_lanes
@@ -61,8 +63,8 @@ from train.dtypes import torch_dtype
 from train.export.init_from import load_start_weights
 from train.fitting import checkpoint as ckpt
 from train.fitting import preflight
-from train.fitting.distributed import (World, check_world, device_for, init_process_group, reduce_step,
-                                       total_steps as lane_steps, world_from_env, wrap)
+from train.fitting.distributed import (World, check_world, device_for, init_process_group, local_world_size,
+                                       reduce_step, total_steps as lane_steps, world_from_env, wrap)
 from train.fitting.evaluators import AcceptanceEval, HeldoutEval
 from train.fitting.loss import default_gamma
 from train.fitting.metrics import MetricSums
@@ -130,7 +132,7 @@ class Trainer:
         device = device_for(world, config.train.device)
         init_process_group(world, device)
         target = read_target_config(config.target)
-        store = Store(config.store)
+        store = open_store(config.store)
         layer_ids = preflight.check_store_against_target(store, target)
         other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target, log=log)
         preflight.check_block_size(store, config)
@@ -189,7 +191,8 @@ class Trainer:
         def make_loader(lane: int, epochs: int = config.train.epochs) -> ShardLoader:
             return ShardLoader(store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
                                epochs=epochs, position=positions.get(lane), log=log, shards=shards, device=device,
-                               lane=lane, lanes=lanes, corrupt=corrupt)
+                               lane=lane, lanes=lanes, corrupt=corrupt,
+                               cache_share=lanes_per_node(lanes, world.size, local_world_size(world)))
 
         order = make_loader(0)  # reads nothing: the sample order, to size the run
         epochs = preflight.epochs_for(config.train.max_steps, config.train.epochs,
