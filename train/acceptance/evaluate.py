@@ -89,8 +89,9 @@ def store_samples(store, layers: Sequence[int], split: str, heldout_fraction: fl
     with only `layers`, at most `max_samples`: a few held-out samples cost their
     own rows, not a scan of the store."""
     from store_schema import Store
+    from store_schema.location import open_store
 
-    store = store if isinstance(store, Store) else Store(store)
+    store = store if isinstance(store, Store) else open_store(store)
     locations = split_locations(store, split, heldout_fraction)
     return read_samples(store, locations[:max_samples], layers, need_topk)
 
@@ -352,8 +353,9 @@ def evaluate(
     Samples with no scoreable block are not counted. progress: a callable
     (samples to evaluate) -> Progress, shown while evaluating, or None."""
     from store_schema import Store
+    from store_schema.location import open_store
 
-    store = store if isinstance(store, Store) else Store(store)
+    store = store if isinstance(store, Store) else open_store(store)
     _check_store(drafter, head, store, config)
     locations = split_locations(store, split, heldout_fraction)
     samples = read_samples(store, locations[: config.samples], drafter.config.context_layer_ids,
@@ -373,8 +375,9 @@ def evaluate_sample_ids(drafter, head, store, sample_ids: Sequence[str], config:
     response token) with `--max-new-tokens`, so the two taus compare on the same
     text. `per_sample` holds each sample's rollout tau."""
     from store_schema import Store
+    from store_schema.location import open_store
 
-    store = store if isinstance(store, Store) else Store(store)
+    store = store if isinstance(store, Store) else open_store(store)
     _check_store(drafter, head, store, config)
     wanted = set(sample_ids)
     where = {loc.sample_id: loc for loc in locate_samples(store, store.committed_shards(), wanted.__contains__)}

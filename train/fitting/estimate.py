@@ -118,9 +118,9 @@ def dry_run(args) -> int:
     target = read_target_config(args.target)
     samples, layer_ids = args.samples, None
     if args.store:
-        from store_schema import Store
+        from store_schema.location import open_store
 
-        store = Store(args.store)
+        store = open_store(args.store)
         samples, layer_ids = store.plan().num_samples, list(store.fingerprint.layer_ids)
     mask = resolve_mask_token(config.model.mask_token_id, args.target, target.vocab_size)
     drafter_config = DrafterConfig.from_target(target, mask_token_id=mask.id, context_layer_ids=layer_ids,
