@@ -16,6 +16,7 @@ import torch
 
 from train.fitting.distributed import World, gather_lanes, lanes_of, step_lanes
 from train.data.loader import LoaderPosition, ShardLoader, TrainSample
+from train.data.order import LANE_DEAL
 
 
 def lane_generator(seed: int, lane: int) -> torch.Generator:
@@ -72,7 +73,7 @@ class LaneFeed:
         positions, states = gather_lanes(world, self.lanes, self.positions, self.generator_states(), device)
         loader = next(iter(self.loaders.values()))
         record = {"position": positions[0].to_dict(), "shards": loader.shards, "shards_sha256": loader.shards_sha256,
-                  "skipped_shards": self.skipped_shards, "world_size": world.size,
+                  "skipped_shards": self.skipped_shards, "world_size": world.size, "lane_deal": LANE_DEAL,
                   "lanes": [{"lane": lane, "rank": lane % world.size, **positions[lane].to_dict()}
                             for lane in range(self.lanes)]}
         return record, states

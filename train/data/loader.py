@@ -26,12 +26,12 @@ training iterator never yields it. `heldout_samples()` yields only those, readin
 just their rows through the held-out index (`train.data.heldout`), built once from
 the store's plan and kept for the run: evaluation never scans the shards.
 
-Lanes (data-parallel runs, `train.data.lanes`): the epoch's shard order can be dealt
-into `lanes` independent sample streams; lane j reads only the shards at
-positions i of the order with (i - epoch) mod lanes == j (the odd shards rotate
-among lanes from epoch to epoch), grouped and shuffled as above. Every training
-sample is in exactly one lane per epoch, so the lanes of a run together see each
-once per epoch. One loader serves one lane; `lanes=1` is the single stream.
+Lanes (data-parallel runs, `train.data.lanes`): the shards are dealt once for the run
+into `lanes` independent sample streams (`SampleOrder.shard_lanes`); every epoch, lane
+j reads its own shards in the epoch's order, grouped and shuffled as above. Every
+training sample is in exactly one lane, so the lanes of a run together see each once
+per epoch, and a lane (a node's shard cache) reads the same shards every epoch. One
+loader serves one lane; `lanes=1` is the single stream.
 
 Position: where the loader stands is (epoch, group, samples of that group
 already delivered). Because every permutation is derived from (seed, epoch,

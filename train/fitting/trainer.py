@@ -57,6 +57,7 @@ from train.data.cache import lanes_per_node
 from train.data.heldout import heldout_record
 from train.data.lanes import LaneFeed, lane_generator, lane_positions, pad_sample
 from train.data.loader import CorruptShards, ShardLoader, TrainSample, check_lanes
+from train.data.order import LANE_DEAL
 from train.drafter.dflash2 import build_drafter
 from train.drafter.model import DFlashDrafter
 from train.dtypes import torch_dtype
@@ -173,6 +174,10 @@ class Trainer:
                 raise ConfigError(f"--resume: {latest} deals its samples into {len(positions)} lanes; "
                                   f"data.lanes={config.data.lanes} would deal them anew")
             lanes = len(positions)
+            if lanes > 1 and state["loader"].get("lane_deal") != LANE_DEAL:
+                raise ConfigError(f"--resume: {latest} dealt its shards to lanes anew every epoch (an older "
+                                  "version); this version deals them once per run and cannot continue it exactly: "
+                                  "finish it with the version that started it, or start a new run")
             shards = state["loader"]["shards"]
             run_info.update(state.get("run_info", {}))  # how the run first started (e.g. the rule that chose the mask)
             missing = sorted(set(shards) - set(store.committed_shards()))
