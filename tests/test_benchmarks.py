@@ -78,6 +78,7 @@ def test_run_all_smoke_runs_store_extract_and_train():
     assert not missing, f"run_all --smoke lacks {sorted(missing)}"
     assert all(figures[f"{name}.smoke"] is True for name in run_all_module().BENCHMARKS)
     assert figures["extract.tokens"] > 0 and 1.0 <= figures["extract.padded_token_ratio"] < 2.0
+    assert figures["store.shard_cache_fill_mb_s"] > 0 and figures["store.shard_cache_read_ratio_vs_local"] > 0
 
 
 @pytest.mark.slow  # child processes

@@ -126,8 +126,10 @@ def test_a_cache_too_small_for_one_shard_or_of_another_store_is_refused(stores, 
     url, local = stores
     with pytest.raises(CacheTooSmall, match="cannot hold the largest shard"):
         pinned_shards({"a": 100, "b": 300}, 200)
-    assert pinned_shards({"a": 100, "b": 300, "c": 100}, 700) == (["a"], 600)  # room left for 2 of the largest
-    assert pinned_shards({"a": 100, "b": 300, "c": 100}, 400) == (["a"], 300)  # or for 1
+    sizes = {"a": 100, "b": 300, "c": 300, "d": 100}
+    assert pinned_shards(sizes, 700) == (["a"], 600)  # room left for 2 of the largest
+    assert pinned_shards(sizes, 500) == (["a"], 400)  # or for 1
+    assert pinned_shards(sizes, 800) == (["a", "b", "c", "d"], 0)  # all fit: all pinned
     assert pinned_shards({"a": 100, "b": 300}, None) == (["a", "b"], 0)
     open_local_copy(tmp_path / "cache", open_store(url))
     other = builders.random_store(tmp_path / "other", num_shards=1, samples_per_shard=2, seed=9, **SHAPE)[0]
