@@ -83,13 +83,13 @@ def test_fit_from_the_bucket_through_the_cache_gives_the_losses_of_fit_from_a_lo
     assert report.status == ("intact" if budget == "unbounded" else "incomplete") and report.shards_checked == len(held)
     if budget == "unbounded":
         assert held == open_store(url).committed_shards()
-        assert "5 of 5 shard(s) pinned" in err and "0 reused" in err
+        assert "5 of 5 shard(s) pinned" in err and "0 shard(s) reused after checking, 5 fetched" in err
     else:
         on_disk = sum(Store(cache).commit(name).disk_bytes for name in held)
         assert 0 < len(held) < SHARDS and on_disk <= int(shard_bytes(local) * 3.5), held  # only the pinned ones
     assert fit(url, qwen3_dir, tmp_path / "again", f"data.cache_dir={cache}", *size) == 0  # a restart
     err = capsys.readouterr().err
-    assert f"{len(held)} reused after checking" in err, err
+    assert f"{len(held)} shard(s) reused after checking" in err, err
     assert losses(tmp_path / "again") == losses(tmp_path / "local-run")
 
 
@@ -103,7 +103,7 @@ def test_a_cached_shard_damaged_on_local_disk_is_fetched_again_at_restart(stores
     chunk.write_bytes(bytes(data))
     capsys.readouterr()
     assert fit(url, qwen3_dir, tmp_path / "again", f"data.cache_dir={cache}") == 0
-    assert f"{SHARDS - 1} reused after checking" in capsys.readouterr().err
+    assert f"{SHARDS - 1} shard(s) reused after checking, 1 fetched" in capsys.readouterr().err
     assert verify_store(cache).ok and copied_shards(cache) == open_store(url).committed_shards()
 
 

@@ -10,8 +10,10 @@ committed by rename); this module owns the policy:
 - a pinned subset (the lane's shards by name, as many as fit beside room for
   `AHEAD` streamed shards) stays across epochs and across restarts; every other
   shard is streamed through: fetched before its turn, dropped once it has been read;
-- at start, a shard already in the directory is kept if it is pinned and still the
-  store's, intact (checked against the store's commit record), and dropped otherwise.
+- at start, this lane's unpinned shards already in the directory are dropped; a pinned
+  one is kept if, when its turn comes, it is still the store's and intact (checked
+  against the store's commit record in the fetch thread, so a large cache does not
+  delay step 1), and fetched again otherwise.
 
 Each lane has its own `ShardCache` over the shared directory and touches only its own
 lane's shards (lanes read disjoint shards); `budget` is the lane's share of
@@ -63,7 +65,7 @@ class ShardCache:
 
     def __init__(self, source: Store, directory, budget: int | None, upcoming: list[str],
                  log: Callable[[str], None] = print, lane: int = 0):
-        self.source, self.directory, self.budget, self.log = source, directory, budget, log
+        self.source, self.directory, self.budget, self.log, self.lane = source, directory, budget, log, lane
         open_local_copy(directory, source)
         self.sizes = {name: source.commit(name).disk_bytes for name in set(upcoming)}
         pinned, _ = pinned_shards(self.sizes, budget)
@@ -73,7 +75,8 @@ class ShardCache:
         self.wanted: dict[str, int] = {}  # reads announced by the fetch thread, not yet released
         self.error: Exception | None = None  # what stopped the fetch thread (not a damaged shard)
         self.fetched_bytes = self.fetched_shards = 0
-        self.reused = self._reuse(pinned)
+        self.reused: list[str] = []  # pinned shards found there and kept after checking
+        self.unchecked = self._found(pinned)  # pinned shards found there, checked when their turn comes
         self._upcoming = upcoming
         self._cond = threading.Condition()
         self._stop = False
@@ -81,24 +84,45 @@ class ShardCache:
         self._thread = threading.Thread(target=self._fetch_ahead, daemon=True, name=f"shard-cache-lane{lane}")
         self._thread.start()
         log(f"cache: {directory} lane {lane}: {len(pinned)} of {len(self.sizes)} shard(s) pinned "
-            f"({human_bytes(sum(self.sizes[n] for n in pinned))}), {len(self.reused)} reused after checking, "
-            f"budget {'unbounded' if budget is None else human_bytes(budget)}")
+            f"({human_bytes(sum(self.sizes[n] for n in pinned))}), {len(self.unchecked)} of them there already "
+            f"(checked as they are reached), budget {'unbounded' if budget is None else human_bytes(budget)}")
 
-    def _reuse(self, pinned: list[str]) -> list[str]:
-        """Keep the pinned shards already there that are still the store's and intact;
-        drop this lane's unpinned ones (they would take streaming room)."""
+    def _found(self, pinned: list[str]) -> set[str]:
+        """The pinned shards already there; this lane's unpinned ones are dropped (they
+        would take streaming room)."""
         there = set(copied_shards(self.directory)) & set(self.sizes)
-        kept = [name for name in sorted(there & self.pinned) if keep_copied_shard(self.source, self.directory, name)]
         for name in sorted(there - self.pinned):
             drop_copied_shard(self.directory, name)
-        self.present.update({name: self.sizes[name] for name in kept})
-        return kept
+        return there & self.pinned
 
     @property
     def used(self) -> int:
-        return sum(self.present.values())
+        """Bytes the lane's shards take in the directory (unchecked pinned ones too)."""
+        return sum(self.present.values()) + sum(self.sizes[name] for name in self.unchecked)
+
+    def _reuse(self, name: str) -> bool:
+        """Whether pinned shard `name`, found there at start, is kept (checked now)."""
+        with self._cond:
+            if name not in self.unchecked:
+                return False
+        kept = keep_copied_shard(self.source, self.directory, name)
+        with self._cond:
+            self.unchecked.discard(name)
+            if kept:
+                self.present[name] = self.sizes[name]
+                self.reused.append(name)
+            self._cond.notify_all()
+        return kept
 
     def _fetch_ahead(self) -> None:
+        try:
+            self._fetch_all()
+        except Exception as exc:  # noqa: BLE001 - handed to the loader, raised there
+            with self._cond:
+                self.error = exc
+                self._cond.notify_all()
+
+    def _fetch_all(self) -> None:
         for name in self._upcoming:
             with self._cond:
                 if self._stop:
@@ -108,6 +132,9 @@ class ShardCache:
                 self.wanted[name] = self.wanted.get(name, 0) + 1
                 if name in self.present:
                     continue
+            if self._reuse(name):
+                continue
+            with self._cond:
                 while not self._stop and self.budget is not None and self.used + self.sizes[name] > self.budget:
                     self._cond.wait(0.5)
                 if self._stop:
@@ -119,11 +146,6 @@ class ShardCache:
                     self.failed[name] = exc
                     self._cond.notify_all()
                 continue
-            except Exception as exc:  # noqa: BLE001 - handed to the loader, raised there
-                with self._cond:
-                    self.error = exc
-                    self._cond.notify_all()
-                return
             with self._cond:
                 self.present[name] = self.sizes[name]
                 self.fetched_bytes += copied
@@ -152,9 +174,13 @@ class ShardCache:
 
     def close(self) -> None:
         with self._cond:
+            if self._stop:
+                return
             self._stop = True
             self._cond.notify_all()
         self._thread.join(timeout=30)
+        self.log(f"cache: {self.directory} lane {self.lane}: {len(self.reused)} shard(s) reused after checking, "
+                 f"{self.fetched_shards} fetched ({human_bytes(self.fetched_bytes)})")
 
 
 class _ArrivalReader(Store):
