@@ -1,12 +1,17 @@
-"""Shared benchmark plumbing: cold-cache reads, results table, machine line, smoke flag."""
+"""Shared benchmark plumbing: cold-cache reads, results table, machine line, smoke flag,
+and an S3-compatible server on loopback (also the tests' `s3_server` fixture)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import socket
+import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "RESULTS.md"
@@ -31,6 +36,47 @@ def drop_page_cache(*roots) -> str:
         return "posix_fadvise(DONTNEED) + drop_caches"
     except OSError:
         return "posix_fadvise(DONTNEED)"
+
+
+@contextlib.contextmanager
+def loopback_s3():
+    """A moto_server (the test extra's) on a free 127.0.0.1 port, and the standard AWS
+    variables pointing at it (test credentials only) for this process and its children,
+    restored afterwards. Yields the endpoint URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    variables = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                 "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
+    try:
+        for _ in range(300):
+            try:
+                socket.create_connection(("127.0.0.1", port), 0.2).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("moto_server did not start")
+        yield endpoint
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
+
+
+def new_bucket(endpoint: str) -> str:
+    """Create a fresh bucket on the server at `endpoint`; its name."""
+    import boto3
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=name)
+    return name
 
 
 def machine() -> str:

@@ -1,7 +1,9 @@
 """Store vs per-sample torch.save files, side by side in one run: bytes on disk,
 write speed, a shuffled epoch read cold (default bf16 codec, the v1 codec, and the
 fp8 store), random 3072-token windows, decode GB/s per core of each codec, the
-loader cores one GPU needs, and verify's speed.
+loader cores one GPU needs, and verify's speed. The shard cache (`data.cache_dir`):
+its fill rate from a bucket on a loopback moto_server, and the trainer's loader
+reading an epoch through the warm cache against the same store on local disk.
 
     python benchmarks/store_bench.py [--quick | --smoke] [--workdir DIR]
 
@@ -202,6 +204,50 @@ def random_windows(per_sample: Path, store_root: Path, count: int, seed: int) ->
     return count / t_files.seconds, count / t_store.seconds
 
 
+def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> float:
+    """The trainer's loader (`train.data.loader.ShardLoader`) over `store`, through a
+    fresh shard cache in `cache_dir` where given: seconds of the second of two epochs,
+    from the last sample of the first (which filled the cache and warmed the page
+    cache); one sample and one shard of read-ahead, so the first barely overlaps it."""
+    from train.config import DataConfig
+    from train.data.loader import ShardLoader
+
+    config = DataConfig(max_length=4096, heldout_fraction=0.0, buffer_shards=1, prefetch_samples=1,
+                        cache_dir=None if cache_dir is None else str(cache_dir))
+    loader = ShardLoader(store, config, [1], block_size=16, seed=1, epochs=2, log=lambda line: None, shards=shards)
+    first_epoch_done = None
+    for sample in loader:
+        if sample.epoch == 0:
+            first_epoch_done = time.perf_counter()
+    loader.close()
+    return time.perf_counter() - first_epoch_done
+
+
+def shard_cache_figures(work: Path, samples, local: Path) -> dict:
+    """The same samples as the local store `local`, written to a bucket on a loopback
+    moto_server; the cache filled from it shard by shard (MB/s of shard files, checked
+    on arrival), then an epoch through a warm cache vs from `local` (best of 2 each,
+    alternating)."""
+    from benchmarks.common import loopback_s3, new_bucket
+    from store_schema.local_copy import copy_shard, open_local_copy
+    from store_schema.stores import open_store
+
+    with loopback_s3() as endpoint:
+        url = f"s3://{new_bucket(endpoint)}/store"
+        write_store(url, samples, 32768, *STORES["bf16"])
+        bucket = open_store(url)
+        names = bucket.shard_entries()  # (listed: these stores have no plan to name their shards)
+        cache = work / "shard_cache"
+        open_local_copy(cache, bucket)
+        with Timer() as fill:
+            copied = sum(copy_shard(bucket, cache, name) for name in names)
+        times = [(loader_epoch_seconds(Store(local), names), loader_epoch_seconds(bucket, names, work / f"cache{i}"))
+                 for i in range(2)]
+        local_s, cached_s = min(t[0] for t in times), min(t[1] for t in times)
+    return {"shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
+            "shard_cache_read_ratio_vs_local": round(local_s / cached_s, 3)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="~200 MB instead of ~1 GB")
@@ -220,6 +266,8 @@ def main() -> None:
         write_s = {name: write_store(work / name, samples, 32768, codec, dtype) for name, (codec, dtype) in STORES.items()}
         disk = {name: on_disk_bytes(work / name) for name in STORES}
         files_bytes = on_disk_bytes(work / "files")
+        print("shard cache: a bucket on a loopback moto_server ...", file=sys.stderr)
+        shard_cache = shard_cache_figures(work, samples, work / "bf16")
         del samples
 
         cold = drop_page_cache(work)
@@ -268,6 +316,7 @@ def main() -> None:
         "verify_gb_per_s": round(verify_rate, 3),
         "verify_checksums_only_gb_per_s": round(checksum_rate, 3),
         "window_read_ratio_vs_torch_save_cold": round(windows_store / windows_files, 3),
+        **shard_cache,
         "cores": available_cores(),
         "cache": cold,
         "smoke": args.smoke,
@@ -289,6 +338,9 @@ def main() -> None:
         ("write_mb_s (store, fsync)", "-", f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, "
                                           f"torch.save {figures['torch_save_write_mb_s']})"),
         ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
+        ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
+        ("trainer's epoch read through a warm shard cache / from local disk", ">= 0.9",
+         str(figures["shard_cache_read_ratio_vs_local"])),
     ]
     append_results(f"store_bench{' --quick' if args.quick else ''}: {raw_bytes / 1e9:.2f} GB raw, cache emptied by {cold}",
                    rows, figures, smoke=args.smoke)

@@ -159,6 +159,10 @@ class Store:
         """Whether anything of a plan is there (committed or not)."""
         return (self.path / layout.PLAN_DIR).exists()
 
+    def store_file(self, rel: str) -> bytes:
+        """The bytes of a store-level file (`rel` relative to the store); FileNotFoundError if missing."""
+        return (self.path / rel).read_bytes()
+
     def store_record(self, rel: str) -> dict:
         """A store-level record (the root record, the plan's commit record); RecordError if bad."""
         return read_record(self.path / rel)

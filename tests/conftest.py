@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks.common: the loopback S3 server
 
 import builders  # noqa: E402
+from benchmarks.common import loopback_s3, new_bucket  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -115,3 +117,20 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_SECONDS))
+
+
+# -- a real S3-compatible server (moto_server) for stores on object storage -------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A moto_server on a free loopback port, and the standard AWS variables pointing at
+    it (test credentials only) for this process and its children."""
+    with loopback_s3() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def url(s3_server) -> str:
+    """A fresh bucket, and a store prefix in it."""
+    return f"s3://{new_bucket(s3_server)}/jobs/store"

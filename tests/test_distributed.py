@@ -42,12 +42,12 @@ SETS = tiny.drafter_sets(
     "eval.every=10", "eval.samples=4", "eval.max_blocks_per_sample=16", "eval.ddtree_budgets=[8]",
     "train.checkpoint_every=4", "train.keep_checkpoints=0", "log.samples=true", heads=True,
 )
-STEPS = 21  # 3 epochs of the store's training samples, 4 per step, the fuller lane's tail padded
+STEPS = 23  # 3 epochs of the store's training samples, 4 per step, the fuller lane's tail padded
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
-    """7 shards (odd: the two lanes get 4 and 3, rotating by epoch) of 5 samples."""
+    """7 shards (odd: the two lanes get 4 and 3, dealt once for the run) of 5 samples."""
     path = tmp_path_factory.mktemp("ddp") / "store"
     builders.random_store(path, num_shards=7, samples_per_shard=5, num_target_layers=6, layer_ids=(1, 3))
     return path

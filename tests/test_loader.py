@@ -63,18 +63,21 @@ def test_resume_from_any_position_continues_exactly(store):
 
 
 def test_lanes_split_each_epoch_without_overlap_and_resume_exactly(store):
-    """Two lanes over 5 shards: each epoch's shards dealt 3 + 2, the odd one rotating;
-    together they deliver exactly the single stream's samples; a lane resumes exactly."""
+    """Two lanes over 5 shards: the shards dealt 3 + 2 once for the run, each lane reading
+    the same shards every epoch; together they deliver exactly the single stream's
+    samples; a lane resumes exactly."""
     store, _ = store
     single = list(make_loader(store))
     lanes = [list(make_loader(store, lane=j, lanes=2)) for j in (0, 1)]
     for epoch in (0, 1):
         shards = [{s.shard for s in lane if s.epoch == epoch} for lane in lanes]
         assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 5
+        assert shards == [{s.shard for s in lane if s.epoch == 0} for lane in lanes]  # the deal stays
         ids = [[s.sample_id for s in lane if s.epoch == epoch] for lane in lanes]
         assert Counter(ids[0] + ids[1]) == Counter(s.sample_id for s in single if s.epoch == epoch)
     loader = make_loader(store, lane=1, lanes=2)
-    assert [len(loader.lane_shards(e)) for e in (0, 1)] == [2, 3]  # the odd shard goes to lane (0 + epoch) % 2
+    assert [sorted(loader.lane_shards(e)) for e in (0, 1)] == [sorted(loader.lane_shards(0))] * 2
+    assert loader.lane_shards(0) != loader.lane_shards(1) and len(loader.lane_shards(0)) == 2  # reordered, 3 + 2
     assert sum(loader.lane_totals()) == len(single)
     k = len(lanes[1]) // 2
     rest = list(make_loader(store, lane=1, lanes=2, position=lanes[1][k - 1].position))
@@ -215,8 +218,8 @@ def test_samples_reach_the_gpu_ahead_through_pinned_async_copies(store):
 
 
 def test_the_sample_order_is_pure_arithmetic_without_a_store_or_threads():
-    """`SampleOrder` alone: the lanes of an epoch partition its shard order (the odd
-    shard rotating among lanes), groups cover each lane's shards, and walking
+    """`SampleOrder` alone: the lanes of an epoch partition its shard order (the shards
+    dealt to lanes once, 4 + 3, the same in every epoch), groups cover each lane's shards, and walking
     `next_position` through every group visits each of its samples once and then
     moves to the next epoch."""
     from train.data.order import LoaderPosition, SampleOrder
@@ -227,7 +230,8 @@ def test_the_sample_order_is_pure_arithmetic_without_a_store_or_threads():
         order = lanes[0].epoch_order(epoch)
         assert sorted(order) == names and order == lanes[1].epoch_order(epoch)
         shares = [lane.lane_shards(epoch) for lane in lanes]
-        assert sorted(shares[0] + shares[1]) == names and len(shares[epoch % 2]) == 4
+        assert sorted(shares[0] + shares[1]) == names and len(shares[0]) == 4
+        assert shares[0] == [name for name in order if name in lanes[0].lane_shards(0)]  # same shards, epoch's order
         assert [n for group in lanes[0].groups(epoch) for n in group] == shares[0]
     assert lanes[0].epoch_order(0) != lanes[0].epoch_order(1)
     assert sorted(lanes[0].group_permutation(0, 1, 9)) == list(range(9))
@@ -239,4 +243,4 @@ def test_the_sample_order_is_pure_arithmetic_without_a_store_or_threads():
     assert visited == [LoaderPosition(0, g, k) for g in range(lane.num_groups(0)) for k in range(sizes[g])]
     assert position == LoaderPosition(1, 0, 0)
     counts = {name: 2.0 for name in names}
-    assert lanes[0].lane_totals(counts, 2) == [14.0, 14.0]  # 4 + 3 shards a lane over the two epochs
+    assert lanes[0].lane_totals(counts, 2) == [16.0, 12.0]  # 4 and 3 shards a lane, in each of the two epochs

@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -34,51 +31,6 @@ from store_schema.verify import verify_store
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="session")
-def s3_server():
-    """A moto_server on a free loopback port, and the standard AWS variables pointing at
-    it (test credentials only) for this process and its children."""
-    port = _free_port()
-    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    variables = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                 "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        for _ in range(300):
-            try:
-                socket.create_connection(("127.0.0.1", port), 0.2).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("moto_server did not start")
-        yield endpoint
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        for name, value in saved.items():
-            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
-
-
-@pytest.fixture
-def url(s3_server) -> str:
-    """A fresh bucket, and a store prefix in it."""
-    import boto3
-
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=s3_server).create_bucket(Bucket=name)
-    return f"s3://{name}/jobs/store"
 
 
 def _keys(url: str, prefix: str) -> set[str]:

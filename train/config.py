@@ -23,6 +23,7 @@ from pathlib import Path
 
 import yaml
 
+from store_schema.runtime.units import parse_bytes
 from train.drafter.geometry import ATTENTION_KINDS, BLOCK_SIZE, DFLASH2_SIZES, shape_problems
 from train.dtypes import dtype_name
 
@@ -47,6 +48,8 @@ class DataConfig:
     prefetch_samples: int = 8  # ready samples queued ahead of the trainer
     skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
     lanes: int | None = None  # sample streams the shard order is dealt into (train/data/loader.py); None: the world size
+    cache_dir: str | None = None  # local directory caching whole shards of the store (train/data/cache.py); None: no cache
+    cache_size: int | str | None = None  # the cache's bound per node, e.g. 2TB or 500GiB; None: no bound (every shard kept)
 
     def validate(self):
         _check(self.max_length >= 2, "data.max_length", "must be >= 2")
@@ -55,6 +58,12 @@ class DataConfig:
         _check(self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)")
         _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
         _check(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")
+        if self.cache_size is not None:
+            try:
+                parse_bytes(self.cache_size)
+            except ValueError as error:
+                raise ConfigError(f"config data.cache_size: {error}") from None
+            _check(self.cache_dir is not None, "data.cache_size", "needs data.cache_dir (where the cache lives)")
 
 
 @dataclass

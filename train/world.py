@@ -34,6 +34,11 @@ def world_from_env() -> World:
     return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def local_world_size(world: World) -> int:
+    """Processes of the job on this host (torchrun's LOCAL_WORLD_SIZE; the whole world without it)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world.size))
+
+
 def comm_device(device: torch.device) -> torch.device:
     """Where a collective's tensors live: the device under NCCL, the CPU under gloo."""
     return device if dist.get_backend() == "nccl" else torch.device("cpu")

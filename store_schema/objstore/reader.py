@@ -134,6 +134,9 @@ class BucketStore(Store):
     def has_plan_files(self) -> bool:
         return bool(self.bucket.list(layout.PLAN_DIR))
 
+    def store_file(self, rel: str) -> bytes:
+        return self.bucket.get(rel)
+
     def store_record(self, rel: str) -> dict:
         try:
             raw = self.bucket.get(rel)

@@ -325,8 +325,9 @@ def evaluate(
     Samples with no scoreable block are not counted. progress: a callable
     (samples to evaluate) -> Progress, shown while evaluating, or None."""
     from store_schema import Store
+    from store_schema.stores import open_store
 
-    store = store if isinstance(store, Store) else Store(store)
+    store = store if isinstance(store, Store) else open_store(store)
     _check_store(drafter, head, store, config)
     locations = split_locations(store, split, heldout_fraction)
     samples = read_samples(store, locations[: config.samples], drafter.config.context_layer_ids,
@@ -346,8 +347,9 @@ def evaluate_sample_ids(drafter, head, store, sample_ids: Sequence[str], config:
     response token) with `--max-new-tokens`, so the two taus compare on the same
     text. `per_sample` holds each sample's rollout tau."""
     from store_schema import Store
+    from store_schema.stores import open_store
 
-    store = store if isinstance(store, Store) else Store(store)
+    store = store if isinstance(store, Store) else open_store(store)
     _check_store(drafter, head, store, config)
     wanted = set(sample_ids)
     where = {loc.sample_id: loc for loc in locate_samples(store, store.committed_shards(), wanted.__contains__)}

@@ -34,7 +34,7 @@ def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
         "eval", help="acceptance (tau, DDTree) and accuracy of a drafter on a store", description=__doc__.split("\n\n")[1]
     )
-    p.add_argument("--store", required=True, help="hidden-state store (Zarr) extracted from the target")
+    p.add_argument("--store", required=True, help="hidden-state store extracted from the target: a directory or s3://bucket/prefix")
     p.add_argument("--drafter", required=True, help="exported drafter directory, or a run directory holding one")
     p.add_argument("--target", required=True, help="target model directory (its embed_tokens/lm_head are read)")
     p.add_argument("--split", choices=SPLITS, default="heldout", help="samples to evaluate (default heldout)")
@@ -97,7 +97,7 @@ def heldout_fraction(args, drafter_dir: Path) -> float | None:
 
 
 def run(args) -> int:
-    from store_schema import Store
+    from store_schema.stores import open_store
     from store_schema.runtime.cli import fail
     from store_schema.runtime.host import resolve_device
     from store_schema.runtime.progress import Progress, default_mode
@@ -109,7 +109,7 @@ def run(args) -> int:
     from train.target_check import check_target
 
     config = eval_config(args)
-    store = Store(args.store)
+    store = open_store(args.store)
     check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
     other_target = check_target(store, args.target, allow_other_target=args.allow_other_target,
                                 log=lambda line: print(line, file=sys.stderr))

@@ -38,7 +38,8 @@ from train.target_check import ALLOW_FLAG, add_allow_flag
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser("fit", help="train a drafter on a hidden-state store", description=__doc__)
-    p.add_argument("--store", help="hidden-state store directory")
+    p.add_argument("--store", help="hidden-state store: a directory or s3://bucket/prefix (credentials and endpoint "
+                   "from the standard AWS variables: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, profiles ...)")
     p.add_argument("--target", help="target model directory (config.json, safetensors, tokenizer)")
     p.add_argument("--out", help="run directory (required, except with --dry-run)")
     p.add_argument("--config", help="YAML (or JSON) config file")
@@ -102,9 +103,10 @@ def resume_commands(args, store) -> tuple[str, str]:
 
 
 def run(args) -> int:
-    from store_schema import Store, provenance_warning
+    from store_schema import provenance_warning
     from store_schema.runtime.cli import UsageError, fail, interrupted
     from store_schema.runtime.target_weights import check_target_weights
+    from store_schema.stores import open_store
     from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
     from train.fitting.distributed import (DEFAULT_MASTER_PORT, LAUNCHED_BY_FIT, Nodes, close_process_group,
                                            is_peer_loss, launch)
@@ -127,7 +129,7 @@ def run(args) -> int:
         from train.data.loader import check_lanes
 
         if not args.resume:  # every process would refuse it, each with a traceback of its own
-            check_lanes(config.store, config.data.lanes or world_size, len(Store(config.store).committed_shards()))
+            check_lanes(config.store, config.data.lanes or world_size, len(open_store(config.store).committed_shards()))
         return launch(args.nproc or 1, fit_argv(args), Path(args.out), nodes)
     from train.fitting.progress import DataStopped, TrainingInterrupted
     from train.fitting.trainer import Trainer
@@ -141,7 +143,7 @@ def run(args) -> int:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")
     main = trainer.world.is_main
     if main:
-        warning = provenance_warning(Store(config.store).fingerprint.response_provenance)
+        warning = provenance_warning(open_store(config.store).fingerprint.response_provenance)
         if warning:
             print(warning, file=sys.stderr)
         print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "

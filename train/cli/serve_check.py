@@ -34,7 +34,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--drafter", required=True, help="exported drafter directory, or a run directory holding one")
     p.add_argument("--target", required=True, help="target model directory")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--store", help="decode the store's held-out samples' prompts")
+    source.add_argument("--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)")
     source.add_argument("--prompts", help="JSONL file: one {\"messages\": [...]} or {\"input_ids\": [...]} per line")
     p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")

@@ -33,7 +33,7 @@ def add_parser(subparsers) -> None:
                                                     "model.safetensors), or a run directory holding an export")
     p.add_argument("--target", required=True, help="target model directory (loaded whole with transformers)")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--store", help="decode the store's held-out samples' prompts")
+    source.add_argument("--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)")
     source.add_argument("--prompts", help="JSONL file: one {\"messages\": [...]} or {\"input_ids\": [...]} per line")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")
@@ -66,13 +66,13 @@ def check_compatible(drafter_config, model, where) -> None:
 def open_prompt_source(args):
     """The store (or None for --prompts), opened before any model loads, so a wrong
     path is refused at once."""
-    from store_schema import Store
+    from store_schema.stores import open_store
 
     if args.prompts:
         if not Path(args.prompts).is_file():
             raise FileNotFoundError(f"--prompts {args.prompts}: no such file")
         return None
-    return Store(args.store)
+    return open_store(args.store)
 
 
 def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from store_schema import Store
+from store_schema.stores import open_store
 from train.config import SPLITS
 
 HELDOUT_RULE = "sha256(sample_id)[:8] / 2**64 < fraction"
@@ -144,6 +145,6 @@ def store_samples(store, layers: Sequence[int], split: str, heldout_fraction: fl
     """Samples of `split` in store order (shards sorted, samples in shard order)
     with only `layers`, at most `max_samples`: a few held-out samples cost their
     own rows, not a scan of the store."""
-    store = store if isinstance(store, Store) else Store(store)
+    store = store if isinstance(store, Store) else open_store(store)  # a directory or an s3:// URL
     locations = split_locations(store, split, heldout_fraction)
     return read_samples(store, locations[:max_samples], layers, need_topk)

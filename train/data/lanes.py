@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from train.config import ConfigError
 from train.data.loader import LoaderPosition, ShardLoader, TrainSample
+from train.data.order import LANE_DEAL
 from train.world import World, comm_device
 
 
@@ -85,7 +86,7 @@ class LaneFeed:
         positions, states = gather_lanes(world, self.lanes, self.positions, self.generator_states(), device)
         loader = next(iter(self.loaders.values()))
         record = {"position": positions[0].to_dict(), "shards": loader.shards, "shards_sha256": loader.shards_sha256,
-                  "skipped_shards": self.skipped_shards, "world_size": world.size,
+                  "skipped_shards": self.skipped_shards, "world_size": world.size, "lane_deal": LANE_DEAL,
                   "lanes": [{"lane": lane, "rank": lane % world.size, **positions[lane].to_dict()}
                             for lane in range(self.lanes)]}
         return record, states

@@ -26,12 +26,12 @@ training iterator never yields it. `heldout_samples()` yields only those, readin
 just their rows through the held-out index (`train.data.heldout`), built once from
 the store's plan and kept for the run: evaluation never scans the shards.
 
-Lanes (data-parallel runs, `train.data.lanes`): the epoch's shard order can be dealt
-into `lanes` independent sample streams; lane j reads only the shards at
-positions i of the order with (i - epoch) mod lanes == j (the odd shards rotate
-among lanes from epoch to epoch), grouped and shuffled as above. Every training
-sample is in exactly one lane per epoch, so the lanes of a run together see each
-once per epoch. One loader serves one lane; `lanes=1` is the single stream.
+Lanes (data-parallel runs, `train.data.lanes`): the shards are dealt once for the run
+into `lanes` independent sample streams (`SampleOrder.shard_lanes`); every epoch, lane
+j reads its own shards in the epoch's order, grouped and shuffled as above. Every
+training sample is in exactly one lane, so the lanes of a run together see each once
+per epoch, and a lane (a node's shard cache) reads the same shards every epoch. One
+loader serves one lane; `lanes=1` is the single stream.
 
 Position: where the loader stands is (epoch, group, samples of that group
 already delivered). Because every permutation is derived from (seed, epoch,
@@ -46,6 +46,10 @@ asynchronous copy on a side stream), so the training step neither waits for a
 ~157 MB host-to-device copy nor pays for page-locking it. fp8 stores deliver their
 float8 codes and per-token scales, half the bytes, and `context_features`
 dequantizes them to bf16 on the device.
+
+Cache (`data.cache_dir`): shards are read through a local copy of the store that
+`train.data.cache.ShardCache` fills ahead along this loader's order (one per lane,
+`cache_share` of them sharing `data.cache_size`); a shard is released to it once read.
 
 Corrupt shards: a `CorruptShardError` stops the run with the shard, file and
 defect named; with `skip_corrupt_shards` the shard is left out of its group
@@ -66,8 +70,10 @@ import torch
 
 from store_schema import CorruptShardError, ShardData, Store, available_cores
 from store_schema.fp8 import as_bf16
+from store_schema.runtime.units import parse_bytes
 from train.drafter.anchors import anchor_candidates
 from train.config import DataConfig
+from train.data.cache import ShardCache, upcoming_shards
 from train.data.device_copy import DeviceCopier
 from train.data.heldout import heldout_locations, is_heldout, read_located
 from train.data.order import LoaderPosition, SampleOrder, train_samples_by_shard
@@ -166,6 +172,7 @@ class ShardLoader:
         lane: int = 0,
         lanes: int = 1,
         corrupt: CorruptShards | None = None,
+        cache_share: int = 1,
     ):
         self.store = store
         self.config = config
@@ -191,6 +198,8 @@ class ShardLoader:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._heldout = None  # the held-out index, built on first use
+        self.cache_share = cache_share  # loaders sharing data.cache_size on this node
+        self.cache: ShardCache | None = None  # built when reading starts (train.data.cache)
         self._to_device = DeviceCopier(device) if device is not None and torch.device(device).type == "cuda" else None
 
     # -- the order (train.data.order) ---------------------------------------------------
@@ -226,8 +235,11 @@ class ShardLoader:
         while remaining:
             try:
                 threads = self.config.loader_threads or available_cores()
-                for data in self.store.iter_shards(list(remaining), layers=self.layers, threads=threads, prefetch=1):
+                source = self.cache.reader if self.cache is not None else self.store
+                for data in source.iter_shards(list(remaining), layers=self.layers, threads=threads, prefetch=1):
                     remaining.remove(data.name)
+                    if self.cache is not None:
+                        self.cache.release(data.name)  # read and decoded: its files may go
                     yield data
                 return
             except CorruptShardError as exc:
@@ -342,6 +354,10 @@ class ShardLoader:
     def start_threads(self) -> None:
         if self._queue is not None:
             return
+        if self.config.cache_dir is not None:
+            size = None if self.config.cache_size is None else parse_bytes(self.config.cache_size) // self.cache_share
+            upcoming = upcoming_shards(self.order, self.start, self.epochs, skip=self.corrupt.known)
+            self.cache = ShardCache(self.store, self.config.cache_dir, size, upcoming, self.log, self.lane)
         groups: queue.Queue = queue.Queue(maxsize=1)
         self._queue = queue.Queue(maxsize=self.config.prefetch_samples)
         self._threads = [
@@ -378,6 +394,8 @@ class ShardLoader:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=5.0)
+        if self.cache is not None:
+            self.cache.close()
 
     def __del__(self):
         if hasattr(self, "_stop"):  # not when __init__ refused its arguments

@@ -6,6 +6,7 @@ testable on its own and a checkpointed position *is* the RNG state
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import asdict, dataclass
@@ -13,6 +14,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from train.data.heldout import is_heldout
+
+LANE_DEAL = "fixed"  # checkpoints record how shards were dealt to lanes (before: anew every epoch)
+# the deal's seed words after the seed: three words ending nonzero, a key no epoch order ([seed, epoch]) or
+# group permutation ([seed, epoch, group, 1, ...]) uses (numpy's SeedSequence ignores trailing zero words)
+LANE_DEAL_STREAM = (0xDEA1, 1)
 
 
 @dataclass(frozen=True)
@@ -49,10 +55,18 @@ class SampleOrder:
         rng = np.random.default_rng([self.seed, epoch])
         return [self.shards[i] for i in rng.permutation(len(self.shards))]
 
+    @functools.cached_property
+    def shard_lanes(self) -> dict[str, int]:
+        """The lane of each shard, dealt once for the run (a seeded permutation of the
+        shards, position i to lane i mod lanes): a lane reads the same shards every
+        epoch, so a node's shard cache (`train.data.cache`) holds its own lanes' shards."""
+        rng = np.random.default_rng([self.seed, *LANE_DEAL_STREAM])
+        return {self.shards[i]: position % self.lanes for position, i in enumerate(rng.permutation(len(self.shards)))}
+
     def lane_shards(self, epoch: int, lane: int | None = None) -> list[str]:
-        """The shards `lane` (default: this order's) reads in `epoch`, in order."""
+        """The shards `lane` (default: this order's) reads in `epoch`, in the epoch's order."""
         lane = self.lane if lane is None else lane
-        return [name for i, name in enumerate(self.epoch_order(epoch)) if (i - epoch) % self.lanes == lane]
+        return [name for name in self.epoch_order(epoch) if self.shard_lanes[name] == lane]
 
     def num_groups(self, epoch: int) -> int:
         return math.ceil(len(self.lane_shards(epoch)) / self.buffer_shards)

@@ -196,9 +196,9 @@ def dry_run(args) -> int:
     target = read_target_config(args.target)
     samples, tokens, layer_ids = args.samples, None, None
     if args.store:
-        from store_schema import Store
+        from store_schema.stores import open_store
 
-        store = Store(args.store)
+        store = open_store(args.store)
         plan = store.plan()
         samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)
     mask = resolve_mask_token(config.model.mask_token_id, args.target, target.vocab_size)

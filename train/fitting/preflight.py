@@ -84,8 +84,13 @@ def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], 
     processes sharing them out: the damaged shards (every rank gets the same list).
     Refused naming them and the repair command, unless `data.skip_corrupt_shards`
     (then they are left out, reported once here)."""
+    from store_schema.location import is_object_store
     from store_schema.verify import verify_store
 
+    if is_object_store(store.path):  # a pass would download the whole store before step 1
+        log(f"fit: {store.path} is on object storage: every shard file is checked against its crc32c as it "
+            "arrives, instead of a pass before step 1")
+        return []
     committed = sorted(store.committed_shards())
     mine = committed[world.rank :: world.size]
     report = verify_store(store.path, checksums_only=True, workers=config.data.loader_threads, shards=mine)

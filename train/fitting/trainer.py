@@ -47,15 +47,18 @@ from pathlib import Path
 
 import torch
 
-from store_schema import CorruptShardError, Store
+from store_schema import CorruptShardError
+from store_schema.stores import open_store
 from store_schema.runtime.progress import default_mode
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import compute_dtype
 from train.config import ConfigError, RunConfig
+from train.data.cache import lanes_per_node
 from train.data.heldout import heldout_record
 from train.data.lanes import LaneFeed, check_world, lane_generator, lane_positions, pad_sample
 from train.data.lanes import total_steps as lane_steps
 from train.data.loader import CorruptShards, ShardLoader, TrainSample, check_lanes
+from train.data.order import LANE_DEAL
 from train.drafter.dflash2 import build_drafter
 from train.drafter.model import DFlashDrafter
 from train.drafter.targets import default_gamma
@@ -75,7 +78,7 @@ from train.fitting.step import dflash_step
 from train.fitting.tblog import TensorBoardLog
 from train.fitting.target_head import TargetHead, load_target_head
 from train.target_check import check_target
-from train.world import World, world_from_env
+from train.world import World, local_world_size, world_from_env
 
 
 # -- the trainer -------------------------------------------------------------------------
@@ -131,7 +134,7 @@ class Trainer:
         device = device_for(world, config.train.device)
         init_process_group(world, device)
         target = read_target_config(config.target)
-        store = Store(config.store)
+        store = open_store(config.store)
         layer_ids = preflight.check_store_against_target(store, target)
         other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target, log=log)
         preflight.check_block_size(store, config)
@@ -172,6 +175,10 @@ class Trainer:
                 raise ConfigError(f"--resume: {latest} deals its samples into {len(positions)} lanes; "
                                   f"data.lanes={config.data.lanes} would deal them anew")
             lanes = len(positions)
+            if lanes > 1 and state["loader"].get("lane_deal") != LANE_DEAL:
+                raise ConfigError(f"--resume: {latest} dealt its shards to lanes anew every epoch (an older "
+                                  "version); this version deals them once per run and cannot continue it exactly: "
+                                  "finish it with the version that started it, or start a new run")
             shards = state["loader"]["shards"]
             run_info.update(state.get("run_info", {}))  # how the run first started (e.g. the rule that chose the mask)
             missing = sorted(set(shards) - set(store.committed_shards()))
@@ -190,7 +197,8 @@ class Trainer:
         def make_loader(lane: int, epochs: int = config.train.epochs) -> ShardLoader:
             return ShardLoader(store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
                                epochs=epochs, position=positions.get(lane), log=log, shards=shards, device=device,
-                               lane=lane, lanes=lanes, corrupt=corrupt)
+                               lane=lane, lanes=lanes, corrupt=corrupt,
+                               cache_share=lanes_per_node(lanes, world.size, local_world_size(world)))
 
         order = make_loader(0)  # reads nothing: the sample order, to size the run
         epochs = preflight.epochs_for(config.train.max_steps, config.train.epochs,
