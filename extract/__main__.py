@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from store_schema.runtime.cli import UsageError, interrupted, run_command, show_defaults
-from store_schema.runtime.host import AUTO_DEVICE, choose_device
+from store_schema.runtime.host import AUTO_DEVICE, choose_device, device_line
 from store_schema.runtime.target_weights import check_target_weights
 
 
@@ -205,11 +205,10 @@ def cmd_run(args) -> int:
 
     if not args.store:
         raise UsageError("run needs --store PATH")
-    args.device, why = choose_device(args.device)
+    args.device, args.device_note = choose_device(args.device)
     execution = {f.name: getattr(args, f.name) for f in fields(JobConfig)  # the flags named as the fields
                  if f.name not in _PLAN_FIELDS and hasattr(args, f.name)}
     config = _job_config(args, **execution, progress=default_mode(not args.no_progress))
-    say_device(args.device, why)  # first, once the arguments hold: a refusal stays one line
     import warnings
 
     warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
@@ -221,12 +220,6 @@ def cmd_run(args) -> int:
     print(summary_line(report), file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
     return 0
-
-
-def say_device(device: str, why: str) -> None:
-    """The first line of `run` and `generate`: where the workers run and why
-    (`store_schema.runtime.host.choose_device`: `auto` is what this host sees)."""
-    print(f"device: {device} ({why})", file=sys.stderr, flush=True)
 
 
 def _server_config(args):
@@ -265,7 +258,7 @@ def cmd_generate(args) -> int:
                                       shard_records=args.shard_records, limit=args.limit, engine=ENGINES[engine])
         config = GenerateConfig(
             model=args.model, corpus=args.corpus, out=args.out, settings=settings, workers=args.workers,
-            device=args.device, address=args.address, batch_tokens=args.batch_tokens,
+            device=args.device, device_note=why, address=args.address, batch_tokens=args.batch_tokens,
             cpus_per_worker=args.cpus_per_worker, max_attempts=args.max_attempts, worker_timeout=args.worker_timeout,
             progress=default_mode(not args.no_progress), progress_interval=args.progress_interval, server=server,
             skip_space_check=args.skip_space_check,
@@ -274,8 +267,8 @@ def cmd_generate(args) -> int:
         raise UsageError(str(error)) from None
     if engine == "hf" and not args.dry_run:
         check_target_weights(args.model, "--model")  # the servers hold the weights with --engine openai
-    say_device(args.device, why)
     if args.dry_run:
+        print(device_line(args.device, why), file=sys.stderr)
         _, plan = plan_generate(config)
         counts = plan_counts(plan)
         print(f"records     {counts['records']} ({counts['turns']} turns to generate) in {counts['shards']} shard(s)",

@@ -87,6 +87,7 @@ class JobConfig:
     plan_workers: int = field(default_factory=available_cpus)  # tokenizer processes for the planning pass
     workers: int = 1  # extraction actors
     device: str = "cpu"
+    device_note: str = ""  # why this device (--device auto's choice): the job's first line says it
     address: str | None = None  # join a running Ray cluster; None: start a local one
     batch_tokens: int = DEFAULT_BATCH_TOKENS
     target_topk: int | None = None

@@ -48,6 +48,7 @@ class Placement:
     cpus_per_worker: int
     address: str | None
     faults: FaultInjection
+    device_note: str = ""  # why that device: said as the job's first line (`run_sharded`)
 
     @classmethod
     def of(cls, config) -> "Placement":

@@ -34,6 +34,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from store_schema.runtime.host import device_line
 from store_schema.runtime.progress import Progress
 
 from .dispatch import DispatchCounts, DispatchSettings, Placement
@@ -117,6 +118,8 @@ def run_sharded(job: ShardedJob, log) -> JobRun:
     from .dispatch import Dispatcher, started_workers
 
     out, started_at = job.output, time.time()
+    if job.placement.device_note:  # after the refusals of a job that cannot start: those stay one line
+        log(device_line(job.placement.device, job.placement.device_note))
     leftovers = remove_staging(out)
     if leftovers:
         log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job from .staging/")

@@ -99,6 +99,7 @@ class GenerateConfig:
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     workers: int = 1
     device: str = "cpu"
+    device_note: str = ""  # why this device (--device auto's choice): the job's first line says it
     address: str | None = None
     batch_tokens: int = DEFAULT_GENERATE_BATCH_TOKENS
     cpus_per_worker: int = 1

@@ -51,6 +51,11 @@ def choose_device(name: str) -> tuple[str, str]:
     return "cpu", "--device auto: torch sees no CUDA device here (--device cuda for a Ray cluster's GPUs)"
 
 
+def device_line(device: str, why: str) -> str:
+    """A job's first line: where its workers run and why (`choose_device`'s words)."""
+    return f"device: {device} ({why})"
+
+
 def resolve_device(name: str | None, setting: str = "--device"):
     """The torch device a command runs on: `name` (cpu, cuda, cuda:N), or CUDA when
     torch sees one and CPU otherwise for None / "auto". A device this machine does not
