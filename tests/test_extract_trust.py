@@ -163,19 +163,19 @@ def test_run_reports_quarantine_reasons():
 
 def test_help_shows_defaults_and_only_the_flags_each_command_uses(capsys):
     from extract.__main__ import build_parser
-    from store_schema.__main__ import _parser
+    from store_schema.__main__ import build_parser as store_parser
     from store_schema.recompute import MIN_COSINE
 
     run = build_parser()._subparsers._group_actions[0].choices["run"]
     actions = {a.option_strings[0]: a for a in run._actions if a.option_strings}
-    for flag, default in (("--device", "cpu"), ("--workers", "1"), ("--max-length", "3072"),
+    for flag, default in (("--device", "auto"), ("--workers", "1"), ("--max-length", "3072"),
                           ("--shard-tokens", "32768"), ("--block-size", "16"), ("--seed", "0"),
                           ("--batch-tokens", "16384")):
         action = actions[flag]
         assert f"default {default})" in action.help % dict(vars(action), prog=run.prog), (flag, action.help)
     text = run.format_help()
     assert "--compression-ratio" not in text
-    verify = " ".join(_parser()._subparsers._group_actions[0].choices["verify"].format_help().split())
+    verify = " ".join(store_parser()._subparsers._group_actions[0].choices["verify"].format_help().split())
     assert f">= {MIN_COSINE['fp8_e4m3']}" in verify and f">= {MIN_COSINE['bfloat16']}" in verify
 
 
