@@ -308,8 +308,8 @@ def test_speculate_walks_the_selector_losslessly_as_dflash_generate_does(qwen3_d
 def trained_export(qwen3_dir, tokenizer, tmp_path_factory):
     """(store, export) of a `model.architecture=dflash2` run trained 300 steps on the
     dense target's own greedy outputs (cross-entropy through the backbone and the
-    convolutions), its selector then set at random so that its walk leaves the
-    argmax chain on some slots."""
+    convolutions: `loss.selector_weight=0`, since the selector is then set at random
+    so that its walk leaves the argmax chain on some slots)."""
     root = tmp_path_factory.mktemp("dflash2")
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
     store = greedy_store(root / "store", qwen3_dir, tokenizer, [1, 3], count=24, new_tokens=NEW_TOKENS)
@@ -318,7 +318,7 @@ def trained_export(qwen3_dir, tokenizer, tmp_path_factory):
         "model.num_hidden_layers=2", "model.sliding_window=12", "model.num_attention_heads=4",
         "model.num_key_value_heads=2", "model.head_dim=16", f"model.block_size={BLOCK}", "model.num_anchors=32",
         f"model.mask_token_id={mask_id}", f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2",
-        "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100",
+        "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100", "loss.selector_weight=0",
     ], store=str(store), target=str(qwen3_dir), out=str(root / "run"), **{"train.max_steps": 300})
     trainer = Trainer.from_config(config, log=lambda message: None)
     trainer.fit()
