@@ -46,7 +46,7 @@ def choose_device(name: str) -> tuple[str, str]:
         return name, f"--device {name}"
     import torch
 
-    if torch.cuda.is_available():
+    if resolve_device(AUTO_DEVICE).type == "cuda":  # the one auto rule
         return "cuda", f"--device auto: torch sees {torch.cuda.device_count()} CUDA device(s)"
     return "cpu", "--device auto: torch sees no CUDA device here (--device cuda for a Ray cluster's GPUs)"
 
@@ -63,7 +63,7 @@ def resolve_device(name: str | None, setting: str = "--device"):
     line, exit 1), instead of failing deep inside torch with a traceback."""
     import torch
 
-    if name in (None, "auto"):
+    if name in (None, AUTO_DEVICE):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
