@@ -79,9 +79,9 @@ def forward_only(config, store: Path, workers: int = 1) -> dict:
 
     import ray
 
-    from extract.batching import batch_groups
-    from extract.job import Extraction
-    from extract.layers import resolve_layer_ids
+    from extract.jobs.batching import batch_groups
+    from extract.extraction.job import Extraction
+    from extract.extraction.layers import resolve_layer_ids
     from store_schema import Store
     from store_schema.fingerprint import target_identity
     from store_schema.runtime.target_config import read_target_config
@@ -115,7 +115,7 @@ def shard_lengths(store: Path) -> list[list[int]]:
 
 def per_shard_padded_ratio(shards: list[list[int]], batch_tokens: int) -> float:
     """What batching each shard's samples alone (the job's cutting rule) would compute, over the real tokens."""
-    from extract.batching import batches_min_padding, padded_tokens
+    from extract.jobs.batching import batches_min_padding, padded_tokens
 
     padded = sum(padded_tokens(lengths, batches_min_padding(lengths, batch_tokens)) for lengths in shards)
     return padded / sum(map(sum, shards))
@@ -142,8 +142,8 @@ def main() -> int:
     import ray
     from transformers.utils import logging as hf_logging
 
-    from extract.config import JobConfig
-    from extract.job import run_job
+    from extract.extraction.config import JobConfig
+    from extract.extraction.job import run_job
     from store_schema.plan import PlanSettings
 
     hf_logging.disable_progress_bar()

@@ -64,7 +64,7 @@ def write_corpus(path: Path, records: int) -> Path:
 
 
 def config(model, corpus, out, args, engine: str, endpoint: str | None = None):
-    from extract.config import FaultInjection
+    from extract.jobs.settings import FaultInjection
     from extract.generate.config import ENGINES, GenerateConfig, GenerationSettings, ServerConfig
 
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, max_length=1024, thinking="off",

@@ -16,7 +16,7 @@ Phases, each with its peak GPU memory (`peak_gpu_gb`, reset before each; None on
    gradients there are skipped with the reason).
 3. build: a Qwen3.5-architecture target (~2B at full size; vocabulary 248,320 in
    both modes) from a config, random weights, saved with a tokenizer.
-4. extract: the project's own worker (`extract.worker.ExtractionWorker`, what each Ray
+4. extract: the project's own worker (`extract.extraction.worker.ExtractionWorker`, what each Ray
    actor runs), in-process: forward-only tokens/s, then the full extraction (forward +
    host copies + compression + checksums + commit) tokens/s and store GB/s.
 5. loader: the streaming loader over the store, to the device through pinned memory
@@ -86,7 +86,7 @@ def check_kernels(size: dict, device: str) -> dict:
     """The chosen linear-attention / conv1d kernels against transformers' fallbacks."""
     from transformers.models.qwen3_5 import modeling_qwen3_5 as qwen
 
-    from extract.kernels import kernel_implementations
+    from extract.jobs.kernels import kernel_implementations
 
     config = embedded.qwen3_5_config(1024, size["hidden"], 4, size["heads"], size["head_dim"])
     torch.manual_seed(0)
@@ -172,10 +172,11 @@ def build_target(path: Path, size: dict, device: str) -> None:
 
 
 def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> dict:
-    from extract.batching import batch_groups
-    from extract.layers import resolve_layer_ids
-    from extract.planning import build_plan
-    from extract.worker import ExtractionSpec, ExtractionWorker, ShardFailed
+    from extract.jobs.batching import batch_groups
+    from extract.extraction.layers import resolve_layer_ids
+    from extract.extraction.planning import build_plan
+    from extract.extraction.worker import ExtractionSpec, ExtractionWorker
+    from extract.jobs.protocol import ShardFailed
     from store_schema import Fingerprint, Store, TargetFacts, create_store, on_disk_bytes, target_identity
     from store_schema.plan import PlanSettings
 

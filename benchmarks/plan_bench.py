@@ -26,7 +26,7 @@ PLAN_WORKERS = 2
 def plan_figures(root: Path, records: int = PLAN_RECORDS, workers: int = PLAN_WORKERS) -> dict:
     import builders
 
-    from extract.planning import build_plan, summarize
+    from extract.extraction.planning import build_plan, summarize
     from store_schema.plan import PlanSettings
 
     tokenizer_dir = root / "real_tokenizer"

@@ -18,26 +18,50 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
+from dataclasses import fields
 from pathlib import Path
 
+from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE, STORE_DTYPES
+from store_schema.layout import LAYER_ID_CONVENTION
+from store_schema.lock import StoreLockedError
+from store_schema.plan import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_LOSS_MASK,
+    DEFAULT_MAX_LENGTH,
+    DEFAULT_SEED,
+    DEFAULT_SHARD_TOKENS,
+    LOSS_MASK_CONVENTIONS,
+    PlanSettings,
+)
 from store_schema.runtime.cli import UsageError, interrupted, run_command, show_defaults
-from store_schema.runtime.host import AUTO_DEVICE, choose_device, device_line
+from store_schema.runtime.host import AUTO_DEVICE, available_cores, choose_device, device_line, set_torch_threads
+from store_schema.runtime.progress import default_mode
+from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_weights import check_target_weights
+from store_schema.runtime.units import human_bytes
+
+from .errors import ExtractError
+from .extraction.config import DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS, JobConfig
+from .extraction.estimate import add_arguments as add_estimate_arguments
+from .extraction.estimate import estimate_lines, extraction_estimate
+from .extraction.layers import parse_layer_ids, resolve_layer_ids
+from .generate.config import (
+    DEFAULT_CONCURRENCY, DEFAULT_GENERATE_BATCH_TOKENS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_REQUEST_RETRIES,
+    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHARD_RECORDS, ENGINES, REASONING, THINKING, GenerateConfig, GenerationSettings,
+    ServerConfig,
+)
+from .jobs.settings import (
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES,
+    SKIP_SPACE_CHECK_FLAG,
+)
+
+# The job modules (planning, the drivers and their workers) are imported by the
+# command that runs them: they pull numpy, transformers and torch, which `--help`
+# and a usage error should not wait for.
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
-    from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
-    from store_schema.plan import (
-        DEFAULT_BLOCK_SIZE,
-        DEFAULT_LOSS_MASK,
-        DEFAULT_MAX_LENGTH,
-        DEFAULT_SEED,
-        DEFAULT_SHARD_TOKENS,
-        LOSS_MASK_CONVENTIONS,
-    )
-
-    from .config import available_cpus
-
     parser.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
     parser.add_argument("--tokenizer", help="tokenizer directory if not the model's")
     parser.add_argument("--corpus", required=True, help="JSONL / Parquet file, directory of them, or datasets dir")
@@ -55,13 +79,15 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
                         help="seed of the samples' assignment to shards (default %(default)s)")
     parser.add_argument("--drop-long", action="store_true", help="quarantine records over --max-length (default: truncate)")
     parser.add_argument("--strict", action="store_true", help="stop at the first bad record")
-    cores = available_cpus()
+    cores = available_cores()
     if run:
-        parser.add_argument("--plan-workers", type=int, default=cores,
-                            help="tokenizer processes for planning (default: this machine's cores, %(default)s)")
+        parser.add_argument("--plan-workers", "--tokenizer-workers", dest="plan_workers", type=int, default=cores,
+                            help="tokenizer processes for planning, as `plan --tokenizer-workers` (default: this "
+                                 "machine's cores, %(default)s)")
     else:
-        parser.add_argument("--workers", type=int, default=cores,
+        parser.add_argument("--tokenizer-workers", type=int, default=cores,
                             help="tokenizer processes (default: this machine's cores, %(default)s)")
+        parser.add_argument("--workers", help=argparse.SUPPRESS)  # the old spelling, refused by `cmd_plan`
     parser.add_argument("--limit", type=int, help="plan only the first N records")
     parser.add_argument("--loss-mask", choices=tuple(LOSS_MASK_CONVENTIONS), default=DEFAULT_LOSS_MASK,
                         help="what the loss scores in each assistant turn: the whole turn as served (reasoning, "
@@ -72,6 +98,12 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
                                  f"(default %(default)s; fp8: {FP8_E4M3_STORE.size_ratio})")
 
 
+DEVICE_HELP = "where workers run: auto is cuda when this host sees a GPU, else cpu (default %(default)s)"
+
+# `extract plan --workers` meant tokenizer processes while `extract run --workers` means Ray actors.
+RENAMED_WORKERS_NOTE = ("`extract plan --workers` is now --tokenizer-workers (tokenizer processes); "
+                        "--workers is for `extract run` (Ray actors)")
+
 # JobConfig fields `_job_config` fills from the planning flags for `plan` and `run` alike.
 _PLAN_FIELDS = ("model", "corpus", "store", "tokenizer", "layers", "num_context_layers", "plan_settings", "strict",
                 "progress")
@@ -79,11 +111,6 @@ _PLAN_FIELDS = ("model", "corpus", "store", "tokenizer", "layers", "num_context_
 
 def _job_config(args, **execution):
     """The JobConfig `plan` and `run` share (one planning for both), plus each one's own options."""
-    from store_schema.plan import PlanSettings
-
-    from .config import JobConfig
-    from .layers import parse_layer_ids
-
     try:
         layers = parse_layer_ids(args.layers) if args.layers else None
     except ValueError as error:
@@ -113,29 +140,22 @@ def _job_config(args, **execution):
 
 
 def cmd_plan(args) -> int:
-    from store_schema.dtypes import FP8_E4M3_STORE
-    from store_schema.layout import LAYER_ID_CONVENTION
-    from store_schema.runtime.target_config import read_target_config
-    from store_schema.runtime.units import human_bytes
+    from .extraction.job import plan_job  # job modules load here, not for --help (see the note above)
+    from .extraction.planning import estimate_store_bytes, summarize
 
-    from .planning import estimate_store_bytes, summarize
-
+    if args.workers is not None:
+        raise UsageError(RENAMED_WORKERS_NOTE)
     if not args.dry_run:
         raise UsageError(
             "`plan` only previews a job (--dry-run); the plan is written into the store by "
             "`python -m extract run`, which plans again with the same settings"
         )
-    from .job import plan_job
-
-    from store_schema.runtime.progress import default_mode
-
-    config = _job_config(args, plan_workers=args.workers, progress=default_mode(not args.json))
+    config = _job_config(args, plan_workers=args.tokenizer_workers, progress=default_mode(not args.json))
     dims = read_target_config(args.model)
-    plan, layer_ids = plan_job(config, dims)
+    layer_ids = resolve_layer_ids(dims, config.layers, config.num_context_layers)
+    plan = plan_job(config)
     summary = summarize(plan)
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
-    from .estimate import estimate_lines, extraction_estimate
-
     store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
     job = extraction_estimate(args.model, layer_ids, plan.num_tokens, store_bytes, args.batch_tokens, args.gpu_memory,
                               args.tokens_per_s, args.gpus, args.gpu_tflops)
@@ -159,27 +179,33 @@ def cmd_plan(args) -> int:
     )
     if args.json:
         print(json.dumps(report, sort_keys=True))
-        return 0
-    s, chosen = plan.settings, config.plan_settings
+    else:
+        _print_plan(report, plan, config.plan_settings, args.corpus)
+    return 0
+
+
+def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> None:
+    """`plan --dry-run`'s text: the `report` it would print as JSON, for a person."""
+    s = plan.settings
     print(f"corpus      {s['corpus_path']} ({s['corpus_format']}, {s['corpus_records']} records)")
-    print(f"samples     {summary.samples} in {summary.shards} shards of <= {chosen.shard_tokens} tokens")
-    print(f"tokens      {summary.tokens} ({summary.loss_tokens} loss tokens), max length {chosen.max_length}")
-    print(f"quarantined {summary.quarantined}")
-    for reason, count in summary.quarantined_by_reason.items():
+    print(f"samples     {report['samples']} in {report['shards']} shards of <= {chosen.shard_tokens} tokens")
+    print(f"tokens      {report['tokens']} ({report['loss_tokens']} loss tokens), max length {chosen.max_length}")
+    print(f"quarantined {report['quarantined']}")
+    for reason, count in report["quarantined_by_reason"].items():
         print(f"  {reason:<22}{count}")
-    for line in quarantined_lines(plan.quarantined, config.corpus):
+    for line in quarantined_lines(plan.quarantined, corpus_path):
         print(line)
-    print(f"layers      {layer_ids} of {dims.num_hidden_layers} (id L = {LAYER_ID_CONVENTION})")
+    print(f"layers      {report['layer_ids']} of {report['num_target_layers']} (id L = {LAYER_ID_CONVENTION})")
     print(
-        f"store size  {human_bytes(estimate.raw_bytes)} raw, {human_bytes(estimate.compressed_bytes)} "
-        f"compressed (ratio {args.compression_ratio}, hidden {dims.hidden_size}, bf16)"
+        f"store size  {human_bytes(report['estimated_raw_bytes'])} raw, "
+        f"{human_bytes(report['estimated_compressed_bytes'])} compressed (ratio {report['compression_ratio']}, "
+        f"hidden {report['hidden_size']}, bf16)"
     )
-    print(f"            {human_bytes(estimate.fp8_bytes)} with --store-dtype fp8_e4m3 "
+    print(f"            {human_bytes(report['estimated_fp8_bytes'])} with --store-dtype fp8_e4m3 "
           f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)")
-    for line in estimate_lines(job):
+    for line in estimate_lines(report["job"]):
         print(line)
     print("dry run: nothing written")
-    return 0
 
 
 def quarantined_lines(quarantined, corpus_path, shown: int = 10) -> list[str]:
@@ -195,13 +221,8 @@ def quarantined_lines(quarantined, corpus_path, shown: int = 10) -> list[str]:
 
 def cmd_run(args) -> int:
     check_target_weights(args.model, "--model")  # before Ray or torch: one line, not a worker's traceback
-    from dataclasses import fields
-
-    from store_schema.runtime.progress import default_mode
-
-    from .config import JobConfig
-    from .job import run_job
-    from .report import summary_line
+    from .extraction.job import run_job  # job modules load here, not for --help (see the note above)
+    from .extraction.report import summary_line
 
     if not args.store:
         raise UsageError("run needs --store PATH")
@@ -209,8 +230,6 @@ def cmd_run(args) -> int:
     execution = {f.name: getattr(args, f.name) for f in fields(JobConfig)  # the flags named as the fields
                  if f.name not in _PLAN_FIELDS and hasattr(args, f.name)}
     config = _job_config(args, **execution, progress=default_mode(not args.no_progress))
-    import warnings
-
     warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
     try:
         report = run_job(config)  # Ray and the workers are shut down on the way out, Ctrl-C included
@@ -224,8 +243,6 @@ def cmd_run(args) -> int:
 
 def _server_config(args):
     """`--engine openai`'s servers (None for hf), refusing a flag of the other engine."""
-    from .generate.config import REASONING, ServerConfig
-
     engine = args.engine or ("openai" if args.endpoint else "hf")
     if engine == "hf":
         if args.endpoint:
@@ -242,10 +259,8 @@ def _server_config(args):
 
 
 def cmd_generate(args) -> int:
-    from .generate.config import ENGINES, REASONING, GenerateConfig, GenerationSettings
     from .generate.job import plan_generate, run_generate
     from .generate.planning import plan_counts
-    from store_schema.runtime.progress import default_mode
 
     if not args.out and not args.dry_run:
         raise UsageError("generate needs --out CORPUS_DIR")
@@ -292,28 +307,23 @@ def cmd_generate(args) -> int:
 
 
 def _add_generate_parser(commands) -> None:
-    from store_schema.plan import DEFAULT_MAX_LENGTH
-
-    from .config import DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES
-    from .generate.config import (
-        DEFAULT_CONCURRENCY, DEFAULT_GENERATE_BATCH_TOKENS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_REQUEST_RETRIES,
-        DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHARD_RECORDS, ENGINES, REASONING, THINKING,
-    )
-
     gen = commands.add_parser("generate", help="regenerate every assistant turn with the target (resumes)")
     gen.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
-    gen.add_argument("--corpus", required=True, help="chat corpus: JSONL / Parquet file, directory of them, datasets dir")
+    gen.add_argument("--corpus", required=True,
+                     help="chat corpus: JSONL / Parquet file, directory of them, datasets dir")
     gen.add_argument("--out", help="generated corpus directory (Parquet shards + manifest.json)")
-    gen.add_argument("--workers", type=int, default=1, help="generate workers (one per GPU with --device cuda)")
-    gen.add_argument("--device", choices=(AUTO_DEVICE, *DEVICES), default=AUTO_DEVICE,
-                     help="where workers run: auto is cuda when this host sees a GPU, else cpu (default %(default)s)")
+    gen.add_argument("--workers", type=int, default=1,
+                     help="generate workers, one per GPU with --device cuda (default %(default)s)")
+    gen.add_argument("--device", choices=(AUTO_DEVICE, *DEVICES), default=AUTO_DEVICE, help=DEVICE_HELP)
     gen.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                     help="tokens per reply; a reply that reaches it is kept and flagged truncated")
-    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed (temperature > 0)")
+                     help="tokens per reply; a reply that reaches it is kept and flagged truncated (default "
+                          "%(default)s)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default %(default)g)")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed, temperature > 0 (default %(default)s)")
     mode = gen.add_mutually_exclusive_group()
     mode.add_argument("--thinking", choices=THINKING, default="keep",
-                      help="enable_thinking on / off for the chat template; keep: the template's default")
+                      help="enable_thinking on / off for the chat template; keep: the template's default "
+                           "(default %(default)s)")
     mode.add_argument("--reasoning", choices=tuple(REASONING),
                       help="thinking mode, spelled out (required with --engine openai): keep = enable_thinking on "
                            "(the replies reason), drop = off; serve the drafter in the same mode")
@@ -330,27 +340,30 @@ def _add_generate_parser(commands) -> None:
                      help="tries after a timeout or HTTP error before the record is quarantined (default %(default)s)")
     gen.add_argument("--served-model", help="the name the servers give --model, when it is an alias")
     gen.add_argument("--batch-tokens", type=int, default=DEFAULT_GENERATE_BATCH_TOKENS,
-                     help="(prompt + max new tokens) x rows per generate batch")
+                     help="(prompt + max new tokens) x rows per generate batch (default %(default)s)")
     gen.add_argument("--limit", type=int, help="generate only the first N records")
     gen.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
-                     help="prompt + reply tokens of a turn; a first prompt that fills it is quarantined")
-    gen.add_argument("--shard-records", type=int, default=DEFAULT_SHARD_RECORDS, help="records per output shard")
+                     help="prompt + reply tokens of a turn; a first prompt that fills it is quarantined "
+                          "(default %(default)s)")
+    gen.add_argument("--shard-records", type=int, default=DEFAULT_SHARD_RECORDS,
+                     help="records per output shard (default %(default)s)")
     gen.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     gen.add_argument("--dry-run", action="store_true", help="print records, prompt tokens, quarantine; write nothing")
-    gen.add_argument("--cpus-per-worker", type=int, default=1, help="Ray CPUs per worker (= torch threads on cpu)")
-    gen.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, help="tries per shard")
+    gen.add_argument("--cpus-per-worker", type=int, default=1,
+                     help="Ray CPUs per worker, = torch threads on cpu (default %(default)s)")
+    gen.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
+                     help="tries per shard (default %(default)s)")
     gen.add_argument("--worker-timeout", type=float, default=DEFAULT_WORKER_TIMEOUT,
-                     help="seconds a worker holding shards may stay silent before it is presumed lost")
+                     help="seconds a worker holding shards may stay silent before it is presumed lost "
+                          "(default %(default)g)")
     gen.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
-                     help="seconds between progress lines when stderr is not a terminal")
+                     help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
     gen.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     _add_space_flag(gen)
     gen.set_defaults(handler=cmd_generate)
 
 
 def _add_space_flag(parser: argparse.ArgumentParser) -> None:
-    from .sharded import SKIP_SPACE_CHECK_FLAG
-
     parser.add_argument(SKIP_SPACE_CHECK_FLAG, action="store_true",
                         help="start even when the plan's size estimate exceeds the output filesystem's free space")
 
@@ -363,29 +376,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plan_arguments(plan)
     plan.add_argument("--dry-run", action="store_true", help="print counts and the size estimate, write nothing")
     plan.add_argument("--json", action="store_true", help="print one JSON line instead of text")
-    from .estimate import add_arguments as add_estimate_arguments
-
     add_estimate_arguments(plan)
     plan.set_defaults(handler=cmd_plan)
-
-    from .config import (
-        DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS, DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL,
-        DEFAULT_WORKER_TIMEOUT, DEVICES,
-    )
 
     run = commands.add_parser("run", help="extract hidden states into a store on Ray workers (resumes)")
     _add_plan_arguments(run, run=True)
     run.set_defaults(json=False)
     run.add_argument("--workers", type=int, default=1,
                      help="extraction workers, one per GPU with --device cuda (default %(default)s)")
-    run.add_argument("--device", choices=(AUTO_DEVICE, *DEVICES), default=AUTO_DEVICE,
-                     help="where workers run: auto is cuda when this host sees a GPU, else cpu (default %(default)s)")
+    run.add_argument("--device", choices=(AUTO_DEVICE, *DEVICES), default=AUTO_DEVICE, help=DEVICE_HELP)
     run.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     run.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                      help="padded tokens per forward batch (default %(default)s)")
     run.add_argument("--target-topk", type=int, help="also store the target's top-K next-token ids and log-probs")
-    from store_schema.dtypes import STORE_DTYPES
-
     run.add_argument("--store-dtype", choices=tuple(STORE_DTYPES), default="bfloat16",
                      help="hidden states as bf16 (lossless, default) or fp8 e4m3 with a scale per token "
                           "(about 0.6x the bytes of bf16, lossy; a store never mixes them)")
@@ -400,7 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="seconds a worker holding shards may stay silent before it is presumed lost and its "
                           "shards are revoked and redone elsewhere (default %(default)g)")
     run.add_argument("--cpus-per-worker", type=int, default=1,
-                     help="Ray CPUs per worker (= torch threads with --device cpu)")
+                     help="Ray CPUs per worker, = torch threads with --device cpu (default %(default)s)")
     run.add_argument("--require-fast-kernels", action="store_true",
                      help="refuse CUDA workers that would run the PyTorch fallback for linear attention / "
                           "causal conv1d (fla, causal-conv1d not installed)")
@@ -415,14 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from store_schema.lock import StoreLockedError
-
-    from .errors import ExtractError
-
     args = build_parser().parse_args(argv)
     if args.command in ("run", "generate"):  # the driver tokenizes; its workers set their own threads
-        from store_schema.runtime.host import set_torch_threads
-
         set_torch_threads()
     return run_command(args.handler, args, refusals=(ExtractError, StoreLockedError))
 

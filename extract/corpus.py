@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from store_schema.plan import is_safe_id
+
+from .errors import QuarantineError
+from .generated_corpus import committed_shard_files, is_generated_corpus
 
 JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
@@ -133,6 +137,7 @@ class JsonlCorpus(Corpus):
         self._lines = np.asarray(lines, dtype=np.int64)  # 1-based, blank lines counted as an editor does
 
     def where(self, index: int) -> str:
+        index = self._check_index(int(index))
         return f"{self.files[int(self._file_ids[index])].name} line {int(self._lines[index])}"
 
     def __len__(self) -> int:
@@ -201,7 +206,7 @@ class ParquetCorpus(Corpus):
     DECODED_BYTES = 4 << 30  # decoded row groups a reader keeps (per worker process)
 
     def __init__(self, path: Path, files: list[Path]):
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # the Parquet reader only: a JSONL corpus never loads pyarrow
 
         self.path, self.files = path, tuple(files)
         self._groups = []  # (file_id, row_group, first_index, decoded bytes)
@@ -307,7 +312,7 @@ class DatasetsCorpus(Corpus):
     _BATCH = 512
 
     def __init__(self, path: Path):
-        import datasets
+        import datasets  # a datasets directory only: the library takes seconds to import
 
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
@@ -345,11 +350,18 @@ class DatasetsCorpus(Corpus):
         return self._rows(self._dataset[indices])
 
 
-def open_corpus(path: str | Path) -> Corpus:
-    """Open a corpus, choosing the reader from what is on disk."""
+def require_corpus(path: str | Path) -> Path:
+    """`path`, refused (a usage error, one line) when nothing is there: a job checks
+    it before anything starts."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus {path} does not exist")
+    return path
+
+
+def open_corpus(path: str | Path) -> Corpus:
+    """Open a corpus, choosing the reader from what is on disk."""
+    path = require_corpus(path)
     if path.is_file():
         if path.name.endswith(PARQUET_SUFFIXES):
             return ParquetCorpus(path, [path])
@@ -358,8 +370,6 @@ def open_corpus(path: str | Path) -> Corpus:
         raise ValueError(f"corpus file {path} is neither JSONL ({', '.join(JSONL_SUFFIXES)}) nor Parquet")
     if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():
         return DatasetsCorpus(path)
-    from .generated_corpus import committed_shard_files, is_generated_corpus
-
     if is_generated_corpus(path):
         return ParquetCorpus(path, committed_shard_files(path))
     files = sorted(p for p in path.iterdir() if p.is_file())
@@ -372,3 +382,19 @@ def open_corpus(path: str | Path) -> Corpus:
     if jsonl:
         return JsonlCorpus(path, jsonl)
     raise ValueError(f"corpus directory {path} has no JSONL or Parquet files and is not a datasets directory")
+
+
+def sample_id_for(record: dict, record_index: int) -> str:
+    """The record's ``id`` (a string, or an int written in decimal) if it has one,
+    else ``rec-{record_index:09d}``. Ids name store entries, so an unsafe one
+    (``../../x``) is refused, never sanitised into something else."""
+    raw = record.get("id") if isinstance(record, dict) else None
+    if raw is None:
+        return f"rec-{record_index:09d}"
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        raw = str(raw)
+    if not isinstance(raw, str):
+        raise QuarantineError("wrong_type", f"id is a {type(raw).__name__}")
+    if not is_safe_id(raw):
+        raise QuarantineError("unsafe_id", f"id {raw[:80]!r} is not 1-128 chars of [A-Za-z0-9._-] (no leading '.')")
+    return raw

@@ -23,6 +23,9 @@ from pathlib import Path
 from store_schema import layout
 from store_schema.lock import Attempt
 from store_schema.records import RecordError, read_record, write_record
+from store_schema.staging import write_and_commit
+
+from .errors import GeneratedCorpusError
 
 MANIFEST = "manifest.json"
 FORMAT = "dflash-generated-corpus"
@@ -30,10 +33,6 @@ FORMAT_VERSION = 1
 SHARD_FILE = "data.parquet"
 # The columns of a shard, in order (`shard_table`).
 COLUMNS = ("id", "messages", "truncated", "generated_tokens")
-
-
-class GeneratedCorpusError(ValueError):
-    """A generated corpus that cannot be read: bad manifest, or shards missing."""
 
 
 def is_generated_corpus(path) -> bool:
@@ -95,7 +94,7 @@ def committed_shard_files(corpus_dir) -> list[Path]:
 def shard_table(rows: list[dict]):
     """The Arrow table of one shard from rows with the `COLUMNS` (messages: role,
     content and, where there is reasoning, reasoning_content)."""
-    import pyarrow as pa
+    import pyarrow as pa  # writing a shard only: `run` reads a manifest without pyarrow
 
     message = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string())])
     schema = pa.schema([("id", pa.string()), ("messages", pa.list_(message)), ("truncated", pa.bool_()),
@@ -109,9 +108,7 @@ def commit_shard(corpus_dir, name: str, table, attempt: Attempt | None = None, e
     it was committed already. With the driver's `attempt`, a revoked attempt raises
     `store_schema.lock.ShardFenced` instead of committing. `extra`: more fields of
     the commit record (an engine's counts: records quarantined while generating, ...)."""
-    import pyarrow.parquet as pq
-
-    from store_schema.staging import write_and_commit
+    import pyarrow.parquet as pq  # writing a shard only, as above
 
     corpus_dir = Path(corpus_dir)
     if layout.is_committed(corpus_dir, name):

@@ -14,15 +14,9 @@ from __future__ import annotations
 
 import json
 
+from .errors import QuarantineError
+
 ROLES = ("system", "user", "assistant", "tool")
-
-
-class RecordError(ValueError):
-    """A record that cannot become a sample; ``reason`` is the quarantine reason."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason, self.detail = reason, detail
 
 
 def _drop_none(value: dict) -> dict:
@@ -36,9 +30,10 @@ def _arguments(value, where: str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as error:
-            raise RecordError("bad_tool_call", f"{where} is not JSON ({error.msg} at column {error.colno})") from None
+            raise QuarantineError("bad_tool_call",
+                                  f"{where} is not JSON ({error.msg} at column {error.colno})") from None
     if not isinstance(value, dict):
-        raise RecordError("bad_tool_call", f"{where} is a {type(value).__name__}, not an object")
+        raise QuarantineError("bad_tool_call", f"{where} is a {type(value).__name__}, not an object")
     return value
 
 
@@ -46,20 +41,21 @@ def clean_tool_calls(calls, where: str) -> list[dict]:
     """Each call checked (a function name; arguments a JSON object or its text) with
     its arguments as an object; None-valued keys dropped."""
     if not isinstance(calls, (list, tuple)):
-        raise RecordError("wrong_type", f"{where} is a {type(calls).__name__}, not a list")
+        raise QuarantineError("wrong_type", f"{where} is a {type(calls).__name__}, not a list")
     clean = []
     for k, call in enumerate(calls):
         at = f"{where}[{k}]"
         if not isinstance(call, dict):
-            raise RecordError("wrong_type", f"{at} is a {type(call).__name__}, not an object")
+            raise QuarantineError("wrong_type", f"{at} is a {type(call).__name__}, not an object")
         call = _drop_none(call)
         nested = "function" in call
         function = _drop_none(call["function"]) if nested and isinstance(call["function"], dict) else call
         if nested and not isinstance(call["function"], dict):
-            raise RecordError("bad_tool_call", f"{at}.function is a {type(call['function']).__name__}, not an object")
+            raise QuarantineError("bad_tool_call",
+                                  f"{at}.function is a {type(call['function']).__name__}, not an object")
         prefix = f"{at}.function" if nested else at
         if not isinstance(function.get("name"), str) or not function["name"]:
-            raise RecordError("bad_tool_call", f"{prefix} has no name")
+            raise QuarantineError("bad_tool_call", f"{prefix} has no name")
         function = dict(function, arguments=_arguments(function.get("arguments"), f"{prefix}.arguments"))
         clean.append(dict(call, function=function) if nested else function)
     return clean
@@ -70,18 +66,18 @@ def clean_messages(messages) -> list[dict]:
     with None-valued keys dropped, tool-call arguments as objects, an assistant's
     null content beside tool calls as ``""``."""
     if not isinstance(messages, list):
-        raise RecordError("wrong_type", f"messages is a {type(messages).__name__}, not a list")
+        raise QuarantineError("wrong_type", f"messages is a {type(messages).__name__}, not a list")
     if not messages:
-        raise RecordError("no_assistant_turn", "messages is empty")
+        raise QuarantineError("no_assistant_turn", "messages is empty")
     clean = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise RecordError("wrong_type", f"messages[{i}] is a {type(message).__name__}, not an object")
+            raise QuarantineError("wrong_type", f"messages[{i}] is a {type(message).__name__}, not an object")
         message = _drop_none(message)
         if message.get("role") is None:
-            raise RecordError("missing_field", f"messages[{i}] has no role")
+            raise QuarantineError("missing_field", f"messages[{i}] has no role")
         if not isinstance(message["role"], str):
-            raise RecordError("wrong_type", f"messages[{i}].role is a {type(message['role']).__name__}")
+            raise QuarantineError("wrong_type", f"messages[{i}].role is a {type(message['role']).__name__}")
         if message["role"] == "assistant" and "tool_calls" in message:
             message["tool_calls"] = clean_tool_calls(message["tool_calls"], f"messages[{i}].tool_calls")
             if not message["tool_calls"]:
@@ -89,16 +85,16 @@ def clean_messages(messages) -> list[dict]:
             elif "content" not in message:
                 message["content"] = ""
         if message.get("content") is None:
-            raise RecordError("missing_field", f"messages[{i}] has no content")
+            raise QuarantineError("missing_field", f"messages[{i}] has no content")
         for key in ("content", "reasoning_content"):
             if key in message and not isinstance(message[key], str):
-                raise RecordError("wrong_type", f"messages[{i}].{key} is a {type(message[key]).__name__}")
+                raise QuarantineError("wrong_type", f"messages[{i}].{key} is a {type(message[key]).__name__}")
         if message["role"] not in ROLES:
-            raise RecordError("unknown_role", f"messages[{i}].role is {message['role']!r}, not one of {ROLES}")
+            raise QuarantineError("unknown_role", f"messages[{i}].role is {message['role']!r}, not one of {ROLES}")
         try:
             message["content"].encode("utf-8")
         except UnicodeEncodeError:
-            raise RecordError("invalid_utf8", f"messages[{i}].content has unpaired surrogates") from None
+            raise QuarantineError("invalid_utf8", f"messages[{i}].content has unpaired surrogates") from None
         clean.append(message)
     return clean
 
@@ -113,7 +109,7 @@ def validate_messages(messages) -> list[dict]:
     clean = clean_messages(messages)
     assistant = [m for m in clean if m["role"] == "assistant"]
     if not assistant:
-        raise RecordError("no_assistant_turn", f"{len(clean)} messages, none from the assistant")
+        raise QuarantineError("no_assistant_turn", f"{len(clean)} messages, none from the assistant")
     if not any(has_reply(m) for m in assistant):
-        raise RecordError("empty_response", "every assistant turn is empty")
+        raise QuarantineError("empty_response", "every assistant turn is empty")
     return clean

@@ -41,8 +41,9 @@ from typing import NamedTuple
 import numpy as np
 from store_schema.plan import DEFAULT_LOSS_MASK, DEFAULT_MAX_LENGTH
 
-from .messages import ROLES, RecordError, clean_messages, has_reply, validate_messages  # noqa: F401 (re-exported)
-from .tokenizer_facts import END_OF_TURN_TOKENS, tokenizer_facts  # noqa: F401 (re-exported)
+from .errors import QuarantineError
+from .messages import validate_messages
+from .tokenizer_facts import tokenizer_facts
 
 _EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")  # what a template inserts when there is no reasoning
 
@@ -159,7 +160,7 @@ def _assistant_turns(tokenizer, messages: list[dict], text: str, whole_turn: boo
             if start >= 0:
                 break
         else:
-            raise RecordError(
+            raise QuarantineError(
                 "template_mismatch",
                 f"assistant message {i}'s content does not appear verbatim in the rendered chat template",
             )
@@ -243,7 +244,7 @@ def turn_mask_with_generation_tags(tokenizer, messages: list[dict]) -> tuple[lis
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     encoding = _encode(tokenizer, text)
     if list(encoding["input_ids"]) != ids:
-        raise RecordError("template_mismatch", "the rendered chat tokenizes differently than the template's own ids")
+        raise QuarantineError("template_mismatch", "the rendered chat tokenizes differently than the template's own ids")
     offsets, spans = encoding["offset_mapping"], []
     for token, scored in enumerate(tagged):
         if not scored:
@@ -261,21 +262,21 @@ def turn_mask_with_generation_tags(tokenizer, messages: list[dict]) -> tuple[lis
 def _pretokenized(record: dict, vocab_size: int) -> tuple[list[int], list[int]]:
     ids, mask = record.get("input_ids"), record.get("loss_mask")
     if mask is None:
-        raise RecordError("missing_field", "input_ids without loss_mask")
+        raise QuarantineError("missing_field", "input_ids without loss_mask")
     for name, value in (("input_ids", ids), ("loss_mask", mask)):
         if not isinstance(value, (list, tuple, np.ndarray)):
-            raise RecordError("wrong_type", f"{name} is a {type(value).__name__}, not a list")
+            raise QuarantineError("wrong_type", f"{name} is a {type(value).__name__}, not a list")
         if not all(_is_int(v) for v in value):
-            raise RecordError("wrong_type", f"{name} holds non-integers")
+            raise QuarantineError("wrong_type", f"{name} holds non-integers")
     if len(ids) != len(mask):
-        raise RecordError("length_mismatch", f"{len(ids)} input_ids but {len(mask)} loss_mask values")
+        raise QuarantineError("length_mismatch", f"{len(ids)} input_ids but {len(mask)} loss_mask values")
     if not ids:
-        raise RecordError("empty_response", "input_ids is empty")
+        raise QuarantineError("empty_response", "input_ids is empty")
     if any(v not in (0, 1) for v in mask):
-        raise RecordError("wrong_type", "loss_mask holds values other than 0 and 1")
+        raise QuarantineError("wrong_type", "loss_mask holds values other than 0 and 1")
     bad = [int(v) for v in ids if not 0 <= v < vocab_size]
     if bad:  # an out-of-range id would crash the embedding lookup on the GPU
-        raise RecordError("token_out_of_range", f"ids {bad[:5]} outside 0..{vocab_size - 1}")
+        raise QuarantineError("token_out_of_range", f"ids {bad[:5]} outside 0..{vocab_size - 1}")
     return [int(v) for v in ids], [int(v) for v in mask]
 
 
@@ -296,17 +297,17 @@ def tokenize_record(
     use_generation_tags: bool | None = None,
     loss_mask: str = DEFAULT_LOSS_MASK,
 ) -> Tokenized:
-    """Tokenize one record or raise `RecordError` with the quarantine reason.
+    """Tokenize one record or raise `QuarantineError` with the quarantine reason.
 
     Longer than ``max_length``: truncated (keep the first ``max_length`` tokens)
     or, with ``drop_long``, rejected as ``too_long``. ``use_generation_tags``
     forces a chat path (None: tags if the template has them). ``loss_mask``: the
     scope of a chat's mask, ``turn`` or ``content`` (pre-tokenized records bring theirs)."""
     if not isinstance(record, dict):
-        raise RecordError("wrong_type", f"record is a {type(record).__name__}, not an object")
+        raise QuarantineError("wrong_type", f"record is a {type(record).__name__}, not an object")
     has_chat, has_tokens = _present(record, "messages"), _present(record, "input_ids")
     if has_chat and has_tokens:
-        raise RecordError("ambiguous_record", "record has both messages and input_ids")
+        raise QuarantineError("ambiguous_record", "record has both messages and input_ids")
     if has_tokens:
         ids, mask = _pretokenized(record, tokenizer_facts(tokenizer).vocab_size)
     elif has_chat:
@@ -314,12 +315,12 @@ def tokenize_record(
         tags = has_generation_tags(tokenizer) if use_generation_tags is None else use_generation_tags
         ids, mask = _CHAT_PATHS[loss_mask, tags](tokenizer, messages)
     elif _present(record, "loss_mask"):
-        raise RecordError("missing_field", "loss_mask without input_ids")
+        raise QuarantineError("missing_field", "loss_mask without input_ids")
     else:
-        raise RecordError("missing_field", "record has neither messages nor input_ids")
+        raise QuarantineError("missing_field", "record has neither messages nor input_ids")
     original = len(ids)
     if original > max_length:
         if drop_long:
-            raise RecordError("too_long", f"{original} tokens > max_length {max_length}")
+            raise QuarantineError("too_long", f"{original} tokens > max_length {max_length}")
         ids, mask = ids[:max_length], mask[:max_length]
     return Tokenized(np.asarray(ids, dtype=np.int32), np.asarray(mask, dtype=np.uint8), original)

@@ -109,7 +109,7 @@ class Fingerprint:
         responses came from (`store_schema.provenance`), and this environment's
         package versions."""
         recorded = plan.settings
-        settings = PlanSettings.from_record(recorded)
+        settings = PlanSettings.from_json(recorded)
         return cls(
             **identity,
             num_target_layers=int(target.num_target_layers),

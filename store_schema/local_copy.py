@@ -111,7 +111,7 @@ def copy_shard(source: Store, directory, name: str) -> int:
             data = _fetch_checked(source, name, rel, entry)
             (staging / rel).parent.mkdir(parents=True, exist_ok=True)
             (staging / rel).write_bytes(data)
-        write_record(staging / layout.COMMIT_RECORD, commit.to_record())
+        write_record(staging / layout.COMMIT_RECORD, commit.to_json())
         final = layout.shard_dir(directory, name)
         final.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -132,7 +132,7 @@ def keep_copied_shard(source: Store, directory, name: str) -> bool:
     if not copy.is_committed(name):
         return False
     try:
-        same = copy.commit(name).to_record() == source.commit(name).to_record()
+        same = copy.commit(name).to_json() == source.commit(name).to_json()
     except CorruptShardError:
         same = False
     if same and not check_files(layout.shard_dir(directory, name), copy.commit(name).file_table):

@@ -27,7 +27,7 @@ class PlanSettings:
     """The choices that decide a plan's content besides the corpus and the tokenizer.
 
     The planner's input, and recorded in the plan's settings under the same keys
-    (`to_record` / `from_record`), so a resumed job compares what it would plan
+    (`to_json` / `from_json`), so a resumed job compares what it would plan
     with what the store was planned with, and a store's settings read back as this."""
 
     max_length: int = DEFAULT_MAX_LENGTH  # longer records are truncated (or quarantined: drop_long)
@@ -57,7 +57,7 @@ class PlanSettings:
         """A sample with fewer loss tokens cannot hold two blocks: quarantined."""
         return 2 * self.block_size
 
-    def to_record(self) -> dict:
+    def to_json(self) -> dict:
         """These settings as the plan records them: the derived `min_loss_tokens`, and
         the loss-mask scope as the `mask_convention` plans have always recorded (so a
         content-scope plan keeps the digest it had before scopes existed)."""
@@ -66,7 +66,7 @@ class PlanSettings:
         return record
 
     @classmethod
-    def from_record(cls, record: Mapping) -> "PlanSettings":
+    def from_json(cls, record: Mapping) -> "PlanSettings":
         """The settings a recorded plan was made with (a plan's `settings`)."""
         scopes = {convention: scope for scope, convention in LOSS_MASK_CONVENTIONS.items()}
         convention = record.get("mask_convention", LOSS_MASK_CONVENTIONS["content"])
@@ -107,7 +107,7 @@ class QuarantinedRecord:
 class Plan:
     shards: tuple[PlannedShard, ...]
     quarantined: tuple[QuarantinedRecord, ...] = ()
-    # As recorded (on disk and in `digest`): `PlanSettings.to_record()` plus what the
+    # As recorded (on disk and in `digest`): `PlanSettings.to_json()` plus what the
     # corpus and the tokenizer were (paths, hashes, format) and the planner's conventions.
     settings: dict = field(default_factory=dict)
 

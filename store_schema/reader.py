@@ -127,7 +127,7 @@ class Store:
         if name not in self._commits:
             try:
                 body = read_record(layout.shard_dir(self.path, name) / layout.COMMIT_RECORD)
-                self._commits[name] = ShardCommit.from_record(body)
+                self._commits[name] = ShardCommit.from_json(body)
             except RecordError as exc:
                 raise CorruptShardError(name, layout.COMMIT_RECORD, str(exc)) from None
         return self._commits[name]

@@ -174,7 +174,7 @@ class ShardCommit:
     layer_stats: Mapping[int, LayerStats] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
-    def from_record(cls, body: dict) -> "ShardCommit":
+    def from_json(cls, body: dict) -> "ShardCommit":
         try:
             files = {rel: FileEntry(int(meta["size"]), str(meta["crc32c"])) for rel, meta in body["files"].items()}
             stats = {int(layer): LayerStats.from_json(entry) for layer, entry in (body.get("layer_stats") or {}).items()}
@@ -190,7 +190,7 @@ class ShardCommit:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise RecordError(f"commit record lacks or mistypes a field ({exc!r})") from None
 
-    def to_record(self) -> dict:
+    def to_json(self) -> dict:
         record = {
             "shard": self.shard,
             "num_samples": self.num_samples,
@@ -206,7 +206,7 @@ class ShardCommit:
     @property
     def file_table(self) -> dict:
         """{relative path: {"size", "crc32c"}}, the form `check_files` compares."""
-        return self.to_record()["files"]
+        return self.to_json()["files"]
 
     @property
     def disk_bytes(self) -> int:

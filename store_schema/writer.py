@@ -90,10 +90,10 @@ class StoreWriter:
 
         def record(summary: dict, files: dict) -> dict:
             body = {"shard": name, "fingerprint_sha256": self.fingerprint.sha256(), "files": files, **summary}
-            return ShardCommit.from_record(body).to_record()
+            return ShardCommit.from_json(body).to_json()
 
         def check(staging: Path, body: dict) -> None:
-            commit = ShardCommit.from_record(body)
+            commit = ShardCommit.from_json(body)
             _check_complete(staging, commit, self._arrays(commit.target_topk))
 
         return self.commit_written(name, lambda staging: self._write_arrays(staging, name, samples), record,

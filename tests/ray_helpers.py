@@ -32,7 +32,7 @@ def ray_cluster():
 
 
 def job_config(model, corpus_path, store, *, shard_tokens=SHARD_TOKENS, **overrides):
-    from extract.config import JobConfig
+    from extract.extraction.config import JobConfig
     from store_schema.plan import PlanSettings
 
     settings = dict(

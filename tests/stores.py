@@ -1,6 +1,6 @@
 """Stores of *real* hidden states for trainer tests: coding chats rendered with the
 tiny tokenizer's chat template (loss mask = assistant tokens), run through the
-tiny Qwen3 target with `extract.target.TargetRunner`, written with the
+tiny Qwen3 target with `extract.extraction.runner.TargetRunner`, written with the
 `store_schema` writer. Tests may import both `extract` and `train`; the packages
 never import each other."""
 
@@ -37,7 +37,8 @@ def build_real_store(
 ) -> Path:
     """A store of the tiny target's real hidden states for chat `records` (default:
     `num_samples` distinct coding chats, ids `sample-00000`...)."""
-    from extract.target import TargetRunner, load_target
+    from extract.extraction.runner import TargetRunner
+    from extract.jobs.target import load_target
 
     target = load_target(model_dir)
     runner = TargetRunner(target, list(layer_ids), topk=topk)
@@ -82,7 +83,8 @@ def repeated_corpus(num_samples: int, distinct: int, seed: int = 0) -> list[dict
 def greedy_store(path, model_dir, tokenizer, layers, count: int, new_tokens: int):
     """A store whose responses are the target's own greedy continuations of coding
     prompts (what the drafter must predict at decode time), with real hidden states."""
-    from extract.target import TargetRunner, load_target
+    from extract.extraction.runner import TargetRunner
+    from extract.jobs.target import load_target
     from store_schema import CodecConfig
     from train.acceptance.speculate import greedy_generate
 

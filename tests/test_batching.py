@@ -1,4 +1,4 @@
-"""Length batching within a group of shards (`extract.batching`)."""
+"""Length batching within a group of shards (`extract.jobs.batching`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from extract.batching import (
+from extract.jobs.batching import (
     FORWARD_COST_SHARE, batch_groups, batches_by_length, batches_min_padding, padded_tokens,
 )
 

@@ -43,7 +43,7 @@ def test_plan_dry_run_sizes_the_27b_extraction(qwen3_6_27b, capsys):
     from extract.__main__ import main
 
     model, corpus = qwen3_6_27b
-    assert main(["plan", "--dry-run", "--json", "--model", str(model), "--corpus", str(corpus), "--workers", "1",
+    assert main(["plan", "--dry-run", "--json", "--model", str(model), "--corpus", str(corpus), "--tokenizer-workers", "1",
                  "--gpu-memory", "96", "--tokens-per-s", "20000", "--gpus", "8", "--gpu-tflops", "500"]) == 0
     report = _json_out(capsys)
     job = report["job"]
@@ -79,7 +79,7 @@ def test_plan_dry_run_says_the_write_rate_and_warns_of_an_optimistic_rate(qwen3_
     from extract.__main__ import main
 
     model, corpus = qwen3_6_27b
-    argv = ["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--workers", "1",
+    argv = ["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--tokenizer-workers", "1",
             "--tokens-per-s", "9000", "--gpus", "8"]
     assert main([*argv, "--gpu-tflops", "500"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -97,7 +97,7 @@ def test_plan_dry_run_names_a_gpu_too_small(qwen3_6_27b, capsys):
     from extract.__main__ import main
 
     model, corpus = qwen3_6_27b
-    assert main(["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--workers", "1",
+    assert main(["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--tokenizer-workers", "1",
                  "--gpu-memory", "48", "--batch-tokens", "32768"]) == 0
     out = capsys.readouterr().out
     assert "does NOT fit in 48 GiB; the largest --batch-tokens that fits: 0" in out  # 46.3 GiB weights + reserve

@@ -81,9 +81,8 @@ def test_exit_codes_follow_the_one_rule(qwen3_dir, tmp_path, capsys):
 
 
 def test_fault_injection_is_armed_from_the_environment_only_for_tests():
-    from extract.config import (
-        KILL_AFTER_BATCHES_ENV, KILL_DRIVER_ENV, STOP_AFTER_BATCHES_ENV, FaultInjection, JobConfig,
-    )
+    from extract.jobs.settings import KILL_AFTER_BATCHES_ENV, KILL_DRIVER_ENV, STOP_AFTER_BATCHES_ENV, FaultInjection
+    from extract.extraction.config import JobConfig
 
     assert FaultInjection.from_env({}) == FaultInjection()
     faults = FaultInjection.from_env({KILL_AFTER_BATCHES_ENV: "3, 7", KILL_DRIVER_ENV: "2", STOP_AFTER_BATCHES_ENV: "5"})
@@ -114,10 +113,11 @@ def test_a_refused_job_leaves_nothing_behind(qwen3_dir, tmp_path, capsys):
 
 def test_new_flags_are_validated_and_plan_workers_default_to_the_cores(capsys):
     from extract.__main__ import build_parser
-    from extract.config import JobConfig, available_cpus
+    from extract.extraction.config import JobConfig
+    from store_schema.runtime.host import available_cores
 
     args = build_parser().parse_args(["run", "--model", "m", "--corpus", "c", "--store", "s"])
-    assert args.plan_workers == available_cpus() and JobConfig(model="m", corpus="c", store="s").plan_workers >= 1
+    assert args.plan_workers == available_cores() and JobConfig(model="m", corpus="c", store="s").plan_workers >= 1
     assert (args.batch_shards, args.worker_timeout, args.require_fast_kernels) == (4, 3600.0, False)
     for field, value in (("batch_shards", 0), ("worker_timeout", 0.0), ("progress_interval", -1.0)):
         try:
@@ -162,5 +162,21 @@ def test_plan_names_a_quarantined_record_by_its_1_based_line(qwen3_dir, tmp_path
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(chat) + "\n" for chat in chats) + "\n{not json\n")  # line 3 is blank
     assert main(["plan", "--dry-run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--layers", "1,3",
-                 "--workers", "1"]) == 0
+                 "--tokenizer-workers", "1"]) == 0
     assert "    c.jsonl line 4: malformed_json " in capsys.readouterr().out
+
+
+def test_plan_workers_is_renamed_tokenizer_workers_and_the_old_spelling_refused(qwen3_dir, tmp_path, capsys):
+    """Issue 34.4: `--workers` meant tokenizer processes under `plan` and Ray actors under `run`."""
+    from extract.__main__ import RENAMED_WORKERS_NOTE, build_parser, main
+
+    plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]
+    corpus = write_chat_jsonl(tmp_path / "c.jsonl", coding_chats(3))
+    common = ["plan", "--dry-run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--layers", "1,3"]
+    assert main([*common, "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {RENAMED_WORKERS_NOTE}"] and "--tokenizer-workers" in err[0]
+    assert plan_parser.parse_args(common[1:] + ["--tokenizer-workers", "3"]).tokenizer_workers == 3
+    assert "--workers" not in plan_parser.format_help()  # only the new spelling is offered
+    run_parser = build_parser()._subparsers._group_actions[0].choices["run"]
+    assert run_parser.parse_args(["--model", "m", "--corpus", "c", "--tokenizer-workers", "3"]).plan_workers == 3

@@ -57,7 +57,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(ray_cluster, qwen3_5_dir, corpus, tmp_path_factory):
     """An uninterrupted 2-worker run: the store every other run must equal."""
-    from extract.job import run_job
+    from extract.extraction.job import run_job
 
     store = tmp_path_factory.mktemp("ref") / "store"
     report = run_job(_config(qwen3_5_dir, corpus[0], store))
@@ -128,7 +128,8 @@ def test_fp8_job_stores_the_reference_within_rounding_and_a_store_never_mixes_dt
     """`--store-dtype fp8_e4m3`: the workers quantize on their device; the store holds
     the reference (bf16) job's states within e4m3 rounding, verifies, and refuses to be
     resumed as a bf16 store (and the bf16 store as an fp8 one), naming the dtype."""
-    from extract.job import ExtractError, run_job
+    from extract.errors import ExtractError
+    from extract.extraction.job import run_job
     from store_schema import Store
     from builders import fp8_rounding_bound as rounding_bound
 
@@ -197,7 +198,7 @@ def test_a_complete_store_on_a_read_only_filesystem_has_nothing_to_do(reference,
     """Issue 35.10: a finished store mounted read-only (an archive, a shared copy) could
     not even say "nothing to do". Tests run as root, which chmod does not stop: a
     read-only bind mount does."""
-    from extract.job import run_job
+    from extract.extraction.job import run_job
 
     store, _ = reference
     copy, mount = tmp_path / "copy", tmp_path / "ro"
@@ -227,7 +228,8 @@ def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_othe
     settings: nothing re-tokenized), computes nothing, says so, and keeps the report of
     the run that extracted (issue 16.3). Other corpus bytes or settings are refused,
     naming what differs, before anything is tokenized."""
-    from extract.job import ExtractError, run_job
+    from extract.errors import ExtractError
+    from extract.extraction.job import run_job
     from store_schema.plan import PlanSettings
 
     store, first = reference
@@ -266,7 +268,8 @@ def test_a_capture_of_all_zeros_is_never_committed(ray_cluster, qwen3_5_dir, cor
     shard and the layer, and commits nothing."""
     from safetensors.torch import load_file, save_file
 
-    from extract.job import ExtractError, run_job
+    from extract.errors import ExtractError
+    from extract.extraction.job import run_job
     from store_schema import layout
 
     model = tmp_path / "zero-embeddings"
@@ -306,7 +309,7 @@ def test_second_job_on_a_held_store_is_refused(reference, qwen3_5_dir, corpus, c
 
 
 def test_one_worker_with_overwrite_gives_identical_content(reference, qwen3_5_dir, corpus, tmp_path):
-    from extract.job import run_job
+    from extract.extraction.job import run_job
 
     ref_store, ref_report = reference
     store = tmp_path / "store"
@@ -323,8 +326,8 @@ def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     byte for byte what the uninterrupted run wrote."""
     from store_schema.verify import verify_store
 
-    from extract.config import FaultInjection
-    from extract.job import run_job
+    from extract.jobs.settings import FaultInjection
+    from extract.extraction.job import run_job
 
     ref_store, ref_report = reference
     store = tmp_path / "store"
@@ -340,8 +343,8 @@ def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
 def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, corpus, tmp_path):
     """A driver (its own process, joined to the cluster) SIGKILLs itself after its
     2nd commit; the same command then finishes the store without recomputing them."""
-    from extract.config import KILL_DRIVER_ENV
-    from extract.job import run_job
+    from extract.jobs.settings import KILL_DRIVER_ENV
+    from extract.extraction.job import run_job
 
     ref_store, ref_report = reference
     store = tmp_path / "store"
@@ -368,7 +371,8 @@ def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, c
 def test_disk_full_stops_cleanly_and_rerun_completes(reference, qwen3_5_dir, corpus, tmp_path):
     from store_schema.verify import verify_store
 
-    from extract.job import ExtractError, run_job
+    from extract.errors import ExtractError
+    from extract.extraction.job import run_job
 
     ref_store, ref_report = reference
     size = sum(f.stat().st_size for f in ref_store.rglob("*") if f.is_file())
@@ -411,8 +415,8 @@ def test_a_copied_tree_resumes_with_its_plan(reference, qwen3_5_dir, corpus, tmp
     tree), a group of shards missing: the same bytes, tokenizer and settings decide,
     not the paths -- the stored plan is reused, the workers read the corpus where it
     is now, and the finished store equals the original byte for byte."""
-    from extract.batching import batch_groups
-    from extract.job import run_job
+    from extract.jobs.batching import batch_groups
+    from extract.extraction.job import run_job
     from store_schema import Store
 
     ref_store, ref_report = reference

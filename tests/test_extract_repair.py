@@ -37,7 +37,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(ray_cluster, qwen3_5_dir, corpus, tmp_path_factory):
-    from extract.job import run_job
+    from extract.extraction.job import run_job
 
     store = tmp_path_factory.mktemp("ref") / "store"
     messages = []
@@ -59,7 +59,7 @@ def test_repair_then_rerun_gives_a_byte_identical_store(reference, ray_cluster, 
     one that lost its commit record after the repair is set aside by `extract run`
     itself (no `Directory not empty`); the run re-extracts exactly those two, the
     store is byte-identical to the original and `damaged/` is gone once complete."""
-    from extract.job import run_job
+    from extract.extraction.job import run_job
     from store_schema.__main__ import main as store_main
 
     original, first, _ = reference
@@ -111,8 +111,8 @@ def test_ctrl_c_while_workers_load_keeps_the_plan_and_the_rerun_does_not_replan(
 
 
 def test_a_cluster_too_small_is_answered_with_a_flag_value_the_cli_accepts(ray_cluster):
-    from extract.config import FaultInjection
-    from extract.dispatch import Placement, check_resources
+    from extract.jobs.settings import FaultInjection
+    from extract.jobs.dispatch import Placement, check_resources
     from extract.errors import ExtractError
 
     cpu = Placement(device="cpu", workers=5, cpus_per_worker=1, address=ray_cluster, faults=FaultInjection())

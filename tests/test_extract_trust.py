@@ -86,7 +86,7 @@ def test_plan_dry_run_exits_1_on_a_corpus_giving_no_samples(qwen3_dir, tmp_path,
     from extract.__main__ import main
 
     corpus = write_chat_jsonl(tmp_path / "c.jsonl", [{"id": "a", "messages": [{"role": "user", "content": "hi"}]}])
-    assert main(["plan", "--dry-run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--workers", "1",
+    assert main(["plan", "--dry-run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--tokenizer-workers", "1",
                  "--layers", "1,3"]) == 1
     assert "no samples (1 record(s) quarantined (no_assistant_turn 1))" in capsys.readouterr().err
 
@@ -153,7 +153,7 @@ def test_the_second_job_refusal_is_a_sentence(tmp_path):
 
 
 def test_run_reports_quarantine_reasons():
-    from extract.report import summary_line
+    from extract.extraction.report import summary_line
 
     report = dict(status="complete", shards_written=2, samples_written=9, tokens_written=900, shards_skipped=0,
                   quarantined=3, quarantined_by_reason={"unsafe_id": 1, "no_assistant_turn": 2},

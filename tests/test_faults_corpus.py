@@ -114,7 +114,7 @@ _PLAN_SCRIPT = """
 import sys
 from transformers import AutoTokenizer
 from extract.errors import ExtractError
-from extract.planning import build_plan
+from extract.extraction.planning import build_plan
 tokenizer = AutoTokenizer.from_pretrained(sys.argv[2])
 try:
     plan = build_plan(sys.argv[1], sys.argv[3], tokenizer=tokenizer, workers=2, chunk_records=8)

@@ -68,7 +68,7 @@ def corpus(tmp_path_factory):
 @pytest.fixture(scope="module")
 def reference(ray_cluster, qwen3_5_dir, corpus, tmp_path_factory):
     """An uninterrupted 2-worker run of the same corpus and settings."""
-    from extract.job import run_job
+    from extract.extraction.job import run_job
 
     store = tmp_path_factory.mktemp("ref") / "store"
     report = run_job(_config(qwen3_5_dir, corpus[0], store))
@@ -103,8 +103,8 @@ def _committed_only_missing(store) -> int:
 
 
 def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
-    from extract.config import FaultInjection
-    from extract.job import run_job
+    from extract.jobs.settings import FaultInjection
+    from extract.extraction.job import run_job
 
     ref_store, ref_report, ref_content = reference
     rng = random.Random(KILL_SEED)
@@ -143,7 +143,7 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
     not): the group is queued again for the other only, its attempt revoked and its
     staging removed; the committed one is counted as written."""
     import builders
-    from extract.dispatch import DispatchCounts, Dispatcher, DispatchSettings, _Held
+    from extract.jobs.dispatch import DispatchCounts, DispatchSettings, Dispatcher, _Held
     from store_schema import Store
     from store_schema.lock import ShardFence, ShardFenced, claim
 
@@ -183,7 +183,7 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
 def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
     """`max_attempts` tries per shard, then the job stops naming the shard."""
     import builders
-    from extract.dispatch import Dispatcher, DispatchSettings, _Held
+    from extract.jobs.dispatch import DispatchSettings, Dispatcher, _Held
     from extract.errors import ExtractError
     from store_schema import Store
     from store_schema.lock import ShardFence
@@ -210,8 +210,8 @@ def test_driver_killed_at_three_points_then_rerun(reference, ray_cluster, qwen3_
     """Run the same command four times: the first three drivers SIGKILL themselves
     (after their 1st commit; after half the remaining shards; after the last shard
     was committed but before the report), the fourth finishes."""
-    from extract.config import KILL_DRIVER_ENV
-    from extract.job import run_job
+    from extract.jobs.settings import KILL_DRIVER_ENV
+    from extract.extraction.job import run_job
 
     ref_store, ref_report, ref_content = reference
     total = ref_report["shards"]
@@ -251,7 +251,7 @@ def test_driver_killed_at_three_points_then_rerun(reference, ray_cluster, qwen3_
 def test_second_job_refused_while_first_lives_then_takes_over(reference, ray_cluster, qwen3_5_dir, corpus, tmp_path,
                                                              capsys):
     from extract.__main__ import main
-    from extract.job import run_job
+    from extract.extraction.job import run_job
 
     ref_store, ref_report, ref_content = reference
     store = tmp_path / "store"
@@ -310,10 +310,10 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
 
     import ray
 
-    from extract.batching import batch_groups
-    from extract.config import FaultInjection
-    from extract.dispatch import ActorPool, Placement
-    from extract.job import Extraction
+    from extract.jobs.batching import batch_groups
+    from extract.jobs.settings import FaultInjection
+    from extract.jobs.dispatch import ActorPool, Placement
+    from extract.extraction.job import Extraction
     from store_schema.runtime.target_config import read_target_config
     from store_schema import Store
     from store_schema.lock import ShardFence
@@ -386,8 +386,8 @@ def test_a_worker_frozen_past_its_deadline_is_replaced_and_the_report_says_so(re
     on a fresh actor; the moment it says so, the frozen actor is resumed (SIGCONT) to
     race it. The job completes byte-equal to the reference, and the report counts
     the timeout, the revoked attempts and every shard exactly once."""
-    from extract.config import FaultInjection
-    from extract.job import run_job
+    from extract.jobs.settings import FaultInjection
+    from extract.extraction.job import run_job
     from store_schema.verify import verify_store
 
     ref_store, ref_report, ref_content = reference

@@ -31,7 +31,7 @@ def _records() -> list[dict]:
 
 
 def _config(model, corpus, out, **overrides):
-    from extract.config import FaultInjection
+    from extract.jobs.settings import FaultInjection
     from extract.generate.config import GenerateConfig, GenerationSettings
 
     settings = GenerationSettings(**{"max_new_tokens": MAX_NEW, "shard_records": 3, "max_length": 512,
@@ -104,7 +104,7 @@ def test_a_killed_worker_and_a_rerun_give_the_same_corpus(qwen3_dir, corpus, tmp
     regenerates only that shard. Every file is byte-identical to an undisturbed run."""
     import shutil
 
-    from extract.config import FaultInjection
+    from extract.jobs.settings import FaultInjection
     from extract.generate.job import run_generate
 
     small = dict(batch_tokens=MAX_NEW + 40, settings={"max_length": 40 + MAX_NEW})
@@ -196,7 +196,8 @@ def test_replies_parse_reasoning_the_template_opens(tokenizer_dir, tmp_path):
 
 def test_an_unfinished_generated_corpus_is_refused_as_a_corpus(tmp_path):
     from extract.corpus import open_corpus
-    from extract.generated_corpus import GeneratedCorpusError, commit_shard, shard_table, write_manifest
+    from extract.errors import GeneratedCorpusError
+    from extract.generated_corpus import commit_shard, shard_table, write_manifest
 
     write_manifest(tmp_path, {"engine": "vllm"}, ["shard-000000", "shard-000001"])
     rows = [dict(id="a", messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}],
@@ -214,7 +215,7 @@ def test_an_unfinished_generated_corpus_is_refused_as_a_corpus(tmp_path):
 def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_dir, corpus, tmp_path, ray_cluster,  # noqa: F811
                                                              capsys):
     from extract.generate.job import run_generate
-    from extract.job import run_job
+    from extract.extraction.job import run_job
     from ray_helpers import job_config
     from store_schema import Store
     from store_schema.__main__ import main as store_main

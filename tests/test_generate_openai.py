@@ -52,7 +52,7 @@ def corpus(tmp_path_factory):
 
 
 def _config(model, corpus, out, endpoints=None, **overrides):
-    from extract.config import FaultInjection
+    from extract.jobs.settings import FaultInjection
     from extract.generate.config import ENGINES, GenerateConfig, GenerationSettings, ServerConfig
 
     server = None if endpoints is None else ServerConfig(endpoints=tuple(endpoints), **overrides.pop("server", {}))

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from extract.layers import parse_layer_ids, resolve_layer_ids
+from extract.extraction.layers import parse_layer_ids, resolve_layer_ids
 from store_schema.layout import default_layer_ids, validate_layer_ids
 from store_schema.runtime.target_config import read_target_config
 

@@ -12,7 +12,7 @@ import json
 import pytest
 from builders import CHAT_TEMPLATE, write_chat_jsonl
 
-from extract.planning import build_plan
+from extract.extraction.planning import build_plan
 from extract.tokenization import mask_with_generation_tags, mask_with_offsets, tokenize_record
 from store_schema.fingerprint import Fingerprint, TargetFacts, target_identity
 from store_schema.plan import PlanSettings
@@ -204,9 +204,9 @@ def test_the_scope_is_recorded_in_the_plan_and_the_fingerprint(tmp_path, tokeniz
         {"id": f"r{i}", "messages": _chat(("Double a number.", {"content": ANSWER * (i + 2)}))} for i in range(3)])
     turn = build_plan(corpus, tokenizer_dir, PlanSettings(), tokenizer=tokenizer)
     content = build_plan(corpus, tokenizer_dir, PlanSettings(loss_mask="content"), tokenizer=tokenizer)
-    assert turn.settings["mask_convention"] == "assistant_turn" and PlanSettings.from_record(turn.settings).loss_mask == "turn"
+    assert turn.settings["mask_convention"] == "assistant_turn" and PlanSettings.from_json(turn.settings).loss_mask == "turn"
     assert content.settings["mask_convention"] == "assistant_content"
-    assert PlanSettings.from_record(content.settings).loss_mask == "content"
+    assert PlanSettings.from_json(content.settings).loss_mask == "content"
     loss_tokens = lambda plan: [s.num_loss_tokens for shard in plan.shards for s in shard.samples]  # noqa: E731
     assert [n - 1 for n in sorted(loss_tokens(turn))] == sorted(loss_tokens(content))  # + one <|im_end|> each
     with pytest.raises(ValueError, match="plan settings: loss_mask must be one of"):

@@ -13,9 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from builders import CHAT_TEMPLATE, coding_chats, write_chat_jsonl
 
-from extract.planning import (
-    PlanError,
-    SampleMismatchError,
+from extract.errors import PlanError, QuarantineError, SampleMismatchError
+from extract.extraction.planning import (
     assign_shards,
     build_plan,
     check_tokenizer,
@@ -24,7 +23,6 @@ from extract.planning import (
     summarize,
 )
 from extract.tokenization import (
-    RecordError,
     has_generation_tags,
     mask_with_generation_tags,
     mask_with_offsets,
@@ -162,7 +160,7 @@ def test_pretokenized_records_and_truncation(tokenizer):
     assert full.input_ids.tolist() == ids and full.loss_mask.tolist() == mask
     cut = tokenize_record({"input_ids": ids, "loss_mask": mask}, tokenizer, max_length=50)
     assert cut.input_ids.tolist() == ids[:50] and cut.loss_mask.tolist() == mask[:50] and cut.original_length == 100
-    with pytest.raises(RecordError) as error:
+    with pytest.raises(QuarantineError) as error:
         tokenize_record({"input_ids": ids, "loss_mask": mask}, tokenizer, max_length=50, drop_long=True)
     assert error.value.reason == "too_long"
     chat = long_chats(1)[0]
@@ -282,7 +280,7 @@ def test_settings_are_recorded(tmp_path, tokenizer, tokenizer_dir, no_tags):
     assert (s["max_length"], s["shard_tokens"], s["block_size"], s["seed"]) == (700, 999, 8, 5)
     assert s["corpus_path"] == str(corpus.resolve()) and s["corpus_records"] == 4
     assert len(s["corpus_hash"]) == 64 and s["generation_tags"] is True
-    assert PlanSettings.from_record(s) == settings  # the planner's input, read back from the plan
+    assert PlanSettings.from_json(s) == settings  # the planner's input, read back from the plan
     other = build_plan(corpus, no_tags[0], settings)
     assert other.settings["chat_template_hash"] != s["chat_template_hash"]
     assert other.settings["tokenizer_hash"] != s["tokenizer_hash"]
@@ -323,12 +321,12 @@ def test_plan_digest_is_pinned():
     )
     assert plan.digest() == "af597751763a6e375332ebe0ecced524832a390d35c17221bde3abec0acb53ff"
     # Stores made before loss-mask scopes scored the content: `--loss-mask content` resumes them.
-    assert PlanSettings.from_record(settings) == PlanSettings(loss_mask="content")
-    assert PlanSettings(loss_mask="content").to_record().items() <= settings.items()
+    assert PlanSettings.from_json(settings) == PlanSettings(loss_mask="content")
+    assert PlanSettings(loss_mask="content").to_json().items() <= settings.items()
     # The default scope scores whole turns: a new convention, so a new digest (pinned too).
-    turn = dict(settings, **PlanSettings().to_record())
+    turn = dict(settings, **PlanSettings().to_json())
     assert turn == dict(settings, mask_convention="assistant_turn")
-    assert PlanSettings.from_record(turn) == PlanSettings()
+    assert PlanSettings.from_json(turn) == PlanSettings()
     assert Plan(plan.shards, plan.quarantined, turn).digest() == TURN_PLAN_DIGEST
 
 
@@ -352,13 +350,13 @@ def test_plan_settings_are_the_planners_input_and_its_record(tmp_path, tokenizer
     )
     assert set(plan.settings) == RECORDED_KEYS
     assert plan.num_samples + len(plan.quarantined) == 5  # limit: record 5 never planned
-    assert PlanSettings.from_record(plan.settings) == settings
+    assert PlanSettings.from_json(plan.settings) == settings
 
     (tmp_path / "store").mkdir()
     write_plan_group(tmp_path / "store" / "plan", plan)
     back = read_plan(tmp_path / "store")
     assert back == plan and back.digest() == plan.digest()
-    assert PlanSettings.from_record(back.settings) == settings
+    assert PlanSettings.from_json(back.settings) == settings
 
 
 @pytest.mark.parametrize("field, value", [("max_length", 0), ("shard_tokens", -1), ("block_size", 0),

@@ -7,7 +7,8 @@ import json
 import numpy as np
 
 import builders
-from extract.target import TargetRunner, load_target
+from extract.extraction.runner import TargetRunner
+from extract.jobs.target import load_target
 from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store
 from store_schema.__main__ import main as cli
 

@@ -44,7 +44,7 @@ def test_trust_remote_code_is_never_switched_on_in_code():
             if re.search(r"trust_remote_code\s*=\s*True", line):
                 offenders.append(f"{path.relative_to(REPO)}:{lineno}")
     assert not offenders, offenders
-    from extract.target import load_target
+    from extract.jobs.target import load_target
     from store_schema.runtime.target_model import load_target_model
 
     for loader in (load_target, load_target_model):
@@ -108,7 +108,7 @@ def test_every_ray_init_in_the_packages_keeps_the_dashboard_off_or_on_loopback()
                 host = keywords.get("dashboard_host")
                 on_loopback = isinstance(host, ast.Constant) and host.value in LOOPBACK
                 calls.append((f"{path.relative_to(REPO)}:{node.lineno}", starts_local, dashboard_off or on_loopback))
-    assert any(starts for _, starts, _ in calls), calls  # extract/job.py starts a local cluster
+    assert any(starts for _, starts, _ in calls), calls  # extract/jobs/dispatch.py starts a local cluster
     assert all(safe for _, starts, safe in calls if starts), calls
 
 
@@ -148,7 +148,7 @@ def test_the_local_ray_the_job_starts_serves_no_dashboard_or_client_port(tmp_pat
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp on this system")
     script = (
-        "import json, sys; from extract.config import JobConfig; from extract.dispatch import start_ray; import ray\n"
+        "import json, sys; from extract.extraction.config import JobConfig; from extract.jobs.dispatch import start_ray; import ray\n"
         "start_ray(JobConfig(model='m', corpus='c', store='s', workers=1))\n"
         "print('started', flush=True); sys.stdin.readline(); ray.shutdown()\n"
     )

@@ -84,7 +84,8 @@ def test_fp8_stores_code_each_channel_apart_by_default(tmp_path):
 def test_activations_code_the_high_byte_and_store_the_low_byte_raw(qwen3_5_dir):
     """On real activations of the tiny Qwen3.5: the low byte (mantissa) is stored raw,
     the high byte (sign + exponent) coded to well under half its size; bit-exact."""
-    from extract.target import TargetRunner, load_target
+    from extract.extraction.runner import TargetRunner
+    from extract.jobs.target import load_target
 
     runner = TargetRunner(load_target(qwen3_5_dir), [1, 5])
     ids = np.random.default_rng(0).integers(0, 500, 512).astype(np.int32)
@@ -102,7 +103,8 @@ def test_activations_code_the_high_byte_and_store_the_low_byte_raw(qwen3_5_dir):
 def test_real_states_read_back_bit_exact_through_every_path(tmp_path, qwen3_dir, tokenizer):
     """A store of the tiny Qwen3's states (default codec): the fast reader, windowed
     reads and plain zarr-python all give the bits the target produced."""
-    from extract.target import TargetRunner, load_target
+    from extract.extraction.runner import TargetRunner
+    from extract.jobs.target import load_target
 
     path = stores.build_real_store(tmp_path / "s", qwen3_dir, tokenizer, num_samples=6, samples_per_shard=3)
     store = Store(path)

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from extract.batching import batches_by_length
-from extract.kernels import kernel_report
-from extract.target import TargetRunner, decoder_layers, load_target
+from extract.jobs.batching import batches_by_length
+from extract.jobs.kernels import kernel_report
+from extract.extraction.runner import TargetRunner, decoder_layers
+from extract.jobs.target import load_target
 
 # Mixed lengths: 1 token, shorter and longer than the gated-delta-rule chunk (64),
 # and the longest defines the padded width of the batch.
@@ -135,7 +136,7 @@ def test_forward_stops_after_last_needed_layer(targets):
 def test_topk_matches_full_model_logits(targets, kind, monkeypatch):
     path, target = targets[kind]
     # a budget of 3 vocab-sized rows forces the chunked path on these short sequences
-    monkeypatch.setattr("extract.target.TOPK_LOGITS_BUDGET", 3 * target.vocab_size)
+    monkeypatch.setattr("extract.extraction.runner.TOPK_LOGITS_BUDGET", 3 * target.vocab_size)
     k = 8
     runner = TargetRunner(target, [2], topk=k)
     sequences = _sequences([25, 9, 40], seed=5)
@@ -248,7 +249,7 @@ def test_a_cuda_worker_on_the_pytorch_fallback_is_refused_before_loading_when_as
     without fla / causal-conv1d the hybrid model's prefill kernels are the fallback."""
     from transformers import Qwen3_5TextModel, Qwen3Model
 
-    from extract.kernels import check_fast_kernels, fallback_kernels, kernels_of_class, slow_kernels_message
+    from extract.jobs.kernels import check_fast_kernels, fallback_kernels, kernels_of_class, slow_kernels_message
 
     if _importable("fla") and _importable("causal_conv1d"):
         pytest.skip("optimized kernels installed here")

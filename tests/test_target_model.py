@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import builders
-from extract.target import load_target
+from extract.jobs.target import load_target
 from store_schema.__main__ import main as store_cli
 from store_schema.runtime.target_model import (TargetWeightsError, compute_dtype, device_map_for, load_target_model)
 from store_schema.runtime.target_config import read_target_config

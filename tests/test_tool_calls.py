@@ -12,7 +12,8 @@ import builders
 from builders import QWEN_TOOL_TEMPLATE
 
 from extract.generate.turns import conversation
-from extract.messages import RecordError, clean_messages
+from extract.errors import QuarantineError
+from extract.messages import clean_messages
 from extract.tokenization import tokenize_record
 from extract.tokenizer_facts import tokenizer_facts
 
@@ -84,7 +85,7 @@ def test_a_turn_that_only_calls_a_tool_is_a_reply():
 def test_bad_tool_calls_are_quarantined_naming_the_call(qwen_tools, call, reason, detail):
     record = {"messages": [{"role": "user", "content": "list files"},
                            {"role": "assistant", "content": "", "tool_calls": [call]}]}
-    with pytest.raises(RecordError) as error:
+    with pytest.raises(QuarantineError) as error:
         tokenize_record(record, qwen_tools)
     assert error.value.reason == reason and detail in error.value.detail and "messages[1]" in error.value.detail
 

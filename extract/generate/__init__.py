@@ -5,6 +5,6 @@ corpus, so the drafter trains on the target's own words (the DFlash recipe).
 - `turns`: one record's conversation, prompts and parsed replies (pure, no model).
 - `planning`: records -> a plan of shards, bad records quarantined with reasons.
 - `worker`: the Ray actor that holds the target and generates shards.
-- `job`: the generate job (manifest, resume, report) run by the one sharded-job driver (`extract.sharded`).
+- `job`: the generate job (manifest, resume, report) run by the one sharded-job driver (`extract.jobs.driver`).
 
 The output is a generated corpus (`extract.generated_corpus`)."""

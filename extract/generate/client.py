@@ -20,25 +20,11 @@ import asyncio
 import json
 from dataclasses import dataclass
 
-from ..errors import ExtractError
+from ..errors import EndpointsDown, RequestFailed
 
 RETRIED_STATUSES = {408, 429}  # and every 5xx
 BACKOFF_SECONDS, BACKOFF_CAP = 0.5, 30.0
 PROBE_SECONDS = 10.0
-
-
-class EndpointsDown(ExtractError):
-    """No endpoint answers any more: the job stops; a rerun resumes."""
-
-    failure_kind = "endpoints_down"
-
-
-class RequestFailed(Exception):
-    """A request that failed every try: its record is quarantined with `reason`."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
 
 
 @dataclass(frozen=True)
@@ -74,7 +60,7 @@ class EndpointPool:
         self._session = None
 
     async def __aenter__(self):
-        import aiohttp
+        import aiohttp  # --engine openai only
 
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         return self

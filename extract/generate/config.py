@@ -1,7 +1,7 @@
 """A generate job's configuration, validated when made; light (no torch, no Ray).
 
 Placement fields (workers, device, cpus_per_worker, address, faults) are named as in
-`extract.config.JobConfig`, so the same Ray start-up and actor pool serve both jobs."""
+`extract.extraction.config.JobConfig`, so the same Ray start-up and actor pool serve both jobs."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 
 from store_schema.plan import DEFAULT_MAX_LENGTH
 
-from ..config import (
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES, PROGRESS_MODES, FaultInjection,
+from ..jobs.settings import (
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES, PROGRESS_MODES,
+    FaultInjection,
 )
 
 THINKING = ("on", "off", "keep")  # enable_thinking=True / False / the template's default
@@ -53,13 +54,13 @@ class GenerationSettings:
         if self.engine not in ENGINES.values():
             raise ValueError(f"engine must be one of {tuple(ENGINES.values())}, got {self.engine!r}")
 
-    def to_record(self) -> dict:
+    def to_json(self) -> dict:
         return dict(engine=self.engine, generator_version=GENERATOR_VERSION, max_new_tokens=self.max_new_tokens,
                     temperature=float(self.temperature), seed=self.seed, thinking=self.thinking,
                     max_length=self.max_length, shard_records=self.shard_records, limit=self.limit)
 
     @classmethod
-    def from_record(cls, record) -> "GenerationSettings":
+    def from_json(cls, record) -> "GenerationSettings":
         return cls(**{name: record[name] for name in cls.__dataclass_fields__ if name in record})
 
 
@@ -98,7 +99,7 @@ class GenerateConfig:
     out: str | None  # None only for --dry-run
     settings: GenerationSettings = field(default_factory=GenerationSettings)
     workers: int = 1
-    device: str = "cpu"
+    device: str = "cpu"  # cpu or cuda: `--device auto` is settled by `store_schema.runtime.host.choose_device`
     device_note: str = ""  # why this device (--device auto's choice): the job's first line says it
     address: str | None = None
     batch_tokens: int = DEFAULT_GENERATE_BATCH_TOKENS
@@ -119,7 +120,7 @@ class GenerateConfig:
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
         if self.device not in DEVICES:
-            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         if self.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
         if (self.server is not None) != (self.settings.engine == ENGINES["openai"]):

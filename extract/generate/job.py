@@ -2,7 +2,7 @@
 
     report = run_generate(GenerateConfig(model=..., corpus=..., out=..., workers=8, device="cuda"))
 
-The same rules as `extract run` (`extract.job`), through the same parts:
+The same rules as `extract run` (`extract.extraction.job`), through the same parts:
 
 1. Take ``OUT/.lock`` (`store_schema.StoreLock`: a second live job is refused) and
    remove a dead job's ``.staging/`` leftovers. A job refused before it wrote
@@ -11,7 +11,7 @@ The same rules as `extract run` (`extract.job`), through the same parts:
    tokenizer, source corpus bytes and settings are the ones it was made with; any
    other is refused naming each field that differs. A new output is planned
    (`planning.plan_generation`) and its manifest written before any shard.
-3. The rest is the one sharded-job driver (`extract.sharded.run_sharded`) with
+3. The rest is the one sharded-job driver (`extract.jobs.driver.run_sharded`) with
    `GenerationWorker` actors built from a `GenerationSpec` (or, with ``--engine
    openai``, `OpenAIGenerationWorker` actors asking the checked endpoints, built
    from an `OpenAIGenerationSpec`): free space, numbered
@@ -21,15 +21,31 @@ The same rules as `extract run` (`extract.job`), through the same parts:
 
 from __future__ import annotations
 
-import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
+from store_schema import layout
+from store_schema.fingerprint import describe_differences, mapping_differences
+from store_schema.plan import Plan
 from store_schema.runtime.progress import Progress
+from store_schema.runtime.target_config import read_config_json
+from store_schema.runtime.target_weights import check_target_weights
+from transformers import AutoTokenizer
 
+from ..corpus import open_corpus, require_corpus
 from ..errors import ExtractError
-from ..sharded import Planned, ProgressSettings, ShardedJob, run_sharded
-from .config import GenerateConfig
+from ..generated_corpus import is_generated_corpus, read_manifest, shard_record, write_manifest
+from ..jobs.dispatch import DispatchSettings, Placement
+from ..jobs.driver import Planned, ProgressSettings, ShardedJob, run_sharded
+from ..jobs.output import log_to_stderr, output_locked, ready_to_start
+from .config import GenerateConfig, GenerationSettings
+from .openai_worker import OpenAIGenerationSpec
+from .planning import RERUN_TOLERATES, generation_identity, plan_counts, plan_generation
+from .replies import journaled_replies, remove_journal
+from .served_report import served_report
+from .server import check_servers
+from .worker import GenerationSpec
 
 # A rough upper bound on a generated corpus's bytes per token (UTF-8 text in Parquet),
 # for the free-space check: generous, since a reply may use its whole --max-new-tokens.
@@ -38,16 +54,8 @@ BYTES_PER_TOKEN = 4
 
 def plan_generate(config: GenerateConfig, log=None, served=None):
     """The job's generation identity and a fresh plan (what --dry-run previews)."""
-    from transformers import AutoTokenizer
-
-    from store_schema.runtime.target_config import read_config_json
-
-    from ..corpus import open_corpus
-    from .planning import generation_identity, plan_generation
-
     read_config_json(config.model)  # a model directory, before anything else
-    if not Path(config.corpus).exists():
-        raise FileNotFoundError(f"corpus {config.corpus} does not exist")
+    require_corpus(config.corpus)
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
     identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
 
@@ -61,16 +69,14 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     """Run (or resume) one generate job; returns the report. Raises `ExtractError`
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
-    from ..generated_corpus import is_generated_corpus
-    from ..job import refuse_missing_cuda
-    from ..output import output_locked, refuse_foreign_output
-
-    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    log = log or log_to_stderr
     started = time.perf_counter()
     out = Path(config.out)
-    refuse_missing_cuda(config)
+    read_config_json(config.model)  # a model directory
+    if config.server is None:  # the hf engine loads the target; the openai one asks servers that hold it
+        check_target_weights(config.model, "--model")
     refusal = "is a non-empty directory that is not a generated corpus; refusing to write into it -- choose a new --out"
-    refuse_foreign_output(out, is_generated_corpus, refusal)
+    config = ready_to_start(config, out, is_generated_corpus, refusal, log)
     served = check_endpoints(config) if config.server is not None else None
     with output_locked(out):
         job = Generation(config, served)
@@ -80,10 +86,6 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
 
 def check_endpoints(config: GenerateConfig):
     """`--engine openai`: every endpoint answers and serves --model (`server.check_servers`)."""
-    from transformers import AutoTokenizer
-
-    from .server import check_servers
-
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
     return check_servers(config.server.endpoints, config.model, tokenizer, config.settings.thinking,
                          config.settings.max_length, config.server.served_model)
@@ -93,8 +95,6 @@ class Generation(ShardedJob):
     """`extract generate` as a sharded job."""
 
     def __init__(self, config: GenerateConfig, served=None):
-        from ..dispatch import DispatchSettings, Placement
-
         super().__init__(Path(config.out), Placement.of(config),
                          DispatchSettings(config.max_attempts, 1, config.worker_timeout,
                                           config.faults.kill_driver_after_shards),
@@ -105,44 +105,34 @@ class Generation(ShardedJob):
         self.journaled = 0  # replies a previous run finished and journaled, asked for no more
 
     def plan(self, log) -> Planned:
-        from store_schema import layout
-
-        from ..generated_corpus import write_manifest
-
-        plan, reused = _plan_or_resume(self.config, self.output, log, self.served)
-        if not reused:
+        planned = plan_and_resume(self.config, self.output, log, self.served)
+        plan = planned.plan
+        if not planned.reused:
             write_manifest(self.output, plan.settings, [s.name for s in plan.shards], plan.to_json())
-        pending = [s.name for s in plan.shards if not layout.is_committed(self.output, s.name)]
         if self.served is not None:
-            from .replies import journaled_replies
-
-            self.journaled = journaled_replies(self.output, pending)
-        return Planned(plan, reused, pending)
+            self.journaled = journaled_replies(self.output, planned.pending)
+        return planned
 
     def worker_spec(self, plan):
         config = self.config
         if self.served is not None:
             return self._openai_spec(plan)
-        from .worker import GenerationSpec
-
         return GenerationSpec(model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
-                              out=str(self.output.resolve()), plan_settings=plan.settings, device=config.device,
+                              out=str(self.output.resolve()), settings=GenerationSettings.from_json(plan.settings),
+                              device=config.device,
                               batch_tokens=config.batch_tokens,
                               torch_threads=config.cpus_per_worker if config.device == "cpu" else None)
 
     def _openai_spec(self, plan):
         """Each actor's share of --concurrency per endpoint, and enough shards held to keep
         every endpoint's requests in flight (a slow shard's tail leaves room)."""
-        from dataclasses import asdict
-
-        from .openai_worker import OpenAIGenerationSpec
-
         config, server = self.config, self.config.server
         concurrency = -(-server.concurrency // config.workers)
         in_flight = len(self.served) * concurrency
         return OpenAIGenerationSpec(
             model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
-            out=str(self.output.resolve()), plan_settings=plan.settings, served=tuple(asdict(s) for s in self.served),
+            out=str(self.output.resolve()), settings=GenerationSettings.from_json(plan.settings),
+            served=tuple(asdict(s) for s in self.served),
             concurrency=concurrency, request_timeout=server.request_timeout, request_retries=server.request_retries,
             groups_in_flight=2 + 2 * -(-in_flight // config.settings.shard_records))
 
@@ -155,18 +145,12 @@ class Generation(ShardedJob):
 
 
 def _report(config: GenerateConfig, run, wall: float, served=None, journaled: int = 0, log=print) -> dict:
-    from ..generated_corpus import shard_record
-    from .planning import plan_counts
-
     plan, pending, counts = run.planned.plan, run.planned.pending, run.counts
     records = {s.name: shard_record(config.out, s.name) for s in plan.shards}
     generated_now = sum(records[name]["generated_tokens"] for name in pending)
     seconds = run.dispatch_seconds
     served_counts = {}
     if served is not None:
-        from .replies import remove_journal
-        from .served_report import served_report
-
         remove_journal(config.out)  # every shard is committed: no reply is asked for again
         served_counts = served_report(plan_counts(plan), records.values(), served, journaled, log)
     return dict(
@@ -194,21 +178,10 @@ def _report(config: GenerateConfig, run, wall: float, served=None, journaled: in
     )
 
 
-def _plan_or_resume(config: GenerateConfig, out: Path, log, served=None):
-    """(plan, reused): the manifest's plan when this job is the one that made it,
-    else a fresh plan; an output made otherwise is refused naming what differs."""
-    from store_schema.fingerprint import describe_differences, mapping_differences
-    from store_schema.plan import Plan
-
-    from ..generated_corpus import is_generated_corpus, read_manifest
-    from .planning import RERUN_TOLERATES
-
+def plan_and_resume(config: GenerateConfig, out: Path, log, served=None) -> Planned:
+    """The manifest's plan when this job is the one that made it, else a fresh plan,
+    and the shards left; an output made otherwise is refused naming what differs."""
     if is_generated_corpus(out):
-        from transformers import AutoTokenizer
-
-        from ..corpus import open_corpus
-        from .planning import generation_identity
-
         manifest = read_manifest(out)
         tokenizer = AutoTokenizer.from_pretrained(str(config.model))
         identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
@@ -218,10 +191,10 @@ def _plan_or_resume(config: GenerateConfig, out: Path, log, served=None):
                                f"{describe_differences(differences, 'corpus')} -- use a new --out")
         plan = Plan.from_json(manifest["plan"])
         log(f"reusing the output's plan ({plan.num_samples} records in {len(plan.shards)} shards)")
-        return plan, True
+        return Planned(plan, True, [s.name for s in plan.shards if not layout.is_committed(out, s.name)])
     _, plan = plan_generate(config, log, served)
     if not plan.shards:
         reasons = sorted({q.reason for q in plan.quarantined})
         raise ExtractError(f"the corpus gives no records to generate ({len(plan.quarantined)} quarantined: "
                            f"{reasons}); nothing written")
-    return plan, False
+    return Planned(plan, False, [s.name for s in plan.shards])

@@ -18,16 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..worker import GROUPS_IN_FLIGHT, BatchFaults, GroupDone, ShardDone, WorkerInfo, _failure, quiet_worker_process
-from .client import EndpointPool, RequestFailed
+from store_schema.runtime.target_config import read_target_config
+
+from ..errors import EndpointsDown, RequestFailed
+from ..jobs.protocol import (
+    GROUPS_IN_FLIGHT, BatchFaults, GroupDone, ShardDone, WorkerInfo, failure, quiet_worker_process,
+)
+from .client import EndpointPool
 from .config import GenerationSettings
 from .replies import Journal, make_reply, remove_journal, request_body
 from .server import ServedModel
+from .shards import CorpusShards
 from .turns import end_of_turn_ids, render_prompt, reply_message
 
 MISMATCH_EXAMPLES = 3  # per shard, in its commit record
@@ -40,7 +49,7 @@ class OpenAIGenerationSpec:
     model: str
     corpus: str
     out: str
-    plan_settings: dict  # the plan's recorded settings (the generation identity and settings)
+    settings: GenerationSettings  # as the plan recorded them
     served: tuple  # `server.ServedModel` of each checked endpoint, as dicts
     concurrency: int  # requests in flight per endpoint, for this actor
     request_timeout: float
@@ -54,19 +63,16 @@ class OpenAIGenerationSpec:
 
 
 class OpenAIGenerationWorker:
-    """Plain class; `extract.dispatch.ActorPool` wraps it with ``ray.remote``."""
+    """Plain class; `extract.jobs.dispatch.ActorPool` wraps it with ``ray.remote``."""
 
     def __init__(self, spec: OpenAIGenerationSpec, faults: BatchFaults | None = None):
+        # in the actor only: the driver imports this module to build the spec without transformers
         from transformers import AutoTokenizer, GenerationConfig
-
-        from store_schema.runtime.target_config import read_target_config
-
-        from .shards import CorpusShards
 
         quiet_worker_process(1)
         started = time.perf_counter()
         self.model_path = str(spec.model)
-        self.settings = GenerationSettings.from_record(spec.plan_settings)
+        self.settings = spec.settings
         self.shards = CorpusShards(spec.corpus, spec.out)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         try:
@@ -84,9 +90,6 @@ class OpenAIGenerationWorker:
         self.startup_seconds = time.perf_counter() - started
 
     def info(self) -> WorkerInfo:
-        import os
-        import socket
-
         first = self.served[0]
         return WorkerInfo(num_layers=self.dims.num_hidden_layers, hidden_size=self.dims.hidden_size,
                           vocab_size=self.dims.vocab_size, architecture=str(self.dims.model_type),
@@ -107,7 +110,7 @@ class OpenAIGenerationWorker:
                     remove_journal(self.shards.out_path, name)
                 replies.append(done)
             except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
-                replies.append(dataclasses.replace(_failure(error), shard=name))
+                replies.append(dataclasses.replace(failure(error), shard=name))
         return GroupDone(replies, 0, 0.0, round(time.perf_counter() - started, 4))
 
     # -- one shard ------------------------------------------------------------------------
@@ -173,8 +176,6 @@ class OpenAIGenerationWorker:
 
 def _first(errors: BaseExceptionGroup) -> BaseException:
     """The error a failed shard reports: every endpoint down, if that is among them."""
-    from .client import EndpointsDown
-
     flat = list(_leaves(errors))
     return next((e for e in flat if isinstance(e, EndpointsDown)), flat[0])
 
@@ -188,6 +189,4 @@ def _leaves(error: BaseException):
 
 
 def _log(message: str) -> None:
-    import sys
-
     print(message, file=sys.stderr, flush=True)

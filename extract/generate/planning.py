@@ -14,13 +14,16 @@ from pathlib import Path
 
 from store_schema.fingerprint import target_identity
 from store_schema.plan import Plan, PlannedSample, PlannedShard, QuarantinedRecord, shard_name
-
-from ..corpus import BadRecord, open_corpus
-from ..planning import sample_id_for
 from store_schema.runtime.progress import Progress
-from ..tokenization import RecordError, chat_template_hash, tokenizer_hash
+
+from ..corpus import BadRecord, open_corpus, sample_id_for
+from ..errors import QuarantineError
+from ..tokenization import chat_template_hash, tokenizer_hash
 from .config import GenerationSettings
+from .replies import SAMPLING
+from .server import server_identity
 from .turns import conversation, conversation_digest, render_prompt
+
 
 # May differ between runs on one output: where the target lies (its hashes may not),
 # and the name a server gives it.
@@ -39,12 +42,9 @@ def generation_identity(model: str, tokenizer, corpus, settings: GenerationSetti
         chat_template_sha256=chat_template_hash(tokenizer),
         source_corpus_sha256=corpus.content_hash(),
         source_corpus_records=len(corpus),
-        **settings.to_record(),
+        **settings.to_json(),
     )
     if served is not None:
-        from .replies import SAMPLING
-        from .server import server_identity
-
         identity.update(server_identity(served), sampling=dict(SAMPLING))
     return identity
 
@@ -68,11 +68,11 @@ def plan_generation(corpus_path: str | Path, tokenizer, settings: GenerationSett
             conv = conversation(record)
             _, ids = render_prompt(tokenizer, conv.prompt(0, []), settings.thinking)
             if len(ids) >= settings.max_length:
-                raise RecordError("prompt_too_long", f"{len(ids)} prompt tokens >= --max-length {settings.max_length}: "
+                raise QuarantineError("prompt_too_long", f"{len(ids)} prompt tokens >= --max-length {settings.max_length}: "
                                                      "no room for a reply")
             if sample_id in seen:
-                raise RecordError("duplicate_id", f"id already used by record {seen[sample_id]}")
-        except RecordError as error:
+                raise QuarantineError("duplicate_id", f"id already used by record {seen[sample_id]}")
+        except QuarantineError as error:
             quarantined.append(QuarantinedRecord(index, sample_id, error.reason, error.detail))
             continue
         seen[sample_id] = index

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ExtractError
+from .turns import render_prompt
+
 
 PROBE_TIMEOUT = 15.0  # seconds for a start-up check
 PROBE_CONVERSATION = [{"role": "system", "content": "You write Python."},
@@ -62,8 +64,6 @@ def same_model(served: dict, model_dir: str, served_model: str | None) -> bool:
 
 def check_endpoint(endpoint: str, model_dir: str, tokenizer, thinking: str, max_length: int,
                    served_model: str | None = None) -> ServedModel:
-    from .turns import render_prompt
-
     url = base_url(endpoint)
     try:
         listing = fetch_json(f"{url}/v1/models")

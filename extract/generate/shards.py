@@ -7,7 +7,12 @@ import dataclasses
 import os
 import time
 
-from ..worker import ShardDone, _failure
+from store_schema.plan import Plan
+
+from ..corpus import open_corpus
+from ..errors import SampleMismatchError
+from ..generated_corpus import commit_shard, read_manifest, shard_record, shard_table
+from ..jobs.protocol import ShardDone, failure
 from .turns import Conversation, conversation, conversation_digest
 
 
@@ -16,26 +21,19 @@ class CorpusShards:
     committed into the output."""
 
     def __init__(self, corpus_path: str, out_path: str):
-        from store_schema.plan import Plan
-
-        from ..corpus import open_corpus
-        from ..generated_corpus import read_manifest
-
         self.out_path = str(out_path)
         self.plan = Plan.from_json(read_manifest(out_path)["plan"])
         self.corpus = open_corpus(corpus_path)
 
     def records(self, name: str) -> list[tuple[str, int, Conversation]]:
         """(sample id, record index, conversation) of each record of shard `name`."""
-        from ..planning import SampleMismatchError
-
         planned = self.plan.shard(name).samples
         out = []
         for sample, record in zip(planned, self.corpus.read([s.record_index for s in planned])):
-            where = f"record {sample.record_index} ({sample.sample_id!r})"
+            where = f"{self.corpus.where(sample.record_index)} ({sample.sample_id!r})"
             try:
                 conv = conversation(record)
-            except Exception as error:  # noqa: BLE001 - a BadRecord or a RecordError now
+            except Exception as error:  # noqa: BLE001 - a BadRecord or a QuarantineError now
                 raise SampleMismatchError(f"{where} is no longer a valid conversation ({error})") from None
             if conversation_digest(conv) != sample.digest:
                 raise SampleMismatchError(f"{where} differs from when it was planned")
@@ -44,14 +42,12 @@ class CorpusShards:
 
     def commit(self, name: str, attempt, rows: list[dict], generated: int, padded: int, extra: dict | None = None):
         """`ShardDone`, or the `ShardFailed` the driver stops on."""
-        from ..generated_corpus import commit_shard, shard_record, shard_table
-
         started = time.perf_counter()
         try:
             written = commit_shard(self.out_path, name, shard_table(rows), attempt=attempt, extra=extra)
             disk = sum(entry["size"] for entry in shard_record(self.out_path, name)["files"].values())
         except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
-            return dataclasses.replace(_failure(error), shard=name)
+            return dataclasses.replace(failure(error), shard=name)
         return ShardDone(shard=name, written=bool(written), samples=len(rows), tokens=generated, raw_bytes=0,
                          disk_bytes=disk, padded_tokens=padded, write_seconds=round(time.perf_counter() - started, 4),
                          pid=os.getpid())

@@ -15,7 +15,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from ..messages import RecordError, clean_messages
+from ..errors import QuarantineError
+from ..messages import clean_messages
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -47,19 +48,19 @@ class Conversation:
 
 
 def conversation(record: dict) -> Conversation:
-    """The record's conversation, or `RecordError` with the quarantine reason."""
+    """The record's conversation, or `QuarantineError` with the quarantine reason."""
     if not isinstance(record, dict):
-        raise RecordError("wrong_type", f"record is a {type(record).__name__}, not an object")
+        raise QuarantineError("wrong_type", f"record is a {type(record).__name__}, not an object")
     if record.get("messages") is None:
-        raise RecordError("missing_field", "record has no messages (generate needs chat records)")
+        raise QuarantineError("missing_field", "record has no messages (generate needs chat records)")
     messages = clean_messages(record["messages"])
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if messages[-1]["role"] in ("user", "tool"):  # the target answers the last request or tool reply
         turns.append(len(messages))
     if not turns:
-        raise RecordError("no_turn_to_generate", "no assistant turn, and the last message is not from the user or a tool")
+        raise QuarantineError("no_turn_to_generate", "no assistant turn, and the last message is not from the user or a tool")
     if not any(m["role"] == "user" for m in messages[: turns[0]]):
-        raise RecordError("no_user_turn", f"no user message before the first assistant turn (message {turns[0]})")
+        raise QuarantineError("no_user_turn", f"no user message before the first assistant turn (message {turns[0]})")
     return Conversation(tuple(messages), tuple(turns))
 
 
@@ -75,7 +76,7 @@ def render_prompt(tokenizer, messages: list[dict], thinking: str) -> tuple[str, 
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **options)
     except Exception as error:  # noqa: BLE001 - a template's own exception, for this record only
-        raise RecordError("template_error", f"{type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
+        raise QuarantineError("template_error", f"{type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -1,10 +1,10 @@
-"""The generate worker: a long-lived Ray actor holding the target (`extract.target.load_target`,
-whole model with its head), regenerating groups of shards for the `extract.dispatch.Dispatcher`.
+"""The generate worker: a long-lived Ray actor holding the target (`extract.jobs.target.load_target`,
+whole model with its head), regenerating groups of shards for the `extract.jobs.dispatch.Dispatcher`.
 
 A shard's records go turn by turn: round k generates turn k of every record that has
 one, its prompt built from the record's earlier turns as the target wrote them
 (`turns.Conversation.prompt`). Within a round, prompts are batched by length
-(`extract.batching.batches_by_length` over prompt + room to reply) and generated with
+(`extract.jobs.batching.batches_by_length` over prompt + room to reply) and generated with
 `model.generate` (KV cache, left padding, stop at the end-of-turn token; greedy at
 temperature 0, else sampled from a seed fixed by shard, round and batch), so a shard's
 batches, and its bytes, are the same in every run. A reply that reaches its limit
@@ -13,9 +13,9 @@ flagged ``truncated``; a later turn whose prompt alone fills ``--max-length`` en
 record there (flagged too). The shard is committed as one Parquet file
 (`shards.CorpusShards.commit`), claiming the driver's attempt first.
 
-Replies are `extract.worker`'s (`GroupDone` of `ShardDone` / `ShardFailed`), with
-``tokens`` = tokens generated, so the driver's queue, retries and progress are
-extraction's own."""
+Replies are the framework's (`extract.jobs.protocol`: `GroupDone` of `ShardDone` /
+`ShardFailed`), with ``tokens`` = tokens generated, so the driver's queue, retries and
+progress are the same as extraction's."""
 
 from __future__ import annotations
 
@@ -26,8 +26,14 @@ import time
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..worker import GROUPS_IN_FLIGHT, BatchFaults, GroupDone, _failure, quiet_worker_process, worker_info
+import torch
+from transformers import AutoTokenizer
+
+from ..jobs.batching import batches_by_length
+from ..jobs.protocol import GROUPS_IN_FLIGHT, BatchFaults, GroupDone, failure, quiet_worker_process, worker_info
+from ..jobs.target import load_target
 from .config import GenerationSettings
+from .shards import CorpusShards
 from .turns import end_of_turn_ids, render_prompt, reply_message, reply_text
 
 
@@ -38,7 +44,7 @@ class GenerationSpec:
     model: str
     corpus: str
     out: str
-    plan_settings: dict  # the plan's recorded settings (the generation identity and settings)
+    settings: GenerationSettings  # as the plan recorded them
     device: str = "cpu"
     batch_tokens: int = 65536
     torch_threads: int | None = None
@@ -51,17 +57,12 @@ class GenerationSpec:
 
 
 class GenerationWorker:
-    """Plain class; `extract.dispatch.ActorPool` wraps it with ``ray.remote``. Also usable in-process."""
+    """Plain class; `extract.jobs.dispatch.ActorPool` wraps it with ``ray.remote``. Also usable in-process."""
 
     def __init__(self, spec: GenerationSpec, faults: BatchFaults | None = None):
-        from transformers import AutoTokenizer
-
-        from ..target import load_target
-        from .shards import CorpusShards
-
         quiet_worker_process(spec.torch_threads)
         started = time.perf_counter()
-        self.settings = GenerationSettings.from_record(spec.plan_settings)
+        self.settings = spec.settings
         self.shards = CorpusShards(spec.corpus, spec.out)
         self.tokenizer = AutoTokenizer.from_pretrained(str(spec.model))
         self.target = load_target(spec.model, device=spec.device)
@@ -89,7 +90,7 @@ class GenerationWorker:
                     rows, generated, padded = self._generate_shard(name)
                 replies.append(self.shards.commit(name, attempts[name], rows, generated, padded))
             except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
-                replies.append(dataclasses.replace(_failure(error), shard=name))
+                replies.append(dataclasses.replace(failure(error), shard=name))
         return GroupDone(replies, 0, 0.0, round(time.perf_counter() - started, 4))
 
     # -- one shard ------------------------------------------------------------------------
@@ -126,8 +127,6 @@ class GenerationWorker:
     def _generate(self, shard: str, turn: int, prompts: dict[int, list[int]]) -> tuple[dict, int]:
         """{record position: (reply tokens without the end-of-turn token, hit its limit)}
         and the tokens computed, batching the prompts by length."""
-        from ..batching import batches_by_length
-
         positions = sorted(prompts)
         limits = [min(self.settings.max_new_tokens, self.settings.max_length - len(prompts[p])) for p in positions]
         sizes = [len(prompts[p]) + limit for p, limit in zip(positions, limits)]
@@ -141,8 +140,6 @@ class GenerationWorker:
         return outputs, computed
 
     def _generate_batch(self, rows: list[list[int]], limits: list[int], seed_key: str) -> list[tuple[list[int], bool]]:
-        import torch
-
         width = max(len(r) for r in rows)
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)

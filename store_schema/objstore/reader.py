@@ -78,7 +78,7 @@ class BucketStore(Store):
                 attempt = body.get(MARKER_ATTEMPT)
                 if not isinstance(attempt, str) or not attempt:
                     raise RecordError(f"{self.bucket.where(key)}: the marker names no attempt")
-                commit = ShardCommit.from_record(body)
+                commit = ShardCommit.from_json(body)
             except FileNotFoundError:
                 raise CorruptShardError(name, layout.COMMIT_RECORD, "commit marker missing") from None
             except RecordError as exc:

@@ -7,16 +7,16 @@
 directory, the corpus, ``--device cuda`` on a machine without CUDA when the job
 starts its own Ray), takes ``STORE/.lock`` (a second live job is refused; a job
 refused before it wrote anything leaves nothing behind) and runs `Extraction`
-through the one sharded-job driver (`extract.sharded.run_sharded`: staging
+through the one sharded-job driver (`extract.jobs.driver.run_sharded`: staging
 leftovers, plan or resume, free space, workers, fenced dispatch, missing shards).
 What is extraction's own:
 
-- Plan (`extract.resume`): a store holding a plan -- with or without its root, since
+- Plan (`extract.extraction.resume`): a store holding a plan -- with or without its root, since
   the plan is committed before any worker starts -- is resumed with it if the corpus
   bytes, tokenizer and settings are unchanged (checked by hash, nothing is
   re-tokenized; paths may differ), else refused unless ``overwrite``; otherwise a
-  fresh plan (`extract.planning.build_plan`) is committed into the store at once.
-- Workers (`extract.worker.ExtractionWorker`, built from an `ExtractionSpec`): one
+  fresh plan (`extract.extraction.planning.build_plan`) is committed into the store at once.
+- Workers (`extract.extraction.worker.ExtractionWorker`, built from an `ExtractionSpec`): one
   actor per GPU or, with ``device="cpu"``, per CPU slot; CUDA workers on the PyTorch
   linear-attention fallback are warned about (or refused with
   ``require_fast_kernels``).
@@ -24,7 +24,7 @@ What is extraction's own:
   (`Fingerprint.for_extraction`, from the target's identity hashed once and its facts
   as the workers loaded it, `TargetFacts`) is checked against an existing store's, or
   the store root is created with it.
-- The JSON report goes into the store (`extract.report`, one file per run).
+- The JSON report goes into the store (`extract.extraction.report`, one file per run).
 
 Why Ray core actors, not Ray Data: the unit of work is a whole shard that one
 writer commits atomically, the worker must keep the model and a store writer for
@@ -41,26 +41,36 @@ import sys
 import time
 from pathlib import Path
 
+from store_schema import Fingerprint, FingerprintMismatch, StoreWriter, TargetFacts, create_store, response_provenance
+from store_schema.dtypes import store_dtype
+from store_schema.fingerprint import target_identity
+from store_schema.layout import raw_bytes_per_token
+from store_schema.location import is_object_store
 from store_schema.runtime.progress import Progress
+from store_schema.runtime.target_config import read_target_config
+from store_schema.runtime.target_weights import check_target_weights
+from store_schema.writer import clear_store, commit_plan, looks_like_store
 
+from ..errors import ExtractError, disk_full_message, is_disk_full
+from ..generated_corpus import generation_of
+from ..jobs.dispatch import DispatchSettings, Placement
+from ..jobs.driver import Planned, ProgressSettings, ShardedJob, run_sharded
+from ..jobs.kernels import fallback_kernels, slow_kernels_message
+from ..jobs.output import log_to_stderr, output_locked, ready_to_start
 from .config import JobConfig
-from .errors import ExtractError, disk_full_message, is_disk_full
-from .report import Outcome, build_report, report_name
-from .sharded import Planned, ProgressSettings, ShardedJob, run_sharded
+from .layers import resolve_layer_ids
+from .planning import build_plan, summarize
+from .report import Outcome, build_report, quarantine_text, report_name
+from .resume import plan_and_resume
+from .worker import ExtractionSpec
 
 # Fields a resumed job may differ in: where the model lives and the package versions.
 _RESUME_TOLERATES = {"target_model", "package_versions"}
 
 
-def plan_job(config: JobConfig, target=None):
-    """The job's context layer ids and a fresh plan: what `plan --dry-run` previews
-    and `run` commits into a new store. `target`: the model's config as already read
-    (`read_target_config`). A corpus that gives no samples is refused, naming why."""
-    from .layers import resolve_layer_ids
-    from .planning import build_plan, summarize
-    from .report import quarantine_text
-
-    layer_ids = resolve_layer_ids(target or config.model, config.layers, config.num_context_layers)
+def plan_job(config: JobConfig):
+    """A fresh plan: what `plan --dry-run` previews and `run` commits into a new
+    store. A corpus that gives no samples is refused, naming why."""
     plan = build_plan(
         config.corpus,
         config.tokenizer_path,
@@ -74,49 +84,23 @@ def plan_job(config: JobConfig, target=None):
         summary = summarize(plan)
         quarantined = quarantine_text(summary.quarantined, summary.quarantined_by_reason)
         raise ExtractError(f"the corpus gives no samples ({quarantined}); nothing to extract")
-    return plan, layer_ids
-
-
-def refuse_missing_cuda(config) -> None:
-    """``--device cuda`` on a machine whose torch sees no GPU, for a job that starts its
-    own Ray: refused before anything is planned. A job joining a cluster
-    (``--address``) is checked against the cluster's GPUs once it connects."""
-    import os
-
-    if config.device != "cuda" or config.address or os.environ.get("RAY_ADDRESS"):
-        return
-    from store_schema.runtime.host import resolve_device
-
-    try:
-        resolve_device("cuda")
-    except ValueError as error:
-        raise ExtractError(f"{error} (or --address to join a Ray cluster with GPUs)") from None
+    return plan
 
 
 def run_job(config: JobConfig, log=None) -> dict:
     """Run (or resume) one extraction job; returns the report. Raises `ExtractError`
     (and `store_schema.StoreLockedError`, `ValueError`, `FileNotFoundError`) with a
     message meant for the user."""
-    from store_schema.fingerprint import target_identity
-    from store_schema.location import is_object_store
-    from store_schema.runtime.target_config import read_target_config
-    from store_schema.writer import looks_like_store
-
-    from .layers import resolve_layer_ids
-    from .output import output_locked, refuse_foreign_output
-
-    log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+    log = log or log_to_stderr
     started = time.perf_counter()
     if is_object_store(config.store):  # never a local directory named "s3:"
         raise ExtractError(f"{config.store}: extract run writes a store into a directory; a store on object storage "
                            "is written through store_schema.create_store(URL) (store_schema.objstore)")
     store_path = Path(config.store)
     target = read_target_config(config.model)  # a model directory, before anything is locked or planned
-    if not Path(config.corpus).exists():
-        raise FileNotFoundError(f"corpus {config.corpus} does not exist")
-    refuse_missing_cuda(config)
-    refuse_foreign_output(store_path, looks_like_store, "is a non-empty directory that is not a dflash store; refusing "
-                          "to write into (or, with --overwrite, delete) it -- choose a new path")
+    check_target_weights(config.model, "--model")  # before Ray, workers or a model load start
+    config = ready_to_start(config, store_path, looks_like_store, "is a non-empty directory that is not a dflash "
+                            "store; refusing to write into (or, with --overwrite, delete) it -- choose a new path", log)
     layer_ids = resolve_layer_ids(target, config.layers, config.num_context_layers)
     with output_locked(store_path):
         job = Extraction(config, target, layer_ids, target_identity(config.model))
@@ -128,8 +112,6 @@ class Extraction(ShardedJob):
     """`extract run` as a sharded job: its plan, workers, fingerprint and report."""
 
     def __init__(self, config: JobConfig, target, layer_ids: list[int], identity: dict):
-        from .dispatch import DispatchSettings, Placement
-
         super().__init__(
             Path(config.store), Placement.of(config),
             DispatchSettings(config.max_attempts, config.batch_shards, config.worker_timeout,
@@ -138,32 +120,28 @@ class Extraction(ShardedJob):
             skip_space_check=config.skip_space_check,
         )
         self.config, self.target, self.layer_ids, self.identity = config, target, list(layer_ids), identity
-        self.resume = None  # extract.resume.Resume, once planned
+        self.planned: Planned | None = None  # once planned
+        self.store = None  # the existing store root it resumes (store_schema.Store); None: new
         self.writer = None  # store_schema.StoreWriter, once prepared
         self.kernels: dict = {}
         self.kernel_warning: str | None = None
 
     def plan(self, log) -> Planned:
-        from store_schema.writer import clear_store, commit_plan
-
-        from .resume import plan_and_resume
-
         config = self.config
-        self.resume = resume = plan_and_resume(config, self.output, lambda: plan_job(config, self.target)[0], log)
-        if not resume.reused:
+        planned, self.store = plan_and_resume(config, self.output, lambda: plan_job(config), log)
+        self.planned = planned
+        if not planned.reused:
             try:
                 if config.overwrite:
                     clear_store(self.output)
-                commit_plan(self.output, resume.plan)
+                commit_plan(self.output, planned.plan)
             except OSError as error:
                 if is_disk_full(error):
                     raise ExtractError(disk_full_message(self.output, "while writing the plan")) from None
                 raise
-        return Planned(resume.plan, resume.reused, resume.pending)
+        return planned
 
     def worker_spec(self, plan):
-        from .worker import ExtractionSpec
-
         config = self.config
         return ExtractionSpec(
             model=str(Path(config.model).resolve()), tokenizer=str(Path(config.tokenizer_path).resolve()),
@@ -176,9 +154,6 @@ class Extraction(ShardedJob):
 
     def bytes_needed(self, planned: Planned) -> int:
         """The pending shards' tokens at the store dtype's size ratio (`store_schema.dtypes`)."""
-        from store_schema.dtypes import store_dtype
-        from store_schema.layout import raw_bytes_per_token
-
         pending = set(planned.pending)
         tokens = sum(s.num_tokens for s in planned.plan.shards if s.name in pending)
         per_token = raw_bytes_per_token(self.target.hidden_size, len(self.layer_ids))
@@ -186,23 +161,19 @@ class Extraction(ShardedJob):
 
     def prepare(self, pool, log) -> None:
         """Create the store root with the job's fingerprint, or check an existing one's."""
-        from store_schema import Fingerprint, response_provenance
-
-        from .generated_corpus import generation_of
-
         if pool is not None:
             facts = _loaded_target(pool.infos[0])
             self.kernel_warning = _kernel_warning(self.config, pool.infos)
             if self.kernel_warning:
                 log(f"WARNING: {self.kernel_warning}; --require-fast-kernels refuses this")
         else:
-            facts = _configured_target(self.target, self.resume.store)
+            facts = _configured_target(self.target, self.store)
         provenance = response_provenance(generation_of(self.config.corpus),
                                          self.identity["target_weights_index_sha256"])
-        fingerprint = Fingerprint.for_extraction(self.identity, self.resume.plan, self.layer_ids, facts,
+        fingerprint = Fingerprint.for_extraction(self.identity, self.planned.plan, self.layer_ids, facts,
                                                  target_topk=self.config.target_topk or 0,
                                                  dtype=self.config.store_dtype, response_provenance=provenance)
-        self.writer = _open_or_create(self.output, self.resume, fingerprint)
+        self.writer = _open_or_create(self.output, self.store, self.planned.plan, fingerprint)
         self.kernels = dict(facts.kernels)
 
     def finish(self, run, wall: float, log) -> dict:
@@ -212,7 +183,7 @@ class Extraction(ShardedJob):
                           workers_started=run.workers_started, kernels=self.kernels,
                           kernel_warning=self.kernel_warning, counts=run.counts,
                           shards_committed=len(run.planned.plan.shards))
-        report = build_report(self.config, self.output, self.resume, self.layer_ids, outcome, wall=wall,
+        report = build_report(self.config, self.output, self.planned, self.layer_ids, outcome, wall=wall,
                               leftovers=run.leftovers)
         try:
             self.writer.write_report(report_name(outcome), report)
@@ -228,8 +199,6 @@ class Extraction(ShardedJob):
 
 def _kernel_warning(config: JobConfig, infos) -> str | None:
     """CUDA workers on the PyTorch fallback (a silent 10x otherwise), said loudly."""
-    from .kernels import fallback_kernels, slow_kernels_message
-
     slow = [info for info in infos if config.device == "cuda" and fallback_kernels(info.kernels)]
     if not slow:
         return None
@@ -238,8 +207,6 @@ def _kernel_warning(config: JobConfig, infos) -> str | None:
 
 def _loaded_target(info):
     """The target's facts as a worker loaded it."""
-    from store_schema import TargetFacts
-
     return TargetFacts(num_target_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size,
                        kernels=info.kernels)
 
@@ -248,31 +215,27 @@ def _configured_target(target, store):
     """Nothing is left to compute, so no worker loads the target: its config gives
     the layer count and hidden size; the vocabulary and kernels are the store's
     (nothing this job computes depends on them)."""
-    from store_schema import TargetFacts
-
     return TargetFacts(num_target_layers=target.num_hidden_layers, hidden_size=target.hidden_size,
                        vocab_size=store.fingerprint.vocab_size, kernels=store.fingerprint.kernels)
 
 
-def _open_or_create(store_path: Path, resume, fingerprint):
+def _open_or_create(store_path: Path, store, plan, fingerprint):
     """The one place the job meets the store root: create it with the job's
     fingerprint beside the plan committed earlier, or refuse an existing one made
     with another target or settings (`Fingerprint.check`, naming every field that
     differs)."""
-    from store_schema import FingerprintMismatch, StoreWriter, create_store
-
     try:
-        if resume.store is None:
+        if store is None:
             return create_store(store_path, fingerprint, keep_plan=True)
         try:
-            resume.store.fingerprint.check(fingerprint, ignore=_RESUME_TOLERATES)
+            store.fingerprint.check(fingerprint, ignore=_RESUME_TOLERATES)
         except FingerprintMismatch as mismatch:
             raise ExtractError(
                 f"{store_path} was made with a different target or settings: {mismatch} "
                 "-- pass --overwrite to start over"
             ) from None
         writer = StoreWriter(store_path)
-        writer.write_plan(resume.plan)  # a no-op: the store holds it
+        writer.write_plan(plan)  # a no-op: the store holds it
         return writer
     except OSError as error:
         if is_disk_full(error):

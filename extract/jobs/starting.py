@@ -1,4 +1,4 @@
-"""Replacement actors until they have started: the `extract.dispatch.Dispatcher`
+"""Replacement actors until they have started: the `extract.jobs.dispatch.Dispatcher`
 gives one no work before then. On a cluster that lost a node there may be no room
 for a replacement; work handed to it would wait there forever while the actors left
 sit idle, so they take the work meanwhile, and with none left the job waits for one
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from .errors import ExtractError
+from ..errors import ExtractError, actor_error_cause
 
 
 class StartingActors:
@@ -27,9 +27,7 @@ class StartingActors:
 
     def poll(self, timeout: float = 0.0) -> None:
         """Mark the replacements that have started; one that failed to start stops the job."""
-        import ray
-
-        from .dispatch import cause  # here: extract.dispatch imports this module
+        import ray  # here: importing Ray takes seconds; the job's configs read this package without it
 
         if not self.loading:
             return
@@ -40,8 +38,8 @@ class StartingActors:
             try:
                 ray.get(ref)
             except Exception as error:  # noqa: BLE001 - Ray's death error or the worker's own
-                raise ExtractError(f"a replacement for worker {index} failed to start: {cause(error)}; committed "
-                                   "shards are kept, rerun to resume") from None
+                raise ExtractError(f"a replacement for worker {index} failed to start: {actor_error_cause(error)}; "
+                                   "committed shards are kept, rerun to resume") from None
 
     def wait(self, worker_timeout: float, shards_left: int) -> None:
         """Work is queued and no actor is up to take it: wait up to a second for a

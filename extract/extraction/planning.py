@@ -18,32 +18,30 @@ import random
 import signal
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
+from store_schema.layout import raw_bytes_per_token
 from store_schema.plan import (
     Plan,
     PlannedSample,
     PlannedShard,
     PlanSettings,
     QuarantinedRecord,
-    is_safe_id,
     sample_digest,
     shard_name,
 )
 from store_schema.runtime.progress import Progress
+from transformers import AutoTokenizer
 
-from .corpus import BadRecord, Corpus, open_corpus
-from .errors import ExtractError
-from .tokenization import (
-    RecordError,
-    chat_template_hash,
-    has_generation_tags,
-    tokenize_record,
-    tokenizer_hash,
-)
+from ..corpus import BadRecord, Corpus, open_corpus, sample_id_for
+from ..errors import PlanError, PlanWorkerError, QuarantineError, SampleMismatchError
+from ..tokenization import chat_template_hash, has_generation_tags, tokenize_record, tokenizer_hash
 
 PLANNER_VERSION = 1
 _CHUNK = 256  # records per parallel task: small enough to balance, big enough to amortise
@@ -51,34 +49,6 @@ _CHUNK = 256  # records per parallel task: small enough to balance, big enough t
 # plans of the same corpus bytes, tokenizer and settings are the same plan wherever
 # the files lie (a copied or moved tree resumes).
 LOCATION_FIELDS = ("corpus_path", "tokenizer_path")
-
-
-class PlanError(ValueError):
-    """Raised in strict mode at the first bad record (in record order)."""
-
-    def __init__(self, record_index: int, reason: str, detail: str = "", where: str = ""):
-        super().__init__(f"{where or f'record {record_index}'}: {reason}" + (f" ({detail})" if detail else ""))
-        self.record_index, self.reason, self.detail = record_index, reason, detail
-
-
-class SampleMismatchError(RuntimeError):
-    """A record no longer tokenizes to what the plan fixed (corpus or tokenizer changed)."""
-
-
-def sample_id_for(record: dict, record_index: int) -> str:
-    """The record's ``id`` (a string, or an int written in decimal) if it has one,
-    else ``rec-{record_index:09d}``. Ids name store entries, so an unsafe one
-    (``../../x``) is refused, never sanitised into something else."""
-    raw = record.get("id") if isinstance(record, dict) else None
-    if raw is None:
-        return f"rec-{record_index:09d}"
-    if isinstance(raw, int) and not isinstance(raw, bool):
-        raw = str(raw)
-    if not isinstance(raw, str):
-        raise RecordError("wrong_type", f"id is a {type(raw).__name__}")
-    if not is_safe_id(raw):
-        raise RecordError("unsafe_id", f"id {raw[:80]!r} is not 1-128 chars of [A-Za-z0-9._-] (no leading '.')")
-    return raw
 
 
 # --------------------------------------------------------------------------- per-record work
@@ -116,7 +86,7 @@ def _plan_record(index: int, record, tokenizer, rules: _RecordRules) -> _Ok | _B
         return _Bad(index, None, record.reason, record.detail)
     try:
         sample_id = sample_id_for(record, index)
-    except RecordError as error:
+    except QuarantineError as error:
         return _Bad(index, None, error.reason, error.detail)
     try:
         tokenized = tokenize_record(
@@ -127,7 +97,7 @@ def _plan_record(index: int, record, tokenizer, rules: _RecordRules) -> _Ok | _B
             use_generation_tags=rules.generation_tags,
             loss_mask=rules.settings.loss_mask,
         )
-    except RecordError as error:
+    except QuarantineError as error:
         return _Bad(index, sample_id, error.reason, error.detail)
     if tokenized.num_loss_tokens < rules.settings.min_loss_tokens:
         return _Bad(
@@ -139,16 +109,10 @@ def _plan_record(index: int, record, tokenizer, rules: _RecordRules) -> _Ok | _B
     return _Ok(index, sample_id, tokenized.num_tokens, tokenized.num_loss_tokens, _digest(tokenized))
 
 
-class PlanWorkerError(ExtractError):
-    """A planning process could not start or died; the pass stops instead of waiting."""
-
-
 _worker: dict = {}
 
 
 def _init_worker(corpus_path: str, tokenizer_path: str, rules: _RecordRules) -> None:
-    from transformers import AutoTokenizer
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle, once
     step = f"opening the corpus {corpus_path}"
     try:
@@ -171,9 +135,6 @@ def _parallel_results(chunks, workers: int, initargs: tuple):
     """Each chunk's results, in record order, from `workers` spawned processes. A
     process that cannot start, or dies, stops the pass with a `PlanWorkerError`
     (multiprocessing.Pool would respawn it forever and wait)."""
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
     context = multiprocessing.get_context("spawn")  # no fork after tokenizers/torch threads started
     executor = ProcessPoolExecutor(min(workers, len(chunks)), mp_context=context, initializer=_init_worker,
                                    initargs=initargs)
@@ -236,49 +197,54 @@ def build_plan(
     ``tokenizer_path`` is what workers load (a model or tokenizer directory);
     pass an already loaded ``tokenizer`` of the same path to skip one load.
     ``strict`` raises `PlanError` at the first bad record instead of quarantining."""
-    from transformers import AutoTokenizer
-
     tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(tokenizer_path))
     corpus = open_corpus(corpus_path)
     limit = settings.limit
     stop = len(corpus) if limit is None else min(len(corpus), max(0, limit))
     rules = _RecordRules(settings, _generation_tags(tokenizer))
     chunks = [(start, min(start + chunk_records, stop)) for start in range(0, stop, chunk_records)]
-
-    good: list[PlannedSample] = []
-    quarantined: list[QuarantinedRecord] = []
-    seen: dict[str, int] = {}
-
-    def take(result: _Ok | _Bad) -> None:
-        if isinstance(result, _Ok) and result.sample_id in seen:
-            result = _Bad(
-                result.record_index,
-                result.sample_id,
-                "duplicate_id",
-                f"id already used by record {seen[result.sample_id]}",
-            )
-        if isinstance(result, _Bad):
-            if strict:
-                raise PlanError(result.record_index, result.reason, result.detail, corpus.where(result.record_index))
-            quarantined.append(QuarantinedRecord(result.record_index, result.sample_id, result.reason, result.detail))
-            return
-        seen[result.sample_id] = result.record_index
-        good.append(PlannedSample(**result._asdict()))
-
+    sorted_out = _Sorting(corpus, strict)
     bar = progress(stop) if progress else Progress("planning", stop, "record")
     if workers <= 1 or len(chunks) <= 1:
         for index, record in corpus.iter_records(0, stop):
-            take(_plan_record(index, record, tokenizer, rules))
+            sorted_out.take(_plan_record(index, record, tokenizer, rules))
             bar.update(1)
     else:
         for results in _parallel_results(chunks, workers, (str(corpus_path), str(tokenizer_path), rules)):
             for result in results:
-                take(result)
+                sorted_out.take(result)
             bar.update(len(results))
     bar.close()
 
     recorded = plan_inputs(corpus, corpus_path, tokenizer, tokenizer_path, settings)
-    return Plan(assign_shards(good, settings.shard_tokens, settings.seed), tuple(quarantined), recorded)
+    shards = assign_shards(sorted_out.good, settings.shard_tokens, settings.seed)
+    return Plan(shards, tuple(sorted_out.quarantined), recorded)
+
+
+class _Sorting:
+    """The planning pass's results in record order: good samples, quarantined records
+    (a repeated id is the later record's fault), or `PlanError` at the first bad one
+    when strict."""
+
+    def __init__(self, corpus: Corpus, strict: bool):
+        self.corpus, self.strict = corpus, strict
+        self.good: list[PlannedSample] = []
+        self.quarantined: list[QuarantinedRecord] = []
+        self.seen: dict[str, int] = {}
+
+    def take(self, result: _Ok | _Bad) -> None:
+        if isinstance(result, _Ok) and result.sample_id in self.seen:
+            result = _Bad(result.record_index, result.sample_id, "duplicate_id",
+                          f"id already used by {self.corpus.where(self.seen[result.sample_id])}")
+        if isinstance(result, _Bad):
+            if self.strict:
+                raise PlanError(result.record_index, result.reason, result.detail,
+                                self.corpus.where(result.record_index))
+            self.quarantined.append(QuarantinedRecord(result.record_index, result.sample_id, result.reason,
+                                                      result.detail))
+            return
+        self.seen[result.sample_id] = result.record_index
+        self.good.append(PlannedSample(**result._asdict()))
 
 
 def plan_inputs(corpus: Corpus, corpus_path, tokenizer, tokenizer_path, settings: PlanSettings) -> dict:
@@ -287,7 +253,7 @@ def plan_inputs(corpus: Corpus, corpus_path, tokenizer, tokenizer_path, settings
     `LOCATION_FIELDS` aside) -> same plan, so a store's plan can be reused by
     computing this, without tokenizing anything (`plan_differences`)."""
     return dict(
-        settings.to_record(),
+        settings.to_json(),
         planner_version=PLANNER_VERSION,
         corpus_path=str(Path(corpus_path).resolve()),
         corpus_format=corpus.format,
@@ -350,7 +316,7 @@ def load_samples(
     records = corpus.read([s.record_index for s in planned_samples])
     out = []
     for planned, record in zip(planned_samples, records):
-        where = f"sample {planned.sample_id!r} (record {planned.record_index})"
+        where = f"sample {planned.sample_id!r} ({corpus.where(planned.record_index)})"
         if isinstance(record, BadRecord):
             raise SampleMismatchError(f"{where} no longer parses: {record.reason} {record.detail}")
         try:
@@ -361,9 +327,9 @@ def load_samples(
                 max_length=settings["max_length"],
                 drop_long=False,  # the plan only holds records that fit or were truncated
                 use_generation_tags=settings.get("generation_tags"),
-                loss_mask=PlanSettings.from_record(settings).loss_mask,
+                loss_mask=PlanSettings.from_json(settings).loss_mask,
             )
-        except RecordError as error:
+        except QuarantineError as error:
             raise SampleMismatchError(f"{where} is now rejected: {error}") from None
         if sample_id != planned.sample_id:
             raise SampleMismatchError(f"{where} now has id {sample_id!r}; the corpus changed since planning")
@@ -400,9 +366,6 @@ def estimate_store_bytes(
     size (`store_schema.dtypes`: bf16 0.70, fp8 0.40, the goal bounds store_bench
     checks; ``compression_ratio`` overrides bf16's). Applied to the whole, since
     tokens are a rounding error next to the hidden states."""
-    from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
-    from store_schema.layout import raw_bytes_per_token
-
     raw = plan.num_tokens * raw_bytes_per_token(hidden_size, num_context_layers)
     ratio = BFLOAT16_STORE.size_ratio if compression_ratio is None else compression_ratio
     return StoreEstimate(raw, int(round(raw * ratio)), int(round(raw * FP8_E4M3_STORE.size_ratio)))

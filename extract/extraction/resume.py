@@ -8,31 +8,25 @@ moved tree resumes. Anything else differing is refused, naming what differs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from store_schema import Plan, Store, layout
+from store_schema.plan_io import read_committed_plan
+from store_schema.writer import store_entries
+from transformers import AutoTokenizer
+
+from ..corpus import open_corpus
+from ..errors import ExtractError, PlanError
+from ..jobs.driver import Planned
 from .config import JobConfig
-from .errors import ExtractError
-
-if TYPE_CHECKING:
-    from store_schema import Plan, Store
+from .planning import plan_differences, plan_inputs
 
 
-@dataclass(frozen=True)
-class Resume:
-    """The plan a job follows and what the store already holds of it."""
-
-    plan: Plan
-    reused: bool  # the store's own plan, nothing re-tokenized
-    store: Store | None  # the store to resume; None: create its root (new, overwritten, or planned only)
-    pending: list[str]  # planned shards not committed yet, in plan order
-    skipped: int  # planned shards already committed
-
-
-def plan_and_resume(config: JobConfig, store_path: Path, planner, log) -> Resume:
-    """The job's plan and the shards left. `planner()` makes a plan from scratch
-    (`extract.job.plan_job`), called only when the store holds none to reuse."""
+def plan_and_resume(config: JobConfig, store_path: Path, planner, log) -> tuple[Planned, Store | None]:
+    """The job's plan and the shards left, and the store it resumes (None: its root is
+    to be created -- new, overwritten, or planned only). `planner()` makes a plan from
+    scratch (`extract.extraction.job.plan_job`), called only when the store holds none
+    to reuse."""
     store = _existing_store(config, store_path)
     stored = store.plan() if store is not None else _plan_without_root(config, store_path)
     if store is not None and stored is None and store.committed_shards():
@@ -47,13 +41,10 @@ def plan_and_resume(config: JobConfig, store_path: Path, planner, log) -> Resume
     everything = [s.name for s in plan.shards]
     committed = set(store.committed_shards()) if store is not None else set()
     pending = [name for name in everything if name not in committed]
-    return Resume(plan, reused, store, pending, len(everything) - len(pending))
+    return Planned(plan, reused, pending), store
 
 
 def _existing_store(config: JobConfig, store_path: Path) -> Store | None:
-    from store_schema import Store, layout
-    from store_schema.writer import store_entries
-
     if config.overwrite or not store_entries(store_path):
         return None
     if not (store_path / layout.ROOT_RECORD).is_file():
@@ -64,8 +55,6 @@ def _existing_store(config: JobConfig, store_path: Path) -> Store | None:
 def _plan_without_root(config: JobConfig, store_path: Path) -> Plan | None:
     """The plan a job committed before its workers started, in a store whose root
     they never got to create (no GPU, a failed start, Ctrl-C)."""
-    from store_schema.plan_io import read_committed_plan
-
     if config.overwrite or not store_path.is_dir():
         return None
     return read_committed_plan(store_path)
@@ -73,11 +62,6 @@ def _plan_without_root(config: JobConfig, store_path: Path) -> Plan | None:
 
 def _check_same_plan(config: JobConfig, store_path: Path, stored: Plan) -> None:
     """Refuse unless this job's corpus, tokenizer and settings are the stored plan's."""
-    from transformers import AutoTokenizer
-
-    from .corpus import open_corpus
-    from .planning import PlanError, plan_differences, plan_inputs
-
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
     corpus = open_corpus(config.corpus)
     wanted = plan_inputs(corpus, config.corpus, tokenizer, config.tokenizer_path,

@@ -8,8 +8,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from store_schema.runtime.units import human_bytes
+
+from ..jobs.dispatch import DispatchCounts
 from .config import JobConfig
-from .dispatch import DispatchCounts
+from .planning import summarize
+
 
 REPORT_PREFIX = "extract"
 
@@ -36,21 +40,19 @@ def report_name(outcome: Outcome) -> str:
     return f"{REPORT_PREFIX}-{stamp}-{outcome.run}"
 
 
-def build_report(config: JobConfig, store_path: Path, resume, layer_ids, outcome: Outcome, *, wall: float,
+def build_report(config: JobConfig, store_path: Path, planned, layer_ids, outcome: Outcome, *, wall: float,
                  leftovers: int) -> dict:
-    from .planning import summarize
-
-    plan = resume.plan
+    plan = planned.plan
     summary = summarize(plan)
     counts = outcome.counts
     seconds = outcome.extract_seconds
     return {
-        "status": "complete" if resume.pending else "nothing_to_do",
+        "status": "complete" if planned.pending else "nothing_to_do",
         "run": outcome.run,
         "report": f"reports/{report_name(outcome)}.json",
         "store": str(store_path.resolve()),
         "plan_digest": plan.digest(),
-        "plan_reused": resume.reused,
+        "plan_reused": planned.reused,
         "samples": plan.num_samples,
         "tokens": plan.num_tokens,
         "shards": len(plan.shards),
@@ -58,7 +60,7 @@ def build_report(config: JobConfig, store_path: Path, resume, layer_ids, outcome
         "samples_written": counts.samples_written,
         "tokens_written": counts.tokens_written,
         "shards_written": counts.shards_written,
-        "shards_skipped": resume.skipped,
+        "shards_skipped": planned.skipped,
         "shards_committed_elsewhere": counts.shards_committed_elsewhere,
         "shards_retried": counts.shards_retried,
         "shards_committed_before_worker_death": counts.shards_committed_before_worker_death,
@@ -98,8 +100,6 @@ def build_report(config: JobConfig, store_path: Path, resume, layer_ids, outcome
 
 def summary_line(report: dict) -> str:
     """The one line `run` prints on stderr before the JSON."""
-    from store_schema.runtime.units import human_bytes
-
     if report["status"] == "nothing_to_do":
         return (f"nothing to do: all {report['shards']} shard(s) of {report['store']} are committed "
                 f"(this run's report: {report['report']})")

@@ -1,8 +1,8 @@
-"""The one driver of a sharded job: `extract run` (`extract.job`) and `extract generate`
+"""The one driver of a sharded job: `extract run` (`extract.extraction.job`) and `extract generate`
 (`extract.generate.job`) are each a `ShardedJob` handed to `run_sharded`.
 
 What the driver does, in order, under the output's lock (taken by the caller,
-`extract.output.output_locked`):
+`extract.jobs.output.output_locked`):
 
 1. Remove a dead job's ``.staging/`` leftovers.
 2. Plan or resume (`ShardedJob.plan`). The plan is committed to the output before
@@ -13,11 +13,11 @@ What the driver does, in order, under the output's lock (taken by the caller,
    (`store_schema.repair`): they are redone, nothing is deleted before that.
 4. Refuse when the job's size estimate for the shards left exceeds the free space
    of the output's filesystem, unless told not to (``--skip-space-check``).
-5. Start the workers (`extract.dispatch.started_workers`) from the job's typed
+5. Start the workers (`extract.jobs.dispatch.started_workers`) from the job's typed
    worker spec (`ShardedJob.worker_spec`), logging each one's ready time; then
    `ShardedJob.prepare` (extraction creates or checks the store with what the
    workers loaded; with nothing left to do it runs without workers).
-6. Hand the pending shards out as fenced attempts (`extract.dispatch.Dispatcher`),
+6. Hand the pending shards out as fenced attempts (`extract.jobs.dispatch.Dispatcher`),
    with progress.
 7. Every planned shard must be committed; then the shards set aside by
    `verify --repair` or step 3 are deleted: the run that replaced them succeeded.
@@ -34,13 +34,16 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from store_schema import layout
+from store_schema.lock import ShardFence
+from store_schema.repair import discard_set_aside, set_aside, uncommitted_shard_dirs
 from store_schema.runtime.host import device_line
 from store_schema.runtime.progress import Progress
+from store_schema.writer import remove_staging
 
-from .dispatch import DispatchCounts, DispatchSettings, Placement
-from .errors import ExtractError, refuse_unless_it_fits
-
-SKIP_SPACE_CHECK_FLAG = "--skip-space-check"
+from ..errors import ExtractError, refuse_unless_it_fits
+from .dispatch import DispatchCounts, Dispatcher, DispatchSettings, Placement, started_workers
+from .settings import SKIP_SPACE_CHECK_FLAG
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,7 @@ class Planned:
 class ProgressSettings:
     desc: str  # "extract", "generate"
     unit: str  # what the progress counts: "sample", "record"
-    mode: str = "off"  # extract.config.PROGRESS_MODES
+    mode: str = "off"  # extract.jobs.settings.PROGRESS_MODES
     interval: float = 30.0
 
 
@@ -76,7 +79,7 @@ class JobRun:
     plan_seconds: float = 0.0
     counts: DispatchCounts = field(default_factory=DispatchCounts)
     dispatch_seconds: float = 0.0
-    workers: list = field(default_factory=list)  # extract.worker.WorkerInfo of each first actor
+    workers: list = field(default_factory=list)  # extract.jobs.protocol.WorkerInfo of each first actor
     workers_started: int = 0  # replacements of lost actors included
     startup_seconds: float = 0.0
 
@@ -96,7 +99,7 @@ class ShardedJob(ABC):
 
     @abstractmethod
     def worker_spec(self, plan):
-        """The frozen dataclass every actor is built from (`extract.dispatch.ActorPool`)."""
+        """The frozen dataclass every actor is built from (`extract.jobs.dispatch.ActorPool`)."""
 
     @abstractmethod
     def bytes_needed(self, planned: Planned) -> int:
@@ -110,13 +113,6 @@ class ShardedJob(ABC):
 def run_sharded(job: ShardedJob, log) -> JobRun:
     """Run (or resume) `job` to completion: every planned shard committed. Raises
     `ExtractError` with a message meant for the user."""
-    from store_schema import layout
-    from store_schema.lock import ShardFence
-    from store_schema.repair import discard_set_aside, set_aside, uncommitted_shard_dirs
-    from store_schema.writer import remove_staging
-
-    from .dispatch import Dispatcher, started_workers
-
     out, started_at = job.output, time.time()
     if job.placement.device_note:  # after the refusals of a job that cannot start: those stay one line
         log(device_line(job.placement.device, job.placement.device_note))

@@ -9,14 +9,32 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import ExtractError
+from store_schema import StoreLock
+from store_schema.writer import store_entries
+
+from ..corpus import require_corpus
+from ..errors import ExtractError
+from .settings import refuse_missing_cuda
+
+
+def log_to_stderr(message: str) -> None:
+    """A job's log when its caller passes none."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def ready_to_start(config, out: Path, belongs: Callable[[Path], bool], refusal: str, log):
+    """What every job checks once its target is known, in this order: the corpus is
+    there, the output is empty or of its own kind (`refuse_foreign_output`), then CUDA
+    asked of a machine without it is refused. Returns `config` as given."""
+    require_corpus(config.corpus)
+    refuse_foreign_output(out, belongs, refusal)
+    refuse_missing_cuda(config)
+    return config
 
 
 def refuse_foreign_output(path: Path, belongs: Callable[[Path], bool], refusal: str) -> None:
     """Refuse `path` when it is a file, or a non-empty directory that `belongs` does not
     recognise (`refusal` ends the message: what it is not and what to do)."""
-    from store_schema.writer import store_entries
-
     if path.exists() and not path.is_dir():
         raise ExtractError(f"{path} exists and is not a directory")
     if store_entries(path) and not belongs(path):
@@ -29,8 +47,6 @@ def output_locked(path: Path) -> Iterator[None]:
     way out, and a job that wrote nothing leaves nothing. On a read-only filesystem
     no job can write, so there is no lock to take: the job reads on (a complete
     store has nothing to do; any write it needs fails naming the file)."""
-    from store_schema import StoreLock
-
     try:
         lock = StoreLock(path, job=f"extract {' '.join(sys.argv[1:])}"[:2000]).acquire()
     except OSError as error:

@@ -2,7 +2,7 @@
 queue that hands shards out and takes replies in (`Dispatcher`).
 
 The unit of work is a group of ``batch_shards`` consecutive shards of the plan
-(`extract.batching.batch_groups`), batched together on one worker. Every actor
+(`extract.jobs.batching.batch_groups`), batched together on one worker. Every actor
 holds at most two groups (one on the device while the other is written; an engine
 that only waits on servers, more: `ActorPool.groups_in_flight`) and gets
 the next one when one finishes, so fast workers take more. Each shard handed out is
@@ -12,7 +12,7 @@ process dies, or that holds work and replies nothing for ``worker_timeout`` seco
 each attempt it held is revoked -- it can never commit, whatever its process does
 later -- its groups go back to the front of the queue (a commit that landed before
 is counted, never redone), and the actor is replaced; a replacement gets work once
-it has started (`extract.starting`). A shard gets at most ``max_attempts`` tries.
+it has started (`extract.jobs.starting`). A shard gets at most ``max_attempts`` tries.
 Any failure a worker reports (`ShardFailed`) stops the job with a message that says
 what to do."""
 
@@ -28,19 +28,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from store_schema import layout
+from store_schema.runtime.host import available_cores
 from store_schema.runtime.progress import Progress
+from store_schema.writer import remove_staging
 
-from .config import FaultInjection
-from .errors import ExtractError, disk_full_message
+from ..errors import ExtractError, actor_error_cause, disk_full_message
+from .batching import batch_groups
+from .protocol import BatchFaults, ShardDone, ShardFailed, WorkerInfo
+from .settings import FaultInjection, joins_cluster
 from .starting import StartingActors
-from .worker import GROUPS_IN_FLIGHT, BatchFaults, ShardDone, ShardFailed, WorkerInfo  # noqa: F401
+
+# `ray` is imported where it is used: the job's configs and report read this module's
+# dataclasses without loading Ray (seconds) or starting it.
 
 # --------------------------------------------------------------------------- Ray
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a job's actors run: the fields of the same names in `extract.config.JobConfig`
+    """Where a job's actors run: the fields of the same names in `extract.extraction.config.JobConfig`
     and `extract.generate.config.GenerateConfig` (`of`)."""
 
     device: str
@@ -76,13 +83,13 @@ def start_ray(placement) -> bool:
     quiet = dict(log_to_driver=True, logging_level="WARNING")
     # Ray announces on stderr that token authentication (its secure default) is on: not news for a job's log.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    if placement.address or os.environ.get("RAY_ADDRESS"):
+    if joins_cluster(placement.address):
         ray.init(address=placement.address, **quiet)  # a running cluster (or `ray job submit`)
         return True
     needed = placement.workers * placement.cpus_per_worker if placement.device == "cpu" else placement.workers
     ray.init(
         address="local",
-        num_cpus=max(os.cpu_count() or 1, needed),
+        num_cpus=max(available_cores(), needed),
         include_dashboard=False,  # no dashboard / job server for a local run
         **quiet,
     )
@@ -112,7 +119,7 @@ def check_resources(placement, workers: int) -> None:
 
 
 class ActorPool:
-    """Long-lived actors built from one worker spec (`extract.worker.ExtractionSpec`,
+    """Long-lived actors built from one worker spec (`extract.extraction.worker.ExtractionSpec`,
     `extract.generate.worker.GenerationSpec`, ...: a frozen dataclass naming its
     ``actor_class()``, ``task`` and ``groups_in_flight``), one per GPU (``num_gpus=1``) or per CPU slot, each
     running ``task(shard names, attempts) -> GroupDone`` for the `Dispatcher`.
@@ -166,11 +173,11 @@ class ActorPool:
                     log(f"worker {index} ready after {elapsed:.1f} s ({info.device} on {info.host}, "
                         f"{info.startup_seconds:.1f} s loading)")
         except ray.exceptions.RayActorError as error:
-            raise ExtractError(f"a worker failed to start (loading the target): {cause(error)}") from None
+            raise ExtractError(f"a worker failed to start (loading the target): {actor_error_cause(error)}") from None
         except KeyboardInterrupt:
             raise
         except Exception as error:  # noqa: BLE001 - e.g. a worker's own exception from __init__
-            raise ExtractError(f"a worker failed to start: {cause(error)}") from None
+            raise ExtractError(f"a worker failed to start: {actor_error_cause(error)}") from None
         self.infos = [infos[index] for index in range(count)]
         self.startup_seconds = time.perf_counter() - started
         kernels = sorted({json.dumps(info.kernels, sort_keys=True) for info in self.infos})
@@ -217,17 +224,6 @@ def started_workers(placement: Placement, spec, count: int, log=None, interval: 
             pool.shutdown()
         if started_ray:
             ray.shutdown()
-
-
-def cause(error: BaseException) -> str:
-    """One readable line: Ray's actor-death messages run to a paragraph."""
-    text = " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__
-    for marker in ("The actor is dead because", "The actor died because"):
-        if marker in text:
-            text = text[text.index(marker):]
-    for cut in (" Some common causes", " The actor never ran"):
-        text = text.split(cut)[0]
-    return text[:300]
 
 
 def _worker_died_errors() -> tuple[type[BaseException], ...]:
@@ -297,8 +293,6 @@ class Dispatcher:
 
     def __init__(self, pool: ActorPool, plan, pending: list[str], fence, settings: DispatchSettings,
                  progress: Progress | None = None, log: Callable[[str], None] = print):
-        from .batching import batch_groups
-
         self.pool = pool
         self.fence = fence  # store_schema.lock.ShardFence of this run
         self.store_path = Path(fence.store)
@@ -410,7 +404,7 @@ class Dispatcher:
 
     def worker_died(self, error: BaseException, index: int) -> list[str]:
         """Actor `index`'s process died (a task of it raised Ray's death error): `_lose`."""
-        return self._lose(index, f"died: {cause(error)}")
+        return self._lose(index, f"died: {actor_error_cause(error)}")
 
     def _lose(self, index: int, why: str) -> list[str]:
         """Stop trusting actor `index`: revoke every attempt it holds, so none of them
@@ -420,9 +414,6 @@ class Dispatcher:
         shard is either whole or absent): counted as written, never redone. A revoked
         attempt's staging files are removed; an attempt that had already claimed its
         commit keeps them (its rename may still land)."""
-        from store_schema import layout
-        from store_schema.writer import remove_staging
-
         held = [h for h in self.inflight.values() if h.index == index]
         self.inflight = {ref: h for ref, h in self.inflight.items() if h.index != index}
         self.counts.worker_deaths += 1

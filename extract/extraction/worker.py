@@ -1,7 +1,7 @@
 """One extraction worker: a long-lived Ray actor that holds the target for its lifetime.
 
-The driver (`extract.job`) creates one per GPU (or per CPU slot with ``--device cpu``)
-and hands it a *group* of shard names (`extract.batching.batch_groups`), each
+The driver (`extract.extraction.job`) creates one per GPU (or per CPU slot with ``--device cpu``)
+and hands it a *group* of shard names (`extract.jobs.batching.batch_groups`), each
 shard still to write as a numbered attempt (`store_schema.lock.Attempt`). The
 worker reads the shards' plan entries from the store, re-tokenizes the records
 (`load_samples`, which checks every sample against the plan's digest), batches the
@@ -39,77 +39,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
-import socket
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+from store_schema import SampleArrays, Store, StoreWriter, raw_bytes_per_token
+from store_schema.dtypes import store_dtype as lookup_store_dtype
+from transformers import AutoTokenizer
 
-GROUPS_IN_FLIGHT = 2  # group tasks per actor: one on the device while the previous one is written
-
-# --------------------------------------------------------------------------- replies
-# What a worker sends back to the driver (Ray pickles them between the processes).
-
-
-@dataclass(frozen=True)
-class WorkerInfo:
-    """The target as this worker loaded it, and where it runs."""
-
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    architecture: str
-    # What ran, for the fingerprint: the kernels and the compute dtype (a bf16 GPU
-    # forward and an fp32 CPU forward give slightly different states).
-    kernels: dict
-    device: str
-    torch_threads: int
-    pid: int
-    host: str
-    startup_seconds: float
-    node: str = ""  # the Ray node id it runs on ("" outside Ray)
-
-
-@dataclass(frozen=True)
-class ShardDone:
-    """A shard this worker committed (or found committed already)."""
-
-    shard: str
-    written: bool  # False: already committed (by a worker presumed dead)
-    samples: int
-    tokens: int
-    raw_bytes: int
-    disk_bytes: int
-    padded_tokens: int  # what the device computed for its samples (each padded to its batch's longest)
-    write_seconds: float
-    pid: int
-    node: str = ""  # the Ray node id of the worker that replied ("" outside Ray)
-
-
-@dataclass(frozen=True)
-class GroupDone:
-    """A group's replies: one per shard the driver asked to write, in its order."""
-
-    replies: list  # ShardDone | ShardFailed
-    filler_tokens: int  # tokens of its already-committed shards, computed again so that batches stay the same
-    tokenize_seconds: float
-    forward_seconds: float
-
-
-@dataclass(frozen=True)
-class ShardFailed:
-    """A shard this worker could not do, for a reason that would not go away on
-    another worker; the driver stops the job with a message for its ``kind``."""
-
-    shard: str
-    kind: str  # "disk_full", "corpus_changed", "device_oom", "fenced" or "error"
-    message: str
-    traceback: str
-    host: str
+from ..jobs.batching import batches_min_padding
+from ..jobs.protocol import (
+    GROUPS_IN_FLIGHT, BatchFaults, GroupDone, ShardDone, ShardFailed, WorkerInfo, failure, quiet_worker_process,
+    ray_node_id, worker_info,
+)
+from ..jobs.target import load_target
+from .planning import check_tokenizer, load_samples
+from .runner import TargetRunner
 
 
 @dataclass(frozen=True)
@@ -119,94 +66,6 @@ class ForwardTiming:
     seconds: float
     tokens: int
     padded_tokens: int
-
-
-def _failure(error: BaseException) -> ShardFailed:
-    """A worker-side exception as the reply the driver reads (its shard filled in by the caller)."""
-    return ShardFailed(
-        shard="",
-        kind=_classify(error),
-        message=f"{type(error).__name__}: {error}",
-        traceback=traceback.format_exc(limit=8),
-        host=socket.gethostname(),
-    )
-
-
-def _classify(error: BaseException) -> str:
-    from store_schema.lock import ShardFenced
-
-    from .errors import is_disk_full
-    from .planning import SampleMismatchError
-
-    seen = error
-    while seen is not None:
-        if isinstance(seen, ShardFenced):  # the driver gave this attempt up; nobody waits for the reply
-            return "fenced"
-        if is_disk_full(seen):  # stop the job, free space, rerun
-            return "disk_full"
-        if isinstance(seen, SampleMismatchError):
-            return "corpus_changed"
-        if type(seen).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA)
-            return "device_oom"
-        if isinstance(getattr(seen, "failure_kind", None), str):  # an error that names its own kind
-            return seen.failure_kind
-        seen = seen.__cause__ or seen.__context__
-    return "error"
-
-
-def quiet_worker_process(torch_threads: int | None) -> None:
-    """A worker process's setup: its torch thread count, and no transformers progress
-    bars or warnings in the job's log."""
-    import torch
-    from transformers.utils import logging as hf_logging
-
-    if torch_threads:
-        torch.set_num_threads(int(torch_threads))
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
-def ray_node_id() -> str:
-    """The Ray node this process runs on ("" outside Ray): several nodes may share a host name."""
-    import ray
-
-    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
-
-
-def worker_info(target, startup_seconds: float) -> WorkerInfo:
-    """What a worker that loaded `target` (`extract.target.load_target`) tells the driver."""
-    import torch
-
-    device_name = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu"
-    return WorkerInfo(
-        num_layers=target.num_layers,
-        hidden_size=target.hidden_size,
-        vocab_size=target.vocab_size,
-        architecture=target.architecture,
-        kernels={**target.kernels, "compute_dtype": str(target.dtype).replace("torch.", "")},
-        device=device_name,
-        torch_threads=torch.get_num_threads(),
-        pid=os.getpid(),
-        host=socket.gethostname(),
-        startup_seconds=round(startup_seconds, 3),
-        node=ray_node_id(),
-    )
-
-
-class BatchFaults:
-    """Fault injection in a worker: after its N-th batch the process SIGKILLs itself
-    (`kill`: a real, unannounced death, mid-shard) or SIGSTOPs itself (`stop`: frozen
-    until someone sends SIGCONT). None: never."""
-
-    def __init__(self, kill: int | None = None, stop: int | None = None):
-        self.kill, self.stop, self.batches = kill, stop, 0
-
-    def batch_done(self) -> None:
-        self.batches += 1
-        if self.kill is not None and self.batches >= self.kill:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self.stop is not None and self.batches == self.stop:
-            os.kill(os.getpid(), signal.SIGSTOP)
 
 
 @dataclass(frozen=True)
@@ -237,14 +96,9 @@ class ExtractionSpec:
 
 
 class ExtractionWorker:
-    """Plain class; `extract.dispatch.ActorPool` wraps it with ``ray.remote``. Also usable in-process."""
+    """Plain class; `extract.jobs.dispatch.ActorPool` wraps it with ``ray.remote``. Also usable in-process."""
 
     def __init__(self, spec: ExtractionSpec, faults: BatchFaults | None = None):
-        from transformers import AutoTokenizer
-
-        from .planning import check_tokenizer
-        from .target import TargetRunner, load_target
-
         quiet_worker_process(spec.torch_threads)
         started = time.perf_counter()
         self.store_path = str(spec.store)
@@ -258,8 +112,6 @@ class ExtractionWorker:
             require_fast_kernels=spec.require_fast_kernels,
             keep_layers=None if spec.topk is not None else max(spec.layer_ids) + 1,  # top-k needs the whole model
         )
-        from store_schema.dtypes import store_dtype as lookup_store_dtype
-
         # fp8 stores: states are quantized on the device, so half the bytes cross to the host
         self.runner = TargetRunner(self.target, list(spec.layer_ids), spec.topk,
                                    quantize=lookup_store_dtype(spec.store_dtype).scaled)
@@ -281,8 +133,6 @@ class ExtractionWorker:
     def _store_writer(self):
         with self._writer_lock:
             if self._writer is None:
-                from store_schema import StoreWriter
-
                 writer = StoreWriter(self.store_path)
                 if writer.plan() is None:
                     raise RuntimeError(f"{self.store_path} has no plan; the driver writes it before any shard")
@@ -305,7 +155,7 @@ class ExtractionWorker:
                 outputs, widths = self._forward(everything)
                 forward_seconds = time.perf_counter() - computed_at
         except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
-            failed = _failure(error)
+            failed = failure(error)
             return GroupDone([dataclasses.replace(failed, shard=name) for name in wanted], 0, 0.0, 0.0)
         replies, start = [], 0
         for name in names:
@@ -318,8 +168,6 @@ class ExtractionWorker:
         return GroupDone(replies, filler, round(tokenized - started, 4), round(forward_seconds, 4))
 
     def _commit(self, writer, name: str, attempt, samples, outputs, widths) -> ShardDone | ShardFailed:
-        from store_schema import SampleArrays, raw_bytes_per_token
-
         started = time.perf_counter()
         try:
             arrays = [
@@ -335,7 +183,7 @@ class ExtractionWorker:
             ]
             written = writer.write_shard(name, arrays, attempt=attempt)
         except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
-            return dataclasses.replace(_failure(error), shard=name)
+            return dataclasses.replace(failure(error), shard=name)
         num_tokens = sum(len(ids) for _, ids, _ in samples)
         return ShardDone(
             shard=name,
@@ -351,16 +199,12 @@ class ExtractionWorker:
         )
 
     def _load(self, writer, name: str):
-        from .planning import load_samples
-
         return load_samples(self.corpus_path, self.tokenizer, writer.plan().shard(name).samples, self.settings)
 
     def _forward(self, samples) -> tuple[list[dict], list[int]]:
         """All samples through the target, batched by length; outputs in the order of
         `samples`, and each sample's padded width (its batch's longest). Batch k+1 is
         submitted before batch k is collected."""
-        from .batching import batches_min_padding
-
         lengths = [len(ids) for _, ids, _ in samples]
         outputs: list[dict | None] = [None] * len(samples)
         widths = [0] * len(samples)
@@ -406,8 +250,6 @@ class ExtractionWorker:
 
 
 def _committed_bytes(store_path: str, name: str) -> int:
-    from store_schema import Store
-
     try:
         return Store(store_path).commit(name).disk_bytes
     except Exception:  # noqa: BLE001 - a size figure for the report only

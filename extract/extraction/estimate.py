@@ -34,6 +34,9 @@ from store_schema.runtime.estimate import (DTYPE_BYTES, GIB, HIGH_UTILISATION, f
                                            parameter_count, utilisation)
 from store_schema.runtime.units import human_bytes
 
+from .config import DEFAULT_BATCH_TOKENS
+
+
 RUNTIME_RESERVE_GIB = 2.0  # CUDA context (~0.5), cuBLAS/attention workspaces, allocator fragmentation
 # Raw bf16 bytes one core encodes (bytesplit), checksums and writes with fsync: store_bench
 # --quick measured 238-337 MB/s with both cores of the 2-core VM (2026-12-01): ~120 per core.
@@ -44,8 +47,6 @@ WEIGHT_DTYPE = "bfloat16"  # what a worker computes in on a GPU (`target_model.c
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The dry-run's sizing flags (plan only)."""
-    from .config import DEFAULT_BATCH_TOKENS
-
     parser.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                         help="padded tokens per forward batch, as `run --batch-tokens` (default %(default)s)")
     parser.add_argument("--gpu-memory", type=float, metavar="GIB",
@@ -61,9 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def loaded_weights(model_dir: str, keep_layers: int) -> dict:
     """What a worker keeping decoder layers ``0..keep_layers-1`` holds, in bytes, by
     building that model on the meta device."""
+    # torch and transformers only when a dry-run sizes a job: `--help` imports this module
     from transformers import AutoConfig
 
-    from store_schema.runtime.target_model import headless_on_meta
+    from store_schema.runtime.target_model import headless_on_meta  # imports torch
 
     text = AutoConfig.from_pretrained(model_dir).get_text_config()
     model = headless_on_meta(text, keep_layers)

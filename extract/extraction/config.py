@@ -7,71 +7,20 @@ injection is a `FaultInjection` of its own, kept out of the user's settings."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from store_schema.dtypes import store_dtype
 from store_schema.plan import PlanSettings
+from store_schema.runtime.host import available_cores
+
+from ..jobs.settings import (
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES, PROGRESS_MODES,
+    FaultInjection,
+)
 
 DEFAULT_BATCH_TOKENS = 16384
-DEFAULT_MAX_ATTEMPTS = 4
 DEFAULT_BATCH_SHARDS = 4
-DEFAULT_WORKER_TIMEOUT = 3600.0
-DEFAULT_PROGRESS_INTERVAL = 30.0
-DEVICES = ("cpu", "cuda")
-PROGRESS_MODES = ("bar", "lines", "off")  # a live bar on a terminal, else a line every interval (ray job logs)
-# Fault injection (tests and the fault suite): real SIGKILLs / SIGSTOPs at chosen points.
-KILL_AFTER_BATCHES_ENV = "DFLASH_EXTRACT_KILL_AFTER_BATCHES"  # "3,7,...": see FaultInjection.kill_after_batches
-STOP_AFTER_BATCHES_ENV = "DFLASH_EXTRACT_STOP_AFTER_BATCHES"  # "3,...": see FaultInjection.stop_after_batches
-KILL_DRIVER_ENV = "DFLASH_EXTRACT_KILL_DRIVER_AFTER_SHARDS"  # see FaultInjection.kill_driver_after_shards
-
-
-def available_cpus() -> int:
-    """The cores this process may run on (its affinity mask, which containers and
-    batch schedulers set), else the machine's count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-@dataclass(frozen=True)
-class FaultInjection:
-    """Real process deaths at reproducible points, for the fault suite; never a user
-    setting. Read from the environment by default, so a test can arm a job started
-    through the command line."""
-
-    # The i-th actor created dies (SIGKILL) after kill_after_batches[i] batches; later actors live.
-    kill_after_batches: tuple[int, ...] = ()
-    # The i-th actor created freezes (SIGSTOP) after stop_after_batches[i] batches.
-    stop_after_batches: tuple[int, ...] = ()
-    # The driver SIGKILLs itself once this many shards were committed in this run.
-    kill_driver_after_shards: int | None = None
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> "FaultInjection":
-        environ = os.environ if environ is None else environ
-        def numbers(name: str) -> tuple[int, ...]:
-            return tuple(int(x) for x in environ.get(name, "").split(",") if x.strip())
-
-        driver = environ.get(KILL_DRIVER_ENV, "").strip()
-        return cls(
-            kill_after_batches=numbers(KILL_AFTER_BATCHES_ENV),
-            stop_after_batches=numbers(STOP_AFTER_BATCHES_ENV),
-            kill_driver_after_shards=int(driver) if driver else None,
-        )
-
-    def actor_kill_after(self, actor_number: int) -> int | None:
-        """Batches the `actor_number`-th actor created (0-based) lives for; None: all its life."""
-        kills = self.kill_after_batches
-        return kills[actor_number] if actor_number < len(kills) else None
-
-    def actor_stop_after(self, actor_number: int) -> int | None:
-        """Batches after which the `actor_number`-th actor freezes; None: never."""
-        stops = self.stop_after_batches
-        return stops[actor_number] if actor_number < len(stops) else None
 
 
 @dataclass
@@ -84,9 +33,9 @@ class JobConfig:
     num_context_layers: int | None = None
     plan_settings: PlanSettings = field(default_factory=PlanSettings)  # what decides the plan's content
     strict: bool = False  # planning stops at the first bad record instead of quarantining it
-    plan_workers: int = field(default_factory=available_cpus)  # tokenizer processes for the planning pass
+    plan_workers: int = field(default_factory=available_cores)  # tokenizer processes for the planning pass
     workers: int = 1  # extraction actors
-    device: str = "cpu"
+    device: str = "cpu"  # cpu or cuda: `--device auto` is settled by `store_schema.runtime.host.choose_device`
     device_note: str = ""  # why this device (--device auto's choice): the job's first line says it
     address: str | None = None  # join a running Ray cluster; None: start a local one
     batch_tokens: int = DEFAULT_BATCH_TOKENS
@@ -116,7 +65,7 @@ class JobConfig:
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
         if self.device not in DEVICES:
-            raise ValueError(f"--device must be cpu or cuda, got {self.device!r}")
+            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         self.store_dtype = store_dtype(self.store_dtype).name  # refuses an unknown one, naming the choices
         if self.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")

@@ -1,0 +1,81 @@
+"""What every sharded job shares before any worker starts: the defaults of the
+settings both `extract run` and `extract generate` take, the devices and progress
+modes they accept, and the fault injection the fault suite arms through the
+environment (`FaultInjection`; never a user setting).
+
+Light on purpose (no torch, no Ray): `python -m extract --help` reads these."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from store_schema.runtime.host import resolve_device
+
+from ..errors import ExtractError
+
+SKIP_SPACE_CHECK_FLAG = "--skip-space-check"  # start even when the size estimate exceeds the free space
+DEFAULT_MAX_ATTEMPTS = 4
+DEFAULT_WORKER_TIMEOUT = 3600.0
+DEFAULT_PROGRESS_INTERVAL = 30.0
+DEVICES = ("cpu", "cuda")  # `auto` (the flags' default) is settled before a config is made: host.choose_device
+PROGRESS_MODES = ("bar", "lines", "off")  # a live bar on a terminal, else a line every interval (ray job logs)
+# Fault injection (tests and the fault suite): real SIGKILLs / SIGSTOPs at chosen points.
+KILL_AFTER_BATCHES_ENV = "DFLASH_EXTRACT_KILL_AFTER_BATCHES"  # "3,7,...": see FaultInjection.kill_after_batches
+STOP_AFTER_BATCHES_ENV = "DFLASH_EXTRACT_STOP_AFTER_BATCHES"  # "3,...": see FaultInjection.stop_after_batches
+KILL_DRIVER_ENV = "DFLASH_EXTRACT_KILL_DRIVER_AFTER_SHARDS"  # see FaultInjection.kill_driver_after_shards
+
+
+@dataclass(frozen=True)
+class FaultInjection:
+    """Real process deaths at reproducible points, for the fault suite; never a user
+    setting. Read from the environment by default, so a test can arm a job started
+    through the command line."""
+
+    # The i-th actor created dies (SIGKILL) after kill_after_batches[i] batches; later actors live.
+    kill_after_batches: tuple[int, ...] = ()
+    # The i-th actor created freezes (SIGSTOP) after stop_after_batches[i] batches.
+    stop_after_batches: tuple[int, ...] = ()
+    # The driver SIGKILLs itself once this many shards were committed in this run.
+    kill_driver_after_shards: int | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "FaultInjection":
+        environ = os.environ if environ is None else environ
+        def numbers(name: str) -> tuple[int, ...]:
+            return tuple(int(x) for x in environ.get(name, "").split(",") if x.strip())
+
+        driver = environ.get(KILL_DRIVER_ENV, "").strip()
+        return cls(
+            kill_after_batches=numbers(KILL_AFTER_BATCHES_ENV),
+            stop_after_batches=numbers(STOP_AFTER_BATCHES_ENV),
+            kill_driver_after_shards=int(driver) if driver else None,
+        )
+
+    def actor_kill_after(self, actor_number: int) -> int | None:
+        """Batches the `actor_number`-th actor created (0-based) lives for; None: all its life."""
+        kills = self.kill_after_batches
+        return kills[actor_number] if actor_number < len(kills) else None
+
+    def actor_stop_after(self, actor_number: int) -> int | None:
+        """Batches after which the `actor_number`-th actor freezes; None: never."""
+        stops = self.stop_after_batches
+        return stops[actor_number] if actor_number < len(stops) else None
+
+
+def refuse_missing_cuda(config) -> None:
+    """``--device cuda`` on a machine whose torch sees no GPU, for a job that starts its
+    own Ray: refused before anything is planned. A job joining a cluster
+    (``--address``) is checked against the cluster's GPUs once it connects."""
+    if config.device != "cuda" or joins_cluster(config.address):
+        return
+    try:
+        resolve_device("cuda")
+    except ValueError as error:
+        raise ExtractError(f"{error} (or --address to join a Ray cluster with GPUs)") from None
+
+
+def joins_cluster(address: str | None) -> bool:
+    """A job that joins a running Ray cluster (``--address`` or ``$RAY_ADDRESS``) rather than starting one."""
+    return bool(address or os.environ.get("RAY_ADDRESS"))

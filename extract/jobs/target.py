@@ -1,0 +1,76 @@
+"""The target a worker holds: its language model loaded through the one loader
+(`store_schema.runtime.target_model.load_target_model`: device and dtype rule,
+refusal of missing or unexpected weights and of vision towers, partial loads), plus
+the kernel report the store's fingerprint records and the ``--require-fast-kernels``
+rule. Extraction (`extract.extraction.runner`) and generation workers both hold one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from store_schema.runtime.target_model import load_target_model
+
+from .kernels import check_fast_kernels, kernel_report, kernels_of_class
+
+
+@dataclass
+class Target:
+    """A loaded target model and the facts about it the store's fingerprint needs."""
+
+    model: torch.nn.Module  # the *ForCausalLM (or its base model: `keep_layers`), eval mode, requires_grad off
+    path: str
+    device: torch.device
+    dtype: torch.dtype  # compute dtype; the store keeps bf16 regardless
+    num_layers: int  # decoder layers N (valid context layer ids are 0 .. N-2)
+    hidden_size: int
+    vocab_size: int
+    architecture: str  # class actually loaded, e.g. "Qwen3_5ForCausalLM" or "Qwen3_5TextModel"
+    checkpoint_architectures: list[str] = field(default_factory=list)  # from config.json
+    kernels: dict = field(default_factory=dict)  # see `kernel_report`
+
+
+def load_target(
+    model_path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    trust_remote_code: bool = False,
+    attn_implementation: str | None = None,
+    keep_layers: int | None = None,
+    require_fast_kernels: bool = False,
+) -> Target:
+    """Load the target's language model through the one loader
+    (`store_schema.runtime.target_model.load_target_model`: device and dtype rule,
+    refusal of missing or unexpected weights and of vision towers, partial loads).
+
+    ``keep_layers=K`` loads decoder layers ``0..K-1`` and no ``lm_head``: what
+    capturing layers ``< K`` needs. ``num_layers`` stays the checkpoint's count.
+
+    ``require_fast_kernels``: on CUDA, refuse (RuntimeError) a target whose linear
+    attention or causal conv1d would run the PyTorch fallback, before loading it."""
+    where = f"{model_path}"
+    loaded = load_target_model(
+        model_path, device, dtype, keep_layers=keep_layers, trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
+        check_class=(lambda cls: check_fast_kernels(kernels_of_class(cls), torch.device(device).type, where))
+        if require_fast_kernels else None,
+    )
+    model = loaded.model
+    kernels = kernel_report(model)
+    if require_fast_kernels:
+        check_fast_kernels(kernels, loaded.device.type, where)
+    head = model.get_output_embeddings()
+    return Target(
+        model=model,
+        path=loaded.path,
+        device=loaded.device,
+        dtype=loaded.dtype,
+        num_layers=loaded.num_layers,
+        hidden_size=int(model.config.hidden_size),
+        vocab_size=int((head if head is not None else model.get_input_embeddings()).weight.shape[0]),
+        architecture=loaded.architecture,
+        checkpoint_architectures=loaded.checkpoint_architectures,
+        kernels=kernels,
+    )
