@@ -7,7 +7,9 @@
   untouched (same bytes, same inodes) and `verify` reports the store clean.
 - `train fit --nnodes 2 --node-rank 0|1 --master-addr 127.0.0.1` (two node
   processes, one rank each, gloo over loopback) trains the same steps with the
-  same losses as `fit --nproc 2` on one node with the same config."""
+  same losses as `fit --nproc 2` on one node with the same config; from a store in a
+  bucket (a loopback moto_server), each node through its own shard cache, which holds
+  only the shards of that node's lanes."""
 
 from __future__ import annotations
 
@@ -121,18 +123,11 @@ def fit_command(store: Path, target: Path, out: Path, *launch: str) -> list[str]
     return [sys.executable, "-m", "train", "fit", *fit_args(store, target, out, *ONE_EPOCH), *launch]
 
 
-def test_two_nodes_train_the_steps_and_losses_of_two_processes_on_one(qwen3_dir, tmp_path):
-    store = tmp_path / "store"
-    builders.random_store(store, num_shards=7, samples_per_shard=5, num_target_layers=6, layer_ids=(1, 3))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    one_node = subprocess.run(fit_command(store, qwen3_dir, tmp_path / "one-node", "--nproc", "2"), cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)
-    assert one_node.returncode == 0, one_node.stderr[-3000:]
-
-    two_nodes, port = tmp_path / "two-nodes", str(free_port())
-    nodes = [subprocess.Popen(fit_command(store, qwen3_dir, two_nodes, "--nproc", "1", "--nnodes", "2",
-                                          "--node-rank", str(rank), "--master-addr", "127.0.0.1",
-                                          "--master-port", port),
+def run_two_nodes(store, target: Path, out: Path, env: dict, per_node=lambda rank: ()) -> list[str]:
+    """`fit --nnodes 2` as two node processes on loopback (one rank each); their stderr."""
+    port = str(free_port())
+    nodes = [subprocess.Popen(fit_command(store, target, out, "--nproc", "1", "--nnodes", "2", "--node-rank", str(rank),
+                                          "--master-addr", "127.0.0.1", "--master-port", port, *per_node(rank)),
                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in (0, 1)]
     try:
@@ -143,7 +138,20 @@ def test_two_nodes_train_the_steps_and_losses_of_two_processes_on_one(qwen3_dir,
                 node.kill()
     for node, (_, stderr) in zip(nodes, outputs):
         assert node.returncode == 0, stderr[-3000:]
-    assert "2 process(es), 2 lane(s)" in outputs[0][1]
+    return [stderr for _, stderr in outputs]
+
+
+def test_two_nodes_train_the_steps_and_losses_of_two_processes_on_one(qwen3_dir, tmp_path):
+    store = tmp_path / "store"
+    builders.random_store(store, num_shards=7, samples_per_shard=5, num_target_layers=6, layer_ids=(1, 3))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    one_node = subprocess.run(fit_command(store, qwen3_dir, tmp_path / "one-node", "--nproc", "2"), cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+    assert one_node.returncode == 0, one_node.stderr[-3000:]
+
+    two_nodes = tmp_path / "two-nodes"
+    outputs = run_two_nodes(store, qwen3_dir, two_nodes, env)
+    assert "2 process(es), 2 lane(s)" in outputs[0]
 
     got, expected = read_log(two_nodes), read_log(tmp_path / "one-node")
     assert len(got) == len(expected) > 3 and all(row["world_size"] == 2 for row in got)
@@ -151,6 +159,30 @@ def test_two_nodes_train_the_steps_and_losses_of_two_processes_on_one(qwen3_dir,
         assert (a["step"], a["epoch"], a["lr"]) == (b["step"], b["epoch"], b["lr"])
         assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"], (a, b)  # bit-identical
     assert steps_of(two_nodes) == steps_of(tmp_path / "one-node")
+
+
+def test_two_nodes_train_from_a_bucket_each_through_its_own_cache(url, qwen3_dir, tmp_path):
+    """Issue 33.6: one cache per node, each filled with its own lanes' shards only."""
+    from store_schema.stores import open_store
+
+    local = tmp_path / "store"
+    for where in (url, local):
+        builders.random_store(where, num_shards=7, samples_per_shard=5, num_target_layers=6, layer_ids=(1, 3),
+                              target_dir=qwen3_dir)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    one_node = subprocess.run(fit_command(local, qwen3_dir, tmp_path / "one-node", "--nproc", "2"), cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=600)
+    assert one_node.returncode == 0, one_node.stderr[-3000:]
+
+    caches = [tmp_path / f"cache-node{rank}" for rank in (0, 1)]  # each node's local disk
+    run_two_nodes(url, qwen3_dir, tmp_path / "two-nodes", env,
+                  per_node=lambda rank: ("--set", f"data.cache_dir={caches[rank]}"))
+    got, expected = read_log(tmp_path / "two-nodes"), read_log(tmp_path / "one-node")
+    assert len(got) == len(expected) > 3
+    assert [(a["step"], a["loss"]) for a in got] == [(b["step"], b["loss"]) for b in expected]  # bit-identical
+    cached = [set(open_store(cache).committed_shards()) for cache in caches]
+    assert cached[0] and cached[1] and not cached[0] & cached[1]  # each node fetched its own lanes' shards
+    assert cached[0] | cached[1] <= set(open_store(url).committed_shards())
 
 
 def test_a_node_rank_outside_the_nodes_is_refused(qwen3_dir, tmp_path):
