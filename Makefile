@@ -58,11 +58,11 @@ TEST_WORKERS ?= 2
 
 test:
 	$(MAKE) --no-print-directory -j2 venv vllm-env
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 tests
 
 # For iteration: no Ray, no child processes, no pretraining (tests/conftest.py says what is slow).
 test-fast: venv
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" --durations=10 tests
 
 demo: venv
 	$(PY) scripts/demo.py
