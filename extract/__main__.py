@@ -39,7 +39,7 @@ from store_schema.runtime.host import AUTO_DEVICE, available_cores, choose_devic
 from store_schema.runtime.progress import default_mode
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_weights import check_target_weights
-from store_schema.runtime.units import human_bytes
+from store_schema.runtime.units import human_bytes, parse_bytes
 
 from .errors import ExtractError
 from .extraction.config import DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS, JobConfig
@@ -363,6 +363,14 @@ def _add_generate_parser(commands) -> None:
     gen.set_defaults(handler=cmd_generate)
 
 
+def _size(text: str) -> int:
+    """A size flag's value (`store_schema.runtime.units.parse_bytes`); argparse names the flag on error."""
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _add_space_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(SKIP_SPACE_CHECK_FLAG, action="store_true",
                         help="start even when the plan's size estimate exceeds the output filesystem's free space")
@@ -410,6 +418,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
                      help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    run.add_argument("--spool-dir", help="a store on object storage (--store s3://bucket/prefix): the local directory "
+                                         "on each worker's node where shards are built before their upload "
+                                         "(default: the system's temporary directory)")
+    run.add_argument("--spool-size", type=_size, metavar="SIZE",
+                     help="the most the shards being built and uploaded may take in --spool-dir, per node "
+                          "(e.g. 20GB; default: its free space); a full spool waits for uploads to free it")
     _add_space_flag(run)
     run.set_defaults(handler=cmd_run)
     _add_generate_parser(commands)
