@@ -1,8 +1,9 @@
 """Store vs per-sample torch.save files, side by side in one run: bytes on disk,
 write speed, a shuffled epoch read cold (default bf16 codec, the v1 codec, and the
 fp8 store), random 3072-token windows, decode GB/s per core of each codec, the
-loader cores one GPU needs, and verify's speed. The shard cache (`data.cache_dir`):
-its fill rate from a bucket on a loopback moto_server, and the trainer's loader
+loader cores one GPU needs, and verify's speed. Object storage (a loopback
+moto_server): the uploader's throughput (`extract run`'s bucket writer), the shard
+cache's (`data.cache_dir`) fill rate from the bucket, and the trainer's loader
 reading an epoch through the warm cache against the same store on local disk.
 
     python benchmarks/store_bench.py [--quick | --smoke] [--workdir DIR]
@@ -100,20 +101,29 @@ def write_per_sample(root: Path, samples) -> float:
     return t.seconds
 
 
-def write_store(root: Path, samples, shard_tokens: int, codec: CodecConfig, dtype: str) -> float:
+def write_store(root: Path, samples, shard_tokens: int, codec: CodecConfig, dtype: str,
+                uploads: list | None = None) -> float:
+    """Seconds to write the samples into a store at `root` (a directory or a bucket URL);
+    a bucket's writer appends each shard's (bytes, seconds) of upload to `uploads`."""
     fingerprint = Fingerprint(target_model="bench-qwen3", num_target_layers=3, hidden_size=HIDDEN, vocab_size=256,
                               layer_ids=[1], max_length=4096, dtype=dtype)
     writer = create_store(root, fingerprint, codec)
+
+    def commit(index, shard):
+        writer.write_shard(shard_name(index), shard)
+        if uploads is not None:
+            uploads.append(writer.upload_of(shard_name(index)))
+
     with Timer() as t:
         shard, tokens, index = [], 0, 0
         for i, (ids, hidden) in enumerate(samples):
             shard.append(SampleArrays(f"s{i:06d}", ids, np.ones(len(ids), np.uint8), {1: hidden}))
             tokens += len(ids)
             if tokens >= shard_tokens:
-                writer.write_shard(shard_name(index), shard)
+                commit(index, shard)
                 shard, tokens, index = [], 0, index + 1
         if shard:
-            writer.write_shard(shard_name(index), shard)
+            commit(index, shard)
     return t.seconds
 
 
@@ -225,16 +235,18 @@ def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> float:
 
 def shard_cache_figures(work: Path, samples, local: Path) -> dict:
     """The same samples as the local store `local`, written to a bucket on a loopback
-    moto_server; the cache filled from it shard by shard (MB/s of shard files, checked
-    on arrival), then an epoch through a warm cache vs from `local` (best of 2 each,
-    alternating)."""
+    moto_server by the writer `extract run`'s workers use (each shard built in a local
+    spool, uploaded, marker last: the uploader's MB/s over the uploads alone); the cache
+    filled from it shard by shard (MB/s of shard files, checked on arrival), then an
+    epoch through a warm cache vs from `local` (best of 2 each, alternating)."""
     from benchmarks.common import loopback_s3, new_bucket
     from store_schema.local_copy import copy_shard, open_local_copy
     from store_schema.stores import open_store
 
     with loopback_s3() as endpoint:
         url = f"s3://{new_bucket(endpoint)}/store"
-        write_store(url, samples, 32768, *STORES["bf16"])
+        uploads = []
+        write_store(url, samples, 32768, *STORES["bf16"], uploads=uploads)
         bucket = open_store(url)
         names = bucket.shard_entries()  # (listed: these stores have no plan to name their shards)
         cache = work / "shard_cache"
@@ -244,7 +256,9 @@ def shard_cache_figures(work: Path, samples, local: Path) -> dict:
         times = [(loader_epoch_seconds(Store(local), names), loader_epoch_seconds(bucket, names, work / f"cache{i}"))
                  for i in range(2)]
         local_s, cached_s = min(t[0] for t in times), min(t[1] for t in times)
-    return {"shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
+    sent, seconds = sum(b for b, _ in uploads), sum(s for _, s in uploads)
+    return {"uploader_mb_s": round(sent / seconds / 1e6, 1),
+            "shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
             "shard_cache_read_ratio_vs_local": round(local_s / cached_s, 3)}
 
 
@@ -338,6 +352,8 @@ def main() -> None:
         ("write_mb_s (store, fsync)", "-", f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, "
                                           f"torch.save {figures['torch_save_write_mb_s']})"),
         ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
+        ("uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)", "-",
+         str(figures["uploader_mb_s"])),
         ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
         ("trainer's epoch read through a warm shard cache / from local disk", ">= 0.9",
          str(figures["shard_cache_read_ratio_vs_local"])),

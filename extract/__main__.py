@@ -34,7 +34,7 @@ from store_schema.plan import (
     LOSS_MASK_CONVENTIONS,
     PlanSettings,
 )
-from store_schema.runtime.cli import UsageError, interrupted, run_command, show_defaults
+from store_schema.runtime.cli import UsageError, interrupted, run_command, show_defaults, size_argument
 from store_schema.runtime.host import AUTO_DEVICE, available_cores, choose_device, device_line, set_torch_threads
 from store_schema.runtime.progress import default_mode
 from store_schema.runtime.target_config import read_target_config
@@ -44,7 +44,7 @@ from store_schema.runtime.units import human_bytes
 from .errors import ExtractError
 from .extraction.config import DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS, JobConfig
 from .extraction.estimate import add_arguments as add_estimate_arguments
-from .extraction.estimate import estimate_lines, extraction_estimate
+from .extraction.estimate import cache_traffic, cache_traffic_lines, estimate_lines, extraction_estimate
 from .extraction.layers import parse_layer_ids, resolve_layer_ids
 from .generate.config import (
     DEFAULT_CONCURRENCY, DEFAULT_GENERATE_BATCH_TOKENS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_REQUEST_RETRIES,
@@ -159,6 +159,9 @@ def cmd_plan(args) -> int:
     store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
     job = extraction_estimate(args.model, layer_ids, plan.num_tokens, store_bytes, args.batch_tokens, args.gpu_memory,
                               args.tokens_per_s, args.gpus, args.gpu_tflops)
+    if args.cache_size is not None:
+        job["cache"] = cache_traffic(store_bytes, max(s.num_tokens for s in plan.shards), plan.num_tokens,
+                                     args.cache_size, args.train_tokens_per_s)
     report = dict(
         summary.to_json(),
         job=job,
@@ -203,7 +206,8 @@ def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> N
     )
     print(f"            {human_bytes(report['estimated_fp8_bytes'])} with --store-dtype fp8_e4m3 "
           f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)")
-    for line in estimate_lines(report["job"]):
+    for line in estimate_lines(report["job"]) + (cache_traffic_lines(report["job"]["cache"])
+                                                  if "cache" in report["job"] else []):
         print(line)
     print("dry run: nothing written")
 
@@ -410,6 +414,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
                      help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
     run.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
+    run.add_argument("--spool-dir", help="a store on object storage (--store s3://bucket/prefix): the local directory "
+                                         "on each worker's node where shards are built before their upload "
+                                         "(default: the system's temporary directory)")
+    run.add_argument("--spool-size", type=size_argument, metavar="SIZE",
+                     help="the most the shards being built and uploaded may take in --spool-dir, per node "
+                          "(e.g. 20GB; default: its free space); a full spool waits for uploads to free it")
     _add_space_flag(run)
     run.set_defaults(handler=cmd_run)
     _add_generate_parser(commands)

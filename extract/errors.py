@@ -1,5 +1,6 @@
-"""Every error extract/ raises on purpose, in one place, and the one rule for a full
-disk (the driver and the workers both meet it, and say the same thing about it).
+"""Every error extract/ raises on purpose, in one place, and what the job says about a
+full disk (the driver and the workers both meet it; the rule itself is
+`store_schema.runtime.host.is_disk_full`).
 
 `ExtractError` and its kinds stop a job with a message meant for the user (exit 1);
 `QuarantineError` and `RequestFailed` are about one record, which is quarantined
@@ -8,13 +9,11 @@ changed since planning (the job stops: `extract.jobs.protocol` classifies it).""
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 
 from store_schema.runtime import host
+from store_schema.runtime.host import is_disk_full  # noqa: F401  the rule, for extract's callers
 from store_schema.runtime.units import human_bytes
-
-_DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
 
 
 class ExtractError(RuntimeError):
@@ -64,10 +63,6 @@ class SampleMismatchError(RuntimeError):
 
 class GeneratedCorpusError(ValueError):
     """A generated corpus that cannot be read: bad manifest, or shards missing."""
-
-
-def is_disk_full(error: BaseException) -> bool:
-    return isinstance(error, OSError) and error.errno in _DISK_FULL
 
 
 def disk_full_message(store_path: Path, where: str) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 from .location import StoreURL, classify_store
 from .encoding import CodecConfig
 from .fingerprint import Fingerprint
+from .layout import ROOT_RECORD
 
 
 def open_store(arg):
@@ -66,3 +67,83 @@ def clean_store(store, commitless: bool = True) -> tuple[list[str], list[str]]:
     from .repair import clean_dir
 
     return clean_dir(location, commitless)
+
+
+def job_output(store):
+    """What a job's driver does to its output (`job_output.DirectoryOutput`, or
+    `objstore.output.BucketOutput`): leftovers, set-aside shards, fences, commits."""
+    location = classify_store(store)
+    if isinstance(location, StoreURL):
+        from .objstore.output import BucketOutput
+
+        return BucketOutput(location)
+    from .job_output import DirectoryOutput
+
+    return DirectoryOutput(location)
+
+
+def lock_store(store, job: str, log=None):
+    """The one-live-job guard, not yet acquired: `lock.StoreLock` (flock on `.lock`) for
+    a directory, `objstore.lease.KeptLease` (a lease renewed while the job runs) for a
+    bucket. Both have `acquire()` and `release(discard_if_unused=...)`."""
+    location = classify_store(store)
+    if isinstance(location, StoreURL):
+        from .objstore.bucket import Bucket
+        from .objstore.lease import KeptLease
+
+        return KeptLease(Bucket(location), job=job, log=log)
+    from .lock import StoreLock
+
+    return StoreLock(location, job=job)
+
+
+def open_writer(store, spool_dir=None, spool_bytes: int | None = None, log=None):
+    """The writer of an existing store: `writer.StoreWriter`, or for a bucket an
+    `objstore.commit.BucketWriter` building shards in a local spool (`spool.Spool` in
+    `spool_dir`, the system's temporary directory by default, bounded to `spool_bytes`)."""
+    location = classify_store(store)
+    if isinstance(location, StoreURL):
+        from .objstore.commit import BucketWriter
+        from .spool import Spool
+
+        return BucketWriter(location, Spool(spool_dir, spool_bytes, log))
+    from .writer import StoreWriter
+
+    return StoreWriter(location)
+
+
+def commit_store_plan(store, plan) -> None:
+    """Commit `plan` before any worker starts, root or not (`writer.commit_plan`,
+    `objstore.commit.commit_bucket_plan`); a different committed plan is refused."""
+    location = classify_store(store)
+    if isinstance(location, StoreURL):
+        from .objstore.bucket import Bucket
+        from .objstore.commit import commit_bucket_plan
+
+        return commit_bucket_plan(Bucket(location), plan)
+    from .writer import commit_plan
+
+    return commit_plan(location, plan)
+
+
+def read_store_plan(store):
+    """The committed plan of a store whose root may not exist yet; None if none."""
+    location = classify_store(store)
+    if isinstance(location, StoreURL):
+        from .objstore.bucket import Bucket
+        from .objstore.reader import read_bucket_plan
+
+        return read_bucket_plan(Bucket(location))
+    from .plan_io import read_committed_plan
+
+    return read_committed_plan(location) if location.is_dir() else None
+
+
+def open_existing_store(store):
+    """The reader of a store whose root exists (a job to resume), else None."""
+    location = classify_store(store)
+    if isinstance(location, StoreURL):
+        from .objstore.bucket import Bucket
+
+        return open_store(location) if Bucket(location).exists(ROOT_RECORD) else None
+    return open_store(location) if (location / ROOT_RECORD).is_file() else None

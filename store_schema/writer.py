@@ -29,6 +29,7 @@ from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
 from .records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
 from .root import read_root, root_attributes
+from .spool import shard_bytes_bound
 from .staging import staging_dir, write_and_commit
 
 
@@ -96,15 +97,23 @@ class StoreWriter:
             commit = ShardCommit.from_json(body)
             _check_complete(staging, commit, self._arrays(commit.target_topk))
 
+        topk = 0 if not samples or samples[0].topk_ids is None else int(np.shape(samples[0].topk_ids)[1])
+        need = shard_bytes_bound(sum(len(s.input_ids) for s in samples), self.fingerprint.hidden_size,
+                                 len(self.fingerprint.layer_ids), topk)
         return self.commit_written(name, lambda staging: self._write_arrays(staging, name, samples), record,
-                                   attempt, check)
+                                   attempt, check, need)
 
     def is_committed(self, name: str) -> bool:
         return layout.is_committed(self.path, name)
 
-    def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check) -> bool:
-        """The commit step (`staging.write_and_commit`'s arguments); a bucket writer commits by its marker."""
+    def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0) -> bool:
+        """The commit step (`staging.write_and_commit`'s arguments); a bucket writer
+        commits by its marker, and builds the shard in its spool, reserving `need` bytes."""
         return write_and_commit(self.path, name, write, make_record, attempt, check)
+
+    def upload_of(self, name: str) -> tuple[int, float]:
+        """(bytes, seconds) of shard `name`'s upload: nothing is uploaded into a directory."""
+        return 0, 0.0
 
     def _arrays(self, topk: int) -> set[str]:
         """The arrays every committed shard holds."""

@@ -85,6 +85,7 @@ def test_run_all_smoke_runs_store_extract_and_train():
     assert variants["dflash2_warm"]["parameters"] > variants["dflash_decay"]["parameters"]
     assert variants["dflash2_warm"]["heldout_selector_acc"] is not None  # the selector trained and was measured
     assert figures["store.shard_cache_fill_mb_s"] > 0 and figures["store.shard_cache_read_ratio_vs_local"] > 0
+    assert figures["store.uploader_mb_s"] > 0
 
 
 @pytest.mark.slow  # child processes

@@ -93,6 +93,35 @@ def test_plan_dry_run_says_the_write_rate_and_warns_of_an_optimistic_rate(qwen3_
     assert gpu.endswith(" is 21% of a 2000 TFLOPS GPU"), gpu
 
 
+def test_plan_dry_run_says_the_traffic_and_rate_a_cached_store_must_deliver(qwen3_6_27b, capsys):
+    """Issue 33.7: with --cache-size, per store dtype the bytes an epoch fetches past the
+    cache (the shards that do not stay pinned beside room for two streamed ones) and
+    the rate that is at --train-tokens-per-s."""
+    from extract.__main__ import main
+
+    model, corpus = qwen3_6_27b
+    argv = ["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--tokenizer-workers", "1",
+            "--shard-tokens", "2048", "--train-tokens-per-s", "1000"]
+    assert main([*argv, "--json", "--cache-size", "100MB"]) == 0
+    report = _json_out(capsys)
+    cache, stored, tokens = report["job"]["cache"], report["job"]["store_bytes"], report["tokens"]
+    assert cache["cache_bytes"] == 100 * 10**6 and cache["train_tokens_per_s"] == 1000
+    for dtype in ("bfloat16", "fp8_e4m3"):
+        shard = cache[dtype]["largest_shard_bytes"]
+        assert 0 < shard <= stored[dtype] * 2048 // tokens  # the largest shard holds <= 2048 tokens
+        pinned = min(stored[dtype], max(0, 100 * 10**6 - 2 * shard))  # beside room for two streamed shards
+        traffic = 0 if stored[dtype] <= 100 * 10**6 else stored[dtype] - pinned
+        assert cache[dtype]["traffic_bytes_per_epoch"] == traffic, dtype
+        assert cache[dtype]["bytes_per_s"] == round(traffic * 1000 / tokens)
+    assert main([*argv, "--cache-size", "1TB"]) == 0  # the whole store stays in the cache
+    lines = capsys.readouterr().out.splitlines()
+    assert "cache       1.00 TB per node, training at 1000 tokens/s (--train-tokens-per-s)" in lines
+    assert "  bfloat16  0 B per epoch from the store, 0 B/s sustained" in lines
+    with pytest.raises(SystemExit) as usage:  # not a size: a usage error naming the flag
+        main([*argv, "--cache-size", "lots"])
+    assert usage.value.code == 2 and "argument --cache-size: 'lots' is not a size" in capsys.readouterr().err
+
+
 def test_plan_dry_run_names_a_gpu_too_small(qwen3_6_27b, capsys):
     from extract.__main__ import main
 

@@ -197,10 +197,17 @@ def test_an_object_damaged_in_the_bucket_is_named_by_verify_and_repair_deletes_i
     assert verify_store(url).ok
 
 
-def test_extract_run_to_a_url_is_refused_and_writes_no_local_directory(qwen3_dir, tmp_path):
+def test_extract_run_refuses_overwrite_of_a_url_and_spool_flags_for_a_directory(qwen3_dir, tmp_path):
     corpus = builders.write_chat_jsonl(tmp_path / "corpus.jsonl", builders.coding_chats(2))
-    done = subprocess.run([sys.executable, "-m", "extract", "run", "--model", str(qwen3_dir), "--corpus", str(corpus),
-                           "--layers", "1,3", "--store", "s3://bucket/jobs/store"], cwd=tmp_path, capture_output=True, text=True,
-                          env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
-    assert done.returncode == 1 and "s3://bucket/jobs/store: extract run writes a store into a directory" in done.stderr
+
+    def run(store, *extra):
+        return subprocess.run([sys.executable, "-m", "extract", "run", "--model", str(qwen3_dir), "--corpus",
+                               str(corpus), "--layers", "1,3", "--store", store, *extra], cwd=tmp_path,
+                              capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
+
+    done = run("s3://bucket/jobs/store", "--overwrite")
+    assert done.returncode == 1 and "s3://bucket/jobs/store: a store on object storage is never overwritten" in done.stderr
     assert not (tmp_path / "s3:").exists()
+    done = run(str(tmp_path / "store"), "--spool-size", "1GB")
+    assert done.returncode == 1 and "--spool-dir / --spool-size apply to a store on object storage" in done.stderr
+    assert not (tmp_path / "store").exists()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from store_schema.dtypes import store_dtype
+from store_schema.location import is_object_store
 from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
 
@@ -53,6 +54,11 @@ class JobConfig:
     cpus_per_worker: int = 1  # Ray num_cpus per actor; torch threads for --device cpu
     require_fast_kernels: bool = False  # refuse CUDA workers on the PyTorch linear-attention fallback
     skip_space_check: bool = False  # start even when the size estimate exceeds the store's free space
+    # A store on object storage: where each worker builds a shard before uploading it
+    # (on its own node; None: the system's temporary directory), and the most bytes the
+    # shards being built and uploaded may take there together (None: its free space).
+    spool_dir: str | None = None
+    spool_size: int | None = None
     progress: str = "off"  # one of PROGRESS_MODES
     progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # seconds between progress lines ("lines")
     faults: FaultInjection = field(default_factory=FaultInjection.from_env)
@@ -69,6 +75,11 @@ class JobConfig:
         self.store_dtype = store_dtype(self.store_dtype).name  # refuses an unknown one, naming the choices
         if self.progress not in PROGRESS_MODES:
             raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
+        if self.spool_size is not None and self.spool_size <= 0:
+            raise ValueError(f"--spool-size must be positive, got {self.spool_size}")
+        if (self.spool_dir or self.spool_size) and self.store is not None and not is_object_store(self.store):
+            raise ValueError(f"--spool-dir / --spool-size apply to a store on object storage (s3://, gs://); "
+                             f"{self.store} is a directory, written in place")
         if self.tokenizer is not None and not Path(self.tokenizer).exists():  # not a hub lookup: one line
             raise FileNotFoundError(f"--tokenizer {self.tokenizer}: no such directory")
 

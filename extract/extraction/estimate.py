@@ -30,8 +30,10 @@ import argparse
 import math
 
 from store_schema.layout import raw_bytes_per_token
-from store_schema.runtime.estimate import (DTYPE_BYTES, GIB, HIGH_UTILISATION, fits_in, gib, hours, largest_fitting,
-                                           parameter_count, utilisation)
+from store_schema.runtime.cli import size_argument
+from store_schema.runtime.estimate import (DEFAULT_TRAIN_TOKENS_PER_S, DTYPE_BYTES, GIB, HIGH_UTILISATION,
+                                           epoch_traffic, fits_in, gib, hours, largest_fitting, parameter_count,
+                                           sustained_rate, utilisation)
 from store_schema.runtime.units import human_bytes
 
 from .config import DEFAULT_BATCH_TOKENS
@@ -57,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (workers) the job runs on (default 1)")
     parser.add_argument("--gpu-tflops", type=float, metavar="TFLOPS",
                         help="one GPU's dense bf16 peak, to print the share of it --tokens-per-s needs")
+    parser.add_argument("--cache-size", type=size_argument, metavar="SIZE",
+                        help="training reads the store (e.g. s3://...) through a shard cache of SIZE per node "
+                             "(train's data.cache_size, e.g. 25TB): print the traffic per epoch from the store "
+                             "and the rate it must sustain at --train-tokens-per-s")
+    parser.add_argument("--train-tokens-per-s", type=float, default=DEFAULT_TRAIN_TOKENS_PER_S, metavar="N",
+                        help="training tokens/s of the whole job for --cache-size (default %(default)g: "
+                             "8 GPUs at the seed run's 36K tokens/s each)")
 
 
 def loaded_weights(model_dir: str, keep_layers: int) -> dict:
@@ -152,4 +161,31 @@ def estimate_lines(e: dict) -> list[str]:
                      f"GFLOP/token is {share} of a {e['gpu_tflops']:g} TFLOPS GPU" + (
                          f"; warning: above {HIGH_UTILISATION:.0%}, rarely sustained: the hours above are likely "
                          "optimistic" if e["gpu_utilisation"] > HIGH_UTILISATION else ""))
+    return lines
+
+
+def cache_traffic(store_bytes: dict, largest_shard_tokens: int, tokens: int, cache_bytes: int,
+                  train_tokens_per_s: float) -> dict:
+    """For training through a shard cache of `cache_bytes` (`data.cache_size`): per store
+    dtype, what an epoch fetches from the store and the rate it must sustain at
+    `train_tokens_per_s` (`store_schema.runtime.estimate.epoch_traffic`)."""
+    figures = {"cache_bytes": cache_bytes, "train_tokens_per_s": train_tokens_per_s}
+    for dtype, total in store_bytes.items():
+        if dtype == "raw":
+            continue
+        shard = total * largest_shard_tokens // max(1, tokens)
+        traffic = epoch_traffic(total, cache_bytes, shard)
+        figures[dtype] = {"largest_shard_bytes": shard, "traffic_bytes_per_epoch": traffic,
+                          "bytes_per_s": round(sustained_rate(traffic, tokens, train_tokens_per_s))}
+    return figures
+
+
+def cache_traffic_lines(figures: dict) -> list[str]:
+    """`plan --dry-run`'s lines for `cache_traffic`."""
+    lines = [f"cache       {human_bytes(figures['cache_bytes'])} per node, training at "
+             f"{figures['train_tokens_per_s']:.0f} tokens/s (--train-tokens-per-s)"]
+    for dtype in ("bfloat16", "fp8_e4m3"):
+        entry = figures[dtype]
+        lines.append(f"  {dtype:<10}{human_bytes(entry['traffic_bytes_per_epoch'])} per epoch from the store, "
+                     f"{human_bytes(entry['bytes_per_s'])}/s sustained")
     return lines

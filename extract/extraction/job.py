@@ -41,15 +41,17 @@ import sys
 import time
 from pathlib import Path
 
-from store_schema import Fingerprint, FingerprintMismatch, StoreWriter, TargetFacts, create_store, response_provenance
+from store_schema import Fingerprint, FingerprintMismatch, TargetFacts, create_store, response_provenance
 from store_schema.dtypes import store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token
-from store_schema.location import is_object_store
+from store_schema.location import classify_store
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_weights import check_target_weights
-from store_schema.writer import clear_store, commit_plan, looks_like_store
+from store_schema.spool import shard_bytes_bound, too_small_message
+from store_schema.stores import commit_store_plan, open_writer
+from store_schema.writer import clear_store, looks_like_store
 
 from ..errors import ExtractError, disk_full_message, is_disk_full
 from ..generated_corpus import generation_of
@@ -93,16 +95,16 @@ def run_job(config: JobConfig, log=None) -> dict:
     message meant for the user."""
     log = log or log_to_stderr
     started = time.perf_counter()
-    if is_object_store(config.store):  # never a local directory named "s3:"
-        raise ExtractError(f"{config.store}: extract run writes a store into a directory; a store on object storage "
-                           "is written through store_schema.create_store(URL) (store_schema.objstore)")
-    store_path = Path(config.store)
+    store_path = classify_store(config.store)  # a directory (Path), or a bucket's StoreURL
+    if config.overwrite and not isinstance(store_path, Path):
+        raise ExtractError(f"{config.store}: a store on object storage is never overwritten in place (--overwrite); "
+                           "use a new prefix")
     target = read_target_config(config.model)  # a model directory, before anything is locked or planned
     check_target_weights(config.model, "--model")  # before Ray, workers or a model load start
     config = ready_to_start(config, store_path, looks_like_store, "is a non-empty directory that is not a dflash "
                             "store; refusing to write into (or, with --overwrite, delete) it -- choose a new path", log)
     layer_ids = resolve_layer_ids(target, config.layers, config.num_context_layers)
-    with output_locked(store_path):
+    with output_locked(store_path, log):
         job = Extraction(config, target, layer_ids, target_identity(config.model))
         run = run_sharded(job, log)
         return job.finish(run, time.perf_counter() - started, log)
@@ -113,7 +115,7 @@ class Extraction(ShardedJob):
 
     def __init__(self, config: JobConfig, target, layer_ids: list[int], identity: dict):
         super().__init__(
-            Path(config.store), Placement.of(config),
+            config.store, Placement.of(config),
             DispatchSettings(config.max_attempts, config.batch_shards, config.worker_timeout,
                              config.faults.kill_driver_after_shards),
             ProgressSettings("extract", "sample", config.progress, config.progress_interval),
@@ -130,22 +132,34 @@ class Extraction(ShardedJob):
         config = self.config
         planned, self.store = plan_and_resume(config, self.output, lambda: plan_job(config), log)
         self.planned = planned
+        if planned.pending and config.spool_size is not None:
+            self._check_spool(planned)
         if not planned.reused:
             try:
                 if config.overwrite:
                     clear_store(self.output)
-                commit_plan(self.output, planned.plan)
+                commit_store_plan(self.output, planned.plan)
             except OSError as error:
                 if is_disk_full(error):
                     raise ExtractError(disk_full_message(self.output, "while writing the plan")) from None
                 raise
         return planned
 
+    def _check_spool(self, planned: Planned) -> None:
+        """Refuse a --spool-size that could never hold the largest pending shard
+        (`store_schema.spool.shard_bytes_bound`, the bound each worker reserves)."""
+        sizes = {s.name: s.num_tokens for s in planned.plan.shards}
+        need = shard_bytes_bound(max(sizes[name] for name in planned.pending), self.target.hidden_size,
+                                 len(self.layer_ids), self.config.target_topk or 0)
+        if need > self.config.spool_size:
+            raise ExtractError(too_small_message(self.config.spool_dir or "the spool", self.config.spool_size, need))
+
     def worker_spec(self, plan):
         config = self.config
         return ExtractionSpec(
             model=str(Path(config.model).resolve()), tokenizer=str(Path(config.tokenizer_path).resolve()),
-            corpus=str(Path(config.corpus).resolve()), store=str(self.output.resolve()),
+            corpus=str(Path(config.corpus).resolve()), store=_store_argument(self.output),
+            spool_dir=config.spool_dir, spool_bytes=config.spool_size,
             layer_ids=tuple(self.layer_ids), settings=plan.settings, device=config.device, topk=config.target_topk,
             store_dtype=config.store_dtype, batch_tokens=config.batch_tokens,
             torch_threads=config.cpus_per_worker if config.device == "cpu" else None,
@@ -197,6 +211,11 @@ class Extraction(ShardedJob):
         return report
 
 
+def _store_argument(store) -> str:
+    """How workers are told the store: a directory's absolute path, or the bucket's URL."""
+    return str(store.resolve()) if isinstance(store, Path) else str(store)
+
+
 def _kernel_warning(config: JobConfig, infos) -> str | None:
     """CUDA workers on the PyTorch fallback (a silent 10x otherwise), said loudly."""
     slow = [info for info in infos if config.device == "cuda" and fallback_kernels(info.kernels)]
@@ -219,7 +238,7 @@ def _configured_target(target, store):
                        vocab_size=store.fingerprint.vocab_size, kernels=store.fingerprint.kernels)
 
 
-def _open_or_create(store_path: Path, store, plan, fingerprint):
+def _open_or_create(store_path, store, plan, fingerprint):
     """The one place the job meets the store root: create it with the job's
     fingerprint beside the plan committed earlier, or refuse an existing one made
     with another target or settings (`Fingerprint.check`, naming every field that
@@ -234,7 +253,7 @@ def _open_or_create(store_path: Path, store, plan, fingerprint):
                 f"{store_path} was made with a different target or settings: {mismatch} "
                 "-- pass --overwrite to start over"
             ) from None
-        writer = StoreWriter(store_path)
+        writer = open_writer(store_path)
         writer.write_plan(plan)  # a no-op: the store holds it
         return writer
     except OSError as error:

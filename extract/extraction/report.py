@@ -40,7 +40,7 @@ def report_name(outcome: Outcome) -> str:
     return f"{REPORT_PREFIX}-{stamp}-{outcome.run}"
 
 
-def build_report(config: JobConfig, store_path: Path, planned, layer_ids, outcome: Outcome, *, wall: float,
+def build_report(config: JobConfig, store_path, planned, layer_ids, outcome: Outcome, *, wall: float,
                  leftovers: int) -> dict:
     plan = planned.plan
     summary = summarize(plan)
@@ -50,7 +50,7 @@ def build_report(config: JobConfig, store_path: Path, planned, layer_ids, outcom
         "status": "complete" if planned.pending else "nothing_to_do",
         "run": outcome.run,
         "report": f"reports/{report_name(outcome)}.json",
-        "store": str(store_path.resolve()),
+        "store": str(store_path.resolve()) if isinstance(store_path, Path) else str(store_path),  # a URL: no credential
         "plan_digest": plan.digest(),
         "plan_reused": planned.reused,
         "samples": plan.num_samples,
@@ -95,7 +95,17 @@ def build_report(config: JobConfig, store_path: Path, planned, layer_ids, outcom
         "startup_seconds": round(outcome.startup_seconds, 3),
         "extract_seconds": round(seconds, 3),
         "leftovers_cleaned": leftovers,
+        **upload_figures(counts),
     }
+
+
+def upload_figures(counts: DispatchCounts) -> dict:
+    """A store on object storage: what the workers uploaded, and the rate while uploading
+    (bytes over the seconds spent in uploads, summed over workers: one uploader's
+    throughput; null when nothing was uploaded, as into a directory)."""
+    seconds = counts.upload_seconds
+    return {"upload_bytes": counts.upload_bytes, "upload_seconds": round(seconds, 3),
+            "upload_mb_per_s": round(counts.upload_bytes / seconds / 1e6, 2) if seconds else None}
 
 
 def summary_line(report: dict) -> str:

@@ -8,11 +8,9 @@ moved tree resumes. Anything else differing is refused, naming what differs."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
-from store_schema import Plan, Store, layout
-from store_schema.plan_io import read_committed_plan
-from store_schema.writer import store_entries
+from store_schema import Plan, Store
+from store_schema.stores import open_existing_store, read_store_plan
 from transformers import AutoTokenizer
 
 from ..corpus import open_corpus
@@ -22,7 +20,7 @@ from .config import JobConfig
 from .planning import plan_differences, plan_inputs
 
 
-def plan_and_resume(config: JobConfig, store_path: Path, planner, log) -> tuple[Planned, Store | None]:
+def plan_and_resume(config: JobConfig, store_path, planner, log) -> tuple[Planned, Store | None]:
     """The job's plan and the shards left, and the store it resumes (None: its root is
     to be created -- new, overwritten, or planned only). `planner()` makes a plan from
     scratch (`extract.extraction.job.plan_job`), called only when the store holds none
@@ -44,23 +42,23 @@ def plan_and_resume(config: JobConfig, store_path: Path, planner, log) -> tuple[
     return Planned(plan, reused, pending), store
 
 
-def _existing_store(config: JobConfig, store_path: Path) -> Store | None:
-    if config.overwrite or not store_entries(store_path):
+def _existing_store(config: JobConfig, store_path) -> Store | None:
+    """The store to resume; None without a root yet (at most a plan committed before the
+    workers started: `_plan_without_root`)."""
+    if config.overwrite:
         return None
-    if not (store_path / layout.ROOT_RECORD).is_file():
-        return None  # no root yet: at most a plan committed before the workers started (`_plan_without_root`)
-    return Store(store_path)
+    return open_existing_store(store_path)
 
 
-def _plan_without_root(config: JobConfig, store_path: Path) -> Plan | None:
+def _plan_without_root(config: JobConfig, store_path) -> Plan | None:
     """The plan a job committed before its workers started, in a store whose root
     they never got to create (no GPU, a failed start, Ctrl-C)."""
-    if config.overwrite or not store_path.is_dir():
+    if config.overwrite:
         return None
-    return read_committed_plan(store_path)
+    return read_store_plan(store_path)
 
 
-def _check_same_plan(config: JobConfig, store_path: Path, stored: Plan) -> None:
+def _check_same_plan(config: JobConfig, store_path, stored: Plan) -> None:
     """Refuse unless this job's corpus, tokenizer and settings are the stored plan's."""
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
     corpus = open_corpus(config.corpus)

@@ -39,14 +39,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from store_schema import SampleArrays, Store, StoreWriter, raw_bytes_per_token
+from store_schema import SampleArrays, raw_bytes_per_token
 from store_schema.dtypes import store_dtype as lookup_store_dtype
+from store_schema.stores import open_store, open_writer
 from transformers import AutoTokenizer
 
 from ..jobs.batching import batches_min_padding
@@ -87,6 +89,8 @@ class ExtractionSpec:
     torch_threads: int | None = None
     trust_remote_code: bool = False
     require_fast_kernels: bool = False
+    spool_dir: str | None = None  # a bucket store: where this node builds shards before uploading them
+    spool_bytes: int | None = None  # ... and the most they may take there together (None: the free space)
     task: ClassVar[str] = "extract_group"
     groups_in_flight: ClassVar[int] = GROUPS_IN_FLIGHT
 
@@ -102,6 +106,7 @@ class ExtractionWorker:
         quiet_worker_process(spec.torch_threads)
         started = time.perf_counter()
         self.store_path = str(spec.store)
+        self.spool_dir, self.spool_bytes = spec.spool_dir, spec.spool_bytes
         self.corpus_path = str(spec.corpus)
         self.settings = dict(spec.settings)
         self.faults = faults or BatchFaults()
@@ -133,7 +138,7 @@ class ExtractionWorker:
     def _store_writer(self):
         with self._writer_lock:
             if self._writer is None:
-                writer = StoreWriter(self.store_path)
+                writer = open_writer(self.store_path, self.spool_dir, self.spool_bytes, log=_log)
                 if writer.plan() is None:
                     raise RuntimeError(f"{self.store_path} has no plan; the driver writes it before any shard")
                 self._writer = writer
@@ -182,6 +187,7 @@ class ExtractionWorker:
                 for (sample_id, input_ids, loss_mask), out in zip(samples, outputs)
             ]
             written = writer.write_shard(name, arrays, attempt=attempt)
+            upload_bytes, upload_seconds = writer.upload_of(name)
         except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
             return dataclasses.replace(failure(error), shard=name)
         num_tokens = sum(len(ids) for _, ids, _ in samples)
@@ -196,6 +202,8 @@ class ExtractionWorker:
             write_seconds=round(time.perf_counter() - started, 4),
             pid=os.getpid(),
             node=self.node,
+            upload_bytes=upload_bytes,
+            upload_seconds=round(upload_seconds, 4),
         )
 
     def _load(self, writer, name: str):
@@ -249,8 +257,13 @@ class ExtractionWorker:
         )
 
 
+def _log(line: str) -> None:
+    """A worker's own line (a full spool it waits on): Ray forwards it to the job's log."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def _committed_bytes(store_path: str, name: str) -> int:
     try:
-        return Store(store_path).commit(name).disk_bytes
+        return open_store(store_path).commit(name).disk_bytes
     except Exception:  # noqa: BLE001 - a size figure for the report only
         return 0

@@ -28,10 +28,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from store_schema import layout
 from store_schema.runtime.host import available_cores
 from store_schema.runtime.progress import Progress
-from store_schema.writer import remove_staging
+from store_schema.stores import job_output
 
 from ..errors import ExtractError, actor_error_cause, disk_full_message
 from .batching import batch_groups
@@ -239,7 +238,7 @@ def _worker_died_errors() -> tuple[type[BaseException], ...]:
 # --------------------------------------------------------------------------- messages
 
 
-def failure_message(failure: ShardFailed, store_path: Path) -> str:
+def failure_message(failure: ShardFailed, store_path) -> str:
     shard, kind, message = failure.shard, failure.kind, failure.message
     if kind == "disk_full":
         return disk_full_message(store_path, f"while writing {shard}") + f" ({message})"
@@ -273,6 +272,8 @@ class DispatchCounts:
     worker_deaths: int = 0
     workers_timed_out: int = 0  # lost by missing their deadline (counted in worker_deaths too)
     attempts_revoked: int = 0
+    upload_bytes: int = 0  # sent to object storage by the workers that replied
+    upload_seconds: float = 0.0  # summed over the uploads (each worker uploads its own shards)
     shards_by_node: dict = field(default_factory=dict)  # Ray node id -> shards its workers wrote and replied for
 
 
@@ -292,10 +293,10 @@ class Dispatcher:
     shard, and the counts. `run` keeps every actor busy until the queue is empty."""
 
     def __init__(self, pool: ActorPool, plan, pending: list[str], fence, settings: DispatchSettings,
-                 progress: Progress | None = None, log: Callable[[str], None] = print):
+                 progress: Progress | None = None, log: Callable[[str], None] = print, output=None):
         self.pool = pool
-        self.fence = fence  # store_schema.lock.ShardFence of this run
-        self.store_path = Path(fence.store)
+        self.fence = fence  # store_schema.lock.ShardFence of this run (objstore.commit.BucketFence)
+        self.output = output or job_output(fence.store)  # store_schema.job_output.DirectoryOutput, or a bucket's
         self.left = set(pending)  # shards neither written nor found committed yet
         groups = batch_groups([s.name for s in plan.shards], settings.batch_shards)
         self.queue: deque[tuple[str, ...]] = deque(g for g in groups if self.left.intersection(g))
@@ -341,7 +342,7 @@ class Dispatcher:
                             if shard_reply.kind == "error" and shard_reply.traceback:
                                 self.log(f"worker traceback ({shard_reply.shard} on {shard_reply.host}):\n"
                                          f"{shard_reply.traceback.rstrip()}")
-                            raise ExtractError(failure_message(shard_reply, self.store_path))
+                            raise ExtractError(failure_message(shard_reply, self.output.where))
                         self._done(shard_reply)
                 self._check_deadlines()
                 self.pool.starting.poll()
@@ -376,6 +377,8 @@ class Dispatcher:
             counts.bytes_written += reply.disk_bytes
             counts.raw_bytes_written += reply.raw_bytes
             counts.padded_tokens += reply.padded_tokens
+            counts.upload_bytes += reply.upload_bytes
+            counts.upload_seconds += reply.upload_seconds
         else:
             counts.shards_committed_elsewhere += 1
         samples, tokens = self._sizes[reply.shard]
@@ -421,7 +424,7 @@ class Dispatcher:
         for shard, attempt in ((s, a) for h in held for s, a in h.attempts.items()):
             revoked = self.fence.revoke(shard, attempt)
             self.counts.attempts_revoked += revoked
-            if layout.is_committed(self.store_path, shard):
+            if self.output.is_committed(shard):
                 landed.append(shard)
                 continue
             if self.attempts[shard] >= self.max_attempts:
@@ -430,7 +433,7 @@ class Dispatcher:
                     f"(last: {why}); the job stops -- committed shards are kept, rerun to resume"
                 )
             if revoked:
-                remove_staging(self.store_path, f"{shard}.{attempt.token}")
+                self.output.remove_attempt(shard, attempt)
             lost.append(shard)
             self.counts.shards_retried += 1
         self.counts.shards_committed_before_worker_death += len(landed)

@@ -32,14 +32,12 @@ import uuid
 from abc import ABC, abstractmethod
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from store_schema import layout
-from store_schema.lock import ShardFence
-from store_schema.repair import discard_set_aside, set_aside, uncommitted_shard_dirs
 from store_schema.runtime.host import device_line
 from store_schema.runtime.progress import Progress
-from store_schema.writer import remove_staging
+from store_schema.location import classify_store
+from store_schema.stores import job_output
 
 from ..errors import ExtractError, refuse_unless_it_fits
 from .dispatch import DispatchCounts, Dispatcher, DispatchSettings, Placement, started_workers
@@ -88,9 +86,11 @@ class ShardedJob(ABC):
     """One kind of sharded job: how it plans, what its workers are built from, what
     its output needs on disk, and what it does once its workers are up."""
 
-    def __init__(self, output: Path, placement: Placement, dispatch: DispatchSettings, progress: ProgressSettings,
+    def __init__(self, output, placement: Placement, dispatch: DispatchSettings, progress: ProgressSettings,
                  skip_space_check: bool = False):
-        self.output, self.placement, self.dispatch = Path(output), placement, dispatch
+        self.destination = job_output(output)  # store_schema.job_output.DirectoryOutput, or a bucket's
+        self.output = classify_store(output)  # a Path, or a store_schema.location.StoreURL
+        self.placement, self.dispatch = placement, dispatch
         self.progress, self.skip_space_check = progress, skip_space_check
 
     @abstractmethod
@@ -113,12 +113,13 @@ class ShardedJob(ABC):
 def run_sharded(job: ShardedJob, log) -> JobRun:
     """Run (or resume) `job` to completion: every planned shard committed. Raises
     `ExtractError` with a message meant for the user."""
-    out, started_at = job.output, time.time()
+    out, started_at = job.destination, time.time()
     if job.placement.device_note:  # after the refusals of a job that cannot start: those stay one line
         log(device_line(job.placement.device, job.placement.device_note))
-    leftovers = remove_staging(out)
+    leftovers = out.remove_leftovers()
     if leftovers:
-        log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job from .staging/")
+        where = "from .staging/" if out.local_path is not None else "(attempts no commit marker names)"
+        log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job {where}")
     plan_started = time.perf_counter()
     planned = job.plan(log)
     result = JobRun(run=uuid.uuid4().hex[:8], planned=planned, started_at=started_at, leftovers=len(leftovers),
@@ -126,12 +127,12 @@ def run_sharded(job: ShardedJob, log) -> JobRun:
     plan, pending = planned.plan, planned.pending
     if planned.skipped and pending:
         log(f"resuming: {planned.skipped} of {len(plan.shards)} shard(s) already committed, {len(pending)} to go")
-    result.set_aside = set_aside(out, sorted(set(uncommitted_shard_dirs(out)) & set(pending)))
+    result.set_aside = out.set_aside(pending)
     if result.set_aside:
         log(f"moved {len(result.set_aside)} shard directory(ies) without a commit record to "
             f"{layout.DAMAGED_DIR}/ ({', '.join(result.set_aside[:5])}); they are extracted again")
-    if pending and not job.skip_space_check:
-        refuse_unless_it_fits(out, job.bytes_needed(planned), f"the {len(pending)} shard(s) left",
+    if pending and not job.skip_space_check and out.local_path is not None:
+        refuse_unless_it_fits(out.local_path, job.bytes_needed(planned), f"the {len(pending)} shard(s) left",
                               SKIP_SPACE_CHECK_FLAG)
     with ExitStack() as stack:
         if not pending:
@@ -146,20 +147,21 @@ def run_sharded(job: ShardedJob, log) -> JobRun:
             pool = stack.enter_context(started_workers(job.placement, job.worker_spec(plan), count, log,
                                                        settings.interval))
             job.prepare(pool, log)
-            fence = ShardFence(out, result.run).open()
+            fence = out.fence(result.run)
             stack.callback(fence.close)  # closed before the actors go: no attempt of this run commits after
-            dispatcher = Dispatcher(pool, plan, pending, fence, job.dispatch, progress=progress, log=log)
+            dispatcher = Dispatcher(pool, plan, pending, fence, job.dispatch, progress=progress, log=log,
+                                    output=out)
             begun = time.perf_counter()
             result.counts = dispatcher.run()
             result.dispatch_seconds = time.perf_counter() - begun
             result.workers, result.startup_seconds = pool.infos, pool.startup_seconds
             result.workers_started = pool.created
-    remove_staging(out)  # what lost attempts of this run left (they can no longer commit)
-    missing = [s.name for s in plan.shards if not layout.is_committed(out, s.name)]
+    out.remove_leftovers()  # what lost attempts of this run left (they can no longer commit)
+    missing = [s.name for s in plan.shards if not out.is_committed(s.name)]
     if missing:  # the report never says complete for an output that is not
         raise ExtractError(f"{len(missing)} planned shard(s) are not committed after the run ({', '.join(missing[:5])}"
                            f"{' ...' if len(missing) > 5 else ''}); rerun the same command to finish them")
-    discarded = discard_set_aside(out)
+    discarded = out.discard_set_aside()
     if discarded:
         log(f"every planned shard is committed: deleted the {discarded} damaged shard copy(ies) set aside in "
             f"{layout.DAMAGED_DIR}/")

@@ -58,6 +58,8 @@ class ShardDone:
     write_seconds: float
     pid: int
     node: str = ""  # the Ray node id of the worker that replied ("" outside Ray)
+    upload_bytes: int = 0  # sent to object storage (0 for a directory store)
+    upload_seconds: float = 0.0  # the upload alone: files, claim and marker
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from ..plan import Plan
 from ..plan_io import write_plan_group
 from ..records import describe_files, parse_record, record_bytes
 from ..root import parse_root
+from ..spool import Spool
 from ..writer import StoreExistsError, StoreWriter, create_store_dir
 from .bucket import Bucket
 from .keys import MARKER_ATTEMPT, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
@@ -106,16 +108,18 @@ def _fault_point(point: str) -> None:
 
 
 class BucketWriter(StoreWriter):
-    """`StoreWriter` for a store on object storage: shards are written into `spool`
-    (a local directory; the system's temporary one by default), uploaded, and freed."""
+    """`StoreWriter` for a store on object storage: each shard is written into a local
+    `spool.Spool` (bounded; a full one waits), uploaded, and freed."""
 
-    def __init__(self, url, spool=None):
+    def __init__(self, url, spool: Spool | None = None):
         self.bucket = Bucket(url)
         self.path = url
         root = parse_root(self.bucket.get(layout.ZARR_METADATA), url, self.bucket.where(layout.ZARR_METADATA))
         self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
-        self.spool = Path(spool) if spool is not None else Path(tempfile.gettempdir())
+        self.spool = spool if spool is not None else Spool()
         self._plan: Plan | None = None
+        self._uploads: dict[str, tuple[int, float]] = {}
+        self._uploads_lock = threading.Lock()
 
     def write_plan(self, plan: Plan) -> None:
         commit_bucket_plan(self.bucket, plan)
@@ -129,18 +133,23 @@ class BucketWriter(StoreWriter):
     def is_committed(self, name: str) -> bool:
         return self.bucket.exists(shard_marker(name))
 
-    def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check) -> bool:
+    def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0) -> bool:
         attempt = attempt or Attempt(uuid.uuid4().hex[:8], 1)
-        self.spool.mkdir(parents=True, exist_ok=True)
-        local = Path(tempfile.mkdtemp(prefix=f"{name}.{attempt.token}.", dir=self.spool))
-        try:
-            summary = write(local)
+        with self.spool.shard_dir(f"{name}.{attempt.token}", need, write) as (local, summary):
             record = make_record(summary, describe_files(local))
             if check is not None:
                 check(local, record)
-            return upload_shard(self.bucket, name, local, record, attempt)
-        finally:
-            shutil.rmtree(local, ignore_errors=True)
+            began = time.perf_counter()
+            committed = upload_shard(self.bucket, name, local, record, attempt)
+            sent = sum(int(entry["size"]) for entry in record["files"].values())
+            with self._uploads_lock:
+                self._uploads[name] = (sent, time.perf_counter() - began)
+            return committed
+
+    def upload_of(self, name: str) -> tuple[int, float]:
+        """(bytes, seconds) of shard `name`'s upload by this writer, once (then forgotten)."""
+        with self._uploads_lock:
+            return self._uploads.pop(name, (0, 0.0))
 
     def write_report(self, name: str, report: dict):
         key = f"{layout.REPORTS_DIR}/{name}.json"
@@ -148,7 +157,7 @@ class BucketWriter(StoreWriter):
         return self.bucket.where(key)
 
 
-def create_bucket_store(url, fingerprint, codec=None, spool=None) -> BucketWriter:
+def create_bucket_store(url, fingerprint, codec=None, spool: Spool | None = None) -> BucketWriter:
     """Create an empty store under `url` (the same root files a directory store has).
     An existing store with the same root is reopened (a resumed job); another one is
     refused: a bucket store is never overwritten in place, use a new prefix."""

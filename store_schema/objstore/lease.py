@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import threading
 import time
 import uuid
 
@@ -84,3 +85,42 @@ def _parse(data: bytes) -> dict:
         return info if isinstance(info, dict) and isinstance(info.get("expires"), (int, float)) else {}
     except ValueError:
         return {}  # unreadable: treated as lapsed
+
+
+class KeptLease:
+    """A `StoreLease` held for a whole job: renewed in a background thread every third
+    of its term. A lost lease is logged (`lost`), not raised: the job's commits stay
+    correct without it, and a renewal that fails on a network blip is tried again."""
+
+    def __init__(self, bucket: Bucket, job: str = "extract", seconds: float = DEFAULT_LEASE_SECONDS, log=None):
+        self.lease = StoreLease(bucket, job, seconds)
+        self.log = log or (lambda line: None)
+        self.lost: LeaseLost | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self) -> "KeptLease":
+        self.lease.acquire()
+        self._thread = threading.Thread(target=self._keep, name="store-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def _keep(self) -> None:
+        while not self._stop.wait(self.lease.seconds / 3):
+            try:
+                self.lease.renew()
+            except LeaseLost as error:
+                self.lost = error
+                self.log(f"warning: {error} (commits stay fenced: nothing this job commits is lost or doubled)")
+                return
+            except Exception as error:  # noqa: BLE001 - a blip; the lease holds for two more tries
+                self.log(f"warning: renewing the lease on {self.lease.bucket.url} failed ({error}); trying again")
+
+    def release(self, discard_if_unused: bool = False) -> None:
+        """Stop renewing and hand the lease back (`discard_if_unused`: a directory lock's
+        option; a bucket keeps nothing for a lease)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.lost is None:
+            self.lease.release()

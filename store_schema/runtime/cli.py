@@ -56,6 +56,19 @@ def run_command(handler: Callable[[object], int], args, refusals: tuple[type[Bas
         return fail(_message(error), EXIT_PROBLEM)
 
 
+def size_argument(text: str) -> int:
+    """An argparse `type` for a size flag (`units.parse_bytes`: 20GB, 2TiB); argparse
+    names the flag in the usage error (exit 2)."""
+    import argparse
+
+    from .units import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def shown_default(action) -> bool:
     """Does this option's default say something (not None, off, or an empty list)?"""
     import argparse

@@ -45,3 +45,23 @@ def utilisation(tokens_per_s: float, flops_per_token: float, gpu_tflops: float) 
 
 def gib(count: float) -> float:
     return round(count / GIB, 2)
+
+
+# The training rate a cache dry-run assumes: 8 GPUs at the seed run's 36K tokens/s each.
+DEFAULT_TRAIN_TOKENS_PER_S = 8 * 36_000
+
+
+def epoch_traffic(store_bytes: int, cache_bytes: int, shard_bytes: int) -> int:
+    """Bytes an epoch after the first fetches through a shard cache of `cache_bytes`
+    (the policy of `train.data.cache`: shards pinned as far as they fit beside room for
+    two streamed ones of up to `shard_bytes`; the rest is fetched every epoch)."""
+    if store_bytes <= cache_bytes:
+        return 0
+    pinned = max(0, cache_bytes - 2 * shard_bytes)
+    return store_bytes - min(pinned, store_bytes)
+
+
+def sustained_rate(traffic_bytes: int, epoch_tokens: int, tokens_per_s: float) -> float:
+    """Bytes/s the store must deliver to move `traffic_bytes` during an epoch of
+    `epoch_tokens` trained at `tokens_per_s`."""
+    return traffic_bytes * tokens_per_s / epoch_tokens if epoch_tokens else 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
 
@@ -78,6 +79,14 @@ def resolve_device(name: str | None, setting: str = "--device"):
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"{setting} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
+
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """The one rule for "the disk (or the user's quota) is full"."""
+    return isinstance(error, OSError) and error.errno in DISK_FULL_ERRNOS
 
 
 def free_bytes(path) -> int:
