@@ -24,6 +24,7 @@ from pathlib import Path
 import yaml
 
 from store_schema.runtime.units import parse_bytes
+from train.config_error import ConfigError, require
 from train.drafter.geometry import ATTENTION_KINDS, BLOCK_SIZE, DFLASH2_SIZES, shape_problems
 from train.dtypes import dtype_name
 
@@ -33,10 +34,6 @@ NORMALIZE = ("step", "sequence")  # loss.normalize: over an optimizer step's wei
 POSITION_WEIGHTS = ("decay", "dpace")  # loss.position_weights: exp(-(k-1)/gamma), or D-PACE (arXiv 2605.18810)
 SPLITS = ("heldout", "train", "all")  # a run's samples: never trained on (data.heldout_fraction), the rest, both
 EVAL_CLI_SAMPLES = 256  # `python -m train eval` evaluates at most this many samples unless told otherwise
-
-
-class ConfigError(ValueError):
-    """A config key is unknown, mistyped or out of range; the message names it."""
 
 
 @dataclass
@@ -52,18 +49,18 @@ class DataConfig:
     cache_size: int | str | None = None  # the cache's bound per node, e.g. 2TB or 500GiB; None: no bound (every shard kept)
 
     def validate(self):
-        _check(self.max_length >= 2, "data.max_length", "must be >= 2")
-        _check(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", "must be in [0, 1)")
-        _check(self.buffer_shards >= 1, "data.buffer_shards", "must be >= 1")
-        _check(self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)")
-        _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
-        _check(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")
+        require(self.max_length >= 2, "data.max_length", "must be >= 2")
+        require(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", "must be in [0, 1)")
+        require(self.buffer_shards >= 1, "data.buffer_shards", "must be >= 1")
+        require(self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)")
+        require(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
+        require(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")
         if self.cache_size is not None:
             try:
                 parse_bytes(self.cache_size)
             except ValueError as error:
                 raise ConfigError(f"config data.cache_size: {error}") from None
-            _check(self.cache_dir is not None, "data.cache_size", "needs data.cache_dir (where the cache lives)")
+            require(self.cache_dir is not None, "data.cache_size", "needs data.cache_dir (where the cache lives)")
 
 
 @dataclass
@@ -95,9 +92,9 @@ class ModelConfig:
         if problems:
             key, problem = problems[0]
             raise ConfigError(f"config {key}: {problem}")
-        _check(self.mask_token_id is None or self.mask_token_id >= 0, "model.mask_token_id", "must be >= 0")
-        _check(self.num_anchors >= 1, "model.num_anchors", "must be >= 1")
-        _check(self.attention in ATTENTION_KINDS, "model.attention", f"must be one of {', '.join(ATTENTION_KINDS)}")
+        require(self.mask_token_id is None or self.mask_token_id >= 0, "model.mask_token_id", "must be >= 0")
+        require(self.num_anchors >= 1, "model.num_anchors", "must be >= 1")
+        require(self.attention in ATTENTION_KINDS, "model.attention", f"must be one of {', '.join(ATTENTION_KINDS)}")
 
     def geometry(self) -> dict:
         """The drafter-shape overrides for `DrafterConfig.from_target` (None = its default)."""
@@ -120,17 +117,17 @@ class LossConfig:
     selector_warmup_steps: int = 0  # DFlash 2: linear ramp of selector_weight over the first steps (0: none)
 
     def validate(self):
-        _check(self.gamma is None or self.gamma > 0, "loss.gamma", "must be > 0")
-        _check(self.labels in LABELS, "loss.labels", 'must be "tokens" or "target"')
-        _check(0.0 <= self.kl_mix <= 1.0, "loss.kl_mix", "must be in [0, 1]")
-        _check(self.noise >= 0.0, "loss.noise", "must be >= 0")
-        _check(self.chunk_rows >= 1, "loss.chunk_rows", "must be >= 1")
-        _check(self.normalize in NORMALIZE, "loss.normalize", 'must be "step" or "sequence"')
-        _check(self.position_weights in POSITION_WEIGHTS, "loss.position_weights", 'must be "decay" or "dpace"')
-        _check(0.0 <= self.dpace_alpha <= 1.0, "loss.dpace_alpha", "must be in [0, 1]")
-        _check(self.position_weights != "dpace" or self.kl_mix == 0.0, "loss.position_weights", "dpace needs loss.kl_mix=0")
-        _check(self.selector_weight >= 0.0, "loss.selector_weight", "must be >= 0")
-        _check(self.selector_warmup_steps >= 0, "loss.selector_warmup_steps", "must be >= 0")
+        require(self.gamma is None or self.gamma > 0, "loss.gamma", "must be > 0")
+        require(self.labels in LABELS, "loss.labels", 'must be "tokens" or "target"')
+        require(0.0 <= self.kl_mix <= 1.0, "loss.kl_mix", "must be in [0, 1]")
+        require(self.noise >= 0.0, "loss.noise", "must be >= 0")
+        require(self.chunk_rows >= 1, "loss.chunk_rows", "must be >= 1")
+        require(self.normalize in NORMALIZE, "loss.normalize", 'must be "step" or "sequence"')
+        require(self.position_weights in POSITION_WEIGHTS, "loss.position_weights", 'must be "decay" or "dpace"')
+        require(0.0 <= self.dpace_alpha <= 1.0, "loss.dpace_alpha", "must be in [0, 1]")
+        require(self.position_weights != "dpace" or self.kl_mix == 0.0, "loss.position_weights", "dpace needs loss.kl_mix=0")
+        require(self.selector_weight >= 0.0, "loss.selector_weight", "must be >= 0")
+        require(self.selector_warmup_steps >= 0, "loss.selector_warmup_steps", "must be >= 0")
 
 
 @dataclass
@@ -145,14 +142,14 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
     def validate(self):
-        _check(self.lr > 0, "optim.lr", "must be > 0")
-        _check(0.0 <= self.warmup_fraction < 1.0, "optim.warmup_fraction", "must be in [0, 1)")
-        _check(self.schedule in ("cosine", "constant"), "optim.schedule", "must be cosine or constant")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
-        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "must be two values in [0, 1)")
-        _check(self.eps > 0, "optim.eps", "must be > 0")
-        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+        require(self.lr > 0, "optim.lr", "must be > 0")
+        require(0.0 <= self.warmup_fraction < 1.0, "optim.warmup_fraction", "must be in [0, 1)")
+        require(self.schedule in ("cosine", "constant"), "optim.schedule", "must be cosine or constant")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
+        require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "must be two values in [0, 1)")
+        require(self.eps > 0, "optim.eps", "must be > 0")
+        require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
 
 
 @dataclass
@@ -170,23 +167,23 @@ class TrainConfig:
     progress_interval: float = 30.0  # seconds between progress lines when stderr is not a terminal
 
     def validate(self):
-        _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
-        _check(self.grad_accumulation >= 1, "train.grad_accumulation", "must be >= 1")
-        _check(self.epochs >= 1, "train.epochs", "must be >= 1")
-        _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1")
+        require(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        require(self.grad_accumulation >= 1, "train.grad_accumulation", "must be >= 1")
+        require(self.epochs >= 1, "train.epochs", "must be >= 1")
+        require(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1")
         try:
             self.dtype = dtype_name(self.dtype)
         except ValueError as error:
             raise ConfigError(f"config train.dtype: {error}") from None
         # fp16's 5-bit exponent underflows small gradients without a loss scaler, which this
         # trainer does not have: bf16 trains without one (same exponent range as fp32).
-        _check(self.dtype != "float16", "train.dtype",
+        require(self.dtype != "float16", "train.dtype",
                "float16 is refused: training in it needs a loss scaler; use bfloat16 (or float32)")
-        _check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
+        require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
-            _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
-        _check(self.log_every >= 1, "train.log_every", "must be >= 1")
-        _check(self.progress_interval >= 0, "train.progress_interval", "must be >= 0 (seconds)")
+            require(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
+        require(self.log_every >= 1, "train.log_every", "must be >= 1")
+        require(self.progress_interval >= 0, "train.progress_interval", "must be >= 0 (seconds)")
 
     @property
     def sequences_per_step(self) -> int:
@@ -210,15 +207,15 @@ class EvalConfig:
     batch_blocks: int = 256  # blocks per drafter forward
 
     def validate(self):
-        _check(self.every >= 0, "eval.every", "must be >= 0")
-        _check(self.samples is None or self.samples >= 1, "eval.samples", "must be >= 1 (or null: all)")
-        _check(len(self.ddtree_budgets) >= 1 and all(b >= 1 for b in self.ddtree_budgets), "eval.ddtree_budgets",
+        require(self.every >= 0, "eval.every", "must be >= 0")
+        require(self.samples is None or self.samples >= 1, "eval.samples", "must be >= 1 (or null: all)")
+        require(len(self.ddtree_budgets) >= 1 and all(b >= 1 for b in self.ddtree_budgets), "eval.ddtree_budgets",
                "must be one or more integers >= 1")
-        _check(self.labels in LABELS, "eval.labels", 'must be "tokens" or "target"')
-        _check(self.anchor_stride >= 1, "eval.anchor_stride", "must be >= 1")
-        _check(self.max_blocks_per_sample is None or self.max_blocks_per_sample >= 1, "eval.max_blocks_per_sample",
+        require(self.labels in LABELS, "eval.labels", 'must be "tokens" or "target"')
+        require(self.anchor_stride >= 1, "eval.anchor_stride", "must be >= 1")
+        require(self.max_blocks_per_sample is None or self.max_blocks_per_sample >= 1, "eval.max_blocks_per_sample",
                "must be >= 1 (or null: all)")
-        _check(self.batch_blocks >= 1, "eval.batch_blocks", "must be >= 1")
+        require(self.batch_blocks >= 1, "eval.batch_blocks", "must be >= 1")
         return self
 
 
@@ -246,7 +243,7 @@ class RunConfig:
 
     def validate(self, require_paths: bool = True) -> "RunConfig":
         for name in ("store", "target", "out") if require_paths else ():
-            _check(bool(getattr(self, name)), name, "is required")
+            require(bool(getattr(self, name)), name, "is required")
         for section in SECTIONS:
             getattr(self, section).validate()
         return self
@@ -270,11 +267,6 @@ _SECTION_TYPES = {name: f.type for name, f in ((f.name, f) for f in dataclasses.
 
 def _plain(value):
     return list(value) if isinstance(value, tuple) else value
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"config {key}: {message}")
 
 
 def _field_types(cls) -> dict:

@@ -32,7 +32,7 @@ From those blocks (definitions in `train/acceptance/measures.py`):
 
 What to evaluate is the run's `eval` section (`train.config.EvalConfig`); which
 samples are held out is `train.data.heldout` at the run's own fraction. The training
-loop evaluates through `train.fitting.evaluators`; `python -m train eval` calls
+loop evaluates through `train.fitting.periodic_eval`; `python -m train eval` calls
 `evaluate`; `evaluate_sample_ids` scores exactly the samples (e.g. the prompts
 `python -m train speculate` decoded) a caller names.
 """

@@ -202,6 +202,12 @@ class ShardLoader:
         self.cache: ShardCache | None = None  # built when reading starts (train.data.cache)
         self._to_device = DeviceCopier(device) if device is not None and torch.device(device).type == "cuda" else None
 
+    def seek(self, position: LoaderPosition) -> None:
+        """Start reading at `position` (a checkpoint's) instead; only before the first sample."""
+        if self._queue is not None:
+            raise RuntimeError(f"loader lane {self.lane}: cannot move to {position} once reading has started")
+        self.start = position
+
     # -- the order (train.data.order) ---------------------------------------------------
     @property
     def shards(self) -> list[str]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.config import ConfigError
+from train.config_error import ConfigError
 
 MASK_SPELLINGS = ("<|mask|>", "<mask>")  # matched case-insensitively
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")

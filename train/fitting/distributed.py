@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from store_schema.runtime.host import resolve_device
-from train.config import ConfigError
+from train.config_error import ConfigError
 from train.fitting.metrics import MetricSums
 from train.world import World, comm_device
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.config import ConfigError
+from train.config_error import ConfigError
 
 TB_DIR = "tb"
 
