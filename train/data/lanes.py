@@ -81,8 +81,8 @@ class LaneFeed:
         lane's generator state (tensors: `generator` for lane 0, `generator_lane_<j>`).
         Collective: every rank calls it (each lane's state lives on its rank)."""
         positions, states = gather_lanes(self.world, self.lanes, self.positions, self.generator_states(), self.device)
-        loader = next(iter(self.loaders.values()))
-        record = {"position": positions[0].to_dict(), "shards": loader.shards, "shards_sha256": loader.shards_sha256,
+        order = next(iter(self.loaders.values())).order
+        record = {"position": positions[0].to_dict(), "shards": order.shards, "shards_sha256": order.shards_sha256,
                   "skipped_shards": self.skipped_shards, "world_size": self.world.size, "lane_deal": LANE_DEAL,
                   "lanes": [{"lane": lane, "rank": lane % self.world.size, **positions[lane].to_dict()}
                             for lane in range(self.lanes)]}
