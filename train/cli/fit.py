@@ -103,7 +103,7 @@ def resume_commands(args, store) -> tuple[str, str]:
 
 
 def run(args) -> int:
-    # imports here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import UsageError
     from store_schema.runtime.target_weights import check_target_weights
     from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
@@ -128,6 +128,7 @@ def run(args) -> int:
 
 def launch_job(args, config, nodes) -> int:
     """`--nproc N` (and `--nnodes`): start torchrun's launcher, which runs this command in each process."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.stores import open_store
     from train.data.loader import check_lanes
     from train.fitting.distributed import launch
@@ -140,6 +141,7 @@ def launch_job(args, config, nodes) -> int:
 
 def train(args, config) -> int:
     """This process's part of the run: build it, train it, say how it ended."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import interrupted
     from train.fitting.distributed import close_process_group
     from train.fitting.interrupts import TrainingInterrupted
@@ -170,6 +172,7 @@ def train(args, config) -> int:
 
 def announce(trainer, config) -> None:
     """Rank 0's lines before step 1: the corpus's provenance warning, the run's size."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema import provenance_warning
     from store_schema.stores import open_store
 
@@ -184,6 +187,7 @@ def announce(trainer, config) -> None:
 def stopped(args, config, trainer, error: BaseException) -> int:
     """The exit of a run that stopped early: Ctrl-C (130), a corrupt shard or a lost
     peer (1), each said in one line; anything else is raised."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import fail, interrupted
     from train.fitting.distributed import LAUNCHED_BY_FIT, is_peer_loss
     from train.fitting.interrupts import DataStopped, TrainingInterrupted
@@ -219,7 +223,7 @@ def stopped(args, config, trainer, error: BaseException) -> int:
 
 def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
     """What a finished run says before its JSON line: where it ended and the next commands."""
-    # imports here, not at the top: `--help` loads none of torch
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from train.fitting.checkpoint import latest_checkpoint
     from train.fitting.runlog import LOG_FILE
 
@@ -238,6 +242,7 @@ def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
 def resolve_config(args):
     """The run's config (defaults <- --config <- flags <- --set). A --set that is not
     KEY=VALUE of a known key, or a run without --store / --target, is a usage error (exit 2)."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import UsageError
     from train.config import CONFIG_FILE, ConfigError, check_override, load_config
 
