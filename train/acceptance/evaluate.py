@@ -50,7 +50,7 @@ from store_schema.stores import open_store
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
 from train.drafter.anchors import anchor_candidates
 from train.drafter.targets import block_targets
-from train.config import EvalConfig
+from train.acceptance.config import EvalConfig
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations
 
 

@@ -24,7 +24,9 @@ import sys
 from pathlib import Path
 
 from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
-from train.config import EVAL_CLI_SAMPLES, LABELS, SPLITS, DataConfig, EvalConfig
+from train.acceptance.config import EVAL_CLI_SAMPLES, EvalConfig
+from train.data.config import SPLITS, DataConfig
+from train.drafter.config import LABELS
 from train.dtypes import NAMES, torch_dtype
 from train.target_check import add_allow_flag, check_target
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
-from train.config import SPLITS
+from train.data.config import SPLITS
 from train.dtypes import NAMES
 from train.target_check import add_allow_flag
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
-from train.config import SPLITS, DataConfig
+from train.data.config import SPLITS, DataConfig
 from train.dtypes import NAMES, torch_dtype
 from train.target_check import add_allow_flag, check_target
 

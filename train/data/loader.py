@@ -72,7 +72,7 @@ from store_schema import CorruptShardError, ShardData, Store, available_cores
 from store_schema.fp8 import as_bf16
 from store_schema.runtime.units import parse_bytes
 from train.drafter.anchors import anchor_candidates
-from train.config import DataConfig
+from train.data.config import DataConfig
 from train.data.cache import ShardCache, upcoming_shards
 from train.data.device_copy import DeviceCopier
 from train.data.heldout import heldout_locations, is_heldout, read_located
