@@ -106,7 +106,7 @@ def run(args) -> int:
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import UsageError
     from store_schema.runtime.target_weights import check_target_weights
-    from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
+    from train.fitting.checkpoint import Checkpointer
     from train.fitting.distributed import DEFAULT_MASTER_PORT, Nodes
 
     if args.dry_run:
@@ -115,9 +115,8 @@ def run(args) -> int:
         return dry_run(args)
     if not args.out:
         raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
-    if args.resume and latest_checkpoint(args.out) is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {Path(args.out) / CHECKPOINTS} "
-                                "(nothing to continue; without --resume the run starts afresh)")
+    if args.resume:
+        Checkpointer(args.out).resume_point(resume=True)  # before the config is read: one line if there is none
     config = resolve_config(args)
     check_target_weights(config.target, "--target")  # before torch or torchrun start: one line naming it
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
@@ -156,7 +155,7 @@ def train(args, config) -> int:
     except KeyboardInterrupt:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")
     if trainer.world.is_main:
-        announce(trainer, config)
+        announce(trainer)
     try:
         last = trainer.fit()
     except (TrainingInterrupted, Exception) as error:  # noqa: BLE001 - `stopped` re-raises what it does not know
@@ -170,13 +169,12 @@ def train(args, config) -> int:
     return 0
 
 
-def announce(trainer, config) -> None:
+def announce(trainer) -> None:
     """Rank 0's lines before step 1: the corpus's provenance warning, the run's size."""
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema import provenance_warning
-    from store_schema.stores import open_store
 
-    warning = provenance_warning(open_store(config.store).fingerprint.response_provenance)
+    warning = provenance_warning(trainer.store.fingerprint.response_provenance)
     if warning:
         print(warning, file=sys.stderr)
     print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "

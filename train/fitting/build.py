@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from store_schema import Store
 from store_schema.runtime.target_model import compute_dtype
 from train.config import RunConfig
 from train.data.cache import lanes_per_node
@@ -48,6 +49,7 @@ class RunParts:
     world: World
     device: torch.device
     start_step: int
+    store: Store  # opened once, by the preflight
     record: dict  # what every checkpoint records of the run: store, run_info
     log: Callable[[str], None]
 
@@ -68,7 +70,8 @@ def build_run(config: RunConfig, resume: bool, log: Callable[[str], None], world
     config = dataclasses.replace(  # fixed for the run: its config and checkpoints record them
         config, data=dataclasses.replace(config.data, lanes=lanes),
         model=dataclasses.replace(config.model, mask_token_id=checked.drafter_config.mask_token_id))
-    head = load_target_head(config.target, dtype=compute_dtype(device, on_cuda=torch_dtype(train.dtype)), device=device)
+    head = load_target_head(config.target, dtype=compute_dtype(device, on_cuda=torch_dtype(train.dtype)), device=device,
+                            config=checked.target)
     drafter = new_drafter(config, checked, fine_tune=latest is None, device=device)
     if resumed is not None:
         log(f"fit: resumed from {latest} at step {resumed['step']} "
@@ -87,7 +90,7 @@ def build_run(config: RunConfig, resume: bool, log: Callable[[str], None], world
                         "layer_ids": checked.drafter_config.context_layer_ids},
               "run_info": run_info}
     return RunParts(config, drafter, head, optimizer, feed, checkpointer, world, device,
-                    resumed["step"] if resumed else 0, record, log)
+                    resumed["step"] if resumed else 0, store, record, log)
 
 
 def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: torch.device) -> DFlashDrafter:

@@ -89,7 +89,8 @@ class Checkpointer:
         `--resume` without one and a fresh start over an earlier run's."""
         latest = latest_checkpoint(self.run_dir)
         if resume and latest is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / CHECKPOINTS}")
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / CHECKPOINTS} "
+                                    "(nothing to continue; without --resume the run starts afresh)")
         if not resume and latest is not None:
             raise FileExistsError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it or "
                                   "use a new --out")

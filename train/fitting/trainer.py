@@ -83,6 +83,7 @@ class Trainer:
         self.step = parts.start_step
         self.epoch = self.loader.start.epoch
         self.replica = wrap(self.drafter, self.world, self.device)  # what training steps run: DDP on more than one process
+        self.store = parts.store
         self.store_info, self.run_info = parts.record["store"], parts.record["run_info"]
         self.run_dir = Path(config.out)
         self.evaluators: list[Callable[[Trainer, int], dict]] = [
