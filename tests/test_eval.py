@@ -24,7 +24,7 @@ from train.drafter.anchors import anchor_candidates
 from train.cli import main
 from train.cli.eval import render_table
 from train.config import EvalConfig, load_config
-from train.fitting.evaluators import AcceptanceEval, log_fields
+from train.fitting.periodic_eval import AcceptanceEval, log_fields
 from train.export.drafter_dir import export_drafter
 from train.data.heldout import is_heldout
 from train.drafter.model import DFlashDrafter, DrafterConfig

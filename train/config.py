@@ -1,5 +1,10 @@
 """One typed config for a training run: dataclass sections, validated at load.
 
+The sections of the parts that own them live beside them (`data`: train.data.config,
+`model`: train.drafter.config, `eval`: train.acceptance.config); this file composes
+them with the loop's own (`loss`, `optim`, `train`, `log`, read by `train.fitting`,
+which builds a run from the whole config and so sits above this file).
+
     run = load_config("run.yaml", overrides=["optim.lr=3e-4", "num_anchors=256"])
 
 Sources, later ones win: the dataclass defaults (the DFlash paper's recipe), a
@@ -23,87 +28,15 @@ from pathlib import Path
 
 import yaml
 
-from store_schema.runtime.units import parse_bytes
-from train.drafter.geometry import ATTENTION_KINDS, BLOCK_SIZE, DFLASH2_SIZES, shape_problems
+from train.acceptance.config import EvalConfig
+from train.config_error import ConfigError, require
+from train.data.config import DataConfig
+from train.drafter.config import LABELS, ModelConfig
 from train.dtypes import dtype_name
 
 CONFIG_FILE = "config.yaml"  # a run directory's saved config
-LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
 NORMALIZE = ("step", "sequence")  # loss.normalize: over an optimizer step's weighted labels, or per sequence
 POSITION_WEIGHTS = ("decay", "dpace")  # loss.position_weights: exp(-(k-1)/gamma), or D-PACE (arXiv 2605.18810)
-SPLITS = ("heldout", "train", "all")  # a run's samples: never trained on (data.heldout_fraction), the rest, both
-EVAL_CLI_SAMPLES = 256  # `python -m train eval` evaluates at most this many samples unless told otherwise
-
-
-class ConfigError(ValueError):
-    """A config key is unknown, mistyped or out of range; the message names it."""
-
-
-@dataclass
-class DataConfig:
-    max_length: int = 3072  # sequences are cropped to this many tokens (from the start)
-    heldout_fraction: float = 0.01  # share of samples (by a stable hash of the id) never trained on
-    buffer_shards: int = 4  # samples are shuffled across groups of this many shards
-    loader_threads: int | None = None  # threads decoding a shard's chunks in parallel; None: the cores available
-    prefetch_samples: int = 8  # ready samples queued ahead of the trainer
-    skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
-    lanes: int | None = None  # sample streams the shard order is dealt into (train/data/loader.py); None: the world size
-    cache_dir: str | None = None  # local directory caching whole shards of the store (train/data/cache.py); None: no cache
-    cache_size: int | str | None = None  # the cache's bound per node, e.g. 2TB or 500GiB; None: no bound (every shard kept)
-
-    def validate(self):
-        _check(self.max_length >= 2, "data.max_length", "must be >= 2")
-        _check(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", "must be in [0, 1)")
-        _check(self.buffer_shards >= 1, "data.buffer_shards", "must be >= 1")
-        _check(self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)")
-        _check(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
-        _check(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")
-        if self.cache_size is not None:
-            try:
-                parse_bytes(self.cache_size)
-            except ValueError as error:
-                raise ConfigError(f"config data.cache_size: {error}") from None
-            _check(self.cache_dir is not None, "data.cache_size", "needs data.cache_dir (where the cache lives)")
-
-
-@dataclass
-class ModelConfig:
-    # Drafter geometry; None takes DrafterConfig.from_target's default (the published
-    # Qwen3.6-27B drafter's: head_dim 128, hidden // 128 heads up to 32, up to 8 KV heads,
-    # the target's intermediate size, 5 layers [sliding x4, full], window 2048).
-    num_hidden_layers: int | None = None  # drafter decoder layers (default 5, or len(layer_types))
-    num_attention_heads: int | None = None
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None
-    intermediate_size: int | None = None
-    layer_types: list[str] | None = None  # per layer: full_attention or sliding_attention
-    sliding_window: int | None = None  # context window of the sliding layers
-    block_size: int = BLOCK_SIZE  # B: anchor + B-1 drafted tokens
-    architecture: str = "dflash"  # "dflash", or "dflash2" (+ block-local convolutions and a candidate selector)
-    conv_kernel_size: int | None = None  # dflash2 sizes; None takes DrafterConfig's default (2, 16, 256, 16)
-    conv_group_size: int | None = None
-    selector_rank: int | None = None
-    selector_top_k: int | None = None
-    mask_token_id: int | None = None  # None: resolved by train.drafter.mask_token's rules (the run records the id and rule)
-    init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.fitting.init_from)
-    num_anchors: int = 512  # blocks per sequence, redrawn every step
-    attention: str = "auto"  # "auto" (flex on CUDA, split elsewhere), "split", "sdpa", "flex"
-    gradient_checkpointing: bool = False
-
-    def validate(self):
-        problems = shape_problems(self.geometry(), prefix="model.")  # the drafter's rule
-        if problems:
-            key, problem = problems[0]
-            raise ConfigError(f"config {key}: {problem}")
-        _check(self.mask_token_id is None or self.mask_token_id >= 0, "model.mask_token_id", "must be >= 0")
-        _check(self.num_anchors >= 1, "model.num_anchors", "must be >= 1")
-        _check(self.attention in ATTENTION_KINDS, "model.attention", f"must be one of {', '.join(ATTENTION_KINDS)}")
-
-    def geometry(self) -> dict:
-        """The drafter-shape overrides for `DrafterConfig.from_target` (None = its default)."""
-        names = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "intermediate_size", "layer_types", "sliding_window", "block_size", "architecture", *DFLASH2_SIZES)
-        return {name: getattr(self, name) for name in names}
 
 
 @dataclass
@@ -120,17 +53,17 @@ class LossConfig:
     selector_warmup_steps: int = 0  # DFlash 2: linear ramp of selector_weight over the first steps (0: none)
 
     def validate(self):
-        _check(self.gamma is None or self.gamma > 0, "loss.gamma", "must be > 0")
-        _check(self.labels in LABELS, "loss.labels", 'must be "tokens" or "target"')
-        _check(0.0 <= self.kl_mix <= 1.0, "loss.kl_mix", "must be in [0, 1]")
-        _check(self.noise >= 0.0, "loss.noise", "must be >= 0")
-        _check(self.chunk_rows >= 1, "loss.chunk_rows", "must be >= 1")
-        _check(self.normalize in NORMALIZE, "loss.normalize", 'must be "step" or "sequence"')
-        _check(self.position_weights in POSITION_WEIGHTS, "loss.position_weights", 'must be "decay" or "dpace"')
-        _check(0.0 <= self.dpace_alpha <= 1.0, "loss.dpace_alpha", "must be in [0, 1]")
-        _check(self.position_weights != "dpace" or self.kl_mix == 0.0, "loss.position_weights", "dpace needs loss.kl_mix=0")
-        _check(self.selector_weight >= 0.0, "loss.selector_weight", "must be >= 0")
-        _check(self.selector_warmup_steps >= 0, "loss.selector_warmup_steps", "must be >= 0")
+        require(self.gamma is None or self.gamma > 0, "loss.gamma", "must be > 0")
+        require(self.labels in LABELS, "loss.labels", 'must be "tokens" or "target"')
+        require(0.0 <= self.kl_mix <= 1.0, "loss.kl_mix", "must be in [0, 1]")
+        require(self.noise >= 0.0, "loss.noise", "must be >= 0")
+        require(self.chunk_rows >= 1, "loss.chunk_rows", "must be >= 1")
+        require(self.normalize in NORMALIZE, "loss.normalize", 'must be "step" or "sequence"')
+        require(self.position_weights in POSITION_WEIGHTS, "loss.position_weights", 'must be "decay" or "dpace"')
+        require(0.0 <= self.dpace_alpha <= 1.0, "loss.dpace_alpha", "must be in [0, 1]")
+        require(self.position_weights != "dpace" or self.kl_mix == 0.0, "loss.position_weights", "dpace needs loss.kl_mix=0")
+        require(self.selector_weight >= 0.0, "loss.selector_weight", "must be >= 0")
+        require(self.selector_warmup_steps >= 0, "loss.selector_warmup_steps", "must be >= 0")
 
 
 @dataclass
@@ -145,14 +78,14 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
 
     def validate(self):
-        _check(self.lr > 0, "optim.lr", "must be > 0")
-        _check(0.0 <= self.warmup_fraction < 1.0, "optim.warmup_fraction", "must be in [0, 1)")
-        _check(self.schedule in ("cosine", "constant"), "optim.schedule", "must be cosine or constant")
-        _check(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
-        _check(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-        _check(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "must be two values in [0, 1)")
-        _check(self.eps > 0, "optim.eps", "must be > 0")
-        _check(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
+        require(self.lr > 0, "optim.lr", "must be > 0")
+        require(0.0 <= self.warmup_fraction < 1.0, "optim.warmup_fraction", "must be in [0, 1)")
+        require(self.schedule in ("cosine", "constant"), "optim.schedule", "must be cosine or constant")
+        require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
+        require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
+        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "must be two values in [0, 1)")
+        require(self.eps > 0, "optim.eps", "must be > 0")
+        require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
 
 
 @dataclass
@@ -170,56 +103,28 @@ class TrainConfig:
     progress_interval: float = 30.0  # seconds between progress lines when stderr is not a terminal
 
     def validate(self):
-        _check(self.batch_size >= 1, "train.batch_size", "must be >= 1")
-        _check(self.grad_accumulation >= 1, "train.grad_accumulation", "must be >= 1")
-        _check(self.epochs >= 1, "train.epochs", "must be >= 1")
-        _check(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1")
+        require(self.batch_size >= 1, "train.batch_size", "must be >= 1")
+        require(self.grad_accumulation >= 1, "train.grad_accumulation", "must be >= 1")
+        require(self.epochs >= 1, "train.epochs", "must be >= 1")
+        require(self.max_steps is None or self.max_steps >= 1, "train.max_steps", "must be >= 1")
         try:
             self.dtype = dtype_name(self.dtype)
         except ValueError as error:
             raise ConfigError(f"config train.dtype: {error}") from None
         # fp16's 5-bit exponent underflows small gradients without a loss scaler, which this
         # trainer does not have: bf16 trains without one (same exponent range as fp32).
-        _check(self.dtype != "float16", "train.dtype",
+        require(self.dtype != "float16", "train.dtype",
                "float16 is refused: training in it needs a loss scaler; use bfloat16 (or float32)")
-        _check(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
+        require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
-            _check(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
-        _check(self.log_every >= 1, "train.log_every", "must be >= 1")
-        _check(self.progress_interval >= 0, "train.progress_interval", "must be >= 0 (seconds)")
+            require(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
+        require(self.log_every >= 1, "train.log_every", "must be >= 1")
+        require(self.progress_interval >= 0, "train.progress_interval", "must be >= 0 (seconds)")
 
     @property
     def sequences_per_step(self) -> int:
         """The global batch: sequences per optimizer step."""
         return self.batch_size * self.grad_accumulation
-
-
-@dataclass
-class EvalConfig:
-    """Acceptance evaluation (train.acceptance.evaluate): during training on held-out samples
-    every `every` steps, and by `python -m train eval`, whose flags set the same
-    fields (that command caps samples at EVAL_CLI_SAMPLES and rolls out whole
-    responses unless told otherwise)."""
-
-    every: int = 500  # during training: evaluate every this many optimizer steps (0: never)
-    samples: int | None = 32  # held-out sequences per evaluation (None: all of them)
-    ddtree_budgets: tuple[int, ...] = (8, 32, 128)  # DDTree node budgets
-    labels: str = "tokens"  # reference: "tokens" (the stored ones) or "target" (the store's target top-1)
-    anchor_stride: int = 1  # tau_per_position and accuracies: every k-th anchor position (the rollout needs all)
-    max_blocks_per_sample: int | None = 512  # rollout over the first this many response positions (None: all)
-    batch_blocks: int = 256  # blocks per drafter forward
-
-    def validate(self):
-        _check(self.every >= 0, "eval.every", "must be >= 0")
-        _check(self.samples is None or self.samples >= 1, "eval.samples", "must be >= 1 (or null: all)")
-        _check(len(self.ddtree_budgets) >= 1 and all(b >= 1 for b in self.ddtree_budgets), "eval.ddtree_budgets",
-               "must be one or more integers >= 1")
-        _check(self.labels in LABELS, "eval.labels", 'must be "tokens" or "target"')
-        _check(self.anchor_stride >= 1, "eval.anchor_stride", "must be >= 1")
-        _check(self.max_blocks_per_sample is None or self.max_blocks_per_sample >= 1, "eval.max_blocks_per_sample",
-               "must be >= 1 (or null: all)")
-        _check(self.batch_blocks >= 1, "eval.batch_blocks", "must be >= 1")
-        return self
 
 
 @dataclass
@@ -246,7 +151,7 @@ class RunConfig:
 
     def validate(self, require_paths: bool = True) -> "RunConfig":
         for name in ("store", "target", "out") if require_paths else ():
-            _check(bool(getattr(self, name)), name, "is required")
+            require(bool(getattr(self, name)), name, "is required")
         for section in SECTIONS:
             getattr(self, section).validate()
         return self
@@ -270,11 +175,6 @@ _SECTION_TYPES = {name: f.type for name, f in ((f.name, f) for f in dataclasses.
 
 def _plain(value):
     return list(value) if isinstance(value, tuple) else value
-
-
-def _check(ok: bool, key: str, message: str) -> None:
-    if not ok:
-        raise ConfigError(f"config {key}: {message}")
 
 
 def _field_types(cls) -> dict:

@@ -23,7 +23,7 @@ def dtype_name(text: str) -> str:
 
 def torch_dtype(text: str):
     """The torch dtype of `text` (either spelling)."""
-    import torch
+    import torch  # here, not at the top: train.cli reads dtype names for `--help`, which loads no torch
 
     return getattr(torch, dtype_name(text))
 

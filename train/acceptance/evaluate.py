@@ -32,7 +32,7 @@ From those blocks (definitions in `train/acceptance/measures.py`):
 
 What to evaluate is the run's `eval` section (`train.config.EvalConfig`); which
 samples are held out is `train.data.heldout` at the run's own fraction. The training
-loop evaluates through `train.fitting.evaluators`; `python -m train eval` calls
+loop evaluates through `train.fitting.periodic_eval`; `python -m train eval` calls
 `evaluate`; `evaluate_sample_ids` scores exactly the samples (e.g. the prompts
 `python -m train speculate` decoded) a caller names.
 """
@@ -45,10 +45,12 @@ from typing import Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from store_schema import Store
+from store_schema.stores import open_store
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
 from train.drafter.anchors import anchor_candidates
 from train.drafter.targets import block_targets
-from train.config import EvalConfig
+from train.acceptance.config import EvalConfig
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations
 
 
@@ -324,9 +326,6 @@ def evaluate(
       block_size, labels, split, heldout_fraction, anchor_stride, max_blocks_per_sample.
     Samples with no scoreable block are not counted. progress: a callable
     (samples to evaluate) -> Progress, shown while evaluating, or None."""
-    from store_schema import Store
-    from store_schema.stores import open_store
-
     store = store if isinstance(store, Store) else open_store(store)
     _check_store(drafter, head, store, config)
     locations = split_locations(store, split, heldout_fraction)
@@ -346,9 +345,6 @@ def evaluate_sample_ids(drafter, head, store, sample_ids: Sequence[str], config:
     stretch `speculate` decodes from the same prompt (everything before the first
     response token) with `--max-new-tokens`, so the two taus compare on the same
     text. `per_sample` holds each sample's rollout tau."""
-    from store_schema import Store
-    from store_schema.stores import open_store
-
     store = store if isinstance(store, Store) else open_store(store)
     _check_store(drafter, head, store, config)
     wanted = set(sample_ids)

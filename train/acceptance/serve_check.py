@@ -34,6 +34,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from train.acceptance.speculate import Decoded, PromptResult
+
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VLLM_ENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -174,8 +176,6 @@ def cut_at_limit(result, max_new_tokens: int):
     """A speculate PromptResult decoded past the limit, cut to `max_new_tokens`: the
     tokens of both decodings, and the rounds up to the limit with the one crossing it
     counting what it committed before it."""
-    from train.acceptance.speculate import Decoded, PromptResult
-
     budget, lengths = max_new_tokens - 1, []  # the prefill commits the first token
     for length in result.speculative.acceptance_lengths:
         if budget <= 0:

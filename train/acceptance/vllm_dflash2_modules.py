@@ -20,6 +20,7 @@ and `group_size`. OUT: `prepared`, `finished` [rows, H] and `edge_scores` [b, L,
 
 from __future__ import annotations
 
+import importlib
 import sys
 import tempfile
 
@@ -31,8 +32,7 @@ MODULE = "vllm.model_executor.models.qwen3_dflash2"
 
 
 def run(inputs: dict[str, torch.Tensor], block_size: int, group_size: int) -> dict[str, torch.Tensor]:
-    import importlib
-
+    # vLLM only here: this file is also read where vLLM is not installed (an optional dependency)
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 

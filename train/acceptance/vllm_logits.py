@@ -57,7 +57,7 @@ def wrap_once(cls, name: str, keep) -> None:
 
 def capture(request: dict) -> dict[str, torch.Tensor]:
     """Decode the request's one prompt a few tokens, keeping the first draft round."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # an optional dependency, as in vllm_runner.py
 
     (prompt,) = request["prompts"]
     llm = build_llm(request)

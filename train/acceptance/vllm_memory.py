@@ -18,6 +18,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from store_schema.runtime.target_config import read_target_config
+
 GIB = 1024**3
 # vLLM's CPU worker before its KV cache: python + torch + vLLM resident, measured
 # 0.71 GiB (issue 35's log: 0.64 GiB asked, -0.07 GiB left for the KV cache); x2 headroom.
@@ -119,8 +121,6 @@ def served_engine_bytes(target_dir: str | Path, drafter_dir: str | Path, drafter
     speculator of `target_dir`, sequences up to `max_model_len` tokens, KV cache at
     `dtype_bytes` per value. Every target layer is counted as attention (a hybrid
     target's linear layers hold less: an upper bound)."""
-    from store_schema.runtime.target_config import read_target_config
-
     target = read_target_config(target_dir)
     kv = (kv_bytes_per_token(target.num_hidden_layers, target.num_key_value_heads, target.head_dim, dtype_bytes)
           + kv_bytes_per_token(drafter_config.num_hidden_layers, drafter_config.num_key_value_heads,

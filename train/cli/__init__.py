@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import warnings
 
 from store_schema.runtime.cli import show_defaults
 from train.dtypes import dtype_name
@@ -40,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help (0) or bad arguments (2, argparse's message already printed)
         return exit_.code if isinstance(exit_.code, int) else 2
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema import CorruptShardError, StoreLockedError
     from store_schema.runtime.cli import run_command
 
@@ -55,8 +57,6 @@ def quiet_transformers() -> None:
     """No "Loading weights" bar and no deprecation chatter (`past_key_values`) from
     transformers on the commands' stderr: read when it is first imported, so set
     before the handlers import it. Errors still show; an explicit setting wins."""
-    import warnings
-
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     warnings.filterwarnings("ignore", message=".*past_key_values.*", category=FutureWarning)

@@ -24,9 +24,11 @@ import sys
 from pathlib import Path
 
 from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
-from train.config import EVAL_CLI_SAMPLES, LABELS, SPLITS, DataConfig, EvalConfig
-from train.dtypes import NAMES
-from train.target_check import add_allow_flag
+from train.acceptance.config import EVAL_CLI_SAMPLES, EvalConfig
+from train.data.config import SPLITS, DataConfig
+from train.drafter.config import LABELS
+from train.dtypes import NAMES, torch_dtype
+from train.target_check import add_allow_flag, check_target
 
 
 def add_parser(subparsers) -> None:
@@ -80,6 +82,7 @@ def eval_config(args) -> EvalConfig:
 
 def heldout_fraction(args, drafter_dir: Path) -> float | None:
     """--heldout-fraction, else the export's record, else the default (with a note)."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from train.export.drafter_dir import read_heldout_fraction
 
     if args.split == "all":
@@ -97,16 +100,15 @@ def heldout_fraction(args, drafter_dir: Path) -> float | None:
 
 
 def run(args) -> int:
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.stores import open_store
     from store_schema.runtime.cli import fail
     from store_schema.runtime.host import resolve_device
     from store_schema.runtime.progress import Progress, default_mode
     from store_schema.runtime.target_weights import check_target_weights
-    from train.dtypes import torch_dtype
     from train.acceptance.evaluate import evaluate
     from train.export.drafter_dir import load_drafter, resolve_drafter_dir
     from train.fitting.target_head import load_target_head
-    from train.target_check import check_target
 
     config = eval_config(args)
     store = open_store(args.store)

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from train.cli import dtype_arg
-from train.dtypes import NAMES
+from train.dtypes import NAMES, torch_dtype
 
 
 def add_parser(subparsers) -> None:
@@ -26,6 +26,7 @@ def add_parser(subparsers) -> None:
 def refuse_store_dir(out: str | Path) -> None:
     """An export never goes into a hidden-state store (a directory holding a Zarr
     root, or one inside it): its files would sit among the store's shards."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.layout import ZARR_METADATA
 
     resolved = Path(out).resolve()
@@ -36,8 +37,8 @@ def refuse_store_dir(out: str | Path) -> None:
 
 
 def run(args) -> int:
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from train.fitting import checkpoint as ckpt
-    from train.dtypes import torch_dtype
     from train.export.drafter_dir import export_drafter
     from train.data.heldout import heldout_fraction_of, heldout_record
     from train.drafter.dflash2 import build_drafter

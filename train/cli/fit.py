@@ -103,14 +103,11 @@ def resume_commands(args, store) -> tuple[str, str]:
 
 
 def run(args) -> int:
-    from store_schema import provenance_warning
-    from store_schema.runtime.cli import UsageError, fail, interrupted
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
+    from store_schema.runtime.cli import UsageError
     from store_schema.runtime.target_weights import check_target_weights
-    from store_schema.stores import open_store
-    from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
-    from train.fitting.distributed import (DEFAULT_MASTER_PORT, LAUNCHED_BY_FIT, Nodes, close_process_group,
-                                           is_peer_loss, launch)
-    from train.fitting.preflight import REPAIR_COMMAND, FitChecks
+    from train.fitting.checkpoint import Checkpointer
+    from train.fitting.distributed import DEFAULT_MASTER_PORT, Nodes
 
     if args.dry_run:
         from train.fitting.estimate import dry_run
@@ -118,20 +115,36 @@ def run(args) -> int:
         return dry_run(args)
     if not args.out:
         raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
-    if args.resume and latest_checkpoint(args.out) is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {Path(args.out) / CHECKPOINTS} "
-                                "(nothing to continue; without --resume the run starts afresh)")
+    if args.resume:
+        Checkpointer(args.out).resume_point(resume=True)  # before the config is read: one line if there is none
     config = resolve_config(args)
     check_target_weights(config.target, "--target")  # before torch or torchrun start: one line naming it
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
-    world_size = (args.nproc or 1) * nodes.count
-    if world_size > 1 and "WORLD_SIZE" not in os.environ:
-        from train.data.loader import check_lanes
+    if "WORLD_SIZE" not in os.environ and (args.nproc or 1) * nodes.count > 1:
+        return launch_job(args, config, nodes)
+    return train(args, config)
 
-        if not args.resume:  # every process would refuse it, each with a traceback of its own
-            check_lanes(config.store, config.data.lanes or world_size, len(open_store(config.store).committed_shards()))
-        return launch(args.nproc or 1, fit_argv(args), Path(args.out), nodes)
-    from train.fitting.progress import DataStopped, TrainingInterrupted
+
+def launch_job(args, config, nodes) -> int:
+    """`--nproc N` (and `--nnodes`): start torchrun's launcher, which runs this command in each process."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
+    from store_schema.stores import open_store
+    from train.data.loader import check_lanes
+    from train.fitting.distributed import launch
+
+    if not args.resume:  # every process would refuse it, each with a traceback of its own
+        world_size = (args.nproc or 1) * nodes.count
+        check_lanes(config.store, config.data.lanes or world_size, len(open_store(config.store).committed_shards()))
+    return launch(args.nproc or 1, fit_argv(args), Path(args.out), nodes)
+
+
+def train(args, config) -> int:
+    """This process's part of the run: build it, train it, say how it ended."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
+    from store_schema.runtime.cli import interrupted
+    from train.fitting.distributed import close_process_group
+    from train.fitting.interrupts import TrainingInterrupted
+    from train.fitting.preflight import FitChecks
     from train.fitting.trainer import Trainer
 
     checks = FitChecks(allow_other_target=args.allow_other_target, require_complete=args.require_complete,
@@ -141,53 +154,74 @@ def run(args) -> int:
                                       checks=checks)
     except KeyboardInterrupt:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")
-    main = trainer.world.is_main
-    if main:
-        warning = provenance_warning(open_store(config.store).fingerprint.response_provenance)
-        if warning:
-            print(warning, file=sys.stderr)
-        print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
-              f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}, "
-              f"{trainer.world.size} process(es), {trainer.feed.lanes} lane(s)", file=sys.stderr)
+    if trainer.world.is_main:
+        announce(trainer)
     try:
         last = trainer.fit()
-    except TrainingInterrupted as stop:
-        if not main:
-            return 130  # rank 0 says what was kept
-        if stop.checkpoint is None:
-            return interrupted("no checkpoint yet", "rerun the same command")
-        kept = (f"checkpoint of step {stop.step} saved in {stop.checkpoint}" if not trainer.world.distributed
-                else f"the last checkpoint is {stop.checkpoint}")
-        return interrupted(kept, f"resume with: {resume_commands(args, config.store)[0]}")
-    except DataStopped as stop:
-        error = stop.error
-        kept = (f"checkpoint of step {stop.step} saved in {stop.checkpoint}" if stop.checkpoint
-                else "no checkpoint was written")
-        resume, skipping = resume_commands(args, config.store)
-        return fail(f"shard {error.shard}: {error.file}: {error.what}; {kept}; repair the store with "
-                    f"`{REPAIR_COMMAND.format(store=config.store)}` and `python -m extract run`, then resume with "
-                    f"`{resume}`, or resume leaving the shard out: `{skipping}`")
-    except Exception as error:
-        if not trainer.world.distributed or not is_peer_loss(error):
-            raise
-        # A collective failed: another process of the job is gone. Under --nproc the launcher
-        # names it in its one line; under torchrun this rank says what it saw.
-        if os.environ.get(LAUNCHED_BY_FIT):
-            return 1
-        return fail(f"rank {trainer.world.rank}: another process of the job stopped "
-                    f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
-                    "the job cannot continue; the same command with --resume continues from the last checkpoint")
+    except (TrainingInterrupted, Exception) as error:  # noqa: BLE001 - `stopped` re-raises what it does not know
+        return stopped(args, config, trainer, error)
     trainer.release_replica()
     close_process_group()
-    if main:
+    if trainer.world.is_main:
         for line in finished_lines(trainer.step, last, args.out, config):
             print(line, file=sys.stderr)
         print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
     return 0
 
 
+def announce(trainer) -> None:
+    """Rank 0's lines before step 1: the corpus's provenance warning, the run's size."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
+    from store_schema import provenance_warning
+
+    warning = provenance_warning(trainer.store.fingerprint.response_provenance)
+    if warning:
+        print(warning, file=sys.stderr)
+    print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
+          f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}, "
+          f"{trainer.world.size} process(es), {trainer.feed.lanes} lane(s)", file=sys.stderr)
+
+
+def stopped(args, config, trainer, error: BaseException) -> int:
+    """The exit of a run that stopped early: Ctrl-C (130), a corrupt shard or a lost
+    peer (1), each said in one line; anything else is raised."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
+    from store_schema.runtime.cli import fail, interrupted
+    from train.fitting.distributed import LAUNCHED_BY_FIT, is_peer_loss
+    from train.fitting.interrupts import DataStopped, TrainingInterrupted
+    from train.fitting.preflight import REPAIR_COMMAND
+
+    distributed = trainer.world.distributed
+    if isinstance(error, TrainingInterrupted):
+        if not trainer.world.is_main:
+            return 130  # rank 0 says what was kept
+        if error.checkpoint is None:
+            return interrupted("no checkpoint yet", "rerun the same command")
+        kept = (f"checkpoint of step {error.step} saved in {error.checkpoint}" if not distributed
+                else f"the last checkpoint is {error.checkpoint}")
+        return interrupted(kept, f"resume with: {resume_commands(args, config.store)[0]}")
+    if isinstance(error, DataStopped):
+        shard = error.error
+        kept = (f"checkpoint of step {error.step} saved in {error.checkpoint}" if error.checkpoint
+                else "no checkpoint was written")
+        resume, skipping = resume_commands(args, config.store)
+        return fail(f"shard {shard.shard}: {shard.file}: {shard.what}; {kept}; repair the store with "
+                    f"`{REPAIR_COMMAND.format(store=config.store)}` and `python -m extract run`, then resume with "
+                    f"`{resume}`, or resume leaving the shard out: `{skipping}`")
+    if not distributed or not is_peer_loss(error):
+        raise error
+    # A collective failed: another process of the job is gone. Under --nproc the launcher
+    # names it in its one line; under torchrun this rank says what it saw.
+    if os.environ.get(LAUNCHED_BY_FIT):
+        return 1
+    return fail(f"rank {trainer.world.rank}: another process of the job stopped "
+                f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                "the job cannot continue; the same command with --resume continues from the last checkpoint")
+
+
 def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
     """What a finished run says before its JSON line: where it ended and the next commands."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from train.fitting.checkpoint import latest_checkpoint
     from train.fitting.runlog import LOG_FILE
 
@@ -206,6 +240,7 @@ def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
 def resolve_config(args):
     """The run's config (defaults <- --config <- flags <- --set). A --set that is not
     KEY=VALUE of a known key, or a run without --store / --target, is a usage error (exit 2)."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import UsageError
     from train.config import CONFIG_FILE, ConfigError, check_override, load_config
 

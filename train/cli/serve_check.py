@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
-from train.config import SPLITS
+from train.data.config import SPLITS
 from train.dtypes import NAMES
 from train.target_check import add_allow_flag
 
@@ -58,6 +58,7 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import fail
     from store_schema.runtime.target_config import read_target_config
     from train.acceptance import serve_check
@@ -120,6 +121,7 @@ def run(args) -> int:
 
 def _cpu_share(target, drafter_dir, config, prompts, max_new_tokens: int, dtype) -> float:
     """vLLM's CPU memory share for these prompts (`vllm_memory`), said in one line."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from train.acceptance import serve_check, vllm_memory
 
     needed = vllm_memory.served_engine_bytes(target, drafter_dir, config,

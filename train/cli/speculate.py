@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
-from train.config import SPLITS, DataConfig
-from train.dtypes import NAMES
-from train.target_check import add_allow_flag
+from train.data.config import SPLITS, DataConfig
+from train.dtypes import NAMES, torch_dtype
+from train.target_check import add_allow_flag, check_target
 
 
 def add_parser(subparsers) -> None:
@@ -66,6 +66,7 @@ def check_compatible(drafter_config, model, where) -> None:
 def open_prompt_source(args):
     """The store (or None for --prompts), opened before any model loads, so a wrong
     path is refused at once."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.stores import open_store
 
     if args.prompts:
@@ -76,6 +77,7 @@ def open_prompt_source(args):
 
 
 def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.target_config import read_target_config
     from train.cli.eval import heldout_fraction
     from train.data.prompts import jsonl_prompts, store_prompts
@@ -106,14 +108,13 @@ class Decoding:
 def load_decoding(args, command: str) -> Decoding:
     """The target checked against the store (`train.target_check`), then the drafter,
     the target and the prompts loaded; a prompt source that gives none is refused."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.host import resolve_device
     from store_schema.runtime.target_config import read_config_json
     from store_schema.runtime.target_model import compute_dtype, load_target_model
     from store_schema.runtime.target_weights import check_target_weights
     from train.acceptance.target_decode import stop_token_ids
-    from train.dtypes import torch_dtype
     from train.export.drafter_dir import load_drafter, resolve_drafter_dir
-    from train.target_check import check_target
 
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
@@ -137,6 +138,7 @@ def load_decoding(args, command: str) -> Decoding:
 
 
 def run(args) -> int:
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import fail
     from train.acceptance.speculate import decode_prompt, summarize
 
@@ -166,6 +168,7 @@ def run(args) -> int:
 
 
 def _tokenizer(target):
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from transformers import AutoTokenizer
 
     try:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from store_schema import Store
 from store_schema.stores import open_store
-from train.config import SPLITS
+from train.data.config import SPLITS
 
 HELDOUT_RULE = "sha256(sample_id)[:8] / 2**64 < fraction"
 

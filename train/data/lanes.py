@@ -26,7 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from train.config import ConfigError
+from store_schema import Store
+from train.config_error import ConfigError
 from train.data.loader import LoaderPosition, ShardLoader, TrainSample
 from train.data.order import LANE_DEAL
 from train.world import World, comm_device
@@ -40,34 +41,31 @@ def lane_generator(seed: int, lane: int) -> torch.Generator:
 
 class LaneFeed:
     """The lanes one rank serves. `take(step)` returns, for each of this rank's
-    slots of that optimizer step, (lane, sample or None when the lane has run dry)."""
+    slots of that optimizer step, (lane, sample or None when the lane has run dry).
+    A checkpoint part (torchtitan's Stateful pattern): `state_dict` holds every
+    lane's position and generator, `load_state_dict` puts this rank's back."""
 
     def __init__(self, loaders: dict[int, ShardLoader], generators: dict[int, torch.Generator], lanes: int,
-                 global_batch: int, rank: int, world_size: int):
+                 global_batch: int, world: World, device: torch.device):
         self.loaders = loaders
         self.generators = generators
         self.lanes = lanes
         self.global_batch = global_batch
-        self.rank, self.world_size = rank, world_size
+        self.world, self.device = world, device
         self.positions: dict[int, LoaderPosition] = {lane: loader.start for lane, loader in loaders.items()}
         self._dry: set[int] = set()
 
     @classmethod
-    def for_rank(cls, world: World, lanes: int, global_batch: int, seed: int, generator: torch.Generator,
-                 generator_states: dict[int, torch.Tensor], make_loader: Callable[[int], ShardLoader]) -> "LaneFeed":
+    def for_rank(cls, world: World, lanes: int, global_batch: int, seed: int, device: torch.device,
+                 make_loader: Callable[[int], ShardLoader]) -> "LaneFeed":
         """The lanes `world.rank` serves: a loader from `make_loader(lane)` each, and
-        its generator (lane 0's is `generator`, the run's; lane j's is seeded from
-        (seed, j)), restored from `generator_states` (a checkpoint's) where given."""
-        loaders, generators = {}, {}
-        for lane in lanes_of(world.rank, world.size, lanes):
-            loaders[lane] = make_loader(lane)
-            generators[lane] = generator if lane == 0 else lane_generator(seed, lane)
-            if lane in generator_states:
-                generators[lane].set_state(generator_states[lane])
-        return cls(loaders, generators, lanes, global_batch, world.rank, world.size)
+        its generator (lane 0's is seeded with `seed`, the run's; lane j's from (seed, j))."""
+        mine = lanes_of(world.rank, world.size, lanes)
+        return cls({lane: make_loader(lane) for lane in mine}, {lane: lane_generator(seed, lane) for lane in mine},
+                   lanes, global_batch, world, device)
 
     def take(self, step: int) -> list[tuple[int, TrainSample | None]]:
-        slots = [lane for lane in step_lanes(step, self.global_batch, self.lanes) if lane % self.world_size == self.rank]
+        slots = [lane for lane in step_lanes(step, self.global_batch, self.lanes) if lane % self.world.size == self.world.rank]
         taken = []
         for lane in slots:
             sample = None if lane in self._dry else next(self.loaders[lane], None)
@@ -78,21 +76,33 @@ class LaneFeed:
             taken.append((lane, sample))
         return taken
 
-    def state_dict(self, world: World, device: torch.device) -> tuple[dict, dict[int, torch.Tensor]]:
-        """What a checkpoint keeps of the feed (torchtitan's Stateful pattern: the
-        feed owns its record; `lane_positions` reads it back): every lane's position
-        and the shard list they refer to, and every lane's generator state.
+    def state_dict(self) -> dict:
+        """Every lane's position and the shard list they refer to (JSON), and every
+        lane's generator state (tensors: `generator` for lane 0, `generator_lane_<j>`).
         Collective: every rank calls it (each lane's state lives on its rank)."""
-        positions, states = gather_lanes(world, self.lanes, self.positions, self.generator_states(), device)
-        loader = next(iter(self.loaders.values()))
-        record = {"position": positions[0].to_dict(), "shards": loader.shards, "shards_sha256": loader.shards_sha256,
-                  "skipped_shards": self.skipped_shards, "world_size": world.size, "lane_deal": LANE_DEAL,
-                  "lanes": [{"lane": lane, "rank": lane % world.size, **positions[lane].to_dict()}
+        positions, states = gather_lanes(self.world, self.lanes, self.positions, self.generator_states(), self.device)
+        order = next(iter(self.loaders.values())).order
+        record = {"position": positions[0].to_dict(), "shards": order.shards, "shards_sha256": order.shards_sha256,
+                  "skipped_shards": self.skipped_shards, "world_size": self.world.size, "lane_deal": LANE_DEAL,
+                  "lanes": [{"lane": lane, "rank": lane % self.world.size, **positions[lane].to_dict()}
                             for lane in range(self.lanes)]}
-        return record, states
+        return {**record, **{generator_key(lane): state for lane, state in states.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Put this rank's lanes where a checkpoint's `state_dict` left them (before
+        the first `take`): each loader at its position, each generator in its state."""
+        positions = lane_positions(state)
+        for lane, loader in self.loaders.items():
+            loader.seek(positions[lane])
+            self.positions[lane] = positions[lane]
+            self.generators[lane].set_state(state[generator_key(lane)])
 
     def generator_states(self) -> dict[int, torch.Tensor]:
         return {lane: generator.get_state() for lane, generator in self.generators.items()}
+
+    def set_generator_states(self, states: dict[int, torch.Tensor]) -> None:
+        for lane, state in states.items():
+            self.generators[lane].set_state(state)
 
     @property
     def wait_seconds(self) -> float:
@@ -102,9 +112,36 @@ class LaneFeed:
     def skipped_shards(self) -> list[str]:
         return sorted({name for loader in self.loaders.values() for name in loader.skipped_shards})
 
+    @property
+    def skipped_empty(self) -> int:
+        return sum(loader.skipped_empty for loader in self.loaders.values())
+
     def close(self) -> None:
         for loader in self.loaders.values():
             loader.close()
+
+
+def generator_key(lane: int) -> str:
+    """A lane's generator in a checkpoint's tensors (lane 0's is the run's `generator`)."""
+    return "generator" if lane == 0 else f"generator_lane_{lane}"
+
+
+def resumed_deal(record: dict, configured: int | None, store: Store, where) -> tuple[int, list[str]]:
+    """The lanes and shard list a checkpoint's feed `record` fixes for the rest of its
+    run; refused when the config asks for other lanes, when it dealt lanes anew every
+    epoch (an older version), or when its shards are not all in the store."""
+    lanes = len(lane_positions(record))
+    if configured not in (None, lanes):
+        raise ConfigError(f"--resume: {where} deals its samples into {lanes} lanes; "
+                          f"data.lanes={configured} would deal them anew")
+    if lanes > 1 and record.get("lane_deal") != LANE_DEAL:
+        raise ConfigError(f"--resume: {where} dealt its shards to lanes anew every epoch (an older "
+                          "version); this version deals them once per run and cannot continue it exactly: "
+                          "finish it with the version that started it, or start a new run")
+    missing = sorted(set(record["shards"]) - set(store.committed_shards()))
+    if missing:
+        raise ValueError(f"--resume: shards {missing[:4]} of the checkpointed run are not in {store.path}")
+    return lanes, record["shards"]
 
 
 def pad_sample(config) -> TrainSample:

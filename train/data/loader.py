@@ -72,7 +72,7 @@ from store_schema import CorruptShardError, ShardData, Store, available_cores
 from store_schema.fp8 import as_bf16
 from store_schema.runtime.units import parse_bytes
 from train.drafter.anchors import anchor_candidates
-from train.config import DataConfig
+from train.data.config import DataConfig
 from train.data.cache import ShardCache, upcoming_shards
 from train.data.device_copy import DeviceCopier
 from train.data.heldout import heldout_locations, is_heldout, read_located
@@ -202,28 +202,25 @@ class ShardLoader:
         self.cache: ShardCache | None = None  # built when reading starts (train.data.cache)
         self._to_device = DeviceCopier(device) if device is not None and torch.device(device).type == "cuda" else None
 
-    # -- the order (train.data.order) ---------------------------------------------------
-    @property
-    def shards(self) -> list[str]:
-        return self.order.shards
+    def seek(self, position: LoaderPosition) -> None:
+        """Start reading at `position` (a checkpoint's) instead; only before the first sample."""
+        if self._queue is not None:
+            raise RuntimeError(f"loader lane {self.lane}: cannot move to {position} once reading has started")
+        self.start = position
 
-    @property
-    def shards_sha256(self) -> str:
-        return self.order.shards_sha256
-
+    # -- the order (`self.order`, train.data.order) ----------------------------------------
     def epoch_order(self, epoch: int) -> list[str]:
+        """The epoch's shard order (every lane's): which shards come first."""
         return self.order.epoch_order(epoch)
 
-    def lane_shards(self, epoch: int, lane: int | None = None) -> list[str]:
-        return self.order.lane_shards(epoch, lane)
-
-    def groups(self, epoch: int) -> list[list[str]]:
-        return self.order.groups(epoch)
+    def lane_shards(self, epoch: int) -> list[str]:
+        """This loader's shards of `epoch`, in the order it reads them."""
+        return self.order.lane_shards(epoch)
 
     def lane_totals(self, epochs: int | None = None) -> list[float]:
         """Training samples each lane delivers over `epochs` (default: the run's);
         shards known to be corrupt deliver none."""
-        counts = train_samples_by_shard(self.store, self.shards, self.config.heldout_fraction)
+        counts = train_samples_by_shard(self.store, self.order.shards, self.config.heldout_fraction)
         counts = {n: 0 if n in self.corrupt.known else c for n, c in counts.items()}
         return self.order.lane_totals(counts, self.epochs if epochs is None else epochs)
 
@@ -279,7 +276,7 @@ class ShardLoader:
         """Thread 1: decode groups of shards, from the start position on."""
         first = self.start
         for epoch in range(first.epoch, self.epochs):
-            groups = self.groups(epoch)
+            groups = self.order.groups(epoch)
             start_group = first.group if epoch == first.epoch else 0
             names = [n for g in groups[start_group:] for n in g]
             decoded = self._read(names)
@@ -408,7 +405,7 @@ class ShardLoader:
         the first call and kept (`train.data.heldout`); read on the caller's thread, never
         sharing state with training. Samples of shards skipped as corrupt are left out."""
         if self._heldout is None:
-            self._heldout = heldout_locations(self.store, self.shards, self.config.heldout_fraction)
+            self._heldout = heldout_locations(self.store, self.order.shards, self.config.heldout_fraction)
         count = 0
         for location in self._heldout:
             if limit is not None and count >= limit:

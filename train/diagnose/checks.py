@@ -187,6 +187,17 @@ def heldout_rise(records, since: int) -> dict | None:
     return None
 
 
+def annealed_tail(records, windows: list[dict]) -> tuple[list, int, bool]:
+    """Each window's LR share of its peak, how many windows come before the annealed
+    tail (LR under `SCHEDULE_ENDING` of its peak; warmup's low LR is no tail), and
+    whether that tail is judged apart (at least three windows before it)."""
+    shares = [lr_share_at(records, w["start"]) for w in windows]
+    kept = len(windows)
+    while kept and shares[kept - 1] is not None and shares[kept - 1] < SCHEDULE_ENDING:
+        kept -= 1
+    return shares, kept, kept < len(windows) and kept >= 3
+
+
 def check_plateau(records, metric: str, window: int | None, plateau_ratio: float, slowing_ratio: float):
     """Plateau / slowing: the last window gains under `plateau_ratio` / `slowing_ratio`
     of the best. Windows that start once the LR has annealed (under
@@ -199,14 +210,8 @@ def check_plateau(records, metric: str, window: int | None, plateau_ratio: float
     if len(windows) < 3:
         info["verdict"] = "too short"
         return info, []
-    shares = [lr_share_at(records, w["start"]) for w in windows]
-    kept = len(windows)  # the windows before the annealed tail (warmup's low LR is no tail)
-    while kept and shares[kept - 1] is not None and shares[kept - 1] < SCHEDULE_ENDING:
-        kept -= 1
-    judged = windows[:kept]
-    annealed = kept < len(windows) and kept >= 3
-    if not annealed:
-        judged = windows
+    shares, kept, annealed = annealed_tail(records, windows)
+    judged = windows[:kept] if annealed else windows
     gains = [w["gain_per_1k"] for w in judged]
     best_index = int(np.argmax(gains))
     best, last = gains[best_index], gains[-1]

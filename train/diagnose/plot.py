@@ -6,10 +6,13 @@ reads as points, not as a line that looks measured in between."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Iterable, Sequence
 
 import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 
 from train.fitting.runlog import TAU_KEYS, accuracy_key, ddtree_keys_by_budget, read_log, series
 
@@ -40,9 +43,6 @@ def figure(runs: Iterable, labels: Sequence[str] | None = None, smooth: int | No
     run directory, a train_log.jsonl, or a list of records), overlaid and aligned by
     step: first run solid, the next dashed, dotted, .... The title names each run
     with its verdict (`verdicts`, one per run) when given."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
     runs = list(runs)
     loaded = [list(r) if isinstance(r, (list, tuple)) else read_log(r) for r in runs]
     labels = list(labels) if labels else [Path(r).name if not isinstance(r, (list, tuple)) else f"run {i + 1}"
@@ -92,6 +92,4 @@ def figure(runs: Iterable, labels: Sequence[str] | None = None, smooth: int | No
 
 
 def _wrap(text: str, width: int = 130) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(text, width))

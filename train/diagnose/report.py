@@ -26,7 +26,7 @@ two runs `train.diagnose.compare`; the log's format is `train.fitting.runlog`.
 Log records are dicts with at least `step`; the other keys are used when present:
 `loss`, `acc`, `top4_acc`, `top8_acc`, `tau_per_position`, `lr`, `epoch`, and
 held-out evaluation keys: `eval_tau` (decode-time rollout), `eval_ddtree_<budget>`,
-`eval_tau_per_position` (`train.fitting.evaluators`), `heldout_tau_per_position`,
+`eval_tau_per_position` (`train.fitting.periodic_eval`), `heldout_tau_per_position`,
 `heldout_acc` (the trainer's held-out pass), and DFlash 2's `recall_at_k` /
 `selector_acc` (and their `heldout_` twins). Logs written before tau meant the
 rollout are read with their per-position keys renamed (`train.fitting.runlog`).
@@ -311,6 +311,25 @@ class Diagnosis:
         return line
 
 
+def check_cliffs(records: Sequence[dict], window: int, drop: float) -> tuple[list[dict], list[Finding]]:
+    """Sudden accuracy drops (`find_cliffs`), each a finding saying whether it recovered."""
+    acc_key = accuracy_key(records)
+    if not acc_key:
+        return [], []
+    cliffs = find_cliffs(records, acc_key, window, drop)
+    findings = []
+    for c in cliffs:
+        recovered = (f"recovered by step {c['recovered_step']}" if c["recovered_step"] is not None
+                     else "never recovered")
+        findings.append(Finding(
+            "cliff",
+            f"Instability cliff at step {c['step']}: {acc_key} fell from {c['before']:.3f} to {c['after']:.3f} "
+            f"(lowest {c['lowest']:.3f}), {recovered}.",
+            [c["step"]] + ([c["recovered_step"]] if c["recovered_step"] is not None else []),
+        ))
+    return cliffs, findings
+
+
 def diagnose(
     run,
     config: RunConfig | None = None,
@@ -355,20 +374,8 @@ def diagnose(
                 if rows:
                     improvement[key] = rows
 
-    cliffs = []
-    acc_key = accuracy_key(records)
-    if acc_key:
-        cliffs = find_cliffs(records, acc_key, cliff_window, cliff_drop)
-        for c in cliffs:
-            recovered = (f"recovered by step {c['recovered_step']}" if c["recovered_step"] is not None
-                         else "never recovered")
-            findings.append(Finding(
-                "cliff",
-                f"Instability cliff at step {c['step']}: {acc_key} fell from {c['before']:.3f} to {c['after']:.3f} "
-                f"(lowest {c['lowest']:.3f}), {recovered}.",
-                [c["step"]] + ([c["recovered_step"]] if c["recovered_step"] is not None else []),
-            ))
-
+    cliffs, found = check_cliffs(records, cliff_window, cliff_drop)
+    findings += found
     lr, found = check_lr(records, schedule)
     findings += found
     loss, found = check_loss_distribution(records)

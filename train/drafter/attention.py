@@ -149,7 +149,7 @@ def _flex_attention(q, k, v, block_mask, scale):
     if q.is_cuda:
         out = compiled_flex()(q, k, v, block_mask, scale)
     else:
-        from torch.nn.attention.flex_attention import flex_attention
+        from torch.nn.attention.flex_attention import flex_attention  # torch >= 2.5 only (pyproject allows 2.4)
 
         out = flex_attention(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
     return out[:, :, :queries]

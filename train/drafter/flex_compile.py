@@ -37,7 +37,7 @@ class CompiledFlex:
     `backend` is torch.compile's (the default, inductor, is the fused kernel)."""
 
     def __init__(self, backend="inductor", limit: int = FLEX_GRAPH_LIMIT):
-        from torch.nn.attention.flex_attention import flex_attention
+        from torch.nn.attention.flex_attention import flex_attention  # torch >= 2.5 only (pyproject allows 2.4)
 
         self.limit = limit
         self._fn = torch.compile(flex_attention, dynamic=True, backend=backend)

@@ -60,7 +60,7 @@ def visible_key_counts(anchor_positions: torch.Tensor, context_len: int, block_s
 def dflash_block_mask(anchor_positions: torch.Tensor, context_len: int, block_size: int,
                       rule: LayerAttention = LayerAttention()):
     """The BlockMask for `dflash_mask_mod` over the padded query and key lengths."""
-    from torch.nn.attention.flex_attention import BlockMask
+    from torch.nn.attention.flex_attention import BlockMask  # torch >= 2.5 only (pyproject allows 2.4)
 
     counts = visible_key_counts(anchor_positions, context_len, block_size, rule)
     full = counts == FLEX_TILE * FLEX_TILE

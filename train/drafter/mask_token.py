@@ -22,7 +22,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.config import ConfigError
+from transformers import AutoTokenizer
+
+from train.config_error import ConfigError
 
 MASK_SPELLINGS = ("<|mask|>", "<mask>")  # matched case-insensitively
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
@@ -67,8 +69,6 @@ def load_tokenizer(target_dir: str | Path):
     target_dir = Path(target_dir)
     if not any((target_dir / name).is_file() for name in TOKENIZER_FILES):
         return None
-    from transformers import AutoTokenizer
-
     return AutoTokenizer.from_pretrained(str(target_dir), trust_remote_code=False, local_files_only=True)
 
 

@@ -63,6 +63,19 @@ class BlockTargets:
     dpace_alpha: float = 0.5
 
 
+def slot_labels(labels: str, input_ids: torch.Tensor, target_next_ids: torch.Tensor | None, safe: torch.Tensor,
+                previous: torch.Tensor) -> torch.Tensor:
+    """Each slot's label: the sequence's token at its position (`safe`), or the
+    target's prediction for it (made at the position before, `previous`)."""
+    if labels == "tokens":
+        return input_ids[safe]
+    if labels == "target":
+        if target_next_ids is None:
+            raise ValueError('labels="target" needs target_next_ids')
+        return target_next_ids.to(safe.device).long()[previous]
+    raise ValueError(f'labels must be "tokens" or "target", got {labels!r}')
+
+
 def block_targets(
     input_ids: torch.Tensor,
     loss_mask: torch.Tensor,
@@ -100,14 +113,7 @@ def block_targets(
 
     valid = inside & loss_mask.to(device).bool()[safe]
     valid[:, 0] = False
-    if labels == "tokens":
-        block_labels = input_ids[safe]
-    elif labels == "target":
-        if target_next_ids is None:
-            raise ValueError('labels="target" needs target_next_ids')
-        block_labels = target_next_ids.to(device).long()[previous]
-    else:
-        raise ValueError(f'labels must be "tokens" or "target", got {labels!r}')
+    block_labels = slot_labels(labels, input_ids, target_next_ids, safe, previous)
 
     if position_weights == "decay":
         weights = slot_weights(block_size, gamma).to(device)[None, :] * valid

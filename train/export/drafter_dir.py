@@ -162,14 +162,9 @@ UNSUPPORTED_DFLASH_KEYS = {
 }
 
 
-def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
-    """DrafterConfig from an exported (or z-lab published) drafter's config.json.
-
-    Sliding layers are read the way transformers' Qwen3Config (which the reference
-    builds on) reads them: the window counts only with `use_sliding_window`, and
-    without `layer_types` the layers from `max_window_layers` on are sliding."""
-    path = Path(model_dir) / "config.json"
-    data = json.loads(path.read_text())
+def checked_dflash_config(path: Path, data: dict) -> tuple[str, dict]:
+    """The drafter kind of a config.json's `architectures` and its `dflash_config`,
+    refused when either lacks what the drafter needs or asks for what it cannot do."""
     architectures = data.get("architectures") or ["DFlashDraftModel"]
     kinds = {name: kind for kind, name in ARCHITECTURE_CLASSES.items()}
     if len(architectures) != 1 or architectures[0] not in kinds:
@@ -185,6 +180,18 @@ def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
         value = dflash.get(key, data.get(key, neutral[0]))
         if value not in neutral:
             raise ValueError(f"{path}: {key}={value!r} is not supported (only {neutral[0]!r})")
+    return architecture, dflash
+
+
+def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
+    """DrafterConfig from an exported (or z-lab published) drafter's config.json.
+
+    Sliding layers are read the way transformers' Qwen3Config (which the reference
+    builds on) reads them: the window counts only with `use_sliding_window`, and
+    without `layer_types` the layers from `max_window_layers` on are sliding."""
+    path = Path(model_dir) / "config.json"
+    data = json.loads(path.read_text())
+    architecture, dflash = checked_dflash_config(path, data)
     block_size = dflash.get("block_size", data.get("block_size"))
     if block_size is None:
         raise KeyError(f"{path}: no block_size (top level or dflash_config)")

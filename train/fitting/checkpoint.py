@@ -3,33 +3,51 @@
     RUN/checkpoints/step-00000100/
         model.safetensors      drafter weights (fp32 master copy), z-lab names
         optimizer.safetensors  AdamW moments and step counts, keyed "<param name>/<key>"
-        rng.safetensors        torch CPU (+ CUDA) RNG, the run's anchor/noise generator
-                               (lane 0's), each further lane's (`generator_lane_<j>`),
-                               numpy's MT19937 key
-        state.json             step, scheduler, loader position, drafter config,
-                               optimizer param groups, python/numpy RNG scalars
+        rng.safetensors        torch CPU (+ CUDA) RNG, numpy's MT19937 key, and every
+                               lane's anchor/noise generator (`generator`: lane 0's, the
+                               run's; `generator_lane_<j>`: lane j's)
+        state.json             step, the run's record (config, drafter config, store,
+                               held-out split, run_info), each part's JSON (optimizer
+                               param groups, loader positions, python/numpy RNG scalars)
 
-A checkpoint is written into a temporary directory and renamed into place, so a
-crash never leaves a half-written one where `latest_checkpoint` looks. Nothing
-is ever unpickled: loading reads safetensors and JSON only.
+The parts of a run own what they keep (torchtitan's Stateful pattern): each has a
+`state_dict()` whose tensors go into its safetensors file and whose other values go
+under its key of state.json, and a `load_state_dict()` that takes them back
+(`PARTS` says where each lives). `Checkpointer` collects them, writes a checkpoint
+into a temporary directory and renames it into place, so a crash never leaves a
+half-written one where `latest` looks, and decides when one is due. Nothing is
+ever unpickled: loading reads safetensors and JSON only.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
+from typing import Protocol
 
-import numpy as np
 import torch
 
 from train.tensor_files import read_tensors, save_tensors
 
 CHECKPOINTS = "checkpoints"
-LANE_GENERATOR = "generator_lane_"
 PREFIX = "step-"
+STATE_FILE = "state.json"
+MODEL_FILE = "model.safetensors"
+# part -> (its key in state.json, its tensor file); the drafter's state is tensors only
+PARTS = {
+    "drafter": (None, MODEL_FILE),
+    "optimizer": ("optimizer", "optimizer.safetensors"),
+    "rng": ("rng", "rng.safetensors"),
+    "feed": ("loader", "rng.safetensors"),
+}
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
 
 
 def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
@@ -40,7 +58,7 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
     root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / "state.json").is_file()]
+    found = [p for p in root.iterdir() if p.is_dir() and p.name.startswith(PREFIX) and (p / STATE_FILE).is_file()]
     return sorted(found, key=lambda p: int(p.name[len(PREFIX) :]))
 
 
@@ -49,135 +67,80 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return found[-1] if found else None
 
 
-# -- optimizer ---------------------------------------------------------------------------
-def optimizer_state(optimizer: torch.optim.Optimizer, names: list[str]) -> tuple[dict, dict]:
-    """(tensors, json) for `optimizer.state_dict()`; params are named, not numbered,
-    so a checkpoint from a differently ordered model is refused rather than misloaded."""
-    state = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for index, values in state["state"].items():
-        for key, value in values.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"{names[index]}/{key}"] = value.detach().cpu().contiguous()
-            else:
-                scalars[f"{names[index]}/{key}"] = value
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
-    return tensors, {"param_groups": groups, "scalars": scalars}
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict, meta: dict) -> None:
-    index = {name: i for i, name in enumerate(names)}
-    groups = []
-    for group in meta["param_groups"]:
-        unknown = [n for n in group["params"] if n not in index]
-        if unknown:
-            raise KeyError(f"optimizer checkpoint names parameters the model does not have: {unknown[:4]}")
-        groups.append({**group, "params": [index[n] for n in group["params"]]})
-    state: dict = {}
-    for key, tensor in tensors.items():
-        name, field = key.rsplit("/", 1)
-        state.setdefault(index[name], {})[field] = tensor
-    for key, value in meta["scalars"].items():
-        name, field = key.rsplit("/", 1)
-        state.setdefault(index[name], {})[field] = value
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
-
-
-# -- RNG ---------------------------------------------------------------------------------
-def rng_state(generator: torch.Generator) -> tuple[dict, dict]:
-    tensors = {"torch_cpu": torch.get_rng_state(), "generator": generator.get_state()}
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"torch_cuda_{i}"] = s
-    kind, key, pos, has_gauss, cached = np.random.get_state()
-    tensors["numpy_key"] = torch.from_numpy(np.asarray(key, dtype=np.uint32).view(np.int32).copy())
-    version, internal, gauss = random.getstate()
-    meta = {
-        "numpy": {"kind": kind, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "python": {"version": version, "internal": list(internal), "gauss": gauss},
-        "generator_device": str(generator.device),
-    }
-    return tensors, meta
-
-
-def restore_rng(tensors: dict, meta: dict, generator: torch.Generator) -> None:
-    torch.set_rng_state(tensors["torch_cpu"])
-    generator.set_state(tensors["generator"])
-    cuda = [tensors[k] for k in sorted(t for t in tensors if t.startswith("torch_cuda_"))]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
-    n = meta["numpy"]
-    key = tensors["numpy_key"].numpy().view(np.uint32)
-    np.random.set_state((n["kind"], key, n["pos"], n["has_gauss"], n["cached_gaussian"]))
-    p = meta["python"]
-    random.setstate((p["version"], tuple(p["internal"]), p["gauss"]))
-
-
-# -- whole checkpoints -------------------------------------------------------------------
-def save_checkpoint(
-    run_dir: str | Path,
-    step: int,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    generator: torch.Generator,
-    state: dict,
-    keep: int = 0,
-    lane_generators: dict[int, torch.Tensor] | None = None,
-) -> Path:
-    """Write checkpoint `step` atomically; `state` is JSON (scheduler, loader, config...).
-    keep > 0 deletes all but the newest `keep` checkpoints afterwards.
-    lane_generators: the generator states of lanes 1.. of a run dealt into lanes
-    (lane 0's is `generator`)."""
-    final = checkpoint_dir(run_dir, step)
-    tmp = final.with_name(final.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    names = [name for name, _ in model.named_parameters()]
-    weights = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
-    save_tensors(weights, tmp / "model.safetensors")
-    opt_tensors, opt_meta = optimizer_state(optimizer, names)
-    save_tensors(opt_tensors, tmp / "optimizer.safetensors")
-    rng_tensors, rng_meta = rng_state(generator)
-    rng_tensors.update({f"{LANE_GENERATOR}{lane}": t for lane, t in (lane_generators or {}).items() if lane != 0})
-    save_tensors(rng_tensors, tmp / "rng.safetensors")
-    body = {**state, "step": step, "optimizer": opt_meta, "rng": rng_meta}
-    (tmp / "state.json").write_text(json.dumps(body, indent=1) + "\n")
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(tmp, final)
-    if keep > 0:
-        for old in list_checkpoints(run_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
 def read_state(path: str | Path) -> dict:
-    return json.loads((Path(path) / "state.json").read_text())
+    """A checkpoint's state.json: its step, the run's record and each part's JSON."""
+    return json.loads((Path(path) / STATE_FILE).read_text())
 
 
 def load_model_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    return read_tensors(Path(path) / "model.safetensors")
+    return read_tensors(Path(path) / MODEL_FILE)
 
 
-def load_checkpoint(
-    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None, generator: torch.Generator | None
-) -> dict:
-    """Restore weights (strict), optimizer and every RNG; return state.json's dict."""
-    path = Path(path)
-    state = read_state(path)
-    result = model.load_state_dict(load_model_weights(path), strict=True)
-    del result
-    if optimizer is not None:
-        names = [name for name, _ in model.named_parameters()]
-        load_optimizer_state(optimizer, names, read_tensors(path / "optimizer.safetensors"), state["optimizer"])
-    if generator is not None:
-        restore_rng(read_tensors(path / "rng.safetensors"), state["rng"], generator)
-    return state
+class Checkpointer:
+    """Saves and restores a run's parts in RUN/checkpoints; `keep` > 0 deletes all
+    but the newest `keep` after each save; `every` steps a checkpoint is due (0: only
+    at the end)."""
 
+    def __init__(self, run_dir: str | Path, every: int = 0, keep: int = 0):
+        self.run_dir, self.every, self.keep = Path(run_dir), every, keep
 
-def load_lane_generators(path: str | Path) -> dict[int, torch.Tensor]:
-    """Generator state of every lane a checkpoint holds (lane 0: the run's generator)."""
-    tensors = read_tensors(Path(path) / "rng.safetensors")
-    states = {int(k[len(LANE_GENERATOR):]): t for k, t in tensors.items() if k.startswith(LANE_GENERATOR)}
-    return {0: tensors["generator"], **states}
+    def resume_point(self, resume: bool) -> Path | None:
+        """The checkpoint a run continues from (None: it starts afresh); refuses
+        `--resume` without one and a fresh start over an earlier run's."""
+        latest = latest_checkpoint(self.run_dir)
+        if resume and latest is None:
+            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / CHECKPOINTS} "
+                                    "(nothing to continue; without --resume the run starts afresh)")
+        if not resume and latest is not None:
+            raise FileExistsError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it or "
+                                  "use a new --out")
+        return latest
+
+    def due(self, step: int) -> bool:
+        """A periodic checkpoint is due after step `step`."""
+        return bool(self.every) and step % self.every == 0
+
+    def latest(self) -> Path | None:
+        return latest_checkpoint(self.run_dir)
+
+    def save(self, step: int, parts: dict[str, Stateful], record: dict) -> Path:
+        """Write checkpoint `step` atomically: each part's state where `PARTS` puts
+        it, and `record` (JSON) at the top of state.json."""
+        final = checkpoint_dir(self.run_dir, step)
+        tmp = final.with_name(final.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        files: dict[str, dict[str, torch.Tensor]] = {}
+        body = {**record, "step": step}
+        for name, part in parts.items():
+            key, file = PARTS[name]
+            state = part.state_dict()
+            tensors = {k: v.detach().cpu().contiguous() for k, v in state.items() if isinstance(v, torch.Tensor)}
+            files.setdefault(file, {}).update(tensors)
+            if key is not None:
+                body[key] = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+        for file, tensors in files.items():
+            save_tensors(tensors, tmp / file)
+        (tmp / STATE_FILE).write_text(json.dumps(body, indent=1) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        if self.keep > 0:
+            for old in list_checkpoints(self.run_dir)[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    @staticmethod
+    def load(path: str | Path, parts: dict[str, Stateful]) -> dict:
+        """Restore each part from checkpoint `path` (its whole tensor file and its
+        JSON); return state.json's dict."""
+        path = Path(path)
+        body = read_state(path)
+        files: dict[str, dict[str, torch.Tensor]] = {}
+        for name, part in parts.items():
+            key, file = PARTS[name]
+            if file not in files:
+                files[file] = read_tensors(path / file)
+            part.load_state_dict({**files[file], **(body[key] if key is not None else {})})
+        return body

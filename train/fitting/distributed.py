@@ -27,9 +27,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from store_schema.runtime.host import resolve_device
-from train.config import ConfigError
+from train.config_error import ConfigError
+from train.fitting.checkpoint import latest_checkpoint
 from train.fitting.metrics import MetricSums
 from train.world import World, comm_device
 
@@ -147,12 +151,6 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes(
     goes to RUN/launch/. A failed job ends with one line naming each failed rank
     (signal or exit code, its last error line) and where the last checkpoint is;
     the exit code is 1."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    from train.fitting.checkpoint import latest_checkpoint
-
     logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # its failure report is ours, in one line
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun does for more than one process
     os.environ[LAUNCHED_BY_FIT] = "1"

@@ -30,9 +30,19 @@ is checked against `--gpu-memory` as `extract plan --dry-run` checks its own."""
 
 from __future__ import annotations
 
+import json
 import math
 
+import torch
+
 from store_schema.runtime.estimate import DTYPE_BYTES, fits_in, gib, hours, parameter_count
+from store_schema.runtime.target_config import read_target_config
+from store_schema.stores import open_store
+from train.config import load_config
+from train.drafter.dflash2 import build_drafter
+from train.drafter.mask_token import resolve_mask_token
+from train.drafter.model import DrafterConfig
+from train.drafter.selector import CODEBOOKS
 
 FP32 = 4
 # Per chunk row and vocabulary entry: fp32 logits, log-probs and gradient, and one more
@@ -42,10 +52,6 @@ LOSS_BYTES_PER_LOGIT = 16
 
 
 def drafter_on_meta(drafter_config):
-    import torch
-
-    from train.drafter.dflash2 import build_drafter
-
     with torch.device("meta"):
         return build_drafter(drafter_config)
 
@@ -56,8 +62,6 @@ def parameter_groups(drafter) -> dict:
     projection), so the 27B job shows what DFlash 2 costs; all zero but the backbone
     for DFlash. Each part trains with the same fp32 AdamW (dense codebook moments:
     train.fitting.selector_loss says why)."""
-    from train.drafter.selector import CODEBOOKS
-
     groups = dict(backbone=0, convolutions=0, selector_codebooks=0, selector_projection=0)
     for name, parameter in drafter.named_parameters():
         leaf = name.rsplit(".", 1)[-1]
@@ -182,13 +186,6 @@ def dry_run(args) -> int:
     """`fit --dry-run`: the run's config (file, flags, --set) sized for --target, the
     store's samples and layers when --store is given, else --samples and the default
     layers; prints the figures and their JSON as the last line."""
-    import json
-
-    from store_schema.runtime.target_config import read_target_config
-    from train.config import load_config
-    from train.drafter.mask_token import resolve_mask_token
-    from train.drafter.model import DrafterConfig
-
     if not args.target:
         raise ValueError("fit --dry-run needs --target (a directory with config.json; no weights are read)")
     config = load_config(args.config, args.overrides, require_paths=False, store=args.store, target=args.target,
@@ -196,8 +193,6 @@ def dry_run(args) -> int:
     target = read_target_config(args.target)
     samples, tokens, layer_ids = args.samples, None, None
     if args.store:
-        from store_schema.stores import open_store
-
         store = open_store(args.store)
         plan = store.plan()
         samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)

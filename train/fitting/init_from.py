@@ -35,7 +35,8 @@ import dataclasses
 from pathlib import Path
 
 from store_schema import file_sha256
-from train.config import ConfigError, ModelConfig
+from train.config_error import ConfigError
+from train.drafter.config import ModelConfig
 from train.drafter.geometry import DFLASH2_SIZES
 from train.drafter.dflash2 import dflash2_config
 from train.drafter.model import DFlashDrafter, DrafterConfig

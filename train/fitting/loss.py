@@ -196,13 +196,7 @@ def dflash_loss(
         topk_ids = targets.topk_ids.flatten(0, 1)[scored]
         probs = targets.topk_logprobs.flatten(0, 1)[scored].exp()
         topk_probs = probs / probs.sum(1, keepdim=True).clamp_min(1e-30)  # renormalised top-k
-    reweight = None
-    if targets.position_weights == "dpace":
-        def reweight(row_ce):
-            confidence = torch.zeros(num_blocks * block_size, dtype=row_ce.dtype, device=hidden.device)
-            confidence[scored] = torch.exp(-row_ce)
-            factor = dpace_weights(confidence.view(num_blocks, block_size), targets.valid, targets.dpace_alpha)
-            return factor.flatten()[scored]
+    reweight = dpace_reweight(targets, scored) if targets.position_weights == "dpace" else None
     top_k = int(selector_top_k) if selector is not None else 0
     loss, ce, kl, row_hits, candidates, unary, row_weights = _ChunkedHeadLoss.apply(
         rows, lm_head_weight, labels, weights, topk_ids, topk_probs, float(kl_mix), int(chunk_rows), reweight, top_k
@@ -215,15 +209,33 @@ def dflash_loss(
         selector_term = picked.loss.detach()
         loss = loss + selector_weight * picked.loss
         flags = {"in_topk": picked.in_topk, "selector_hit": picked.hit}
-    per_slot = {}
-    for name, row_flags in {"hits": row_hits, **flags}.items():
-        full = torch.zeros((num_blocks * block_size,) + row_flags.shape[1:], dtype=torch.bool, device=hidden.device)
-        full[scored] = row_flags
-        per_slot[name] = full.view((num_blocks, block_size) + row_flags.shape[1:])
+    per_slot = {name: slot_flags(row_flags, scored, (num_blocks, block_size)) for name, row_flags in
+                {"hits": row_hits, **flags}.items()}
     hits = per_slot["hits"]
     metrics = block_metrics(hits[..., 0], hits[..., 1], hits[..., 2], targets.valid,
                             in_topk=per_slot.get("in_topk"), selector_hit=per_slot.get("selector_hit"))
     return LossOutput(loss=loss, ce=ce, kl=kl, metrics=metrics, selector=selector_term)
+
+
+def dpace_reweight(targets: BlockTargets, scored: torch.Tensor):
+    """D-PACE's row factors from the rows' CE (confidence exp(-CE) per slot), for
+    the scored rows `scored` of `targets`' [N, B] slots."""
+    num_blocks, block_size = targets.valid.shape
+
+    def reweight(row_ce: torch.Tensor) -> torch.Tensor:
+        confidence = torch.zeros(num_blocks * block_size, dtype=row_ce.dtype, device=row_ce.device)
+        confidence[scored] = torch.exp(-row_ce)
+        factor = dpace_weights(confidence.view(num_blocks, block_size), targets.valid, targets.dpace_alpha)
+        return factor.flatten()[scored]
+
+    return reweight
+
+
+def slot_flags(row_flags: torch.Tensor, scored: torch.Tensor, blocks: tuple[int, int]) -> torch.Tensor:
+    """Flags of the scored rows back in their [N, B, ...] slots (False elsewhere)."""
+    full = torch.zeros((blocks[0] * blocks[1],) + row_flags.shape[1:], dtype=torch.bool, device=row_flags.device)
+    full[scored] = row_flags
+    return full.view(blocks + row_flags.shape[1:])
 
 
 def block_metrics(top1: torch.Tensor, top4: torch.Tensor, top8: torch.Tensor, valid: torch.Tensor,

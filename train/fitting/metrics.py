@@ -6,6 +6,7 @@ decode-time `tau` (`train.acceptance.evaluate`), which only a rollout gives."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -108,3 +109,25 @@ class MetricSums:
             f"{prefix}tau_per_position": self.tau / max(self.blocks, 1.0),
             **selector,
         }
+
+
+class LogInterval:
+    """The steps since the last logged line: their metric sums, time and loader wait,
+    turned into one line's training figures."""
+
+    def __init__(self, block_size: int, wait_seconds):
+        self.block_size, self.wait_seconds = block_size, wait_seconds  # wait_seconds(): the loaders' total so far
+        self.sums = MetricSums(block_size)
+        self.restart_clock()
+
+    def restart_clock(self) -> None:
+        """After any written line (an evaluation's too): rates leave out the time it took."""
+        self.began, self.waited = time.perf_counter(), self.wait_seconds()
+
+    def figures(self) -> dict:
+        """The line's means and rates; the next interval starts from here."""
+        elapsed = max(time.perf_counter() - self.began, 1e-9)
+        sums, waited = self.sums, self.wait_seconds() - self.waited
+        self.sums = MetricSums(self.block_size)
+        return {**sums.means(), "tokens_per_s": sums.tokens / elapsed, "sequences_per_s": sums.sequences / elapsed,
+                "loader_wait_frac": waited / elapsed}

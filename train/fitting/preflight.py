@@ -11,13 +11,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from store_schema import Store
-from store_schema.runtime.target_config import TargetConfig
+from store_schema.location import is_object_store
+from store_schema.runtime.target_config import TargetConfig, read_target_config
+from store_schema.stores import open_store
+from store_schema.verify import verify_store
 from train.config import ConfigError, RunConfig
+from train.data.heldout import is_heldout
+from train.drafter.model import DrafterConfig
+from train.drafter.targets import default_gamma
 from train.fitting.distributed import any_rank
+from train.fitting.setup import plan_drafter
+from train.target_check import check_target
 from train.world import World
 
 REPAIR_COMMAND = "python -m store_schema verify {store} --repair"
@@ -35,6 +44,49 @@ class FitChecks:
 
 class DamagedStoreError(ValueError):
     """The integrity pass found damaged shards (exit 1)."""
+
+
+@dataclass
+class Checked:
+    """What the checks found, for the build: the store opened once, the target's
+    config read once, the drafter the run trains and how it started."""
+
+    store: Store
+    target: TargetConfig
+    drafter_config: DrafterConfig
+    run_info: dict  # how the run started (mask token rule, --init-from, another target): checkpoints keep it
+    damaged: list[str]  # shards the integrity pass left out (data.skip_corrupt_shards)
+
+
+def run_preflight(config: RunConfig, latest: Path | None, checks: FitChecks, world: World, device: torch.device,
+                  log: Callable[[str], None]) -> Checked:
+    """Every check before step 1, in the order a person would want them refused:
+    the store against the target, the block size, the stored top-k, the drafter
+    (resumed: the checkpoint's), then the store's completeness, integrity and split."""
+    target = read_target_config(config.target)
+    store = open_store(config.store)
+    layer_ids = check_store_against_target(store, target)
+    other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target, log=log)
+    check_block_size(store, config)
+    check_topk(store, config)
+    if config.loss.gamma is None:
+        default_gamma(config.model.block_size)  # refuse a block size without a default before any work
+    drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
+    run_info.update(other_target)
+    check_complete(store, checks, log)
+    damaged = integrity_pass(store, config, log, world, device) if checks.verify else []
+    check_heldout(store, config, log)
+    return Checked(store, target, drafter_config, run_info, damaged)
+
+
+def check_topk(store: Store, config: RunConfig) -> None:
+    """Labels or KL from the target need its top-k in the store."""
+    if config.loss.labels == "target" or config.loss.kl_mix > 0 or config.eval.labels == "target":
+        if not store.fingerprint.target_topk:
+            raise ConfigError(
+                "config loss.labels=target / loss.kl_mix > 0 / eval.labels=target need the target's top-k "
+                f"in the store; {store.path} was extracted without it"
+            )
 
 
 def check_store_against_target(store: Store, target: TargetConfig) -> list[int]:
@@ -84,9 +136,6 @@ def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], 
     processes sharing them out: the damaged shards (every rank gets the same list).
     Refused naming them and the repair command, unless `data.skip_corrupt_shards`
     (then they are left out, reported once here)."""
-    from store_schema.location import is_object_store
-    from store_schema.verify import verify_store
-
     if is_object_store(store.path):  # a pass would download the whole store before step 1
         log(f"fit: {store.path} is on object storage: every shard file is checked against its crc32c as it "
             "arrives, instead of a pass before step 1")
@@ -116,8 +165,6 @@ def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], 
 
 def heldout_count(store: Store, fraction: float) -> int | None:
     """Samples of the store's plan in the held-out split (None without a plan)."""
-    from train.data.heldout import is_heldout
-
     plan = store.plan()
     if plan is None:
         return None

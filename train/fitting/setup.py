@@ -1,18 +1,16 @@
-"""How a run's drafter and optimizer are built (`Trainer.from_config` calls these)."""
+"""Which drafter a run trains (`train.fitting.preflight.run_preflight` calls it)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from store_schema.runtime.target_config import TargetConfig
 from train.config import ConfigError, RunConfig
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig
 from train.fitting.init_from import fine_tune_config, init_record, read_source
-from train.fitting import checkpoint as ckpt
+from train.fitting.checkpoint import read_state
 
 
 def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[int], latest: Path | None,
@@ -21,14 +19,14 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
     checkpoints and exports). Sized for the target (published geometry, the
     store's layers) by default; with `model.init_from`, the shape of that drafter
     (`train.fitting.init_from`); resumed, it must equal the checkpoint's. The mask token
-    is resolved here (`train.drafter.mask_token`), logged, and written into the config."""
+    is resolved here (`train.drafter.mask_token`) and logged; the drafter config holds
+    the id (the run's saved config records it: `train.fitting.build`)."""
     model = config.model
-    checkpointed = DrafterConfig.from_dict(ckpt.read_state(latest)["drafter_config"]) if latest else None
+    checkpointed = DrafterConfig.from_dict(read_state(latest)["drafter_config"]) if latest else None
     source = read_source(model.init_from) if model.init_from and checkpointed is None else None
     mask = resolve_mask_token(model.mask_token_id, config.target, target.vocab_size,
                               init_from_id=source.mask_token_id if source else None)
     log(f"fit: {mask.describe()}")
-    model.mask_token_id = mask.id  # the saved run config records the id it trains with
     run_info: dict = {"mask_token_rule": mask.rule}
     if model.init_from:
         base, where = (source, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
@@ -45,11 +43,3 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
         log(f"fit: fine-tuning from {run_info['init_from']['path']} (weights sha256 "
             f"{run_info['init_from']['model_sha256'][:12]})")
     return drafter_config, run_info
-
-
-def build_optimizer(drafter: torch.nn.Module, optim) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not norms)."""
-    decay = [p for p in drafter.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in drafter.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": optim.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps, foreach=False)

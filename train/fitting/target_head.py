@@ -18,7 +18,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from store_schema.runtime.target_config import read_target_config
+from store_schema.runtime.target_config import TargetConfig, read_target_config
 
 # Where the token embedding lives in the checkpoint layouts we know, most common first.
 EMBED_NAMES = (
@@ -84,14 +84,16 @@ class TargetHead(nn.Module):
 
 
 def load_target_head(
-    model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+    config: TargetConfig | None = None,
 ) -> TargetHead:
     """Load the target's frozen embedding and LM head from its safetensors alone.
 
     Tied checkpoints (`tie_word_embeddings`, possibly in `text_config`) store no
-    `lm_head.weight`; the embedding is reused."""
+    `lm_head.weight`; the embedding is reused. `config`: the target's config when
+    the caller has read it already (default: read here)."""
     model_dir = Path(model_dir)
-    config = read_target_config(model_dir)
+    config = config or read_target_config(model_dir)
     files = _weight_files(model_dir)
     where = model_dir / ("model.safetensors.index.json" if (model_dir / "model.safetensors.index.json").is_file() else "model.safetensors")
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.config import ConfigError
+from train.config_error import ConfigError
 
 TB_DIR = "tb"
 
 
 class TensorBoardLog:
     def __init__(self, run_dir: Path, start_step: int = 0):
-        try:
+        try:  # tensorboard is an optional dependency (the `tensorboard` extra)
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ConfigError("config log.tensorboard=true needs the tensorboard package: "

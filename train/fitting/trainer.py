@@ -1,6 +1,6 @@
 """The fit loop: stream the store, train the drafter, log, evaluate, checkpoint.
 
-Order of a run (`Trainer.from_config`):
+Order of a run (`Trainer.from_config`: `train.fitting.preflight`, then `train.fitting.build`):
 1. Read the target's config and its frozen `embed_tokens` / `lm_head` from its
    safetensors (the target model is never built).
 2. Check the store against the target: hidden size, vocabulary and layer count
@@ -14,8 +14,8 @@ Order of a run (`Trainer.from_config`):
 3. Resolve the mask token (`train.drafter.mask_token`) and build the drafter from the
    store's layer ids, or, fine-tuning (`model.init_from`), from a published
    drafter's shape and weights once they fit (`train.fitting.init_from`); AdamW over
-   fp32 master weights (bf16 autocast on CUDA), linear warmup then cosine, the
-   streaming loader.
+   fp32 master weights (bf16 autocast on CUDA), linear warmup then cosine
+   (`train.fitting.optimizer`), the lanes of streaming loaders (`train.data.lanes`).
 4. Every optimizer step: the global batch, `batch_size x grad_accumulation`
    sequences (8 by default), each its own `dflash_step` (anchors drawn from the
    loss mask, targets built from clean tokens before any noise, chunked loss
@@ -28,11 +28,12 @@ Order of a run (`Trainer.from_config`):
 6. `train_log.jsonl` gets one line per logged step, evaluators run every
    `eval.every` steps (their `heldout_*` / `eval_*` keys go into the same log),
    and a checkpoint (safetensors + JSON) every `checkpoint_every` steps and at
-   the end; the checkpoint records the run's held-out split.
+   the end (`train.fitting.checkpoint.Checkpointer`: each part keeps its own
+   state); the checkpoint records the run's held-out split.
 
 Evaluation hook: `Trainer.evaluators` is a list of callables
 `(trainer, step) -> dict`; their dicts are merged into the log line of that
-step. The defaults are `train.fitting.evaluators.HeldoutEval` (held-out loss and
+step. The defaults are `train.fitting.periodic_eval.HeldoutEval` (held-out loss and
 accuracies) and `AcceptanceEval` (tau, DDTree); more can be appended without
 touching the loop.
 """
@@ -48,169 +49,59 @@ from pathlib import Path
 import torch
 
 from store_schema import CorruptShardError
-from store_schema.stores import open_store
 from store_schema.runtime.progress import default_mode
-from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import compute_dtype
-from train.config import ConfigError, RunConfig
-from train.data.cache import lanes_per_node
+from train.config import RunConfig
 from train.data.heldout import heldout_record
-from train.data.lanes import LaneFeed, check_world, lane_generator, lane_positions, pad_sample
-from train.data.lanes import total_steps as lane_steps
-from train.data.loader import CorruptShards, ShardLoader, TrainSample, check_lanes
-from train.data.order import LANE_DEAL
-from train.drafter.dflash2 import build_drafter
-from train.drafter.model import DFlashDrafter
-from train.drafter.targets import default_gamma
+from train.data.lanes import pad_sample
+from train.data.loader import TrainSample
 from train.dtypes import torch_dtype
-from train.fitting.init_from import load_start_weights
-from train.fitting import checkpoint as ckpt
-from train.fitting import preflight
-from train.fitting.distributed import device_for, init_process_group, reduce_step, wrap
-from train.fitting.evaluators import AcceptanceEval, HeldoutEval
-from train.fitting.metrics import MetricSums
+from train.fitting.build import RunParts, build_run
+from train.fitting.checkpoint import checkpoint_dir
+from train.fitting.distributed import reduce_step, wrap
+from train.fitting.global_rng import GlobalRNG
+from train.fitting.interrupts import DataStopped, TrainingInterrupted, sigint_deferred
+from train.fitting.metrics import LogInterval, MetricSums
+from train.fitting.periodic_eval import AcceptanceEval, HeldoutEval
 from train.fitting.preflight import FitChecks
-from train.fitting.progress import DataStopped, TrainingInterrupted, fit_progress, headline, sigint_deferred
-from train.fitting.runlog import LOG_FILE, append_log, samples_log, truncate_log
-from train.fitting.schedule import lr_at
-from train.fitting.setup import build_optimizer, plan_drafter
+from train.fitting.progress import fit_progress, headline
+from train.fitting.run_writer import RunWriter
 from train.fitting.step import dflash_step
-from train.fitting.tblog import TensorBoardLog
-from train.fitting.target_head import TargetHead, load_target_head
-from train.target_check import check_target
-from train.world import World, local_world_size, world_from_env
+from train.world import World
 
 
-# -- the trainer -------------------------------------------------------------------------
 class Trainer:
-    def __init__(self, config: RunConfig, head: TargetHead, drafter: DFlashDrafter, optimizer: torch.optim.Optimizer,
-                 feed: LaneFeed, *, total_steps: int, device: torch.device, start_step: int = 0,
-                 world: World | None = None, store_info: dict | None = None, run_info: dict | None = None,
-                 log: Callable[[str], None] = print):
-        """A run's parts, built by `from_config`: `feed` serves this process's lanes
+    def __init__(self, parts: RunParts):
+        """A run's parts (`train.fitting.build`): `feed` serves this process's lanes
         (its first loader is `loader`, whose generator is the run's `generator`)."""
-        self.config = config
-        self.head = head
-        self.drafter = drafter
-        self.optimizer = optimizer
-        self.feed = feed  # this process's lanes of the sample streams (one lane in a single-stream run)
-        self.loader = next(iter(feed.loaders.values()))
-        self.generator = feed.generators[self.loader.lane]
-        self.total_steps = total_steps
-        self.device = device
-        self.step = start_step
-        self.world = world or World()
-        self.replica = wrap(drafter, self.world, device)  # what training steps run: DDP on more than one process
-        self.store_info = store_info or {}
-        self.run_info = run_info or {}  # how the run started (mask token rule, ...): checkpoints and exports keep it
-        self.log = log
+        self.config = config = parts.config
+        self.drafter, self.head, self.optimizer, self.feed = parts.drafter, parts.head, parts.optimizer, parts.feed
+        self.checkpointer, self.world, self.device, self.log = parts.checkpointer, parts.world, parts.device, parts.log
+        self.loader = next(iter(self.feed.loaders.values()))
+        self.generator = self.feed.generators[self.loader.lane]
+        self.total_steps = self.optimizer.total_steps
+        self.step = parts.start_step
+        self.epoch = self.loader.start.epoch
+        self.replica = wrap(self.drafter, self.world, self.device)  # what training steps run: DDP on more than one process
+        self.store = parts.store
+        self.store_info, self.run_info = parts.record["store"], parts.record["run_info"]
         self.run_dir = Path(config.out)
         self.evaluators: list[Callable[[Trainer, int], dict]] = [
             HeldoutEval(config.eval),
             AcceptanceEval(config.eval, attention=config.model.attention),
         ]
-        self._last_eval_step: int | None = None
-        self.epoch = self.loader.start.epoch
-        compute = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
+        self.last_eval_step: int | None = None
+        self.committed: tuple = ()
+        compute = compute_dtype(self.device, on_cuda=torch_dtype(config.train.dtype))
         # steps and evaluators alike (fp32 master weights): compiled flex sees one dtype
         self.autocast = (lambda: torch.autocast("cuda", dtype=compute)) if compute != torch.float32 else nullcontext
 
-    # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_config(cls, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
                     world: World | None = None, checks: FitChecks = FitChecks()) -> "Trainer":
         """Build a run from its config after the checks of `train.fitting.preflight`
-        (`checks` relaxes them)."""
-        world = world or world_from_env()
-        if not world.is_main:
-            log = _quiet  # rank 0 speaks for the job
-        run_dir = Path(config.out)
-        latest = ckpt.latest_checkpoint(run_dir) if resume else None
-        if resume and latest is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / ckpt.CHECKPOINTS}")
-        if not resume and ckpt.latest_checkpoint(run_dir) is not None:
-            raise FileExistsError(f"{run_dir} already holds checkpoints; pass --resume to continue it or use a new --out")
-
-        device = device_for(world, config.train.device)
-        init_process_group(world, device)
-        target = read_target_config(config.target)
-        store = open_store(config.store)
-        layer_ids = preflight.check_store_against_target(store, target)
-        other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target, log=log)
-        preflight.check_block_size(store, config)
-        if config.loss.labels == "target" or config.loss.kl_mix > 0 or config.eval.labels == "target":
-            if not store.fingerprint.target_topk:
-                raise ConfigError(
-                    "config loss.labels=target / loss.kl_mix > 0 / eval.labels=target need the target's top-k "
-                    f"in the store; {store.path} was extracted without it"
-                )
-        if config.loss.gamma is None:
-            default_gamma(config.model.block_size)  # refuse a block size without a default before any work
-        drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
-        run_info.update(other_target)
-        preflight.check_complete(store, checks, log)
-        damaged = preflight.integrity_pass(store, config, log, world, device) if checks.verify else []
-        preflight.check_heldout(store, config, log)
-        layer_ids = drafter_config.context_layer_ids  # a fine-tuned drafter reads its own layers of the store
-        head_dtype = compute_dtype(device, on_cuda=torch_dtype(config.train.dtype))
-        head = load_target_head(config.target, dtype=head_dtype, device=device)
-        torch.manual_seed(config.train.seed)
-        drafter = build_drafter(drafter_config)
-        if latest is None and config.model.init_from:
-            load_start_weights(drafter, config.model.init_from)  # fine-tuning starts from the published weights
-        drafter = drafter.to(device)  # fp32 master weights
-        drafter.gradient_checkpointing = config.model.gradient_checkpointing
-        optimizer = build_optimizer(drafter, config.optim)
-        generator = lane_generator(config.train.seed, 0)
-
-        start_step, positions, generator_states = 0, {}, {}
-        shards = None
-        lanes = config.data.lanes or world.size
-        if latest is not None:
-            state = ckpt.load_checkpoint(latest, drafter, optimizer, generator)
-            start_step = state["step"]
-            positions = lane_positions(state["loader"])
-            generator_states = ckpt.load_lane_generators(latest)
-            if config.data.lanes not in (None, len(positions)):
-                raise ConfigError(f"--resume: {latest} deals its samples into {len(positions)} lanes; "
-                                  f"data.lanes={config.data.lanes} would deal them anew")
-            lanes = len(positions)
-            if lanes > 1 and state["loader"].get("lane_deal") != LANE_DEAL:
-                raise ConfigError(f"--resume: {latest} dealt its shards to lanes anew every epoch (an older "
-                                  "version); this version deals them once per run and cannot continue it exactly: "
-                                  "finish it with the version that started it, or start a new run")
-            shards = state["loader"]["shards"]
-            run_info.update(state.get("run_info", {}))  # how the run first started (e.g. the rule that chose the mask)
-            missing = sorted(set(shards) - set(store.committed_shards()))
-            if missing:
-                raise ValueError(f"--resume: shards {missing[:4]} of the checkpointed run are not in {store.path}")
-            log(f"fit: resumed from {latest} at step {start_step} "
-                f"({start_step * config.train.sequences_per_step:,} samples trained on), "
-                f"{positions[0].describe()}{' (lane 0)' if len(positions) > 1 else ''}")
-        config.data.lanes = lanes  # fixed for the run: its config and checkpoints record it
-        global_batch = config.train.sequences_per_step
-        check_world(world.size, lanes, global_batch, resumed=latest is not None)
-
-        corrupt = CorruptShards(damaged, log)
-        check_lanes(store.path, lanes, len(shards or store.committed_shards()))
-
-        def make_loader(lane: int, epochs: int = config.train.epochs) -> ShardLoader:
-            return ShardLoader(store, config.data, layer_ids, drafter_config.block_size, seed=config.train.seed,
-                               epochs=epochs, position=positions.get(lane), log=log, shards=shards, device=device,
-                               lane=lane, lanes=lanes, corrupt=corrupt,
-                               cache_share=lanes_per_node(lanes, world.size, local_world_size(world)))
-
-        order = make_loader(0)  # reads nothing: the sample order, to size the run
-        epochs = preflight.epochs_for(config.train.max_steps, config.train.epochs,
-                                      lambda e: lane_steps(order.lane_totals(e), global_batch), log)
-        feed = LaneFeed.for_rank(world, lanes, global_batch, config.train.seed, generator, generator_states,
-                                 lambda lane: make_loader(lane, epochs))
-        total_steps = config.train.max_steps or lane_steps(order.lane_totals(epochs), global_batch)
-        if world.is_main:
-            config.save(run_dir)
-        store_info = {"store": str(store.path), "fingerprint_sha256": store.fingerprint.sha256(), "layer_ids": layer_ids}
-        return cls(config, head, drafter, optimizer, feed, total_steps=total_steps, device=device, start_step=start_step,
-                   world=world, store_info=store_info, run_info=run_info, log=log)
+        (`checks` relaxes them); `config` itself is left as it was."""
+        return cls(build_run(config, resume, log, world, checks))
 
     # -- one sequence ------------------------------------------------------------------------
     def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None,
@@ -239,108 +130,94 @@ class Trainer:
     def fit(self) -> dict:
         """Train until `total_steps` or the data runs out on every rank. Returns the
         last log record. Every rank runs the loop; rank 0 alone writes."""
-        train, every = self.config.train, self.config.eval.every
-        main = self.world.is_main
-        log_path = self.run_dir / LOG_FILE
-        if main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            truncate_log(log_path, self.step)
-        board = TensorBoardLog(self.run_dir, self.step) if main and self.config.log.tensorboard else None
-        trained = samples_log(self.run_dir, self.world.rank) if self.config.log.samples else None
-        if trained is not None:
-            trained.parent.mkdir(parents=True, exist_ok=True)
-            truncate_log(trained, self.step)
-
-        def write(record: dict) -> None:
-            append_log(log_path, record)
-            if board is not None:
-                board.write(record)
-
-        params = [p for p in self.drafter.parameters() if p.requires_grad]
-        self.drafter.train()
-        sums = MetricSums(self.drafter.config.block_size)
-        interval_start, wait_start = time.perf_counter(), self.feed.wait_seconds
+        writer = RunWriter(self.run_dir, self.step, self.world, self.config.log)
+        progress = fit_progress(self.total_steps, self.step, self.config.train.progress_interval,
+                                default_mode(self.world.is_main))
+        interval = LogInterval(self.drafter.config.block_size, lambda: self.feed.wait_seconds)
         last: dict = {}
-        progress = fit_progress(self.total_steps, self.step, train.progress_interval, default_mode(main))
-        committed = self._committed_state()  # positions and RNGs as of the last completed step
+        self.drafter.train()
+        self.committed = self.committed_state()  # positions and RNGs as of the last completed step
         try:
             while self.step < self.total_steps:
-                lr = lr_at(self.step, self.total_steps, self.config.optim)
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                slots = self.feed.take(self.step)
-                if not self.world.distributed and all(sample is None for _, sample in slots):
-                    break  # out of data
-                step_sums = self.backward_step([sample for _, sample in slots],
-                                               [self.feed.generators[lane] for lane, _ in slots])
-                if step_sums.sequences == 0:
+                done = self.train_step(writer)
+                if done is None:
                     break  # out of data on every rank
-                if trained is not None:
-                    for lane, sample in slots:
-                        if sample is not None:
-                            append_log(trained, {"step": self.step + 1, "lane": lane, "epoch": sample.epoch,
-                                                 "sample_id": sample.sample_id})
-                clip = self.config.optim.grad_clip or float("inf")  # 0 disables clipping
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip))
-                with sigint_deferred():  # a step is applied whole or not at all
-                    self.optimizer.step()
-                    self.step += 1
-                    committed = self._committed_state()
-                sums.merge(step_sums)
-                record: dict = {}
-                if self.step % train.log_every == 0 or self.step == self.total_steps:
-                    elapsed = max(time.perf_counter() - interval_start, 1e-9)
-                    record = {
-                        "step": self.step,
-                        "epoch": self.epoch,
-                        "lr": lr,
-                        **sums.means(),
-                        "grad_norm": grad_norm,
-                        "tokens_per_s": sums.tokens / elapsed,
-                        "sequences_per_s": sums.sequences / elapsed,
-                        "loader_wait_frac": (self.feed.wait_seconds - wait_start) / elapsed,
-                        "world_size": self.world.size,
-                    }
-                    sums = MetricSums(self.drafter.config.block_size)
-                if main and every and self.step % every == 0:
-                    record = {"step": self.step, "epoch": self.epoch, **record, **self.evaluate()}
-                if record and main:
-                    write(record)
+                step_sums, lr, grad_norm = done
+                interval.sums.merge(step_sums)
+                record = self.step_record(interval, lr, grad_norm)
+                if record and self.world.is_main:
+                    writer.write(record)
                     last = record
                     progress.show(**headline(record))
                 if record:
-                    interval_start, wait_start = time.perf_counter(), self.feed.wait_seconds
-                if train.checkpoint_every and self.step % train.checkpoint_every == 0:
+                    interval.restart_clock()
+                if self.checkpointer.due(self.step):
                     self.save_checkpoint()
-                progress.update(1, tokens=step_sums.tokens, samples=f"{self.step * train.sequences_per_step:,}")
-            if main and every and self._last_eval_step != self.step:  # the final model is always evaluated
-                began = time.perf_counter()
-                self.log(f"fit: evaluating the final drafter on up to {self.config.eval.samples or 'all'} "
-                         "held-out sample(s)")
-                record = {"step": self.step, "epoch": self.epoch, **self.evaluate()}
-                self.log(f"fit: final evaluation done in {time.perf_counter() - began:.1f} s")
-                write(record)
-                last = {**last, **record}
-            if not (train.checkpoint_every and self.step % train.checkpoint_every == 0):
+                progress.update(1, tokens=step_sums.tokens,
+                                samples=f"{self.step * self.config.train.sequences_per_step:,}")
+            last = {**last, **self.final_evaluation(writer)}
+            if not self.checkpointer.due(self.step):
                 self.save_checkpoint()
         except KeyboardInterrupt:
-            raise TrainingInterrupted(self.step, self.checkpoint_last_step(committed, "interrupted")) from None
+            raise TrainingInterrupted(self.step, self.checkpoint_last_step("interrupted")) from None
         except CorruptShardError as error:
-            raise DataStopped(self.step, self.checkpoint_last_step(committed, f"shard {error.shard} is corrupt"),
-                              error) from None
+            raise DataStopped(self.step, self.checkpoint_last_step(f"shard {error.shard} is corrupt"), error) from None
         finally:
             progress.close()
             self.feed.close()
-            if board is not None:
-                board.close()
+            writer.close()
+        self.report_data_end()
+        return last
+
+    def train_step(self, writer: RunWriter) -> tuple[MetricSums, float, float] | None:
+        """One optimizer step over this rank's slots of the global batch, applied
+        whole or not at all: (metric sums over all ranks, LR, grad norm), or None
+        when every lane has run dry."""
+        slots = self.feed.take(self.step)
+        if not self.world.distributed and all(sample is None for _, sample in slots):
+            return None
+        step_sums = self.backward_step([sample for _, sample in slots], [self.feed.generators[lane] for lane, _ in slots])
+        if step_sums.sequences == 0:
+            return None
+        writer.samples(self.step + 1, slots)
+        grad_norm = self.optimizer.clip()
+        with sigint_deferred():  # a step is applied whole or not at all
+            lr = self.optimizer.step(self.step)
+            self.step += 1
+            self.committed = self.committed_state()
+        return step_sums, lr, grad_norm
+
+    def step_record(self, interval: LogInterval, lr: float, grad_norm: float) -> dict:
+        """The log line of the step just done: training figures every `train.log_every`
+        steps and at the end, evaluations every `eval.every` (rank 0); {} for none."""
+        record: dict = {}
+        if self.step % self.config.train.log_every == 0 or self.step == self.total_steps:
+            record = {"step": self.step, "epoch": self.epoch, "lr": lr, **interval.figures(), "grad_norm": grad_norm,
+                      "world_size": self.world.size}
+        every = self.config.eval.every
+        if self.world.is_main and every and self.step % every == 0:
+            record = {"step": self.step, "epoch": self.epoch, **record, **self.evaluate()}
+        return record
+
+    def final_evaluation(self, writer: RunWriter) -> dict:
+        """The final model is always evaluated (rank 0, when evaluation is on)."""
+        if not (self.world.is_main and self.config.eval.every and self.last_eval_step != self.step):
+            return {}
+        began = time.perf_counter()
+        self.log(f"fit: evaluating the final drafter on up to {self.config.eval.samples or 'all'} held-out sample(s)")
+        record = {"step": self.step, "epoch": self.epoch, **self.evaluate()}
+        self.log(f"fit: final evaluation done in {time.perf_counter() - began:.1f} s")
+        writer.write(record)
+        return record
+
+    def report_data_end(self) -> None:
+        """Say which shards were skipped and whether the data ran out before the schedule did."""
         if self.feed.skipped_shards:
             self.log(f"skipped corrupt shards (never trained on): {self.feed.skipped_shards}")
         if self.step < self.total_steps:
-            empty = sum(loader.skipped_empty for loader in self.feed.loaders.values())
             self.log(f"warning: the data ran out after step {self.step} of the {self.total_steps} planned "
-                     f"(the LR schedule was built for {self.total_steps}; {empty} sample(s) had no whole block "
-                     "to train on)")
-        return last
+                     f"(the LR schedule was built for {self.total_steps}; {self.feed.skipped_empty} sample(s) had "
+                     "no whole block to train on)")
 
     def backward_step(self, samples: list[TrainSample | None], generators: list[torch.Generator] | None = None
                       ) -> MetricSums:
@@ -356,7 +233,7 @@ class Trainer:
         and zero-weight work on more (a pad sequence's backward times 0, so
         every rank joins the same gradient all_reduces). Returns the step's metric sums over all ranks and sets
         `epoch` to the furthest epoch among its samples."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         per_step = self.config.loss.normalize == "step"
         sums = MetricSums(self.drafter.config.block_size)
         generators = generators or [self.generator] * len(samples)
@@ -389,48 +266,49 @@ class Trainer:
         self.replica = self.drafter
 
     def evaluate(self) -> dict:
-        self._last_eval_step = self.step
+        self.last_eval_step = self.step
         result: dict = {}
         for evaluator in self.evaluators:
             result.update(evaluator(self, self.step))
         return result
 
-    def _committed_state(self) -> tuple:
+    # -- checkpoints -----------------------------------------------------------------------------
+    def committed_state(self) -> tuple:
         """What a checkpoint of the last completed step needs that the next step's
         sampling changes: every lane's position and generator, and the global RNGs."""
-        return dict(self.feed.positions), self.feed.generator_states(), ckpt.rng_state(self.generator)
+        return dict(self.feed.positions), self.feed.generator_states(), GlobalRNG().state_dict()
 
-    def checkpoint_last_step(self, committed: tuple, why: str) -> Path | None:
+    def checkpoint_last_step(self, why: str) -> Path | None:
         """After Ctrl-C or a corrupt shard: the checkpoint of the last completed step
         (written now unless it already is, a second Ctrl-C ignored meanwhile).
         Data-parallel runs keep their last periodic checkpoint: writing one needs
         every rank's collective, and the launcher is already stopping them."""
         if self.world.distributed:
-            return ckpt.latest_checkpoint(self.run_dir)
-        positions, generator_states, rng = committed
+            return self.checkpointer.latest()
+        positions, generator_states, rng = self.committed
         self.feed.positions.update(positions)
-        for lane, state in generator_states.items():
-            self.feed.generators[lane].set_state(state)
-        ckpt.restore_rng(*rng, self.generator)
-        done = ckpt.checkpoint_dir(self.run_dir, self.step)
-        if ckpt.latest_checkpoint(self.run_dir) == done:
+        self.feed.set_generator_states(generator_states)
+        GlobalRNG().load_state_dict(rng)
+        done = checkpoint_dir(self.run_dir, self.step)
+        if self.checkpointer.latest() == done:
             return done
         self.log(f"{why}: saving a checkpoint of step {self.step}")
         with sigint_deferred(reraise=False):
             return self.save_checkpoint()
 
     def save_checkpoint(self) -> Path | None:
-        """Every rank calls it (each lane's position and generator are gathered);
+        """Every rank calls it (the feed gathers each lane's position and generator);
         rank 0 writes."""
-        loader_state, states = self.feed.state_dict(self.world, self.device)
+        feed = FrozenState(self.feed.state_dict())  # a collective gather: every rank joins
         if not self.world.is_main:
             return None
-        generator = torch.Generator()
-        generator.set_state(states[0])
-        state = {
-            "scheduler": {"step": self.step, "total_steps": self.total_steps,
-                          "lr": lr_at(max(self.step - 1, 0), self.total_steps, self.config.optim)},
-            "loader": loader_state,
+        parts = {"drafter": self.drafter, "optimizer": self.optimizer, "rng": GlobalRNG(), "feed": feed}
+        return self.checkpointer.save(self.step, parts, self.checkpoint_record())
+
+    def checkpoint_record(self) -> dict:
+        """What every checkpoint says about the run, beside its parts' states."""
+        return {
+            "scheduler": {"step": self.step, "total_steps": self.total_steps, "lr": self.optimizer.lr(max(self.step - 1, 0))},
             "epoch": self.epoch,
             "drafter_config": self.drafter.config.to_dict(),
             "config": self.config.to_dict(),
@@ -438,12 +316,13 @@ class Trainer:
             "store": self.store_info,
             "run_info": self.run_info,
         }
-        return ckpt.save_checkpoint(
-            self.run_dir, self.step, self.drafter, self.optimizer, generator, state, keep=self.config.train.keep_checkpoints,
-            lane_generators=states,
-        )
 
 
-def _quiet(message: str) -> None:
-    """The log of ranks other than 0."""
+class FrozenState:
+    """A part's state taken ahead of the save (a collective one, taken on every rank)."""
 
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from train.config import EvalConfig
+from train.acceptance.config import EvalConfig
 from train.acceptance.evaluate import evaluate_samples
 from train.fitting.metrics import MetricSums
 

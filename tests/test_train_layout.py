@@ -1,0 +1,105 @@
+"""The layout rules of `train/` (DESIGN.md "Code layout"), read from its source with
+`ast`: no function over 60 lines, no import circle between its folders and top-level
+files (imports inside functions included), no private name imported from another
+module, and every import inside a function says why it is there."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+TRAIN = Path(__file__).resolve().parents[1] / "train"
+MAX_FUNCTION_LINES = 60
+
+
+def modules() -> dict[str, ast.Module]:
+    found = {}
+    for path in sorted(TRAIN.rglob("*.py")):
+        parts = list(path.relative_to(TRAIN.parent).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = (path, ast.parse(path.read_text(), filename=str(path)))
+    return found
+
+
+def imported(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -> list[str]:
+    """The modules (or `module.name`s) an import statement names."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:
+        parts = module.split(".") if is_package else module.split(".")[:-1]
+        base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+    return [f"{base}.{alias.name}" for alias in node.names] + [base]
+
+
+def unit(module: str) -> str:
+    """A folder of train/ (`train.fitting`), or a top-level file (`train.config`) on its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 else module
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = [f"{path.relative_to(TRAIN.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+            for path, tree in modules().values() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long
+
+
+def test_no_circle_between_the_folders_and_files_of_train():
+    """`train/__main__.py` is the entry point above everything and is left out."""
+    found = modules()
+    folders = {name for name in found if (TRAIN.parent / name.replace(".", "/")).is_dir()}
+    edges = defaultdict(set)
+    for name, (path, tree) in found.items():
+        if name == "train.__main__":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in imported(name, node, path.name == "__init__.py"):
+                    if target in found and unit(target) != unit(name) and target != "train":
+                        edges[unit(name)].add(unit(target))
+    assert "train.fitting" in folders and edges
+    seen, stack, circles = set(), [], []
+
+    def visit(node):
+        if node in stack:
+            circles.append(stack[stack.index(node):] + [node])
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        stack.append(node)
+        for nxt in sorted(edges[node]):
+            visit(nxt)
+        stack.pop()
+
+    for start in sorted(edges):
+        visit(start)
+    assert not circles, circles
+
+
+def test_no_private_name_is_imported_from_another_module():
+    private = [f"{path.relative_to(TRAIN.parent)}:{node.lineno} {alias.name}"
+               for path, tree in modules().values() for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+    assert not private, private
+
+
+def test_every_import_inside_a_function_says_why():
+    """Imports belong at the top of a module; one inside a function (for `--help`
+    speed, or an optional dependency) carries a comment on its line or above it in
+    that function."""
+    unexplained = []
+    for path, tree in modules().values():
+        lines = path.read_text().splitlines()
+        for function in ast.walk(tree):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    above = lines[function.lineno - 1 : node.end_lineno]
+                    if not any("#" in line for line in above):
+                        unexplained.append(f"{path.relative_to(TRAIN.parent)}:{node.lineno}")
+    assert not unexplained, unexplained

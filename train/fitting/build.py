@@ -1,0 +1,133 @@
+"""A run's parts, built from its config after the checks of `train.fitting.preflight`
+(`Trainer.from_config` = preflight + this).
+
+The target's config is read once and the store opened once (by the preflight); the
+loaded config is never edited: what the run fixes when it starts (the mask token
+id, the lane count) goes into a resolved copy, which the run saves and trains
+with. Resumed, each part is restored from the checkpoint by the `Checkpointer`
+after it is built: the drafter, the optimizer, the global RNGs and the data feed
+(every lane's position and generator)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from store_schema import Store
+from store_schema.runtime.target_model import compute_dtype
+from train.config import RunConfig
+from train.data.cache import lanes_per_node
+from train.data.lanes import LaneFeed, check_world, lane_positions, resumed_deal
+from train.data.lanes import total_steps as lane_steps
+from train.data.loader import CorruptShards, ShardLoader, check_lanes
+from train.drafter.dflash2 import build_drafter
+from train.drafter.model import DFlashDrafter
+from train.dtypes import torch_dtype
+from train.fitting.checkpoint import Checkpointer, read_state
+from train.fitting.distributed import device_for, init_process_group
+from train.fitting.global_rng import GlobalRNG
+from train.fitting.init_from import load_start_weights
+from train.fitting.optimizer import Optimizer
+from train.fitting.preflight import Checked, FitChecks, epochs_for, run_preflight
+from train.fitting.target_head import TargetHead, load_target_head
+from train.world import World, local_world_size, world_from_env
+
+
+@dataclass
+class RunParts:
+    """What `Trainer` is made of."""
+
+    config: RunConfig  # resolved: the saved config.yaml
+    drafter: DFlashDrafter
+    head: TargetHead
+    optimizer: Optimizer
+    feed: LaneFeed
+    checkpointer: Checkpointer
+    world: World
+    device: torch.device
+    start_step: int
+    store: Store  # opened once, by the preflight
+    record: dict  # what every checkpoint records of the run: store, run_info
+    log: Callable[[str], None]
+
+
+def build_run(config: RunConfig, resume: bool, log: Callable[[str], None], world: World | None,
+              checks: FitChecks) -> RunParts:
+    world = world or world_from_env()
+    log = log if world.is_main else quiet  # rank 0 speaks for the job
+    train = config.train
+    checkpointer = Checkpointer(config.out, every=train.checkpoint_every, keep=train.keep_checkpoints)
+    latest = checkpointer.resume_point(resume)
+    device = device_for(world, train.device)
+    init_process_group(world, device)
+    checked = run_preflight(config, latest, checks, world, device, log)
+    resumed = read_state(latest) if latest is not None else None
+    lanes, shards = (resumed_deal(resumed["loader"], config.data.lanes, checked.store, latest) if resumed
+                     else (config.data.lanes or world.size, None))
+    config = dataclasses.replace(  # fixed for the run: its config and checkpoints record them
+        config, data=dataclasses.replace(config.data, lanes=lanes),
+        model=dataclasses.replace(config.model, mask_token_id=checked.drafter_config.mask_token_id))
+    head = load_target_head(config.target, dtype=compute_dtype(device, on_cuda=torch_dtype(train.dtype)), device=device,
+                            config=checked.target)
+    drafter = new_drafter(config, checked, fine_tune=latest is None, device=device)
+    if resumed is not None:
+        log(f"fit: resumed from {latest} at step {resumed['step']} "
+            f"({resumed['step'] * train.sequences_per_step:,} samples trained on), "
+            f"{lane_positions(resumed['loader'])[0].describe()}{' (lane 0)' if lanes > 1 else ''}")
+    feed, total_steps = new_feed(config, checked, shards, world, device, log)
+    optimizer = Optimizer(drafter, config.optim, total_steps)
+    run_info = dict(checked.run_info)
+    if resumed is not None:
+        Checkpointer.load(latest, {"drafter": drafter, "optimizer": optimizer, "rng": GlobalRNG(), "feed": feed})
+        run_info.update(resumed.get("run_info", {}))  # how the run first started (e.g. the rule that chose the mask)
+    if world.is_main:
+        config.save(config.out)
+    store = checked.store
+    record = {"store": {"store": str(store.path), "fingerprint_sha256": store.fingerprint.sha256(),
+                        "layer_ids": checked.drafter_config.context_layer_ids},
+              "run_info": run_info}
+    return RunParts(config, drafter, head, optimizer, feed, checkpointer, world, device,
+                    resumed["step"] if resumed else 0, store, record, log)
+
+
+def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: torch.device) -> DFlashDrafter:
+    """The drafter, seeded by `train.seed`; a new fine-tuning run starts from
+    `model.init_from`'s weights. fp32 master weights on `device`."""
+    torch.manual_seed(config.train.seed)
+    drafter = build_drafter(checked.drafter_config)
+    if fine_tune and config.model.init_from:
+        load_start_weights(drafter, config.model.init_from)
+    drafter = drafter.to(device)
+    drafter.gradient_checkpointing = config.model.gradient_checkpointing
+    return drafter
+
+
+def new_feed(config: RunConfig, checked: Checked, shards: list[str] | None, world: World, device: torch.device,
+             log: Callable[[str], None]) -> tuple[LaneFeed, int]:
+    """This rank's lanes of the run's sample streams, and the run's optimizer steps
+    (`train.max_steps`, or the epochs' worth: `epochs_for` says which wins). A fine-tuned
+    drafter reads its own layers of the store. `shards`: a resumed run's list."""
+    lanes, batch, store = config.data.lanes, config.train.sequences_per_step, checked.store
+    check_world(world.size, lanes, batch, resumed=shards is not None)
+    corrupt = CorruptShards(checked.damaged, log)
+    check_lanes(store.path, lanes, len(shards or store.committed_shards()))
+    drafter, share = checked.drafter_config, lanes_per_node(lanes, world.size, local_world_size(world))
+
+    def make_loader(lane: int, epochs: int = config.train.epochs) -> ShardLoader:
+        return ShardLoader(store, config.data, drafter.context_layer_ids, drafter.block_size, seed=config.train.seed,
+                           epochs=epochs, log=log, shards=shards, device=device, lane=lane, lanes=lanes,
+                           corrupt=corrupt, cache_share=share)
+
+    order = make_loader(0)  # reads nothing: the sample order, to size the run
+    epochs = epochs_for(config.train.max_steps, config.train.epochs,
+                        lambda e: lane_steps(order.lane_totals(e), batch), log)
+    feed = LaneFeed.for_rank(world, lanes, batch, config.train.seed, device, lambda lane: make_loader(lane, epochs))
+    return feed, config.train.max_steps or lane_steps(order.lane_totals(epochs), batch)
+
+
+def quiet(message: str) -> None:
+    """The log of ranks other than 0."""
+

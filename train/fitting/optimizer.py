@@ -1,0 +1,76 @@
+"""The optimizer with its schedule: AdamW over the drafter's fp32 master weights,
+the LR of each step from `train.fitting.schedule.lr_at`, gradients clipped.
+
+Its checkpoint state (`state_dict`) names parameters instead of numbering them, so
+a checkpoint of a differently ordered model is refused rather than misloaded. The
+schedule keeps no state of its own: the LR is a function of (step, total steps),
+and a resumed run may be given more steps."""
+
+from __future__ import annotations
+
+import torch
+
+from train.config import OptimConfig
+from train.fitting.schedule import lr_at
+
+
+class Optimizer:
+    """AdamW with weight decay on matrices only (not norms), stepped by the schedule
+    of a `total_steps` run."""
+
+    def __init__(self, drafter: torch.nn.Module, config: OptimConfig, total_steps: int):
+        self.config, self.total_steps = config, total_steps
+        self.names = [name for name, _ in drafter.named_parameters()]
+        self.params = [p for p in drafter.parameters() if p.requires_grad]
+        decay = [p for p in self.params if p.dim() >= 2]
+        no_decay = [p for p in self.params if p.dim() < 2]
+        groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        self.adamw = torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, foreach=False)
+
+    def lr(self, step: int) -> float:
+        """The LR of optimizer step `step` (0-based)."""
+        return lr_at(step, self.total_steps, self.config)
+
+    def zero_grad(self) -> None:
+        self.adamw.zero_grad(set_to_none=True)
+
+    def clip(self) -> float:
+        """Clip the gradients' global norm to `optim.grad_clip` (0: no clipping); the norm before."""
+        return float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip or float("inf")))
+
+    def step(self, step: int) -> float:
+        """Apply optimizer step `step` (0-based) at its LR; returns the LR."""
+        lr = self.lr(step)
+        for group in self.adamw.param_groups:
+            group["lr"] = lr
+        self.adamw.step()
+        return lr
+
+    def state_dict(self) -> dict:
+        """AdamW's state: tensors keyed "<param name>/<key>", scalars and param groups by name."""
+        state = self.adamw.state_dict()
+        names, out, scalars = self.names, {}, {}
+        for index, values in state["state"].items():
+            for key, value in values.items():
+                if isinstance(value, torch.Tensor):
+                    out[f"{names[index]}/{key}"] = value
+                else:
+                    scalars[f"{names[index]}/{key}"] = value
+        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]}
+                  for g in state["param_groups"]]
+        return {**out, "param_groups": groups, "scalars": scalars}
+
+    def load_state_dict(self, state: dict) -> None:
+        index = {name: i for i, name in enumerate(self.names)}
+        groups = []
+        for group in state["param_groups"]:
+            unknown = [n for n in group["params"] if n not in index]
+            if unknown:
+                raise KeyError(f"optimizer checkpoint names parameters the model does not have: {unknown[:4]}")
+            groups.append({**group, "params": [index[n] for n in group["params"]]})
+        per_param: dict = {}
+        tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+        for key, value in [*tensors.items(), *state["scalars"].items()]:
+            name, field = key.rsplit("/", 1)
+            per_param.setdefault(index[name], {})[field] = value
+        self.adamw.load_state_dict({"state": per_param, "param_groups": groups})
