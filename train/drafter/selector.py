@@ -20,6 +20,7 @@ logits: a fresh DFlash 2 drafts what its DFlash backbone drafts.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 CODEBOOKS = ("predecessor_codebook", "successor_codebook")  # nn.Parameters, saved without a `.weight` suffix
@@ -51,8 +52,10 @@ class CandidateSelector(nn.Module):
         the candidates' unary logits, it is the score the reference's `select` ranks."""
         with torch.autocast(hidden.device.type, enabled=False):
             projected = hidden.float() @ self.hidden_projection.weight.float().T  # [N, r]
-            predecessor = self.predecessor_codebook[predecessor_ids].float()  # [N, r]
-            successor = self.successor_codebook[candidate_ids].float()  # [N, K, r]
+            # F.embedding, not codebook[ids]: the index's backward on CPU adds float rows with
+            # atomics across threads above 32K elements, in an order that differs run to run
+            predecessor = F.embedding(predecessor_ids, self.predecessor_codebook).float()  # [N, r]
+            successor = F.embedding(candidate_ids, self.successor_codebook).float()  # [N, K, r]
             return torch.einsum("nr,nkr->nk", predecessor * projected, successor)
 
     def walk(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:
