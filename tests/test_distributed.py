@@ -110,6 +110,7 @@ def test_one_rank_over_two_lanes_resumes_exactly(one_rank, tmp_path):
     assert [(entry["lane"], entry["epoch"]) for entry in lanes] == [(0, 3), (1, 3)]  # both lanes ran dry
 
 
+@pytest.mark.slow  # a 23-step run and its resume: ~20 s
 def test_a_dflash2_run_resumes_exactly(store, qwen3_dir, tmp_path):
     """DFlash 2 drifted from its uninterrupted run at ~1e-7 from the first steps after a
     resume (and between two runs): its codebooks were read as `codebook[ids]`, whose
