@@ -251,7 +251,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens per reply (default 128, the demo's)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained side by side (default 1)")
     parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help=f"variants to train, comma-separated (default all: %(default)s); a warm start's base "
+                        help="variants to train, comma-separated (default all: %(default)s); a warm start's base "
                              "variant is trained too")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="300 steps, seed 0, 8 prompts")

@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from store_schema.runtime import host
-from store_schema.runtime.host import is_disk_full  # noqa: F401  the rule, for extract's callers
 from store_schema.runtime.units import human_bytes
 
 

@@ -37,7 +37,6 @@ the object store to a separate write stage -- terabytes we never want to move.
 from __future__ import annotations
 
 import errno
-import sys
 import time
 from pathlib import Path
 
@@ -46,6 +45,7 @@ from store_schema.dtypes import store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token
 from store_schema.location import classify_store
+from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_weights import check_target_weights
@@ -53,7 +53,7 @@ from store_schema.spool import shard_bytes_bound, too_small_message
 from store_schema.stores import commit_store_plan, open_writer
 from store_schema.writer import clear_store, looks_like_store
 
-from ..errors import ExtractError, disk_full_message, is_disk_full
+from ..errors import ExtractError, disk_full_message
 from ..generated_corpus import generation_of
 from ..jobs.dispatch import DispatchSettings, Placement
 from ..jobs.driver import Planned, ProgressSettings, ShardedJob, run_sharded
@@ -101,8 +101,8 @@ def run_job(config: JobConfig, log=None) -> dict:
                            "use a new prefix")
     target = read_target_config(config.model)  # a model directory, before anything is locked or planned
     check_target_weights(config.model, "--model")  # before Ray, workers or a model load start
-    config = ready_to_start(config, store_path, looks_like_store, "is a non-empty directory that is not a dflash "
-                            "store; refusing to write into (or, with --overwrite, delete) it -- choose a new path", log)
+    ready_to_start(config, store_path, looks_like_store, "is a non-empty directory that is not a dflash store; "
+                   "refusing to write into (or, with --overwrite, delete) it -- choose a new path")
     layer_ids = resolve_layer_ids(target, config.layers, config.num_context_layers)
     with output_locked(store_path, log):
         job = Extraction(config, target, layer_ids, target_identity(config.model))

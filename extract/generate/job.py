@@ -76,7 +76,7 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     if config.server is None:  # the hf engine loads the target; the openai one asks servers that hold it
         check_target_weights(config.model, "--model")
     refusal = "is a non-empty directory that is not a generated corpus; refusing to write into it -- choose a new --out"
-    config = ready_to_start(config, out, is_generated_corpus, refusal, log)
+    ready_to_start(config, out, is_generated_corpus, refusal)
     served = check_endpoints(config) if config.server is not None else None
     with output_locked(out):
         job = Generation(config, served)

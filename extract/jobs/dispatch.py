@@ -26,7 +26,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 
 from store_schema.runtime.host import available_cores
 from store_schema.runtime.progress import Progress

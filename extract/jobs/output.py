@@ -22,16 +22,15 @@ def log_to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def ready_to_start(config, out, belongs: Callable[[Path], bool], refusal: str, log):
+def ready_to_start(config, out, belongs: Callable[[Path], bool], refusal: str) -> None:
     """What every job checks once its target is known, in this order: the corpus is
     there, a directory output is empty or of its own kind (`refuse_foreign_output`; a
     bucket's root refuses another store itself), then CUDA asked of a machine without
-    it is refused. Returns `config` as given."""
+    it is refused."""
     require_corpus(config.corpus)
     if isinstance(out, Path):
         refuse_foreign_output(out, belongs, refusal)
     refuse_missing_cuda(config)
-    return config
 
 
 def refuse_foreign_output(path: Path, belongs: Callable[[Path], bool], refusal: str) -> None:

@@ -19,8 +19,9 @@ import traceback
 from dataclasses import dataclass
 
 from store_schema.lock import ShardFenced
+from store_schema.runtime.host import is_disk_full
 
-from ..errors import SampleMismatchError, is_disk_full
+from ..errors import SampleMismatchError
 
 GROUPS_IN_FLIGHT = 2  # group tasks per actor: one on the device while the previous one is written
 
