@@ -39,6 +39,8 @@ from store_schema.runtime.units import human_bytes, human_duration  # noqa: E402
 # on this budget steps matter more than depth (a 1-layer step costs ~0.6 of a 2-layer
 # one, and per step it learned as fast; benchmarks/RESULTS.md, "The demo").
 DRAFTER_SETTINGS = [
+    "model.architecture=dflash",  # vLLM's CPU build serves DFlash; DFlash 2 needs Model Runner V2 (GPU)
+    "loss.position_weights=decay",  # the recipe behind the demo's measured figures (RESULTS.md)
     "model.num_hidden_layers=1",
     "model.num_anchors=64",
     "data.max_length=512",

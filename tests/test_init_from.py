@@ -24,7 +24,7 @@ from train.drafter.dflash2 import DFlash2Drafter
 from train.fitting.trainer import Trainer
 
 BLOCK = 8
-RUN = ["model.block_size=8", "model.num_anchors=16", "train.grad_accumulation=1", "eval.every=0",
+RUN = ["model.architecture=dflash", "model.block_size=8", "model.num_anchors=16", "train.grad_accumulation=1", "eval.every=0",
        "data.heldout_fraction=0.2", "train.log_every=1"]
 
 

@@ -151,7 +151,7 @@ def test_noise_reaches_only_the_drafter_input(setup):
     runs = {}
     for scale in (0.0, 0.5):
         generator = torch.Generator().manual_seed(7)
-        loss = LossConfig(noise=scale, labels="target", kl_mix=0.5)
+        loss = LossConfig(noise=scale, labels="target", kl_mix=0.5, position_weights="decay")
         with torch.no_grad():
             runs[scale] = dflash_step(
                 drafter, head, input_ids, loss_mask, features, loss, ModelConfig(num_anchors=8), generator,

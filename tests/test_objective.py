@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.config import ConfigError, LossConfig, ModelConfig
+from train.config import ConfigError, LossConfig, ModelConfig, load_config
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.targets import block_targets
 from train.fitting.loss import block_metrics, dflash_loss, dpace_weights
@@ -105,10 +105,20 @@ def test_decay_is_unchanged_byte_for_byte(dtype):
     assert torch.equal(out.loss.detach(), loss) and torch.equal(hidden.grad, grad)
 
 
+def test_the_defaults_are_dflash2_with_dpace():
+    """The defaults follow drafter_bench's measurement; the soft-KL recipe is told to set decay."""
+    config = load_config(None, [], require_paths=False)
+    assert (config.model.architecture, config.loss.position_weights) == ("dflash2", "dpace")
+    with pytest.raises(ConfigError, match="set loss.position_weights=decay"):
+        load_config(None, ["loss.kl_mix=0.3"], require_paths=False)
+    assert load_config(None, ["loss.kl_mix=0.3", "loss.position_weights=decay"], require_paths=False).loss.kl_mix == 0.3
+
+
 def test_config_keys():
     config = LossConfig()
+    # D-PACE is the default: drafter_bench measured it ahead of decay for both drafters.
     assert (config.position_weights, config.dpace_alpha, config.selector_weight, config.selector_warmup_steps) == (
-        "decay", 0.5, 1.0, 0)
+        "dpace", 0.5, 1.0, 0)
     for bad in (LossConfig(position_weights="linear"), LossConfig(dpace_alpha=1.5), LossConfig(selector_weight=-1),
                 LossConfig(selector_warmup_steps=-1), LossConfig(position_weights="dpace", kl_mix=0.2)):
         with pytest.raises(ConfigError, match="config loss."):

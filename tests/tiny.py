@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
-DRAFTER = ("model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8")
+# DFlash with decay weights: the recipe the tests' assertions were written against (the run
+# defaults are DFlash 2 with D-PACE; the tests of those set them, and tests/test_objective.py checks them).
+DRAFTER = ("model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8",
+           "model.architecture=dflash", "loss.position_weights=decay")
 # The tiny targets' own attention shape (tests/builders.py: 4 heads x 16, 2 KV heads);
 # without it the drafter takes the published geometry's head_dim 128.
 TARGET_HEADS = ("model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16")

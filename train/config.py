@@ -47,7 +47,9 @@ class LossConfig:
     noise: float = 0.0  # uniform noise scale on the drafter's context features only (0: off)
     chunk_rows: int = 1024  # scored rows per loss chunk: peak ~ chunk_rows x vocab fp32 x 3
     normalize: str = "step"  # "step": over all weighted labels of an optimizer step (SpecForge); "sequence": per sequence
-    position_weights: str = "decay"  # "decay": exp(-(k-1)/gamma); "dpace": D-PACE's dynamic weights (hard CE only)
+    # "dpace" (the default: ahead of "decay" for both drafters in benchmarks/drafter_bench.py):
+    # D-PACE's dynamic weights, hard CE only; "decay": exp(-(k-1)/gamma)
+    position_weights: str = "dpace"
     dpace_alpha: float = 0.5  # D-PACE confidence smoothing: (1 - alpha) q + alpha (the paper's and speculators' 0.5)
     selector_weight: float = 1.0  # DFlash 2: weight of the selector's K-way CE beside the main loss
     selector_warmup_steps: int = 0  # DFlash 2: linear ramp of selector_weight over the first steps (0: none)
@@ -61,7 +63,7 @@ class LossConfig:
         require(self.normalize in NORMALIZE, "loss.normalize", 'must be "step" or "sequence"')
         require(self.position_weights in POSITION_WEIGHTS, "loss.position_weights", 'must be "decay" or "dpace"')
         require(0.0 <= self.dpace_alpha <= 1.0, "loss.dpace_alpha", "must be in [0, 1]")
-        require(self.position_weights != "dpace" or self.kl_mix == 0.0, "loss.position_weights", "dpace needs loss.kl_mix=0")
+        require(self.position_weights != "dpace" or self.kl_mix == 0.0, "loss.position_weights", "dpace (the default) is hard CE only: with loss.kl_mix > 0 set loss.position_weights=decay")
         require(self.selector_weight >= 0.0, "loss.selector_weight", "must be >= 0")
         require(self.selector_warmup_steps >= 0, "loss.selector_warmup_steps", "must be >= 0")
 

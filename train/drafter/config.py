@@ -25,7 +25,9 @@ class ModelConfig:
     layer_types: list[str] | None = None  # per layer: full_attention or sliding_attention
     sliding_window: int | None = None  # context window of the sliding layers
     block_size: int = BLOCK_SIZE  # B: anchor + B-1 drafted tokens
-    architecture: str = "dflash"  # "dflash", or "dflash2" (+ block-local convolutions and a candidate selector)
+    # "dflash2" (the default: 3.7x DFlash's decode tau at equal steps in benchmarks/drafter_bench.py):
+    # DFlash + block-local convolutions and a candidate selector; or "dflash"
+    architecture: str = "dflash2"
     conv_kernel_size: int | None = None  # dflash2 sizes; None takes DrafterConfig's default (2, 16, 256, 16)
     conv_group_size: int | None = None
     selector_rank: int | None = None
