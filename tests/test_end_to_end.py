@@ -50,7 +50,8 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
 
     _cli("-m", "train", "export", run, "--out", export, "--dtype", "float32")
     config = json.loads((export / "config.json").read_text())
-    assert config["architectures"] == ["DFlashDraftModel"] and config["dflash_config"]["target_layer_ids"] == [1, 3, 5]
+    # The defaults train DFlash 2 (drafter_bench's measurement).
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["dflash_config"]["target_layer_ids"] == [1, 3, 5]
 
     evaluation = _cli("-m", "train", "eval", "--store", store, "--drafter", export, "--target", qwen3_5_dir,
                       "--ddtree-budgets", "4,16", "--json")
@@ -60,10 +61,11 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
 
     from train.fitting import checkpoint
     from train.export.drafter_dir import load_drafter
-    from train.drafter.model import DFlashDrafter, DrafterConfig
+    from train.drafter.dflash2 import build_drafter
+    from train.drafter.model import DrafterConfig
 
     state_dir = checkpoint.latest_checkpoint(run)
-    trained = DFlashDrafter(DrafterConfig.from_dict(checkpoint.read_state(state_dir)["drafter_config"]))
+    trained = build_drafter(DrafterConfig.from_dict(checkpoint.read_state(state_dir)["drafter_config"]))
     trained.load_state_dict(checkpoint.load_model_weights(state_dir))
     reloaded = load_drafter(export)
     for name, tensor in trained.state_dict().items():
