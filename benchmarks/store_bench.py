@@ -219,7 +219,7 @@ def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> float:
     fresh shard cache in `cache_dir` where given: seconds of the second of two epochs,
     from the last sample of the first (which filled the cache and warmed the page
     cache); one sample and one shard of read-ahead, so the first barely overlaps it."""
-    from train.config import DataConfig
+    from train.data.config import DataConfig
     from train.data.loader import ShardLoader
 
     config = DataConfig(max_length=4096, heldout_fraction=0.0, buffer_shards=1, prefetch_samples=1,

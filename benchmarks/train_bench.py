@@ -179,7 +179,7 @@ def raw_decode(store, threads: int) -> tuple[int, float]:
 
 def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     from train.drafter.anchors import sample_anchors
-    from train.config import DataConfig
+    from train.data.config import DataConfig
     from train.data.loader import ShardLoader
     from train.drafter.targets import block_targets
 

@@ -163,7 +163,8 @@ def test_verify_names_nan_codes_and_bad_scales_in_an_fp8_store(tmp_path):
 
 def test_loader_trainer_and_eval_on_an_fp8_store(twin_stores, qwen3_dir, tmp_path, capsys):
     from train.cli import main as train_cli
-    from train.config import DataConfig, load_config
+    from train.config_loading import load_config
+    from train.data.config import DataConfig
     from train.data.loader import ShardLoader
     from train.fitting.trainer import Trainer
 

@@ -11,7 +11,7 @@ import torch
 
 import builders
 from store_schema import CorruptShardError, Store
-from train.config import DataConfig
+from train.data.config import DataConfig
 from train.data.heldout import is_heldout
 from train.data.loader import ShardLoader
 
@@ -191,7 +191,8 @@ def test_heldout_index_without_a_plan_reads_each_shards_ids(tmp_path):
 
 def test_decode_threads_default_to_the_cores_available(store):
     from store_schema import available_cores
-    from train.config import ConfigError, load_config
+    from train.config_error import ConfigError
+    from train.config_loading import load_config
 
     assert DataConfig().loader_threads is None  # the loader then decodes on available_cores() threads
     assert available_cores() >= 1

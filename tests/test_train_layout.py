@@ -1,7 +1,8 @@
 """The layout rules of `train/` (DESIGN.md "Code layout"), read from its source with
 `ast`: no function over 60 lines, no import circle between its files nor between its
-folders and top-level files (imports inside functions included), no private name
-imported from another module, and every import inside a function says why it is there."""
+folders and top-level files (imports inside functions included), `train/config.py`
+only composing the sections their owners define, no private name imported from
+another module, and every import inside a function says why it is there."""
 
 from __future__ import annotations
 
@@ -116,7 +117,7 @@ def test_a_section_is_a_leaf():
     nor another folder's code."""
     found = modules()
     sections = [name for name in found if is_section(name)]
-    assert {"train.data.config", "train.drafter.config", "train.acceptance.config"} <= set(sections)
+    assert {"train.data.config", "train.drafter.config", "train.acceptance.config", "train.fitting.config"} <= set(sections)
     below = {"train.config_error", "train.dtypes"}
     above = []
     for name in sections:
@@ -128,6 +129,24 @@ def test_a_section_is_a_leaf():
                             is_section(target) or target in below or unit(target) == name.rpartition(".")[0]):
                         above.append(f"{name} imports {target}")
     assert not above, above
+
+
+def test_the_run_config_only_composes_the_sections():
+    """`train/config.py` defines no class but `RunConfig`; each of its sections is a
+    class imported from its owner's `config.py` (`train.fitting.config.LossConfig`)."""
+    tree = modules()["train.config"][1]
+    classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    assert classes == ["RunConfig"], classes
+    owner = {alias.asname or alias.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    run_config = next(node for node in tree.body if isinstance(node, ast.ClassDef))
+    fields = {node.target.id: ast.unparse(node.annotation) for node in run_config.body if isinstance(node, ast.AnnAssign)}
+    sections = {field: kind for field, kind in fields.items() if kind != "str"}
+    named = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and [ast.unparse(target) for target in node.targets] == ["SECTIONS"])
+    assert set(sections) == set(named), (fields, named)
+    misplaced = {field: owner.get(kind) for field, kind in sections.items() if not is_section(owner.get(kind) or "")}
+    assert not misplaced, misplaced
 
 
 def test_no_private_name_is_imported_from_another_module():
