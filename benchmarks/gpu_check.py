@@ -220,10 +220,11 @@ def loader_throughput(store: Path, device: str, block_size: int = 16) -> dict:
     host memory and a side stream on CUDA)."""
     from store_schema import Store
     from train.data.config import DataConfig
-    from train.data.loader import ShardLoader
+    from train.data.loader import LoaderSpec, ShardLoader
 
     reader = Store(store)
-    loader = ShardLoader(reader, DataConfig(), list(reader.layer_ids), block_size, seed=0, epochs=1, device=device)
+    spec = LoaderSpec(list(reader.layer_ids), block_size, seed=0, epochs=1, device=device)
+    loader = ShardLoader(reader, DataConfig(), spec)
     started, samples, nbytes = time.perf_counter(), 0, 0
     for sample in loader:
         features = sample.context_features(device)

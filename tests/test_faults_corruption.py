@@ -121,9 +121,9 @@ def test_reader_and_verify_refuse_every_corrupted_shard_file(finished_store, tmp
 
 def _loader(store, log=print, **kwargs):
     from train.data.config import DataConfig
-    from train.data.loader import ShardLoader
+    from train.data.loader import LoaderSpec, ShardLoader
 
-    return ShardLoader(store, DataConfig(heldout_fraction=0.0, **kwargs), [1, 3], 8, seed=0, epochs=1, log=log)
+    return ShardLoader(store, DataConfig(heldout_fraction=0.0, **kwargs), LoaderSpec([1, 3], 8, seed=0, epochs=1), log=log)
 
 
 @pytest.mark.faults
