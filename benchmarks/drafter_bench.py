@@ -113,7 +113,7 @@ def train_one(work: Path, paths: dict, name: str, seed: int, steps: int, prompts
 def finished(run_dir: Path, steps: int, settings: list[str]) -> bool:
     """A run a previous bench finished with these settings (a rerun reuses it): its
     checkpoint of the last step, and its saved config equal to these settings'."""
-    from train.config import load_config
+    from train.config_loading import load_config
     from train.fitting.checkpoint import latest_checkpoint
 
     checkpoint = latest_checkpoint(run_dir) if run_dir.is_dir() else None

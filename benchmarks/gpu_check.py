@@ -219,11 +219,12 @@ def loader_throughput(store: Path, device: str, block_size: int = 16) -> dict:
     """Every training sample of the store through the loader, to `device` (pinned
     host memory and a side stream on CUDA)."""
     from store_schema import Store
-    from train.config import DataConfig
-    from train.data.loader import ShardLoader
+    from train.data.config import DataConfig
+    from train.data.loader import LoaderSpec, ShardLoader
 
     reader = Store(store)
-    loader = ShardLoader(reader, DataConfig(), list(reader.layer_ids), block_size, seed=0, epochs=1, device=device)
+    spec = LoaderSpec(list(reader.layer_ids), block_size, seed=0, epochs=1, device=device)
+    loader = ShardLoader(reader, DataConfig(), spec)
     started, samples, nbytes = time.perf_counter(), 0, 0
     for sample in loader:
         features = sample.context_features(device)
@@ -238,7 +239,7 @@ def loader_throughput(store: Path, device: str, block_size: int = 16) -> dict:
 def train(model: Path, store: Path, out: Path, size: dict, architecture: str = "dflash") -> dict:
     """A few steps of `architecture`; DFlash 2's figures are prefixed `train_dflash2_`
     and add its parameters and the last step's selector metrics."""
-    from train.config import load_config
+    from train.config_loading import load_config
     from train.fitting.trainer import Trainer
 
     config = load_config(None, {

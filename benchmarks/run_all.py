@@ -1,11 +1,13 @@
 """Run the store, extraction, trainer and drafter benchmarks in one go and append their
 figures to benchmarks/RESULTS.md as one table (figure, goal, measured, machine, command).
 
-    python benchmarks/run_all.py [--quick | --smoke]
+    python benchmarks/run_all.py [--quick | --smoke] [--only NAME[,NAME...]]
 
 Prints one JSON line last merging every benchmark's figures (keys prefixed by the
 benchmark: store.bytes_ratio, extract.overhead_ratio, train.loader_efficiency, ...).
-``--smoke`` runs each benchmark's smoke mode and only prints that line."""
+``--smoke`` runs each benchmark's smoke mode and only prints that line. ``--only
+store,train`` runs just the named ones (of store, extract, train, drafter; still in
+that order), and the table gets only their figures."""
 
 from __future__ import annotations
 
@@ -64,15 +66,30 @@ def run_benchmark(name: str, mode: list[str]) -> tuple[dict, str, float]:
     return json.loads(lines[-1]), shown, time.time() - start
 
 
-def main() -> None:
+def benchmark_names(text: str) -> tuple[str, ...]:
+    """`--only`'s comma-separated names, each one of BENCHMARKS, in BENCHMARKS' order."""
+    names = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = sorted(names - set(BENCHMARKS))
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"expected names among {', '.join(BENCHMARKS)}, got {text!r}")
+    return tuple(name for name in BENCHMARKS if name in names)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="each benchmark's quick size")
     mode.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    args = parser.parse_args()
+    parser.add_argument("--only", type=benchmark_names, default=BENCHMARKS, metavar="NAME[,NAME...]",
+                        help=f"run just these benchmarks (of {', '.join(BENCHMARKS)})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     flags = ["--smoke"] if args.smoke else ["--quick"] if args.quick else []
     figures, commands, seconds = {}, {}, {}
-    for name in BENCHMARKS:
+    for name in args.only:
         figures[name], commands[name], seconds[name] = run_benchmark(name, flags)
     merged = {f"{bench}.{key}": value for bench, values in figures.items() for key, value in values.items()}
     if args.smoke:
@@ -80,13 +97,16 @@ def main() -> None:
         return
 
     host = machine()
+    only = "" if args.only == BENCHMARKS else f" --only {','.join(args.only)}"
     lines = [
-        f"\n## run_all{' --quick' if args.quick else ''} ({time.strftime('%Y-%m-%d %H:%M')})\n",
-        f"Cold reads empty the page cache first ({figures['store'].get('cache', 'posix_fadvise')}).\n",
+        f"\n## run_all{' --quick' if args.quick else ''}{only} ({time.strftime('%Y-%m-%d %H:%M')})\n",
+        f"Cold reads empty the page cache first ({figures.get('store', {}).get('cache', 'posix_fadvise')}).\n",
         "| figure | goal | measured | met | machine | command |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for bench, key, goal, check in GOALS:
+        if bench not in figures:
+            continue
         value = figures[bench].get(key)
         met = "-" if check is None or value is None else ("yes" if check(value) else "**no**")
         lines.append(f"| {bench}.{key} | {goal} | {value} | {met} | {host} | `{commands[bench]}` |")

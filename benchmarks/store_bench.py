@@ -219,12 +219,13 @@ def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> float:
     fresh shard cache in `cache_dir` where given: seconds of the second of two epochs,
     from the last sample of the first (which filled the cache and warmed the page
     cache); one sample and one shard of read-ahead, so the first barely overlaps it."""
-    from train.config import DataConfig
-    from train.data.loader import ShardLoader
+    from train.data.config import DataConfig
+    from train.data.loader import LoaderSpec, ShardLoader
 
     config = DataConfig(max_length=4096, heldout_fraction=0.0, buffer_shards=1, prefetch_samples=1,
                         cache_dir=None if cache_dir is None else str(cache_dir))
-    loader = ShardLoader(store, config, [1], block_size=16, seed=1, epochs=2, log=lambda line: None, shards=shards)
+    spec = LoaderSpec([1], block_size=16, seed=1, epochs=2, shards=shards)
+    loader = ShardLoader(store, config, spec, log=lambda line: None)
     first_epoch_done = None
     for sample in loader:
         if sample.epoch == 0:

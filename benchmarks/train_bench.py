@@ -179,12 +179,12 @@ def raw_decode(store, threads: int) -> tuple[int, float]:
 
 def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     from train.drafter.anchors import sample_anchors
-    from train.config import DataConfig
-    from train.data.loader import ShardLoader
+    from train.data.config import DataConfig
+    from train.data.loader import LoaderSpec, ShardLoader
     from train.drafter.targets import block_targets
 
     data = DataConfig(max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4)
-    loader = ShardLoader(store, data, LAYERS, BLOCK, seed=0, epochs=1)
+    loader = ShardLoader(store, data, LoaderSpec(LAYERS, BLOCK, seed=0, epochs=1))
     generator = torch.Generator().manual_seed(0)
     nbytes = tokens = 0
     with Timer() as t:

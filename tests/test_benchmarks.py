@@ -2,7 +2,10 @@
 JSON line it prints last checked for the keys it promises), so no benchmark can rot
 between the runs that measure with it (`extract_bench --quick` once crashed on main
 unnoticed). A smoke run never writes benchmarks/RESULTS.md. gpu_check's smoke has its
-own test (tests/test_gpu_check.py); store, extract, train and drafter run through run_all."""
+own test (tests/test_gpu_check.py). The smokes of extract, train and drafter, the
+longest (1-2 min each), are each in a file of their own (tests/test_benchmarks_<name>.py):
+`make test` runs its two pytest workers with `--dist loadfile`, a module at a time, so
+only separate modules can run side by side. run_all's own test runs the cheapest."""
 
 from __future__ import annotations
 
@@ -29,6 +32,11 @@ def run_all_module():
     return module
 
 
+def goal_keys(bench: str, goals=run_all_module().GOALS) -> set[str]:
+    """The figures run_all's GOALS table reads from `bench` (unprefixed)."""
+    return {key for name, key, _, _ in goals if name == bench}
+
+
 # script -> the keys its last JSON line promises (its docstring's figures)
 SMOKE_KEYS = {
     "attention_bench.py": {"attention_speedup_min", "attention_speedup_max", "sizes", "threads", "rounds"},
@@ -37,11 +45,14 @@ SMOKE_KEYS = {
     "fp8_parity.py": {"tau_bf16", "tau_fp8", "tau_ratio", "bytes_ratio", "fp8_bytes_ratio", "heldout_samples"},
     "generate_bench.py": {"openai_vs_plain_client", "openai_tokens_per_s", "plain_client_tokens_per_s",
                           "hf_tokens_per_s", "server"},
-    # the GOALS table's figures of store, extract and train, and extract's padding and planning
-    "run_all.py": {f"{bench}.{key}" for bench, key, _, _ in run_all_module().GOALS}
-                  | {"extract.padded_token_ratio", "extract.plan_records_per_s", "drafter.variants", "drafter.goal_met",
-                     "drafter.offline_tau_dflash_decay", "drafter.decode_tau_dflash2_warm"},
+    # run_all's benchmarks: the GOALS table's figures, extract's padding and planning, drafter's variants
+    "store_bench.py": goal_keys("store"),
+    "extract_bench.py": goal_keys("extract") | {"padded_token_ratio", "plan_records_per_s"},
+    "train_bench.py": goal_keys("train"),
+    "drafter_bench.py": goal_keys("drafter") | {"variants", "goal_met", "offline_tau_dflash_decay",
+                                                "decode_tau_dflash2_warm"},
 }
+RUN_ALL_ONLY = "store"  # the cheapest of run_all's benchmarks (~25 s of the four's ~5 min)
 
 
 def smoke(script: str, *args: str, env: dict | None = None) -> dict:
@@ -61,8 +72,9 @@ def smoke(script: str, *args: str, env: dict | None = None) -> dict:
 
 def test_every_benchmark_script_has_a_smoke_test():
     scripts = {path.name for path in BENCHMARKS.glob("*.py") if '__name__ == "__main__"' in path.read_text()}
-    covered = set(SMOKE_KEYS) | {f"{name}_bench.py" for name in run_all_module().BENCHMARKS} | {"gpu_check.py"}
+    covered = set(SMOKE_KEYS) | {"run_all.py", "gpu_check.py"}
     assert scripts == covered, f"benchmarks without a smoke test: {sorted(scripts - covered)}"
+    assert {f"{name}_bench.py" for name in run_all_module().BENCHMARKS} <= set(SMOKE_KEYS)
 
 
 @pytest.mark.slow  # child processes
@@ -72,20 +84,49 @@ def test_attention_bench_smoke():
     assert figures["sizes"][0]["max_abs_diff"] < 1e-4  # split and dense SDPA agree
 
 
+def run_all_main(monkeypatch, capsys, *argv: str) -> tuple[list[str], dict]:
+    """run_all's main with each benchmark's run stubbed: the benchmarks it ran, its JSON line."""
+    module, ran = run_all_module(), []
+
+    def run_benchmark(name, mode):
+        ran.append(name)
+        return {"smoke": "--smoke" in mode, "figure": len(ran)}, f"python benchmarks/{name}_bench.py", 0.0
+
+    monkeypatch.setattr(module, "run_benchmark", run_benchmark)
+    module.main(list(argv))
+    return ran, json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_run_all_runs_every_benchmark_or_the_named_ones_and_merges_their_figures(monkeypatch, capsys):
+    module = run_all_module()
+    ran, figures = run_all_main(monkeypatch, capsys, "--smoke")
+    assert ran == list(module.BENCHMARKS) == ["store", "extract", "train", "drafter"]
+    assert figures == {f"{name}.{key}": value for i, name in enumerate(ran, 1)
+                       for key, value in {"smoke": True, "figure": i}.items()}
+    ran, figures = run_all_main(monkeypatch, capsys, "--smoke", "--only", "train,store")
+    assert ran == ["store", "train"]  # run_all's order, whatever the flag's
+    assert figures == {"store.smoke": True, "store.figure": 1, "train.smoke": True, "train.figure": 2}
+    with pytest.raises(SystemExit):
+        module.parse_args(["--only", "store,nope"])
+
+
 @pytest.mark.slow  # child processes
-def test_run_all_smoke_runs_store_extract_and_train():
-    figures = smoke("run_all.py")
-    missing = SMOKE_KEYS["run_all.py"] - set(figures)
-    assert not missing, f"run_all --smoke lacks {sorted(missing)}"
-    assert all(figures[f"{name}.smoke"] is True for name in run_all_module().BENCHMARKS)
-    assert figures["extract.tokens"] > 0 and 1.0 <= figures["extract.padded_token_ratio"] < 2.0
-    variants = figures["drafter.variants"]  # DFlash / DFlash 2, each decoded losslessly
-    assert set(variants) == {"dflash_decay", "dflash2_warm"}  # drafter_bench.SMOKE_VARIANTS
-    assert all(v["lossless"] and v["decode_tau"] >= 1.0 for v in variants.values())
-    assert variants["dflash2_warm"]["parameters"] > variants["dflash_decay"]["parameters"]
-    assert variants["dflash2_warm"]["heldout_selector_acc"] is not None  # the selector trained and was measured
-    assert figures["store.shard_cache_fill_mb_s"] > 0 and figures["store.shard_cache_read_ratio_vs_local"] > 0
-    assert figures["store.uploader_mb_s"] > 0
+def test_run_all_smoke_runs_the_named_benchmark_and_prefixes_its_figures():
+    figures = smoke("run_all.py", "--only", RUN_ALL_ONLY)
+    assert {key.split(".", 1)[0] for key in figures} == {RUN_ALL_ONLY}  # only the named one ran
+    missing = {f"{RUN_ALL_ONLY}.{key}" for key in SMOKE_KEYS[f"{RUN_ALL_ONLY}_bench.py"]} - set(figures)
+    assert not missing, f"run_all --smoke --only {RUN_ALL_ONLY} lacks {sorted(missing)}"
+    assert figures[f"{RUN_ALL_ONLY}.smoke"] is True
+
+
+@pytest.mark.slow  # a child process
+def test_store_bench_smoke():
+    figures = smoke("store_bench.py")
+    missing = SMOKE_KEYS["store_bench.py"] - set(figures)
+    assert not missing, f"store_bench --smoke lacks {sorted(missing)}"
+    assert figures["smoke"] is True
+    assert figures["shard_cache_fill_mb_s"] > 0 and figures["shard_cache_read_ratio_vs_local"] > 0
+    assert figures["uploader_mb_s"] > 0
 
 
 @pytest.mark.slow  # child processes

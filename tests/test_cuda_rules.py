@@ -8,7 +8,8 @@ import torch
 
 from train.acceptance.speculate import (NEAR_TIE_LOGIT_GAP, Decoded, PromptResult, describe_rule, mismatch_allowed,
                                         summarize)
-from train.config import ConfigError, load_config
+from train.config_error import ConfigError
+from train.config_loading import load_config
 from train.fitting.step import add_context_noise
 
 

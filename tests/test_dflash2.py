@@ -25,7 +25,8 @@ from store_schema.runtime.target_config import read_target_config
 from test_reference import ANCHORS, BLOCK, inputs, reference_logits
 from test_reference import load_reference as load_reference_as
 from test_speculate import load_model, one_thread, reference_generate  # noqa: F401  (one_thread: autouse)
-from train.config import ConfigError, load_config
+from train.config_error import ConfigError
+from train.config_loading import load_config
 from train.drafter.conv import BlockConv
 from train.drafter.dflash2 import DFlash2Drafter, build_drafter, dflash2_config, from_dflash
 from train.drafter.draft_cache import DraftCache

@@ -18,7 +18,7 @@ import pytest
 import stores
 from train.diagnose import report as dg
 from train.cli import main
-from train.config import load_config
+from train.config_loading import load_config
 from train.diagnose.compare import compare
 from train.diagnose.plot import plot
 from train.fitting.runlog import read_log

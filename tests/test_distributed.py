@@ -30,7 +30,7 @@ import tiny
 from store_schema import Store
 from train.fitting.checkpoint import list_checkpoints, load_model_weights, read_state
 from train.cli import main
-from train.config import ConfigError
+from train.config_error import ConfigError
 from train.data.lanes import check_world
 from train.data.heldout import is_heldout
 from train.fitting.runlog import read_log

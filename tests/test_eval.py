@@ -23,7 +23,8 @@ from train.data.heldout import store_samples
 from train.drafter.anchors import anchor_candidates
 from train.cli import main
 from train.cli.eval import render_table
-from train.config import EvalConfig, load_config
+from train.acceptance.config import EvalConfig
+from train.config_loading import load_config
 from train.fitting.periodic_eval import AcceptanceEval, log_fields
 from train.export.drafter_dir import export_drafter
 from train.data.heldout import is_heldout

@@ -120,10 +120,10 @@ def test_reader_and_verify_refuse_every_corrupted_shard_file(finished_store, tmp
 
 
 def _loader(store, log=print, **kwargs):
-    from train.config import DataConfig
-    from train.data.loader import ShardLoader
+    from train.data.config import DataConfig
+    from train.data.loader import LoaderSpec, ShardLoader
 
-    return ShardLoader(store, DataConfig(heldout_fraction=0.0, **kwargs), [1, 3], 8, seed=0, epochs=1, log=log)
+    return ShardLoader(store, DataConfig(heldout_fraction=0.0, **kwargs), LoaderSpec([1, 3], 8, seed=0, epochs=1), log=log)
 
 
 @pytest.mark.faults
@@ -180,7 +180,7 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     import subprocess
     import sys
 
-    from train.config import load_config
+    from train.config_loading import load_config
     from train.fitting.trainer import Trainer
 
     path = tmp_path / "store"

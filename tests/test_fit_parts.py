@@ -13,7 +13,7 @@ import torch
 
 import builders
 import tiny
-from train.config import load_config
+from train.config_loading import load_config
 from train.fitting.checkpoint import latest_checkpoint, read_state
 from train.fitting.trainer import Trainer
 from train.tensor_files import read_tensors

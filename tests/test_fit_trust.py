@@ -17,7 +17,8 @@ import builders
 import tiny
 from store_schema.fingerprint import target_identity
 from train.cli import main
-from train.config import ConfigError, load_config
+from train.config_error import ConfigError
+from train.config_loading import load_config
 from train.fitting.preflight import DamagedStoreError, FitChecks
 from train.fitting.schedule import lr_at
 from train.fitting.trainer import Trainer

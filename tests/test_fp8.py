@@ -163,13 +163,14 @@ def test_verify_names_nan_codes_and_bad_scales_in_an_fp8_store(tmp_path):
 
 def test_loader_trainer_and_eval_on_an_fp8_store(twin_stores, qwen3_dir, tmp_path, capsys):
     from train.cli import main as train_cli
-    from train.config import DataConfig, load_config
-    from train.data.loader import ShardLoader
+    from train.config_loading import load_config
+    from train.data.config import DataConfig
+    from train.data.loader import LoaderSpec, ShardLoader
     from train.fitting.trainer import Trainer
 
     _, fp8_path = twin_stores
     store = Store(fp8_path)
-    loader = ShardLoader(store, DataConfig(heldout_fraction=0.0), [1, 3], 8, seed=0, epochs=1)
+    loader = ShardLoader(store, DataConfig(heldout_fraction=0.0), LoaderSpec([1, 3], 8, seed=0, epochs=1))
     sample = next(iter(loader))
     loader.close()
     assert [f.dtype for f in sample.features] == [torch.float8_e4m3fn] * 2 and len(sample.scales) == 2

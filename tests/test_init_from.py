@@ -19,7 +19,8 @@ import tiny
 from store_schema import file_sha256
 from train.fitting.checkpoint import list_checkpoints, read_state
 from train.cli import main
-from train.config import ConfigError, load_config
+from train.config_error import ConfigError
+from train.config_loading import load_config
 from train.drafter.dflash2 import DFlash2Drafter
 from train.fitting.trainer import Trainer
 

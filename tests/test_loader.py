@@ -11,9 +11,9 @@ import torch
 
 import builders
 from store_schema import CorruptShardError, Store
-from train.config import DataConfig
+from train.data.config import DataConfig
 from train.data.heldout import is_heldout
-from train.data.loader import ShardLoader
+from train.data.loader import LoaderSpec, ShardLoader
 
 HELDOUT = 0.25
 
@@ -28,8 +28,8 @@ def store(tmp_path_factory):
 def make_loader(store, layers=(1, 3), seed=3, epochs=2, position=None, log=print, lane=0, lanes=1, **data):
     """A loader over `store`; `data` overrides fields of the DataConfig below."""
     config = DataConfig(**{**dict(max_length=512, heldout_fraction=HELDOUT, buffer_shards=2, prefetch_samples=3), **data})
-    return ShardLoader(store, config, list(layers), 8, seed=seed, epochs=epochs, position=position, log=log,
-                       lane=lane, lanes=lanes)
+    return ShardLoader(store, config, LoaderSpec(list(layers), 8, seed=seed, epochs=epochs, lane=lane, lanes=lanes),
+                       position=position, log=log)
 
 
 def test_heldout_never_trained_on_and_each_train_sample_once_per_epoch(store):
@@ -115,7 +115,7 @@ def test_sample_without_anchor_is_not_delivered(tmp_path):
     _, shards = builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=4, num_target_layers=6)
     store = Store(tmp_path / "s")
     # block 200 > every sample's length (< 160): no valid anchor anywhere
-    loader = ShardLoader(store, DataConfig(heldout_fraction=0.0), [1], block_size=200, seed=0, epochs=1)
+    loader = ShardLoader(store, DataConfig(heldout_fraction=0.0), LoaderSpec([1], block_size=200, seed=0, epochs=1))
     assert list(loader) == [] and loader.skipped_empty == 4
 
 
@@ -191,7 +191,8 @@ def test_heldout_index_without_a_plan_reads_each_shards_ids(tmp_path):
 
 def test_decode_threads_default_to_the_cores_available(store):
     from store_schema import available_cores
-    from train.config import ConfigError, load_config
+    from train.config_error import ConfigError
+    from train.config_loading import load_config
 
     assert DataConfig().loader_threads is None  # the loader then decodes on available_cores() threads
     assert available_cores() >= 1
@@ -208,8 +209,8 @@ def test_samples_reach_the_gpu_ahead_through_pinned_async_copies(store):
     the CPU loader delivers, and waiting on the copy is the consumer's stream's."""
     store, _ = store
     config = DataConfig(max_length=512, heldout_fraction=HELDOUT, buffer_shards=2, prefetch_samples=3)
-    on_gpu = ShardLoader(store, config, [1, 3], 8, seed=3, epochs=1, device="cuda")
-    on_cpu = ShardLoader(store, config, [1, 3], 8, seed=3, epochs=1)
+    on_gpu = ShardLoader(store, config, LoaderSpec([1, 3], 8, seed=3, epochs=1, device="cuda"))
+    on_cpu = ShardLoader(store, config, LoaderSpec([1, 3], 8, seed=3, epochs=1))
     for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
         assert gpu.sample_id == cpu.sample_id and gpu.ready is not None
         assert all(f.is_cuda for f in gpu.features)

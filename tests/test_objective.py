@@ -11,9 +11,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from train.config import ConfigError, LossConfig, ModelConfig, load_config
+from train.config_error import ConfigError
+from train.config_loading import load_config
+from train.drafter.config import ModelConfig
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.targets import block_targets
+from train.fitting.config import LossConfig
 from train.fitting.loss import block_metrics, dflash_loss, dpace_weights
 from train.fitting.selector_loss import selector_loss, selector_weight_at
 from train.fitting.step import dflash_step

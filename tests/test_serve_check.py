@@ -30,7 +30,7 @@ from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import serve_check
 from train.cli import main
-from train.config import load_config
+from train.config_loading import load_config
 from train.drafter.dflash2 import from_dflash
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter

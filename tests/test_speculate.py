@@ -26,7 +26,7 @@ import tiny
 from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
 from train.cli import main
-from train.config import load_config
+from train.config_loading import load_config
 from train.drafter.draft_cache import DraftCache
 from train.data.heldout import store_samples
 from train.export.drafter_dir import export_drafter, load_drafter

@@ -1,7 +1,8 @@
 """The layout rules of `train/` (DESIGN.md "Code layout"), read from its source with
-`ast`: no function over 60 lines, no import circle between its folders and top-level
-files (imports inside functions included), no private name imported from another
-module, and every import inside a function says why it is there."""
+`ast`: no function over 60 lines, no import circle between its files nor between its
+folders and top-level files (imports inside functions included), `train/config.py`
+only composing the sections their owners define, no private name imported from
+another module, and every import inside a function says why it is there."""
 
 from __future__ import annotations
 
@@ -33,24 +34,26 @@ def imported(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -
     return [f"{base}.{alias.name}" for alias in node.names] + [base]
 
 
-def unit(module: str) -> str:
-    """A folder of train/ (`train.fitting`), or a top-level file (`train.config`) on its own."""
+def is_section(module: str) -> bool:
+    """A run-config section beside its owner: `train/<folder>/config.py`."""
     parts = module.split(".")
+    return len(parts) == 3 and parts[2] == "config"
+
+
+def unit(module: str) -> str:
+    """A folder of train/ (`train.fitting`), or a top-level file (`train.config`) on its own.
+    A section (`train.fitting.config`) is its own too: `train/config.py` gathers the
+    sections from below, and folders that read the composed config (`train.fitting`)
+    sit above it; `test_a_section_is_a_leaf` keeps a section from leading back up."""
+    parts = module.split(".")
+    if is_section(module):
+        return module
     return ".".join(parts[:2]) if len(parts) > 1 else module
 
 
-def test_no_function_is_longer_than_a_screen():
-    long = [f"{path.relative_to(TRAIN.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
-            for path, tree in modules().values() for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
-    assert not long, long
-
-
-def test_no_circle_between_the_folders_and_files_of_train():
-    """`train/__main__.py` is the entry point above everything and is left out."""
-    found = modules()
-    folders = {name for name in found if (TRAIN.parent / name.replace(".", "/")).is_dir()}
+def edges_between(found: dict, node_of) -> dict[str, set[str]]:
+    """node -> the nodes it imports, `node_of` naming each module's node (imports inside
+    functions included; `train/__main__.py`, the entry point above everything, left out)."""
     edges = defaultdict(set)
     for name, (path, tree) in found.items():
         if name == "train.__main__":
@@ -58,9 +61,12 @@ def test_no_circle_between_the_folders_and_files_of_train():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target in imported(name, node, path.name == "__init__.py"):
-                    if target in found and unit(target) != unit(name) and target != "train":
-                        edges[unit(name)].add(unit(target))
-    assert "train.fitting" in folders and edges
+                    if target in found and node_of(target) != node_of(name) and target != "train":
+                        edges[node_of(name)].add(node_of(target))
+    return edges
+
+
+def circles_in(edges: dict[str, set[str]]) -> list[list[str]]:
     seen, stack, circles = set(), [], []
 
     def visit(node):
@@ -77,7 +83,70 @@ def test_no_circle_between_the_folders_and_files_of_train():
 
     for start in sorted(edges):
         visit(start)
+    return circles
+
+
+def test_no_function_is_longer_than_a_screen():
+    long = [f"{path.relative_to(TRAIN.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+            for path, tree in modules().values() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert not long, long
+
+
+def test_no_circle_between_the_folders_and_files_of_train():
+    """`train/__main__.py` is the entry point above everything and is left out."""
+    found = modules()
+    folders = {name for name in found if (TRAIN.parent / name.replace(".", "/")).is_dir()}
+    edges = edges_between(found, unit)
+    assert "train.fitting" in folders and edges
+    circles = circles_in(edges)
     assert not circles, circles
+
+
+def test_no_circle_between_the_files_of_train():
+    edges = edges_between(modules(), lambda module: module)
+    assert edges
+    circles = circles_in(edges)
+    assert not circles, circles
+
+
+def test_a_section_is_a_leaf():
+    """A section imports, of train/, only other sections, the files below every folder
+    (`config_error`, `dtypes`) and files of its own folder: never the composed config,
+    nor another folder's code."""
+    found = modules()
+    sections = [name for name in found if is_section(name)]
+    assert {"train.data.config", "train.drafter.config", "train.acceptance.config", "train.fitting.config"} <= set(sections)
+    below = {"train.config_error", "train.dtypes"}
+    above = []
+    for name in sections:
+        path, tree = found[name]
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in imported(name, node, False):
+                    if target in found and target != "train" and not (
+                            is_section(target) or target in below or unit(target) == name.rpartition(".")[0]):
+                        above.append(f"{name} imports {target}")
+    assert not above, above
+
+
+def test_the_run_config_only_composes_the_sections():
+    """`train/config.py` defines no class but `RunConfig`; each of its sections is a
+    class imported from its owner's `config.py` (`train.fitting.config.LossConfig`)."""
+    tree = modules()["train.config"][1]
+    classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
+    assert classes == ["RunConfig"], classes
+    owner = {alias.asname or alias.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom)
+             for alias in node.names}
+    run_config = next(node for node in tree.body if isinstance(node, ast.ClassDef))
+    fields = {node.target.id: ast.unparse(node.annotation) for node in run_config.body if isinstance(node, ast.AnnAssign)}
+    sections = {field: kind for field, kind in fields.items() if kind != "str"}
+    named = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and [ast.unparse(target) for target in node.targets] == ["SECTIONS"])
+    assert set(sections) == set(named), (fields, named)
+    misplaced = {field: owner.get(kind) for field, kind in sections.items() if not is_section(owner.get(kind) or "")}
+    assert not misplaced, misplaced
 
 
 def test_no_private_name_is_imported_from_another_module():

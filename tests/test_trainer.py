@@ -22,7 +22,8 @@ import stores
 from store_schema import FingerprintMismatch, Store
 from train.cli import main
 from train.fitting.checkpoint import list_checkpoints
-from train.config import ConfigError, load_config
+from train.config_error import ConfigError
+from train.config_loading import load_config
 from train.diagnose.report import diagnose
 from train.export.drafter_dir import load_drafter
 from train.drafter.anchors import sample_anchors

@@ -30,7 +30,7 @@ From those blocks (definitions in `train/acceptance/measures.py`):
   has hard stretches, because rounds pile up there.
 - accuracies: pooled over the scored slots of those per-position blocks.
 
-What to evaluate is the run's `eval` section (`train.config.EvalConfig`); which
+What to evaluate is the run's `eval` section (`train.acceptance.config.EvalConfig`); which
 samples are held out is `train.data.heldout` at the run's own fraction. The training
 loop evaluates through `train.fitting.periodic_eval`; `python -m train eval` calls
 `evaluate`; `evaluate_sample_ids` scores exactly the samples (e.g. the prompts

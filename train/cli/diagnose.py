@@ -26,7 +26,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from train.config import load_config
+    from train.config_loading import load_config
     from train.diagnose.report import diagnose
     from train.diagnose.compare import compare, render_compare
     from train.diagnose.plot import plot

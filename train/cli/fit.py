@@ -242,7 +242,9 @@ def resolve_config(args):
     KEY=VALUE of a known key, or a run without --store / --target, is a usage error (exit 2)."""
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import UsageError
-    from train.config import CONFIG_FILE, ConfigError, check_override, load_config
+    from train.config import CONFIG_FILE
+    from train.config_error import ConfigError
+    from train.config_loading import check_override, load_config
 
     for override in args.overrides:
         try:

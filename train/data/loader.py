@@ -78,7 +78,7 @@ from train.data.device_copy import DeviceCopier
 from train.data.heldout import heldout_locations, is_heldout, read_located
 from train.data.order import LoaderPosition, SampleOrder, train_samples_by_shard
 
-__all__ = ["CorruptShards", "LoaderPosition", "ShardLoader", "TrainSample", "check_lanes"]
+__all__ = ["CorruptShards", "LoaderPosition", "LoaderSpec", "ShardLoader", "TrainSample", "check_lanes"]
 
 
 @dataclass
@@ -143,52 +143,53 @@ class CorruptShards:
         self.log(f"loader: skipping corrupt shard {shard} ({file}: {what}); it is never trained on")
 
 
+@dataclass(frozen=True)
+class LoaderSpec:
+    """What one loader reads and where it stands in the run: the values beside the
+    run's `data` section that the drafter, the `train` section and the world decide."""
+
+    layers: list[int]  # the context layer ids to read (the drafter's, in fc order)
+    block_size: int  # the drafter's: which crops can hold an anchor
+    seed: int  # the run's (`train.seed`): the order
+    epochs: int  # when to stop
+    lane: int = 0  # the sample stream this loader serves (module docstring)
+    lanes: int = 1  # of how many
+    shards: list[str] | None = None  # a checkpoint's shard list; None: the store's committed shards
+    device: torch.device | str | None = None  # where training runs; CUDA gets samples copied there ahead
+    cache_share: int = 1  # loaders sharing data.cache_size on this node
+
+
 class ShardLoader:
     """Iterate training samples of `store`; see the module docstring.
 
     config: the run's `data` section (max_length, heldout_fraction, buffer_shards,
-        loader_threads, prefetch_samples, skip_corrupt_shards).
-    layers: the context layer ids to read (the drafter's, in fc order).
-    block_size: the drafter's block size, to know which crops can hold an anchor.
-    seed, epochs: the run's (`train` section): the order, and when to stop.
-    position: where to start (a checkpoint's); shards: the shard list a checkpoint
-        recorded (default: the store's committed shards).
-    device: where training runs; a CUDA device gets samples copied there ahead.
-    lane, lanes: the sample stream this loader serves, of how many (module docstring)."""
+        loader_threads, prefetch_samples, skip_corrupt_shards, cache_dir, cache_size).
+    spec: the layers, block size, order, lane and device (`LoaderSpec`).
+    position: where to start (a checkpoint's); corrupt: the run's known corrupt
+        shards, shared by a rank's lanes."""
 
     def __init__(
         self,
         store: Store,
         config: DataConfig,
-        layers: list[int],
-        block_size: int,
+        spec: LoaderSpec,
         *,
-        seed: int,
-        epochs: int,
         position: LoaderPosition | None = None,
         log: Callable[[str], None] = print,
-        shards: list[str] | None = None,
-        device: torch.device | str | None = None,
-        lane: int = 0,
-        lanes: int = 1,
         corrupt: CorruptShards | None = None,
-        cache_share: int = 1,
     ):
         self.store = store
         self.config = config
-        self.layers = store.require_layers(layers)
-        self.block_size = block_size
-        self.seed = seed
-        self.epochs = epochs
+        self.spec = spec
+        self.layers = store.require_layers(spec.layers)
         self.log = log
-        names = sorted(store.committed_shards() if shards is None else shards)
+        names = sorted(store.committed_shards() if spec.shards is None else spec.shards)
         if not names:
             raise ValueError(f"{store.path}: no committed shards to train on")
-        if not 0 <= lane < lanes:
-            raise ValueError(f"loader lane {lane} is not one of {lanes} lanes")
-        check_lanes(store.path, lanes, len(names))
-        self.order = SampleOrder(names, seed, config.buffer_shards, lane, lanes)
-        self.lane, self.lanes = lane, lanes
+        if not 0 <= spec.lane < spec.lanes:
+            raise ValueError(f"loader lane {spec.lane} is not one of {spec.lanes} lanes")
+        check_lanes(store.path, spec.lanes, len(names))
+        self.order = SampleOrder(names, spec.seed, config.buffer_shards, spec.lane, spec.lanes)
         self.start = position or LoaderPosition()
         self.corrupt = corrupt or CorruptShards(log=log)
         self.skipped_shards: list[str] = []
@@ -198,14 +199,14 @@ class ShardLoader:
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._heldout = None  # the held-out index, built on first use
-        self.cache_share = cache_share  # loaders sharing data.cache_size on this node
         self.cache: ShardCache | None = None  # built when reading starts (train.data.cache)
+        device = spec.device
         self._to_device = DeviceCopier(device) if device is not None and torch.device(device).type == "cuda" else None
 
     def seek(self, position: LoaderPosition) -> None:
         """Start reading at `position` (a checkpoint's) instead; only before the first sample."""
         if self._queue is not None:
-            raise RuntimeError(f"loader lane {self.lane}: cannot move to {position} once reading has started")
+            raise RuntimeError(f"loader lane {self.spec.lane}: cannot move to {position} once reading has started")
         self.start = position
 
     # -- the order (`self.order`, train.data.order) ----------------------------------------
@@ -222,7 +223,7 @@ class ShardLoader:
         shards known to be corrupt deliver none."""
         counts = train_samples_by_shard(self.store, self.order.shards, self.config.heldout_fraction)
         counts = {n: 0 if n in self.corrupt.known else c for n, c in counts.items()}
-        return self.order.lane_totals(counts, self.epochs if epochs is None else epochs)
+        return self.order.lane_totals(counts, self.spec.epochs if epochs is None else epochs)
 
     # -- reading --------------------------------------------------------------------------
     def _read(self, names: list[str]) -> Iterator[ShardData]:
@@ -257,7 +258,7 @@ class ShardLoader:
         start, stop = int(data.offsets[index]), int(data.offsets[index + 1])
         stop = min(stop, start + self.config.max_length)
         loss_mask = data.loss_mask[start:stop]
-        if anchor_candidates(loss_mask, self.block_size).numel() == 0:
+        if anchor_candidates(loss_mask, self.spec.block_size).numel() == 0:
             return None
         return TrainSample(
             sample_id=data.sample_ids[index],
@@ -275,7 +276,7 @@ class ShardLoader:
     def _decode_groups(self, out: queue.Queue) -> None:
         """Thread 1: decode groups of shards, from the start position on."""
         first = self.start
-        for epoch in range(first.epoch, self.epochs):
+        for epoch in range(first.epoch, self.spec.epochs):
             groups = self.order.groups(epoch)
             start_group = first.group if epoch == first.epoch else 0
             names = [n for g in groups[start_group:] for n in g]
@@ -352,9 +353,9 @@ class ShardLoader:
         if self._queue is not None:
             return
         if self.config.cache_dir is not None:
-            size = None if self.config.cache_size is None else parse_bytes(self.config.cache_size) // self.cache_share
-            upcoming = upcoming_shards(self.order, self.start, self.epochs, skip=self.corrupt.known)
-            self.cache = ShardCache(self.store, self.config.cache_dir, size, upcoming, self.log, self.lane)
+            size = None if self.config.cache_size is None else parse_bytes(self.config.cache_size) // self.spec.cache_share
+            upcoming = upcoming_shards(self.order, self.start, self.spec.epochs, skip=self.corrupt.known)
+            self.cache = ShardCache(self.store, self.config.cache_dir, size, upcoming, self.log, self.spec.lane)
         groups: queue.Queue = queue.Queue(maxsize=1)
         self._queue = queue.Queue(maxsize=self.config.prefetch_samples)
         self._threads = [
@@ -413,7 +414,7 @@ class ShardLoader:
             if location.shard in self.skipped_shards or location.shard in self.corrupt.known:
                 continue
             sample = read_located(self.store, location, self.layers, self.config.max_length)
-            if anchor_candidates(sample.loss_mask, self.block_size).numel() == 0:
+            if anchor_candidates(sample.loss_mask, self.spec.block_size).numel() == 0:
                 continue
             count += 1
             yield TrainSample(

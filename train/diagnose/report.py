@@ -11,7 +11,7 @@ These are the analyses that found the seeds' plateau, made a product:
 - instability cliffs: the mean accuracy over the `cliff_window` records after a
   step is more than `cliff_drop` below the mean over the records before it;
 - the LR schedule against the run's own config (RUN/config.yaml, read with
-  `train.config.load_config`): the warmup peak at the configured step with the
+  `train.config_loading.load_config`): the warmup peak at the configured step with the
   configured value, and every logged LR on the trainer's own schedule
   (`train.fitting.schedule.lr_at`);
 - the loss distribution: the share of steps above twice the running median, and a
@@ -40,8 +40,10 @@ from typing import Sequence
 
 import numpy as np
 
-from train.config import CONFIG_FILE, ConfigError, OptimConfig, RunConfig, load_config
 from store_schema.root import read_root
+from train.config import CONFIG_FILE, RunConfig
+from train.config_error import ConfigError
+from train.config_loading import load_config
 from train.diagnose.checks import (
     Finding,
     check_epochs,
@@ -52,6 +54,7 @@ from train.diagnose.checks import (
     improvement_windows,
     primary_metric,
 )
+from train.fitting.config import OptimConfig
 from train.fitting.runlog import TAU_KEYS, Log, accuracy_key, ddtree_keys_by_budget, read_log, series
 from train.fitting.schedule import lr_at, warmup_steps
 

@@ -22,7 +22,7 @@ from train.config import RunConfig
 from train.data.cache import lanes_per_node
 from train.data.lanes import LaneFeed, check_world, lane_positions, resumed_deal
 from train.data.lanes import total_steps as lane_steps
-from train.data.loader import CorruptShards, ShardLoader, check_lanes
+from train.data.loader import CorruptShards, LoaderSpec, ShardLoader, check_lanes
 from train.drafter.dflash2 import build_drafter
 from train.drafter.model import DFlashDrafter
 from train.dtypes import torch_dtype
@@ -114,12 +114,14 @@ def new_feed(config: RunConfig, checked: Checked, shards: list[str] | None, worl
     check_world(world.size, lanes, batch, resumed=shards is not None)
     corrupt = CorruptShards(checked.damaged, log)
     check_lanes(store.path, lanes, len(shards or store.committed_shards()))
-    drafter, share = checked.drafter_config, lanes_per_node(lanes, world.size, local_world_size(world))
+    drafter = checked.drafter_config
+    spec = LoaderSpec(drafter.context_layer_ids, drafter.block_size, seed=config.train.seed, epochs=config.train.epochs,
+                      lanes=lanes, shards=shards, device=device,
+                      cache_share=lanes_per_node(lanes, world.size, local_world_size(world)))
 
     def make_loader(lane: int, epochs: int = config.train.epochs) -> ShardLoader:
-        return ShardLoader(store, config.data, drafter.context_layer_ids, drafter.block_size, seed=config.train.seed,
-                           epochs=epochs, log=log, shards=shards, device=device, lane=lane, lanes=lanes,
-                           corrupt=corrupt, cache_share=share)
+        return ShardLoader(store, config.data, dataclasses.replace(spec, lane=lane, epochs=epochs), log=log,
+                           corrupt=corrupt)
 
     order = make_loader(0)  # reads nothing: the sample order, to size the run
     epochs = epochs_for(config.train.max_steps, config.train.epochs,

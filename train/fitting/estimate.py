@@ -38,7 +38,7 @@ import torch
 from store_schema.runtime.estimate import DTYPE_BYTES, fits_in, gib, hours, parameter_count
 from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import open_store
-from train.config import load_config
+from train.config_loading import load_config
 from train.drafter.dflash2 import build_drafter
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig

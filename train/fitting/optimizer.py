@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from train.config import OptimConfig
+from train.fitting.config import OptimConfig
 from train.fitting.schedule import lr_at
 
 

@@ -20,7 +20,8 @@ from store_schema.location import is_object_store
 from store_schema.runtime.target_config import TargetConfig, read_target_config
 from store_schema.stores import open_store
 from store_schema.verify import verify_store
-from train.config import ConfigError, RunConfig
+from train.config import RunConfig
+from train.config_error import ConfigError
 from train.data.heldout import is_heldout
 from train.drafter.model import DrafterConfig
 from train.drafter.targets import default_gamma

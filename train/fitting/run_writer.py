@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from train.config import LogConfig
+from train.fitting.config import LogConfig
 from train.fitting.runlog import LOG_FILE, append_log, samples_log, truncate_log
 from train.fitting.tblog import TensorBoardLog
 from train.world import World

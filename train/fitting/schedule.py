@@ -16,7 +16,7 @@ def warmup_steps(total_steps: int, optim) -> int:
 
 def lr_at(step: int, total_steps: int, optim) -> float:
     """LR of optimizer step `step` (0-based) of a `total_steps` run under
-    `optim` (train.config.OptimConfig): linear warmup to `optim.lr` over
+    `optim` (train.fitting.config.OptimConfig): linear warmup to `optim.lr` over
     `warmup_steps`, then cosine down to `lr * min_lr_ratio` at the end, or
     constant. A log line for step S (steps done) carries `lr_at(S - 1)`."""
     warmup = warmup_steps(total_steps, optim)

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from store_schema.runtime.target_config import TargetConfig
-from train.config import ConfigError, RunConfig
+from train.config import RunConfig
+from train.config_error import ConfigError
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig
 from train.fitting.init_from import fine_tune_config, init_record, read_source

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 
 from train.drafter.anchors import sample_anchors
-from train.config import LossConfig
 from train.drafter.config import ModelConfig
 from train.drafter.targets import BlockTargets, block_targets
+from train.fitting.config import LossConfig
 from train.fitting.loss import LossOutput, dflash_loss
 from train.fitting.selector_loss import selector_weight_at
 

@@ -78,7 +78,7 @@ class Trainer:
         self.drafter, self.head, self.optimizer, self.feed = parts.drafter, parts.head, parts.optimizer, parts.feed
         self.checkpointer, self.world, self.device, self.log = parts.checkpointer, parts.world, parts.device, parts.log
         self.loader = next(iter(self.feed.loaders.values()))
-        self.generator = self.feed.generators[self.loader.lane]
+        self.generator = self.feed.generators[self.loader.spec.lane]
         self.total_steps = self.optimizer.total_steps
         self.step = parts.start_step
         self.epoch = self.loader.start.epoch

@@ -1,0 +1,21 @@
+"""drafter_bench's `--smoke` (tests/test_benchmarks.py says why), in a module of its own:
+~100 s on 2 idle cores, so that `make test`'s other pytest worker can run beside it."""
+
+from __future__ import annotations
+
+import pytest
+
+from test_benchmarks import SMOKE_KEYS, smoke
+
+
+@pytest.mark.slow  # a child process
+def test_drafter_bench_smoke():
+    figures = smoke("drafter_bench.py")
+    missing = SMOKE_KEYS["drafter_bench.py"] - set(figures)
+    assert not missing, f"drafter_bench --smoke lacks {sorted(missing)}"
+    assert figures["smoke"] is True
+    variants = figures["variants"]  # DFlash / DFlash 2, each decoded losslessly
+    assert set(variants) == {"dflash_decay", "dflash2_warm"}  # drafter_bench.SMOKE_VARIANTS
+    assert all(v["lossless"] and v["decode_tau"] >= 1.0 for v in variants.values())
+    assert variants["dflash2_warm"]["parameters"] > variants["dflash_decay"]["parameters"]
+    assert variants["dflash2_warm"]["heldout_selector_acc"] is not None  # the selector trained and was measured
