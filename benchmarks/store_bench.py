@@ -256,7 +256,7 @@ def shard_cache_figures(work: Path, samples, local: Path) -> dict:
         times = [(loader_epoch_seconds(Store(local), names), loader_epoch_seconds(bucket, names, work / f"cache{i}"))
                  for i in range(2)]
         local_s, cached_s = min(t[0] for t in times), min(t[1] for t in times)
-    sent, seconds = sum(b for b, _ in uploads), sum(s for _, s in uploads)
+    sent, seconds = sum(u.sent for u in uploads), sum(u.seconds for u in uploads)
     return {"uploader_mb_s": round(sent / seconds / 1e6, 1),
             "shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
             "shard_cache_read_ratio_vs_local": round(local_s / cached_s, 3)}
