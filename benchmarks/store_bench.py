@@ -34,16 +34,22 @@ from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_c
 from store_schema import (  # noqa: E402
     CodecConfig,
     Fingerprint,
+    Plan,
+    PlannedSample,
+    PlannedShard,
     SampleArrays,
     Store,
     available_cores,
     create_store,
     layout,
     on_disk_bytes,
+    sample_digest,
     shard_name,
     store_dtype,
 )
+from store_schema.plan import PlanSettings  # noqa: E402
 from store_schema.shard_codec import read_arrays, start_sharded_decode  # noqa: E402
+from store_schema.stores import open_store  # noqa: E402
 
 HIDDEN = 1024
 # The rate one seed GPU consumed: 36K tokens/s of 5 context layers x 5120 (Qwen3.6-27B).
@@ -101,29 +107,48 @@ def write_per_sample(root: Path, samples) -> float:
     return t.seconds
 
 
+def shard_samples(samples, shard_tokens: int) -> list[list[SampleArrays]]:
+    """The samples dealt in order into shards of at least `shard_tokens` (the last: the rest)."""
+    shards, shard, tokens = [], [], 0
+    for i, (ids, hidden) in enumerate(samples):
+        shard.append(SampleArrays(f"s{i:06d}", ids, np.ones(len(ids), np.uint8), {1: hidden}))
+        tokens += len(ids)
+        if tokens >= shard_tokens:
+            shards.append(shard)
+            shard, tokens = [], 0
+    return shards + ([shard] if shard else [])
+
+
+def bench_plan(shards: list[list[SampleArrays]], shard_tokens: int) -> Plan:
+    """The plan `extract run` would have written for these shards (what a reader of a
+    bucket store lists the shards from)."""
+    planned, index = [], 0
+    for s, shard in enumerate(shards):
+        samples = []
+        for x in shard:
+            digest = sample_digest(x.input_ids.tobytes(), x.loss_mask.tobytes())
+            samples.append(PlannedSample(x.sample_id, index, len(x.input_ids), int(x.loss_mask.sum()), digest))
+            index += 1
+        planned.append(PlannedShard(shard_name(s), tuple(samples)))
+    settings = {**PlanSettings(max_length=4096, shard_tokens=shard_tokens).to_json(), "source": "store_bench"}
+    return Plan(tuple(planned), settings=settings)
+
+
 def write_store(root: Path, samples, shard_tokens: int, codec: CodecConfig, dtype: str,
                 uploads: list | None = None) -> float:
-    """Seconds to write the samples into a store at `root` (a directory or a bucket URL);
-    a bucket's writer appends each shard's (bytes, seconds) of upload to `uploads`."""
+    """Seconds to write the samples' shards into a store at `root` (a directory or a
+    bucket URL) after its plan; a bucket's writer appends each shard's `Upload` (bytes,
+    seconds) to `uploads`."""
     fingerprint = Fingerprint(target_model="bench-qwen3", num_target_layers=3, hidden_size=HIDDEN, vocab_size=256,
                               layer_ids=[1], max_length=4096, dtype=dtype)
     writer = create_store(root, fingerprint, codec)
-
-    def commit(index, shard):
-        writer.write_shard(shard_name(index), shard)
-        if uploads is not None:
-            uploads.append(writer.upload_of(shard_name(index)))
-
+    shards = shard_samples(samples, shard_tokens)
+    writer.write_plan(bench_plan(shards, shard_tokens))
     with Timer() as t:
-        shard, tokens, index = [], 0, 0
-        for i, (ids, hidden) in enumerate(samples):
-            shard.append(SampleArrays(f"s{i:06d}", ids, np.ones(len(ids), np.uint8), {1: hidden}))
-            tokens += len(ids)
-            if tokens >= shard_tokens:
-                commit(index, shard)
-                shard, tokens, index = [], 0, index + 1
-        if shard:
-            commit(index, shard)
+        for index, shard in enumerate(shards):
+            writer.write_shard(shard_name(index), shard)
+            if uploads is not None:
+                uploads.append(writer.upload_of(shard_name(index)))
     return t.seconds
 
 
@@ -241,14 +266,13 @@ def shard_cache_figures(work: Path, samples, local: Path) -> dict:
     epoch through a warm cache vs from `local` (best of 2 each, alternating)."""
     from benchmarks.common import loopback_s3, new_bucket
     from store_schema.local_copy import copy_shard, open_local_copy
-    from store_schema.stores import open_store
 
     with loopback_s3() as endpoint:
         url = f"s3://{new_bucket(endpoint)}/store"
         uploads = []
         write_store(url, samples, 32768, *STORES["bf16"], uploads=uploads)
         bucket = open_store(url)
-        names = bucket.shard_entries()  # (listed: these stores have no plan to name their shards)
+        names = bucket.committed_shards()
         cache = work / "shard_cache"
         open_local_copy(cache, bucket)
         with Timer() as fill:
@@ -260,6 +284,63 @@ def shard_cache_figures(work: Path, samples, local: Path) -> dict:
     return {"uploader_mb_s": round(sent / seconds / 1e6, 1),
             "shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
             "shard_cache_read_ratio_vs_local": round(local_s / cached_s, 3)}
+
+
+def epoch_read_figures(work: Path, num_samples: int) -> tuple[str, dict]:
+    """A shuffled epoch of the per-sample files and of each store, each from an empty
+    page cache, back to back, then files and the bf16 store warm: (how the cache was
+    emptied, samples/s and each store's ratio to the files)."""
+    cold = drop_page_cache(work)
+    with Timer() as t_files:
+        n_files = read_epoch_per_sample(work / "files", seed=1)
+    cold_s = {}
+    for name in STORES:
+        drop_page_cache(work)
+        with Timer() as t:
+            assert read_epoch_store(work / name, seed=1) == n_files == num_samples
+        cold_s[name] = t.seconds
+    with Timer() as t_files_warm:
+        read_epoch_per_sample(work / "files", seed=2)
+    with Timer() as t_store_warm:
+        read_epoch_store(work / "bf16", seed=2)
+    ratio = {name: round(t_files.seconds / cold_s[name], 3) for name in STORES}
+    return cold, {
+        "epoch_samples_s_store_cold": round(n_files / cold_s["bf16"], 2),
+        "epoch_samples_s_torch_save_cold": round(n_files / t_files.seconds, 2),
+        "epoch_read_ratio_vs_torch_save": ratio["bf16"],
+        "fp8_epoch_read_ratio_vs_torch_save": ratio["fp8"],
+        "fp8_bytesplit_epoch_read_ratio_vs_torch_save": ratio["fp8_bytesplit"],
+        "blosc_v1_epoch_read_ratio_vs_torch_save": ratio["bf16_blosc_v1"],
+        "raw_store_epoch_read_ratio_vs_torch_save": ratio["bf16_raw"],
+        "epoch_read_ratio_vs_torch_save_warm": round(t_files_warm.seconds / t_store_warm.seconds, 3),
+    }
+
+
+def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
+    """The RESULTS.md table: (figure, goal, measured)."""
+    return [
+        ("bytes_ratio (default bf16 codec on disk / raw bf16)", "<= 0.70", str(figures["bytes_ratio"])),
+        ("epoch_read_ratio_vs_torch_save (cold)", ">= 1.0", str(figures["epoch_read_ratio_vs_torch_save"])),
+        ("fp8_bytes_ratio (fp8 store / raw bf16)", "<= 0.40", str(figures["fp8_bytes_ratio"])),
+        ("fp8_epoch_read_ratio_vs_torch_save (cold)", "-", str(figures["fp8_epoch_read_ratio_vs_torch_save"])),
+        ("fp8 with the row-major codec (bytesplit): bytes ratio / epoch read ratio", "-",
+         f"{figures['fp8_bytesplit_bytes_ratio']} / {figures['fp8_bytesplit_epoch_read_ratio_vs_torch_save']}"),
+        ("v1 codec (blosc): bytes ratio / epoch read ratio", "-",
+         f"{figures['blosc_v1_bytes_ratio']} / {figures['blosc_v1_epoch_read_ratio_vs_torch_save']}"),
+        ("decode GB/s per core (stored bytes out)", "-", str(figures["decode_gb_per_s_per_core"])),
+        ("loader cores for one GPU at 36K tok/s x 5 x 5120", "-", str(figures["loader_cores_for_36k_tok_s"])),
+        ("verify_gb_per_s (on disk, all cores, cold)", "-",
+         f"{figures['verify_gb_per_s']} (--checksums-only {figures['verify_checksums_only_gb_per_s']})"),
+        ("epoch read ratio (warm)", "-", str(figures["epoch_read_ratio_vs_torch_save_warm"])),
+        ("write_mb_s (store, fsync)", "-", f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, "
+                                          f"torch.save {figures['torch_save_write_mb_s']})"),
+        ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
+        ("uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)", "-",
+         str(figures["uploader_mb_s"])),
+        ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
+        ("trainer's epoch read through a warm shard cache / from local disk", ">= 0.9",
+         str(figures["shard_cache_read_ratio_vs_local"])),
+    ]
 
 
 def main() -> None:
@@ -284,19 +365,7 @@ def main() -> None:
         shard_cache = shard_cache_figures(work, samples, work / "bf16")
         del samples
 
-        cold = drop_page_cache(work)
-        with Timer() as t_files:
-            n_files = read_epoch_per_sample(work / "files", seed=1)
-        cold_s = {}
-        for name in STORES:  # back to back, each after emptying the cache
-            drop_page_cache(work)
-            with Timer() as t:
-                assert read_epoch_store(work / name, seed=1) == n_files == num_samples
-            cold_s[name] = t.seconds
-        with Timer() as t_files_warm:
-            read_epoch_per_sample(work / "files", seed=2)
-        with Timer() as t_store_warm:
-            read_epoch_store(work / "bf16", seed=2)
+        cold, reads = epoch_read_figures(work, num_samples)
         decode = {name: round(decode_gb_per_s_per_core(work / name), 3) for name in STORES}
         verify_rate = verify_gb_per_s(work / "bf16")
         checksum_rate = verify_gb_per_s(work / "bf16", checksums_only=True)
@@ -304,7 +373,6 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    ratio = {name: round((n_files / cold_s[name]) / (n_files / t_files.seconds), 3) for name in STORES}
     gpu_values = GPU_TOKENS_PER_S * GPU_LAYERS * GPU_HIDDEN  # values per second one GPU consumes
     cores = {name: round(gpu_values * store_dtype(STORES[name][1]).itemsize / 1e9 / rate, 2) for name, rate in decode.items()}
     figures = {
@@ -317,14 +385,7 @@ def main() -> None:
         "write_mb_s": round(raw_bytes / write_s["bf16"] / 1e6, 1),
         "fp8_write_mb_s": round(raw_bytes / write_s["fp8"] / 1e6, 1),
         "torch_save_write_mb_s": round(raw_bytes / write_files_s / 1e6, 1),
-        "epoch_samples_s_store_cold": round(n_files / cold_s["bf16"], 2),
-        "epoch_samples_s_torch_save_cold": round(n_files / t_files.seconds, 2),
-        "epoch_read_ratio_vs_torch_save": ratio["bf16"],
-        "fp8_epoch_read_ratio_vs_torch_save": ratio["fp8"],
-        "fp8_bytesplit_epoch_read_ratio_vs_torch_save": ratio["fp8_bytesplit"],
-        "blosc_v1_epoch_read_ratio_vs_torch_save": ratio["bf16_blosc_v1"],
-        "raw_store_epoch_read_ratio_vs_torch_save": ratio["bf16_raw"],
-        "epoch_read_ratio_vs_torch_save_warm": round(t_files_warm.seconds / t_store_warm.seconds, 3),
+        **reads,
         "decode_gb_per_s_per_core": decode,
         "loader_cores_for_36k_tok_s": cores,
         "verify_gb_per_s": round(verify_rate, 3),
@@ -335,31 +396,8 @@ def main() -> None:
         "cache": cold,
         "smoke": args.smoke,
     }
-    rows = [
-        ("bytes_ratio (default bf16 codec on disk / raw bf16)", "<= 0.70", str(figures["bytes_ratio"])),
-        ("epoch_read_ratio_vs_torch_save (cold)", ">= 1.0", str(figures["epoch_read_ratio_vs_torch_save"])),
-        ("fp8_bytes_ratio (fp8 store / raw bf16)", "<= 0.40", str(figures["fp8_bytes_ratio"])),
-        ("fp8_epoch_read_ratio_vs_torch_save (cold)", "-", str(figures["fp8_epoch_read_ratio_vs_torch_save"])),
-        ("fp8 with the row-major codec (bytesplit): bytes ratio / epoch read ratio", "-",
-         f"{figures['fp8_bytesplit_bytes_ratio']} / {figures['fp8_bytesplit_epoch_read_ratio_vs_torch_save']}"),
-        ("v1 codec (blosc): bytes ratio / epoch read ratio", "-",
-         f"{figures['blosc_v1_bytes_ratio']} / {figures['blosc_v1_epoch_read_ratio_vs_torch_save']}"),
-        ("decode GB/s per core (stored bytes out)", "-", str(decode)),
-        ("loader cores for one GPU at 36K tok/s x 5 x 5120", "-", str(cores)),
-        ("verify_gb_per_s (on disk, all cores, cold)", "-",
-         f"{figures['verify_gb_per_s']} (--checksums-only {figures['verify_checksums_only_gb_per_s']})"),
-        ("epoch read ratio (warm)", "-", str(figures["epoch_read_ratio_vs_torch_save_warm"])),
-        ("write_mb_s (store, fsync)", "-", f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, "
-                                          f"torch.save {figures['torch_save_write_mb_s']})"),
-        ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
-        ("uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)", "-",
-         str(figures["uploader_mb_s"])),
-        ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
-        ("trainer's epoch read through a warm shard cache / from local disk", ">= 0.9",
-         str(figures["shard_cache_read_ratio_vs_local"])),
-    ]
     append_results(f"store_bench{' --quick' if args.quick else ''}: {raw_bytes / 1e9:.2f} GB raw, cache emptied by {cold}",
-                   rows, figures, smoke=args.smoke)
+                   summary_rows(figures), figures, smoke=args.smoke)
 
 
 if __name__ == "__main__":
