@@ -3,8 +3,10 @@ write speed, a shuffled epoch read cold (default bf16 codec, the v1 codec, and t
 fp8 store), random 3072-token windows, decode GB/s per core of each codec, the
 loader cores one GPU needs, and verify's speed. Object storage (a loopback
 moto_server): the uploader's throughput (`extract run`'s bucket writer), the shard
-cache's (`data.cache_dir`) fill rate from the bucket, and the trainer's loader
-reading an epoch through the warm cache against the same store on local disk.
+cache's (`data.cache_dir`) fill rate from the bucket, the trainer's loader reading an
+epoch through the warm cache against the same store on local disk, and the share of
+`python -m train fit`'s time spent waiting for data (a tiny drafter) from the bucket
+through a cache a first run filled, against the same run from local disk.
 
     python benchmarks/store_bench.py [--quick | --smoke] [--workdir DIR]
 
@@ -15,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import random
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +52,7 @@ from store_schema import (  # noqa: E402
     shard_name,
     store_dtype,
 )
+from store_schema.local_copy import copied_shards  # noqa: E402
 from store_schema.plan import PlanSettings  # noqa: E402
 from store_schema.shard_codec import read_arrays, start_sharded_decode  # noqa: E402
 from store_schema.stores import open_store  # noqa: E402
@@ -75,14 +81,19 @@ def source_tokens() -> np.ndarray:
     return np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
 
 
-def make_activations(num_samples: int, seed: int = 0):
-    """Yield (input_ids, hidden bf16 [T, HIDDEN]) of 1K-4K tokens from a small Qwen3."""
+def bench_model(seed: int = 0, layers: int = 2):
+    """The small Qwen3 (random weights) whose layer 1 makes the activations."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=256, hidden_size=HIDDEN, intermediate_size=2048, num_hidden_layers=2,
+    config = Qwen3Config(vocab_size=256, hidden_size=HIDDEN, intermediate_size=2048, num_hidden_layers=layers,
                          num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096)
-    model = Qwen3ForCausalLM(config).eval()
+    return Qwen3ForCausalLM(config).eval()
+
+
+def make_activations(num_samples: int, seed: int = 0):
+    """Yield (input_ids, hidden bf16 [T, HIDDEN]) of 1K-4K tokens from a small Qwen3."""
+    model = bench_model(seed)
     tokens = source_tokens()
     rng = np.random.default_rng(seed)
     for _ in range(num_samples):
@@ -105,6 +116,17 @@ def write_per_sample(root: Path, samples) -> float:
                 f.flush()
                 os.fsync(f.fileno())
     return t.seconds
+
+
+def save_target(path: Path, seed: int = 0) -> Path:
+    """The store's target as `train fit --target` reads it: `bench_model` with a third
+    layer after its two (the fingerprint's 3 layers; layer 1's output is unchanged)."""
+    small = bench_model(seed)
+    target = bench_model(seed, layers=3)
+    missing = target.load_state_dict(small.state_dict(), strict=False).missing_keys
+    assert all(key.startswith("model.layers.2.") for key in missing), missing
+    target.to(torch.bfloat16).save_pretrained(str(path))
+    return path
 
 
 def shard_samples(samples, shard_tokens: int) -> list[list[SampleArrays]]:
@@ -258,12 +280,82 @@ def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> float:
     return time.perf_counter() - first_epoch_done
 
 
-def shard_cache_figures(work: Path, samples, local: Path) -> dict:
+# The trainer's runs: the tests' tiny drafter (tests/tiny.py) on the bench target, one
+# sample a step, no held-out pass, no evaluation, no checkpoint but the last.
+FIT_SETS = ("model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8", "model.architecture=dflash",
+            "loss.position_weights=decay", "model.mask_token_id=0", "data.heldout_fraction=0", "data.max_length=4096",
+            "train.batch_size=1", "train.grad_accumulation=1", "eval.every=0", "train.checkpoint_every=0")
+
+
+# `train.data.cache.ShardCache.close`'s line: what a run found in the cache and what it fetched
+CACHE_LINE = re.compile(r"(\d+) shard\(s\) reused after checking, (\d+) fetched")
+
+
+def fit_records(target: Path, store, out: Path, steps: int, log_every: int, *sets: str) -> tuple[list[dict], str]:
+    """The logged lines and the output of a `python -m train fit` of `steps` steps on
+    `store`, with `sets` besides `FIT_SETS`. --skip-verify: the integrity pass would read
+    the whole store before step 1 (from the bucket too), and it is not what is measured."""
+    sets = (*FIT_SETS, f"train.log_every={log_every}", *sets)
+    command = [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
+               "--max-steps", str(steps), "--skip-verify", *sum((["--set", s] for s in sets), [])]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise SystemExit(f"train fit on {store} failed:\n{done.stdout[-4000:]}")
+    lines = (out / "train_log.jsonl").read_text().splitlines()
+    shutil.rmtree(out)  # its checkpoint
+    return [json.loads(line) for line in lines if line.strip()], done.stdout
+
+
+def data_wait(run: tuple[list[dict], str], log_every: int) -> dict:
+    """A run's (`fit_records`) data wait: the share of the trainer's time spent waiting
+    for the loader over its logged intervals after the first (which holds the loader's
+    start: its seconds of wait are given apart), and the mean seconds a step took
+    there; through a cache, the shards it found there and those it fetched."""
+    records, output = run
+    records = [r for r in records if "loader_wait_frac" in r]  # the training lines
+    seconds = [log_every / r["sequences_per_s"] for r in records]  # one sequence a step
+    waited = [r["loader_wait_frac"] * s for r, s in zip(records, seconds)]
+    steps = log_every * (len(records) - 1)
+    cache = CACHE_LINE.search(output)
+    return {"wait_share": round(sum(waited[1:]) / sum(seconds[1:]), 5), "step_s": round(sum(seconds[1:]) / steps, 3),
+            "wait_s": round(sum(waited[1:]), 3), "first_interval_wait_s": round(waited[0], 3),
+            **({"shards_reused": int(cache[1]), "shards_fetched": int(cache[2])} if cache else {})}
+
+
+def trainer_data_wait(work: Path, url: str, local: Path, steps: int) -> dict:
+    """`train fit` from the bucket through a shard cache, twice: a first run fills the
+    cache, the second reads it warm (what a restarted or multi-epoch job reads); then
+    the same run from `local`. Each run's data wait (`data_wait`) over the same steps."""
+    log_every = max(1, steps // 6)
+    target = save_target(work / "target")
+    bucket, cache = open_store(url), work / "fit_cache"
+    names = bucket.committed_shards()
+    size = sum(bucket.commit(name).disk_bytes for name in names)  # every shard pinned: the whole store fits
+    through_cache = (f"data.cache_dir={cache}", f"data.cache_size={2 * size}")
+
+    def run(store, out: str, *sets: str) -> dict:
+        return data_wait(fit_records(target, store, work / out, steps, log_every, *sets), log_every)
+
+    runs = {"cache_fill": run(url, "fit_fill", *through_cache)}
+    held = copied_shards(cache)
+    if sorted(held) != sorted(names):
+        raise SystemExit(f"the first run left {len(held)} of {len(names)} shard(s) in {cache}: the cache is not warm")
+    runs["cache"] = run(url, "fit_warm", *through_cache)
+    runs["local"] = run(local, "fit_local")
+    return {"trainer_data_wait_share_cache": runs["cache"]["wait_share"],
+            "trainer_data_wait_share_local": runs["local"]["wait_share"],
+            "trainer_data_wait_share_cache_fill": runs["cache_fill"]["wait_share"],
+            "trainer_fit": {**runs, "steps": steps, "log_every": log_every, "store_shards": len(names)}}
+
+
+def shard_cache_figures(work: Path, samples, local: Path, fit_steps: int) -> dict:
     """The same samples as the local store `local`, written to a bucket on a loopback
     moto_server by the writer `extract run`'s workers use (each shard built in a local
     spool, uploaded, marker last: the uploader's MB/s over the uploads alone); the cache
     filled from it shard by shard (MB/s of shard files, checked on arrival), then an
-    epoch through a warm cache vs from `local` (best of 2 each, alternating)."""
+    epoch through a warm cache vs from `local` (best of 2 each, alternating), and the
+    trainer's data wait through a warm cache vs from `local` (`trainer_data_wait`)."""
     from benchmarks.common import loopback_s3, new_bucket
     from store_schema.local_copy import copy_shard, open_local_copy
 
@@ -280,10 +372,13 @@ def shard_cache_figures(work: Path, samples, local: Path) -> dict:
         times = [(loader_epoch_seconds(Store(local), names), loader_epoch_seconds(bucket, names, work / f"cache{i}"))
                  for i in range(2)]
         local_s, cached_s = min(t[0] for t in times), min(t[1] for t in times)
+        trainer = trainer_data_wait(work, url, local, fit_steps)
     sent, seconds = sum(u.sent for u in uploads), sum(u.seconds for u in uploads)
     return {"uploader_mb_s": round(sent / seconds / 1e6, 1),
             "shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
-            "shard_cache_read_ratio_vs_local": round(local_s / cached_s, 3)}
+            "shard_cache_read_ratio_vs_local": round(local_s / cached_s, 3),
+            "loader_ms_per_sample": {"cache": round(1e3 * cached_s / len(samples), 1),
+                                     "local": round(1e3 * local_s / len(samples), 1)}, **trainer}
 
 
 def epoch_read_figures(work: Path, num_samples: int) -> tuple[str, dict]:
@@ -340,6 +435,12 @@ def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
         ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
         ("trainer's epoch read through a warm shard cache / from local disk", ">= 0.9",
          str(figures["shard_cache_read_ratio_vs_local"])),
+        ("train fit's data-wait share after the first fill: warm cache / local (first fill)", "<= 1 %",
+         " / ".join(f"{100 * figures[f'trainer_data_wait_share_{run}']:.2f} %" for run in ("cache", "local"))
+         + f" ({100 * figures['trainer_data_wait_share_cache_fill']:.2f} %)"),
+        ("train fit's seconds a step / the loader's alone a sample (ms): warm cache, local", "info",
+         f"{figures['trainer_fit']['cache']['step_s']} / {figures['loader_ms_per_sample']['cache']}, "
+         f"{figures['trainer_fit']['local']['step_s']} / {figures['loader_ms_per_sample']['local']}"),
     ]
 
 
@@ -362,7 +463,7 @@ def main() -> None:
         disk = {name: on_disk_bytes(work / name) for name in STORES}
         files_bytes = on_disk_bytes(work / "files")
         print("shard cache: a bucket on a loopback moto_server ...", file=sys.stderr)
-        shard_cache = shard_cache_figures(work, samples, work / "bf16")
+        shard_cache = shard_cache_figures(work, samples, work / "bf16", 2 if args.smoke else 48 if args.quick else 96)
         del samples
 
         cold, reads = epoch_read_figures(work, num_samples)

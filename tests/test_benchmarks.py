@@ -86,6 +86,9 @@ def test_run_all_smoke_runs_store_extract_and_train():
     assert variants["dflash2_warm"]["heldout_selector_acc"] is not None  # the selector trained and was measured
     assert figures["store.shard_cache_fill_mb_s"] > 0 and figures["store.shard_cache_read_ratio_vs_local"] > 0
     assert figures["store.uploader_mb_s"] > 0
+    assert 0 <= figures["store.trainer_data_wait_share_cache"] <= 1
+    assert 0 <= figures["store.trainer_data_wait_share_local"] <= 1
+    assert figures["store.trainer_fit"]["cache"]["shards_fetched"] == 0  # the measured fit read a warm cache
 
 
 @pytest.mark.slow  # child processes
