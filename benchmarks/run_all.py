@@ -39,6 +39,8 @@ GOALS = [
     ("store", "window_read_ratio_vs_torch_save_cold", "- (information)", None),
     ("store", "shard_cache_read_ratio_vs_local", ">= 0.9 (warm cache)", lambda v: v >= 0.9),
     ("store", "shard_cache_fill_mb_s", "- (moto on loopback, information)", None),
+    ("store", "trainer_data_wait_share_cache", "<= 0.01 (train fit, warm cache)", lambda v: v <= 0.01),
+    ("store", "trainer_data_wait_share_local", "- (train fit, local store, information)", None),
     ("extract", "overhead_ratio", "<= 1.05", lambda v: v <= 1.05),
     ("extract", "scaling_2v1", ">= 1.8", lambda v: v >= 1.8),
     ("extract", "forward_only_scaling_2v1", "- (this machine's ceiling)", None),

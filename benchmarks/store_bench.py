@@ -3,8 +3,10 @@ write speed, a shuffled epoch read cold (default bf16 codec, the v1 codec, and t
 fp8 store), random 3072-token windows, decode GB/s per core of each codec, the
 loader cores one GPU needs, and verify's speed. Object storage (a loopback
 moto_server): the uploader's throughput (`extract run`'s bucket writer), the shard
-cache's (`data.cache_dir`) fill rate from the bucket, and the trainer's loader
-reading an epoch through the warm cache against the same store on local disk.
+cache's (`data.cache_dir`) fill rate from the bucket, the trainer's loader reading an
+epoch through the warm cache against the same store on local disk, and the share of
+`python -m train fit`'s time spent waiting for data (a tiny drafter) from the bucket
+through a cache a first run filled, against the same run from local disk.
 
     python benchmarks/store_bench.py [--quick | --smoke] [--workdir DIR]
 
@@ -15,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import os
 import random
+import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,16 +39,23 @@ from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_c
 from store_schema import (  # noqa: E402
     CodecConfig,
     Fingerprint,
+    Plan,
+    PlannedSample,
+    PlannedShard,
     SampleArrays,
     Store,
     available_cores,
     create_store,
     layout,
     on_disk_bytes,
+    sample_digest,
     shard_name,
     store_dtype,
 )
+from store_schema.local_copy import copied_shards  # noqa: E402
+from store_schema.plan import PlanSettings  # noqa: E402
 from store_schema.shard_codec import read_arrays, start_sharded_decode  # noqa: E402
+from store_schema.stores import open_store  # noqa: E402
 
 HIDDEN = 1024
 # The rate one seed GPU consumed: 36K tokens/s of 5 context layers x 5120 (Qwen3.6-27B).
@@ -69,14 +81,19 @@ def source_tokens() -> np.ndarray:
     return np.frombuffer(text.encode(), dtype=np.uint8).astype(np.int64)
 
 
-def make_activations(num_samples: int, seed: int = 0):
-    """Yield (input_ids, hidden bf16 [T, HIDDEN]) of 1K-4K tokens from a small Qwen3."""
+def bench_model(seed: int = 0, layers: int = 2):
+    """The small Qwen3 (random weights) whose layer 1 makes the activations."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=256, hidden_size=HIDDEN, intermediate_size=2048, num_hidden_layers=2,
+    config = Qwen3Config(vocab_size=256, hidden_size=HIDDEN, intermediate_size=2048, num_hidden_layers=layers,
                          num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096)
-    model = Qwen3ForCausalLM(config).eval()
+    return Qwen3ForCausalLM(config).eval()
+
+
+def make_activations(num_samples: int, seed: int = 0):
+    """Yield (input_ids, hidden bf16 [T, HIDDEN]) of 1K-4K tokens from a small Qwen3."""
+    model = bench_model(seed)
     tokens = source_tokens()
     rng = np.random.default_rng(seed)
     for _ in range(num_samples):
@@ -101,29 +118,59 @@ def write_per_sample(root: Path, samples) -> float:
     return t.seconds
 
 
+def save_target(path: Path, seed: int = 0) -> Path:
+    """The store's target as `train fit --target` reads it: `bench_model` with a third
+    layer after its two (the fingerprint's 3 layers; layer 1's output is unchanged)."""
+    small = bench_model(seed)
+    target = bench_model(seed, layers=3)
+    missing = target.load_state_dict(small.state_dict(), strict=False).missing_keys
+    assert all(key.startswith("model.layers.2.") for key in missing), missing
+    target.to(torch.bfloat16).save_pretrained(str(path))
+    return path
+
+
+def shard_samples(samples, shard_tokens: int) -> list[list[SampleArrays]]:
+    """The samples dealt in order into shards of at least `shard_tokens` (the last: the rest)."""
+    shards, shard, tokens = [], [], 0
+    for i, (ids, hidden) in enumerate(samples):
+        shard.append(SampleArrays(f"s{i:06d}", ids, np.ones(len(ids), np.uint8), {1: hidden}))
+        tokens += len(ids)
+        if tokens >= shard_tokens:
+            shards.append(shard)
+            shard, tokens = [], 0
+    return shards + ([shard] if shard else [])
+
+
+def bench_plan(shards: list[list[SampleArrays]], shard_tokens: int) -> Plan:
+    """The plan `extract run` would have written for these shards (what a reader of a
+    bucket store lists the shards from)."""
+    planned, index = [], 0
+    for s, shard in enumerate(shards):
+        samples = []
+        for x in shard:
+            digest = sample_digest(x.input_ids.tobytes(), x.loss_mask.tobytes())
+            samples.append(PlannedSample(x.sample_id, index, len(x.input_ids), int(x.loss_mask.sum()), digest))
+            index += 1
+        planned.append(PlannedShard(shard_name(s), tuple(samples)))
+    settings = {**PlanSettings(max_length=4096, shard_tokens=shard_tokens).to_json(), "source": "store_bench"}
+    return Plan(tuple(planned), settings=settings)
+
+
 def write_store(root: Path, samples, shard_tokens: int, codec: CodecConfig, dtype: str,
                 uploads: list | None = None) -> float:
-    """Seconds to write the samples into a store at `root` (a directory or a bucket URL);
-    a bucket's writer appends each shard's (bytes, seconds) of upload to `uploads`."""
+    """Seconds to write the samples' shards into a store at `root` (a directory or a
+    bucket URL) after its plan; a bucket's writer appends each shard's `Upload` (bytes,
+    seconds) to `uploads`."""
     fingerprint = Fingerprint(target_model="bench-qwen3", num_target_layers=3, hidden_size=HIDDEN, vocab_size=256,
                               layer_ids=[1], max_length=4096, dtype=dtype)
     writer = create_store(root, fingerprint, codec)
-
-    def commit(index, shard):
-        writer.write_shard(shard_name(index), shard)
-        if uploads is not None:
-            uploads.append(writer.upload_of(shard_name(index)))
-
+    shards = shard_samples(samples, shard_tokens)
+    writer.write_plan(bench_plan(shards, shard_tokens))
     with Timer() as t:
-        shard, tokens, index = [], 0, 0
-        for i, (ids, hidden) in enumerate(samples):
-            shard.append(SampleArrays(f"s{i:06d}", ids, np.ones(len(ids), np.uint8), {1: hidden}))
-            tokens += len(ids)
-            if tokens >= shard_tokens:
-                commit(index, shard)
-                shard, tokens, index = [], 0, index + 1
-        if shard:
-            commit(index, shard)
+        for index, shard in enumerate(shards):
+            writer.write_shard(shard_name(index), shard)
+            if uploads is not None:
+                uploads.append(writer.upload_of(shard_name(index)))
     return t.seconds
 
 
@@ -234,22 +281,91 @@ def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> float:
     return time.perf_counter() - first_epoch_done
 
 
-def shard_cache_figures(work: Path, samples, local: Path) -> dict:
+# The trainer's runs: the tests' tiny drafter (tests/tiny.py) on the bench target, one
+# sample a step, no held-out pass, no evaluation, no checkpoint but the last.
+FIT_SETS = ("model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8", "model.architecture=dflash",
+            "loss.position_weights=decay", "model.mask_token_id=0", "data.heldout_fraction=0", "data.max_length=4096",
+            "train.batch_size=1", "train.grad_accumulation=1", "eval.every=0", "train.checkpoint_every=0")
+
+
+# `train.data.cache.ShardCache.close`'s line: what a run found in the cache and what it fetched
+CACHE_LINE = re.compile(r"(\d+) shard\(s\) reused after checking, (\d+) fetched")
+
+
+def fit_records(target: Path, store, out: Path, steps: int, log_every: int, *sets: str) -> tuple[list[dict], str]:
+    """The logged lines and the output of a `python -m train fit` of `steps` steps on
+    `store`, with `sets` besides `FIT_SETS`. --skip-verify: the integrity pass would read
+    the whole store before step 1 (from the bucket too), and it is not what is measured."""
+    sets = (*FIT_SETS, f"train.log_every={log_every}", *sets)
+    command = [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
+               "--max-steps", str(steps), "--skip-verify", *sum((["--set", s] for s in sets), [])]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if done.returncode:
+        raise SystemExit(f"train fit on {store} failed:\n{done.stdout[-4000:]}")
+    lines = (out / "train_log.jsonl").read_text().splitlines()
+    shutil.rmtree(out)  # its checkpoint
+    return [json.loads(line) for line in lines if line.strip()], done.stdout
+
+
+def data_wait(run: tuple[list[dict], str], log_every: int) -> dict:
+    """A run's (`fit_records`) data wait: the share of the trainer's time spent waiting
+    for the loader over its logged intervals after the first (which holds the loader's
+    start: its seconds of wait are given apart), and the mean seconds a step took
+    there; through a cache, the shards it found there and those it fetched."""
+    records, output = run
+    records = [r for r in records if "loader_wait_frac" in r]  # the training lines
+    seconds = [log_every / r["sequences_per_s"] for r in records]  # one sequence a step
+    waited = [r["loader_wait_frac"] * s for r, s in zip(records, seconds)]
+    steps = log_every * (len(records) - 1)
+    cache = CACHE_LINE.search(output)
+    return {"wait_share": round(sum(waited[1:]) / sum(seconds[1:]), 5), "step_s": round(sum(seconds[1:]) / steps, 3),
+            "wait_s": round(sum(waited[1:]), 3), "first_interval_wait_s": round(waited[0], 3),
+            **({"shards_reused": int(cache[1]), "shards_fetched": int(cache[2])} if cache else {})}
+
+
+def trainer_data_wait(work: Path, url: str, local: Path, steps: int) -> dict:
+    """`train fit` from the bucket through a shard cache, twice: a first run fills the
+    cache, the second reads it warm (what a restarted or multi-epoch job reads); then
+    the same run from `local`. Each run's data wait (`data_wait`) over the same steps."""
+    log_every = max(1, steps // 6)
+    target = save_target(work / "target")
+    bucket, cache = open_store(url), work / "fit_cache"
+    names = bucket.committed_shards()
+    size = sum(bucket.commit(name).disk_bytes for name in names)  # every shard pinned: the whole store fits
+    through_cache = (f"data.cache_dir={cache}", f"data.cache_size={2 * size}")
+
+    def run(store, out: str, *sets: str) -> dict:
+        return data_wait(fit_records(target, store, work / out, steps, log_every, *sets), log_every)
+
+    runs = {"cache_fill": run(url, "fit_fill", *through_cache)}
+    held = copied_shards(cache)
+    if sorted(held) != sorted(names):
+        raise SystemExit(f"the first run left {len(held)} of {len(names)} shard(s) in {cache}: the cache is not warm")
+    runs["cache"] = run(url, "fit_warm", *through_cache)
+    runs["local"] = run(local, "fit_local")
+    return {"trainer_data_wait_share_cache": runs["cache"]["wait_share"],
+            "trainer_data_wait_share_local": runs["local"]["wait_share"],
+            "trainer_data_wait_share_cache_fill": runs["cache_fill"]["wait_share"],
+            "trainer_fit": {**runs, "steps": steps, "log_every": log_every, "store_shards": len(names)}}
+
+
+def shard_cache_figures(work: Path, samples, local: Path, fit_steps: int) -> dict:
     """The same samples as the local store `local`, written to a bucket on a loopback
     moto_server by the writer `extract run`'s workers use (each shard built in a local
     spool, uploaded, marker last: the uploader's MB/s over the uploads alone); the cache
     filled from it shard by shard (MB/s of shard files, checked on arrival), then an
-    epoch through a warm cache vs from `local` (best of 2 each, alternating)."""
+    epoch through a warm cache vs from `local` (best of 2 each, alternating), and the
+    trainer's data wait through a warm cache vs from `local` (`trainer_data_wait`)."""
     from benchmarks.common import loopback_s3, new_bucket
     from store_schema.local_copy import copy_shard, open_local_copy
-    from store_schema.stores import open_store
 
     with loopback_s3() as endpoint:
         url = f"s3://{new_bucket(endpoint)}/store"
         uploads = []
         write_store(url, samples, 32768, *STORES["bf16"], uploads=uploads)
         bucket = open_store(url)
-        names = bucket.shard_entries()  # (listed: these stores have no plan to name their shards)
+        names = bucket.committed_shards()
         cache = work / "shard_cache"
         open_local_copy(cache, bucket)
         with Timer() as fill:
@@ -257,10 +373,76 @@ def shard_cache_figures(work: Path, samples, local: Path) -> dict:
         times = [(loader_epoch_seconds(Store(local), names), loader_epoch_seconds(bucket, names, work / f"cache{i}"))
                  for i in range(2)]
         local_s, cached_s = min(t[0] for t in times), min(t[1] for t in times)
-    sent, seconds = sum(b for b, _ in uploads), sum(s for _, s in uploads)
+        trainer = trainer_data_wait(work, url, local, fit_steps)
+    sent, seconds = sum(u.sent for u in uploads), sum(u.seconds for u in uploads)
     return {"uploader_mb_s": round(sent / seconds / 1e6, 1),
             "shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
-            "shard_cache_read_ratio_vs_local": round(local_s / cached_s, 3)}
+            "shard_cache_read_ratio_vs_local": round(local_s / cached_s, 3),
+            "loader_ms_per_sample": {"cache": round(1e3 * cached_s / len(samples), 1),
+                                     "local": round(1e3 * local_s / len(samples), 1)}, **trainer}
+
+
+def epoch_read_figures(work: Path, num_samples: int) -> tuple[str, dict]:
+    """A shuffled epoch of the per-sample files and of each store, each from an empty
+    page cache, back to back, then files and the bf16 store warm: (how the cache was
+    emptied, samples/s and each store's ratio to the files)."""
+    cold = drop_page_cache(work)
+    with Timer() as t_files:
+        n_files = read_epoch_per_sample(work / "files", seed=1)
+    cold_s = {}
+    for name in STORES:
+        drop_page_cache(work)
+        with Timer() as t:
+            assert read_epoch_store(work / name, seed=1) == n_files == num_samples
+        cold_s[name] = t.seconds
+    with Timer() as t_files_warm:
+        read_epoch_per_sample(work / "files", seed=2)
+    with Timer() as t_store_warm:
+        read_epoch_store(work / "bf16", seed=2)
+    ratio = {name: round(t_files.seconds / cold_s[name], 3) for name in STORES}
+    return cold, {
+        "epoch_samples_s_store_cold": round(n_files / cold_s["bf16"], 2),
+        "epoch_samples_s_torch_save_cold": round(n_files / t_files.seconds, 2),
+        "epoch_read_ratio_vs_torch_save": ratio["bf16"],
+        "fp8_epoch_read_ratio_vs_torch_save": ratio["fp8"],
+        "fp8_bytesplit_epoch_read_ratio_vs_torch_save": ratio["fp8_bytesplit"],
+        "blosc_v1_epoch_read_ratio_vs_torch_save": ratio["bf16_blosc_v1"],
+        "raw_store_epoch_read_ratio_vs_torch_save": ratio["bf16_raw"],
+        "epoch_read_ratio_vs_torch_save_warm": round(t_files_warm.seconds / t_store_warm.seconds, 3),
+    }
+
+
+def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
+    """The RESULTS.md table: (figure, goal, measured)."""
+    return [
+        ("bytes_ratio (default bf16 codec on disk / raw bf16)", "<= 0.70", str(figures["bytes_ratio"])),
+        ("epoch_read_ratio_vs_torch_save (cold)", ">= 1.0", str(figures["epoch_read_ratio_vs_torch_save"])),
+        ("fp8_bytes_ratio (fp8 store / raw bf16)", "<= 0.40", str(figures["fp8_bytes_ratio"])),
+        ("fp8_epoch_read_ratio_vs_torch_save (cold)", "-", str(figures["fp8_epoch_read_ratio_vs_torch_save"])),
+        ("fp8 with the row-major codec (bytesplit): bytes ratio / epoch read ratio", "-",
+         f"{figures['fp8_bytesplit_bytes_ratio']} / {figures['fp8_bytesplit_epoch_read_ratio_vs_torch_save']}"),
+        ("v1 codec (blosc): bytes ratio / epoch read ratio", "-",
+         f"{figures['blosc_v1_bytes_ratio']} / {figures['blosc_v1_epoch_read_ratio_vs_torch_save']}"),
+        ("decode GB/s per core (stored bytes out)", "-", str(figures["decode_gb_per_s_per_core"])),
+        ("loader cores for one GPU at 36K tok/s x 5 x 5120", "-", str(figures["loader_cores_for_36k_tok_s"])),
+        ("verify_gb_per_s (on disk, all cores, cold)", "-",
+         f"{figures['verify_gb_per_s']} (--checksums-only {figures['verify_checksums_only_gb_per_s']})"),
+        ("epoch read ratio (warm)", "-", str(figures["epoch_read_ratio_vs_torch_save_warm"])),
+        ("write_mb_s (store, fsync)", "-", f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, "
+                                          f"torch.save {figures['torch_save_write_mb_s']})"),
+        ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
+        ("uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)", "-",
+         str(figures["uploader_mb_s"])),
+        ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
+        ("trainer's epoch read through a warm shard cache / from local disk", ">= 0.9",
+         str(figures["shard_cache_read_ratio_vs_local"])),
+        ("train fit's data-wait share after the first fill: warm cache / local (first fill)", "<= 1 %",
+         " / ".join(f"{100 * figures[f'trainer_data_wait_share_{run}']:.2f} %" for run in ("cache", "local"))
+         + f" ({100 * figures['trainer_data_wait_share_cache_fill']:.2f} %)"),
+        ("train fit's seconds a step / the loader's alone a sample (ms): warm cache, local", "info",
+         f"{figures['trainer_fit']['cache']['step_s']} / {figures['loader_ms_per_sample']['cache']}, "
+         f"{figures['trainer_fit']['local']['step_s']} / {figures['loader_ms_per_sample']['local']}"),
+    ]
 
 
 def main() -> None:
@@ -282,22 +464,10 @@ def main() -> None:
         disk = {name: on_disk_bytes(work / name) for name in STORES}
         files_bytes = on_disk_bytes(work / "files")
         print("shard cache: a bucket on a loopback moto_server ...", file=sys.stderr)
-        shard_cache = shard_cache_figures(work, samples, work / "bf16")
+        shard_cache = shard_cache_figures(work, samples, work / "bf16", 2 if args.smoke else 48 if args.quick else 96)
         del samples
 
-        cold = drop_page_cache(work)
-        with Timer() as t_files:
-            n_files = read_epoch_per_sample(work / "files", seed=1)
-        cold_s = {}
-        for name in STORES:  # back to back, each after emptying the cache
-            drop_page_cache(work)
-            with Timer() as t:
-                assert read_epoch_store(work / name, seed=1) == n_files == num_samples
-            cold_s[name] = t.seconds
-        with Timer() as t_files_warm:
-            read_epoch_per_sample(work / "files", seed=2)
-        with Timer() as t_store_warm:
-            read_epoch_store(work / "bf16", seed=2)
+        cold, reads = epoch_read_figures(work, num_samples)
         decode = {name: round(decode_gb_per_s_per_core(work / name), 3) for name in STORES}
         verify_rate = verify_gb_per_s(work / "bf16")
         checksum_rate = verify_gb_per_s(work / "bf16", checksums_only=True)
@@ -305,7 +475,6 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
-    ratio = {name: round((n_files / cold_s[name]) / (n_files / t_files.seconds), 3) for name in STORES}
     gpu_values = GPU_TOKENS_PER_S * GPU_LAYERS * GPU_HIDDEN  # values per second one GPU consumes
     cores = {name: round(gpu_values * store_dtype(STORES[name][1]).itemsize / 1e9 / rate, 2) for name, rate in decode.items()}
     figures = {
@@ -318,14 +487,7 @@ def main() -> None:
         "write_mb_s": round(raw_bytes / write_s["bf16"] / 1e6, 1),
         "fp8_write_mb_s": round(raw_bytes / write_s["fp8"] / 1e6, 1),
         "torch_save_write_mb_s": round(raw_bytes / write_files_s / 1e6, 1),
-        "epoch_samples_s_store_cold": round(n_files / cold_s["bf16"], 2),
-        "epoch_samples_s_torch_save_cold": round(n_files / t_files.seconds, 2),
-        "epoch_read_ratio_vs_torch_save": ratio["bf16"],
-        "fp8_epoch_read_ratio_vs_torch_save": ratio["fp8"],
-        "fp8_bytesplit_epoch_read_ratio_vs_torch_save": ratio["fp8_bytesplit"],
-        "blosc_v1_epoch_read_ratio_vs_torch_save": ratio["bf16_blosc_v1"],
-        "raw_store_epoch_read_ratio_vs_torch_save": ratio["bf16_raw"],
-        "epoch_read_ratio_vs_torch_save_warm": round(t_files_warm.seconds / t_store_warm.seconds, 3),
+        **reads,
         "decode_gb_per_s_per_core": decode,
         "loader_cores_for_36k_tok_s": cores,
         "verify_gb_per_s": round(verify_rate, 3),
@@ -336,31 +498,8 @@ def main() -> None:
         "cache": cold,
         "smoke": args.smoke,
     }
-    rows = [
-        ("bytes_ratio (default bf16 codec on disk / raw bf16)", "<= 0.70", str(figures["bytes_ratio"])),
-        ("epoch_read_ratio_vs_torch_save (cold)", ">= 1.0", str(figures["epoch_read_ratio_vs_torch_save"])),
-        ("fp8_bytes_ratio (fp8 store / raw bf16)", "<= 0.40", str(figures["fp8_bytes_ratio"])),
-        ("fp8_epoch_read_ratio_vs_torch_save (cold)", "-", str(figures["fp8_epoch_read_ratio_vs_torch_save"])),
-        ("fp8 with the row-major codec (bytesplit): bytes ratio / epoch read ratio", "-",
-         f"{figures['fp8_bytesplit_bytes_ratio']} / {figures['fp8_bytesplit_epoch_read_ratio_vs_torch_save']}"),
-        ("v1 codec (blosc): bytes ratio / epoch read ratio", "-",
-         f"{figures['blosc_v1_bytes_ratio']} / {figures['blosc_v1_epoch_read_ratio_vs_torch_save']}"),
-        ("decode GB/s per core (stored bytes out)", "-", str(decode)),
-        ("loader cores for one GPU at 36K tok/s x 5 x 5120", "-", str(cores)),
-        ("verify_gb_per_s (on disk, all cores, cold)", "-",
-         f"{figures['verify_gb_per_s']} (--checksums-only {figures['verify_checksums_only_gb_per_s']})"),
-        ("epoch read ratio (warm)", "-", str(figures["epoch_read_ratio_vs_torch_save_warm"])),
-        ("write_mb_s (store, fsync)", "-", f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, "
-                                          f"torch.save {figures['torch_save_write_mb_s']})"),
-        ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
-        ("uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)", "-",
-         str(figures["uploader_mb_s"])),
-        ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
-        ("trainer's epoch read through a warm shard cache / from local disk", ">= 0.9",
-         str(figures["shard_cache_read_ratio_vs_local"])),
-    ]
     append_results(f"store_bench{' --quick' if args.quick else ''}: {raw_bytes / 1e9:.2f} GB raw, cache emptied by {cold}",
-                   rows, figures, smoke=args.smoke)
+                   summary_rows(figures), figures, smoke=args.smoke)
 
 
 if __name__ == "__main__":

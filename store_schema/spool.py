@@ -23,6 +23,7 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -63,32 +64,45 @@ class Spool:
         self.limit = limit
         self.log = log or (lambda line: None)
         self.waited_seconds = 0.0  # total time writers of this object waited for room
+        self._waits: dict[str, float] = {}  # shard -> seconds it waited, until `wait_of` takes it
+        self._waits_lock = threading.Lock()
 
     @contextmanager
     def shard_dir(self, name: str, need: int, write: Callable[[Path], object]) -> Iterator[tuple[Path, object]]:
         """A fresh directory for shard `name` holding a reservation of `need` bytes,
-        filled by `write(dir) -> summary`; yields (dir, summary) and deletes it after."""
+        filled by `write(dir) -> summary`; yields (dir, summary) and deletes it after.
+        The seconds it waited for room are `wait_of(name)` from the yield on."""
         if self.limit is not None and need > self.limit:
             raise SpoolTooSmall(too_small_message(self.path, self.limit, need))
+        waited = 0.0
         while True:
-            local = self._reserve(name, need)
+            local, seconds = self._reserve(name, need)
+            waited += seconds
             try:
                 summary = write(local)
             except OSError as error:
                 shutil.rmtree(local, ignore_errors=True)
                 if not is_disk_full(error):
                     raise
-                self._wait(f"{self.path}'s disk filled while shard {name} was written ({error.strerror}); "
-                           "waiting for space, then writing it again")
+                waited += self._wait(f"{self.path}'s disk filled while shard {name} was written "
+                                     f"({error.strerror}); waiting for space, then writing it again")
                 continue
             break
+        with self._waits_lock:
+            self.waited_seconds += waited
+            self._waits[name] = waited
         try:
             yield local, summary
         finally:
             shutil.rmtree(local, ignore_errors=True)
 
-    def _reserve(self, name: str, need: int) -> Path:
-        """Wait until `need` bytes fit, then make the reservation's directory."""
+    def wait_of(self, name: str) -> float:
+        """Seconds shard `name` waited for room in this spool, once (then forgotten)."""
+        with self._waits_lock:
+            return self._waits.pop(name, 0.0)
+
+    def _reserve(self, name: str, need: int) -> tuple[Path, float]:
+        """Wait until `need` bytes fit, then make the reservation's directory; (it, seconds waited)."""
         self.path.mkdir(parents=True, exist_ok=True)
         began, last_log = time.monotonic(), None
         while True:
@@ -108,14 +122,13 @@ class Spool:
                          f"needs up to {human_bytes(need)}: waiting for uploads to free space")
                 last_log = now
             time.sleep(POLL_SECONDS)
-        self.waited_seconds += time.monotonic() - began
-        return local
+        return local, time.monotonic() - began
 
-    def _wait(self, why: str) -> None:
+    def _wait(self, why: str) -> float:
         self.log(why)
         began = time.monotonic()
         time.sleep(POLL_SECONDS)
-        self.waited_seconds += time.monotonic() - began
+        return time.monotonic() - began
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

@@ -11,6 +11,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,6 +36,15 @@ from .staging import staging_dir, write_and_commit
 
 class StoreExistsError(FileExistsError):
     pass
+
+
+class Upload(NamedTuple):
+    """One shard's trip to object storage: bytes sent, seconds of the upload alone, and
+    seconds its writer waited for room in the local spool before building it."""
+
+    sent: int = 0
+    seconds: float = 0.0
+    spool_wait_seconds: float = 0.0
 
 
 @dataclass
@@ -111,9 +121,9 @@ class StoreWriter:
         commits by its marker, and builds the shard in its spool, reserving `need` bytes."""
         return write_and_commit(self.path, name, write, make_record, attempt, check)
 
-    def upload_of(self, name: str) -> tuple[int, float]:
-        """(bytes, seconds) of shard `name`'s upload: nothing is uploaded into a directory."""
-        return 0, 0.0
+    def upload_of(self, name: str) -> Upload:
+        """Shard `name`'s upload: nothing is uploaded into a directory."""
+        return Upload()
 
     def _arrays(self, topk: int) -> set[str]:
         """The arrays every committed shard holds."""

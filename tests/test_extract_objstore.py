@@ -25,7 +25,7 @@ from store_schema.location import classify_store
 from store_schema.objstore.bucket import Bucket
 from store_schema.objstore.commit import KILL_BEFORE_ENV
 from store_schema.objstore.keys import ATTEMPTS_DIR
-from store_schema.spool import LOCK_NAME, Spool, SpoolTooSmall
+from store_schema.spool import LOCK_NAME, POLL_SECONDS, Spool, SpoolTooSmall
 from store_schema.stores import open_store
 from store_schema.verify import verify_store
 
@@ -60,6 +60,7 @@ def test_extract_run_into_a_bucket_then_verify_fit_through_the_cache_and_eval(ur
     assert report["store"] == url and report["status"] == "complete"
     assert report["shards_written"] == report["shards"] >= 2
     assert report["upload_bytes"] > 0 and report["upload_seconds"] > 0 and report["upload_mb_per_s"] > 0
+    assert 0 <= report["spool_wait_seconds"] < report["wall_seconds"]  # 50 MB holds a shard: no real wait
     assert [p.name for p in (tmp_path / "spool").iterdir()] == [LOCK_NAME], "the spool kept a shard"
     assert not (tmp_path / "s3:").exists()
     store = open_store(url)
@@ -139,6 +140,8 @@ def test_a_full_spool_waits_for_room_and_a_shard_larger_than_it_is_refused(tmp_p
     [t.join(60) for t in threads]
     assert order == ["a in", "a out", "b in"]
     assert "spool" in lines[0] and "waiting for uploads" in lines[0]
+    assert spool.wait_of("b") >= POLL_SECONDS and spool.wait_of("b") == 0.0  # measured, then taken
+    assert spool.wait_of("a") < POLL_SECONDS
     assert [p.name for p in (tmp_path / "spool").iterdir()] == [LOCK_NAME]
 
 

@@ -100,12 +100,14 @@ def build_report(config: JobConfig, store_path, planned, layer_ids, outcome: Out
 
 
 def upload_figures(counts: DispatchCounts) -> dict:
-    """A store on object storage: what the workers uploaded, and the rate while uploading
+    """A store on object storage: what the workers uploaded, the rate while uploading
     (bytes over the seconds spent in uploads, summed over workers: one uploader's
-    throughput; null when nothing was uploaded, as into a directory)."""
+    throughput; null when nothing was uploaded, as into a directory), and how long
+    they waited for room in their local spools (summed over shards)."""
     seconds = counts.upload_seconds
     return {"upload_bytes": counts.upload_bytes, "upload_seconds": round(seconds, 3),
-            "upload_mb_per_s": round(counts.upload_bytes / seconds / 1e6, 2) if seconds else None}
+            "upload_mb_per_s": round(counts.upload_bytes / seconds / 1e6, 2) if seconds else None,
+            "spool_wait_seconds": round(counts.spool_wait_seconds, 3)}
 
 
 def summary_line(report: dict) -> str:

@@ -187,7 +187,7 @@ class ExtractionWorker:
                 for (sample_id, input_ids, loss_mask), out in zip(samples, outputs)
             ]
             written = writer.write_shard(name, arrays, attempt=attempt)
-            upload_bytes, upload_seconds = writer.upload_of(name)
+            upload = writer.upload_of(name)
         except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
             return dataclasses.replace(failure(error), shard=name)
         num_tokens = sum(len(ids) for _, ids, _ in samples)
@@ -202,8 +202,9 @@ class ExtractionWorker:
             write_seconds=round(time.perf_counter() - started, 4),
             pid=os.getpid(),
             node=self.node,
-            upload_bytes=upload_bytes,
-            upload_seconds=round(upload_seconds, 4),
+            upload_bytes=upload.sent,
+            upload_seconds=round(upload.seconds, 4),
+            spool_wait_seconds=round(upload.spool_wait_seconds, 4),
         )
 
     def _load(self, writer, name: str):

@@ -273,6 +273,7 @@ class DispatchCounts:
     attempts_revoked: int = 0
     upload_bytes: int = 0  # sent to object storage by the workers that replied
     upload_seconds: float = 0.0  # summed over the uploads (each worker uploads its own shards)
+    spool_wait_seconds: float = 0.0  # summed over the shards: waited for room in a local spool
     shards_by_node: dict = field(default_factory=dict)  # Ray node id -> shards its workers wrote and replied for
 
 
@@ -378,6 +379,7 @@ class Dispatcher:
             counts.padded_tokens += reply.padded_tokens
             counts.upload_bytes += reply.upload_bytes
             counts.upload_seconds += reply.upload_seconds
+            counts.spool_wait_seconds += reply.spool_wait_seconds
         else:
             counts.shards_committed_elsewhere += 1
         samples, tokens = self._sizes[reply.shard]

@@ -61,6 +61,7 @@ class ShardDone:
     node: str = ""  # the Ray node id of the worker that replied ("" outside Ray)
     upload_bytes: int = 0  # sent to object storage (0 for a directory store)
     upload_seconds: float = 0.0  # the upload alone: files, claim and marker
+    spool_wait_seconds: float = 0.0  # waited for room in the local spool before building the shard
 
 
 @dataclass(frozen=True)

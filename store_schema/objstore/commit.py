@@ -27,7 +27,7 @@ from ..plan_io import write_plan_group
 from ..records import describe_files, parse_record, record_bytes
 from ..root import parse_root
 from ..spool import Spool
-from ..writer import StoreExistsError, StoreWriter, create_store_dir
+from ..writer import StoreExistsError, StoreWriter, Upload, create_store_dir
 from .bucket import Bucket
 from .keys import MARKER_ATTEMPT, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
 from .reader import read_bucket_plan
@@ -118,7 +118,7 @@ class BucketWriter(StoreWriter):
         self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
         self.spool = spool if spool is not None else Spool()
         self._plan: Plan | None = None
-        self._uploads: dict[str, tuple[int, float]] = {}
+        self._uploads: dict[str, Upload] = {}
         self._uploads_lock = threading.Lock()
 
     def write_plan(self, plan: Plan) -> None:
@@ -135,7 +135,9 @@ class BucketWriter(StoreWriter):
 
     def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0) -> bool:
         attempt = attempt or Attempt(uuid.uuid4().hex[:8], 1)
-        with self.spool.shard_dir(f"{name}.{attempt.token}", need, write) as (local, summary):
+        spooled = f"{name}.{attempt.token}"
+        with self.spool.shard_dir(spooled, need, write) as (local, summary):
+            waited = self.spool.wait_of(spooled)
             record = make_record(summary, describe_files(local))
             if check is not None:
                 check(local, record)
@@ -143,13 +145,13 @@ class BucketWriter(StoreWriter):
             committed = upload_shard(self.bucket, name, local, record, attempt)
             sent = sum(int(entry["size"]) for entry in record["files"].values())
             with self._uploads_lock:
-                self._uploads[name] = (sent, time.perf_counter() - began)
+                self._uploads[name] = Upload(sent, time.perf_counter() - began, waited)
             return committed
 
-    def upload_of(self, name: str) -> tuple[int, float]:
-        """(bytes, seconds) of shard `name`'s upload by this writer, once (then forgotten)."""
+    def upload_of(self, name: str) -> Upload:
+        """Shard `name`'s upload by this writer, once (then forgotten)."""
         with self._uploads_lock:
-            return self._uploads.pop(name, (0, 0.0))
+            return self._uploads.pop(name, Upload())
 
     def write_report(self, name: str, report: dict):
         key = f"{layout.REPORTS_DIR}/{name}.json"
