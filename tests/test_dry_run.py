@@ -137,7 +137,8 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
 
     model, _ = qwen3_6_27b
     assert main(["fit", "--dry-run", "--target", str(model), "--nproc", "8", "--samples", "902000",
-                 "--tokens-per-s", "20000", "--gpu-memory", "96"]) == 0  # no --out: nothing is written anyway
+                 "--tokens-per-s", "20000", "--gpu-memory", "96",
+                 "--set", "model.architecture=dflash"]) == 0  # no --out: nothing is written anyway
     out = capsys.readouterr().out
     report = json.loads(out.strip().splitlines()[-1])
     q, kv = 32 * 128, 8 * 128  # the published drafter: 32 heads x 128, 8 KV heads
@@ -169,13 +170,14 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
 
 
 def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys):
-    """Issue 32.9: DFlash 2 at the published 27B shape (SpecForge's qwen3.6-27b-dflash2:
-    1.92B parameters, ~127M of them the two V x 256 codebooks), counted by formula."""
+    """Issue 32.9: DFlash 2, the default architecture, at the published 27B shape
+    (SpecForge's qwen3.6-27b-dflash2: 1.92B parameters, ~127M of them the two V x 256
+    codebooks), counted by formula."""
     from train.cli import main
 
     model, _ = qwen3_6_27b
     assert main(["fit", "--dry-run", "--target", str(model), "--out", str(tmp_path / "run"), "--nproc", "8",
-                 "--samples", "902000", "--set", "model.architecture=dflash2"]) == 0
+                 "--samples", "902000"]) == 0
     out = capsys.readouterr().out
     report = json.loads(out.strip().splitlines()[-1])
     q, kv = 32 * 128, 8 * 128
