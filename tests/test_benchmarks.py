@@ -109,6 +109,8 @@ def test_store_bench_smoke():
     assert not missing, f"store_bench --smoke lacks {sorted(missing)}"
     assert figures["smoke"] is True
     assert figures["shard_cache_fill_mb_s"] > 0 and figures["shard_cache_read_ratio_vs_local"] > 0
+    epochs = figures["shard_cache_epoch_seconds"]  # the ratio's rounds: epochs after the fill, never the fill
+    assert {k: [len(r) for r in v] for k, v in epochs.items()} == {"cache": [6] * 5, "local": [6] * 5}
     assert figures["uploader_mb_s"] > 0
     assert 0 <= figures["trainer_data_wait_share_cache"] <= 1
     assert 0 <= figures["trainer_data_wait_share_local"] <= 1
