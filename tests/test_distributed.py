@@ -100,6 +100,7 @@ def one_rank(store, qwen3_dir, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow  # two fits and a resume: ~25 s
 def test_one_rank_over_two_lanes_resumes_exactly(one_rank, tmp_path):
     rows = read_log(one_rank)
     assert len(rows) == STEPS and all(r["world_size"] == 1 for r in rows)
