@@ -262,18 +262,22 @@ def random_windows(per_sample: Path, store_root: Path, count: int, seed: int) ->
     return count / t_files.seconds, count / t_store.seconds
 
 
-def loader_epoch_seconds(store, shards: list[str], cache_dir=None, epochs: int = 7) -> list[float]:
+EPOCHS_AFTER_FILL = 6  # timed epochs of the loader after the one that fills the cache
+
+
+def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> list[float]:
     """The trainer's loader (`train.data.loader.ShardLoader`) over `store`, through a
     fresh shard cache in `cache_dir` where given: the seconds of each epoch after the
     first (which filled the cache and warmed the page cache), each from the last sample
     of the one before; one sample and one shard of read-ahead. An epoch of the --quick
     store takes ~0.3 s, so one alone is mostly noise (0.6-1.5 between rounds): the
-    ratio is taken over the six."""
+    ratio is taken over `EPOCHS_AFTER_FILL` of them."""
     from train.data.config import DataConfig
     from train.data.loader import LoaderSpec, ShardLoader
 
     config = DataConfig(max_length=4096, heldout_fraction=0.0, buffer_shards=1, prefetch_samples=1,
                         cache_dir=None if cache_dir is None else str(cache_dir))
+    epochs = EPOCHS_AFTER_FILL + 1
     spec = LoaderSpec([1], block_size=16, seed=1, epochs=epochs, shards=shards)
     loader = ShardLoader(store, config, spec, log=lambda line: None)
     ends = {}
@@ -387,7 +391,6 @@ def shard_cache_figures(work: Path, samples, local: Path, fit_steps: int) -> dic
         runs = [paired_epochs(local, bucket, names, work / f"cache{i}", cache_first=i % 2 == 1) for i in range(PAIRS)]
         ratio = statistics.median(sum(r[0]) / sum(r[1]) for r in runs)
         local_s, cached_s = (statistics.median(sum(r[k]) for r in runs) for k in (0, 1))
-        epochs = len(runs[0][0])
         trainer = trainer_data_wait(work, url, local, fit_steps)
     sent, seconds = sum(u.sent for u in uploads), sum(u.seconds for u in uploads)
     return {"uploader_mb_s": round(sent / seconds / 1e6, 1),
@@ -395,8 +398,9 @@ def shard_cache_figures(work: Path, samples, local: Path, fit_steps: int) -> dic
             "shard_cache_read_ratio_vs_local": round(ratio, 3),
             "shard_cache_epoch_seconds": {"cache": [[round(t, 3) for t in r[1]] for r in runs],
                                           "local": [[round(t, 3) for t in r[0]] for r in runs]},
-            "loader_ms_per_sample": {"cache": round(1e3 * cached_s / epochs / len(samples), 1),
-                                     "local": round(1e3 * local_s / epochs / len(samples), 1)}, **trainer}
+            "loader_ms_per_sample": {"cache": round(1e3 * cached_s / EPOCHS_AFTER_FILL / len(samples), 1),
+                                     "local": round(1e3 * local_s / EPOCHS_AFTER_FILL / len(samples), 1)},
+            **trainer}
 
 
 def epoch_read_figures(work: Path, num_samples: int) -> tuple[str, dict]:
@@ -451,7 +455,8 @@ def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
         ("uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)", "-",
          str(figures["uploader_mb_s"])),
         ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
-        ("trainer's loader, 6 epochs after the fill through the shard cache / from local disk", ">= 0.9",
+        (f"trainer's loader, {EPOCHS_AFTER_FILL} epochs after the fill through the shard cache / from local disk",
+         ">= 0.9",
          str(figures["shard_cache_read_ratio_vs_local"])),
         ("train fit's data-wait share after the first fill: warm cache / local (first fill)", "<= 1 %",
          " / ".join(f"{100 * figures[f'trainer_data_wait_share_{run}']:.2f} %" for run in ("cache", "local"))
