@@ -58,7 +58,7 @@ TEST_WORKERS ?= 2
 
 test:
 	$(MAKE) --no-print-directory -j2 venv vllm-env
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10 tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 tests
 
 # For iteration: no Ray, no child processes, no pretraining (tests/conftest.py says what is slow).
 test-fast: venv

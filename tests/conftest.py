@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
-import pytest
+# One OpenMP/torch thread per process, set before torch loads and inherited by every
+# process a test starts (the commands, Ray workers, vLLM): two pytest workers and their
+# children share 2 cores, and two processes of 2 threads each on them spent 3x the CPU
+# of one thread each (tests/test_speculate.py twice side by side: 446 s vs 143 s), the
+# threads spinning at barriers while the other process held the core. A test about
+# threads sets its own (test_distributed's DFlash 2 resume runs on 2).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks.common: the loopback S3 server
@@ -109,11 +119,51 @@ class UnmarkedSlowTests:
                 terminalreporter.write_line(f"{seconds:7.1f} s  {nodeid}")
 
 
+# `make test` hands xdist's two workers one module at a time (`--dist loadfile`), in
+# collection order (`--no-loadscope-reorder`). Collected longest module first, by the
+# seconds each took in a full run (tests/module_seconds.json), the 2-3 minute modules
+# start early and the short ones fill the end: in collection order, a single-test
+# benchmark smoke could start last and keep one worker busy for two minutes while the
+# other sat idle. A module not in the file counts as the longest (its cost is unknown).
+# Stale figures only make the schedule less even, never a test wrong; to refresh them:
+# `MODULE_SECONDS_OUT=tests/module_seconds.json make test`.
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+
+
+class ModuleSeconds:
+    """Each module's setup + call + teardown seconds in this run, written as JSON to
+    $MODULE_SECONDS_OUT at the end (the controller sees every worker's reports)."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.seconds: dict[str, float] = {}
+
+    def pytest_runtest_logreport(self, report):
+        module = report.nodeid.split("::", 1)[0].rsplit("/", 1)[-1]
+        self.seconds[module] = self.seconds.get(module, 0.0) + report.duration
+
+    def pytest_sessionfinish(self):
+        ranked = dict(sorted(((m, round(s, 1)) for m, s in self.seconds.items()), key=lambda kv: -kv[1]))
+        self.out.write_text(json.dumps(ranked, indent=1) + "\n")
+
+
 def pytest_configure(config):
     config.pluginmanager.register(UnmarkedSlowTests(), "unmarked-slow-tests")
+    out = os.environ.get("MODULE_SECONDS_OUT")
+    if out and not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.pluginmanager.register(ModuleSeconds(Path(out)), "module-seconds")
+
+
+def longest_modules_first(items: list) -> None:
+    """Sort `items` (in place) by their module's last measured seconds, longest first;
+    a module's tests stay together and in their own order."""
+    seconds = json.loads(MODULE_SECONDS.read_text())
+    unknown = max(seconds.values(), default=0.0) + 1.0
+    items.sort(key=lambda item: (-seconds.get(item.path.name, unknown), item.path.name))
 
 
 def pytest_collection_modifyitems(items):
+    longest_modules_first(items)
     for item in items:
         if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(SLOW_TIMEOUT_SECONDS))

@@ -112,15 +112,24 @@ def test_one_rank_over_two_lanes_resumes_exactly(one_rank, tmp_path):
 
 
 @pytest.mark.slow  # a 23-step run and its resume: ~20 s
-def test_a_dflash2_run_resumes_exactly(store, qwen3_dir, tmp_path):
+def test_a_dflash2_run_resumes_exactly(store, qwen3_dir, tmp_path, monkeypatch):
     """DFlash 2 drifted from its uninterrupted run at ~1e-7 from the first steps after a
     resume (and between two runs): its codebooks were read as `codebook[ids]`, whose
-    backward adds float rows from two threads in an order that changes run to run."""
-    run = tmp_path / "run"
-    assert main(["fit", *fit_args(store, qwen3_dir, run, "data.lanes=2", "model.architecture=dflash2")]) == 0
-    cut = truncated_copy(run, tmp_path / "cut", 8)
-    assert main(["fit", "--out", str(cut), "--resume"]) == 0
-    assert_same_curve(cut, run, rel=1e-9)
+    backward adds float rows from two threads in an order that changes run to run.
+    So on two threads (the suite runs one per process: tests/conftest.py)."""
+    import torch
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # `fit` sets torch's threads from it
+    threads = torch.get_num_threads()
+    try:
+        run = tmp_path / "run"
+        assert main(["fit", *fit_args(store, qwen3_dir, run, "data.lanes=2", "model.architecture=dflash2")]) == 0
+        assert torch.get_num_threads() == 2
+        cut = truncated_copy(run, tmp_path / "cut", 8)
+        assert main(["fit", "--out", str(cut), "--resume"]) == 0
+        assert_same_curve(cut, run, rel=1e-9)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
