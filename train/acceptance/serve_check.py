@@ -48,7 +48,7 @@ REFUSED = 3  # vllm_runner's exit code for a refusal (its result holds the line)
 
 WORKDIR_NAME = "serve-check"  # under the --drafter directory: vLLM's request, result and log, kept
 # An exception line of a traceback, after vLLM's log prefix ("(EngineCore pid=7) ERROR 12-02 06:50:01 [core.py:1] ").
-EXCEPTION_LINE = re.compile(r"(?:^|\] |\) )([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")
+EXCEPTION_LINE = re.compile(r"(?:^|\]:? |\) )([A-Za-z_][\w.]*(?:Error|Exception)): (.+)$")  # "]: ": [rank0]
 SECONDARY = "See root cause above"  # vLLM's front end re-raising its engine core's failure
 
 
