@@ -5,7 +5,8 @@ unnoticed). A smoke run never writes benchmarks/RESULTS.md. gpu_check's smoke ha
 own test (tests/test_gpu_check.py). The smokes of extract, train and drafter, the
 longest (1-2 min each), are each in a file of their own (tests/test_benchmarks_<name>.py):
 `make test` runs its two pytest workers with `--dist loadfile`, a module at a time, so
-only separate modules can run side by side. run_all's own test runs the cheapest."""
+only separate modules can run side by side. run_all's own test runs the cheapest,
+store_bench, and is store_bench's smoke test too."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ SMOKE_KEYS = {
     "drafter_bench.py": goal_keys("drafter") | {"variants", "goal_met", "offline_tau_dflash_decay",
                                                 "decode_tau_dflash2_warm"},
 }
-RUN_ALL_ONLY = "store"  # the cheapest of run_all's benchmarks (~25 s of the four's ~5 min)
+RUN_ALL_ONLY = "store"  # the cheapest of run_all's benchmarks; its test is store_bench's smoke test too
 
 
 def smoke(script: str, *args: str, env: dict | None = None) -> dict:
@@ -94,19 +95,15 @@ def test_run_all_only_takes_named_benchmarks_in_its_own_order():
 
 
 @pytest.mark.slow  # child processes
-def test_run_all_smoke_runs_the_named_benchmark_and_prefixes_its_figures():
-    figures = smoke("run_all.py", "--only", RUN_ALL_ONLY)
-    assert {key.split(".", 1)[0] for key in figures} == {RUN_ALL_ONLY}  # only the named one ran
-    missing = {f"{RUN_ALL_ONLY}.{key}" for key in SMOKE_KEYS[f"{RUN_ALL_ONLY}_bench.py"]} - set(figures)
-    assert not missing, f"run_all --smoke --only {RUN_ALL_ONLY} lacks {sorted(missing)}"
-    assert figures[f"{RUN_ALL_ONLY}.smoke"] is True
-
-
-@pytest.mark.slow  # a child process
-def test_store_bench_smoke():
-    figures = smoke("store_bench.py")
-    missing = SMOKE_KEYS["store_bench.py"] - set(figures)
-    assert not missing, f"store_bench --smoke lacks {sorted(missing)}"
+def test_run_all_smoke_runs_store_bench_smoke_and_prefixes_its_figures():
+    """One run checks both: run_all runs only the named benchmark and prefixes its
+    figures, and store_bench's own smoke (run_all's child, `store_bench.py --smoke`)
+    promises its keys (running store_bench's smoke a second time on its own cost ~1 min)."""
+    prefixed = smoke("run_all.py", "--only", RUN_ALL_ONLY)
+    assert {key.split(".", 1)[0] for key in prefixed} == {RUN_ALL_ONLY}  # only the named one ran
+    figures = {key.split(".", 1)[1]: value for key, value in prefixed.items()}
+    missing = SMOKE_KEYS[f"{RUN_ALL_ONLY}_bench.py"] - set(figures)
+    assert not missing, f"run_all --smoke --only {RUN_ALL_ONLY} lacks {sorted(f'{RUN_ALL_ONLY}.{k}' for k in missing)}"
     assert figures["smoke"] is True
     assert figures["shard_cache_fill_mb_s"] > 0 and figures["shard_cache_read_ratio_vs_local"] > 0
     epochs = figures["shard_cache_epoch_seconds"]  # the ratio's rounds: epochs after the fill, never the fill
