@@ -283,13 +283,13 @@ def test_a_random_drafter_is_served_losslessly_at_tau_one_in_a_share_sized_for_i
     assert code == 0, err
     assert summary["lossless"] and summary["served_tau"] < 1.1 and summary["speculate_tau"] < 1.1, summary
     request = json.loads((export / serve_check.WORKDIR_NAME / "request.json").read_text())
-    longest = max(len(prompt) for prompt in request["prompts"])
-    assert request["max_model_len"] == longest + NEW_TOKENS + 4 * BLOCK
+    max_model_len = max(len(prompt) for prompt in request["prompts"]) + NEW_TOKENS + 4 * BLOCK
+    assert request["max_model_len"] == max_model_len
     config = read_target_config(target_dir)
     needed = vllm_memory.engine_bytes(
         weights=vllm_memory.weight_bytes(target_dir) + vllm_memory.weight_bytes(export),
         kv_per_token=vllm_memory.kv_bytes_per_token(config.num_hidden_layers + 1, 1, 32, 4),
-        max_model_len=longest + NEW_TOKENS + 4 * BLOCK)
+        max_model_len=max_model_len)
     assert summary["vllm_memory_share"] * vllm_memory.host_memory().total >= needed
     assert summary["vllm_log"] == str(export / serve_check.WORKDIR_NAME / "vllm.log")
     assert "vLLM's memory share " in err
