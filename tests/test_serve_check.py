@@ -167,6 +167,21 @@ def test_a_python_without_vllm_is_refused_by_name(target_dir, mask_id, capsys, t
     assert code == 1 and err.count("\n") == 1 and f"vLLM is not importable by {sys.executable}" in err, err
 
 
+def test_the_probe_refuses_a_vllm_without_dflash_without_importing_it(tmp_path, monkeypatch):
+    """The probe looks vLLM's DFlash module up on disk: importing vLLM to find it cost
+    ~8 s of CPU on every serve-check. The package here fails if anything imports it."""
+    from train.acceptance import vllm_runner
+
+    models = tmp_path / "vllm" / "model_executor" / "models"
+    models.mkdir(parents=True)
+    for package in (tmp_path / "vllm", models.parent, models):
+        (package / "__init__.py").write_text("raise ImportError('the probe imported vLLM')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "has no DFlash speculator (vllm.model_executor.models.qwen3_dflash)" in vllm_runner.refusal()
+    (models / "qwen3_dflash.py").write_text("")
+    assert vllm_runner.refusal() is None and "vllm" not in sys.modules
+
+
 def test_rounds_cut_by_the_limit_count_what_they_committed():
     # 10 output tokens: 1 from the prefill, a step that accepted 3 (4 committed), and a
     # last step that accepted 7 of 7 but had room for only 5 before the limit.

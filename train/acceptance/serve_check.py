@@ -88,7 +88,7 @@ def find_vllm_python(explicit: str | None = None) -> str:
 
 def probe(python: str) -> str | None:
     """The vLLM version `python` has; ServeRefused naming why when it cannot serve a
-    DFlash drafter (no vLLM, a version without DFlash). Imports no model: fast."""
+    DFlash drafter (no vLLM, a version without DFlash). Imports nothing of vLLM: ~0.1 s."""
     done = subprocess.run([python, str(RUNNER), "--probe"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
     try:
