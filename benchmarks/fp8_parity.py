@@ -49,10 +49,10 @@ TARGET = dict(architecture="qwen3", vocab_size=1024, hidden_size=128, num_layers
 DRAFTER = ["model.num_layers=2", "model.num_anchors=64", "data.max_length=512", "data.heldout_fraction=0.05",
            "optim.lr=2e-3", "train.log_every=50", "eval.every=0", "train.checkpoint_every=100000", "train.seed=0"]
 DTYPES = ("bfloat16", "fp8_e4m3")
-SIZES = {  # (functions asked for, target pretraining steps, drafter steps)
-    "smoke": (16, 4, 4),  # the command chain runs; nothing is learned
-    "quick": (150, 150, 300),
-    "full": (600, 400, 1500),
+SIZES = {  # (functions asked for, target pretraining steps, drafter steps, Ray extraction workers)
+    "smoke": (16, 4, 4, 1),  # the command chain runs; nothing is learned, one worker is enough
+    "quick": (150, 150, 300, 2),
+    "full": (600, 400, 1500, 2),
 }
 
 
@@ -158,7 +158,7 @@ def main() -> None:
             parser.error("--trained uses the demo's target (cached under --workdir/cache); --target is for the other modes")
         trained(Path(args.workdir), args.train_steps, args.prompts, [int(seed) for seed in args.seeds.split(",")])
         return
-    functions_count, pretrain_steps, train_steps = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    functions_count, pretrain_steps, train_steps, workers = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
     work = Path(args.workdir)
     started = time.time()
 
@@ -173,7 +173,7 @@ def main() -> None:
         for stale in (run_dir, drafter):
             shutil.rmtree(stale, ignore_errors=True)
         report = run(["-m", "extract", "run", "--model", target, "--corpus", corpus, "--store", store,
-                      "--store-dtype", dtype, "--workers", "2", "--device", "cpu", "--num-context-layers", "2",
+                      "--store-dtype", dtype, "--workers", workers, "--device", "cpu", "--num-context-layers", "2",
                       "--max-length", "512", "--shard-tokens", "16384", "--overwrite", "--no-progress"])
         info = run(["-m", "store_schema", "info", store, "--json"])
         overrides = [x for setting in DRAFTER for x in ("--set", setting)]
