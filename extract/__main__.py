@@ -37,6 +37,7 @@ from store_schema.plan import (
 from store_schema.runtime.cli import UsageError, interrupted, run_command, show_defaults, size_argument
 from store_schema.runtime.host import AUTO_DEVICE, available_cores, choose_device, device_line, set_torch_threads
 from store_schema.runtime.progress import default_mode
+from store_schema.runtime.startup import preload
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_weights import check_target_weights
 from store_schema.runtime.units import human_bytes
@@ -427,8 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# what each command's driver runs on (torch, the tokenizer, the store's writer); `plan` spawns tokenizer workers
+COMMAND_IMPORTS = {"run": ("extract.extraction.job",), "generate": ("extract.generate.job",),
+                   "plan": ("extract.extraction.job",)}
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    preload(*COMMAND_IMPORTS.get(args.command, ()))
     if args.command in ("run", "generate"):  # the driver tokenizes; its workers set their own threads
         set_torch_threads()
     return run_command(args.handler, args, refusals=(ExtractError, StoreLockedError))

@@ -259,8 +259,11 @@ def main(argv=None) -> int:
     from obstore.exceptions import BaseError as ObjectStoreError
 
     from .lock import StoreLockedError
+    from .runtime.startup import preload
     from .shard_codec import CorruptShardError
 
+    if args.command in ("info", "verify"):
+        preload("store_schema.verify")  # torch, through the reader
     return run_command(args.handler, args, refusals=(StoreLockedError, CorruptShardError, ObjectStoreError))
 
 

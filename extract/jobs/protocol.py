@@ -122,9 +122,14 @@ def ray_node_id() -> str:
 
 
 def quiet_worker_process(torch_threads: int | None) -> None:
-    """A worker process's setup: its torch thread count, and no transformers progress
-    bars or warnings in the job's log."""
-    import torch  # in the worker process only: the driver reads this module's replies without torch
+    """A worker process's setup: transformers' model code imported without the cycle
+    collector (`preload`), its torch thread count, and no transformers progress bars or
+    warnings in the job's log."""
+    # in the worker process only: the driver reads this module's replies without torch
+    from store_schema.runtime.startup import preload
+
+    preload("torch", "transformers.modeling_utils")  # the model code `load_target` builds on
+    import torch
     from transformers.utils import logging as hf_logging
 
     if torch_threads:

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import torch
 
+from .startup import collector_paused
 from .target_config import read_config_json
 from .target_weights import TargetWeightsError  # noqa: F401  (the loader's refusal; callers catch it from here)
 
@@ -87,6 +88,7 @@ class LoadedTarget:
         return type(self.model).__name__
 
 
+@collector_paused()  # the model's classes and modules live as long as the process
 def load_target_model(
     model_path: str | Path,
     device: torch.device | str = "cpu",

@@ -24,6 +24,7 @@ from train.dtypes import dtype_name
 
 COMMANDS = ("fit", "export", "eval", "diagnose", "speculate", "serve-check")
 TORCH_COMMANDS = ("fit", "export", "eval", "speculate", "serve-check")  # diagnose reads logs with numpy only
+TORCH_COMMAND_IMPORTS = ("train.drafter.model",)  # torch and transformers' Qwen3 layers: what every one builds on
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.command in TORCH_COMMANDS:
         from store_schema.runtime.host import set_torch_threads
+        from store_schema.runtime.startup import preload
 
+        preload(*TORCH_COMMAND_IMPORTS)
         set_torch_threads(processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun sets it per host
         quiet_transformers()
     return run_command(args.handler, args, refusals=(CorruptShardError, StoreLockedError))
