@@ -141,6 +141,7 @@ def _job_config(args, **execution):
 
 
 def cmd_plan(args) -> int:
+    preload("extract.extraction.job")  # torch, the tokenizer, the store's writer: what the job runs on
     from .extraction.job import plan_job  # job modules load here, not for --help (see the note above)
     from .extraction.planning import estimate_store_bytes, summarize
 
@@ -226,6 +227,7 @@ def quarantined_lines(quarantined, corpus_path, shown: int = 10) -> list[str]:
 
 def cmd_run(args) -> int:
     check_target_weights(args.model, "--model")  # before Ray or torch: one line, not a worker's traceback
+    preload("extract.extraction.job")  # torch, the tokenizer, the store's writer: what the job runs on
     from .extraction.job import run_job  # job modules load here, not for --help (see the note above)
     from .extraction.report import summary_line
 
@@ -264,6 +266,7 @@ def _server_config(args):
 
 
 def cmd_generate(args) -> int:
+    preload("extract.generate.job")  # torch, the tokenizer, the corpus writer: what the job runs on
     from .generate.job import plan_generate, run_generate
     from .generate.planning import plan_counts
 
@@ -428,14 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# what each command's driver runs on (torch, the tokenizer, the store's writer); `plan` spawns tokenizer workers
-COMMAND_IMPORTS = {"run": ("extract.extraction.job",), "generate": ("extract.generate.job",),
-                   "plan": ("extract.extraction.job",)}
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    preload(*COMMAND_IMPORTS.get(args.command, ()))
     if args.command in ("run", "generate"):  # the driver tokenizes; its workers set their own threads
         set_torch_threads()
     return run_command(args.handler, args, refusals=(ExtractError, StoreLockedError))
