@@ -42,5 +42,5 @@ def preload(*modules: str) -> None:
         for name in modules:
             importlib.import_module(name)
     if not _frozen_at_exit:
-        atexit.register(gc.freeze)  # registered first, runs last of the exit handlers
+        atexit.register(gc.freeze)  # once per process, however many preloads
         _frozen_at_exit = True
