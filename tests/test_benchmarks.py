@@ -2,7 +2,8 @@
 JSON line it prints last checked for the keys it promises), so no benchmark can rot
 between the runs that measure with it (`extract_bench --quick` once crashed on main
 unnoticed). A smoke run never writes benchmarks/RESULTS.md. gpu_check's smoke has its
-own test (tests/test_gpu_check.py). The smokes of extract, train and drafter, the
+own test (tests/test_gpu_check.py); generate_bench's runs in tests/test_generate_openai.py,
+on that module's vLLM server (a server start is ~45 s of CPU). The smokes of extract, train and drafter, the
 longest (1-2 min each), are each in a file of their own (tests/test_benchmarks_<name>.py):
 `make test` runs its two pytest workers with `--dist loadfile`, a module at a time, so
 only separate modules can run side by side. run_all's own test runs the cheapest,
@@ -18,8 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-import served
 
 REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
@@ -119,13 +118,6 @@ def test_fp8_parity_smoke(tmp_path):
     figures = smoke("fp8_parity.py", "--workdir", str(tmp_path))
     assert SMOKE_KEYS["fp8_parity.py"] <= set(figures) and figures["smoke"] is True
     assert figures["heldout_samples"] > 0 and 0 < figures["fp8_bytes_ratio"] < figures["bytes_ratio"]
-
-
-@pytest.mark.slow  # child processes
-def test_generate_bench_smoke():
-    figures = smoke("generate_bench.py", env={"DFLASH_VLLM_PYTHON": served.vllm_python()})
-    assert SMOKE_KEYS["generate_bench.py"] <= set(figures) and figures["smoke"] is True
-    assert figures["openai_tokens_per_s"] > 0 and figures["hf_tokens_per_s"] > 0
 
 
 @pytest.mark.slow  # a child process

@@ -4,7 +4,8 @@ token for token, and the server's own ids; the server killed mid-job and the job
 rerun give the corpus an undisturbed run writes, asking only for replies it lacks;
 one of two endpoints dying mid-job leaves the other to finish; an endpoint down at
 start and a server of another model are refused before any request; a request
-that times out is retried, then its record quarantined with the reason.
+that times out is retried, then its record quarantined with the reason. And
+benchmarks/generate_bench.py's smoke, on this module's server (`--endpoint --model`).
 
 One vLLM server serves the whole module (~30-60 s to start); the kill test starts a
 second one. vLLM's CPU attention needs a head dim >= 32, so the target here is the
@@ -21,6 +22,7 @@ from ray_helpers import ray_cluster  # noqa: F401  the module's local Ray cluste
 
 import builders
 import served
+from test_benchmarks import SMOKE_KEYS, smoke
 
 MAX_NEW = 16
 pytestmark = pytest.mark.slow  # every test here talks to a vLLM server process
@@ -285,3 +287,9 @@ def test_a_request_that_times_out_is_retried_then_quarantined(served_dir, server
     assert [q["record_index"] for q in quarantined] == [0, 1]
     assert all(q["detail"] == "turn 0: no reply within --request-timeout 0.001 s (after 2 tries)" for q in quarantined)
     assert _rows(out) == {}
+
+
+def test_generate_bench_smoke_on_this_modules_server(served_dir, server):
+    figures = smoke("generate_bench.py", "--endpoint", server.url, "--model", str(served_dir))
+    assert SMOKE_KEYS["generate_bench.py"] <= set(figures) and figures["smoke"] is True
+    assert figures["openai_tokens_per_s"] > 0 and figures["hf_tokens_per_s"] > 0
