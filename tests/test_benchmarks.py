@@ -3,11 +3,11 @@ JSON line it prints last checked for the keys it promises), so no benchmark can 
 between the runs that measure with it (`extract_bench --quick` once crashed on main
 unnoticed). A smoke run never writes benchmarks/RESULTS.md. gpu_check's smoke has its
 own test (tests/test_gpu_check.py); generate_bench's runs in tests/test_generate_openai.py,
-on that module's vLLM server (a server start is ~45 s of CPU). The smokes of extract, train and drafter, the
-longest (1-2 min each), are each in a file of their own (tests/test_benchmarks_<name>.py):
-`make test` runs its two pytest workers with `--dist loadfile`, a module at a time, so
-only separate modules can run side by side. run_all's own test runs the cheapest,
-store_bench, and is store_bench's smoke test too."""
+on that module's vLLM server (a server start is ~45 s of CPU). The smokes of extract,
+train and drafter, the longest (1-2 min each), are each in a file of their own
+(tests/test_benchmarks_<name>.py): `make test` runs its two pytest workers with
+`--dist loadfile`, a module at a time, so only separate modules can run side by side.
+run_all's own test runs the cheapest, store_bench, and is store_bench's smoke test too."""
 
 from __future__ import annotations
 
