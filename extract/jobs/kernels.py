@@ -47,8 +47,6 @@ def _prefill_kernels(module_names) -> dict:
     modules = [sys.modules[n] for n in sorted(module_names) if n in sys.modules and not n.startswith("torch")]
     for module in modules:
         for function in vars(module).values():
-            if not inspect.isfunction(function):
-                continue
             chosen = _kernel_choice(function)
             if chosen is not None and chosen[0] in _PREFILL_KERNELS:
                 key, names = _PREFILL_KERNELS[chosen[0]]
@@ -77,14 +75,23 @@ def kernel_implementations(function) -> tuple | None:
 
 def _fallback_closure(function) -> dict | None:
     while function is not None:
-        try:
-            names = inspect.getclosurevars(function).nonlocals
-        except (TypeError, ValueError):
-            names = {}
+        if not inspect.isfunction(function):
+            # transformers >= 5.25 with the `kernels` package: the module-level name is
+            # kernels' `Func` module, whose class's forward calls the wrapper as `func`
+            function = _nonlocals(getattr(type(function), "forward", None)).get("func")
+            continue
+        names = _nonlocals(function)
         if {"func_name", "implementation", "torch_function", "package"} <= names.keys():
             return names
         function = getattr(function, "__wrapped__", None)
     return None
+
+
+def _nonlocals(function) -> dict:
+    try:
+        return dict(inspect.getclosurevars(function).nonlocals)
+    except (TypeError, ValueError):
+        return {}
 
 
 def fallback_kernels(kernels: dict) -> list[str]:
