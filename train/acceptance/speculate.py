@@ -12,8 +12,9 @@ round, which the target has not processed yet):
    up to the first mismatch, plus the target's token after them (the bonus, the
    next anchor): accepted + 1 tokens, cut at a stop token or the token limit;
 4. the target's cache keeps the anchor and the accepted tokens
-   (`train.acceptance.target_decode.TargetSession.keep`: cropped, or for linear-attention
-   layers restored and re-run), and the drafter's context grows by their features.
+   (`train.acceptance.target_decode.TargetSession.keep`: cropped; before transformers
+   5.25 linear-attention layers are restored and re-run), and the drafter's context
+   grows by their features.
 
 b is the drafter's block size, or what is left of `max_new_tokens` on the last
 round (as z-lab's `dflash_generate` does). Every committed token is the target's
@@ -81,7 +82,7 @@ def speculative_generate(model, drafter, prompt: torch.Tensor, max_new_tokens: i
     embedding and lm_head the drafter uses) and `drafter` (a DFlashDrafter or DFlash2Drafter)."""
     config = drafter.config
     stop = set(stop_ids)
-    target = TargetSession(model, config.context_layer_ids, rollback=True)
+    target = TargetSession(model, config.context_layer_ids, rollback_tokens=config.block_size)
     draft = DraftCache(drafter, model.get_input_embeddings())
     lm_head = model.get_output_embeddings()
     started = clock(target.device)

@@ -6,15 +6,17 @@ Rolling back differs by layer kind:
 - Attention layers hold keys/values per position: `DynamicCache.crop` drops the
   rejected positions.
 - Linear-attention layers (Qwen3.5's Gated DeltaNet) hold a recurrent state that
-  has absorbed every token of the block, and nothing in it can be cropped
-  (transformers' `LinearAttentionCacheLayerMixin.is_croppable` is False once the
-  state exists; `crop` rewinds only their short-convolution window, kept whole
-  by `activate_past_recording`). So before each verification `save()` copies the
-  recurrent states, and `keep()` of a partly accepted block crops every layer
-  back to the block's start, puts the copies back and re-runs the accepted tokens
-  through the target: one more forward (counted in `reruns`), exact. A fully
-  accepted block keeps the state as it is, and a target without linear-attention
-  layers is only cropped.
+  has absorbed every token of the block. transformers 5.25 rolls it back itself:
+  asked to keep the states after each of the last `rollback_tokens` tokens
+  (`activate_past_recording(recurrent_states_to_keep=...)`), its `crop` puts back
+  the state after the last accepted token, exact and without another forward.
+  Before 5.25 nothing in that state can be cropped (`crop` rewinds only the
+  short-convolution window, kept whole by `activate_past_recording`), so `save()`
+  copies the recurrent states before each verification, and `keep()` of a partly
+  accepted block crops every layer back to the block's start, puts the copies back
+  and re-runs the accepted tokens through the target: one more forward (counted in
+  `reruns`), exact. A fully accepted block keeps the state as it is, and a target
+  without linear-attention layers is only cropped.
 
 z-lab's `dflash_generate` crops and nothing else, so on a hybrid target its
 recurrent states keep the rejected tokens and its output drifts from the
@@ -23,11 +25,18 @@ target's greedy output (tests/test_speculate.py shows it).
 
 from __future__ import annotations
 
+import inspect
 import time
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
+# transformers >= 5.25: a linear-attention layer keeps its last tokens' recurrent states on
+# request, and `crop` restores them (see the module docstring).
+NATIVE_RECURRENT_ROLLBACK = (
+    "recurrent_states_to_keep" in inspect.signature(LinearAttentionCacheLayerMixin.activate_past_recording).parameters
+)
 
 # End-of-turn tokens of common chat templates; a target stops at any of them.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
@@ -58,15 +67,18 @@ def clock(device: torch.device) -> float:
 class TargetSession:
     """One sequence through the target: positions [0, length) are in the cache.
 
-    rollback=False gives a plain cache (what greedy decoding uses); rollback=True
-    records what `keep` needs to undo a verification (see the module docstring)."""
+    rollback_tokens=0 gives a plain cache (what greedy decoding uses); n > 0 records
+    what `keep` needs to undo up to the last n tokens of a verification (the drafter's
+    block size; see the module docstring)."""
 
-    def __init__(self, model, context_layer_ids: list[int] = (), rollback: bool = False):
+    def __init__(self, model, context_layer_ids: list[int] = (), rollback_tokens: int = 0):
         self.model = model
         self.context_layer_ids = list(context_layer_ids)
         self.cache = DynamicCache(config=model.config)
-        self.recurrent = []
-        if rollback:
+        self.recurrent = []  # the layers `save()` copies (before transformers 5.25)
+        if rollback_tokens and NATIVE_RECURRENT_ROLLBACK:
+            self.cache.activate_past_recording(recurrent_states_to_keep=rollback_tokens)
+        elif rollback_tokens:
             self.cache.activate_past_recording()
             self.recurrent = [layer for layer in self.cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
         self.length = 0
@@ -101,7 +113,8 @@ class TargetSession:
         return out.logits[0], hidden
 
     def save(self) -> None:
-        """Copy the linear-attention layers' recurrent states (before a verification)."""
+        """Copy the linear-attention layers' recurrent states (before a verification;
+        nothing to copy where transformers keeps them)."""
         self._saved = [
             {i: state.clone() for i, state in layer.recurrent_states.items() if state is not None}
             for layer in self.recurrent
