@@ -18,9 +18,9 @@ Rolling back differs by layer kind:
   `reruns`), exact. A fully accepted block keeps the state as it is, and a target
   without linear-attention layers is only cropped.
 
-z-lab's `dflash_generate` crops and nothing else, so on a hybrid target its
-recurrent states keep the rejected tokens and its output drifts from the
-target's greedy output (tests/test_speculate.py shows it).
+z-lab's `dflash_generate` crops and nothing else, so on a hybrid target before
+5.25 its recurrent states keep the rejected tokens and its output drifts from the
+target's greedy output (tests/test_speculate.py shows it); on 5.25 it fails.
 """
 
 from __future__ import annotations
