@@ -141,21 +141,29 @@ def test_draft_cache_equals_the_training_forward(geometry, qwen3_dir, mask_id):
     assert cache.length == 48
 
 
-def test_hybrid_rollback_restores_the_recurrent_state(sensitive_hybrid):
-    model = load_model(sensitive_hybrid)
+KEPT = 2  # of the rollback cases' 6-token block
+
+
+def rollback_case(model):
+    """A 20-token prompt, a 6-token block of which the first KEPT are accepted, the token
+    after them, and the target's logits for it with prompt + accepted tokens run straight."""
     torch.manual_seed(0)
     prompt, block, after = torch.randint(0, 512, (20,)), torch.randint(0, 512, (6,)), torch.randint(0, 512, (1,))
-    keep = 2
-
     straight = TargetSession(model)
-    straight.forward(torch.cat([prompt, block[:keep]]))
+    straight.forward(torch.cat([prompt, block[:KEPT]]))
     expected, _ = straight.forward(after)
+    return prompt, block, after, expected
+
+
+def test_hybrid_rollback_restores_the_recurrent_state(sensitive_hybrid):
+    model = load_model(sensitive_hybrid)
+    prompt, block, after, expected = rollback_case(model)
 
     rolled = TargetSession(model, rollback_tokens=6)
     rolled.forward(prompt)
     rolled.save()
     rolled.forward(block)
-    rolled.keep(20, block, keep)
+    rolled.keep(20, block, KEPT)
     # before transformers 5.25 the accepted tokens are re-run; from 5.25 its crop restores the state
     reruns = 0 if NATIVE_RECURRENT_ROLLBACK else 1
     assert (rolled.length, rolled.reruns, rolled.forwards) == (22, reruns, 2 + reruns)
@@ -166,11 +174,7 @@ def test_hybrid_rollback_restores_the_recurrent_state(sensitive_hybrid):
 def test_a_crop_alone_leaves_the_rejected_tokens_in_the_recurrent_state(sensitive_hybrid):
     """Before transformers 5.25, what a crop alone leaves (z-lab's way) is wrong."""
     model = load_model(sensitive_hybrid)
-    torch.manual_seed(0)
-    prompt, block, after = torch.randint(0, 512, (20,)), torch.randint(0, 512, (6,)), torch.randint(0, 512, (1,))
-    straight = TargetSession(model)
-    straight.forward(torch.cat([prompt, block[:2]]))
-    expected, _ = straight.forward(after)
+    prompt, block, after, expected = rollback_case(model)
 
     cropped = TargetSession(model, rollback_tokens=6)
     cropped.forward(prompt)
