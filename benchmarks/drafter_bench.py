@@ -104,7 +104,7 @@ def train_one(work: Path, paths: dict, name: str, seed: int, steps: int, prompts
                    paths["store"], "--limit", prompts, "--max-new-tokens", new_tokens, "--json"], allow=(0, 1))
     log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines() if line.strip()]
     return {"variant": name, "seed": seed, "decode_tau": decoded.get("tau"), "lossless": decoded.get("lossless"),
-            "offline_tau": evaluated.get("tau"), "offline_tau_selector": evaluated.get("tau_selector"),
+            "offline_tau": evaluated.get("tau"), "offline_tau_unary": evaluated.get("tau_unary"),
             "offline_per_position_acc": evaluated.get("per_position_acc"),
             "per_position_acceptance": acceptance_per_position(decoded), "parameters": exported_parameters(drafter),
             "step_s": step_seconds(log), "fit_wall_s": round(fit_s, 1), **selector_figures(log)}
@@ -178,7 +178,7 @@ def summarize(results: list[dict], seeds: list[int]) -> dict:
             "decode_tau_seeds": [r["decode_tau"] for r in rows],
             "offline_tau": mean([r["offline_tau"] for r in rows]),
             "offline_tau_seeds": [r["offline_tau"] for r in rows],
-            "offline_tau_selector": mean([r["offline_tau_selector"] for r in rows]),
+            "offline_tau_unary": mean([r["offline_tau_unary"] for r in rows]),
             "lossless": all(r["lossless"] for r in rows),
             "parameters": rows[0]["parameters"],
             "step_s": mean([r["step_s"] for r in rows]),
@@ -215,7 +215,7 @@ def table(figures: dict) -> list[tuple[str, str, str]]:
     rows = []
     for name, v in figures["variants"].items():
         seeds = ", ".join(fmt(x) for x in v["decode_tau_seeds"])
-        selector = (f"; offline tau along the selector {fmt(v['offline_tau_selector'])}; held-out recall@K "
+        selector = (f"; offline tau along the argmax chain {fmt(v['offline_tau_unary'])}; held-out recall@K "
                     f"{fmt(v['heldout_recall_at_k'], 3)}, selector acc {fmt(v['heldout_selector_acc'], 3)}"
                     if v["heldout_recall_at_k"] is not None else "")
         rows.append((name, "-", f"decode tau {fmt(v['decode_tau'])} (seeds {seeds}; lossless "

@@ -218,7 +218,8 @@ def hard_token_drafter(length: int, hard: set[int]):
     shape = tuple(reference.shape)
     slot_ids = torch.cat([top1[..., None], (-2 - torch.arange(7)).expand(*shape, 7)], dim=-1)
     logprobs = torch.cat([torch.full((*shape, 1), -0.01), torch.full((*shape, 7), -10.0)], dim=-1)
-    blocks = DraftedBlocks(anchors, reference, valid, logprobs, slot_ids, chain_accepted(top1, reference, valid))
+    accepted = chain_accepted(top1, reference, valid)
+    blocks = DraftedBlocks(anchors, reference, valid, logprobs, slot_ids, accepted, unary_accepted=accepted)
     return blocks, mask
 
 

@@ -354,3 +354,24 @@ def test_a_trained_dflash2_decodes_as_dflash_generate_does(qwen3_dir, trained_ex
     assert len(ours) == len(theirs) and all(torch.equal(a[1], b[0]) for a, b in zip(ours, theirs))
     chains = [DFlashDrafter.greedy_tokens(drafter, hidden, anchor, head) for (hidden, anchor, _), _ in ours]
     assert any(not torch.equal(chain, path) for chain, (_, path) in zip(chains, ours))
+
+
+@pytest.mark.slow  # trains a drafter
+def test_eval_tau_of_a_trained_dflash2_is_what_speculate_decodes(qwen3_dir, trained_export):
+    """Issue 44.1: `eval`'s headline tau on the prompts `speculate` decodes, cut to the
+    same new tokens, is within 5 % of speculate's decode tau (the store holds the
+    target's own greedy replies, so the rollout walks what decoding walks); the argmax
+    chain's `tau_unary` is the other figure, not the headline."""
+    from train.acceptance.config import EvalConfig
+    from train.acceptance.evaluate import evaluate_sample_ids
+
+    store, export = trained_export
+    model, drafter = load_model(qwen3_dir), load_drafter(export).eval()
+    prompts = store_prompts(store, HELDOUT, limit=4)
+    decoded = summarize([decode_prompt(model, drafter, p.id, p.input_ids, NEW_TOKENS, stop_ids=[]) for p in prompts])
+    assert decoded["lossless"]
+    evaluated = evaluate_sample_ids(drafter, load_target_head(qwen3_dir), store, [p.id for p in prompts],
+                                    EvalConfig(samples=None, ddtree_budgets=(8,)), max_new_tokens=NEW_TOKENS)
+    assert evaluated["path"] == "selector walk"
+    assert evaluated["tau"] == pytest.approx(decoded["tau"], rel=0.05), (evaluated["tau"], evaluated["tau_unary"])
+    assert evaluated["tau_unary"] != evaluated["tau"]

@@ -362,10 +362,10 @@ def selector_rounds(drafter, head, sample: SampleArrays) -> tuple[list[int], int
     return rounds, differ
 
 
-def test_eval_reports_dflash2_tau_along_the_selector_beside_the_unary_chain(tmp_path, parts, qwen3_dir):
-    """Issue 32.4: for DFlash 2, `tau_selector` is the rollout along the selector's
-    path (what speculate drafts), counted here block by block; `tau` stays the unary
-    argmax chain; the table and the training log carry both."""
+def test_eval_tau_of_a_dflash2_is_the_rollout_along_its_selector_walk(tmp_path, parts, qwen3_dir):
+    """Issue 44.1: for DFlash 2, `tau` is the rollout along the selector's walk (what
+    speculate drafts), counted here block by block; `tau_unary` is the argmax chain;
+    the table and the training log carry both, and say which path `tau` follows."""
     from train.drafter.dflash2 import build_drafter
 
     _, head, target = parts
@@ -383,11 +383,15 @@ def test_eval_reports_dflash2_tau_along_the_selector_beside_the_unary_chain(tmp_
     result = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), batch_blocks=16), split="all")
     walked = [selector_rounds(drafter, head, s) for s in samples]
     assert sum(differ for _, differ in walked) > 0  # the two paths are not the same here
-    assert result["tau_selector"] == pytest.approx(np.mean([np.mean(r) for r, _ in walked]), abs=1e-9)
-    assert [s["tau_selector"] for s in result["per_sample"]] == pytest.approx([np.mean(r) for r, _ in walked])
-    unary = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), batch_blocks=5), split="all")
-    assert unary["tau"] == result["tau"] and unary["tau_selector"] == result["tau_selector"]  # batching changes nothing
-    assert "tau along the selector (DFlash 2)" in render_table(result)
-    assert log_fields(result)["eval_tau_selector"] == result["tau_selector"]
+    assert result["path"] == "selector walk"
+    assert result["tau"] == pytest.approx(np.mean([np.mean(r) for r, _ in walked]), abs=1e-9)
+    assert [s["tau"] for s in result["per_sample"]] == pytest.approx([np.mean(r) for r, _ in walked])
+    rebatched = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), batch_blocks=5), split="all")
+    assert (rebatched["tau"], rebatched["tau_unary"]) == (result["tau"], result["tau_unary"])  # batching changes nothing
+    table = render_table(result)
+    assert "tau (decode-time, selector walk)" in table and "tau along the argmax chain" in table
+    fields = log_fields(result)
+    assert (fields["eval_tau"], fields["eval_tau_unary"]) == (result["tau"], result["tau_unary"])
     dflash = ev.evaluate(parts[0], head, store, everything(ddtree_budgets=(8,)), split="all")
-    assert dflash["tau_selector"] is None and "eval_tau_selector" not in log_fields(dflash)
+    assert dflash["path"] == "argmax chain" and dflash["tau_unary"] == dflash["tau"]
+    assert "eval_tau_unary" not in log_fields(dflash) and "tau along the argmax chain" not in render_table(dflash)

@@ -18,10 +18,12 @@ target's frozen lm_head and compared with the reference continuation:
 From those blocks (definitions in `train/acceptance/measures.py`):
 
 - `tau`: decode-time. Each response is decoded the way a server would, round by
-  round (`acceptance.rollout`): start at its first position, accept the matching
-  draft prefix, move the anchor by accepted + 1. Averaged per sample, then over
-  samples. This is the headline, comparable with what `speculate` and a server
-  measure when the reference is what the target generates.
+  round (`acceptance.rollout`): start at its first position, draft along the path
+  the drafter decodes (`drafted_path`: the selector's walk for DFlash 2), accept
+  the matching prefix, move the anchor by accepted + 1. Averaged per sample, then
+  over samples. This is the headline, comparable with what `speculate` and a
+  server measure when the reference is what the target generates. `tau_unary` is
+  the same rollout along each slot's own argmax (equal to `tau` for DFlash).
 - `ddtree`: the same rollout with DDTree verification, per node budget (each
   budget walks its own anchors; trees are grown only where a walk goes).
 - `tau_per_position`: the older estimator, chain acceptance averaged over blocks
@@ -83,7 +85,9 @@ def slot_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chunk_
 class DraftedBlocks:
     """One sample's blocks at `positions` [N] (sorted), on the CPU: the reference
     and validity of slots 1..B-1 [N, D], the drafter's top-K there [N, D, K], and
-    the chain acceptance of each block [N]."""
+    the chain acceptance of each block [N] along the path the drafter decodes
+    (`accepted`: the selector's walk for DFlash 2) and along the unary argmax chain
+    (`unary_accepted`: each slot's top-1; equal to `accepted` for DFlash)."""
 
     positions: torch.Tensor
     reference: torch.Tensor
@@ -91,12 +95,12 @@ class DraftedBlocks:
     logprobs: torch.Tensor
     ids: torch.Tensor
     accepted: torch.Tensor
-    selector_accepted: torch.Tensor | None = None  # DFlash 2: chain acceptance of the selector's path
+    unary_accepted: torch.Tensor
 
-    def chain_rounds(self, selector: bool = False) -> list[int]:
-        """Rollout round lengths along the unary argmax chain, or (`selector`) along
-        DFlash 2's selector path, as `speculate` drafts."""
-        values = self.selector_accepted if selector else self.accepted
+    def chain_rounds(self, unary: bool = False) -> list[int]:
+        """Rollout round lengths along the path the drafter decodes (what `speculate`
+        drafts), or (`unary`) along the unary argmax chain."""
+        values = self.unary_accepted if unary else self.accepted
         accepted = dict(zip(self.positions.tolist(), values.tolist()))
         return rollout(list(accepted), accepted.__getitem__)
 
@@ -139,21 +143,19 @@ def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: s
                             labels=config.labels, target_next_ids=target_next_ids)
     reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
     features = _context_features(sample, drafter.config, device)
-    selector = getattr(drafter, "candidate_selector", None)
     logprobs, ids, paths = [], [], []
     for start in range(0, positions.numel(), config.batch_blocks):
         batch = positions[start : start + config.batch_blocks].to(device)
         hidden = drafter(features, input_ids, batch, head.embed_tokens, attention=attention)
-        top = slot_topk(hidden[:, 1:], head.lm_head.weight, max(k, selector.top_k) if selector else k)
-        if selector is not None:  # the path `speculate` drafts: walked from the anchor
-            paths.append(selector.walk_candidates(hidden[:, 1:], top[0], top[1], input_ids[batch]).cpu())
+        top = slot_topk(hidden[:, 1:], head.lm_head.weight, max(k, drafter.path_top_k))
+        paths.append(drafter.drafted_path(hidden[:, 1:], top[0], top[1], input_ids[batch]).cpu())
         logprobs.append(top[0][..., :k].cpu())
         ids.append(top[1][..., :k].cpu())
     ids = torch.cat(ids)
     reference, valid = reference.cpu(), valid.cpu()
-    selector_accepted = chain_accepted(torch.cat(paths), reference, valid) if paths else None
     return DraftedBlocks(positions, reference, valid, torch.cat(logprobs), ids,
-                         chain_accepted(ids[..., 0], reference, valid), selector_accepted)
+                         accepted=chain_accepted(torch.cat(paths), reference, valid),
+                         unary_accepted=chain_accepted(ids[..., 0], reference, valid))
 
 
 def per_position_rows(blocks: DraftedBlocks, loss_mask: torch.Tensor, block_size: int, stride: int) -> torch.Tensor:
@@ -186,10 +188,9 @@ class _Accumulator:
         rounds = blocks.chain_rounds()
         if not rounds:
             return
-        entry = {"sample_id": sample_id, "tau": sum(rounds) / len(rounds), "rounds": len(rounds), "tokens": sum(rounds)}
-        if blocks.selector_accepted is not None:
-            walked = blocks.chain_rounds(selector=True)
-            entry["tau_selector"] = sum(walked) / len(walked)
+        unary = blocks.chain_rounds(unary=True)
+        entry = {"sample_id": sample_id, "tau": sum(rounds) / len(rounds), "rounds": len(rounds), "tokens": sum(rounds),
+                 "tau_unary": sum(unary) / len(unary)}
         self.rounds += rounds
         for budget, tree_rounds in blocks.ddtree_rounds(self.budgets).items():
             self.ddtree_means[budget].append(sum(tree_rounds) / len(tree_rounds))
@@ -216,8 +217,7 @@ class _Accumulator:
         histogram = torch.bincount(torch.tensor(self.rounds, dtype=torch.long), minlength=self.block_size + 1)
         return {
             "tau": mean([s["tau"] for s in self.per_sample]),
-            "tau_selector": (mean([s["tau_selector"] for s in self.per_sample])
-                             if any("tau_selector" in s for s in self.per_sample) else None),
+            "tau_unary": mean([s["tau_unary"] for s in self.per_sample]),
             "ddtree": {b: mean(self.ddtree_means[b]) for b in self.budgets},
             "tau_per_position": mean(self.per_position_means),
             "per_position_acc": [ratio(int(h), int(v)) for h, v in zip(self.pos_hits, self.pos_valid)],
@@ -283,7 +283,7 @@ def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, atten
         if progress is not None:
             progress.close()
     result = acc.result()
-    result.update(labels=config.labels, anchor_stride=config.anchor_stride,
+    result.update(path=drafter.path_name, labels=config.labels, anchor_stride=config.anchor_stride,
                   max_blocks_per_sample=config.max_blocks_per_sample)
     return result
 
@@ -309,20 +309,23 @@ def evaluate(
     Returns a dict:
       tau: decode-time acceptance length (accepted + 1 bonus, 1..B) under greedy
           chain verification, rolled out along each response, per sample then
-          over samples, along the unary argmax chain (each slot's own top-1);
-      tau_selector: DFlash 2 (None for DFlash): the same along the candidate
-          selector's greedy path from the anchor, what `speculate` and the engines
-          draft, beside `tau` for the same blocks;
+          over samples, along the path the drafter decodes (`drafted_path`: each
+          slot's argmax for DFlash, the candidate selector's walk from the anchor
+          for DFlash 2): what `speculate` and the engines measure;
+      tau_unary: the same rollout along the unary argmax chain (each slot's own
+          top-1); equal to `tau` for DFlash;
+      path: the path `tau` follows ("argmax chain", "selector walk");
       ddtree: {budget: the same under DDTree verification at that node budget};
-      tau_per_position: chain acceptance over blocks at every anchor position
-          (the per-position estimate), per sample then over samples;
+      tau_per_position: chain acceptance along the drafted path over blocks at
+          every anchor position (the per-position estimate), per sample then
+          over samples;
       per_position_acc: [B-1] top-1 accuracy of slots 1..B-1;
       top1_acc / top4_acc / top8_acc: pooled over scored slots;
       tau_pooled: the rollout's rounds pooled over all samples at once;
       acceptance_histogram: [B] share of rollout rounds of length 1..B;
       samples / rounds / blocks / scored_slots: what was evaluated;
       split_samples: samples in the split; max_samples: the cap (config.samples);
-      per_sample: [{sample_id, tau, rounds, tokens, tau_per_position}];
+      per_sample: [{sample_id, tau, tau_unary, rounds, tokens, tau_per_position}];
       block_size, labels, split, heldout_fraction, anchor_stride, max_blocks_per_sample.
     Samples with no scoreable block are not counted. progress: a callable
     (samples to evaluate) -> Progress, shown while evaluating, or None."""

@@ -173,10 +173,10 @@ def render_table(result: dict) -> str:
         "",
         f"{'metric':<34}{'value':>10}",
         f"{'-' * 44}",
-        f"{'tau (decode-time, greedy chain)':<34}{_fmt(result['tau']):>10}",
+        f"{'tau (decode-time, ' + result.get('path', 'argmax chain') + ')':<34}{_fmt(result['tau']):>10}",
     ]
-    if result.get("tau_selector") is not None:
-        lines.append(f"{'tau along the selector (DFlash 2)':<34}{_fmt(result['tau_selector']):>10}")
+    if result.get("path", "argmax chain") != "argmax chain":
+        lines.append(f"{'tau along the argmax chain':<34}{_fmt(result['tau_unary']):>10}")
     for budget, value in sorted(result["ddtree"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"{f'DDTree acceptance @ {budget} (decode)':<34}{_fmt(value):>10}")
     lines += [

@@ -68,6 +68,17 @@ class DFlash2Drafter(DFlashDrafter):
         anchor = torch.tensor([anchor_id], device=hidden.device)
         return self.candidate_selector.walk(hidden[None], logits[None], anchor)[0]
 
+    path_name = "selector walk"
+
+    @property
+    def path_top_k(self) -> int:
+        return self.candidate_selector.top_k
+
+    def drafted_path(self, hidden: torch.Tensor, top_values: torch.Tensor, top_ids: torch.Tensor,
+                     anchor_ids: torch.Tensor) -> torch.Tensor:
+        """The selector's walk over the top candidates (DFlashDrafter.drafted_path)."""
+        return self.candidate_selector.walk_candidates(hidden, top_values, top_ids, anchor_ids)
+
 
 # The submodules DFlash 2 adds to a DFlash drafter (the only tensors a warm start lacks).
 DFLASH2_MODULES = ("attention_conv", "mlp_conv", "candidate_selector")

@@ -376,10 +376,21 @@ class DFlashDrafter(nn.Module):
                 x = layer(x, context, cos, sin, mask)
         return self.norm(x).view(num_blocks, block, cfg.hidden_size)
 
+    path_top_k = 1  # candidates per drafted slot that `drafted_path` reads
+    path_name = "argmax chain"  # what `drafted_path` follows, as reports name it
+
     def greedy_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module) -> torch.Tensor:
         """The drafted tokens [L] of one block's drafted slots (`hidden` [L, H], after
         `norm`) at greedy decoding: each slot's argmax through the target's lm_head."""
         return lm_head(hidden.to(lm_head.weight.dtype)).argmax(dim=-1)
+
+    def drafted_path(self, hidden: torch.Tensor, top_values: torch.Tensor, top_ids: torch.Tensor,
+                     anchor_ids: torch.Tensor) -> torch.Tensor:
+        """What `greedy_tokens` drafts, from each drafted slot's top candidates already
+        taken (`top_values`, `top_ids` [b, L, K >= path_top_k]; `hidden` [b, L, H];
+        `anchor_ids` [b]) -> [b, L]: evaluation's path, without the [b, L, V] logits.
+        DFlash: each slot's top-1."""
+        return top_ids[..., 0]
 
     def attention_masks(self, anchor_positions: torch.Tensor, context_len: int, attention: str = "auto") -> dict:
         """One mask per distinct layer rule (full, sliding), built once per forward."""

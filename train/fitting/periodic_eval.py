@@ -69,8 +69,8 @@ def log_fields(result: dict, prefix: str = "eval_") -> dict:
     """Flat train_log.jsonl fields of an evaluation result: `{prefix}tau` (rollout),
     `{prefix}tau_per_position`, `{prefix}ddtree_{budget}` (rollout),
     `{prefix}top1_acc` / top4 / top8, `{prefix}per_position_acc` (list),
-    `{prefix}samples`, `{prefix}rounds`, DFlash 2's `{prefix}tau_selector`. nan
-    becomes None (JSON)."""
+    `{prefix}samples`, `{prefix}rounds`, and, where the drafter decodes another
+    path than the argmax chain (DFlash 2), `{prefix}tau_unary`. nan becomes None (JSON)."""
 
     def clean(value):
         return None if isinstance(value, float) and math.isnan(value) else value
@@ -85,8 +85,8 @@ def log_fields(result: dict, prefix: str = "eval_") -> dict:
         f"{prefix}samples": result["samples"],
         f"{prefix}rounds": result["rounds"],
     }
-    if result.get("tau_selector") is not None:  # DFlash 2: the selector's path, beside the unary chain's tau
-        fields[f"{prefix}tau_selector"] = clean(result["tau_selector"])
+    if result.get("path", "argmax chain") != "argmax chain":  # DFlash 2: `tau` walks the selector
+        fields[f"{prefix}tau_unary"] = clean(result["tau_unary"])
     for budget, value in result["ddtree"].items():
         fields[f"{prefix}ddtree_{budget}"] = clean(value)
     return fields
