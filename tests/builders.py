@@ -271,3 +271,21 @@ def generate_records(count: int = 4) -> list[dict]:
     prompt_only = {"id": "prompt-only", "messages": [{"role": "user", "content": "Write `dumps` from `json`."}]}
     chats = coding_chats(count)
     return chats[:2] + [multi] + chats[2:] + [prompt_only]
+
+
+def warm_started(dflash, **sizes):
+    """A DFlash 2 warm-started from the DFlash drafter `dflash` the way `fit --init-from`
+    starts one (train.fitting.init_from: the config, then the backbone's weights read
+    back from an export), in `dflash`'s dtype."""
+    import tempfile
+
+    from train.drafter.build import build_drafter
+    from train.drafter.config import ModelConfig
+    from train.export.drafter_dir import export_drafter
+    from train.fitting.init_from import load_start_weights, warm_start_config
+
+    dtype = dflash.fc.weight.dtype
+    with tempfile.TemporaryDirectory() as directory:
+        export_drafter(dflash, Path(directory) / "dflash", dtype=dtype)
+        drafter = build_drafter(warm_start_config(dflash.config, ModelConfig(architecture="dflash2", **sizes)))
+        return load_start_weights(drafter.to(dtype), Path(directory) / "dflash")

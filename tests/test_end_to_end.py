@@ -61,7 +61,7 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
 
     from train.fitting import checkpoint
     from train.export.drafter_dir import load_drafter
-    from train.drafter.dflash2 import build_drafter
+    from train.drafter.build import build_drafter
     from train.drafter.model import DrafterConfig
 
     state_dir = checkpoint.latest_checkpoint(run)

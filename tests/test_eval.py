@@ -366,7 +366,7 @@ def test_eval_tau_of_a_dflash2_is_the_rollout_along_its_selector_walk(tmp_path, 
     """Issue 44.1: for DFlash 2, `tau` is the rollout along the selector's walk (what
     speculate drafts), counted here block by block; `tau_unary` is the argmax chain;
     the table and the training log carry both, and say which path `tau` follows."""
-    from train.drafter.dflash2 import build_drafter
+    from train.drafter.build import build_drafter
 
     _, head, target = parts
     config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1,

@@ -10,8 +10,10 @@ import pytest
 import torch
 from safetensors import safe_open
 
+import builders
+
 from train.drafter.anchors import LayerAttention
-from train.drafter.dflash2 import DFlash2Drafter, from_dflash
+from train.drafter.dflash2 import DFlash2Drafter
 from train.export.drafter_dir import export_drafter, load_drafter, read_drafter_config
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from store_schema.runtime.target_config import read_target_config
@@ -166,7 +168,7 @@ def test_reads_sliding_layers_the_way_qwen3config_does(tmp_path, sliding):
 @pytest.fixture(scope="module")
 def dflash2(sliding):
     """The sliding drafter as a DFlash 2 (identity convolutions, zero successor codebook)."""
-    return from_dflash(sliding[0], selector_rank=8, selector_top_k=4), sliding[1]
+    return builders.warm_started(sliding[0], selector_rank=8, selector_top_k=4), sliding[1]
 
 
 @pytest.mark.parametrize("which,changes,message", [
@@ -201,6 +203,7 @@ def test_dflash2_export_layout_and_round_trip(tmp_path, dflash2):
     assert config["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 3], "block_size": 8,
                                        "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8,
                                        "selector_top_k": 4}
+    assert "no_rope_layers" not in config  # vLLM 0.34 routes a DFlash2DraftModel with it to another class
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
     assert {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",

@@ -314,7 +314,7 @@ def test_dflash_step_trains_the_dflash2_selector_and_logs_its_metrics():
     so `fit` trained a DFlash 2 whose selector stayed at its identity start and logged
     no recall@K / selector accuracy. Now the step adds the selector's CE (ramped by
     loss.selector_warmup_steps) and the run's log means carry both metrics."""
-    from train.drafter.dflash2 import build_drafter
+    from train.drafter.build import build_drafter
     from train.fitting.metrics import MetricSums
 
     torch.manual_seed(0)

@@ -31,7 +31,6 @@ from store_schema.runtime.target_config import read_target_config
 from train.acceptance import serve_check
 from train.cli import main
 from train.config_loading import load_config
-from train.drafter.dflash2 import from_dflash
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.trainer import Trainer
@@ -148,7 +147,7 @@ def test_a_dflash2_drafter_is_not_served_on_cpu_but_speculate_still_runs(target_
     prompts.write_text(json.dumps({"input_ids": [10, 20, 30, 40, 50]}) + "\n")
     dflash = load_drafter(random_export(target_dir, mask_id, tmp_path / "dflash", num_hidden_layers=1,
                                         layer_types=["full_attention"]))
-    export = export_drafter(from_dflash(dflash, selector_rank=8, selector_top_k=4), tmp_path / "dflash2",
+    export = export_drafter(builders.warm_started(dflash, selector_rank=8, selector_top_k=4), tmp_path / "dflash2",
                             dtype=torch.float32)
     code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts)
     assert code == 0, err

@@ -140,7 +140,7 @@ def start_served(python: str, request: dict, workdir: Path) -> ServedRun:
 def served_request(target, drafter, prompts: list[list[int]], *, block_size: int, mixed_layers: bool,
                    max_new_tokens: int, stop_token_ids: list[int], dtype: str,
                    gpu_memory_utilization: float | None = None, cpu_memory_share: float | None = None,
-                   dflash2: bool = False) -> dict:
+                   v2_runner_only: bool = False) -> dict:
     """What vllm_runner.py needs. `num_speculative_tokens` is block size - 1 (vLLM
     takes it from the caller and never reads `block_size`). `max_model_len` leaves
     4 blocks past the longest reply: vLLM clamps draft positions at it, and with one
@@ -148,10 +148,12 @@ def served_request(target, drafter, prompts: list[list[int]], *, block_size: int
     positions (served 4.58 tokens per round vs speculate's 4.92; 4.92 both with 4).
     `gpu_memory_utilization` is the user's (any device); `cpu_memory_share` the one
     sized for a CPU engine (`vllm_memory`), used when vLLM runs on CPU and none is given.
-    `dflash2`: the drafter is DFlash 2 (vLLM's qwen3_dflash2, V2 model runner only)."""
+    `v2_runner_only`: vLLM serves the drafter's kind only on its V2 model runner, so not on
+    CPU (DFlash 2: vLLM's qwen3_dflash2, its selector walk a Triton kernel)."""
     return {
         "target": str(target), "drafter": str(drafter), "prompts": prompts,
-        "num_speculative_tokens": block_size - 1, "mixed_layers": mixed_layers, "dflash2": dflash2,
+        "num_speculative_tokens": block_size - 1, "mixed_layers": mixed_layers,
+        "v2_runner_only": v2_runner_only,
         "max_new_tokens": max_new_tokens, "stop_token_ids": list(stop_token_ids), "dtype": dtype,
         "max_model_len": max_model_len(prompts, max_new_tokens, block_size),
         "gpu_memory_utilization": gpu_memory_utilization, "cpu_memory_share": cpu_memory_share,

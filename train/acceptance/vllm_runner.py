@@ -71,7 +71,7 @@ def _has_cuda() -> bool:
 def build_llm(request: dict):
     """The `LLM` of `request`: its target, the drafter as its DFlash speculator, greedy-ready.
     vllm_logits.py builds its engine here too, so both see the same engine."""
-    if request["mixed_layers"] or request.get("dflash2"):
+    if request["mixed_layers"] or request.get("v2_runner_only"):
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     on_cpu = not _has_cuda()
     if on_cpu:  # the engine core in this process: one vLLM start costs ~15 s of CPU less, same tokens
@@ -131,7 +131,7 @@ def main(argv: list[str]) -> int:
     why = refusal()
     if why is not None:
         result, code = {"refused": why, "vllm_version": vllm_version()}, REFUSED
-    elif request.get("dflash2") and not _has_cuda():
+    elif request.get("v2_runner_only") and not _has_cuda():
         result, code = {"skipped": DFLASH2_ON_CPU, "vllm_version": vllm_version()}, 0
     elif request["mixed_layers"] and not _has_cuda():
         result, code = {"skipped": MIXED_LAYOUT_ON_CPU, "vllm_version": vllm_version()}, 0

@@ -41,7 +41,7 @@ def run(args) -> int:
     from train.fitting import checkpoint as ckpt
     from train.export.drafter_dir import export_drafter
     from train.data.heldout import heldout_fraction_of, heldout_record
-    from train.drafter.dflash2 import build_drafter
+    from train.drafter.build import build_drafter
     from train.drafter.model import DrafterConfig
 
     refuse_store_dir(args.out)

@@ -87,7 +87,7 @@ def run(args) -> int:
         block_size=config.block_size, mixed_layers=len(set(config.layer_types)) > 1,
         max_new_tokens=args.max_new_tokens, stop_token_ids=stops, dtype=str(dtype).removeprefix("torch."),
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_memory_share=share,
-        dflash2=config.architecture == "dflash2")
+        v2_runner_only=not config.kind.vllm_cpu_serves)
     # vLLM starts (tens of seconds) while this process decodes the same prompts.
     served_run = serve_check.start_served(python, request, workdir)
     results = []

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from train.config_error import ConfigError, require
-from train.drafter.geometry import ATTENTION_KINDS, BLOCK_SIZE, DFLASH2_SIZES, shape_problems
+from train.drafter.geometry import ATTENTION_KINDS, BLOCK_SIZE, shape_problems
+from train.drafter.kinds import DEFAULT_KIND, DFLASH2_SIZES
 
 LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
 
@@ -25,9 +26,9 @@ class ModelConfig:
     layer_types: list[str] | None = None  # per layer: full_attention or sliding_attention
     sliding_window: int | None = None  # context window of the sliding layers
     block_size: int = BLOCK_SIZE  # B: anchor + B-1 drafted tokens
-    # "dflash2" (the default: 3.7x DFlash's decode tau at equal steps in benchmarks/drafter_bench.py):
-    # DFlash + block-local convolutions and a candidate selector; or "dflash"
-    architecture: str = "dflash2"
+    # The drafter kind (train.drafter.kinds): "dflash2" (DFlash + block-local convolutions and a
+    # candidate selector) or "dflash"; why the default is what it is: README, "Which drafter"
+    architecture: str = DEFAULT_KIND.name
     conv_kernel_size: int | None = None  # dflash2 sizes; None takes DrafterConfig's default (2, 16, 256, 16)
     conv_group_size: int | None = None
     selector_rank: int | None = None

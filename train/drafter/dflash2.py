@@ -13,19 +13,19 @@ modules, laid out and named as z-lab's reference (`dflash` 0.1.0's
   top-K of each drafted position's logits along a path walked from the anchor.
 
 Identity start: a fresh DFlash 2 has identity convolutions and a zero successor
-codebook, so with its DFlash backbone's weights (`from_dflash`) it computes exactly
-that drafter's hidden states, logits and greedy drafts.
+codebook, so with its DFlash backbone's weights (the warm start,
+`train.fitting.init_from`) it computes exactly that drafter's hidden states, logits
+and greedy drafts.
 """
 
 from __future__ import annotations
-
-import dataclasses
 
 import torch
 from torch import nn
 from transformers import Qwen3Config
 
 from train.drafter.conv import BlockConv
+from train.drafter.kinds import DFLASH2
 from train.drafter.model import DFlashDecoderLayer, DFlashDrafter, DrafterConfig
 from train.drafter.selector import CandidateSelector
 
@@ -46,11 +46,10 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
 class DFlash2Drafter(DFlashDrafter):
     """`state_dict()` keys are exactly the reference's DFlash 2 checkpoint names."""
 
+    kind = DFLASH2
     layer_class = DFlash2DecoderLayer
 
     def __init__(self, config: DrafterConfig):
-        if config.architecture != "dflash2":
-            raise ValueError(f"DFlash2Drafter needs architecture 'dflash2', got {config.architecture!r}")
         super().__init__(config)
         self.candidate_selector = CandidateSelector(config.hidden_size, config.vocab_size, config.selector_rank,
                                                     config.selector_top_k, config.initializer_range)
@@ -68,8 +67,6 @@ class DFlash2Drafter(DFlashDrafter):
         anchor = torch.tensor([anchor_id], device=hidden.device)
         return self.candidate_selector.walk(hidden[None], logits[None], anchor)[0]
 
-    path_name = "selector walk"
-
     @property
     def path_top_k(self) -> int:
         return self.candidate_selector.top_k
@@ -79,36 +76,3 @@ class DFlash2Drafter(DFlashDrafter):
         """The selector's walk over the top candidates (DFlashDrafter.drafted_path)."""
         return self.candidate_selector.walk_candidates(hidden, top_values, top_ids, anchor_ids)
 
-
-# The submodules DFlash 2 adds to a DFlash drafter (the only tensors a warm start lacks).
-DFLASH2_MODULES = ("attention_conv", "mlp_conv", "candidate_selector")
-
-
-def added_by_dflash2(tensor_name: str) -> bool:
-    """Whether a DFlash 2 state-dict name belongs to a module DFlash does not have."""
-    return any(part in DFLASH2_MODULES for part in tensor_name.split("."))
-
-
-def build_drafter(config: DrafterConfig) -> DFlashDrafter:
-    """The drafter `config.architecture` names."""
-    return DFlash2Drafter(config) if config.architecture == "dflash2" else DFlashDrafter(config)
-
-
-def dflash2_config(config: DrafterConfig, **sizes) -> DrafterConfig:
-    """A DFlash drafter's config as DFlash 2's (sizes None take the defaults)."""
-    return dataclasses.replace(config, architecture="dflash2", **{k: v for k, v in sizes.items() if v is not None})
-
-
-@torch.no_grad()
-def from_dflash(drafter: DFlashDrafter, **sizes) -> DFlash2Drafter:
-    """A DFlash 2 warm-started from a DFlash drafter: its backbone copied, the new
-    modules at the identity start (so it drafts exactly what `drafter` drafts)."""
-    if drafter.config.architecture != "dflash":
-        raise ValueError(f"from_dflash takes a DFlash drafter, got architecture {drafter.config.architecture!r}")
-    weight = drafter.fc.weight
-    warm = DFlash2Drafter(dflash2_config(drafter.config, **sizes)).to(device=weight.device, dtype=weight.dtype)
-    result = warm.load_state_dict(drafter.state_dict(), strict=False)
-    missing = [name for name in result.missing_keys if not added_by_dflash2(name)]
-    if result.unexpected_keys or missing:
-        raise KeyError(f"DFlash backbone mismatch: missing {missing}, unexpected {result.unexpected_keys}")
-    return warm

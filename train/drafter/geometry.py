@@ -1,4 +1,4 @@
-"""The drafter's kinds and the one rule for a valid drafter shape.
+"""The one rule for a valid drafter shape (the kinds themselves: train.drafter.kinds).
 
 Both the run config's `model` section (sizes a user sets, None where the drafter's
 default applies) and `DrafterConfig` (every size known) check a shape; they call
@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from store_schema.plan import DEFAULT_BLOCK_SIZE
+from train.drafter.kinds import DFLASH, DFLASH2_SIZES, KINDS
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/drafter/model.py)
 ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/drafter/attention.py)
-ARCHITECTURES = ("dflash", "dflash2")  # drafter kinds: train/drafter/model.py, train/drafter/dflash2.py
-DFLASH2_SIZES = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")  # DrafterConfig's fields
 POSITIVE_SIZES = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                   "intermediate_size", "sliding_window")
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE  # B: anchor + B-1 drafted tokens (the store's plan owns the default)
@@ -28,7 +27,8 @@ def shape_problems(shape: dict, prefix: str = "") -> list[tuple[str, str]]:
         return f"{prefix}{field}"
 
     problems = []
-    dflash2 = shape.get("architecture") == "dflash2"
+    kind = KINDS.get(shape.get("architecture", DFLASH.name))
+    kind_sizes = kind.sizes if kind else ()
     for field in (*POSITIVE_SIZES, *DFLASH2_SIZES):
         value = shape.get(field)
         if value is not None and value < 1:
@@ -40,13 +40,13 @@ def shape_problems(shape: dict, prefix: str = "") -> list[tuple[str, str]]:
     problems += _layer_type_problems(shape, name)
     if shape.get("block_size") is not None and shape["block_size"] < 2:
         problems.append((name("block_size"), f"must be >= 2 (slot 0 is the anchor), got {shape['block_size']}"))
-    if shape.get("architecture", "dflash") not in ARCHITECTURES:
-        problems.append((name("architecture"), f"must be one of {', '.join(ARCHITECTURES)}, got {shape['architecture']!r}"))
+    if kind is None:
+        problems.append((name("architecture"), f"must be one of {', '.join(KINDS)}, got {shape['architecture']!r}"))
     hidden, group = shape.get("hidden_size"), shape.get("conv_group_size")
-    if dflash2 and hidden and group and group >= 1 and hidden % group:
+    if "conv_group_size" in kind_sizes and hidden and group and group >= 1 and hidden % group:
         problems.append((name("conv_group_size"), f"{group} must divide hidden_size {hidden}"))
     vocab, top_k = shape.get("vocab_size"), shape.get("selector_top_k")
-    if dflash2 and vocab and top_k and top_k > vocab:
+    if "selector_top_k" in kind_sizes and vocab and top_k and top_k > vocab:
         problems.append((name("selector_top_k"), f"{top_k} exceeds the vocabulary ({vocab})"))
     return problems
 

@@ -39,6 +39,7 @@ from store_schema.layout import validate_layer_ids  # the one rule
 from train.drafter.anchors import LayerAttention, block_position_ids
 from train.drafter.attention import attend, build_attention_mask, resolve_attention
 from train.drafter.geometry import BLOCK_SIZE, shape_problems
+from train.drafter.kinds import DFLASH, DrafterKind, kind_named
 
 
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
@@ -90,8 +91,10 @@ class DrafterConfig:
     hidden_act: str = "silu"
     initializer_range: float = 0.02
     rope_parameters: dict = field(default_factory=dict)  # extra rope fields, e.g. rope_type/factor
-    # DFlash 2 (train/drafter/dflash2.py); read only when architecture is "dflash2".
-    architecture: str = "dflash"
+    # The kind (train.drafter.kinds). DFlash: what records written before DFlash 2 existed
+    # hold; the run's default kind comes from the `model` section (train.drafter.config).
+    architecture: str = DFLASH.name
+    # DFlash 2's sizes (train.drafter.kinds.DFLASH2_SIZES), read only by the kinds that list them.
     conv_kernel_size: int = 2  # taps of each block-local convolution
     conv_group_size: int = 16  # channels that share one dynamic coefficient
     selector_rank: int = 256  # rank r of the selector's codebooks [V, r]
@@ -112,6 +115,10 @@ class DrafterConfig:
             raise ValueError(" ".join(problems[0]))
         if "sliding_attention" not in self.layer_types:
             self.sliding_window = None
+
+    @property
+    def kind(self) -> DrafterKind:
+        return kind_named(self.architecture)
 
     @property
     def num_context_layers(self) -> int:
@@ -284,9 +291,12 @@ class DFlashDecoderLayer(nn.Module):
 class DFlashDrafter(nn.Module):
     """The drafter. `state_dict()` keys are exactly z-lab's checkpoint names."""
 
+    kind = DFLASH
     layer_class = DFlashDecoderLayer
 
     def __init__(self, config: DrafterConfig):
+        if config.kind is not self.kind:
+            raise ValueError(f"{type(self).__name__} is a {self.kind.name} drafter; the config is {config.architecture}")
         super().__init__()
         self.config = config
         qwen3_config = config.qwen3_config()
@@ -377,7 +387,6 @@ class DFlashDrafter(nn.Module):
         return self.norm(x).view(num_blocks, block, cfg.hidden_size)
 
     path_top_k = 1  # candidates per drafted slot that `drafted_path` reads
-    path_name = "argmax chain"  # what `drafted_path` follows, as reports name it
 
     def greedy_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module) -> torch.Tensor:
         """The drafted tokens [L] of one block's drafted slots (`hidden` [L, H], after

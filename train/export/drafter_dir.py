@@ -40,15 +40,13 @@ import torch
 
 from train.dtypes import name_of
 from train.data.heldout import heldout_fraction_of, heldout_record
-from train.drafter.geometry import DFLASH2_SIZES
-from train.drafter.dflash2 import added_by_dflash2, build_drafter
+from train.drafter.build import build_drafter
+from train.drafter.kinds import DFLASH, KINDS, kind_exported_as
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.selector import CODEBOOKS
 from train.tensor_files import read_tensors, save_tensors
 
 HELDOUT_SPLIT_KEY = "heldout_split"
-# config.json `architectures` per DrafterConfig.architecture, as the reference and vLLM name them.
-ARCHITECTURE_CLASSES = {"dflash": "DFlashDraftModel", "dflash2": "DFlash2DraftModel"}
 
 
 def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat16, extra: dict | None = None) -> dict:
@@ -57,7 +55,7 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
     `rope_parameters` for transformers 5."""
     rope_parameters = {"rope_type": "default", **config.rope_parameters, "rope_theta": config.rope_theta}
     data = {
-        "architectures": [ARCHITECTURE_CLASSES[config.architecture]],
+        "architectures": [config.kind.exported_class],
         "model_type": "qwen3",
         "block_size": config.block_size,
         "num_target_layers": config.num_target_layers,
@@ -91,9 +89,9 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
         "use_cache": True,
         "dtype": name_of(dtype),
     }
-    if config.architecture == "dflash2":  # the reference reads these from dflash_config
+    if config.kind.sizes:  # the reference reads these from dflash_config
         data["dflash_config"].update({"block_size": config.block_size,
-                                      **{name: getattr(config, name) for name in DFLASH2_SIZES}})
+                                      **{name: getattr(config, name) for name in config.kind.sizes}})
     if config.is_causal is not None:
         data["is_causal"] = config.is_causal
         data["dflash_config"]["causal"] = config.is_causal
@@ -165,14 +163,13 @@ UNSUPPORTED_DFLASH_KEYS = {
 def checked_dflash_config(path: Path, data: dict) -> tuple[str, dict]:
     """The drafter kind of a config.json's `architectures` and its `dflash_config`,
     refused when either lacks what the drafter needs or asks for what it cannot do."""
-    architectures = data.get("architectures") or ["DFlashDraftModel"]
-    kinds = {name: kind for kind, name in ARCHITECTURE_CLASSES.items()}
-    if len(architectures) != 1 or architectures[0] not in kinds:
+    architectures = data.get("architectures") or [DFLASH.exported_class]
+    kind = kind_exported_as(architectures[0]) if len(architectures) == 1 else None
+    if kind is None:
         raise ValueError(f"{path}: architectures {architectures} not supported "
-                         f"({' or '.join(ARCHITECTURE_CLASSES.values())})")
-    architecture = kinds[architectures[0]]
+                         f"({' or '.join(k.exported_class for k in KINDS.values())})")
     dflash = data.get("dflash_config") or {}
-    needed = ("mask_token_id", "target_layer_ids") + (DFLASH2_SIZES if architecture == "dflash2" else ())
+    needed = ("mask_token_id", "target_layer_ids") + kind.sizes
     missing = [k for k in needed if k not in dflash]
     if missing:
         raise KeyError(f"{path}: dflash_config lacks {missing}")
@@ -180,7 +177,7 @@ def checked_dflash_config(path: Path, data: dict) -> tuple[str, dict]:
         value = dflash.get(key, data.get(key, neutral[0]))
         if value not in neutral:
             raise ValueError(f"{path}: {key}={value!r} is not supported (only {neutral[0]!r})")
-    return architecture, dflash
+    return kind.name, dflash
 
 
 def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
@@ -230,7 +227,7 @@ def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
             initializer_range=data.get("initializer_range", 0.02),
             rope_parameters=rope_parameters,
             architecture=architecture,
-            **{name: dflash[name] for name in DFLASH2_SIZES if architecture == "dflash2"},
+            **{name: dflash[name] for name in KINDS[architecture].sizes},
         )
     except ValueError as error:
         raise ValueError(f"{path}: {error}") from None
@@ -260,7 +257,7 @@ def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool
     if keep_dtype:
         drafter.to(next(iter(state.values())).dtype)
     result = drafter.load_state_dict(state, strict=False)
-    missing = [name for name in result.missing_keys if not (backbone_only and added_by_dflash2(name))]
+    missing = [name for name in result.missing_keys if not (backbone_only and drafter.kind.adds(name))]
     if missing or result.unexpected_keys:
         raise KeyError(f"{weights}: missing tensors {missing}, unexpected tensors {result.unexpected_keys}")
     return drafter

@@ -23,7 +23,7 @@ from train.data.cache import lanes_per_node
 from train.data.lanes import LaneFeed, check_world, lane_positions, resumed_deal
 from train.data.lanes import total_steps as lane_steps
 from train.data.loader import CorruptShards, LoaderSpec, ShardLoader, check_lanes
-from train.drafter.dflash2 import build_drafter
+from train.drafter.build import build_drafter
 from train.drafter.model import DFlashDrafter
 from train.dtypes import torch_dtype
 from train.fitting.checkpoint import Checkpointer, read_state

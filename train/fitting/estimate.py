@@ -39,7 +39,7 @@ from store_schema.runtime.estimate import DTYPE_BYTES, fits_in, gib, hours, para
 from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import open_store
 from train.config_loading import load_config
-from train.drafter.dflash2 import build_drafter
+from train.drafter.build import build_drafter
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig
 from train.drafter.selector import CODEBOOKS
@@ -80,7 +80,7 @@ def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
     d, act = drafter_config, DTYPE_BYTES[config.train.dtype]
     q, kv, h = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.hidden_size
     per_block_token = act * ((h + 4 * d.intermediate_size) + (h + 4 * q + 4 * kv)) + 2 * FP32 * h
-    if d.architecture == "dflash2":  # two convolutions, each: per side its k taps' rows and coefficients
+    if "attention_conv" in d.kind.added_modules:  # two convolutions, each: per side its k taps' rows and coefficients
         per_block_token += 2 * act * 2 * d.conv_kernel_size * (h + h // d.conv_group_size)
     per_context_token = act * (len(d.context_layer_ids) * h + d.num_hidden_layers * (h + 2 * kv))
     block_tokens = config.model.num_anchors * config.model.block_size

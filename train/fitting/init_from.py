@@ -37,8 +37,7 @@ from pathlib import Path
 from store_schema import file_sha256
 from train.config_error import ConfigError
 from train.drafter.config import ModelConfig
-from train.drafter.geometry import DFLASH2_SIZES
-from train.drafter.dflash2 import dflash2_config
+from train.drafter.kinds import kind_named
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import load_weights, read_drafter_config
 from train.fitting import checkpoint as ckpt
@@ -72,9 +71,9 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
     """`source` with the run's mask token, once it fits the run (module docstring);
     ConfigError naming the field otherwise. `where` names the source in messages
     ("--init-from DIR", or the checkpoint a resumed run continues)."""
-    if source.architecture == "dflash" and model.architecture == "dflash2":  # the warm start (module docstring)
-        source = dflash2_config(source, **{name: getattr(model, name) for name in DFLASH2_SIZES})
-    elif source.architecture != model.architecture:
+    if warm_starts(source, model.architecture):  # the warm start (module docstring)
+        source = warm_start_config(source, model)
+    elif source.kind != kind_named(model.architecture):
         raise ConfigError(f"config model.architecture: {model.architecture}, but {where} is a {source.architecture} "
                           f"drafter; set model.architecture={source.architecture} to fine-tune it")
     if source.block_size != model.block_size:
@@ -96,10 +95,26 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
     return dataclasses.replace(source, mask_token_id=mask_token_id)
 
 
+def warm_starts(source: DrafterConfig, architecture: str) -> bool:
+    """Whether a drafter like `source` warm-starts one of kind `architecture` (a DFlash
+    drafter a DFlash 2: train.drafter.kinds' `warm_start_from`)."""
+    return kind_named(architecture).warm_start_from == source.architecture
+
+
+def warm_start_config(source: DrafterConfig, model: ModelConfig) -> DrafterConfig:
+    """`source`'s config as the warm-started kind's: its backbone's shape, the kind's
+    own sizes from the run's `model` section (unset ones: DrafterConfig's defaults,
+    which a drafter of `source`'s kind holds untouched)."""
+    kind = kind_named(model.architecture)
+    sizes = {name: getattr(model, name) for name in kind.sizes if getattr(model, name) is not None}
+    return dataclasses.replace(source, architecture=kind.name, **sizes)
+
+
 def load_start_weights(drafter: DFlashDrafter, path: str | Path) -> DFlashDrafter:
-    """The --init-from weights into the run's drafter: every tensor, or for a DFlash 2
-    run from a DFlash drafter the backbone (the new modules keep their identity start)."""
-    warm = drafter.config.architecture == "dflash2" and read_source(path).architecture == "dflash"
+    """The --init-from weights into the run's drafter: every tensor, or for a warm
+    start (a DFlash 2 run from a DFlash drafter) the backbone, the new modules keeping
+    their identity start."""
+    warm = warm_starts(read_source(path), drafter.config.architecture)
     return load_weights(drafter, source_dir(path), backbone_only=warm)
 
 

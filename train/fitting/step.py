@@ -105,7 +105,7 @@ def dflash_step(
     drafter_input = add_context_noise(context_features, loss.noise, generator)
     hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model_config.attention)
     bare = getattr(drafter, "module", drafter)  # the drafter under a DDP replica
-    selector = getattr(bare, "candidate_selector", None)
+    selector = bare.candidate_selector if bare.kind.has_selector else None
     output = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=loss.chunk_rows, kl_mix=loss.kl_mix,
                          selector=selector, selector_top_k=bare.config.selector_top_k if selector else 0,
                          selector_weight=selector_weight_at(step, loss.selector_weight, loss.selector_warmup_steps))
