@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 
 import pytest
@@ -28,7 +29,8 @@ from test_speculate import load_model, one_thread, reference_generate  # noqa: F
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.drafter.conv import BlockConv
-from train.drafter.dflash2 import DFlash2Drafter, build_drafter, dflash2_config, from_dflash
+from train.drafter.build import build_drafter
+from train.drafter.dflash2 import DFlash2Drafter
 from train.drafter.draft_cache import DraftCache
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.selector import CandidateSelector
@@ -62,7 +64,7 @@ def dflash_drafter(qwen3_dir, geometry=GEOMETRIES["sliding"], mask_token_id=3, s
 def random_dflash2(qwen3_dir, geometry=GEOMETRIES["sliding"], mask_token_id=3, seed=0, sizes=SIZES) -> DFlash2Drafter:
     """A DFlash 2 away from its identity start: convolutions with real taps and
     dynamic coefficients, codebooks large enough to change the selector's choices."""
-    drafter = from_dflash(dflash_drafter(qwen3_dir, geometry, mask_token_id, seed), **sizes)
+    drafter = builders.warm_started(dflash_drafter(qwen3_dir, geometry, mask_token_id, seed), **sizes)
     generator = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in drafter.named_parameters():
@@ -78,10 +80,10 @@ def argmax_chain(drafter, hidden, head):
 # -- the model -------------------------------------------------------------------------------
 def test_identity_start_computes_the_dflash_logits(qwen3_dir):
     dflash = dflash_drafter(qwen3_dir)
-    fresh = DFlash2Drafter(dflash2_config(dflash.config, **SIZES)).eval()
+    fresh = DFlash2Drafter(dataclasses.replace(dflash.config, architecture="dflash2", **SIZES)).eval()
     result = fresh.load_state_dict(dflash.state_dict(), strict=False)
     assert not result.unexpected_keys and all("conv" in k or "selector" in k for k in result.missing_keys)
-    warm = from_dflash(dflash, **SIZES).eval()
+    warm = builders.warm_started(dflash, **SIZES).eval()
     head = load_target_head(qwen3_dir)
     features, input_ids = inputs()
     anchors = torch.tensor(ANCHORS)
@@ -189,7 +191,7 @@ def test_dflash2_config_refuses_what_it_cannot_build(qwen3_dir):
                            ({"selector_rank": 0}, "selector_rank must be >= 1"),
                            ({"conv_kernel_size": 0}, "conv_kernel_size must be >= 1")):
         with pytest.raises(ValueError, match=message):
-            dflash2_config(config, **sizes)
+            dataclasses.replace(config, architecture="dflash2", **sizes)
     with pytest.raises(ValueError, match="architecture must be one of dflash, dflash2"):
         DrafterConfig.from_dict({**config.to_dict(), "architecture": "eagle3"})
     with pytest.raises(ConfigError, match="model.architecture: must be one of dflash, dflash2"):
@@ -375,3 +377,24 @@ def test_eval_tau_of_a_trained_dflash2_is_what_speculate_decodes(qwen3_dir, trai
     assert evaluated["path"] == "selector walk"
     assert evaluated["tau"] == pytest.approx(decoded["tau"], rel=0.05), (evaluated["tau"], evaluated["tau_unary"])
     assert evaluated["tau_unary"] != evaluated["tau"]
+
+
+@pytest.mark.slow  # trains a drafter
+def test_a_bf16_dflash2_walks_the_path_the_reference_selects(qwen3_dir, trained_export):
+    """Issue 44.6: in bf16 the selector scores its edges in bf16 as the reference's
+    `select` and vLLM do, so on every block of a bf16 decode (the same hidden states
+    and lm_head) it walks the path the reference proposes, near ties included. (The
+    bf16 backbones themselves differ in rounding: each sums attention in its own order.)"""
+    store, export = trained_export
+    model = load_model(qwen3_dir).to(torch.bfloat16)
+    drafter = load_drafter(export, dtype=torch.bfloat16).eval()
+    reference = load_reference(export).to(torch.bfloat16)
+    blocks = []
+    drafter.greedy_tokens = recording(drafter.greedy_tokens, blocks, keep_arguments=True)
+    for prompt in store_prompts(store, HELDOUT, limit=4):
+        decode_prompt(model, drafter, prompt.id, prompt.input_ids, NEW_TOKENS, stop_ids=[])
+    assert len(blocks) > 20
+    with torch.no_grad():
+        for (hidden, anchor, lm_head), path in blocks:
+            proposed = reference.propose(hidden[None], torch.tensor([anchor]), lm_head, 0.0)[0][0]
+            assert path.tolist() == proposed.tolist()

@@ -65,20 +65,23 @@ def rollout_anchors(loss_mask: torch.Tensor, limit: int | None = None) -> torch.
 
 
 def slot_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chunk_rows: int = 2048):
-    """Top-k log-probs (log_softmax over the full vocabulary, fp32) and ids of
-    drafter outputs `hidden` [..., H], a chunk of rows at a time so the full
-    logits never exist at once. Returns ([..., k] float32, [..., k] int64)."""
+    """Top-k logits (as the lm_head computes them, held in fp32) and ids of drafter
+    outputs `hidden` [..., H], and each row's logsumexp over the full vocabulary
+    (log-probs are logits - logsumexp), a chunk of rows at a time so the full logits
+    never exist at once. Returns ([..., k] float32, [..., k] int64, [..., 1] float32)."""
     shape = hidden.shape[:-1]
     rows = hidden.reshape(-1, hidden.shape[-1])
     k = min(k, lm_head_weight.shape[0])
     values = torch.empty(rows.shape[0], k, dtype=torch.float32, device=rows.device)
     ids = torch.empty(rows.shape[0], k, dtype=torch.long, device=rows.device)
+    normalizer = torch.empty(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
     for start in range(0, rows.shape[0], chunk_rows):
         logits = F.linear(rows[start : start + chunk_rows].to(lm_head_weight.dtype), lm_head_weight).float()
-        top = torch.log_softmax(logits, dim=-1).topk(k, dim=-1)
+        top = logits.topk(k, dim=-1)
         values[start : start + chunk_rows] = top.values
         ids[start : start + chunk_rows] = top.indices
-    return values.view(*shape, k), ids.view(*shape, k)
+        normalizer[start : start + chunk_rows] = torch.logsumexp(logits, dim=-1, keepdim=True)
+    return values.view(*shape, k), ids.view(*shape, k), normalizer.view(*shape, 1)
 
 
 @dataclasses.dataclass
@@ -147,10 +150,10 @@ def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: s
     for start in range(0, positions.numel(), config.batch_blocks):
         batch = positions[start : start + config.batch_blocks].to(device)
         hidden = drafter(features, input_ids, batch, head.embed_tokens, attention=attention)
-        top = slot_topk(hidden[:, 1:], head.lm_head.weight, max(k, drafter.path_top_k))
-        paths.append(drafter.drafted_path(hidden[:, 1:], top[0], top[1], input_ids[batch]).cpu())
-        logprobs.append(top[0][..., :k].cpu())
-        ids.append(top[1][..., :k].cpu())
+        top_logits, top_ids, normalizer = slot_topk(hidden[:, 1:], head.lm_head.weight, max(k, drafter.path_top_k))
+        paths.append(drafter.drafted_path(hidden[:, 1:], top_logits, top_ids, input_ids[batch]).cpu())
+        logprobs.append((top_logits[..., :k] - normalizer).cpu())
+        ids.append(top_ids[..., :k].cpu())
     ids = torch.cat(ids)
     reference, valid = reference.cpu(), valid.cpu()
     return DraftedBlocks(positions, reference, valid, torch.cat(logprobs), ids,
@@ -283,7 +286,7 @@ def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, atten
         if progress is not None:
             progress.close()
     result = acc.result()
-    result.update(path=drafter.path_name, labels=config.labels, anchor_stride=config.anchor_stride,
+    result.update(path=drafter.kind.decode_path, labels=config.labels, anchor_stride=config.anchor_stride,
                   max_blocks_per_sample=config.max_blocks_per_sample)
     return result
 

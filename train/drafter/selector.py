@@ -11,7 +11,9 @@ drafted slot):
 with `predecessor_codebook` A and `successor_codebook` B (both [V, r]) and
 `hidden_projection` W ([r, H]), h_t the drafter's final hidden state. Decoding walks
 the block greedily from the anchor (`walk`); training scores each candidate from
-the teacher-forced predecessor (`pair_scores`, the loss's bilinear term).
+the teacher-forced predecessor (`pair_scores`, the loss's bilinear term, in fp32).
+The walk scores edges as the reference's `select` and vLLM do, in the selector's own
+dtype (`edge_scores`: bf16 for a bf16 drafter), so near ties go the way a server goes.
 
 The successor codebook starts at 0, so a fresh selector picks the argmax of the
 logits: a fresh DFlash 2 drafts what its DFlash backbone drafts.
@@ -58,6 +60,14 @@ class CandidateSelector(nn.Module):
             successor = F.embedding(candidate_ids, self.successor_codebook).float()  # [N, K, r]
             return torch.einsum("nr,nkr->nk", predecessor * projected, successor)
 
+    def edge_scores(self, hidden: torch.Tensor, predecessor_ids: torch.Tensor, candidate_ids: torch.Tensor) -> torch.Tensor:
+        """`pair_scores` as decoding computes it: in the selector's dtype, the projection
+        first, as the reference's `select` (equal to `pair_scores` for an fp32 selector)."""
+        projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
+        predecessor = F.embedding(predecessor_ids, self.predecessor_codebook)
+        successor = F.embedding(candidate_ids, self.successor_codebook)
+        return torch.einsum("nr,nkr->nk", predecessor * projected, successor)
+
     def walk(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor) -> torch.Tensor:
         """The greedy path through a block: hidden [b, L, H] and logits [b, L, V] of the
         L drafted positions, anchor_ids [b] -> token ids [b, L]; each position takes
@@ -67,14 +77,15 @@ class CandidateSelector(nn.Module):
 
     def walk_candidates(self, hidden: torch.Tensor, unary: torch.Tensor, ids: torch.Tensor,
                         anchor_ids: torch.Tensor) -> torch.Tensor:
-        """`walk` from each position's top-K already taken: unary [b, L, K] (logits, or
-        log-probs: a per-row shift leaves every argmax alone) and ids [b, L, K], so
-        `eval` walks without the [b, L, V] logits."""
-        unary, ids = unary[..., : self.top_k].float(), ids[..., : self.top_k]
+        """`walk` from each position's top-K logits already taken: unary [b, L, K] and
+        ids [b, L, K], so `eval` walks without the [b, L, V] logits. Scores are summed in
+        the selector's dtype (`edge_scores`)."""
+        dtype = self.hidden_projection.weight.dtype
+        unary, ids = unary[..., : self.top_k].to(dtype), ids[..., : self.top_k]
         previous = anchor_ids
         path = []
         for position in range(hidden.shape[1]):
-            scores = unary[:, position] + self.pair_scores(hidden[:, position], previous, ids[:, position])
+            scores = unary[:, position] + self.edge_scores(hidden[:, position], previous, ids[:, position])
             previous = ids[:, position].gather(-1, scores.argmax(dim=-1, keepdim=True))[:, 0]
             path.append(previous)
         return torch.stack(path, dim=1)
