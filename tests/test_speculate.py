@@ -347,6 +347,43 @@ def test_cli_json_on_a_store(trained, capsys):
     assert sum(row["acceptance_lengths"]) == row["new_tokens"] - 1
 
 
+THINKING_TEMPLATE = builders.CHAT_TEMPLATE.replace(
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}"
+    "{% else %}{{ '<think>\n' }}{% endif %}{% endif %}")
+
+
+def test_speculate_is_lossless_with_thinking_on_and_off_on_a_hybrid_target(qwen3_5_dir, mask_id, tmp_path, capsys):
+    """Issue 44.5: engines have decoded DFlash 2 lossily on hybrid Qwen targets with
+    thinking on and losslessly with it off; `--thinking both` renders each chat both
+    ways through the template's switch and checks both, said per setting in the JSON."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    target = tmp_path / "target"
+    shutil.copytree(qwen3_5_dir, target)
+    tokenizer = AutoTokenizer.from_pretrained(str(target))
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.save_pretrained(str(target))
+    export = export_drafter(random_drafter(target, mask_id), tmp_path / "drafter", dtype=torch.float32)
+    prompts = builders.write_chat_jsonl(tmp_path / "p.jsonl", builders.coding_chats(2))
+    rendered = jsonl_prompts(prompts, tokenizer, thinking="both")
+    assert [p.id.rsplit(":", 1)[1] for p in rendered] == ["thinking-on", "thinking-off"] * 2
+    assert rendered[0].input_ids.tolist() != rendered[1].input_ids.tolist()
+    base = ["speculate", "--drafter", str(export), "--target", str(target), "--max-new-tokens", "8", "--json"]
+    assert main([*base, "--prompts", str(prompts), "--thinking", "both"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["thinking"] == "both" and result["lossless"] and result["prompts"] == 4
+    assert {k: (v["prompts"], v["lossless"]) for k, v in result["by_thinking"].items()} == {"on": (2, True),
+                                                                                            "off": (2, True)}
+    assert main([*base, "--prompts", str(prompts), "--thinking", "off"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by_thinking"].keys() == {"off"}
+    assert main([*base, "--target", str(qwen3_5_dir), "--prompts", str(prompts), "--thinking", "on"]) == 1
+    assert "chat template has no thinking switch" in capsys.readouterr().err
+
+
 def test_cli_prompts_file_and_refusals(qwen3_dir, qwen3_5_dir, tokenizer, mask_id, tmp_path, capsys):
     export = export_drafter(random_drafter(qwen3_dir, mask_id), tmp_path / "drafter", dtype=torch.float32)
     chat = builders.coding_chats(1)[0]

@@ -23,6 +23,7 @@ from pathlib import Path
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS
 from train.dtypes import NAMES
+from train.cli.speculate import add_thinking_flag, by_thinking
 from train.target_check import add_allow_flag
 
 
@@ -52,6 +53,7 @@ def add_parser(subparsers) -> None:
                         "weights, the KV cache of the longest reply and vLLM's overhead; 0.9 on GPU)")
     p.add_argument("--workdir", help="where vLLM's request, result and log are kept (default: DRAFTER/serve-check, "
                                      "DRAFTER being --drafter)")
+    add_thinking_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_allow_flag(p)
     p.set_defaults(handler=run)
@@ -106,7 +108,7 @@ def run(args) -> int:
         if served_run.process.poll() is None:
             served_run.process.terminate()
             served_run.process.wait()
-    summary = _summary(serve_check, results, served, stops, config.block_size)
+    summary = _summary(serve_check, results, served, stops, config.block_size, prompts, args.thinking)
     summary.update(drafter=str(drafter_dir), target=str(args.target), vllm_python=python,
                    vllm_version=served.get("vllm_version", version), vllm_device=served.get("device"),
                    vllm_log=str(served_run.log_path), vllm_memory_share=args.gpu_memory_utilization or share,
@@ -135,12 +137,13 @@ def _cpu_share(target, drafter_dir, config, prompts, max_new_tokens: int, dtype)
     return share
 
 
-def _summary(serve_check, results, served: dict, stops, block_size: int) -> dict:
+def _summary(serve_check, results, served: dict, stops, block_size: int, prompts, thinking: str | None) -> dict:
+    rendered = {"thinking": thinking or "template default", "speculate_by_thinking": by_thinking(prompts, results)}
     if "skipped" in served:
         return {"prompts": len(results), "speculate_lossless": all(r.lossless for r in results),
                 "served_skipped": served["skipped"],
-                "speculate_tau": _mean([r.tau for r in results if r.tau is not None])}
-    return serve_check.compare(results, served["prompts"], stops, block_size)
+                "speculate_tau": _mean([r.tau for r in results if r.tau is not None]), **rendered}
+    return {**serve_check.compare(results, served["prompts"], stops, block_size), **rendered}
 
 
 def _mean(values):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
-from train.data.config import SPLITS, DataConfig
+from train.data.config import SPLITS, THINKING, DataConfig
 from train.dtypes import NAMES, torch_dtype
 from train.target_check import add_allow_flag, check_target
 
@@ -45,9 +45,31 @@ def add_parser(subparsers) -> None:
     p.add_argument("--device", help="cuda or cpu (default: cuda if available)")
     p.add_argument("--dtype", type=dtype_arg, choices=NAMES,
                    help="target and drafter dtype (default: bfloat16 on GPU, float32 on CPU)")
+    add_thinking_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_allow_flag(p)
     p.set_defaults(handler=run)
+
+
+def add_thinking_flag(p) -> None:
+    p.add_argument("--thinking", choices=THINKING,
+                   help="render --prompts chats with the template's thinking switch on, off, or each both ways "
+                        "(default: the template's own default)")
+
+
+def by_thinking(prompts, results) -> dict:
+    """{"on"/"off": prompts, lossless and tau of the prompts rendered that way}; empty
+    unless prompts were rendered with the thinking switch set."""
+    groups: dict = {}
+    for prompt, result in zip(prompts, results):
+        if prompt.thinking is not None:
+            groups.setdefault("on" if prompt.thinking else "off", []).append(result)
+    return {setting: {"prompts": len(rows), "lossless": all(r.lossless for r in rows),
+                      "tau": _mean([r.tau for r in rows if r.tau is not None])} for setting, rows in groups.items()}
+
+
+def _mean(values):
+    return round(sum(values) / len(values), 4) if values else None
 
 
 def check_compatible(drafter_config, model, where) -> None:
@@ -85,7 +107,9 @@ def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
 
     vocab = model.get_input_embeddings().weight.shape[0]
     if args.prompts:
-        return jsonl_prompts(args.prompts, tokenizer, vocab_size=vocab, limit=args.limit)
+        return jsonl_prompts(args.prompts, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking)
+    if args.thinking:
+        raise ValueError("--thinking renders --prompts chats; a store's prompts were rendered when it was extracted")
     check_store_against_target(store, read_target_config(args.target))
     return store_prompts(store, heldout_fraction(args, drafter_dir), split=args.split, limit=args.limit)
 
@@ -160,6 +184,7 @@ def run(args) -> int:
     summary = summarize(results, dtype)
     summary.update(drafter=str(drafter_dir), target=str(args.target), device=device.type, dtype=str(dtype).removeprefix("torch."),
                    block_size=drafter.config.block_size, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
+                   thinking=args.thinking or "template default", by_thinking=by_thinking(prompts, results),
                    per_prompt=[r.to_dict() for r in results], **other_target)
     print(json.dumps(summary) if args.json else render(summary))
     failed = summary["prompts"] - summary["lossless_prompts"] - summary["near_tie_prompts"]
@@ -198,6 +223,8 @@ def render(summary: dict) -> str:
         f"prompts {summary['prompts']}, lossless {summary['lossless_prompts']}/{summary['prompts']}"
         f"{f' (+{n} near-ties)' if (n := summary['near_tie_prompts']) else ''}, "
         f"tau {_fmt(summary['tau'])}, rounds {summary['rounds']}, new tokens {summary['new_tokens']}",
+        *[f"thinking {setting}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
+          for setting, row in summary.get("by_thinking", {}).items()],
         f"speculative: {spec['target_forwards']} target forwards ({spec['rerun_forwards']} re-runs), "
         f"{spec['wall_s']:.2f} s, {_fmt(spec['tokens_per_s'], 1)} tokens/s",
         f"greedy:      {greedy['target_forwards']} target forwards, {greedy['wall_s']:.2f} s, "

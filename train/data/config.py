@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from store_schema.runtime.units import parse_bytes
 from train.config_error import ConfigError, require
 
+THINKING = ("on", "off", "both")  # `--thinking`: how chat prompts are rendered (train.data.prompts)
 SPLITS = ("heldout", "train", "all")  # a run's samples: never trained on (data.heldout_fraction), the rest, both
 
 

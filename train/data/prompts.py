@@ -13,6 +13,12 @@ From a JSONL file (`jsonl_prompts`), one object per line, either
 tokenizer's chat template and its generation prompt; a trailing assistant turn
 is dropped, so a training-format chat asks for its own answer) or
 `{"input_ids": [...]}` (used as is); an optional `"id"` names the prompt.
+
+Thinking (`THINKING`): a chat is rendered with the template's own default, or with
+its thinking switch (`enable_thinking`, as Qwen3's templates read it) on, off, or
+both ways (each chat twice, ids suffixed `:thinking-on` / `:thinking-off`): engines
+have diverged from the target with thinking on and matched with it off, so
+losslessness is checked both ways. A template without the switch is refused.
 """
 
 from __future__ import annotations
@@ -31,6 +37,12 @@ class Prompt:
     id: str
     input_ids: torch.Tensor  # [n] int64
     reference: torch.Tensor | None = None  # the stored response, when from a store
+    thinking: bool | None = None  # the chat's thinking switch as rendered (None: the template's default)
+
+
+def thinking_settings(thinking: str | None) -> list[bool | None]:
+    """The `enable_thinking` values a `--thinking` choice renders each chat with."""
+    return {None: [None], "on": [True], "off": [False], "both": [True, False]}[thinking]
 
 
 def response_start(loss_mask: torch.Tensor) -> int | None:
@@ -54,10 +66,14 @@ def store_prompts(store, heldout_fraction: float | None, split: str = "heldout",
     return prompts
 
 
-def jsonl_prompts(path: str | Path, tokenizer=None, vocab_size: int | None = None, limit: int | None = None) -> list[Prompt]:
-    """Prompts of a JSONL file (see the module docstring). A bad line is refused
-    naming the file, the line and the field."""
+def jsonl_prompts(path: str | Path, tokenizer=None, vocab_size: int | None = None, limit: int | None = None,
+                  thinking: str | None = None) -> list[Prompt]:
+    """Prompts of a JSONL file (see the module docstring), each chat rendered once per
+    `thinking_settings(thinking)`. A bad line is refused naming the file, the line and
+    the field; `thinking` with a template that has no thinking switch, naming the file."""
     path = Path(path)
+    if thinking is not None:
+        _require_thinking_switch(path, tokenizer)
     prompts = []
     with path.open() as lines:
         for number, line in enumerate(lines, start=1):
@@ -70,16 +86,32 @@ def jsonl_prompts(path: str | Path, tokenizer=None, vocab_size: int | None = Non
                 raise ValueError(f"{where}: not a JSON object ({error})") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: not a JSON object")
-            ids = _record_ids(record, where, tokenizer)
-            if vocab_size is not None and max(ids) >= vocab_size:
-                raise ValueError(f"{where}: input_ids holds token {max(ids)}, outside the target vocabulary [0, {vocab_size})")
-            prompts.append(Prompt(str(record.get("id", f"line-{number}")), torch.tensor(ids, dtype=torch.long)))
+            name = str(record.get("id", f"line-{number}"))
+            for setting in thinking_settings(thinking) if "messages" in record else [None]:
+                ids = _record_ids(record, where, tokenizer, setting)
+                if vocab_size is not None and max(ids) >= vocab_size:
+                    raise ValueError(f"{where}: input_ids holds token {max(ids)}, outside the target vocabulary "
+                                     f"[0, {vocab_size})")
+                suffix = "" if thinking != "both" else f":thinking-{'on' if setting else 'off'}"
+                prompts.append(Prompt(name + suffix, torch.tensor(ids, dtype=torch.long), thinking=setting))
             if limit is not None and len(prompts) >= limit:
                 break
-    return prompts
+    return prompts[:limit]
 
 
-def _record_ids(record: dict, where: str, tokenizer) -> list[int]:
+def _require_thinking_switch(path: Path, tokenizer) -> None:
+    """Refuse `--thinking` when the chat template renders a prompt the same either way."""
+    probe = [{"role": "user", "content": "hi"}]
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"{path}: --thinking needs the target tokenizer's chat template, and the target has none")
+    renders = [tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, enable_thinking=on)
+               for on in (True, False)]
+    if renders[0] == renders[1]:
+        raise ValueError(f"{path}: --thinking: the target's chat template has no thinking switch "
+                         "(it renders the same with enable_thinking on and off)")
+
+
+def _record_ids(record: dict, where: str, tokenizer, thinking: bool | None = None) -> list[int]:
     if "input_ids" in record:
         ids = record["input_ids"]
         if (not isinstance(ids, list) or not ids
@@ -99,5 +131,7 @@ def _record_ids(record: dict, where: str, tokenizer) -> list[int]:
         raise ValueError(f"{where}: messages holds only an assistant turn; nothing to answer")
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{where}: messages need the target tokenizer's chat template, and the target has none")
-    rendered = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True)
+    switch = {} if thinking is None else {"enable_thinking": thinking}
+    rendered = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True,
+                                             **switch)
     return list(rendered["input_ids"])
