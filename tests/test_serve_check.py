@@ -139,21 +139,22 @@ def test_a_mixed_layout_is_not_served_on_cpu_but_speculate_still_runs(target_dir
 
 
 @pytest.mark.slow  # vLLM (or the probe) runs in a child process
-def test_a_dflash2_drafter_is_not_served_on_cpu_but_speculate_still_runs(target_dir, mask_id, vllm_python, capsys,
-                                                                        tmp_path):
+def test_a_dflash2_drafter_is_not_served_on_cpu_but_speculate_still_runs(target_dir, mask_id, capsys, tmp_path):
     """vLLM serves DFlash 2 only on its V2 model runner (a Triton selector walk): on
-    CPU serve-check says so in one line and checks speculate against the target."""
+    CPU serve-check says so up front, in its first line, needs no vLLM environment
+    (a python without vLLM is given), and checks speculate against the target."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": [10, 20, 30, 40, 50]}) + "\n")
     dflash = load_drafter(random_export(target_dir, mask_id, tmp_path / "dflash", num_hidden_layers=1,
                                         layer_types=["full_attention"]))
     export = export_drafter(builders.warm_started(dflash, selector_rank=8, selector_top_k=4), tmp_path / "dflash2",
                             dtype=torch.float32)
-    code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts)
+    code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts,
+                               "--vllm-python", sys.executable)
     assert code == 0, err
     assert "DFlash 2" in summary["served_skipped"] and "GPU only" in summary["served_skipped"]
-    assert summary["speculate_lossless"] is True
-    assert "note: " in err and "only speculate vs the target was checked" in err
+    assert summary["speculate_lossless"] is True and summary["vllm_version"] is None
+    assert err.startswith("note: the drafter is DFlash 2") and "no vLLM needed" in err.splitlines()[0]
 
 
 @pytest.mark.slow  # vLLM (or the probe) runs in a child process

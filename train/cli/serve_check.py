@@ -71,9 +71,11 @@ def run(args) -> int:
     read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
     open_prompt_source(args)
-    python = serve_check.find_vllm_python(args.vllm_python)
-    version = serve_check.probe(python)
-    print(f"vLLM {version} from {python}", file=sys.stderr)
+    unserved = _unserved_here(config.kind)
+    python = None if unserved else serve_check.find_vllm_python(args.vllm_python)
+    version = None if unserved else serve_check.probe(python)
+    print(f"note: {unserved}; checking speculate against the target only (no vLLM needed)" if unserved
+          else f"vLLM {version} from {python}", file=sys.stderr)
     loaded = load_decoding(args, "serve-check")
     drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
                                                    loaded.stops)
@@ -82,7 +84,7 @@ def run(args) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
     token_prompts = [p.input_ids.tolist() for p in prompts]
     share = None
-    if args.gpu_memory_utilization is None and device.type == "cpu":
+    if args.gpu_memory_utilization is None and device.type == "cpu" and python:
         share = _cpu_share(args.target, drafter_dir, config, token_prompts, args.max_new_tokens, dtype)
     request = serve_check.served_request(
         Path(args.target).resolve(), drafter_dir.resolve(), token_prompts,
@@ -91,7 +93,7 @@ def run(args) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization, cpu_memory_share=share,
         v2_runner_only=not config.kind.vllm_cpu_serves)
     # vLLM starts (tens of seconds) while this process decodes the same prompts.
-    served_run = serve_check.start_served(python, request, workdir)
+    served_run = serve_check.start_served(python, request, workdir) if python else None
     results = []
     try:
         for number, prompt in enumerate(prompts, start=1):
@@ -102,16 +104,17 @@ def run(args) -> int:
             results.append(result)
             print(f"[{number}/{len(prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
                   f"{'lossless' if result.lossless else 'MISMATCH'}", file=sys.stderr)
-        print("waiting for vLLM ...", file=sys.stderr, flush=True)
-        served = served_run.result()
+        if served_run:
+            print("waiting for vLLM ...", file=sys.stderr, flush=True)
+        served = served_run.result() if served_run else {"skipped": unserved}
     finally:
-        if served_run.process.poll() is None:
+        if served_run and served_run.process.poll() is None:
             served_run.process.terminate()
             served_run.process.wait()
     summary = _summary(serve_check, results, served, stops, config.block_size, prompts, args.thinking)
     summary.update(drafter=str(drafter_dir), target=str(args.target), vllm_python=python,
                    vllm_version=served.get("vllm_version", version), vllm_device=served.get("device"),
-                   vllm_log=str(served_run.log_path), vllm_memory_share=args.gpu_memory_utilization or share,
+                   vllm_log=str(served_run.log_path) if served_run else None, vllm_memory_share=args.gpu_memory_utilization or share,
                    dtype=str(dtype).removeprefix("torch."), block_size=config.block_size,
                    max_new_tokens=args.max_new_tokens, stop_token_ids=stops, **loaded.other_target)
     if summary.get("served_skipped"):
@@ -119,6 +122,17 @@ def run(args) -> int:
     print(json.dumps(summary) if args.json else render(summary))
     found = serve_check.problems(summary)
     return fail("; ".join(found)) if found else 0
+
+
+def _unserved_here(kind) -> str | None:
+    """Why vLLM cannot serve a drafter of `kind` on this host (None: it can), said
+    before anyone is asked to build a vLLM environment for it."""
+    import torch  # with `run`'s imports: loaded by the command anyway
+
+    if kind.vllm_cpu_serves or torch.cuda.is_available():
+        return None
+    return (f"the drafter is {kind.title} ({kind.exported_class}): vLLM serves it only with its V2 model runner "
+            "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only, and this host has none")
 
 
 def _cpu_share(target, drafter_dir, config, prompts, max_new_tokens: int, dtype) -> float:

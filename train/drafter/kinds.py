@@ -18,6 +18,7 @@ DFLASH2_SIZES = ("conv_kernel_size", "conv_group_size", "selector_rank", "select
 @dataclass(frozen=True)
 class DrafterKind:
     name: str  # `model.architecture`, `DrafterConfig.architecture`
+    title: str  # as messages name it
     exported_class: str  # config.json `architectures`, as z-lab's reference and vLLM name it
     sizes: tuple[str, ...]  # DrafterConfig fields only this kind reads, exported in `dflash_config`
     added_modules: tuple[str, ...]  # submodules a warm start from `warm_start_from` lacks
@@ -31,9 +32,9 @@ class DrafterKind:
         return any(part in self.added_modules for part in tensor_name.split("."))
 
 
-DFLASH = DrafterKind(name="dflash", exported_class="DFlashDraftModel", sizes=(), added_modules=(),
+DFLASH = DrafterKind(name="dflash", title="DFlash", exported_class="DFlashDraftModel", sizes=(), added_modules=(),
                      warm_start_from=None, has_selector=False, decode_path="argmax chain", vllm_cpu_serves=True)
-DFLASH2 = DrafterKind(name="dflash2", exported_class="DFlash2DraftModel", sizes=DFLASH2_SIZES,
+DFLASH2 = DrafterKind(name="dflash2", title="DFlash 2", exported_class="DFlash2DraftModel", sizes=DFLASH2_SIZES,
                       added_modules=("attention_conv", "mlp_conv", "candidate_selector"), warm_start_from="dflash",
                       has_selector=True, decode_path="selector walk", vllm_cpu_serves=False)
 KINDS = {kind.name: kind for kind in (DFLASH, DFLASH2)}
