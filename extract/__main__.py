@@ -34,7 +34,7 @@ from store_schema.plan import (
     LOSS_MASK_CONVENTIONS,
     PlanSettings,
 )
-from store_schema.runtime.cli import UsageError, interrupted, run_command, show_defaults, size_argument
+from store_schema.runtime.cli import CommandParser, UsageError, interrupted, run_command, show_defaults, size_argument
 from store_schema.runtime.host import AUTO_DEVICE, available_cores, choose_device, device_line, set_torch_threads
 from store_schema.runtime.progress import default_mode
 from store_schema.runtime.startup import preload
@@ -377,7 +377,7 @@ def _add_space_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m extract", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m extract", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
 
     plan = commands.add_parser("plan", help="tokenize the corpus and preview the job plan")

@@ -106,7 +106,7 @@ def _parse_json_line(raw: bytes) -> Record | BadRecord:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        return BadRecord("malformed_json", f"{error.msg} at column {error.colno}")
+        return BadRecord("malformed_json", f"{error.msg} (column {error.colno})")
     except RecursionError:
         return BadRecord("malformed_json", "nesting too deep")
     if not isinstance(value, dict):

@@ -31,7 +31,7 @@ def _arguments(value, where: str):
             value = json.loads(value)
         except json.JSONDecodeError as error:
             raise QuarantineError("bad_tool_call",
-                                  f"{where} is not JSON ({error.msg} at column {error.colno})") from None
+                                  f"{where} is not JSON ({error.msg}, column {error.colno})") from None
     if not isinstance(value, dict):
         raise QuarantineError("bad_tool_call", f"{where} is a {type(value).__name__}, not an object")
     return value

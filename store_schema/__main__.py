@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .runtime.cli import EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command, show_defaults
+from .runtime.cli import CommandParser, EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command, show_defaults
 
 
 def cmd_info(args) -> int:
@@ -210,7 +210,7 @@ class ProgressLines:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m store_schema", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m store_schema", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="what a store holds")
     p_info.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")

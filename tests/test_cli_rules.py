@@ -179,7 +179,8 @@ def test_fit_needs_out_except_for_a_dry_run(world, capsys):
 
 @pytest.mark.parametrize("program", MAINS)
 def test_every_option_with_a_default_shows_it_in_help(program):
-    """Issue 35.10: `--help` of every subcommand shows each option's default."""
+    """Issue 35.10: `--help` of every subcommand shows each option's default, once
+    (issue 48.10: not `(default 1) (default 1)`)."""
     import importlib
 
     from store_schema.runtime.cli import parsers_of, shown_default
@@ -193,9 +194,12 @@ def test_every_option_with_a_default_shows_it_in_help(program):
                 spellings = {str(action.default)}
                 if isinstance(action.default, float):
                     spellings.add(f"{action.default:g}")
+                if isinstance(action.default, (tuple, list)):
+                    spellings.add(",".join(map(str, action.default)))
                 after = shown[shown.index("default"):] if "default" in shown else ""
                 assert any(spelling in after for spelling in spellings), (
                     f"{parser.prog} {action.option_strings[0]}: {shown!r}")
+                assert shown.count("(default") <= 1, f"{parser.prog} {action.option_strings[0]}: {shown!r}"
                 checked += 1
     assert checked >= 1
 
@@ -218,3 +222,29 @@ def test_fit_ends_with_a_summary_and_the_next_commands(world, tmp_path, capsys):
     assert train_main(end[1].split()[4:]) == 0  # the next commands run: export, then eval up to the data
     assert train_main(end[2].split()[3:]) == 1  # the random store holds no held-out sample to score
     assert "no heldout sample with a scoreable block" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command, wrong, meant", [
+    (["train", "eval", "--store", "S", "--drafter", "D", "--target", "T"], "--jsn", "--json"),
+    (["store_schema", "info", "S"], "--jsn", "--json"),
+    (["extract", "plan", "--model", "M", "--corpus", "C", "--store", "S"], "--dry-rn", "--dry-run"),
+])
+def test_a_typo_is_refused_by_its_subcommand_with_the_option_it_meant(command, wrong, meant, capsys):
+    """Issue 48.10: the subcommand's usage (not the top-level one) and "did you mean"."""
+    program, *argv = command
+    capsys.readouterr()
+    try:
+        code = MAINS[program]([*argv, wrong])
+    except SystemExit as exit_:  # extract's main lets argparse exit
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"usage: python -m {program} {argv[0]} " in err
+    assert f"unrecognized arguments: {wrong} (did you mean {meant}?)" in err
+
+
+def test_an_abbreviated_option_is_not_taken_for_the_whole_one(capsys):
+    """Issue 48.10: `--stor` was accepted as `--store`."""
+    capsys.readouterr()
+    assert store_main(["verify", "S", "--checksums"]) == 2
+    assert "unrecognized arguments: --checksums (did you mean --checksums-only?)" in capsys.readouterr().err

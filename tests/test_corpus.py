@@ -43,7 +43,7 @@ def test_bad_jsonl_lines_become_bad_records(tmp_path):
     path = tmp_path / "mixed.jsonl"
     lines = [
         b"\xef\xbb\xbf" + json.dumps(good[0]).encode(),  # a byte-order mark is not an error
-        b'{"id": "cut", "messages": [{"role": "user", "content": "hi"',  # truncated
+        b'{"id": "cut", "messages": [{"role": "user", "content": "hi',  # truncated inside a string
         b"",  # blank lines are not records
         json.dumps(good[1]).encode().replace(b"Write", b"Wr\xff\xfete"),  # invalid UTF-8
         b"[1, 2, 3]",  # valid JSON, not an object
@@ -56,6 +56,7 @@ def test_bad_jsonl_lines_become_bad_records(tmp_path):
     assert [i for i, _ in got] == [0, 1, 2, 3, 4]
     assert got[0][1] == good[0] and got[4][1] == good[2]
     assert got[1][1].reason == "malformed_json"
+    assert got[1][1].detail == "Unterminated string starting at (column 56)"  # not "... at at column 56"
     assert got[2][1].reason == "invalid_utf8"
     assert got[3][1] == BadRecord("wrong_type", "record is a JSON list, not an object")
     assert corpus.read([4, 1, 0]) == [good[2], got[1][1], good[0]]

@@ -16,6 +16,8 @@ traceback. Ctrl-C prints one line, `interrupted: <what was kept>; <how to resume
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import sys
 from collections.abc import Callable
 
@@ -77,6 +79,26 @@ def shown_default(action) -> bool:
     return not quiet and action.default != [] and bool(action.option_strings)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser (its subcommands' parsers are made of the same class): no
+    option abbreviations (`--stor` is not `--store`), and an unknown option is refused
+    by the subcommand that was called, with its usage and the nearest option it has,
+    not by the top-level parser with the top-level usage."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self._subparsers is None:  # a leaf: no parser above it knows its options
+            options = [option for action in self._actions for option in action.option_strings]
+            hints = [f"{extra} (did you mean {near[0]}?)" if (near := difflib.get_close_matches(
+                extra.split("=", 1)[0], options, n=1)) else extra for extra in extras]
+            self.error(f"unrecognized arguments: {' '.join(hints)}")
+        return parsed, extras
+
+
 def parsers_of(parser) -> list:
     """`parser` and every subcommand's parser under it."""
     import argparse
@@ -91,12 +113,14 @@ def parsers_of(parser) -> list:
 
 def show_defaults(parser) -> None:
     """Every option of `parser` and its subcommands with a default says it in `--help`
-    (appended where the help text does not already show `%(default)s`)."""
+    (appended where the help text does not already show it: `%(default)s` or its own
+    "(default ...)" wording)."""
     import argparse
 
     for each in parsers_of(parser):
         for action in each._actions:
-            if shown_default(action) and action.help != argparse.SUPPRESS and "%(default)" not in (action.help or ""):
+            said = "%(default)" in (action.help or "") or "(default" in (action.help or "")
+            if shown_default(action) and action.help != argparse.SUPPRESS and not said:
                 action.help = f"{action.help} (default %(default)s)" if action.help else "default %(default)s"
 
 

@@ -19,7 +19,7 @@ import importlib
 import os
 import warnings
 
-from store_schema.runtime.cli import show_defaults
+from store_schema.runtime.cli import CommandParser, show_defaults
 from train.dtypes import dtype_name
 
 COMMANDS = ("fit", "export", "eval", "diagnose", "speculate", "serve-check")
@@ -28,7 +28,7 @@ TORCH_COMMAND_IMPORTS = ("train.drafter.model",)  # torch and transformers' Qwen
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m train", description="DFlash drafter trainer")
+    parser = CommandParser(prog="python -m train", description="DFlash drafter trainer")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"train.cli.{name.replace('-', '_')}").add_parser(subparsers)
