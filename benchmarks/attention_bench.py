@@ -37,7 +37,7 @@ def build_drafter():
     target = TargetConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_hidden_layers=8, num_attention_heads=8,
                           num_key_value_heads=4, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e6,
                           intermediate_size=3 * HIDDEN, tie_word_embeddings=False)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3, 5])
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3, 5], architecture="dflash")
     torch.manual_seed(0)
     return DFlashDrafter(config), torch.nn.Embedding(VOCAB, HIDDEN).requires_grad_(False)
 

@@ -110,7 +110,7 @@ def loss_peak_child(variant: str, vocab: int, rank: int, anchors: int, top_k: in
     length, block, hidden_size = 3072, 16, 256
     input_ids = torch.randint(0, vocab, (length,))
     positions = torch.randperm(length - block)[:anchors].sort().values
-    targets = block_targets(input_ids, torch.ones(length), positions, block)
+    targets = block_targets(input_ids, torch.ones(length), positions, block, position_weights="decay")
     hidden = torch.randn(anchors, block, hidden_size, requires_grad=True)
     head = torch.randn(vocab, hidden_size) * 0.02
     selector = PairSelector(vocab, hidden_size, rank) if variant == "selector" else None

@@ -130,7 +130,7 @@ def check_attention(size: dict, device: str) -> dict:
     config = DrafterConfig(hidden_size=size["hidden"], num_attention_heads=size["heads"], num_key_value_heads=max(1, size["heads"] // 2),
                            head_dim=size["head_dim"], intermediate_size=2 * size["hidden"], vocab_size=4096,
                            num_target_layers=8, context_layer_ids=[1, 3], mask_token_id=5, num_hidden_layers=2,
-                           layer_types=["sliding_attention", "full_attention"], sliding_window=256)
+                           layer_types=["sliding_attention", "full_attention"], sliding_window=256, architecture="dflash")
     torch.manual_seed(0)
     drafter = DFlashDrafter(config).to(device)
     embed = torch.nn.Embedding(4096, size["hidden"]).to(device)

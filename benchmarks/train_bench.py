@@ -85,7 +85,7 @@ def loss_child(variant: str, anchors: int, chunk_rows: int) -> dict:
     input_ids = torch.randint(0, VOCAB, (length,))
     loss_mask = torch.ones(length, dtype=torch.uint8)
     positions = torch.randperm(length - BLOCK)[:anchors].sort().values
-    targets = block_targets(input_ids, loss_mask, positions, BLOCK, gamma=7.0)
+    targets = block_targets(input_ids, loss_mask, positions, BLOCK, gamma=7.0, position_weights="decay")
     hidden = torch.randn(anchors, BLOCK, HIDDEN_LOSS, requires_grad=True)
     head = torch.randn(VOCAB, HIDDEN_LOSS) * 0.02
     cuda = torch.cuda.is_available()
@@ -191,7 +191,7 @@ def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     with Timer() as t:
         for sample in loader:
             anchors = sample_anchors(sample.loss_mask, BLOCK, ANCHORS, generator)
-            block_targets(sample.input_ids, sample.loss_mask, anchors, BLOCK, gamma=7.0)
+            block_targets(sample.input_ids, sample.loss_mask, anchors, BLOCK, gamma=7.0, position_weights="decay")
             nbytes += sample.nbytes
             tokens += sample.num_tokens
     return nbytes, tokens, t.seconds, loader.wait_seconds

@@ -211,7 +211,7 @@ def hard_token_drafter(length: int, hard: set[int]):
     mask = torch.ones(length, dtype=torch.uint8)
     mask[0] = 0
     anchors = rollout_anchors(mask)
-    targets = block_targets(ids, mask, anchors, B, gamma=1.0)
+    targets = block_targets(ids, mask, anchors, B, gamma=1.0, position_weights="decay")
     reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
     token_positions = anchors[:, None] + torch.arange(1, B)
     top1 = torch.where(torch.isin(token_positions, torch.tensor(sorted(hard))), -1, reference)

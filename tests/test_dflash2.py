@@ -52,7 +52,7 @@ HELDOUT = 0.25
 def dflash_drafter(qwen3_dir, geometry=GEOMETRIES["sliding"], mask_token_id=3, seed=0) -> DFlashDrafter:
     config = DrafterConfig.from_target(read_target_config(qwen3_dir), mask_token_id=mask_token_id,
                                        context_layer_ids=[1, 3], block_size=BLOCK, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16, **geometry)
+                                       num_key_value_heads=2, head_dim=16, **geometry, architecture="dflash")
     torch.manual_seed(seed)
     drafter = DFlashDrafter(config)
     with torch.no_grad():

@@ -33,7 +33,7 @@ def tiny_config(**overrides) -> DrafterConfig:
         rope_theta=10000.0,
     )
     fields.update(overrides)
-    return DrafterConfig(**fields)
+    return DrafterConfig(**fields, architecture="dflash")
 
 
 @pytest.fixture(scope="module")
@@ -249,11 +249,11 @@ def test_default_context_layers_and_from_target(qwen3_dir):
     assert default_context_layer_ids(64, 1) == [32]
     target = read_target_config(qwen3_dir)
     config = DrafterConfig.from_target(target, mask_token_id=3, num_context_layers=2, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, architecture="dflash")
     assert config.context_layer_ids == [1, 3] and target.num_hidden_layers - 1 not in config.context_layer_ids
     assert (config.hidden_size, config.head_dim, config.num_key_value_heads) == (64, 16, 2)
     with pytest.raises(ValueError, match="final layer"):
-        DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[2, target.num_hidden_layers - 1])
+        DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[2, target.num_hidden_layers - 1], architecture="dflash")
 
 
 def test_anchors_respect_loss_mask_and_block_end():

@@ -119,12 +119,12 @@ DEMO_TARGET = TargetConfig(hidden_size=256, vocab_size=2048, num_hidden_layers=6
 
 
 def published_drafter() -> DrafterConfig:
-    return DrafterConfig.from_target(QWEN36_27B, mask_token_id=248070, context_layer_ids=[1, 16, 31, 46, 61])
+    return DrafterConfig.from_target(QWEN36_27B, mask_token_id=248070, context_layer_ids=[1, 16, 31, 46, 61], architecture="dflash")
 
 
 def demo_drafter() -> DrafterConfig:
     """scripts/demo.py: `model.num_hidden_layers=1` over the default 3 context layers."""
-    return DrafterConfig.from_target(DEMO_TARGET, mask_token_id=2047, num_context_layers=3, num_hidden_layers=1)
+    return DrafterConfig.from_target(DEMO_TARGET, mask_token_id=2047, num_context_layers=3, num_hidden_layers=1, architecture="dflash")
 
 
 LAYOUTS = {"qwen3.6-27b": published_drafter, "demo": demo_drafter}
@@ -160,7 +160,7 @@ def test_is_causal_is_read_by_vllm_from_either_field_and_ignored_by_sglang():
     as trained by vLLM (it reads is_causal, older versions dflash_config.causal,
     and the export writes both), never by SGLang, which runs sliding layers causal."""
     config = DrafterConfig.from_target(DEMO_TARGET, mask_token_id=2047, num_context_layers=3,
-                                       layer_types=["sliding_attention"] * 2, sliding_window=64, is_causal=False)
+                                       layer_types=["sliding_attention"] * 2, sliding_window=64, is_causal=False, architecture="dflash")
     data = drafter_config_json(config)
     trained = trainer_layers(config)
     assert data["is_causal"] is False and data["dflash_config"]["causal"] is False
@@ -185,7 +185,7 @@ def read_drafter_config_from(data: dict) -> DrafterConfig:
 def tiny(**overrides) -> DFlashDrafter:
     fields = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64,
                   vocab_size=64, num_target_layers=4, context_layer_ids=[1], mask_token_id=3, num_hidden_layers=1,
-                  block_size=4, layer_types=["sliding_attention"], sliding_window=8)
+                  block_size=4, layer_types=["sliding_attention"], sliding_window=8, architecture="dflash")
     torch.manual_seed(0)
     return DFlashDrafter(DrafterConfig(**{**fields, **overrides}))
 

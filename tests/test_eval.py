@@ -48,7 +48,7 @@ def eval_main(argv) -> int:
 @pytest.fixture(scope="module")
 def parts(qwen3_dir):
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1, block_size=B)
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1, block_size=B, architecture="dflash")
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():

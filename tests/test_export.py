@@ -23,7 +23,7 @@ from train.fitting.target_head import load_target_head
 def perturbed_drafter(qwen3_dir, **geometry):
     """A drafter for the tiny Qwen3 target, with non-default weights everywhere."""
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], block_size=8, **geometry)
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], block_size=8, **geometry, architecture="dflash")
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():

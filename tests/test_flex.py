@@ -84,7 +84,7 @@ def test_compiled_flex_needs_one_graph_per_rule_and_dtype_whatever_the_lengths()
 def test_queries_keys_and_values_share_a_dtype_under_bf16_autocast():
     config = DrafterConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                            intermediate_size=128, vocab_size=300, num_target_layers=8, context_layer_ids=[1, 3],
-                           mask_token_id=5, num_hidden_layers=1, block_size=4)
+                           mask_token_id=5, num_hidden_layers=1, block_size=4, architecture="dflash")
     attention = DFlashDrafter(config).layers[0].self_attn
     x, context = torch.randn(1, 8, 64), torch.randn(1, 20, 64)
     cos, sin = torch.randn(1, 28, 16), torch.randn(1, 28, 16)

@@ -31,7 +31,7 @@ SLIDING, FULL = "sliding_attention", "full_attention"
 def test_defaults_for_qwen36_27b_are_the_published_drafter():
     """SpecForge configs/qwen3.6-27b-dflash.json / z-lab/Qwen3.6-27B-DFlash: 5 layers,
     32 x 128 heads, 8 KV heads, intermediate 17408, [sliding x4, full], window 2048."""
-    config = DrafterConfig.from_target(QWEN36_27B, mask_token_id=248070)
+    config = DrafterConfig.from_target(QWEN36_27B, mask_token_id=248070, architecture="dflash")
     assert config.context_layer_ids == [1, 16, 31, 46, 61]
     data = drafter_config_json(config)
     expected = {
@@ -48,7 +48,7 @@ def test_defaults_for_qwen36_27b_are_the_published_drafter():
 def test_defaults_for_a_tiny_target(qwen3_dir):
     """Hidden 64 < head_dim 128: one head of 128, one KV head; the rest as published."""
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3])
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], architecture="dflash")
     assert (config.num_attention_heads, config.head_dim, config.num_key_value_heads) == (1, 128, 1)
     assert config.intermediate_size == target.intermediate_size and config.hidden_size == 64
     assert config.layer_types == [SLIDING] * 4 + [FULL] and config.sliding_window == 2048
@@ -61,14 +61,14 @@ def test_default_kv_heads_is_the_largest_divisor_up_to_8(heads, kv):
 
 
 def test_overrides_and_what_follows_from_them():
-    config = DrafterConfig.from_target(QWEN36_27B, mask_token_id=0, num_hidden_layers=3, num_attention_heads=12)
+    config = DrafterConfig.from_target(QWEN36_27B, mask_token_id=0, num_hidden_layers=3, num_attention_heads=12, architecture="dflash")
     assert config.layer_types == [SLIDING, SLIDING, FULL] and config.num_key_value_heads == 6
     config = DrafterConfig.from_target(QWEN36_27B, mask_token_id=0, layer_types=[FULL, FULL], head_dim=256,
-                                       sliding_window=None, intermediate_size=None)
+                                       sliding_window=None, intermediate_size=None, architecture="dflash")
     assert (config.num_hidden_layers, config.num_attention_heads, config.sliding_window) == (2, 20, None)
-    assert DrafterConfig.from_target(QWEN36_27B, mask_token_id=0, head_dim=64).num_attention_heads == 32  # capped
+    assert DrafterConfig.from_target(QWEN36_27B, mask_token_id=0, head_dim=64, architecture="dflash").num_attention_heads == 32  # capped
     assert config.intermediate_size == 17408  # None takes the default
-    assert DrafterConfig.from_target(QWEN36_27B, mask_token_id=0, num_hidden_layers=1).layer_types == [FULL]
+    assert DrafterConfig.from_target(QWEN36_27B, mask_token_id=0, num_hidden_layers=1, architecture="dflash").layer_types == [FULL]
 
 
 def run_config(*sets, **explicit):
@@ -112,7 +112,7 @@ def test_num_layers_is_read_as_num_hidden_layers(tmp_path):
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump({"model": {"num_layers": 3, "block_size": 8}}))
     assert load_config(path, store="s", target="t", out="o").model.num_hidden_layers == 3
-    old = DrafterConfig.from_target(QWEN36_27B, mask_token_id=0).to_dict()
+    old = DrafterConfig.from_target(QWEN36_27B, mask_token_id=0, architecture="dflash").to_dict()
     old["num_layers"] = old.pop("num_hidden_layers")
     assert DrafterConfig.from_dict(old).num_hidden_layers == 5
 

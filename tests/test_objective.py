@@ -98,7 +98,7 @@ def test_decay_is_unchanged_byte_for_byte(dtype):
     torch.manual_seed(3)
     input_ids, mask = torch.randint(0, 50, (40,)), torch.ones(40)
     mask[9:12] = 0
-    targets = block_targets(input_ids, mask, torch.tensor([0, 6, 20, 31]), 8)
+    targets = block_targets(input_ids, mask, torch.tensor([0, 6, 20, 31]), 8, position_weights="decay")
     assert targets.position_weights == "decay"
     weight = torch.randn(50, 16).to(dtype)
     hidden = torch.randn(4, 8, 16).to(dtype).requires_grad_()
@@ -286,7 +286,7 @@ def test_selector_metrics_match_direct_computation():
 
 def test_predecessors_are_teacher_forced():
     input_ids = torch.arange(10, 30)
-    targets = block_targets(input_ids, torch.ones(20), torch.tensor([2, 9]), 4, gamma=3.0)
+    targets = block_targets(input_ids, torch.ones(20), torch.tensor([2, 9]), 4, gamma=3.0, position_weights="decay")
     # slot 1: the anchor token; slot k >= 2: the true previous token
     assert targets.predecessors.tolist() == [[12, 12, 13, 14], [19, 19, 20, 21]]
 
@@ -295,7 +295,7 @@ def test_dflash_step_applies_the_configured_position_weights():
     torch.manual_seed(0)
     config = DrafterConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
                            intermediate_size=64, vocab_size=64, num_target_layers=4, context_layer_ids=[1],
-                           mask_token_id=3, num_hidden_layers=1, block_size=8, rope_theta=10000.0)
+                           mask_token_id=3, num_hidden_layers=1, block_size=8, rope_theta=10000.0, architecture="dflash")
     drafter, head = DFlashDrafter(config), TargetHead(torch.randn(64, 32), torch.randn(64, 32))
     input_ids, loss_mask, features = torch.randint(0, 64, (40,)), torch.ones(40, dtype=torch.long), torch.randn(40, 32)
     runs = {}

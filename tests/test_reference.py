@@ -58,7 +58,7 @@ def test_training_mask_equals_the_reference_mask_per_block(rule):
 
 def make_drafter(qwen3_dir, geometry: dict) -> DFlashDrafter:
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], block_size=BLOCK, **geometry)
+    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], block_size=BLOCK, **geometry, architecture="dflash")
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():

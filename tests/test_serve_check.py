@@ -94,7 +94,7 @@ def trained(target_dir, tokenizer, tmp_path_factory):
 def random_export(target_dir, mask_id, path, **geometry):
     config = DrafterConfig.from_target(read_target_config(target_dir), mask_token_id=mask_id, context_layer_ids=LAYERS,
                                        block_size=BLOCK, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                                       **geometry)
+                                       **geometry, architecture="dflash")
     torch.manual_seed(0)
     return export_drafter(DFlashDrafter(config).eval(), path, dtype=torch.float32)
 

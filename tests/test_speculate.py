@@ -62,7 +62,7 @@ DECODE_GEOMETRY = GEOMETRIES["sliding"]
 def random_drafter(target_dir, mask_token_id, geometry=DECODE_GEOMETRY, seed=0) -> DFlashDrafter:
     config = DrafterConfig.from_target(read_target_config(target_dir), mask_token_id=mask_token_id,
                                        context_layer_ids=LAYERS, block_size=BLOCK, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16, **geometry)
+                                       num_key_value_heads=2, head_dim=16, **geometry, architecture="dflash")
     torch.manual_seed(seed)
     return DFlashDrafter(config).eval()
 

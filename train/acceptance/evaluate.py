@@ -141,8 +141,9 @@ def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: s
         if sample.topk_ids is None:
             raise ValueError(f"sample {sample.sample_id}: labels='target' needs stored top-k ids")
         target_next_ids = sample.topk_ids[:, 0].long().to(device)
-    # Weights are unused here; gamma=1 only satisfies block_targets for any B.
-    targets = block_targets(input_ids, sample.loss_mask.to(device), positions.to(device), block_size, gamma=1.0,
+    # Weights are unused here; decay at gamma=1 only satisfies block_targets for any B.
+    targets = block_targets(input_ids, sample.loss_mask.to(device), positions.to(device), block_size,
+                            position_weights="decay", gamma=1.0,
                             labels=config.labels, target_next_ids=target_next_ids)
     reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
     features = _context_features(sample, drafter.config, device)

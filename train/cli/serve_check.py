@@ -72,10 +72,7 @@ def run(args) -> int:
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
     open_prompt_source(args)
     unserved = _unserved_here(config.kind)
-    python = None if unserved else serve_check.find_vllm_python(args.vllm_python)
-    version = None if unserved else serve_check.probe(python)
-    print(f"note: {unserved}; checking speculate against the target only (no vLLM needed)" if unserved
-          else f"vLLM {version} from {python}", file=sys.stderr)
+    python, version = _vllm(serve_check, args, unserved)
     loaded = load_decoding(args, "serve-check")
     drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
                                                    loaded.stops)
@@ -122,6 +119,18 @@ def run(args) -> int:
     print(json.dumps(summary) if args.json else render(summary))
     found = serve_check.problems(summary)
     return fail("; ".join(found)) if found else 0
+
+
+def _vllm(serve_check, args, unserved: str | None) -> tuple[str | None, str | None]:
+    """The python that runs vLLM and its version, said in one line; (None, None) when
+    vLLM cannot serve the drafter here (`unserved` says why, in that line)."""
+    if unserved:
+        print(f"note: {unserved}; checking speculate against the target only (no vLLM needed)", file=sys.stderr)
+        return None, None
+    python = serve_check.find_vllm_python(args.vllm_python)
+    version = serve_check.probe(python)
+    print(f"vLLM {version} from {python}", file=sys.stderr)
+    return python, version
 
 
 def _unserved_here(kind) -> str | None:

@@ -39,7 +39,7 @@ from store_schema.layout import validate_layer_ids  # the one rule
 from train.drafter.anchors import LayerAttention, block_position_ids
 from train.drafter.attention import attend, build_attention_mask, resolve_attention
 from train.drafter.geometry import BLOCK_SIZE, shape_problems
-from train.drafter.kinds import DFLASH, DrafterKind, kind_named
+from train.drafter.kinds import DEFAULT_KIND, DFLASH, DrafterKind, kind_named
 
 
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
@@ -91,9 +91,8 @@ class DrafterConfig:
     hidden_act: str = "silu"
     initializer_range: float = 0.02
     rope_parameters: dict = field(default_factory=dict)  # extra rope fields, e.g. rope_type/factor
-    # The kind (train.drafter.kinds). DFlash: what records written before DFlash 2 existed
-    # hold; the run's default kind comes from the `model` section (train.drafter.config).
-    architecture: str = DFLASH.name
+    # The kind (train.drafter.kinds); a record written before kinds existed is DFlash (`from_dict`).
+    architecture: str = DEFAULT_KIND.name
     # DFlash 2's sizes (train.drafter.kinds.DFLASH2_SIZES), read only by the kinds that list them.
     conv_kernel_size: int = 2  # taps of each block-local convolution
     conv_group_size: int = 16  # channels that share one dynamic coefficient
@@ -180,8 +179,8 @@ class DrafterConfig:
     @classmethod
     def from_dict(cls, data: dict) -> "DrafterConfig":
         """From `to_dict()` output, e.g. a checkpoint's; `num_layers` is the older
-        spelling of `num_hidden_layers`."""
-        data = dict(data)
+        spelling of `num_hidden_layers`; a record without `architecture` predates DFlash 2."""
+        data = {"architecture": DFLASH.name, **data}
         if "num_layers" in data:
             data["num_hidden_layers"] = data.pop("num_layers")
         return cls(**data)

@@ -81,12 +81,13 @@ def block_targets(
     loss_mask: torch.Tensor,
     anchor_positions: torch.Tensor,
     block_size: int,
+    *,
+    position_weights: str,
     gamma: float | None = None,
     labels: str = "tokens",
     target_next_ids: torch.Tensor | None = None,
     target_topk_ids: torch.Tensor | None = None,
     target_topk_logprobs: torch.Tensor | None = None,
-    position_weights: str = "decay",
     dpace_alpha: float = 0.5,
 ) -> BlockTargets:
     """Labels, validity and weights for the blocks at `anchor_positions` [N].
@@ -99,7 +100,8 @@ def block_targets(
     target_topk_ids / target_topk_logprobs [T, K]: same convention (row p is the
         target's distribution for token p + 1); gathered per slot for soft KL.
     Validity always follows the sequence: `a + k < T` and `loss_mask[a + k] == 1`.
-    position_weights: "decay" (gamma's schedule) or "dpace" (see `dpace_weights`)."""
+    position_weights: "decay" (gamma's schedule) or "dpace" (see `dpace_weights`); no
+    default here: the run's is `loss.position_weights`."""
     if position_weights not in ("decay", "dpace"):
         raise ValueError(f'position_weights must be "decay" or "dpace", got {position_weights!r}')
     if gamma is None and position_weights == "decay":
