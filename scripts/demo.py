@@ -35,12 +35,11 @@ sys.path.insert(0, str(REPO))
 import embedded  # noqa: E402
 from store_schema.runtime.units import human_bytes, human_duration  # noqa: E402
 
-# A drafter small enough to learn the target's text in a few CPU minutes. One layer:
-# on this budget steps matter more than depth (a 1-layer step costs ~0.6 of a 2-layer
-# one, and per step it learned as fast; benchmarks/RESULTS.md, "The demo").
+# The default drafter (DFlash 2, D-PACE: what `fit` trains), small enough to learn the
+# target's text in a few CPU minutes. One layer: on this budget steps matter more than
+# depth (a 1-layer step costs ~0.6 of a 2-layer one, and per step it learned as fast;
+# benchmarks/RESULTS.md, "The demo").
 DRAFTER_SETTINGS = [
-    "model.architecture=dflash",  # vLLM's CPU build serves DFlash; DFlash 2 needs Model Runner V2 (GPU)
-    "loss.position_weights=decay",  # the recipe behind the demo's measured figures (RESULTS.md)
     "model.num_hidden_layers=1",
     "model.num_anchors=64",
     "data.max_length=512",
@@ -190,14 +189,18 @@ def served_failure(stderr_lines: list[str]) -> str:
 
 
 def serve_stage(paths: dict, prompts: int, max_new_tokens: int) -> dict:
-    """`train serve-check` on the demo's drafter when a vLLM environment exists; the
-    figures it adds to the summary, or one line saying why there are none: no vLLM
-    environment (how to add one), skipped (a layout vLLM cannot serve here), or
-    failed (serve-check's own error line: vLLM's root cause and its log)."""
-    from train.acceptance.serve_check import ServeRefused, find_vllm_python
+    """`train serve-check` on the demo's drafter; the figures it adds to the summary,
+    or one line saying why there are none: skipped (a kind or layout vLLM cannot serve
+    here, which serve-check says first and checks without vLLM), no vLLM environment
+    (how to add one), or failed (serve-check's own error line: vLLM's root cause and its log)."""
+    import torch
 
+    from train.acceptance.serve_check import ServeRefused, find_vllm_python
+    from train.export.drafter_dir import read_drafter_config
+
+    servable = read_drafter_config(paths["exported_drafter"]).kind.vllm_cpu_serves or torch.cuda.is_available()
     try:
-        find_vllm_python()
+        find_vllm_python() if servable else None
     except ServeRefused:
         print(NO_VLLM_LINE)
         return {"served_tau": None, "served_lossless": None, "served_note": NO_VLLM_LINE}

@@ -38,8 +38,9 @@ def test_shortened_demo_drafts_losslessly(tmp_path):
     assert summary["offline_tau"] > 1.0 and summary["samples"] > 0 and summary["store_disk_bytes"] > 0
     assert set(summary["stage_s"]) == {"target", "regenerate", "extract", "verify", "fit", "export", "eval",
                                        "speculate", "diagnose", "serve"}
-    # CI builds the vLLM environment (`make test` -> `make vllm-env`): the demo serves its drafter.
-    assert summary["served_lossless"] is True, summary.get("served_note") or summary
+    # The demo trains the default drafter, DFlash 2, which vLLM's CPU build cannot serve:
+    # serve-check says so (in its first line) and checks speculate alone.
+    assert summary["served_tau"] is None and summary["served_note"].startswith("skipped: the drafter is DFlash 2")
 
 
 def test_target_settings_name_the_bad_override():

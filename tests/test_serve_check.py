@@ -82,7 +82,7 @@ def trained(target_dir, tokenizer, tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
     store = greedy_store(root / "store", target_dir, tokenizer, LAYERS, count=16, new_tokens=2 * NEW_TOKENS)
     config = load_config(None, tiny.drafter_sets(  # heads of 32: vLLM's CPU attention needs head_dim >= 32
-        "model.layer_types=[full_attention]", "model.num_attention_heads=2", "model.num_key_value_heads=1",
+        *tiny.DFLASH_DECAY, "model.layer_types=[full_attention]", "model.num_attention_heads=2", "model.num_key_value_heads=1",
         "model.head_dim=32", f"model.block_size={BLOCK}", "model.num_anchors=32", f"data.heldout_fraction={HELDOUT}",
         "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100",
     ), store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 200})

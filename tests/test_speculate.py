@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,8 +69,10 @@ def random_drafter(target_dir, mask_token_id, geometry=DECODE_GEOMETRY, seed=0) 
 
 
 def reference_decode(export_dir, model, prompt, max_new_tokens):
-    """z-lab's `dflash_generate` on the same export and target."""
-    reference = dflash_model.DFlashDraftModel.from_pretrained(str(export_dir), dtype=torch.float32).eval()
+    """z-lab's `dflash_generate` on the same export (DFlash or DFlash 2, as its
+    config.json names it) and target."""
+    architecture = json.loads((Path(export_dir) / "config.json").read_text())["architectures"][0]
+    reference = getattr(dflash_model, architecture).from_pretrained(str(export_dir), dtype=torch.float32).eval()
     return reference_generate(reference, model, prompt, max_new_tokens)
 
 

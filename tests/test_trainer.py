@@ -147,7 +147,7 @@ def test_export_via_cli_gives_identical_logits(learned, tmp_path):
                                 cwd=REPO, capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         config = json.loads((target / "config.json").read_text())
-        assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
+        assert config["architectures"] == ["DFlash2DraftModel"] and config["model_type"] == "qwen3"
         assert config["dflash_config"]["target_layer_ids"] == [1, 3] and config["block_size"] == BLOCK
         reloaded = load_drafter(target)
         reference = DFlashDrafterCopy(drafter, dtype)
@@ -193,7 +193,7 @@ def test_a_step_is_the_weighted_mean_over_all_its_labels(real_store, qwen3_dir, 
     its gradients equal sum(w * CE) / sum(w) over every scored label of the
     step, computed here with plain cross-entropy (SpecForge's normalisation),
     not the mean of the three sequences' own normalised losses."""
-    config = config_for(real_store, qwen3_dir, tmp_path / "run", "train.grad_accumulation=3",
+    config = config_for(real_store, qwen3_dir, tmp_path / "run", "train.grad_accumulation=3", *tiny.DFLASH_DECAY,
                         max_steps=1)
     trainer = Trainer.from_config(config, log=lambda m: None)
     samples = [next(trainer.loader) for _ in range(3)]
