@@ -11,6 +11,8 @@ import math
 import builders
 import pytest
 
+from train.data.config import DataConfig
+
 pytestmark = pytest.mark.slow  # the real vocabulary (~30 s to build)
 
 GIB = 2**30
@@ -156,10 +158,12 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
     assert activations["per_block_token_layer"] == block_token and activations["per_context_token"] == context_token
     assert activations["bytes"] == 512 * 16 * 5 * block_token + 3072 * context_token
     assert report["peak_gpu_bytes"] == 20 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
-    assert report["steps_per_epoch"] == 902000 // 8 and report["sequences_per_gpu_per_step"] == 1
-    assert report["total_steps"] == 6 * 902000 // 8 and report["total_steps_rule"] == "6 epochs"
-    assert report["run_tokens"] == 6 * 902000 * 3072  # no store: samples taken as data.max_length long
-    assert report["run_hours"] == round(6 * 902000 * 3072 / (20000 * 8) / 3600, 3)
+    training = round(902000 * (1 - DataConfig.heldout_fraction))  # issue 48.10: an epoch is the training split
+    assert report["training_samples"] == training and report["sequences_per_gpu_per_step"] == 1
+    assert report["steps_per_epoch"] == math.ceil(training / 8)
+    assert report["total_steps"] == 6 * math.ceil(training / 8) and report["total_steps_rule"] == "6 epochs"
+    assert report["run_tokens"] == 6 * math.ceil(training / 8) * 8 * 3072  # no store: data.max_length long
+    assert report["run_hours"] == round(report["run_tokens"] / (20000 * 8) / 3600, 3)
     assert report["fits"] is True and report["peak_gpu_bytes"] <= 96 * GIB
     assert "            fits in 96 GiB per GPU" in out and f"time        {report['run_hours']:.2f} h on 8 GPU(s)" in out
     assert main(["fit", "--dry-run", "--target", str(model), "--max-steps", "1000", "--gpu-memory", "40"]) == 0
@@ -203,3 +207,28 @@ def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys
     assert report["peak_gpu_bytes"] == 20 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
     assert "selector codebooks 127,139,840 (2 x V x r)" in out
     assert not (tmp_path / "run").exists()
+
+
+def test_fit_dry_run_prints_hours_from_flops_and_refuses_a_rate_above_the_peak(qwen3_6_27b, capsys):
+    """Issue 48.4: a sample's training FLOPs by hand (matmuls, 2 per multiply-add; the
+    drafter's forward x 3, the frozen head's x 2), the rate at --gpu-tflops x --mfu, and
+    a --tokens-per-s no GPU reaches refused as impossible."""
+    from train.cli import main
+
+    model, _ = qwen3_6_27b
+    argv = ["fit", "--dry-run", "--target", str(model), "--nproc", "8", "--samples", "902000", "--gpu-tflops", "989"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
+    q, kv, k, g, r, T = 32 * 128, 8 * 128, 2, 16, 256, 3072
+    per_layer = 2 * (2 * H * q + 2 * H * kv + 3 * H * I) + 2 * 2 * (2 * k * (H // g)) * H
+    attention = 5 * 2 * 2 * q * (T / 2 + 16)  # four sliding layers (window 2048 > T / 2) and a full one
+    context = T * (2 * 5 * H * H + 5 * 2 * 2 * H * kv)
+    drafter = 512 * 16 * (5 * per_layer + attention) + context + 512 * 15 * 2 * H * r
+    total = 3 * drafter + 2 * 512 * 15 * 2 * H * V
+    assert report["flops_per_sample"] == pytest.approx(total, rel=1e-9) and 120e12 < total < 135e12
+    assert report["tokens_per_s"] == pytest.approx(989e12 * 0.4 / total * T, abs=0.1)
+    assert report["run_hours"] == round(report["run_tokens"] / (report["tokens_per_s"] * 8) / 3600, 3)
+    assert 50 < report["run_hours"] < 70 and "(--gpu-tflops 989 at MFU 0.4;" in out
+    assert main([*argv, "--tokens-per-s", "36000"]) == 1
+    assert "--tokens-per-s 36000 is impossible" in capsys.readouterr().err

@@ -30,6 +30,7 @@ def hours(work: float, rate_per_second: float) -> float:
 
 
 HIGH_UTILISATION = 0.60  # of a GPU's dense bf16 peak: a sustained rate above it is rarely reached
+DEFAULT_MFU = 0.4  # model FLOPs utilisation `fit --dry-run --gpu-tflops` assumes: a well-tuned dense bf16 run
 
 
 def fits_in(peak_bytes: float, gpu_memory_gib: float) -> bool:
@@ -47,8 +48,9 @@ def gib(count: float) -> float:
     return round(count / GIB, 2)
 
 
-# The training rate a cache dry-run assumes: 8 GPUs at the seed run's 36K tokens/s each.
-DEFAULT_TRAIN_TOKENS_PER_S = 8 * 36_000
+# The training rate a cache dry-run assumes: 8 H200s at the rate `train fit --dry-run
+# --gpu-tflops 989` gives the published 27B DFlash 2 at DEFAULT_MFU (~9.5K tokens/s each).
+DEFAULT_TRAIN_TOKENS_PER_S = 8 * 9_500
 
 
 def epoch_traffic(store_bytes: int, cache_bytes: int, shard_bytes: int) -> int:

@@ -32,7 +32,8 @@ import os
 import sys
 from pathlib import Path
 
-from train.cli import positive_int
+from store_schema.runtime.estimate import DEFAULT_MFU
+from train.cli import fraction_arg, positive_int
 from train.target_check import ALLOW_FLAG, add_allow_flag
 
 
@@ -65,7 +66,13 @@ def add_parser(subparsers) -> None:
                    help="print the run's memory per GPU and steps per epoch from --target's config.json; train nothing")
     p.add_argument("--samples", type=int, help="--dry-run without --store: the samples an epoch has")
     p.add_argument("--tokens-per-s", type=float, metavar="N",
-                   help="--dry-run: training tokens/s of one GPU, to print the run's hours")
+                   help="--dry-run: training tokens/s of one GPU, to print the run's hours (checked against "
+                        "--gpu-tflops: a rate above the GPU's peak is refused)")
+    p.add_argument("--gpu-tflops", type=float, metavar="TFLOPS",
+                   help="--dry-run: one GPU's dense bf16 peak (e.g. 989 for an H200), to print the run's hours "
+                        "from its FLOPs")
+    p.add_argument("--mfu", type=fraction_arg, default=DEFAULT_MFU,
+                   help="--dry-run: model FLOPs utilisation with --gpu-tflops (default %(default)s)")
     p.add_argument("--gpu-memory", type=float, metavar="GIB",
                    help="--dry-run: memory of one GPU in GiB, to say whether the run fits (e.g. 96, 141)")
     add_allow_flag(p)

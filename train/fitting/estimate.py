@@ -25,17 +25,23 @@ Steps per epoch: the samples over the global batch (`train.batch_size x
 train.grad_accumulation`), which every GPU count shares out; the run's steps are
 `train.max_steps` (`--max-steps`), else `train.epochs` of them. Its hours are the
 tokens those steps read (steps x global batch x a sample's mean tokens: the store's,
-or `data.max_length` as a bound without one) over `--tokens-per-s` x GPUs. The peak
-is checked against `--gpu-memory` as `extract plan --dry-run` checks its own."""
+or `data.max_length` as a bound without one) over the training rate x GPUs. The peak
+is checked against `--gpu-memory` as `extract plan --dry-run` checks its own.
+
+The rate comes from FLOPs (`sample_flops`): a sample's training FLOPs over one GPU's
+dense peak (`--gpu-tflops`) at a model FLOPs utilisation (`--mfu`, default
+`DEFAULT_MFU`), or it is given (`--tokens-per-s`) and then checked against that peak:
+a rate that needs more than the GPU's peak is refused as impossible."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 
 import torch
 
-from store_schema.runtime.estimate import DTYPE_BYTES, fits_in, gib, hours, parameter_count
+from store_schema.runtime.estimate import DEFAULT_MFU, DTYPE_BYTES, fits_in, gib, hours, parameter_count
 from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import open_store
 from train.config_loading import load_config
@@ -89,10 +95,65 @@ def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
                 bytes=block_tokens * d.num_hidden_layers * per_block_token + sequence_tokens * per_context_token)
 
 
-def fit_estimate(config, target, drafter_config, gpus: int, samples: int | None, tokens: int | None = None,
-                 tokens_per_s: float | None = None, gpu_memory_gib: float | None = None) -> dict:
-    """The figures `fit --dry-run` prints (bytes; GiB where named so), per GPU;
-    `tokens` are the store's (None: samples taken as `data.max_length` long)."""
+@dataclass
+class Sizing:
+    """What `fit --dry-run` sizes the run for: GPUs, the epoch's samples (and the store's
+    tokens: None takes samples as `data.max_length` long), and optionally one GPU's
+    training rate, dense peak (TFLOP/s), utilisation and memory."""
+
+    gpus: int = 1
+    samples: int | None = None
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+    gpu_tflops: float | None = None
+    mfu: float = DEFAULT_MFU
+    gpu_memory_gib: float | None = None
+
+
+def sample_flops(config, drafter_config, sequence_tokens: float) -> dict:
+    """Training FLOPs of one sample of `sequence_tokens` with `model.num_anchors` blocks
+    (matmuls, 2 per multiply-add): the drafter's forward x 3 (backward: input and weight
+    gradients) and the frozen head's x 2 (input gradient only). Attention keys per block:
+    the context before its anchor (anchors spread over the sequence: T / 2 on average,
+    at most the window of a sliding layer) and its own block."""
+    d, block = drafter_config, config.model.block_size
+    h, q, kv = d.hidden_size, d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
+    block_tokens, scored_rows = config.model.num_anchors * block, config.model.num_anchors * (block - 1)
+    per_layer = 2 * (2 * h * q + 2 * h * kv + 3 * h * d.intermediate_size)  # q, o, k, v projections and the MLP
+    if "attention_conv" in d.kind.added_modules:  # two convolutions' coefficient projections
+        per_layer += 2 * 2 * (2 * d.conv_kernel_size * (h // d.conv_group_size)) * h
+    keys = [min(d.sliding_window, sequence_tokens / 2) if kind == "sliding_attention" else sequence_tokens / 2
+            for kind in d.layer_types]
+    attention = sum(2 * 2 * q * (k + block) for k in keys)  # QK^T and AV, per block token
+    context = sequence_tokens * (2 * len(d.context_layer_ids) * h * h + d.num_hidden_layers * 2 * 2 * h * kv)
+    selector = scored_rows * 2 * h * d.selector_rank if d.kind.has_selector else 0
+    drafter = block_tokens * (d.num_hidden_layers * per_layer + attention) + context + selector
+    head = 2 * scored_rows * 2 * h * d.vocab_size
+    return dict(drafter_forward=drafter, head_forward=head // 2, total=3 * drafter + head)
+
+
+def training_rate(flops: dict, sequence_tokens: float, sizing: Sizing) -> dict:
+    """Tokens/s of one GPU: `sizing.tokens_per_s`, or the FLOPs at `--gpu-tflops` x MFU;
+    ValueError when the given rate needs more than the GPU's peak."""
+    out = dict(flops_per_sample=flops["total"], tflop_per_sample=round(flops["total"] / 1e12, 3))
+    if sizing.tokens_per_s is not None:
+        needed = sizing.tokens_per_s / sequence_tokens * flops["total"] / 1e12
+        out.update(tokens_per_s=sizing.tokens_per_s, tokens_per_s_rule="--tokens-per-s",
+                   needed_tflops=round(needed, 1))
+        if sizing.gpu_tflops is not None and needed > sizing.gpu_tflops:
+            raise ValueError(f"--tokens-per-s {sizing.tokens_per_s:g} is impossible: at "
+                             f"{flops['total'] / 1e12:.1f} TFLOP per {sequence_tokens:g}-token sample it needs "
+                             f"{needed:.0f} TFLOP/s per GPU, above --gpu-tflops {sizing.gpu_tflops:g} (the GPU's peak)")
+    elif sizing.gpu_tflops is not None:
+        rate = sizing.gpu_tflops * 1e12 * sizing.mfu / flops["total"] * sequence_tokens
+        out.update(tokens_per_s=round(rate, 1), tokens_per_s_rule=f"--gpu-tflops {sizing.gpu_tflops:g} at MFU "
+                                                                   f"{sizing.mfu:g}")
+    return out
+
+
+def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
+    """The figures `fit --dry-run` prints (bytes; GiB where named so), per GPU."""
+    gpus, samples, tokens, gpu_memory_gib = sizing.gpus, sizing.samples, sizing.tokens, sizing.gpu_memory_gib
     drafter = drafter_on_meta(drafter_config)
     params = parameter_count(drafter)
     act = DTYPE_BYTES[config.train.dtype]
@@ -112,11 +173,14 @@ def fit_estimate(config, target, drafter_config, gpus: int, samples: int | None,
                loss_chunk_bytes=loss_chunk, activations=activations, sequences_in_flight=config.train.batch_size,
                peak_gpu_bytes=peak, peak_gpu_gib=gib(peak), gpus=gpus, global_batch=global_batch,
                sequences_per_gpu_per_step=global_batch / gpus, dtype=config.train.dtype)
-    if samples is not None:
-        out.update(samples=samples, steps_per_epoch=math.ceil(samples / global_batch))
+    if samples is not None:  # an epoch reads the training split only
+        training = max(1, round(samples * (1 - config.data.heldout_fraction)))
+        out.update(samples=samples, training_samples=training, steps_per_epoch=math.ceil(training / global_batch))
     if gpu_memory_gib is not None:
         out.update(gpu_memory_gib=gpu_memory_gib, fits=fits_in(peak, gpu_memory_gib))
-    out.update(run_length(config, out.get("steps_per_epoch"), samples, tokens, tokens_per_s, gpus))
+    mean = tokens / samples if tokens and samples else config.data.max_length
+    out.update(training_rate(sample_flops(config, drafter_config, mean), mean, sizing))
+    out.update(run_length(config, out.get("steps_per_epoch"), samples, tokens, out.get("tokens_per_s"), gpus))
     return out
 
 
@@ -157,16 +221,23 @@ def estimate_lines(e: dict) -> list[str]:
         f"({e['sequences_per_gpu_per_step']:g} per GPU per step)",
     ]
     if "fits" in e:
+        lower = "train.batch_size, loss.chunk_rows" if e["sequences_in_flight"] > 1 else "loss.chunk_rows, model.num_anchors"
         lines.append(f"            {'fits' if e['fits'] else 'does NOT fit'} in {e['gpu_memory_gib']:g} GiB per GPU"
-                     + ("" if e["fits"] else " (lower train.batch_size or loss.chunk_rows, or use a larger GPU)"))
+                     + ("" if e["fits"] else f" (lower {lower}, or use a larger GPU)"))
     if "steps_per_epoch" in e:
-        lines.append(f"epoch       {e['steps_per_epoch']} steps over {e['samples']} samples")
+        lines.append(f"epoch       {e['steps_per_epoch']} steps over the {e['training_samples']} training samples "
+                     f"(of {e['samples']}; the rest held out)")
     if "total_steps" in e:
         lines.append(f"run         {e['total_steps']} steps ({e['total_steps_rule']}), {e['run_tokens']:,} tokens read "
                      f"(samples of {e['sample_tokens']:g} tokens: {e['sample_tokens_rule']})")
+    lines.append(f"compute     {e['tflop_per_sample']:g} TFLOP per sample (forward and backward, frozen head included)"
+                 + (f"; {e['tokens_per_s']:g} tokens/s needs {e['needed_tflops']:g} TFLOP/s per GPU"
+                    if "needed_tflops" in e else ""))
     if "run_hours" in e:
         lines.append(f"time        {e['run_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
-                     f"({e['gpu_hours']:.1f} GPU-hours)")
+                     f"({e['tokens_per_s_rule']}; {e['gpu_hours']:.1f} GPU-hours)")
+    else:
+        lines.append("time        give --gpu-tflops (one GPU's dense bf16 peak, e.g. 989 for an H200) for the hours")
     return lines
 
 
@@ -199,8 +270,9 @@ def dry_run(args) -> int:
     mask = resolve_mask_token(config.model.mask_token_id, args.target, target.vocab_size)
     drafter_config = DrafterConfig.from_target(target, mask_token_id=mask.id, context_layer_ids=layer_ids,
                                                **config.model.geometry())
-    figures = dict(fit_estimate(config, target, drafter_config, args.nproc or 1, samples, tokens, args.tokens_per_s,
-                                args.gpu_memory), mask_token_rule=mask.rule)
+    sizing = Sizing(gpus=args.nproc or 1, samples=samples, tokens=tokens, tokens_per_s=args.tokens_per_s,
+                    gpu_tflops=args.gpu_tflops, mfu=args.mfu, gpu_memory_gib=args.gpu_memory)
+    figures = dict(fit_estimate(config, target, drafter_config, sizing), mask_token_rule=mask.rule)
     for line in estimate_lines(figures):
         print(line)
     print("dry run: nothing trained or written")
