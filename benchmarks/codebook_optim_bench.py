@@ -36,9 +36,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.common import append_results  # noqa: E402
-from train.drafter.targets import block_targets  # noqa: E402
-from train.fitting.loss import dflash_loss  # noqa: E402
+from benchmarks.common import append_results
+from train.drafter.targets import block_targets
+from train.fitting.loss import dflash_loss
 
 METHODS = ("adamw_foreach", "adamw_fused", "sparse_adam")
 

@@ -53,9 +53,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-from benchmarks.common import SMOKE_HELP, append_results, machine  # noqa: E402
 import demo  # noqa: E402
 from demo import run  # noqa: E402  a project command, its output streamed, its last JSON line
+
+from benchmarks.common import SMOKE_HELP, append_results, machine  # noqa: E402
 
 # name -> (run settings, the variant whose same-seed run it warm-starts from)
 VARIANTS = {

@@ -79,9 +79,9 @@ def forward_only(config, store: Path, workers: int = 1) -> dict:
 
     import ray
 
-    from extract.jobs.batching import batch_groups
     from extract.extraction.job import Extraction
     from extract.extraction.layers import resolve_layer_ids
+    from extract.jobs.batching import batch_groups
     from store_schema import Store
     from store_schema.fingerprint import target_identity
     from store_schema.runtime.target_config import read_target_config

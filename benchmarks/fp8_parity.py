@@ -39,10 +39,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
-import embedded  # noqa: E402
-from benchmarks.common import SMOKE_HELP, append_results  # noqa: E402
 import demo  # noqa: E402
+import embedded  # noqa: E402
 from demo import run  # noqa: E402  the demo's runner: a project command, its output streamed, its last JSON line
+
+from benchmarks.common import SMOKE_HELP, append_results  # noqa: E402
 
 TARGET = dict(architecture="qwen3", vocab_size=1024, hidden_size=128, num_layers=6, num_heads=4, head_dim=32,
               pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0)

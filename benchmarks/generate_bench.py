@@ -65,8 +65,8 @@ def write_corpus(path: Path, records: int) -> Path:
 
 
 def config(model, corpus, out, args, engine: str, endpoint: str | None = None):
-    from extract.jobs.settings import FaultInjection
     from extract.generate.config import ENGINES, GenerateConfig, GenerationSettings, ServerConfig
+    from extract.jobs.settings import FaultInjection
 
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, max_length=1024, thinking="off",
                                   shard_records=args.shard_records, engine=ENGINES[engine])
@@ -133,8 +133,8 @@ def main() -> None:
         args.records, args.rounds, args.max_new_tokens, args.concurrency, args.shard_records = 8, 1, 8, 4, 4
     import pytest
     import ray
-
     import served
+
     from extract.generate.job import run_generate
     from extract.generate.server import fetch_json
 

@@ -172,10 +172,10 @@ def build_target(path: Path, size: dict, device: str) -> None:
 
 
 def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> dict:
-    from extract.jobs.batching import batch_groups
     from extract.extraction.layers import resolve_layer_ids
     from extract.extraction.planning import build_plan
     from extract.extraction.worker import ExtractionSpec, ExtractionWorker
+    from extract.jobs.batching import batch_groups
     from extract.jobs.protocol import ShardFailed
     from store_schema import Fingerprint, Store, TargetFacts, create_store, on_disk_bytes, target_identity
     from store_schema.plan import PlanSettings

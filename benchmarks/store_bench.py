@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache  # noqa: E402
-from store_schema import (  # noqa: E402
+from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache
+from store_schema import (
     CodecConfig,
     Fingerprint,
     Plan,
@@ -53,10 +53,10 @@ from store_schema import (  # noqa: E402
     shard_name,
     store_dtype,
 )
-from store_schema.local_copy import copied_shards  # noqa: E402
-from store_schema.plan import PlanSettings  # noqa: E402
-from store_schema.shard_codec import read_arrays, start_sharded_decode  # noqa: E402
-from store_schema.stores import open_store  # noqa: E402
+from store_schema.local_copy import copied_shards
+from store_schema.plan import PlanSettings
+from store_schema.shard_codec import read_arrays, start_sharded_decode
+from store_schema.stores import open_store
 
 HIDDEN = 1024
 # The rate one seed GPU consumed: 36K tokens/s of 5 context layers x 5120 (Qwen3.6-27B).

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache  # noqa: E402
+from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache
 
 VOCAB = 248_320
 BLOCK = 16
@@ -179,9 +179,9 @@ def raw_decode(store, threads: int) -> tuple[int, float]:
 
 
 def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
-    from train.drafter.anchors import sample_anchors
     from train.data.config import DataConfig
     from train.data.loader import LoaderSpec, ShardLoader
+    from train.drafter.anchors import sample_anchors
     from train.drafter.targets import block_targets
 
     data = DataConfig(max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4)

@@ -48,12 +48,24 @@ from .extraction.estimate import add_arguments as add_estimate_arguments
 from .extraction.estimate import cache_traffic, cache_traffic_lines, estimate_lines, extraction_estimate
 from .extraction.layers import parse_layer_ids, resolve_layer_ids
 from .generate.config import (
-    DEFAULT_CONCURRENCY, DEFAULT_GENERATE_BATCH_TOKENS, DEFAULT_MAX_NEW_TOKENS, DEFAULT_REQUEST_RETRIES,
-    DEFAULT_REQUEST_TIMEOUT, DEFAULT_SHARD_RECORDS, ENGINES, REASONING, THINKING, GenerateConfig, GenerationSettings,
+    DEFAULT_CONCURRENCY,
+    DEFAULT_GENERATE_BATCH_TOKENS,
+    DEFAULT_MAX_NEW_TOKENS,
+    DEFAULT_REQUEST_RETRIES,
+    DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_SHARD_RECORDS,
+    ENGINES,
+    REASONING,
+    THINKING,
+    GenerateConfig,
+    GenerationSettings,
     ServerConfig,
 )
 from .jobs.settings import (
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PROGRESS_INTERVAL,
+    DEFAULT_WORKER_TIMEOUT,
+    DEVICES,
     SKIP_SPACE_CHECK_FLAG,
 )
 

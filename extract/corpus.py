@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from store_schema.plan import is_safe_id
 
 from .errors import QuarantineError

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
 from store_schema.plan import DEFAULT_LOSS_MASK, DEFAULT_MAX_LENGTH
 
 from .errors import QuarantineError

@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 sys.path.insert(0, str(REPO))
 
 import embedded  # noqa: E402
+
 from store_schema.runtime.units import human_bytes, human_duration  # noqa: E402
 
 # The default drafter (DFlash 2, D-PACE: what `fit` trains), small enough to learn the

@@ -13,13 +13,22 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .runtime.cli import CommandParser, EXIT_INCOMPLETE, EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, UsageError, run_command, show_defaults
+from .runtime.cli import (
+    EXIT_INCOMPLETE,
+    EXIT_OK,
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    CommandParser,
+    UsageError,
+    run_command,
+    show_defaults,
+)
 
 
 def cmd_info(args) -> int:
     from .encoding import CodecConfig
-    from .stores import open_store
     from .runtime.units import human_bytes
+    from .stores import open_store
 
     summary = _info_summary(open_store(args.store))
     if args.json:
@@ -119,8 +128,8 @@ def cmd_verify(args) -> int:
     report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
                           checksums_only=args.checksums_only)
     if args.recompute and report.ok:
-        from .stores import open_store
         from .recompute import recompute_check
+        from .stores import open_store
 
         print(f"recomputing {args.recompute} sample(s) with {args.model} on {args.device}...", file=sys.stderr,
               flush=True)

@@ -34,7 +34,13 @@ from .plan_io import read_committed_plan
 from .records import RecordError, ShardCommit, check_files, list_files, on_disk_bytes, read_record
 from .root import read_root
 from .shard_codec import (
-    CorruptShardError, EncodedArray, decode_array, encoded_arrays, read_arrays, read_file, start_sharded_decode,
+    CorruptShardError,
+    EncodedArray,
+    decode_array,
+    encoded_arrays,
+    read_arrays,
+    read_file,
+    start_sharded_decode,
 )
 
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .location import StoreURL, classify_store
 from .encoding import CodecConfig
 from .fingerprint import Fingerprint
 from .layout import ROOT_RECORD
+from .location import StoreURL, classify_store
 
 
 def open_store(arg):

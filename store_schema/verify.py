@@ -20,12 +20,11 @@ import numpy as np
 
 from . import layer_stats, layout
 from .dtypes import nonfinite_rows
-from .runtime.host import available_cores
 from .plan import is_safe_id
-from .stores import open_store
 from .reader import CorruptShardError, Store, as_bits
 from .records import RecordError, crc32c_bytes, file_mismatch
-
+from .runtime.host import available_cores
+from .stores import open_store
 
 MISSING_SHARD = "planned shard missing (not committed, or deleted)"
 RERUN = "rerun `python -m extract run ...` to finish"  # the same command: it extracts only what is missing

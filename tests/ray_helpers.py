@@ -3,7 +3,8 @@ and the fault suite, tests/test_faults_*.py): the module-scoped cluster fixture,
 job config, a store's content as bytes, the `extract run` command line, and waits
 for the processes a killed driver leaves behind.
 
-Import the fixture into a test module to use it there: ``from ray_helpers import ray_cluster``."""
+tests/conftest.py registers this module as a plugin (`pytest_plugins`), so a test asks
+for `ray_cluster` as for any fixture."""
 
 from __future__ import annotations
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import builders
 import numpy as np
 
-import builders
 from store_schema import Fingerprint, SampleArrays, create_store, shard_name
 
 

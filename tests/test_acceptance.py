@@ -13,16 +13,16 @@ from typing import Sequence
 import pytest
 import torch
 
+from train.acceptance.evaluate import DraftedBlocks, per_position_rows, rollout_anchors
 from train.acceptance.measures import (
     accuracy_counts,
-    chain_accepted,
     chain_acceptance,
+    chain_accepted,
     ddtree_acceptance,
     rollout,
     scored_blocks,
     topk_hits,
 )
-from train.acceptance.evaluate import DraftedBlocks, per_position_rows, rollout_anchors
 from train.drafter.targets import block_targets
 
 V = 10

@@ -8,7 +8,11 @@ import random
 import pytest
 
 from extract.jobs.batching import (
-    FORWARD_COST_SHARE, batch_groups, batches_by_length, batches_min_padding, padded_tokens,
+    FORWARD_COST_SHARE,
+    batch_groups,
+    batches_by_length,
+    batches_min_padding,
+    padded_tokens,
 )
 
 

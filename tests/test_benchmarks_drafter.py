@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from test_benchmarks import SMOKE_KEYS, smoke
 
 

@@ -13,11 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import builders
 import pytest
+import tiny
 import torch
 
-import builders
-import tiny
 from extract.__main__ import main as extract_main
 from store_schema.__main__ import main as store_main
 from train.cli import main as train_main

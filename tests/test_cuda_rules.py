@@ -6,8 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.acceptance.speculate import (NEAR_TIE_LOGIT_GAP, Decoded, PromptResult, describe_rule, mismatch_allowed,
-                                        summarize)
+from train.acceptance.speculate import (
+    NEAR_TIE_LOGIT_GAP,
+    Decoded,
+    PromptResult,
+    describe_rule,
+    mismatch_allowed,
+    summarize,
+)
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.fitting.step import add_context_noise

@@ -16,26 +16,26 @@ from __future__ import annotations
 import dataclasses
 import warnings
 
+import builders
 import pytest
 import torch
 from dflash.model import DFlash2DraftModel
-
-import builders
 from stores import greedy_store
-from store_schema.runtime.target_config import read_target_config
 from test_reference import ANCHORS, BLOCK, inputs, reference_logits
 from test_reference import load_reference as load_reference_as
 from test_speculate import load_model, one_thread, reference_generate  # noqa: F401  (one_thread: autouse)
+
+from store_schema.runtime.target_config import read_target_config
+from train.acceptance.speculate import decode_prompt, summarize
 from train.config_error import ConfigError
 from train.config_loading import load_config
-from train.drafter.conv import BlockConv
+from train.data.prompts import store_prompts
 from train.drafter.build import build_drafter
+from train.drafter.conv import BlockConv
 from train.drafter.dflash2 import DFlash2Drafter
 from train.drafter.draft_cache import DraftCache
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.selector import CandidateSelector
-from train.acceptance.speculate import decode_prompt, summarize
-from train.data.prompts import store_prompts
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer

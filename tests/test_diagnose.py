@@ -8,17 +8,16 @@ from __future__ import annotations
 import json
 import math
 import struct
-
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-
 import stores
-from train.diagnose import report as dg
+
 from train.cli import main
 from train.config_loading import load_config
+from train.diagnose import report as dg
 from train.diagnose.compare import compare
 from train.diagnose.plot import plot
 from train.fitting.runlog import read_log
@@ -26,7 +25,7 @@ from train.fitting.schedule import lr_at
 from train.fitting.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from demo import DRAFTER_SETTINGS  # noqa: E402  the demo's recipe, as the demo passes it to `fit`
+from demo import DRAFTER_SETTINGS
 
 STEPS = 20_000
 LR = 6e-4

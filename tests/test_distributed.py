@@ -23,16 +23,16 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 import builders
+import pytest
 import tiny
+
 from store_schema import Store
-from train.fitting.checkpoint import list_checkpoints, load_model_weights, read_state
 from train.cli import main
 from train.config_error import ConfigError
-from train.data.lanes import check_world
 from train.data.heldout import is_heldout
+from train.data.lanes import check_world
+from train.fitting.checkpoint import list_checkpoints, load_model_weights, read_state
 from train.fitting.runlog import read_log
 
 REPO = Path(__file__).resolve().parents[1]

@@ -16,7 +16,7 @@ from train.data.config import DataConfig
 pytestmark = pytest.mark.slow  # the real vocabulary (~30 s to build)
 
 GIB = 2**30
-H, I, V = 5120, 17408, 248_320  # hidden, intermediate, embedding rows
+H, I, V = 5120, 17408, 248_320  # noqa: E741 - hidden, intermediate, embedding rows, as the papers name them
 MLP = 3 * H * I
 LINEAR_LAYER = (H * (10240 + 6144 + 48 + 48)  # in_proj qkv (2 x 16 x 128 + 48 x 128), z (48 x 128), b, a
                 + 10240 * 4 + 48 + 48 + 128  # conv1d (kernel 4), dt_bias, A_log, gated norm

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from builders import coding_chats, write_chat_jsonl
 
 pytestmark = pytest.mark.slow  # child processes
@@ -59,10 +58,10 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
     assert evaluation["samples"] > 0 and 1.0 <= evaluation["tau"] <= 16.0
     assert set(evaluation["ddtree"]) == {"4", "16"}
 
-    from train.fitting import checkpoint
-    from train.export.drafter_dir import load_drafter
     from train.drafter.build import build_drafter
     from train.drafter.model import DrafterConfig
+    from train.export.drafter_dir import load_drafter
+    from train.fitting import checkpoint
 
     state_dir = checkpoint.latest_checkpoint(run)
     trained = build_drafter(DrafterConfig.from_dict(checkpoint.read_state(state_dir)["drafter_config"]))

@@ -10,25 +10,24 @@ import contextlib
 import json
 from types import SimpleNamespace
 
+import builders
 import numpy as np
 import pytest
+import tiny
 import torch
 
-import builders
-import tiny
 from store_schema import Fingerprint, SampleArrays, Store, create_store
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import evaluate as ev
-from train.data.heldout import store_samples
-from train.drafter.anchors import anchor_candidates
+from train.acceptance.config import EvalConfig
 from train.cli import main
 from train.cli.eval import render_table
-from train.acceptance.config import EvalConfig
 from train.config_loading import load_config
-from train.fitting.periodic_eval import AcceptanceEval, log_fields
-from train.export.drafter_dir import export_drafter
-from train.data.heldout import is_heldout
+from train.data.heldout import is_heldout, store_samples
+from train.drafter.anchors import anchor_candidates
 from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.export.drafter_dir import export_drafter
+from train.fitting.periodic_eval import AcceptanceEval, log_fields
 from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer
 

@@ -6,17 +6,16 @@ from __future__ import annotations
 
 import json
 
+import builders
 import pytest
 import torch
 from safetensors import safe_open
 
-import builders
-
+from store_schema.runtime.target_config import read_target_config
 from train.drafter.anchors import LayerAttention
 from train.drafter.dflash2 import DFlash2Drafter
-from train.export.drafter_dir import export_drafter, load_drafter, read_drafter_config
 from train.drafter.model import DFlashDrafter, DrafterConfig
-from store_schema.runtime.target_config import read_target_config
+from train.export.drafter_dir import export_drafter, load_drafter, read_drafter_config
 from train.fitting.target_head import load_target_head
 
 

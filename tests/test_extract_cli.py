@@ -81,8 +81,8 @@ def test_exit_codes_follow_the_one_rule(qwen3_dir, tmp_path, capsys):
 
 
 def test_fault_injection_is_armed_from_the_environment_only_for_tests():
-    from extract.jobs.settings import KILL_AFTER_BATCHES_ENV, KILL_DRIVER_ENV, STOP_AFTER_BATCHES_ENV, FaultInjection
     from extract.extraction.config import JobConfig
+    from extract.jobs.settings import KILL_AFTER_BATCHES_ENV, KILL_DRIVER_ENV, STOP_AFTER_BATCHES_ENV, FaultInjection
 
     assert FaultInjection.from_env({}) == FaultInjection()
     faults = FaultInjection.from_env({KILL_AFTER_BATCHES_ENV: "3, 7", KILL_DRIVER_ENV: "2", STOP_AFTER_BATCHES_ENV: "5"})

@@ -16,10 +16,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from builders import coding_chats, ctrl_c_when, write_chat_jsonl
-from ray_helpers import (  # noqa: F401 - ray_cluster is a fixture
-    BATCH_TOKENS, LAYERS, REPO, SHARD_TOKENS, job_config as _config, ray_cluster, store_content as _content,
+from ray_helpers import (
+    BATCH_TOKENS,
+    LAYERS,
+    REPO,
+    SHARD_TOKENS,
+)
+from ray_helpers import (
+    job_config as _config,
+)
+from ray_helpers import (
+    store_content as _content,
+)
+from ray_helpers import (
     verify_cli as _verify_cli,
 )
 
@@ -128,10 +138,11 @@ def test_fp8_job_stores_the_reference_within_rounding_and_a_store_never_mixes_dt
     """`--store-dtype fp8_e4m3`: the workers quantize on their device; the store holds
     the reference (bf16) job's states within e4m3 rounding, verifies, and refuses to be
     resumed as a bf16 store (and the bf16 store as an fp8 one), naming the dtype."""
+    from builders import fp8_rounding_bound as rounding_bound
+
     from extract.errors import ExtractError
     from extract.extraction.job import run_job
     from store_schema import Store
-    from builders import fp8_rounding_bound as rounding_bound
 
     store = tmp_path / "fp8"
     report = run_job(_config(qwen3_5_dir, corpus[0], store, store_dtype="fp8_e4m3"))
@@ -324,10 +335,9 @@ def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     """The first actor SIGKILLs itself after its 2nd batch (mid-group, before any write):
     the groups it held are redone on a fresh actor; nothing lost, nothing duplicated,
     byte for byte what the uninterrupted run wrote."""
-    from store_schema.verify import verify_store
-
-    from extract.jobs.settings import FaultInjection
     from extract.extraction.job import run_job
+    from extract.jobs.settings import FaultInjection
+    from store_schema.verify import verify_store
 
     ref_store, ref_report = reference
     store = tmp_path / "store"
@@ -343,8 +353,8 @@ def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
 def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, corpus, tmp_path):
     """A driver (its own process, joined to the cluster) SIGKILLs itself after its
     2nd commit; the same command then finishes the store without recomputing them."""
-    from extract.jobs.settings import KILL_DRIVER_ENV
     from extract.extraction.job import run_job
+    from extract.jobs.settings import KILL_DRIVER_ENV
 
     ref_store, ref_report = reference
     store = tmp_path / "store"
@@ -369,10 +379,9 @@ def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, c
 
 @pytest.mark.faults
 def test_disk_full_stops_cleanly_and_rerun_completes(reference, qwen3_5_dir, corpus, tmp_path):
-    from store_schema.verify import verify_store
-
     from extract.errors import ExtractError
     from extract.extraction.job import run_job
+    from store_schema.verify import verify_store
 
     ref_store, ref_report = reference
     size = sum(f.stat().st_size for f in ref_store.rglob("*") if f.is_file())
@@ -415,8 +424,8 @@ def test_a_copied_tree_resumes_with_its_plan(reference, qwen3_5_dir, corpus, tmp
     tree), a group of shards missing: the same bytes, tokenizer and settings decide,
     not the paths -- the stored plan is reused, the workers read the corpus where it
     is now, and the finished store equals the original byte for byte."""
-    from extract.jobs.batching import batch_groups
     from extract.extraction.job import run_job
+    from extract.jobs.batching import batch_groups
     from store_schema import Store
 
     ref_store, ref_report = reference

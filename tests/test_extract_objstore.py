@@ -16,10 +16,10 @@ import sys
 import threading
 from pathlib import Path
 
-import pytest
-
 import builders
+import pytest
 import tiny
+
 from store_schema.__main__ import main as store_cli
 from store_schema.location import classify_store
 from store_schema.objstore.bucket import Bucket

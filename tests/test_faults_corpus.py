@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from builders import coding_chats
-from ray_helpers import REPO, extract_command, ray_cluster  # noqa: F401 - ray_cluster is a fixture
+from ray_helpers import REPO, extract_command
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]  # fault injection, a Ray cluster
 MAX_LENGTH = 1024

@@ -9,10 +9,10 @@ import random
 import shutil
 from pathlib import Path
 
-import pytest
-
 import builders
+import pytest
 import tiny
+
 from store_schema import CorruptShardError, Store
 from store_schema.__main__ import main as cli
 

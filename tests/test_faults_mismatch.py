@@ -8,9 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import builders
+import pytest
 import tiny
 
 REPO = Path(__file__).resolve().parents[1]

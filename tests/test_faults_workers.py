@@ -31,11 +31,17 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from builders import coding_chats, write_chat_jsonl
-from ray_helpers import (  # noqa: F401 - ray_cluster is a fixture
-    REPO, committed_inodes, extract_command, job_config, kill, ray_cluster, store_content, verify_cli,
-    wait_for_no_workers, worker_pids,
+from ray_helpers import (
+    REPO,
+    committed_inodes,
+    extract_command,
+    job_config,
+    kill,
+    store_content,
+    verify_cli,
+    wait_for_no_workers,
+    worker_pids,
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.slow]  # fault injection, a Ray cluster
@@ -103,8 +109,8 @@ def _committed_only_missing(store) -> int:
 
 
 def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
-    from extract.jobs.settings import FaultInjection
     from extract.extraction.job import run_job
+    from extract.jobs.settings import FaultInjection
 
     ref_store, ref_report, ref_content = reference
     rng = random.Random(KILL_SEED)
@@ -143,7 +149,8 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
     not): the group is queued again for the other only, its attempt revoked and its
     staging removed; the committed one is counted as written."""
     import builders
-    from extract.jobs.dispatch import DispatchCounts, DispatchSettings, Dispatcher, _Held
+
+    from extract.jobs.dispatch import DispatchCounts, Dispatcher, DispatchSettings, _Held
     from store_schema import Store
     from store_schema.lock import ShardFence, ShardFenced, claim
 
@@ -183,8 +190,9 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
 def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
     """`max_attempts` tries per shard, then the job stops naming the shard."""
     import builders
-    from extract.jobs.dispatch import DispatchSettings, Dispatcher, _Held
+
     from extract.errors import ExtractError
+    from extract.jobs.dispatch import Dispatcher, DispatchSettings, _Held
     from store_schema import Store
     from store_schema.lock import ShardFence
 
@@ -210,8 +218,8 @@ def test_driver_killed_at_three_points_then_rerun(reference, ray_cluster, qwen3_
     """Run the same command four times: the first three drivers SIGKILL themselves
     (after their 1st commit; after half the remaining shards; after the last shard
     was committed but before the report), the fourth finishes."""
-    from extract.jobs.settings import KILL_DRIVER_ENV
     from extract.extraction.job import run_job
+    from extract.jobs.settings import KILL_DRIVER_ENV
 
     ref_store, ref_report, ref_content = reference
     total = ref_report["shards"]
@@ -310,13 +318,13 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
 
     import ray
 
-    from extract.jobs.batching import batch_groups
-    from extract.jobs.settings import FaultInjection
-    from extract.jobs.dispatch import ActorPool, Placement
     from extract.extraction.job import Extraction
-    from store_schema.runtime.target_config import read_target_config
+    from extract.jobs.batching import batch_groups
+    from extract.jobs.dispatch import ActorPool, Placement
+    from extract.jobs.settings import FaultInjection
     from store_schema import Store
     from store_schema.lock import ShardFence
+    from store_schema.runtime.target_config import read_target_config
     from store_schema.verify import verify_store
 
     ref_store, _, ref_content = reference
@@ -386,8 +394,8 @@ def test_a_worker_frozen_past_its_deadline_is_replaced_and_the_report_says_so(re
     on a fresh actor; the moment it says so, the frozen actor is resumed (SIGCONT) to
     race it. The job completes byte-equal to the reference, and the report counts
     the timeout, the revoked attempts and every shard exactly once."""
-    from extract.jobs.settings import FaultInjection
     from extract.extraction.job import run_job
+    from extract.jobs.settings import FaultInjection
     from store_schema.verify import verify_store
 
     ref_store, ref_report, ref_content = reference

@@ -13,12 +13,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import builders
+import pytest
 import tiny
-from train.fitting.checkpoint import latest_checkpoint
+
 from train.cli import main
+from train.fitting.checkpoint import latest_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 # A drafter small enough for CPU, a constant LR (so a resumed run may end at another

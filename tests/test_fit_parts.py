@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import builders
 import pytest
+import tiny
 import torch
 
-import builders
-import tiny
 from train.config_loading import load_config
 from train.fitting.checkpoint import latest_checkpoint, read_state
 from train.fitting.trainer import Trainer

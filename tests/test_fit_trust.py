@@ -10,11 +10,11 @@ import json
 import shutil
 from pathlib import Path
 
+import builders
 import pytest
+import tiny
 import torch
 
-import builders
-import tiny
 from store_schema.fingerprint import target_identity
 from train.cli import main
 from train.config_error import ConfigError

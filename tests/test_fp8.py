@@ -7,18 +7,26 @@ from __future__ import annotations
 
 import json
 
+import builders
 import numpy as np
 import pytest
+import stores
+import tiny
 import torch
 import zarr
+from builders import fp8_rounding_bound as rounding_bound
 
-import builders
-import tiny
-import stores
-from store_schema import Fingerprint, FingerprintMismatch, NonFiniteStatesError, SampleArrays, Store, create_store, layout
+from store_schema import (
+    Fingerprint,
+    FingerprintMismatch,
+    NonFiniteStatesError,
+    SampleArrays,
+    Store,
+    create_store,
+    layout,
+)
 from store_schema.__main__ import main as store_cli
 from store_schema.fp8 import E4M3_MAX, LARGEST_STORABLE, QuantizedStates, dequantize, quantize
-from builders import fp8_rounding_bound as rounding_bound
 from store_schema.verify import verify_store
 
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)

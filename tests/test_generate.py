@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 
+import builders
 import pyarrow.parquet as pq
 import pytest
-import torch
-from ray_helpers import ray_cluster  # noqa: F401  the module's local Ray cluster
-
-import builders
 import tiny
+import torch
 
 MAX_NEW = 16
 THINK_TEMPLATE = (  # Qwen3-like: reasoning_content rendered in <think>, enable_thinking opens or closes it
@@ -31,8 +29,8 @@ def _records() -> list[dict]:
 
 
 def _config(model, corpus, out, **overrides):
-    from extract.jobs.settings import FaultInjection
     from extract.generate.config import GenerateConfig, GenerationSettings
+    from extract.jobs.settings import FaultInjection
 
     settings = GenerationSettings(**{"max_new_tokens": MAX_NEW, "shard_records": 3, "max_length": 512,
                                      **overrides.pop("settings", {})})
@@ -67,10 +65,10 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.slow  # a Ray cluster
 @pytest.mark.parametrize("kind", ["qwen3_dir", "qwen3_5_dir"])
-def test_greedy_replies_equal_model_generate_turn_by_turn(kind, request, corpus, tokenizer, tmp_path, ray_cluster):  # noqa: F811
-    from extract.generate.job import run_generate
-
+def test_greedy_replies_equal_model_generate_turn_by_turn(kind, request, corpus, tokenizer, tmp_path, ray_cluster):
     from transformers import AutoModelForCausalLM
+
+    from extract.generate.job import run_generate
 
     model_dir = request.getfixturevalue(kind)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -98,14 +96,14 @@ def test_greedy_replies_equal_model_generate_turn_by_turn(kind, request, corpus,
 
 
 @pytest.mark.slow  # a Ray cluster
-def test_a_killed_worker_and_a_rerun_give_the_same_corpus(qwen3_dir, corpus, tmp_path, ray_cluster):  # noqa: F811
+def test_a_killed_worker_and_a_rerun_give_the_same_corpus(qwen3_dir, corpus, tmp_path, ray_cluster):
     """The first actor SIGKILLs itself after its 2nd batch, mid-shard (one row per
     batch); its shard is redone on a fresh actor. A rerun after a shard is lost
     regenerates only that shard. Every file is byte-identical to an undisturbed run."""
     import shutil
 
-    from extract.jobs.settings import FaultInjection
     from extract.generate.job import run_generate
+    from extract.jobs.settings import FaultInjection
 
     small = dict(batch_tokens=MAX_NEW + 40, settings={"max_length": 40 + MAX_NEW})
     reference = run_generate(_config(qwen3_dir, corpus, tmp_path / "ref", address=ray_cluster, **small),
@@ -155,7 +153,7 @@ def test_bad_records_are_quarantined_with_reasons(qwen3_dir, tmp_path):
 
 
 @pytest.mark.slow  # a Ray cluster
-def test_another_job_on_the_same_output_is_refused(qwen3_dir, corpus, tmp_path, ray_cluster):  # noqa: F811
+def test_another_job_on_the_same_output_is_refused(qwen3_dir, corpus, tmp_path, ray_cluster):
     from extract.errors import ExtractError
     from extract.generate.job import run_generate
     from store_schema import StoreLock, StoreLockedError
@@ -212,11 +210,12 @@ def test_an_unfinished_generated_corpus_is_refused_as_a_corpus(tmp_path):
 
 
 @pytest.mark.slow  # a Ray cluster
-def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_dir, corpus, tmp_path, ray_cluster,  # noqa: F811
+def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_dir, corpus, tmp_path, ray_cluster,
                                                              capsys):
-    from extract.generate.job import run_generate
-    from extract.extraction.job import run_job
     from ray_helpers import job_config
+
+    from extract.extraction.job import run_job
+    from extract.generate.job import run_generate
     from store_schema import Store
     from store_schema.__main__ import main as store_main
     from store_schema.plan import PlanSettings

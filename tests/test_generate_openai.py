@@ -17,10 +17,8 @@ import shutil
 import threading
 import time
 
-import pytest
-from ray_helpers import ray_cluster  # noqa: F401  the module's local Ray cluster
-
 import builders
+import pytest
 import served
 from test_benchmarks import SMOKE_KEYS, smoke
 
@@ -54,8 +52,8 @@ def corpus(tmp_path_factory):
 
 
 def _config(model, corpus, out, endpoints=None, **overrides):
-    from extract.jobs.settings import FaultInjection
     from extract.generate.config import ENGINES, GenerateConfig, GenerationSettings, ServerConfig
+    from extract.jobs.settings import FaultInjection
 
     server = None if endpoints is None else ServerConfig(endpoints=tuple(endpoints), **overrides.pop("server", {}))
     settings = GenerationSettings(**{"max_new_tokens": MAX_NEW, "shard_records": 3, "max_length": 512,
@@ -81,7 +79,7 @@ def _quiet(message):
 
 
 def test_greedy_replies_equal_the_hf_engine_and_the_servers_ids(served_dir, server, corpus, tmp_path,
-                                                                ray_cluster):  # noqa: F811
+                                                                ray_cluster):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -134,7 +132,7 @@ def long_corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(served_dir, server, long_corpus, tmp_path_factory, ray_cluster):  # noqa: F811
+def reference(served_dir, server, long_corpus, tmp_path_factory, ray_cluster):
     """An undisturbed openai run of `long_corpus` (4 records a shard, 5 shards)."""
     from extract.generate.job import run_generate
 
@@ -152,7 +150,7 @@ def _run_in_thread(config):
     def job():
         try:
             outcome["report"] = run_generate(config, log=_quiet)
-        except Exception as error:  # noqa: BLE001 - the test reads it
+        except Exception as error:
             outcome["error"] = error
 
     thread = threading.Thread(target=job, daemon=True)
@@ -200,7 +198,7 @@ def _kill_mid_shard(server, out, thread) -> None:
 
 
 def test_a_killed_server_then_a_rerun_give_the_undisturbed_corpus(served_dir, server, long_corpus, reference,
-                                                                   tmp_path, ray_cluster):  # noqa: F811
+                                                                   tmp_path, ray_cluster):
     """One reply in flight at a time on a second server, killed (SIGKILL, engine and
     all) once a shard is committed and another has replies journaled: the job stops
     saying how to resume, shards kept. The rerun, answered by a fresh server of the
@@ -230,7 +228,7 @@ def test_a_killed_server_then_a_rerun_give_the_undisturbed_corpus(served_dir, se
 
 
 def test_one_of_two_endpoints_dying_mid_job_leaves_the_other(served_dir, server, long_corpus, reference, tmp_path,
-                                                             ray_cluster):  # noqa: F811
+                                                             ray_cluster):
     """Endpoint 2 is a loopback relay to the same server, cut mid-job (listening
     stops, open connections shut): its requests go to endpoint 1, the job finishes."""
     from extract.generate.job import run_generate
@@ -274,7 +272,7 @@ def test_an_endpoint_down_at_start_and_a_server_of_another_model_are_refused(ser
 
 
 def test_a_request_that_times_out_is_retried_then_quarantined(served_dir, server, corpus, tmp_path,
-                                                              ray_cluster):  # noqa: F811
+                                                              ray_cluster):
     from extract.generate.job import run_generate
     from extract.generated_corpus import shard_record
 

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import json
 
+import builders
 import pytest
+import tiny
 import yaml
 
-import builders
-import tiny
 from store_schema.runtime.target_config import TargetConfig, read_target_config
-from train.fitting import checkpoint as ckpt
-from train.drafter.anchors import LayerAttention
 from train.config_error import ConfigError
 from train.config_loading import load_config
-from train.export.drafter_dir import drafter_config_json
+from train.drafter.anchors import LayerAttention
 from train.drafter.model import DrafterConfig, default_kv_heads
+from train.export.drafter_dir import drafter_config_json
+from train.fitting import checkpoint as ckpt
 from train.fitting.trainer import Trainer
 
 QWEN36_27B = TargetConfig(  # the text fields of Qwen3.6-27B's config.json

@@ -10,18 +10,18 @@ from __future__ import annotations
 import json
 import shutil
 
+import builders
 import pytest
+import tiny
 import torch
 from dflash.model import DFlash2DraftModel, DFlashDraftModel
 
-import builders
-import tiny
 from store_schema import file_sha256
-from train.fitting.checkpoint import list_checkpoints, read_state
 from train.cli import main
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.drafter.dflash2 import DFlash2Drafter
+from train.fitting.checkpoint import list_checkpoints, read_state
 from train.fitting.trainer import Trainer
 
 BLOCK = 8

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections import Counter
 
+import builders
 import numpy as np
 import pytest
 import torch
 
-import builders
 from store_schema import CorruptShardError, Store
 from train.data.config import DataConfig
 from train.data.heldout import is_heldout

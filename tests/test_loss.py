@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from train.drafter.config import ModelConfig
+from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.targets import block_targets, default_gamma, slot_weights
 from train.fitting.config import LossConfig
 from train.fitting.loss import block_metrics, dflash_loss
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.fitting.step import add_context_noise, dflash_step
 from train.fitting.target_head import TargetHead
 

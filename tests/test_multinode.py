@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 import builders
+import pytest
 from builders import coding_chats, write_chat_jsonl
 from ray_helpers import committed_inodes, extract_command, verify_cli
 from test_distributed import fit_args, steps_of
+
 from train.fitting.runlog import read_log
 
 pytestmark = pytest.mark.slow

@@ -14,19 +14,19 @@ import sys
 import threading
 from pathlib import Path
 
+import builders
 import pytest
 import torch
 
-import builders
 from store_schema import layout
 from store_schema.__main__ import main as cli
 from store_schema.location import StoreURL, classify_store
-from store_schema.stores import open_store
 from store_schema.lock import Attempt, ShardFenced, StoreLockedError
 from store_schema.objstore.bucket import Bucket
 from store_schema.objstore.commit import KILL_BEFORE_ENV, BucketFence, BucketWriter, claim
 from store_schema.objstore.keys import ATTEMPTS_DIR, shard_marker
 from store_schema.objstore.lease import LeaseLost, StoreLease
+from store_schema.stores import open_store
 from store_schema.verify import verify_store
 
 pytestmark = pytest.mark.slow

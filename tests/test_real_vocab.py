@@ -15,7 +15,6 @@ from pathlib import Path
 
 import builders
 import pytest
-from ray_helpers import ray_cluster  # noqa: F401  the module's local Ray cluster
 
 pytestmark = pytest.mark.slow  # a Ray cluster, the real vocabulary (~30 s to build)
 
@@ -61,7 +60,7 @@ def test_the_real_vocabulary_tokenizer_and_its_tool_call_mask(real_vocab_tokeniz
     assert "tool_response" not in "".join(scored) and reply_start > 0
 
 
-def test_generate_extract_verify_fit_export_eval_speculate(real_vocab_target_dir, tmp_path, ray_cluster):  # noqa: F811
+def test_generate_extract_verify_fit_export_eval_speculate(real_vocab_target_dir, tmp_path, ray_cluster):
     # Seed 1: every record has at least 2 x block (32) scored tokens. With the demo's
     # pinned corpus, seed 0's fourth record has 30 and is rightly quarantined.
     records = builders.real_vocab.tool_call_chats(8, seed=1)

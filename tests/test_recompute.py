@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+import builders
 import numpy as np
 
-import builders
 from extract.extraction.runner import TargetRunner
 from extract.jobs.target import load_target
 from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store

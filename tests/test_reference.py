@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import warnings
 
+import builders
 import pytest
 import torch
 from dflash.model import DFlashDraftModel, _attention_mask
 
-import builders
 from store_schema.runtime.target_config import read_target_config
 from train.drafter.anchors import LayerAttention, dense_attention_mask
-from train.export.drafter_dir import export_drafter, load_drafter
 from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.target_head import load_target_head
 
 BLOCK, T = 8, 56
@@ -149,10 +149,11 @@ def test_eval_takes_a_drafter_the_reference_saved(qwen3_dir, zlab_dir, tmp_path,
     layers) measures what evaluating the loaded drafter directly measures."""
     import json
 
-    from store_schema import Store
     from test_eval import everything, make_samples, write_store
-    from train.acceptance import evaluate as ev
+
+    from store_schema import Store
     from train.__main__ import main
+    from train.acceptance import evaluate as ev
 
     target = read_target_config(qwen3_dir)
     write_store(tmp_path / "store", target, make_samples(target, count=4, seed=7))

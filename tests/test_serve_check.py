@@ -20,13 +20,13 @@ import json
 import shutil
 import sys
 
+import builders
 import pytest
+import tiny
 import torch
+from stores import greedy_store
 from transformers import Qwen3ForCausalLM
 
-import builders
-import tiny
-from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import serve_check
 from train.cli import main

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import struct
 
+import builders
 import numpy as np
 import pytest
 import torch
 import zarr
 from numcodecs import blosc
 
-import builders
 from store_schema import CodecConfig, CorruptShardError, Store, layout
 from store_schema.encoding import decode_split_zstd_chunk, encode_bytesplit_chunk
 from store_schema.reader import as_bits

@@ -18,24 +18,24 @@ import json
 import time
 from pathlib import Path
 
+import builders
 import pytest
+import tiny
 import torch
 from dflash import model as dflash_model
+from stores import greedy_store
 from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
 
-import builders
-import tiny
-from stores import greedy_store
 from store_schema.runtime.target_config import read_target_config
-from train.cli import main
-from train.config_loading import load_config
-from train.drafter.draft_cache import DraftCache
-from train.data.heldout import store_samples
-from train.export.drafter_dir import export_drafter, load_drafter
-from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.data.prompts import jsonl_prompts, store_prompts
 from train.acceptance.speculate import decode_prompt, greedy_generate, mismatch_logit_gap, summarize
 from train.acceptance.target_decode import NATIVE_RECURRENT_ROLLBACK, TargetSession
+from train.cli import main
+from train.config_loading import load_config
+from train.data.heldout import store_samples
+from train.data.prompts import jsonl_prompts, store_prompts
+from train.drafter.draft_cache import DraftCache
+from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.trainer import Trainer
 
 LAYERS = [1, 3]

@@ -8,12 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 import torch
 import zarr
 
-import builders
 from store_schema import (
     CodecConfig,
     CorruptShardError,

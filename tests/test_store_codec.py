@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import struct
 
+import builders
 import numpy as np
 import pytest
+import stores
 import torch
 import zarr
 from numcodecs import blosc
 
-import builders
-import stores
 from store_schema import CodecConfig, Fingerprint, SampleArrays, Store, create_store, layout, on_disk_bytes
 from store_schema.encoding import encode_bytesplit_chunk
 from store_schema.records import describe_files, write_record

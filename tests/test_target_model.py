@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import shutil
 
+import builders
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import builders
 from extract.jobs.target import load_target
 from store_schema.__main__ import main as store_cli
-from store_schema.runtime.target_model import (TargetWeightsError, compute_dtype, device_map_for, load_target_model)
 from store_schema.runtime.target_config import read_target_config
+from store_schema.runtime.target_model import TargetWeightsError, compute_dtype, device_map_for, load_target_model
 from train.cli import main as train_cli
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter

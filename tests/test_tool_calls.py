@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import builders
+import pytest
 from builders import QWEN_TOOL_TEMPLATE
 
-from extract.generate.turns import conversation
 from extract.errors import QuarantineError
+from extract.generate.turns import conversation
 from extract.messages import clean_messages
 from extract.tokenization import tokenize_record
 from extract.tokenizer_facts import tokenizer_facts

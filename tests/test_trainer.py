@@ -13,21 +13,21 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import builders
 import pytest
+import stores
+import tiny
 import torch
 
-import builders
-import tiny
-import stores
 from store_schema import FingerprintMismatch, Store
 from train.cli import main
-from train.fitting.checkpoint import list_checkpoints
 from train.config_error import ConfigError
 from train.config_loading import load_config
-from train.diagnose.report import diagnose
-from train.export.drafter_dir import load_drafter
-from train.drafter.anchors import sample_anchors
 from train.data.heldout import is_heldout
+from train.diagnose.report import diagnose
+from train.drafter.anchors import sample_anchors
+from train.export.drafter_dir import load_drafter
+from train.fitting.checkpoint import list_checkpoints
 from train.fitting.trainer import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -155,7 +155,7 @@ def test_export_via_cli_gives_identical_logits(learned, tmp_path):
     head.embed_tokens.float()
 
 
-def DFlashDrafterCopy(drafter, dtype):  # noqa: N802 - a copy of the in-memory drafter in `dtype`
+def DFlashDrafterCopy(drafter, dtype):
     import copy
 
     return copy.deepcopy(drafter).to(dtype).eval()

@@ -9,10 +9,10 @@ import json
 import shutil
 from pathlib import Path
 
+import builders
 import numpy as np
 import pytest
 
-import builders
 from store_schema import layout
 from store_schema.__main__ import ProgressLines
 from store_schema.__main__ import main as cli

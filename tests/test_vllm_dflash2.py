@@ -17,9 +17,9 @@ import subprocess
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
 from test_dflash2 import random_dflash2
 from test_serve_check import vllm_python  # noqa: F401 (fixture)
+
 from train.acceptance import serve_check
 
 SCRIPT = serve_check.RUNNER.with_name("vllm_dflash2_modules.py")

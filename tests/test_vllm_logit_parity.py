@@ -25,9 +25,9 @@ import subprocess
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_serve_check import BLOCK, mask_id, random_export, target_dir, vllm_python  # noqa: F401 (fixtures)
 
 from store_schema.runtime.target_model import load_target_model
-from test_serve_check import BLOCK, mask_id, random_export, target_dir, vllm_python  # noqa: F401 (fixtures)
 from train.acceptance import serve_check
 from train.acceptance.target_decode import TargetSession
 from train.drafter.anchors import LayerAttention

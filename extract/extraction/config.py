@@ -16,7 +16,11 @@ from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
 
 from ..jobs.settings import (
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES, PROGRESS_MODES,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PROGRESS_INTERVAL,
+    DEFAULT_WORKER_TIMEOUT,
+    DEVICES,
+    PROGRESS_MODES,
     FaultInjection,
 )
 

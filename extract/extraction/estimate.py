@@ -31,13 +31,23 @@ import math
 
 from store_schema.layout import raw_bytes_per_token
 from store_schema.runtime.cli import size_argument
-from store_schema.runtime.estimate import (DEFAULT_TRAIN_TOKENS_PER_S, DTYPE_BYTES, GIB, HIGH_UTILISATION,
-                                           epoch_traffic, fits_in, gib, hours, largest_fitting, parameter_count,
-                                           sustained_rate, utilisation)
+from store_schema.runtime.estimate import (
+    DEFAULT_TRAIN_TOKENS_PER_S,
+    DTYPE_BYTES,
+    GIB,
+    HIGH_UTILISATION,
+    epoch_traffic,
+    fits_in,
+    gib,
+    hours,
+    largest_fitting,
+    parameter_count,
+    sustained_rate,
+    utilisation,
+)
 from store_schema.runtime.units import human_bytes
 
 from .config import DEFAULT_BATCH_TOKENS
-
 
 RUNTIME_RESERVE_GIB = 2.0  # CUDA context (~0.5), cuBLAS/attention workspaces, allocator fragmentation
 # Raw bf16 bytes one core encodes (bytesplit), checksums and writes with fsync: store_bench

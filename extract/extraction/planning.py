@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from transformers import AutoTokenizer
+
 from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
 from store_schema.layout import raw_bytes_per_token
 from store_schema.plan import (
@@ -37,7 +39,6 @@ from store_schema.plan import (
     shard_name,
 )
 from store_schema.runtime.progress import Progress
-from transformers import AutoTokenizer
 
 from ..corpus import BadRecord, Corpus, open_corpus, sample_id_for
 from ..errors import PlanError, PlanWorkerError, QuarantineError, SampleMismatchError
@@ -119,7 +120,7 @@ def _init_worker(corpus_path: str, tokenizer_path: str, rules: _RecordRules) -> 
         corpus = open_corpus(corpus_path)
         step = f"loading the tokenizer {tokenizer_path}"
         _worker.update(corpus=corpus, tokenizer=AutoTokenizer.from_pretrained(tokenizer_path), rules=rules)
-    except Exception as error:  # noqa: BLE001 - reported by the first task, as one line
+    except Exception as error:
         _worker["error"] = f"{step}: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 

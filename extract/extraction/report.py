@@ -14,7 +14,6 @@ from ..jobs.dispatch import DispatchCounts
 from .config import JobConfig
 from .planning import summarize
 
-
 REPORT_PREFIX = "extract"
 
 

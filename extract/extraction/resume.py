@@ -8,10 +8,10 @@ moved tree resumes. Anything else differing is refused, naming what differs."""
 
 from __future__ import annotations
 
+from transformers import AutoTokenizer
 
 from store_schema import Plan, Store
 from store_schema.stores import open_existing_store, read_store_plan
-from transformers import AutoTokenizer
 
 from ..corpus import open_corpus
 from ..errors import ExtractError, PlanError

@@ -46,15 +46,24 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+from transformers import AutoTokenizer
+
 from store_schema import SampleArrays, raw_bytes_per_token
 from store_schema.dtypes import store_dtype as lookup_store_dtype
 from store_schema.stores import open_store, open_writer
-from transformers import AutoTokenizer
 
 from ..jobs.batching import batches_min_padding
 from ..jobs.protocol import (
-    GROUPS_IN_FLIGHT, BatchFaults, GroupDone, ShardDone, ShardFailed, WorkerInfo, failure, quiet_worker_process,
-    ray_node_id, worker_info,
+    GROUPS_IN_FLIGHT,
+    BatchFaults,
+    GroupDone,
+    ShardDone,
+    ShardFailed,
+    WorkerInfo,
+    failure,
+    quiet_worker_process,
+    ray_node_id,
+    worker_info,
 )
 from ..jobs.target import load_target
 from .planning import check_tokenizer, load_samples
@@ -159,7 +168,7 @@ class ExtractionWorker:
                 computed_at = time.perf_counter()
                 outputs, widths = self._forward(everything)
                 forward_seconds = time.perf_counter() - computed_at
-        except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
+        except Exception as error:
             failed = failure(error)
             return GroupDone([dataclasses.replace(failed, shard=name) for name in wanted], 0, 0.0, 0.0)
         replies, start = [], 0
@@ -188,7 +197,7 @@ class ExtractionWorker:
             ]
             written = writer.write_shard(name, arrays, attempt=attempt)
             upload = writer.upload_of(name)
-        except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
+        except Exception as error:
             return dataclasses.replace(failure(error), shard=name)
         num_tokens = sum(len(ids) for _, ids, _ in samples)
         return ShardDone(
@@ -266,5 +275,5 @@ def _log(line: str) -> None:
 def _committed_bytes(store_path: str, name: str) -> int:
     try:
         return open_store(store_path).commit(name).disk_bytes
-    except Exception:  # noqa: BLE001 - a size figure for the report only
+    except Exception:
         return 0

@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 from store_schema.plan import DEFAULT_MAX_LENGTH
 
 from ..jobs.settings import (
-    DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES, PROGRESS_MODES,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PROGRESS_INTERVAL,
+    DEFAULT_WORKER_TIMEOUT,
+    DEVICES,
+    PROGRESS_MODES,
     FaultInjection,
 )
 

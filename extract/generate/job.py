@@ -25,13 +25,14 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from transformers import AutoTokenizer
+
 from store_schema import layout
 from store_schema.fingerprint import describe_differences, mapping_differences
 from store_schema.plan import Plan
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_config_json
 from store_schema.runtime.target_weights import check_target_weights
-from transformers import AutoTokenizer
 
 from ..corpus import open_corpus, require_corpus
 from ..errors import ExtractError

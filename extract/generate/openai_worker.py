@@ -30,7 +30,13 @@ from store_schema.runtime.target_config import read_target_config
 
 from ..errors import EndpointsDown, RequestFailed
 from ..jobs.protocol import (
-    GROUPS_IN_FLIGHT, BatchFaults, GroupDone, ShardDone, WorkerInfo, failure, quiet_worker_process,
+    GROUPS_IN_FLIGHT,
+    BatchFaults,
+    GroupDone,
+    ShardDone,
+    WorkerInfo,
+    failure,
+    quiet_worker_process,
 )
 from .client import EndpointPool
 from .config import GenerationSettings
@@ -109,7 +115,7 @@ class OpenAIGenerationWorker:
                 if isinstance(done, ShardDone):
                     remove_journal(self.shards.out_path, name)
                 replies.append(done)
-            except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
+            except Exception as error:
                 replies.append(dataclasses.replace(failure(error), shard=name))
         return GroupDone(replies, 0, 0.0, round(time.perf_counter() - started, 4))
 

@@ -24,7 +24,6 @@ from .replies import SAMPLING
 from .server import server_identity
 from .turns import conversation, conversation_digest, render_prompt
 
-
 # May differ between runs on one output: where the target lies (its hashes may not),
 # and the name a server gives it.
 RERUN_TOLERATES = ("target_model", "served_models")

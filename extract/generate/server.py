@@ -17,7 +17,6 @@ from pathlib import Path
 from ..errors import ExtractError
 from .turns import render_prompt
 
-
 PROBE_TIMEOUT = 15.0  # seconds for a start-up check
 PROBE_CONVERSATION = [{"role": "system", "content": "You write Python."},
                       {"role": "user", "content": "Write a function that adds two numbers."}]

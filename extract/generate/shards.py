@@ -33,7 +33,7 @@ class CorpusShards:
             where = f"{self.corpus.where(sample.record_index)} ({sample.sample_id!r})"
             try:
                 conv = conversation(record)
-            except Exception as error:  # noqa: BLE001 - a BadRecord or a QuarantineError now
+            except Exception as error:
                 raise SampleMismatchError(f"{where} is no longer a valid conversation ({error})") from None
             if conversation_digest(conv) != sample.digest:
                 raise SampleMismatchError(f"{where} differs from when it was planned")
@@ -46,7 +46,7 @@ class CorpusShards:
         try:
             written = commit_shard(self.out_path, name, shard_table(rows), attempt=attempt, extra=extra)
             disk = sum(entry["size"] for entry in shard_record(self.out_path, name)["files"].values())
-        except Exception as error:  # noqa: BLE001 - reported to the driver, which stops the job
+        except Exception as error:
             return dataclasses.replace(failure(error), shard=name)
         return ShardDone(shard=name, written=bool(written), samples=len(rows), tokens=generated, raw_bytes=0,
                          disk_bytes=disk, padded_tokens=padded, write_seconds=round(time.perf_counter() - started, 4),

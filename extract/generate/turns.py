@@ -75,7 +75,7 @@ def render_prompt(tokenizer, messages: list[dict], thinking: str) -> tuple[str, 
     options = {} if thinking == "keep" else {"enable_thinking": thinking == "on"}
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **options)
-    except Exception as error:  # noqa: BLE001 - a template's own exception, for this record only
+    except Exception as error:
         raise QuarantineError("template_error", f"{type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
 

@@ -174,7 +174,7 @@ class ActorPool:
             raise ExtractError(f"a worker failed to start (loading the target): {actor_error_cause(error)}") from None
         except KeyboardInterrupt:
             raise
-        except Exception as error:  # noqa: BLE001 - e.g. a worker's own exception from __init__
+        except Exception as error:
             raise ExtractError(f"a worker failed to start: {actor_error_cause(error)}") from None
         self.infos = [infos[index] for index in range(count)]
         self.startup_seconds = time.perf_counter() - started
@@ -198,7 +198,7 @@ class ActorPool:
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
+            except Exception:
                 pass
         self.actors = []
 

@@ -34,9 +34,9 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from store_schema import layout
+from store_schema.location import classify_store
 from store_schema.runtime.host import device_line
 from store_schema.runtime.progress import Progress
-from store_schema.location import classify_store
 from store_schema.stores import job_output
 
 from ..errors import ExtractError, refuse_unless_it_fits

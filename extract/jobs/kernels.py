@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import inspect
 import sys
+from typing import TYPE_CHECKING
 
 FAST_KERNELS_EXTRA = 'pip install -e ".[gpu]"  (flash-linear-attention, causal-conv1d)'
 
+
+if TYPE_CHECKING:
+    import torch
 
 # Functions transformers wraps with `use_kernel_func_from_hub_with_fallback`, as run
 # by a cache-less (prefill) forward: hub-kernel name -> (report key, package name).

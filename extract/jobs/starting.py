@@ -37,7 +37,7 @@ class StartingActors:
             self.idle_since = None
             try:
                 ray.get(ref)
-            except Exception as error:  # noqa: BLE001 - Ray's death error or the worker's own
+            except Exception as error:
                 raise ExtractError(f"a replacement for worker {index} failed to start: {actor_error_cause(error)}; "
                                    "committed shards are kept, rerun to resume") from None
 

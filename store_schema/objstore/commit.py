@@ -32,7 +32,6 @@ from .bucket import Bucket
 from .keys import MARKER_ATTEMPT, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
 from .reader import read_bucket_plan
 
-
 CLAIMED, REVOKED = "claimed", "revoked"  # what a fence key says
 KILL_BEFORE_ENV = "DFLASH_OBJSTORE_KILL_BEFORE"  # fault injection: see `_fault_point`
 

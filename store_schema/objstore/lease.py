@@ -113,7 +113,7 @@ class KeptLease:
                 self.lost = error
                 self.log(f"warning: {error} (commits stay fenced: nothing this job commits is lost or doubled)")
                 return
-            except Exception as error:  # noqa: BLE001 - a blip; the lease holds for two more tries
+            except Exception as error:
                 self.log(f"warning: renewing the lease on {self.lease.bucket.url} failed ({error}); trying again")
 
     def release(self, discard_if_unused: bool = False) -> None:

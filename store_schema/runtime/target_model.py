@@ -41,7 +41,7 @@ import torch
 
 from .startup import collector_paused
 from .target_config import read_config_json
-from .target_weights import TargetWeightsError  # noqa: F401  (the loader's refusal; callers catch it from here)
+from .target_weights import TargetWeightsError
 
 
 def compute_dtype(device: torch.device | str, on_cuda: torch.dtype = torch.bfloat16) -> torch.dtype:

@@ -49,11 +49,11 @@ import torch.nn.functional as F
 
 from store_schema import Store
 from store_schema.stores import open_store
+from train.acceptance.config import EvalConfig
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
+from train.data.heldout import locate_samples, read_located, read_samples, split_locations
 from train.drafter.anchors import anchor_candidates
 from train.drafter.targets import block_targets
-from train.acceptance.config import EvalConfig
-from train.data.heldout import locate_samples, read_located, read_samples, split_locations
 
 
 def rollout_anchors(loss_mask: torch.Tensor, limit: int | None = None) -> torch.Tensor:

@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from train.drafter.draft_cache import DraftCache
 from train.acceptance.target_decode import TargetSession, clock
+from train.drafter.draft_cache import DraftCache
 
 
 @dataclass

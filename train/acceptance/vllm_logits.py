@@ -30,10 +30,9 @@ import sys
 
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine, and its drafter, in this process
 
-import torch  # noqa: E402
-from safetensors.torch import save_file  # noqa: E402
-
-from vllm_runner import DFLASH_MODULE, build_llm  # noqa: E402
+import torch
+from safetensors.torch import save_file
+from vllm_runner import DFLASH_MODULE, build_llm
 
 CAPTURED = ("target_features", "context", "context_positions", "block_ids", "block_positions", "block_hidden",
             "draft_logits")

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from importlib.metadata import PackageNotFoundError, version
 import os
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 # Exit codes: 0 decoded; 3 refused (error line in the result); anything else crashed.
 REFUSED = 3

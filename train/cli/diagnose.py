@@ -27,9 +27,9 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from train.config_loading import load_config
-    from train.diagnose.report import diagnose
     from train.diagnose.compare import compare, render_compare
     from train.diagnose.plot import plot
+    from train.diagnose.report import diagnose
     from train.fitting.runlog import read_log
 
     config = load_config(args.config, require_paths=False) if args.config else None

@@ -23,8 +23,8 @@ import math
 import sys
 from pathlib import Path
 
-from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
 from train.acceptance.config import EVAL_CLI_SAMPLES, EvalConfig
+from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, DataConfig
 from train.drafter.config import LABELS
 from train.dtypes import NAMES, torch_dtype
@@ -101,11 +101,11 @@ def heldout_fraction(args, drafter_dir: Path) -> float | None:
 
 def run(args) -> int:
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from store_schema.stores import open_store
     from store_schema.runtime.cli import fail
     from store_schema.runtime.host import resolve_device
     from store_schema.runtime.progress import Progress, default_mode
     from store_schema.runtime.target_weights import check_target_weights
+    from store_schema.stores import open_store
     from train.acceptance.evaluate import evaluate
     from train.export.drafter_dir import load_drafter, resolve_drafter_dir
     from train.fitting.target_head import load_target_head

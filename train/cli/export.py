@@ -38,11 +38,11 @@ def refuse_store_dir(out: str | Path) -> None:
 
 def run(args) -> int:
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from train.fitting import checkpoint as ckpt
-    from train.export.drafter_dir import export_drafter
     from train.data.heldout import heldout_fraction_of, heldout_record
     from train.drafter.build import build_drafter
     from train.drafter.model import DrafterConfig
+    from train.export.drafter_dir import export_drafter
+    from train.fitting import checkpoint as ckpt
 
     refuse_store_dir(args.out)
     path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(args.run)

@@ -165,7 +165,7 @@ def train(args, config) -> int:
         announce(trainer)
     try:
         last = trainer.fit()
-    except (TrainingInterrupted, Exception) as error:  # noqa: BLE001 - `stopped` re-raises what it does not know
+    except (TrainingInterrupted, Exception) as error:
         return stopped(args, config, trainer, error)
     trainer.release_replica()
     close_process_group()

@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
+from train.cli.speculate import add_thinking_flag, by_thinking
 from train.data.config import SPLITS
 from train.dtypes import NAMES
-from train.cli.speculate import add_thinking_flag, by_thinking
 from train.target_check import add_allow_flag
 
 

@@ -117,7 +117,7 @@ class ShardCache:
     def _fetch_ahead(self) -> None:
         try:
             self._fetch_all()
-        except Exception as exc:  # noqa: BLE001 - handed to the loader, raised there
+        except Exception as exc:
             with self._cond:
                 self.error = exc
                 self._cond.notify_all()

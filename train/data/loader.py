@@ -71,12 +71,12 @@ import torch
 from store_schema import CorruptShardError, ShardData, Store, available_cores
 from store_schema.fp8 import as_bf16
 from store_schema.runtime.units import parse_bytes
-from train.drafter.anchors import anchor_candidates
-from train.data.config import DataConfig
 from train.data.cache import ShardCache, upcoming_shards
+from train.data.config import DataConfig
 from train.data.device_copy import DeviceCopier
 from train.data.heldout import heldout_locations, is_heldout, read_located
 from train.data.order import LoaderPosition, SampleOrder, train_samples_by_shard
+from train.drafter.anchors import anchor_candidates
 
 __all__ = ["CorruptShards", "LoaderPosition", "LoaderSpec", "ShardLoader", "TrainSample", "check_lanes"]
 
@@ -343,7 +343,7 @@ class ShardLoader:
             work(*([inbox, outbox] if inbox is not None else [outbox]))
         except _Stop:
             pass
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+        except BaseException as exc:
             try:
                 self._put(outbox, exc)
             except _Stop:

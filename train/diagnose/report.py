@@ -58,7 +58,6 @@ from train.fitting.config import OptimConfig
 from train.fitting.runlog import TAU_KEYS, Log, accuracy_key, ddtree_keys_by_budget, read_log, series
 from train.fitting.schedule import lr_at, warmup_steps
 
-
 # DFlash 2's selector (train.fitting.metrics): the label among the unary top-K, and the
 # teacher-forced selector's pick right; on training and held-out data
 SELECTOR_KEYS = ("recall_at_k", "selector_acc", "heldout_recall_at_k", "heldout_selector_acc")

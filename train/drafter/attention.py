@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from train.drafter.geometry import ATTENTION_KINDS
 from train.drafter.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
 from train.drafter.flex_compile import CompiledFlex
 from train.drafter.flex_mask import dflash_block_mask
+from train.drafter.geometry import ATTENTION_KINDS
 
 SPLIT_CHUNK_SCORES = 1 << 21  # scores per chunk (all heads) the split path aims for
 

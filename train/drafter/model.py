@@ -41,7 +41,6 @@ from train.drafter.attention import attend, build_attention_mask, resolve_attent
 from train.drafter.geometry import BLOCK_SIZE, shape_problems
 from train.drafter.kinds import DEFAULT_KIND, DFLASH, DrafterKind, kind_named
 
-
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
 # z-lab/Qwen3.6-27B-DFlash): the defaults `DrafterConfig.from_target` sizes a drafter with.
 PUBLISHED_HEAD_DIM = 128

@@ -38,12 +38,12 @@ from pathlib import Path
 
 import torch
 
-from train.dtypes import name_of
 from train.data.heldout import heldout_fraction_of, heldout_record
 from train.drafter.build import build_drafter
 from train.drafter.kinds import DFLASH, KINDS, kind_exported_as
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.selector import CODEBOOKS
+from train.dtypes import name_of
 from train.tensor_files import read_tensors, save_tensors
 
 HELDOUT_SPLIT_KEY = "heldout_split"

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from train.drafter.targets import BlockTargets
 from train.fitting.selector_loss import selector_loss
 
+
 def dpace_weights(confidence: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
     """D-PACE position weights [N, B] (arXiv 2605.18810; the authors' code is
     Lucas-TY/D-PACE `specforge/core/dflash.py`, speculators' `dpace_loss_decay`).

@@ -10,8 +10,8 @@ from train.config import RunConfig
 from train.config_error import ConfigError
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig
-from train.fitting.init_from import fine_tune_config, init_record, read_source
 from train.fitting.checkpoint import read_state
+from train.fitting.init_from import fine_tune_config, init_record, read_source
 
 
 def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[int], latest: Path | None,
