@@ -451,7 +451,9 @@ def test_a_real_run_with_the_demos_recipe_is_clean(chat_store, qwen3_dir, tmp_pa
 def test_a_real_run_at_lr_zero_is_flagged_not_learning(chat_store, qwen3_dir, tmp_path, capsys):
     """The config refuses an LR of exactly 0; 1e-9 moves no weight: the loss stays at
     its start, near ln 512, and top-1 at chance."""
-    run = fit_run(chat_store, qwen3_dir, tmp_path / "run", "optim.lr=1e-9")
+    # decay CE: its untrained loss is near ln V; D-PACE's is on another scale, which
+    # diagnose's reference does not know yet (issue 48.10)
+    run = fit_run(chat_store, qwen3_dir, tmp_path / "run", "optim.lr=1e-9", "loss.position_weights=decay")
     assert main(["diagnose", str(run), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["findings"][0]["kind"] == "not_learning", data["verdict"]
