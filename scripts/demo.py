@@ -194,14 +194,12 @@ def serve_stage(paths: dict, prompts: int, max_new_tokens: int) -> dict:
     or one line saying why there are none: skipped (a kind or layout vLLM cannot serve
     here, which serve-check says first and checks without vLLM), no vLLM environment
     (how to add one), or failed (serve-check's own error line: vLLM's root cause and its log)."""
-    import torch
-
-    from train.acceptance.serve_check import ServeRefused, find_vllm_python
+    from train.acceptance.serve_check import ServeRefused, find_vllm_python, unserved_here
     from train.export.drafter_dir import read_drafter_config
 
-    servable = read_drafter_config(paths["exported_drafter"]).kind.vllm_cpu_serves or torch.cuda.is_available()
     try:
-        find_vllm_python() if servable else None
+        if unserved_here(read_drafter_config(paths["exported_drafter"]).kind) is None:
+            find_vllm_python()
     except ServeRefused:
         print(NO_VLLM_LINE)
         return {"served_tau": None, "served_lossless": None, "served_note": NO_VLLM_LINE}

@@ -34,6 +34,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from train.acceptance.speculate import Decoded, PromptResult
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,6 +70,15 @@ def root_cause(log: str) -> str | None:
         if found and SECONDARY not in line and " WARNING " not in line:
             return f"{found.group(1)}: {found.group(2).strip()}"
     return None
+
+
+def unserved_here(kind) -> str | None:
+    """Why vLLM cannot serve a drafter of `kind` (train.drafter.kinds) on this host (None:
+    it can), said before anyone is asked to build a vLLM environment for it."""
+    if kind.vllm_cpu_serves or torch.cuda.is_available():
+        return None
+    return (f"the drafter is {kind.title} ({kind.exported_class}): vLLM serves it only with its V2 model runner "
+            "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only, and this host has none")
 
 
 def find_vllm_python(explicit: str | None = None) -> str:

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from train.cli import dtype_arg, fraction_arg, positive_int
-from train.cli.speculate import add_thinking_flag, by_thinking
+from train.cli.speculate import add_thinking_flag, by_thinking, mean_or_none
 from train.data.config import SPLITS
 from train.dtypes import NAMES
 from train.target_check import add_allow_flag
@@ -71,7 +71,7 @@ def run(args) -> int:
     read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
     open_prompt_source(args)
-    unserved = _unserved_here(config.kind)
+    unserved = serve_check.unserved_here(config.kind)
     python, version = _vllm(serve_check, args, unserved)
     loaded = load_decoding(args, "serve-check")
     drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
@@ -133,17 +133,6 @@ def _vllm(serve_check, args, unserved: str | None) -> tuple[str | None, str | No
     return python, version
 
 
-def _unserved_here(kind) -> str | None:
-    """Why vLLM cannot serve a drafter of `kind` on this host (None: it can), said
-    before anyone is asked to build a vLLM environment for it."""
-    import torch  # with `run`'s imports: loaded by the command anyway
-
-    if kind.vllm_cpu_serves or torch.cuda.is_available():
-        return None
-    return (f"the drafter is {kind.title} ({kind.exported_class}): vLLM serves it only with its V2 model runner "
-            "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only, and this host has none")
-
-
 def _cpu_share(target, drafter_dir, config, prompts, max_new_tokens: int, dtype) -> float:
     """vLLM's CPU memory share for these prompts (`vllm_memory`), said in one line."""
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
@@ -165,12 +154,8 @@ def _summary(serve_check, results, served: dict, stops, block_size: int, prompts
     if "skipped" in served:
         return {"prompts": len(results), "speculate_lossless": all(r.lossless for r in results),
                 "served_skipped": served["skipped"],
-                "speculate_tau": _mean([r.tau for r in results if r.tau is not None]), **rendered}
+                "speculate_tau": mean_or_none([r.tau for r in results if r.tau is not None]), **rendered}
     return {**serve_check.compare(results, served["prompts"], stops, block_size), **rendered}
-
-
-def _mean(values):
-    return round(sum(values) / len(values), 4) if values else None
 
 
 def render(summary: dict) -> str:

@@ -65,10 +65,11 @@ def by_thinking(prompts, results) -> dict:
         if prompt.thinking is not None:
             groups.setdefault("on" if prompt.thinking else "off", []).append(result)
     return {setting: {"prompts": len(rows), "lossless": all(r.lossless for r in rows),
-                      "tau": _mean([r.tau for r in rows if r.tau is not None])} for setting, rows in groups.items()}
+                      "tau": mean_or_none([r.tau for r in rows if r.tau is not None])} for setting, rows in groups.items()}
 
 
-def _mean(values):
+def mean_or_none(values):
+    """The mean rounded to 4 places, None for no values."""
     return round(sum(values) / len(values), 4) if values else None
 
 

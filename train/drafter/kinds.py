@@ -23,6 +23,7 @@ class DrafterKind:
     sizes: tuple[str, ...]  # DrafterConfig fields only this kind reads, exported in `dflash_config`
     added_modules: tuple[str, ...]  # submodules a warm start from `warm_start_from` lacks
     warm_start_from: str | None  # the kind whose drafter warm-starts this one (identity start)
+    has_block_conv: bool  # wraps each layer's sublayers in block-local convolutions (`attention_conv`, `mlp_conv`)
     has_selector: bool  # reranks candidates with `candidate_selector` (training loss and decode path)
     decode_path: str  # what a greedy decode drafts, as reports name it
     vllm_cpu_serves: bool  # vLLM's CPU build serves it (DFlash 2's selector walk is a Triton kernel)
@@ -33,10 +34,11 @@ class DrafterKind:
 
 
 DFLASH = DrafterKind(name="dflash", title="DFlash", exported_class="DFlashDraftModel", sizes=(), added_modules=(),
-                     warm_start_from=None, has_selector=False, decode_path="argmax chain", vllm_cpu_serves=True)
+                     warm_start_from=None, has_block_conv=False, has_selector=False, decode_path="argmax chain",
+                     vllm_cpu_serves=True)
 DFLASH2 = DrafterKind(name="dflash2", title="DFlash 2", exported_class="DFlash2DraftModel", sizes=DFLASH2_SIZES,
                       added_modules=("attention_conv", "mlp_conv", "candidate_selector"), warm_start_from="dflash",
-                      has_selector=True, decode_path="selector walk", vllm_cpu_serves=False)
+                      has_block_conv=True, has_selector=True, decode_path="selector walk", vllm_cpu_serves=False)
 KINDS = {kind.name: kind for kind in (DFLASH, DFLASH2)}
 DEFAULT_KIND = DFLASH2  # the run default (README, "Which drafter")
 

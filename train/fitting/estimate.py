@@ -86,7 +86,7 @@ def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
     d, act = drafter_config, DTYPE_BYTES[config.train.dtype]
     q, kv, h = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.hidden_size
     per_block_token = act * ((h + 4 * d.intermediate_size) + (h + 4 * q + 4 * kv)) + 2 * FP32 * h
-    if "attention_conv" in d.kind.added_modules:  # two convolutions, each: per side its k taps' rows and coefficients
+    if d.kind.has_block_conv:  # two convolutions, each: per side its k taps' rows and coefficients
         per_block_token += 2 * act * 2 * d.conv_kernel_size * (h + h // d.conv_group_size)
     per_context_token = act * (len(d.context_layer_ids) * h + d.num_hidden_layers * (h + 2 * kv))
     block_tokens = config.model.num_anchors * config.model.block_size
@@ -120,7 +120,7 @@ def sample_flops(config, drafter_config, sequence_tokens: float) -> dict:
     h, q, kv = d.hidden_size, d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
     block_tokens, scored_rows = config.model.num_anchors * block, config.model.num_anchors * (block - 1)
     per_layer = 2 * (2 * h * q + 2 * h * kv + 3 * h * d.intermediate_size)  # q, o, k, v projections and the MLP
-    if "attention_conv" in d.kind.added_modules:  # two convolutions' coefficient projections
+    if d.kind.has_block_conv:  # two convolutions' coefficient projections
         per_layer += 2 * 2 * (2 * d.conv_kernel_size * (h // d.conv_group_size)) * h
     keys = [min(d.sliding_window, sequence_tokens / 2) if kind == "sliding_attention" else sequence_tokens / 2
             for kind in d.layer_types]
@@ -178,10 +178,15 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
         out.update(samples=samples, training_samples=training, steps_per_epoch=math.ceil(training / global_batch))
     if gpu_memory_gib is not None:
         out.update(gpu_memory_gib=gpu_memory_gib, fits=fits_in(peak, gpu_memory_gib))
-    mean = tokens / samples if tokens and samples else config.data.max_length
+    mean = mean_sample_tokens(config, samples, tokens)
     out.update(training_rate(sample_flops(config, drafter_config, mean), mean, sizing))
     out.update(run_length(config, out.get("steps_per_epoch"), samples, tokens, out.get("tokens_per_s"), gpus))
     return out
+
+
+def mean_sample_tokens(config, samples: int | None, tokens: int | None) -> float:
+    """A sample's mean tokens: the store's, or `data.max_length` (a bound) without one."""
+    return tokens / samples if tokens and samples else config.data.max_length
 
 
 def run_length(config, steps_per_epoch: int | None, samples: int | None, tokens: int | None,
@@ -194,7 +199,7 @@ def run_length(config, steps_per_epoch: int | None, samples: int | None, tokens:
         total, rule = config.train.epochs * steps_per_epoch, f"{config.train.epochs} epochs"
     else:
         return {}
-    mean = tokens / samples if tokens and samples else config.data.max_length
+    mean = mean_sample_tokens(config, samples, tokens)
     read = round(total * config.train.batch_size * config.train.grad_accumulation * mean)
     out = dict(total_steps=total, total_steps_rule=rule, run_tokens=read, sample_tokens=round(mean, 1),
                sample_tokens_rule="the store's mean" if tokens and samples else "data.max_length (a bound)")
