@@ -22,7 +22,7 @@ import warnings
 from dataclasses import fields
 from pathlib import Path
 
-from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE, STORE_DTYPES
+from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE, SPACE_HEADROOM, STORE_DTYPES, space_needed
 from store_schema.layout import LAYER_ID_CONVENTION
 from store_schema.lock import StoreLockedError
 from store_schema.plan import (
@@ -188,6 +188,8 @@ def cmd_plan(args) -> int:
         compression_ratio=args.compression_ratio,
         estimated_fp8_bytes=estimate.fp8_bytes,
         fp8_compression_ratio=FP8_E4M3_STORE.size_ratio,
+        space_needed_bytes={"bfloat16": space_needed(estimate.compressed_bytes),
+                            "fp8_e4m3": space_needed(estimate.fp8_bytes)},
         corpus_records=plan.settings["corpus_records"],
         corpus_hash=plan.settings["corpus_hash"],
         plan_digest=plan.digest(),
@@ -220,6 +222,9 @@ def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> N
     )
     print(f"            {human_bytes(report['estimated_fp8_bytes'])} with --store-dtype fp8_e4m3 "
           f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)")
+    print(f"free space  `run` asks for the size plus {SPACE_HEADROOM:.0%}: "
+          f"{human_bytes(report['space_needed_bytes']['bfloat16'])} bf16, "
+          f"{human_bytes(report['space_needed_bytes']['fp8_e4m3'])} fp8")
     for line in estimate_lines(report["job"]) + (cache_traffic_lines(report["job"]["cache"])
                                                   if "cache" in report["job"] else []):
         print(line)

@@ -78,7 +78,7 @@ def refuse_unless_it_fits(path: Path, needed: int, what: str, override: str) -> 
     free = host.free_bytes(path)  # through the module: tests fake the free space there
     if needed > free:
         raise ExtractError(
-            f"{path}: {what} take about {human_bytes(needed)}, its filesystem has {human_bytes(free)} free -- "
+            f"{path}: {what} need about {human_bytes(needed)}, its filesystem has {human_bytes(free)} free -- "
             f"free space or choose another location, or pass {override} to start anyway"
         )
 

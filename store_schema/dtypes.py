@@ -22,18 +22,24 @@ class StoreDtype:
     bits: np.dtype  # unsigned integer type of their raw bits
     nonfinite_mask: int  # bits that are all set exactly in NaN/Inf values
     scaled: bool  # a float32 scale per token in a sibling array
-    size_ratio: float  # store bytes / raw bf16 bytes that size estimates assume: the goal bound, see docs/store.md
+    size_ratio: float  # store bytes / raw bf16 bytes that size estimates assume: store_bench --quick's, docs/store.md
     default_codec: str  # `encoding.CodecConfig.name` of new stores of this dtype (measured: store_bench)
 
     @property
     def itemsize(self) -> int:
         return self.values.itemsize
 
+    def expected_bytes(self, raw_bf16_bytes: int, ratio: float | None = None) -> int:
+        """A store of this dtype holding `raw_bf16_bytes` of bf16 states, at `size_ratio`
+        (or `ratio`): the one size `plan --dry-run` prints and `run` checks."""
+        return int(round(raw_bf16_bytes * (self.size_ratio if ratio is None else ratio)))
+
 
 BFLOAT16_STORE = StoreDtype("bfloat16", "bfloat16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16), 0x7F80,
-                            scaled=False, size_ratio=0.70, default_codec="bytesplit")
+                            scaled=False, size_ratio=0.614, default_codec="bytesplit")
 FP8_E4M3_STORE = StoreDtype("fp8_e4m3", "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.uint8), 0x7F,
-                            scaled=True, size_ratio=0.40, default_codec="channels")
+                            scaled=True, size_ratio=0.351, default_codec="channels")
+SPACE_HEADROOM = 0.10  # what the free-space check asks beyond the expected size: real states compress differently
 STORE_DTYPES = {d.name: d for d in (BFLOAT16_STORE, FP8_E4M3_STORE)}
 _ALIASES = {"bf16": "bfloat16"}
 
@@ -44,6 +50,12 @@ def store_dtype(name: str) -> StoreDtype:
     if found is None:
         raise ValueError(f"unknown store dtype {name!r}; choose one of {', '.join(STORE_DTYPES)}")
     return found
+
+
+def space_needed(expected_bytes: int) -> int:
+    """The free space a store of `expected_bytes` is refused without: the size plus
+    `SPACE_HEADROOM`, the one margin `plan --dry-run` prints and `run` checks."""
+    return int(round(expected_bytes * (1 + SPACE_HEADROOM)))
 
 
 def nonfinite_rows(bits: np.ndarray, dtype: StoreDtype) -> np.ndarray:

@@ -396,7 +396,7 @@ def test_disk_full_stops_cleanly_and_rerun_completes(reference, qwen3_5_dir, cor
         pytest.skip(f"cannot mount a small tmpfs here (needs root or CAP_SYS_ADMIN): {made.stderr.strip()}")
     try:
         store = mount / "store"
-        with pytest.raises(ExtractError, match=r"take about .* its filesystem has .* free .*--skip-space-check"):
+        with pytest.raises(ExtractError, match=r"need about .* its filesystem has .* free .*--skip-space-check"):
             run_job(_config(qwen3_5_dir, corpus[0], store))  # the plan's estimate does not fit: refused up front
         assert not list(store.glob("shards/*"))
         with pytest.raises(ExtractError, match="disk full .* rerun the same command"):

@@ -57,7 +57,7 @@ def test_a_job_refused_for_free_space_keeps_its_plan_and_the_rerun_does_not_repl
     store = tmp_path / "store"
     assert main(_run_argv(qwen3_dir, corpus, store)) == 1
     err = capsys.readouterr().err
-    assert "the 9 shard(s) left take about" in err and "its filesystem has 4.10 kB free" in err, err
+    assert "the 9 shard(s) left need about" in err and "its filesystem has 4.10 kB free" in err, err
     assert "--skip-space-check" in err
     plan = read_committed_plan(store)
     assert plan is not None and plan.shards and not (store / "zarr.json").exists()
@@ -66,6 +66,28 @@ def test_a_job_refused_for_free_space_keeps_its_plan_and_the_rerun_does_not_repl
     err = capsys.readouterr().err
     assert "reusing the store's plan" in err and "nothing re-tokenized" in err, err
     assert read_committed_plan(store).digest() == plan.digest()
+
+
+def test_run_checks_free_space_against_the_figure_plan_prints(qwen3_dir, tmp_path, monkeypatch, capsys):
+    """One set of sizes: `plan --dry-run` prints the expected size and the free space
+    `run` asks for (the size plus the stated headroom); `run` refuses one byte under
+    that figure, naming it, though the expected size alone would fit."""
+    from extract.__main__ import main
+    from store_schema.dtypes import SPACE_HEADROOM
+    from store_schema.runtime.units import human_bytes
+
+    corpus = write_chat_jsonl(tmp_path / "c.jsonl", coding_chats(12))
+    planning = ["--model", str(qwen3_dir), "--corpus", str(corpus), "--layers", "1,3", "--shard-tokens", "600"]
+    assert main(["plan", "--dry-run", "--json", "--tokenizer-workers", "1", *planning]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    needed = report["space_needed_bytes"]["bfloat16"]
+    assert needed == round(report["estimated_compressed_bytes"] * (1 + SPACE_HEADROOM))
+    assert report["estimated_compressed_bytes"] == round(report["estimated_raw_bytes"] * report["compression_ratio"])
+
+    monkeypatch.setattr("store_schema.runtime.host.free_bytes", lambda path: needed - 1)
+    assert needed - 1 > report["estimated_compressed_bytes"]
+    assert main(["run", "--store", str(tmp_path / "store"), "--plan-workers", "1", "--no-progress", *planning]) == 1
+    assert f"need about {human_bytes(needed)}" in capsys.readouterr().err
 
 
 def test_generate_is_refused_for_free_space_naming_both_figures(qwen3_dir, tmp_path, monkeypatch):
@@ -77,7 +99,7 @@ def test_generate_is_refused_for_free_space_naming_both_figures(qwen3_dir, tmp_p
     monkeypatch.setattr("store_schema.runtime.host.free_bytes", lambda path: 1000)
     corpus = write_chat_jsonl(tmp_path / "c.jsonl", coding_chats(3))
     out = tmp_path / "gen"
-    with pytest.raises(ExtractError, match=r"take about .*filesystem has 1.00 kB free.*--skip-space-check"):
+    with pytest.raises(ExtractError, match=r"need about .*filesystem has 1.00 kB free.*--skip-space-check"):
         run_generate(GenerateConfig(model=str(qwen3_dir), corpus=str(corpus), out=str(out)), log=lambda m: None)
     assert is_generated_corpus(out)  # its plan (the manifest) is kept for the rerun
 

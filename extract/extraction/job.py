@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 from store_schema import Fingerprint, FingerprintMismatch, TargetFacts, create_store, response_provenance
-from store_schema.dtypes import store_dtype
+from store_schema.dtypes import space_needed, store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token
 from store_schema.location import classify_store
@@ -167,11 +167,12 @@ class Extraction(ShardedJob):
         )
 
     def bytes_needed(self, planned: Planned) -> int:
-        """The pending shards' tokens at the store dtype's size ratio (`store_schema.dtypes`)."""
+        """The pending shards' tokens at the store dtype's size ratio, plus the space
+        check's headroom (`store_schema.dtypes.space_needed`)."""
         pending = set(planned.pending)
         tokens = sum(s.num_tokens for s in planned.plan.shards if s.name in pending)
         per_token = raw_bytes_per_token(self.target.hidden_size, len(self.layer_ids))
-        return int(tokens * per_token * store_dtype(self.config.store_dtype).size_ratio)
+        return space_needed(store_dtype(self.config.store_dtype).expected_bytes(tokens * per_token))
 
     def prepare(self, pool, log) -> None:
         """Create the store root with the job's fingerprint, or check an existing one's."""
