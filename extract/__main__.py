@@ -34,7 +34,15 @@ from store_schema.plan import (
     LOSS_MASK_CONVENTIONS,
     PlanSettings,
 )
-from store_schema.runtime.cli import CommandParser, UsageError, interrupted, run_command, show_defaults, size_argument
+from store_schema.runtime.cli import (
+    SKIP_SPACE_CHECK_FLAG,
+    CommandParser,
+    UsageError,
+    interrupted,
+    run_command,
+    show_defaults,
+    size_argument,
+)
 from store_schema.runtime.host import AUTO_DEVICE, available_cores, choose_device, device_line, set_torch_threads
 from store_schema.runtime.progress import default_mode
 from store_schema.runtime.startup import preload
@@ -66,7 +74,6 @@ from .jobs.settings import (
     DEFAULT_PROGRESS_INTERVAL,
     DEFAULT_WORKER_TIMEOUT,
     DEVICES,
-    SKIP_SPACE_CHECK_FLAG,
 )
 
 # The job modules (planning, the drivers and their workers) are imported by the

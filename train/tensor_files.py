@@ -5,18 +5,29 @@ Checkpoints (`train.fitting.checkpoint`) and exported drafters
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' Rust I/O errors carry errno
 
 
 def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
     """safetensors' save_file, with the file's mode from the umask like any other
     file this process writes: safetensors writes 0600, which a server running as
-    another user cannot read."""
-    save_file(tensors, str(path), metadata=metadata)
+    another user cannot read. An I/O failure is raised as the OSError it was (so a
+    full disk reads as one), not as safetensors' own error type."""
+    try:
+        save_file(tensors, str(path), metadata=metadata)
+    except SafetensorError as error:
+        found = _OS_ERROR.search(str(error))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from error
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(path, 0o666 & ~mask)

@@ -35,13 +35,13 @@ from dataclasses import dataclass, field
 
 from store_schema import layout
 from store_schema.location import classify_store
+from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.host import device_line
 from store_schema.runtime.progress import Progress
 from store_schema.stores import job_output
 
 from ..errors import ExtractError, refuse_unless_it_fits
 from .dispatch import DispatchCounts, Dispatcher, DispatchSettings, Placement, started_workers
-from .settings import SKIP_SPACE_CHECK_FLAG
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from store_schema.runtime.host import resolve_device
 
 from ..errors import ExtractError
 
-SKIP_SPACE_CHECK_FLAG = "--skip-space-check"  # start even when the size estimate exceeds the free space
 DEFAULT_MAX_ATTEMPTS = 4
 DEFAULT_WORKER_TIMEOUT = 3600.0
 DEFAULT_PROGRESS_INTERVAL = 30.0

@@ -26,6 +26,7 @@ EXIT_PROBLEM = 1
 EXIT_USAGE = 2
 EXIT_INCOMPLETE = 3
 EXIT_INTERRUPTED = 130
+SKIP_SPACE_CHECK_FLAG = "--skip-space-check"  # every command that checks free space before it writes
 
 
 class UsageError(Exception):

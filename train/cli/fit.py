@@ -1,7 +1,7 @@
 """`python -m train fit --store STORE --target PATH --out RUN [--config FILE]
 [--max-steps N] [--init-from DIR] [--resume] [--progress-interval S] [--nproc N] [--set key=value ...]
 [--nnodes N --node-rank R --master-addr HOST [--master-port P]] [--allow-other-target]
-[--require-complete] [--skip-verify]`
+[--require-complete] [--skip-verify] [--skip-space-check]`
 
 The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
 saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format
@@ -21,9 +21,11 @@ Before step 1 (`train.fitting.preflight`): the target must be the store's
 (config and weights; `--allow-other-target` overrides, recorded in the run), an
 incomplete store is named (`--require-complete` refuses it), the integrity pass
 reads every committed file's checksum (`--skip-verify` skips it) and refuses
-damaged shards naming the repair command. `--max-steps` wins over
+damaged shards naming the repair command, and the run's checkpoints must fit in
+RUN's free space (`--skip-space-check` starts anyway). `--max-steps` wins over
 `train.epochs`. A shard found corrupt mid-run checkpoints the last completed step
-and prints the resume commands (exit 1)."""
+and prints the resume commands (exit 1); a disk that fills names the last good
+checkpoint and the resume command (exit 1)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ import os
 import sys
 from pathlib import Path
 
+from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.estimate import DEFAULT_MFU
 from train.cli import fraction_arg, positive_int
 from train.target_check import ALLOW_FLAG, add_allow_flag
@@ -80,10 +83,13 @@ def add_parser(subparsers) -> None:
                    help="refuse a store holding fewer shards than its plan (default: warn and train on those)")
     p.add_argument("--skip-verify", action="store_true",
                    help="skip the integrity pass (checksums of every committed file) before step 1")
+    p.add_argument(SKIP_SPACE_CHECK_FLAG, action="store_true",
+                   help="start even when the run's checkpoints exceed --out's free space")
     p.set_defaults(handler=run)
 
 
-FLAGS = (("allow_other_target", ALLOW_FLAG), ("require_complete", "--require-complete"), ("skip_verify", "--skip-verify"))
+FLAGS = (("allow_other_target", ALLOW_FLAG), ("require_complete", "--require-complete"), ("skip_verify", "--skip-verify"),
+         ("skip_space_check", SKIP_SPACE_CHECK_FLAG))
 
 
 def fit_argv(args) -> list[str]:
@@ -155,7 +161,7 @@ def train(args, config) -> int:
     from train.fitting.trainer import Trainer
 
     checks = FitChecks(allow_other_target=args.allow_other_target, require_complete=args.require_complete,
-                       verify=not args.skip_verify)
+                       verify=not args.skip_verify, space=not args.skip_space_check)
     try:
         trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr),
                                       checks=checks)
@@ -194,6 +200,7 @@ def stopped(args, config, trainer, error: BaseException) -> int:
     peer (1), each said in one line; anything else is raised."""
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.cli import fail, interrupted
+    from store_schema.runtime.host import is_disk_full
     from train.fitting.distributed import LAUNCHED_BY_FIT, is_peer_loss
     from train.fitting.interrupts import DataStopped, TrainingInterrupted
     from train.fitting.preflight import REPAIR_COMMAND
@@ -215,6 +222,8 @@ def stopped(args, config, trainer, error: BaseException) -> int:
         return fail(f"shard {shard.shard}: {shard.file}: {shard.what}; {kept}; repair the store with "
                     f"`{REPAIR_COMMAND.format(store=config.store)}` and `python -m extract run`, then resume with "
                     f"`{resume}`, or resume leaving the shard out: `{skipping}`")
+    if is_disk_full(error):
+        return disk_full(args, config.store, error)
     if not distributed or not is_peer_loss(error):
         raise error
     # A collective failed: another process of the job is gone. Under --nproc the launcher
@@ -224,6 +233,21 @@ def stopped(args, config, trainer, error: BaseException) -> int:
     return fail(f"rank {trainer.world.rank}: another process of the job stopped "
                 f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
                 "the job cannot continue; the same command with --resume continues from the last checkpoint")
+
+
+def disk_full(args, store, error: OSError) -> int:
+    """A disk that filled mid-run: one line naming what failed, the last good
+    checkpoint (the steps after it are lost) and how to go on (exit 1)."""
+    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
+    from store_schema.runtime.cli import fail
+    from train.fitting.checkpoint import latest_checkpoint, read_state
+
+    latest = latest_checkpoint(args.out)
+    what = " ".join(str(error).split()) if error.filename is None else f"disk full writing {error.filename}"
+    if latest is None:
+        return fail(f"{what}; no checkpoint was written; free space in {args.out} and rerun the same command")
+    return fail(f"{what}; the last good checkpoint is {latest} (step {read_state(latest)['step']}), the steps "
+                f"after it are lost; free space in {args.out} and resume with `{resume_commands(args, store)[0]}`")
 
 
 def finished_lines(step: int, last: dict, out: str, config) -> list[str]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from store_schema import Store
+from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.target_model import compute_dtype
 from train.config import RunConfig
 from train.data.cache import lanes_per_node
@@ -79,6 +80,9 @@ def build_run(config: RunConfig, resume: bool, log: Callable[[str], None], world
             f"{lane_positions(resumed['loader'])[0].describe()}{' (lane 0)' if lanes > 1 else ''}")
     feed, total_steps = new_feed(config, checked, shards, world, device, log)
     optimizer = Optimizer(drafter, config.optim, total_steps)
+    start_step = resumed["step"] if resumed else 0
+    if checks.space and world.is_main:
+        checkpointer.check_space(checkpoint_bytes(drafter), total_steps - start_step, SKIP_SPACE_CHECK_FLAG)
     run_info = dict(checked.run_info)
     if resumed is not None:
         Checkpointer.load(latest, {"drafter": drafter, "optimizer": optimizer, "rng": GlobalRNG(), "feed": feed})
@@ -89,8 +93,12 @@ def build_run(config: RunConfig, resume: bool, log: Callable[[str], None], world
     record = {"store": {"store": str(store.path), "fingerprint_sha256": store.fingerprint.sha256(),
                         "layer_ids": checked.drafter_config.context_layer_ids},
               "run_info": run_info}
-    return RunParts(config, drafter, head, optimizer, feed, checkpointer, world, device,
-                    resumed["step"] if resumed else 0, store, record, log)
+    return RunParts(config, drafter, head, optimizer, feed, checkpointer, world, device, start_step, store, record, log)
+
+
+def checkpoint_bytes(drafter: DFlashDrafter) -> int:
+    """About one checkpoint: fp32 weights and AdamW's two fp32 moments of each."""
+    return sum(p.numel() for p in drafter.parameters()) * 4 * 3
 
 
 def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: torch.device) -> DFlashDrafter:

@@ -15,12 +15,16 @@ The parts of a run own what they keep (torchtitan's Stateful pattern): each has 
 under its key of state.json, and a `load_state_dict()` that takes them back
 (`PARTS` says where each lives). `Checkpointer` collects them, writes a checkpoint
 into a temporary directory and renames it into place, so a crash never leaves a
-half-written one where `latest` looks, and decides when one is due. Nothing is
+half-written one where `latest` looks, and decides when one is due. A checkpoint
+that does not fit (checked before writing, or the disk fills while writing) leaves
+no partial directory and raises `CheckpointSpaceError`; the partial directory of a
+process killed mid-save is removed when the run starts again. Nothing is
 ever unpickled: loading reads safetensors and JSON only.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -29,10 +33,13 @@ from typing import Protocol
 
 import torch
 
+from store_schema.runtime import host
+from store_schema.runtime.units import human_bytes
 from train.tensor_files import read_tensors, save_tensors
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
+PARTIAL = ".tmp"  # suffix of a checkpoint being written
 STATE_FILE = "state.json"
 MODEL_FILE = "model.safetensors"
 # part -> (its key in state.json, its tensor file); the drafter's state is tensors only
@@ -42,6 +49,18 @@ PARTS = {
     "rng": ("rng", "rng.safetensors"),
     "feed": ("loader", "rng.safetensors"),
 }
+
+
+class CheckpointSpaceError(OSError):
+    """A checkpoint that does not fit in the run directory: a disk-full OSError (so
+    the one disk-full rule, `host.is_disk_full`, covers it) whose text is the whole
+    message; nothing of the checkpoint was left."""
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
 
 
 class Stateful(Protocol):
@@ -86,7 +105,10 @@ class Checkpointer:
 
     def resume_point(self, resume: bool) -> Path | None:
         """The checkpoint a run continues from (None: it starts afresh); refuses
-        `--resume` without one and a fresh start over an earlier run's."""
+        `--resume` without one and a fresh start over an earlier run's. Partial
+        checkpoints a killed save left are removed first."""
+        for partial in (self.run_dir / CHECKPOINTS).glob(f"{PREFIX}*{PARTIAL}"):
+            shutil.rmtree(partial, ignore_errors=True)
         latest = latest_checkpoint(self.run_dir)
         if resume and latest is None:
             raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / CHECKPOINTS} "
@@ -95,6 +117,20 @@ class Checkpointer:
             raise FileExistsError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it or "
                                   "use a new --out")
         return latest
+
+    def check_space(self, checkpoint_bytes: int, steps_left: int, override: str) -> None:
+        """Refuse a run whose checkpoints cannot fit in the run directory's free
+        space: at the peak, `keep` + 1 of them (the next is written before the oldest
+        goes), or every one still to come when all are kept, less those already there."""
+        coming = (steps_left // self.every if self.every else 0) + 1  # + the last step's
+        existing = len(list_checkpoints(self.run_dir))
+        count = min(coming, max(1, self.keep + 1 - existing)) if self.keep > 0 else coming
+        needed, free = count * checkpoint_bytes, host.free_bytes(self.run_dir)
+        if needed > free:
+            raise CheckpointSpaceError(
+                f"{self.run_dir}: the run's checkpoints need about {human_bytes(needed)} ({count} of "
+                f"~{human_bytes(checkpoint_bytes)}: weights and AdamW moments), its filesystem has "
+                f"{human_bytes(free)} free -- free space or choose another --out, or pass {override} to start anyway")
 
     def due(self, step: int) -> bool:
         """A periodic checkpoint is due after step `step`."""
@@ -105,12 +141,40 @@ class Checkpointer:
 
     def save(self, step: int, parts: dict[str, Stateful], record: dict) -> Path:
         """Write checkpoint `step` atomically: each part's state where `PARTS` puts
-        it, and `record` (JSON) at the top of state.json."""
+        it, and `record` (JSON) at the top of state.json. Refused before writing when
+        the free space is short of it (`CheckpointSpaceError`)."""
+        files, body = self.collect(step, parts, record)
         final = checkpoint_dir(self.run_dir, step)
-        tmp = final.with_name(final.name + ".tmp")
+        tmp = final.with_name(final.name + PARTIAL)
         if tmp.exists():
             shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+        needed = sum(t.nbytes for tensors in files.values() for t in tensors.values())
+        free = host.free_bytes(final.parent)  # through the module: tests fake the free space there
+        if needed > free:
+            raise CheckpointSpaceError(f"no space for the checkpoint of step {step} in {final.parent}: it takes "
+                                       f"about {human_bytes(needed)}, {human_bytes(free)} free")
+        try:
+            tmp.mkdir(parents=True)
+            for file, tensors in files.items():
+                save_tensors(tensors, tmp / file)
+            (tmp / STATE_FILE).write_text(json.dumps(body, indent=1) + "\n")
+        except BaseException as error:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if host.is_disk_full(error):
+                raise CheckpointSpaceError(f"disk full writing the checkpoint of step {step} in {final.parent} "
+                                           f"({error.strerror or error})") from error
+            raise
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        if self.keep > 0:
+            for old in list_checkpoints(self.run_dir)[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    @staticmethod
+    def collect(step: int, parts: dict[str, Stateful], record: dict) -> tuple[dict, dict]:
+        """Each part's state split as `PARTS` says: {file: tensors}, and state.json's body."""
         files: dict[str, dict[str, torch.Tensor]] = {}
         body = {**record, "step": step}
         for name, part in parts.items():
@@ -120,16 +184,7 @@ class Checkpointer:
             files.setdefault(file, {}).update(tensors)
             if key is not None:
                 body[key] = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
-        for file, tensors in files.items():
-            save_tensors(tensors, tmp / file)
-        (tmp / STATE_FILE).write_text(json.dumps(body, indent=1) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        if self.keep > 0:
-            for old in list_checkpoints(self.run_dir)[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
-        return final
+        return files, body
 
     @staticmethod
     def load(path: str | Path, parts: dict[str, Stateful]) -> dict:

@@ -41,6 +41,7 @@ class FitChecks:
     allow_other_target: bool = False  # --allow-other-target: train against another checkpoint (recorded)
     require_complete: bool = False  # --require-complete: refuse a store missing planned shards
     verify: bool = True  # the integrity pass before step 1 (--skip-verify turns it off)
+    space: bool = True  # the checkpoints fit in --out's free space (--skip-space-check turns it off)
 
 
 class DamagedStoreError(ValueError):
