@@ -16,27 +16,34 @@ from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionEr
 from obstore.store import from_url
 
 from ..location import StoreURL
+from .errors import MissingBucketError, explained, missing_bucket, refuse_plain_http
 
 LOST_RACE = (AlreadyExistsError, PreconditionError, NotFoundError)
 PARALLEL_REQUESTS = 16
 
 
 class Bucket:
-    """The objects under one store URL; keys are paths relative to the store."""
+    """The objects under one store URL; keys are paths relative to the store. Every
+    request's failure is one line (`errors.explained`)."""
 
     def __init__(self, url: StoreURL):
         self.url = url
-        self.store = from_url(str(url))  # credentials and endpoint from the provider's environment
+        refuse_plain_http(url)
+        with explained(url):
+            self.store = from_url(str(url))  # credentials and endpoint from the provider's environment
 
     def where(self, key: str) -> str:
         return f"{self.url}/{key}"
 
     def get(self, key: str) -> bytes:
         """The object's bytes; FileNotFoundError naming its URL if there is none."""
-        try:
-            return obstore.get(self.store, key).bytes().to_bytes()
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{self.where(key)}: no such object") from None
+        with explained(self.url):
+            try:
+                return obstore.get(self.store, key).bytes().to_bytes()
+            except FileNotFoundError as error:
+                if missing_bucket(error):
+                    raise
+                raise FileNotFoundError(f"{self.where(key)}: no such object") from None
 
     def get_many(self, keys) -> dict[str, bytes]:
         """Several objects at once, fetched in parallel."""
@@ -46,48 +53,73 @@ class Bucket:
 
     def get_versioned(self, key: str) -> tuple[bytes, str] | None:
         """(bytes, ETag) of the object, or None if there is none."""
-        try:
-            result = obstore.get(self.store, key)
-        except FileNotFoundError:
-            return None
-        return result.bytes().to_bytes(), result.meta["e_tag"]
+        with explained(self.url):
+            try:
+                result = obstore.get(self.store, key)
+            except FileNotFoundError as error:
+                if missing_bucket(error):
+                    raise
+                return None
+            return result.bytes().to_bytes(), result.meta["e_tag"]
 
     def exists(self, key: str) -> bool:
-        try:
-            obstore.head(self.store, key)
-        except FileNotFoundError:
-            return False
-        return True
+        with explained(self.url):
+            try:
+                obstore.head(self.store, key)
+            except FileNotFoundError as error:
+                if missing_bucket(error):
+                    raise
+                return False
+            return True
 
     def put(self, key: str, data: bytes) -> str:
-        return obstore.put(self.store, key, data)["e_tag"]
+        with explained(self.url):
+            return obstore.put(self.store, key, data)["e_tag"]
 
     def create(self, key: str, data: bytes) -> str | None:
         """PUT with `If-None-Match: *`: the ETag if this call created the object, None if it existed."""
-        try:
-            return obstore.put(self.store, key, data, mode="create")["e_tag"]
-        except LOST_RACE:
-            return None
+        return self._conditional_put(key, data, "create")
 
     def replace(self, key: str, data: bytes, e_tag: str) -> str | None:
         """PUT with `If-Match: e_tag`: the new ETag, or None if the object changed or went."""
-        try:
-            return obstore.put(self.store, key, data, mode={"e_tag": e_tag})["e_tag"]
-        except LOST_RACE:
-            return None
+        return self._conditional_put(key, data, {"e_tag": e_tag})
+
+    def _conditional_put(self, key: str, data: bytes, mode) -> str | None:
+        with explained(self.url):
+            try:
+                return obstore.put(self.store, key, data, mode=mode)["e_tag"]
+            except LOST_RACE as error:
+                if missing_bucket(error):
+                    raise
+                return None
 
     def delete(self, key: str) -> None:
-        obstore.delete(self.store, key)
+        with explained(self.url):
+            obstore.delete(self.store, key)
 
     def delete_many(self, keys) -> None:
         keys = list(keys)
         if keys:
-            obstore.delete(self.store, keys)
+            with explained(self.url):
+                obstore.delete(self.store, keys)
+
+    def require_bucket(self) -> None:
+        """MissingBucketError if the URL's bucket does not exist. For when an object
+        was not found: a HEAD or GET answer does not say whether the bucket is missing,
+        a list does (a server that refuses to list is taken to have the bucket)."""
+        try:
+            with explained(self.url):
+                next(iter(obstore.list(self.store, self.url.prefix or None, chunk_size=1)), None)
+        except MissingBucketError:
+            raise
+        except OSError:
+            pass
 
     def list(self, prefix: str) -> dict[str, int]:
         """{key: size} of every object under `prefix` (a folder, no trailing slash; "" for all)."""
         found = {}
-        for batch in obstore.list(self.store, prefix.rstrip("/") + "/" if prefix else None):
-            for meta in batch:
-                found[meta["path"]] = int(meta["size"])
+        with explained(self.url):
+            for batch in obstore.list(self.store, prefix.rstrip("/") + "/" if prefix else None):
+                for meta in batch:
+                    found[meta["path"]] = int(meta["size"])
         return found

@@ -23,6 +23,7 @@ from ..records import RecordError, ShardCommit, crc32c_bytes, file_mismatch, par
 from ..root import parse_root
 from ..shard_codec import CorruptShardError
 from .bucket import PARALLEL_REQUESTS, Bucket
+from .errors import explained
 from .keys import ATTEMPTS_DIR, MARKER_ATTEMPT, PLAN_RECORD, attempt_of_key, attempt_prefix, shard_marker
 
 
@@ -30,8 +31,9 @@ def read_bucket_plan(bucket: Bucket) -> Plan | None:
     """The store's plan once `plan/commit.json` exists; None before."""
     if not bucket.exists(PLAN_RECORD):
         return None
-    group = zarr.open_group(store=ObjectStore(bucket.store, read_only=True), path=layout.PLAN_DIR, mode="r")
-    return plan_from_group(group)
+    with explained(bucket.url):
+        group = zarr.open_group(store=ObjectStore(bucket.store, read_only=True), path=layout.PLAN_DIR, mode="r")
+        return plan_from_group(group)
 
 
 class BucketStore(Store):
@@ -50,6 +52,7 @@ class BucketStore(Store):
         try:
             return self.bucket.get(layout.ZARR_METADATA)
         except FileNotFoundError:
+            self.bucket.require_bucket()
             raise FileNotFoundError(f"{self.path}: not a store (no {layout.ZARR_METADATA} under that prefix)") from None
 
     # -- committed shards ----------------------------------------------------------------
