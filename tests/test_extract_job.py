@@ -272,6 +272,38 @@ def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_othe
         run_job(_config(qwen3_5_dir, longer, store))
 
 
+def test_a_rerun_with_another_target_is_refused_before_any_worker_naming_the_recorded_one(
+        reference, qwen3_5_dir, corpus, tmp_path):
+    """Issue 48.6: resuming with a `--model` that is another checkpoint is refused in
+    the plan step, before Ray workers load anything (minutes at 27B), naming the
+    target the store recorded; `--overwrite` offered last, with what it deletes."""
+    import shutil
+
+    from extract.errors import ExtractError
+    from extract.extraction.job import run_job
+
+    ref_store, _ = reference
+    store = tmp_path / "store"
+    shutil.copytree(ref_store, store)
+    unfinished = sorted(p for p in (store / "shards").iterdir() if p.is_dir())[0]
+    (unfinished / "commit.json").unlink()  # a shard left to do: the rerun would start workers
+    other = tmp_path / "other-model"
+    shutil.copytree(qwen3_5_dir, other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rope_theta": 12345.0}))
+    messages = []
+    with pytest.raises(ExtractError) as refused:
+        run_job(_config(other, corpus[0], store), log=messages.append)
+    committed = sum(1 for p in (store / "shards").iterdir() if (p / "commit.json").is_file())
+    assert str(refused.value) == (
+        f"{store} was extracted from {Path(qwen3_5_dir).resolve()}, and --model {other} is another checkpoint "
+        f"(target_config_sha256 differ): rerun with --model {Path(qwen3_5_dir).resolve()} (or a copy of that "
+        f"checkpoint) to resume; only to start over with this model, --overwrite deletes the {committed} "
+        "committed shard(s)")
+    assert not any("worker" in m for m in messages), messages
+    assert unfinished.is_dir()  # nothing set aside or redone
+
+
 def test_a_capture_of_all_zeros_is_never_committed(ray_cluster, qwen3_5_dir, corpus, tmp_path):
     """Issue 27.3: the silent failure other pipelines hit (a hybrid target whose capture
     wrote all-zero states) is refused at commit. A real Qwen3.5 hybrid whose embedding

@@ -131,6 +131,8 @@ class Extraction(ShardedJob):
     def plan(self, log) -> Planned:
         config = self.config
         planned, self.store = plan_and_resume(config, self.output, lambda: plan_job(config), log)
+        if self.store is not None:
+            _refuse_other_target(self.store, config.model)
         self.planned = planned
         if planned.pending and config.spool_size is not None:
             self._check_spool(planned)
@@ -237,6 +239,21 @@ def _configured_target(target, store):
     (nothing this job computes depends on them)."""
     return TargetFacts(num_target_layers=target.num_hidden_layers, hidden_size=target.hidden_size,
                        vocab_size=store.fingerprint.vocab_size, kernels=store.fingerprint.kernels)
+
+
+def _refuse_other_target(store, model) -> None:
+    """A resumed store extracted from another checkpoint is refused before Ray starts
+    or any weight loads, naming the target it recorded; `--overwrite` (which deletes
+    every committed shard) only as the last resort."""
+    differences = store.fingerprint.target_differences(model)
+    if not differences:
+        return
+    recorded = store.fingerprint.target_model
+    committed = len(store.committed_shards())
+    raise ExtractError(
+        f"{store.path} was extracted from {recorded}, and --model {model} is another checkpoint "
+        f"({', '.join(differences)} differ): rerun with --model {recorded} (or a copy of that checkpoint) to "
+        f"resume; only to start over with this model, --overwrite deletes the {committed} committed shard(s)")
 
 
 def _open_or_create(store_path, store, plan, fingerprint):
