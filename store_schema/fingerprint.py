@@ -13,6 +13,7 @@ from .dtypes import store_dtype
 from .layout import LAYER_ID_CONVENTION, validate_layer_ids
 from .plan import Plan, PlanSettings
 from .provenance import PROVENANCES, UNKNOWN
+from .runtime.weights_digest import weights_sha256
 
 
 class FingerprintMismatch(ValueError):
@@ -36,10 +37,11 @@ def mapping_differences(have: Mapping, want: Mapping, ignore: Iterable[str] = ()
 
 
 # Identity fields a store or generated corpus made before them does not record ("").
-RECORDED_LATER = ("target_weights_sample_sha256",)
+RECORDED_LATER = ("target_weights_sample_sha256", "target_weights_sha256")
 # What says which checkpoint a target directory is, as far as a reader can check
 # without loading it: its config and its weights (`target_identity`).
 TARGET_CHECKS = ("target_config_sha256", "target_weights_index_sha256", "target_weights_sample_sha256")
+FULL_WEIGHTS_CHECK = "target_weights_sha256"  # every byte: read on request (--full-weights-check)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ class TargetFacts:
 
 # Fields added after schema version 1, with the value every older store implicitly has:
 # left out of the stored JSON at that value, so older stores keep their fingerprint hash.
-_ADDED_LATER = {"loss_mask": "content", "response_provenance": UNKNOWN, "target_weights_sample_sha256": ""}
+_ADDED_LATER = {"loss_mask": "content", "response_provenance": UNKNOWN, "target_weights_sample_sha256": "",
+                "target_weights_sha256": ""}
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Fingerprint:
     target_config_sha256: str = ""
     target_weights_index_sha256: str = ""
     target_weights_sample_sha256: str = ""  # `weights_sample_sha256`: tells same-shaped weights apart
+    target_weights_sha256: str = ""  # `runtime.weights_digest`: every byte, for --full-weights-check
     tokenizer_sha256: str = ""
     chat_template_sha256: str = ""
     corpus_sha256: str = ""
@@ -176,14 +180,16 @@ class Fingerprint:
         if differences:
             raise FingerprintMismatch(differences)
 
-    def target_differences(self, model_path: str | Path) -> dict:
+    def target_differences(self, model_path: str | Path, full: bool = False) -> dict:
         """{field: (store's value, the directory's)} for each `TARGET_CHECKS` field this
         store recorded that differs for the target at `model_path`: is it the
-        checkpoint the store was extracted from (config and weights; no weight is
-        loaded). A field the store left empty is not known, so not compared."""
+        checkpoint the store was extracted from (config, weights' headers and sampled
+        bytes; with `full`, every byte: `FULL_WEIGHTS_CHECK`). A field the store left
+        empty is not known, so not compared."""
         have = self.values()
-        identity = target_identity(model_path)
-        want = {name: identity[name] for name in TARGET_CHECKS if have.get(name)}
+        identity = target_identity(model_path, full=full)
+        checks = (*TARGET_CHECKS, FULL_WEIGHTS_CHECK) if full else TARGET_CHECKS
+        want = {name: identity[name] for name in checks if have.get(name)}
         return mapping_differences(have, want)
 
 
@@ -245,11 +251,13 @@ def model_revision(model_path: str | Path) -> str:
     return name if resolved.parent.name == "snapshots" and len(name) == 40 else ""
 
 
-def target_identity(model_path: str | Path) -> dict:
+def target_identity(model_path: str | Path, full: bool = True) -> dict:
     """The fingerprint fields that say which checkpoint a target is: its resolved
-    path, hub revision, and hashes of its config and weights' index."""
+    path, hub revision, and hashes of its config, weights' index and sampled weight
+    bytes; with `full`, the digest of every weight byte (cached per host)."""
     path = Path(model_path)
-    return {
+    full_digest = {FULL_WEIGHTS_CHECK: weights_sha256(path)} if full else {}
+    return {**full_digest,
         "target_model": str(path.resolve()),
         "target_revision": model_revision(path),
         "target_config_sha256": file_sha256(path / "config.json"),

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 ALLOW_FLAG = "--allow-other-target"
+FULL_FLAG = "--full-weights-check"
 
 
 class OtherTargetError(ValueError):
@@ -26,13 +27,18 @@ class OtherTargetError(ValueError):
                          f"{ALLOW_FLAG} to use it anyway (the run records it)")
 
 
-def check_target(store, target: str | Path, *, allow_other_target: bool = False,
+def check_target(store, target: str | Path, *, allow_other_target: bool = False, full: bool = False,
                  log: Callable[[str], None] = print) -> dict:
     """Refuse (OtherTargetError) a `target` directory whose config or weights differ
     from what `store` (an open `store_schema.Store`) recorded, unless
     `allow_other_target`: then one warning line. Returns what a run records:
     {} when they match, else {"other_target": {field: [store's, target's]}}."""
-    differences = store.fingerprint.target_differences(target)
+    if full and not store.fingerprint.target_weights_sha256:
+        raise ValueError(f"{FULL_FLAG}: {store.path} recorded no digest of every weight byte (extracted before "
+                         "stores kept one); without the flag the config, weight headers and sampled bytes are checked")
+    if full:
+        log(f"checking every byte of {target}'s weights against the store's digest ({FULL_FLAG})")
+    differences = store.fingerprint.target_differences(target, full=full)
     if not differences:
         return {}
     if not allow_other_target:
@@ -42,10 +48,13 @@ def check_target(store, target: str | Path, *, allow_other_target: bool = False,
     return {"other_target": {name: list(pair) for name, pair in differences.items()}}
 
 
-def add_allow_flag(parser) -> None:
-    """The override flag, worded the same on every command that checks."""
+def add_target_flags(parser) -> None:
+    """The target check's flags, worded the same on every command that checks."""
     parser.add_argument(ALLOW_FLAG, action="store_true",
                         help="use a --target whose config or weights differ from the store's target (recorded)")
+    parser.add_argument(FULL_FLAG, action="store_true",
+                        help="compare every byte of --target's weights with the store's digest (read once per host, "
+                             "then cached by file size and mtime; default: config, weight headers and sampled bytes)")
 
 
 def _short(value) -> str:

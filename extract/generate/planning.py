@@ -36,7 +36,7 @@ def generation_identity(model: str, tokenizer, corpus, settings: GenerationSetti
     sampling settings sent. Recorded as the manifest's ``generation`` block (read by
     `store_schema.provenance`)."""
     identity = dict(
-        target_identity(model),
+        target_identity(model, full=False),  # which checkpoint; a store's fingerprint keeps the full digest
         tokenizer_sha256=tokenizer_hash(tokenizer),
         chat_template_sha256=chat_template_hash(tokenizer),
         source_corpus_sha256=corpus.content_hash(),

@@ -28,7 +28,7 @@ from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, DataConfig
 from train.drafter.config import LABELS
 from train.dtypes import NAMES, torch_dtype
-from train.target_check import add_allow_flag, check_target
+from train.target_check import add_target_flags, check_target
 
 
 def add_parser(subparsers) -> None:
@@ -59,7 +59,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-blocks", type=positive_int, default=defaults.batch_blocks,
                    help=f"blocks per drafter forward (default {defaults.batch_blocks})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
-    add_allow_flag(p)
+    add_target_flags(p)
     p.set_defaults(handler=run)
 
 
@@ -113,7 +113,7 @@ def run(args) -> int:
     config = eval_config(args)
     store = open_store(args.store)
     check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
-    other_target = check_target(store, args.target, allow_other_target=args.allow_other_target,
+    other_target = check_target(store, args.target, allow_other_target=args.allow_other_target, full=args.full_weights_check,
                                 log=lambda line: print(line, file=sys.stderr))
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else None

@@ -37,7 +37,7 @@ from pathlib import Path
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.estimate import DEFAULT_MFU
 from train.cli import fraction_arg, positive_int
-from train.target_check import ALLOW_FLAG, add_allow_flag
+from train.target_check import ALLOW_FLAG, FULL_FLAG, add_target_flags
 
 
 def add_parser(subparsers) -> None:
@@ -78,7 +78,7 @@ def add_parser(subparsers) -> None:
                    help="--dry-run: model FLOPs utilisation with --gpu-tflops (default %(default)s)")
     p.add_argument("--gpu-memory", type=float, metavar="GIB",
                    help="--dry-run: memory of one GPU in GiB, to say whether the run fits (e.g. 96, 141)")
-    add_allow_flag(p)
+    add_target_flags(p)
     p.add_argument("--require-complete", action="store_true",
                    help="refuse a store holding fewer shards than its plan (default: warn and train on those)")
     p.add_argument("--skip-verify", action="store_true",
@@ -89,7 +89,7 @@ def add_parser(subparsers) -> None:
 
 
 FLAGS = (("allow_other_target", ALLOW_FLAG), ("require_complete", "--require-complete"), ("skip_verify", "--skip-verify"),
-         ("skip_space_check", SKIP_SPACE_CHECK_FLAG))
+         ("skip_space_check", SKIP_SPACE_CHECK_FLAG), ("full_weights_check", FULL_FLAG))
 
 
 def fit_argv(args) -> list[str]:
@@ -161,7 +161,8 @@ def train(args, config) -> int:
     from train.fitting.trainer import Trainer
 
     checks = FitChecks(allow_other_target=args.allow_other_target, require_complete=args.require_complete,
-                       verify=not args.skip_verify, space=not args.skip_space_check)
+                       verify=not args.skip_verify, space=not args.skip_space_check,
+                       full_weights=args.full_weights_check)
     try:
         trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr),
                                       checks=checks)

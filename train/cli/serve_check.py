@@ -24,7 +24,7 @@ from train.cli import dtype_arg, fraction_arg, positive_int
 from train.cli.speculate import add_thinking_flag, by_thinking, mean_or_none
 from train.data.config import SPLITS
 from train.dtypes import NAMES
-from train.target_check import add_allow_flag
+from train.target_check import add_target_flags
 
 
 def add_parser(subparsers) -> None:
@@ -55,7 +55,7 @@ def add_parser(subparsers) -> None:
                                      "DRAFTER being --drafter)")
     add_thinking_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
-    add_allow_flag(p)
+    add_target_flags(p)
     p.set_defaults(handler=run)
 
 

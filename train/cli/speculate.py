@@ -21,7 +21,7 @@ from pathlib import Path
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, THINKING, DataConfig
 from train.dtypes import NAMES, torch_dtype
-from train.target_check import add_allow_flag, check_target
+from train.target_check import add_target_flags, check_target
 
 
 def add_parser(subparsers) -> None:
@@ -47,7 +47,7 @@ def add_parser(subparsers) -> None:
                    help="target and drafter dtype (default: bfloat16 on GPU, float32 on CPU)")
     add_thinking_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
-    add_allow_flag(p)
+    add_target_flags(p)
     p.set_defaults(handler=run)
 
 
@@ -148,7 +148,8 @@ def load_decoding(args, command: str) -> Decoding:
     check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     other_target = {} if store is None else check_target(store, args.target,
-                                                          allow_other_target=args.allow_other_target, log=say)
+                                                          allow_other_target=args.allow_other_target,
+                                                          full=args.full_weights_check, log=say)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
     read_config_json(args.target)  # a wrong path is refused before the line below
     say(f"{command}: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")

@@ -42,6 +42,7 @@ class FitChecks:
     require_complete: bool = False  # --require-complete: refuse a store missing planned shards
     verify: bool = True  # the integrity pass before step 1 (--skip-verify turns it off)
     space: bool = True  # the checkpoints fit in --out's free space (--skip-space-check turns it off)
+    full_weights: bool = False  # --full-weights-check: every byte of the target's weights, not a sample
 
 
 class DamagedStoreError(ValueError):
@@ -68,7 +69,8 @@ def run_preflight(config: RunConfig, latest: Path | None, checks: FitChecks, wor
     target = read_target_config(config.target)
     store = open_store(config.store)
     layer_ids = check_store_against_target(store, target)
-    other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target, log=log)
+    other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target,
+                                full=checks.full_weights, log=log)
     check_block_size(store, config)
     check_topk(store, config)
     if config.loss.gamma is None:
