@@ -207,13 +207,16 @@ def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
     """Run `command` in its own session (the terminal), read its stderr until a line
     satisfies `ready`, then press Ctrl-C (SIGINT to the whole process group, as a
     terminal sends it). Returns its exit code, all of its stderr and its pid (= the
-    session id)."""
+    session id). The command starts with Ctrl-C's default action, as from a terminal:
+    under a shell's background job (`make test &`) SIGINT is inherited ignored, and
+    Python then never raises KeyboardInterrupt."""
     import os
     import signal
     import subprocess
 
     job = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+                           stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []
     try:
         for line in job.stderr:

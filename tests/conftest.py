@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 # One OpenMP/torch thread per process, set before torch loads and inherited by every
@@ -14,6 +15,8 @@ from pathlib import Path
 # threads spinning at barriers while the other process held the core. A test about
 # threads sets its own (test_distributed's DFlash 2 resume runs on 2).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The weights digests the tests compute are cached here, not in the user's ~/.cache.
+os.environ.setdefault("DFLASH_CACHE_DIR", tempfile.mkdtemp(prefix="dflash-test-cache-"))
 
 import pytest
 
