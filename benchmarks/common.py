@@ -17,6 +17,19 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "RESULTS.md"
 
 
+def tiny_target(path: Path, hidden: int, vocab: int, layers: int) -> Path:
+    """A Qwen3 target of random weights saved with save_pretrained: what `fit` needs
+    beside a store (its embedding and head) in benchmarks that time the trainer."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=128, tie_word_embeddings=False)
+    Qwen3ForCausalLM(config).save_pretrained(str(path))
+    return path
+
+
 def drop_page_cache(*roots) -> str:
     """Evict every file below `roots` from the page cache. posix_fadvise(DONTNEED)
     needs no special rights; `drop_caches` is tried too where allowed."""

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache
+from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache, tiny_target
 
 VOCAB = 248_320
 BLOCK = 16
@@ -204,15 +204,9 @@ DDP_HIDDEN, DDP_VOCAB, DDP_LAYERS = 256, 2048, 4
 def build_ddp_inputs(root: Path) -> tuple[Path, Path]:
     """A tiny Qwen3 target (random weights, saved with save_pretrained) and a store of
     random states of its layers 1 and 2: 8 shards x 6 sequences of 256-512 tokens."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-
     from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
 
-    torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=DDP_VOCAB, hidden_size=DDP_HIDDEN, intermediate_size=2 * DDP_HIDDEN,
-                         num_hidden_layers=DDP_LAYERS, num_attention_heads=2, num_key_value_heads=1, head_dim=128,
-                         tie_word_embeddings=False)
-    Qwen3ForCausalLM(config).save_pretrained(str(root / "target"))
+    tiny_target(root / "target", DDP_HIDDEN, DDP_VOCAB, DDP_LAYERS)
     fingerprint = Fingerprint(target_model="bench", num_target_layers=DDP_LAYERS, hidden_size=DDP_HIDDEN,
                               vocab_size=DDP_VOCAB, layer_ids=[1, 2], max_length=512)
     writer = create_store(root / "store", fingerprint, CodecConfig())

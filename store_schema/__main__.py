@@ -114,8 +114,10 @@ def cmd_verify(args) -> int:
         raise UsageError("--recompute needs --model PATH")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    if args.checksums_only and args.recompute:
-        raise UsageError("--checksums-only and --recompute exclude each other")
+    depths = [flag for flag, on in (("--checksums-only", args.checksums_only), ("--sizes-only", args.sizes_only),
+                                    ("--recompute", args.recompute)) if on]
+    if len(depths) > 1:
+        raise UsageError(f"{' and '.join(depths)} exclude each other")
     if args.repair and args.recompute:
         raise UsageError("--repair and --recompute exclude each other: a recompute mismatch is not a damaged file")
     if args.recompute:  # a model or device this machine lacks is refused before the store is read
@@ -126,7 +128,7 @@ def cmd_verify(args) -> int:
         resolve_device(args.device)
     # Progress on stderr in both forms: stdout carries the report (one JSON object with --json).
     report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
-                          checksums_only=args.checksums_only)
+                          checksums_only=args.checksums_only, sizes_only=args.sizes_only)
     if args.recompute and report.ok:
         from .recompute import recompute_check
         from .stores import open_store
@@ -243,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
                           help="shards checked at once (default: the cores available)")
     p_verify.add_argument("--checksums-only", action="store_true",
                           help="only sizes and crc32c of every committed file: a quick integrity pass")
+    p_verify.add_argument("--sizes-only", action="store_true",
+                          help="read no shard file: commit records and file sizes against the listing (seconds "
+                               "at any size; what `fit` checks of every shard before step 1)")
     p_verify.add_argument("--recompute", type=int, default=0, metavar="N",
                           help="re-extract N random committed samples with --model and compare (cosine >= 0.999; "
                                "fp8 stores: >= 0.995)")

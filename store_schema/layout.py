@@ -30,6 +30,7 @@ never leaves a half-written shard where readers look."""
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 SCHEMA_VERSION = 1
@@ -167,7 +168,7 @@ def is_committed(store: Path, name: str) -> bool:
     commit record. The record is written inside the staging directory before the
     rename into `shards/`, so a whole shard appears at once; a directory there
     without its record is not committed (never read; `verify` names it)."""
-    return (shard_dir(store, name) / COMMIT_RECORD).is_file()
+    return os.path.isfile(os.path.join(store, SHARDS_DIR, name, COMMIT_RECORD))  # strings: called per shard
 
 
 # Zarr skips chunks equal to the fill value by default; a store writes every chunk so

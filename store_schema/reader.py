@@ -15,6 +15,7 @@ trainer can move the half-size codes to the GPU and dequantize there."""
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
@@ -31,7 +32,7 @@ from .dtypes import StoreDtype, store_dtype
 from .fp8 import as_bf16, dequantize
 from .plan import Plan
 from .plan_io import read_committed_plan
-from .records import RecordError, ShardCommit, check_files, list_files, on_disk_bytes, read_record
+from .records import RecordError, ShardCommit, check_files, file_sizes, on_disk_bytes, read_record
 from .root import read_root
 from .shard_codec import (
     CorruptShardError,
@@ -123,7 +124,9 @@ class Store:
         shards = self.path / layout.SHARDS_DIR
         if not shards.is_dir():
             return []
-        return sorted(p.name for p in shards.iterdir() if layout.is_committed(self.path, p.name))
+        with os.scandir(shards) as entries:
+            names = [entry.name for entry in entries]
+        return sorted(name for name in names if layout.is_committed(self.path, name))
 
     def is_committed(self, name: str) -> bool:
         return layout.is_committed(self.path, name)
@@ -146,10 +149,13 @@ class Store:
         """The bytes of file `rel` of shard `name` (`shard_codec.read_file`); FileNotFoundError if missing."""
         return read_file(layout.shard_dir(self.path, name) / rel)
 
+    def shard_file_sizes(self, name: str) -> dict[str, int]:
+        """{relative path: size} of every file of shard `name` but its commit record (nothing read)."""
+        return file_sizes(layout.shard_dir(self.path, name), exclude=(layout.COMMIT_RECORD,))
+
     def unlisted_shard_files(self, name: str, commit: ShardCommit) -> list[str]:
         """Files of shard `name` that its commit record does not list."""
-        found = list_files(layout.shard_dir(self.path, name), exclude=(layout.COMMIT_RECORD,))
-        return sorted(set(found) - set(commit.files))
+        return sorted(set(self.shard_file_sizes(name)) - set(commit.files))
 
     def shard_entries(self) -> list[str]:
         """Every shard directory in ``shards/``, committed or not: what `verify` checks."""

@@ -40,9 +40,23 @@ def _body_hash(body: dict) -> str:
 
 def list_files(directory: Path, exclude: tuple[str, ...] = ()) -> list[str]:
     """Paths (relative, posix) of every file below `directory`, sorted; nothing read."""
-    directory = Path(directory)
-    found = (p.relative_to(directory).as_posix() for p in directory.rglob("*") if p.is_file())
-    return sorted(rel for rel in found if rel not in exclude)
+    return sorted(file_sizes(directory, exclude))
+
+
+def file_sizes(directory: Path, exclude: tuple[str, ...] = ()) -> dict[str, int]:
+    """{relative posix path: size} of every file below `directory`: stat only, nothing read."""
+    found: dict[str, int] = {}
+    pending = [(str(directory), "")]
+    while pending:  # scandir, not Path: a shard is a dozen files, and fit's start stats every shard's
+        path, prefix = pending.pop()
+        with os.scandir(path) as entries:
+            for entry in entries:
+                rel = prefix + entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((entry.path, rel + "/"))
+                elif entry.is_file() and rel not in exclude:
+                    found[rel] = entry.stat().st_size
+    return found
 
 
 def describe_files(directory: Path, exclude: tuple[str, ...] = ()) -> dict:

@@ -8,7 +8,10 @@ Shards are checked in parallel (`workers` threads: file reads, crc32c, chunk dec
 and the bit tests below all release the GIL), each file is read once (its size and
 crc32c checked on the bytes then decoded from them), and NaN/Inf is found on the
 raw bits (an exponent of all ones) rather than through a float conversion.
-`checksums_only` stops after the size + crc32c of every committed file."""
+`checksums_only` stops after the size + crc32c of every committed file;
+`sizes_only` reads no shard file at all: commit records and file sizes against
+the directory listing (what `fit` checks of every shard before step 1, where the
+loader checks each file's crc32c as it reads it)."""
 
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from .runtime.host import available_cores
 from .stores import open_store
 
 MISSING_SHARD = "planned shard missing (not committed, or deleted)"
+SIZES, CHECKSUMS, CONTENTS = "sizes", "checksums", "contents"  # how deep a shard is checked
 RERUN = "rerun `python -m extract run ...` to finish"  # the same command: it extracts only what is missing
 
 
@@ -45,6 +49,7 @@ class Report:
     tokens: int = 0
     bytes_read: int = 0
     checksums_only: bool = False
+    sizes_only: bool = False
 
     @property
     def ok(self) -> bool:
@@ -92,6 +97,7 @@ class Report:
             "tokens": self.tokens,
             "bytes_read": self.bytes_read,
             "checksums_only": self.checksums_only,
+            "sizes_only": self.sizes_only,
         }
 
 
@@ -117,16 +123,17 @@ class _ShardResult:
 
 
 def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False,
-                 shards=None) -> Report:
-    """Check a store with `workers` threads (default: the cores available);
+                 shards=None, sizes_only: bool = False) -> Report:
+    """Check a store (a path, or a `Store` already open: its commit records are
+    read once) with `workers` threads (default: the cores available);
     `progress(done_shards, total_shards, bytes_done, total_bytes)` is called after
     each shard. `shards`: check only these shard directories (the processes of a
     job share the work out), and not which planned shards are missing.
     FileNotFoundError where `path` holds no store at all: there is nothing to
     report on (a wrong path), unlike a store whose root is damaged."""
-    report = Report(checksums_only=checksums_only)
+    report = Report(checksums_only=checksums_only and not sizes_only, sizes_only=sizes_only)
     try:
-        store = open_store(path)
+        store = path if isinstance(path, Store) else open_store(path)
     except FileNotFoundError:
         raise
     except (OSError, ValueError, KeyError) as exc:
@@ -139,12 +146,13 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     if shards is not None:
         shard_dirs = sorted(set(shard_dirs) & set(shards))
     planned_ids = None if plan is None else {s.name: [x.sample_id for x in s.samples] for s in plan.shards}
-    total_bytes = sum(_committed_bytes(store, name) for name in shard_dirs)
+    total_bytes = sum(_committed_bytes(store, name) for name in shard_dirs) if progress else 0
     seen_ids: dict[str, str] = {}
     stats_by_shard: dict[str, dict] = {}
     done_bytes = 0
     with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
-        results = pool.map(lambda name: _check_shard(store, name, planned_ids, checksums_only), shard_dirs)
+        depth = SIZES if sizes_only else CHECKSUMS if checksums_only else CONTENTS
+        results = pool.map(lambda name: _check_shard(store, name, planned_ids, depth), shard_dirs)
         for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
             _merge(result, seen_ids, report)
             stats_by_shard[result.name] = result.layer_stats
@@ -214,7 +222,7 @@ def _check_plan(store: Store, report: Report):
     return plan
 
 
-def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> _ShardResult:
+def _check_shard(store: Store, name: str, planned_ids, depth: str) -> _ShardResult:
     result = _ShardResult(name)
     try:
         commit = store.commit(name)
@@ -222,7 +230,33 @@ def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> 
         result.add(exc.what, file=layout.COMMIT_RECORD)
         return result
     result.checked = True
-    files, bad = {}, False
+    files = {} if depth == SIZES else _read_files(store, name, commit, result)
+    sizes = store.shard_file_sizes(name)
+    if depth == SIZES:
+        _check_sizes(commit, sizes, result)
+    bad = bool(result.problems)  # a file's bytes or size
+    for rel in sorted(set(sizes) - set(commit.files)):
+        result.add("file not in the commit record", file=rel)
+    if commit.fingerprint_sha256 != store.fingerprint.sha256():
+        result.add("shard was written under a different fingerprint", file=layout.COMMIT_RECORD)
+    if depth != CONTENTS and not bad:
+        result.samples, result.tokens = commit.num_samples, commit.num_tokens  # as committed; not decoded
+        for layer_id, stats in commit.layer_stats.items():  # as recorded (none in older stores): not recomputed
+            for what in layer_stats.problems(stats):
+                result.add(what, array=layout.layer_array(layer_id), file=layout.COMMIT_RECORD)
+            result.layer_stats[layer_id] = stats
+    if bad or depth != CONTENTS:
+        return result  # contents are not trustworthy, or not asked for; checksums named the files
+    try:
+        _check_contents(store, commit, files, planned_ids, result)
+    except Exception as exc:  # unreadable despite matching checksums: name it, keep going
+        result.add(f"unreadable: {exc}")
+    return result
+
+
+def _read_files(store: Store, name: str, commit, result: _ShardResult) -> dict:
+    """{rel: bytes} of every committed file, each checked against its size and crc32c."""
+    files = {}
     for rel, entry in commit.file_table.items():
         try:
             data = store.shard_file(name, rel)
@@ -233,25 +267,18 @@ def _check_shard(store: Store, name: str, planned_ids, checksums_only: bool) -> 
             result.bytes_read += len(data)
             what = file_mismatch(entry, len(data), lambda: crc32c_bytes(data))
         if what:
-            bad = True
             result.add(what, array=layout.array_of(rel), file=rel)
-    for rel in store.unlisted_shard_files(name, commit):
-        result.add("file not in the commit record", file=rel)
-    if commit.fingerprint_sha256 != store.fingerprint.sha256():
-        result.add("shard was written under a different fingerprint", file=layout.COMMIT_RECORD)
-    if checksums_only and not bad:
-        result.samples, result.tokens = commit.num_samples, commit.num_tokens  # as committed; not decoded
-        for layer_id, stats in commit.layer_stats.items():  # as recorded (none in older stores): not recomputed
-            for what in layer_stats.problems(stats):
-                result.add(what, array=layout.layer_array(layer_id), file=layout.COMMIT_RECORD)
-            result.layer_stats[layer_id] = stats
-    if bad or checksums_only:
-        return result  # contents are not trustworthy, or not asked for; checksums named the files
-    try:
-        _check_contents(store, commit, files, planned_ids, result)
-    except Exception as exc:  # unreadable despite matching checksums: name it, keep going
-        result.add(f"unreadable: {exc}")
-    return result
+    return files
+
+
+def _check_sizes(commit, sizes: dict[str, int], result: _ShardResult) -> None:
+    """Every committed file is there at its committed size (nothing read)."""
+    for rel, entry in commit.file_table.items():
+        if rel not in sizes:
+            result.add("file missing", array=layout.array_of(rel), file=rel)
+        elif sizes[rel] != entry["size"]:
+            result.add(f"size {sizes[rel]} != committed {entry['size']} (truncated or extended)",
+                       array=layout.array_of(rel), file=rel)
 
 
 def _expected_arrays(store: Store, commit) -> dict[str, tuple[tuple, str]]:
@@ -358,7 +385,8 @@ def format_report(report: Report, repair_advice: bool = True) -> str:
     """The text report: a PROBLEM line per damage, one line for the planned shards
     not yet extracted (what finishes them), the verdict last."""
     lines = [f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}"
-             + (" (--checksums-only: sizes and crc32c, contents not decoded)" if report.checksums_only else "")]
+             + (" (--checksums-only: sizes and crc32c, contents not decoded)" if report.checksums_only else "")
+             + (" (--sizes-only: commit records and file sizes, nothing read)" if report.sizes_only else "")]
     for entry in report.recomputed:
         lines.append(f"recomputed {entry['shard']}/{entry['sample']}: min cosine per layer {entry['min_cosine']}")
     for p in report.damage:

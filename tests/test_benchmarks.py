@@ -42,6 +42,8 @@ SMOKE_KEYS = {
     "attention_bench.py": {"attention_speedup_min", "attention_speedup_max", "sizes", "threads", "rounds"},
     "codebook_optim_bench.py": {"adamw_fused_step_s", "sparse_adam_step_s", "adamw_fused_state_bytes",
                                 "distinct_rows", "quick_loss_rows"},
+    "scale_bench.py": {"start_s_1x", "start_s_4x", "start_s_16x", "verify_first_s_16x", "start_ratio_16x_vs_1x",
+                       "start_s_per_1000_shards", "start_s_full_store_projected"},
     "fp8_parity.py": {"tau_bf16", "tau_fp8", "tau_ratio", "bytes_ratio", "fp8_bytes_ratio", "heldout_samples"},
     "generate_bench.py": {"openai_vs_plain_client", "openai_tokens_per_s", "plain_client_tokens_per_s",
                           "hf_tokens_per_s", "server"},
@@ -118,6 +120,13 @@ def test_fp8_parity_smoke(tmp_path):
     figures = smoke("fp8_parity.py", "--workdir", str(tmp_path))
     assert SMOKE_KEYS["fp8_parity.py"] <= set(figures) and figures["smoke"] is True
     assert figures["heldout_samples"] > 0 and 0 < figures["fp8_bytes_ratio"] < figures["bytes_ratio"]
+
+
+@pytest.mark.slow  # a child process
+def test_scale_bench_smoke():
+    figures = smoke("scale_bench.py")
+    assert SMOKE_KEYS["scale_bench.py"] <= set(figures)
+    assert all(figures[f"start_s_{scale}x"] > 0 for scale in (1, 4, 16))
 
 
 @pytest.mark.slow  # a child process

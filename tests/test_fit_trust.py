@@ -19,6 +19,7 @@ from store_schema.fingerprint import target_identity
 from train.cli import main
 from train.config_error import ConfigError
 from train.config_loading import load_config
+from train.fitting.interrupts import DataStopped
 from train.fitting.preflight import DamagedStoreError, FitChecks
 from train.fitting.schedule import lr_at
 from train.fitting.trainer import Trainer
@@ -187,6 +188,35 @@ def test_a_shard_corrupt_mid_run_leaves_a_checkpoint_and_a_resume_command_that_w
     assert json.loads(captured.out.strip().splitlines()[-1])["step"] == 16  # 8 + the 8 good samples of epoch 2
 
 
+def test_the_start_reads_no_shard_but_a_sample_and_a_byte_changed_after_it_is_caught_before_its_step(
+        store, qwen3_dir, tmp_path):
+    """Issue 47.2: the start checks commit records and sizes (a truncated file is
+    refused before step 1), re-reads `data.verify_sampled_shards` in full, and a
+    byte changed after the start is still caught by the loader before its step."""
+    damaged = tmp_path / "store"
+    shutil.copytree(store, damaged)
+    order = Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "probe", max_steps=1)).loader.epoch_order(0)
+    messages = []
+    trainer = Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "run", "train.epochs=2",
+                                             "data.verify_sampled_shards=1"), log=messages.append)
+    assert any(m.startswith("fit: start check: commit records and file sizes of 3 committed shard(s), 1 re-read")
+               for m in messages), messages
+    corrupt(damaged, order[2])  # after the start: only the loader can see it
+    with pytest.raises(DataStopped) as stopped:
+        trainer.fit()
+    assert stopped.value.step == 8 and stopped.value.error.shard == order[2]  # two good shards trained first
+
+    sampled_out = "data.verify_sampled_shards=0"  # a changed byte keeps its size: only a re-read finds it
+    Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "sizes", sampled_out, max_steps=1))
+    with pytest.raises(DamagedStoreError, match=rf"shard {order[2]}: layer_3/c/0/0: crc32c"):
+        Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "first", sampled_out, max_steps=1),
+                            checks=FitChecks(verify_first=True))
+    chunk = damaged / "shards" / order[1] / "layer_1" / "c" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-1])
+    with pytest.raises(DamagedStoreError, match=rf"shard {order[1]}: layer_1/c/0/0: size .* \(truncated"):
+        Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "truncated", sampled_out, max_steps=1))
+
+
 # -- 12: config and usage ------------------------------------------------------------------------------
 def test_config_mistakes_say_did_you_mean(tmp_path):
     both = tmp_path / "both.yaml"
@@ -210,6 +240,9 @@ def test_usage_errors_exit_2_and_export_never_writes_into_a_store(store, qwen3_d
     assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "c"),
                  "--set", "optim.lrr=1"]) == 2
     assert "did you mean optim.lr" in capsys.readouterr().err
+    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "d"),
+                 "--verify-first", "--skip-verify"]) == 2
+    assert "--verify-first and --skip-verify exclude each other" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "run"), "--out", str(store / "drafter")]) == 1
     assert "is a hidden-state store" in capsys.readouterr().err
     assert not (store / "drafter").exists()

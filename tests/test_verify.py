@@ -89,6 +89,38 @@ def test_checksums_only_checks_every_file_but_decodes_nothing(tmp_path, capsys):
     assert "--workers must be >= 1" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not Path("/proc/self/io").exists(), reason="needs Linux /proc/self/io")
+def test_sizes_only_reads_no_shard_file_and_finds_what_sizes_show(big_store, tmp_path, capsys):
+    """`--sizes-only` (what `fit` checks of every shard before step 1): commit records
+    and the listing only; a truncated file, a missing one and a file no record lists
+    are damage, a flipped byte is not seen (the loader's crc32c finds it)."""
+    verify_store(big_store, sizes_only=True)
+    before = _bytes_read()
+    report = verify_store(big_store, sizes_only=True)
+    assert report.ok and report.bytes_read == 0 and report.samples == 24
+    assert _bytes_read() - before < 0.05 * on_disk_bytes(big_store / layout.SHARDS_DIR)
+    copy = tmp_path / "s"
+    shutil.copytree(big_store, copy)
+    shard = copy / layout.SHARDS_DIR
+    flipped = shard / "shard-000000" / "layer_3" / "c" / "0" / "0"
+    data = bytearray(flipped.read_bytes())
+    data[100] ^= 1
+    flipped.write_bytes(bytes(data))
+    assert cli(["verify", str(copy), "--sizes-only"]) == 0
+    assert "(--sizes-only: commit records and file sizes, nothing read)" in capsys.readouterr().out
+    truncated = shard / "shard-000001" / "layer_3" / "c" / "0" / "0"
+    truncated.write_bytes(truncated.read_bytes()[:-3])
+    (shard / "shard-000002" / "layer_3" / "c" / "0" / "0").unlink()
+    (shard / "shard-000003" / "stray").write_bytes(b"x")
+    assert cli(["verify", str(copy), "--sizes-only", "--json"]) == 1
+    found = {(p["shard"], p["what"].split(" (")[0]) for p in json.loads(capsys.readouterr().out)["problems"]}
+    size = truncated.stat().st_size
+    assert found == {("shard-000001", f"size {size} != committed {size + 3}"), ("shard-000002", "file missing"),
+                     ("shard-000003", "file not in the commit record")}, found
+    assert cli(["verify", str(copy), "--sizes-only", "--checksums-only"]) == 2
+    assert "--checksums-only and --sizes-only exclude each other" in capsys.readouterr().err
+
+
 def test_progress_prints_lines_with_an_eta_when_not_a_terminal():
     stream = io.StringIO()  # not a TTY
     every_call = ProgressLines(stream, every=0.0)

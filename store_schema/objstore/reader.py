@@ -104,10 +104,9 @@ class BucketStore(Store):
     def shard_file(self, name: str, rel: str) -> bytes:
         return self.bucket.get(f"{attempt_prefix(name, self.attempt(name))}/{rel}")
 
-    def unlisted_shard_files(self, name: str, commit: ShardCommit) -> list[str]:
+    def shard_file_sizes(self, name: str) -> dict[str, int]:
         prefix = attempt_prefix(name, self.attempt(name))
-        found = {key[len(prefix) + 1:] for key in self.bucket.list(prefix)}
-        return sorted(found - set(commit.files))
+        return {key[len(prefix) + 1:]: size for key, size in self.bucket.list(prefix).items()}
 
     def shard_entries(self) -> list[str]:
         """Every shard with a marker (listed: `verify` checks what is there, planned or not)."""

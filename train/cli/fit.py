@@ -1,7 +1,7 @@
 """`python -m train fit --store STORE --target PATH --out RUN [--config FILE]
 [--max-steps N] [--init-from DIR] [--resume] [--progress-interval S] [--nproc N] [--set key=value ...]
 [--nnodes N --node-rank R --master-addr HOST [--master-port P]] [--allow-other-target]
-[--require-complete] [--skip-verify] [--skip-space-check]`
+[--require-complete] [--verify-first] [--skip-verify] [--skip-space-check]`
 
 The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
 saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format
@@ -19,9 +19,11 @@ flags of the same names; the store and RUN must be the same paths on every node.
 
 Before step 1 (`train.fitting.preflight`): the target must be the store's
 (config and weights; `--allow-other-target` overrides, recorded in the run), an
-incomplete store is named (`--require-complete` refuses it), the integrity pass
-reads every committed file's checksum (`--skip-verify` skips it) and refuses
-damaged shards naming the repair command, and the run's checkpoints must fit in
+incomplete store is named (`--require-complete` refuses it), the start check
+reads every shard's commit record and file sizes and re-reads a few shards in
+full (`--verify-first`: every committed file's crc32c; `--skip-verify` skips it)
+and refuses damaged shards naming the repair command (the loader checks every
+file's crc32c as it reads it), and the run's checkpoints must fit in
 RUN's free space (`--skip-space-check` starts anyway). `--max-steps` wins over
 `train.epochs`. A shard found corrupt mid-run checkpoints the last completed step
 and prints the resume commands (exit 1); a disk that fills names the last good
@@ -81,14 +83,18 @@ def add_parser(subparsers) -> None:
     add_target_flags(p)
     p.add_argument("--require-complete", action="store_true",
                    help="refuse a store holding fewer shards than its plan (default: warn and train on those)")
+    p.add_argument("--verify-first", action="store_true",
+                   help="re-read every committed file's crc32c before step 1 (default: commit records and sizes of "
+                        "every shard, data.verify_sampled_shards re-read; the loader checks each file as it reads it)")
     p.add_argument("--skip-verify", action="store_true",
-                   help="skip the integrity pass (checksums of every committed file) before step 1")
+                   help="skip the start check of the store before step 1")
     p.add_argument(SKIP_SPACE_CHECK_FLAG, action="store_true",
                    help="start even when the run's checkpoints exceed --out's free space")
     p.set_defaults(handler=run)
 
 
 FLAGS = (("allow_other_target", ALLOW_FLAG), ("require_complete", "--require-complete"), ("skip_verify", "--skip-verify"),
+         ("verify_first", "--verify-first"),
          ("skip_space_check", SKIP_SPACE_CHECK_FLAG), ("full_weights_check", FULL_FLAG))
 
 
@@ -128,6 +134,8 @@ def run(args) -> int:
         return dry_run(args)
     if not args.out:
         raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
+    if args.verify_first and args.skip_verify:
+        raise UsageError("--verify-first and --skip-verify exclude each other")
     if args.resume:
         Checkpointer(args.out).resume_point(resume=True)  # before the config is read: one line if there is none
     config = resolve_config(args)
@@ -161,7 +169,7 @@ def train(args, config) -> int:
     from train.fitting.trainer import Trainer
 
     checks = FitChecks(allow_other_target=args.allow_other_target, require_complete=args.require_complete,
-                       verify=not args.skip_verify, space=not args.skip_space_check,
+                       verify=not args.skip_verify, verify_first=args.verify_first, space=not args.skip_space_check,
                        full_weights=args.full_weights_check)
     try:
         trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr),

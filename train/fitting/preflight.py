@@ -1,7 +1,9 @@
 """What `fit` checks before step 1, so that a run never trains on something other
 than what was asked without a word: the target is the store's (`train.target_check`),
-the store is whole (committed shards against its plan) and undamaged (the quick
-integrity pass, `store_schema.verify` with checksums only), the held-out split
+the store is whole (committed shards against its plan) and undamaged (the start
+check: every shard's commit record and file sizes, a few shards re-read in full;
+the loader checks every file's crc32c before its samples reach a step, and
+`--verify-first` re-reads everything first), the held-out split
 holds samples, the lanes have shards to read, and `--max-steps` has the epochs it
 needs (it wins over `train.epochs`: the loader runs as many epochs as the steps take,
 and the schedule is built for those steps)."""
@@ -9,6 +11,7 @@ and the schedule is built for those steps)."""
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +44,7 @@ class FitChecks:
     allow_other_target: bool = False  # --allow-other-target: train against another checkpoint (recorded)
     require_complete: bool = False  # --require-complete: refuse a store missing planned shards
     verify: bool = True  # the integrity pass before step 1 (--skip-verify turns it off)
+    verify_first: bool = False  # --verify-first: re-read every committed file's crc32c before step 1
     space: bool = True  # the checkpoints fit in --out's free space (--skip-space-check turns it off)
     full_weights: bool = False  # --full-weights-check: every byte of the target's weights, not a sample
 
@@ -78,7 +82,7 @@ def run_preflight(config: RunConfig, latest: Path | None, checks: FitChecks, wor
     drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
     run_info.update(other_target)
     check_complete(store, checks, log)
-    damaged = integrity_pass(store, config, log, world, device) if checks.verify else []
+    damaged = integrity_pass(store, config, log, world, device, checks.verify_first) if checks.verify else []
     check_heldout(store, config, log)
     return Checked(store, target, drafter_config, run_info, damaged)
 
@@ -135,19 +139,16 @@ def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) 
 
 
 def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], world: World = World(),
-                   device: torch.device | None = None) -> list[str]:
-    """`verify --checksums-only` over the committed shards, in parallel, the job's
-    processes sharing them out: the damaged shards (every rank gets the same list).
-    Refused naming them and the repair command, unless `data.skip_corrupt_shards`
-    (then they are left out, reported once here)."""
-    if is_object_store(store.path):  # a pass would download the whole store before step 1
-        log(f"fit: {store.path} is on object storage: every shard file is checked against its crc32c as it "
-            "arrives, instead of a pass before step 1")
-        return []
+                   device: torch.device | None = None, verify_first: bool = False) -> list[str]:
+    """The start check over the committed shards, in parallel, the job's processes
+    sharing them out: the damaged shards (every rank gets the same list). Refused
+    naming them and the repair command, unless `data.skip_corrupt_shards` (then
+    they are left out, reported once here)."""
     committed = sorted(store.committed_shards())
+    reread = set(committed if verify_first else reread_sample(store, committed, config, log))
     mine = committed[world.rank :: world.size]
-    report = verify_store(store.path, checksums_only=True, workers=config.data.loader_threads, shards=mine)
-    local = [p for p in report.problems if not p["shard"] or p["shard"] in mine]
+    local = start_problems(store, [s for s in mine if s in reread], [s for s in mine if s not in reread],
+                           config.data.loader_threads)
     hit = {p["shard"] for p in local}
     flags = any_rank(world, ["" in hit, *(name in hit for name in committed)], device or torch.device("cpu"))
     root_damage, damaged = flags[0], [name for name, bad in zip(committed, flags[1:]) if bad]
@@ -165,6 +166,29 @@ def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], 
     raise DamagedStoreError(
         f"{where}the integrity pass found {found}; repair with `{repair}` and rerun `python -m extract run`, "
         f"or set data.skip_corrupt_shards=true to leave them out ({SKIP_VERIFY_FLAG} skips this check)")
+
+
+def reread_sample(store: Store, committed: list[str], config: RunConfig, log: Callable[[str], None]) -> list[str]:
+    """The shards re-read in full before step 1 (`data.verify_sampled_shards`, drawn
+    with the run's seed; none on object storage, where that is a download): the
+    others' sizes are checked and their bytes as the loader reads them."""
+    remote = is_object_store(store.path)
+    count = 0 if remote else min(config.data.verify_sampled_shards, len(committed))
+    sample = sorted(random.Random(config.train.seed).sample(committed, count))
+    where = "as it arrives" if remote else "as the loader reads it"
+    log(f"fit: start check: commit records and file sizes of {len(committed)} committed shard(s), {len(sample)} "
+        f"re-read in full; every file's crc32c is checked {where}, before its samples reach a step "
+        "(--verify-first re-reads every file before step 1)")
+    return sample
+
+
+def start_problems(store: Store, reread: list[str], sized: list[str], workers: int | None) -> list[dict]:
+    """Problems of `reread` (sizes and crc32c of every file) and `sized` (commit
+    records and file sizes, nothing read), the store's root and plan named once."""
+    found = verify_store(store, checksums_only=True, workers=workers, shards=reread).problems
+    found += verify_store(store, sizes_only=True, workers=workers, shards=sized).problems
+    unique = {tuple(p.items()): p for p in found}
+    return [p for p in unique.values() if not p["shard"] or p["shard"] in {*reread, *sized}]
 
 
 def heldout_count(store: Store, fraction: float) -> int | None:

@@ -1,0 +1,125 @@
+"""Costs that grow with the job: how long `fit` takes to reach step 1 as the store grows.
+
+    python benchmarks/scale_bench.py [--quick | --smoke]
+
+Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
+
+- start_s_{1,4,16}x: seconds `Trainer.from_config` takes (every check before
+  step 1, the drafter built, the loader started) on stores of 1x, 4x and 16x the
+  shards, each shard the same size, with the page cache emptied first: the
+  default start check (commit records and file sizes of every shard, a few
+  shards re-read in full) and, as `verify_first_s_*`, `--verify-first` (every
+  committed file re-read). Best of `--rounds`.
+- start_ratio_16x_vs_1x: the default's 16x figure over its 1x figure (goal <= 1.2).
+- start_s_per_1000_shards and start_s_full_store_projected: the default's growth
+  per shard (the 16x and 1x figures' difference over the shards between them),
+  and that slope times the full job's ~80,000 shards on top of the 1x figure.
+
+The target is a tiny Qwen3 of random weights and the drafter one layer: the
+figures are the start's own cost, not the model's."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_cache, tiny_target
+
+HIDDEN, VOCAB, TARGET_LAYERS, LAYERS = 1024, 2048, 4, [1, 2]
+FULL_JOB_SHARDS = 80_000  # ~2.6 B tokens in shards of 32,768 tokens
+SCALES = (1, 4, 16)
+
+
+def build_store(path: Path, num_shards: int, samples: int, tokens: int) -> int:
+    """`num_shards` shards of `samples` x `tokens` random states of LAYERS; bytes on disk."""
+    from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
+    from store_schema.records import on_disk_bytes
+
+    fingerprint = Fingerprint(target_model="bench", num_target_layers=TARGET_LAYERS, hidden_size=HIDDEN,
+                              vocab_size=VOCAB, layer_ids=LAYERS, max_length=tokens)
+    writer = create_store(path, fingerprint, CodecConfig())
+    rng = np.random.default_rng(0)
+    mask = np.ones(tokens, np.uint8)
+    mask[: tokens // 4] = 0
+    for s in range(num_shards):
+        batch = [SampleArrays(f"b{s}-{i}", rng.integers(0, VOCAB, tokens).astype(np.int32), mask,
+                              {layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16) for layer in LAYERS})
+                 for i in range(samples)]
+        writer.write_shard(shard_name(s), batch)
+    return on_disk_bytes(path)
+
+
+def start_seconds(store: Path, target: Path, out: Path, verify_first: bool) -> float:
+    """Seconds to a trainer ready for step 1, from a cold page cache."""
+    from train.config_loading import load_config
+    from train.fitting.preflight import FitChecks
+    from train.fitting.trainer import Trainer
+
+    sets = ["model.num_hidden_layers=1", "model.num_anchors=16", "model.mask_token_id=0", "data.heldout_fraction=0",
+            "eval.every=0", "train.checkpoint_every=0", "train.max_steps=1"]
+    config = load_config(None, sets, store=str(store), target=str(target), out=str(out))
+    drop_page_cache(store)
+    with Timer() as t:
+        trainer = Trainer.from_config(config, log=lambda line: None, checks=FitChecks(verify_first=verify_first))
+    trainer.feed.close()
+    shutil.rmtree(out, ignore_errors=True)
+    return t.seconds
+
+
+def measure(root: Path, base_shards: int, samples: int, tokens: int, rounds: int) -> dict:
+    target = tiny_target(root / "target", HIDDEN, VOCAB, TARGET_LAYERS)
+    stores = {scale: root / f"store-{scale}x" for scale in SCALES}
+    sizes = {scale: build_store(path, scale * base_shards, samples, tokens) for scale, path in stores.items()}
+    start_seconds(stores[1], target, root / "warm", False)  # imports and first-use costs out of the way
+    default = {scale: [] for scale in SCALES}
+    first = {scale: [] for scale in SCALES}
+    for _ in range(rounds):
+        for scale, path in stores.items():
+            default[scale].append(start_seconds(path, target, root / "run", False))
+            first[scale].append(start_seconds(path, target, root / "run", True))
+    best = {scale: min(default[scale]) for scale in SCALES}
+    slope = max(0.0, best[16] - best[1]) / (15 * base_shards)
+    figures = {f"start_s_{scale}x": round(best[scale], 3) for scale in SCALES}
+    figures.update({f"verify_first_s_{scale}x": round(min(first[scale]), 3) for scale in SCALES})
+    figures.update({
+        "start_ratio_16x_vs_1x": round(best[16] / best[1], 3),
+        "start_s_per_1000_shards": round(1000 * slope, 3),
+        "start_s_full_store_projected": round(best[1] + FULL_JOB_SHARDS * slope, 1),
+        "shards": {f"{scale}x": scale * base_shards for scale in SCALES},
+        "store_bytes": {f"{scale}x": sizes[scale] for scale in SCALES},
+        "rounds": rounds,
+    })
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="4 shards at 1x (8 otherwise), 2 rounds")
+    parser.add_argument("--rounds", type=int, default=None)
+    add_smoke_flag(parser)
+    args = parser.parse_args()
+    base, samples, tokens, rounds = (1, 1, 256, 1) if args.smoke else (4, 4, 1024, 2) if args.quick else (8, 4, 4096, 3)
+    root = Path(tempfile.mkdtemp(prefix="scale_bench_"))
+    try:
+        figures = measure(root, base, samples, tokens, args.rounds or rounds)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    mb = {scale: figures["store_bytes"][scale] / 1e6 for scale in figures["store_bytes"]}
+    rows = [(f"seconds before step 1, {scale} ({figures['shards'][scale]} shards, {mb[scale]:.0f} MB)",
+             "flat", f"{figures[f'start_s_{scale}']} (--verify-first: {figures[f'verify_first_s_{scale}']})")
+            for scale in ("1x", "4x", "16x")]
+    rows += [("start_ratio_16x_vs_1x", "<= 1.2", str(figures["start_ratio_16x_vs_1x"])),
+             ("start_s_full_store_projected (80,000 shards)", "<= 60",
+              f"{figures['start_s_full_store_projected']} ({figures['start_s_per_1000_shards']} s per 1,000 shards)")]
+    append_results("scale_bench: fit's start as the store grows", rows, figures, smoke=args.smoke)
+
+
+if __name__ == "__main__":
+    main()
