@@ -37,21 +37,19 @@ import embedded  # noqa: E402
 from store_schema.runtime.units import human_bytes, human_duration  # noqa: E402
 
 # The default drafter (DFlash 2, D-PACE: what `fit` trains), small enough to learn the
-# target's text in a few CPU minutes. One layer: on this budget steps matter more than
-# depth (a 1-layer step costs ~0.6 of a 2-layer one, and per step it learned as fast;
-# benchmarks/RESULTS.md, "The demo").
-DRAFTER_SETTINGS = [
-    "model.num_hidden_layers=1",
-    "model.num_anchors=64",
-    "data.max_length=512",
-    "data.heldout_fraction=0.05",
-    "optim.lr=3e-3",
-    "train.grad_accumulation=1",  # one sequence per step: CPU minutes, not the recipe's global batch of 8
-    "train.log_every=5",
-    "eval.every=500",
-    "eval.samples=16",
-    "train.checkpoint_every=500",
-]
+# target's text in a few CPU minutes: the CPU recipe, a config file users train with too.
+CPU_RECIPE = REPO / "scripts" / "cpu-recipe.yaml"
+
+
+def recipe_settings(path: Path = CPU_RECIPE) -> list[str]:
+    """The recipe's settings as `section.key=value` (what `--set` and `load_config` take)."""
+    import yaml
+
+    return [f"{section}.{key}={value}" for section, keys in yaml.safe_load(path.read_text()).items()
+            for key, value in keys.items()]
+
+
+DRAFTER_SETTINGS = recipe_settings()
 
 
 TRAIN_STEPS = 1500
@@ -375,9 +373,9 @@ def main() -> int:
     step = stages.start
 
     step("fit", "5. fit the drafter")
-    overrides = [x for setting in DRAFTER_SETTINGS for x in ("--set", setting)]
-    run(["-m", "train", "fit", "--store", store, "--target", target, "--out", run_dir,
-         "--max-steps", args.train_steps, *fit_args(run_dir), *overrides])
+    resume = fit_args(run_dir)  # a resumed run keeps the config it saved
+    run(["-m", "train", "fit", *(resume or ["--config", CPU_RECIPE]), "--store", store, "--target", target,
+         "--out", run_dir, "--max-steps", args.train_steps])
 
     step("export", "6. export")
     run(["-m", "train", "export", run_dir, "--out", export_dir])

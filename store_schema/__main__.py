@@ -84,16 +84,21 @@ def _info_summary(store) -> dict:
 
 def cmd_config_only_target(args) -> int:
     """The 27B target as config.json only: sizes a job on paper, loads no weights."""
-    from .runtime.config_only_target import write_config_only_target
+    from .runtime.config_only_target import QWEN3_6_MASK_TOKEN_ID, write_config_only_target
 
     if args.tokenizer and not (Path(args.tokenizer) / "tokenizer_config.json").is_file():
         raise FileNotFoundError(f"--tokenizer {args.tokenizer}: no tokenizer_config.json there")
     path = write_config_only_target(args.out, args.tokenizer)
     print(f"wrote {path}/config.json: Qwen3.6-27B's architecture, no weights (for dry-runs only)")
-    if not args.tokenizer:
-        print("no tokenizer copied: pass --tokenizer DIR (the target's tokenizer files) for `plan --dry-run`")
-    print(f"next: python -m extract plan --dry-run --model {path} --corpus CORPUS.jsonl --gpus 8")
-    print(f"      python -m train fit --dry-run --target {path} --out RUN --samples 900000")
+    fit = f"python -m train fit --dry-run --target {path} --samples 902000 --nproc 8 --gpu-tflops 989"
+    if args.tokenizer:
+        print(f"next: python -m extract plan --dry-run --model {path} --corpus CORPUS.jsonl --gpus 8")
+        print(f"      {fit}")
+        return EXIT_OK
+    # Without a tokenizer `fit` cannot find the mask token (the first unused row) and `plan` cannot tokenize.
+    print("no tokenizer copied: `plan --dry-run` needs one; Qwen3.6's, offline: python scripts/real_vocab.py "
+          f"--tokenizer TOK && python -m store_schema config-only-target {path} --tokenizer TOK")
+    print(f"next: {fit} --set model.mask_token_id={QWEN3_6_MASK_TOKEN_ID}")
     return EXIT_OK
 
 

@@ -232,3 +232,42 @@ def test_fit_dry_run_prints_hours_from_flops_and_refuses_a_rate_above_the_peak(q
     assert 50 < report["run_hours"] < 70 and "(--gpu-tflops 989 at MFU 0.4;" in out
     assert main([*argv, "--tokens-per-s", "36000"]) == 1
     assert "--tokens-per-s 36000 is impossible" in capsys.readouterr().err
+
+
+def test_the_commands_config_only_target_prints_run_as_printed(tmp_path, capsys):
+    """Issue 48.7: with a tokenizer, both `next:` lines run (CORPUS.jsonl standing for a
+    corpus); without one, the fit line runs as printed and the tokenizer hint's commands
+    make a directory that `plan --dry-run` takes."""
+    import shlex
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from extract.__main__ import main as extract_cli
+    from store_schema.__main__ import main as store_cli
+    from train.cli import main as train_cli
+
+    clis = {"extract": extract_cli, "train": train_cli, "store_schema": store_cli}
+    corpus = builders.write_chat_jsonl(tmp_path / "corpus.jsonl", builders.real_vocab.tool_call_chats(12))
+
+    def run_printed(line: str) -> dict:
+        words = shlex.split(line.replace("CORPUS.jsonl", str(corpus)))
+        assert words[:2] == ["python", "-m"], line
+        assert clis[words[2]](words[3:] + (["--json"] if words[2] == "extract" else [])) == 0, line
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    assert store_cli(["config-only-target", str(tmp_path / "bare")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    fit = run_printed(printed[-1].removeprefix("next: "))
+    assert fit["run_hours"] > 0 and fit["mask_token_id"] == 248_070 and fit["gpus"] == 8
+    hint = printed[1].split("offline: ", 1)[1]
+    make_tokenizer, remake = hint.split(" && ")
+    words = shlex.split(make_tokenizer.replace("TOK", str(tmp_path / "tok")))
+    assert words[:2] == ["python", "scripts/real_vocab.py"]
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run([sys.executable, *words[1:]], cwd=repo, check=True, capture_output=True, timeout=300)
+    assert store_cli(shlex.split(remake.replace("TOK", str(tmp_path / "tok")))[3:]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    planned = run_printed(printed[-2].removeprefix("next: "))
+    assert planned["layer_ids"] == LAYERS and planned["samples"] > 0
+    assert run_printed(printed[-1].strip())["mask_token_id"] == 248_070

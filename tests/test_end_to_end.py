@@ -1,5 +1,6 @@
 """The main job end to end, through the command lines a user runs: extract with
-2 Ray workers -> verify -> fit a few steps -> eval -> export -> reload."""
+2 Ray workers -> verify -> fit a few steps -> eval -> speculate -> export -> reload,
+no third-party progress bar on any command's stderr."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ def _cli(*args, expect: int = 0) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     result = subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True)
     assert result.returncode == expect, f"{args[:3]}: exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    for bar in ("it/s]", "s/it]", "Loading weights"):  # a third-party progress bar (tqdm), never the project's lines
+        assert bar not in result.stderr, f"{args[:3]} printed a progress bar: {result.stderr[-2000:]}"
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     try:
         return json.loads(lines[-1]) if lines else {}
@@ -57,6 +60,9 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
     assert evaluation["heldout_fraction"] == 0.2  # the run's split, as the export records it
     assert evaluation["samples"] > 0 and 1.0 <= evaluation["tau"] <= 16.0
     assert set(evaluation["ddtree"]) == {"4", "16"}
+    decoded = _cli("-m", "train", "speculate", "--drafter", export, "--target", qwen3_5_dir, "--store", store,
+                   "--limit", 1, "--max-new-tokens", 8, "--json")
+    assert decoded["lossless"] is True
 
     from train.drafter.build import build_drafter
     from train.drafter.model import DrafterConfig

@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 QWEN3_6_VOCAB_ROWS = 248_320  # Qwen3.6's embedding rows (padded past the tokenizer's 248,070)
+QWEN3_6_MASK_TOKEN_ID = 248_070  # the published drafters' mask id: the first row the tokenizer does not use
 
 # Qwen3.5's config class with the values a released config.json carries: linear
 # attention x3 then full attention, 16 times.

@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
         from store_schema.runtime.host import set_torch_threads
         from store_schema.runtime.startup import preload
 
+        quiet_transformers()  # before transformers is first imported: it reads the settings then
         preload(*TORCH_COMMAND_IMPORTS)
         set_torch_threads(processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun sets it per host
-        quiet_transformers()
     return run_command(args.handler, args, refusals=(CorruptShardError, StoreLockedError))
 
 
