@@ -153,6 +153,19 @@ def drop_copied_shard(directory, name: str) -> None:
     shutil.rmtree(gone, ignore_errors=True)
 
 
+def local_copy_holding(source: Store, directory, names) -> tuple[Store, int]:
+    """The local copy of `source` in `directory` holding shards `names`: each reused
+    where it is intact and still the source's (a training cache's, say), else
+    fetched whole. Returns the copy and how many shards were fetched."""
+    open_local_copy(directory, source)
+    fetched = 0
+    for name in sorted(set(names)):
+        if not keep_copied_shard(source, directory, name):
+            copy_shard(source, directory, name)
+            fetched += 1
+    return Store(directory), fetched
+
+
 def copied_shards(directory) -> list[str]:
     """The committed shards the copy in `directory` holds."""
     return Store(directory).committed_shards()

@@ -138,7 +138,7 @@ def test_a_cache_too_small_for_one_shard_or_of_another_store_is_refused(stores, 
         open_local_copy(tmp_path / "cache", Store(other.path))
 
 
-def test_eval_reads_the_bucket_store_and_no_credential_reaches_the_run(stores, qwen3_dir, tmp_path):
+def test_eval_reads_the_bucket_store_and_no_credential_reaches_the_run(stores, qwen3_dir, tmp_path, capsys):
     url, _ = stores
     secret = "Secret-Key-7f3a9c"  # moto takes any key; this one must appear nowhere
     env = dict(os.environ, AWS_SECRET_ACCESS_KEY=secret, PYTHONPATH=str(REPO))
@@ -153,8 +153,17 @@ def test_eval_reads_the_bucket_store_and_no_credential_reaches_the_run(stores, q
          str(qwen3_dir), "--split", "all", "--max-samples", "2", "--max-blocks-per-sample", "4", "--ddtree-budgets",
          "4", "--json"], env=env, capture_output=True, text=True, timeout=600)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert json.loads(evaluated.stdout.splitlines()[-1])["samples"] == 2
+    from_bucket = json.loads(evaluated.stdout.splitlines()[-1])
+    assert from_bucket["samples"] == 2
     assert url in evaluated.stderr
+    # Issue 48.10: through a shard cache, fit's (every shard already there) or a new one (fetched once)
+    for cache, fetched in ((tmp_path / "cache", 0), (tmp_path / "eval-cache", None), (tmp_path / "eval-cache", 0)):
+        assert main(["eval", "--store", url, "--drafter", str(tmp_path / "export"), "--target", str(qwen3_dir),
+                     "--split", "all", "--max-samples", "2", "--max-blocks-per-sample", "4", "--ddtree-budgets", "4",
+                     "--json", "--cache-dir", str(cache)]) == 0
+        cached = json.loads(capsys.readouterr().out.splitlines()[-1])
+        assert cached["tau"] == from_bucket["tau"] and cached["per_sample"] == from_bucket["per_sample"]
+        assert cached["cached_shards_fetched"] == fetched if fetched is not None else cached["cached_shards_fetched"] >= 1
     written = [p for p in run.rglob("*") if p.is_file()] + [p for p in (tmp_path / "export").rglob("*") if p.is_file()]
     for text in (done.stdout, done.stderr, evaluated.stdout, evaluated.stderr,
                  *(p.read_bytes().decode("latin-1") for p in written)):

@@ -444,15 +444,17 @@ def test_a_real_run_with_the_demos_recipe_is_clean(chat_store, qwen3_dir, tmp_pa
     report = capsys.readouterr().out
     assert report.splitlines()[2].startswith("VERDICT: No problems found: it learns"), report
     result = dg.diagnose(run)
-    assert result.learning["vocab_size"] == 512 and result.learning["acc_end"] > 0.3, result.learning
+    assert result.learning["acc_end"] > 0.3, result.learning
+    # D-PACE (the default) weighs each slot's CE by its share of the accepted length: its loss
+    # is not on ln(vocabulary)'s scale, so that reference is neither printed nor judged (48.10)
+    assert result.learning["vocab_size"] is None and "ln(vocabulary" not in report, report
 
 
 @pytest.mark.slow
 def test_a_real_run_at_lr_zero_is_flagged_not_learning(chat_store, qwen3_dir, tmp_path, capsys):
     """The config refuses an LR of exactly 0; 1e-9 moves no weight: the loss stays at
     its start, near ln 512, and top-1 at chance."""
-    # decay CE: its untrained loss is near ln V; D-PACE's is on another scale, which
-    # diagnose's reference does not know yet (issue 48.10)
+    # decay CE: its untrained loss is near ln V (D-PACE's is on another scale: no reference)
     run = fit_run(chat_store, qwen3_dir, tmp_path / "run", "optim.lr=1e-9", "loss.position_weights=decay")
     assert main(["diagnose", str(run), "--json"]) == 1
     data = json.loads(capsys.readouterr().out)

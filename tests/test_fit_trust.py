@@ -217,6 +217,32 @@ def test_the_start_reads_no_shard_but_a_sample_and_a_byte_changed_after_it_is_ca
         Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "truncated", sampled_out, max_steps=1))
 
 
+def test_a_global_batch_the_processes_cannot_share_is_refused_once_before_they_start(store, qwen3_dir, tmp_path,
+                                                                                     capsys):
+    """Issue 48.10: refused by the launching command, in one line, no process started."""
+    out = tmp_path / "run"
+    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(out), "--nproc", "2",
+                 *sets("train.batch_size=1", "train.grad_accumulation=1")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: train fit on 2 processes: the global batch (train.batch_size x train.grad_accumulation = "
+                   "1 sequences per optimizer step) must be a multiple of the number of processes"], err
+    assert not (out / "checkpoints").exists()
+
+
+def test_a_resume_with_nothing_left_to_train_says_so(store, qwen3_dir, tmp_path, capsys):
+    """Issue 48.10: `--resume --max-steps N` below the run's step trains nothing and says so."""
+    out = tmp_path / "run"
+    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(out), "--max-steps", "3",
+                 *sets()]) == 0
+    checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    capsys.readouterr()
+    assert main(["fit", "--out", str(out), "--resume", "--max-steps", "2"]) == 0
+    captured = capsys.readouterr()
+    assert f"fit: nothing to train: {out} is already at step 3 of 2 planned (raise --max-steps" in captured.err
+    assert json.loads(captured.out.strip().splitlines()[-1]) == {"step": 3, "trained_steps": 0}
+    assert "evaluating" not in captured.err and sorted(p.name for p in (out / "checkpoints").iterdir()) == checkpoints
+
+
 # -- 12: config and usage ------------------------------------------------------------------------------
 def test_config_mistakes_say_did_you_mean(tmp_path):
     both = tmp_path / "both.yaml"

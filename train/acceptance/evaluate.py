@@ -48,6 +48,7 @@ import torch
 import torch.nn.functional as F
 
 from store_schema import Store
+from store_schema.local_copy import local_copy_holding
 from store_schema.stores import open_store
 from train.acceptance.config import EvalConfig
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
@@ -302,6 +303,7 @@ def evaluate(
     heldout_fraction: float | None = None,
     attention: str = "auto",
     progress=None,
+    cache_dir=None,
 ) -> dict:
     """Evaluate `drafter` on the `split` samples of `store` (a store_schema.Store
     or its path), at most `config.samples` of them (None: all).
@@ -332,16 +334,23 @@ def evaluate(
       per_sample: [{sample_id, tau, tau_unary, rounds, tokens, tau_per_position}];
       block_size, labels, split, heldout_fraction, anchor_stride, max_blocks_per_sample.
     Samples with no scoreable block are not counted. progress: a callable
-    (samples to evaluate) -> Progress, shown while evaluating, or None."""
+    (samples to evaluate) -> Progress, shown while evaluating, or None.
+    cache_dir: read the samples' shards whole through this local copy of the store
+    (`local_copy_holding`), not a request per row; `cached_shards_fetched` counts."""
     store = store if isinstance(store, Store) else open_store(store)
     _check_store(drafter, head, store, config)
     locations = split_locations(store, split, heldout_fraction)
+    fetched = None
+    if cache_dir is not None:
+        store, fetched = local_copy_holding(store, cache_dir, [loc.shard for loc in locations[: config.samples]])
     samples = read_samples(store, locations[: config.samples], drafter.config.context_layer_ids,
                            need_topk=config.labels == "target")
     bar = progress(len(locations[: config.samples])) if progress else None
     result = evaluate_samples(drafter, head, samples, config, attention=attention, progress=bar)
     result.update(split=split, heldout_fraction=None if split == "all" else heldout_fraction,
                   split_samples=len(locations), max_samples=config.samples)
+    if fetched is not None:
+        result["cached_shards_fetched"] = fetched
     return result
 
 

@@ -59,6 +59,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--batch-blocks", type=positive_int, default=defaults.batch_blocks,
                    help=f"blocks per drafter forward (default {defaults.batch_blocks})")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="read the evaluated samples' shards whole through this local directory (fit's "
+                        "data.cache_dir works; shards there are reused after a check): for object storage, where "
+                        "reading row by row is a request per row")
     add_target_flags(p)
     p.set_defaults(handler=run)
 
@@ -126,7 +130,8 @@ def run(args) -> int:
         print(f"eval: {total} {args.split} sample(s) of {args.store} on {device}", file=sys.stderr, flush=True)
         return Progress("eval", total, "sample", mode=default_mode(), interval=10.0)
 
-    result = evaluate(drafter, head, store, config, split=args.split, heldout_fraction=fraction, progress=progress)
+    result = evaluate(drafter, head, store, config, split=args.split, heldout_fraction=fraction, progress=progress,
+                      cache_dir=args.cache_dir)
     result["drafter"] = str(drafter_dir)
     result.update(other_target)
     if result["samples"] == 0:

@@ -150,12 +150,16 @@ def launch_job(args, config, nodes) -> int:
     """`--nproc N` (and `--nnodes`): start torchrun's launcher, which runs this command in each process."""
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.stores import open_store
+    from train.data.lanes import check_world
     from train.data.loader import check_lanes
     from train.fitting.distributed import launch
 
-    if not args.resume:  # every process would refuse it, each with a traceback of its own
-        world_size = (args.nproc or 1) * nodes.count
-        check_lanes(config.store, config.data.lanes or world_size, len(open_store(config.store).committed_shards()))
+    # Refused here, once, before any process starts (each would refuse it on its own).
+    world_size = (args.nproc or 1) * nodes.count
+    lanes = config.data.lanes or world_size
+    if not args.resume:  # a resumed run's lanes are its checkpoint's, checked by each process
+        check_lanes(config.store, lanes, len(open_store(config.store).committed_shards()))
+    check_world(world_size, world_size if args.resume else lanes, config.train.sequences_per_step, resumed=False)
     return launch(args.nproc or 1, fit_argv(args), Path(args.out), nodes)
 
 
@@ -176,6 +180,15 @@ def train(args, config) -> int:
                                       checks=checks)
     except KeyboardInterrupt:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")
+    if trainer.step >= trainer.total_steps:  # a resume whose --max-steps the run has already reached
+        if trainer.world.is_main:
+            print(f"fit: nothing to train: {args.out} is already at step {trainer.step} of {trainer.total_steps} "
+                  "planned (raise --max-steps to train further)", file=sys.stderr)
+            print(json.dumps({"step": trainer.step, "trained_steps": 0}))
+        trainer.feed.close()
+        trainer.release_replica()
+        close_process_group()
+        return 0
     if trainer.world.is_main:
         announce(trainer)
     try:

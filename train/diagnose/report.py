@@ -68,8 +68,10 @@ SELECTOR_KEYS = ("recall_at_k", "selector_acc", "heldout_recall_at_k", "heldout_
 
 def store_vocab_size(config: RunConfig | None) -> int | None:
     """The vocabulary of the run's store (its fingerprint): ln of it is the loss of a
-    uniform guess. None when the store cannot be read from here."""
-    if config is None or not config.store:
+    uniform guess. None when the store cannot be read from here, or when the loss is
+    not on that scale: D-PACE multiplies each slot's CE by its share of the accepted
+    length (up to the block size), so its loss has no uniform-guess reference."""
+    if config is None or not config.store or config.loss.position_weights == "dpace":
         return None
     try:
         return read_root(config.store).fingerprint.vocab_size

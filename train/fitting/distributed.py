@@ -18,6 +18,7 @@ are stopped by the agent under NCCL), never the 30-minute collective timeout.
 from __future__ import annotations
 
 import datetime
+import inspect
 import logging
 import os
 import signal
@@ -117,11 +118,14 @@ def wrap(drafter: torch.nn.Module, world: World, device: torch.device) -> torch.
     if not world.distributed:
         return drafter
     ids = [device.index] if device.type == "cuda" else None
-    # broadcast_buffers=False: the drafter's only buffers are constants (rotary inv_freq),
-    # and DDP's default broadcast of them before every forward, no_sync micro-steps
-    # included, made the ranks wait for each other once per sequence rather than
-    # once per optimizer step (measured: 2 CPU ranks at ~65 % busy each).
-    return DrafterDDP(drafter, device_ids=ids, broadcast_buffers=False)  # rank 0 alone runs the evaluators
+    # No buffer sync before each forward: the drafter's only buffers are constants (rotary
+    # inv_freq), and DDP's default broadcast of them before every forward, no_sync
+    # micro-steps included, made the ranks wait for each other once per sequence rather
+    # than once per optimizer step (measured: 2 CPU ranks at ~65 % busy each). Newer torch
+    # spells it forward_sync_buffers (and warns on broadcast_buffers); older torch lacks it.
+    newer = "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    no_sync = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
+    return DrafterDDP(drafter, device_ids=ids, **no_sync)  # rank 0 alone runs the evaluators
 
 
 # -- `python -m train fit --nproc N` ---------------------------------------------------------
