@@ -169,3 +169,20 @@ def test_eval_reads_the_bucket_store_and_no_credential_reaches_the_run(stores, q
                  *(p.read_bytes().decode("latin-1") for p in written)):
         assert secret not in text
     assert json.loads((run / "config.json").read_text())["store"] == url
+
+
+def test_a_cache_smaller_than_two_shards_fetches_each_shard_once_per_epoch(qwen3_dir, tmp_path, capsys):
+    """Issue 48.10: with room for one shard and a half, nothing is pinned and every
+    shard is streamed through: fetched once each epoch, never twice in one."""
+    store = make_store(tmp_path / "store", qwen3_dir)[0].path
+    size = int(shard_bytes(store) * 1.5)
+    epochs = 3
+    assert fit(store, qwen3_dir, tmp_path / "run", f"data.cache_dir={tmp_path / 'cache'}", f"data.cache_size={size}",
+               f"train.epochs={epochs}") == 0
+    err = capsys.readouterr().err
+    assert f"0 of {SHARDS} shard(s) pinned" in err, err
+    closing = [line for line in err.splitlines() if "reused after checking" in line]
+    assert len(closing) == 1, closing
+    fetched = int(closing[0].split("reused after checking, ")[1].split()[0])
+    # Each epoch reads every shard once; a shard read last in one epoch and first in the next is kept between.
+    assert SHARDS <= fetched <= epochs * SHARDS, closing
