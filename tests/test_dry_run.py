@@ -203,9 +203,15 @@ def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys
     context_token = 2 * (5 * H + 5 * (H + 2 * kv))
     activations = report["activations"]
     assert activations["per_block_token_layer"] == block_token
-    assert activations["bytes"] == 512 * 16 * 5 * block_token + 3072 * context_token
+    assert activations["bytes"] == 512 * 8 * 5 * block_token + 3072 * context_token
     assert report["peak_gpu_bytes"] == 20 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
     assert "selector codebooks 127,139,840 (2 x V x r)" in out
+    # Issue 45.1: the published DFlash 2 layout for this family, with its source
+    assert report["block_size"] == 8 and report["layer_types"] == ["sliding_attention"] * 5
+    assert report["is_causal"] is False and report["context_layer_ids"] == [5, 19, 33, 47, 61]
+    assert ("fit: the published dflash2 layout for Qwen3.5/3.6/3.8 at 27B (64 layers, hidden 5120): block 8, 5 layers "
+            "(5 sliding, window 2048), non-causal, taps [5, 19, 33, 47, 61]; from z-lab Qwen3.8-27B-DFlash2 = "
+            "SpecForge configs/qwen3.6-27b-dflash2.json") in out
     assert not (tmp_path / "run").exists()
 
 
@@ -222,16 +228,17 @@ def test_fit_dry_run_prints_hours_from_flops_and_refuses_a_rate_above_the_peak(q
     report = json.loads(out.strip().splitlines()[-1])
     q, kv, k, g, r, T = 32 * 128, 8 * 128, 2, 16, 256, 3072
     per_layer = 2 * (2 * H * q + 2 * H * kv + 3 * H * I) + 2 * 2 * (2 * k * (H // g)) * H
-    attention = 5 * 2 * 2 * q * (T / 2 + 16)  # four sliding layers (window 2048 > T / 2) and a full one
+    B = 8  # the published DFlash 2 layout's block (issue 45.1)
+    attention = 5 * 2 * 2 * q * (T / 2 + B)  # five sliding layers, window 2048 > T / 2
     context = T * (2 * 5 * H * H + 5 * 2 * 2 * H * kv)
-    drafter = 512 * 16 * (5 * per_layer + attention) + context + 512 * 15 * 2 * H * r
-    total = 3 * drafter + 2 * 512 * 15 * 2 * H * V
-    assert report["flops_per_sample"] == pytest.approx(total, rel=1e-9) and 120e12 < total < 135e12
+    drafter = 512 * B * (5 * per_layer + attention) + context + 512 * (B - 1) * 2 * H * r
+    total = 3 * drafter + 2 * 512 * (B - 1) * 2 * H * V
+    assert report["flops_per_sample"] == pytest.approx(total, rel=1e-9) and 55e12 < total < 70e12
     assert report["tokens_per_s"] == pytest.approx(989e12 * 0.4 / total * T, abs=0.1)
     assert report["run_hours"] == round(report["run_tokens"] / (report["tokens_per_s"] * 8) / 3600, 3)
-    assert 50 < report["run_hours"] < 70 and "(--gpu-tflops 989 at MFU 0.4;" in out
-    assert main([*argv, "--tokens-per-s", "36000"]) == 1
-    assert "--tokens-per-s 36000 is impossible" in capsys.readouterr().err
+    assert 25 < report["run_hours"] < 35 and "(--gpu-tflops 989 at MFU 0.4;" in out
+    assert main([*argv, "--tokens-per-s", "80000"]) == 1  # 80K x 64 TFLOP / 3,072 tokens: above 989 TFLOP/s
+    assert "--tokens-per-s 80000 is impossible" in capsys.readouterr().err
 
 
 def test_the_commands_config_only_target_prints_run_as_printed(tmp_path, capsys):

@@ -89,18 +89,24 @@ def sglang_layer(data: dict, i: int) -> Layer:
     """models/dflash.py `_get_dflash_layer_attention_params`: full_attention is
     ENCODER_ONLY (bidirectional), sliding_attention is DECODER (causal) with
     dflash_utils.py `get_dflash_attention_sliding_window_size` = sliding_window - 1
-    (window_left; raises without a window). No layer_types: all bidirectional.
-    `is_causal` and `dflash_config.causal` are never read."""
+    (window_left; raises without a window), unless `_get_dflash_attention_type`
+    finds an explicit top-level `is_causal` (SGLang with DFlash 2): then DECODER
+    when true, ENCODER_ONLY when false, every layer; a non-causal window is
+    symmetric (flashattention_backend: `(window_left, window_left)`). No
+    layer_types: all bidirectional. `dflash_config.causal` is never read."""
     layer_types = data.get("layer_types")
-    if layer_types is None or layer_types[i] == "full_attention":
+    explicit = data.get("is_causal")
+    if layer_types is None:
         return Layer("full_attention", False, None)
+    if layer_types[i] == "full_attention":
+        return Layer("full_attention", bool(explicit), None)
     if layer_types[i] != "sliding_attention":
         raise ValueError(f"unsupported layer type {layer_types[i]!r}")
     window = transformers_window(data)
     if window is None:
         raise ValueError("DFLASH sliding_attention layers require config.sliding_window")
     window_left = int(window) - 1
-    return Layer("sliding_attention", True, window_left + 1)
+    return Layer("sliding_attention", True if explicit is None else bool(explicit), window_left + 1)
 
 
 def trainer_layers(config: DrafterConfig) -> list[Layer]:
@@ -155,10 +161,11 @@ def test_engines_read_every_layer_as_the_trainer_ran_it(layout):
     assert data["num_target_layers"] == config.num_target_layers and data["block_size"] == 16
 
 
-def test_is_causal_is_read_by_vllm_from_either_field_and_ignored_by_sglang():
-    """The trap the docs name: a non-causal sliding layer (is_causal false) is served
-    as trained by vLLM (it reads is_causal, older versions dflash_config.causal,
-    and the export writes both), never by SGLang, which runs sliding layers causal."""
+def test_is_causal_is_read_by_vllm_from_either_field_and_by_sglang():
+    """A non-causal sliding layer (is_causal false, the published DFlash 2's) is served
+    as trained by vLLM (it reads is_causal, older versions dflash_config.causal, and
+    the export writes both) and by SGLang (`_get_dflash_attention_type` lets an explicit
+    is_causal win); an SGLang without that function runs sliding layers causal."""
     config = DrafterConfig.from_target(DEMO_TARGET, mask_token_id=2047, num_context_layers=3,
                                        layer_types=["sliding_attention"] * 2, sliding_window=64, is_causal=False, architecture="dflash")
     data = drafter_config_json(config)
@@ -167,8 +174,9 @@ def test_is_causal_is_read_by_vllm_from_either_field_and_ignored_by_sglang():
     assert [vllm_layer(data, i, v2_runner=False) for i in range(2)] == trained
     older_vllm = {k: v for k, v in data.items() if k != "is_causal"}  # reads only dflash_config.causal
     assert [vllm_layer(older_vllm, i, v2_runner=False) for i in range(2)] == trained
-    assert [sglang_layer(data, i) for i in range(2)] != trained
-    assert all(layer.causal for layer in (sglang_layer(data, i) for i in range(2)))
+    assert [sglang_layer(data, i) for i in range(2)] == trained
+    older_sglang = {k: v for k, v in data.items() if k != "is_causal"}  # before _get_dflash_attention_type
+    assert all(layer.causal for layer in (sglang_layer(older_sglang, i) for i in range(2)))
 
 
 def read_drafter_config_from(data: dict) -> DrafterConfig:

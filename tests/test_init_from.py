@@ -180,7 +180,7 @@ def test_a_drafter_that_does_not_fit_is_refused_naming_the_field(store, zlab_dir
 def test_the_command_refuses_in_one_line(store, zlab_dir, qwen3_dir, tmp_path, capsys):
     argv = ["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
             "--max-steps", "1", "--init-from"]
-    assert main(argv + [str(zlab_dir)]) == 1  # block size 16 (the default) against the drafter's 8
+    assert main(argv[:-1] + ["--set", "model.block_size=16", "--init-from", str(zlab_dir)]) == 1  # the drafter's is 8
     assert "model.block_size: 16" in capsys.readouterr().err
     assert main(argv + [str(tmp_path / "nothing")]) == 2  # not a drafter directory: usage
     assert "not a drafter directory" in capsys.readouterr().err

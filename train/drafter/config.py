@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from train.config_error import ConfigError, require
-from train.drafter.geometry import ATTENTION_KINDS, BLOCK_SIZE, shape_problems
+from train.drafter.geometry import ATTENTION_KINDS, shape_problems
 from train.drafter.kinds import DEFAULT_KIND, DFLASH2_SIZES
 
 LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
@@ -25,7 +25,8 @@ class ModelConfig:
     intermediate_size: int | None = None
     layer_types: list[str] | None = None  # per layer: full_attention or sliding_attention
     sliding_window: int | None = None  # context window of the sliding layers
-    block_size: int = BLOCK_SIZE  # B: anchor + B-1 drafted tokens
+    block_size: int | None = None  # B: anchor + B-1 drafted tokens; None: the published layout's, else 16
+    causal: bool | None = None  # every layer causal (True) or not (False); None: the layout's, else per layer kind
     # The drafter kind (train.drafter.kinds): "dflash2" (DFlash + block-local convolutions and a
     # candidate selector) or "dflash"; why the default is what it is: README, "Which drafter"
     architecture: str = DEFAULT_KIND.name
@@ -52,4 +53,4 @@ class ModelConfig:
         """The drafter-shape overrides for `DrafterConfig.from_target` (None = its default)."""
         names = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                  "intermediate_size", "layer_types", "sliding_window", "block_size", "architecture", *DFLASH2_SIZES)
-        return {name: getattr(self, name) for name in names}
+        return {**{name: getattr(self, name) for name in names}, "is_causal": self.causal}

@@ -47,7 +47,7 @@ from store_schema.stores import open_store
 from train.config_loading import load_config
 from train.drafter.build import build_drafter
 from train.drafter.mask_token import resolve_mask_token
-from train.drafter.model import DrafterConfig
+from train.drafter.published import fresh_drafter_config
 from train.drafter.selector import CODEBOOKS
 
 FP32 = 4
@@ -89,7 +89,7 @@ def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
     if d.kind.has_block_conv:  # two convolutions, each: per side its k taps' rows and coefficients
         per_block_token += 2 * act * 2 * d.conv_kernel_size * (h + h // d.conv_group_size)
     per_context_token = act * (len(d.context_layer_ids) * h + d.num_hidden_layers * (h + 2 * kv))
-    block_tokens = config.model.num_anchors * config.model.block_size
+    block_tokens = config.model.num_anchors * drafter_config.block_size
     return dict(per_block_token_layer=per_block_token, per_context_token=per_context_token,
                 block_tokens=block_tokens, context_tokens=sequence_tokens,
                 bytes=block_tokens * d.num_hidden_layers * per_block_token + sequence_tokens * per_context_token)
@@ -116,7 +116,7 @@ def sample_flops(config, drafter_config, sequence_tokens: float) -> dict:
     gradients) and the frozen head's x 2 (input gradient only). Attention keys per block:
     the context before its anchor (anchors spread over the sequence: T / 2 on average,
     at most the window of a sliding layer) and its own block."""
-    d, block = drafter_config, config.model.block_size
+    d, block = drafter_config, drafter_config.block_size
     h, q, kv = d.hidden_size, d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
     block_tokens, scored_rows = config.model.num_anchors * block, config.model.num_anchors * (block - 1)
     per_layer = 2 * (2 * h * q + 2 * h * kv + 3 * h * d.intermediate_size)  # q, o, k, v projections and the MLP
@@ -169,6 +169,8 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
     out = dict(drafter_parameters=params, parameter_groups=parameter_groups(drafter),
                architecture=drafter_config.architecture, drafter_layers=drafter_config.num_hidden_layers,
                context_layer_ids=list(drafter_config.context_layer_ids), mask_token_id=drafter_config.mask_token_id,
+               block_size=drafter_config.block_size, layer_types=list(drafter_config.layer_types),
+               is_causal=drafter_config.is_causal,
                state_bytes=state, target_head_bytes=head, loss_chunk_rows=config.loss.chunk_rows,
                loss_chunk_bytes=loss_chunk, activations=activations, sequences_in_flight=config.train.batch_size,
                peak_gpu_bytes=peak, peak_gpu_gib=gib(peak), gpus=gpus, global_batch=global_batch,
@@ -273,8 +275,7 @@ def dry_run(args) -> int:
         plan = store.plan()
         samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)
     mask = resolve_mask_token(config.model.mask_token_id, args.target, target.vocab_size)
-    drafter_config = DrafterConfig.from_target(target, mask_token_id=mask.id, context_layer_ids=layer_ids,
-                                               **config.model.geometry())
+    drafter_config = fresh_drafter_config(target, mask.id, layer_ids, config.model.geometry(), log=print)
     sizing = Sizing(gpus=args.nproc or 1, samples=samples, tokens=tokens, tokens_per_s=args.tokens_per_s,
                     gpu_tflops=args.gpu_tflops, mfu=args.mfu, gpu_memory_gib=args.gpu_memory)
     figures = dict(fit_estimate(config, target, drafter_config, sizing), mask_token_rule=mask.rule)

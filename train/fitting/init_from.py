@@ -76,7 +76,7 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
     elif source.kind != kind_named(model.architecture):
         raise ConfigError(f"config model.architecture: {model.architecture}, but {where} is a {source.architecture} "
                           f"drafter; set model.architecture={source.architecture} to fine-tune it")
-    if source.block_size != model.block_size:
+    if model.block_size is not None and source.block_size != model.block_size:
         raise ConfigError(f"config model.block_size: {model.block_size}, but {where} drafts blocks of "
                           f"block_size {source.block_size}; set model.block_size={source.block_size}")
     for name, wanted in (("hidden_size", target.hidden_size), ("num_target_layers", target.num_hidden_layers),
@@ -87,10 +87,11 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
     if missing:
         raise ConfigError(f"{where}: dflash_config.target_layer_ids {list(source.context_layer_ids)} read layers "
                           f"{missing} the store does not hold (it holds {list(store_layer_ids)})")
-    for name, given in model.geometry().items():  # block_size is never unset: checked above
+    for name, given in model.geometry().items():
         theirs = getattr(source, name)
         if given is not None and _plain(given) != _plain(theirs):
-            raise ConfigError(f"config model.{name}: {given!r}, but {where} has {theirs!r} "
+            key = "causal" if name == "is_causal" else name  # the run config's spelling
+            raise ConfigError(f"config model.{key}: {given!r}, but {where} has {theirs!r} "
                               "(leave it unset to take the drafter's)")
     return dataclasses.replace(source, mask_token_id=mask_token_id)
 

@@ -75,11 +75,11 @@ def run_preflight(config: RunConfig, latest: Path | None, checks: FitChecks, wor
     layer_ids = check_store_against_target(store, target)
     other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target,
                                 full=checks.full_weights, log=log)
-    check_block_size(store, config)
     check_topk(store, config)
-    if config.loss.gamma is None:
-        default_gamma(config.model.block_size)  # refuse a block size without a default before any work
     drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
+    check_block_size(store, drafter_config.block_size)
+    if config.loss.gamma is None:
+        default_gamma(drafter_config.block_size)  # refuse a block size without a default before any work
     run_info.update(other_target)
     check_complete(store, checks, log)
     damaged = integrity_pass(store, config, log, world, device, checks.verify_first) if checks.verify else []
@@ -108,15 +108,15 @@ def check_store_against_target(store: Store, target: TargetConfig) -> list[int]:
     return list(store.layer_ids)
 
 
-def check_block_size(store: Store, config: RunConfig) -> None:
+def check_block_size(store: Store, block_size: int) -> None:
     """One owner of the block size: the store's plan records the block its samples
     were planned for (each holds >= 2 blocks of loss tokens). A larger drafter
     block would find samples without a whole block and skip them silently; a
     smaller one fits every sample."""
     plan = store.plan()
     planned = (plan.settings or {}).get("block_size") if plan is not None else None
-    if planned is not None and config.model.block_size > int(planned):
-        raise ConfigError(f"config model.block_size: {config.model.block_size}, but {store.path} was planned for "
+    if planned is not None and block_size > int(planned):
+        raise ConfigError(f"config model.block_size: {block_size}, but {store.path} was planned for "
                           f"block size {planned} (its plan's block_size); set model.block_size={planned} or "
                           "re-plan the store with --block-size")
 

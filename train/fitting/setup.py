@@ -10,6 +10,7 @@ from train.config import RunConfig
 from train.config_error import ConfigError
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig
+from train.drafter.published import fresh_drafter_config
 from train.fitting.checkpoint import read_state
 from train.fitting.init_from import fine_tune_config, init_record, read_source
 
@@ -33,8 +34,8 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
         base, where = (source, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
         drafter_config = fine_tune_config(base, where, model, target, store_layer_ids, mask.id)
     else:
-        drafter_config = DrafterConfig.from_target(target, mask_token_id=mask.id, context_layer_ids=store_layer_ids,
-                                                   **model.geometry())
+        drafter_config = fresh_drafter_config(target, mask.id, store_layer_ids, model.geometry(),
+                                              log=None if checkpointed else log)
     if checkpointed is not None:
         changed = drafter_config.differences(checkpointed)
         if changed:

@@ -1,0 +1,95 @@
+"""Issue 45.1: the drafters the field publishes, as data. A fresh run on the 27B
+family trains each kind's published layout (block, layer kinds, window, mask rule,
+taps) wherever the config is silent, and says so; other targets keep the formulas;
+`model.causal` trains, exports (`is_causal`) and loads in the reference with that mask."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import builders
+import pytest
+import tiny
+import torch
+from dflash.model import DFlash2DraftModel
+from test_reference import ANCHORS, BLOCK, inputs, load_reference, reference_logits
+
+from store_schema.runtime.config_only_target import write_config_only_target
+from store_schema.runtime.target_config import read_target_config
+from train.config_loading import load_config
+from train.drafter.config import ModelConfig
+from train.drafter.published import fresh_drafter_config, published_layout
+from train.export.drafter_dir import export_drafter
+from train.fitting.target_head import load_target_head
+from train.fitting.trainer import Trainer
+
+SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
+
+
+@pytest.fixture(scope="module")
+def qwen3_6_27b(tmp_path_factory):
+    return read_target_config(write_config_only_target(tmp_path_factory.mktemp("27b")))
+
+
+def test_the_27b_family_trains_each_kinds_published_layout(qwen3_6_27b):
+    lines = []
+    dflash2 = fresh_drafter_config(qwen3_6_27b, 248_070, None, ModelConfig().geometry(), log=lines.append)
+    assert (dflash2.architecture, dflash2.block_size, dflash2.is_causal) == ("dflash2", 8, False)
+    assert dflash2.layer_types == ["sliding_attention"] * 5 and dflash2.sliding_window == 2048
+    assert dflash2.context_layer_ids == [5, 19, 33, 47, 61]
+    assert "configs/qwen3.6-27b-dflash2.json @5943b2f" in lines[0] and "non-causal" in lines[0]
+
+    dflash = fresh_drafter_config(qwen3_6_27b, 248_070, None, ModelConfig(architecture="dflash").geometry())
+    assert (dflash.block_size, dflash.is_causal, dflash.context_layer_ids) == (16, None, [1, 16, 31, 46, 61])
+    assert dflash.layer_types == ["sliding_attention"] * 4 + ["full_attention"]
+
+    # A store without the layout's taps: its own layers, said; what the config sets wins.
+    lines.clear()
+    own = fresh_drafter_config(qwen3_6_27b, 248_070, [1, 16, 31, 46, 61],
+                               ModelConfig(block_size=16, num_hidden_layers=3, causal=True).geometry(),
+                               log=lines.append)
+    assert own.context_layer_ids == [1, 16, 31, 46, 61] and "it lacks the published taps [5, 19, 33, 47]" in lines[0]
+    assert (own.block_size, own.is_causal, own.num_hidden_layers) == (16, True, 3)
+    assert own.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]  # the formula
+
+
+def test_other_targets_keep_the_formulas(qwen3_dir):
+    target = read_target_config(qwen3_dir)
+    assert published_layout("dflash2", target) is None
+    lines = []
+    config = fresh_drafter_config(target, 3, [1, 3], ModelConfig().geometry(), log=lines.append)
+    assert not lines and (config.block_size, config.is_causal) == (16, None)
+    assert config.layer_types == ["sliding_attention"] * 4 + ["full_attention"]
+
+
+def test_model_causal_trains_exports_and_loads_in_the_reference_with_that_mask(qwen3_dir, tmp_path):
+    """The published DFlash 2's mask rule on the tiny target: sliding layers that see
+    their whole block (non-causal), trained, exported as `is_causal: false`, and the
+    same logits in `dflash` 0.1.0's DFlash2DraftModel."""
+    store, _ = builders.random_store(tmp_path / "store", num_shards=2, samples_per_shard=3, target_dir=qwen3_dir,
+                                     **SHAPE)
+    sets = tiny.drafter_sets("model.causal=false", "model.layer_types=[sliding_attention,sliding_attention]",
+                             f"model.block_size={BLOCK}", "model.sliding_window=6", "train.grad_accumulation=1",
+                             "eval.every=0", "data.heldout_fraction=0.0", "train.checkpoint_every=0", heads=True)
+    sets = [s for s in sets if not s.startswith("model.num_hidden_layers")]
+    config = load_config(None, sets, store=str(store.path), target=str(qwen3_dir), out=str(tmp_path / "run"),
+                         **{"train.max_steps": 3})
+    trainer = Trainer.from_config(config, log=lambda line: None)
+    trainer.fit()
+    drafter = trainer.drafter.eval()
+    assert drafter.config.is_causal is False
+    assert [drafter.config.layer_attention(i).causal for i in range(2)] == [False, False]
+
+    out = export_drafter(drafter, tmp_path / "export", dtype=torch.float32)
+    exported = json.loads((out / "config.json").read_text())
+    assert exported["is_causal"] is False and exported["dflash_config"]["causal"] is False
+    reference = load_reference(out, DFlash2DraftModel)
+    assert all(layer.self_attn.is_causal is False for layer in reference.layers)
+    head = load_target_head(qwen3_dir)
+    features, input_ids = inputs()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # flex without torch.compile warns on CPU
+        expected = torch.stack([reference_logits(reference, head, features, input_ids, a) for a in ANCHORS])
+        ours = head.lm_head(drafter(features, input_ids, torch.tensor(ANCHORS), head.embed_tokens, attention="split"))
+    assert (ours - expected).abs().max() < 1e-4

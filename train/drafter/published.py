@@ -1,0 +1,101 @@
+"""The drafters the field publishes, as data: for a known target family, each kind's
+published layout (block size, layer kinds, window, mask rule, target layers) is
+what a fresh run trains unless the run config says otherwise. Other targets keep
+the formulas of `DrafterConfig.from_target`.
+
+Each entry cites the config it was read from. The DFlash layout for this family
+is recorded as z-lab describe their Qwen3.6 drafters (interleaved sliding-window
+layers, the last full: z-lab/dflash#126) with the taps and window of SpecForge's
+qwen3.6-27b-dflash config; SpecForge's older configs/qwen3.5-27b-dflash.json
+(@95d22a7: five full-attention layers, head_dim 256, taps [3, 15, 31, 47, 59])
+is the Qwen3.5 release, not followed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from train.drafter.kinds import DFLASH, DFLASH2
+from train.drafter.model import DrafterConfig
+
+
+@dataclass(frozen=True)
+class PublishedLayout:
+    kind: str  # `model.architecture`
+    family: str  # the targets it was published for, as messages name them
+    source: str  # the config it was read from: repository, file, revision
+    block_size: int
+    layer_types: tuple[str, ...]
+    sliding_window: int
+    is_causal: bool | None  # None: each layer's rule (sliding causal, full bidirectional)
+    target_layer_ids: tuple[int, ...]
+
+    def fills(self, geometry: dict) -> dict:
+        """`geometry` (the run config's `model` sizes, None where unset) with this
+        layout wherever the user set nothing; layer kinds only when neither the
+        layer count nor the kinds are set."""
+        filled = dict(geometry)
+        defaults = {"block_size": self.block_size, "sliding_window": self.sliding_window, "is_causal": self.is_causal}
+        if geometry.get("num_hidden_layers") is None and geometry.get("layer_types") is None:
+            defaults["layer_types"] = list(self.layer_types)
+        for key, value in defaults.items():
+            if filled.get(key) is None:
+                filled[key] = value
+        return filled
+
+    def describe(self) -> str:
+        kinds = ", ".join(f"{self.layer_types.count(t)} {t.split('_')[0]}" for t in dict.fromkeys(self.layer_types))
+        mask = {None: "per layer kind", False: "non-causal", True: "causal"}[self.is_causal]
+        return (f"block {self.block_size}, {len(self.layer_types)} layers ({kinds}, window {self.sliding_window}), "
+                f"{mask}, taps {list(self.target_layer_ids)}; from {self.source}")
+
+
+QWEN3_6_27B = "Qwen3.5/3.6/3.8 at 27B (64 layers, hidden 5120)"
+LAYOUTS = (
+    PublishedLayout(kind=DFLASH2.name, family=QWEN3_6_27B,
+                    source="z-lab Qwen3.8-27B-DFlash2 = SpecForge configs/qwen3.6-27b-dflash2.json @5943b2f",
+                    block_size=8, layer_types=("sliding_attention",) * 5, sliding_window=2048, is_causal=False,
+                    target_layer_ids=(5, 19, 33, 47, 61)),
+    PublishedLayout(kind=DFLASH.name, family=QWEN3_6_27B,
+                    source="z-lab Qwen3.6-27B-DFlash (SpecForge configs/qwen3.6-27b-dflash.json; z-lab/dflash#126)",
+                    block_size=16, layer_types=("sliding_attention",) * 4 + ("full_attention",), sliding_window=2048,
+                    is_causal=None, target_layer_ids=(1, 16, 31, 46, 61)),
+)
+
+
+def is_qwen3_6_27b(target) -> bool:
+    """The Qwen3.5 hybrid architecture at the 27B shape (Qwen3.6 and 3.8 reuse it)."""
+    return (str(target.model_type or "").startswith("qwen3_5") and target.num_hidden_layers == 64
+            and target.hidden_size == 5120)
+
+
+def published_layout(kind: str, target) -> PublishedLayout | None:
+    """The layout published for drafters of `kind` on `target`'s family, or None."""
+    if not is_qwen3_6_27b(target):
+        return None
+    return next((layout for layout in LAYOUTS if layout.kind == kind), None)
+
+
+def layout_taps(layout: PublishedLayout, store_layer_ids: list[int] | None) -> tuple[list[int] | None, str]:
+    """The context layers a fresh run trains on: the layout's taps when the store holds
+    them all (or on paper, without a store), else every layer the store holds; and
+    a line saying which."""
+    taps = list(layout.target_layer_ids)
+    if store_layer_ids is None or set(taps) <= set(store_layer_ids):
+        return taps, f"taps {taps} (the published layout's)"
+    return list(store_layer_ids), (f"the store's layers {list(store_layer_ids)}: it lacks the published taps "
+                                   f"{sorted(set(taps) - set(store_layer_ids))} of {taps}")
+
+
+def fresh_drafter_config(target, mask_token_id: int, store_layer_ids: list[int] | None, geometry: dict,
+                         log=None):
+    """The drafter a fresh run trains on `target`: the run config's sizes, the kind's
+    published layout where the target is of its family and the config is silent,
+    `DrafterConfig.from_target`'s formulas for the rest. `log` hears the layout used."""
+    layout = published_layout(geometry.get("architecture") or DFLASH2.name, target)
+    layer_ids = store_layer_ids
+    if layout is not None:
+        geometry = layout.fills(geometry)
+        layer_ids, taps = layout_taps(layout, store_layer_ids)
+        if log is not None:
+            log(f"fit: the published {layout.kind} layout for {layout.family}: {layout.describe()}; training on {taps}")
+    return DrafterConfig.from_target(target, mask_token_id=mask_token_id, context_layer_ids=layer_ids, **geometry)
