@@ -54,7 +54,7 @@ from .errors import ExtractError
 from .extraction.config import DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS, JobConfig
 from .extraction.estimate import add_arguments as add_estimate_arguments
 from .extraction.estimate import cache_traffic, cache_traffic_lines, estimate_lines, extraction_estimate
-from .extraction.layers import parse_layer_ids, resolve_layer_ids
+from .extraction.layers import layers_from_drafters, parse_layer_ids, resolve_layer_ids, union_of
 from .generate.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_GENERATE_BATCH_TOKENS,
@@ -89,6 +89,9 @@ def _add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> N
     layers = parser.add_mutually_exclusive_group()
     layers.add_argument("--layers", help="context layer ids, comma-separated (id L = output of decoder layer L)")
     layers.add_argument("--num-context-layers", type=int, help="use the default spread of N layers (default 5)")
+    layers.add_argument("--layers-from", metavar="DIR[,DIR...]",
+                        help="the union of the target layers these drafter directories read (dflash_config."
+                             "target_layer_ids; published or exported): one store for several drafters")
     parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
                         help="tokens per sample; longer records are truncated (default %(default)s)")
     parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
@@ -135,6 +138,8 @@ def _job_config(args, **execution):
         layers = parse_layer_ids(args.layers) if args.layers else None
     except ValueError as error:
         raise UsageError(str(error)) from None
+    if args.layers_from:
+        layers = union_of(layers_from_drafters(args.layers_from))
     if not Path(args.corpus).exists():  # before any line of work is printed
         raise FileNotFoundError(f"corpus {args.corpus} does not exist")
     settings = PlanSettings(
@@ -203,11 +208,24 @@ def cmd_plan(args) -> int:
         store=args.store,
         dry_run=True,
     )
+    if args.layers_from:
+        report["layers_from"] = _sizes_per_drafter(args, plan, dims)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
         _print_plan(report, plan, config.plan_settings, args.corpus)
     return 0
+
+
+def _sizes_per_drafter(args, plan, dims) -> dict:
+    """`--layers-from`: each drafter's own layers and the store it alone would need, beside the union's."""
+    from .extraction.planning import estimate_store_bytes  # with the job modules, as in cmd_plan
+
+    sizes = {}
+    for directory, ids in layers_from_drafters(args.layers_from).items():
+        estimate = estimate_store_bytes(plan, len(ids), dims.hidden_size, args.compression_ratio)
+        sizes[directory] = {"layer_ids": ids, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
+    return sizes
 
 
 def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> None:
@@ -229,6 +247,9 @@ def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> N
     )
     print(f"            {human_bytes(report['estimated_fp8_bytes'])} with --store-dtype fp8_e4m3 "
           f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)")
+    for directory, own in report.get("layers_from", {}).items():
+        print(f"  alone     {directory} {own['layer_ids']}: {human_bytes(own['bfloat16'])} bf16, "
+              f"{human_bytes(own['fp8_e4m3'])} fp8 (the store above serves every --layers-from drafter)")
     print(f"free space  `run` asks for the size plus {SPACE_HEADROOM:.0%}: "
           f"{human_bytes(report['space_needed_bytes']['bfloat16'])} bf16, "
           f"{human_bytes(report['space_needed_bytes']['fp8_e4m3'])} fp8")

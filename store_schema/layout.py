@@ -29,6 +29,7 @@ never leaves a half-written shard where readers look."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from pathlib import Path
@@ -81,6 +82,22 @@ def default_layer_ids(num_layers: int, num_context_layers: int) -> list[int]:
         return validate_layer_ids(spread, N)
     except ValueError as error:
         raise ValueError(f"cannot spread {n} context layers over a {N}-layer target: {error}") from None
+
+
+def drafter_layer_ids(directory) -> list[int]:
+    """The target layers a drafter directory (z-lab's format: config.json with
+    `dflash_config.target_layer_ids`, published or exported) reads, in this module's
+    convention: what `extract --layers-from` stores for it."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory}: not a drafter directory (no config.json)")
+    try:
+        ids = json.loads(path.read_text())["dflash_config"]["target_layer_ids"]
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{path}: no dflash_config.target_layer_ids (not a DFlash drafter's config)") from None
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{path}: dflash_config.target_layer_ids {ids!r} is not a list of layer ids")
+    return ids
 
 
 def validate_layer_ids(layer_ids, num_target_layers: int) -> list[int]:

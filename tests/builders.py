@@ -298,3 +298,39 @@ def warm_started(dflash, **sizes):
         export_drafter(dflash, Path(directory) / "dflash", dtype=dtype)
         drafter = build_drafter(warm_start_config(dflash.config, ModelConfig(architecture="dflash2", **sizes)))
         return load_start_weights(drafter.to(dtype), Path(directory) / "dflash")
+
+
+def save_reference_dflash2(path: str | Path, target_layer_ids=(2, 4), block_size: int = 8, seed: int = 5):
+    """A DFlash 2 directory as the published ones are: the published layout (every
+    layer sliding, `is_causal: false`, block 8) at the tiny Qwen3 target's shape, saved
+    by the reference's own `save_pretrained` (`dflash` 0.1.0's DFlash2DraftModel), its
+    selector codebooks renamed as the published files name them (no `.weight`).
+    Random weights; returns the reference model (eval mode)."""
+    import tempfile
+
+    from dflash.model import DFlash2DraftModel
+    from safetensors.torch import load_file, save_file
+
+    from train.drafter.build import build_drafter
+    from train.drafter.model import DrafterConfig
+    from train.export.drafter_dir import export_drafter
+
+    config = DrafterConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           intermediate_size=96, vocab_size=512, num_target_layers=6,
+                           context_layer_ids=list(target_layer_ids), mask_token_id=5, num_hidden_layers=2,
+                           block_size=block_size, layer_types=["sliding_attention"] * 2, sliding_window=6,
+                           is_causal=False, architecture="dflash2", selector_rank=16, selector_top_k=8)
+    torch.manual_seed(seed)
+    drafter = build_drafter(config)
+    with torch.no_grad():
+        for p in drafter.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    with tempfile.TemporaryDirectory() as ours:
+        reference = DFlash2DraftModel.from_pretrained(str(export_drafter(drafter, Path(ours), dtype=torch.float32)),
+                                                      dtype=torch.float32).eval()
+    reference.save_pretrained(str(path))
+    weights = Path(path) / "model.safetensors"
+    tensors = load_file(str(weights))
+    save_file({name.removesuffix(".weight") if "codebook" in name else name: t for name, t in tensors.items()},
+              str(weights), metadata={"format": "pt"})
+    return reference

@@ -44,6 +44,7 @@ SMOKE_KEYS = {
                                 "distinct_rows", "quick_loss_rows"},
     "scale_bench.py": {"start_s_1x", "start_s_4x", "start_s_16x", "verify_first_s_16x", "start_ratio_16x_vs_1x",
                        "start_s_per_1000_shards", "start_s_full_store_projected"},
+    "layers_bench.py": {"subset_bytes_ratio", "subset_cpu_ratio", "bytes_read", "cpu_seconds", "store_bytes"},
     "fp8_parity.py": {"tau_bf16", "tau_fp8", "tau_ratio", "bytes_ratio", "fp8_bytes_ratio", "heldout_samples"},
     "generate_bench.py": {"openai_vs_plain_client", "openai_tokens_per_s", "plain_client_tokens_per_s",
                           "hf_tokens_per_s", "server"},
@@ -120,6 +121,13 @@ def test_fp8_parity_smoke(tmp_path):
     figures = smoke("fp8_parity.py", "--workdir", str(tmp_path))
     assert SMOKE_KEYS["fp8_parity.py"] <= set(figures) and figures["smoke"] is True
     assert figures["heldout_samples"] > 0 and 0 < figures["fp8_bytes_ratio"] < figures["bytes_ratio"]
+
+
+@pytest.mark.slow  # a child process
+def test_layers_bench_smoke():
+    figures = smoke("layers_bench.py")
+    assert SMOKE_KEYS["layers_bench.py"] <= set(figures)
+    assert figures["store_bytes"]["union"] > figures["store_bytes"]["own"]  # 9 layers stored against 5
 
 
 @pytest.mark.slow  # a child process

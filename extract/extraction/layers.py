@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from store_schema.layout import default_layer_ids, validate_layer_ids
+from store_schema.layout import default_layer_ids, drafter_layer_ids, validate_layer_ids
 from store_schema.runtime.target_config import TargetConfig, read_target_config
 
 
@@ -22,6 +22,19 @@ def parse_layer_ids(text: str) -> list[int]:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise ValueError(f"--layers wants comma-separated integers, got {text!r}") from None
+
+
+def layers_from_drafters(text: str) -> dict[str, list[int]]:
+    """`--layers-from DIR[,DIR...]`: {directory: the target layers its drafter reads}."""
+    directories = [part.strip() for part in text.split(",") if part.strip()]
+    if not directories:
+        raise ValueError("--layers-from wants drafter directories, comma-separated")
+    return {directory: drafter_layer_ids(directory) for directory in directories}
+
+
+def union_of(sets: dict[str, list[int]]) -> list[int]:
+    """Every layer any of the drafters reads, in order: one store serves them all."""
+    return sorted({layer for ids in sets.values() for layer in ids})
 
 
 def resolve_layer_ids(

@@ -27,6 +27,7 @@ class ModelConfig:
     sliding_window: int | None = None  # context window of the sliding layers
     block_size: int | None = None  # B: anchor + B-1 drafted tokens; None: the published layout's, else 16
     causal: bool | None = None  # every layer causal (True) or not (False); None: the layout's, else per layer kind
+    target_layer_ids: list[int] | None = None  # the store's layers the drafter reads; None: the layout's taps, else all
     # The drafter kind (train.drafter.kinds): "dflash2" (DFlash + block-local convolutions and a
     # candidate selector) or "dflash"; why the default is what it is: README, "Which drafter"
     architecture: str = DEFAULT_KIND.name

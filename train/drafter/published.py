@@ -87,15 +87,17 @@ def layout_taps(layout: PublishedLayout, store_layer_ids: list[int] | None) -> t
 
 
 def fresh_drafter_config(target, mask_token_id: int, store_layer_ids: list[int] | None, geometry: dict,
-                         log=None):
+                         log=None, chosen_layer_ids: list[int] | None = None):
     """The drafter a fresh run trains on `target`: the run config's sizes, the kind's
     published layout where the target is of its family and the config is silent,
-    `DrafterConfig.from_target`'s formulas for the rest. `log` hears the layout used."""
+    `DrafterConfig.from_target`'s formulas for the rest. `chosen_layer_ids`
+    (`model.target_layer_ids`) wins over the layout's taps. `log` hears the layout used."""
     layout = published_layout(geometry.get("architecture") or DFLASH2.name, target)
-    layer_ids = store_layer_ids
+    layer_ids = chosen_layer_ids or store_layer_ids
     if layout is not None:
         geometry = layout.fills(geometry)
-        layer_ids, taps = layout_taps(layout, store_layer_ids)
+        layer_ids, taps = ((chosen_layer_ids, f"model.target_layer_ids {chosen_layer_ids}") if chosen_layer_ids
+                           else layout_taps(layout, store_layer_ids))
         if log is not None:
             log(f"fit: the published {layout.kind} layout for {layout.family}: {layout.describe()}; training on {taps}")
     return DrafterConfig.from_target(target, mask_token_id=mask_token_id, context_layer_ids=layer_ids, **geometry)

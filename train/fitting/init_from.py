@@ -86,7 +86,12 @@ def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, targ
     missing = [layer for layer in source.context_layer_ids if layer not in store_layer_ids]
     if missing:
         raise ConfigError(f"{where}: dflash_config.target_layer_ids {list(source.context_layer_ids)} read layers "
-                          f"{missing} the store does not hold (it holds {list(store_layer_ids)})")
+                          f"{missing} the store does not hold (it holds {list(store_layer_ids)}); extract a store "
+                          f"with them: `python -m extract run ... --layers-from {where.split()[-1]}` (with other "
+                          "drafters' directories after a comma, one store serves them all)")
+    if model.target_layer_ids is not None and list(model.target_layer_ids) != list(source.context_layer_ids):
+        raise ConfigError(f"config model.target_layer_ids: {list(model.target_layer_ids)}, but {where} reads "
+                          f"{list(source.context_layer_ids)} (leave it unset to take the drafter's)")
     for name, given in model.geometry().items():
         theirs = getattr(source, name)
         if given is not None and _plain(given) != _plain(theirs):

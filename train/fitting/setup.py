@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from store_schema.layout import validate_layer_ids
 from store_schema.runtime.target_config import TargetConfig
 from train.config import RunConfig
 from train.config_error import ConfigError
@@ -13,6 +14,23 @@ from train.drafter.model import DrafterConfig
 from train.drafter.published import fresh_drafter_config
 from train.fitting.checkpoint import read_state
 from train.fitting.init_from import fine_tune_config, init_record, read_source
+
+
+def chosen_layers(wanted: list[int] | None, store_layer_ids: list[int], num_target_layers: int) -> list[int] | None:
+    """`model.target_layer_ids`, checked: the layer-id rule, and every one in the store
+    (ConfigError naming the missing ones and how to extract them); None when unset."""
+    if wanted is None:
+        return None
+    try:
+        ids = validate_layer_ids(list(wanted), num_target_layers)
+    except ValueError as error:
+        raise ConfigError(f"config model.target_layer_ids: {error}") from None
+    missing = [layer for layer in ids if layer not in store_layer_ids]
+    if missing:
+        raise ConfigError(f"config model.target_layer_ids: {ids} needs layers {missing} the store does not hold (it "
+                          f"holds {store_layer_ids}); extract a store for several drafters with `python -m extract run "
+                          "... --layers-from DIR,DIR` (their union)")
+    return ids
 
 
 def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[int], latest: Path | None,
@@ -34,8 +52,9 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
         base, where = (source, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
         drafter_config = fine_tune_config(base, where, model, target, store_layer_ids, mask.id)
     else:
+        chosen = chosen_layers(model.target_layer_ids, store_layer_ids, target.num_hidden_layers)
         drafter_config = fresh_drafter_config(target, mask.id, store_layer_ids, model.geometry(),
-                                              log=None if checkpointed else log)
+                                              log=None if checkpointed else log, chosen_layer_ids=chosen)
     if checkpointed is not None:
         changed = drafter_config.differences(checkpointed)
         if changed:
