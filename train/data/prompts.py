@@ -38,6 +38,8 @@ class Prompt:
     input_ids: torch.Tensor  # [n] int64
     reference: torch.Tensor | None = None  # the stored response, when from a store
     thinking: bool | None = None  # the chat's thinking switch as rendered (None: the template's default)
+    source: str = ""  # the prompt set it came from: a named set (`humaneval`) or a file's name
+    category: str = ""  # the record's `category`, else its set's name
 
 
 def thinking_settings(thinking: str | None) -> list[bool | None]:
@@ -72,9 +74,11 @@ def jsonl_prompts(path: str | Path, tokenizer=None, vocab_size: int | None = Non
     `thinking_settings(thinking)`. A bad line is refused naming the file, the line and
     the field; `thinking` with a template that has no thinking switch, naming the file."""
     path = Path(path)
-    if thinking is not None:
-        _require_thinking_switch(path, tokenizer)
-    prompts = []
+    return record_prompts(_jsonl_records(path), path.stem, path, tokenizer, vocab_size, limit, thinking)
+
+
+def _jsonl_records(path: Path):
+    """(where, record) for each non-blank line of a JSONL file."""
     with path.open() as lines:
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -86,16 +90,28 @@ def jsonl_prompts(path: str | Path, tokenizer=None, vocab_size: int | None = Non
                 raise ValueError(f"{where}: not a JSON object ({error})") from None
             if not isinstance(record, dict):
                 raise ValueError(f"{where}: not a JSON object")
-            name = str(record.get("id", f"line-{number}"))
-            for setting in thinking_settings(thinking) if "messages" in record else [None]:
-                ids = _record_ids(record, where, tokenizer, setting)
-                if vocab_size is not None and max(ids) >= vocab_size:
-                    raise ValueError(f"{where}: input_ids holds token {max(ids)}, outside the target vocabulary "
-                                     f"[0, {vocab_size})")
-                suffix = "" if thinking != "both" else f":thinking-{'on' if setting else 'off'}"
-                prompts.append(Prompt(name + suffix, torch.tensor(ids, dtype=torch.long), thinking=setting))
-            if limit is not None and len(prompts) >= limit:
-                break
+            yield where, dict(record, id=str(record.get("id", f"line-{number}")))
+
+
+def record_prompts(records, source: str, origin, tokenizer=None, vocab_size: int | None = None,
+                   limit: int | None = None, thinking: str | None = None) -> list[Prompt]:
+    """Prompts of (where, record) pairs of one set named `source` (`origin` names it in
+    errors), at most `limit` of them."""
+    if thinking is not None:
+        _require_thinking_switch(origin, tokenizer)
+    prompts = []
+    for where, record in records:
+        category = str(record.get("category") or source)
+        for setting in thinking_settings(thinking) if "messages" in record else [None]:
+            ids = _record_ids(record, where, tokenizer, setting)
+            if vocab_size is not None and max(ids) >= vocab_size:
+                raise ValueError(f"{where}: input_ids holds token {max(ids)}, outside the target vocabulary "
+                                 f"[0, {vocab_size})")
+            suffix = "" if thinking != "both" else f":thinking-{'on' if setting else 'off'}"
+            prompts.append(Prompt(record["id"] + suffix, torch.tensor(ids, dtype=torch.long), thinking=setting,
+                                  source=source, category=category))
+        if limit is not None and len(prompts) >= limit:
+            break
     return prompts[:limit]
 
 
