@@ -40,10 +40,13 @@ PROMPT = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110]  # longer than the slidi
 LAYOUTS = {
     "full": dict(num_hidden_layers=1, layer_types=["full_attention"]),
     "sliding": dict(num_hidden_layers=2, layer_types=["sliding_attention"] * 2, sliding_window=4),
+    # The published DFlash 2's rule (is_causal false): sliding layers that see their whole block.
+    "noncausal": dict(num_hidden_layers=2, layer_types=["sliding_attention"] * 2, sliding_window=4, is_causal=False),
 }
 # The same weights under a rule vLLM does not serve them with: a causal block for a
 # full layer, no window for a sliding one.
-OTHER_RULE = {"full": LayerAttention(causal=True), "sliding": LayerAttention(causal=True, window=None)}
+OTHER_RULE = {"full": LayerAttention(causal=True), "sliding": LayerAttention(causal=True, window=None),
+              "noncausal": LayerAttention(causal=True, window=4)}
 
 
 def captured(python: str, target, drafter, workdir) -> dict[str, torch.Tensor]:
