@@ -9,7 +9,7 @@ of 9 stored layers against the same samples in a store of exactly those 5, cold
 page cache each time, best of `--rounds`. Appends a section to benchmarks/RESULTS.md
 and prints one JSON line last:
 
-- subset_bytes_ratio: bytes the loader read (the process's `rchar`) from the 9-layer
+- subset_bytes_ratio: bytes the loader read from storage (the process's `read_bytes`) from the 9-layer
   store over the 5-layer store's (goal <= 1.1);
 - subset_cpu_ratio: the loader's CPU seconds (all threads) likewise (goal <= 1.1);
 - bytes_read / cpu_seconds for each, the stores' bytes on disk."""
@@ -55,11 +55,13 @@ def build_store(path: Path, layers: list[int], shards: int, samples: int, tokens
     return on_disk_bytes(path)
 
 
-def _rchar() -> int:
+def _read_bytes() -> int:
+    """Bytes this process had read from storage (`read_bytes`: memory-mapped reads too,
+    which `rchar` misses; the page cache is emptied before each pass)."""
     for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("rchar:"):
+        if line.startswith("read_bytes:"):
             return int(line.split()[1])
-    raise RuntimeError("no rchar in /proc/self/io")
+    raise RuntimeError("no read_bytes in /proc/self/io")
 
 
 def loader_read(path: Path, layers: list[int], threads: int) -> tuple[int, float]:
@@ -71,10 +73,10 @@ def loader_read(path: Path, layers: list[int], threads: int) -> tuple[int, float
     drop_page_cache(path)
     data = DataConfig(max_length=4096, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads)
     loader = ShardLoader(Store(path), data, LoaderSpec(layers, 8, seed=0, epochs=1))
-    before, cpu = _rchar(), time.process_time()
+    before, cpu = _read_bytes(), time.process_time()
     samples = sum(1 for _ in loader)
     assert samples > 0
-    return _rchar() - before, time.process_time() - cpu
+    return _read_bytes() - before, time.process_time() - cpu
 
 
 def main() -> None:
