@@ -18,6 +18,9 @@
         target_topk_logprobs/   float32 [tokens, k] (optional)
         commit.json             size + crc32c of every file above; written before the
                                 directory is renamed into shards/, so it is the commit
+      commits/NAME.json         the store's own list of what it committed: written by each
+                                commit right after the rename (a committed shard whose
+                                directory is gone is damage, not an unfinished job)
       .staging/                 shards being written aside (never visible to readers)
       damaged/                  shards `verify --repair` (or a job) moved out of shards/, kept
                                 until the job that re-extracts them completes the store
@@ -42,6 +45,7 @@ ZARR_METADATA = "zarr.json"  # a zarr v3 group's or array's metadata file
 ROOT_RECORD = "dflash_store.json"
 PLAN_DIR = "plan"
 SHARDS_DIR = "shards"
+COMMITS_DIR = "commits"  # the commit journal (store_schema.commit_journal)
 STAGING_DIR = ".staging"
 DAMAGED_DIR = "damaged"
 LOCK_FILE = ".lock"

@@ -28,6 +28,7 @@ import torch
 import zarr
 
 from . import layout, zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
+from .commit_journal import entry_key, journaled
 from .dtypes import StoreDtype, store_dtype
 from .fp8 import as_bf16, dequantize
 from .plan import Plan
@@ -152,6 +153,14 @@ class Store:
     def shard_file_sizes(self, name: str) -> dict[str, int]:
         """{relative path: size} of every file of shard `name` but its commit record (nothing read)."""
         return file_sizes(layout.shard_dir(self.path, name), exclude=(layout.COMMIT_RECORD,))
+
+    def journaled_shards(self) -> set[str] | None:
+        """The shards the store's commit journal lists (`commit_journal`); None without one."""
+        return journaled(self.path)
+
+    def journal_entry(self, name: str) -> dict:
+        """Shard `name`'s journal entry, checked (RecordError when damaged or missing)."""
+        return read_record(self.path / entry_key(name))
 
     def unlisted_shard_files(self, name: str, commit: ShardCommit) -> list[str]:
         """Files of shard `name` that its commit record does not list."""

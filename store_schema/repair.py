@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import layout
+from .commit_journal import forget, journaled
 
 
 @dataclass
@@ -89,7 +90,11 @@ def repair_dir(store, report) -> Repair:
     repair, shards = plan_repair(None if plan_damaged else read_committed_plan(store), report)
     if shards:
         with StoreLock(store, job="verify --repair"):
-            repair.moved = set_aside(store, shards)
+            moved = set_aside(store, shards)
+            vanished = [name for name in shards if name not in moved and name in (journaled(store) or ())]
+            for name in shards:  # no longer committed: out of the journal, for the rerun to extract again
+                forget(store, name)
+            repair.moved = sorted(moved + vanished)
     return repair
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from . import layout
+from .commit_journal import journal_commit
 from .lock import Attempt, claim
 from .records import describe_files, fsync_path, fsync_tree, write_record
 
@@ -34,10 +35,12 @@ def staging_dir(root, name: str, attempt: Attempt | None = None) -> Path:
 
 
 def write_and_commit(root, name: str, write: Callable[[Path], T], make_record: Callable[[T, dict], dict],
-                     attempt: Attempt | None = None, check: Callable[[Path, dict], None] | None = None) -> bool:
+                     attempt: Attempt | None = None, check: Callable[[Path, dict], None] | None = None,
+                     journal: bool = False) -> bool:
     """Write shard `name` of `root` aside with `write(staging) -> summary` and commit
     it. `make_record(summary, files)` gives the commit record's body from the file
-    table; `check(staging, record)` may refuse it (raise) right before the rename.
+    table; `check(staging, record)` may refuse it (raise) right before the rename;
+    `journal`: enter the commit in the store's journal (`commit_journal`) after it.
     Returns False if another writer committed the shard first. The staging
     directory is gone afterwards, committed or not."""
     root = Path(root)
@@ -58,6 +61,8 @@ def write_and_commit(root, name: str, write: Callable[[Path], T], make_record: C
                 return False  # another writer committed it first
             raise
         fsync_path(root / layout.SHARDS_DIR)
+        if journal:
+            journal_commit(root, name, record)
         return True
     finally:
         if staging.exists():

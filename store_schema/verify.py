@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from . import layer_stats, layout
+from .commit_journal import entry_key
 from .dtypes import nonfinite_rows
 from .plan import is_safe_id
 from .reader import CorruptShardError, Store, as_bits
@@ -30,6 +31,7 @@ from .runtime.host import available_cores
 from .stores import open_store
 
 MISSING_SHARD = "planned shard missing (not committed, or deleted)"
+VANISHED = "committed shard gone: the store's journal records its commit, its directory is missing"
 SIZES, CHECKSUMS, CONTENTS = "sizes", "checksums", "contents"  # how deep a shard is checked
 RERUN = "rerun `python -m extract run ...` to finish"  # the same command: it extracts only what is missing
 
@@ -141,6 +143,8 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
         return report
     _check_root(store, report)
     plan = _check_plan(store, report)
+    if not sizes_only:  # fit's start reads no more than it must
+        _check_journal(store, report, shards)
     report.leftovers = store.leftovers()
     shard_dirs = store.shard_entries()
     if shards is not None:
@@ -163,8 +167,12 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     if planned_ids is not None and shards is None:
         planned = set(planned_ids)
         report.planned_shards = len(planned)
+        journal = store.journaled_shards() or set()
         for name in sorted(planned - set(shard_dirs)):
-            report.add(MISSING_SHARD, shard=name)
+            if name in journal:
+                report.add(VANISHED, shard=name, file=entry_key(name))
+            else:
+                report.add(MISSING_SHARD, shard=name)
         for name in sorted(set(shard_dirs) - planned):
             report.add("shard not in the plan", shard=name)
     return report
@@ -201,6 +209,16 @@ def _check_root(store: Store, report: Report) -> None:
     actual = store.fingerprint.sha256()
     if store.attrs.get("fingerprint_sha256") != actual or record["fingerprint_sha256"] != actual:
         report.add("fingerprint edited: it does not match the hash recorded at creation", file=layout.ZARR_METADATA)
+
+
+def _check_journal(store: Store, report: Report, shards=None) -> None:
+    """Each commit-journal entry (of `shards`, when given) is a sound record."""
+    names = store.journaled_shards() or set()
+    for name in sorted(names if shards is None else names & set(shards)):
+        try:
+            store.journal_entry(name)
+        except RecordError as exc:
+            report.add(str(exc), shard=name, file=entry_key(name))
 
 
 def _check_plan(store: Store, report: Report):

@@ -119,7 +119,7 @@ class StoreWriter:
     def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0) -> bool:
         """The commit step (`staging.write_and_commit`'s arguments); a bucket writer
         commits by its marker, and builds the shard in its spool, reserving `need` bytes."""
-        return write_and_commit(self.path, name, write, make_record, attempt, check)
+        return write_and_commit(self.path, name, write, make_record, attempt, check, journal=True)
 
     def upload_of(self, name: str) -> Upload:
         """Shard `name`'s upload: nothing is uploaded into a directory."""
@@ -303,7 +303,7 @@ def looks_like_store(path) -> bool:
     names = {p.name for p in store_entries(path)}
     return bool(names) and names <= {
         layout.ZARR_METADATA, layout.ROOT_RECORD, layout.PLAN_DIR, layout.SHARDS_DIR, layout.STAGING_DIR, layout.REPORTS_DIR,
-        layout.DAMAGED_DIR,
+        layout.DAMAGED_DIR, layout.COMMITS_DIR,
     }
 
 

@@ -120,6 +120,19 @@ def save_reference_drafter(path: str | Path, block_size: int = 8, seed: int = 3)
     return saved
 
 
+def never_committed(store, name: str) -> None:
+    """Make committed shard `name` of a local store look never extracted: its directory
+    and its entry in the store's commit journal gone (deleting only the directory is
+    damage, `verify` says, since the journal remembers the commit)."""
+    import shutil
+
+    from store_schema import layout
+    from store_schema.commit_journal import forget
+
+    shutil.rmtree(Path(store) / layout.SHARDS_DIR / name, ignore_errors=True)
+    forget(store, name)
+
+
 def write_chat_jsonl(path: str | Path, records: list[dict]) -> Path:
     path = Path(path)
     with path.open("w") as f:

@@ -125,6 +125,7 @@ def test_verify_clean_removes_what_it_names(tmp_path, capsys):
     leftover.mkdir(parents=True)
     (leftover / "x").write_bytes(b"half")
     (store / "shards" / "shard-000001" / "commit.json").unlink()  # uncommitted, but where readers look
+    (store / "commits" / "shard-000001.json").unlink()  # (a committed one would be damage: the journal says so)
     assert main(["verify", str(store), "--clean"]) == 1  # the shard is missing until extract run redoes it
     out = capsys.readouterr().out
     assert "removed 1 uncommitted leftover(s): shard-000000.dead.abc" in out and "--clean removes" not in out, out

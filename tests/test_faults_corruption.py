@@ -75,8 +75,8 @@ def test_verify_detects_every_seeded_corruption(finished_store, tmp_path, capsys
         shard, file = _inject(copy, kind, rng)
         code = cli(["verify", str(copy), "--json"])
         report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-        # A deleted shard leaves an intact store short of a planned shard: incomplete (exit 3), not damaged.
-        expected = (3, "incomplete") if kind == "delete_shard" else (1, "damaged")
+        # A deleted committed shard is damage too: the store's journal remembers its commit (issue 47.4).
+        expected = (1, "damaged")
         assert (code, report["status"]) == expected and not report["ok"], f"injection {i} ({kind} {shard}/{file})"
         problems = report["problems"]
         if shard:

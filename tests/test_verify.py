@@ -150,7 +150,7 @@ def test_an_intact_store_with_missing_planned_shards_is_incomplete_not_damaged(t
     store = tmp_path / "s"
     builders.random_store(store, num_shards=4, samples_per_shard=2)
     for name in ("shard-000002", "shard-000003"):  # never extracted: a planned shard without a directory
-        shutil.rmtree(store / layout.SHARDS_DIR / name)
+        builders.never_committed(store, name)
     assert cli(["verify", str(store)]) == 3
     out = capsys.readouterr().out
     assert out.splitlines()[-1] == "incomplete: 2 of 4 shards committed; rerun `python -m extract run ...` to finish"

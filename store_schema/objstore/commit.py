@@ -21,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from .. import layout
+from ..commit_journal import entry_bytes, entry_key
 from ..lock import Attempt, ShardFenced
 from ..plan import Plan
 from ..plan_io import write_plan_group
@@ -89,13 +90,15 @@ def upload_shard(bucket: Bucket, name: str, local: Path, record: dict, attempt: 
         _fault_point("claim")
         claim(bucket, name, attempt)
         _fault_point("marker")
-        committed = bucket.create(shard_marker(name), record_bytes(dict(record, **{MARKER_ATTEMPT: attempt.token})))
+        marker = dict(record, **{MARKER_ATTEMPT: attempt.token})
+        committed = bucket.create(shard_marker(name), record_bytes(marker))
     except BaseException:
         bucket.delete_many(keys)
         raise
     if committed is None:
         bucket.delete_many(keys)  # another attempt committed the shard first
         return False
+    bucket.put(entry_key(name), entry_bytes(name, marker))  # the store's journal (commit_journal)
     return True
 
 

@@ -15,6 +15,8 @@ import zarr
 from zarr.storage import ObjectStore
 
 from .. import layout
+from ..commit_journal import SUFFIX as JOURNAL_SUFFIX
+from ..commit_journal import entry_key
 from ..dtypes import store_dtype
 from ..plan import Plan
 from ..plan_io import plan_from_group
@@ -103,6 +105,20 @@ class BucketStore(Store):
     # -- what `verify` reads ---------------------------------------------------------------
     def shard_file(self, name: str, rel: str) -> bytes:
         return self.bucket.get(f"{attempt_prefix(name, self.attempt(name))}/{rel}")
+
+    def journaled_shards(self) -> set[str] | None:
+        keys = self.bucket.list(layout.COMMITS_DIR)
+        if not keys:
+            return None
+        prefix = layout.COMMITS_DIR + "/"
+        return {key[len(prefix):].removesuffix(JOURNAL_SUFFIX) for key in keys if key.endswith(JOURNAL_SUFFIX)}
+
+    def journal_entry(self, name: str) -> dict:
+        key = entry_key(name)
+        try:
+            return parse_record(self.bucket.get(key), self.bucket.where(key))
+        except FileNotFoundError:
+            raise RecordError(f"{self.bucket.where(key)}: commit record missing") from None
 
     def shard_file_sizes(self, name: str) -> dict[str, int]:
         prefix = attempt_prefix(name, self.attempt(name))

@@ -10,6 +10,7 @@ kept (named as a leftover) until its shard has a marker."""
 from __future__ import annotations
 
 from .. import layout
+from ..commit_journal import entry_key
 from ..repair import Repair, plan_repair
 from .bucket import Bucket
 from .commit import REVOKED, attempt_of_token, take_fence
@@ -56,8 +57,12 @@ def repair_bucket(url, report) -> Repair:
     repair, shards = plan_repair(None if plan_damaged else store.plan(), report)
     if shards:
         with StoreLease(store.bucket, job="verify --repair"):
+            journal = store.journaled_shards() or set()
             for name in shards:
-                if store.bucket.exists(shard_marker(name)):
+                marked = store.bucket.exists(shard_marker(name))
+                if marked:
                     store.bucket.delete(shard_marker(name))
+                if marked or name in journal:  # a journaled shard whose marker vanished: forgotten too
+                    store.bucket.delete(entry_key(name))
                     repair.moved.append(name)
     return repair
