@@ -15,6 +15,11 @@ Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
   per shard (the 16x and 1x figures' difference over the shards between them),
   and that slope times the full job's ~80,000 shards on top of the 1x figure.
 
+With `--metadata-shards N` (10,000 for the issue's figure) it also builds a store of
+N tiny committed shards with a plan and times what grows with the shard count, not
+the bytes: `store_schema info` (`info_s`), `verify --sizes-only` (`verify_sizes_s`)
+and fit's start to a trainer ready for step 1 (`fit_start_s`), each cold.
+
 The target is a tiny Qwen3 of random weights and the drafter one layer: the
 figures are the start's own cost, not the model's."""
 
@@ -73,6 +78,62 @@ def start_seconds(store: Path, target: Path, out: Path, verify_first: bool) -> f
     return t.seconds
 
 
+def build_tiny_shards(path: Path, num_shards: int) -> float:
+    """`num_shards` committed shards of one 64-token sample each, with their plan;
+    the seconds the writer took."""
+    from store_schema import (
+        CodecConfig,
+        Fingerprint,
+        Plan,
+        PlannedSample,
+        PlannedShard,
+        SampleArrays,
+        create_store,
+        sample_digest,
+        shard_name,
+    )
+
+    tokens = 64
+    fingerprint = Fingerprint(target_model="bench", num_target_layers=TARGET_LAYERS, hidden_size=HIDDEN,
+                              vocab_size=VOCAB, layer_ids=LAYERS, max_length=tokens)
+    writer = create_store(path, fingerprint, CodecConfig())
+    rng = np.random.default_rng(0)
+    mask = np.ones(tokens, np.uint8)
+    mask[:8] = 0
+    samples = []
+    for s in range(num_shards):
+        ids = rng.integers(0, VOCAB, tokens).astype(np.int32)
+        samples.append(SampleArrays(f"m{s}", ids, mask, {layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16)
+                                                         for layer in LAYERS}))
+    writer.write_plan(Plan(tuple(PlannedShard(shard_name(s), (PlannedSample(x.sample_id, s, tokens, int(mask.sum()),
+                                                                            sample_digest(x.input_ids.tobytes(),
+                                                                                          mask.tobytes())),))
+                                 for s, x in enumerate(samples)), (), settings={"source": "scale_bench"}))
+    with Timer() as t:
+        for s, sample in enumerate(samples):
+            writer.write_shard(shard_name(s), [sample])
+    return t.seconds
+
+
+def metadata(root: Path, num_shards: int) -> dict:
+    """What grows with the shard count: info, verify --sizes-only, fit's start."""
+    import subprocess
+
+    target = tiny_target(root / "meta-target", HIDDEN, VOCAB, TARGET_LAYERS)
+    store = root / "meta-store"
+    build_s = build_tiny_shards(store, num_shards)
+    timed = {}
+    for name, argv in (("info_s", ["-m", "store_schema", "info", str(store), "--json"]),
+                       ("verify_sizes_s", ["-m", "store_schema", "verify", str(store), "--sizes-only", "--json"])):
+        drop_page_cache(store)
+        with Timer() as t:
+            done = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        timed[name] = round(t.seconds, 2)
+    timed["fit_start_s"] = round(start_seconds(store, target, root / "meta-run", False), 2)
+    return {"metadata_shards": num_shards, "metadata_build_s": round(build_s, 1), **timed}
+
+
 def measure(root: Path, base_shards: int, samples: int, tokens: int, rounds: int) -> dict:
     target = tiny_target(root / "target", HIDDEN, VOCAB, TARGET_LAYERS)
     stores = {scale: root / f"store-{scale}x" for scale in SCALES}
@@ -103,14 +164,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 shards at 1x (8 otherwise), 2 rounds")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--metadata-shards", type=int, default=0, metavar="N",
+                        help="also time info, verify --sizes-only and fit's start on N tiny shards (e.g. 10000)")
+    parser.add_argument("--metadata-only", action="store_true", help="only the --metadata-shards figures")
     add_smoke_flag(parser)
     args = parser.parse_args()
     base, samples, tokens, rounds = (1, 1, 256, 1) if args.smoke else (4, 4, 1024, 2) if args.quick else (8, 4, 4096, 3)
     root = Path(tempfile.mkdtemp(prefix="scale_bench_"))
+    meta_shards = 20 if args.smoke else args.metadata_shards
     try:
-        figures = measure(root, base, samples, tokens, args.rounds or rounds)
+        figures = {} if args.metadata_only else measure(root, base, samples, tokens, args.rounds or rounds)
+        if meta_shards:
+            figures.update(metadata(root, meta_shards))
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    if args.metadata_only:
+        rows = [(f"{key} ({meta_shards:,} one-sample shards, cold)", "-", str(figures[key]))
+                for key in ("info_s", "verify_sizes_s", "fit_start_s", "metadata_build_s")]
+        append_results("scale_bench: metadata at many shards", rows, figures, smoke=args.smoke)
+        return
     mb = {scale: figures["store_bytes"][scale] / 1e6 for scale in figures["store_bytes"]}
     rows = [(f"seconds before step 1, {scale} ({figures['shards'][scale]} shards, {mb[scale]:.0f} MB)",
              "flat", f"{figures[f'start_s_{scale}']} (--verify-first: {figures[f'verify_first_s_{scale}']})")

@@ -193,8 +193,21 @@ class Store:
         return check_files(self.path, table)
 
     def stored_bytes(self) -> int:
-        """What the store occupies."""
-        return on_disk_bytes(self.path)
+        """What the store occupies: a committed shard by its commit record's sizes (read
+        anyway for the counts; no walk of its files), everything else as found on disk."""
+        shards = self.path / layout.SHARDS_DIR
+        total = sum(on_disk_bytes(entry) if entry.is_dir() else entry.stat().st_size
+                    for entry in self.path.iterdir() if entry != shards)
+        if not shards.is_dir():
+            return total
+        committed = set(self.committed_shards())
+        for entry in os.scandir(shards):
+            if entry.name in committed:
+                total += self.commit(entry.name).disk_bytes + os.path.getsize(os.path.join(entry.path,
+                                                                                          layout.COMMIT_RECORD))
+            else:
+                total += on_disk_bytes(entry.path) if entry.is_dir() else entry.stat().st_size
+        return total
 
     def num_samples(self) -> int:
         return sum(self.commit(n).num_samples for n in self.committed_shards())

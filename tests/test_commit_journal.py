@@ -53,3 +53,18 @@ def test_a_vanished_shard_on_object_storage_is_damage_too(url, capsys):
     assert [(p["shard"], p["file"]) for p in report["problems"]] == [("shard-000000", "commits/shard-000000.json")]
     assert cli(["verify", url, "--repair"]) == 3
     assert "commits/shard-000000.json" not in bucket.list(layout.COMMITS_DIR)
+
+
+def test_info_counts_a_committed_shard_by_its_record_and_the_rest_as_found(tmp_path):
+    """Issue 47.4: `info`'s disk bytes at many shards without walking every shard's
+    files: the same figure as walking the whole store, leftovers and commit-less
+    directories included."""
+    from store_schema.records import on_disk_bytes
+    from store_schema.stores import open_store
+
+    store = tmp_path / "s"
+    builders.random_store(store, num_shards=3, samples_per_shard=2)
+    (store / ".staging" / "leftover").mkdir(parents=True)
+    (store / ".staging" / "leftover" / "x").write_bytes(b"half" * 100)
+    (store / layout.SHARDS_DIR / "shard-000002" / layout.COMMIT_RECORD).unlink()  # no longer committed
+    assert open_store(store).stored_bytes() == on_disk_bytes(store)
