@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from store_schema import layout
 from store_schema.location import classify_store
+from store_schema.plan import Plan
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.host import device_line
 from store_schema.runtime.progress import Progress
@@ -48,7 +49,7 @@ from .dispatch import DispatchCounts, Dispatcher, DispatchSettings, Placement, s
 class Planned:
     """The plan a run follows and what the output already holds of it."""
 
-    plan: object  # store_schema.plan.Plan
+    plan: Plan
     reused: bool  # the output's own plan: nothing re-tokenized
     pending: list[str]  # planned shards not committed yet, in plan order
 

@@ -17,11 +17,17 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, THINKING, DataConfig
 from train.dtypes import NAMES, torch_dtype
 from train.target_check import add_target_flags, check_target
+
+if TYPE_CHECKING:  # annotations only: `--help` loads none of torch (tests/test_cli_rules.py)
+    from transformers import PreTrainedModel
+
+    from train.drafter.model import DFlashDrafter
 
 
 def add_parser(subparsers) -> None:
@@ -144,8 +150,8 @@ class Decoding:
     on one device and dtype, the prompts, and the stop tokens."""
 
     drafter_dir: Path
-    drafter: object  # train.drafter.model.DFlashDrafter, eval mode
-    model: object  # the target (transformers), whole
+    drafter: DFlashDrafter  # eval mode
+    model: PreTrainedModel  # the target (transformers), whole
     prompts: list
     stops: list[int]
     device: object
