@@ -63,5 +63,3 @@ def journaled(root) -> set[str] | None:
         return None
     with os.scandir(directory) as entries:
         return {entry.name.removesuffix(SUFFIX) for entry in entries if entry.name.endswith(SUFFIX)}
-
-

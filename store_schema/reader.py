@@ -162,10 +162,6 @@ class Store:
         """Shard `name`'s journal entry, checked (RecordError when damaged or missing)."""
         return read_record(self.path / entry_key(name))
 
-    def unlisted_shard_files(self, name: str, commit: ShardCommit) -> list[str]:
-        """Files of shard `name` that its commit record does not list."""
-        return sorted(set(self.shard_file_sizes(name)) - set(commit.files))
-
     def shard_entries(self) -> list[str]:
         """Every shard directory in ``shards/``, committed or not: what `verify` checks."""
         shards = self.path / layout.SHARDS_DIR

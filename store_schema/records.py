@@ -136,12 +136,18 @@ def parse_record(raw: bytes, where) -> dict:
 def file_mismatch(expected: Mapping, size: int, crc32c: Callable[[], str]) -> str | None:
     """What is wrong with a file of `size` bytes against its record entry (`size`,
     `crc32c`), or None. `crc32c` is only computed when the size matches."""
-    if size != expected["size"]:
-        return f"size {size} != committed {expected['size']} (truncated or extended)"
+    what = size_mismatch(expected, size)
+    if what:
+        return what
     actual = crc32c()
     if actual != expected["crc32c"]:
         return f"crc32c {actual} != committed {expected['crc32c']} (bytes changed)"
     return None
+
+
+def size_mismatch(expected: Mapping, size: int) -> str | None:
+    """What is wrong with a file of `size` bytes against its record entry's size, or None."""
+    return None if size == expected["size"] else f"size {size} != committed {expected['size']} (truncated or extended)"
 
 
 def crc32c_bytes(data) -> str:

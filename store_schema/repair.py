@@ -90,8 +90,9 @@ def repair_dir(store, report) -> Repair:
     repair, shards = plan_repair(None if plan_damaged else read_committed_plan(store), report)
     if shards:
         with StoreLock(store, job="verify --repair"):
+            journal = journaled(store) or set()
             moved = set_aside(store, shards)
-            vanished = [name for name in shards if name not in moved and name in (journaled(store) or ())]
+            vanished = [name for name in shards if name not in moved and name in journal]
             for name in shards:  # no longer committed: out of the journal, for the rerun to extract again
                 forget(store, name)
             repair.moved = sorted(moved + vanished)

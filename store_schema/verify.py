@@ -26,7 +26,7 @@ from .commit_journal import entry_key
 from .dtypes import nonfinite_rows
 from .plan import is_safe_id
 from .reader import CorruptShardError, Store, as_bits
-from .records import RecordError, crc32c_bytes, file_mismatch
+from .records import RecordError, crc32c_bytes, file_mismatch, size_mismatch
 from .runtime.host import available_cores
 from .stores import open_store
 
@@ -125,12 +125,14 @@ class _ShardResult:
 
 
 def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False,
-                 shards=None, sizes_only: bool = False) -> Report:
+                 shards=None, sizes_only: bool = False, reread=()) -> Report:
     """Check a store (a path, or a `Store` already open: its commit records are
     read once) with `workers` threads (default: the cores available);
     `progress(done_shards, total_shards, bytes_done, total_bytes)` is called after
     each shard. `shards`: check only these shard directories (the processes of a
     job share the work out), and not which planned shards are missing.
+    `reread`: shards checked to their checksums all the same under `sizes_only`
+    (fit's start: a sample re-read in full, the rest by size, in one pass).
     FileNotFoundError where `path` holds no store at all: there is nothing to
     report on (a wrong path), unlike a store whose root is damaged."""
     report = Report(checksums_only=checksums_only and not sizes_only, sizes_only=sizes_only)
@@ -143,8 +145,9 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
         return report
     _check_root(store, report)
     plan = _check_plan(store, report)
+    journal = store.journaled_shards() or set()
     if not sizes_only:  # fit's start reads no more than it must
-        _check_journal(store, report, shards)
+        _check_journal(store, journal, report, shards)
     report.leftovers = store.leftovers()
     shard_dirs = store.shard_entries()
     if shards is not None:
@@ -156,7 +159,9 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     done_bytes = 0
     with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
         depth = SIZES if sizes_only else CHECKSUMS if checksums_only else CONTENTS
-        results = pool.map(lambda name: _check_shard(store, name, planned_ids, depth), shard_dirs)
+        reread = set(reread)
+        results = pool.map(lambda name: _check_shard(store, name, planned_ids, CHECKSUMS if name in reread else depth),
+                           shard_dirs)
         for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
             _merge(result, seen_ids, report)
             stats_by_shard[result.name] = result.layer_stats
@@ -167,7 +172,6 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     if planned_ids is not None and shards is None:
         planned = set(planned_ids)
         report.planned_shards = len(planned)
-        journal = store.journaled_shards() or set()
         for name in sorted(planned - set(shard_dirs)):
             if name in journal:
                 report.add(VANISHED, shard=name, file=entry_key(name))
@@ -211,10 +215,9 @@ def _check_root(store: Store, report: Report) -> None:
         report.add("fingerprint edited: it does not match the hash recorded at creation", file=layout.ZARR_METADATA)
 
 
-def _check_journal(store: Store, report: Report, shards=None) -> None:
+def _check_journal(store: Store, journal: set[str], report: Report, shards=None) -> None:
     """Each commit-journal entry (of `shards`, when given) is a sound record."""
-    names = store.journaled_shards() or set()
-    for name in sorted(names if shards is None else names & set(shards)):
+    for name in sorted(journal if shards is None else journal & set(shards)):
         try:
             store.journal_entry(name)
         except RecordError as exc:
@@ -292,11 +295,9 @@ def _read_files(store: Store, name: str, commit, result: _ShardResult) -> dict:
 def _check_sizes(commit, sizes: dict[str, int], result: _ShardResult) -> None:
     """Every committed file is there at its committed size (nothing read)."""
     for rel, entry in commit.file_table.items():
-        if rel not in sizes:
-            result.add("file missing", array=layout.array_of(rel), file=rel)
-        elif sizes[rel] != entry["size"]:
-            result.add(f"size {sizes[rel]} != committed {entry['size']} (truncated or extended)",
-                       array=layout.array_of(rel), file=rel)
+        what = "file missing" if rel not in sizes else size_mismatch(entry, sizes[rel])
+        if what:
+            result.add(what, array=layout.array_of(rel), file=rel)
 
 
 def _expected_arrays(store: Store, commit) -> dict[str, tuple[tuple, str]]:

@@ -147,8 +147,8 @@ def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], 
     committed = sorted(store.committed_shards())
     reread = set(committed if verify_first else reread_sample(store, committed, config, log))
     mine = committed[world.rank :: world.size]
-    local = start_problems(store, [s for s in mine if s in reread], [s for s in mine if s not in reread],
-                           config.data.loader_threads)
+    local = verify_store(store, sizes_only=True, workers=config.data.loader_threads, shards=mine,
+                         reread=reread).problems
     hit = {p["shard"] for p in local}
     flags = any_rank(world, ["" in hit, *(name in hit for name in committed)], device or torch.device("cpu"))
     root_damage, damaged = flags[0], [name for name, bad in zip(committed, flags[1:]) if bad]
@@ -180,15 +180,6 @@ def reread_sample(store: Store, committed: list[str], config: RunConfig, log: Ca
         f"re-read in full; every file's crc32c is checked {where}, before its samples reach a step "
         "(--verify-first re-reads every file before step 1)")
     return sample
-
-
-def start_problems(store: Store, reread: list[str], sized: list[str], workers: int | None) -> list[dict]:
-    """Problems of `reread` (sizes and crc32c of every file) and `sized` (commit
-    records and file sizes, nothing read), the store's root and plan named once."""
-    found = verify_store(store, checksums_only=True, workers=workers, shards=reread).problems
-    found += verify_store(store, sizes_only=True, workers=workers, shards=sized).problems
-    unique = {tuple(p.items()): p for p in found}
-    return [p for p in unique.values() if not p["shard"] or p["shard"] in {*reread, *sized}]
 
 
 def heldout_count(store: Store, fraction: float) -> int | None:
