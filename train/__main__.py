@@ -1,4 +1,4 @@
-"""`python -m train {fit,export,eval,diagnose,speculate}`: the commands are train/cli/."""
+"""`python -m train {fit,export,eval,diagnose,speculate,serve-check}`: the commands are train/cli/."""
 
 import sys
 

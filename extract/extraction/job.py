@@ -29,7 +29,7 @@ What is extraction's own:
 Why Ray core actors, not Ray Data: the unit of work is a whole shard that one
 writer commits atomically, the worker must keep the model and a store writer for
 its lifetime, and retries must be per shard and counted. An actor pool with a
-driver-side queue gives exactly that in ~100 lines; Ray Data's ``map_batches``
+driver-side queue gives exactly that in a few functions; Ray Data's ``map_batches``
 would re-batch rows across shard boundaries and move the hidden states through
 the object store to a separate write stage -- terabytes we never want to move.
 """

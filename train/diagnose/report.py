@@ -2,7 +2,7 @@
 did it fall off a cliff, does the learning rate follow the config, is the loss
 distribution healthy, what happens at epoch boundaries.
 
-These are the analyses that found the seeds' plateau, made a product:
+These are the analyses that explain a plateaued run (DESIGN.md, what earlier versions taught):
 
 - improvement per 1K steps in successive step windows (least-squares slope of the
   metric inside each window), and a plateau verdict: the last window gains less

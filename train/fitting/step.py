@@ -7,8 +7,9 @@
    features (a new tensor; the caller's features are untouched),
 4. run the drafter and score it through the frozen lm_head.
 
-The seeds' run added noise to a tensor that also produced its target logits; here
-noise is created after the targets exist and flows only into the drafter.
+Noise added to a tensor that also produces the target logits corrupts the targets
+(a real run plateaued on it); here noise is created after the targets exist and
+flows only into the drafter.
 """
 
 from __future__ import annotations

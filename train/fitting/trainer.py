@@ -7,7 +7,7 @@ Order of a run (`Trainer.from_config`: `train.fitting.preflight`, then `train.fi
    must match (refused naming the field), the target directory must be the
    checkpoint the store was extracted from (`train.target_check`), and no context
    layer may be the target's final layer (its features produce the logits: a
-   shortcut that does not exist at inference, bug 2 of the seeds). Then the rest
+   shortcut that does not exist at inference). Then the rest
    of `train.fitting.preflight`: the plan's block size, an incomplete store, the
    integrity pass, an empty held-out split, lanes against shards, and the epochs
    `--max-steps` needs.
