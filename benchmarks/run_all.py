@@ -36,6 +36,8 @@ GOALS = [
     ("store", "verify_gb_per_s", "- (all cores, cold, information)", None),
     ("store", "epoch_read_ratio_vs_torch_save_warm", "- (warm, information)", None),
     ("store", "write_mb_s", "- (with fsync)", None),
+    ("store", "encode_mb_s_per_core", ">= 500 (bf16 and fp8, crc32c included)", lambda v: min(v.values()) >= 500),
+    ("store", "writer_cores_per_gpu_at_9000", "<= 1 (bf16 and fp8)", lambda v: max(v.values()) <= 1),
     ("store", "window_read_ratio_vs_torch_save_cold", "- (information)", None),
     ("store", "shard_cache_read_ratio_vs_local", ">= 0.9 (warm cache)", lambda v: v >= 0.9),
     ("store", "shard_cache_fill_mb_s", "- (moto on loopback, information)", None),

@@ -53,6 +53,8 @@ from store_schema import (
     shard_name,
     store_dtype,
 )
+from store_schema.encoding import encode_shard
+from store_schema.fp8 import QuantizedStates, quantize
 from store_schema.local_copy import copied_shards
 from store_schema.plan import PlanSettings
 from store_schema.shard_codec import read_arrays, start_sharded_decode
@@ -61,6 +63,7 @@ from store_schema.stores import open_store
 HIDDEN = 1024
 # The rate one seed GPU consumed: 36K tokens/s of 5 context layers x 5120 (Qwen3.6-27B).
 GPU_TOKENS_PER_S, GPU_LAYERS, GPU_HIDDEN = 36_000, 5, 5120
+EXTRACT_TOKENS_PER_S = 9_000  # what one GPU extracts of the 27B target at most: the writer's pace to keep
 STORES = {  # name -> (codec, store dtype): every layout the writer makes, read side by side
     "bf16": (CodecConfig(), "bfloat16"),
     "bf16_blosc_v1": (CodecConfig(name="blosc"), "bfloat16"),
@@ -104,6 +107,41 @@ def make_activations(num_samples: int, seed: int = 0):
         with torch.no_grad():
             hidden = model.model(input_ids=ids, output_hidden_states=True).hidden_states[2][0]
         yield ids[0].to(torch.int32).numpy(), hidden.to(torch.bfloat16)
+
+
+def quantized(samples):
+    """The samples as an fp8 store's writer gets them: quantized on the device (here
+    the CPU, untimed), only codes + scales handed over."""
+    return [(ids, QuantizedStates(*quantize(hidden))) for ids, hidden in samples]
+
+
+def encode_mb_s_per_core(samples, codec: CodecConfig, dtype: str, shard_tokens: int = 32768) -> float:
+    """Raw bf16 MB/s one core turns into a store dtype's shard file bytes with their
+    crc32c: the CPU seconds of `encode_shard` (one thread) + crc32c over each full
+    `shard_tokens` shard of the samples (fp8: from codes quantized beforehand, as on a GPU)."""
+    import google_crc32c  # the store's checksum, timed as the writer pays it
+
+    values = torch.cat([h for _, h in samples])
+    if store_dtype(dtype).scaled:
+        values = quantize(values)[0]
+    bits = values.view(torch.uint8 if values.element_size() == 1 else torch.int16).numpy()
+    shard_tokens = min(shard_tokens, len(bits))  # --smoke holds less than one shard
+    seconds = raw = 0
+    for start in range(0, len(bits) - shard_tokens + 1, shard_tokens):
+        shard = bits[start : start + shard_tokens]
+        rows, cols = codec.chunk_shape(*shard.shape, shard.itemsize)
+        began = time.process_time()
+        for part in encode_shard(shard, (rows, cols), codec.element_bytes(cols, shard.itemsize), codec.level,
+                                 codec.min_saving, threads=1):
+            google_crc32c.value(part)
+        seconds += time.process_time() - began
+        raw += shard.size * 2
+    return raw / seconds / 1e6
+
+
+def writer_cores_per_gpu(mb_s_per_core: float, tokens_per_s: int = EXTRACT_TOKENS_PER_S) -> float:
+    """Cores that encode what one GPU extracts of the 27B target (5 layers x 5120) at `tokens_per_s`."""
+    return round(tokens_per_s * GPU_LAYERS * GPU_HIDDEN * 2 / (mb_s_per_core * 1e6), 2)
 
 
 def write_per_sample(root: Path, samples) -> float:
@@ -158,21 +196,22 @@ def bench_plan(shards: list[list[SampleArrays]], shard_tokens: int) -> Plan:
 
 
 def write_store(root: Path, samples, shard_tokens: int, codec: CodecConfig, dtype: str,
-                uploads: list | None = None) -> float:
-    """Seconds to write the samples' shards into a store at `root` (a directory or a
-    bucket URL) after its plan; a bucket's writer appends each shard's `Upload` (bytes,
-    seconds) to `uploads`."""
+                uploads: list | None = None) -> tuple[float, float]:
+    """(wall, CPU) seconds to write the samples' shards into a store at `root` (a
+    directory or a bucket URL) after its plan; a bucket's writer appends each shard's
+    `Upload` (bytes, seconds) to `uploads`."""
     fingerprint = Fingerprint(target_model="bench-qwen3", num_target_layers=3, hidden_size=HIDDEN, vocab_size=256,
                               layer_ids=[1], max_length=4096, dtype=dtype)
     writer = create_store(root, fingerprint, codec)
     shards = shard_samples(samples, shard_tokens)
     writer.write_plan(bench_plan(shards, shard_tokens))
+    cpu = time.process_time()
     with Timer() as t:
         for index, shard in enumerate(shards):
             writer.write_shard(shard_name(index), shard)
             if uploads is not None:
                 uploads.append(writer.upload_of(shard_name(index)))
-    return t.seconds
+    return t.seconds, time.process_time() - cpu
 
 
 def read_epoch_per_sample(root: Path, seed: int) -> int:
@@ -449,8 +488,14 @@ def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
         ("verify_gb_per_s (on disk, all cores, cold)", "-",
          f"{figures['verify_gb_per_s']} (--checksums-only {figures['verify_checksums_only_gb_per_s']})"),
         ("epoch read ratio (warm)", "-", str(figures["epoch_read_ratio_vs_torch_save_warm"])),
-        ("write_mb_s (store, fsync)", "-", f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, "
-                                          f"torch.save {figures['torch_save_write_mb_s']})"),
+        ("write_mb_s (store, fsync; fp8 from device-quantized codes)", "-",
+         f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, torch.save {figures['torch_save_write_mb_s']})"),
+        ("encode MB/s raw per core, crc32c included (bf16, fp8)", ">= 500",
+         " / ".join(str(rate) for rate in figures["encode_mb_s_per_core"].values())),
+        ("write MB/s raw per core: CPU seconds of the whole writer (stats, encode, files, crc32c)", "-",
+         " / ".join(str(rate) for rate in figures["write_mb_s_per_core"].values())),
+        (f"writer cores per GPU at {EXTRACT_TOKENS_PER_S} tokens/s x 5 x 5120 (bf16, fp8)", "<= 1",
+         " / ".join(str(cores) for cores in figures["writer_cores_per_gpu_at_9000"].values())),
         ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
         ("uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)", "-",
          str(figures["uploader_mb_s"])),
@@ -482,7 +527,14 @@ def main() -> None:
         samples = list(make_activations(num_samples))
         raw_bytes = sum(h.numel() * 2 for _, h in samples)
         write_files_s = write_per_sample(work / "files", samples)
-        write_s = {name: write_store(work / name, samples, 32768, codec, dtype) for name, (codec, dtype) in STORES.items()}
+        fp8_samples = quantized(samples)
+        write_s, write_cpu_s = {}, {}
+        for name, (codec, dtype) in STORES.items():
+            write_s[name], write_cpu_s[name] = write_store(
+                work / name, fp8_samples if store_dtype(dtype).scaled else samples, 32768, codec, dtype)
+        del fp8_samples
+        encode = {dtype: round(encode_mb_s_per_core(samples, codec, dtype), 1)
+                  for codec, dtype in (STORES["bf16"], STORES["fp8"])}
         disk = {name: on_disk_bytes(work / name) for name in STORES}
         files_bytes = on_disk_bytes(work / "files")
         print("shard cache: a bucket on a loopback moto_server ...", file=sys.stderr)
@@ -497,6 +549,7 @@ def main() -> None:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    write_per_core = {STORES[name][1]: raw_bytes / write_cpu_s[name] / 1e6 for name in ("bf16", "fp8")}
     gpu_values = GPU_TOKENS_PER_S * GPU_LAYERS * GPU_HIDDEN  # values per second one GPU consumes
     cores = {name: round(gpu_values * store_dtype(STORES[name][1]).itemsize / 1e9 / rate, 2) for name, rate in decode.items()}
     figures = {
@@ -509,6 +562,9 @@ def main() -> None:
         "write_mb_s": round(raw_bytes / write_s["bf16"] / 1e6, 1),
         "fp8_write_mb_s": round(raw_bytes / write_s["fp8"] / 1e6, 1),
         "torch_save_write_mb_s": round(raw_bytes / write_files_s / 1e6, 1),
+        "encode_mb_s_per_core": encode,
+        "write_mb_s_per_core": {STORES[name][1]: round(raw_bytes / write_cpu_s[name] / 1e6, 1) for name in ("bf16", "fp8")},
+        "writer_cores_per_gpu_at_9000": {dtype: writer_cores_per_gpu(rate) for dtype, rate in write_per_core.items()},
         **reads,
         "decode_gb_per_s_per_core": decode,
         "loader_cores_for_36k_tok_s": cores,

@@ -184,7 +184,7 @@ def cmd_plan(args) -> int:
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
     store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
     job = extraction_estimate(args.model, layer_ids, plan.num_tokens, store_bytes, args.batch_tokens, args.gpu_memory,
-                              args.tokens_per_s, args.gpus, args.gpu_tflops)
+                              args.tokens_per_s, args.gpus, args.gpu_tflops, args.store_dtype)
     if args.cache_size is not None:
         job["cache"] = cache_traffic(store_bytes, max(s.num_tokens for s in plan.shards), plan.num_tokens,
                                      args.cache_size, args.train_tokens_per_s)

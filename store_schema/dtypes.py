@@ -24,6 +24,9 @@ class StoreDtype:
     scaled: bool  # a float32 scale per token in a sibling array
     size_ratio: float  # store bytes / raw bf16 bytes that size estimates assume: store_bench --quick's, docs/store.md
     default_codec: str  # `encoding.CodecConfig.name` of new stores of this dtype (measured: store_bench)
+    # raw bf16 MB/s one core writes (statistics, encode, crc32c, files; fp8 from device-quantized codes):
+    # store_bench --quick's write_mb_s_per_core, from which `plan --dry-run` sizes the writer cores
+    write_mb_s_per_core: float
 
     @property
     def itemsize(self) -> int:
@@ -36,9 +39,9 @@ class StoreDtype:
 
 
 BFLOAT16_STORE = StoreDtype("bfloat16", "bfloat16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16), 0x7F80,
-                            scaled=False, size_ratio=0.614, default_codec="bytesplit")
+                            scaled=False, size_ratio=0.614, default_codec="bytesplit", write_mb_s_per_core=269.0)
 FP8_E4M3_STORE = StoreDtype("fp8_e4m3", "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.uint8), 0x7F,
-                            scaled=True, size_ratio=0.351, default_codec="channels")
+                            scaled=True, size_ratio=0.351, default_codec="channels", write_mb_s_per_core=309.0)
 SPACE_HEADROOM = 0.10  # what the free-space check asks beyond the expected size: real states compress differently
 STORE_DTYPES = {d.name: d for d in (BFLOAT16_STORE, FP8_E4M3_STORE)}
 _ALIASES = {"bf16": "bfloat16"}

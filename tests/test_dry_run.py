@@ -11,6 +11,7 @@ import math
 import builders
 import pytest
 
+from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
 from train.data.config import DataConfig
 
 pytestmark = pytest.mark.slow  # the real vocabulary (~30 s to build)
@@ -66,7 +67,11 @@ def test_plan_dry_run_sizes_the_27b_extraction(qwen3_6_27b, capsys):
     raw_token = 5 * H * 2 + 4 + 1
     assert job["store_bytes"]["raw"] == report["tokens"] * raw_token
     assert job["store_bytes"]["fp8_e4m3"] == round(report["tokens"] * raw_token * 0.351)
-    assert job["writer_cores_per_gpu"] == math.ceil(20000 * raw_token / 120e6) == 9
+    assert job["store_dtype"] == "bfloat16"  # sized with each dtype's measured per-core write rate
+    assert job["writer_cores_per_gpu_by_dtype"] == {
+        dtype.name: math.ceil(20000 * raw_token / (dtype.write_mb_s_per_core * 1e6))
+        for dtype in (BFLOAT16_STORE, FP8_E4M3_STORE)}
+    assert job["writer_cores_per_gpu"] == job["writer_cores_per_gpu_by_dtype"]["bfloat16"]
     assert job["job_hours"] == round(report["tokens"] / (20000 * 8) / 3600, 3)
     stored = job["store_bytes"]  # the job's sustained writes: 8 GPUs' raw bytes, and as each dtype writes them
     assert job["write_bytes_per_s"] == {"raw": 20000 * 8 * raw_token,
@@ -93,6 +98,10 @@ def test_plan_dry_run_says_the_write_rate_and_warns_of_an_optimistic_rate(qwen3_
     assert main([*argv, "--gpu-tflops", "2000"]) == 0  # 21 %: no warning
     gpu = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("GPU"))
     assert gpu.endswith(" is 21% of a 2000 TFLOPS GPU"), gpu
+    assert main([*argv, "--store-dtype", "fp8_e4m3"]) == 0  # writer cores at fp8's own measured rate
+    job = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("job"))
+    cores = math.ceil(9000 * (5 * 5120 * 2 + 5) / (FP8_E4M3_STORE.write_mb_s_per_core * 1e6))
+    assert f"writer cores per GPU: {cores} for fp8_e4m3 (~{FP8_E4M3_STORE.write_mb_s_per_core:g} MB/s" in job, job
 
 
 def test_plan_dry_run_says_the_traffic_and_rate_a_cached_store_must_deliver(qwen3_6_27b, capsys):

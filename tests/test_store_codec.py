@@ -100,6 +100,59 @@ def test_activations_code_the_high_byte_and_store_the_low_byte_raw(qwen3_5_dir):
     assert np.array_equal(out, bits)
 
 
+def test_a_long_mantissa_stream_is_tried_on_its_head_and_stays_raw():
+    """A stream longer than two trials: the mantissa byte of normal-distributed bf16
+    values (nothing to gain) is stored raw without being coded whole, the exponent
+    byte is coded; plain blosc decodes the chunk bit for bit."""
+    from store_schema.encoding import TRIAL_BYTES
+
+    states = torch.randn(4 * TRIAL_BYTES // 64, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    bits = states.view(torch.int16).numpy().view(np.uint16)
+    assert bits.size > 2 * TRIAL_BYTES
+    low, high = _streams(encode_bytesplit_chunk(bits, level=1, min_saving=0.1))
+    assert low == bits.size and high < 0.5 * bits.size
+    out = np.empty_like(bits)
+    blosc.decompress(encode_bytesplit_chunk(bits, level=1, min_saving=0.1), out)
+    assert np.array_equal(out, bits)
+    padded = bits.copy()  # a shard's last chunk: real rows, then zero padding
+    padded[len(padded) // 4 :] = 0
+    low, _ = _streams(encode_bytesplit_chunk(padded, level=1, min_saving=0.1))
+    assert low < 0.5 * bits.size  # the trial looks past the head, where the zeros are
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
+def test_layer_statistics_equal_the_plain_float64_formulas(dtype):
+    """The writer's fast statistics (bit-shift and table casts, sums by einsum) give
+    the figures of ml_dtypes' own casts and numpy's two-pass variance, NaN/Inf and
+    all-zero tokens included."""
+    import math
+
+    import ml_dtypes
+
+    from store_schema.layer_stats import layer_stats
+
+    rng = np.random.default_rng(1)
+    values = (rng.standard_normal((300, 32)) * np.linspace(0.1, 40, 32)).astype(np.float32)
+    values[3] = 0.0
+    values[5, 2], values[6, 7] = np.nan, np.inf
+    scales = None
+    if dtype == "fp8":
+        scales = rng.uniform(0.5, 2, 300).astype(np.float32)
+        stored = (values / 512).astype(ml_dtypes.float8_e4m3fn)
+        x = stored.astype(np.float64) * scales[:, None].astype(np.float64)
+    else:
+        stored = values.astype(ml_dtypes.bfloat16)
+        x = stored.astype(np.float64)
+    x[~np.isfinite(x)] = 0.0
+    token_sq = np.square(x).mean(axis=1)
+    got = layer_stats(stored, scales)
+    assert got.rms == pytest.approx(math.sqrt(token_sq.mean()), rel=1e-5)
+    assert got.median_token_rms == pytest.approx(math.sqrt(np.median(token_sq)), rel=1e-5)
+    assert got.token_spread == pytest.approx(math.sqrt(x.var(axis=0).mean()), rel=1e-5)
+    assert got.zero_token_share == pytest.approx((~x.any(axis=1)).mean(), rel=1e-5)
+    assert (got.min, got.max) == pytest.approx((x.min(), x.max()), rel=1e-5)
+
+
 def test_real_states_read_back_bit_exact_through_every_path(tmp_path, qwen3_dir, tokenizer):
     """A store of the tiny Qwen3's states (default codec): the fast reader, windowed
     reads and plain zarr-python all give the bits the target produced."""

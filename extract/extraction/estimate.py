@@ -16,8 +16,8 @@ Weights + reserve + (activations + captures) x ``--batch-tokens`` is the peak pe
 worker, checked against ``--gpu-memory``; the largest token budget that fits is the
 free memory over the per-token bytes. The job's hours are the plan's tokens over
 ``--tokens-per-s`` x ``--gpus``; writer cores per GPU are the raw bytes one GPU
-produces per second over what one core compresses, checksums and writes; the
-job's sustained write rate is those raw bytes x ``--gpus`` (and x the store's
+produces per second over what one core of the writer handles for the store dtype
+(`--store-dtype`; its measured rate, `StoreDtype.write_mb_s_per_core`); the job's sustained write rate is those raw bytes x ``--gpus`` (and x the store's
 compression ratio as written). With ``--gpu-tflops`` (one GPU's dense bf16 peak)
 the rate is checked against the GPU: a forward pass costs 2 FLOPs per loaded
 weight outside the embedding per token (attention's own tokens x tokens work is
@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from store_schema.dtypes import STORE_DTYPES, store_dtype
 from store_schema.layout import raw_bytes_per_token
 from store_schema.runtime.cli import size_argument
 from store_schema.runtime.estimate import (
@@ -50,9 +51,6 @@ from store_schema.runtime.units import human_bytes
 from .config import DEFAULT_BATCH_TOKENS
 
 RUNTIME_RESERVE_GIB = 2.0  # CUDA context (~0.5), cuBLAS/attention workspaces, allocator fragmentation
-# Raw bf16 bytes one core encodes (bytesplit), checksums and writes with fsync: store_bench
-# --quick measured 238-337 MB/s with both cores of the 2-core VM (2026-12-01): ~120 per core.
-WRITE_RAW_MB_S_PER_CORE = 120.0
 BUDGET_MULTIPLE = 1024  # token budgets are reported rounded down to this
 WEIGHT_DTYPE = "bfloat16"  # what a worker computes in on a GPU (`target_model.compute_dtype`)
 
@@ -67,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens-per-s", type=float, metavar="N",
                         help="extraction tokens/s of one GPU, to print the job's hours and writer cores")
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (workers) the job runs on (default 1)")
+    parser.add_argument("--store-dtype", choices=tuple(STORE_DTYPES), default="bfloat16",
+                        help="the store dtype `run --store-dtype` will write: sizes the writer cores (default "
+                             "%(default)s)")
     parser.add_argument("--gpu-tflops", type=float, metavar="TFLOPS",
                         help="one GPU's dense bf16 peak, to print the share of it --tokens-per-s needs")
     parser.add_argument("--cache-size", type=size_argument, metavar="SIZE",
@@ -109,7 +110,7 @@ def per_token_bytes(hidden: int, intermediate: int, num_context_layers: int) -> 
 
 def extraction_estimate(model_dir: str, layer_ids: list[int], plan_tokens: int, store_bytes: dict,
                         batch_tokens: int, gpu_memory_gib: float | None, tokens_per_s: float | None,
-                        gpus: int, gpu_tflops: float | None = None) -> dict:
+                        gpus: int, gpu_tflops: float | None = None, dtype: str = "bfloat16") -> dict:
     """The figures `plan --dry-run` prints (bytes; GiB where named so)."""
     weights = loaded_weights(model_dir, layer_ids[-1] + 1)
     token = per_token_bytes(weights["hidden_size"], weights["intermediate_size"], len(layer_ids))
@@ -127,13 +128,19 @@ def extraction_estimate(model_dir: str, layer_ids: list[int], plan_tokens: int, 
         raw_per_s = tokens_per_s * raw_bytes_per_token(weights["hidden_size"], len(layer_ids))
         out.update(tokens_per_s=tokens_per_s, job_hours=round(hours(plan_tokens, tokens_per_s * gpus), 3),
                    gpu_hours=round(hours(plan_tokens, tokens_per_s), 3),
-                   writer_cores_per_gpu=math.ceil(raw_per_s / (WRITE_RAW_MB_S_PER_CORE * 1e6)),
+                   store_dtype=dtype, writer_cores_per_gpu=writer_cores(raw_per_s, dtype),
+                   writer_cores_per_gpu_by_dtype={name: writer_cores(raw_per_s, name) for name in STORE_DTYPES},
                    write_bytes_per_s=write_rates(raw_per_s * gpus, store_bytes))
         if gpu_tflops is not None:
             flops = 2 * (weights["weights_bytes"] - weights["embed_bytes"]) // DTYPE_BYTES[WEIGHT_DTYPE]
             out.update(gpu_tflops=gpu_tflops, forward_flops_per_token=flops,
                        gpu_utilisation=round(utilisation(tokens_per_s, flops, gpu_tflops), 3))
     return out
+
+
+def writer_cores(raw_per_s: float, dtype: str) -> int:
+    """Whole cores that write `raw_per_s` raw bf16 bytes a second into a `dtype` store."""
+    return math.ceil(raw_per_s / (store_dtype(dtype).write_mb_s_per_core * 1e6))
 
 
 def write_rates(raw_per_s: float, store_bytes: dict) -> dict:
@@ -160,7 +167,9 @@ def estimate_lines(e: dict) -> list[str]:
     if "job_hours" in e:
         lines.append(f"job         {e['job_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
                      f"({e['gpu_hours']:.1f} GPU-hours); writer cores per GPU: {e['writer_cores_per_gpu']} "
-                     f"(~{WRITE_RAW_MB_S_PER_CORE:g} MB/s raw per core)")
+                     f"for {e['store_dtype']} (~{store_dtype(e['store_dtype']).write_mb_s_per_core:g} MB/s raw per "
+                     f"core; " + ", ".join(f"{name} {cores}" for name, cores in
+                                          e["writer_cores_per_gpu_by_dtype"].items()) + ")")
         rates = e["write_bytes_per_s"]
         lines.append(f"writes      {human_bytes(rates['raw'])}/s raw to the store's filesystem for "
                      f"{e['job_hours']:.1f} h ({human_bytes(rates['bfloat16'])}/s compressed bf16, "
