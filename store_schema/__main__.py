@@ -133,7 +133,7 @@ def cmd_verify(args) -> int:
         resolve_device(args.device)
     # Progress on stderr in both forms: stdout carries the report (one JSON object with --json).
     report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
-                          checksums_only=args.checksums_only, sizes_only=args.sizes_only)
+                          checksums_only=args.checksums_only, sizes_only=args.sizes_only, ray_address=args.ray)
     if args.recompute and report.ok:
         from .recompute import recompute_check
         from .stores import open_store
@@ -248,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
                                "(kept until the store is complete again); then rerun `extract run`")
     p_verify.add_argument("--workers", type=int, default=None, metavar="N",
                           help="shards checked at once (default: the cores available)")
+    p_verify.add_argument("--ray", metavar="ADDRESS|auto",
+                          help="check the shards across a Ray cluster's nodes (the extraction's, cluster.yaml; "
+                               "`auto`: the cluster this machine belongs to); every node must reach the store at "
+                               "the same path or URL")
     p_verify.add_argument("--checksums-only", action="store_true",
                           help="only sizes and crc32c of every committed file: a quick integrity pass")
     p_verify.add_argument("--sizes-only", action="store_true",

@@ -16,6 +16,7 @@ loader checks each file's crc32c as it reads it)."""
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -31,6 +32,7 @@ from .runtime.host import available_cores
 from .stores import open_store
 
 MISSING_SHARD = "planned shard missing (not committed, or deleted)"
+NOT_CHECKED = "not checked: the cluster task that held it failed ({error}); run verify again"
 VANISHED = "committed shard gone: the store's journal records its commit, its directory is missing"
 SIZES, CHECKSUMS, CONTENTS = "sizes", "checksums", "contents"  # how deep a shard is checked
 RERUN = "rerun `python -m extract run ...` to finish"  # the same command: it extracts only what is missing
@@ -52,6 +54,7 @@ class Report:
     bytes_read: int = 0
     checksums_only: bool = False
     sizes_only: bool = False
+    shards_by_node: dict[str, int] = field(default_factory=dict)  # `--ray`: shards each node checked
 
     @property
     def ok(self) -> bool:
@@ -100,6 +103,7 @@ class Report:
             "bytes_read": self.bytes_read,
             "checksums_only": self.checksums_only,
             "sizes_only": self.sizes_only,
+            "shards_by_node": self.shards_by_node,
         }
 
 
@@ -119,17 +123,20 @@ class _ShardResult:
     tokens: int = 0
     bytes_read: int = 0
     layer_stats: dict = field(default_factory=dict)  # layer id -> LayerStats, for the store-wide median
+    node: str = ""  # the Ray node that checked it (`verify --ray`)
 
     def add(self, what: str, array: str = "", file: str = "") -> None:
         self.problems.append(problem(what, self.name, array, file))
 
 
 def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False,
-                 shards=None, sizes_only: bool = False, reread=()) -> Report:
+                 shards=None, sizes_only: bool = False, reread=(), ray_address: str | None = None) -> Report:
     """Check a store (a path, or a `Store` already open: its commit records are
     read once) with `workers` threads (default: the cores available);
     `progress(done_shards, total_shards, bytes_done, total_bytes)` is called after
-    each shard. `shards`: check only these shard directories (the processes of a
+    each shard. `ray_address`: the shards are checked across that Ray cluster's
+    nodes (`verify_cluster`; "auto": this machine's cluster) instead of by `workers`
+    threads here. `shards`: check only these shard directories (the processes of a
     job share the work out), and not which planned shards are missing.
     `reread`: shards checked to their checksums all the same under `sizes_only`
     (fit's start: a sample re-read in full, the rest by size, in one pass).
@@ -157,17 +164,18 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     seen_ids: dict[str, str] = {}
     stats_by_shard: dict[str, dict] = {}
     done_bytes = 0
-    with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
-        depth = SIZES if sizes_only else CHECKSUMS if checksums_only else CONTENTS
-        reread = set(reread)
-        results = pool.map(lambda name: _check_shard(store, name, planned_ids, CHECKSUMS if name in reread else depth),
-                           shard_dirs)
-        for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
-            _merge(result, seen_ids, report)
-            stats_by_shard[result.name] = result.layer_stats
-            done_bytes += result.bytes_read
-            if progress:
-                progress(done, len(shard_dirs), done_bytes, total_bytes)
+    depth = SIZES if sizes_only else CHECKSUMS if checksums_only else CONTENTS
+    depths = {name: CHECKSUMS if name in set(reread) else depth for name in shard_dirs}
+    if ray_address is None:
+        results = _checked_here(store, shard_dirs, planned_ids, depths, workers)
+    else:
+        results = _checked_on_cluster(path, store, shard_dirs, planned_ids, depths, ray_address)
+    for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
+        _merge(result, seen_ids, report)
+        stats_by_shard[result.name] = result.layer_stats
+        done_bytes += result.bytes_read
+        if progress:
+            progress(done, len(shard_dirs), done_bytes, total_bytes)
     _flag_outlier_layers(stats_by_shard, report)
     if planned_ids is not None and shards is None:
         planned = set(planned_ids)
@@ -180,6 +188,38 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
         for name in sorted(set(shard_dirs) - planned):
             report.add("shard not in the plan", shard=name)
     return report
+
+
+def _checked_here(store: Store, names: list[str], planned_ids, depths: dict, workers: int | None):
+    """Each shard's result, in `names` order, checked by this machine's threads."""
+    with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
+        yield from pool.map(lambda name: _check_shard(store, name, planned_ids, depths[name]), names)
+
+
+def check_batch(location: str, names: list[str], planned_ids, depths: dict) -> list[_ShardResult]:
+    """One cluster task's share (`verify_cluster`): these shards of the store at
+    `location`, checked as a local verify checks them, with the node's cores."""
+    return list(_checked_here(open_store(location), names, planned_ids, depths, None))
+
+
+def _checked_on_cluster(path, store: Store, names: list[str], planned_ids, depths: dict, address: str):
+    """Each shard's result, in `names` order, checked across the Ray cluster at `address`."""
+    from .verify_cluster import cluster_results  # Ray is loaded only for --ray
+
+    location = str(store.path if isinstance(path, Store) else path)
+    if "://" not in location:
+        location = os.path.abspath(location)  # each node's workers start elsewhere
+
+    def batch_args(batch: list[str]) -> tuple:
+        planned = None if planned_ids is None else {name: planned_ids[name] for name in batch if name in planned_ids}
+        return planned, {name: depths[name] for name in batch}
+
+    def unchecked(name: str, error: str) -> _ShardResult:
+        result = _ShardResult(name)
+        result.add(NOT_CHECKED.format(error=error))
+        return result
+
+    return cluster_results(location, names, check_batch, batch_args, address, unchecked)
 
 
 def _committed_bytes(store: Store, name: str) -> int:
@@ -195,6 +235,8 @@ def _merge(result: _ShardResult, seen_ids: dict, report: Report) -> None:
     report.samples += result.samples
     report.tokens += result.tokens
     report.bytes_read += result.bytes_read
+    if result.node:
+        report.shards_by_node[result.node] = report.shards_by_node.get(result.node, 0) + 1
     for sample_id in result.sample_ids:  # across shards, so after each shard's own checks
         if sample_id in seen_ids:
             report.add(f"sample {sample_id!r} also stored in {seen_ids[sample_id]}", shard=result.name,
@@ -406,6 +448,9 @@ def format_report(report: Report, repair_advice: bool = True) -> str:
     lines = [f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}"
              + (" (--checksums-only: sizes and crc32c, contents not decoded)" if report.checksums_only else "")
              + (" (--sizes-only: commit records and file sizes, nothing read)" if report.sizes_only else "")]
+    if report.shards_by_node:
+        lines.append(f"checked on {len(report.shards_by_node)} Ray node(s): "
+                     + ", ".join(f"{node[:12]} {count}" for node, count in sorted(report.shards_by_node.items())))
     for entry in report.recomputed:
         lines.append(f"recomputed {entry['shard']}/{entry['sample']}: min cosine per layer {entry['min_cosine']}")
     for p in report.damage:
