@@ -146,6 +146,11 @@ class Store:
         return read_committed_plan(self.path)
 
     # -- what `verify` reads; a bucket store (`store_schema.objstore`) answers the same ----
+    def kept_checksum_problems(self, name: str) -> list[tuple[str, str]] | None:
+        """What the storage's own checksums say of shard `name`'s files without reading
+        them; None: it keeps none (a directory: `verify --checksums-only` reads the files)."""
+        return None
+
     def shard_file(self, name: str, rel: str):
         """The bytes of file `rel` of shard `name` (`shard_codec.read_file`); FileNotFoundError if missing."""
         return read_file(layout.shard_dir(self.path, name) / rel)

@@ -8,7 +8,9 @@ Shards are checked in parallel (`workers` threads: file reads, crc32c, chunk dec
 and the bit tests below all release the GIL), each file is read once (its size and
 crc32c checked on the bytes then decoded from them), and NaN/Inf is found on the
 raw bits (an exponent of all ones) rather than through a float conversion.
-`checksums_only` stops after the size + crc32c of every committed file;
+`checksums_only` stops after the size + crc32c of every committed file (on object
+storage, where the marker recorded the ETags the uploads were answered with: the
+listed ETags instead, nothing read, `Store.kept_checksum_problems`);
 `sizes_only` reads no shard file at all: commit records and file sizes against
 the directory listing (what `fit` checks of every shard before step 1, where the
 loader checks each file's crc32c as it reads it)."""
@@ -55,6 +57,7 @@ class Report:
     checksums_only: bool = False
     sizes_only: bool = False
     shards_by_node: dict[str, int] = field(default_factory=dict)  # `--ray`: shards each node checked
+    kept_checksum_shards: int = 0  # `--checksums-only` on object storage: shards checked by their kept ETags
 
     @property
     def ok(self) -> bool:
@@ -104,6 +107,7 @@ class Report:
             "checksums_only": self.checksums_only,
             "sizes_only": self.sizes_only,
             "shards_by_node": self.shards_by_node,
+            "kept_checksum_shards": self.kept_checksum_shards,
         }
 
 
@@ -124,6 +128,7 @@ class _ShardResult:
     bytes_read: int = 0
     layer_stats: dict = field(default_factory=dict)  # layer id -> LayerStats, for the store-wide median
     node: str = ""  # the Ray node that checked it (`verify --ray`)
+    kept_checksums: bool = False  # checked by the storage's kept checksums, not by reading
 
     def add(self, what: str, array: str = "", file: str = "") -> None:
         self.problems.append(problem(what, self.name, array, file))
@@ -235,6 +240,7 @@ def _merge(result: _ShardResult, seen_ids: dict, report: Report) -> None:
     report.samples += result.samples
     report.tokens += result.tokens
     report.bytes_read += result.bytes_read
+    report.kept_checksum_shards += result.kept_checksums
     if result.node:
         report.shards_by_node[result.node] = report.shards_by_node.get(result.node, 0) + 1
     for sample_id in result.sample_ids:  # across shards, so after each shard's own checks
@@ -293,7 +299,12 @@ def _check_shard(store: Store, name: str, planned_ids, depth: str) -> _ShardResu
         result.add(exc.what, file=layout.COMMIT_RECORD)
         return result
     result.checked = True
-    files = {} if depth == SIZES else _read_files(store, name, commit, result)
+    kept = store.kept_checksum_problems(name) if depth == CHECKSUMS else None
+    if kept is not None:  # the storage's own checksums: nothing read
+        result.kept_checksums = True
+        for rel, what in kept:
+            result.add(what, array=layout.array_of(rel), file=rel)
+    files = {} if depth == SIZES or kept is not None else _read_files(store, name, commit, result)
     sizes = store.shard_file_sizes(name)
     if depth == SIZES:
         _check_sizes(commit, sizes, result)
@@ -448,6 +459,11 @@ def format_report(report: Report, repair_advice: bool = True) -> str:
     lines = [f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}"
              + (" (--checksums-only: sizes and crc32c, contents not decoded)" if report.checksums_only else "")
              + (" (--sizes-only: commit records and file sizes, nothing read)" if report.sizes_only else "")]
+    if report.checksums_only and report.kept_checksum_shards:
+        streamed = report.shards_checked - report.kept_checksum_shards
+        lines.append(f"{report.kept_checksum_shards} shard(s) checked by the object store's kept checksums (ETags "
+                     f"against those answered at upload; nothing read)" + (
+                         f"; {streamed} read and checked by crc32c: their markers recorded no ETags" if streamed else ""))
     if report.shards_by_node:
         lines.append(f"checked on {len(report.shards_by_node)} Ray node(s): "
                      + ", ".join(f"{node[:12]} {count}" for node, count in sorted(report.shards_by_node.items())))

@@ -197,6 +197,39 @@ def test_an_object_damaged_in_the_bucket_is_named_by_verify_and_repair_deletes_i
     assert verify_store(url).ok
 
 
+def test_checksums_only_on_a_bucket_compares_the_kept_etags_and_reads_nothing(url, capsys):
+    """The uploader records the ETag each file's upload was answered with; `verify
+    --checksums-only` lists the shard's objects and compares, reading no object: an
+    object replaced after the commit (same size, other bytes) is named; a marker that
+    recorded no ETags (an older store) is read and checked by crc32c instead, and the
+    report says so."""
+    from store_schema.objstore.keys import MARKER_ETAGS
+    from store_schema.records import parse_record, record_bytes
+
+    builders.random_store(url, num_shards=3)
+    bucket = Bucket(classify_store(url))
+    report = verify_store(url, checksums_only=True)
+    assert report.ok and report.kept_checksum_shards == report.shards_checked == 3 and report.bytes_read == 0
+    key = f"{ATTEMPTS_DIR}/shard-000001/{open_store(url).attempt('shard-000001')}/{layout.layer_array(3)}/" \
+          f"{layout.chunk_file(2)}"
+    data = bytearray(bucket.get(key))
+    data[len(data) // 2] ^= 0x40
+    bucket.put(key, bytes(data))
+    report = verify_store(url, checksums_only=True)
+    assert report.bytes_read == 0 and [(p["shard"], p["file"]) for p in report.problems] == [
+        ("shard-000001", "layer_3/c/0/0")]
+    assert report.problems[0]["what"].startswith("object replaced after its commit: ETag")
+    assert not verify_store(url).ok  # and read in full, by its crc32c
+    marker = parse_record(bucket.get(shard_marker("shard-000002")), "marker")
+    del marker[MARKER_ETAGS]
+    bucket.put(shard_marker("shard-000002"), record_bytes(marker))
+    capsys.readouterr()
+    assert cli(["verify", url, "--checksums-only"]) == 1
+    out = capsys.readouterr().out
+    assert "2 shard(s) checked by the object store's kept checksums" in out
+    assert "1 read and checked by crc32c: their markers recorded no ETags" in out
+
+
 def test_extract_run_refuses_overwrite_of_a_url_and_spool_flags_for_a_directory(qwen3_dir, tmp_path):
     corpus = builders.write_chat_jsonl(tmp_path / "corpus.jsonl", builders.coding_chats(2))
 

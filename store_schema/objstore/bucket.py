@@ -117,9 +117,14 @@ class Bucket:
 
     def list(self, prefix: str) -> dict[str, int]:
         """{key: size} of every object under `prefix` (a folder, no trailing slash; "" for all)."""
+        return {key: size for key, (size, _) in self.list_tagged(prefix).items()}
+
+    def list_tagged(self, prefix: str) -> dict[str, tuple[int, str | None]]:
+        """{key: (size, ETag)} of every object under `prefix`: the listing carries the
+        checksum the service keeps of each object, so nothing is read."""
         found = {}
         with explained(self.url):
             for batch in obstore.list(self.store, prefix.rstrip("/") + "/" if prefix else None):
                 for meta in batch:
-                    found[meta["path"]] = int(meta["size"])
+                    found[meta["path"]] = (int(meta["size"]), meta.get("e_tag"))
         return found

@@ -30,7 +30,7 @@ from ..root import parse_root
 from ..spool import Spool
 from ..writer import StoreExistsError, StoreWriter, Upload, create_store_dir
 from .bucket import Bucket
-from .keys import MARKER_ATTEMPT, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
+from .keys import MARKER_ATTEMPT, MARKER_ETAGS, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
 from .reader import read_bucket_plan
 
 CLAIMED, REVOKED = "claimed", "revoked"  # what a fence key says
@@ -79,18 +79,19 @@ def upload_shard(bucket: Bucket, name: str, local: Path, record: dict, attempt: 
     `attempt`, then create its marker. True: committed; False: another attempt's
     marker was there first. Either way `local` is left as it was (the caller frees it)."""
     prefix = attempt_prefix(name, attempt.token)
-    keys = []
+    keys, etags = [], {}
     try:
         for rel in sorted(record["files"]):
             key = f"{prefix}/{rel}"
-            if bucket.create(key, (Path(local) / rel).read_bytes()) is None:
+            etags[rel] = bucket.create(key, (Path(local) / rel).read_bytes())
+            if etags[rel] is None:
                 raise RuntimeError(f"{bucket.where(key)} exists: attempt {attempt.token} was written before; "
                                    "an attempt's prefix is written once")
             keys.append(key)
         _fault_point("claim")
         claim(bucket, name, attempt)
         _fault_point("marker")
-        marker = dict(record, **{MARKER_ATTEMPT: attempt.token})
+        marker = dict(record, **{MARKER_ATTEMPT: attempt.token, MARKER_ETAGS: etags})
         committed = bucket.create(shard_marker(name), record_bytes(marker))
     except BaseException:
         bucket.delete_many(keys)

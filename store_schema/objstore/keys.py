@@ -21,6 +21,7 @@ FENCE_DIR = "fence"
 LEASE_KEY = "lease.json"
 PLAN_RECORD = f"{layout.PLAN_DIR}/{layout.COMMIT_RECORD}"
 MARKER_ATTEMPT = "attempt"  # the marker's field naming the attempt that holds the shard's files
+MARKER_ETAGS = "stored_etags"  # the marker's {file: ETag the service answered its upload with}
 
 
 def shard_marker(name: str) -> str:

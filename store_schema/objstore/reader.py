@@ -21,12 +21,12 @@ from ..dtypes import store_dtype
 from ..plan import Plan
 from ..plan_io import plan_from_group
 from ..reader import Store
-from ..records import RecordError, ShardCommit, crc32c_bytes, file_mismatch, parse_record
+from ..records import RecordError, ShardCommit, crc32c_bytes, file_mismatch, parse_record, size_mismatch
 from ..root import parse_root
 from ..shard_codec import CorruptShardError
 from .bucket import PARALLEL_REQUESTS, Bucket
 from .errors import explained
-from .keys import ATTEMPTS_DIR, MARKER_ATTEMPT, PLAN_RECORD, attempt_of_key, attempt_prefix, shard_marker
+from .keys import ATTEMPTS_DIR, MARKER_ATTEMPT, MARKER_ETAGS, PLAN_RECORD, attempt_of_key, attempt_prefix, shard_marker
 
 
 def read_bucket_plan(bucket: Bucket) -> Plan | None:
@@ -48,6 +48,7 @@ class BucketStore(Store):
         self.dtype = store_dtype(self.fingerprint.dtype)
         self._commits: dict[str, ShardCommit] = {}
         self._attempts: dict[str, str] = {}
+        self._etags: dict[str, dict] = {}
         self._plan: Plan | None = None
 
     def _root_bytes(self) -> bytes:
@@ -84,11 +85,14 @@ class BucketStore(Store):
                 if not isinstance(attempt, str) or not attempt:
                     raise RecordError(f"{self.bucket.where(key)}: the marker names no attempt")
                 commit = ShardCommit.from_json(body)
+                etags = body.get(MARKER_ETAGS) or {}
+                if not isinstance(etags, dict):
+                    raise RecordError(f"{self.bucket.where(key)}: the marker's {MARKER_ETAGS} is not a mapping")
             except FileNotFoundError:
                 raise CorruptShardError(name, layout.COMMIT_RECORD, "commit marker missing") from None
             except RecordError as exc:
                 raise CorruptShardError(name, layout.COMMIT_RECORD, str(exc)) from None
-            self._commits[name], self._attempts[name] = commit, attempt
+            self._commits[name], self._attempts[name], self._etags[name] = commit, attempt, etags
         return self._commits[name]
 
     def attempt(self, name: str) -> str:
@@ -103,6 +107,27 @@ class BucketStore(Store):
                                path=attempt_prefix(name, self.attempt(name)), mode="r")
 
     # -- what `verify` reads ---------------------------------------------------------------
+    def kept_checksum_problems(self, name: str) -> list[tuple[str, str]] | None:
+        """Each committed file's ETag as the service lists it (the checksum it keeps of
+        the object) against the one its upload was answered with, recorded in the
+        marker: one LIST, no object read. None where the marker recorded none (shards
+        committed before ETags were recorded): those are read instead."""
+        commit = self.commit(name)
+        recorded = self._etags[name]
+        if set(recorded) != set(commit.files):
+            return None
+        prefix = attempt_prefix(name, self.attempt(name))
+        listed = {key[len(prefix) + 1:]: meta for key, meta in self.bucket.list_tagged(prefix).items()}
+        problems = []
+        for rel, entry in commit.file_table.items():
+            size, etag = listed.get(rel, (None, None))
+            what = "file missing" if size is None else size_mismatch(entry, size)
+            if not what and etag != recorded[rel]:
+                what = f"object replaced after its commit: ETag {etag} != {recorded[rel]} answered at upload"
+            if what:
+                problems.append((rel, what))
+        return problems
+
     def shard_file(self, name: str, rel: str) -> bytes:
         return self.bucket.get(f"{attempt_prefix(name, self.attempt(name))}/{rel}")
 
