@@ -64,6 +64,7 @@ COMPILE := $(PY) -m compileall -q extract train store_schema benchmarks scripts 
 # ruff (pyproject.toml's [tool.ruff]): pyflakes, import order, no stale `noqa`.
 lint: venv
 	$(VENV)/bin/ruff check extract train store_schema benchmarks scripts tests
+	$(VENV)/bin/mypy
 
 test:
 	$(MAKE) --no-print-directory -j2 venv vllm-env

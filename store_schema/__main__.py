@@ -142,7 +142,7 @@ def cmd_verify(args) -> int:
               flush=True)
         report.recomputed, problems = recompute_check(open_store(args.store), args.model, args.recompute, device=args.device)
         report.problems.extend(problems)
-    done = {}
+    done: dict = {}
     if args.clean or args.repair:
         from .stores import clean_store
 

@@ -52,12 +52,15 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Literal, get_args
 
 import google_crc32c
 import numpy as np
 from numcodecs import zstd
 
 CODEC_NAMES = ("bytesplit", "channels", "blosc", "none")
+BloscName = Literal["zstd", "lz4", "lz4hc", "zlib", "blosclz"]  # the blosc compressors a `blosc` store may name
+BloscShuffle = Literal["shuffle", "bitshuffle", "noshuffle"]
 SPLIT_CODECS = ("bytesplit", "channels")  # written by `write_bytesplit_shard`; the others by zarr
 ARRAY_CODEC_ATTR = "dflash_codec"  # a layer array's attribute naming the encoder that wrote it
 
@@ -91,17 +94,17 @@ class CodecConfig:
     name: str = "bytesplit"
     level: int = 1
     min_saving: float = 0.1
-    cname: str = "zstd"
-    shuffle: str = "shuffle"
+    cname: BloscName = "zstd"
+    shuffle: BloscShuffle = "shuffle"
     chunk_bytes: int = 4 << 20
     channel_rows: int = 65536
 
     def __post_init__(self):
         if self.name not in CODEC_NAMES:
             raise ValueError(f"unknown codec {self.name!r}; choose one of {', '.join(CODEC_NAMES)}")
-        if self.cname not in ("zstd", "lz4", "lz4hc", "zlib", "blosclz"):
+        if self.cname not in get_args(BloscName):
             raise ValueError(f"unknown blosc cname {self.cname!r}")
-        if self.shuffle not in ("shuffle", "bitshuffle", "noshuffle"):
+        if self.shuffle not in get_args(BloscShuffle):
             raise ValueError(f"unknown shuffle {self.shuffle!r}")
         if self.name != "blosc" and (self.cname, self.shuffle) != ("zstd", "shuffle"):
             raise ValueError(f"cname and shuffle are settings of the blosc codec, not of {self.name!r}")
@@ -134,7 +137,7 @@ class CodecConfig:
             return None
         if self.name in SPLIT_CODECS:
             typesize = self.element_bytes(cols, itemsize)
-            shuffle = "shuffle" if typesize > 1 else "noshuffle"
+            shuffle: BloscShuffle = "shuffle" if typesize > 1 else "noshuffle"
             return [BloscCodec(cname="zstd", clevel=self.level, shuffle=shuffle, typesize=typesize,
                                blocksize=rows * cols * itemsize)]
         return [BloscCodec(cname=self.cname, clevel=self.level, shuffle=self.shuffle, typesize=itemsize,

@@ -16,9 +16,13 @@ numerics need no zarr."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import ml_dtypes
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
 E4M3_MAX = 448.0
@@ -35,8 +39,8 @@ class QuantizedStates:
     """One sample's layer already quantized (`quantize`'s output), e.g. on the GPU
     before the device-to-host copy, which halves that copy."""
 
-    codes: object  # torch float8_e4m3fn [tokens, hidden]
-    scales: object  # torch float32 [tokens]
+    codes: torch.Tensor  # float8_e4m3fn [tokens, hidden]
+    scales: torch.Tensor  # float32 [tokens]
 
     @property
     def shape(self) -> tuple:

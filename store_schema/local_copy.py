@@ -84,7 +84,7 @@ def open_local_copy(directory, source: Store) -> Store:
 
 
 def _fetch_checked(source: Store, name: str, rel: str, entry) -> bytes:
-    what = "file missing"
+    what: str | None = "file missing"
     for _ in range(FETCHES):
         try:
             data = source.shard_file(name, rel)

@@ -37,7 +37,7 @@ _FLOCK_UNSUPPORTED = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL
 
 
 def flock_unsupported_message(store: Path, error: OSError) -> str:
-    name = errno.errorcode.get(error.errno, str(error.errno))
+    name = errno.errorcode.get(error.errno or 0, str(error.errno))
     return (
         f"cannot lock {store}: its filesystem does not support flock ({name}: {error.strerror}); on Lustre "
         "mount the client with `-o flock` (cluster-wide locks; `-o localflock` is enough when one node runs "

@@ -317,10 +317,10 @@ class Store:
 class _InlineExecutor(Executor):
     """Runs each submitted task at once in the caller's thread."""
 
-    def submit(self, fn, *args) -> Future:
+    def submit(self, fn, /, *args, **kwargs) -> Future:
         future: Future = Future()
         try:
-            future.set_result(fn(*args))
+            future.set_result(fn(*args, **kwargs))
         except BaseException as exc:  # handed to whoever waits on the future, as a pool would
             future.set_exception(exc)
         return future

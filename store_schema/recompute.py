@@ -46,7 +46,7 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
         ids = sample.input_ids.to(torch.long)[None].to(device)
         with torch.no_grad():
             states = model(input_ids=ids, output_hidden_states=True).hidden_states
-        entry = {"shard": name, "sample": sample.sample_id, "min_cosine": {}}
+        entry: dict = {"shard": name, "sample": sample.sample_id, "min_cosine": {}}
         for layer_id, stored in sample.hidden.items():
             fresh = states[layer_id + 1][0].float().cpu()
             cosine = torch.nn.functional.cosine_similarity(fresh, stored.float(), dim=-1)

@@ -77,7 +77,7 @@ class Report:
         return "intact" if self.ok else "damaged" if self.damage else "incomplete"
 
     def incomplete_line(self) -> str:
-        committed = self.planned_shards - len(self.missing)
+        committed = (self.planned_shards or 0) - len(self.missing)
         return f"incomplete: {committed} of {self.planned_shards} shards committed; {RERUN}"
 
     def after_repair(self, moved) -> Report:
@@ -286,7 +286,7 @@ def _check_plan(store: Store, report: Report):
     if problems:
         return None
     plan = store.plan()
-    if plan.digest() != record["plan_sha256"]:
+    if plan is None or plan.digest() != record["plan_sha256"]:
         report.add("plan content does not match its recorded hash", file=layout.PLAN_DIR)
     return plan
 
@@ -332,6 +332,7 @@ def _read_files(store: Store, name: str, commit, result: _ShardResult) -> dict:
     """{rel: bytes} of every committed file, each checked against its size and crc32c."""
     files = {}
     for rel, entry in commit.file_table.items():
+        what: str | None
         try:
             data = store.shard_file(name, rel)
         except FileNotFoundError:
@@ -356,7 +357,7 @@ def _check_sizes(commit, sizes: dict[str, int], result: _ShardResult) -> None:
 def _expected_arrays(store: Store, commit) -> dict[str, tuple[tuple, str]]:
     """array name -> (shape, zarr data type) of every array the shard must hold."""
     fp, tokens = store.fingerprint, commit.num_tokens
-    expected = {
+    expected: dict[str, tuple[tuple[int, ...], str]] = {
         layout.INPUT_IDS: ((tokens,), "int32"),
         layout.LOSS_MASK: ((tokens,), "uint8"),
         layout.SAMPLE_OFFSETS: ((commit.num_samples + 1,), "int64"),

@@ -65,7 +65,7 @@ def _connect(address: str) -> bool:
         return False
     # Ray announces on stderr that token authentication (its secure default) is on: not news for a report.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
-    ray.init(address=address, log_to_driver=False, logging_level="WARNING")
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
     return True
 
 

@@ -22,6 +22,14 @@ LOST_RACE = (AlreadyExistsError, PreconditionError, NotFoundError)
 PARALLEL_REQUESTS = 16
 
 
+def _tag(e_tag: str | None, where: str) -> str:
+    """An answer's ETag: every conditional write of the commit protocol matches on it."""
+    if not e_tag:
+        raise OSError(f"{where}: the server answered without an ETag; the store needs an S3-compatible one that "
+                      "returns them")
+    return e_tag
+
+
 class Bucket:
     """The objects under one store URL; keys are paths relative to the store. Every
     request's failure is one line (`errors.explained`)."""
@@ -60,7 +68,7 @@ class Bucket:
                 if missing_bucket(error):
                     raise
                 return None
-            return result.bytes().to_bytes(), result.meta["e_tag"]
+            return result.bytes().to_bytes(), _tag(result.meta["e_tag"], self.where(key))
 
     def exists(self, key: str) -> bool:
         with explained(self.url):
@@ -74,7 +82,7 @@ class Bucket:
 
     def put(self, key: str, data: bytes) -> str:
         with explained(self.url):
-            return obstore.put(self.store, key, data)["e_tag"]
+            return _tag(obstore.put(self.store, key, data)["e_tag"], self.where(key))
 
     def create(self, key: str, data: bytes) -> str | None:
         """PUT with `If-None-Match: *`: the ETag if this call created the object, None if it existed."""
@@ -87,7 +95,7 @@ class Bucket:
     def _conditional_put(self, key: str, data: bytes, mode) -> str | None:
         with explained(self.url):
             try:
-                return obstore.put(self.store, key, data, mode=mode)["e_tag"]
+                return _tag(obstore.put(self.store, key, data, mode=mode)["e_tag"], self.where(key))
             except LOST_RACE as error:
                 if missing_bucket(error):
                     raise

@@ -185,13 +185,15 @@ def commit_bucket_plan(bucket: Bucket, plan: Plan) -> None:
     existing = bucket.get_versioned(PLAN_RECORD)
     if existing is None:
         with tempfile.TemporaryDirectory(prefix="dflash-plan.") as tmp:
-            write_plan_group(tmp, plan)
+            write_plan_group(Path(tmp), plan)
             files = describe_files(Path(tmp))
             for rel in files:
                 bucket.put(f"{layout.PLAN_DIR}/{rel}", (Path(tmp) / rel).read_bytes())
         if bucket.create(PLAN_RECORD, record_bytes({"plan_sha256": plan.digest(), "files": files})) is not None:
             return
         existing = bucket.get_versioned(PLAN_RECORD)
+        if existing is None:
+            raise OSError(f"{bucket.where(PLAN_RECORD)}: created by another job, then gone; start the job again")
     if parse_record(existing[0], bucket.where(PLAN_RECORD))["plan_sha256"] != plan.digest():
         raise ValueError(f"{bucket.url}: the store already holds a different plan (other corpus or settings); "
                          "use a new store")

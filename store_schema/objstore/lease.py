@@ -60,7 +60,8 @@ class StoreLease:
 
     def renew(self) -> None:
         """Extend the lease; LeaseLost if another job has taken it over."""
-        e_tag = self.bucket.replace(LEASE_KEY, self._body(time.time() + self.seconds), self.e_tag)
+        held = self.e_tag
+        e_tag = None if held is None else self.bucket.replace(LEASE_KEY, self._body(time.time() + self.seconds), held)
         if e_tag is None:
             self.e_tag = None
             raise LeaseLost(f"{self.bucket.url}: this job's lease was taken over by another job; stopping")

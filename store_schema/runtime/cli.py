@@ -49,13 +49,14 @@ def run_command(handler: Callable[[object], int], args, refusals: tuple[type[Bas
     """Run a subcommand's handler under the rule above. `refusals` are the
     package's own error types meant for the user (exit 1), besides ValueError,
     KeyError and OSError."""
+    problems: tuple[type[BaseException], ...] = (*refusals, ValueError, KeyError, OSError)
     try:
         return handler(args)
     except KeyboardInterrupt:
         return interrupted()
     except (UsageError, FileNotFoundError, NotADirectoryError) as error:
         return fail(_message(error), EXIT_USAGE)
-    except (*refusals, ValueError, KeyError, OSError) as error:
+    except problems as error:
         return fail(_message(error), EXIT_PROBLEM)
 
 

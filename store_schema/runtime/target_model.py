@@ -36,6 +36,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -116,7 +117,7 @@ def load_target_model(
     if check_class is not None and model_class is not None:
         check_class(model_class)
     if model_class is None:
-        model, loading = AutoModelForCausalLM.from_pretrained(str(path), **options)
+        model, loading = cast(tuple, AutoModelForCausalLM.from_pretrained(str(path), **options))
     else:
         from transformers.utils import logging as hf_logging
 
@@ -124,7 +125,8 @@ def load_target_model(
         hf_logging.set_verbosity_error()  # the left-out layers and head are "unexpected" on purpose
         try:
             model, loading = model_class.from_pretrained(
-                str(path), config=_cut_to_layers(text, keep_layers), key_mapping=_TEXT_MODEL_KEYS, **options
+                str(path), config=_cut_to_layers(text, num_layers if keep_layers is None else keep_layers),
+                key_mapping=_TEXT_MODEL_KEYS, **options
             )
         finally:
             hf_logging.set_verbosity(verbosity)
