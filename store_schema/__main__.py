@@ -113,7 +113,8 @@ def cmd_verify(args) -> int:
     wrong inside one, its root included, is a problem in the report (exit 1); an
     intact store with planned shards not yet extracted is incomplete (exit 3, also
     after a --repair that moved every damaged shard aside: `extract run` finishes it)."""
-    from .verify import format_report, verify_store
+    from .verify import verify_store
+    from .verify_report import format_report
 
     if args.recompute and not args.model:
         raise UsageError("--recompute needs --model PATH")

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from builders import random_store
 
-from store_schema.verify import NOT_CHECKED, format_report, verify_store
+from store_schema.verify import verify_store
 from store_schema.verify_cluster import STALL_DIR_ENV
+from store_schema.verify_report import NOT_CHECKED, format_report
 
 pytestmark = pytest.mark.slow
 
