@@ -23,8 +23,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE, SPACE_HEADROOM, STORE_DTYPES, space_needed
+from store_schema.errors import StoreError
 from store_schema.layout import LAYER_ID_CONVENTION
-from store_schema.lock import StoreLockedError
 from store_schema.plan import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_LOSS_MASK,
@@ -480,7 +480,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("run", "generate"):  # the driver tokenizes; its workers set their own threads
         set_torch_threads()
-    return run_command(args.handler, args, refusals=(ExtractError, StoreLockedError))
+    return run_command(args.handler, args, refusals=(ExtractError, StoreError))
 
 
 if __name__ == "__main__":

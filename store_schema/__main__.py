@@ -282,13 +282,12 @@ def main(argv=None) -> int:
         return EXIT_USAGE if exc.code else EXIT_OK
     from obstore.exceptions import BaseError as ObjectStoreError
 
-    from .lock import StoreLockedError
+    from .errors import StoreError
     from .runtime.startup import preload
-    from .shard_codec import CorruptShardError
 
     if args.command in ("info", "verify"):
         preload("store_schema.verify")  # torch, through the reader
-    return run_command(args.handler, args, refusals=(StoreLockedError, CorruptShardError, ObjectStoreError))
+    return run_command(args.handler, args, refusals=(StoreError, ObjectStoreError))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
+from .errors import NonFiniteStatesError
+
 if TYPE_CHECKING:
     import torch
 
@@ -45,10 +47,6 @@ class QuantizedStates:
     @property
     def shape(self) -> tuple:
         return tuple(self.codes.shape)
-
-
-class NonFiniteStatesError(ValueError):
-    """Hidden states with NaN or Inf offered to an fp8 store."""
 
 
 def quantize(states):

@@ -27,16 +27,14 @@ from dataclasses import asdict, dataclass
 import ml_dtypes
 import numpy as np
 
+from .errors import EmptyCaptureError
+
 SAMPLED_TOKENS = 4096  # token rows the statistics are taken over, at most
 CONSTANT_SPREAD = 1e-4  # token spread <= this x RMS: every token's states the same
 MAX_ZERO_TOKEN_SHARE = 0.01  # verify: real states never have an all-zero token; a few % means a broken capture
 MEDIAN_FACTOR = 2.0  # verify: median token RMS outside [median / F, median x F] of the layer across shards
 MIN_SHARDS_FOR_MEDIAN = 3  # fewer shards: no median to be far from
 SIGNIFICANT_DIGITS = 6  # as recorded: deterministic, readable, far finer than any rule here
-
-
-class EmptyCaptureError(ValueError):
-    """A shard's captured layer carries no signal (all zeros, or constant across tokens)."""
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,12 @@ import uuid
 from pathlib import Path
 
 from . import layout
+from .errors import LocalCopyError
 from .reader import Store
 from .records import RecordError, check_files, crc32c_bytes, file_mismatch, parse_record, write_record
 from .shard_codec import CorruptShardError
 
 FETCHES = 2  # a file that arrives damaged is fetched once more before the shard is refused
-
-
-class LocalCopyError(ValueError):
-    """The directory holds something other than a copy of this store."""
 
 
 def _root_files(source: Store) -> dict[str, bytes]:

@@ -24,12 +24,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ShardFenced, StoreLockedError
 from .layout import LOCK_FILE, STAGING_DIR
-
-
-class StoreLockedError(RuntimeError):
-    pass
-
 
 # What flock gives on a filesystem that does not support it: Lustre clients mounted
 # without `-o flock` (ENOSYS), NFS without a lock manager (ENOLCK), some FUSE mounts.
@@ -144,10 +140,6 @@ def _same_file(fd: int, path: Path) -> bool:
 
 
 # --------------------------------------------------------------------------- shard attempts
-
-
-class ShardFenced(RuntimeError):
-    """This writer's attempt was revoked by the driver (or its run is over): it must not commit."""
 
 
 @dataclass(frozen=True)

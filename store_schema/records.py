@@ -15,11 +15,8 @@ from types import MappingProxyType
 import google_crc32c
 import numpy as np
 
+from .errors import RecordError
 from .layer_stats import LayerStats
-
-
-class RecordError(ValueError):
-    """A commit record is missing, unparsable, or does not match its own hash."""
 
 
 def crc32c_file(path: Path) -> str:

@@ -35,21 +35,13 @@ from numcodecs import VLenUTF8, Zstd, blosc
 from . import layout
 from .dtypes import STORE_DTYPES
 from .encoding import decode_split_zstd_chunk
+from .errors import CorruptShardError
 from .records import ShardCommit, crc32c_bytes, file_mismatch
 
 _EMPTY_CHUNK = 2**64 - 1  # a sharding index entry for a chunk that was never written
 _INDEX_ENTRY_BYTES = 16  # (offset, nbytes), both uint64 little-endian
 _CRC_BYTES = 4
 _MAP_AT_BYTES = 1 << 20  # files this large are mapped rather than read (`read_file`)
-
-
-class CorruptShardError(RuntimeError):
-    """A committed shard's file is missing, differs from its commit record, or
-    cannot be decoded; names the shard and the file."""
-
-    def __init__(self, shard: str, file: str, what: str):
-        self.shard, self.file, self.what = shard, file, what
-        super().__init__(f"shard {shard}: {file}: {what}")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from . import layout, zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m
 from .bf16 import BFLOAT16
 from .dtypes import StoreDtype, store_dtype
 from .encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
+from .errors import StoreExistsError
 from .fingerprint import Fingerprint
 from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layer_stats import layer_stats, refuse_empty_capture
@@ -32,10 +33,6 @@ from .records import ShardCommit, describe_files, fsync_path, fsync_tree, read_r
 from .root import read_root, root_attributes
 from .spool import shard_bytes_bound
 from .staging import staging_dir, write_and_commit
-
-
-class StoreExistsError(FileExistsError):
-    pass
 
 
 class Upload(NamedTuple):

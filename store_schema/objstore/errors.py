@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
 
+from ..errors import StoreError
+
 ALLOW_HTTP = "AWS_ALLOW_HTTP"
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT")
 CREDENTIALS_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE with ~/.aws/credentials), "
@@ -25,7 +27,7 @@ _THROTTLED = ("SlowDown", "Throttling", "RequestLimitExceeded", "TooManyRequests
 _UNREACHABLE = ("error sending request", "Connection refused", "dns error", "timed out", "connection error")
 
 
-class ObjectStoreError(OSError):
+class ObjectStoreError(StoreError, OSError):
     """An object-store request that failed, said as what, where and the fix."""
 
     def __init__(self, message: str):

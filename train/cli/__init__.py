@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exit_:  # --help (0) or bad arguments (2, argparse's message already printed)
         return exit_.code if isinstance(exit_.code, int) else 2
     # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from store_schema import CorruptShardError, StoreLockedError
+    from store_schema.errors import StoreError
     from store_schema.runtime.cli import run_command
 
     if args.command in TORCH_COMMANDS:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         quiet_transformers()  # before transformers is first imported: it reads the settings then
         preload(*TORCH_COMMAND_IMPORTS)
         set_torch_threads(processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun sets it per host
-    return run_command(args.handler, args, refusals=(CorruptShardError, StoreLockedError))
+    return run_command(args.handler, args, refusals=(StoreError,))
 
 
 def quiet_transformers() -> None:
