@@ -21,7 +21,7 @@ from store_schema.runtime.target_config import read_target_config
 from train.acceptance import evaluate as ev
 from train.acceptance.config import EvalConfig
 from train.cli import main
-from train.cli.eval import render_table
+from train.commands.eval import render_table
 from train.config_loading import load_config
 from train.data.heldout import is_heldout, store_samples
 from train.drafter.anchors import anchor_candidates

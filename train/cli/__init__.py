@@ -1,15 +1,15 @@
 """Command line of the trainer: `python -m train {fit,export,eval,diagnose,speculate,serve-check}`.
 
-One module per subcommand (train/cli/fit.py, export.py, eval.py, diagnose.py, speculate.py,
-serve_check.py),
-each with `add_parser(subparsers)` and `run(args) -> int`. Every command runs
+One parser module per subcommand (train/cli/fit.py, export.py, eval.py, diagnose.py,
+speculate.py, serve_check.py), each with `add_parser(subparsers)` naming its handler
+as "module:function" (train/commands/: `run(args) -> int`), imported when it runs. Every command runs
 under `store_schema.runtime.cli.run_command`, the one exit-code rule of the project:
 0 ok; 1 refused or a problem found (a store from another target, a corrupt
 shard, a bad config value, diagnose findings); 2 usage (bad arguments, a path
 that does not exist). Errors are one line on stderr, never a traceback.
 
-The modules import nothing heavy at the top (torch, zarr, the model are imported
-by the handlers), so `python -m train --help` answers at once.
+The parser modules import nothing heavy (torch, zarr, the model come with the
+handlers), so `python -m train --help` answers at once.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
         quiet_transformers()  # before transformers is first imported: it reads the settings then
         preload(*TORCH_COMMAND_IMPORTS)
         set_torch_threads(processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")))  # torchrun sets it per host
-    return run_command(args.handler, args, refusals=(StoreError,))
+    module, _, function = args.handler.partition(":")  # the handler, imported now that its command runs
+    return run_command(getattr(importlib.import_module(module), function), args, refusals=(StoreError,))
 
 
 def quiet_transformers() -> None:

@@ -13,21 +13,10 @@ NEAR_TIE_LOGIT_GAP) is reported with its gap and passes."""
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING
-
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, THINKING, DataConfig
-from train.dtypes import NAMES, torch_dtype
-from train.target_check import add_target_flags, check_target
-
-if TYPE_CHECKING:  # annotations only: `--help` loads none of torch (tests/test_cli_rules.py)
-    from transformers import PreTrainedModel
-
-    from train.drafter.model import DFlashDrafter
+from train.dtypes import NAMES
+from train.target_check import add_target_flags
 
 
 def add_parser(subparsers) -> None:
@@ -57,7 +46,7 @@ def add_parser(subparsers) -> None:
     add_thinking_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_target_flags(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler="train.commands.speculate:run")
 
 
 def add_thinking_flag(p) -> None:
@@ -66,201 +55,6 @@ def add_thinking_flag(p) -> None:
                         "(default: the template's own default)")
 
 
-def grouped(prompts, results, key) -> dict:
-    """{key(prompt): prompts, lossless and tau of that group}, prompts whose key is None left out."""
-    groups: dict = {}
-    for prompt, result in zip(prompts, results):
-        if key(prompt) is not None:
-            groups.setdefault(key(prompt), []).append(result)
-    return {name: {"prompts": len(rows), "lossless": all(r.lossless for r in rows),
-                   "tau": mean_or_none([r.tau for r in rows if r.tau is not None])} for name, rows in groups.items()}
 
 
-def by_thinking(prompts, results) -> dict:
-    """{"on"/"off": ...} of the prompts rendered with the thinking switch set; else empty."""
-    return grouped(prompts, results, lambda p: None if p.thinking is None else "on" if p.thinking else "off")
 
-
-def by_set(prompts, results) -> dict:
-    """Per prompt set and per category (a `--prompts` record's `category`, else its set's
-    name): the figures the field publishes per benchmark. Empty for a store's prompts."""
-    if not any(p.source for p in prompts):
-        return {}
-    return {"by_set": grouped(prompts, results, lambda p: p.source),
-            "by_category": grouped(prompts, results, lambda p: p.category)}
-
-
-def mean_or_none(values):
-    """The mean rounded to 4 places, None for no values."""
-    return round(sum(values) / len(values), 4) if values else None
-
-
-def check_compatible(drafter_config, model, where) -> None:
-    """Refuse a drafter made for another target, naming the field."""
-    embed = model.get_input_embeddings().weight
-    checks = {
-        "hidden_size": (drafter_config.hidden_size, embed.shape[1]),
-        "vocab_size": (drafter_config.vocab_size, embed.shape[0]),
-        "num_target_layers": (drafter_config.num_target_layers, model.config.get_text_config().num_hidden_layers),
-    }
-    for name, (drafter_value, target_value) in checks.items():
-        if drafter_value != target_value:
-            raise ValueError(f"{where}: drafter {name} {drafter_value} does not match the target's {target_value}")
-
-
-def open_prompt_source(args):
-    """The store (or None for --prompts), opened before any model loads, so a wrong
-    path is refused at once."""
-    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from store_schema.stores import open_store
-
-    if args.prompts:
-        from train.data.prompt_sets import NAMED_SETS, prompt_sources  # torch-free; with the others, not for --help
-
-        for source in prompt_sources(args.prompts):
-            if source not in NAMED_SETS and not Path(source).is_file():
-                raise FileNotFoundError(f"--prompts {source}: no such file (named sets: {', '.join(NAMED_SETS)})")
-        return None
-    return open_store(args.store)
-
-
-def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
-    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from store_schema.runtime.target_config import read_target_config
-    from train.cli.eval import heldout_fraction
-    from train.data.prompt_sets import NAMED_SETS, prompt_sources
-    from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
-    from train.fitting.preflight import check_store_against_target
-
-    vocab = model.get_input_embeddings().weight.shape[0]
-    if args.prompts:  # --limit applies to each set
-        return [prompt for source in prompt_sources(args.prompts) for prompt in (
-            record_prompts(NAMED_SETS[source](), source, source, tokenizer, vocab, args.limit, args.thinking)
-            if source in NAMED_SETS else
-            jsonl_prompts(source, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking))]
-    if args.thinking:
-        raise ValueError("--thinking renders --prompts chats; a store's prompts were rendered when it was extracted")
-    check_store_against_target(store, read_target_config(args.target))
-    return store_prompts(store, heldout_fraction(args, drafter_dir), split=args.split, limit=args.limit)
-
-
-@dataclass
-class Decoding:
-    """What `speculate` and `serve-check` decode with: the drafter and the whole target
-    on one device and dtype, the prompts, and the stop tokens."""
-
-    drafter_dir: Path
-    drafter: DFlashDrafter  # eval mode
-    model: PreTrainedModel  # the target (transformers), whole
-    prompts: list
-    stops: list[int]
-    device: object
-    dtype: object
-    other_target: dict  # what `--allow-other-target` let through, recorded in the output
-
-
-def load_decoding(args, command: str) -> Decoding:
-    """The target checked against the store (`train.target_check`), then the drafter,
-    the target and the prompts loaded; a prompt source that gives none is refused."""
-    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from store_schema.runtime.host import resolve_device
-    from store_schema.runtime.target_config import read_config_json
-    from store_schema.runtime.target_model import compute_dtype, load_target_model
-    from store_schema.runtime.target_weights import check_target_weights
-    from train.acceptance.target_decode import stop_token_ids
-    from train.export.drafter_dir import load_drafter, resolve_drafter_dir
-
-    device = resolve_device(args.device)
-    dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
-    drafter_dir = resolve_drafter_dir(args.drafter)
-    store = open_prompt_source(args)
-    check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    other_target = {} if store is None else check_target(store, args.target,
-                                                          allow_other_target=args.allow_other_target,
-                                                          full=args.full_weights_check, log=say)
-    drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
-    read_config_json(args.target)  # a wrong path is refused before the line below
-    say(f"{command}: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")
-    model = load_target_model(args.target, device, dtype).model
-    check_compatible(drafter.config, model, drafter_dir / "config.json")
-    tokenizer = _tokenizer(args.target)
-    prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
-    if not prompts:
-        raise ValueError(f"no prompt to decode in {args.prompts or args.store}")
-    stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)
-    return Decoding(drafter_dir, drafter, model, prompts, stops, device, dtype, other_target)
-
-
-def run(args) -> int:
-    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from store_schema.runtime.cli import fail
-    from train.acceptance.speculate import decode_prompt, summarize
-
-    loaded = load_decoding(args, "speculate")
-    drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
-                                                   loaded.stops)
-    device, dtype, other_target = loaded.device, loaded.dtype, loaded.other_target
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-
-    # One short untimed pass first, so one-time setup is not charged to the first prompt.
-    say(f"speculate: {len(prompts)} prompt(s), up to {args.max_new_tokens} new tokens each, speculative then greedy")
-    decode_prompt(model, drafter, "warmup", prompts[0].input_ids.to(device), min(8, args.max_new_tokens), stops)
-    results = []
-    for number, prompt in enumerate(prompts, start=1):
-        result = decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), args.max_new_tokens, stops)
-        results.append(result)
-        print(f"[{number}/{len(prompts)}] {prompt.id}: tau {_fmt(result.tau)}, {len(result.speculative.tokens)} tokens, "
-              f"{'lossless' if result.lossless else _mismatch(result)}", file=sys.stderr)
-    summary = summarize(results, dtype)
-    summary.update(drafter=str(drafter_dir), target=str(args.target), device=device.type, dtype=str(dtype).removeprefix("torch."),
-                   block_size=drafter.config.block_size, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
-                   thinking=args.thinking or "template default", by_thinking=by_thinking(prompts, results),
-                   **by_set(prompts, results), per_prompt=[r.to_dict() for r in results], **other_target)
-    print(json.dumps(summary) if args.json else render(summary))
-    failed = summary["prompts"] - summary["lossless_prompts"] - summary["near_tie_prompts"]
-    return 0 if summary["passed"] else fail(
-        f"speculative output differs from greedy decoding on {failed} prompt(s) (rule: {summary['exactness_rule']})")
-
-
-def _tokenizer(target):
-    # here, not at the top: `--help` loads none of torch (tests/test_cli_rules.py)
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
-    except (OSError, ValueError):
-        return None  # token-id prompts still work; chat prompts are refused by name
-
-
-def _mismatch(result) -> str:
-    return f"MISMATCH at new token {result.first_mismatch()} (target logit gap {result.mismatch_logit_gap})"
-
-
-def _fmt(value, digits: int = 3) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
-
-
-def render(summary: dict) -> str:
-    """Per-prompt lines, then the overall figures."""
-    lines = [f"{'prompt':<24}{'lossless':>9}{'tau':>8}{'rounds':>8}{'tokens':>8}{'spec tok/s':>12}{'greedy tok/s':>14}"]
-    for row in summary["per_prompt"]:
-        lines.append(f"{row['id'][:23]:<24}{str(row['lossless']):>9}{_fmt(row['tau']):>8}{row['rounds']:>8}"
-                     f"{row['new_tokens']:>8}{_fmt(row['speculative']['tokens_per_s'], 1):>12}"
-                     f"{_fmt(row['greedy']['tokens_per_s'], 1):>14}")
-    spec, greedy = summary["speculative"], summary["greedy"]
-    lines += [
-        "",
-        f"prompts {summary['prompts']}, lossless {summary['lossless_prompts']}/{summary['prompts']}"
-        f"{f' (+{n} near-ties)' if (n := summary['near_tie_prompts']) else ''}, "
-        f"tau {_fmt(summary['tau'])}, rounds {summary['rounds']}, new tokens {summary['new_tokens']}",
-        *[f"thinking {setting}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
-          for setting, row in summary.get("by_thinking", {}).items()],
-        *[f"{what} {name}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
-          for what, key in (("set", "by_set"), ("category", "by_category")) for name, row in summary.get(key, {}).items()],
-        f"speculative: {spec['target_forwards']} target forwards ({spec['rerun_forwards']} re-runs), "
-        f"{spec['wall_s']:.2f} s, {_fmt(spec['tokens_per_s'], 1)} tokens/s",
-        f"greedy:      {greedy['target_forwards']} target forwards, {greedy['wall_s']:.2f} s, "
-        f"{_fmt(greedy['tokens_per_s'], 1)} tokens/s (speedup {_fmt(summary['speedup'], 2)}x)",
-    ]
-    return "\n".join(lines)

@@ -1,0 +1,44 @@
+"""`python -m train export`'s handler (its parser: train/cli/export.py). Imported only
+when the command runs, so it imports at the top."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from store_schema.layout import ZARR_METADATA
+from train.data.heldout import heldout_fraction_of, heldout_record
+from train.drafter.build import build_drafter
+from train.drafter.model import DrafterConfig
+from train.dtypes import torch_dtype
+from train.export.drafter_dir import export_drafter
+from train.fitting import checkpoint as ckpt
+
+
+def refuse_store_dir(out: str | Path) -> None:
+    """An export never goes into a hidden-state store (a directory holding a Zarr
+    root, or one inside it): its files would sit among the store's shards."""
+    resolved = Path(out).resolve()
+    for directory in (resolved, *resolved.parents):
+        if (directory / ZARR_METADATA).is_file():
+            raise ValueError(f"export --out {out}: {directory} is a hidden-state store (it holds {ZARR_METADATA}); "
+                             "export into a directory outside it")
+
+
+def run(args) -> int:
+    refuse_store_dir(args.out)
+    path = Path(args.checkpoint) if args.checkpoint else ckpt.latest_checkpoint(args.run)
+    if path is None:
+        raise FileNotFoundError(f"{args.run}: no checkpoint to export")
+    state = ckpt.read_state(path)
+    drafter = build_drafter(DrafterConfig.from_dict(state["drafter_config"]))
+    drafter.load_state_dict(ckpt.load_model_weights(path), strict=True)
+    # Checkpoints written before the split was recorded used the same rule at the config's fraction.
+    split = state.get("heldout_split") or heldout_record(state["config"]["data"]["heldout_fraction"])
+    fraction = heldout_fraction_of(split, f"{path} heldout_split")
+    # How the run started (the rule that chose the mask token, ...) goes along as top-level keys.
+    out = export_drafter(drafter, args.out, dtype=torch_dtype(args.dtype), heldout_fraction=fraction,
+                         extra_config=state.get("run_info"))
+    print(json.dumps({"exported": str(out), "checkpoint": str(path), "step": state["step"], "dtype": args.dtype,
+                      "heldout_fraction": fraction}))
+    return 0

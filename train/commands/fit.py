@@ -1,0 +1,214 @@
+"""`python -m train fit`'s handler (its parser: train/cli/fit.py). Imported only
+when the command runs, so it imports at the top."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from store_schema import provenance_warning
+from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG, UsageError, fail, interrupted
+from store_schema.runtime.host import is_disk_full
+from store_schema.runtime.target_weights import check_target_weights
+from store_schema.stores import open_store
+from train.config import CONFIG_FILE
+from train.config_error import ConfigError
+from train.config_loading import check_override, load_config
+from train.data.lanes import check_world
+from train.data.loader import check_lanes
+from train.fitting.checkpoint import Checkpointer, latest_checkpoint, read_state
+from train.fitting.distributed import (
+    DEFAULT_MASTER_PORT,
+    LAUNCHED_BY_FIT,
+    Nodes,
+    close_process_group,
+    is_peer_loss,
+    launch,
+)
+from train.fitting.estimate import dry_run
+from train.fitting.interrupts import DataStopped, TrainingInterrupted
+from train.fitting.preflight import REPAIR_COMMAND, FitChecks
+from train.fitting.runlog import LOG_FILE
+from train.fitting.trainer import Trainer
+from train.target_check import ALLOW_FLAG, FULL_FLAG
+
+FLAGS = (("allow_other_target", ALLOW_FLAG), ("require_complete", "--require-complete"), ("skip_verify", "--skip-verify"),
+         ("verify_first", "--verify-first"),
+         ("skip_space_check", SKIP_SPACE_CHECK_FLAG), ("full_weights_check", FULL_FLAG))
+
+
+def fit_argv(args) -> list[str]:
+    """The command line of one process of a `--nproc` job: these arguments without the launch flags."""
+    argv = ["--out", args.out]
+    for flag, value in (("--store", args.store), ("--target", args.target), ("--config", args.config),
+                        ("--max-steps", args.max_steps), ("--init-from", args.init_from),
+                        ("--progress-interval", args.progress_interval)):
+        if value is not None:
+            argv += [flag, str(value)]
+    if args.resume:
+        argv.append("--resume")
+    argv += [flag for name, flag in FLAGS if getattr(args, name)]
+    for override in args.overrides:
+        argv += ["--set", override]
+    return argv
+
+
+def resume_commands(args, store) -> tuple[str, str]:
+    """The command that continues the run in --out, and the one that also leaves corrupt shards out."""
+    flags = "".join(f" {flag}" for name, flag in FLAGS[:2] if getattr(args, name))
+    command = f"python -m train fit --out {args.out} --resume{flags}"
+    return command, f"{command} --set data.skip_corrupt_shards=true"
+
+
+def run(args) -> int:
+    if args.dry_run:
+        return dry_run(args)
+    if not args.out:
+        raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
+    if args.verify_first and args.skip_verify:
+        raise UsageError("--verify-first and --skip-verify exclude each other")
+    if args.resume:
+        Checkpointer(args.out).resume_point(resume=True)  # before the config is read: one line if there is none
+    config = resolve_config(args)
+    check_target_weights(config.target, "--target")  # before torch or torchrun start: one line naming it
+    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
+    if "WORLD_SIZE" not in os.environ and (args.nproc or 1) * nodes.count > 1:
+        return launch_job(args, config, nodes)
+    return train(args, config)
+
+
+def launch_job(args, config, nodes) -> int:
+    """`--nproc N` (and `--nnodes`): start torchrun's launcher, which runs this command in each process."""
+    # Refused here, once, before any process starts (each would refuse it on its own).
+    world_size = (args.nproc or 1) * nodes.count
+    lanes = config.data.lanes or world_size
+    if not args.resume:  # a resumed run's lanes are its checkpoint's, checked by each process
+        check_lanes(config.store, lanes, len(open_store(config.store).committed_shards()))
+    check_world(world_size, world_size if args.resume else lanes, config.train.sequences_per_step, resumed=False)
+    return launch(args.nproc or 1, fit_argv(args), Path(args.out), nodes)
+
+
+def train(args, config) -> int:
+    """This process's part of the run: build it, train it, say how it ended."""
+    checks = FitChecks(allow_other_target=args.allow_other_target, require_complete=args.require_complete,
+                       verify=not args.skip_verify, verify_first=args.verify_first, space=not args.skip_space_check,
+                       full_weights=args.full_weights_check)
+    try:
+        trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr),
+                                      checks=checks)
+    except KeyboardInterrupt:
+        return interrupted("before the first step, no new checkpoint", "rerun the same command")
+    if trainer.step >= trainer.total_steps:  # a resume whose --max-steps the run has already reached
+        if trainer.world.is_main:
+            print(f"fit: nothing to train: {args.out} is already at step {trainer.step} of {trainer.total_steps} "
+                  "planned (raise --max-steps to train further)", file=sys.stderr)
+            print(json.dumps({"step": trainer.step, "trained_steps": 0}))
+        trainer.feed.close()
+        trainer.release_replica()
+        close_process_group()
+        return 0
+    if trainer.world.is_main:
+        announce(trainer)
+    try:
+        last = trainer.fit()
+    except (TrainingInterrupted, Exception) as error:
+        return stopped(args, config, trainer, error)
+    trainer.release_replica()
+    close_process_group()
+    if trainer.world.is_main:
+        for line in finished_lines(trainer.step, last, args.out, config):
+            print(line, file=sys.stderr)
+        print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
+    return 0
+
+
+def announce(trainer) -> None:
+    """Rank 0's lines before step 1: the corpus's provenance warning, the run's size."""
+    warning = provenance_warning(trainer.store.fingerprint.response_provenance)
+    if warning:
+        print(warning, file=sys.stderr)
+    print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
+          f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}, "
+          f"{trainer.world.size} process(es), {trainer.feed.lanes} lane(s)", file=sys.stderr)
+
+
+def stopped(args, config, trainer, error: BaseException) -> int:
+    """The exit of a run that stopped early: Ctrl-C (130), a corrupt shard or a lost
+    peer (1), each said in one line; anything else is raised."""
+    distributed = trainer.world.distributed
+    if isinstance(error, TrainingInterrupted):
+        if not trainer.world.is_main:
+            return 130  # rank 0 says what was kept
+        if error.checkpoint is None:
+            return interrupted("no checkpoint yet", "rerun the same command")
+        kept = (f"checkpoint of step {error.step} saved in {error.checkpoint}" if not distributed
+                else f"the last checkpoint is {error.checkpoint}")
+        return interrupted(kept, f"resume with: {resume_commands(args, config.store)[0]}")
+    if isinstance(error, DataStopped):
+        shard = error.error
+        kept = (f"checkpoint of step {error.step} saved in {error.checkpoint}" if error.checkpoint
+                else "no checkpoint was written")
+        resume, skipping = resume_commands(args, config.store)
+        return fail(f"shard {shard.shard}: {shard.file}: {shard.what}; {kept}; repair the store with "
+                    f"`{REPAIR_COMMAND.format(store=config.store)}` and `python -m extract run`, then resume with "
+                    f"`{resume}`, or resume leaving the shard out: `{skipping}`")
+    if is_disk_full(error):
+        return disk_full(args, config.store, error)
+    if not distributed or not is_peer_loss(error):
+        raise error
+    # A collective failed: another process of the job is gone. Under --nproc the launcher
+    # names it in its one line; under torchrun this rank says what it saw.
+    if os.environ.get(LAUNCHED_BY_FIT):
+        return 1
+    return fail(f"rank {trainer.world.rank}: another process of the job stopped "
+                f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                "the job cannot continue; the same command with --resume continues from the last checkpoint")
+
+
+def disk_full(args, store, error: OSError) -> int:
+    """A disk that filled mid-run: one line naming what failed, the last good
+    checkpoint (the steps after it are lost) and how to go on (exit 1)."""
+    latest = latest_checkpoint(args.out)
+    what = " ".join(str(error).split()) if error.filename is None else f"disk full writing {error.filename}"
+    if latest is None:
+        return fail(f"{what}; no checkpoint was written; free space in {args.out} and rerun the same command")
+    return fail(f"{what}; the last good checkpoint is {latest} (step {read_state(latest)['step']}), the steps "
+                f"after it are lost; free space in {args.out} and resume with `{resume_commands(args, store)[0]}`")
+
+
+def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
+    """What a finished run says before its JSON line: where it ended and the next commands."""
+    figures = [f"{name} {last[key]:{form}}" for key, name, form in
+               (("loss", "loss", ".4f"), ("acc", "top-1", ".1%"), ("eval_tau", "eval tau", ".2f"))
+               if isinstance(last.get(key), (int, float))]
+    checkpoint = latest_checkpoint(out)
+    drafter = Path(out) / "drafter"
+    return [f"fit: done at step {step}" + "".join(f", {figure}" for figure in figures)
+            + (f"; checkpoint {checkpoint}" if checkpoint else "") + f"; run log {Path(out) / LOG_FILE}",
+            f"next: python -m train export {out} --out {drafter}",
+            f"      python -m train eval --store {config.store} --drafter {drafter} --target {config.target}",
+            f"      python -m train diagnose {out}"]
+
+
+def resolve_config(args):
+    """The run's config (defaults <- --config <- flags <- --set). A --set that is not
+    KEY=VALUE of a known key, or a run without --store / --target, is a usage error (exit 2)."""
+    for override in args.overrides:
+        try:
+            check_override(override)
+        except ConfigError as error:
+            raise UsageError(f"--set {override}: {error}") from None
+    config_file = args.config
+    if args.resume and config_file is None and (Path(args.out) / CONFIG_FILE).is_file():
+        config_file = str(Path(args.out) / CONFIG_FILE)
+    config = load_config(
+        config_file, args.overrides, store=args.store, target=args.target, out=args.out, require_paths=False,
+        **{"train.max_steps": args.max_steps, "model.init_from": args.init_from,
+           "train.progress_interval": args.progress_interval},
+    )
+    for name in ("store", "target"):
+        if not getattr(config, name):
+            raise UsageError(f"fit: --{name} is required (or a --config that sets {name})")
+    return config
