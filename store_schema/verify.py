@@ -92,11 +92,12 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
     stats_by_shard: dict[str, dict] = {}
     done_bytes = 0
     depth = SIZES if sizes_only else CHECKSUMS if checksums_only else CONTENTS
-    depths = {name: CHECKSUMS if name in set(reread) else depth for name in shard_dirs}
+    reread = set(reread)
+    depths = {name: CHECKSUMS if name in reread else depth for name in shard_dirs}
     if ray_address is None:
         results = _checked_here(store, shard_dirs, planned_ids, depths, workers)
     else:
-        results = _checked_on_cluster(path, store, shard_dirs, planned_ids, depths, ray_address)
+        results = _checked_on_cluster(store, shard_dirs, planned_ids, depths, ray_address)
     for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
         _merge(result, seen_ids, report)
         stats_by_shard[result.name] = result.layer_stats
@@ -129,11 +130,11 @@ def check_batch(location: str, names: list[str], planned_ids, depths: dict) -> l
     return list(_checked_here(open_store(location), names, planned_ids, depths, None))
 
 
-def _checked_on_cluster(path, store: Store, names: list[str], planned_ids, depths: dict, address: str):
+def _checked_on_cluster(store: Store, names: list[str], planned_ids, depths: dict, address: str):
     """Each shard's result, in `names` order, checked across the Ray cluster at `address`."""
     from .verify_cluster import cluster_results  # Ray is loaded only for --ray
 
-    location = str(store.path if isinstance(path, Store) else path)
+    location = str(store.path)  # a directory, or a bucket store's URL
     if "://" not in location:
         location = os.path.abspath(location)  # each node's workers start elsewhere
 
