@@ -37,7 +37,7 @@ UNION = sorted(set(DFLASH_TAPS) | set(DFLASH2_TAPS))
 def build_store(path: Path, layers: list[int], shards: int, samples: int, tokens: int, hidden: int) -> int:
     """The same random samples (seeded per sample) holding `layers`; bytes on disk."""
     from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
-    from store_schema.records import on_disk_bytes
+    from store_schema.commit.records import on_disk_bytes
 
     fingerprint = Fingerprint(target_model="bench", num_target_layers=64, hidden_size=hidden, vocab_size=248_320,
                               layer_ids=layers, max_length=tokens)

@@ -45,7 +45,7 @@ SCALES = (1, 4, 16)
 def build_store(path: Path, num_shards: int, samples: int, tokens: int) -> int:
     """`num_shards` shards of `samples` x `tokens` random states of LAYERS; bytes on disk."""
     from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
-    from store_schema.records import on_disk_bytes
+    from store_schema.commit.records import on_disk_bytes
 
     fingerprint = Fingerprint(target_model="bench", num_target_layers=TARGET_LAYERS, hidden_size=HIDDEN,
                               vocab_size=VOCAB, layer_ids=LAYERS, max_length=tokens)

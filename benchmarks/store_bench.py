@@ -53,12 +53,12 @@ from store_schema import (
     shard_name,
     store_dtype,
 )
-from store_schema.encoding import encode_shard
-from store_schema.fp8 import QuantizedStates, quantize
-from store_schema.local_copy import copied_shards
+from store_schema.codecs.encoding import encode_shard
+from store_schema.codecs.fp8 import QuantizedStates, quantize
+from store_schema.codecs.shard_codec import read_arrays, start_sharded_decode
 from store_schema.plan import PlanSettings
-from store_schema.shard_codec import read_arrays, start_sharded_decode
 from store_schema.stores import open_store
+from store_schema.tools.local_copy import copied_shards
 
 HIDDEN = 1024
 # The rate one seed GPU consumed: 36K tokens/s of 5 context layers x 5120 (Qwen3.6-27B).
@@ -270,7 +270,7 @@ def decode_gb_per_s_per_core(root: Path, repeats: int = 3) -> float:
 
 
 def verify_gb_per_s(root: Path, checksums_only: bool = False) -> float:
-    from store_schema.verify import verify_store
+    from store_schema.tools.verify import verify_store
 
     drop_page_cache(root)
     with Timer() as t:
@@ -415,7 +415,7 @@ def shard_cache_figures(work: Path, samples, local: Path, fit_steps: int) -> dic
     `PAIRS` rounds; every epoch's seconds kept), and the trainer's data wait through
     a warm cache vs from `local` (`trainer_data_wait`)."""
     from benchmarks.common import loopback_s3, new_bucket
-    from store_schema.local_copy import copy_shard, open_local_copy
+    from store_schema.tools.local_copy import copy_shard, open_local_copy
 
     with loopback_s3() as endpoint:
         url = f"s3://{new_bucket(endpoint)}/store"

@@ -41,7 +41,7 @@ class PlanError(ValueError):
 
 class QuarantineError(ValueError):
     """A corpus record that cannot become a sample; ``reason`` is the quarantine reason.
-    (Not `store_schema.records.RecordError`: a store's commit record unreadable.)"""
+    (Not `store_schema.commit.records.RecordError`: a store's commit record unreadable.)"""
 
     def __init__(self, reason: str, detail: str = ""):
         super().__init__(f"{reason}: {detail}" if detail else reason)

@@ -6,7 +6,7 @@
                                  "shards": [NAME, ...] in record order, "plan": generate's own plan}
       shards/NAME/data.parquet  one Parquet shard: id, messages, truncated, generated_tokens
       shards/NAME/commit.json   size + crc32c of data.parquet; the shard is committed when its
-                                directory is renamed into shards/ (`store_schema.staging`)
+                                directory is renamed into shards/ (`store_schema.commit.staging`)
       .staging/  .lock          as in a store: shards written aside; one live job
 
 The manifest's ``generation`` block says which checkpoint wrote the responses (the
@@ -21,9 +21,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from store_schema import layout
-from store_schema.lock import Attempt
-from store_schema.records import RecordError, read_record, write_record
-from store_schema.staging import write_and_commit
+from store_schema.commit.lock import Attempt
+from store_schema.commit.records import RecordError, read_record, write_record
+from store_schema.commit.staging import write_and_commit
 
 from .errors import GeneratedCorpusError
 
@@ -104,9 +104,9 @@ def shard_table(rows: list[dict]):
 
 
 def commit_shard(corpus_dir, name: str, table, attempt: Attempt | None = None, extra: Mapping | None = None) -> bool:
-    """Write `table` as shard `name` and commit it (`store_schema.staging`); False if
+    """Write `table` as shard `name` and commit it (`store_schema.commit.staging`); False if
     it was committed already. With the driver's `attempt`, a revoked attempt raises
-    `store_schema.lock.ShardFenced` instead of committing. `extra`: more fields of
+    `store_schema.commit.lock.ShardFenced` instead of committing. `extra`: more fields of
     the commit record (an engine's counts: records quarantined while generating, ...)."""
     import pyarrow.parquet as pq  # writing a shard only, as above
 

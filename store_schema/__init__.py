@@ -4,13 +4,13 @@ Only this package knows where arrays live; `extract` writes through `StoreWriter
 `train` reads through `Store`. Names are imported lazily so that light users
 (`store_schema.plan`, planning workers, `--help`) don't pay for torch and zarr:
 zarr comes with the reader or writer, which register the store's zarr data types
-(`store_schema.zarr_dtypes`) when they are imported."""
+(`store_schema.codecs.zarr_dtypes`) when they are imported."""
 
 from importlib import import_module
 
 _EXPORTS = {
     "LAYER_ID_CONVENTION": "layout",
-    "CodecConfig": "encoding",
+    "CodecConfig": "codecs.encoding",
     "STORE_DTYPES": "dtypes",
     "StoreDtype": "dtypes",
     "store_dtype": "dtypes",
@@ -27,12 +27,8 @@ _EXPORTS = {
     "target_identity": "fingerprint",
     "response_provenance": "provenance",
     "provenance_warning": "provenance",
-    "ShardCommit": "records",
-    "TargetConfig": "runtime.target_config",
-    "read_target_config": "runtime.target_config",
-    "human_bytes": "runtime.units",
-    "available_cores": "runtime.host",
-    "StoreLock": "lock",
+    "ShardCommit": "commit.records",
+    "StoreLock": "commit.lock",
     "StoreLockedError": "errors",
     "Plan": "plan",
     "PlannedSample": "plan",
@@ -45,7 +41,7 @@ _EXPORTS = {
     "Sample": "reader",
     "ShardData": "reader",
     "Store": "reader",
-    "on_disk_bytes": "records",
+    "on_disk_bytes": "commit.records",
     "read_plan": "plan_io",
     "SampleArrays": "writer",
     "StoreExistsError": "errors",

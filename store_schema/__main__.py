@@ -26,7 +26,7 @@ from .runtime.cli import (
 
 
 def cmd_info(args) -> int:
-    from .encoding import CodecConfig
+    from .codecs.encoding import CodecConfig
     from .runtime.units import human_bytes
     from .stores import open_store
 
@@ -113,8 +113,8 @@ def cmd_verify(args) -> int:
     wrong inside one, its root included, is a problem in the report (exit 1); an
     intact store with planned shards not yet extracted is incomplete (exit 3, also
     after a --repair that moved every damaged shard aside: `extract run` finishes it)."""
-    from .verify import verify_store
-    from .verify_report import format_report
+    from .tools.verify import verify_store
+    from .tools.verify_report import format_report
 
     if args.recompute and not args.model:
         raise UsageError("--recompute needs --model PATH")
@@ -136,8 +136,8 @@ def cmd_verify(args) -> int:
     report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
                           checksums_only=args.checksums_only, sizes_only=args.sizes_only, ray_address=args.ray)
     if args.recompute and report.ok:
-        from .recompute import recompute_check
         from .stores import open_store
+        from .tools.recompute import recompute_check
 
         print(f"recomputing {args.recompute} sample(s) with {args.model} on {args.device}...", file=sys.stderr,
               flush=True)
@@ -286,7 +286,7 @@ def main(argv=None) -> int:
     from .runtime.startup import preload
 
     if args.command in ("info", "verify"):
-        preload("store_schema.verify")  # torch, through the reader
+        preload("store_schema.tools.verify")  # torch, through the reader
     return run_command(args.handler, args, refusals=(StoreError, ObjectStoreError))
 
 

@@ -3,7 +3,7 @@ type of the layer arrays, the raw bits readers handle, whether per-token scales 
 beside them, and how NaN/Inf look in the bits.
 
 `bfloat16` is the default and lossless; `fp8_e4m3` (`--store-dtype fp8_e4m3`) halves
-the raw size (see `store_schema.fp8`). The fingerprint records the name, so one
+the raw size (see `store_schema.codecs.fp8`). The fingerprint records the name, so one
 store never mixes them."""
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from . import layout, zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
+from . import layout
+from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
 from .plan import Plan, PlannedSample, PlannedShard, QuarantinedRecord
 
 

@@ -27,15 +27,10 @@ import numpy as np
 import torch
 import zarr
 
-from . import layout, zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
-from .commit_journal import entry_key, journaled
-from .dtypes import StoreDtype, store_dtype
-from .fp8 import as_bf16, dequantize
-from .plan import Plan
-from .plan_io import read_committed_plan
-from .records import RecordError, ShardCommit, check_files, file_sizes, on_disk_bytes, read_record
-from .root import read_root
-from .shard_codec import (
+from . import layout
+from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
+from .codecs.fp8 import as_bf16, dequantize
+from .codecs.shard_codec import (
     CorruptShardError,
     EncodedArray,
     decode_array,
@@ -44,6 +39,12 @@ from .shard_codec import (
     read_file,
     start_sharded_decode,
 )
+from .commit.journal import entry_key, journaled
+from .commit.records import RecordError, ShardCommit, check_files, file_sizes, on_disk_bytes, read_record
+from .dtypes import StoreDtype, store_dtype
+from .plan import Plan
+from .plan_io import read_committed_plan
+from .root import read_root
 
 
 @dataclass
@@ -160,7 +161,7 @@ class Store:
         return file_sizes(layout.shard_dir(self.path, name), exclude=(layout.COMMIT_RECORD,))
 
     def journaled_shards(self) -> set[str] | None:
-        """The shards the store's commit journal lists (`commit_journal`); None without one."""
+        """The shards the store's commit journal lists (`commit.journal`); None without one."""
         return journaled(self.path)
 
     def journal_entry(self, name: str) -> dict:

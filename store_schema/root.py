@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import layout
-from .encoding import CodecConfig
+from .codecs.encoding import CodecConfig
 from .fingerprint import Fingerprint
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .encoding import CodecConfig
+from .codecs.encoding import CodecConfig
 from .fingerprint import Fingerprint
 from .layout import ROOT_RECORD
 from .location import StoreURL, classify_store
@@ -51,7 +51,7 @@ def repair_store(store, report):
         from .objstore.repair import repair_bucket
 
         return repair_bucket(location, report)
-    from .repair import repair_dir
+    from .tools.repair import repair_dir
 
     return repair_dir(location, report)
 
@@ -64,7 +64,7 @@ def clean_store(store, commitless: bool = True) -> tuple[list[str], list[str]]:
         from .objstore.repair import clean_bucket
 
         return clean_bucket(location), []
-    from .repair import clean_dir
+    from .tools.repair import clean_dir
 
     return clean_dir(location, commitless)
 
@@ -77,7 +77,7 @@ def job_output(store):
         from .objstore.output import BucketOutput
 
         return BucketOutput(location)
-    from .job_output import DirectoryOutput
+    from .commit.job_output import DirectoryOutput
 
     return DirectoryOutput(location)
 
@@ -92,7 +92,7 @@ def lock_store(store, job: str, log=None):
         from .objstore.lease import KeptLease
 
         return KeptLease(Bucket(location), job=job, log=log)
-    from .lock import StoreLock
+    from .commit.lock import StoreLock
 
     return StoreLock(location, job=job)
 
@@ -104,7 +104,7 @@ def open_writer(store, spool_dir=None, spool_bytes: int | None = None, log=None)
     location = classify_store(store)
     if isinstance(location, StoreURL):
         from .objstore.commit import BucketWriter
-        from .spool import Spool
+        from .objstore.spool import Spool
 
         return BucketWriter(location, Spool(spool_dir, spool_bytes, log))
     from .writer import StoreWriter

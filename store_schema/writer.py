@@ -17,22 +17,23 @@ import numpy as np
 import torch
 import zarr
 
-from . import layout, zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
-from .bf16 import BFLOAT16
+from . import layout
+from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
+from .codecs.bf16 import BFLOAT16
+from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
+from .codecs.fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
+from .commit.lock import Attempt, discard
+from .commit.records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
+from .commit.staging import staging_dir, write_and_commit
 from .dtypes import StoreDtype, store_dtype
-from .encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
 from .errors import StoreExistsError
 from .fingerprint import Fingerprint
-from .fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .layer_stats import layer_stats, refuse_empty_capture
 from .layout import WRITE_ALL_CHUNKS, write_small_array
-from .lock import Attempt, discard
+from .objstore.spool import shard_bytes_bound
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
-from .records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
 from .root import read_root, root_attributes
-from .spool import shard_bytes_bound
-from .staging import staging_dir, write_and_commit
 
 
 class Upload(NamedTuple):
@@ -88,7 +89,7 @@ class StoreWriter:
         (e.g. by a worker presumed dead): the committed copy is kept.
 
         With the driver's `attempt`, the writer claims it before committing and raises
-        `ShardFenced` if the driver revoked it (`store_schema.lock`). The claim comes
+        `ShardFenced` if the driver revoked it (`store_schema.commit.lock`). The claim comes
         before the checksums: from then on nobody else touches the staging directory,
         so what the commit record lists is what the rename makes visible -- checked
         once more (every array there, every file at its size) right before the rename."""
@@ -306,7 +307,7 @@ def looks_like_store(path) -> bool:
 
 def remove_staging(path, prefix: str | None = None) -> list[str]:
     """Remove uncommitted `.staging/` leftovers (all, or those named `prefix.*`), each
-    renamed away before it is deleted (`store_schema.lock.discard`), so a writer still
+    renamed away before it is deleted (`store_schema.commit.lock.discard`), so a writer still
     running somewhere can never commit a half-deleted shard. Only for the holder of
     the store's lock."""
     staging = Path(path) / layout.STAGING_DIR

@@ -127,7 +127,7 @@ def never_committed(store, name: str) -> None:
     import shutil
 
     from store_schema import layout
-    from store_schema.commit_journal import forget
+    from store_schema.commit.journal import forget
 
     shutil.rmtree(Path(store) / layout.SHARDS_DIR / name, ignore_errors=True)
     forget(store, name)
@@ -248,7 +248,7 @@ def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
 def fp8_rounding_bound(reference, scales):
     """Per-element bound on |dequantized - reference| for float32 `reference` states
     [tokens, hidden] stored as fp8 e4m3 with `scales` [tokens]: half an e4m3 ulp."""
-    from store_schema.fp8 import E4M3_MANTISSA_BITS, E4M3_MIN_NORMAL_EXPONENT
+    from store_schema.codecs.fp8 import E4M3_MANTISSA_BITS, E4M3_MIN_NORMAL_EXPONENT
 
     scale = scales.float()[..., None]
     normal = reference.abs() >= scale * 2.0**E4M3_MIN_NORMAL_EXPONENT

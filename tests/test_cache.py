@@ -18,13 +18,13 @@ import pytest
 import tiny
 
 from store_schema import layout
-from store_schema.local_copy import LocalCopyError, copied_shards, open_local_copy
 from store_schema.location import classify_store
 from store_schema.objstore.bucket import Bucket
 from store_schema.objstore.keys import ATTEMPTS_DIR
 from store_schema.reader import Store
 from store_schema.stores import open_store
-from store_schema.verify import verify_store
+from store_schema.tools.local_copy import LocalCopyError, copied_shards, open_local_copy
+from store_schema.tools.verify import verify_store
 from train.cli import main
 from train.data.cache import CacheTooSmall, pinned_shards
 

@@ -16,7 +16,7 @@ from store_schema import layout
 from store_schema.__main__ import main as cli
 from store_schema.objstore.bucket import Bucket
 from store_schema.objstore.keys import shard_marker
-from store_schema.verify import verify_store
+from store_schema.tools.verify import verify_store
 
 
 def test_every_commit_is_journaled_and_a_vanished_shard_is_damage(tmp_path, capsys):
@@ -59,7 +59,7 @@ def test_info_counts_a_committed_shard_by_its_record_and_the_rest_as_found(tmp_p
     """Issue 47.4: `info`'s disk bytes at many shards without walking every shard's
     files: the same figure as walking the whole store, leftovers and commit-less
     directories included."""
-    from store_schema.records import on_disk_bytes
+    from store_schema.commit.records import on_disk_bytes
     from store_schema.stores import open_store
 
     store = tmp_path / "s"

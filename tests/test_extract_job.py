@@ -369,7 +369,7 @@ def test_worker_killed_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     byte for byte what the uninterrupted run wrote."""
     from extract.extraction.job import run_job
     from extract.jobs.settings import FaultInjection
-    from store_schema.verify import verify_store
+    from store_schema.tools.verify import verify_store
 
     ref_store, ref_report = reference
     store = tmp_path / "store"
@@ -413,7 +413,7 @@ def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, c
 def test_disk_full_stops_cleanly_and_rerun_completes(reference, qwen3_5_dir, corpus, tmp_path):
     from extract.errors import ExtractError
     from extract.extraction.job import run_job
-    from store_schema.verify import verify_store
+    from store_schema.tools.verify import verify_store
 
     ref_store, ref_report = reference
     size = sum(f.stat().st_size for f in ref_store.rglob("*") if f.is_file())

@@ -25,9 +25,9 @@ from store_schema.location import classify_store
 from store_schema.objstore.bucket import Bucket
 from store_schema.objstore.commit import KILL_BEFORE_ENV
 from store_schema.objstore.keys import ATTEMPTS_DIR
-from store_schema.spool import LOCK_NAME, POLL_SECONDS, Spool, SpoolTooSmall
+from store_schema.objstore.spool import LOCK_NAME, POLL_SECONDS, Spool, SpoolTooSmall
 from store_schema.stores import open_store
-from store_schema.verify import verify_store
+from store_schema.tools.verify import verify_store
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]

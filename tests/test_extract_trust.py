@@ -187,7 +187,7 @@ def test_run_reports_quarantine_reasons():
 def test_help_shows_defaults_and_only_the_flags_each_command_uses(capsys):
     from extract.__main__ import build_parser
     from store_schema.__main__ import build_parser as store_parser
-    from store_schema.recompute import MIN_COSINE
+    from store_schema.tools.recompute import MIN_COSINE
 
     run = build_parser()._subparsers._group_actions[0].choices["run"]
     actions = {a.option_strings[0]: a for a in run._actions if a.option_strings}
@@ -215,7 +215,7 @@ def test_no_statement_of_the_command_line_is_a_stray_tuple():
 
 @pytest.mark.slow  # child processes
 def test_import_store_schema_alone_imports_no_zarr_and_provenance_not_the_fingerprint():
-    code = ("import sys, store_schema, store_schema.plan, store_schema.fingerprint, store_schema.fp8\n"
+    code = ("import sys, store_schema, store_schema.plan, store_schema.fingerprint, store_schema.codecs.fp8\n"
             "assert 'zarr' not in sys.modules, 'zarr imported'\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n"
             "for name in [m for m in sys.modules if m.startswith('store_schema.')]: del sys.modules[name]\n"

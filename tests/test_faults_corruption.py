@@ -93,7 +93,7 @@ def test_reader_and_verify_refuse_every_corrupted_shard_file(finished_store, tmp
     """What the trainer relies on: a whole-shard read of a damaged shard raises,
     naming the shard and file, for a flipped byte in any of its files (an fp8
     store's scale arrays included); verify names the same file."""
-    from store_schema.verify import verify_store
+    from store_schema.tools.verify import verify_store
 
     copy = tmp_path / "s"
     shutil.copytree(finished_store, copy)
@@ -271,9 +271,9 @@ def _rewrite_layers(shard_dir: Path, kind: str, keep_stats: bool) -> None:
     import numpy as np
     import zarr
 
-    from store_schema.encoding import write_bytesplit_shard
+    from store_schema.codecs.encoding import write_bytesplit_shard
+    from store_schema.commit.records import describe_files, read_record, write_record
     from store_schema.layout import WRITE_ALL_CHUNKS
-    from store_schema.records import describe_files, read_record, write_record
 
     if kind == "swapped":
         for suffix in ("", "_scale"):

@@ -84,7 +84,7 @@ def reference(ray_cluster, qwen3_5_dir, corpus, tmp_path_factory):
 
 def _assert_complete_and_clean(store, reference_content, planned_ids):
     from store_schema import Store
-    from store_schema.verify import verify_store
+    from store_schema.tools.verify import verify_store
 
     result = verify_store(store)
     assert result.ok and not result.leftovers, result.problems
@@ -98,7 +98,7 @@ def _assert_complete_and_clean(store, reference_content, planned_ids):
 
 def _committed_only_missing(store) -> int:
     """After a death: what is there is clean, what is missing is only whole shards."""
-    from store_schema.verify import verify_store
+    from store_schema.tools.verify import verify_store
 
     result = verify_store(store)
     assert all(p["what"].startswith("planned shard missing") for p in result.problems), result.problems
@@ -152,7 +152,7 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
 
     from extract.jobs.dispatch import DispatchCounts, Dispatcher, DispatchSettings, _Held
     from store_schema import Store
-    from store_schema.lock import ShardFence, ShardFenced, claim
+    from store_schema.commit.lock import ShardFence, ShardFenced, claim
 
     builders.random_store(tmp_path / "s", num_shards=2, samples_per_shard=2)
     store = tmp_path / "s"
@@ -194,7 +194,7 @@ def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
     from extract.errors import ExtractError
     from extract.jobs.dispatch import Dispatcher, DispatchSettings, _Held
     from store_schema import Store
-    from store_schema.lock import ShardFence
+    from store_schema.commit.lock import ShardFence
 
     builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=2)
 
@@ -323,9 +323,9 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
     from extract.jobs.dispatch import ActorPool, Placement
     from extract.jobs.settings import FaultInjection
     from store_schema import Store
-    from store_schema.lock import ShardFence
+    from store_schema.commit.lock import ShardFence
     from store_schema.runtime.target_config import read_target_config
-    from store_schema.verify import verify_store
+    from store_schema.tools.verify import verify_store
 
     ref_store, _, ref_content = reference
     store = tmp_path / "store"
@@ -372,7 +372,7 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
 def test_claim_and_revoke_race_for_one_file(tmp_path):
     """The fence's two sides: whichever comes first wins, the other learns it; a
     closed fence (the run is over) refuses every claim."""
-    from store_schema.lock import ShardFence, ShardFenced, claim
+    from store_schema.commit.lock import ShardFence, ShardFenced, claim
 
     fence = ShardFence(tmp_path).open()
     attempt = fence.attempt(1)
@@ -396,7 +396,7 @@ def test_a_worker_frozen_past_its_deadline_is_replaced_and_the_report_says_so(re
     the timeout, the revoked attempts and every shard exactly once."""
     from extract.extraction.job import run_job
     from extract.jobs.settings import FaultInjection
-    from store_schema.verify import verify_store
+    from store_schema.tools.verify import verify_store
 
     ref_store, ref_report, ref_content = reference
     store = tmp_path / "store"

@@ -26,8 +26,8 @@ from store_schema import (
     layout,
 )
 from store_schema.__main__ import main as store_cli
-from store_schema.fp8 import E4M3_MAX, LARGEST_STORABLE, QuantizedStates, dequantize, quantize
-from store_schema.verify import verify_store
+from store_schema.codecs.fp8 import E4M3_MAX, LARGEST_STORABLE, QuantizedStates, dequantize, quantize
+from store_schema.tools.verify import verify_store
 
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 BF16_TINY = float(torch.finfo(torch.bfloat16).smallest_normal)

@@ -190,7 +190,7 @@ def test_heldout_index_without_a_plan_reads_each_shards_ids(tmp_path):
 
 
 def test_decode_threads_default_to_the_cores_available(store):
-    from store_schema import available_cores
+    from store_schema.runtime.host import available_cores
     from train.config_error import ConfigError
     from train.config_loading import load_config
 

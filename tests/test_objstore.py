@@ -20,14 +20,14 @@ import torch
 
 from store_schema import layout
 from store_schema.__main__ import main as cli
+from store_schema.commit.lock import Attempt, ShardFenced, StoreLockedError
 from store_schema.location import StoreURL, classify_store
-from store_schema.lock import Attempt, ShardFenced, StoreLockedError
 from store_schema.objstore.bucket import Bucket
 from store_schema.objstore.commit import KILL_BEFORE_ENV, BucketFence, BucketWriter, claim
 from store_schema.objstore.keys import ATTEMPTS_DIR, shard_marker
 from store_schema.objstore.lease import LeaseLost, StoreLease
 from store_schema.stores import open_store
-from store_schema.verify import verify_store
+from store_schema.tools.verify import verify_store
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -203,8 +203,8 @@ def test_checksums_only_on_a_bucket_compares_the_kept_etags_and_reads_nothing(ur
     object replaced after the commit (same size, other bytes) is named; a marker that
     recorded no ETags (an older store) is read and checked by crc32c instead, and the
     report says so."""
+    from store_schema.commit.records import parse_record, record_bytes
     from store_schema.objstore.keys import MARKER_ETAGS
-    from store_schema.records import parse_record, record_bytes
 
     builders.random_store(url, num_shards=3)
     bucket = Bucket(classify_store(url))

@@ -1,4 +1,4 @@
-"""The training path's own shard decoder (`store_schema.shard_codec`) against plain
+"""The training path's own shard decoder (`store_schema.codecs.shard_codec`) against plain
 zarr-python: every array of a shard, every codec the writer makes, bit for bit."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import zarr
 from numcodecs import blosc
 
 from store_schema import CodecConfig, CorruptShardError, Store, layout
-from store_schema.encoding import decode_split_zstd_chunk, encode_bytesplit_chunk
+from store_schema.codecs.encoding import decode_split_zstd_chunk, encode_bytesplit_chunk
 from store_schema.reader import as_bits
 
 CODECS = [
@@ -139,8 +139,8 @@ def test_a_damaged_chunk_is_a_corrupt_shard_naming_the_chunk(tmp_path, dtype):
 def test_mapped_files_read_verify_and_refuse_damage_like_read_ones(tmp_path, monkeypatch):
     """Large files are memory-mapped (`read_file`); with every file mapped, the fast
     reader gives the same states and verify still finds a flipped byte."""
-    from store_schema import shard_codec
-    from store_schema.verify import verify_store
+    from store_schema.codecs import shard_codec
+    from store_schema.tools.verify import verify_store
 
     builders.random_store(tmp_path / "s", num_shards=2, codec=CodecConfig(chunk_bytes=2048))
     store = Store(tmp_path / "s")

@@ -27,8 +27,8 @@ from store_schema import (
     create_store,
 )
 from store_schema.__main__ import main as cli
-from store_schema.bf16 import BFLOAT16
-from store_schema.verify import clean_leftovers, verify_store
+from store_schema.codecs.bf16 import BFLOAT16
+from store_schema.tools.verify import clean_leftovers, verify_store
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -18,9 +18,9 @@ import zarr
 from numcodecs import blosc
 
 from store_schema import CodecConfig, Fingerprint, SampleArrays, Store, create_store, layout, on_disk_bytes
-from store_schema.encoding import encode_bytesplit_chunk
-from store_schema.records import describe_files, write_record
-from store_schema.verify import verify_store
+from store_schema.codecs.encoding import encode_bytesplit_chunk
+from store_schema.commit.records import describe_files, write_record
+from store_schema.tools.verify import verify_store
 
 
 def _streams(chunk: bytes) -> list[int]:
@@ -104,7 +104,7 @@ def test_a_long_mantissa_stream_is_tried_on_its_head_and_stays_raw():
     """A stream longer than two trials: the mantissa byte of normal-distributed bf16
     values (nothing to gain) is stored raw without being coded whole, the exponent
     byte is coded; plain blosc decodes the chunk bit for bit."""
-    from store_schema.encoding import TRIAL_BYTES
+    from store_schema.codecs.encoding import TRIAL_BYTES
 
     states = torch.randn(4 * TRIAL_BYTES // 64, 64, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     bits = states.view(torch.int16).numpy().view(np.uint16)

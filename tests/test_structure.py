@@ -37,3 +37,20 @@ def test_every_store_refusal_derives_from_one_base():
     assert len(refusals) >= 8 and all(issubclass(cls, errors.StoreError) for cls in refusals)
     assert all(issubclass(cls, errors.StoreError) for cls in (ObjectStoreError, MissingBucketError, LeaseLost))
     assert issubclass(errors.RecordError, ValueError) and issubclass(errors.CorruptShardError, RuntimeError)
+
+
+def test_the_store_package_is_split_by_concern_on_a_ground_floor():
+    """Issue 46.1: the contract at the top, the rest in sub-packages; `runtime/` imports
+    nothing else of the store, and `import store_schema` re-exports none of it."""
+    import ast
+
+    import store_schema
+
+    for package in ("codecs", "commit", "objstore", "tools", "runtime"):
+        assert (REPO / "store_schema" / package / "__init__.py").is_file(), package
+    for path in (REPO / "store_schema" / "runtime").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= 1 and not (node.module or "").startswith("store_schema"), \
+                    f"{path.name} imports {'.' * node.level}{node.module}: runtime/ is the ground floor"
+    assert not [name for name, module in store_schema._EXPORTS.items() if module.startswith("runtime")]

@@ -16,8 +16,8 @@ import pytest
 from store_schema import layout
 from store_schema.__main__ import ProgressLines
 from store_schema.__main__ import main as cli
-from store_schema.records import on_disk_bytes
-from store_schema.verify import verify_store
+from store_schema.commit.records import on_disk_bytes
+from store_schema.tools.verify import verify_store
 
 
 def _bytes_read() -> int:

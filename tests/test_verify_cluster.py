@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from builders import random_store
 
-from store_schema.verify import verify_store
-from store_schema.verify_cluster import STALL_DIR_ENV
-from store_schema.verify_report import NOT_CHECKED, format_report
+from store_schema.tools.verify import verify_store
+from store_schema.tools.verify_cluster import STALL_DIR_ENV
+from store_schema.tools.verify_report import NOT_CHECKED, format_report
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +90,7 @@ def test_a_node_lost_mid_verify_has_its_shards_checked_on_the_other(cluster, tmp
 
 
 def test_shards_whose_task_cannot_run_again_are_reported_not_checked(cluster, tmp_path, monkeypatch):
-    import store_schema.verify_cluster as verify_cluster
+    import store_schema.tools.verify_cluster as verify_cluster
 
     ray_cluster, (kept, lost), stall = cluster
     random_store(tmp_path / "store", num_shards=SHARDS)

@@ -45,11 +45,11 @@ from store_schema.dtypes import space_needed, store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token
 from store_schema.location import classify_store
+from store_schema.objstore.spool import shard_bytes_bound, too_small_message
 from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_weights import check_target_weights
-from store_schema.spool import shard_bytes_bound, too_small_message
 from store_schema.stores import commit_store_plan, open_writer
 from store_schema.writer import clear_store, looks_like_store
 
@@ -149,7 +149,7 @@ class Extraction(ShardedJob):
 
     def _check_spool(self, planned: Planned) -> None:
         """Refuse a --spool-size that could never hold the largest pending shard
-        (`store_schema.spool.shard_bytes_bound`, the bound each worker reserves)."""
+        (`store_schema.objstore.spool.shard_bytes_bound`, the bound each worker reserves)."""
         sizes = {s.name: s.num_tokens for s in planned.plan.shards}
         need = shard_bytes_bound(max(sizes[name] for name in planned.pending), self.target.hidden_size,
                                  len(self.layer_ids), self.config.target_topk or 0)

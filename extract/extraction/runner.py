@@ -42,7 +42,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from store_schema import fp8
+from store_schema.codecs import fp8
 from store_schema.layout import validate_layer_ids
 
 from ..jobs.target import Target

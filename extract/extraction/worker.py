@@ -2,7 +2,7 @@
 
 The driver (`extract.extraction.job`) creates one per GPU (or per CPU slot with ``--device cpu``)
 and hands it a *group* of shard names (`extract.jobs.batching.batch_groups`), each
-shard still to write as a numbered attempt (`store_schema.lock.Attempt`). The
+shard still to write as a numbered attempt (`store_schema.commit.lock.Attempt`). The
 worker reads the shards' plan entries from the store, re-tokenizes the records
 (`load_samples`, which checks every sample against the plan's digest), batches the
 whole group's samples by length through `TargetRunner` (less padding than one

@@ -15,7 +15,7 @@ The same rules as `extract run` (`extract.extraction.job`), through the same par
    `GenerationWorker` actors built from a `GenerationSpec` (or, with ``--engine
    openai``, `OpenAIGenerationWorker` actors asking the checked endpoints, built
    from an `OpenAIGenerationSpec`): free space, numbered
-   attempts (`store_schema.lock.ShardFence`), lost workers' shards revoked and redone
+   attempts (`store_schema.commit.lock.ShardFence`), lost workers' shards revoked and redone
    elsewhere, ``max_attempts`` tries; every planned shard must be committed; the
    JSON report is returned."""
 

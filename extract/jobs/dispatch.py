@@ -6,7 +6,7 @@ The unit of work is a group of ``batch_shards`` consecutive shards of the plan
 holds at most two groups (one on the device while the other is written; an engine
 that only waits on servers, more: `ActorPool.groups_in_flight`) and gets
 the next one when one finishes, so fast workers take more. Each shard handed out is
-a numbered attempt of this run (`store_schema.lock.ShardFence`). An actor whose
+a numbered attempt of this run (`store_schema.commit.lock.ShardFence`). An actor whose
 process dies, or that holds work and replies nothing for ``worker_timeout`` seconds
 (hung, or on a node cut off from the driver but perhaps still writing), is *lost*:
 each attempt it held is revoked -- it can never commit, whatever its process does
@@ -284,7 +284,7 @@ class _Held:
 
     index: int
     group: tuple[str, ...]
-    attempts: dict  # shard -> store_schema.lock.Attempt, for the shards to write
+    attempts: dict  # shard -> store_schema.commit.lock.Attempt, for the shards to write
     since: float
 
 
@@ -295,8 +295,8 @@ class Dispatcher:
     def __init__(self, pool: ActorPool, plan, pending: list[str], fence, settings: DispatchSettings,
                  progress: Progress | None = None, log: Callable[[str], None] = print, output=None):
         self.pool = pool
-        self.fence = fence  # store_schema.lock.ShardFence of this run (objstore.commit.BucketFence)
-        self.output = output or job_output(fence.store)  # store_schema.job_output.DirectoryOutput, or a bucket's
+        self.fence = fence  # store_schema.commit.lock.ShardFence of this run (objstore.commit.BucketFence)
+        self.output = output or job_output(fence.store)  # store_schema.commit.job_output.DirectoryOutput, or a bucket's
         self.left = set(pending)  # shards neither written nor found committed yet
         groups = batch_groups([s.name for s in plan.shards], settings.batch_shards)
         self.queue: deque[tuple[str, ...]] = deque(g for g in groups if self.left.intersection(g))

@@ -18,7 +18,7 @@ import socket
 import traceback
 from dataclasses import dataclass
 
-from store_schema.lock import ShardFenced
+from store_schema.commit.lock import ShardFenced
 from store_schema.runtime.host import is_disk_full
 
 from ..errors import SampleMismatchError

@@ -21,17 +21,17 @@ import uuid
 from pathlib import Path
 
 from .. import layout
-from ..commit_journal import entry_bytes, entry_key
-from ..lock import Attempt, ShardFenced
+from ..commit.journal import entry_bytes, entry_key
+from ..commit.lock import Attempt, ShardFenced
+from ..commit.records import describe_files, parse_record, record_bytes
 from ..plan import Plan
 from ..plan_io import write_plan_group
-from ..records import describe_files, parse_record, record_bytes
 from ..root import parse_root
-from ..spool import Spool
 from ..writer import StoreExistsError, StoreWriter, Upload, create_store_dir
 from .bucket import Bucket
 from .keys import MARKER_ATTEMPT, MARKER_ETAGS, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
 from .reader import read_bucket_plan
+from .spool import Spool
 
 CLAIMED, REVOKED = "claimed", "revoked"  # what a fence key says
 KILL_BEFORE_ENV = "DFLASH_OBJSTORE_KILL_BEFORE"  # fault injection: see `_fault_point`
@@ -99,7 +99,7 @@ def upload_shard(bucket: Bucket, name: str, local: Path, record: dict, attempt: 
     if committed is None:
         bucket.delete_many(keys)  # another attempt committed the shard first
         return False
-    bucket.put(entry_key(name), entry_bytes(name, marker))  # the store's journal (commit_journal)
+    bucket.put(entry_key(name), entry_bytes(name, marker))  # the store's journal (commit.journal)
     return True
 
 

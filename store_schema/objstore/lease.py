@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 
-from ..lock import StoreLockedError, describe_holder
+from ..commit.lock import StoreLockedError, describe_holder
 from .bucket import Bucket
 from .keys import LEASE_KEY
 

@@ -5,7 +5,7 @@ attempts no marker names (`repair.remove_dead_attempts`), nothing is ever set as
 from __future__ import annotations
 
 from .. import layout
-from ..lock import Attempt
+from ..commit.lock import Attempt
 from .bucket import Bucket
 from .commit import BucketFence
 from .keys import attempt_prefix, shard_marker

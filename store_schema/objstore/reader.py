@@ -15,15 +15,16 @@ import zarr
 from zarr.storage import ObjectStore
 
 from .. import layout
-from ..commit_journal import SUFFIX as JOURNAL_SUFFIX
-from ..commit_journal import entry_key
+from ..codecs.shard_codec import CorruptShardError
+from ..commit.journal import SUFFIX as JOURNAL_SUFFIX
+from ..commit.journal import entry_key
+from ..commit.records import RecordError, ShardCommit, file_mismatch, parse_record, size_mismatch
 from ..dtypes import store_dtype
 from ..plan import Plan
 from ..plan_io import plan_from_group
 from ..reader import Store
-from ..records import RecordError, ShardCommit, crc32c_bytes, file_mismatch, parse_record, size_mismatch
 from ..root import parse_root
-from ..shard_codec import CorruptShardError
+from ..runtime.crc32c import crc32c_bytes
 from .bucket import PARALLEL_REQUESTS, Bucket
 from .errors import explained
 from .keys import ATTEMPTS_DIR, MARKER_ATTEMPT, MARKER_ETAGS, PLAN_RECORD, attempt_of_key, attempt_prefix, shard_marker

@@ -10,8 +10,8 @@ kept (named as a leftover) until its shard has a marker."""
 from __future__ import annotations
 
 from .. import layout
-from ..commit_journal import entry_key
-from ..repair import Repair, plan_repair
+from ..commit.journal import entry_key
+from ..tools.repair import Repair, plan_repair
 from .bucket import Bucket
 from .commit import REVOKED, attempt_of_token, take_fence
 from .keys import fence_key, shard_marker

@@ -1,2 +1,2 @@
-"""Runtime rules both sides share that are not the store layout: CLI exit codes,
-progress, the host, units, the target model config."""
+"""The ground floor both sides share: CLI exit codes, progress, the host, units, crc32c,
+the target model and its config. It imports nothing else of the store."""

@@ -15,6 +15,8 @@ import json
 import os
 from pathlib import Path
 
+from .crc32c import crc32c_file
+
 CACHE_ENV = "DFLASH_CACHE_DIR"
 
 
@@ -34,8 +36,6 @@ def weights_sha256(model_path: str | Path) -> str:
 
 def cached_crc32c(file: Path) -> str:
     """The file's crc32c, from the cache when its size and mtime are the cached ones."""
-    from ..records import crc32c_file
-
     stat = file.stat()
     resolved = str(file.resolve())
     entry = cache_dir() / "weights" / f"{hashlib.sha256(resolved.encode()).hexdigest()}.json"

@@ -48,8 +48,8 @@ import torch
 import torch.nn.functional as F
 
 from store_schema import Store
-from store_schema.local_copy import local_copy_holding
 from store_schema.stores import open_store
+from store_schema.tools.local_copy import local_copy_holding
 from train.acceptance.config import EvalConfig
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations

@@ -2,7 +2,7 @@
 a store it cannot read fast enough where it lives (object storage, a shared
 filesystem) on local disk, and when it fetches it.
 
-The cache directory is a partial copy of the store (`store_schema.local_copy` owns
+The cache directory is a partial copy of the store (`store_schema.tools.local_copy` owns
 the copy: whole committed shards, every file checked against its crc32c on arrival,
 committed by rename); this module owns the policy:
 - the lane's read order is known in advance (`train.data.order.SampleOrder`), so a
@@ -26,8 +26,14 @@ import threading
 from collections.abc import Callable
 
 from store_schema import CorruptShardError, Store
-from store_schema.local_copy import copied_shards, copy_shard, drop_copied_shard, keep_copied_shard, open_local_copy
 from store_schema.runtime.units import human_bytes
+from store_schema.tools.local_copy import (
+    copied_shards,
+    copy_shard,
+    drop_copied_shard,
+    keep_copied_shard,
+    open_local_copy,
+)
 from train.data.order import LoaderPosition, SampleOrder
 
 AHEAD = 2  # streamed shards fetched ahead of the one being read, where the budget allows

@@ -68,8 +68,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from store_schema import CorruptShardError, ShardData, Store, available_cores
-from store_schema.fp8 import as_bf16
+from store_schema import CorruptShardError, ShardData, Store
+from store_schema.codecs.fp8 import as_bf16
+from store_schema.runtime.host import available_cores
 from store_schema.runtime.units import parse_bytes
 from train.data.cache import ShardCache, upcoming_shards
 from train.data.config import DataConfig

@@ -22,7 +22,7 @@ from store_schema import Store
 from store_schema.location import is_object_store
 from store_schema.runtime.target_config import TargetConfig, read_target_config
 from store_schema.stores import open_store
-from store_schema.verify import verify_store
+from store_schema.tools.verify import verify_store
 from train.config import RunConfig
 from train.config_error import ConfigError
 from train.data.heldout import is_heldout

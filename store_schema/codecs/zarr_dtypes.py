@@ -7,7 +7,7 @@ NaN payloads and subnormals included.
 
 Registered on import. Every module that opens a store (reader, writer, plan_io)
 imports this one, so `import store_schema` alone does not import zarr; plain
-zarr-python reads a store after `import store_schema.zarr_dtypes`."""
+zarr-python reads a store after `import store_schema.codecs.zarr_dtypes`."""
 
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ShardFenced, StoreLockedError
-from .layout import LOCK_FILE, STAGING_DIR
+from ..errors import ShardFenced, StoreLockedError
+from ..layout import LOCK_FILE, STAGING_DIR
 
 # What flock gives on a filesystem that does not support it: Lustre clients mounted
 # without `-o flock` (ENOSYS), NFS without a lock manager (ENOLCK), some FUSE mounts.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from . import layout
+from .. import layout
 
 MISSING_SHARD = "planned shard missing (not committed, or deleted)"
 NOT_CHECKED = "not checked: the cluster task that held it failed ({error}); run verify again"

@@ -5,7 +5,7 @@
 
 `write(staging)` writes the shard's files into a private directory
 ``root/.staging/NAME.TOKEN.random``; then `write_and_commit` claims the driver's attempt (a revoked one raises
-`store_schema.lock.ShardFenced`), writes the commit record listing size + crc32c of
+`store_schema.commit.lock.ShardFenced`), writes the commit record listing size + crc32c of
 every file, fsyncs, checks, and renames the directory into ``root/shards/NAME``: the
 rename is the commit, so readers see a whole shard or none."""
 
@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from . import layout
-from .commit_journal import journal_commit
+from .. import layout
+from .journal import journal_commit
 from .lock import Attempt, claim
 from .records import describe_files, fsync_path, fsync_tree, write_record
 
@@ -40,7 +40,7 @@ def write_and_commit(root, name: str, write: Callable[[Path], T], make_record: C
     """Write shard `name` of `root` aside with `write(staging) -> summary` and commit
     it. `make_record(summary, files)` gives the commit record's body from the file
     table; `check(staging, record)` may refuse it (raise) right before the rename;
-    `journal`: enter the commit in the store's journal (`commit_journal`) after it.
+    `journal`: enter the commit in the store's journal (`commit.journal`) after it.
     Returns False if another writer committed the shard first. The staging
     directory is gone afterwards, committed or not."""
     root = Path(root)

@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import layout
-from .commit_journal import forget, journaled
+from .. import layout
+from ..commit.journal import forget, journaled
 
 
 @dataclass
@@ -79,11 +79,11 @@ def discard_set_aside(store) -> int:
 
 
 def repair_dir(store, report) -> Repair:
-    """Set aside every planned shard `report` (`store_schema.verify.verify_store`'s)
+    """Set aside every planned shard `report` (`store_schema.tools.verify.verify_store`'s)
     names a problem of, under the store's lock. Problems of the root or the plan are
     returned as unrepairable (a shard re-extraction cannot mend them)."""
-    from .lock import StoreLock
-    from .plan_io import read_committed_plan
+    from ..commit.lock import StoreLock
+    from ..plan_io import read_committed_plan
 
     store = Path(store)
     plan_damaged = any(not p["shard"] and p["file"].startswith(layout.PLAN_DIR) for p in report.problems)
@@ -117,8 +117,8 @@ def clean_dir(store, commitless: bool = True) -> tuple[list[str], list[str]]:
     where they block the shard's next commit; not with `commitless=False`: `repair_store`
     moves them with the damaged ones). Returns both lists of names. Refused while a live
     job holds the store."""
-    from .lock import StoreLock
-    from .writer import remove_staging
+    from ..commit.lock import StoreLock
+    from ..writer import remove_staging
 
     with StoreLock(store, job="verify --clean"):
         return remove_staging(store), set_aside(store, uncommitted_shard_dirs(store) if commitless else [])

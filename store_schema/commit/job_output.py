@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import layout
+from .. import layout
+from ..tools.repair import discard_set_aside, set_aside, uncommitted_shard_dirs
+from ..writer import remove_staging
 from .lock import Attempt, ShardFence
-from .repair import discard_set_aside, set_aside, uncommitted_shard_dirs
-from .writer import remove_staging
 
 
 class DirectoryOutput:

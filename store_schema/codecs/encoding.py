@@ -150,7 +150,7 @@ class CodecConfig:
 
     def describe(self) -> str:
         """One line for `info`."""
-        from .runtime.units import human_bytes
+        from ..runtime.units import human_bytes
 
         if self.name == "channels":
             return (f"channels (zstd level {self.level}, {_BLOSC_MAX_SPLITS}-byte-wide chunks of <= {self.channel_rows}"

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .runtime.host import free_bytes, is_disk_full
-from .runtime.units import human_bytes
+from ..runtime.host import free_bytes, is_disk_full
+from ..runtime.units import human_bytes
 
 SEPARATOR = "~"
 LOCK_NAME = ".spool.lock"

@@ -12,19 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-import google_crc32c
-import numpy as np
-
-from .errors import RecordError
-from .layer_stats import LayerStats
-
-
-def crc32c_file(path: Path) -> str:
-    checksum = google_crc32c.Checksum()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(8 << 20), b""):
-            checksum.update(block)
-    return checksum.hexdigest().decode()
+from ..errors import RecordError
+from ..layer_stats import LayerStats
+from ..runtime.crc32c import crc32c_file
 
 
 def _canonical(body: dict) -> bytes:
@@ -145,11 +135,6 @@ def file_mismatch(expected: Mapping, size: int, crc32c: Callable[[], str]) -> st
 def size_mismatch(expected: Mapping, size: int) -> str | None:
     """What is wrong with a file of `size` bytes against its record entry's size, or None."""
     return None if size == expected["size"] else f"size {size} != committed {expected['size']} (truncated or extended)"
-
-
-def crc32c_bytes(data) -> str:
-    """crc32c of any buffer (bytes, or a memory map's view, which google_crc32c takes as numpy)."""
-    return f"{google_crc32c.value(data if isinstance(data, bytes) else np.frombuffer(data, np.uint8)):08x}"
 
 
 def check_files(directory: Path, expected: dict) -> list[tuple[str, str]]:

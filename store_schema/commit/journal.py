@@ -16,7 +16,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from . import layout
+from .. import layout
 from .records import record_bytes, write_record
 
 SUFFIX = ".json"

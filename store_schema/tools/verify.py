@@ -24,14 +24,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import layer_stats, layout
-from .commit_journal import entry_key
-from .dtypes import nonfinite_rows
-from .plan import is_safe_id
-from .reader import CorruptShardError, Store, as_bits
-from .records import RecordError, crc32c_bytes, file_mismatch, size_mismatch
-from .runtime.host import available_cores
-from .stores import open_store
+from .. import layer_stats, layout
+from ..commit.journal import entry_key
+from ..commit.records import RecordError, file_mismatch, size_mismatch
+from ..dtypes import nonfinite_rows
+from ..plan import is_safe_id
+from ..reader import CorruptShardError, Store, as_bits
+from ..runtime.crc32c import crc32c_bytes
+from ..runtime.host import available_cores
+from ..stores import open_store
 from .verify_report import MISSING_SHARD, NOT_CHECKED, VANISHED, Report, problem
 
 SIZES, CHECKSUMS, CONTENTS = "sizes", "checksums", "contents"  # how deep a shard is checked
@@ -370,8 +371,8 @@ def _flag_outlier_layers(stats_by_shard: dict, report: Report) -> None:
 
 def clean_leftovers(path) -> list[str]:
     """Remove `.staging/` leftovers. Refused while a live job holds the store."""
-    from .lock import StoreLock
-    from .writer import remove_staging
+    from ..commit.lock import StoreLock
+    from ..writer import remove_staging
 
     with StoreLock(path, job="verify --clean"):
         return remove_staging(path)

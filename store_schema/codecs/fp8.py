@@ -10,7 +10,7 @@ and a NaN would poison the token's scale (so are the few bf16 values within 3 % 
 bf16's max, whose e4m3 rounding is Inf: `LARGEST_STORABLE`).
 
 The zarr data type `float8_e4m3fn` over `ml_dtypes.float8_e4m3fn` is registered by
-`store_schema.zarr_dtypes` (imported by whatever opens a store), so this module's
+`store_schema.codecs.zarr_dtypes` (imported by whatever opens a store), so this module's
 numerics need no zarr."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import ml_dtypes
 import numpy as np
 
-from .errors import NonFiniteStatesError
+from ..errors import NonFiniteStatesError
 
 if TYPE_CHECKING:
     import torch

@@ -18,9 +18,9 @@ import random
 
 import torch
 
-from . import layout
-from .reader import Store
-from .runtime.target_model import load_target_model
+from .. import layout
+from ..reader import Store
+from ..runtime.target_model import load_target_model
 
 MIN_COSINE = {"bfloat16": 0.999, "fp8_e4m3": 0.995}  # per store dtype, see above
 OTHER_TARGET_COSINE = 0.9  # below this, another checkpoint (or layer), not rounding
