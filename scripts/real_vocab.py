@@ -9,7 +9,7 @@ the first unused embedding row (the package also lists 7 audio/TTS tokens after
 
 Also: a coding corpus with tool calls. The published Qwen3.6-27B architecture as a
 config-only directory (no weights) for `plan --dry-run` / `fit --dry-run` is
-`store_schema.runtime.config_only_target` (`python -m store_schema config-only-target`)."""
+`extract.qwen3_6_27b` (`python -m extract config-only-target`)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import json
 import os
 from pathlib import Path
 
-from store_schema.runtime.config_only_target import QWEN3_6_VOCAB_ROWS as REAL_VOCAB_ROWS
-from store_schema.runtime.config_only_target import write_config_only_target  # noqa: F401  (tests' builders)
+from extract.qwen3_6_27b import QWEN3_6_VOCAB_ROWS as REAL_VOCAB_ROWS
+from extract.qwen3_6_27b import write_config_only_target  # noqa: F401  (tests' builders)
 
 SPECIAL_TOKEN_COUNT = 26  # <|endoftext|> .. </think>
 

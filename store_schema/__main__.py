@@ -1,4 +1,4 @@
-"""python -m store_schema {info,verify} STORE | config-only-target OUT
+"""python -m store_schema {info,verify} STORE
 (STORE: a directory, or s3://bucket/prefix, gs://bucket/prefix)
 
 Exit codes and error lines follow `store_schema.runtime.cli`. The handlers import the
@@ -11,7 +11,6 @@ import json
 import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 from .runtime.cli import (
     EXIT_INCOMPLETE,
@@ -80,26 +79,6 @@ def _info_summary(store) -> dict:
         "codec": store.codec.to_json(),
         "fingerprint": fp.to_json(),
     }
-
-
-def cmd_config_only_target(args) -> int:
-    """The 27B target as config.json only: sizes a job on paper, loads no weights."""
-    from .runtime.config_only_target import QWEN3_6_MASK_TOKEN_ID, write_config_only_target
-
-    if args.tokenizer and not (Path(args.tokenizer) / "tokenizer_config.json").is_file():
-        raise FileNotFoundError(f"--tokenizer {args.tokenizer}: no tokenizer_config.json there")
-    path = write_config_only_target(args.out, args.tokenizer)
-    print(f"wrote {path}/config.json: Qwen3.6-27B's architecture, no weights (for dry-runs only)")
-    fit = f"python -m train fit --dry-run --target {path} --samples 902000 --nproc 8 --gpu-tflops 989"
-    if args.tokenizer:
-        print(f"next: python -m extract plan --dry-run --model {path} --corpus CORPUS.jsonl --gpus 8")
-        print(f"      {fit}")
-        return EXIT_OK
-    # Without a tokenizer `fit` cannot find the mask token (the first unused row) and `plan` cannot tokenize.
-    print("no tokenizer copied: `plan --dry-run` needs one; Qwen3.6's, offline: python scripts/real_vocab.py "
-          f"--tokenizer TOK && python -m store_schema config-only-target {path} --tokenizer TOK")
-    print(f"next: {fit} --set model.mask_token_id={QWEN3_6_MASK_TOKEN_ID}")
-    return EXIT_OK
 
 
 def quarantined_by_reason(plan) -> dict[str, int]:
@@ -264,13 +243,6 @@ def build_parser() -> argparse.ArgumentParser:
     p_verify.add_argument("--model", help="target model path for --recompute")
     p_verify.add_argument("--device", default="cpu", help="device for --recompute (cpu, cuda)")
     p_verify.set_defaults(handler=cmd_verify)
-    p_target = sub.add_parser(
-        "config-only-target", help="write Qwen3.6-27B's config.json (no weights) for dry-runs at the 27B shape",
-        description=cmd_config_only_target.__doc__)
-    p_target.add_argument("out", metavar="OUT", help="directory to write config.json into (created)")
-    p_target.add_argument("--tokenizer", metavar="DIR", default=None,
-                          help="copy this tokenizer's files beside it (default: none; plan --dry-run needs one)")
-    p_target.set_defaults(handler=cmd_config_only_target)
     show_defaults(parser)
     return parser
 

@@ -73,7 +73,7 @@ COMMANDS = {  # every command, with one path that does not exist (M)
     "info": "store_schema info M",
     "verify": "store_schema verify M",
     "verify --model": "store_schema verify S --recompute 1 --model M",
-    "config-only-target --tokenizer": "store_schema config-only-target NEW --tokenizer M",
+    "config-only-target --tokenizer": "extract config-only-target NEW --tokenizer M",
     "plan --model": "extract plan --dry-run --model M --corpus C --layers 1,3",
     "plan --corpus": "extract plan --dry-run --model T --corpus M --layers 1,3",
     "plan --tokenizer": "extract plan --dry-run --model T --tokenizer M --corpus C --layers 1,3",

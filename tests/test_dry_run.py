@@ -30,10 +30,10 @@ LAYERS = [1, 16, 31, 46, 61]
 @pytest.fixture(scope="module")
 def qwen3_6_27b(real_vocab_tokenizer_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen3_6_27b")
-    from store_schema.__main__ import main as store_cli
+    from extract.__main__ import main as extract_cli
 
     model = root / "model"  # through its CLI, as the README tells a user to make it
-    assert store_cli(["config-only-target", str(model), "--tokenizer", str(real_vocab_tokenizer_dir)]) == 0
+    assert extract_cli(["config-only-target", str(model), "--tokenizer", str(real_vocab_tokenizer_dir)]) == 0
     corpus = builders.write_chat_jsonl(root / "corpus.jsonl", builders.real_vocab.tool_call_chats(12))
     return model, corpus
 
@@ -272,7 +272,7 @@ def test_the_commands_config_only_target_prints_run_as_printed(tmp_path, capsys)
         assert clis[words[2]](words[3:] + (["--json"] if words[2] == "extract" else [])) == 0, line
         return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
-    assert store_cli(["config-only-target", str(tmp_path / "bare")]) == 0
+    assert extract_cli(["config-only-target", str(tmp_path / "bare")]) == 0
     printed = capsys.readouterr().out.splitlines()
     fit = run_printed(printed[-1].removeprefix("next: "))
     assert fit["run_hours"] > 0 and fit["mask_token_id"] == 248_070 and fit["gpus"] == 8
@@ -282,7 +282,7 @@ def test_the_commands_config_only_target_prints_run_as_printed(tmp_path, capsys)
     assert words[:2] == ["python", "scripts/real_vocab.py"]
     repo = Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, *words[1:]], cwd=repo, check=True, capture_output=True, timeout=300)
-    assert store_cli(shlex.split(remake.replace("TOK", str(tmp_path / "tok")))[3:]) == 0
+    assert extract_cli(shlex.split(remake.replace("TOK", str(tmp_path / "tok")))[3:]) == 0
     printed = capsys.readouterr().out.splitlines()
     planned = run_printed(printed[-2].removeprefix("next: "))
     assert planned["layer_ids"] == LAYERS and planned["samples"] > 0

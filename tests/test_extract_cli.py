@@ -168,7 +168,8 @@ def test_plan_names_a_quarantined_record_by_its_1_based_line(qwen3_dir, tmp_path
 
 def test_plan_workers_is_renamed_tokenizer_workers_and_the_old_spelling_refused(qwen3_dir, tmp_path, capsys):
     """Issue 34.4: `--workers` meant tokenizer processes under `plan` and Ray actors under `run`."""
-    from extract.__main__ import RENAMED_WORKERS_NOTE, build_parser, main
+    from extract.__main__ import build_parser, main
+    from extract.commands.plan import RENAMED_WORKERS_NOTE
 
     plan_parser = build_parser()._subparsers._group_actions[0].choices["plan"]
     corpus = write_chat_jsonl(tmp_path / "c.jsonl", coding_chats(3))
@@ -180,3 +181,21 @@ def test_plan_workers_is_renamed_tokenizer_workers_and_the_old_spelling_refused(
     assert "--workers" not in plan_parser.format_help()  # only the new spelling is offered
     run_parser = build_parser()._subparsers._group_actions[0].choices["run"]
     assert run_parser.parse_args(["--model", "m", "--corpus", "c", "--tokenizer-workers", "3"]).plan_workers == 3
+
+
+def test_config_only_target_cli_writes_the_27b_config_and_no_weights(tmp_path, tokenizer_dir, capsys):
+    from extract.__main__ import main as cli
+    from extract.qwen3_6_27b import QWEN3_6_27B
+    from store_schema.runtime.target_config import read_target_config
+
+    out = tmp_path / "qwen3.6-27b"
+    assert cli(["config-only-target", str(out), "--tokenizer", str(tokenizer_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert f"python -m extract plan --dry-run --model {out}" in printed and "no weights" in printed
+    assert json.loads((out / "config.json").read_text()) == QWEN3_6_27B
+    target = read_target_config(out)
+    assert (target.hidden_size, target.num_hidden_layers, target.vocab_size) == (5120, 64, 248_320)
+    assert (out / "tokenizer_config.json").is_file()
+    assert not list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
+    assert cli(["config-only-target", str(tmp_path / "other"), "--tokenizer", str(tmp_path / "nowhere")]) == 2
+    assert "no tokenizer_config.json" in capsys.readouterr().err

@@ -15,7 +15,7 @@ import torch
 from dflash.model import DFlash2DraftModel
 from test_reference import ANCHORS, BLOCK, inputs, load_reference, reference_logits
 
-from store_schema.runtime.config_only_target import write_config_only_target
+from extract.qwen3_6_27b import write_config_only_target
 from store_schema.runtime.target_config import read_target_config
 from train.config_loading import load_config
 from train.drafter.config import ModelConfig

@@ -20,11 +20,11 @@ def test_the_first_screen_has_a_plain_install_block():
 
 
 def test_tensorboard_and_the_config_only_target_are_documented_as_the_code_spells_them():
-    from store_schema.__main__ import build_parser
+    from extract.__main__ import build_parser
     from train.config import RunConfig
 
     assert "--set log.tensorboard=true" in README and RunConfig().log.tensorboard is False
-    assert "python -m store_schema config-only-target OUT --tokenizer DIR" in " ".join(README.split())
+    assert "python -m extract config-only-target OUT --tokenizer DIR" in " ".join(README.split())
     build_parser().parse_args(["config-only-target", "OUT", "--tokenizer", "DIR"])  # the command as written parses
 
 

@@ -297,23 +297,6 @@ def test_info_counts_quarantined_records_by_reason(tmp_path, capsys):
     assert not any(line.startswith("quarantined") for line in capsys.readouterr().out.splitlines())
 
 
-def test_config_only_target_cli_writes_the_27b_config_and_no_weights(tmp_path, tokenizer_dir, capsys):
-    from store_schema.runtime.config_only_target import QWEN3_6_27B
-    from store_schema.runtime.target_config import read_target_config
-
-    out = tmp_path / "qwen3.6-27b"
-    assert cli(["config-only-target", str(out), "--tokenizer", str(tokenizer_dir)]) == 0
-    printed = capsys.readouterr().out
-    assert f"python -m extract plan --dry-run --model {out}" in printed and "no weights" in printed
-    assert json.loads((out / "config.json").read_text()) == QWEN3_6_27B
-    target = read_target_config(out)
-    assert (target.hidden_size, target.num_hidden_layers, target.vocab_size) == (5120, 64, 248_320)
-    assert (out / "tokenizer_config.json").is_file()
-    assert not list(out.glob("*.safetensors")) and not list(out.glob("*.bin"))
-    assert cli(["config-only-target", str(tmp_path / "other"), "--tokenizer", str(tmp_path / "nowhere")]) == 2
-    assert "no tokenizer_config.json" in capsys.readouterr().err
-
-
 def test_creating_a_store_keeps_the_jobs_held_lock(tmp_path):
     """A job locks STORE/.lock before it creates the store; creating (or overwriting)
     it must not delete that file, else a second job locks a fresh inode beside it."""

@@ -11,7 +11,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("extract", "train", "store_schema")
 MAX_FILE_LINES = 450
-STILL_OVER = {"extract/__main__.py": 487, "extract/jobs/dispatch.py": 451}
+STILL_OVER = {"extract/jobs/dispatch.py": 451}
 
 
 def line_counts() -> dict[str, int]:

@@ -49,7 +49,6 @@ from store_schema.objstore.spool import shard_bytes_bound, too_small_message
 from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
-from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import commit_store_plan, open_writer
 from store_schema.writer import clear_store, looks_like_store
 
@@ -100,7 +99,6 @@ def run_job(config: JobConfig, log=None) -> dict:
         raise ExtractError(f"{config.store}: a store on object storage is never overwritten in place (--overwrite); "
                            "use a new prefix")
     target = read_target_config(config.model)  # a model directory, before anything is locked or planned
-    check_target_weights(config.model, "--model")  # before Ray, workers or a model load start
     ready_to_start(config, store_path, looks_like_store, "is a non-empty directory that is not a dflash store; "
                    "refusing to write into (or, with --overwrite, delete) it -- choose a new path")
     layer_ids = resolve_layer_ids(target, config.layers, config.num_context_layers)

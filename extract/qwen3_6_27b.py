@@ -1,7 +1,7 @@
 """The published Qwen3.6-27B text architecture as a config-only model directory (its
 config.json, no weights): what `extract plan --dry-run` and `train fit --dry-run`
 read to size a job at the 27B shape on a machine that holds no checkpoint
-(`python -m store_schema config-only-target OUT`)."""
+(`python -m extract config-only-target OUT`)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""The extract commands' handlers, one module each, named by the parsers in extract/cli/."""

@@ -1,0 +1,112 @@
+"""`extract plan --dry-run`: the job on paper (samples, tokens, quarantine, store size, hours)."""
+
+from __future__ import annotations
+
+import json
+
+from store_schema.dtypes import FP8_E4M3_STORE, SPACE_HEADROOM, space_needed
+from store_schema.layout import LAYER_ID_CONVENTION
+from store_schema.plan import PlanSettings
+from store_schema.runtime.cli import UsageError
+from store_schema.runtime.progress import default_mode
+from store_schema.runtime.target_config import read_target_config
+from store_schema.runtime.units import human_bytes
+
+from ..extraction.estimate import cache_traffic, cache_traffic_lines, estimate_lines, extraction_estimate
+from ..extraction.job import plan_job
+from ..extraction.layers import layers_from_drafters, resolve_layer_ids
+from ..extraction.planning import estimate_store_bytes, summarize
+from .planning import job_config, quarantined_lines
+
+# `extract plan --workers` meant tokenizer processes while `extract run --workers` means Ray actors.
+RENAMED_WORKERS_NOTE = ("`extract plan --workers` is now --tokenizer-workers (tokenizer processes); "
+                        "--workers is for `extract run` (Ray actors)")
+
+
+def run(args) -> int:
+    if args.workers is not None:
+        raise UsageError(RENAMED_WORKERS_NOTE)
+    if not args.dry_run:
+        raise UsageError(
+            "`plan` only previews a job (--dry-run); the plan is written into the store by "
+            "`python -m extract run`, which plans again with the same settings"
+        )
+    config = job_config(args, plan_workers=args.tokenizer_workers, progress=default_mode(not args.json))
+    dims = read_target_config(args.model)
+    layer_ids = resolve_layer_ids(dims, config.layers, config.num_context_layers)
+    plan = plan_job(config)
+    summary = summarize(plan)
+    estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
+    store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
+    job = extraction_estimate(args.model, layer_ids, plan.num_tokens, store_bytes, args.batch_tokens, args.gpu_memory,
+                              args.tokens_per_s, args.gpus, args.gpu_tflops, args.store_dtype)
+    if args.cache_size is not None:
+        job["cache"] = cache_traffic(store_bytes, max(s.num_tokens for s in plan.shards), plan.num_tokens,
+                                     args.cache_size, args.train_tokens_per_s)
+    report = dict(
+        summary.to_json(),
+        job=job,
+        layer_ids=layer_ids,
+        layer_id_convention=LAYER_ID_CONVENTION,
+        num_target_layers=dims.num_hidden_layers,
+        hidden_size=dims.hidden_size,
+        estimated_raw_bytes=estimate.raw_bytes,
+        estimated_compressed_bytes=estimate.compressed_bytes,
+        compression_ratio=args.compression_ratio,
+        estimated_fp8_bytes=estimate.fp8_bytes,
+        fp8_compression_ratio=FP8_E4M3_STORE.size_ratio,
+        space_needed_bytes={"bfloat16": space_needed(estimate.compressed_bytes),
+                            "fp8_e4m3": space_needed(estimate.fp8_bytes)},
+        corpus_records=plan.settings["corpus_records"],
+        corpus_hash=plan.settings["corpus_hash"],
+        plan_digest=plan.digest(),
+        store=args.store,
+        dry_run=True,
+    )
+    if args.layers_from:
+        report["layers_from"] = _sizes_per_drafter(args, plan, dims)
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+    else:
+        _print_plan(report, plan, config.plan_settings, args.corpus)
+    return 0
+
+
+def _sizes_per_drafter(args, plan, dims) -> dict:
+    """`--layers-from`: each drafter's own layers and the store it alone would need, beside the union's."""
+    sizes = {}
+    for directory, ids in layers_from_drafters(args.layers_from).items():
+        estimate = estimate_store_bytes(plan, len(ids), dims.hidden_size, args.compression_ratio)
+        sizes[directory] = {"layer_ids": ids, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
+    return sizes
+
+
+def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> None:
+    """`plan --dry-run`'s text: the `report` it would print as JSON, for a person."""
+    s = plan.settings
+    print(f"corpus      {s['corpus_path']} ({s['corpus_format']}, {s['corpus_records']} records)")
+    print(f"samples     {report['samples']} in {report['shards']} shards of <= {chosen.shard_tokens} tokens")
+    print(f"tokens      {report['tokens']} ({report['loss_tokens']} loss tokens), max length {chosen.max_length}")
+    print(f"quarantined {report['quarantined']}")
+    for reason, count in report["quarantined_by_reason"].items():
+        print(f"  {reason:<22}{count}")
+    for line in quarantined_lines(plan.quarantined, corpus_path):
+        print(line)
+    print(f"layers      {report['layer_ids']} of {report['num_target_layers']} (id L = {LAYER_ID_CONVENTION})")
+    print(
+        f"store size  {human_bytes(report['estimated_raw_bytes'])} raw, "
+        f"{human_bytes(report['estimated_compressed_bytes'])} compressed (ratio {report['compression_ratio']}, "
+        f"hidden {report['hidden_size']}, bf16)"
+    )
+    print(f"            {human_bytes(report['estimated_fp8_bytes'])} with --store-dtype fp8_e4m3 "
+          f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)")
+    for directory, own in report.get("layers_from", {}).items():
+        print(f"  alone     {directory} {own['layer_ids']}: {human_bytes(own['bfloat16'])} bf16, "
+              f"{human_bytes(own['fp8_e4m3'])} fp8 (the store above serves every --layers-from drafter)")
+    print(f"free space  `run` asks for the size plus {SPACE_HEADROOM:.0%}: "
+          f"{human_bytes(report['space_needed_bytes']['bfloat16'])} bf16, "
+          f"{human_bytes(report['space_needed_bytes']['fp8_e4m3'])} fp8")
+    for line in estimate_lines(report["job"]) + (cache_traffic_lines(report["job"]["cache"])
+                                                  if "cache" in report["job"] else []):
+        print(line)
+    print("dry run: nothing written")

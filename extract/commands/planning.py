@@ -1,0 +1,54 @@
+"""What the plan, run and generate handlers share: the job config from the planning
+flags, and the quarantined records where a person finds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from store_schema.plan import PlanSettings
+from store_schema.runtime.cli import UsageError
+
+from ..corpus import open_corpus
+from ..extraction.config import JobConfig
+from ..extraction.layers import layers_from_drafters, parse_layer_ids, union_of
+
+
+def job_config(args, **execution) -> JobConfig:
+    """The JobConfig `plan` and `run` share (one planning for both), plus each one's own options."""
+    try:
+        layers = parse_layer_ids(args.layers) if args.layers else None
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    if args.layers_from:
+        layers = union_of(layers_from_drafters(args.layers_from))
+    if not Path(args.corpus).exists():  # before any line of work is printed
+        raise FileNotFoundError(f"corpus {args.corpus} does not exist")
+    settings = PlanSettings(
+        max_length=args.max_length,
+        shard_tokens=args.shard_tokens,
+        block_size=args.block_size,
+        seed=args.seed,
+        drop_long=args.drop_long,
+        limit=args.limit,
+        loss_mask=args.loss_mask,
+    )
+    return JobConfig(
+        model=args.model,
+        corpus=args.corpus,
+        store=args.store,
+        tokenizer=args.tokenizer,
+        layers=layers,
+        num_context_layers=args.num_context_layers,
+        plan_settings=settings,
+        strict=args.strict,
+        **execution,
+    )
+
+
+def quarantined_lines(quarantined, corpus_path, shown: int = 10) -> list[str]:
+    """The first quarantined records, each where a person finds it (file and 1-based line or row)."""
+    if not quarantined:
+        return []
+    corpus = open_corpus(corpus_path)
+    return [f"    {corpus.where(record.record_index)}: {record.reason} {record.detail}".rstrip()
+            for record in quarantined[:shown]]
