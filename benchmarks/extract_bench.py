@@ -85,12 +85,13 @@ def forward_only(config, store: Path, workers: int = 1) -> dict:
     from store_schema import Store
     from store_schema.fingerprint import target_identity
     from store_schema.runtime.target_config import read_target_config
+    from store_schema.stores import backend
 
     plan = Store(store).plan()
     target = read_target_config(config.model)
     layer_ids = resolve_layer_ids(target, None, config.num_context_layers)
     # the job's own actor spec (what `run_job` gives each actor), so both sides run the same worker
-    spec = Extraction(config, target, layer_ids, target_identity(config.model)).worker_spec(plan)
+    spec = Extraction(config, backend(config.store), target, layer_ids, target_identity(config.model)).worker_spec(plan)
     actor_class = spec.actor_class()
     actors = [ray.remote(num_cpus=1, max_concurrency=2)(actor_class).remote(spec) for _ in range(workers)]
     try:

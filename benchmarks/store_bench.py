@@ -45,7 +45,6 @@ from store_schema import (
     PlannedShard,
     SampleArrays,
     Store,
-    available_cores,
     create_store,
     layout,
     on_disk_bytes,
@@ -57,6 +56,7 @@ from store_schema.codecs.encoding import encode_shard
 from store_schema.codecs.fp8 import QuantizedStates, quantize
 from store_schema.codecs.shard_codec import read_arrays, start_sharded_decode
 from store_schema.plan import PlanSettings
+from store_schema.runtime.host import available_cores
 from store_schema.stores import open_store
 from store_schema.tools.local_copy import copied_shards
 

@@ -92,6 +92,7 @@ def cmd_verify(args) -> int:
     wrong inside one, its root included, is a problem in the report (exit 1); an
     intact store with planned shards not yet extracted is incomplete (exit 3, also
     after a --repair that moved every damaged shard aside: `extract run` finishes it)."""
+    from .stores import backend
     from .tools.verify import verify_store
     from .tools.verify_report import format_report
 
@@ -111,43 +112,39 @@ def cmd_verify(args) -> int:
 
         check_target_weights(args.model, "--model")
         resolve_device(args.device)
+    store = backend(args.store)  # a directory or a bucket, decided once for the command
     # Progress on stderr in both forms: stdout carries the report (one JSON object with --json).
-    report = verify_store(args.store, progress=ProgressLines(), workers=args.workers,
+    report = verify_store(store, progress=ProgressLines(), workers=args.workers,
                           checksums_only=args.checksums_only, sizes_only=args.sizes_only, ray_address=args.ray)
     if args.recompute and report.ok:
-        from .stores import open_store
         from .tools.recompute import recompute_check
 
         print(f"recomputing {args.recompute} sample(s) with {args.model} on {args.device}...", file=sys.stderr,
               flush=True)
-        report.recomputed, problems = recompute_check(open_store(args.store), args.model, args.recompute, device=args.device)
+        report.recomputed, problems = recompute_check(store.open(), args.model, args.recompute, device=args.device)
         report.problems.extend(problems)
     done: dict = {}
     if args.clean or args.repair:
-        from .stores import clean_store
-
-        removed, done["set_aside"] = clean_store(args.store, commitless=not args.repair)
+        removed, done["set_aside"] = store.clean(commitless=not args.repair)
         report.leftovers = [name for name in report.leftovers if name not in removed]
         done["removed_leftovers"] = removed
     after = report
     if args.repair:
-        from .stores import repair_store
-
-        done["repair"] = repair_store(args.store, report).to_json()
+        done["repair"] = store.repair(report).to_json()
         after = report.after_repair(done["repair"]["moved"])
         done["status_after_repair"] = after.status
     if args.json:
         print(json.dumps(dict(report.to_json(), **done)))
     else:
         print(format_report(report, repair_advice=not args.repair))
-        for line in _done_lines(args.store, done):
+        for line in _done_lines(store, done):
             print(line)
         if after is not report and after.status == "incomplete":
             print(f"now {after.incomplete_line()}")
     return {"intact": EXIT_OK, "incomplete": EXIT_INCOMPLETE}.get(after.status, EXIT_PROBLEM)
 
 
-def _done_lines(store: str, done: dict) -> list[str]:
+def _done_lines(store, done: dict) -> list[str]:
     """What --clean / --repair did, and what to run next."""
     lines = []
     if "removed_leftovers" in done:
@@ -162,7 +159,7 @@ def _done_lines(store: str, done: dict) -> list[str]:
     repair = done.get("repair")
     if repair:
         moved = repair["moved"]
-        if moved and is_object_store(store):
+        if moved and is_object_store(store.location):
             lines.append(f"deleted the commit markers of {len(moved)} damaged shard(s): {', '.join(moved)}")
             lines.append("next: rerun the same `python -m extract run` command (it extracts exactly those shards "
                          "again, byte-identical); `verify --clean` then deletes their old objects")

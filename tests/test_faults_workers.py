@@ -325,6 +325,7 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
     from store_schema import Store
     from store_schema.commit.lock import ShardFence
     from store_schema.runtime.target_config import read_target_config
+    from store_schema.stores import backend
     from store_schema.tools.verify import verify_store
 
     ref_store, _, ref_content = reference
@@ -335,7 +336,7 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
     for name in group:
         shutil.rmtree(store / "shards" / name)
     config = _config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(stop_after_batches=(1,)))
-    spec = Extraction(config, read_target_config(qwen3_5_dir), [1, 3, 5], {}).worker_spec(plan)
+    spec = Extraction(config, backend(store), read_target_config(qwen3_5_dir), [1, 3, 5], {}).worker_spec(plan)
     pool = ActorPool(Placement.of(config), spec)
     pool.start(2)
     frozen = pool.infos[0].pid

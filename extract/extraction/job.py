@@ -40,16 +40,15 @@ import errno
 import time
 from pathlib import Path
 
-from store_schema import Fingerprint, FingerprintMismatch, TargetFacts, create_store, response_provenance
+from store_schema import Fingerprint, FingerprintMismatch, TargetFacts, response_provenance
 from store_schema.dtypes import space_needed, store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token
-from store_schema.location import classify_store
 from store_schema.objstore.spool import shard_bytes_bound, too_small_message
 from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
-from store_schema.stores import commit_store_plan, open_writer
+from store_schema.stores import StoreBackend, backend
 from store_schema.writer import clear_store, looks_like_store
 
 from ..errors import ExtractError, disk_full_message
@@ -94,16 +93,16 @@ def run_job(config: JobConfig, log=None) -> dict:
     message meant for the user."""
     log = log or log_to_stderr
     started = time.perf_counter()
-    store_path = classify_store(config.store)  # a directory (Path), or a bucket's StoreURL
-    if config.overwrite and not isinstance(store_path, Path):
+    store = backend(config.store)  # a directory or a bucket, decided here for the whole job
+    if config.overwrite and not store.overwritable:
         raise ExtractError(f"{config.store}: a store on object storage is never overwritten in place (--overwrite); "
                            "use a new prefix")
     target = read_target_config(config.model)  # a model directory, before anything is locked or planned
-    ready_to_start(config, store_path, looks_like_store, "is a non-empty directory that is not a dflash store; "
+    ready_to_start(config, store, looks_like_store, "is a non-empty directory that is not a dflash store; "
                    "refusing to write into (or, with --overwrite, delete) it -- choose a new path")
     layer_ids = resolve_layer_ids(target, config.layers, config.num_context_layers)
-    with output_locked(store_path, log):
-        job = Extraction(config, target, layer_ids, target_identity(config.model))
+    with output_locked(store, log):
+        job = Extraction(config, store, target, layer_ids, target_identity(config.model))
         run = run_sharded(job, log)
         return job.finish(run, time.perf_counter() - started, log)
 
@@ -111,9 +110,9 @@ def run_job(config: JobConfig, log=None) -> dict:
 class Extraction(ShardedJob):
     """`extract run` as a sharded job: its plan, workers, fingerprint and report."""
 
-    def __init__(self, config: JobConfig, target, layer_ids: list[int], identity: dict):
+    def __init__(self, config: JobConfig, store: StoreBackend, target, layer_ids: list[int], identity: dict):
         super().__init__(
-            config.store, Placement.of(config),
+            store, Placement.of(config),
             DispatchSettings(config.max_attempts, config.batch_shards, config.worker_timeout,
                              config.faults.kill_driver_after_shards),
             ProgressSettings("extract", "sample", config.progress, config.progress_interval),
@@ -137,8 +136,8 @@ class Extraction(ShardedJob):
         if not planned.reused:
             try:
                 if config.overwrite:
-                    clear_store(self.output)
-                commit_store_plan(self.output, planned.plan)
+                    clear_store(self.output.location)
+                self.output.commit_plan(planned.plan)
             except OSError as error:
                 if is_disk_full(error):
                     raise ExtractError(disk_full_message(self.output, "while writing the plan")) from None
@@ -158,7 +157,7 @@ class Extraction(ShardedJob):
         config = self.config
         return ExtractionSpec(
             model=str(Path(config.model).resolve()), tokenizer=str(Path(config.tokenizer_path).resolve()),
-            corpus=str(Path(config.corpus).resolve()), store=_store_argument(self.output),
+            corpus=str(Path(config.corpus).resolve()), store=self.output.address,
             spool_dir=config.spool_dir, spool_bytes=config.spool_size,
             layer_ids=tuple(self.layer_ids), settings=plan.settings, device=config.device, topk=config.target_topk,
             store_dtype=config.store_dtype, batch_tokens=config.batch_tokens,
@@ -212,11 +211,6 @@ class Extraction(ShardedJob):
         return report
 
 
-def _store_argument(store) -> str:
-    """How workers are told the store: a directory's absolute path, or the bucket's URL."""
-    return str(store.resolve()) if isinstance(store, Path) else str(store)
-
-
 def _kernel_warning(config: JobConfig, infos) -> str | None:
     """CUDA workers on the PyTorch fallback (a silent 10x otherwise), said loudly."""
     slow = [info for info in infos if config.device == "cuda" and fallback_kernels(info.kernels)]
@@ -254,14 +248,14 @@ def _refuse_other_target(store, model) -> None:
         f"resume; only to start over with this model, --overwrite deletes the {committed} committed shard(s)")
 
 
-def _open_or_create(store_path, store, plan, fingerprint):
+def _open_or_create(store_path: StoreBackend, store, plan, fingerprint):
     """The one place the job meets the store root: create it with the job's
     fingerprint beside the plan committed earlier, or refuse an existing one made
     with another target or settings (`Fingerprint.check`, naming every field that
     differs)."""
     try:
         if store is None:
-            return create_store(store_path, fingerprint, keep_plan=True)
+            return store_path.create(fingerprint, keep_plan=True)
         try:
             store.fingerprint.check(fingerprint, ignore=_RESUME_TOLERATES)
         except FingerprintMismatch as mismatch:
@@ -269,7 +263,7 @@ def _open_or_create(store_path, store, plan, fingerprint):
                 f"{store_path} was made with a different target or settings: {mismatch} "
                 "-- pass --overwrite to start over"
             ) from None
-        writer = open_writer(store_path)
+        writer = store_path.writer()
         writer.write_plan(plan)  # a no-op: the store holds it
         return writer
     except OSError as error:

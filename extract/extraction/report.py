@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from store_schema.runtime.units import human_bytes
+from store_schema.stores import StoreBackend
 
 from ..jobs.dispatch import DispatchCounts
 from .config import JobConfig
@@ -39,7 +39,7 @@ def report_name(outcome: Outcome) -> str:
     return f"{REPORT_PREFIX}-{stamp}-{outcome.run}"
 
 
-def build_report(config: JobConfig, store_path, planned, layer_ids, outcome: Outcome, *, wall: float,
+def build_report(config: JobConfig, store_path: StoreBackend, planned, layer_ids, outcome: Outcome, *, wall: float,
                  leftovers: int) -> dict:
     plan = planned.plan
     summary = summarize(plan)
@@ -49,7 +49,7 @@ def build_report(config: JobConfig, store_path, planned, layer_ids, outcome: Out
         "status": "complete" if planned.pending else "nothing_to_do",
         "run": outcome.run,
         "report": f"reports/{report_name(outcome)}.json",
-        "store": str(store_path.resolve()) if isinstance(store_path, Path) else str(store_path),  # a URL: no credential
+        "store": store_path.address,
         "plan_digest": plan.digest(),
         "plan_reused": planned.reused,
         "samples": plan.num_samples,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from transformers import AutoTokenizer
 
 from store_schema import Plan, Store
-from store_schema.stores import open_existing_store, read_store_plan
+from store_schema.stores import StoreBackend
 
 from ..corpus import open_corpus
 from ..errors import ExtractError, PlanError
@@ -20,7 +20,7 @@ from .config import JobConfig
 from .planning import plan_differences, plan_inputs
 
 
-def plan_and_resume(config: JobConfig, store_path, planner, log) -> tuple[Planned, Store | None]:
+def plan_and_resume(config: JobConfig, store_path: StoreBackend, planner, log) -> tuple[Planned, Store | None]:
     """The job's plan and the shards left, and the store it resumes (None: its root is
     to be created -- new, overwritten, or planned only). `planner()` makes a plan from
     scratch (`extract.extraction.job.plan_job`), called only when the store holds none
@@ -47,7 +47,7 @@ def _existing_store(config: JobConfig, store_path) -> Store | None:
     workers started: `_plan_without_root`)."""
     if config.overwrite:
         return None
-    return open_existing_store(store_path)
+    return store_path.open_existing()
 
 
 def _plan_without_root(config: JobConfig, store_path) -> Plan | None:
@@ -55,7 +55,7 @@ def _plan_without_root(config: JobConfig, store_path) -> Plan | None:
     they never got to create (no GPU, a failed start, Ctrl-C)."""
     if config.overwrite:
         return None
-    return read_store_plan(store_path)
+    return store_path.read_plan()
 
 
 def _check_same_plan(config: JobConfig, store_path, stored: Plan) -> None:

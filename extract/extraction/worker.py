@@ -50,7 +50,7 @@ from transformers import AutoTokenizer
 
 from store_schema import SampleArrays, raw_bytes_per_token
 from store_schema.dtypes import store_dtype as lookup_store_dtype
-from store_schema.stores import open_store, open_writer
+from store_schema.stores import backend, open_store
 
 from ..jobs.batching import batches_min_padding
 from ..jobs.protocol import (
@@ -147,7 +147,7 @@ class ExtractionWorker:
     def _store_writer(self):
         with self._writer_lock:
             if self._writer is None:
-                writer = open_writer(self.store_path, self.spool_dir, self.spool_bytes, log=_log)
+                writer = backend(self.store_path).writer(self.spool_dir, self.spool_bytes, log=_log)
                 if writer.plan() is None:
                     raise RuntimeError(f"{self.store_path} has no plan; the driver writes it before any shard")
                 self._writer = writer

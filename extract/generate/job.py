@@ -28,6 +28,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from store_schema import layout
+from store_schema.directory import DirectoryBackend
 from store_schema.fingerprint import describe_differences, mapping_differences
 from store_schema.plan import Plan
 from store_schema.runtime.progress import Progress
@@ -72,7 +73,7 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     message meant for the user."""
     log = log or log_to_stderr
     started = time.perf_counter()
-    out = Path(config.out)
+    out = DirectoryBackend(Path(config.out))  # a generated corpus is always a directory
     read_config_json(config.model)  # a model directory
     if config.server is None:  # the hf engine loads the target; the openai one asks servers that hold it
         check_target_weights(config.model, "--model")
@@ -80,7 +81,7 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     ready_to_start(config, out, is_generated_corpus, refusal)
     served = check_endpoints(config) if config.server is not None else None
     with output_locked(out):
-        job = Generation(config, served)
+        job = Generation(config, out, served)
         run = run_sharded(job, log)
         return _report(config, run, time.perf_counter() - started, served, job.journaled, log)
 
@@ -95,8 +96,8 @@ def check_endpoints(config: GenerateConfig):
 class Generation(ShardedJob):
     """`extract generate` as a sharded job."""
 
-    def __init__(self, config: GenerateConfig, served=None):
-        super().__init__(Path(config.out), Placement.of(config),
+    def __init__(self, config: GenerateConfig, out: DirectoryBackend, served=None):
+        super().__init__(out, Placement.of(config),
                          DispatchSettings(config.max_attempts, 1, config.worker_timeout,
                                           config.faults.kill_driver_after_shards),
                          ProgressSettings("generate", "record", config.progress, config.progress_interval),
@@ -106,12 +107,12 @@ class Generation(ShardedJob):
         self.journaled = 0  # replies a previous run finished and journaled, asked for no more
 
     def plan(self, log) -> Planned:
-        planned = plan_and_resume(self.config, self.output, log, self.served)
+        planned = plan_and_resume(self.config, self.output.location, log, self.served)
         plan = planned.plan
         if not planned.reused:
-            write_manifest(self.output, plan.settings, [s.name for s in plan.shards], plan.to_json())
+            write_manifest(self.output.location, plan.settings, [s.name for s in plan.shards], plan.to_json())
         if self.served is not None:
-            self.journaled = journaled_replies(self.output, planned.pending)
+            self.journaled = journaled_replies(self.output.location, planned.pending)
         return planned
 
     def worker_spec(self, plan):
@@ -119,7 +120,7 @@ class Generation(ShardedJob):
         if self.served is not None:
             return self._openai_spec(plan)
         return GenerationSpec(model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
-                              out=str(self.output.resolve()), settings=GenerationSettings.from_json(plan.settings),
+                              out=self.output.address, settings=GenerationSettings.from_json(plan.settings),
                               device=config.device,
                               batch_tokens=config.batch_tokens,
                               torch_threads=config.cpus_per_worker if config.device == "cpu" else None)
@@ -132,7 +133,7 @@ class Generation(ShardedJob):
         in_flight = len(self.served) * concurrency
         return OpenAIGenerationSpec(
             model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
-            out=str(self.output.resolve()), settings=GenerationSettings.from_json(plan.settings),
+            out=self.output.address, settings=GenerationSettings.from_json(plan.settings),
             served=tuple(asdict(s) for s in self.served),
             concurrency=concurrency, request_timeout=server.request_timeout, request_retries=server.request_retries,
             groups_in_flight=2 + 2 * -(-in_flight // config.settings.shard_records))

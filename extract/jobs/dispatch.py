@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, fields
 
 from store_schema.runtime.host import available_cores
 from store_schema.runtime.progress import Progress
-from store_schema.stores import job_output
+from store_schema.stores import backend
 
 from ..errors import ExtractError, actor_error_cause, disk_full_message
 from .batching import batch_groups
@@ -296,7 +296,7 @@ class Dispatcher:
                  progress: Progress | None = None, log: Callable[[str], None] = print, output=None):
         self.pool = pool
         self.fence = fence  # store_schema.commit.lock.ShardFence of this run (objstore.commit.BucketFence)
-        self.output = output or job_output(fence.store)  # store_schema.commit.job_output.DirectoryOutput, or a bucket's
+        self.output = output or backend(fence.store).job_output()
         self.left = set(pending)  # shards neither written nor found committed yet
         groups = batch_groups([s.name for s in plan.shards], settings.batch_shards)
         self.queue: deque[tuple[str, ...]] = deque(g for g in groups if self.left.intersection(g))

@@ -34,12 +34,11 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from store_schema import layout
-from store_schema.location import classify_store
 from store_schema.plan import Plan
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.host import device_line
 from store_schema.runtime.progress import Progress
-from store_schema.stores import job_output
+from store_schema.stores import StoreBackend
 
 from ..errors import ExtractError, refuse_unless_it_fits
 from .dispatch import DispatchCounts, Dispatcher, DispatchSettings, Placement, started_workers
@@ -89,8 +88,7 @@ class ShardedJob(ABC):
 
     def __init__(self, output, placement: Placement, dispatch: DispatchSettings, progress: ProgressSettings,
                  skip_space_check: bool = False):
-        self.destination = job_output(output)  # store_schema.commit.job_output.DirectoryOutput, or a bucket's
-        self.output = classify_store(output)  # a Path, or a store_schema.location.StoreURL
+        self.output: StoreBackend = output  # a directory or a bucket (`store_schema.stores.backend`)
         self.placement, self.dispatch = placement, dispatch
         self.progress, self.skip_space_check = progress, skip_space_check
 
@@ -114,7 +112,7 @@ class ShardedJob(ABC):
 def run_sharded(job: ShardedJob, log) -> JobRun:
     """Run (or resume) `job` to completion: every planned shard committed. Raises
     `ExtractError` with a message meant for the user."""
-    out, started_at = job.destination, time.time()
+    out, started_at = job.output.job_output(), time.time()
     if job.placement.device_note:  # after the refusals of a job that cannot start: those stay one line
         log(device_line(job.placement.device, job.placement.device_note))
     leftovers = out.remove_leftovers()

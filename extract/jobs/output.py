@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from store_schema.stores import lock_store
+from store_schema.stores import StoreBackend, backend
 from store_schema.writer import store_entries
 
 from ..corpus import require_corpus
@@ -22,14 +22,14 @@ def log_to_stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def ready_to_start(config, out, belongs: Callable[[Path], bool], refusal: str) -> None:
+def ready_to_start(config, out: StoreBackend, belongs: Callable[[Path], bool], refusal: str) -> None:
     """What every job checks once its target is known, in this order: the corpus is
     there, a directory output is empty or of its own kind (`refuse_foreign_output`; a
     bucket's root refuses another store itself), then CUDA asked of a machine without
     it is refused."""
     require_corpus(config.corpus)
-    if isinstance(out, Path):
-        refuse_foreign_output(out, belongs, refusal)
+    if isinstance(out.location, Path):
+        refuse_foreign_output(out.location, belongs, refusal)
     refuse_missing_cuda(config)
 
 
@@ -43,14 +43,14 @@ def refuse_foreign_output(path: Path, belongs: Callable[[Path], bool], refusal: 
 
 
 @contextmanager
-def output_locked(path, log=None) -> Iterator[None]:
-    """Hold `path`'s lock (a directory's flock, a bucket's lease: `store_schema.stores.lock_store`)
+def output_locked(output, log=None) -> Iterator[None]:
+    """Hold the output's lock (a directory's flock, a bucket's lease: `StoreBackend.lock`)
     for this job (a second live job is refused); released on the way out, and a job
     that wrote nothing leaves nothing. On a read-only filesystem no job can write, so
     there is no lock to take: the job reads on (a complete store has nothing to do;
     any write it needs fails naming the file)."""
     try:
-        lock = lock_store(path, f"extract {' '.join(sys.argv[1:])}"[:2000], log).acquire()
+        lock = backend(output).lock(f"extract {' '.join(sys.argv[1:])}"[:2000], log).acquire()
     except OSError as error:
         if error.errno != errno.EROFS:
             raise
