@@ -112,8 +112,8 @@ def test_ctrl_c_while_workers_load_keeps_the_plan_and_the_rerun_does_not_replan(
 
 def test_a_cluster_too_small_is_answered_with_a_flag_value_the_cli_accepts(ray_cluster):
     from extract.errors import ExtractError
-    from extract.jobs.dispatch import Placement, check_resources
-    from extract.jobs.settings import FaultInjection
+    from extract.jobs.pool import check_resources
+    from extract.jobs.settings import FaultInjection, Placement
 
     cpu = Placement(device="cpu", workers=5, cpus_per_worker=1, address=ray_cluster, faults=FaultInjection())
     with pytest.raises(ExtractError, match=r"has 2 CPU\(s\); 5 worker\(s\) need 5 -- pass --workers 2"):

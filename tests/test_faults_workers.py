@@ -150,7 +150,8 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
     staging removed; the committed one is counted as written."""
     import builders
 
-    from extract.jobs.dispatch import DispatchCounts, Dispatcher, DispatchSettings, _Held
+    from extract.jobs.dispatch import DispatchCounts, Dispatcher, _Held
+    from extract.jobs.settings import DispatchSettings
     from store_schema import Store
     from store_schema.commit.lock import ShardFence, ShardFenced, claim
 
@@ -192,7 +193,8 @@ def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
     import builders
 
     from extract.errors import ExtractError
-    from extract.jobs.dispatch import Dispatcher, DispatchSettings, _Held
+    from extract.jobs.dispatch import Dispatcher, _Held
+    from extract.jobs.settings import DispatchSettings
     from store_schema import Store
     from store_schema.commit.lock import ShardFence
 
@@ -320,8 +322,8 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
 
     from extract.extraction.job import Extraction
     from extract.jobs.batching import batch_groups
-    from extract.jobs.dispatch import ActorPool, Placement
-    from extract.jobs.settings import FaultInjection
+    from extract.jobs.pool import ActorPool
+    from extract.jobs.settings import FaultInjection, Placement
     from store_schema import Store
     from store_schema.commit.lock import ShardFence
     from store_schema.runtime.target_config import read_target_config

@@ -108,7 +108,7 @@ def test_every_ray_init_in_the_packages_keeps_the_dashboard_off_or_on_loopback()
                 host = keywords.get("dashboard_host")
                 on_loopback = isinstance(host, ast.Constant) and host.value in LOOPBACK
                 calls.append((f"{path.relative_to(REPO)}:{node.lineno}", starts_local, dashboard_off or on_loopback))
-    assert any(starts for _, starts, _ in calls), calls  # extract/jobs/dispatch.py starts a local cluster
+    assert any(starts for _, starts, _ in calls), calls  # extract/jobs/pool.py starts a local cluster
     assert all(safe for _, starts, safe in calls if starts), calls
 
 
@@ -148,7 +148,7 @@ def test_the_local_ray_the_job_starts_serves_no_dashboard_or_client_port(tmp_pat
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp on this system")
     script = (
-        "import json, sys; from extract.extraction.config import JobConfig; from extract.jobs.dispatch import start_ray; import ray\n"
+        "import json, sys; from extract.extraction.config import JobConfig; from extract.jobs.pool import start_ray; import ray\n"
         "start_ray(JobConfig(model='m', corpus='c', store='s', workers=1))\n"
         "print('started', flush=True); sys.stdin.readline(); ray.shutdown()\n"
     )

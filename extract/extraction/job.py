@@ -53,10 +53,10 @@ from store_schema.writer import clear_store, looks_like_store
 
 from ..errors import ExtractError, disk_full_message
 from ..generated_corpus import generation_of
-from ..jobs.dispatch import DispatchSettings, Placement
 from ..jobs.driver import Planned, ProgressSettings, ShardedJob, run_sharded
 from ..jobs.kernels import fallback_kernels, slow_kernels_message
 from ..jobs.output import log_to_stderr, output_locked, ready_to_start
+from ..jobs.settings import DispatchSettings, Placement
 from .config import JobConfig
 from .layers import resolve_layer_ids
 from .planning import build_plan, summarize

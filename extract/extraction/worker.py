@@ -109,7 +109,7 @@ class ExtractionSpec:
 
 
 class ExtractionWorker:
-    """Plain class; `extract.jobs.dispatch.ActorPool` wraps it with ``ray.remote``. Also usable in-process."""
+    """Plain class; `extract.jobs.pool.ActorPool` wraps it with ``ray.remote``. Also usable in-process."""
 
     def __init__(self, spec: ExtractionSpec, faults: BatchFaults | None = None):
         quiet_worker_process(spec.torch_threads)

@@ -38,9 +38,9 @@ from store_schema.runtime.target_weights import check_target_weights
 from ..corpus import open_corpus, require_corpus
 from ..errors import ExtractError
 from ..generated_corpus import is_generated_corpus, read_manifest, shard_record, write_manifest
-from ..jobs.dispatch import DispatchSettings, Placement
 from ..jobs.driver import Planned, ProgressSettings, ShardedJob, run_sharded
 from ..jobs.output import log_to_stderr, output_locked, ready_to_start
+from ..jobs.settings import DispatchSettings, Placement
 from .config import GenerateConfig, GenerationSettings
 from .openai_worker import OpenAIGenerationSpec
 from .planning import RERUN_TOLERATES, generation_identity, plan_counts, plan_generation

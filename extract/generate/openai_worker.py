@@ -69,7 +69,7 @@ class OpenAIGenerationSpec:
 
 
 class OpenAIGenerationWorker:
-    """Plain class; `extract.jobs.dispatch.ActorPool` wraps it with ``ray.remote``."""
+    """Plain class; `extract.jobs.pool.ActorPool` wraps it with ``ray.remote``."""
 
     def __init__(self, spec: OpenAIGenerationSpec, faults: BatchFaults | None = None):
         # in the actor only: the driver imports this module to build the spec without transformers

@@ -13,7 +13,7 @@ What the driver does, in order, under the output's lock (taken by the caller,
    (`store_schema.tools.repair`): they are redone, nothing is deleted before that.
 4. Refuse when the job's size estimate for the shards left exceeds the free space
    of the output's filesystem, unless told not to (``--skip-space-check``).
-5. Start the workers (`extract.jobs.dispatch.started_workers`) from the job's typed
+5. Start the workers (`extract.jobs.pool.started_workers`) from the job's typed
    worker spec (`ShardedJob.worker_spec`), logging each one's ready time; then
    `ShardedJob.prepare` (extraction creates or checks the store with what the
    workers loaded; with nothing left to do it runs without workers).
@@ -41,7 +41,9 @@ from store_schema.runtime.progress import Progress
 from store_schema.stores import StoreBackend
 
 from ..errors import ExtractError, refuse_unless_it_fits
-from .dispatch import DispatchCounts, Dispatcher, DispatchSettings, Placement, started_workers
+from .dispatch import DispatchCounts, Dispatcher
+from .pool import started_workers
+from .settings import DispatchSettings, Placement
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,7 @@ class ShardedJob(ABC):
 
     @abstractmethod
     def worker_spec(self, plan):
-        """The frozen dataclass every actor is built from (`extract.jobs.dispatch.ActorPool`)."""
+        """The frozen dataclass every actor is built from (`extract.jobs.pool.ActorPool`)."""
 
     @abstractmethod
     def bytes_needed(self, planned: Planned) -> int:

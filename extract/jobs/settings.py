@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from store_schema.runtime.host import resolve_device
 
@@ -78,3 +78,30 @@ def refuse_missing_cuda(config) -> None:
 def joins_cluster(address: str | None) -> bool:
     """A job that joins a running Ray cluster (``--address`` or ``$RAY_ADDRESS``) rather than starting one."""
     return bool(address or os.environ.get("RAY_ADDRESS"))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job's actors run: the fields of the same names in `extract.extraction.config.JobConfig`
+    and `extract.generate.config.GenerateConfig` (`of`)."""
+
+    device: str
+    workers: int
+    cpus_per_worker: int
+    address: str | None
+    faults: FaultInjection
+    device_note: str = ""  # why that device: said as the job's first line (`run_sharded`)
+
+    @classmethod
+    def of(cls, config) -> "Placement":
+        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class DispatchSettings:
+    """How the `Dispatcher` hands shards out and when it gives a worker up."""
+
+    max_attempts: int  # tries per shard, counting the first
+    batch_shards: int = 1  # consecutive shards computed together on one worker
+    worker_timeout: float = float("inf")  # seconds a worker holding shards may stay silent
+    kill_driver_after_shards: int | None = None  # fault injection: the driver dies after this many commits
