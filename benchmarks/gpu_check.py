@@ -1,6 +1,6 @@
 """GPU check for sessions with a device: what the first GPU hour must learn, in one
 short run (goal: under 8 minutes on an H200). `--smoke` runs the same code at tiny
-sizes on a CPU, in the test suite (tests/test_gpu_check.py), so the check cannot rot.
+sizes on a CPU, in the test suite (tests/extract/test_gpu_check.py), so the check cannot rot.
 
     python benchmarks/gpu_check.py [--smoke]
 

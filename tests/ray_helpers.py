@@ -1,4 +1,4 @@
-"""Shared by the extraction tests on a real local Ray cluster (tests/test_extract_job.py
+"""Shared by the extraction tests on a real local Ray cluster (tests/extract/test_extract_job.py
 and the fault suite, tests/test_faults_*.py): the module-scoped cluster fixture, the
 job config, a store's content as bytes, the `extract run` command line, and waits
 for the processes a killed driver leaves behind.
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 SHARD_TOKENS = 1500
 BATCH_TOKENS = 1200
 LAYERS = [1, 3, 5]

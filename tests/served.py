@@ -19,11 +19,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import vllm_memory
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO
 START_SECONDS = 600  # a cold start on a busy 2-core VM
 MAX_MODEL_LEN = 1024
 

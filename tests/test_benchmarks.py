@@ -2,7 +2,7 @@
 JSON line it prints last checked for the keys it promises), so no benchmark can rot
 between the runs that measure with it (`extract_bench --quick` once crashed on main
 unnoticed). A smoke run never writes benchmarks/RESULTS.md. gpu_check's smoke has its
-own test (tests/test_gpu_check.py); generate_bench's runs in tests/test_generate_openai.py,
+own test (tests/extract/test_gpu_check.py); generate_bench's runs in tests/extract/test_generate_openai.py,
 on that module's vLLM server (a server start is ~45 s of CPU). The smokes of extract,
 train and drafter, the longest (1-2 min each), are each in a file of their own
 (tests/test_benchmarks_<name>.py): `make test` runs its two pytest workers with
@@ -16,11 +16,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 BENCHMARKS = REPO / "benchmarks"
 RUN_SECONDS = 1700  # inside the slow tests' pytest-timeout
 

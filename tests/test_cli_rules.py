@@ -17,12 +17,12 @@ import builders
 import pytest
 import tiny
 import torch
+from paths import REPO
 
 from extract.__main__ import main as extract_main
 from store_schema.__main__ import main as store_main
 from train.cli import main as train_main
 
-REPO = Path(__file__).resolve().parents[1]
 MISSING = "/nonexistent/dflash-missing"
 TINY = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", heads=True)
 

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 # ~2 minutes on 2 idle cores (the stages' own timings are in the summary's `stage_s`):
 # a hidden-128 target pretrained on batches of 4 (its replies are repetitive: easy to
 # draft), 120 records of 32 new tokens, 200 drafter steps.
@@ -44,7 +44,6 @@ def test_shortened_demo_drafts_losslessly(tmp_path):
 
 
 def test_target_settings_name_the_bad_override():
-    sys.path.insert(0, str(REPO / "scripts"))
     import embedded
 
     assert embedded.target_settings(["hidden_size=128", "lr=0.01"]) == {"hidden_size": 128, "lr": 0.01}
@@ -58,7 +57,6 @@ def test_demo_resumes_only_from_a_checkpoint(tmp_path):
     """Issue 16.2: a first demo stopped (Ctrl-C) after `fit` wrote config.yaml but before
     its first checkpoint used to make every later demo fail with `--resume: no
     checkpoint`; it now starts that run afresh, and resumes one that has a checkpoint."""
-    sys.path.insert(0, str(REPO / "scripts"))
     from demo import fit_args
 
     run = tmp_path / "run"
@@ -76,7 +74,6 @@ def test_demo_resumes_only_from_a_checkpoint(tmp_path):
 def test_the_summary_says_what_happened_to_the_served_check():
     """Issue 35.2: no vLLM environment, a failed engine (serve-check's own line: vLLM's
     cause and its log), a layout it cannot serve, and figures, each said as it is."""
-    sys.path.insert(0, str(REPO / "scripts"))
     from demo import NO_VLLM_LINE, served_failure, served_row
 
     assert served_row({"served_tau": None, "served_note": NO_VLLM_LINE}).startswith(
@@ -106,7 +103,6 @@ def test_the_demo_corpus_is_pinned_not_read_from_this_python():
     the pinned copy in scripts/, whatever the Python."""
     import hashlib
 
-    sys.path.insert(0, str(REPO / "scripts"))
     import embedded
 
     assert hashlib.sha256(embedded.PINNED_FUNCTIONS.read_bytes()).hexdigest()[:12] == PINNED_SHA256
@@ -125,7 +121,6 @@ PINNED_FIRST_PROMPT = "Write `print_exception` from the `traceback` module."
 
 def test_echoed_commands_can_be_pasted(capsys):
     """Issue 35.10: `$ python -m extract ...`, not `$ -m extract ...`."""
-    sys.path.insert(0, str(REPO / "scripts"))
     import demo
 
     assert demo.shown_command(["-m", "train", "fit", "--out", Path("/tmp/a run")]) == (
@@ -137,7 +132,6 @@ def test_echoed_commands_can_be_pasted(capsys):
 def test_a_rerun_reads_the_first_extraction_report_of_a_relative_store(tmp_path, monkeypatch):
     """Bug: a rerun on a relative `--out` (`demo_out`) joined the store path twice
     (demo_out/store/demo_out/store/reports/...) and failed with FileNotFoundError."""
-    sys.path.insert(0, str(REPO / "scripts"))
     from demo import first_extraction_report
 
     reports = tmp_path / "out" / "store" / "reports"

@@ -10,6 +10,7 @@ import math
 
 import builders
 import pytest
+from paths import REPO
 
 from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
 from train.data.config import DataConfig
@@ -257,7 +258,6 @@ def test_the_commands_config_only_target_prints_run_as_printed(tmp_path, capsys)
     import shlex
     import subprocess
     import sys
-    from pathlib import Path
 
     from extract.__main__ import main as extract_cli
     from store_schema.__main__ import main as store_cli
@@ -280,7 +280,7 @@ def test_the_commands_config_only_target_prints_run_as_printed(tmp_path, capsys)
     make_tokenizer, remake = hint.split(" && ")
     words = shlex.split(make_tokenizer.replace("TOK", str(tmp_path / "tok")))
     assert words[:2] == ["python", "scripts/real_vocab.py"]
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
     subprocess.run([sys.executable, *words[1:]], cwd=repo, check=True, capture_output=True, timeout=300)
     assert extract_cli(shlex.split(remake.replace("TOK", str(tmp_path / "tok")))[3:]) == 0
     printed = capsys.readouterr().out.splitlines()

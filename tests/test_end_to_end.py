@@ -8,15 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from builders import coding_chats, write_chat_jsonl
+from paths import REPO
 
 pytestmark = pytest.mark.slow  # child processes
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args, expect: int = 0) -> dict:

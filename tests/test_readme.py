@@ -5,11 +5,10 @@ the code takes it."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
 
 
@@ -56,17 +55,15 @@ def test_the_readme_is_short_and_its_first_screen_runs_a_job_by_hand():
 def test_the_by_hand_commands_parse_and_the_cpu_recipe_loads():
     """Each command of the block as its parser takes it; the recipe is a valid config
     that trains the default drafter."""
-    import sys
+
+    import embedded
+    import real_vocab  # noqa: F401  its CLI is named in the README beside the block
 
     from extract.__main__ import build_parser as extract_parser
     from store_schema.__main__ import build_parser as store_parser
     from train.cli import build_parser as train_parser
     from train.config import RunConfig
     from train.config_loading import load_config
-
-    sys.path.insert(0, str(REPO / "scripts"))
-    import embedded
-    import real_vocab  # noqa: F401  its CLI is named in the README beside the block
 
     parsers = {"extract": extract_parser(), "store_schema": store_parser(), "train": train_parser()}
     for words in by_hand_commands():

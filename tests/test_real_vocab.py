@@ -11,14 +11,13 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import builders
 import pytest
+from paths import REPO
 
 pytestmark = pytest.mark.slow  # a Ray cluster, the real vocabulary (~30 s to build)
 
-REPO = Path(__file__).resolve().parents[1]
 MASK_ID = 248_070  # len(tokenizer): the published Qwen3.6-27B drafter's mask id
 
 

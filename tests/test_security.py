@@ -9,10 +9,10 @@ import re
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from store_schema import is_safe_id
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("store_schema", "extract", "train")
 
 

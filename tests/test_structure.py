@@ -4,9 +4,8 @@ grow past it is split by concern), and the store package split by concern."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("extract", "train", "store_schema")
 MAX_FILE_LINES = 450
 

@@ -29,7 +29,7 @@ What it does, in order:
    position precedes every pad in its row, so causal attention, the causal conv1d
    and the gated-delta-rule recurrence of hybrid linear-attention layers cannot
    see pads (transformers also zeroes padded inputs of linear-attention layers);
-   ``tests/test_target.py`` checks batched == one-at-a-time.
+   ``tests/extract/test_target.py`` checks batched == one-at-a-time.
    On CUDA the device-to-host copy goes into pinned memory with
    ``non_blocking=True``: ``submit`` returns at once and the caller can compress
    and write the previous batch before calling ``result()``.

@@ -20,7 +20,7 @@ their ratio as ``padded_token_ratio``. Two things set it.
 On a chat-like length mix (log-normal around 1,800 tokens, cut at 3072; ~17
 samples per 32K-token shard) at ``--batch-tokens 16384``: greedy 1.19x per shard,
 1.08x with K=4, 1.05x with K=8; minimal padding 1.02x with K=4 and 1.016x with K=8
-(`tests/test_batching.py`; the job reports the ratio it ran at).
+(`tests/extract/test_batching.py`; the job reports the ratio it ran at).
 
 Groups are fixed by the plan and K, never by timing: a sample meets the same batch
 in every run, so a rerun or a resumed job writes byte-identical shards (a group

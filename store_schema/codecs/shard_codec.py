@@ -5,7 +5,7 @@ of by zarr-python.
 zarr-python decodes a sharded array chunk by chunk through asyncio, which costs more
 than the decode itself; parsing the two encodings the writer makes lets the inner
 chunks be decoded by parallel threads straight into one output buffer. This module
-must therefore agree with zarr-python bit for bit: tests/test_shard_codec.py pins it
+must therefore agree with zarr-python bit for bit: tests/store_schema/test_shard_codec.py pins it
 against plain `zarr.open_array` for every array and codec the writer makes.
 
 Codec v2 (`bytesplit`, see `encoding`) writes standard blosc chunks, so its inner

@@ -20,7 +20,7 @@ Rolling back differs by layer kind:
 
 z-lab's `dflash_generate` crops and nothing else, so on a hybrid target before
 5.25 its recurrent states keep the rejected tokens and its output drifts from the
-target's greedy output (tests/test_speculate.py shows it); on 5.25 it fails.
+target's greedy output (tests/train/test_speculate.py shows it); on 5.25 it fails.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ positions `[0, length)`, as z-lab's reference does with its draft-side cache.
 layers see everything, sliding layers are causal with a window over key
 positions, of which only the window's keys are read), the same computation as the
 training forward with the anchor at `length` (context strictly before the anchor,
-the block's own slots), which `tests/test_speculate.py` checks. A DFlash 2
+the block's own slots), which `tests/train/test_speculate.py` checks. A DFlash 2
 drafter's block-local convolutions see just this block (train/drafter/dflash2.py).
 """
 

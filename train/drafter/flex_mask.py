@@ -9,7 +9,7 @@ q (slot s of block j, at position a_j + s) sees the context interval
 (`LayerAttention.allows`). Counting, per query, the keys each 128-key tile holds
 costs Q x (KV / 128) instead of Q x KV; summing those counts over each 128-query tile
 says which tiles are empty, partial (mask_mod applied) or full, exactly what
-`create_block_mask` derives from the dense grid (tests/test_drafter.py checks they
+`create_block_mask` derives from the dense grid (tests/train/test_drafter.py checks they
 are equal). The BlockMask keeps `dflash_mask_mod`, the one rule, for partial tiles.
 
 Lengths are padded to whole tiles, at least two (`padded`): flex's compiled kernels then

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import builders
 import pytest
 import tiny
+from paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = [pytest.mark.faults, pytest.mark.slow]  # fault injection
 
 # The tiny Qwen3 target (qwen3_dir): 6 layers, hidden 64, vocabulary 512.

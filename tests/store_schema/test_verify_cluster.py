@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from builders import random_store
+from paths import REPO
 
 from store_schema.tools.verify import verify_store
 from store_schema.tools.verify_cluster import STALL_DIR_ENV
@@ -23,7 +24,6 @@ from store_schema.tools.verify_report import NOT_CHECKED, format_report
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 SHARDS = 12
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import builders
 import pytest
 import tiny
+from paths import REPO
 
 from store_schema import CorruptShardError, Store
 from store_schema.__main__ import main as cli
@@ -195,7 +196,7 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     refused = subprocess.run(
         [sys.executable, "-m", "train", "fit", "--store", str(path), "--target", str(qwen3_dir),
          "--out", str(tmp_path / "run"), *tiny.cli_sets(sets)],
-        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300)
+        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 1, refused.stderr[-2000:]
     error = refused.stderr.strip().splitlines()[-1]
     assert error.startswith(f"error: shard {bad}: layer_3/c/0/0: crc32c") and "skip_corrupt_shards" in error, error

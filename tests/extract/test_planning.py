@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from builders import CHAT_TEMPLATE, coding_chats, write_chat_jsonl
+from paths import REPO
 
 from extract.errors import PlanError, QuarantineError, SampleMismatchError
 from extract.extraction.planning import (
@@ -30,7 +31,6 @@ from extract.tokenization import (
 )
 from store_schema.plan import PlannedSample, PlanSettings, sample_digest
 
-REPO = Path(__file__).resolve().parent.parent
 NO_TAGS_TEMPLATE = CHAT_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
 # Like Qwen3's: strips the content and puts an empty think block before the last answer.
 THINK_TEMPLATE = (

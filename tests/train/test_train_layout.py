@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
-from pathlib import Path
 
-TRAIN = Path(__file__).resolve().parents[1] / "train"
+from paths import REPO
+
+TRAIN = REPO / "train"
 MAX_FUNCTION_LINES = 60
 
 

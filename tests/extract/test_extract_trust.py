@@ -10,12 +10,10 @@ import ast
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from builders import coding_chats, random_store, write_chat_jsonl
-
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
 
 
 def _run_argv(model, corpus, store, *extra) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import builders
 import pytest
 import tiny
+from paths import REPO
 
 from store_schema import layout
 from store_schema.location import classify_store
@@ -29,7 +30,6 @@ from train.cli import main
 from train.data.cache import CacheTooSmall, pinned_shards
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
 SHARDS = 5
 TINY = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", "data.heldout_fraction=0.0",

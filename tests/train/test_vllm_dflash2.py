@@ -5,7 +5,7 @@ cut by `block_size` rows), and the selector's edge scores, the lattice vLLM's Tr
 walk reads, equal to our unary + `pair_scores` for every predecessor and candidate;
 the greedy path through that lattice is our selector's walk. vLLM serves DFlash 2
 only on its V2 model runner (GPU), so the whole drafter is not served on CPU
-(tests/test_serve_check.py); train/acceptance/vllm_dflash2_modules.py runs the
+(tests/train/test_serve_check.py); train/acceptance/vllm_dflash2_modules.py runs the
 modules alone in the vLLM environment's python.
 """
 

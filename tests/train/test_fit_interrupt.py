@@ -16,11 +16,11 @@ from pathlib import Path
 import builders
 import pytest
 import tiny
+from paths import REPO
 
 from train.cli import main
 from train.fitting.checkpoint import latest_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
 # A drafter small enough for CPU, a constant LR (so a resumed run may end at another
 # --max-steps and still take the same steps), epochs enough to outlast the test.
 SETS = tiny.drafter_sets("model.num_anchors=16", "train.grad_accumulation=1", "train.log_every=1", "eval.every=0",

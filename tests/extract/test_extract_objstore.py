@@ -14,11 +14,11 @@ import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import builders
 import pytest
 import tiny
+from paths import REPO
 
 from store_schema.__main__ import main as store_cli
 from store_schema.location import classify_store
@@ -30,7 +30,6 @@ from store_schema.stores import open_store
 from store_schema.tools.verify import verify_store
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 SECRET = "Secret-Key-5e1d0b"  # moto takes any key; this one must appear nowhere
 FIT_SETS = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", "data.heldout_fraction=0.0",
                              "data.buffer_shards=2", "train.checkpoint_every=0", "train.max_steps=2", heads=True)

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from store_schema.runtime.target_weights import TargetWeightsError, check_target_weights
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

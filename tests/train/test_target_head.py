@@ -52,10 +52,6 @@ def test_qwen3_5_text_only(qwen3_5_dir):
 
 
 def test_tied_embeddings_reuse_the_embedding(tmp_path):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent))
     import builders
     from transformers import Qwen3ForCausalLM
 

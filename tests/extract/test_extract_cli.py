@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from builders import coding_chats, write_chat_jsonl
-
-REPO = Path(__file__).resolve().parents[1]
+from paths import REPO
 
 
 def test_cluster_yaml_is_a_valid_launcher_config_with_dashboard_on_loopback():

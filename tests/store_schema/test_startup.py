@@ -7,13 +7,11 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import REPO
 
 from store_schema.runtime.startup import collector_paused, preload
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_collector_is_off_inside_and_restored_after_even_on_error():

@@ -17,6 +17,7 @@ from pathlib import Path
 import builders
 import pytest
 import torch
+from paths import REPO
 
 from store_schema import layout
 from store_schema.__main__ import main as cli
@@ -30,7 +31,6 @@ from store_schema.stores import open_store
 from store_schema.tools.verify import verify_store
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _keys(url: str, prefix: str) -> set[str]:

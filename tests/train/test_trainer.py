@@ -18,6 +18,7 @@ import pytest
 import stores
 import tiny
 import torch
+from paths import REPO
 
 from store_schema import FingerprintMismatch, Store
 from train.cli import main
@@ -30,7 +31,6 @@ from train.export.drafter_dir import load_drafter
 from train.fitting.checkpoint import list_checkpoints
 from train.fitting.trainer import Trainer
 
-REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25
 BLOCK = 8
 TINY = tiny.drafter_sets(  # a drafter and schedule small enough for CPU tests

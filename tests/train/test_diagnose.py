@@ -8,12 +8,11 @@ from __future__ import annotations
 import json
 import math
 import struct
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import stores
+from demo import DRAFTER_SETTINGS
 
 from train.cli import main
 from train.config_loading import load_config
@@ -23,9 +22,6 @@ from train.diagnose.plot import plot
 from train.fitting.runlog import read_log
 from train.fitting.schedule import lr_at
 from train.fitting.trainer import Trainer
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from demo import DRAFTER_SETTINGS
 
 STEPS = 20_000
 LR = 6e-4
@@ -425,7 +421,7 @@ REAL_RUN = [*DRAFTER_SETTINGS,  # then the tiny target's shape, a held-out share
 
 @pytest.fixture(scope="module")
 def chat_store(tmp_path_factory, qwen3_dir, tokenizer):
-    """48 chats over 4 distinct functions, as tests/test_trainer.py's real store: learnable."""
+    """48 chats over 4 distinct functions, as tests/train/test_trainer.py's real store: learnable."""
     return stores.build_real_store(tmp_path_factory.mktemp("diagnose") / "store", qwen3_dir, tokenizer,
                                    records=stores.repeated_corpus(48, 4), samples_per_shard=6, max_tokens=128)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 import builders
 import pytest
 import tiny
+from paths import REPO
 
 from store_schema import Store
 from train.cli import main
@@ -35,7 +36,6 @@ from train.data.lanes import check_world
 from train.fitting.checkpoint import list_checkpoints, load_model_weights, read_state
 from train.fitting.runlog import read_log
 
-REPO = Path(__file__).resolve().parents[1]
 HELDOUT = 0.25
 SETS = tiny.drafter_sets(
     "model.num_anchors=16", f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2", "optim.lr=1e-2", "train.batch_size=2", "train.grad_accumulation=2", "train.epochs=3", "train.log_every=1",

@@ -25,6 +25,7 @@ from pathlib import Path
 import builders
 import pytest
 from builders import coding_chats, write_chat_jsonl
+from paths import REPO
 from ray_helpers import committed_inodes, extract_command, verify_cli
 from test_distributed import fit_args, steps_of
 
@@ -32,7 +33,6 @@ from train.fitting.runlog import read_log
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
 ONE_EPOCH = ("train.epochs=1",)
 
 

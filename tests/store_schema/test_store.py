@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from paths import REPO
 
 from store_schema import (
     CodecConfig,
@@ -29,8 +30,6 @@ from store_schema import (
 from store_schema.__main__ import main as cli
 from store_schema.codecs.bf16 import BFLOAT16
 from store_schema.tools.verify import clean_leftovers, verify_store
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _fingerprint(**overrides):

@@ -8,13 +8,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import REPO
 
 pytestmark = pytest.mark.slow  # child processes
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_gpu_check_smoke_runs_every_phase_on_cpu(tmp_path):

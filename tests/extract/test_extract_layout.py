@@ -7,7 +7,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-EXTRACT = Path(__file__).resolve().parents[1] / "extract"
+from paths import REPO
+
+EXTRACT = REPO / "extract"
 
 
 def _module(path: Path) -> str:
