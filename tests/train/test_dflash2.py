@@ -23,7 +23,7 @@ from dflash.model import DFlash2DraftModel
 from stores import greedy_store
 from test_reference import ANCHORS, BLOCK, inputs, reference_logits
 from test_reference import load_reference as load_reference_as
-from test_speculate import load_model, one_thread, reference_generate  # noqa: F401  (one_thread: autouse)
+from test_speculate import load_model, reference_generate
 
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance.speculate import decode_prompt, summarize
@@ -40,6 +40,7 @@ from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 SIZES = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=8)
 GEOMETRIES = {
     "full": dict(num_hidden_layers=2, layer_types=["full_attention"] * 2),

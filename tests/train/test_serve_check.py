@@ -17,7 +17,6 @@ and up, so the target here is its own tiny Qwen3 (2 heads x 32), not conftest's.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 
 import builders
@@ -25,7 +24,6 @@ import pytest
 import tiny
 import torch
 from stores import greedy_store
-from transformers import Qwen3ForCausalLM
 
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import serve_check
@@ -40,39 +38,6 @@ BLOCK = 8
 HELDOUT = 0.25
 NEW_TOKENS = 24
 PROMPTS = 3
-
-
-@pytest.fixture(scope="module")
-def vllm_python() -> str:
-    """The vLLM environment's python; a failure naming why when there is none."""
-    try:
-        python = serve_check.find_vllm_python()
-        serve_check.probe(python)
-    except (serve_check.ServeRefused, FileNotFoundError) as error:
-        pytest.fail(f"serve-check needs vLLM: {error}")
-    return python
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory, tokenizer_dir):
-    """A tiny dense Qwen3 (hidden 64, 2 heads x 32, 1 KV head) with the tokenizer.
-    Weights at 2.5x the default init, seed 2: its greedy replies to the coding
-    prompts fall into short loops (1-6 distinct tokens in 48), text a drafter learns
-    in a few CPU steps; at the default init (12-20 distinct) 300 steps gave tau 1.06."""
-    path = tmp_path_factory.mktemp("qwen3_h32")
-    config = builders.qwen3_config(512)
-    config.num_attention_heads, config.num_key_value_heads, config.head_dim = 2, 1, 32
-    config.initializer_range = 0.05
-    torch.manual_seed(2)
-    Qwen3ForCausalLM(config).save_pretrained(str(path))
-    for file in tokenizer_dir.iterdir():
-        shutil.copy(file, path / file.name)
-    return path
-
-
-@pytest.fixture(scope="module")
-def mask_id(tokenizer):
-    return tokenizer.convert_tokens_to_ids("<|mask|>")
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,7 @@ from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.trainer import Trainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")
 LAYERS = [1, 3]
 BLOCK = 8
 HELDOUT = 0.25
@@ -86,21 +87,6 @@ def reference_generate(reference, model, prompt, max_new_tokens):
         return dflash_model.dflash_generate(reference, model, prompt[None], max_new_tokens, None, return_stats=True)
     finally:
         dflash_model._cuda_time = clock
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a loaded 2-core
-    machine two threads contending made decoding ~10x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def mask_id(tokenizer):
-    return tokenizer.convert_tokens_to_ids("<|mask|>")
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from test_dflash2 import random_dflash2
-from test_serve_check import vllm_python  # noqa: F401 (fixture)
 
 from train.acceptance import serve_check
 
@@ -39,7 +38,7 @@ def vllm_outputs(python: str, inputs: dict, metadata: dict, workdir) -> dict[str
 
 @pytest.mark.slow  # vLLM runs in a child process
 @torch.no_grad()
-def test_vllm_dflash2_modules_compute_ours(qwen3_dir, vllm_python, tmp_path):  # noqa: F811
+def test_vllm_dflash2_modules_compute_ours(qwen3_dir, vllm_python, tmp_path):
     drafter = random_dflash2(qwen3_dir)
     conv, selector = drafter.layers[1].mlp_conv, drafter.candidate_selector
     generator = torch.Generator().manual_seed(5)

@@ -25,7 +25,7 @@ import subprocess
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_serve_check import BLOCK, mask_id, random_export, target_dir, vllm_python  # noqa: F401 (fixtures)
+from test_serve_check import BLOCK, random_export
 
 from store_schema.runtime.target_model import load_target_model
 from train.acceptance import serve_check
@@ -76,7 +76,7 @@ def drafted_logits(drafter, model, features, block) -> dict[str, torch.Tensor]:
 @pytest.mark.slow  # vLLM runs in a child process
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @torch.no_grad()
-def test_vllm_drafts_the_same_logits_as_the_project(layout, target_dir, mask_id, vllm_python, tmp_path):  # noqa: F811
+def test_vllm_drafts_the_same_logits_as_the_project(layout, target_dir, mask_id, vllm_python, tmp_path):
     export = random_export(target_dir, mask_id, tmp_path / "drafter", **LAYOUTS[layout])
     served = captured(vllm_python, target_dir, export, tmp_path / "vllm")
     model = load_target_model(target_dir, torch.device("cpu"), torch.float32).model.eval()
