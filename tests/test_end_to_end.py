@@ -69,7 +69,7 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
     from train.fitting import checkpoint
 
     state_dir = checkpoint.latest_checkpoint(run)
-    trained = build_drafter(DrafterConfig.from_dict(checkpoint.read_state(state_dir)["drafter_config"]))
+    trained = build_drafter(DrafterConfig.from_state(checkpoint.read_state(state_dir)))
     trained.load_state_dict(checkpoint.load_model_weights(state_dir))
     reloaded = load_drafter(export)
     for name, tensor in trained.state_dict().items():

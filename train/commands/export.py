@@ -31,7 +31,7 @@ def run(args) -> int:
     if path is None:
         raise FileNotFoundError(f"{args.run}: no checkpoint to export")
     state = ckpt.read_state(path)
-    drafter = build_drafter(DrafterConfig.from_dict(state["drafter_config"]))
+    drafter = build_drafter(DrafterConfig.from_state(state))
     drafter.load_state_dict(ckpt.load_model_weights(path), strict=True)
     # Checkpoints written before the split was recorded used the same rule at the config's fraction.
     split = state.get("heldout_split") or heldout_record(state["config"]["data"]["heldout_fraction"])

@@ -184,6 +184,11 @@ class DrafterConfig:
             data["num_hidden_layers"] = data.pop("num_layers")
         return cls(**data)
 
+    @classmethod
+    def from_state(cls, state: dict) -> "DrafterConfig":
+        """The drafter a checkpoint holds, from its state.json (`train.fitting.checkpoint.read_state`)."""
+        return cls.from_dict(state["drafter_config"])
+
     def differences(self, other: "DrafterConfig") -> list[str]:
         """'name: this vs other' for each field that differs (empty when equal)."""
         mine, theirs = self.to_dict(), other.to_dict()

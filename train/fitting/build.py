@@ -64,8 +64,8 @@ def build_run(config: RunConfig, resume: bool, log: Callable[[str], None], world
     latest = checkpointer.resume_point(resume)
     device = device_for(world, train.device)
     init_process_group(world, device)
-    checked = run_preflight(config, latest, checks, world, device, log)
-    resumed = read_state(latest) if latest is not None else None
+    resumed = read_state(latest) if latest is not None else None  # state.json, read once for the run
+    checked = run_preflight(config, latest, resumed, checks, world, device, log)
     lanes, shards = (resumed_deal(resumed["loader"], config.data.lanes, checked.store, latest) if resumed
                      else (config.data.lanes or world.size, None))
     config = dataclasses.replace(  # fixed for the run: its config and checkpoints record them

@@ -60,7 +60,7 @@ def read_source(path: str | Path) -> DrafterConfig:
     if (found / WEIGHTS).is_file() and (found / "config.json").is_file():
         return read_drafter_config(found)
     try:
-        return DrafterConfig.from_dict(ckpt.read_state(found)["drafter_config"])
+        return DrafterConfig.from_state(ckpt.read_state(found))
     except FileNotFoundError:
         raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config and "
                                 f"{WEIGHTS}), a checkpoint or a run with one") from None

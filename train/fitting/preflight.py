@@ -65,8 +65,8 @@ class Checked:
     damaged: list[str]  # shards the integrity pass left out (data.skip_corrupt_shards)
 
 
-def run_preflight(config: RunConfig, latest: Path | None, checks: FitChecks, world: World, device: torch.device,
-                  log: Callable[[str], None]) -> Checked:
+def run_preflight(config: RunConfig, latest: Path | None, resumed: dict | None, checks: FitChecks, world: World,
+                  device: torch.device, log: Callable[[str], None]) -> Checked:
     """Every check before step 1, in the order a person would want them refused:
     the store against the target, the block size, the stored top-k, the drafter
     (resumed: the checkpoint's), then the store's completeness, integrity and split."""
@@ -76,7 +76,7 @@ def run_preflight(config: RunConfig, latest: Path | None, checks: FitChecks, wor
     other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target,
                                 full=checks.full_weights, log=log)
     check_topk(store, config)
-    drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, log)
+    drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, resumed, log)
     check_block_size(store, drafter_config.block_size)
     if config.loss.gamma is None:
         default_gamma(drafter_config.block_size)  # refuse a block size without a default before any work

@@ -12,7 +12,6 @@ from train.config_error import ConfigError
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig
 from train.drafter.published import fresh_drafter_config
-from train.fitting.checkpoint import read_state
 from train.fitting.init_from import fine_tune_config, init_record, read_source
 
 
@@ -34,15 +33,16 @@ def chosen_layers(wanted: list[int] | None, store_layer_ids: list[int], num_targ
 
 
 def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[int], latest: Path | None,
-                 log: Callable[[str], None]) -> tuple[DrafterConfig, dict]:
+                 resumed: dict | None, log: Callable[[str], None]) -> tuple[DrafterConfig, dict]:
     """The drafter a run trains, and how the run started (`run_info`, kept in its
     checkpoints and exports). Sized for the target (published geometry, the
     store's layers) by default; with `model.init_from`, the shape of that drafter
     (`train.fitting.init_from`); resumed, it must equal the checkpoint's. The mask token
     is resolved here (`train.drafter.mask_token`) and logged; the drafter config holds
-    the id (the run's saved config records it: `train.fitting.build`)."""
+    the id (the run's saved config records it: `train.fitting.build`). `resumed`: the
+    state.json of `latest`, the checkpoint a resumed run continues, as the build read it."""
     model = config.model
-    checkpointed = DrafterConfig.from_dict(read_state(latest)["drafter_config"]) if latest else None
+    checkpointed = DrafterConfig.from_state(resumed) if resumed is not None else None
     source = read_source(model.init_from) if model.init_from and checkpointed is None else None
     mask = resolve_mask_token(model.mask_token_id, config.target, target.vocab_size,
                               init_from_id=source.mask_token_id if source else None)
