@@ -16,13 +16,23 @@ from store_schema.plan import (
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.host import AUTO_DEVICE, available_cores
 
-from ..jobs.settings import DEVICES
+from ..jobs.settings import DEFAULT_PROGRESS_INTERVAL, DEVICES
 
 DEVICE_HELP = "where workers run: auto is cuda when this host sees a GPU, else cpu (default %(default)s)"
 
 
 def add_device_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=(AUTO_DEVICE, *DEVICES), default=AUTO_DEVICE, help=DEVICE_HELP)
+
+
+def add_ray_flags(parser: argparse.ArgumentParser) -> None:
+    """Where a job's workers run and how it reports progress: run and generate alike."""
+    parser.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
+    parser.add_argument("--cpus-per-worker", type=int, default=1,
+                        help="Ray CPUs per worker, = torch threads with --device cpu (default %(default)s)")
+    parser.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
+                        help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
 
 
 def add_space_flag(parser: argparse.ArgumentParser) -> None:

@@ -15,8 +15,8 @@ from ..generate.config import (
     REASONING,
     THINKING,
 )
-from ..jobs.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT
-from .flags import add_device_flag, add_space_flag
+from ..jobs.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_WORKER_TIMEOUT
+from .flags import add_device_flag, add_ray_flags, add_space_flag
 
 
 def add_parser(commands) -> None:
@@ -28,6 +28,7 @@ def add_parser(commands) -> None:
     gen.add_argument("--workers", type=int, default=1,
                      help="generate workers, one per GPU with --device cuda (default %(default)s)")
     add_device_flag(gen)
+    add_ray_flags(gen)
     gen.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                      help="tokens per reply; a reply that reaches it is kept and flagged truncated (default "
                           "%(default)s)")
@@ -60,17 +61,11 @@ def add_parser(commands) -> None:
                           "(default %(default)s)")
     gen.add_argument("--shard-records", type=int, default=DEFAULT_SHARD_RECORDS,
                      help="records per output shard (default %(default)s)")
-    gen.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
     gen.add_argument("--dry-run", action="store_true", help="print records, prompt tokens, quarantine; write nothing")
-    gen.add_argument("--cpus-per-worker", type=int, default=1,
-                     help="Ray CPUs per worker, = torch threads on cpu (default %(default)s)")
     gen.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
                      help="tries per shard (default %(default)s)")
     gen.add_argument("--worker-timeout", type=float, default=DEFAULT_WORKER_TIMEOUT,
                      help="seconds a worker holding shards may stay silent before it is presumed lost "
                           "(default %(default)g)")
-    gen.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
-                     help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
-    gen.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     add_space_flag(gen)
     gen.set_defaults(handler="extract.commands.generate:run")

@@ -6,8 +6,8 @@ from store_schema.dtypes import STORE_DTYPES
 from store_schema.runtime.cli import size_argument
 
 from ..extraction.config import DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS
-from ..jobs.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT
-from .flags import add_device_flag, add_plan_arguments, add_space_flag
+from ..jobs.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_WORKER_TIMEOUT
+from .flags import add_device_flag, add_plan_arguments, add_ray_flags, add_space_flag
 
 
 def add_parser(commands) -> None:
@@ -17,7 +17,7 @@ def add_parser(commands) -> None:
     run.add_argument("--workers", type=int, default=1,
                      help="extraction workers, one per GPU with --device cuda (default %(default)s)")
     add_device_flag(run)
-    run.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
+    add_ray_flags(run)
     run.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
                      help="padded tokens per forward batch (default %(default)s)")
     run.add_argument("--target-topk", type=int, help="also store the target's top-K next-token ids and log-probs")
@@ -34,14 +34,9 @@ def add_parser(commands) -> None:
     run.add_argument("--worker-timeout", type=float, default=DEFAULT_WORKER_TIMEOUT,
                      help="seconds a worker holding shards may stay silent before it is presumed lost and its "
                           "shards are revoked and redone elsewhere (default %(default)g)")
-    run.add_argument("--cpus-per-worker", type=int, default=1,
-                     help="Ray CPUs per worker, = torch threads with --device cpu (default %(default)s)")
     run.add_argument("--require-fast-kernels", action="store_true",
                      help="refuse CUDA workers that would run the PyTorch fallback for linear attention / "
                           "causal conv1d (fla, causal-conv1d not installed)")
-    run.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
-                     help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
-    run.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     run.add_argument("--spool-dir", help="a store on object storage (--store s3://bucket/prefix): the local directory "
                                          "on each worker's node where shards are built before their upload "
                                          "(default: the system's temporary directory)")
