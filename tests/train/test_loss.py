@@ -14,7 +14,7 @@ from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.targets import block_targets, default_gamma, slot_weights
 from train.fitting.config import LossConfig
 from train.fitting.loss import block_metrics, dflash_loss
-from train.fitting.step import add_context_noise, dflash_step
+from train.fitting.step import StepSample, add_context_noise, dflash_step
 from train.fitting.target_head import TargetHead
 
 HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 64
@@ -65,7 +65,8 @@ def test_no_training_on_input_tokens(setup):
     generator = torch.Generator().manual_seed(1)
     for _ in range(5):
         output, anchors, targets = dflash_step(
-            drafter, head, input_ids, loss_mask, features, LossConfig(), ModelConfig(num_anchors=16), generator
+            drafter, head, StepSample(input_ids, loss_mask, features), LossConfig(), ModelConfig(num_anchors=16),
+            generator,
         )
         assert loss_mask[anchors].eq(1).all() and anchors.max() <= T - BLOCK
         positions = anchors[:, None] + torch.arange(BLOCK)
@@ -156,8 +157,8 @@ def test_noise_reaches_only_the_drafter_input(setup):
         loss = LossConfig(noise=scale, labels="target", kl_mix=0.5, position_weights="decay")
         with torch.no_grad():
             runs[scale] = dflash_step(
-                drafter, head, input_ids, loss_mask, features, loss, ModelConfig(num_anchors=8), generator,
-                target_topk_ids=topk_ids, target_topk_logprobs=topk_logprobs,
+                drafter, head, StepSample(input_ids, loss_mask, features, topk_ids, topk_logprobs), loss,
+                ModelConfig(num_anchors=8), generator,
             )
     (clean, anchors0, ref0), (noisy, anchors1, ref1) = runs[0.0], runs[0.5]
     assert torch.equal(anchors0, anchors1)

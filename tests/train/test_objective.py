@@ -19,7 +19,7 @@ from train.drafter.targets import block_targets
 from train.fitting.config import LossConfig
 from train.fitting.loss import block_metrics, dflash_loss, dpace_weights
 from train.fitting.selector_loss import selector_loss, selector_weight_at
-from train.fitting.step import dflash_step
+from train.fitting.step import StepSample, dflash_step
 from train.fitting.target_head import TargetHead
 
 
@@ -301,7 +301,7 @@ def test_dflash_step_applies_the_configured_position_weights():
     runs = {}
     for rule in ("decay", "dpace"):
         generator = torch.Generator().manual_seed(1)
-        output, _, targets = dflash_step(drafter, head, input_ids, loss_mask, features,
+        output, _, targets = dflash_step(drafter, head, StepSample(input_ids, loss_mask, features),
                                          LossConfig(position_weights=rule), ModelConfig(num_anchors=4), generator)
         runs[rule] = (output.loss.item(), targets)
     assert runs["dpace"][1].position_weights == "dpace" and runs["decay"][1].position_weights == "decay"
@@ -328,7 +328,7 @@ def test_dflash_step_trains_the_dflash2_selector_and_logs_its_metrics():
     for step, warmup in ((0, 0), (0, 4)):
         drafter.zero_grad()
         loss = LossConfig(selector_weight=2.0, selector_warmup_steps=warmup)
-        output, _, targets = dflash_step(drafter, head, input_ids, loss_mask, features, loss,
+        output, _, targets = dflash_step(drafter, head, StepSample(input_ids, loss_mask, features), loss,
                                          ModelConfig(num_anchors=4), torch.Generator().manual_seed(1), step=step)
         output.loss.backward()
         losses[warmup] = (output.loss.item(), output.ce.item() if torch.is_tensor(output.ce) else output.ce,

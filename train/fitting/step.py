@@ -14,6 +14,8 @@ flows only into the drafter.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from train.drafter.anchors import sample_anchors
@@ -52,43 +54,43 @@ def device_generator(generator: torch.Generator | None, device: torch.device) ->
     return torch.Generator(device=device).manual_seed(seed)
 
 
-def dflash_step(
-    drafter,
-    head,
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    context_features: torch.Tensor,
-    loss: LossConfig,
-    model_config: ModelConfig,
-    generator: torch.Generator | None = None,
-    target_topk_ids: torch.Tensor | None = None,
-    target_topk_logprobs: torch.Tensor | None = None,
-    step: int = 0,
-) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
+@dataclass(frozen=True)
+class StepSample:
+    """One sequence as the step reads it: tokens, mask and features on the step's
+    device, the top-k anywhere (the trainer makes one of a loader's `TrainSample`)."""
+
+    input_ids: torch.Tensor  # [T]
+    loss_mask: torch.Tensor  # [T]
+    context_features: torch.Tensor  # [T, n_ctx*H], clean, from the store
+    topk_ids: torch.Tensor | None = None  # [T, K]: the store's target top-k (row p predicts token p + 1)
+    topk_logprobs: torch.Tensor | None = None
+
+
+def dflash_step(drafter, head, sample: StepSample, loss: LossConfig, model_config: ModelConfig,
+                generator: torch.Generator | None = None,
+                step: int = 0) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
     """Loss for one sequence. Returns (LossOutput, anchor_positions, BlockTargets).
 
     drafter: train.drafter.model.DFlashDrafter; head: train.fitting.target_head.TargetHead.
-    input_ids, loss_mask: [T]; context_features: [T, n_ctx*H] (clean, from the store).
+    sample: its top-k is read only for labels="target" (top-1) or kl_mix > 0.
     loss: the run's `loss` section (gamma, position_weights, labels, kl_mix, noise,
         chunk_rows); pass `dataclasses.replace(loss, noise=0.0)` to score without noise.
     model_config: the run's `model` section (num_anchors, attention).
     generator: one seeded torch.Generator for the run: anchors (and noise) are
         redrawn every step, reproducibly.
-    target_topk_ids / target_topk_logprobs [T, K]: the store's target top-k (row p
-        predicts token p + 1); read only for labels="target" (top-1) or kl_mix > 0.
     step: the optimizer step (0-based), for `loss.selector_warmup_steps`.
     A DFlash 2 drafter (bare or DDP-wrapped) adds its candidate selector's K-way CE
     (`loss.selector_weight`, ramped) and the recall@K / selector accuracy metrics."""
     block_size = drafter.config.block_size
-    device = input_ids.device
+    input_ids, loss_mask, device = sample.input_ids, sample.loss_mask, sample.input_ids.device
     target_next_ids = topk_ids = topk_logprobs = None
     if loss.labels == "target" or loss.kl_mix > 0:
-        if target_topk_ids is None:
+        if sample.topk_ids is None or sample.topk_logprobs is None:
             raise ValueError("loss.labels=target / loss.kl_mix > 0 need the target's top-k of each sample")
         if loss.labels == "target":
-            target_next_ids = target_topk_ids[:, 0].to(device)
+            target_next_ids = sample.topk_ids[:, 0].to(device)
         if loss.kl_mix > 0:
-            topk_ids, topk_logprobs = target_topk_ids.to(device), target_topk_logprobs.to(device)
+            topk_ids, topk_logprobs = sample.topk_ids.to(device), sample.topk_logprobs.to(device)
     anchor_positions = sample_anchors(loss_mask, block_size, model_config.num_anchors, generator)
     targets = block_targets(
         input_ids,
@@ -103,7 +105,7 @@ def dflash_step(
         position_weights=loss.position_weights,
         dpace_alpha=loss.dpace_alpha,
     )
-    drafter_input = add_context_noise(context_features, loss.noise, generator)
+    drafter_input = add_context_noise(sample.context_features, loss.noise, generator)
     hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model_config.attention)
     bare = getattr(drafter, "module", drafter)  # the drafter under a DDP replica
     selector = bare.candidate_selector if bare.kind.has_selector else None

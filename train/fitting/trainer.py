@@ -66,7 +66,7 @@ from train.fitting.periodic_eval import AcceptanceEval, HeldoutEval
 from train.fitting.preflight import FitChecks
 from train.fitting.progress import fit_progress, headline
 from train.fitting.run_writer import RunWriter
-from train.fitting.step import dflash_step
+from train.fitting.step import StepSample, dflash_step
 from train.world import World
 
 
@@ -112,19 +112,10 @@ class Trainer:
         loss = self.config.loss if noise is None else dataclasses.replace(self.config.loss, noise=noise)
         device = self.device
         with self.autocast():
-            return dflash_step(
-                replica if replica is not None else self.drafter,
-                self.head,
-                sample.input_ids.to(device),
-                sample.loss_mask.to(device),
-                sample.context_features(device),
-                loss,
-                self.config.model,
-                generator,
-                target_topk_ids=sample.topk_ids,
-                target_topk_logprobs=sample.topk_logprobs,
-                step=self.step,
-            )
+            inputs = StepSample(sample.input_ids.to(device), sample.loss_mask.to(device),
+                                sample.context_features(device), sample.topk_ids, sample.topk_logprobs)
+            return dflash_step(replica if replica is not None else self.drafter, self.head, inputs, loss,
+                               self.config.model, generator, step=self.step)
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
