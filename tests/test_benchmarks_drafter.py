@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from test_benchmarks import SMOKE_KEYS, smoke
+from benchmark_smoke import SMOKE_KEYS, smoke
 
 
 @pytest.mark.slow  # a child process

@@ -20,7 +20,7 @@ import time
 import builders
 import pytest
 import served
-from test_benchmarks import SMOKE_KEYS, smoke
+from benchmark_smoke import SMOKE_KEYS, smoke
 
 MAX_NEW = 16
 pytestmark = pytest.mark.slow  # every test here talks to a vLLM server process

@@ -20,9 +20,9 @@ import builders
 import pytest
 import torch
 from dflash.model import DFlash2DraftModel
+from reference_oracle import ANCHORS, BLOCK, inputs, reference_logits
+from reference_oracle import load_reference as load_reference_as
 from stores import greedy_store
-from test_reference import ANCHORS, BLOCK, inputs, reference_logits
-from test_reference import load_reference as load_reference_as
 from test_speculate import load_model, reference_generate
 
 from store_schema.runtime.target_config import read_target_config

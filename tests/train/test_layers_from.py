@@ -14,7 +14,7 @@ import pytest
 import tiny
 import torch
 from dflash.model import DFlash2DraftModel
-from test_reference import ANCHORS, inputs, load_reference, reference_logits
+from reference_oracle import ANCHORS, inputs, load_reference, reference_logits
 
 from extract.__main__ import main as extract_cli
 from store_schema.runtime.target_config import read_target_config

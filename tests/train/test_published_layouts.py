@@ -13,7 +13,7 @@ import pytest
 import tiny
 import torch
 from dflash.model import DFlash2DraftModel
-from test_reference import ANCHORS, BLOCK, inputs, load_reference, reference_logits
+from reference_oracle import ANCHORS, BLOCK, inputs, load_reference, reference_logits
 
 from extract.qwen3_6_27b import write_config_only_target
 from store_schema.runtime.target_config import read_target_config

@@ -11,16 +11,14 @@ import warnings
 import builders
 import pytest
 import torch
-from dflash.model import DFlashDraftModel, _attention_mask
+from dflash.model import _attention_mask
+from reference_oracle import ANCHORS, BLOCK, T, inputs, load_reference, reference_logits
 
 from store_schema.runtime.target_config import read_target_config
 from train.drafter.anchors import LayerAttention, dense_attention_mask
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.target_head import load_target_head
-
-BLOCK, T = 8, 56
-ANCHORS = [0, 1, 5, 13, 30, 47, T - BLOCK]  # anchor 0: no context; the last: block ends at T
 
 GEOMETRIES = {
     # 4 heads x 16, 2 KV heads (grouped queries), every layer full attention.
@@ -65,32 +63,6 @@ def make_drafter(qwen3_dir, geometry: dict) -> DFlashDrafter:
         for p in drafter.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return drafter.eval()
-
-
-def reference_logits(reference, head, features, input_ids, anchor):
-    """The reference's forward on one block, as its decoder calls it on the first
-    round: the context is the features of positions < anchor, no cache."""
-    block = torch.full((1, BLOCK), reference.mask_token_id)
-    block[0, 0] = input_ids[anchor]
-    hidden = reference(
-        position_ids=torch.arange(anchor + BLOCK)[None],
-        noise_embedding=head.embed_tokens(block),
-        target_hidden=features[:anchor][None],
-    )
-    return head.lm_head(hidden)[0]
-
-
-def inputs(seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(T, 2 * 64, generator=generator), torch.randint(0, 512, (T,), generator=generator)
-
-
-def load_reference(path, model_class=DFlashDraftModel) -> DFlashDraftModel:
-    """The reference's `model_class` (DFlashDraftModel or DFlash2DraftModel) from `path`,
-    in fp32, with every tensor in place."""
-    reference, info = model_class.from_pretrained(str(path), dtype=torch.float32, output_loading_info=True)
-    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    return reference.eval()
 
 
 @pytest.mark.parametrize("geometry", list(GEOMETRIES))
