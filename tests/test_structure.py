@@ -49,3 +49,18 @@ def test_the_store_package_is_split_by_concern_on_a_ground_floor():
                 assert node.level <= 1 and not (node.module or "").startswith("store_schema"), \
                     f"{path.name} imports {'.' * node.level}{node.module}: runtime/ is the ground floor"
     assert not [name for name, module in store_schema._EXPORTS.items() if module.startswith("runtime")]
+
+
+def test_tests_mirror_the_packages_and_share_helpers_not_test_modules():
+    """Issue 46.8: tests/ holds one folder per package; a helper two test modules use
+    lives in a helper module, never in one of the test modules."""
+    import ast
+
+    for package in PACKAGES:
+        assert (REPO / "tests" / package).is_dir(), package
+    test_modules = {path.stem for path in (REPO / "tests").rglob("test_*.py")}
+    for path in (REPO / "tests").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else \
+                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            assert not set(names) & test_modules, f"{path.relative_to(REPO)} imports the test module {names}"

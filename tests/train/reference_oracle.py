@@ -3,8 +3,12 @@ block's logits as its decoder computes them, and the fixed inputs the comparison
 
 from __future__ import annotations
 
+import time
+
 import torch
+from dflash import model as dflash_model
 from dflash.model import DFlashDraftModel
+from transformers import AutoModelForCausalLM
 
 BLOCK, T = 8, 56
 ANCHORS = [0, 1, 5, 13, 30, 47, T - BLOCK]  # anchor 0: no context; the last: block ends at T
@@ -34,3 +38,20 @@ def load_reference(path, model_class=DFlashDraftModel) -> DFlashDraftModel:
     reference, info = model_class.from_pretrained(str(path), dtype=torch.float32, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
     return reference.eval()
+
+
+def load_model(path):
+    """A tiny target in fp32, as the decoders compare it."""
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def reference_generate(reference, model, prompt, max_new_tokens):
+    """`dflash_generate` with the reference drafter `reference` (DFlash or DFlash 2).
+    Its stats timer calls torch.cuda.synchronize, which a CPU build of torch refuses:
+    only that timer is replaced by the plain clock."""
+    clock = dflash_model._cuda_time
+    dflash_model._cuda_time = time.perf_counter
+    try:
+        return dflash_model.dflash_generate(reference, model, prompt[None], max_new_tokens, None, return_stats=True)
+    finally:
+        dflash_model._cuda_time = clock

@@ -20,10 +20,10 @@ import builders
 import pytest
 import torch
 from dflash.model import DFlash2DraftModel
-from reference_oracle import ANCHORS, BLOCK, inputs, reference_logits
+from random_drafters import GEOMETRIES, SIZES, dflash_drafter, random_dflash2
+from reference_oracle import ANCHORS, BLOCK, inputs, load_model, reference_generate, reference_logits
 from reference_oracle import load_reference as load_reference_as
 from stores import greedy_store
-from test_speculate import load_model, reference_generate
 
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance.speculate import decode_prompt, summarize
@@ -41,37 +41,8 @@ from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-SIZES = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=8)
-GEOMETRIES = {
-    "full": dict(num_hidden_layers=2, layer_types=["full_attention"] * 2),
-    "sliding": dict(num_hidden_layers=3, sliding_window=8),
-}
 NEW_TOKENS = 32
 HELDOUT = 0.25
-
-
-def dflash_drafter(qwen3_dir, geometry=GEOMETRIES["sliding"], mask_token_id=3, seed=0) -> DFlashDrafter:
-    config = DrafterConfig.from_target(read_target_config(qwen3_dir), mask_token_id=mask_token_id,
-                                       context_layer_ids=[1, 3], block_size=BLOCK, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16, **geometry, architecture="dflash")
-    torch.manual_seed(seed)
-    drafter = DFlashDrafter(config)
-    with torch.no_grad():
-        for p in drafter.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    return drafter.eval()
-
-
-def random_dflash2(qwen3_dir, geometry=GEOMETRIES["sliding"], mask_token_id=3, seed=0, sizes=SIZES) -> DFlash2Drafter:
-    """A DFlash 2 away from its identity start: convolutions with real taps and
-    dynamic coefficients, codebooks large enough to change the selector's choices."""
-    drafter = builders.warm_started(dflash_drafter(qwen3_dir, geometry, mask_token_id, seed), **sizes)
-    generator = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in drafter.named_parameters():
-            scale = 0.2 if "conv" in name else 1.0 if "codebook" in name else 0.3 if "selector" in name else 0.0
-            p.add_(torch.randn(p.shape, generator=generator) * scale)
-    return drafter.eval()
 
 
 def argmax_chain(drafter, hidden, head):

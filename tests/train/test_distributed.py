@@ -13,7 +13,6 @@ Few process launches: one killed 2-rank job and its resume; the rest in-process.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import builders
 import pytest
-import tiny
+from ddp_runs import HELDOUT, fit_args, read_jsonl, steps_of
 from paths import REPO
 
 from store_schema import Store
@@ -36,12 +35,6 @@ from train.data.lanes import check_world
 from train.fitting.checkpoint import list_checkpoints, load_model_weights, read_state
 from train.fitting.runlog import read_log
 
-HELDOUT = 0.25
-SETS = tiny.drafter_sets(
-    "model.num_anchors=16", f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2", "optim.lr=1e-2", "train.batch_size=2", "train.grad_accumulation=2", "train.epochs=3", "train.log_every=1",
-    "eval.every=10", "eval.samples=4", "eval.max_blocks_per_sample=16", "eval.ddtree_budgets=[8]",
-    "train.checkpoint_every=4", "train.keep_checkpoints=0", "log.samples=true", heads=True,
-)
 STEPS = 23  # 3 epochs of the store's training samples, 4 per step, the fuller lane's tail padded
 
 
@@ -51,24 +44,6 @@ def store(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("ddp") / "store"
     builders.random_store(path, num_shards=7, samples_per_shard=5, num_target_layers=6, layer_ids=(1, 3))
     return path
-
-
-def fit_args(store: Path, target: Path, out: Path, *sets: str) -> list[str]:
-    return ["--store", str(store), "--target", str(target), "--out", str(out),
-            *tiny.cli_sets((*SETS, *sets))]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def steps_of(run: Path) -> dict[int, list[str]]:
-    """Sample ids trained at each step, over every rank."""
-    by_step: dict[int, list[str]] = {}
-    for path in sorted((run / "samples").glob("rank-*.jsonl")):
-        for row in read_jsonl(path):
-            by_step.setdefault(row["step"], []).append(row["sample_id"])
-    return {step: sorted(ids) for step, ids in sorted(by_step.items())}
 
 
 def truncated_copy(run: Path, to: Path, step: int) -> Path:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tiny
 import torch
+from eval_stores import LAYERS, everything, make_samples, write_store
 
 from store_schema import Fingerprint, SampleArrays, Store, create_store
 from store_schema.runtime.target_config import read_target_config
@@ -31,13 +32,7 @@ from train.fitting.periodic_eval import AcceptanceEval, log_fields
 from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer
 
-LAYERS = [1, 3]
 B = 8
-
-
-def everything(**fields) -> EvalConfig:
-    """The eval section `python -m train eval` builds by default: every sample, every anchor."""
-    return EvalConfig(**{"samples": None, "max_blocks_per_sample": None, **fields})
 
 
 def eval_main(argv) -> int:
@@ -54,32 +49,6 @@ def parts(qwen3_dir):
         for p in drafter.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     return drafter.eval(), load_target_head(qwen3_dir), target
-
-
-def make_samples(target, count=4, seed=0, full_mask=False):
-    rng = np.random.default_rng(seed)
-    generator = torch.Generator().manual_seed(seed)
-    samples = []
-    for i in range(count):
-        length = int(rng.integers(40, 70))
-        ids = rng.integers(0, target.vocab_size, length).astype(np.int32)
-        mask = np.ones(length, np.uint8)
-        if not full_mask:  # a prompt, a response, a second prompt, a second response
-            mask[:8] = 0
-            mask[25:31] = 0
-        hidden = {layer: torch.randn(length, target.hidden_size, generator=generator).to(torch.bfloat16) for layer in LAYERS}
-        samples.append(SampleArrays(f"sample-{seed}-{i}", ids, mask, hidden))
-    return samples
-
-
-def write_store(path, target, samples, topk=0):
-    fingerprint = Fingerprint(target_model="tiny-qwen3", num_target_layers=target.num_hidden_layers,
-                              hidden_size=target.hidden_size, vocab_size=target.vocab_size, layer_ids=LAYERS,
-                              max_length=128, target_topk=topk)
-    writer = create_store(path, fingerprint)
-    writer.write_shard("shard-000000", samples[: len(samples) // 2])
-    writer.write_shard("shard-000001", samples[len(samples) // 2 :])
-    return Store(path)
 
 
 def draft_one(drafter, head, features, ids, anchor):

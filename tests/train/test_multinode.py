@@ -25,9 +25,9 @@ from pathlib import Path
 import builders
 import pytest
 from builders import coding_chats, write_chat_jsonl
+from ddp_runs import fit_args, steps_of
 from paths import REPO
 from ray_helpers import committed_inodes, extract_command, verify_cli
-from test_distributed import fit_args, steps_of
 
 from train.fitting.runlog import read_log
 

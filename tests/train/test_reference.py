@@ -12,6 +12,7 @@ import builders
 import pytest
 import torch
 from dflash.model import _attention_mask
+from eval_stores import everything, make_samples, write_store
 from reference_oracle import ANCHORS, BLOCK, T, inputs, load_reference, reference_logits
 
 from store_schema.runtime.target_config import read_target_config
@@ -120,8 +121,6 @@ def test_eval_takes_a_drafter_the_reference_saved(qwen3_dir, zlab_dir, tmp_path,
     """`train eval` on the reference's directory (no `heldout_split` record, sliding
     layers) measures what evaluating the loaded drafter directly measures."""
     import json
-
-    from test_eval import everything, make_samples, write_store
 
     from store_schema import Store
     from train.__main__ import main

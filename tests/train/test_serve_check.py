@@ -23,18 +23,17 @@ import builders
 import pytest
 import tiny
 import torch
+from random_drafters import LAYERS, random_export
+from reference_oracle import BLOCK
 from stores import greedy_store
 
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance import serve_check
 from train.cli import main
 from train.config_loading import load_config
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.trainer import Trainer
 
-LAYERS = [1, 3]
-BLOCK = 8
 HELDOUT = 0.25
 NEW_TOKENS = 24
 PROMPTS = 3
@@ -54,14 +53,6 @@ def trained(target_dir, tokenizer, tmp_path_factory):
     trainer = Trainer.from_config(config, log=lambda message: None)
     trainer.fit()
     return store, export_drafter(trainer.drafter, root / "export", dtype=torch.float32, heldout_fraction=HELDOUT)
-
-
-def random_export(target_dir, mask_id, path, **geometry):
-    config = DrafterConfig.from_target(read_target_config(target_dir), mask_token_id=mask_id, context_layer_ids=LAYERS,
-                                       block_size=BLOCK, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                                       **geometry, architecture="dflash")
-    torch.manual_seed(0)
-    return export_drafter(DFlashDrafter(config).eval(), path, dtype=torch.float32)
 
 
 def serve(capsys, *argv) -> tuple[int, dict, str]:

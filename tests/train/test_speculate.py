@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import builders
@@ -23,8 +22,9 @@ import pytest
 import tiny
 import torch
 from dflash import model as dflash_model
+from reference_oracle import load_model, reference_generate
 from stores import greedy_store
-from transformers import AutoModelForCausalLM, Qwen3_5ForCausalLM
+from transformers import Qwen3_5ForCausalLM
 
 from store_schema.runtime.target_config import read_target_config
 from train.acceptance.speculate import decode_prompt, greedy_generate, mismatch_logit_gap, summarize
@@ -43,10 +43,6 @@ LAYERS = [1, 3]
 BLOCK = 8
 HELDOUT = 0.25
 NEW_TOKENS = 32
-
-
-def load_model(path):
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
 # Drafter geometries: every layer full attention; the published layout (sliding
@@ -75,18 +71,6 @@ def reference_decode(export_dir, model, prompt, max_new_tokens):
     architecture = json.loads((Path(export_dir) / "config.json").read_text())["architectures"][0]
     reference = getattr(dflash_model, architecture).from_pretrained(str(export_dir), dtype=torch.float32).eval()
     return reference_generate(reference, model, prompt, max_new_tokens)
-
-
-def reference_generate(reference, model, prompt, max_new_tokens):
-    """`dflash_generate` with the reference drafter `reference` (DFlash or DFlash 2).
-    Its stats timer calls torch.cuda.synchronize, which a CPU build of torch refuses:
-    only that timer is replaced by the plain clock."""
-    clock = dflash_model._cuda_time
-    dflash_model._cuda_time = time.perf_counter
-    try:
-        return dflash_model.dflash_generate(reference, model, prompt[None], max_new_tokens, None, return_stats=True)
-    finally:
-        dflash_model._cuda_time = clock
 
 
 @pytest.fixture(scope="module")

@@ -16,8 +16,8 @@ import subprocess
 
 import pytest
 import torch
+from random_drafters import random_dflash2
 from safetensors.torch import load_file, save_file
-from test_dflash2 import random_dflash2
 
 from train.acceptance import serve_check
 

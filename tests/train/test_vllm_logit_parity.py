@@ -11,8 +11,7 @@ transformers and the block is drafted by `DraftCache` (what `speculate` runs) an
 the training forward; both must match vLLM's logits within 1e-4 and pick the same
 tokens. The same drafter read under a different attention rule must not: so the
 tolerance tells the rules apart, and the rule vLLM serves is the one trained.
-Fixtures (the tiny 2 x 32-head target, vLLM's python, the random export) are
-test_serve_check's.
+The random export is tests/train/random_drafters.py's (2 heads of 32, vLLM's CPU size).
 """
 
 from __future__ import annotations
@@ -24,8 +23,9 @@ import subprocess
 
 import pytest
 import torch
+from random_drafters import random_export
+from reference_oracle import BLOCK
 from safetensors.torch import load_file
-from test_serve_check import BLOCK, random_export
 
 from store_schema.runtime.target_model import load_target_model
 from train.acceptance import serve_check
