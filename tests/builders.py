@@ -305,13 +305,13 @@ def warm_started(dflash, **sizes):
     from train.drafter.build import build_drafter
     from train.drafter.config import ModelConfig
     from train.export.drafter_dir import export_drafter
-    from train.fitting.init_from import load_start_weights, warm_start_config
+    from train.fitting.init_from import load_start_weights, read_source, warm_start_config
 
     dtype = dflash.fc.weight.dtype
     with tempfile.TemporaryDirectory() as directory:
         export_drafter(dflash, Path(directory) / "dflash", dtype=dtype)
         drafter = build_drafter(warm_start_config(dflash.config, ModelConfig(architecture="dflash2", **sizes)))
-        return load_start_weights(drafter.to(dtype), Path(directory) / "dflash")
+        return load_start_weights(drafter.to(dtype), read_source(Path(directory) / "dflash"))
 
 
 def save_reference_dflash2(path: str | Path, target_layer_ids=(2, 4), block_size: int = 8, seed: int = 5):

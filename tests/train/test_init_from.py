@@ -21,7 +21,7 @@ from train.cli import main
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.drafter.dflash2 import DFlash2Drafter
-from train.fitting.checkpoint import list_checkpoints, read_state
+from train.fitting.checkpoint import Checkpointer, list_checkpoints, read_state
 from train.fitting.trainer import Trainer
 
 BLOCK = 8
@@ -100,6 +100,31 @@ def test_a_resumed_fine_tuning_run_no_longer_needs_the_directory(store, zlab_dir
     state = read_state(list_checkpoints(tmp_path / "run")[-1])
     assert state["step"] == 4 and state["run_info"]["init_from"]["path"] == str(source.resolve())
     assert state["drafter_config"]["intermediate_size"] == 96
+
+
+def test_a_fit_reads_its_start_once(store, zlab_dir, qwen3_dir, tmp_path, monkeypatch):
+    """Issue 46.5: the `--init-from` drafter's config, the resume point and the resumed
+    checkpoint's state.json are each read once per fit."""
+    from collections import Counter
+
+    import train.fitting.build as build
+    import train.fitting.init_from as init_from
+
+    calls: Counter = Counter()
+
+    def count(owner, name):
+        original = getattr(owner, name)
+        monkeypatch.setattr(owner, name, lambda *args, **kwargs: calls.update([name]) or original(*args, **kwargs))
+
+    for owner, name in ((init_from, "read_drafter_config"), (Checkpointer, "resume_point"), (build, "read_state")):
+        count(owner, name)
+    argv = ["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
+            "--init-from", str(zlab_dir), "--max-steps", "1", *tiny.cli_sets(RUN)]
+    assert main(argv) == 0
+    assert calls == {"read_drafter_config": 1, "resume_point": 1}
+    calls.clear()
+    assert main(["fit", "--out", str(tmp_path / "run"), "--resume", "--max-steps", "2"]) == 0
+    assert calls == {"resume_point": 1, "read_state": 1}
 
 
 @pytest.mark.slow  # trains

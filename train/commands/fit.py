@@ -69,14 +69,13 @@ def run(args) -> int:
         raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
     if args.verify_first and args.skip_verify:
         raise UsageError("--verify-first and --skip-verify exclude each other")
-    if args.resume:
-        Checkpointer(args.out).resume_point(resume=True)  # before the config is read: one line if there is none
+    latest = Checkpointer(args.out).resume_point(args.resume)  # before the config is read: one line if wrong
     config = resolve_config(args)
     check_target_weights(config.target, "--target")  # before torch or torchrun start: one line naming it
     nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
     if "WORLD_SIZE" not in os.environ and (args.nproc or 1) * nodes.count > 1:
         return launch_job(args, config, nodes)
-    return train(args, config)
+    return train(args, config, latest)
 
 
 def launch_job(args, config, nodes) -> int:
@@ -90,13 +89,14 @@ def launch_job(args, config, nodes) -> int:
     return launch(args.nproc or 1, fit_argv(args), Path(args.out), nodes)
 
 
-def train(args, config) -> int:
-    """This process's part of the run: build it, train it, say how it ended."""
+def train(args, config, latest: Path | None) -> int:
+    """This process's part of the run: build it (continuing `latest`, the checkpoint
+    `run` chose), train it, say how it ended."""
     checks = FitChecks(allow_other_target=args.allow_other_target, require_complete=args.require_complete,
                        verify=not args.skip_verify, verify_first=args.verify_first, space=not args.skip_space_check,
                        full_weights=args.full_weights_check)
     try:
-        trainer = Trainer.from_config(config, resume=args.resume, log=lambda line: print(line, file=sys.stderr),
+        trainer = Trainer.from_start(config, latest, log=lambda line: print(line, file=sys.stderr),
                                       checks=checks)
     except KeyboardInterrupt:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -29,10 +30,11 @@ from train.drafter.model import DFlashDrafter
 from train.dtypes import torch_dtype
 from train.fitting.checkpoint import Checkpointer, read_state
 from train.fitting.distributed import device_for, init_process_group
+from train.fitting.drafter_plan import plan_drafter
 from train.fitting.global_rng import GlobalRNG
 from train.fitting.init_from import load_start_weights
 from train.fitting.optimizer import Optimizer
-from train.fitting.preflight import Checked, FitChecks, epochs_for, run_preflight
+from train.fitting.preflight import Checked, FitChecks, check_data, check_store, epochs_for
 from train.fitting.target_head import TargetHead, load_target_head
 from train.world import World, local_world_size, world_from_env
 
@@ -55,17 +57,18 @@ class RunParts:
     log: Callable[[str], None]
 
 
-def build_run(config: RunConfig, resume: bool, log: Callable[[str], None], world: World | None,
+def build_run(config: RunConfig, latest: Path | None, log: Callable[[str], None], world: World | None,
               checks: FitChecks) -> RunParts:
+    """The run's parts: `latest` is the checkpoint it continues (None: a new run), as
+    `Checkpointer.resume_point` chose it once."""
     world = world or world_from_env()
     log = log if world.is_main else quiet  # rank 0 speaks for the job
     train = config.train
     checkpointer = Checkpointer(config.out, every=train.checkpoint_every, keep=train.keep_checkpoints)
-    latest = checkpointer.resume_point(resume)
     device = device_for(world, train.device)
     init_process_group(world, device)
     resumed = read_state(latest) if latest is not None else None  # state.json, read once for the run
-    checked = run_preflight(config, latest, resumed, checks, world, device, log)
+    checked = checked_run(config, latest, resumed, checks, world, device, log)
     lanes, shards = (resumed_deal(resumed["loader"], config.data.lanes, checked.store, latest) if resumed
                      else (config.data.lanes or world.size, None))
     config = dataclasses.replace(  # fixed for the run: its config and checkpoints record them
@@ -96,6 +99,16 @@ def build_run(config: RunConfig, resume: bool, log: Callable[[str], None], world
     return RunParts(config, drafter, head, optimizer, feed, checkpointer, world, device, start_step, store, record, log)
 
 
+def checked_run(config: RunConfig, latest: Path | None, resumed: dict | None, checks: FitChecks, world: World,
+                device: torch.device, log: Callable[[str], None]) -> Checked:
+    """Every check before step 1 (`train.fitting.preflight`), the drafter planned
+    between the store's checks and the data's, which need its block size."""
+    found = check_store(config, checks, log)
+    plan = plan_drafter(config, found.target, list(found.store.layer_ids), latest, resumed, log)
+    damaged = check_data(config, found.store, plan.config.block_size, checks, world, device, log)
+    return Checked(found.store, found.target, plan.config, {**plan.run_info, **found.run_info}, damaged, plan.source)
+
+
 def checkpoint_bytes(drafter: DFlashDrafter) -> int:
     """About one checkpoint: fp32 weights and AdamW's two fp32 moments of each."""
     return sum(p.numel() for p in drafter.parameters()) * 4 * 3
@@ -106,8 +119,8 @@ def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: to
     `model.init_from`'s weights. fp32 master weights on `device`."""
     torch.manual_seed(config.train.seed)
     drafter = build_drafter(checked.drafter_config)
-    if fine_tune and config.model.init_from:
-        load_start_weights(drafter, config.model.init_from)
+    if fine_tune and checked.source is not None:
+        load_start_weights(drafter, checked.source)
     drafter = drafter.to(device)
     drafter.gradient_checkpointing = config.model.gradient_checkpointing
     return drafter

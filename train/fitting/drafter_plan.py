@@ -1,8 +1,11 @@
-"""Which drafter a run trains (`train.fitting.preflight.run_preflight` calls it)."""
+"""Which drafter a run trains: its configuration, how the run started, and the
+drafter it starts from (`train.fitting.build` plans it between the store's checks and
+the data's)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from store_schema.layout import validate_layer_ids
@@ -12,7 +15,7 @@ from train.config_error import ConfigError
 from train.drafter.mask_token import resolve_mask_token
 from train.drafter.model import DrafterConfig
 from train.drafter.published import fresh_drafter_config
-from train.fitting.init_from import fine_tune_config, init_record, read_source
+from train.fitting.init_from import StartSource, fine_tune_config, read_source
 
 
 def chosen_layers(wanted: list[int] | None, store_layer_ids: list[int], num_target_layers: int) -> list[int] | None:
@@ -32,8 +35,17 @@ def chosen_layers(wanted: list[int] | None, store_layer_ids: list[int], num_targ
     return ids
 
 
+@dataclass(frozen=True)
+class DrafterPlan:
+    """The drafter a run trains and how the run started (checkpoints keep `run_info`)."""
+
+    config: DrafterConfig
+    run_info: dict
+    source: StartSource | None  # the `model.init_from` drafter a new run loads; None otherwise
+
+
 def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[int], latest: Path | None,
-                 resumed: dict | None, log: Callable[[str], None]) -> tuple[DrafterConfig, dict]:
+                 resumed: dict | None, log: Callable[[str], None]) -> DrafterPlan:
     """The drafter a run trains, and how the run started (`run_info`, kept in its
     checkpoints and exports). Sized for the target (published geometry, the
     store's layers) by default; with `model.init_from`, the shape of that drafter
@@ -45,11 +57,11 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
     checkpointed = DrafterConfig.from_state(resumed) if resumed is not None else None
     source = read_source(model.init_from) if model.init_from and checkpointed is None else None
     mask = resolve_mask_token(model.mask_token_id, config.target, target.vocab_size,
-                              init_from_id=source.mask_token_id if source else None)
+                              init_from_id=source.config.mask_token_id if source else None)
     log(f"fit: {mask.describe()}")
     run_info: dict = {"mask_token_rule": mask.rule}
     if model.init_from:
-        base, where = (source, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
+        base, where = (source.config, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
         drafter_config = fine_tune_config(base, where, model, target, store_layer_ids, mask.id)
     else:
         chosen = chosen_layers(model.target_layer_ids, store_layer_ids, target.num_hidden_layers)
@@ -60,7 +72,7 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
         if changed:
             raise ConfigError(f"--resume: {latest} holds a different drafter: {'; '.join(changed)}")
     if source is not None:
-        run_info["init_from"] = init_record(model.init_from)
+        run_info["init_from"] = source.record()
         log(f"fit: fine-tuning from {run_info['init_from']['path']} (weights sha256 "
             f"{run_info['init_from']['model_sha256'][:12]})")
-    return drafter_config, run_info
+    return DrafterPlan(drafter_config, run_info, source)

@@ -23,8 +23,10 @@ refusal naming the field:
   the DFlash drafter drafts, as the published Muse-Glimmer DFlash 2 started.
 
 The mask token is the drafter's unless `model.mask_token_id` says otherwise
-(`train.drafter.mask_token`). The run records where it started: `model.init_from` in
-its config, and the directory and the sha256 of its weights (`init_record`) in
+(`train.drafter.mask_token`). The directory is read once (`read_source`: a
+`StartSource`) and that is what the run plans and loads from. The run records where
+it started: `model.init_from` in its config, and the directory and the sha256 of its
+weights (`StartSource.record`) in
 its checkpoints and exports. A resumed run takes the shape from its checkpoint
 (the directory need not exist any more), under the same checks.
 """
@@ -32,6 +34,7 @@ its checkpoints and exports. A resumed run takes the shape from its checkpoint
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 
 from store_schema import file_sha256
@@ -53,14 +56,28 @@ def source_dir(path: str | Path) -> Path:
     return latest or path
 
 
-def read_source(path: str | Path) -> DrafterConfig:
-    """The drafter configuration of a z-lab-format directory (`train.export.drafter_dir`'s
-    reader), or of a checkpoint (its `drafter_config`)."""
+@dataclass(frozen=True)
+class StartSource:
+    """The drafter a fine-tuning run starts from, as read once: the directory whose
+    weights it loads and that drafter's configuration."""
+
+    path: Path
+    config: DrafterConfig
+
+    def record(self) -> dict:
+        """Where the run started: the directory and its weights' sha256 (checkpoints keep it)."""
+        path = self.path.resolve()
+        return {"path": str(path), "model_sha256": file_sha256(path / WEIGHTS)}
+
+
+def read_source(path: str | Path) -> StartSource:
+    """`path`'s drafter: a z-lab-format directory (`train.export.drafter_dir`'s reader),
+    a checkpoint (its `drafter_config`) or a run (its newest checkpoint)."""
     found = source_dir(path)
     if (found / WEIGHTS).is_file() and (found / "config.json").is_file():
-        return read_drafter_config(found)
+        return StartSource(found, read_drafter_config(found))
     try:
-        return DrafterConfig.from_state(ckpt.read_state(found))
+        return StartSource(found, DrafterConfig.from_state(ckpt.read_state(found)))
     except FileNotFoundError:
         raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config and "
                                 f"{WEIGHTS}), a checkpoint or a run with one") from None
@@ -116,18 +133,12 @@ def warm_start_config(source: DrafterConfig, model: ModelConfig) -> DrafterConfi
     return dataclasses.replace(source, architecture=kind.name, **sizes)
 
 
-def load_start_weights(drafter: DFlashDrafter, path: str | Path) -> DFlashDrafter:
+def load_start_weights(drafter: DFlashDrafter, source: StartSource) -> DFlashDrafter:
     """The --init-from weights into the run's drafter: every tensor, or for a warm
     start (a DFlash 2 run from a DFlash drafter) the backbone, the new modules keeping
     their identity start."""
-    warm = warm_starts(read_source(path), drafter.config.architecture)
-    return load_weights(drafter, source_dir(path), backbone_only=warm)
-
-
-def init_record(path: str | Path) -> dict:
-    """Where a fine-tuning run started: the directory and its weights' sha256."""
-    path = source_dir(path).resolve()
-    return {"path": str(path), "model_sha256": file_sha256(path / WEIGHTS)}
+    warm = warm_starts(source.config, drafter.config.architecture)
+    return load_weights(drafter, source.path, backbone_only=warm)
 
 
 def _plain(value):

@@ -14,7 +14,6 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -29,7 +28,7 @@ from train.data.heldout import is_heldout
 from train.drafter.model import DrafterConfig
 from train.drafter.targets import default_gamma
 from train.fitting.distributed import any_rank
-from train.fitting.setup import plan_drafter
+from train.fitting.init_from import StartSource
 from train.target_check import check_target
 from train.world import World
 
@@ -55,36 +54,50 @@ class DamagedStoreError(ValueError):
 
 @dataclass
 class Checked:
-    """What the checks found, for the build: the store opened once, the target's
-    config read once, the drafter the run trains and how it started."""
+    """What the checks found and the plan chose, for the build: the store opened once,
+    the target's config read once, the drafter the run trains and how it started."""
 
     store: Store
     target: TargetConfig
     drafter_config: DrafterConfig
     run_info: dict  # how the run started (mask token rule, --init-from, another target): checkpoints keep it
     damaged: list[str]  # shards the integrity pass left out (data.skip_corrupt_shards)
+    source: StartSource | None  # the `model.init_from` drafter a new run loads
 
 
-def run_preflight(config: RunConfig, latest: Path | None, resumed: dict | None, checks: FitChecks, world: World,
-                  device: torch.device, log: Callable[[str], None]) -> Checked:
-    """Every check before step 1, in the order a person would want them refused:
-    the store against the target, the block size, the stored top-k, the drafter
-    (resumed: the checkpoint's), then the store's completeness, integrity and split."""
+@dataclass
+class StoreCheck:
+    """The store and the target as the first checks found them."""
+
+    store: Store
+    target: TargetConfig
+    run_info: dict  # another target's record, when --allow-other-target let it through
+
+
+def check_store(config: RunConfig, checks: FitChecks, log: Callable[[str], None]) -> StoreCheck:
+    """The checks before the drafter is planned, in the order a person would want them
+    refused: the store against the target, then the stored top-k."""
     target = read_target_config(config.target)
     store = open_store(config.store)
-    layer_ids = check_store_against_target(store, target)
+    check_store_against_target(store, target)
     other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target,
                                 full=checks.full_weights, log=log)
     check_topk(store, config)
-    drafter_config, run_info = plan_drafter(config, target, layer_ids, latest, resumed, log)
-    check_block_size(store, drafter_config.block_size)
+    return StoreCheck(store, target, other_target)
+
+
+def check_data(config: RunConfig, store: Store, block_size: int, checks: FitChecks, world: World,
+               device: torch.device, log: Callable[[str], None]) -> list[str]:
+    """The checks after the drafter is planned: its block size against the store's plan,
+    then the store's completeness, integrity and split. Returns the shards the
+    integrity pass left out."""
+    check_block_size(store, block_size)
     if config.loss.gamma is None:
-        default_gamma(drafter_config.block_size)  # refuse a block size without a default before any work
-    run_info.update(other_target)
+        default_gamma(block_size)  # refuse a block size without a default before any work
     check_complete(store, checks, log)
     damaged = integrity_pass(store, config, log, world, device, checks.verify_first) if checks.verify else []
     check_heldout(store, config, log)
-    return Checked(store, target, drafter_config, run_info, damaged)
+    return damaged
 
 
 def check_topk(store: Store, config: RunConfig) -> None:

@@ -57,7 +57,7 @@ from train.data.lanes import pad_sample
 from train.data.loader import TrainSample
 from train.dtypes import torch_dtype
 from train.fitting.build import RunParts, build_run
-from train.fitting.checkpoint import checkpoint_dir
+from train.fitting.checkpoint import Checkpointer, checkpoint_dir
 from train.fitting.distributed import reduce_step, wrap
 from train.fitting.global_rng import GlobalRNG
 from train.fitting.interrupts import DataStopped, TrainingInterrupted, sigint_deferred
@@ -100,8 +100,16 @@ class Trainer:
     def from_config(cls, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
                     world: World | None = None, checks: FitChecks = FitChecks()) -> "Trainer":
         """Build a run from its config after the checks of `train.fitting.preflight`
-        (`checks` relaxes them); `config` itself is left as it was."""
-        return cls(build_run(config, resume, log, world, checks))
+        (`checks` relaxes them); `config` itself is left as it was. `resume`: continue
+        the newest checkpoint in `config.out` (else a new run, refused over an old one)."""
+        return cls.from_start(config, Checkpointer(config.out).resume_point(resume), log, world, checks)
+
+    @classmethod
+    def from_start(cls, config: RunConfig, latest: Path | None, log: Callable[[str], None] = print,
+                   world: World | None = None, checks: FitChecks = FitChecks()) -> "Trainer":
+        """`from_config` from the checkpoint `Checkpointer.resume_point` already chose
+        (None: a new run), as `fit` resolves it before reading the config."""
+        return cls(build_run(config, latest, log, world, checks))
 
     # -- one sequence ------------------------------------------------------------------------
     def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None,
