@@ -145,6 +145,7 @@ def main() -> int:
 
     from extract.extraction.config import JobConfig
     from extract.extraction.job import run_job
+    from extract.jobs.settings import Execution
     from store_schema.plan import PlanSettings
 
     hf_logging.disable_progress_bar()
@@ -160,8 +161,8 @@ def main() -> int:
         def config(store: str, workers: int) -> JobConfig:
             return JobConfig(
                 model=str(model), corpus=str(corpus), store=str(root / store), num_context_layers=CONTEXT_LAYERS,
-                plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=BATCH_TOKENS, workers=workers,
-                device="cpu", cpus_per_worker=1,
+                plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=BATCH_TOKENS,
+                execution=Execution(workers=workers, device="cpu", cpus_per_worker=1),
             )
 
         one = run_job(config("store1", 1), log=lambda m: None)

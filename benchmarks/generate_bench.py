@@ -66,13 +66,13 @@ def write_corpus(path: Path, records: int) -> Path:
 
 def config(model, corpus, out, args, engine: str, endpoint: str | None = None):
     from extract.generate.config import ENGINES, GenerateConfig, GenerationSettings, ServerConfig
-    from extract.jobs.settings import FaultInjection
+    from extract.jobs.settings import Execution, FaultInjection
 
     settings = GenerationSettings(max_new_tokens=args.max_new_tokens, max_length=1024, thinking="off",
                                   shard_records=args.shard_records, engine=ENGINES[engine])
     server = ServerConfig(endpoints=(endpoint,), concurrency=args.concurrency) if engine == "openai" else None
     return GenerateConfig(model=str(model), corpus=str(corpus), out=str(out), settings=settings, server=server,
-                          batch_tokens=args.batch_tokens, faults=FaultInjection())
+                          batch_tokens=args.batch_tokens, execution=Execution(faults=FaultInjection()))
 
 
 async def plain_client(endpoint: str, model_name: str, bodies: list[dict], concurrency: int) -> tuple[int, float]:

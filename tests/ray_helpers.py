@@ -32,13 +32,27 @@ def ray_cluster():
     ray.shutdown()
 
 
+def execution_of(overrides: dict, **defaults):
+    """The `Execution` fields among a test's keyword overrides, popped into one
+    `extract.jobs.settings.Execution` over `defaults`."""
+    from dataclasses import fields
+
+    from extract.jobs.settings import Execution
+
+    names = {field.name for field in fields(Execution)}
+    return Execution(**{**defaults, **{name: overrides.pop(name) for name in list(overrides) if name in names}})
+
+
 def job_config(model, corpus_path, store, *, shard_tokens=SHARD_TOKENS, **overrides):
+    """An `extract run` config for the tiny targets: 2 CPU workers unless `overrides` say
+    otherwise (Execution's fields and JobConfig's alike)."""
     from extract.extraction.config import JobConfig
     from store_schema.plan import PlanSettings
 
     settings = dict(
         model=str(model), corpus=str(corpus_path), store=str(store), layers=list(LAYERS),
-        plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=BATCH_TOKENS, workers=2, device="cpu",
+        plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=BATCH_TOKENS,
+        execution=execution_of(overrides, workers=2, device="cpu"),
     )
     settings.update(overrides)
     return JobConfig(**settings)

@@ -149,7 +149,7 @@ def test_the_local_ray_the_job_starts_serves_no_dashboard_or_client_port(tmp_pat
         pytest.skip("no /proc/net/tcp on this system")
     script = (
         "import json, sys; from extract.extraction.config import JobConfig; from extract.jobs.pool import start_ray; import ray\n"
-        "start_ray(JobConfig(model='m', corpus='c', store='s', workers=1))\n"
+        "start_ray(JobConfig(model='m', corpus='c', store='s').execution.placement())\n"
         "print('started', flush=True); sys.stdin.readline(); ray.shutdown()\n"
     )
     before = _listening()

@@ -6,13 +6,12 @@ import json
 import sys
 
 from store_schema.runtime.cli import UsageError, interrupted
-from store_schema.runtime.host import choose_device, device_line
-from store_schema.runtime.progress import default_mode
+from store_schema.runtime.host import device_line
 
 from ..generate.config import ENGINES, REASONING, GenerateConfig, GenerationSettings, ServerConfig
 from ..generate.job import plan_generate, run_generate
 from ..generate.planning import plan_counts
-from .planning import quarantined_lines
+from .planning import execution, quarantined_lines
 
 
 def _server_config(args):
@@ -35,24 +34,18 @@ def _server_config(args):
 def run(args) -> int:
     if not args.out and not args.dry_run:
         raise UsageError("generate needs --out CORPUS_DIR")
-    args.device, why = choose_device(args.device)
     try:
         engine, server = _server_config(args)
         thinking = REASONING[args.reasoning] if args.reasoning else args.thinking
         settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                                       thinking=thinking, max_length=args.max_length,
                                       shard_records=args.shard_records, limit=args.limit, engine=ENGINES[engine])
-        config = GenerateConfig(
-            model=args.model, corpus=args.corpus, out=args.out, settings=settings, workers=args.workers,
-            device=args.device, device_note=why, address=args.address, batch_tokens=args.batch_tokens,
-            cpus_per_worker=args.cpus_per_worker, max_attempts=args.max_attempts, worker_timeout=args.worker_timeout,
-            progress=default_mode(not args.no_progress), progress_interval=args.progress_interval, server=server,
-            skip_space_check=args.skip_space_check,
-        )
+        config = GenerateConfig(model=args.model, corpus=args.corpus, out=args.out, settings=settings,
+                                execution=execution(args), batch_tokens=args.batch_tokens, server=server)
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.dry_run:
-        print(device_line(args.device, why), file=sys.stderr)
+        print(device_line(config.execution.device, config.execution.device_note), file=sys.stderr)
         _, plan = plan_generate(config)
         counts = plan_counts(plan)
         print(f"records     {counts['records']} ({counts['turns']} turns to generate) in {counts['shards']} shard(s)",

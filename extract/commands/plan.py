@@ -16,6 +16,7 @@ from ..extraction.estimate import cache_traffic, cache_traffic_lines, estimate_l
 from ..extraction.job import plan_job
 from ..extraction.layers import layers_from_drafters, resolve_layer_ids
 from ..extraction.planning import estimate_store_bytes, summarize
+from ..jobs.settings import Execution
 from .planning import job_config, quarantined_lines
 
 # `extract plan --workers` meant tokenizer processes while `extract run --workers` means Ray actors.
@@ -31,7 +32,8 @@ def run(args) -> int:
             "`plan` only previews a job (--dry-run); the plan is written into the store by "
             "`python -m extract run`, which plans again with the same settings"
         )
-    config = job_config(args, plan_workers=args.tokenizer_workers, progress=default_mode(not args.json))
+    config = job_config(args, plan_workers=args.tokenizer_workers,
+                        execution=Execution(progress=default_mode(not args.json)))
     dims = read_target_config(args.model)
     layer_ids = resolve_layer_ids(dims, config.layers, config.num_context_layers)
     plan = plan_job(config)

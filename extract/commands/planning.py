@@ -1,5 +1,6 @@
 """What the plan, run and generate handlers share: the job config from the planning
-flags, and the quarantined records where a person finds them."""
+flags, the execution settings from the worker flags, and the quarantined records
+where a person finds them."""
 
 from __future__ import annotations
 
@@ -7,13 +8,26 @@ from pathlib import Path
 
 from store_schema.plan import PlanSettings
 from store_schema.runtime.cli import UsageError
+from store_schema.runtime.host import choose_device
+from store_schema.runtime.progress import default_mode
 
 from ..corpus import open_corpus
 from ..extraction.config import JobConfig
 from ..extraction.layers import layers_from_drafters, parse_layer_ids, union_of
+from ..jobs.settings import Execution
 
 
-def job_config(args, **execution) -> JobConfig:
+def execution(args) -> Execution:
+    """How `run` or `generate` runs its workers, from the flags both take (`--device auto`
+    settled here: `choose_device`); ValueError naming the flag of an invalid value."""
+    device, device_note = choose_device(args.device)
+    return Execution(workers=args.workers, device=device, device_note=device_note, address=args.address,
+                     cpus_per_worker=args.cpus_per_worker, max_attempts=args.max_attempts,
+                     worker_timeout=args.worker_timeout, progress=default_mode(not args.no_progress),
+                     progress_interval=args.progress_interval, skip_space_check=args.skip_space_check)
+
+
+def job_config(args, **options) -> JobConfig:
     """The JobConfig `plan` and `run` share (one planning for both), plus each one's own options."""
     try:
         layers = parse_layer_ids(args.layers) if args.layers else None
@@ -41,7 +55,7 @@ def job_config(args, **execution) -> JobConfig:
         num_context_layers=args.num_context_layers,
         plan_settings=settings,
         strict=args.strict,
-        **execution,
+        **options,
     )
 
 

@@ -15,14 +15,7 @@ from store_schema.location import is_object_store
 from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
 
-from ..jobs.settings import (
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_PROGRESS_INTERVAL,
-    DEFAULT_WORKER_TIMEOUT,
-    DEVICES,
-    PROGRESS_MODES,
-    FaultInjection,
-)
+from ..jobs.settings import Execution
 
 DEFAULT_BATCH_TOKENS = 16384
 DEFAULT_BATCH_SHARDS = 4
@@ -39,46 +32,28 @@ class JobConfig:
     plan_settings: PlanSettings = field(default_factory=PlanSettings)  # what decides the plan's content
     strict: bool = False  # planning stops at the first bad record instead of quarantining it
     plan_workers: int = field(default_factory=available_cores)  # tokenizer processes for the planning pass
-    workers: int = 1  # extraction actors
-    device: str = "cpu"  # cpu or cuda: `--device auto` is settled by `store_schema.runtime.host.choose_device`
-    device_note: str = ""  # why this device (--device auto's choice): the job's first line says it
-    address: str | None = None  # join a running Ray cluster; None: start a local one
+    execution: Execution = field(default_factory=Execution)  # actors, retries, progress (validated there)
     batch_tokens: int = DEFAULT_BATCH_TOKENS
     target_topk: int | None = None
     store_dtype: str = "bfloat16"  # hidden states as stored: bfloat16, or fp8_e4m3 (half the bytes, lossy)
     overwrite: bool = False
     trust_remote_code: bool = False
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # per shard, counting the first
     # Consecutive shards of the plan batched together by length on one worker (less
     # padding); fixed by the plan, so every run batches a sample the same way.
     batch_shards: int = DEFAULT_BATCH_SHARDS
-    # An actor holding shards that replies nothing for this long is presumed lost
-    # (hung, or cut off from the driver): its attempts are revoked and redone elsewhere.
-    worker_timeout: float = DEFAULT_WORKER_TIMEOUT
-    cpus_per_worker: int = 1  # Ray num_cpus per actor; torch threads for --device cpu
     require_fast_kernels: bool = False  # refuse CUDA workers on the PyTorch linear-attention fallback
-    skip_space_check: bool = False  # start even when the size estimate exceeds the store's free space
     # A store on object storage: where each worker builds a shard before uploading it
     # (on its own node; None: the system's temporary directory), and the most bytes the
     # shards being built and uploaded may take there together (None: its free space).
     spool_dir: str | None = None
     spool_size: int | None = None
-    progress: str = "off"  # one of PROGRESS_MODES
-    progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # seconds between progress lines ("lines")
-    faults: FaultInjection = field(default_factory=FaultInjection.from_env)
 
     def __post_init__(self):
-        positive = dict(workers=self.workers, batch_tokens=self.batch_tokens, max_attempts=self.max_attempts,
-                        plan_workers=self.plan_workers, batch_shards=self.batch_shards,
-                        worker_timeout=self.worker_timeout, progress_interval=self.progress_interval)
+        positive = dict(batch_tokens=self.batch_tokens, plan_workers=self.plan_workers, batch_shards=self.batch_shards)
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        if self.device not in DEVICES:
-            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
         self.store_dtype = store_dtype(self.store_dtype).name  # refuses an unknown one, naming the choices
-        if self.progress not in PROGRESS_MODES:
-            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
         if self.spool_size is not None and self.spool_size <= 0:
             raise ValueError(f"--spool-size must be positive, got {self.spool_size}")
         if (self.spool_dir or self.spool_size) and self.store is not None and not is_object_store(self.store):

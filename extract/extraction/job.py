@@ -53,10 +53,9 @@ from store_schema.writer import clear_store, looks_like_store
 
 from ..errors import ExtractError, disk_full_message
 from ..generated_corpus import generation_of
-from ..jobs.driver import Planned, ProgressSettings, ShardedJob, run_sharded
+from ..jobs.driver import Planned, ShardedJob, run_sharded
 from ..jobs.kernels import fallback_kernels, slow_kernels_message
 from ..jobs.output import log_to_stderr, output_locked, ready_to_start
-from ..jobs.settings import DispatchSettings, Placement
 from .config import JobConfig
 from .layers import resolve_layer_ids
 from .planning import build_plan, summarize
@@ -77,8 +76,8 @@ def plan_job(config: JobConfig):
         config.plan_settings,
         strict=config.strict,
         workers=config.plan_workers,
-        progress=lambda records: Progress("planning", records, "record", mode=config.progress,
-                                          interval=config.progress_interval),
+        progress=lambda records: Progress("planning", records, "record", mode=config.execution.progress,
+                                          interval=config.execution.progress_interval),
     )
     if not plan.shards:
         summary = summarize(plan)
@@ -112,11 +111,9 @@ class Extraction(ShardedJob):
 
     def __init__(self, config: JobConfig, store: StoreBackend, target, layer_ids: list[int], identity: dict):
         super().__init__(
-            store, Placement.of(config),
-            DispatchSettings(config.max_attempts, config.batch_shards, config.worker_timeout,
-                             config.faults.kill_driver_after_shards),
-            ProgressSettings("extract", "sample", config.progress, config.progress_interval),
-            skip_space_check=config.skip_space_check,
+            store, config.execution.placement(), config.execution.dispatch(config.batch_shards),
+            config.execution.progress_settings("extract", "sample"),
+            skip_space_check=config.execution.skip_space_check,
         )
         self.config, self.target, self.layer_ids, self.identity = config, target, list(layer_ids), identity
         self.planned: Planned | None = None  # once planned
@@ -159,9 +156,9 @@ class Extraction(ShardedJob):
             model=str(Path(config.model).resolve()), tokenizer=str(Path(config.tokenizer_path).resolve()),
             corpus=str(Path(config.corpus).resolve()), store=self.output.address,
             spool_dir=config.spool_dir, spool_bytes=config.spool_size,
-            layer_ids=tuple(self.layer_ids), settings=plan.settings, device=config.device, topk=config.target_topk,
+            layer_ids=tuple(self.layer_ids), settings=plan.settings, device=config.execution.device, topk=config.target_topk,
             store_dtype=config.store_dtype, batch_tokens=config.batch_tokens,
-            torch_threads=config.cpus_per_worker if config.device == "cpu" else None,
+            torch_threads=config.execution.torch_threads(),
             trust_remote_code=config.trust_remote_code, require_fast_kernels=config.require_fast_kernels,
         )
 
@@ -213,7 +210,7 @@ class Extraction(ShardedJob):
 
 def _kernel_warning(config: JobConfig, infos) -> str | None:
     """CUDA workers on the PyTorch fallback (a silent 10x otherwise), said loudly."""
-    slow = [info for info in infos if config.device == "cuda" and fallback_kernels(info.kernels)]
+    slow = [info for info in infos if config.execution.device == "cuda" and fallback_kernels(info.kernels)]
     if not slow:
         return None
     return slow_kernels_message(slow[0].kernels, f"{len(slow)} of {len(infos)} worker(s) ({slow[0].host})")

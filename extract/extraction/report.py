@@ -74,7 +74,7 @@ def build_report(config: JobConfig, store_path: StoreBackend, planned, layer_ids
         "workers_started": outcome.workers_started,
         "batch_shards": config.batch_shards,
         "batch_tokens": config.batch_tokens,
-        "device": config.device,
+        "device": config.execution.device,
         "devices": sorted({w.device for w in outcome.workers}),
         "hosts": sorted({w.host for w in outcome.workers}),
         "nodes": sorted({w.node for w in outcome.workers}),  # Ray node ids of the first workers

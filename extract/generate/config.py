@@ -9,14 +9,7 @@ from dataclasses import dataclass, field
 
 from store_schema.plan import DEFAULT_MAX_LENGTH
 
-from ..jobs.settings import (
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_PROGRESS_INTERVAL,
-    DEFAULT_WORKER_TIMEOUT,
-    DEVICES,
-    PROGRESS_MODES,
-    FaultInjection,
-)
+from ..jobs.settings import Execution
 
 THINKING = ("on", "off", "keep")  # enable_thinking=True / False / the template's default
 REASONING = {"keep": "on", "drop": "off"}  # --reasoning: the thinking mode it sets
@@ -102,30 +95,12 @@ class GenerateConfig:
     corpus: str
     out: str | None  # None only for --dry-run
     settings: GenerationSettings = field(default_factory=GenerationSettings)
-    workers: int = 1
-    device: str = "cpu"  # cpu or cuda: `--device auto` is settled by `store_schema.runtime.host.choose_device`
-    device_note: str = ""  # why this device (--device auto's choice): the job's first line says it
-    address: str | None = None
+    execution: Execution = field(default_factory=Execution)  # actors, retries, progress (validated there)
     batch_tokens: int = DEFAULT_GENERATE_BATCH_TOKENS
-    cpus_per_worker: int = 1
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS
-    worker_timeout: float = DEFAULT_WORKER_TIMEOUT
-    progress: str = "off"
-    progress_interval: float = DEFAULT_PROGRESS_INTERVAL
-    skip_space_check: bool = False  # start even when the size estimate exceeds the output's free space
-    faults: FaultInjection = field(default_factory=FaultInjection.from_env)
     server: ServerConfig | None = None  # --engine openai
 
     def __post_init__(self):
-        positive = dict(workers=self.workers, batch_tokens=self.batch_tokens, max_attempts=self.max_attempts,
-                        cpus_per_worker=self.cpus_per_worker, worker_timeout=self.worker_timeout,
-                        progress_interval=self.progress_interval)
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
-        if self.device not in DEVICES:
-            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
-        if self.progress not in PROGRESS_MODES:
-            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
+        if self.batch_tokens <= 0:
+            raise ValueError(f"--batch-tokens must be positive, got {self.batch_tokens}")
         if (self.server is not None) != (self.settings.engine == ENGINES["openai"]):
             raise ValueError("the openai engine goes with its servers (--endpoint), and only it")

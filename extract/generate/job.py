@@ -38,9 +38,8 @@ from store_schema.runtime.target_weights import check_target_weights
 from ..corpus import open_corpus, require_corpus
 from ..errors import ExtractError
 from ..generated_corpus import is_generated_corpus, read_manifest, shard_record, write_manifest
-from ..jobs.driver import Planned, ProgressSettings, ShardedJob, run_sharded
+from ..jobs.driver import Planned, ShardedJob, run_sharded
 from ..jobs.output import log_to_stderr, output_locked, ready_to_start
-from ..jobs.settings import DispatchSettings, Placement
 from .config import GenerateConfig, GenerationSettings
 from .openai_worker import OpenAIGenerationSpec
 from .planning import RERUN_TOLERATES, generation_identity, plan_counts, plan_generation
@@ -62,7 +61,8 @@ def plan_generate(config: GenerateConfig, log=None, served=None):
     identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
 
     def progress(records: int) -> Progress:
-        return Progress("planning", records, "record", mode=config.progress, interval=config.progress_interval, log=log)
+        return Progress("planning", records, "record", mode=config.execution.progress,
+                        interval=config.execution.progress_interval, log=log)
 
     return identity, plan_generation(config.corpus, tokenizer, config.settings, identity, progress)
 
@@ -97,11 +97,9 @@ class Generation(ShardedJob):
     """`extract generate` as a sharded job."""
 
     def __init__(self, config: GenerateConfig, out: DirectoryBackend, served=None):
-        super().__init__(out, Placement.of(config),
-                         DispatchSettings(config.max_attempts, 1, config.worker_timeout,
-                                          config.faults.kill_driver_after_shards),
-                         ProgressSettings("generate", "record", config.progress, config.progress_interval),
-                         skip_space_check=config.skip_space_check)
+        execution = config.execution
+        super().__init__(out, execution.placement(), execution.dispatch(), execution.progress_settings("generate", "record"),
+                         skip_space_check=execution.skip_space_check)
         self.config = config
         self.served = served  # the checked endpoints (`server.ServedModel`), --engine openai
         self.journaled = 0  # replies a previous run finished and journaled, asked for no more
@@ -121,15 +119,15 @@ class Generation(ShardedJob):
             return self._openai_spec(plan)
         return GenerationSpec(model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
                               out=self.output.address, settings=GenerationSettings.from_json(plan.settings),
-                              device=config.device,
+                              device=config.execution.device,
                               batch_tokens=config.batch_tokens,
-                              torch_threads=config.cpus_per_worker if config.device == "cpu" else None)
+                              torch_threads=config.execution.torch_threads())
 
     def _openai_spec(self, plan):
         """Each actor's share of --concurrency per endpoint, and enough shards held to keep
         every endpoint's requests in flight (a slow shard's tail leaves room)."""
         config, server = self.config, self.config.server
-        concurrency = -(-server.concurrency // config.workers)
+        concurrency = -(-server.concurrency // config.execution.workers)
         in_flight = len(self.served) * concurrency
         return OpenAIGenerationSpec(
             model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
@@ -172,7 +170,7 @@ def _report(config: GenerateConfig, run, wall: float, served=None, journaled: in
         generated_tokens_per_s=round(generated_now / seconds, 2) if seconds else 0.0,
         padded_tokens=counts.padded_tokens,
         workers=len(run.workers),
-        device=config.device,
+        device=config.execution.device,
         devices=sorted({w.device for w in run.workers}),
         generate_seconds=round(seconds, 3),
         wall_seconds=round(wall, 3),

@@ -43,7 +43,7 @@ from store_schema.stores import StoreBackend
 from ..errors import ExtractError, refuse_unless_it_fits
 from .dispatch import DispatchCounts, Dispatcher
 from .pool import started_workers
-from .settings import DispatchSettings, Placement
+from .settings import DispatchSettings, Placement, ProgressSettings
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,6 @@ class Planned:
     @property
     def skipped(self) -> int:
         return len(self.plan.shards) - len(self.pending)
-
-
-@dataclass(frozen=True)
-class ProgressSettings:
-    desc: str  # "extract", "generate"
-    unit: str  # what the progress counts: "sample", "record"
-    mode: str = "off"  # extract.jobs.settings.PROGRESS_MODES
-    interval: float = 30.0
 
 
 @dataclass

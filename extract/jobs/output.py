@@ -14,7 +14,6 @@ from store_schema.writer import store_entries
 
 from ..corpus import require_corpus
 from ..errors import ExtractError
-from .settings import refuse_missing_cuda
 
 
 def log_to_stderr(message: str) -> None:
@@ -30,7 +29,7 @@ def ready_to_start(config, out: StoreBackend, belongs: Callable[[Path], bool], r
     require_corpus(config.corpus)
     if isinstance(out.location, Path):
         refuse_foreign_output(out.location, belongs, refusal)
-    refuse_missing_cuda(config)
+    config.execution.refuse_missing_cuda()
 
 
 def refuse_foreign_output(path: Path, belongs: Callable[[Path], bool], refusal: str) -> None:

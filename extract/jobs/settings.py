@@ -1,7 +1,8 @@
-"""What every sharded job shares before any worker starts: the defaults of the
-settings both `extract run` and `extract generate` take, the devices and progress
-modes they accept, and the fault injection the fault suite arms through the
-environment (`FaultInjection`; never a user setting).
+"""What every sharded job shares before any worker starts: how it runs
+(`Execution`, nested in `extract run`'s and `extract generate`'s configs and validated
+once, here), the views of it the driver takes (`Placement`, `DispatchSettings`), and
+the fault injection the fault suite arms through the environment (`FaultInjection`;
+never a user setting).
 
 Light on purpose (no torch, no Ray): `python -m extract --help` reads these."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 
 from store_schema.runtime.host import resolve_device
 
@@ -63,18 +64,6 @@ class FaultInjection:
         return stops[actor_number] if actor_number < len(stops) else None
 
 
-def refuse_missing_cuda(config) -> None:
-    """``--device cuda`` on a machine whose torch sees no GPU, for a job that starts its
-    own Ray: refused before anything is planned. A job joining a cluster
-    (``--address``) is checked against the cluster's GPUs once it connects."""
-    if config.device != "cuda" or joins_cluster(config.address):
-        return
-    try:
-        resolve_device("cuda")
-    except ValueError as error:
-        raise ExtractError(f"{error} (or --address to join a Ray cluster with GPUs)") from None
-
-
 def joins_cluster(address: str | None) -> bool:
     """A job that joins a running Ray cluster (``--address`` or ``$RAY_ADDRESS``) rather than starting one."""
     return bool(address or os.environ.get("RAY_ADDRESS"))
@@ -82,8 +71,7 @@ def joins_cluster(address: str | None) -> bool:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a job's actors run: the fields of the same names in `extract.extraction.config.JobConfig`
-    and `extract.generate.config.GenerateConfig` (`of`)."""
+    """Where a job's actors run (`Execution.placement`)."""
 
     device: str
     workers: int
@@ -91,10 +79,6 @@ class Placement:
     address: str | None
     faults: FaultInjection
     device_note: str = ""  # why that device: said as the job's first line (`run_sharded`)
-
-    @classmethod
-    def of(cls, config) -> "Placement":
-        return cls(**{f.name: getattr(config, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -105,3 +89,70 @@ class DispatchSettings:
     batch_shards: int = 1  # consecutive shards computed together on one worker
     worker_timeout: float = float("inf")  # seconds a worker holding shards may stay silent
     kill_driver_after_shards: int | None = None  # fault injection: the driver dies after this many commits
+
+
+@dataclass(frozen=True)
+class ProgressSettings:
+    """How a job reports progress: `desc` and `unit` are the job's ("extract", "sample")."""
+
+    desc: str
+    unit: str
+    mode: str = "off"  # one of PROGRESS_MODES
+    interval: float = DEFAULT_PROGRESS_INTERVAL
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a sharded job runs, whatever it computes: where its actors go, how its shards
+    are retried and given up on, how it reports progress, whether it checks free space.
+    `extract run` and `extract generate` each nest one; validated once, when made."""
+
+    workers: int = 1  # Ray actors
+    device: str = "cpu"  # cpu or cuda: `--device auto` is settled by `store_schema.runtime.host.choose_device`
+    device_note: str = ""  # why this device (--device auto's choice): the job's first line says it
+    address: str | None = None  # join a running Ray cluster; None: start a local one
+    cpus_per_worker: int = 1  # Ray num_cpus per actor; torch threads for --device cpu
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS  # per shard, counting the first
+    # An actor holding shards that replies nothing for this long is presumed lost
+    # (hung, or cut off from the driver): its attempts are revoked and redone elsewhere.
+    worker_timeout: float = DEFAULT_WORKER_TIMEOUT
+    progress: str = "off"  # one of PROGRESS_MODES
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL  # seconds between progress lines ("lines")
+    skip_space_check: bool = False  # start even when the size estimate exceeds the output's free space
+    faults: FaultInjection = field(default_factory=FaultInjection.from_env)
+
+    def __post_init__(self):
+        positive = dict(workers=self.workers, cpus_per_worker=self.cpus_per_worker, max_attempts=self.max_attempts,
+                        worker_timeout=self.worker_timeout, progress_interval=self.progress_interval)
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
+        if self.device not in DEVICES:
+            raise ValueError(f"--device must be one of {', '.join(DEVICES)}, got {self.device!r}")
+        if self.progress not in PROGRESS_MODES:
+            raise ValueError(f"progress must be one of {PROGRESS_MODES}, got {self.progress!r}")
+
+    def placement(self) -> Placement:
+        return Placement(self.device, self.workers, self.cpus_per_worker, self.address, self.faults, self.device_note)
+
+    def dispatch(self, batch_shards: int = 1) -> DispatchSettings:
+        return DispatchSettings(self.max_attempts, batch_shards, self.worker_timeout,
+                                self.faults.kill_driver_after_shards)
+
+    def progress_settings(self, desc: str, unit: str) -> ProgressSettings:
+        return ProgressSettings(desc, unit, self.progress, self.progress_interval)
+
+    def torch_threads(self) -> int | None:
+        """Each CPU worker's torch threads: its Ray CPUs (None on CUDA: torch's default)."""
+        return self.cpus_per_worker if self.device == "cpu" else None
+
+    def refuse_missing_cuda(self) -> None:
+        """``--device cuda`` on a machine whose torch sees no GPU, for a job that starts its
+        own Ray: refused before anything is planned. A job joining a cluster
+        (``--address``) is checked against the cluster's GPUs once it connects."""
+        if self.device != "cuda" or joins_cluster(self.address):
+            return
+        try:
+            resolve_device("cuda")
+        except ValueError as error:
+            raise ExtractError(f"{error} (or --address to join a Ray cluster with GPUs)") from None

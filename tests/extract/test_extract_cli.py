@@ -87,7 +87,7 @@ def test_fault_injection_is_armed_from_the_environment_only_for_tests():
     assert faults == FaultInjection(kill_after_batches=(3, 7), stop_after_batches=(5,), kill_driver_after_shards=2)
     assert [faults.actor_kill_after(i) for i in range(3)] == [3, 7, None]  # later actors live
     assert [faults.actor_stop_after(i) for i in range(2)] == [5, None]
-    assert JobConfig(model="m", corpus="c", store="s").faults == FaultInjection.from_env()
+    assert JobConfig(model="m", corpus="c", store="s").execution.faults == FaultInjection.from_env()
 
 
 def test_a_refused_job_leaves_nothing_behind(qwen3_dir, tmp_path, capsys):
@@ -112,6 +112,7 @@ def test_a_refused_job_leaves_nothing_behind(qwen3_dir, tmp_path, capsys):
 def test_new_flags_are_validated_and_plan_workers_default_to_the_cores(capsys):
     from extract.__main__ import build_parser
     from extract.extraction.config import JobConfig
+    from extract.jobs.settings import Execution
     from store_schema.runtime.host import available_cores
 
     args = build_parser().parse_args(["run", "--model", "m", "--corpus", "c", "--store", "s"])
@@ -119,7 +120,10 @@ def test_new_flags_are_validated_and_plan_workers_default_to_the_cores(capsys):
     assert (args.batch_shards, args.worker_timeout, args.require_fast_kernels) == (4, 3600.0, False)
     for field, value in (("batch_shards", 0), ("worker_timeout", 0.0), ("progress_interval", -1.0)):
         try:
-            JobConfig(model="m", corpus="c", store="s", **{field: value})
+            if field == "batch_shards":
+                JobConfig(model="m", corpus="c", store="s", batch_shards=value)
+            else:
+                Execution(**{field: value})
         except ValueError as error:
             assert f"--{field.replace('_', '-')} must be positive" in str(error)
         else:

@@ -323,7 +323,7 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
     from extract.extraction.job import Extraction
     from extract.jobs.batching import batch_groups
     from extract.jobs.pool import ActorPool
-    from extract.jobs.settings import FaultInjection, Placement
+    from extract.jobs.settings import FaultInjection
     from store_schema import Store
     from store_schema.commit.lock import ShardFence
     from store_schema.runtime.target_config import read_target_config
@@ -339,7 +339,7 @@ def test_a_frozen_worker_resumed_after_its_group_was_redone_cannot_commit(refere
         shutil.rmtree(store / "shards" / name)
     config = _config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(stop_after_batches=(1,)))
     spec = Extraction(config, backend(store), read_target_config(qwen3_5_dir), [1, 3, 5], {}).worker_spec(plan)
-    pool = ActorPool(Placement.of(config), spec)
+    pool = ActorPool(config.execution.placement(), spec)
     pool.start(2)
     frozen = pool.infos[0].pid
     try:

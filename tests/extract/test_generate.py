@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import tiny
 import torch
+from ray_helpers import execution_of
 
 MAX_NEW = 16
 THINK_TEMPLATE = (  # Qwen3-like: reasoning_content rendered in <think>, enable_thinking opens or closes it
@@ -35,8 +36,8 @@ def _config(model, corpus, out, **overrides):
     settings = GenerationSettings(**{"max_new_tokens": MAX_NEW, "shard_records": 3, "max_length": 512,
                                      **overrides.pop("settings", {})})
     return GenerateConfig(model=str(model), corpus=str(corpus), out=str(out), settings=settings,
-                          batch_tokens=overrides.pop("batch_tokens", 400), faults=overrides.pop("faults", FaultInjection()),
-                          **overrides)
+                          batch_tokens=overrides.pop("batch_tokens", 400),
+                          execution=execution_of(overrides, faults=FaultInjection()), **overrides)
 
 
 def _rows(out) -> dict:

@@ -21,6 +21,7 @@ import builders
 import pytest
 import served
 from benchmark_smoke import SMOKE_KEYS, smoke
+from ray_helpers import execution_of
 
 MAX_NEW = 16
 pytestmark = pytest.mark.slow  # every test here talks to a vLLM server process
@@ -60,7 +61,7 @@ def _config(model, corpus, out, endpoints=None, **overrides):
                                      "thinking": "off", "engine": ENGINES["hf" if server is None else "openai"],
                                      **overrides.pop("settings", {})})
     return GenerateConfig(model=str(model), corpus=str(corpus), out=str(out), settings=settings, server=server,
-                          batch_tokens=400, faults=FaultInjection(), **overrides)
+                          batch_tokens=400, execution=execution_of(overrides, faults=FaultInjection()), **overrides)
 
 
 def _rows(out) -> dict:
