@@ -37,8 +37,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import append_results
-from train.drafter.targets import block_targets
-from train.fitting.loss import dflash_loss
+from train.objective.config import LossConfig
+from train.objective.loss import dflash_loss
+from train.objective.targets import block_targets
 
 METHODS = ("adamw_foreach", "adamw_fused", "sparse_adam")
 
@@ -110,7 +111,7 @@ def loss_peak_child(variant: str, vocab: int, rank: int, anchors: int, top_k: in
     length, block, hidden_size = 3072, 16, 256
     input_ids = torch.randint(0, vocab, (length,))
     positions = torch.randperm(length - block)[:anchors].sort().values
-    targets = block_targets(input_ids, torch.ones(length), positions, block, position_weights="decay")
+    targets = block_targets(input_ids, torch.ones(length), positions, block, LossConfig(position_weights="decay"))
     hidden = torch.randn(anchors, block, hidden_size, requires_grad=True)
     head = torch.randn(vocab, hidden_size) * 0.02
     selector = PairSelector(vocab, hidden_size, rank) if variant == "selector" else None

@@ -5,7 +5,7 @@ loader keeps up with decompression.
 
 Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
 
-- loss_memory_ratio: peak extra memory of `train.fitting.loss.dflash_loss` (chunked,
+- loss_memory_ratio: peak extra memory of `train.objective.loss.dflash_loss` (chunked,
   `loss.chunk_rows` rows at a time) over a naive loss that materialises the full
   [anchors*B, V] fp32 logits, at V = 248,320, 512 anchors x 16, forward + backward.
   Method on CPU: each variant runs in a fresh subprocess; its peak is the
@@ -77,15 +77,16 @@ def _rss_bytes() -> int:
 
 def loss_child(variant: str, anchors: int, chunk_rows: int) -> dict:
     """Run one loss variant forward + backward; return its peak extra memory."""
-    from train.drafter.targets import block_targets
-    from train.fitting.loss import dflash_loss
+    from train.objective.config import LossConfig
+    from train.objective.loss import dflash_loss
+    from train.objective.targets import block_targets
 
     torch.manual_seed(0)
     length = 3072
     input_ids = torch.randint(0, VOCAB, (length,))
     loss_mask = torch.ones(length, dtype=torch.uint8)
     positions = torch.randperm(length - BLOCK)[:anchors].sort().values
-    targets = block_targets(input_ids, loss_mask, positions, BLOCK, gamma=7.0, position_weights="decay")
+    targets = block_targets(input_ids, loss_mask, positions, BLOCK, LossConfig(gamma=7.0, position_weights="decay"))
     hidden = torch.randn(anchors, BLOCK, HIDDEN_LOSS, requires_grad=True)
     head = torch.randn(VOCAB, HIDDEN_LOSS) * 0.02
     cuda = torch.cuda.is_available()
@@ -182,7 +183,8 @@ def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     from train.data.config import DataConfig
     from train.data.loader import LoaderSpec, ShardLoader
     from train.drafter.anchors import sample_anchors
-    from train.drafter.targets import block_targets
+    from train.objective.config import LossConfig
+    from train.objective.targets import block_targets
 
     data = DataConfig(max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4)
     loader = ShardLoader(store, data, LoaderSpec(LAYERS, BLOCK, seed=0, epochs=1))
@@ -191,7 +193,7 @@ def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     with Timer() as t:
         for sample in loader:
             anchors = sample_anchors(sample.loss_mask, BLOCK, ANCHORS, generator)
-            block_targets(sample.input_ids, sample.loss_mask, anchors, BLOCK, gamma=7.0, position_weights="decay")
+            block_targets(sample.input_ids, sample.loss_mask, anchors, BLOCK, LossConfig(gamma=7.0, position_weights="decay"))
             nbytes += sample.nbytes
             tokens += sample.num_tokens
     return nbytes, tokens, t.seconds, loader.wait_seconds

@@ -21,7 +21,8 @@ from train.acceptance.config import EvalConfig
 from train.config_error import require
 from train.data.config import DataConfig
 from train.drafter.config import ModelConfig
-from train.fitting.config import LogConfig, LossConfig, OptimConfig, TrainConfig
+from train.fitting.config import LogConfig, OptimConfig, TrainConfig
+from train.objective.config import LossConfig
 
 CONFIG_FILE = "config.yaml"  # a run directory's saved config
 

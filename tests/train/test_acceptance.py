@@ -23,7 +23,8 @@ from train.acceptance.measures import (
     scored_blocks,
     topk_hits,
 )
-from train.drafter.targets import block_targets
+from train.objective.config import LossConfig
+from train.objective.targets import block_targets
 
 V = 10
 B = 5  # anchor + 4 drafted slots
@@ -211,7 +212,7 @@ def hard_token_drafter(length: int, hard: set[int]):
     mask = torch.ones(length, dtype=torch.uint8)
     mask[0] = 0
     anchors = rollout_anchors(mask)
-    targets = block_targets(ids, mask, anchors, B, gamma=1.0, position_weights="decay")
+    targets = block_targets(ids, mask, anchors, B, LossConfig(gamma=1.0, position_weights="decay"))
     reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
     token_positions = anchors[:, None] + torch.arange(1, B)
     top1 = torch.where(torch.isin(token_positions, torch.tensor(sorted(hard))), -1, reference)

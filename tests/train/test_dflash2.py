@@ -37,8 +37,8 @@ from train.drafter.draft_cache import DraftCache
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.drafter.selector import CandidateSelector
 from train.export.drafter_dir import export_drafter, load_drafter
-from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer
+from train.objective.target_head import load_target_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NEW_TOKENS = 32

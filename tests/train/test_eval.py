@@ -29,8 +29,8 @@ from train.drafter.anchors import anchor_candidates
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter
 from train.fitting.periodic_eval import AcceptanceEval, log_fields
-from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer
+from train.objective.target_head import load_target_head
 
 B = 8
 

@@ -16,7 +16,7 @@ from train.drafter.anchors import LayerAttention
 from train.drafter.dflash2 import DFlash2Drafter
 from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter, read_drafter_config
-from train.fitting.target_head import load_target_head
+from train.objective.target_head import load_target_head
 
 
 def perturbed_drafter(qwen3_dir, **geometry):

@@ -25,8 +25,8 @@ from train.config_loading import load_config
 from train.drafter.build import build_drafter
 from train.drafter.model import DrafterConfig
 from train.export.drafter_dir import export_drafter
-from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer
+from train.objective.target_head import load_target_head
 
 SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
 RUN = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", "data.heldout_fraction=0.0",

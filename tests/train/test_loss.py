@@ -11,11 +11,11 @@ import torch.nn.functional as F
 
 from train.drafter.config import ModelConfig
 from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.drafter.targets import block_targets, default_gamma, slot_weights
-from train.fitting.config import LossConfig
-from train.fitting.loss import block_metrics, dflash_loss
-from train.fitting.step import StepSample, add_context_noise, dflash_step
-from train.fitting.target_head import TargetHead
+from train.objective.config import LossConfig
+from train.objective.loss import block_metrics, dflash_loss
+from train.objective.step import StepSample, add_context_noise, dflash_step
+from train.objective.target_head import TargetHead
+from train.objective.targets import block_targets, default_gamma, slot_weights
 
 HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 64
 
@@ -41,7 +41,7 @@ def setup():
 def test_slot_weights_are_exp_decay_normalised():
     assert default_gamma(16) == 7 and default_gamma(10) == 5 and default_gamma(8) == 4
     input_ids = torch.arange(40)
-    targets = block_targets(input_ids, torch.ones(40), torch.tensor([3, 20]), block_size=16, position_weights="decay")
+    targets = block_targets(input_ids, torch.ones(40), torch.tensor([3, 20]), 16, LossConfig(position_weights="decay"))
     raw = torch.tensor([0.0] + [math.exp(-(k - 1) / 7) for k in range(1, 16)])
     torch.testing.assert_close(targets.weights, (raw / (2 * raw.sum())).expand(2, 16), rtol=1e-6, atol=0)
     torch.testing.assert_close(slot_weights(16, 7.0), raw)
@@ -54,7 +54,7 @@ def test_loss_mask_and_sequence_end_zero_the_weight():
     input_ids = torch.arange(30)
     loss_mask = torch.ones(30, dtype=torch.long)
     loss_mask[8:10] = 0
-    targets = block_targets(input_ids, loss_mask, torch.tensor([5, 25]), block_size=8, gamma=4.0, position_weights="decay")
+    targets = block_targets(input_ids, loss_mask, torch.tensor([5, 25]), 8, LossConfig(gamma=4.0, position_weights="decay"))
     assert targets.weights[0, 3:5].eq(0).all() and not targets.valid[0, 3:5].any()  # positions 8, 9
     assert targets.weights[0, [1, 2, 5, 6, 7]].gt(0).all()
     assert targets.weights[1, 5:].eq(0).all() and targets.valid[1, 1:5].all()  # 30.. is past the end
@@ -96,10 +96,8 @@ def test_chunked_loss_and_grads_equal_unchunked(setup, kl_mix):
     drafter, head, input_ids, loss_mask, features = setup
     anchors = torch.tensor([12, 15, 20, 33, 47, 52])
     topk_logprobs, topk_ids = torch.randn(T, VOCAB).log_softmax(-1).topk(8, dim=-1)
-    targets = block_targets(
-        input_ids, loss_mask, anchors, BLOCK, target_topk_ids=topk_ids, target_topk_logprobs=topk_logprobs,
-        position_weights="decay",
-    )
+    targets = block_targets(input_ids, loss_mask, anchors, BLOCK, LossConfig(position_weights="decay", kl_mix=kl_mix),
+                            topk_ids, topk_logprobs)
     params = list(drafter.parameters())
 
     drafter.zero_grad()
@@ -135,7 +133,7 @@ def test_metrics_from_known_predictions():
 def test_metrics_in_loss_match_direct_computation(setup):
     drafter, head, input_ids, loss_mask, features = setup
     anchors = torch.tensor([12, 20, 30, 48])
-    targets = block_targets(input_ids, loss_mask, anchors, BLOCK, position_weights="decay")
+    targets = block_targets(input_ids, loss_mask, anchors, BLOCK, LossConfig(position_weights="decay"))
     with torch.no_grad():
         hidden = drafter(features, input_ids, anchors, head.embed_tokens)
         out = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=7)
@@ -176,7 +174,7 @@ def test_noise_reaches_only_the_drafter_input(setup):
 
 def test_target_labels_use_the_prediction_for_that_position():
     input_ids = torch.arange(20)
-    target_next = torch.arange(20) + 100  # row p predicts token p + 1
-    targets = block_targets(input_ids, torch.ones(20), torch.tensor([4]), 4, gamma=3.0, labels="target",
-                            target_next_ids=target_next, position_weights="decay")
+    target_next = torch.arange(20) + 100  # row p predicts token p + 1: the stored top-1
+    targets = block_targets(input_ids, torch.ones(20), torch.tensor([4]), 4,
+                            LossConfig(gamma=3.0, labels="target", position_weights="decay"), target_next[:, None])
     assert targets.labels[0, 1:].tolist() == [104, 105, 106]  # slot k <- row anchor + k - 1

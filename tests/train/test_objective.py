@@ -15,12 +15,12 @@ from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.drafter.config import ModelConfig
 from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.drafter.targets import block_targets
-from train.fitting.config import LossConfig
-from train.fitting.loss import block_metrics, dflash_loss, dpace_weights
-from train.fitting.selector_loss import selector_loss, selector_weight_at
-from train.fitting.step import StepSample, dflash_step
-from train.fitting.target_head import TargetHead
+from train.objective.config import LossConfig
+from train.objective.loss import block_metrics, dflash_loss, dpace_weights
+from train.objective.selector_loss import selector_loss, selector_weight_at
+from train.objective.step import StepSample, dflash_step
+from train.objective.target_head import TargetHead
+from train.objective.targets import block_targets
 
 
 class PairSelector(nn.Module):
@@ -56,7 +56,7 @@ def log_probs_rows(probabilities: list[list[float]]) -> torch.Tensor:
 def test_dpace_loss_by_hand():
     # one block at anchor 0, B = 4, V = 4: labels are tokens 2, 3, 0 on slots 1..3
     input_ids = torch.tensor([1, 2, 3, 0, 1])
-    targets = block_targets(input_ids, torch.ones(5), torch.tensor([0]), 4, position_weights="dpace", dpace_alpha=0.5)
+    targets = block_targets(input_ids, torch.ones(5), torch.tensor([0]), 4, LossConfig(position_weights="dpace", dpace_alpha=0.5))
     assert targets.weight_sum.item() == 3 and targets.position_weights == "dpace"
     hidden = log_probs_rows([[0.25] * 4, [0.1, 0.1, 0.5, 0.3], [0.3, 0.2, 0.3, 0.2], [0.8, 0.1, 0.05, 0.05]])
     hidden = hidden[None].requires_grad_()
@@ -98,7 +98,7 @@ def test_decay_is_unchanged_byte_for_byte(dtype):
     torch.manual_seed(3)
     input_ids, mask = torch.randint(0, 50, (40,)), torch.ones(40)
     mask[9:12] = 0
-    targets = block_targets(input_ids, mask, torch.tensor([0, 6, 20, 31]), 8, position_weights="decay")
+    targets = block_targets(input_ids, mask, torch.tensor([0, 6, 20, 31]), 8, LossConfig(position_weights="decay"))
     assert targets.position_weights == "decay"
     weight = torch.randn(50, 16).to(dtype)
     hidden = torch.randn(4, 8, 16).to(dtype).requires_grad_()
@@ -180,8 +180,8 @@ def tiny_problem(dtype, position_weights="decay", seed=0):
     input_ids = torch.randint(0, vocab, (14,))
     mask = torch.ones(14)
     mask[6] = 0
-    targets = block_targets(input_ids, mask, torch.tensor([0, 3, 9]), block, gamma=3.0,
-                            position_weights=position_weights)
+    targets = block_targets(input_ids, mask, torch.tensor([0, 3, 9]), block,
+                            LossConfig(gamma=3.0, position_weights=position_weights))
     hidden = torch.randn(3, block, size, dtype=dtype)
     head = torch.randn(vocab, size, dtype=dtype)
     selector = PairSelector(vocab, size, 3, dtype=dtype)
@@ -286,7 +286,7 @@ def test_selector_metrics_match_direct_computation():
 
 def test_predecessors_are_teacher_forced():
     input_ids = torch.arange(10, 30)
-    targets = block_targets(input_ids, torch.ones(20), torch.tensor([2, 9]), 4, gamma=3.0, position_weights="decay")
+    targets = block_targets(input_ids, torch.ones(20), torch.tensor([2, 9]), 4, LossConfig(gamma=3.0, position_weights="decay"))
     # slot 1: the anchor token; slot k >= 2: the true previous token
     assert targets.predecessors.tolist() == [[12, 12, 13, 14], [19, 19, 20, 21]]
 

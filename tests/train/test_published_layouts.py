@@ -21,8 +21,8 @@ from train.config_loading import load_config
 from train.drafter.config import ModelConfig
 from train.drafter.published import fresh_drafter_config, published_layout
 from train.export.drafter_dir import export_drafter
-from train.fitting.target_head import load_target_head
 from train.fitting.trainer import Trainer
+from train.objective.target_head import load_target_head
 
 SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
 

@@ -118,7 +118,8 @@ def test_a_section_is_a_leaf():
     nor another folder's code."""
     found = modules()
     sections = [name for name in found if is_section(name)]
-    assert {"train.data.config", "train.drafter.config", "train.acceptance.config", "train.fitting.config"} <= set(sections)
+    assert {"train.data.config", "train.drafter.config", "train.acceptance.config", "train.fitting.config",
+            "train.objective.config"} <= set(sections)
     below = {"train.config_error", "train.dtypes"}
     above = []
     for name in sections:
@@ -134,7 +135,7 @@ def test_a_section_is_a_leaf():
 
 def test_the_run_config_only_composes_the_sections():
     """`train/config.py` defines no class but `RunConfig`; each of its sections is a
-    class imported from its owner's `config.py` (`train.fitting.config.LossConfig`)."""
+    class imported from its owner's `config.py` (`train.objective.config.LossConfig`)."""
     tree = modules()["train.config"][1]
     classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
     assert classes == ["RunConfig"], classes

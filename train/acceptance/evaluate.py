@@ -54,7 +54,8 @@ from train.acceptance.config import EvalConfig
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations
 from train.drafter.anchors import anchor_candidates
-from train.drafter.targets import block_targets
+from train.objective.config import LossConfig
+from train.objective.targets import block_targets
 
 
 def rollout_anchors(loss_mask: torch.Tensor, limit: int | None = None) -> torch.Tensor:
@@ -137,15 +138,12 @@ def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: s
     if positions.numel() == 0:
         return None
     input_ids = sample.input_ids.long().to(device)
-    target_next_ids = None
-    if config.labels == "target":
-        if sample.topk_ids is None:
-            raise ValueError(f"sample {sample.sample_id}: labels='target' needs stored top-k ids")
-        target_next_ids = sample.topk_ids[:, 0].long().to(device)
+    if config.labels == "target" and sample.topk_ids is None:
+        raise ValueError(f"sample {sample.sample_id}: labels='target' needs stored top-k ids")
     # Weights are unused here; decay at gamma=1 only satisfies block_targets for any B.
-    targets = block_targets(input_ids, sample.loss_mask.to(device), positions.to(device), block_size,
-                            position_weights="decay", gamma=1.0,
-                            labels=config.labels, target_next_ids=target_next_ids)
+    scoring = LossConfig(labels=config.labels, position_weights="decay", gamma=1.0)
+    targets = block_targets(input_ids, sample.loss_mask.to(device), positions.to(device), block_size, scoring,
+                            sample.topk_ids)
     reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
     features = _context_features(sample, drafter.config, device)
     logprobs, ids, paths = [], [], []
@@ -263,7 +261,7 @@ def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, atten
     (e.g. `ShardLoader.heldout_samples(limit)`). See `evaluate` for the result.
 
     drafter: train.drafter.model.DFlashDrafter (put in eval mode for the call, then
-    restored); head: train.fitting.target_head.TargetHead. Runs on the drafter's device.
+    restored); head: train.objective.target_head.TargetHead. Runs on the drafter's device.
     config: ddtree_budgets, labels, anchor_stride, max_blocks_per_sample,
     batch_blocks (`samples` is the caller's business). attention: the run's
     `model.attention`. progress: a `store_schema.runtime.progress.Progress`

@@ -18,7 +18,7 @@ from train.acceptance.evaluate import evaluate
 from train.data.config import DataConfig
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import load_drafter, read_heldout_fraction, resolve_drafter_dir
-from train.fitting.target_head import load_target_head
+from train.objective.target_head import load_target_head
 from train.target_check import check_target
 
 

@@ -84,7 +84,7 @@ __all__ = ["CorruptShards", "LoaderPosition", "LoaderSpec", "ShardLoader", "Trai
 
 @dataclass
 class TrainSample:
-    """One cropped sequence, ready for `train.fitting.step.dflash_step`."""
+    """One cropped sequence, ready for `train.objective.step.dflash_step`."""
 
     sample_id: str
     shard: str

@@ -1,6 +1,6 @@
 """The run config's `model` section: the drafter's shape (checked by its one shape rule,
 `train.drafter.geometry`) and how it is trained and run; `train/config.py` composes it
-into the run's. `LABELS`: what a block's slots are scored against (`train.drafter.targets`)."""
+into the run's. `LABELS`: what a block's slots are scored against (`train.objective.targets`)."""
 
 from __future__ import annotations
 

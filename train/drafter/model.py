@@ -22,7 +22,7 @@ What makes it DFlash rather than a small Qwen3:
   `sliding_window` and `is_causal`. RoPE is absolute: context keys at their token
   positions, block tokens at anchor .. anchor+B-1.
 - The target's `embed_tokens` and `lm_head` are frozen and live outside the
-  drafter (see `train/fitting/target_head.py`); they are passed in, never saved here.
+  drafter (see `train/objective/target_head.py`); they are passed in, never saved here.
 """
 
 from __future__ import annotations
@@ -354,7 +354,7 @@ class DFlashDrafter(nn.Module):
             "sdpa" (dense boolean mask), "flex" (flex_attention BlockMask), or
             "auto" (flex on CUDA, split elsewhere); see train/drafter/attention.py.
         Returns final hidden states [N, B, H] after `norm`; apply the target's
-        lm_head to get logits (see train/fitting/loss.py)."""
+        lm_head to get logits (see train/objective/loss.py)."""
         cfg = self.config
         block = cfg.block_size
         length = input_ids.shape[0]

@@ -1,1 +1,2 @@
-"""Fitting a drafter: the loop, one step, the loss, checkpoints, DDP, schedule, logs."""
+"""Fitting a drafter: the loop, checkpoints, DDP, the optimizer and schedule, logs
+(what it minimises is `train.objective`)."""

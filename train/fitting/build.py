@@ -35,7 +35,7 @@ from train.fitting.global_rng import GlobalRNG
 from train.fitting.init_from import load_start_weights
 from train.fitting.optimizer import Optimizer
 from train.fitting.preflight import Checked, FitChecks, check_data, check_store, epochs_for
-from train.fitting.target_head import TargetHead, load_target_head
+from train.objective.target_head import TargetHead, load_target_head
 from train.world import World, local_world_size, world_from_env
 
 

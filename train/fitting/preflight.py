@@ -26,9 +26,9 @@ from train.config import RunConfig
 from train.config_error import ConfigError
 from train.data.heldout import is_heldout
 from train.drafter.model import DrafterConfig
-from train.drafter.targets import default_gamma
 from train.fitting.distributed import any_rank
 from train.fitting.init_from import StartSource
+from train.objective.targets import default_gamma
 from train.target_check import check_target
 from train.world import World
 

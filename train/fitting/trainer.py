@@ -66,7 +66,7 @@ from train.fitting.periodic_eval import AcceptanceEval, HeldoutEval
 from train.fitting.preflight import FitChecks
 from train.fitting.progress import fit_progress, headline
 from train.fitting.run_writer import RunWriter
-from train.fitting.step import StepSample, dflash_step
+from train.objective.step import StepSample, dflash_step
 from train.world import World
 
 

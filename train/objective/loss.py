@@ -18,7 +18,7 @@ forward or backward, and nothing is recomputed.
 Position weights (`loss.position_weights`): "decay" is the fixed schedule above;
 "dpace" is D-PACE (`dpace_weights`), whose weights follow the drafter's current
 confidence in each label and are computed inside the chunk walk. DFlash 2's
-selector loss (`train.fitting.selector_loss`) rides the same walk: the top-K of
+selector loss (`train.objective.selector_loss`) rides the same walk: the top-K of
 each chunk's logits are kept ([rows, K]) and their gradient reaches the hidden
 states through the head's rows, so no second [rows, V] pass exists.
 
@@ -30,13 +30,14 @@ from the context features the drafter reads, which may carry training noise.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from train.drafter.targets import BlockTargets
-from train.fitting.selector_loss import selector_loss
+from train.objective.selector_loss import selector_loss
+from train.objective.targets import BlockTargets
 
 
 def dpace_weights(confidence: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -63,74 +64,96 @@ def dpace_weights(confidence: torch.Tensor, valid: torch.Tensor, alpha: float) -
         return suffix * mask
 
 
+@dataclass(frozen=True)
+class ScoredRows:
+    """What each scored row is scored against, none of it differentiable: its label and
+    weight, the target's renormalised top-k for the soft KL (`kl_mix` > 0), and
+    D-PACE's `reweight` (a function of the rows' CE [M] -> a factor [M]; None: the
+    weights are final)."""
+
+    labels: torch.Tensor  # [M]
+    weights: torch.Tensor  # [M], fp32
+    topk_ids: torch.Tensor | None = None  # [M, K]
+    topk_probs: torch.Tensor | None = None  # [M, K]
+    kl_mix: float = 0.0
+    reweight: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+
+def chunk_loss(logprobs: torch.Tensor, rows: slice, scored: ScoredRows, need_grad: bool):
+    """One chunk's loss terms from its log-probs [n, V]: each row's CE [n], its soft KL
+    [n] (None without `kl_mix`) and, when asked, d loss / d logits with the rows'
+    static weights, (softmax - (1-m) onehot(label) - m p_target) w."""
+    label = scored.labels[rows, None]
+    ce = -logprobs.gather(1, label).squeeze(1)
+    kl = None
+    if scored.kl_mix > 0:
+        p_target, ids = scored.topk_probs[rows], scored.topk_ids[rows]
+        kl = (p_target * (p_target.clamp_min(1e-30).log() - logprobs.gather(1, ids))).sum(1)
+    if not need_grad:
+        return ce, kl, None
+    grad_logits = logprobs.exp()
+    grad_logits.scatter_add_(1, label, torch.full_like(label, -(1.0 - scored.kl_mix), dtype=grad_logits.dtype))
+    if scored.kl_mix > 0:
+        grad_logits.scatter_add_(1, ids, -scored.kl_mix * p_target)
+    return ce, kl, grad_logits * scored.weights[rows, None]
+
+
+def chunk_ranks(logits: torch.Tensor, label: torch.Tensor, top: int, top_k: int):
+    """One chunk's ranking: whether each row's label is its top-1 / top-4 / top-8
+    ([n, 3] flags), and its top-`top_k` candidate ids and logits for the selector."""
+    best = logits.topk(top, dim=-1)
+    found = best.indices[:, :8] == label[:, None]
+    hits = torch.stack([found[:, 0], found[:, :4].any(1), found.any(1)], dim=1)
+    return hits, best.indices[:, :top_k], best.values[:, :top_k]
+
+
 class _ChunkedHeadLoss(torch.autograd.Function):
     """Weighted CE (+ optional soft KL) through a frozen head, chunk by chunk.
 
-    For each chunk of scored rows: logits = h W^T in fp32, loss terms, the gradient
-    d loss / d h = (softmax - (1-m) onehot(label) - m p_target) w W, and the
-    hit flags for top-1/4/8. Only the [M, H] gradient is kept for backward.
+    For each chunk of scored rows: logits = h W^T in fp32, the loss terms and their
+    gradient w.r.t. h (`chunk_loss`), and the ranking (`chunk_ranks`). Only the
+    [M, H] gradient is kept for backward.
 
-    reweight (None, or a function of the rows' CE [M] -> a factor [M]): weights
-    known only after the walk (D-PACE); each row's loss and kept gradient are
-    scaled by its factor at the end, which stays exact because the factor is a
-    constant of the gradient. top_k > 0 also returns each row's top-k ids and
-    logits [M, k] (differentiable: backward adds sum_c g_c W[c] per row through
+    `scored.reweight` (D-PACE): weights known only after the walk; each row's loss and
+    kept gradient are scaled by its factor at the end, which stays exact because the
+    factor is a constant of the gradient. top_k > 0 also returns each row's top-k ids
+    and logits [M, k] (differentiable: backward adds sum_c g_c W[c] per row through
     `embedding_bag`, no [M, V] tensor); the row weights used are returned too."""
 
     @staticmethod
-    def forward(ctx, hidden, head_weight, labels, weights, topk_ids, topk_probs, kl_mix, chunk_rows, reweight, top_k):
+    def forward(ctx, hidden, head_weight, scored: ScoredRows, chunk_rows: int, top_k: int):
         need_grad = ctx.needs_input_grad[0]
         grad_hidden = torch.zeros_like(hidden) if need_grad else None
         compute = torch.promote_types(hidden.dtype, torch.float32)  # fp32, or fp64 for gradcheck
-        ce_sum = hidden.new_zeros((), dtype=compute)
+        rows, device = hidden.shape[0], hidden.device
+        row_ce = torch.zeros(rows, dtype=compute, device=device)
+        ce_sum = hidden.new_zeros((), dtype=compute)  # summed chunk by chunk: the decay loss as it always was
         kl_sum = hidden.new_zeros((), dtype=compute)
-        rows = hidden.shape[0]
-        hits = torch.zeros(rows, 3, dtype=torch.bool, device=hidden.device)  # top1, top4, top8
+        hits = torch.zeros(rows, 3, dtype=torch.bool, device=device)  # top1, top4, top8
         top = min(max(8, top_k), head_weight.shape[0])
-        row_ce = torch.zeros(rows, dtype=compute, device=hidden.device) if reweight is not None else None
-        candidates = torch.zeros(rows, top_k, dtype=torch.long, device=hidden.device)
-        unary = torch.zeros(rows, top_k, dtype=compute, device=hidden.device)
+        candidates = torch.zeros(rows, top_k, dtype=torch.long, device=device)
+        unary = torch.zeros(rows, top_k, dtype=compute, device=device)
         for start in range(0, rows, chunk_rows):
-            end = min(start + chunk_rows, rows)
-            logits = F.linear(hidden[start:end], head_weight).to(compute)
-            logprobs = torch.log_softmax(logits, dim=-1)
-            label = labels[start:end, None]
-            w = weights[start:end]
-            if reweight is None:
-                ce_sum += -(logprobs.gather(1, label).squeeze(1) * w).sum()
-            else:
-                row_ce[start:end] = -logprobs.gather(1, label).squeeze(1)
-            if kl_mix > 0:
-                p_target = topk_probs[start:end]
-                ids = topk_ids[start:end]
-                kl_rows = (p_target * (p_target.clamp_min(1e-30).log() - logprobs.gather(1, ids))).sum(1)
-                kl_sum += (kl_rows * w).sum()
+            chunk = slice(start, min(start + chunk_rows, rows))
+            logits = F.linear(hidden[chunk], head_weight).to(compute)
+            row_ce[chunk], kl, grad_logits = chunk_loss(torch.log_softmax(logits, dim=-1), chunk, scored, need_grad)
+            ce_sum += (row_ce[chunk] * scored.weights[chunk]).sum()
+            if kl is not None:
+                kl_sum += (kl * scored.weights[chunk]).sum()
             if need_grad:
-                grad_logits = logprobs.exp()
-                grad_logits.scatter_add_(1, label, torch.full_like(label, -(1.0 - kl_mix), dtype=grad_logits.dtype))
-                if kl_mix > 0:
-                    grad_logits.scatter_add_(1, ids, -kl_mix * p_target)
-                grad_logits *= w[:, None]
-                grad_hidden[start:end] = (grad_logits.to(head_weight.dtype) @ head_weight).to(hidden.dtype)
-            best = logits.topk(top, dim=-1)
-            found = best.indices[:, :8] == label
-            hits[start:end, 0] = found[:, 0]
-            hits[start:end, 1] = found[:, :4].any(1)
-            hits[start:end, 2] = found.any(1)
-            if top_k:
-                candidates[start:end] = best.indices[:, :top_k]
-                unary[start:end] = best.values[:, :top_k]
-        row_weights = weights
-        if reweight is not None:
-            factor = reweight(row_ce)
-            row_weights = weights * factor
+                grad_hidden[chunk] = (grad_logits.to(head_weight.dtype) @ head_weight).to(hidden.dtype)
+            hits[chunk], candidates[chunk], unary[chunk] = chunk_ranks(logits, scored.labels[chunk], top, top_k)
+        row_weights = scored.weights
+        if scored.reweight is not None:
+            factor = scored.reweight(row_ce)
+            row_weights = row_weights * factor
             ce_sum = (row_ce * row_weights).sum()
             if need_grad:
                 grad_hidden *= factor[:, None].to(grad_hidden.dtype)
         if need_grad:
             ctx.save_for_backward(grad_hidden, head_weight, candidates)
         ctx.mark_non_differentiable(hits, candidates, row_weights)
-        loss = (1.0 - kl_mix) * ce_sum + kl_mix * kl_sum
+        loss = (1.0 - scored.kl_mix) * ce_sum + scored.kl_mix * kl_sum
         return loss, ce_sum.detach(), kl_sum.detach(), hits, candidates, unary, row_weights
 
     @staticmethod
@@ -141,7 +164,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             through_head = F.embedding_bag(candidates, head_weight, per_sample_weights=grad_unary.to(head_weight.dtype),
                                            mode="sum")
             grad = grad + through_head.to(grad.dtype)
-        return grad, None, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None
 
 
 @dataclass
@@ -178,7 +201,7 @@ def dflash_loss(
     Position weights follow `targets.position_weights` ("decay" or "dpace").
     selector (DFlash 2, None for DFlash): a module with `pair_scores`; adds
         `selector_weight` x its K-way CE over the top-`selector_top_k` candidates
-        (`train.fitting.selector_loss`), with the same row weights as the main
+        (`train.objective.selector_loss`), with the same row weights as the main
         loss, and the recall@K / selector accuracy metrics.
     Gradients flow to `hidden` (and the selector's parameters); the head stays frozen."""
     if not 0.0 <= kl_mix <= 1.0:
@@ -200,7 +223,8 @@ def dflash_loss(
     reweight = dpace_reweight(targets, scored) if targets.position_weights == "dpace" else None
     top_k = int(selector_top_k) if selector is not None else 0
     loss, ce, kl, row_hits, candidates, unary, row_weights = _ChunkedHeadLoss.apply(
-        rows, lm_head_weight, labels, weights, topk_ids, topk_probs, float(kl_mix), int(chunk_rows), reweight, top_k
+        rows, lm_head_weight, ScoredRows(labels, weights, topk_ids, topk_probs, float(kl_mix), reweight),
+        int(chunk_rows), top_k
     )
     selector_term = None
     flags = {}

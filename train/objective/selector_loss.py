@@ -16,7 +16,7 @@ top-K). Skipped rows are not renormalised away: the loss keeps the main loss's
 row weights, so a slot weighs the same in both terms.
 
 Memory: the candidates and their unary logits [rows, K] come from the chunked
-main loss (`train.fitting.loss`), which keeps them from each chunk's logits; this
+main loss (`train.objective.loss`), which keeps them from each chunk's logits; this
 term adds K x r per row (the successor codebook rows of the candidates), never a
 [rows, V] tensor.
 

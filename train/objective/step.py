@@ -20,10 +20,10 @@ import torch
 
 from train.drafter.anchors import sample_anchors
 from train.drafter.config import ModelConfig
-from train.drafter.targets import BlockTargets, block_targets
-from train.fitting.config import LossConfig
-from train.fitting.loss import LossOutput, dflash_loss
-from train.fitting.selector_loss import selector_weight_at
+from train.objective.config import LossConfig
+from train.objective.loss import LossOutput, dflash_loss
+from train.objective.selector_loss import selector_weight_at
+from train.objective.targets import BlockTargets, block_targets
 
 
 def add_context_noise(
@@ -71,7 +71,7 @@ def dflash_step(drafter, head, sample: StepSample, loss: LossConfig, model_confi
                 step: int = 0) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
     """Loss for one sequence. Returns (LossOutput, anchor_positions, BlockTargets).
 
-    drafter: train.drafter.model.DFlashDrafter; head: train.fitting.target_head.TargetHead.
+    drafter: train.drafter.model.DFlashDrafter; head: train.objective.target_head.TargetHead.
     sample: its top-k is read only for labels="target" (top-1) or kl_mix > 0.
     loss: the run's `loss` section (gamma, position_weights, labels, kl_mix, noise,
         chunk_rows); pass `dataclasses.replace(loss, noise=0.0)` to score without noise.
@@ -81,30 +81,10 @@ def dflash_step(drafter, head, sample: StepSample, loss: LossConfig, model_confi
     step: the optimizer step (0-based), for `loss.selector_warmup_steps`.
     A DFlash 2 drafter (bare or DDP-wrapped) adds its candidate selector's K-way CE
     (`loss.selector_weight`, ramped) and the recall@K / selector accuracy metrics."""
-    block_size = drafter.config.block_size
-    input_ids, loss_mask, device = sample.input_ids, sample.loss_mask, sample.input_ids.device
-    target_next_ids = topk_ids = topk_logprobs = None
-    if loss.labels == "target" or loss.kl_mix > 0:
-        if sample.topk_ids is None or sample.topk_logprobs is None:
-            raise ValueError("loss.labels=target / loss.kl_mix > 0 need the target's top-k of each sample")
-        if loss.labels == "target":
-            target_next_ids = sample.topk_ids[:, 0].to(device)
-        if loss.kl_mix > 0:
-            topk_ids, topk_logprobs = sample.topk_ids.to(device), sample.topk_logprobs.to(device)
-    anchor_positions = sample_anchors(loss_mask, block_size, model_config.num_anchors, generator)
-    targets = block_targets(
-        input_ids,
-        loss_mask,
-        anchor_positions,
-        block_size,
-        gamma=loss.gamma,
-        labels=loss.labels,
-        target_next_ids=target_next_ids,
-        target_topk_ids=topk_ids,
-        target_topk_logprobs=topk_logprobs,
-        position_weights=loss.position_weights,
-        dpace_alpha=loss.dpace_alpha,
-    )
+    block_size, input_ids = drafter.config.block_size, sample.input_ids
+    anchor_positions = sample_anchors(sample.loss_mask, block_size, model_config.num_anchors, generator)
+    targets = block_targets(input_ids, sample.loss_mask, anchor_positions, block_size, loss, sample.topk_ids,
+                            sample.topk_logprobs)
     drafter_input = add_context_noise(sample.context_features, loss.noise, generator)
     hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model_config.attention)
     bare = getattr(drafter, "module", drafter)  # the drafter under a DDP replica

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from train.objective.config import LossConfig
+
 # The paper's weight decay per block size.
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -66,46 +68,33 @@ class BlockTargets:
 def slot_labels(labels: str, input_ids: torch.Tensor, target_next_ids: torch.Tensor | None, safe: torch.Tensor,
                 previous: torch.Tensor) -> torch.Tensor:
     """Each slot's label: the sequence's token at its position (`safe`), or the
-    target's prediction for it (made at the position before, `previous`)."""
+    target's prediction for it (made at the position before, `previous`;
+    `target_next_ids[p]` is the target's top-1 for token p + 1)."""
     if labels == "tokens":
         return input_ids[safe]
     if labels == "target":
-        if target_next_ids is None:
-            raise ValueError('labels="target" needs target_next_ids')
         return target_next_ids.to(safe.device).long()[previous]
     raise ValueError(f'labels must be "tokens" or "target", got {labels!r}')
 
 
-def block_targets(
-    input_ids: torch.Tensor,
-    loss_mask: torch.Tensor,
-    anchor_positions: torch.Tensor,
-    block_size: int,
-    *,
-    position_weights: str,
-    gamma: float | None = None,
-    labels: str = "tokens",
-    target_next_ids: torch.Tensor | None = None,
-    target_topk_ids: torch.Tensor | None = None,
-    target_topk_logprobs: torch.Tensor | None = None,
-    dpace_alpha: float = 0.5,
-) -> BlockTargets:
-    """Labels, validity and weights for the blocks at `anchor_positions` [N].
+def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_positions: torch.Tensor, block_size: int,
+                  loss: LossConfig, topk_ids: torch.Tensor | None = None,
+                  topk_logprobs: torch.Tensor | None = None) -> BlockTargets:
+    """Labels, validity and weights for the blocks at `anchor_positions` [N], as the
+    run's `loss` section asks.
 
-    labels="tokens" (default): slot k's label is `input_ids[a + k]`.
-    labels="target": slot k's label is the target's greedy prediction for
-        position a + k, i.e. `target_next_ids[a + k - 1]`, where
-        `target_next_ids[p]` is the argmax of the target's logits at position p
-        (the prediction for token p + 1), as a store would record it.
-    target_topk_ids / target_topk_logprobs [T, K]: same convention (row p is the
-        target's distribution for token p + 1); gathered per slot for soft KL.
-    Validity always follows the sequence: `a + k < T` and `loss_mask[a + k] == 1`.
-    position_weights: "decay" (gamma's schedule) or "dpace" (see `dpace_weights`); no
-    default here: the run's is `loss.position_weights`."""
-    if position_weights not in ("decay", "dpace"):
-        raise ValueError(f'position_weights must be "decay" or "dpace", got {position_weights!r}')
-    if gamma is None and position_weights == "decay":
-        gamma = default_gamma(block_size)
+    loss.labels "tokens": slot k's label is `input_ids[a + k]`; "target": the target's
+        greedy prediction for position a + k, `topk_ids[a + k - 1, 0]`: row p of the
+        stored top-k [T, K] is the target's distribution for token p + 1.
+    loss.kl_mix > 0: `topk_ids` / `topk_logprobs` gathered per slot for the soft KL.
+    loss.position_weights, gamma (None: the block size's default), dpace_alpha: the
+        slot weights (`BlockTargets.weights`).
+    Validity always follows the sequence: `a + k < T` and `loss_mask[a + k] == 1`."""
+    if loss.position_weights not in ("decay", "dpace"):
+        raise ValueError(f'position_weights must be "decay" or "dpace", got {loss.position_weights!r}')
+    if (loss.labels == "target" and topk_ids is None) or (loss.kl_mix > 0 and (topk_ids is None or topk_logprobs is None)):
+        raise ValueError("loss.labels=target / loss.kl_mix > 0 need the target's top-k of each sample")
+    gamma = default_gamma(block_size) if loss.gamma is None and loss.position_weights == "decay" else loss.gamma
     length = input_ids.shape[0]
     device = input_ids.device
     positions = anchor_positions.to(device).long()[:, None] + torch.arange(block_size, device=device)[None, :]
@@ -115,22 +104,21 @@ def block_targets(
 
     valid = inside & loss_mask.to(device).bool()[safe]
     valid[:, 0] = False
-    block_labels = slot_labels(labels, input_ids, target_next_ids, safe, previous)
+    block_labels = slot_labels(loss.labels, input_ids, topk_ids[:, 0] if loss.labels == "target" else None, safe,
+                               previous)
 
-    if position_weights == "decay":
+    if loss.position_weights == "decay":
         weights = slot_weights(block_size, gamma).to(device)[None, :] * valid
     else:
         weights = valid.to(torch.float32)
     total = weights.sum()
     weights = weights / total if total > 0 else weights
 
-    topk_ids = topk_logprobs = None
-    if (target_topk_ids is None) != (target_topk_logprobs is None):
-        raise ValueError("target_topk_ids and target_topk_logprobs go together")
-    if target_topk_ids is not None:
-        topk_ids = target_topk_ids.to(device).long()[previous]
-        topk_logprobs = target_topk_logprobs.to(device).float()[previous]
+    slot_topk_ids = slot_topk_logprobs = None
+    if loss.kl_mix > 0:
+        slot_topk_ids = topk_ids.to(device).long()[previous]
+        slot_topk_logprobs = topk_logprobs.to(device).float()[previous]
     anchor_tokens = input_ids[safe[:, :1]]
     predecessors = torch.cat([anchor_tokens, anchor_tokens, block_labels[:, 1:-1]], dim=1)[:, :block_size]
-    return BlockTargets(block_labels, valid, weights, topk_ids, topk_logprobs, total, predecessors,
-                        position_weights, float(dpace_alpha))
+    return BlockTargets(block_labels, valid, weights, slot_topk_ids, slot_topk_logprobs, total, predecessors,
+                        loss.position_weights, float(loss.dpace_alpha))
