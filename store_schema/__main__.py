@@ -44,12 +44,17 @@ def cmd_info(args) -> int:
         print(f"quarantined  {sum(quarantined.values())} record(s) left out by the plan: {reasons}")
     print(f"tokens       {summary['tokens']}")
     print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
-    print(f"dtype        {fp['dtype']}" + (" (float8 e4m3 + a float32 scale per token)" if fp["dtype"] != "bfloat16" else ""))
+    print(
+        f"dtype        {fp['dtype']}"
+        + (" (float8 e4m3 + a float32 scale per token)" if fp["dtype"] != "bfloat16" else "")
+    )
     print(f"codec        {CodecConfig.from_json(summary['codec']).describe()}")
     print(f"raw bytes    {human_bytes(summary['raw_bytes'])} (as bf16)")
     print(f"on disk      {human_bytes(summary['disk_bytes'])} (ratio {summary['ratio']})")
-    print(f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, "
-          f"{fp['num_target_layers']} layers)")
+    print(
+        f"target       {fp['target_model']} (hidden {fp['hidden_size']}, vocab {fp['vocab_size']}, "
+        f"{fp['num_target_layers']} layers)"
+    )
     print(f"kernels      {fp['kernels']}")
     print(f"responses    {summary['response_provenance']} (where the corpus's responses came from)")
     return EXIT_OK
@@ -87,21 +92,22 @@ def quarantined_by_reason(plan) -> dict[str, int]:
     return dict(counts.most_common())
 
 
-def cmd_verify(args) -> int:
-    """A store that cannot be opened at all is a usage error (exit 2); anything
-    wrong inside one, its root included, is a problem in the report (exit 1); an
-    intact store with planned shards not yet extracted is incomplete (exit 3, also
-    after a --repair that moved every damaged shard aside: `extract run` finishes it)."""
-    from .stores import backend
-    from .tools.verify import verify_store
-    from .tools.verify_report import format_report
-
+def check_verify_flags(args) -> None:
+    """The verify flags that exclude each other or need another, refused (exit 2) before
+    the store is read; with --recompute, a model or device this machine lacks too."""
     if args.recompute and not args.model:
         raise UsageError("--recompute needs --model PATH")
     if args.workers is not None and args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    depths = [flag for flag, on in (("--checksums-only", args.checksums_only), ("--sizes-only", args.sizes_only),
-                                    ("--recompute", args.recompute)) if on]
+    depths = [
+        flag
+        for flag, on in (
+            ("--checksums-only", args.checksums_only),
+            ("--sizes-only", args.sizes_only),
+            ("--recompute", args.recompute),
+        )
+        if on
+    ]
     if len(depths) > 1:
         raise UsageError(f"{' and '.join(depths)} exclude each other")
     if args.repair and args.recompute:
@@ -112,15 +118,34 @@ def cmd_verify(args) -> int:
 
         check_target_weights(args.model, "--model")
         resolve_device(args.device)
+
+
+def cmd_verify(args) -> int:
+    """A store that cannot be opened at all is a usage error (exit 2); anything
+    wrong inside one, its root included, is a problem in the report (exit 1); an
+    intact store with planned shards not yet extracted is incomplete (exit 3, also
+    after a --repair that moved every damaged shard aside: `extract run` finishes it)."""
+    from .stores import backend
+    from .tools.verify import verify_store
+    from .tools.verify_report import format_report
+
+    check_verify_flags(args)
     store = backend(args.store)  # a directory or a bucket, decided once for the command
     # Progress on stderr in both forms: stdout carries the report (one JSON object with --json).
-    report = verify_store(store, progress=ProgressLines(), workers=args.workers,
-                          checksums_only=args.checksums_only, sizes_only=args.sizes_only, ray_address=args.ray)
+    report = verify_store(
+        store,
+        progress=ProgressLines(),
+        workers=args.workers,
+        checksums_only=args.checksums_only,
+        sizes_only=args.sizes_only,
+        ray_address=args.ray,
+    )
     if args.recompute and report.ok:
         from .tools.recompute import recompute_check
 
-        print(f"recomputing {args.recompute} sample(s) with {args.model} on {args.device}...", file=sys.stderr,
-              flush=True)
+        print(
+            f"recomputing {args.recompute} sample(s) with {args.model} on {args.device}...", file=sys.stderr, flush=True
+        )
         report.recomputed, problems = recompute_check(store.open(), args.model, args.recompute, device=args.device)
         report.problems.extend(problems)
     done: dict = {}
@@ -154,22 +179,30 @@ def _done_lines(store, done: dict) -> list[str]:
     from .location import is_object_store
 
     if done.get("set_aside"):
-        lines.append(f"moved {len(done['set_aside'])} shard directory(ies) without a commit record to {store}/"
-                     f"{DAMAGED_DIR}/: {', '.join(done['set_aside'])}")
+        lines.append(
+            f"moved {len(done['set_aside'])} shard directory(ies) without a commit record to {store}/"
+            f"{DAMAGED_DIR}/: {', '.join(done['set_aside'])}"
+        )
     repair = done.get("repair")
     if repair:
         moved = repair["moved"]
         if moved and is_object_store(store.location):
             lines.append(f"deleted the commit markers of {len(moved)} damaged shard(s): {', '.join(moved)}")
-            lines.append("next: rerun the same `python -m extract run` command (it extracts exactly those shards "
-                         "again, byte-identical); `verify --clean` then deletes their old objects")
+            lines.append(
+                "next: rerun the same `python -m extract run` command (it extracts exactly those shards "
+                "again, byte-identical); `verify --clean` then deletes their old objects"
+            )
         elif moved:
             lines.append(f"moved {len(moved)} damaged shard(s) to {store}/{DAMAGED_DIR}/: {', '.join(moved)}")
-            lines.append("next: rerun the same `python -m extract run` command (it extracts exactly those shards "
-                         f"again, byte-identical); it deletes {DAMAGED_DIR}/ once the store is complete")
+            lines.append(
+                "next: rerun the same `python -m extract run` command (it extracts exactly those shards "
+                f"again, byte-identical); it deletes {DAMAGED_DIR}/ once the store is complete"
+            )
         for p in repair["unrepairable"]:
-            lines.append(f"not repaired (re-extraction cannot mend it): {p['shard'] or 'store'}/"
-                         f"{p['file'] or p['array']}: {p['what']}")
+            lines.append(
+                f"not repaired (re-extraction cannot mend it): {p['shard'] or 'store'}/"
+                f"{p['file'] or p['array']}: {p['what']}"
+            )
     return lines
 
 
@@ -194,12 +227,70 @@ class ProgressLines:
         self.last = now
         rate = done_bytes / max(now - self.start, 1e-9)
         eta = (total_bytes - done_bytes) / rate if rate > 0 else float("nan")
-        line = (f"verified {done}/{total} shards, {human_bytes(done_bytes)} of {human_bytes(total_bytes)}, "
-                f"{human_bytes(rate)}/s, ETA {human_duration(eta)}")
+        line = (
+            f"verified {done}/{total} shards, {human_bytes(done_bytes)} of {human_bytes(total_bytes)}, "
+            f"{human_bytes(rate)}/s, ETA {human_duration(eta)}"
+        )
         if self.tty:
             print(f"\r{line}", end="\n" if final else "", file=self.stream, flush=True)
         else:
             print(line, file=self.stream, flush=True)
+
+
+def add_verify_parser(sub) -> None:
+    p_verify = sub.add_parser(
+        "verify",
+        help="re-read every committed file; exit 0 intact, 1 damaged, 2 usage, 3 incomplete",
+        description="Re-read every committed file of STORE. Exit 0: intact and complete; 1: damaged (a bad "
+        "checksum, a missing file, ...: --repair moves those shards aside); 2: usage (no store at "
+        "that path); 3: incomplete, intact but planned shards not yet extracted (a disk-full stop, "
+        "Ctrl-C): rerun the same `python -m extract run ...` command to finish.",
+    )
+    p_verify.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
+    p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
+    p_verify.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove uncommitted leftovers (.staging/ entries of a dead job) and move shard "
+        "directories without a commit record to damaged/; names each",
+    )
+    p_verify.add_argument(
+        "--repair",
+        action="store_true",
+        help="also move every damaged or commit-less shard out of shards/ into damaged/ "
+        "(kept until the store is complete again); then rerun `extract run`",
+    )
+    p_verify.add_argument(
+        "--workers", type=int, default=None, metavar="N", help="shards checked at once (default: the cores available)"
+    )
+    p_verify.add_argument(
+        "--ray",
+        metavar="ADDRESS|auto",
+        help="check the shards across a Ray cluster's nodes (the extraction's, cluster.yaml; "
+        "`auto`: the cluster this machine belongs to); every node must reach the store at "
+        "the same path or URL",
+    )
+    p_verify.add_argument(
+        "--checksums-only",
+        action="store_true",
+        help="only sizes and crc32c of every committed file: a quick integrity pass",
+    )
+    p_verify.add_argument(
+        "--sizes-only",
+        action="store_true",
+        help="read no shard file: commit records and file sizes against the listing (seconds "
+        "at any size; what `fit` checks of every shard before step 1)",
+    )
+    p_verify.add_argument(
+        "--recompute",
+        type=int,
+        default=0,
+        metavar="N",
+        help="re-extract N random committed samples with --model and compare (cosine >= 0.999; fp8 stores: >= 0.995)",
+    )
+    p_verify.add_argument("--model", help="target model path for --recompute")
+    p_verify.add_argument("--device", default="cpu", help="device for --recompute (cpu, cuda)")
+    p_verify.set_defaults(handler=cmd_verify)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -209,37 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_info.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
     p_info.add_argument("--json", action="store_true")
     p_info.set_defaults(handler=cmd_info)
-    p_verify = sub.add_parser(
-        "verify", help="re-read every committed file; exit 0 intact, 1 damaged, 2 usage, 3 incomplete",
-        description="Re-read every committed file of STORE. Exit 0: intact and complete; 1: damaged (a bad "
-                    "checksum, a missing file, ...: --repair moves those shards aside); 2: usage (no store at "
-                    "that path); 3: incomplete, intact but planned shards not yet extracted (a disk-full stop, "
-                    "Ctrl-C): rerun the same `python -m extract run ...` command to finish.")
-    p_verify.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
-    p_verify.add_argument("--json", action="store_true", help="print one JSON object {ok, problems, ...}")
-    p_verify.add_argument("--clean", action="store_true",
-                          help="remove uncommitted leftovers (.staging/ entries of a dead job) and move shard "
-                               "directories without a commit record to damaged/; names each")
-    p_verify.add_argument("--repair", action="store_true",
-                          help="also move every damaged or commit-less shard out of shards/ into damaged/ "
-                               "(kept until the store is complete again); then rerun `extract run`")
-    p_verify.add_argument("--workers", type=int, default=None, metavar="N",
-                          help="shards checked at once (default: the cores available)")
-    p_verify.add_argument("--ray", metavar="ADDRESS|auto",
-                          help="check the shards across a Ray cluster's nodes (the extraction's, cluster.yaml; "
-                               "`auto`: the cluster this machine belongs to); every node must reach the store at "
-                               "the same path or URL")
-    p_verify.add_argument("--checksums-only", action="store_true",
-                          help="only sizes and crc32c of every committed file: a quick integrity pass")
-    p_verify.add_argument("--sizes-only", action="store_true",
-                          help="read no shard file: commit records and file sizes against the listing (seconds "
-                               "at any size; what `fit` checks of every shard before step 1)")
-    p_verify.add_argument("--recompute", type=int, default=0, metavar="N",
-                          help="re-extract N random committed samples with --model and compare (cosine >= 0.999; "
-                               "fp8 stores: >= 0.995)")
-    p_verify.add_argument("--model", help="target model path for --recompute")
-    p_verify.add_argument("--device", default="cpu", help="device for --recompute (cpu, cuda)")
-    p_verify.set_defaults(handler=cmd_verify)
+    add_verify_parser(sub)
     show_defaults(parser)
     return parser
 

@@ -38,10 +38,28 @@ class StoreDtype:
         return int(round(raw_bf16_bytes * (self.size_ratio if ratio is None else ratio)))
 
 
-BFLOAT16_STORE = StoreDtype("bfloat16", "bfloat16", np.dtype(ml_dtypes.bfloat16), np.dtype(np.uint16), 0x7F80,
-                            scaled=False, size_ratio=0.614, default_codec="bytesplit", write_mb_s_per_core=269.0)
-FP8_E4M3_STORE = StoreDtype("fp8_e4m3", "float8_e4m3fn", np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(np.uint8), 0x7F,
-                            scaled=True, size_ratio=0.351, default_codec="channels", write_mb_s_per_core=309.0)
+BFLOAT16_STORE = StoreDtype(
+    "bfloat16",
+    "bfloat16",
+    np.dtype(ml_dtypes.bfloat16),
+    np.dtype(np.uint16),
+    0x7F80,
+    scaled=False,
+    size_ratio=0.614,
+    default_codec="bytesplit",
+    write_mb_s_per_core=269.0,
+)
+FP8_E4M3_STORE = StoreDtype(
+    "fp8_e4m3",
+    "float8_e4m3fn",
+    np.dtype(ml_dtypes.float8_e4m3fn),
+    np.dtype(np.uint8),
+    0x7F,
+    scaled=True,
+    size_ratio=0.351,
+    default_codec="channels",
+    write_mb_s_per_core=309.0,
+)
 SPACE_HEADROOM = 0.10  # what the free-space check asks beyond the expected size: real states compress differently
 STORE_DTYPES = {d.name: d for d in (BFLOAT16_STORE, FP8_E4M3_STORE)}
 _ALIASES = {"bf16": "bfloat16"}

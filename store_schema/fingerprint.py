@@ -58,8 +58,12 @@ class TargetFacts:
 
 # Fields added after schema version 1, with the value every older store implicitly has:
 # left out of the stored JSON at that value, so older stores keep their fingerprint hash.
-_ADDED_LATER = {"loss_mask": "content", "response_provenance": UNKNOWN, "target_weights_sample_sha256": "",
-                "target_weights_sha256": ""}
+_ADDED_LATER = {
+    "loss_mask": "content",
+    "response_provenance": UNKNOWN,
+    "target_weights_sample_sha256": "",
+    "target_weights_sha256": "",
+}
 
 
 @dataclass(frozen=True)
@@ -257,7 +261,8 @@ def target_identity(model_path: str | Path, full: bool = True) -> dict:
     bytes; with `full`, the digest of every weight byte (cached per host)."""
     path = Path(model_path)
     full_digest = {FULL_WEIGHTS_CHECK: weights_sha256(path)} if full else {}
-    return {**full_digest,
+    return {
+        **full_digest,
         "target_model": str(path.resolve()),
         "target_revision": model_revision(path),
         "target_config_sha256": file_sha256(path / "config.json"),

@@ -55,9 +55,12 @@ class LayerStats:
 
     @classmethod
     def from_json(cls, body: dict) -> "LayerStats":
-        return cls(tokens=int(body["tokens"]), **{k: float(body[k]) for k in
-                                                  ("rms", "median_token_rms", "token_spread", "zero_token_share",
-                                                   "min", "max")})
+        return cls(
+            tokens=int(body["tokens"]),
+            **{
+                k: float(body[k]) for k in ("rms", "median_token_rms", "token_spread", "zero_token_share", "min", "max")
+            },
+        )
 
 
 def _rounded(value: float) -> float:
@@ -124,17 +127,20 @@ def refuse_empty_capture(shard: str, layer_id: int, stats: LayerStats) -> None:
     """The writer's rule: a captured layer without signal is never committed."""
     why = empty_capture(stats)
     if why:
-        raise EmptyCaptureError(f"shard {shard}: captured layer {layer_id} is {why} over {stats.tokens} token(s); "
-                                "not committed -- the target's capture of that layer is broken (hook, kernel "
-                                "or layer id)")
+        raise EmptyCaptureError(
+            f"shard {shard}: captured layer {layer_id} is {why} over {stats.tokens} token(s); "
+            "not committed -- the target's capture of that layer is broken (hook, kernel "
+            "or layer id)"
+        )
 
 
 def problems(stats: LayerStats) -> list[str]:
     """What verify flags in one shard's layer on its own."""
     found = [f"states are {why}" for why in [empty_capture(stats)] if why]
     if not found and stats.zero_token_share > MAX_ZERO_TOKEN_SHARE:
-        found.append(f"{stats.zero_token_share:.1%} of the sampled tokens are all zeros "
-                     f"(more than {MAX_ZERO_TOKEN_SHARE:.0%})")
+        found.append(
+            f"{stats.zero_token_share:.1%} of the sampled tokens are all zeros (more than {MAX_ZERO_TOKEN_SHARE:.0%})"
+        )
     return found
 
 
@@ -144,16 +150,25 @@ def outliers(per_shard: dict[str, dict[int, LayerStats]]) -> list[tuple[str, int
     found = []
     layer_ids = sorted({layer for layers in per_shard.values() for layer in layers})
     for layer in layer_ids:
-        values = {shard: layers[layer].median_token_rms for shard, layers in per_shard.items()
-                  if layer in layers and layers[layer].tokens}
+        values = {
+            shard: layers[layer].median_token_rms
+            for shard, layers in per_shard.items()
+            if layer in layers and layers[layer].tokens
+        }
         if len(values) < MIN_SHARDS_FOR_MEDIAN:
             continue
         median = statistics.median(values.values())
         for shard, value in sorted(values.items()):
             if median > 0 and not (median / MEDIAN_FACTOR <= value <= median * MEDIAN_FACTOR):
-                found.append((shard, layer, f"median token RMS {value:g} is {value / median:.2f}x the store's "
-                                            f"median {median:g} for layer {layer} (allowed 1/{MEDIAN_FACTOR:g}.."
-                                            f"{MEDIAN_FACTOR:g}x): a capture of another layer, or layers swapped?"))
+                found.append(
+                    (
+                        shard,
+                        layer,
+                        f"median token RMS {value:g} is {value / median:.2f}x the store's "
+                        f"median {median:g} for layer {layer} (allowed 1/{MEDIAN_FACTOR:g}.."
+                        f"{MEDIAN_FACTOR:g}x): a capture of another layer, or layers swapped?",
+                    )
+                )
     return found
 
 

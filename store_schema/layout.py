@@ -157,7 +157,7 @@ def scale_array(layer_id: int) -> str:
 def layer_id_of(array_name: str) -> int | None:
     """The layer id a hidden-state array holds (`layer_5` -> 5); None for any other
     array, so callers tell hidden states from token arrays by this one rule."""
-    digits = array_name[len(_LAYER_PREFIX):] if array_name.startswith(_LAYER_PREFIX) else ""
+    digits = array_name[len(_LAYER_PREFIX) :] if array_name.startswith(_LAYER_PREFIX) else ""
     if digits.isascii() and digits.isdigit() and layer_array(int(digits)) == array_name:
         return int(digits)
     return None

@@ -42,8 +42,10 @@ def classify_store(arg) -> Path | StoreURL:
     if not sep:
         return Path(text)
     if scheme not in OBJECT_STORE_SCHEMES:
-        raise ValueError(f"{text}: unknown store URL scheme {scheme!r}; a store is a directory or "
-                         f"{' / '.join(s + '://bucket/prefix' for s in OBJECT_STORE_SCHEMES)}")
+        raise ValueError(
+            f"{text}: unknown store URL scheme {scheme!r}; a store is a directory or "
+            f"{' / '.join(s + '://bucket/prefix' for s in OBJECT_STORE_SCHEMES)}"
+        )
     bucket, _, prefix = rest.partition("/")
     prefix = prefix.strip("/")
     if not bucket or any(part in ("", ".", "..") for part in prefix.split("/") if prefix):

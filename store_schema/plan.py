@@ -48,8 +48,9 @@ class PlanSettings:
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)):
             raise ValueError(f"plan settings: limit must be an integer or None, got {self.limit!r}")
         if self.loss_mask not in LOSS_MASK_CONVENTIONS:
-            raise ValueError(f"plan settings: loss_mask must be one of {tuple(LOSS_MASK_CONVENTIONS)}, "
-                             f"got {self.loss_mask!r}")
+            raise ValueError(
+                f"plan settings: loss_mask must be one of {tuple(LOSS_MASK_CONVENTIONS)}, got {self.loss_mask!r}"
+            )
         object.__setattr__(self, "drop_long", bool(self.drop_long))
 
     @property

@@ -39,5 +39,7 @@ def provenance_warning(provenance: str) -> str | None:
     if provenance == TARGET:
         return None
     where = "another model" if provenance == OTHER else "an unknown source (a plain corpus)"
-    return (f"warning: this store's responses come from {where}, not from the target; a drafter serves the "
-            "target's own output -- regenerate the corpus with `python -m extract generate` (about +10 % acceptance)")
+    return (
+        f"warning: this store's responses come from {where}, not from the target; a drafter serves the "
+        "target's own output -- regenerate the corpus with `python -m extract generate` (about +10 % acceptance)"
+    )

@@ -198,15 +198,19 @@ class Store:
         """What the store occupies: a committed shard by its commit record's sizes (read
         anyway for the counts; no walk of its files), everything else as found on disk."""
         shards = self.path / layout.SHARDS_DIR
-        total = sum(on_disk_bytes(entry) if entry.is_dir() else entry.stat().st_size
-                    for entry in self.path.iterdir() if entry != shards)
+        total = sum(
+            on_disk_bytes(entry) if entry.is_dir() else entry.stat().st_size
+            for entry in self.path.iterdir()
+            if entry != shards
+        )
         if not shards.is_dir():
             return total
         committed = set(self.committed_shards())
         for entry in os.scandir(shards):
             if entry.name in committed:
-                total += self.commit(entry.name).disk_bytes + os.path.getsize(os.path.join(entry.path,
-                                                                                          layout.COMMIT_RECORD))
+                total += self.commit(entry.name).disk_bytes + os.path.getsize(
+                    os.path.join(entry.path, layout.COMMIT_RECORD)
+                )
             else:
                 total += on_disk_bytes(entry.path) if entry.is_dir() else entry.stat().st_size
         return total
@@ -360,7 +364,12 @@ def _layer_arrays(store: Store, layers) -> list[str]:
 
 def _shard_arrays(store: Store, commit: ShardCommit, layers) -> list[str]:
     """Every array a read of `layers` needs."""
-    arrays = _layer_arrays(store, layers) + [layout.INPUT_IDS, layout.LOSS_MASK, layout.SAMPLE_OFFSETS, layout.SAMPLE_IDS]
+    arrays = _layer_arrays(store, layers) + [
+        layout.INPUT_IDS,
+        layout.LOSS_MASK,
+        layout.SAMPLE_OFFSETS,
+        layout.SAMPLE_IDS,
+    ]
     return arrays + ([layout.TOPK_IDS, layout.TOPK_LOGPROBS] if commit.target_topk else [])
 
 
@@ -368,7 +377,9 @@ def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) 
     commit = store.commit(name)
     arrays = _shard_arrays(store, commit, layers)
     unread_layers = _layer_arrays(store, [i for i in store.layer_ids if i not in layers])
-    return _RawShard(name, commit, read_arrays(name, partial(store.shard_file, name), commit, arrays, verify, skip=unread_layers))
+    return _RawShard(
+        name, commit, read_arrays(name, partial(store.shard_file, name), commit, arrays, verify, skip=unread_layers)
+    )
 
 
 @dataclass
@@ -395,7 +406,9 @@ class _PendingShard:
             {layer: as_torch(bits, self.dtype) for layer, bits in self.hidden.items()},
             torch.from_numpy(small[layout.TOPK_IDS]) if self.topk else None,
             torch.from_numpy(small[layout.TOPK_LOGPROBS]) if self.topk else None,
-            {layer: torch.from_numpy(small[layout.scale_array(layer)]) for layer in self.hidden} if self.dtype.scaled else {},
+            {layer: torch.from_numpy(small[layout.scale_array(layer)]) for layer in self.hidden}
+            if self.dtype.scaled
+            else {},
         )
 
 

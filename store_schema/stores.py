@@ -36,8 +36,13 @@ class StoreBackend(Protocol):
     def open_existing(self):
         """The reader of a store whose root exists (a job to resume), else None."""
 
-    def create(self, fingerprint: Fingerprint, codec: CodecConfig | None = None, overwrite: bool = False,
-               keep_plan: bool = False):
+    def create(
+        self,
+        fingerprint: Fingerprint,
+        codec: CodecConfig | None = None,
+        overwrite: bool = False,
+        keep_plan: bool = False,
+    ):
         """An empty store; its writer."""
 
     def writer(self, spool_dir=None, spool_bytes: int | None = None, log=None):
@@ -79,8 +84,9 @@ def open_store(arg):
     return backend(arg).open()
 
 
-def create_store(path, fingerprint: Fingerprint, codec: CodecConfig | None = None, overwrite: bool = False,
-                 keep_plan: bool = False):
+def create_store(
+    path, fingerprint: Fingerprint, codec: CodecConfig | None = None, overwrite: bool = False, keep_plan: bool = False
+):
     """An empty store in a directory (`writer.create_store_dir`, whose arguments these
     are) or under an object-store URL (never overwritten in place, and its plan is its own)."""
     return backend(path).create(fingerprint, codec, overwrite=overwrite, keep_plan=keep_plan)

@@ -106,10 +106,12 @@ class StoreWriter:
             _check_complete(staging, commit, self._arrays(commit.target_topk))
 
         topk = 0 if not samples or samples[0].topk_ids is None else int(np.shape(samples[0].topk_ids)[1])
-        need = shard_bytes_bound(sum(len(s.input_ids) for s in samples), self.fingerprint.hidden_size,
-                                 len(self.fingerprint.layer_ids), topk)
-        return self.commit_written(name, lambda staging: self._write_arrays(staging, name, samples), record,
-                                   attempt, check, need)
+        need = shard_bytes_bound(
+            sum(len(s.input_ids) for s in samples), self.fingerprint.hidden_size, len(self.fingerprint.layer_ids), topk
+        )
+        return self.commit_written(
+            name, lambda staging: self._write_arrays(staging, name, samples), record, attempt, check, need
+        )
 
     def is_committed(self, name: str) -> bool:
         return layout.is_committed(self.path, name)
@@ -167,16 +169,24 @@ class StoreWriter:
         write_small_array(group, layout.INPUT_IDS, np.concatenate([np.asarray(s.input_ids, np.int32) for s in samples]))
         write_small_array(group, layout.LOSS_MASK, np.concatenate([np.asarray(s.loss_mask, np.uint8) for s in samples]))
         write_small_array(group, layout.SAMPLE_OFFSETS, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
-        write_small_array(group, layout.SAMPLE_IDS, np.array([s.sample_id for s in samples], dtype=np.dtypes.StringDType()))
+        write_small_array(
+            group, layout.SAMPLE_IDS, np.array([s.sample_id for s in samples], dtype=np.dtypes.StringDType())
+        )
         topk = 0
         if samples[0].topk_ids is not None:
             topk = int(samples[0].topk_ids.shape[1])
-            write_small_array(group, layout.TOPK_IDS, np.concatenate([np.asarray(s.topk_ids, np.int32) for s in samples]))
+            write_small_array(
+                group, layout.TOPK_IDS, np.concatenate([np.asarray(s.topk_ids, np.int32) for s in samples])
+            )
             write_small_array(
                 group, layout.TOPK_LOGPROBS, np.concatenate([np.asarray(s.topk_logprobs, np.float32) for s in samples])
             )
-        return {"num_samples": len(samples), "num_tokens": num_tokens, "target_topk": topk,
-                "layer_stats": {layer: entry.to_json() for layer, entry in stats.items()}}
+        return {
+            "num_samples": len(samples),
+            "num_tokens": num_tokens,
+            "target_topk": topk,
+            "layer_stats": {layer: entry.to_json() for layer, entry in stats.items()},
+        }
 
     def _write_layer(self, group, staging: Path, name: str, values: np.ndarray, dtype: StoreDtype) -> None:
         """One hidden-state array [tokens, hidden]: zarr.json through zarr, the shard file
@@ -195,9 +205,14 @@ class StoreWriter:
             attributes={ARRAY_CODEC_ATTR: self.codec.to_json()},
         )
         if self.codec.name in SPLIT_CODECS:
-            write_bytesplit_shard(staging / name / layout.chunk_file(2), values.view(dtype.bits), (rows, cols),
-                                  self.codec.element_bytes(cols, dtype.itemsize), self.codec.level,
-                                  self.codec.min_saving)
+            write_bytesplit_shard(
+                staging / name / layout.chunk_file(2),
+                values.view(dtype.bits),
+                (rows, cols),
+                self.codec.element_bytes(cols, dtype.itemsize),
+                self.codec.level,
+                self.codec.min_saving,
+            )
         else:
             array[...] = values
 
@@ -263,8 +278,10 @@ def commit_plan(path, plan: Plan) -> None:
     plan_dir = path / layout.PLAN_DIR
     if (plan_dir / layout.COMMIT_RECORD).exists():
         if read_record(plan_dir / layout.COMMIT_RECORD)["plan_sha256"] != plan.digest():
-            raise ValueError(f"{path}: the store already holds a different plan (other corpus or settings); "
-                             "use a new store or --overwrite")
+            raise ValueError(
+                f"{path}: the store already holds a different plan (other corpus or settings); "
+                "use a new store or --overwrite"
+            )
         return
     staging = staging_dir(path, layout.PLAN_DIR)
     write_plan_group(staging, plan)
@@ -300,8 +317,14 @@ def looks_like_store(path) -> bool:
     it can't delete anything else)."""
     names = {p.name for p in store_entries(path)}
     return bool(names) and names <= {
-        layout.ZARR_METADATA, layout.ROOT_RECORD, layout.PLAN_DIR, layout.SHARDS_DIR, layout.STAGING_DIR, layout.REPORTS_DIR,
-        layout.DAMAGED_DIR, layout.COMMITS_DIR,
+        layout.ZARR_METADATA,
+        layout.ROOT_RECORD,
+        layout.PLAN_DIR,
+        layout.SHARDS_DIR,
+        layout.STAGING_DIR,
+        layout.REPORTS_DIR,
+        layout.DAMAGED_DIR,
+        layout.COMMITS_DIR,
     }
 
 
@@ -330,8 +353,9 @@ def _check_complete(staging: Path, commit: ShardCommit, arrays: set[str]) -> Non
         except FileNotFoundError:
             size = None
         if size != entry.size:
-            raise RuntimeError(f"shard {commit.shard}: {rel} is {size} bytes, its commit record says {entry.size}; "
-                               "not committed")
+            raise RuntimeError(
+                f"shard {commit.shard}: {rel} is {size} bytes, its commit record says {entry.size}; not committed"
+            )
 
 
 def create_store_dir(

@@ -138,10 +138,24 @@ class CodecConfig:
         if self.name in SPLIT_CODECS:
             typesize = self.element_bytes(cols, itemsize)
             shuffle: BloscShuffle = "shuffle" if typesize > 1 else "noshuffle"
-            return [BloscCodec(cname="zstd", clevel=self.level, shuffle=shuffle, typesize=typesize,
-                               blocksize=rows * cols * itemsize)]
-        return [BloscCodec(cname=self.cname, clevel=self.level, shuffle=self.shuffle, typesize=itemsize,
-                           blocksize=rows * cols * itemsize)]
+            return [
+                BloscCodec(
+                    cname="zstd",
+                    clevel=self.level,
+                    shuffle=shuffle,
+                    typesize=typesize,
+                    blocksize=rows * cols * itemsize,
+                )
+            ]
+        return [
+            BloscCodec(
+                cname=self.cname,
+                clevel=self.level,
+                shuffle=self.shuffle,
+                typesize=itemsize,
+                blocksize=rows * cols * itemsize,
+            )
+        ]
 
     def element_bytes(self, chunk_cols: int, itemsize: int) -> int:
         """blosc's element (typesize) in a chunk of `chunk_cols` values a row: one value,
@@ -153,8 +167,10 @@ class CodecConfig:
         from ..runtime.units import human_bytes
 
         if self.name == "channels":
-            return (f"channels (zstd level {self.level}, {_BLOSC_MAX_SPLITS}-byte-wide chunks of <= {self.channel_rows}"
-                    " tokens)")
+            return (
+                f"channels (zstd level {self.level}, {_BLOSC_MAX_SPLITS}-byte-wide chunks of <= {self.channel_rows}"
+                " tokens)"
+            )
         coded = "" if self.name == "none" else f"{self.cname if self.name == 'blosc' else 'zstd'} level {self.level}, "
         return f"{self.name} ({coded}{human_bytes(self.chunk_bytes)} chunks)"
 
@@ -169,8 +185,13 @@ class CodecConfig:
             cname = data["cname"]
             if cname == "none":
                 return cls(name="none", level=0, chunk_bytes=data["chunk_bytes"])
-            return cls(name="blosc", level=data["clevel"], cname=cname, shuffle=data["shuffle"],
-                       chunk_bytes=data["chunk_bytes"])
+            return cls(
+                name="blosc",
+                level=data["clevel"],
+                cname=cname,
+                shuffle=data["shuffle"],
+                chunk_bytes=data["chunk_bytes"],
+            )
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
@@ -240,8 +261,12 @@ def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
         and typesize == out.itemsize
         and _BLOSC_STREAM_SIZE.unpack_from(chunk, _BLOSC_HEADER.size)[0] == _BLOSC_ONE_BLOCK_START
         and (
-            (split and flags & _BLOSC_SHUFFLE_BITS == _BLOSC_BYTE_SHUFFLE and typesize in (1, 2)
-             and nbytes // typesize >= _BLOSC_MIN_STREAM)
+            (
+                split
+                and flags & _BLOSC_SHUFFLE_BITS == _BLOSC_BYTE_SHUFFLE
+                and typesize in (1, 2)
+                and nbytes // typesize >= _BLOSC_MIN_STREAM
+            )
             or (not split and flags & _BLOSC_SHUFFLE_BITS == 0 and typesize == 1)
         )
     )
@@ -272,8 +297,15 @@ def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
     return True
 
 
-def write_bytesplit_shard(path: Path, data: np.ndarray, chunk_shape: tuple[int, int], typesize: int, level: int,
-                          min_saving: float, threads: int = 2) -> None:
+def write_bytesplit_shard(
+    path: Path,
+    data: np.ndarray,
+    chunk_shape: tuple[int, int],
+    typesize: int,
+    level: int,
+    min_saving: float,
+    threads: int = 2,
+) -> None:
     """Write `data` [rows, cols] as a zarr v3 `sharding_indexed` file (`encode_shard`)."""
     parts = encode_shard(data, chunk_shape, typesize, level, min_saving, threads)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -282,8 +314,9 @@ def write_bytesplit_shard(path: Path, data: np.ndarray, chunk_shape: tuple[int, 
             f.write(part)
 
 
-def encode_shard(data: np.ndarray, chunk_shape: tuple[int, int], typesize: int, level: int, min_saving: float,
-                 threads: int = 2) -> list[bytes]:
+def encode_shard(
+    data: np.ndarray, chunk_shape: tuple[int, int], typesize: int, level: int, min_saving: float, threads: int = 2
+) -> list[bytes]:
     """The bytes of a zarr v3 `sharding_indexed` file holding `data` [rows, cols], in
     order: inner chunks of `chunk_shape` (the last row of chunks zero-padded), each
     encoded by `encode_bytesplit_chunk` in elements of `typesize` bytes, then the index

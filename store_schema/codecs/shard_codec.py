@@ -57,8 +57,14 @@ class EncodedArray:
 
 
 # -- reading the files ---------------------------------------------------------------------
-def read_arrays(shard: str, read: Callable[[str], bytes], commit: ShardCommit, arrays: Iterable[str], verify: bool,
-                skip: Iterable[str] = ()) -> dict[str, EncodedArray]:
+def read_arrays(
+    shard: str,
+    read: Callable[[str], bytes],
+    commit: ShardCommit,
+    arrays: Iterable[str],
+    verify: bool,
+    skip: Iterable[str] = (),
+) -> dict[str, EncodedArray]:
     """Read `arrays` of `shard`, each file through `read(path relative to the shard)`
     (FileNotFoundError where it is missing: a directory's files, a bucket's objects). With `verify`, every file read is
     checked against the commit record, and so is every other committed file except
@@ -206,8 +212,9 @@ def chunk_shape(meta: dict) -> tuple[int, int]:
     return rows, cols
 
 
-def start_sharded_decode(array: EncodedArray, num_rows: int, num_cols: int,
-                         pool: Executor) -> tuple[np.ndarray, list[Future]]:
+def start_sharded_decode(
+    array: EncodedArray, num_rows: int, num_cols: int, pool: Executor
+) -> tuple[np.ndarray, list[Future]]:
     """Queue the decode of a zarr v3 `sharding_indexed` file (index at the end,
     crc32c-checked), one task per inner chunk, into a new buffer. Returns the
     [num_rows, num_cols] buffer of raw bits (filled once the futures are done) and

@@ -179,7 +179,9 @@ class ShardCommit:
     def from_json(cls, body: dict) -> "ShardCommit":
         try:
             files = {rel: FileEntry(int(meta["size"]), str(meta["crc32c"])) for rel, meta in body["files"].items()}
-            stats = {int(layer): LayerStats.from_json(entry) for layer, entry in (body.get("layer_stats") or {}).items()}
+            stats = {
+                int(layer): LayerStats.from_json(entry) for layer, entry in (body.get("layer_stats") or {}).items()
+            }
             return cls(
                 shard=str(body["shard"]),
                 num_samples=int(body["num_samples"]),

@@ -34,9 +34,15 @@ def staging_dir(root, name: str, attempt: Attempt | None = None) -> Path:
     return staging
 
 
-def write_and_commit(root, name: str, write: Callable[[Path], T], make_record: Callable[[T, dict], dict],
-                     attempt: Attempt | None = None, check: Callable[[Path, dict], None] | None = None,
-                     journal: bool = False) -> bool:
+def write_and_commit(
+    root,
+    name: str,
+    write: Callable[[Path], T],
+    make_record: Callable[[T, dict], dict],
+    attempt: Attempt | None = None,
+    check: Callable[[Path, dict], None] | None = None,
+    journal: bool = False,
+) -> bool:
     """Write shard `name` of `root` aside with `write(staging) -> summary` and commit
     it. `make_record(summary, files)` gives the commit record's body from the file
     table; `check(staging, record)` may refuse it (raise) right before the rename;

@@ -25,8 +25,9 @@ PARALLEL_REQUESTS = 16
 def _tag(e_tag: str | None, where: str) -> str:
     """An answer's ETag: every conditional write of the commit protocol matches on it."""
     if not e_tag:
-        raise OSError(f"{where}: the server answered without an ETag; the store needs an S3-compatible one that "
-                      "returns them")
+        raise OSError(
+            f"{where}: the server answered without an ETag; the store needs an S3-compatible one that returns them"
+        )
     return e_tag
 
 

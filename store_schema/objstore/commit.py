@@ -85,8 +85,10 @@ def upload_shard(bucket: Bucket, name: str, local: Path, record: dict, attempt: 
             key = f"{prefix}/{rel}"
             etags[rel] = bucket.create(key, (Path(local) / rel).read_bytes())
             if etags[rel] is None:
-                raise RuntimeError(f"{bucket.where(key)} exists: attempt {attempt.token} was written before; "
-                                   "an attempt's prefix is written once")
+                raise RuntimeError(
+                    f"{bucket.where(key)} exists: attempt {attempt.token} was written before; "
+                    "an attempt's prefix is written once"
+                )
             keys.append(key)
         _fault_point("claim")
         claim(bucket, name, attempt)
@@ -169,8 +171,10 @@ def create_bucket_store(url, fingerprint, codec=None, spool: Spool | None = None
     bucket = Bucket(url)
     with tempfile.TemporaryDirectory(prefix="dflash-root.") as tmp:
         create_store_dir(tmp, fingerprint, codec)
-        root = {rel: (Path(tmp) / rel).read_bytes()
-                for rel in (layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}", layout.ROOT_RECORD)}
+        root = {
+            rel: (Path(tmp) / rel).read_bytes()
+            for rel in (layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}", layout.ROOT_RECORD)
+        }
     if bucket.create(layout.ZARR_METADATA, root[layout.ZARR_METADATA]) is None:
         if bucket.get(layout.ZARR_METADATA) != root[layout.ZARR_METADATA]:
             raise StoreExistsError(f"{url} holds another store (other fingerprint or codec); use a new prefix")
@@ -195,6 +199,6 @@ def commit_bucket_plan(bucket: Bucket, plan: Plan) -> None:
         if existing is None:
             raise OSError(f"{bucket.where(PLAN_RECORD)}: created by another job, then gone; start the job again")
     if parse_record(existing[0], bucket.where(PLAN_RECORD))["plan_sha256"] != plan.digest():
-        raise ValueError(f"{bucket.url}: the store already holds a different plan (other corpus or settings); "
-                         "use a new store")
-
+        raise ValueError(
+            f"{bucket.url}: the store already holds a different plan (other corpus or settings); use a new store"
+        )

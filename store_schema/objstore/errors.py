@@ -19,8 +19,10 @@ from ..errors import StoreError
 
 ALLOW_HTTP = "AWS_ALLOW_HTTP"
 ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT")
-CREDENTIALS_FIX = ("set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE with ~/.aws/credentials), "
-                   "or run where an instance role provides them")
+CREDENTIALS_FIX = (
+    "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE with ~/.aws/credentials), "
+    "or run where an instance role provides them"
+)
 _SERVER_CODE = re.compile(r"<Code>([^<]+)</Code>")
 _DENIED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken")
 _THROTTLED = ("SlowDown", "Throttling", "RequestLimitExceeded", "TooManyRequests", "503 Service Unavailable")
@@ -54,8 +56,10 @@ def refuse_plain_http(url) -> None:
     """obstore refuses an http:// endpoint with a `builder error`; say why up front."""
     found = endpoint()
     if found and found.startswith("http://") and os.environ.get(ALLOW_HTTP, "").lower() != "true":
-        raise ObjectStoreError(f"the endpoint {found} is plain HTTP ({url}): set {ALLOW_HTTP}=true to allow it "
-                               "(a local or test server), or use an https:// endpoint")
+        raise ObjectStoreError(
+            f"the endpoint {found} is plain HTTP ({url}): set {ALLOW_HTTP}=true to allow it "
+            "(a local or test server), or use an https:// endpoint"
+        )
 
 
 def missing_bucket(error: BaseException) -> bool:
@@ -77,16 +81,21 @@ def explain(error: BaseException, url) -> BaseException:
     if "/latest/api/token" in text or "169.254.169.254" in text:
         return ObjectStoreError(f"no credentials found ({where(url)}): {CREDENTIALS_FIX}")
     if code in _DENIED or "PermissionDenied" in type(error).__name__ or "Unauthenticated" in type(error).__name__:
-        return ObjectStoreError(f"access denied{f' ({code})' if code else ''} ({where(url)}): check the credentials "
-                                "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE) and the bucket's policy")
+        return ObjectStoreError(
+            f"access denied{f' ({code})' if code else ''} ({where(url)}): check the credentials "
+            "(AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_PROFILE) and the bucket's policy"
+        )
     if code in _THROTTLED or any(marker in text for marker in _THROTTLED):
-        return ObjectStoreError(f"the service kept throttling requests after retries ({where(url)}): "
-                                "rerun later, or lower the job's parallel requests")
+        return ObjectStoreError(
+            f"the service kept throttling requests after retries ({where(url)}): "
+            "rerun later, or lower the job's parallel requests"
+        )
     if any(marker in text for marker in _UNREACHABLE):
         return ObjectStoreError(f"cannot reach the endpoint ({where(url)}): check AWS_ENDPOINT_URL and the network")
     first = text.split("\n\nDebug source:")[0].splitlines()[0] if text else type(error).__name__
-    return ObjectStoreError(f"object storage request failed{f' ({code})' if code else ''} ({where(url)}): "
-                            f"{first[:300]}")
+    return ObjectStoreError(
+        f"object storage request failed{f' ({code})' if code else ''} ({where(url)}): {first[:300]}"
+    )
 
 
 @contextmanager

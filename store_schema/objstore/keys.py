@@ -40,4 +40,3 @@ def attempt_of_key(key: str) -> tuple[str, str] | None:
     """(shard, attempt token) of a key under `attempts/`, or None."""
     parts = key.split("/")
     return (parts[1], parts[2]) if len(parts) > 3 and parts[0] == ATTEMPTS_DIR else None
-

@@ -35,8 +35,17 @@ class StoreLease:
         self.e_tag: str | None = None
 
     def _body(self, expires: float) -> bytes:
-        return json.dumps({"job": self.job, "holder": self.holder, "pid": os.getpid(), "host": socket.gethostname(),
-                           "since": time.time(), "expires": expires}, sort_keys=True).encode()
+        return json.dumps(
+            {
+                "job": self.job,
+                "holder": self.holder,
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": time.time(),
+                "expires": expires,
+            },
+            sort_keys=True,
+        ).encode()
 
     def acquire(self) -> "StoreLease":
         """Take the lease, or a lapsed one over; StoreLockedError naming the live holder."""
@@ -49,9 +58,11 @@ class StoreLease:
             data, held_tag = current
             info = _parse(data)
             if info.get("expires", 0) > time.time():
-                raise StoreLockedError(f"{self.bucket.url} is leased by another live job, {describe_holder(data.decode(errors='replace'))}"
-                                       f", until {time.strftime('%H:%M:%S UTC', time.gmtime(info['expires']))}; "
-                                       "wait for it to finish or for its lease to lapse")
+                raise StoreLockedError(
+                    f"{self.bucket.url} is leased by another live job, {describe_holder(data.decode(errors='replace'))}"
+                    f", until {time.strftime('%H:%M:%S UTC', time.gmtime(info['expires']))}; "
+                    "wait for it to finish or for its lease to lapse"
+                )
             e_tag = self.bucket.replace(LEASE_KEY, self._body(time.time() + self.seconds), held_tag)
             if e_tag is None:
                 continue  # another job took it over first: look again (it is live now)

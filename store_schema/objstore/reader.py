@@ -104,8 +104,11 @@ class BucketStore(Store):
     def shard_group(self, name: str):
         if not self.is_committed(name):
             raise KeyError(f"{self.path}: no committed shard {name!r}")
-        return zarr.open_group(store=ObjectStore(self.bucket.store, read_only=True),
-                               path=attempt_prefix(name, self.attempt(name)), mode="r")
+        return zarr.open_group(
+            store=ObjectStore(self.bucket.store, read_only=True),
+            path=attempt_prefix(name, self.attempt(name)),
+            mode="r",
+        )
 
     # -- what `verify` reads ---------------------------------------------------------------
     def kept_checksum_problems(self, name: str) -> list[tuple[str, str]] | None:
@@ -118,7 +121,7 @@ class BucketStore(Store):
         if set(recorded) != set(commit.files):
             return None
         prefix = attempt_prefix(name, self.attempt(name))
-        listed = {key[len(prefix) + 1:]: meta for key, meta in self.bucket.list_tagged(prefix).items()}
+        listed = {key[len(prefix) + 1 :]: meta for key, meta in self.bucket.list_tagged(prefix).items()}
         problems = []
         for rel, entry in commit.file_table.items():
             size, etag = listed.get(rel, (None, None))
@@ -137,7 +140,7 @@ class BucketStore(Store):
         if not keys:
             return None
         prefix = layout.COMMITS_DIR + "/"
-        return {key[len(prefix):].removesuffix(JOURNAL_SUFFIX) for key in keys if key.endswith(JOURNAL_SUFFIX)}
+        return {key[len(prefix) :].removesuffix(JOURNAL_SUFFIX) for key in keys if key.endswith(JOURNAL_SUFFIX)}
 
     def journal_entry(self, name: str) -> dict:
         key = entry_key(name)
@@ -148,7 +151,7 @@ class BucketStore(Store):
 
     def shard_file_sizes(self, name: str) -> dict[str, int]:
         prefix = attempt_prefix(name, self.attempt(name))
-        return {key[len(prefix) + 1:]: size for key, size in self.bucket.list(prefix).items()}
+        return {key[len(prefix) + 1 :]: size for key, size in self.bucket.list(prefix).items()}
 
     def shard_entries(self) -> list[str]:
         """Every shard with a marker (listed: `verify` checks what is there, planned or not)."""

@@ -84,8 +84,10 @@ class Spool:
                 shutil.rmtree(local, ignore_errors=True)
                 if not is_disk_full(error):
                     raise
-                waited += self._wait(f"{self.path}'s disk filled while shard {name} was written "
-                                     f"({error.strerror}); waiting for space, then writing it again")
+                waited += self._wait(
+                    f"{self.path}'s disk filled while shard {name} was written "
+                    f"({error.strerror}); waiting for space, then writing it again"
+                )
                 continue
             break
         with self._waits_lock:
@@ -112,14 +114,17 @@ class Spool:
                 fits = need <= free and (self.limit is None or held + need <= self.limit)
                 if fits:
                     local = self.path / SEPARATOR.join(
-                        (name, socket.gethostname(), str(os.getpid()), uuid.uuid4().hex[:8], str(need)))
+                        (name, socket.gethostname(), str(os.getpid()), uuid.uuid4().hex[:8], str(need))
+                    )
                     local.mkdir()
                     break
             now = time.monotonic()
             if last_log is None or now - last_log >= WAIT_LOG_SECONDS:
                 bound = f"{human_bytes(held)} of its {human_bytes(self.limit)} held, " if self.limit else ""
-                self.log(f"spool {self.path} full ({bound}{human_bytes(free)} free on its disk); shard {name} "
-                         f"needs up to {human_bytes(need)}: waiting for uploads to free space")
+                self.log(
+                    f"spool {self.path} full ({bound}{human_bytes(free)} free on its disk); shard {name} "
+                    f"needs up to {human_bytes(need)}: waiting for uploads to free space"
+                )
                 last_log = now
             time.sleep(POLL_SECONDS)
         return local, time.monotonic() - began
@@ -154,8 +159,10 @@ class Spool:
 
 
 def too_small_message(path, limit: int, need: int) -> str:
-    return (f"--spool-size {human_bytes(limit)} cannot hold one shard: {path} needs up to {human_bytes(need)} "
-            "for the largest; raise --spool-size or plan smaller shards (--shard-tokens)")
+    return (
+        f"--spool-size {human_bytes(limit)} cannot hold one shard: {path} needs up to {human_bytes(need)} "
+        "for the largest; raise --spool-size or plan smaller shards (--shard-tokens)"
+    )
 
 
 def _running(pid: int) -> bool:

@@ -95,8 +95,12 @@ class CommandParser(argparse.ArgumentParser):
         parsed, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None:  # a leaf: no parser above it knows its options
             options = [option for action in self._actions for option in action.option_strings]
-            hints = [f"{extra} (did you mean {near[0]}?)" if (near := difflib.get_close_matches(
-                extra.split("=", 1)[0], options, n=1)) else extra for extra in extras]
+            hints = [
+                f"{extra} (did you mean {near[0]}?)"
+                if (near := difflib.get_close_matches(extra.split("=", 1)[0], options, n=1))
+                else extra
+                for extra in extras
+            ]
             self.error(f"unrecognized arguments: {' '.join(hints)}")
         return parsed, extras
 

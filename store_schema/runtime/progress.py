@@ -18,15 +18,25 @@ from datetime import timedelta
 
 
 def default_mode(enabled: bool = True) -> str:
-    """"bar" on a terminal, "lines" otherwise, "off" when not `enabled`."""
+    """ "bar" on a terminal, "lines" otherwise, "off" when not `enabled`."""
     if not enabled:
         return "off"
     return "bar" if sys.stderr.isatty() else "lines"
 
 
 class Progress:
-    def __init__(self, desc: str, total: int, unit: str, *, mode: str = "off", interval: float = 30.0,
-                 initial: int = 0, log: Callable[[str], None] | None = None, clock=time.monotonic):
+    def __init__(
+        self,
+        desc: str,
+        total: int,
+        unit: str,
+        *,
+        mode: str = "off",
+        interval: float = 30.0,
+        initial: int = 0,
+        log: Callable[[str], None] | None = None,
+        clock=time.monotonic,
+    ):
         self.desc, self.total, self.unit, self.mode, self.interval = desc, int(total), unit, mode, float(interval)
         self.done = int(initial)
         self._start_done = self._line_done = self.done
@@ -40,8 +50,15 @@ class Progress:
         if mode == "bar":
             from tqdm import tqdm
 
-            self._bar = tqdm(total=self.total, initial=self.done, unit=unit, desc=desc, mininterval=1.0,
-                             smoothing=0.1, file=sys.stderr)
+            self._bar = tqdm(
+                total=self.total,
+                initial=self.done,
+                unit=unit,
+                desc=desc,
+                mininterval=1.0,
+                smoothing=0.1,
+                file=sys.stderr,
+            )
 
     def update(self, count: int, tokens: int = 0, **extra) -> None:
         """`count` more units done (and `tokens` more tokens, for a tokens/s figure);

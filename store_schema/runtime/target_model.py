@@ -111,8 +111,13 @@ def load_target_model(
     dtype = dtype or compute_dtype(device)
     text = AutoConfig.from_pretrained(str(path), trust_remote_code=trust_remote_code).get_text_config()
     num_layers = int(text.num_hidden_layers)
-    options = dict(dtype=dtype, device_map=device_map_for(device), trust_remote_code=trust_remote_code,
-                   attn_implementation=attn_implementation, output_loading_info=True)
+    options = dict(
+        dtype=dtype,
+        device_map=device_map_for(device),
+        trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation,
+        output_loading_info=True,
+    )
     model_class = _headless_class(text) if keep_layers is not None else None
     if check_class is not None and model_class is not None:
         check_class(model_class)
@@ -125,8 +130,10 @@ def load_target_model(
         hf_logging.set_verbosity_error()  # the left-out layers and head are "unexpected" on purpose
         try:
             model, loading = model_class.from_pretrained(
-                str(path), config=_cut_to_layers(text, num_layers if keep_layers is None else keep_layers),
-                key_mapping=_TEXT_MODEL_KEYS, **options
+                str(path),
+                config=_cut_to_layers(text, num_layers if keep_layers is None else keep_layers),
+                key_mapping=_TEXT_MODEL_KEYS,
+                **options,
             )
         finally:
             hf_logging.set_verbosity(verbosity)
@@ -150,8 +157,11 @@ def check_loading(loading: dict, architecture: str, path, keep_layers: int | Non
     mismatched = sorted(str(key) for key in loading.get("mismatched_keys") or [])
     unexpected = sorted(key for key in loading.get("unexpected_keys") or [] if not _left_out(key, keep_layers))
     if missing or mismatched or unexpected:
-        found = [f"{what} {keys[:8]}" for what, keys in
-                 (("missing", missing), ("of the wrong shape", mismatched), ("unexpected", unexpected)) if keys]
+        found = [
+            f"{what} {keys[:8]}"
+            for what, keys in (("missing", missing), ("of the wrong shape", mismatched), ("unexpected", unexpected))
+            if keys
+        ]
         raise TargetWeightsError(
             f"{path}: loading {architecture}, checkpoint tensors {'; '.join(found)}: missing or mismatched weights "
             "would be randomly initialised, unexpected ones mean the checkpoint is not this architecture"
@@ -174,7 +184,11 @@ def _left_out(key: str, keep_layers: int | None) -> bool:
     if keep_layers is None:
         return False
     layer = _LAYER_INDEX.search(key)
-    return key.startswith("lm_head.") or key.startswith("mtp.") or (layer is not None and int(layer.group(1)) >= keep_layers)
+    return (
+        key.startswith("lm_head.")
+        or key.startswith("mtp.")
+        or (layer is not None and int(layer.group(1)) >= keep_layers)
+    )
 
 
 def _is_vision(name: str) -> bool:

@@ -58,14 +58,18 @@ def weight_files(path: Path, flag: str = "--model") -> list[Path]:
             raise TargetWeightsError(f"{flag} {path}: {INDEX_FILE} lists no weights")
         missing = [file.name for file in files if not file.is_file()]
         if missing:
-            raise TargetWeightsError(f"{flag} {path}: {len(missing)} of the {len(files)} weights files its "
-                                     f"{INDEX_FILE} lists are missing ({', '.join(missing[:3])}"
-                                     f"{' ...' if len(missing) > 3 else ''}); the download is incomplete")
+            raise TargetWeightsError(
+                f"{flag} {path}: {len(missing)} of the {len(files)} weights files its "
+                f"{INDEX_FILE} lists are missing ({', '.join(missing[:3])}"
+                f"{' ...' if len(missing) > 3 else ''}); the download is incomplete"
+            )
         return files
     if (path / SINGLE_FILE).is_file():
         return [path / SINGLE_FILE]
-    raise TargetWeightsError(f"{flag} {path}: no weights ({SINGLE_FILE} or {INDEX_FILE}); a config-only directory "
-                             "sizes a job (--dry-run) but cannot run the target")
+    raise TargetWeightsError(
+        f"{flag} {path}: no weights ({SINGLE_FILE} or {INDEX_FILE}); a config-only directory "
+        "sizes a job (--dry-run) but cannot run the target"
+    )
 
 
 def header_problem(file: Path) -> str:
@@ -87,8 +91,11 @@ def header_problem(file: Path) -> str:
         return f"cannot be read ({error.strerror or error})"
     except ValueError:
         return "is not a safetensors file (its header is not JSON)"
-    ends = [entry["data_offsets"][1] for name, entry in header.items()
-            if name != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets") or ()) == 2]
+    ends = [
+        entry["data_offsets"][1]
+        for name, entry in header.items()
+        if name != "__metadata__" and isinstance(entry, dict) and len(entry.get("data_offsets") or ()) == 2
+    ]
     needed = 8 + length + max(ends, default=0)
     if size < needed:
         return f"is truncated ({size} of {needed} bytes)"

@@ -29,11 +29,16 @@ def parse_bytes(text) -> int:
             number = float(number_text)
         except ValueError:
             number = -1.0
-    scale = {u.lower(): 1000 ** i for i, u in enumerate(_UNITS)} | {
-        f"{u[0].lower()}ib": 1024 ** (i + 1) for i, u in enumerate(_UNITS[1:])} | {"": 1, "k": 1000}
+    scale = (
+        {u.lower(): 1000**i for i, u in enumerate(_UNITS)}
+        | {f"{u[0].lower()}ib": 1024 ** (i + 1) for i, u in enumerate(_UNITS[1:])}
+        | {"": 1, "k": 1000}
+    )
     if unit.lower() not in scale or not number >= 0:
-        raise ValueError(f"{text!r} is not a size: a number of bytes with an optional unit (kB, MB, GB, TB, PB; "
-                         "KiB, MiB, GiB, TiB), e.g. 500GB or 2TiB")
+        raise ValueError(
+            f"{text!r} is not a size: a number of bytes with an optional unit (kB, MB, GB, TB, PB; "
+            "KiB, MiB, GiB, TiB), e.g. 500GB or 2TiB"
+        )
     return int(number * scale[unit.lower()])
 
 

@@ -41,14 +41,18 @@ def _root_files(source: Store) -> dict[str, bytes]:
     except FileNotFoundError:
         pass  # a store without a plan: nothing of it to copy
     else:
-        tables.append((f"{layout.PLAN_DIR}/", parse_record(files[plan_record], f"{source.path}/{plan_record}")["files"]))
+        tables.append(
+            (f"{layout.PLAN_DIR}/", parse_record(files[plan_record], f"{source.path}/{plan_record}")["files"])
+        )
     for base, table in tables:
         for rel, entry in table.items():
             data = source.store_file(base + rel)
             what = file_mismatch(entry, len(data), lambda: crc32c_bytes(data))
             if what:
-                raise RecordError(f"{source.path}/{base}{rel}: {what}; check the store with "
-                                  f"`python -m store_schema verify {source.path}`")
+                raise RecordError(
+                    f"{source.path}/{base}{rel}: {what}; check the store with "
+                    f"`python -m store_schema verify {source.path}`"
+                )
             files[base + rel] = data
     return files
 
@@ -70,8 +74,10 @@ def open_local_copy(directory, source: Store) -> Store:
     for rel in (layout.ZARR_METADATA, f"{layout.PLAN_DIR}/{layout.COMMIT_RECORD}"):
         path = directory / rel
         if path.is_file() and rel in files and path.read_bytes() != files[rel]:
-            raise LocalCopyError(f"{directory} holds a copy of another store ({rel} differs from {source.path}'s); "
-                                 "give another directory or empty this one")
+            raise LocalCopyError(
+                f"{directory} holds a copy of another store ({rel} differs from {source.path}'s); "
+                "give another directory or empty this one"
+            )
     if (directory / layout.ZARR_METADATA).is_file() and layout.ZARR_METADATA not in files:
         raise LocalCopyError(f"{directory}: {source.path}'s root record lists no {layout.ZARR_METADATA}")
     # zarr.json last: a directory with it is a store root, so it comes after what it needs
@@ -92,8 +98,12 @@ def _fetch_checked(source: Store, name: str, rel: str, entry) -> bytes:
         what = file_mismatch({"size": entry.size, "crc32c": entry.crc32c}, len(data), lambda: crc32c_bytes(data))
         if what is None:
             return data
-    raise CorruptShardError(name, rel, f"{what} in {source.path} (fetched {FETCHES} times); check it with "
-                                       f"`python -m store_schema verify {source.path}`")
+    raise CorruptShardError(
+        name,
+        rel,
+        f"{what} in {source.path} (fetched {FETCHES} times); check it with "
+        f"`python -m store_schema verify {source.path}`",
+    )
 
 
 def copy_shard(source: Store, directory, name: str) -> int:

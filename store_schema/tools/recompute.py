@@ -26,8 +26,14 @@ MIN_COSINE = {"bfloat16": 0.999, "fp8_e4m3": 0.995}  # per store dtype, see abov
 OTHER_TARGET_COSINE = 0.9  # below this, another checkpoint (or layer), not rounding
 
 
-def recompute_check(store: Store, model_path: str, num_samples: int, device: str | torch.device = "cpu", seed: int = 0,
-                    trust_remote_code: bool = False) -> tuple[list[dict], list[dict]]:
+def recompute_check(
+    store: Store,
+    model_path: str,
+    num_samples: int,
+    device: str | torch.device = "cpu",
+    seed: int = 0,
+    trust_remote_code: bool = False,
+) -> tuple[list[dict], list[dict]]:
     """Returns (per-sample results, problems). A problem is any layer whose worst
     token cosine is below the store dtype's MIN_COSINE. The model is loaded whole
     (`store_schema.runtime.target_model`: bf16 on CUDA, fp32 elsewhere)."""
@@ -37,8 +43,14 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
     loaded = load_target_model(model_path, device, trust_remote_code=trust_remote_code)
     model, device, num_layers = loaded.model, loaded.device, loaded.num_layers
     if num_layers != store.fingerprint.num_target_layers:
-        return [], [{"shard": "", "array": "", "file": "", "what":
-                     f"model has {num_layers} layers, store was made from {store.fingerprint.num_target_layers}"}]
+        return [], [
+            {
+                "shard": "",
+                "array": "",
+                "file": "",
+                "what": f"model has {num_layers} layers, store was made from {store.fingerprint.num_target_layers}",
+            }
+        ]
     results, problems = [], []
     min_cosine = MIN_COSINE[store.fingerprint.dtype]
     for name, index in picks:
@@ -53,11 +65,15 @@ def recompute_check(store: Store, model_path: str, num_samples: int, device: str
             worst = float(cosine.min())
             entry["min_cosine"][layer_id] = round(worst, 6)
             if not worst >= min_cosine:
-                problems.append({
-                    "shard": name, "array": layout.layer_array(layer_id), "file": "",
-                    "what": f"sample {sample.sample_id!r}: recomputed cosine {worst:.5f} < {min_cosine} "
-                            f"at token {int(cosine.argmin())}",
-                })
+                problems.append(
+                    {
+                        "shard": name,
+                        "array": layout.layer_array(layer_id),
+                        "file": "",
+                        "what": f"sample {sample.sample_id!r}: recomputed cosine {worst:.5f} < {min_cosine} "
+                        f"at token {int(cosine.argmin())}",
+                    }
+                )
         results.append(entry)
     worst = min((c for entry in results for c in entry["min_cosine"].values()), default=1.0)
     if worst < OTHER_TARGET_COSINE:
@@ -69,6 +85,10 @@ def other_target_question(store: Store, model_path: str, worst: float, min_cosin
     """The problem a far-too-low cosine leads with: is `model_path` the store's target?"""
     differences = store.fingerprint.target_differences(model_path)
     known = f"; it differs from the store's target in {', '.join(differences)}" if differences else ""
-    return {"shard": "", "array": "", "file": "", "what":
-            f"worst recomputed cosine {worst:.3f}, far below {min_cosine}: is --model {model_path} the checkpoint "
-            f"the store was extracted from ({store.fingerprint.target_model}){known}?"}
+    return {
+        "shard": "",
+        "array": "",
+        "file": "",
+        "what": f"worst recomputed cosine {worst:.3f}, far below {min_cosine}: is --model {model_path} the checkpoint "
+        f"the store was extracted from ({store.fingerprint.target_model}){known}?",
+    }

@@ -57,8 +57,16 @@ class _ShardResult:
         self.problems.append(problem(what, self.name, array, file))
 
 
-def verify_store(path, progress=None, workers: int | None = None, checksums_only: bool = False,
-                 shards=None, sizes_only: bool = False, reread=(), ray_address: str | None = None) -> Report:
+def verify_store(
+    path,
+    progress=None,
+    workers: int | None = None,
+    checksums_only: bool = False,
+    shards=None,
+    sizes_only: bool = False,
+    reread=(),
+    ray_address: str | None = None,
+) -> Report:
     """Check a store (a path, or a `Store` already open: its commit records are
     read once) with `workers` threads (default: the cores available);
     `progress(done_shards, total_shards, bytes_done, total_bytes)` is called after
@@ -107,16 +115,21 @@ def verify_store(path, progress=None, workers: int | None = None, checksums_only
             progress(done, len(shard_dirs), done_bytes, total_bytes)
     _flag_outlier_layers(stats_by_shard, report)
     if planned_ids is not None and shards is None:
-        planned = set(planned_ids)
-        report.planned_shards = len(planned)
-        for name in sorted(planned - set(shard_dirs)):
-            if name in journal:
-                report.add(VANISHED, shard=name, file=entry_key(name))
-            else:
-                report.add(MISSING_SHARD, shard=name)
-        for name in sorted(set(shard_dirs) - planned):
-            report.add("shard not in the plan", shard=name)
+        _check_against_plan(set(planned_ids), set(shard_dirs), journal, report)
     return report
+
+
+def _check_against_plan(planned: set[str], found: set[str], journal: set[str], report: Report) -> None:
+    """Planned shards not in the store (damaged when the store's journal says they were
+    committed, else not extracted yet) and shards the plan does not name."""
+    report.planned_shards = len(planned)
+    for name in sorted(planned - found):
+        if name in journal:
+            report.add(VANISHED, shard=name, file=entry_key(name))
+        else:
+            report.add(MISSING_SHARD, shard=name)
+    for name in sorted(found - planned):
+        report.add("shard not in the plan", shard=name)
 
 
 def _checked_here(store: Store, names: list[str], planned_ids, depths: dict, workers: int | None):
@@ -169,8 +182,9 @@ def _merge(result: _ShardResult, seen_ids: dict, report: Report) -> None:
         report.shards_by_node[result.node] = report.shards_by_node.get(result.node, 0) + 1
     for sample_id in result.sample_ids:  # across shards, so after each shard's own checks
         if sample_id in seen_ids:
-            report.add(f"sample {sample_id!r} also stored in {seen_ids[sample_id]}", shard=result.name,
-                       array=layout.SAMPLE_IDS)
+            report.add(
+                f"sample {sample_id!r} also stored in {seen_ids[sample_id]}", shard=result.name, array=layout.SAMPLE_IDS
+            )
         seen_ids.setdefault(sample_id, result.name)
 
 
@@ -307,7 +321,9 @@ def _check_contents(store: Store, commit, files: dict, planned_ids, result: _Sha
             continue
         meta = json.loads(bytes(files[meta_file]))
         if tuple(meta["shape"]) != shape or meta["data_type"] != data_type:
-            result.add(f"shape/dtype {tuple(meta['shape'])} {meta['data_type']}, expected {shape} {data_type}", array=array)
+            result.add(
+                f"shape/dtype {tuple(meta['shape'])} {meta['data_type']}, expected {shape} {data_type}", array=array
+            )
     if len(result.problems) > problems_before:
         return
 
@@ -332,13 +348,17 @@ def _check_contents(store: Store, commit, files: dict, planned_ids, result: _Sha
     for layer_id, states in data.hidden.items():
         bad = nonfinite_rows(as_bits(states, store.dtype), store.dtype)
         if len(bad):
-            result.add(f"{len(bad)} token(s) with NaN/Inf, first at token {int(bad[0])}", array=layout.layer_array(layer_id))
+            result.add(
+                f"{len(bad)} token(s) with NaN/Inf, first at token {int(bad[0])}", array=layout.layer_array(layer_id)
+            )
     for layer_id, scales in data.scales.items():
         values = scales.numpy()
         bad = np.flatnonzero(~(np.isfinite(values) & (values > 0)) | (np.frexp(values)[0] != 0.5))
         if len(bad):
-            result.add(f"{len(bad)} scale(s) not a positive power of two, first at token {int(bad[0])}",
-                       array=layout.scale_array(layer_id))
+            result.add(
+                f"{len(bad)} scale(s) not a positive power of two, first at token {int(bad[0])}",
+                array=layout.scale_array(layer_id),
+            )
     _check_layer_statistics(store, commit, data, result)
     result.sample_ids = sample_ids
     result.samples += num_samples
@@ -358,9 +378,12 @@ def _check_layer_statistics(store: Store, commit, data, result: _ShardResult) ->
             result.add(what, array=array)
         recorded = commit.layer_stats.get(layer_id)
         if recorded is not None and layer_stats.differs(recorded, computed):
-            result.add(f"states differ from the statistics recorded at commit (RMS {computed.rms:g} vs {recorded.rms:g}, "
-                       f"token spread {computed.token_spread:g} vs {recorded.token_spread:g}): rewritten after the "
-                       "commit", array=array)
+            result.add(
+                f"states differ from the statistics recorded at commit (RMS {computed.rms:g} vs {recorded.rms:g}, "
+                f"token spread {computed.token_spread:g} vs {recorded.token_spread:g}): rewritten after the "
+                "commit",
+                array=array,
+            )
         result.layer_stats[layer_id] = computed
 
 

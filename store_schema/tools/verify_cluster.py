@@ -27,8 +27,15 @@ BATCHES_PER_NODE = 4  # a lost node's share is spread this thin; results stream 
 STALL_DIR_ENV = "DFLASH_VERIFY_STALL_DIR"
 
 
-def cluster_results(location: str, names: list[str], check_batch: Callable, batch_args: Callable[[list[str]], tuple],
-                    address: str, on_failure: Callable[[str, str], object], retries: int | None = None) -> Iterator:
+def cluster_results(
+    location: str,
+    names: list[str],
+    check_batch: Callable,
+    batch_args: Callable[[list[str]], tuple],
+    address: str,
+    on_failure: Callable[[str, str], object],
+    retries: int | None = None,
+) -> Iterator:
     """`check_batch(location, batch, *batch_args(batch))`'s results (one per shard, in
     `names` order), each batch run as a task on one of the cluster's nodes at
     `address` ("auto": the cluster this machine belongs to); for a batch whose task
@@ -44,8 +51,12 @@ def cluster_results(location: str, names: list[str], check_batch: Callable, batc
         batches = _batches(names, len(nodes) * BATCHES_PER_NODE)
         retries = RETRIES if retries is None else retries
         task = ray.remote(num_cpus=1, max_retries=retries, retry_exceptions=False)(_run_batch)
-        refs = [task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True))
-                .remote(check_batch, location, batch, *batch_args(batch)) for i, batch in enumerate(batches)]
+        refs = [
+            task.options(scheduling_strategy=NodeAffinitySchedulingStrategy(nodes[i % len(nodes)], soft=True)).remote(
+                check_batch, location, batch, *batch_args(batch)
+            )
+            for i, batch in enumerate(batches)
+        ]
         for batch, ref in zip(batches, refs):
             try:
                 results = ray.get(ref)

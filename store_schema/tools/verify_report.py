@@ -93,24 +93,32 @@ def problem(what: str, shard: str = "", array: str = "", file: str = "") -> dict
 def format_report(report: Report, repair_advice: bool = True) -> str:
     """The text report: a PROBLEM line per damage, one line for the planned shards
     not yet extracted (what finishes them), the verdict last."""
-    lines = [f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}"
-             + (" (--checksums-only: sizes and crc32c, contents not decoded)" if report.checksums_only else "")
-             + (" (--sizes-only: commit records and file sizes, nothing read)" if report.sizes_only else "")]
+    lines = [
+        f"shards checked: {report.shards_checked}, samples: {report.samples}, tokens: {report.tokens}"
+        + (" (--checksums-only: sizes and crc32c, contents not decoded)" if report.checksums_only else "")
+        + (" (--sizes-only: commit records and file sizes, nothing read)" if report.sizes_only else "")
+    ]
     if report.checksums_only and report.kept_checksum_shards:
         streamed = report.shards_checked - report.kept_checksum_shards
-        lines.append(f"{report.kept_checksum_shards} shard(s) checked by the object store's kept checksums (ETags "
-                     f"against those answered at upload; nothing read)" + (
-                         f"; {streamed} read and checked by crc32c: their markers recorded no ETags" if streamed else ""))
+        lines.append(
+            f"{report.kept_checksum_shards} shard(s) checked by the object store's kept checksums (ETags "
+            f"against those answered at upload; nothing read)"
+            + (f"; {streamed} read and checked by crc32c: their markers recorded no ETags" if streamed else "")
+        )
     if report.shards_by_node:
-        lines.append(f"checked on {len(report.shards_by_node)} Ray node(s): "
-                     + ", ".join(f"{node[:12]} {count}" for node, count in sorted(report.shards_by_node.items())))
+        lines.append(
+            f"checked on {len(report.shards_by_node)} Ray node(s): "
+            + ", ".join(f"{node[:12]} {count}" for node, count in sorted(report.shards_by_node.items()))
+        )
     for entry in report.recomputed:
         lines.append(f"recomputed {entry['shard']}/{entry['sample']}: min cosine per layer {entry['min_cosine']}")
     for p in report.damage:
         where = "/".join(x for x in (p["shard"], p["file"] or p["array"]) if x) or "store"
         lines.append(f"PROBLEM {where}: {p['what']}")
     if report.leftovers:
-        lines.append(f"uncommitted leftovers in {layout.STAGING_DIR}/: {', '.join(report.leftovers)} (--clean removes them)")
+        lines.append(
+            f"uncommitted leftovers in {layout.STAGING_DIR}/: {', '.join(report.leftovers)} (--clean removes them)"
+        )
     if repair_advice and any(p["shard"] for p in report.damage):
         lines.append("--repair moves the damaged shards aside; the same `extract run` then extracts them again")
     if report.status == "intact":
