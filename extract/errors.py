@@ -88,7 +88,7 @@ def actor_error_cause(error: BaseException) -> str:
     text = " ".join(line.strip() for line in str(error).strip().splitlines()) or type(error).__name__
     for marker in ("The actor is dead because", "The actor died because"):
         if marker in text:
-            text = text[text.index(marker):]
+            text = text[text.index(marker) :]
     for cut in (" Some common causes", " The actor never ran"):
         text = text.split(cut)[0]
     return text[:300]

@@ -61,8 +61,10 @@ def read_manifest(corpus_dir) -> dict:
     except RecordError as error:
         raise GeneratedCorpusError(str(error)) from None
     if body.get("format") != FORMAT or body.get("version") != FORMAT_VERSION:
-        raise GeneratedCorpusError(f"{path}: format {body.get('format')!r} version {body.get('version')!r}, "
-                                   f"expected {FORMAT!r} version {FORMAT_VERSION}")
+        raise GeneratedCorpusError(
+            f"{path}: format {body.get('format')!r} version {body.get('version')!r}, "
+            f"expected {FORMAT!r} version {FORMAT_VERSION}"
+        )
     shards = body.get("shards")
     if not isinstance(shards, list) or not all(isinstance(s, str) and "/" not in s for s in shards):
         raise GeneratedCorpusError(f"{path}: shards is not a list of shard names")
@@ -97,8 +99,14 @@ def shard_table(rows: list[dict]):
     import pyarrow as pa  # writing a shard only: `run` reads a manifest without pyarrow
 
     message = pa.struct([("role", pa.string()), ("content", pa.string()), ("reasoning_content", pa.string())])
-    schema = pa.schema([("id", pa.string()), ("messages", pa.list_(message)), ("truncated", pa.bool_()),
-                        ("generated_tokens", pa.int32())])
+    schema = pa.schema(
+        [
+            ("id", pa.string()),
+            ("messages", pa.list_(message)),
+            ("truncated", pa.bool_()),
+            ("generated_tokens", pa.int32()),
+        ]
+    )
     columns = {name: [row[name] for row in rows] for name in COLUMNS}
     return pa.Table.from_pydict(columns, schema=schema)
 
@@ -117,11 +125,18 @@ def commit_shard(corpus_dir, name: str, table, attempt: Attempt | None = None, e
     truncated = sum(bool(flag) for flag in table.column("truncated").to_pylist())
 
     def record(_, files: dict) -> dict:
-        return {"shard": name, "num_records": table.num_rows, "generated_tokens": generated,
-                "truncated_records": truncated, **dict(extra or {}), "files": files}
+        return {
+            "shard": name,
+            "num_records": table.num_rows,
+            "generated_tokens": generated,
+            "truncated_records": truncated,
+            **dict(extra or {}),
+            "files": files,
+        }
 
-    return write_and_commit(corpus_dir, name, lambda staging: pq.write_table(table, staging / SHARD_FILE), record,
-                            attempt)
+    return write_and_commit(
+        corpus_dir, name, lambda staging: pq.write_table(table, staging / SHARD_FILE), record, attempt
+    )
 
 
 def shard_record(corpus_dir, name: str) -> dict:

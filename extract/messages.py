@@ -30,8 +30,7 @@ def _arguments(value, where: str):
         try:
             value = json.loads(value)
         except json.JSONDecodeError as error:
-            raise QuarantineError("bad_tool_call",
-                                  f"{where} is not JSON ({error.msg}, column {error.colno})") from None
+            raise QuarantineError("bad_tool_call", f"{where} is not JSON ({error.msg}, column {error.colno})") from None
     if not isinstance(value, dict):
         raise QuarantineError("bad_tool_call", f"{where} is a {type(value).__name__}, not an object")
     return value
@@ -51,8 +50,9 @@ def clean_tool_calls(calls, where: str) -> list[dict]:
         nested = "function" in call
         function = _drop_none(call["function"]) if nested and isinstance(call["function"], dict) else call
         if nested and not isinstance(call["function"], dict):
-            raise QuarantineError("bad_tool_call",
-                                  f"{at}.function is a {type(call['function']).__name__}, not an object")
+            raise QuarantineError(
+                "bad_tool_call", f"{at}.function is a {type(call['function']).__name__}, not an object"
+            )
         prefix = f"{at}.function" if nested else at
         if not isinstance(function.get("name"), str) or not function["name"]:
             raise QuarantineError("bad_tool_call", f"{prefix} has no name")

@@ -15,13 +15,28 @@ QWEN3_6_MASK_TOKEN_ID = 248_070  # the published drafters' mask id: the first ro
 # Qwen3.5's config class with the values a released config.json carries: linear
 # attention x3 then full attention, 16 times.
 QWEN3_6_27B = dict(
-    model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], vocab_size=QWEN3_6_VOCAB_ROWS,
-    hidden_size=5120, intermediate_size=17408, num_hidden_layers=64, num_attention_heads=24,
-    num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
-    linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, full_attention_interval=4,
+    model_type="qwen3_5_text",
+    architectures=["Qwen3_5ForCausalLM"],
+    vocab_size=QWEN3_6_VOCAB_ROWS,
+    hidden_size=5120,
+    intermediate_size=17408,
+    num_hidden_layers=64,
+    num_attention_heads=24,
+    num_key_value_heads=4,
+    head_dim=256,
+    linear_num_key_heads=16,
+    linear_num_value_heads=48,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    full_attention_interval=4,
     layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(64)],
-    max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False, torch_dtype="bfloat16",
-    eos_token_id=248046, pad_token_id=248044,
+    max_position_embeddings=262144,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    torch_dtype="bfloat16",
+    eos_token_id=248046,
+    pad_token_id=248044,
 )
 
 

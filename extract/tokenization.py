@@ -104,9 +104,7 @@ def _present(record: dict, key: str) -> bool:
 
 def mask_with_generation_tags(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     """Path (a): the template marks assistant content with ``{% generation %}``."""
-    out = tokenizer.apply_chat_template(
-        messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
-    )
+    out = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     return list(out["input_ids"]), list(out["assistant_masks"])
 
 
@@ -231,11 +229,14 @@ def turn_mask_with_offsets(tokenizer, messages: list[dict]) -> tuple[list[int], 
     """Path (b), turn scope: from the end of each turn's generation prompt (its
     content, when the template cannot render the prefix) through its end-of-turn token."""
     text = tokenizer.apply_chat_template(messages, tokenize=False)
-    spans = [(turn.start if turn.generation_start is None else min(turn.generation_start, turn.start), turn.end)
-             for turn in _assistant_turns(tokenizer, messages, text, True)]
+    spans = [
+        (turn.start if turn.generation_start is None else min(turn.generation_start, turn.start), turn.end)
+        for turn in _assistant_turns(tokenizer, messages, text, True)
+    ]
     encoding = _encode(tokenizer, text)
-    return list(encoding["input_ids"]), _overlap_mask(encoding["offset_mapping"], _whole_turns(
-        text, spans, end_of_turn_strings(tokenizer)))
+    return list(encoding["input_ids"]), _overlap_mask(
+        encoding["offset_mapping"], _whole_turns(text, spans, end_of_turn_strings(tokenizer))
+    )
 
 
 def turn_mask_with_generation_tags(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
@@ -245,7 +246,9 @@ def turn_mask_with_generation_tags(tokenizer, messages: list[dict]) -> tuple[lis
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     encoding = _encode(tokenizer, text)
     if list(encoding["input_ids"]) != ids:
-        raise QuarantineError("template_mismatch", "the rendered chat tokenizes differently than the template's own ids")
+        raise QuarantineError(
+            "template_mismatch", "the rendered chat tokenizes differently than the template's own ids"
+        )
     offsets, spans = encoding["offset_mapping"], []
     for token, scored in enumerate(tagged):
         if not scored:

@@ -16,7 +16,7 @@ from store_schema.plan import (
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.host import AUTO_DEVICE, available_cores
 
-from ..jobs.settings import DEFAULT_PROGRESS_INTERVAL, DEVICES
+from ..jobs.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES
 
 DEVICE_HELP = "where workers run: auto is cuda when this host sees a GPU, else cpu (default %(default)s)"
 
@@ -28,19 +28,48 @@ def add_device_flag(parser: argparse.ArgumentParser) -> None:
 def add_ray_flags(parser: argparse.ArgumentParser) -> None:
     """Where a job's workers run and how it reports progress: run and generate alike."""
     parser.add_argument("--address", help="join a running Ray cluster (default: start a local one, or $RAY_ADDRESS)")
-    parser.add_argument("--cpus-per-worker", type=int, default=1,
-                        help="Ray CPUs per worker, = torch threads with --device cpu (default %(default)s)")
-    parser.add_argument("--progress-interval", type=float, default=DEFAULT_PROGRESS_INTERVAL,
-                        help="seconds between progress lines when stderr is not a terminal (default %(default)g)")
+    parser.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        default=1,
+        help="Ray CPUs per worker, = torch threads with --device cpu (default %(default)s)",
+    )
+    parser.add_argument(
+        "--progress-interval",
+        type=float,
+        default=DEFAULT_PROGRESS_INTERVAL,
+        help="seconds between progress lines when stderr is not a terminal (default %(default)g)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
 
 
+def add_retry_flags(parser: argparse.ArgumentParser) -> None:
+    """When a job retries a shard and when it gives a silent worker up: run and generate alike."""
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=DEFAULT_MAX_ATTEMPTS,
+        help="tries per shard when workers die (default %(default)s)",
+    )
+    parser.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=DEFAULT_WORKER_TIMEOUT,
+        help="seconds a worker holding shards may stay silent before it is presumed lost and its "
+        "shards are revoked and redone elsewhere (default %(default)g)",
+    )
+
+
 def add_space_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(SKIP_SPACE_CHECK_FLAG, action="store_true",
-                        help="start even when the plan's size estimate exceeds the output filesystem's free space")
+    parser.add_argument(
+        SKIP_SPACE_CHECK_FLAG,
+        action="store_true",
+        help="start even when the plan's size estimate exceeds the output filesystem's free space",
+    )
 
 
-def add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
+def add_source_flags(parser: argparse.ArgumentParser) -> None:
+    """What a job reads and writes: the target, its tokenizer, the corpus, the store, the layers."""
     parser.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
     parser.add_argument("--tokenizer", help="tokenizer directory if not the model's")
     parser.add_argument("--corpus", required=True, help="JSONL / Parquet file, directory of them, or datasets dir")
@@ -48,33 +77,79 @@ def add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> No
     layers = parser.add_mutually_exclusive_group()
     layers.add_argument("--layers", help="context layer ids, comma-separated (id L = output of decoder layer L)")
     layers.add_argument("--num-context-layers", type=int, help="use the default spread of N layers (default 5)")
-    layers.add_argument("--layers-from", metavar="DIR[,DIR...]",
-                        help="the union of the target layers these drafter directories read (dflash_config."
-                             "target_layer_ids; published or exported): one store for several drafters")
-    parser.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH,
-                        help="tokens per sample; longer records are truncated (default %(default)s)")
-    parser.add_argument("--shard-tokens", type=int, default=DEFAULT_SHARD_TOKENS,
-                        help="tokens per shard, the unit of work and of a commit (default %(default)s)")
-    parser.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
-                        help="the drafter's block size: a sample needs 2 x this many loss tokens (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED,
-                        help="seed of the samples' assignment to shards (default %(default)s)")
-    parser.add_argument("--drop-long", action="store_true", help="quarantine records over --max-length (default: truncate)")
-    parser.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    layers.add_argument(
+        "--layers-from",
+        metavar="DIR[,DIR...]",
+        help="the union of the target layers these drafter directories read (dflash_config."
+        "target_layer_ids; published or exported): one store for several drafters",
+    )
+
+
+def add_tokenizer_workers_flag(parser: argparse.ArgumentParser, run: bool) -> None:
+    """The planning pass's tokenizer processes: `--plan-workers` on run (`--workers` is its Ray
+    actors), `--tokenizer-workers` on plan, whose old `--workers` is refused by name."""
     cores = available_cores()
     if run:
-        parser.add_argument("--plan-workers", "--tokenizer-workers", dest="plan_workers", type=int, default=cores,
-                            help="tokenizer processes for planning, as `plan --tokenizer-workers` (default: this "
-                                 "machine's cores, %(default)s)")
+        parser.add_argument(
+            "--plan-workers",
+            "--tokenizer-workers",
+            dest="plan_workers",
+            type=int,
+            default=cores,
+            help="tokenizer processes for planning, as `plan --tokenizer-workers` (default: this "
+            "machine's cores, %(default)s)",
+        )
     else:
-        parser.add_argument("--tokenizer-workers", type=int, default=cores,
-                            help="tokenizer processes (default: this machine's cores, %(default)s)")
+        parser.add_argument(
+            "--tokenizer-workers",
+            type=int,
+            default=cores,
+            help="tokenizer processes (default: this machine's cores, %(default)s)",
+        )
         parser.add_argument("--workers", help=argparse.SUPPRESS)  # the old spelling, refused by `extract plan`
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
+    add_source_flags(parser)
+    parser.add_argument(
+        "--max-length",
+        type=int,
+        default=DEFAULT_MAX_LENGTH,
+        help="tokens per sample; longer records are truncated (default %(default)s)",
+    )
+    parser.add_argument(
+        "--shard-tokens",
+        type=int,
+        default=DEFAULT_SHARD_TOKENS,
+        help="tokens per shard, the unit of work and of a commit (default %(default)s)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=int,
+        default=DEFAULT_BLOCK_SIZE,
+        help="the drafter's block size: a sample needs 2 x this many loss tokens (default %(default)s)",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=DEFAULT_SEED, help="seed of the samples' assignment to shards (default %(default)s)"
+    )
+    parser.add_argument(
+        "--drop-long", action="store_true", help="quarantine records over --max-length (default: truncate)"
+    )
+    parser.add_argument("--strict", action="store_true", help="stop at the first bad record")
+    add_tokenizer_workers_flag(parser, run)
     parser.add_argument("--limit", type=int, help="plan only the first N records")
-    parser.add_argument("--loss-mask", choices=tuple(LOSS_MASK_CONVENTIONS), default=DEFAULT_LOSS_MASK,
-                        help="what the loss scores in each assistant turn: the whole turn as served (reasoning, "
-                             "content, tool calls, end-of-turn token; default) or its content only")
+    parser.add_argument(
+        "--loss-mask",
+        choices=tuple(LOSS_MASK_CONVENTIONS),
+        default=DEFAULT_LOSS_MASK,
+        help="what the loss scores in each assistant turn: the whole turn as served (reasoning, "
+        "content, tool calls, end-of-turn token; default) or its content only",
+    )
     if not run:  # `run` sizes its free-space check with the store dtype's own ratio
-        parser.add_argument("--compression-ratio", type=float, default=BFLOAT16_STORE.size_ratio,
-                            help="compressed/raw of a bf16 store for the size estimate "
-                                 f"(default %(default)s; fp8: {FP8_E4M3_STORE.size_ratio})")
+        parser.add_argument(
+            "--compression-ratio",
+            type=float,
+            default=BFLOAT16_STORE.size_ratio,
+            help="compressed/raw of a bf16 store for the size estimate "
+            f"(default %(default)s; fp8: {FP8_E4M3_STORE.size_ratio})",
+        )

@@ -6,42 +6,68 @@ from store_schema.dtypes import STORE_DTYPES
 from store_schema.runtime.cli import size_argument
 
 from ..extraction.config import DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS
-from ..jobs.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_WORKER_TIMEOUT
-from .flags import add_device_flag, add_plan_arguments, add_ray_flags, add_space_flag
+from .flags import add_device_flag, add_plan_arguments, add_ray_flags, add_retry_flags, add_space_flag
 
 
 def add_parser(commands) -> None:
     run = commands.add_parser("run", help="extract hidden states into a store on Ray workers (resumes)")
     add_plan_arguments(run, run=True)
     run.set_defaults(json=False)
-    run.add_argument("--workers", type=int, default=1,
-                     help="extraction workers, one per GPU with --device cuda (default %(default)s)")
+    run.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="extraction workers, one per GPU with --device cuda (default %(default)s)",
+    )
     add_device_flag(run)
     add_ray_flags(run)
-    run.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
-                     help="padded tokens per forward batch (default %(default)s)")
+    add_retry_flags(run)
+    run.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=DEFAULT_BATCH_TOKENS,
+        help="padded tokens per forward batch (default %(default)s)",
+    )
     run.add_argument("--target-topk", type=int, help="also store the target's top-K next-token ids and log-probs")
-    run.add_argument("--store-dtype", choices=tuple(STORE_DTYPES), default="bfloat16",
-                     help="hidden states as bf16 (lossless, default) or fp8 e4m3 with a scale per token "
-                          "(about 0.6x the bytes of bf16, lossy; a store never mixes them)")
+    run.add_argument(
+        "--store-dtype",
+        choices=tuple(STORE_DTYPES),
+        default="bfloat16",
+        help="hidden states as bf16 (lossless, default) or fp8 e4m3 with a scale per token "
+        "(about 0.6x the bytes of bf16, lossy; a store never mixes them)",
+    )
     run.add_argument("--overwrite", action="store_true", help="delete the store's content and start over")
     run.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off)")
-    run.add_argument("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS,
-                     help="tries per shard when workers die (default %(default)s)")
-    run.add_argument("--batch-shards", type=int, default=DEFAULT_BATCH_SHARDS,
-                     help="consecutive shards batched together by length on one worker (default %(default)s; "
-                          "more: less padding, more host memory)")
-    run.add_argument("--worker-timeout", type=float, default=DEFAULT_WORKER_TIMEOUT,
-                     help="seconds a worker holding shards may stay silent before it is presumed lost and its "
-                          "shards are revoked and redone elsewhere (default %(default)g)")
-    run.add_argument("--require-fast-kernels", action="store_true",
-                     help="refuse CUDA workers that would run the PyTorch fallback for linear attention / "
-                          "causal conv1d (fla, causal-conv1d not installed)")
-    run.add_argument("--spool-dir", help="a store on object storage (--store s3://bucket/prefix): the local directory "
-                                         "on each worker's node where shards are built before their upload "
-                                         "(default: the system's temporary directory)")
-    run.add_argument("--spool-size", type=size_argument, metavar="SIZE",
-                     help="the most the shards being built and uploaded may take in --spool-dir, per node "
-                          "(e.g. 20GB; default: its free space); a full spool waits for uploads to free it")
+    run.add_argument(
+        "--batch-shards",
+        type=int,
+        default=DEFAULT_BATCH_SHARDS,
+        help="consecutive shards batched together by length on one worker (default %(default)s; "
+        "more: less padding, more host memory)",
+    )
+    run.add_argument(
+        "--require-fast-kernels",
+        action="store_true",
+        help="refuse CUDA workers that would run the PyTorch fallback for linear attention / "
+        "causal conv1d (fla, causal-conv1d not installed)",
+    )
+    add_spool_flags(run)
     add_space_flag(run)
     run.set_defaults(handler="extract.commands.run:run")
+
+
+def add_spool_flags(run) -> None:
+    """A store on object storage: where each node builds its shards before the upload."""
+    run.add_argument(
+        "--spool-dir",
+        help="a store on object storage (--store s3://bucket/prefix): the local directory "
+        "on each worker's node where shards are built before their upload "
+        "(default: the system's temporary directory)",
+    )
+    run.add_argument(
+        "--spool-size",
+        type=size_argument,
+        metavar="SIZE",
+        help="the most the shards being built and uploaded may take in --spool-dir, per node "
+        "(e.g. 20GB; default: its free space); a full spool waits for uploads to free it",
+    )

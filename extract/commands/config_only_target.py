@@ -19,7 +19,9 @@ def run(args) -> int:
         print(f"      {fit}")
         return 0
     # Without a tokenizer `fit` cannot find the mask token (the first unused row) and `plan` cannot tokenize.
-    print("no tokenizer copied: `plan --dry-run` needs one; Qwen3.6's, offline: python scripts/real_vocab.py "
-          f"--tokenizer TOK && python -m extract config-only-target {path} --tokenizer TOK")
+    print(
+        "no tokenizer copied: `plan --dry-run` needs one; Qwen3.6's, offline: python scripts/real_vocab.py "
+        f"--tokenizer TOK && python -m extract config-only-target {path} --tokenizer TOK"
+    )
     print(f"next: {fit} --set model.mask_token_id={QWEN3_6_MASK_TOKEN_ID}")
     return 0

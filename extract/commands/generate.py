@@ -24,11 +24,17 @@ def _server_config(args):
     if not args.endpoint:
         raise UsageError("--engine openai needs --endpoint URL (one per server)")
     if args.reasoning is None and args.thinking == "keep":
-        raise UsageError("--engine openai needs the thinking mode spelled out: --reasoning keep (thinking on) or "
-                         f"--reasoning drop (off); a drafter is served in one of them ({sorted(REASONING)})")
-    return engine, ServerConfig(endpoints=tuple(args.endpoint), concurrency=args.concurrency,
-                                request_timeout=args.request_timeout, request_retries=args.request_retries,
-                                served_model=args.served_model)
+        raise UsageError(
+            "--engine openai needs the thinking mode spelled out: --reasoning keep (thinking on) or "
+            f"--reasoning drop (off); a drafter is served in one of them ({sorted(REASONING)})"
+        )
+    return engine, ServerConfig(
+        endpoints=tuple(args.endpoint),
+        concurrency=args.concurrency,
+        request_timeout=args.request_timeout,
+        request_retries=args.request_retries,
+        served_model=args.served_model,
+    )
 
 
 def run(args) -> int:
@@ -37,19 +43,35 @@ def run(args) -> int:
     try:
         engine, server = _server_config(args)
         thinking = REASONING[args.reasoning] if args.reasoning else args.thinking
-        settings = GenerationSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
-                                      thinking=thinking, max_length=args.max_length,
-                                      shard_records=args.shard_records, limit=args.limit, engine=ENGINES[engine])
-        config = GenerateConfig(model=args.model, corpus=args.corpus, out=args.out, settings=settings,
-                                execution=execution(args), batch_tokens=args.batch_tokens, server=server)
+        settings = GenerationSettings(
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+            thinking=thinking,
+            max_length=args.max_length,
+            shard_records=args.shard_records,
+            limit=args.limit,
+            engine=ENGINES[engine],
+        )
+        config = GenerateConfig(
+            model=args.model,
+            corpus=args.corpus,
+            out=args.out,
+            settings=settings,
+            execution=execution(args),
+            batch_tokens=args.batch_tokens,
+            server=server,
+        )
     except ValueError as error:
         raise UsageError(str(error)) from None
     if args.dry_run:
         print(device_line(config.execution.device, config.execution.device_note), file=sys.stderr)
         _, plan = plan_generate(config)
         counts = plan_counts(plan)
-        print(f"records     {counts['records']} ({counts['turns']} turns to generate) in {counts['shards']} shard(s)",
-              file=sys.stderr)
+        print(
+            f"records     {counts['records']} ({counts['turns']} turns to generate) in {counts['shards']} shard(s)",
+            file=sys.stderr,
+        )
         print(f"prompt      {counts['prompt_tokens']} tokens (first turns)", file=sys.stderr)
         print(f"quarantined {counts['quarantined']} {counts['quarantined_by_reason']}", file=sys.stderr)
         for line in quarantined_lines(plan.quarantined, config.corpus):
@@ -61,8 +83,11 @@ def run(args) -> int:
         report = run_generate(config)
     except KeyboardInterrupt:
         return interrupted("the plan and committed shards are kept", f"rerun the same command to resume ({args.out})")
-    print(f"generated {report['records']} record(s) ({report['generated_tokens']} tokens, "
-          f"{report['truncated_records']} truncated), {report['quarantined']} quarantined; "
-          f"{report['generated_tokens_per_s']:.0f} generated tokens/s on {report['workers']} worker(s)", file=sys.stderr)
+    print(
+        f"generated {report['records']} record(s) ({report['generated_tokens']} tokens, "
+        f"{report['truncated_records']} truncated), {report['quarantined']} quarantined; "
+        f"{report['generated_tokens_per_s']:.0f} generated tokens/s on {report['workers']} worker(s)",
+        file=sys.stderr,
+    )
     print(json.dumps(report, sort_keys=True))
     return 0

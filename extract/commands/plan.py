@@ -20,8 +20,10 @@ from ..jobs.settings import Execution
 from .planning import job_config, quarantined_lines
 
 # `extract plan --workers` meant tokenizer processes while `extract run --workers` means Ray actors.
-RENAMED_WORKERS_NOTE = ("`extract plan --workers` is now --tokenizer-workers (tokenizer processes); "
-                        "--workers is for `extract run` (Ray actors)")
+RENAMED_WORKERS_NOTE = (
+    "`extract plan --workers` is now --tokenizer-workers (tokenizer processes); "
+    "--workers is for `extract run` (Ray actors)"
+)
 
 
 def run(args) -> int:
@@ -32,22 +34,17 @@ def run(args) -> int:
             "`plan` only previews a job (--dry-run); the plan is written into the store by "
             "`python -m extract run`, which plans again with the same settings"
         )
-    config = job_config(args, plan_workers=args.tokenizer_workers,
-                        execution=Execution(progress=default_mode(not args.json)))
+    config = job_config(
+        args, plan_workers=args.tokenizer_workers, execution=Execution(progress=default_mode(not args.json))
+    )
     dims = read_target_config(args.model)
     layer_ids = resolve_layer_ids(dims, config.layers, config.num_context_layers)
     plan = plan_job(config)
     summary = summarize(plan)
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
-    store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
-    job = extraction_estimate(args.model, layer_ids, plan.num_tokens, store_bytes, args.batch_tokens, args.gpu_memory,
-                              args.tokens_per_s, args.gpus, args.gpu_tflops, args.store_dtype)
-    if args.cache_size is not None:
-        job["cache"] = cache_traffic(store_bytes, max(s.num_tokens for s in plan.shards), plan.num_tokens,
-                                     args.cache_size, args.train_tokens_per_s)
     report = dict(
         summary.to_json(),
-        job=job,
+        job=job_on_paper(args, plan, layer_ids, estimate),
         layer_ids=layer_ids,
         layer_id_convention=LAYER_ID_CONVENTION,
         num_target_layers=dims.num_hidden_layers,
@@ -57,8 +54,10 @@ def run(args) -> int:
         compression_ratio=args.compression_ratio,
         estimated_fp8_bytes=estimate.fp8_bytes,
         fp8_compression_ratio=FP8_E4M3_STORE.size_ratio,
-        space_needed_bytes={"bfloat16": space_needed(estimate.compressed_bytes),
-                            "fp8_e4m3": space_needed(estimate.fp8_bytes)},
+        space_needed_bytes={
+            "bfloat16": space_needed(estimate.compressed_bytes),
+            "fp8_e4m3": space_needed(estimate.fp8_bytes),
+        },
         corpus_records=plan.settings["corpus_records"],
         corpus_hash=plan.settings["corpus_hash"],
         plan_digest=plan.digest(),
@@ -72,6 +71,28 @@ def run(args) -> int:
     else:
         _print_plan(report, plan, config.plan_settings, args.corpus)
     return 0
+
+
+def job_on_paper(args, plan, layer_ids: list[int], estimate) -> dict:
+    """The extraction's hours, GPUs and writer cores for the plan (and, with --cache-size,
+    the trainer's shard-cache traffic)."""
+    store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
+    job = extraction_estimate(
+        args.model,
+        layer_ids,
+        plan.num_tokens,
+        store_bytes,
+        args.batch_tokens,
+        args.gpu_memory,
+        args.tokens_per_s,
+        args.gpus,
+        args.gpu_tflops,
+        args.store_dtype,
+    )
+    if args.cache_size is not None:
+        largest = max(s.num_tokens for s in plan.shards)
+        job["cache"] = cache_traffic(store_bytes, largest, plan.num_tokens, args.cache_size, args.train_tokens_per_s)
+    return job
 
 
 def _sizes_per_drafter(args, plan, dims) -> dict:
@@ -100,15 +121,22 @@ def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> N
         f"{human_bytes(report['estimated_compressed_bytes'])} compressed (ratio {report['compression_ratio']}, "
         f"hidden {report['hidden_size']}, bf16)"
     )
-    print(f"            {human_bytes(report['estimated_fp8_bytes'])} with --store-dtype fp8_e4m3 "
-          f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)")
+    print(
+        f"            {human_bytes(report['estimated_fp8_bytes'])} with --store-dtype fp8_e4m3 "
+        f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)"
+    )
     for directory, own in report.get("layers_from", {}).items():
-        print(f"  alone     {directory} {own['layer_ids']}: {human_bytes(own['bfloat16'])} bf16, "
-              f"{human_bytes(own['fp8_e4m3'])} fp8 (the store above serves every --layers-from drafter)")
-    print(f"free space  `run` asks for the size plus {SPACE_HEADROOM:.0%}: "
-          f"{human_bytes(report['space_needed_bytes']['bfloat16'])} bf16, "
-          f"{human_bytes(report['space_needed_bytes']['fp8_e4m3'])} fp8")
-    for line in estimate_lines(report["job"]) + (cache_traffic_lines(report["job"]["cache"])
-                                                  if "cache" in report["job"] else []):
+        print(
+            f"  alone     {directory} {own['layer_ids']}: {human_bytes(own['bfloat16'])} bf16, "
+            f"{human_bytes(own['fp8_e4m3'])} fp8 (the store above serves every --layers-from drafter)"
+        )
+    print(
+        f"free space  `run` asks for the size plus {SPACE_HEADROOM:.0%}: "
+        f"{human_bytes(report['space_needed_bytes']['bfloat16'])} bf16, "
+        f"{human_bytes(report['space_needed_bytes']['fp8_e4m3'])} fp8"
+    )
+    for line in estimate_lines(report["job"]) + (
+        cache_traffic_lines(report["job"]["cache"]) if "cache" in report["job"] else []
+    ):
         print(line)
     print("dry run: nothing written")

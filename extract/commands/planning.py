@@ -21,10 +21,18 @@ def execution(args) -> Execution:
     """How `run` or `generate` runs its workers, from the flags both take (`--device auto`
     settled here: `choose_device`); ValueError naming the flag of an invalid value."""
     device, device_note = choose_device(args.device)
-    return Execution(workers=args.workers, device=device, device_note=device_note, address=args.address,
-                     cpus_per_worker=args.cpus_per_worker, max_attempts=args.max_attempts,
-                     worker_timeout=args.worker_timeout, progress=default_mode(not args.no_progress),
-                     progress_interval=args.progress_interval, skip_space_check=args.skip_space_check)
+    return Execution(
+        workers=args.workers,
+        device=device,
+        device_note=device_note,
+        address=args.address,
+        cpus_per_worker=args.cpus_per_worker,
+        max_attempts=args.max_attempts,
+        worker_timeout=args.worker_timeout,
+        progress=default_mode(not args.no_progress),
+        progress_interval=args.progress_interval,
+        skip_space_check=args.skip_space_check,
+    )
 
 
 def job_config(args, **options) -> JobConfig:
@@ -64,5 +72,7 @@ def quarantined_lines(quarantined, corpus_path, shown: int = 10) -> list[str]:
     if not quarantined:
         return []
     corpus = open_corpus(corpus_path)
-    return [f"    {corpus.where(record.record_index)}: {record.reason} {record.detail}".rstrip()
-            for record in quarantined[:shown]]
+    return [
+        f"    {corpus.where(record.record_index)}: {record.reason} {record.detail}".rstrip()
+        for record in quarantined[:shown]
+    ]

@@ -17,17 +17,24 @@ def run(args) -> int:
     if not args.store:
         raise UsageError("run needs --store PATH")
     config = job_config(
-        args, plan_workers=args.plan_workers, execution=execution(args), batch_tokens=args.batch_tokens,
-        target_topk=args.target_topk, store_dtype=args.store_dtype, overwrite=args.overwrite,
-        trust_remote_code=args.trust_remote_code, batch_shards=args.batch_shards,
-        require_fast_kernels=args.require_fast_kernels, spool_dir=args.spool_dir, spool_size=args.spool_size,
+        args,
+        plan_workers=args.plan_workers,
+        execution=execution(args),
+        batch_tokens=args.batch_tokens,
+        target_topk=args.target_topk,
+        store_dtype=args.store_dtype,
+        overwrite=args.overwrite,
+        trust_remote_code=args.trust_remote_code,
+        batch_shards=args.batch_shards,
+        require_fast_kernels=args.require_fast_kernels,
+        spool_dir=args.spool_dir,
+        spool_size=args.spool_size,
     )
     warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
     try:
         report = run_job(config)  # Ray and the workers are shut down on the way out, Ctrl-C included
     except KeyboardInterrupt:
-        return interrupted("the plan and committed shards are kept",
-                           f"rerun the same command to resume ({args.store})")
+        return interrupted("the plan and committed shards are kept", f"rerun the same command to resume ({args.store})")
     print(summary_line(report), file=sys.stderr)
     print(json.dumps(report, sort_keys=True))
     return 0

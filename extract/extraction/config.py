@@ -57,8 +57,10 @@ class JobConfig:
         if self.spool_size is not None and self.spool_size <= 0:
             raise ValueError(f"--spool-size must be positive, got {self.spool_size}")
         if (self.spool_dir or self.spool_size) and self.store is not None and not is_object_store(self.store):
-            raise ValueError(f"--spool-dir / --spool-size apply to a store on object storage (s3://, gs://); "
-                             f"{self.store} is a directory, written in place")
+            raise ValueError(
+                f"--spool-dir / --spool-size apply to a store on object storage (s3://, gs://); "
+                f"{self.store} is a directory, written in place"
+            )
         if self.tokenizer is not None and not Path(self.tokenizer).exists():  # not a hub lookup: one line
             raise FileNotFoundError(f"--tokenizer {self.tokenizer}: no such directory")
 

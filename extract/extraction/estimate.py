@@ -57,26 +57,54 @@ WEIGHT_DTYPE = "bfloat16"  # what a worker computes in on a GPU (`target_model.c
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The dry-run's sizing flags (plan only)."""
-    parser.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS,
-                        help="padded tokens per forward batch, as `run --batch-tokens` (default %(default)s)")
-    parser.add_argument("--gpu-memory", type=float, metavar="GIB",
-                        help="memory of one GPU in GiB (e.g. 96 for an RTX PRO 6000, 141 for an H200): check "
-                             "the worker's peak against it and print the largest --batch-tokens that fits")
-    parser.add_argument("--tokens-per-s", type=float, metavar="N",
-                        help="extraction tokens/s of one GPU, to print the job's hours and writer cores")
+    parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=DEFAULT_BATCH_TOKENS,
+        help="padded tokens per forward batch, as `run --batch-tokens` (default %(default)s)",
+    )
+    parser.add_argument(
+        "--gpu-memory",
+        type=float,
+        metavar="GIB",
+        help="memory of one GPU in GiB (e.g. 96 for an RTX PRO 6000, 141 for an H200): check "
+        "the worker's peak against it and print the largest --batch-tokens that fits",
+    )
+    parser.add_argument(
+        "--tokens-per-s",
+        type=float,
+        metavar="N",
+        help="extraction tokens/s of one GPU, to print the job's hours and writer cores",
+    )
     parser.add_argument("--gpus", type=int, default=1, help="GPUs (workers) the job runs on (default 1)")
-    parser.add_argument("--store-dtype", choices=tuple(STORE_DTYPES), default="bfloat16",
-                        help="the store dtype `run --store-dtype` will write: sizes the writer cores (default "
-                             "%(default)s)")
-    parser.add_argument("--gpu-tflops", type=float, metavar="TFLOPS",
-                        help="one GPU's dense bf16 peak, to print the share of it --tokens-per-s needs")
-    parser.add_argument("--cache-size", type=size_argument, metavar="SIZE",
-                        help="training reads the store (e.g. s3://...) through a shard cache of SIZE per node "
-                             "(train's data.cache_size, e.g. 25TB): print the traffic per epoch from the store "
-                             "and the rate it must sustain at --train-tokens-per-s")
-    parser.add_argument("--train-tokens-per-s", type=float, default=DEFAULT_TRAIN_TOKENS_PER_S, metavar="N",
-                        help="training tokens/s of the whole job for --cache-size (default %(default)g: "
-                             "8 GPUs at the seed run's 36K tokens/s each)")
+    parser.add_argument(
+        "--store-dtype",
+        choices=tuple(STORE_DTYPES),
+        default="bfloat16",
+        help="the store dtype `run --store-dtype` will write: sizes the writer cores (default %(default)s)",
+    )
+    parser.add_argument(
+        "--gpu-tflops",
+        type=float,
+        metavar="TFLOPS",
+        help="one GPU's dense bf16 peak, to print the share of it --tokens-per-s needs",
+    )
+    parser.add_argument(
+        "--cache-size",
+        type=size_argument,
+        metavar="SIZE",
+        help="training reads the store (e.g. s3://...) through a shard cache of SIZE per node "
+        "(train's data.cache_size, e.g. 25TB): print the traffic per epoch from the store "
+        "and the rate it must sustain at --train-tokens-per-s",
+    )
+    parser.add_argument(
+        "--train-tokens-per-s",
+        type=float,
+        default=DEFAULT_TRAIN_TOKENS_PER_S,
+        metavar="N",
+        help="training tokens/s of the whole job for --cache-size (default %(default)g: "
+        "8 GPUs at the seed run's 36K tokens/s each)",
+    )
 
 
 def loaded_weights(model_dir: str, keep_layers: int) -> dict:
@@ -108,33 +136,60 @@ def per_token_bytes(hidden: int, intermediate: int, num_context_layers: int) -> 
     return dict(activations=(2 * hidden + 3 * intermediate) * size, captures=num_context_layers * hidden * size)
 
 
-def extraction_estimate(model_dir: str, layer_ids: list[int], plan_tokens: int, store_bytes: dict,
-                        batch_tokens: int, gpu_memory_gib: float | None, tokens_per_s: float | None,
-                        gpus: int, gpu_tflops: float | None = None, dtype: str = "bfloat16") -> dict:
+def extraction_estimate(
+    model_dir: str,
+    layer_ids: list[int],
+    plan_tokens: int,
+    store_bytes: dict,
+    batch_tokens: int,
+    gpu_memory_gib: float | None,
+    tokens_per_s: float | None,
+    gpus: int,
+    gpu_tflops: float | None = None,
+    dtype: str = "bfloat16",
+) -> dict:
     """The figures `plan --dry-run` prints (bytes; GiB where named so)."""
     weights = loaded_weights(model_dir, layer_ids[-1] + 1)
     token = per_token_bytes(weights["hidden_size"], weights["intermediate_size"], len(layer_ids))
     per_token = token["activations"] + token["captures"]
     reserve = int(RUNTIME_RESERVE_GIB * GIB)
     peak = weights["weights_bytes"] + reserve + per_token * batch_tokens
-    out = dict(weights, activation_bytes_per_token=token["activations"], capture_bytes_per_token=token["captures"],
-               runtime_reserve_bytes=reserve, batch_tokens=batch_tokens, peak_gpu_bytes=peak,
-               peak_gpu_gib=gib(peak), store_bytes=store_bytes, gpus=gpus)
+    out = dict(
+        weights,
+        activation_bytes_per_token=token["activations"],
+        capture_bytes_per_token=token["captures"],
+        runtime_reserve_bytes=reserve,
+        batch_tokens=batch_tokens,
+        peak_gpu_bytes=peak,
+        peak_gpu_gib=gib(peak),
+        store_bytes=store_bytes,
+        gpus=gpus,
+    )
     if gpu_memory_gib is not None:
         free = gpu_memory_gib * GIB - weights["weights_bytes"] - reserve
-        out.update(gpu_memory_gib=gpu_memory_gib, fits=fits_in(peak, gpu_memory_gib),
-                   largest_batch_tokens=largest_fitting(free, per_token, BUDGET_MULTIPLE))
+        out.update(
+            gpu_memory_gib=gpu_memory_gib,
+            fits=fits_in(peak, gpu_memory_gib),
+            largest_batch_tokens=largest_fitting(free, per_token, BUDGET_MULTIPLE),
+        )
     if tokens_per_s is not None:
         raw_per_s = tokens_per_s * raw_bytes_per_token(weights["hidden_size"], len(layer_ids))
-        out.update(tokens_per_s=tokens_per_s, job_hours=round(hours(plan_tokens, tokens_per_s * gpus), 3),
-                   gpu_hours=round(hours(plan_tokens, tokens_per_s), 3),
-                   store_dtype=dtype, writer_cores_per_gpu=writer_cores(raw_per_s, dtype),
-                   writer_cores_per_gpu_by_dtype={name: writer_cores(raw_per_s, name) for name in STORE_DTYPES},
-                   write_bytes_per_s=write_rates(raw_per_s * gpus, store_bytes))
+        out.update(
+            tokens_per_s=tokens_per_s,
+            job_hours=round(hours(plan_tokens, tokens_per_s * gpus), 3),
+            gpu_hours=round(hours(plan_tokens, tokens_per_s), 3),
+            store_dtype=dtype,
+            writer_cores_per_gpu=writer_cores(raw_per_s, dtype),
+            writer_cores_per_gpu_by_dtype={name: writer_cores(raw_per_s, name) for name in STORE_DTYPES},
+            write_bytes_per_s=write_rates(raw_per_s * gpus, store_bytes),
+        )
         if gpu_tflops is not None:
             flops = 2 * (weights["weights_bytes"] - weights["embed_bytes"]) // DTYPE_BYTES[WEIGHT_DTYPE]
-            out.update(gpu_tflops=gpu_tflops, forward_flops_per_token=flops,
-                       gpu_utilisation=round(utilisation(tokens_per_s, flops, gpu_tflops), 3))
+            out.update(
+                gpu_tflops=gpu_tflops,
+                forward_flops_per_token=flops,
+                gpu_utilisation=round(utilisation(tokens_per_s, flops, gpu_tflops), 3),
+            )
     return out
 
 
@@ -146,8 +201,10 @@ def writer_cores(raw_per_s: float, dtype: str) -> int:
 def write_rates(raw_per_s: float, store_bytes: dict) -> dict:
     """The job's sustained write rate to the store's filesystem: raw, and as each store dtype writes it."""
     raw = store_bytes["raw"] or 1
-    return {"raw": round(raw_per_s), **{dtype: round(raw_per_s * size / raw) for dtype, size in store_bytes.items()
-                                        if dtype != "raw"}}
+    return {
+        "raw": round(raw_per_s),
+        **{dtype: round(raw_per_s * size / raw) for dtype, size in store_bytes.items() if dtype != "raw"},
+    }
 
 
 def estimate_lines(e: dict) -> list[str]:
@@ -162,29 +219,40 @@ def estimate_lines(e: dict) -> list[str]:
     ]
     if "gpu_memory_gib" in e:
         verdict = "fits" if e["fits"] else "does NOT fit"
-        lines.append(f"            {verdict} in {e['gpu_memory_gib']:g} GiB; the largest --batch-tokens that fits: "
-                     f"{e['largest_batch_tokens']}")
+        lines.append(
+            f"            {verdict} in {e['gpu_memory_gib']:g} GiB; the largest --batch-tokens that fits: "
+            f"{e['largest_batch_tokens']}"
+        )
     if "job_hours" in e:
-        lines.append(f"job         {e['job_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
-                     f"({e['gpu_hours']:.1f} GPU-hours); writer cores per GPU: {e['writer_cores_per_gpu']} "
-                     f"for {e['store_dtype']} (~{store_dtype(e['store_dtype']).write_mb_s_per_core:g} MB/s raw per "
-                     f"core; " + ", ".join(f"{name} {cores}" for name, cores in
-                                          e["writer_cores_per_gpu_by_dtype"].items()) + ")")
+        lines.append(
+            f"job         {e['job_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
+            f"({e['gpu_hours']:.1f} GPU-hours); writer cores per GPU: {e['writer_cores_per_gpu']} "
+            f"for {e['store_dtype']} (~{store_dtype(e['store_dtype']).write_mb_s_per_core:g} MB/s raw per "
+            f"core; " + ", ".join(f"{name} {cores}" for name, cores in e["writer_cores_per_gpu_by_dtype"].items()) + ")"
+        )
         rates = e["write_bytes_per_s"]
-        lines.append(f"writes      {human_bytes(rates['raw'])}/s raw to the store's filesystem for "
-                     f"{e['job_hours']:.1f} h ({human_bytes(rates['bfloat16'])}/s compressed bf16, "
-                     f"{human_bytes(rates['fp8_e4m3'])}/s fp8)")
+        lines.append(
+            f"writes      {human_bytes(rates['raw'])}/s raw to the store's filesystem for "
+            f"{e['job_hours']:.1f} h ({human_bytes(rates['bfloat16'])}/s compressed bf16, "
+            f"{human_bytes(rates['fp8_e4m3'])}/s fp8)"
+        )
     if "gpu_utilisation" in e:
         share = f"{e['gpu_utilisation']:.0%}"
-        lines.append(f"GPU         {e['tokens_per_s']:g} tokens/s x {e['forward_flops_per_token'] / 1e9:.1f} "
-                     f"GFLOP/token is {share} of a {e['gpu_tflops']:g} TFLOPS GPU" + (
-                         f"; warning: above {HIGH_UTILISATION:.0%}, rarely sustained: the hours above are likely "
-                         "optimistic" if e["gpu_utilisation"] > HIGH_UTILISATION else ""))
+        lines.append(
+            f"GPU         {e['tokens_per_s']:g} tokens/s x {e['forward_flops_per_token'] / 1e9:.1f} "
+            f"GFLOP/token is {share} of a {e['gpu_tflops']:g} TFLOPS GPU"
+            + (
+                f"; warning: above {HIGH_UTILISATION:.0%}, rarely sustained: the hours above are likely optimistic"
+                if e["gpu_utilisation"] > HIGH_UTILISATION
+                else ""
+            )
+        )
     return lines
 
 
-def cache_traffic(store_bytes: dict, largest_shard_tokens: int, tokens: int, cache_bytes: int,
-                  train_tokens_per_s: float) -> dict:
+def cache_traffic(
+    store_bytes: dict, largest_shard_tokens: int, tokens: int, cache_bytes: int, train_tokens_per_s: float
+) -> dict:
     """For training through a shard cache of `cache_bytes` (`data.cache_size`): per store
     dtype, what an epoch fetches from the store and the rate it must sustain at
     `train_tokens_per_s` (`store_schema.runtime.estimate.epoch_traffic`)."""
@@ -194,17 +262,24 @@ def cache_traffic(store_bytes: dict, largest_shard_tokens: int, tokens: int, cac
             continue
         shard = total * largest_shard_tokens // max(1, tokens)
         traffic = epoch_traffic(total, cache_bytes, shard)
-        figures[dtype] = {"largest_shard_bytes": shard, "traffic_bytes_per_epoch": traffic,
-                          "bytes_per_s": round(sustained_rate(traffic, tokens, train_tokens_per_s))}
+        figures[dtype] = {
+            "largest_shard_bytes": shard,
+            "traffic_bytes_per_epoch": traffic,
+            "bytes_per_s": round(sustained_rate(traffic, tokens, train_tokens_per_s)),
+        }
     return figures
 
 
 def cache_traffic_lines(figures: dict) -> list[str]:
     """`plan --dry-run`'s lines for `cache_traffic`."""
-    lines = [f"cache       {human_bytes(figures['cache_bytes'])} per node, training at "
-             f"{figures['train_tokens_per_s']:.0f} tokens/s (--train-tokens-per-s)"]
+    lines = [
+        f"cache       {human_bytes(figures['cache_bytes'])} per node, training at "
+        f"{figures['train_tokens_per_s']:.0f} tokens/s (--train-tokens-per-s)"
+    ]
     for dtype in ("bfloat16", "fp8_e4m3"):
         entry = figures[dtype]
-        lines.append(f"  {dtype:<10}{human_bytes(entry['traffic_bytes_per_epoch'])} per epoch from the store, "
-                     f"{human_bytes(entry['bytes_per_s'])}/s sustained")
+        lines.append(
+            f"  {dtype:<10}{human_bytes(entry['traffic_bytes_per_epoch'])} per epoch from the store, "
+            f"{human_bytes(entry['bytes_per_s'])}/s sustained"
+        )
     return lines

@@ -76,8 +76,9 @@ def plan_job(config: JobConfig):
         config.plan_settings,
         strict=config.strict,
         workers=config.plan_workers,
-        progress=lambda records: Progress("planning", records, "record", mode=config.execution.progress,
-                                          interval=config.execution.progress_interval),
+        progress=lambda records: Progress(
+            "planning", records, "record", mode=config.execution.progress, interval=config.execution.progress_interval
+        ),
     )
     if not plan.shards:
         summary = summarize(plan)
@@ -94,11 +95,17 @@ def run_job(config: JobConfig, log=None) -> dict:
     started = time.perf_counter()
     store = backend(config.store)  # a directory or a bucket, decided here for the whole job
     if config.overwrite and not store.overwritable:
-        raise ExtractError(f"{config.store}: a store on object storage is never overwritten in place (--overwrite); "
-                           "use a new prefix")
+        raise ExtractError(
+            f"{config.store}: a store on object storage is never overwritten in place (--overwrite); use a new prefix"
+        )
     target = read_target_config(config.model)  # a model directory, before anything is locked or planned
-    ready_to_start(config, store, looks_like_store, "is a non-empty directory that is not a dflash store; "
-                   "refusing to write into (or, with --overwrite, delete) it -- choose a new path")
+    ready_to_start(
+        config,
+        store,
+        looks_like_store,
+        "is a non-empty directory that is not a dflash store; "
+        "refusing to write into (or, with --overwrite, delete) it -- choose a new path",
+    )
     layer_ids = resolve_layer_ids(target, config.layers, config.num_context_layers)
     with output_locked(store, log):
         job = Extraction(config, store, target, layer_ids, target_identity(config.model))
@@ -111,7 +118,9 @@ class Extraction(ShardedJob):
 
     def __init__(self, config: JobConfig, store: StoreBackend, target, layer_ids: list[int], identity: dict):
         super().__init__(
-            store, config.execution.placement(), config.execution.dispatch(config.batch_shards),
+            store,
+            config.execution.placement(),
+            config.execution.dispatch(config.batch_shards),
             config.execution.progress_settings("extract", "sample"),
             skip_space_check=config.execution.skip_space_check,
         )
@@ -145,21 +154,33 @@ class Extraction(ShardedJob):
         """Refuse a --spool-size that could never hold the largest pending shard
         (`store_schema.objstore.spool.shard_bytes_bound`, the bound each worker reserves)."""
         sizes = {s.name: s.num_tokens for s in planned.plan.shards}
-        need = shard_bytes_bound(max(sizes[name] for name in planned.pending), self.target.hidden_size,
-                                 len(self.layer_ids), self.config.target_topk or 0)
+        need = shard_bytes_bound(
+            max(sizes[name] for name in planned.pending),
+            self.target.hidden_size,
+            len(self.layer_ids),
+            self.config.target_topk or 0,
+        )
         if need > self.config.spool_size:
             raise ExtractError(too_small_message(self.config.spool_dir or "the spool", self.config.spool_size, need))
 
     def worker_spec(self, plan):
         config = self.config
         return ExtractionSpec(
-            model=str(Path(config.model).resolve()), tokenizer=str(Path(config.tokenizer_path).resolve()),
-            corpus=str(Path(config.corpus).resolve()), store=self.output.address,
-            spool_dir=config.spool_dir, spool_bytes=config.spool_size,
-            layer_ids=tuple(self.layer_ids), settings=plan.settings, device=config.execution.device, topk=config.target_topk,
-            store_dtype=config.store_dtype, batch_tokens=config.batch_tokens,
+            model=str(Path(config.model).resolve()),
+            tokenizer=str(Path(config.tokenizer_path).resolve()),
+            corpus=str(Path(config.corpus).resolve()),
+            store=self.output.address,
+            spool_dir=config.spool_dir,
+            spool_bytes=config.spool_size,
+            layer_ids=tuple(self.layer_ids),
+            settings=plan.settings,
+            device=config.execution.device,
+            topk=config.target_topk,
+            store_dtype=config.store_dtype,
+            batch_tokens=config.batch_tokens,
             torch_threads=config.execution.torch_threads(),
-            trust_remote_code=config.trust_remote_code, require_fast_kernels=config.require_fast_kernels,
+            trust_remote_code=config.trust_remote_code,
+            require_fast_kernels=config.require_fast_kernels,
         )
 
     def bytes_needed(self, planned: Planned) -> int:
@@ -179,23 +200,39 @@ class Extraction(ShardedJob):
                 log(f"WARNING: {self.kernel_warning}; --require-fast-kernels refuses this")
         else:
             facts = _configured_target(self.target, self.store)
-        provenance = response_provenance(generation_of(self.config.corpus),
-                                         self.identity["target_weights_index_sha256"])
-        fingerprint = Fingerprint.for_extraction(self.identity, self.planned.plan, self.layer_ids, facts,
-                                                 target_topk=self.config.target_topk or 0,
-                                                 dtype=self.config.store_dtype, response_provenance=provenance)
+        provenance = response_provenance(
+            generation_of(self.config.corpus), self.identity["target_weights_index_sha256"]
+        )
+        fingerprint = Fingerprint.for_extraction(
+            self.identity,
+            self.planned.plan,
+            self.layer_ids,
+            facts,
+            target_topk=self.config.target_topk or 0,
+            dtype=self.config.store_dtype,
+            response_provenance=provenance,
+        )
         self.writer = _open_or_create(self.output, self.store, self.planned.plan, fingerprint)
         self.kernels = dict(facts.kernels)
 
     def finish(self, run, wall: float, log) -> dict:
         """The report of `run`, kept in the store."""
-        outcome = Outcome(run=run.run, started_at=run.started_at, plan_seconds=run.plan_seconds,
-                          startup_seconds=run.startup_seconds, extract_seconds=run.dispatch_seconds, workers=run.workers,
-                          workers_started=run.workers_started, kernels=self.kernels,
-                          kernel_warning=self.kernel_warning, counts=run.counts,
-                          shards_committed=len(run.planned.plan.shards))
-        report = build_report(self.config, self.output, self.planned, self.layer_ids, outcome, wall=wall,
-                              leftovers=run.leftovers)
+        outcome = Outcome(
+            run=run.run,
+            started_at=run.started_at,
+            plan_seconds=run.plan_seconds,
+            startup_seconds=run.startup_seconds,
+            extract_seconds=run.dispatch_seconds,
+            workers=run.workers,
+            workers_started=run.workers_started,
+            kernels=self.kernels,
+            kernel_warning=self.kernel_warning,
+            counts=run.counts,
+            shards_committed=len(run.planned.plan.shards),
+        )
+        report = build_report(
+            self.config, self.output, self.planned, self.layer_ids, outcome, wall=wall, leftovers=run.leftovers
+        )
         try:
             self.writer.write_report(report_name(outcome), report)
         except OSError as error:
@@ -218,16 +255,24 @@ def _kernel_warning(config: JobConfig, infos) -> str | None:
 
 def _loaded_target(info):
     """The target's facts as a worker loaded it."""
-    return TargetFacts(num_target_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size,
-                       kernels=info.kernels)
+    return TargetFacts(
+        num_target_layers=info.num_layers,
+        hidden_size=info.hidden_size,
+        vocab_size=info.vocab_size,
+        kernels=info.kernels,
+    )
 
 
 def _configured_target(target, store):
     """Nothing is left to compute, so no worker loads the target: its config gives
     the layer count and hidden size; the vocabulary and kernels are the store's
     (nothing this job computes depends on them)."""
-    return TargetFacts(num_target_layers=target.num_hidden_layers, hidden_size=target.hidden_size,
-                       vocab_size=store.fingerprint.vocab_size, kernels=store.fingerprint.kernels)
+    return TargetFacts(
+        num_target_layers=target.num_hidden_layers,
+        hidden_size=target.hidden_size,
+        vocab_size=store.fingerprint.vocab_size,
+        kernels=store.fingerprint.kernels,
+    )
 
 
 def _refuse_other_target(store, model) -> None:
@@ -242,7 +287,8 @@ def _refuse_other_target(store, model) -> None:
     raise ExtractError(
         f"{store.path} was extracted from {recorded}, and --model {model} is another checkpoint "
         f"({', '.join(differences)} differ): rerun with --model {recorded} (or a copy of that checkpoint) to "
-        f"resume; only to start over with this model, --overwrite deletes the {committed} committed shard(s)")
+        f"resume; only to start over with this model, --overwrite deletes the {committed} committed shard(s)"
+    )
 
 
 def _open_or_create(store_path: StoreBackend, store, plan, fingerprint):

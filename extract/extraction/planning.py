@@ -137,13 +137,16 @@ def _parallel_results(chunks, workers: int, initargs: tuple):
     process that cannot start, or dies, stops the pass with a `PlanWorkerError`
     (multiprocessing.Pool would respawn it forever and wait)."""
     context = multiprocessing.get_context("spawn")  # no fork after tokenizers/torch threads started
-    executor = ProcessPoolExecutor(min(workers, len(chunks)), mp_context=context, initializer=_init_worker,
-                                   initargs=initargs)
+    executor = ProcessPoolExecutor(
+        min(workers, len(chunks)), mp_context=context, initializer=_init_worker, initargs=initargs
+    )
     try:
         yield from executor.map(_plan_chunk, chunks)
     except BrokenProcessPool as error:
-        raise PlanWorkerError(f"a planning process died or could not start ({error}); rerun with --plan-workers 1 "
-                              "to see the error in this process") from None
+        raise PlanWorkerError(
+            f"a planning process died or could not start ({error}); rerun with --plan-workers 1 "
+            "to see the error in this process"
+        ) from None
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
@@ -235,14 +238,20 @@ class _Sorting:
 
     def take(self, result: _Ok | _Bad) -> None:
         if isinstance(result, _Ok) and result.sample_id in self.seen:
-            result = _Bad(result.record_index, result.sample_id, "duplicate_id",
-                          f"id already used by {self.corpus.where(self.seen[result.sample_id])}")
+            result = _Bad(
+                result.record_index,
+                result.sample_id,
+                "duplicate_id",
+                f"id already used by {self.corpus.where(self.seen[result.sample_id])}",
+            )
         if isinstance(result, _Bad):
             if self.strict:
-                raise PlanError(result.record_index, result.reason, result.detail,
-                                self.corpus.where(result.record_index))
-            self.quarantined.append(QuarantinedRecord(result.record_index, result.sample_id, result.reason,
-                                                      result.detail))
+                raise PlanError(
+                    result.record_index, result.reason, result.detail, self.corpus.where(result.record_index)
+                )
+            self.quarantined.append(
+                QuarantinedRecord(result.record_index, result.sample_id, result.reason, result.detail)
+            )
             return
         self.seen[result.sample_id] = result.record_index
         self.good.append(PlannedSample(**result._asdict()))

@@ -39,8 +39,9 @@ def report_name(outcome: Outcome) -> str:
     return f"{REPORT_PREFIX}-{stamp}-{outcome.run}"
 
 
-def build_report(config: JobConfig, store_path: StoreBackend, planned, layer_ids, outcome: Outcome, *, wall: float,
-                 leftovers: int) -> dict:
+def build_report(
+    config: JobConfig, store_path: StoreBackend, planned, layer_ids, outcome: Outcome, *, wall: float, leftovers: int
+) -> dict:
     plan = planned.plan
     summary = summarize(plan)
     counts = outcome.counts
@@ -104,16 +105,21 @@ def upload_figures(counts: DispatchCounts) -> dict:
     throughput; null when nothing was uploaded, as into a directory), and how long
     they waited for room in their local spools (summed over shards)."""
     seconds = counts.upload_seconds
-    return {"upload_bytes": counts.upload_bytes, "upload_seconds": round(seconds, 3),
-            "upload_mb_per_s": round(counts.upload_bytes / seconds / 1e6, 2) if seconds else None,
-            "spool_wait_seconds": round(counts.spool_wait_seconds, 3)}
+    return {
+        "upload_bytes": counts.upload_bytes,
+        "upload_seconds": round(seconds, 3),
+        "upload_mb_per_s": round(counts.upload_bytes / seconds / 1e6, 2) if seconds else None,
+        "spool_wait_seconds": round(counts.spool_wait_seconds, 3),
+    }
 
 
 def summary_line(report: dict) -> str:
     """The one line `run` prints on stderr before the JSON."""
     if report["status"] == "nothing_to_do":
-        return (f"nothing to do: all {report['shards']} shard(s) of {report['store']} are committed "
-                f"(this run's report: {report['report']})")
+        return (
+            f"nothing to do: all {report['shards']} shard(s) of {report['store']} are committed "
+            f"(this run's report: {report['report']})"
+        )
     ratio = report["padded_token_ratio"]
     return (
         f"extracted {report['shards_written']} shard(s) ({report['samples_written']} samples, "

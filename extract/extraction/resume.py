@@ -31,8 +31,10 @@ def plan_and_resume(config: JobConfig, store_path: StoreBackend, planner, log) -
         raise ExtractError(f"{store_path} has committed shards but no plan; use --overwrite or a new store")
     if stored is not None:
         _check_same_plan(config, store_path, stored)
-        log(f"reusing the store's plan ({stored.num_samples} samples in {len(stored.shards)} shards): same corpus "
-            "bytes, tokenizer and settings, nothing re-tokenized")
+        log(
+            f"reusing the store's plan ({stored.num_samples} samples in {len(stored.shards)} shards): same corpus "
+            "bytes, tokenizer and settings, nothing re-tokenized"
+        )
         plan, reused = stored, True
     else:
         plan, reused = planner(), False
@@ -62,8 +64,7 @@ def _check_same_plan(config: JobConfig, store_path, stored: Plan) -> None:
     """Refuse unless this job's corpus, tokenizer and settings are the stored plan's."""
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
     corpus = open_corpus(config.corpus)
-    wanted = plan_inputs(corpus, config.corpus, tokenizer, config.tokenizer_path,
-                         config.plan_settings)
+    wanted = plan_inputs(corpus, config.corpus, tokenizer, config.tokenizer_path, config.plan_settings)
     differences = plan_differences(stored.settings, wanted)
     if differences:
         raise ExtractError(

@@ -122,13 +122,16 @@ class ExtractionWorker:
         self.tokenizer = AutoTokenizer.from_pretrained(str(spec.tokenizer))
         check_tokenizer(self.tokenizer, self.settings)  # fail at start, not on the first shard
         self.target = load_target(
-            spec.model, device=spec.device, trust_remote_code=spec.trust_remote_code,
+            spec.model,
+            device=spec.device,
+            trust_remote_code=spec.trust_remote_code,
             require_fast_kernels=spec.require_fast_kernels,
             keep_layers=None if spec.topk is not None else max(spec.layer_ids) + 1,  # top-k needs the whole model
         )
         # fp8 stores: states are quantized on the device, so half the bytes cross to the host
-        self.runner = TargetRunner(self.target, list(spec.layer_ids), spec.topk,
-                                   quantize=lookup_store_dtype(spec.store_dtype).scaled)
+        self.runner = TargetRunner(
+            self.target, list(spec.layer_ids), spec.topk, quantize=lookup_store_dtype(spec.store_dtype).scaled
+        )
         self.batch_tokens = int(spec.batch_tokens)
         self._compute = threading.Lock()
         self._writer = None

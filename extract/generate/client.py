@@ -115,8 +115,11 @@ class EndpointPool:
             if endpoint not in self.down:
                 self.down[endpoint] = why
                 left = len(self.load) - len(self.down)
-                self.log(f"endpoint {endpoint} is down ({why}); its requests go to the other {left} endpoint(s)"
-                         if left else f"endpoint {endpoint} is down ({why}); no endpoint left")
+                self.log(
+                    f"endpoint {endpoint} is down ({why}); its requests go to the other {left} endpoint(s)"
+                    if left
+                    else f"endpoint {endpoint} is down ({why}); no endpoint left"
+                )
             self._free.notify_all()
 
     async def _answers(self, endpoint: str) -> bool:
@@ -125,8 +128,9 @@ class EndpointPool:
         if endpoint in self.down:
             return False
         try:
-            async with self._session.get(f"{endpoint}/v1/models",
-                                         timeout=aiohttp.ClientTimeout(total=PROBE_SECONDS)) as response:
+            async with self._session.get(
+                f"{endpoint}/v1/models", timeout=aiohttp.ClientTimeout(total=PROBE_SECONDS)
+            ) as response:
                 return response.status == 200
         except (asyncio.TimeoutError, OSError, aiohttp.ClientError):
             return False
@@ -135,8 +139,9 @@ class EndpointPool:
         import aiohttp
 
         payload = dict(body, model=self.models[endpoint])
-        async with self._session.post(f"{endpoint}/v1/chat/completions", json=payload,
-                                      timeout=aiohttp.ClientTimeout(total=self.timeout)) as response:
+        async with self._session.post(
+            f"{endpoint}/v1/chat/completions", json=payload, timeout=aiohttp.ClientTimeout(total=self.timeout)
+        ) as response:
             text = await response.text()
             if response.status != 200:
                 raise _HTTPError(response.status, _error_message(text))
@@ -148,9 +153,15 @@ def parse_completion(reply: dict, endpoint: str) -> Completion:
     message = choice.get("message") or {}
     reasoning = message.get("reasoning_content") or message.get("reasoning")
     prompt_ids = reply.get("prompt_token_ids", choice.get("prompt_token_ids"))
-    return Completion(text=message.get("content") or "", reasoning=reasoning or None, token_ids=choice.get("token_ids"),
-                      prompt_token_ids=prompt_ids, finish_reason=str(choice.get("finish_reason")),
-                      has_tool_calls=bool(message.get("tool_calls")), endpoint=endpoint)
+    return Completion(
+        text=message.get("content") or "",
+        reasoning=reasoning or None,
+        token_ids=choice.get("token_ids"),
+        prompt_token_ids=prompt_ids,
+        finish_reason=str(choice.get("finish_reason")),
+        has_tool_calls=bool(message.get("tool_calls")),
+        endpoint=endpoint,
+    )
 
 
 def _client_errors() -> type:

@@ -52,9 +52,17 @@ class GenerationSettings:
             raise ValueError(f"engine must be one of {tuple(ENGINES.values())}, got {self.engine!r}")
 
     def to_json(self) -> dict:
-        return dict(engine=self.engine, generator_version=GENERATOR_VERSION, max_new_tokens=self.max_new_tokens,
-                    temperature=float(self.temperature), seed=self.seed, thinking=self.thinking,
-                    max_length=self.max_length, shard_records=self.shard_records, limit=self.limit)
+        return dict(
+            engine=self.engine,
+            generator_version=GENERATOR_VERSION,
+            max_new_tokens=self.max_new_tokens,
+            temperature=float(self.temperature),
+            seed=self.seed,
+            thinking=self.thinking,
+            max_length=self.max_length,
+            shard_records=self.shard_records,
+            limit=self.limit,
+        )
 
     @classmethod
     def from_json(cls, record) -> "GenerationSettings":

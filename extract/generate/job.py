@@ -61,8 +61,14 @@ def plan_generate(config: GenerateConfig, log=None, served=None):
     identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
 
     def progress(records: int) -> Progress:
-        return Progress("planning", records, "record", mode=config.execution.progress,
-                        interval=config.execution.progress_interval, log=log)
+        return Progress(
+            "planning",
+            records,
+            "record",
+            mode=config.execution.progress,
+            interval=config.execution.progress_interval,
+            log=log,
+        )
 
     return identity, plan_generation(config.corpus, tokenizer, config.settings, identity, progress)
 
@@ -89,8 +95,14 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
 def check_endpoints(config: GenerateConfig):
     """`--engine openai`: every endpoint answers and serves --model (`server.check_servers`)."""
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
-    return check_servers(config.server.endpoints, config.model, tokenizer, config.settings.thinking,
-                         config.settings.max_length, config.server.served_model)
+    return check_servers(
+        config.server.endpoints,
+        config.model,
+        tokenizer,
+        config.settings.thinking,
+        config.settings.max_length,
+        config.server.served_model,
+    )
 
 
 class Generation(ShardedJob):
@@ -98,8 +110,13 @@ class Generation(ShardedJob):
 
     def __init__(self, config: GenerateConfig, out: DirectoryBackend, served=None):
         execution = config.execution
-        super().__init__(out, execution.placement(), execution.dispatch(), execution.progress_settings("generate", "record"),
-                         skip_space_check=execution.skip_space_check)
+        super().__init__(
+            out,
+            execution.placement(),
+            execution.dispatch(),
+            execution.progress_settings("generate", "record"),
+            skip_space_check=execution.skip_space_check,
+        )
         self.config = config
         self.served = served  # the checked endpoints (`server.ServedModel`), --engine openai
         self.journaled = 0  # replies a previous run finished and journaled, asked for no more
@@ -117,11 +134,15 @@ class Generation(ShardedJob):
         config = self.config
         if self.served is not None:
             return self._openai_spec(plan)
-        return GenerationSpec(model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
-                              out=self.output.address, settings=GenerationSettings.from_json(plan.settings),
-                              device=config.execution.device,
-                              batch_tokens=config.batch_tokens,
-                              torch_threads=config.execution.torch_threads())
+        return GenerationSpec(
+            model=str(Path(config.model).resolve()),
+            corpus=str(Path(config.corpus).resolve()),
+            out=self.output.address,
+            settings=GenerationSettings.from_json(plan.settings),
+            device=config.execution.device,
+            batch_tokens=config.batch_tokens,
+            torch_threads=config.execution.torch_threads(),
+        )
 
     def _openai_spec(self, plan):
         """Each actor's share of --concurrency per endpoint, and enough shards held to keep
@@ -130,11 +151,16 @@ class Generation(ShardedJob):
         concurrency = -(-server.concurrency // config.execution.workers)
         in_flight = len(self.served) * concurrency
         return OpenAIGenerationSpec(
-            model=str(Path(config.model).resolve()), corpus=str(Path(config.corpus).resolve()),
-            out=self.output.address, settings=GenerationSettings.from_json(plan.settings),
+            model=str(Path(config.model).resolve()),
+            corpus=str(Path(config.corpus).resolve()),
+            out=self.output.address,
+            settings=GenerationSettings.from_json(plan.settings),
             served=tuple(asdict(s) for s in self.served),
-            concurrency=concurrency, request_timeout=server.request_timeout, request_retries=server.request_retries,
-            groups_in_flight=2 + 2 * -(-in_flight // config.settings.shard_records))
+            concurrency=concurrency,
+            request_timeout=server.request_timeout,
+            request_retries=server.request_retries,
+            groups_in_flight=2 + 2 * -(-in_flight // config.settings.shard_records),
+        )
 
     def bytes_needed(self, planned: Planned) -> int:
         """Prompts plus every turn's reply at its full --max-new-tokens, `BYTES_PER_TOKEN` each."""
@@ -187,14 +213,17 @@ def plan_and_resume(config: GenerateConfig, out: Path, log, served=None) -> Plan
         identity = generation_identity(config.model, tokenizer, open_corpus(config.corpus), config.settings, served)
         differences = mapping_differences(manifest["generation"], identity, RERUN_TOLERATES)
         if differences:
-            raise ExtractError(f"{out} was generated with a different target, corpus or settings: "
-                               f"{describe_differences(differences, 'corpus')} -- use a new --out")
+            raise ExtractError(
+                f"{out} was generated with a different target, corpus or settings: "
+                f"{describe_differences(differences, 'corpus')} -- use a new --out"
+            )
         plan = Plan.from_json(manifest["plan"])
         log(f"reusing the output's plan ({plan.num_samples} records in {len(plan.shards)} shards)")
         return Planned(plan, True, [s.name for s in plan.shards if not layout.is_committed(out, s.name)])
     _, plan = plan_generate(config, log, served)
     if not plan.shards:
         reasons = sorted({q.reason for q in plan.quarantined})
-        raise ExtractError(f"the corpus gives no records to generate ({len(plan.quarantined)} quarantined: "
-                           f"{reasons}); nothing written")
+        raise ExtractError(
+            f"the corpus gives no records to generate ({len(plan.quarantined)} quarantined: {reasons}); nothing written"
+        )
     return Planned(plan, False, [s.name for s in plan.shards])

@@ -97,11 +97,18 @@ class OpenAIGenerationWorker:
 
     def info(self) -> WorkerInfo:
         first = self.served[0]
-        return WorkerInfo(num_layers=self.dims.num_hidden_layers, hidden_size=self.dims.hidden_size,
-                          vocab_size=self.dims.vocab_size, architecture=str(self.dims.model_type),
-                          kernels={"engine": "openai", "server": f"{first.server} {first.version}"},
-                          device=f"{first.server} {first.version}", torch_threads=1, pid=os.getpid(),
-                          host=socket.gethostname(), startup_seconds=round(self.startup_seconds, 3))
+        return WorkerInfo(
+            num_layers=self.dims.num_hidden_layers,
+            hidden_size=self.dims.hidden_size,
+            vocab_size=self.dims.vocab_size,
+            architecture=str(self.dims.model_type),
+            kernels={"engine": "openai", "server": f"{first.server} {first.version}"},
+            device=f"{first.server} {first.version}",
+            torch_threads=1,
+            pid=os.getpid(),
+            host=socket.gethostname(),
+            startup_seconds=round(self.startup_seconds, 3),
+        )
 
     def generate_group(self, names: list[str], attempts: dict) -> GroupDone:
         started = time.perf_counter()
@@ -162,8 +169,16 @@ class OpenAIGenerationWorker:
                 try:
                     completion = await self.pool.chat(body)
                 except RequestFailed as failed:
-                    return None, dict(record_index=record_index, id=sample_id, reason=failed.reason,
-                                      detail=f"turn {turn}: {failed.detail}"), stats
+                    return (
+                        None,
+                        dict(
+                            record_index=record_index,
+                            id=sample_id,
+                            reason=failed.reason,
+                            detail=f"turn {turn}: {failed.detail}",
+                        ),
+                        stats,
+                    )
                 reply = make_reply(completion, self.tokenizer, messages, prompt_text, prompt_ids, self.end_of_turn)
                 journal.add(sample_id, turn, prompt_text, reply)
                 self.faults.batch_done()

@@ -48,8 +48,13 @@ def generation_identity(model: str, tokenizer, corpus, settings: GenerationSetti
     return identity
 
 
-def plan_generation(corpus_path: str | Path, tokenizer, settings: GenerationSettings, identity: dict,
-                    progress: Callable[[int], Progress] | None = None) -> Plan:
+def plan_generation(
+    corpus_path: str | Path,
+    tokenizer,
+    settings: GenerationSettings,
+    identity: dict,
+    progress: Callable[[int], Progress] | None = None,
+) -> Plan:
     corpus = open_corpus(corpus_path)
     stop = len(corpus) if settings.limit is None else min(len(corpus), settings.limit)
     good: list[PlannedSample] = []
@@ -67,8 +72,10 @@ def plan_generation(corpus_path: str | Path, tokenizer, settings: GenerationSett
             conv = conversation(record)
             _, ids = render_prompt(tokenizer, conv.prompt(0, []), settings.thinking)
             if len(ids) >= settings.max_length:
-                raise QuarantineError("prompt_too_long", f"{len(ids)} prompt tokens >= --max-length {settings.max_length}: "
-                                                     "no room for a reply")
+                raise QuarantineError(
+                    "prompt_too_long",
+                    f"{len(ids)} prompt tokens >= --max-length {settings.max_length}: no room for a reply",
+                )
             if sample_id in seen:
                 raise QuarantineError("duplicate_id", f"id already used by record {seen[sample_id]}")
         except QuarantineError as error:
@@ -78,7 +85,9 @@ def plan_generation(corpus_path: str | Path, tokenizer, settings: GenerationSett
         good.append(PlannedSample(sample_id, index, len(ids), len(conv.turns), conversation_digest(conv)))
     bar.close()
     size = settings.shard_records
-    shards = tuple(PlannedShard(shard_name(i), tuple(good[at : at + size])) for i, at in enumerate(range(0, len(good), size)))
+    shards = tuple(
+        PlannedShard(shard_name(i), tuple(good[at : at + size])) for i, at in enumerate(range(0, len(good), size))
+    )
     return Plan(shards, tuple(quarantined), dict(identity))
 
 

@@ -39,9 +39,18 @@ SAMPLING = dict(top_p=1.0, top_k=-1, min_p=0.0, repetition_penalty=1.0, presence
 
 
 def request_body(messages: list[dict], settings, max_tokens: int, stop_ids: list[int], seed_key: str) -> dict:
-    body = dict(messages=messages, max_tokens=int(max_tokens), temperature=float(settings.temperature), n=1,
-                stop_token_ids=list(stop_ids), skip_special_tokens=False, spaces_between_special_tokens=False,
-                add_generation_prompt=True, return_token_ids=True, **SAMPLING)
+    body = dict(
+        messages=messages,
+        max_tokens=int(max_tokens),
+        temperature=float(settings.temperature),
+        n=1,
+        stop_token_ids=list(stop_ids),
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        add_generation_prompt=True,
+        return_token_ids=True,
+        **SAMPLING,
+    )
     if settings.thinking != "keep":
         body["chat_template_kwargs"] = {"enable_thinking": settings.thinking == "on"}
     if settings.temperature > 0:
@@ -62,8 +71,14 @@ class Reply:
     prompt_mismatch: bool  # the server's prompt ids differ from the target tokenizer's
 
 
-def make_reply(completion: Completion, tokenizer, prompt_messages: list[dict], prompt_text: str,
-               prompt_ids: list[int], end_of_turn: list[int]) -> Reply:
+def make_reply(
+    completion: Completion,
+    tokenizer,
+    prompt_messages: list[dict],
+    prompt_text: str,
+    prompt_ids: list[int],
+    end_of_turn: list[int],
+) -> Reply:
     ids = completion.token_ids
     hit_limit = completion.finish_reason == "length"
     mismatch = False
@@ -72,7 +87,9 @@ def make_reply(completion: Completion, tokenizer, prompt_messages: list[dict], p
         body = ids[:-1] if ids and ids[-1] in end_of_turn else ids
         text = reply_text(tokenizer, body)  # never the server's own (incremental) text
         tokens = len(body) + (0 if hit_limit else 1)
-        rendered = rendered_reply_ids(tokenizer, prompt_messages, prompt_ids, reply_message(prompt_text, text), len(ids))
+        rendered = rendered_reply_ids(
+            tokenizer, prompt_messages, prompt_ids, reply_message(prompt_text, text), len(ids)
+        )
         mismatch = rendered != ids
     else:
         text = raw_text(prompt_text, completion)
@@ -92,8 +109,9 @@ def raw_text(prompt_text: str, completion: Completion) -> str:
     return ("" if opened else THINK_OPEN) + completion.reasoning + THINK_CLOSE + completion.text
 
 
-def rendered_reply_ids(tokenizer, prompt_messages: list[dict], prompt_ids: list[int], message: dict,
-                       count: int) -> list[int] | None:
+def rendered_reply_ids(
+    tokenizer, prompt_messages: list[dict], prompt_ids: list[int], message: dict, count: int
+) -> list[int] | None:
     """The `count` tokens after the prompt in the conversation with `message`, rendered
     and tokenized as `extract run` renders it; None when the rendering does not start
     with the prompt's tokens."""
@@ -101,7 +119,7 @@ def rendered_reply_ids(tokenizer, prompt_messages: list[dict], prompt_ids: list[
     ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
     if ids[: len(prompt_ids)] != prompt_ids:
         return None
-    return ids[len(prompt_ids): len(prompt_ids) + count]
+    return ids[len(prompt_ids) : len(prompt_ids) + count]
 
 
 def prompt_digest(prompt_text: str) -> str:

@@ -26,9 +26,11 @@ def served_report(counts: dict, commit_records, served, journaled: int, log) -> 
     by_reason.update(q["reason"] for q in quarantined)
     mismatched = checks["mismatched"] + checks["prompt_mismatched"]
     if checks["checked"] and mismatched / checks["checked"] > MISMATCH_WARNING:
-        log(f"warning: {mismatched} of {checks['checked']} replies ({mismatched / checks['checked']:.1%}) do not "
+        log(
+            f"warning: {mismatched} of {checks['checked']} replies ({mismatched / checks['checked']:.1%}) do not "
             f"re-tokenize to the server's own tokens (e.g. {', '.join(examples[:3])}): the corpus is not exactly "
-            "what the target generated -- check that the server runs --model's tokenizer and chat template")
+            "what the target generated -- check that the server runs --model's tokenizer and chat template"
+        )
     for q in quarantined[:5]:
         log(f"quarantined while generating: record {q['record_index']} ({q['id']!r}): {q['reason']} {q['detail']}")
     return dict(

@@ -18,8 +18,10 @@ from ..errors import ExtractError
 from .turns import render_prompt
 
 PROBE_TIMEOUT = 15.0  # seconds for a start-up check
-PROBE_CONVERSATION = [{"role": "system", "content": "You write Python."},
-                      {"role": "user", "content": "Write a function that adds two numbers."}]
+PROBE_CONVERSATION = [
+    {"role": "system", "content": "You write Python."},
+    {"role": "user", "content": "Write a function that adds two numbers."},
+]
 
 
 @dataclass(frozen=True)
@@ -61,41 +63,59 @@ def same_model(served: dict, model_dir: str, served_model: str | None) -> bool:
     return False
 
 
-def check_endpoint(endpoint: str, model_dir: str, tokenizer, thinking: str, max_length: int,
-                   served_model: str | None = None) -> ServedModel:
+def check_endpoint(
+    endpoint: str, model_dir: str, tokenizer, thinking: str, max_length: int, served_model: str | None = None
+) -> ServedModel:
     url = base_url(endpoint)
     try:
         listing = fetch_json(f"{url}/v1/models")
     except (urllib.error.URLError, OSError, ValueError) as error:
         reason = getattr(error, "reason", None) or error
-        raise ExtractError(f"endpoint {endpoint} does not answer ({reason}); start its server, or leave the "
-                           "--endpoint out") from None
+        raise ExtractError(
+            f"endpoint {endpoint} does not answer ({reason}); start its server, or leave the --endpoint out"
+        ) from None
     models = [m for m in listing.get("data", []) if isinstance(m, dict)]
     match = [m for m in models if same_model(m, model_dir, served_model)]
     if not match:
         served = ", ".join(repr(m.get("id")) for m in models) or "no model"
         wanted = repr(served_model) if served_model else f"--model {model_dir}"
-        raise ExtractError(f"endpoint {endpoint} serves {served}, not {wanted}: the replies must come from the "
-                           "target the store is made with -- point --endpoint at a server of it (or name its "
-                           "served model with --served-model)")
+        raise ExtractError(
+            f"endpoint {endpoint} serves {served}, not {wanted}: the replies must come from the "
+            "target the store is made with -- point --endpoint at a server of it (or name its "
+            "served model with --served-model)"
+        )
     entry = match[0]
     limit = entry.get("max_model_len")
     if isinstance(limit, int) and limit < max_length:
-        raise ExtractError(f"endpoint {endpoint} serves {entry['id']!r} with max_model_len {limit} < --max-length "
-                           f"{max_length}: restart it with --max-model-len {max_length} or lower --max-length")
+        raise ExtractError(
+            f"endpoint {endpoint} serves {entry['id']!r} with max_model_len {limit} < --max-length "
+            f"{max_length}: restart it with --max-model-len {max_length} or lower --max-length"
+        )
     prompt_text, prompt_ids = render_prompt(tokenizer, PROBE_CONVERSATION, thinking)
-    body = dict(model=entry["id"], messages=PROBE_CONVERSATION, add_generation_prompt=True, add_special_tokens=False,
-                **({} if thinking == "keep" else {"chat_template_kwargs": {"enable_thinking": thinking == "on"}}))
+    body = dict(
+        model=entry["id"],
+        messages=PROBE_CONVERSATION,
+        add_generation_prompt=True,
+        add_special_tokens=False,
+        **({} if thinking == "keep" else {"chat_template_kwargs": {"enable_thinking": thinking == "on"}}),
+    )
     try:
         served_ids = fetch_json(f"{url}/tokenize", body).get("tokens")
     except (urllib.error.URLError, OSError, ValueError):
         served_ids = None  # no /tokenize here: each reply's prompt_token_ids are compared instead, where returned
     if served_ids is not None and list(served_ids) != prompt_ids:
-        raise ExtractError(f"endpoint {endpoint} renders a chat differently from --model {model_dir} "
-                           f"({len(served_ids)} prompt tokens, expected {len(prompt_ids)}): its tokenizer or chat "
-                           "template is not the target's -- serve the same checkpoint, without --chat-template")
-    return ServedModel(url, entry["id"], str(entry.get("owned_by") or "unknown"), _version(url),
-                       limit if isinstance(limit, int) else None)
+        raise ExtractError(
+            f"endpoint {endpoint} renders a chat differently from --model {model_dir} "
+            f"({len(served_ids)} prompt tokens, expected {len(prompt_ids)}): its tokenizer or chat "
+            "template is not the target's -- serve the same checkpoint, without --chat-template"
+        )
+    return ServedModel(
+        url,
+        entry["id"],
+        str(entry.get("owned_by") or "unknown"),
+        _version(url),
+        limit if isinstance(limit, int) else None,
+    )
 
 
 def _version(url: str) -> str:
@@ -109,19 +129,24 @@ def _version(url: str) -> str:
     return "unknown"
 
 
-def check_servers(endpoints, model_dir: str, tokenizer, thinking: str, max_length: int,
-                  served_model: str | None = None) -> list[ServedModel]:
+def check_servers(
+    endpoints, model_dir: str, tokenizer, thinking: str, max_length: int, served_model: str | None = None
+) -> list[ServedModel]:
     """Every endpoint checked (`check_endpoint`), and all one server build."""
     served = [check_endpoint(e, model_dir, tokenizer, thinking, max_length, served_model) for e in endpoints]
     builds = sorted({(s.server, s.version) for s in served})
     if len(builds) > 1:
         named = "; ".join(f"{s.endpoint}: {s.server} {s.version}" for s in served)
-        raise ExtractError(f"the endpoints run different server builds ({named}): a corpus comes from one engine "
-                           "-- run the same version everywhere")
+        raise ExtractError(
+            f"the endpoints run different server builds ({named}): a corpus comes from one engine "
+            "-- run the same version everywhere"
+        )
     return served
 
 
 def server_identity(served: list[ServedModel]) -> dict:
     """What the manifest records of the servers (compared on resume: a rerun must be
     answered by the same build) and the endpoints (not compared)."""
-    return dict(server=served[0].server, server_version=served[0].version, served_models=sorted({s.model for s in served}))
+    return dict(
+        server=served[0].server, server_version=served[0].version, served_models=sorted({s.model for s in served})
+    )

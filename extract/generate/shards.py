@@ -48,6 +48,14 @@ class CorpusShards:
             disk = sum(entry["size"] for entry in shard_record(self.out_path, name)["files"].values())
         except Exception as error:
             return dataclasses.replace(failure(error), shard=name)
-        return ShardDone(shard=name, written=bool(written), samples=len(rows), tokens=generated, raw_bytes=0,
-                         disk_bytes=disk, padded_tokens=padded, write_seconds=round(time.perf_counter() - started, 4),
-                         pid=os.getpid())
+        return ShardDone(
+            shard=name,
+            written=bool(written),
+            samples=len(rows),
+            tokens=generated,
+            raw_bytes=0,
+            disk_bytes=disk,
+            padded_tokens=padded,
+            write_seconds=round(time.perf_counter() - started, 4),
+            pid=os.getpid(),
+        )

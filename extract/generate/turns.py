@@ -58,7 +58,9 @@ def conversation(record: dict) -> Conversation:
     if messages[-1]["role"] in ("user", "tool"):  # the target answers the last request or tool reply
         turns.append(len(messages))
     if not turns:
-        raise QuarantineError("no_turn_to_generate", "no assistant turn, and the last message is not from the user or a tool")
+        raise QuarantineError(
+            "no_turn_to_generate", "no assistant turn, and the last message is not from the user or a tool"
+        )
     if not any(m["role"] == "user" for m in messages[: turns[0]]):
         raise QuarantineError("no_user_turn", f"no user message before the first assistant turn (message {turns[0]})")
     return Conversation(tuple(messages), tuple(turns))
@@ -76,7 +78,9 @@ def render_prompt(tokenizer, messages: list[dict], thinking: str) -> tuple[str, 
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **options)
     except Exception as error:
-        raise QuarantineError("template_error", f"{type(error).__name__}: {' '.join(str(error).split())[:200]}") from None
+        raise QuarantineError(
+            "template_error", f"{type(error).__name__}: {' '.join(str(error).split())[:200]}"
+        ) from None
     return text, list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -101,7 +105,7 @@ def reply_message(prompt_text: str, text: str) -> dict:
         before, _, after = text.partition(THINK_CLOSE)
         reasoning, content = before.split(THINK_OPEN)[-1].strip("\n"), after.lstrip("\n")
     elif opened:
-        reasoning, content = text[len(THINK_OPEN):].strip("\n"), ""
+        reasoning, content = text[len(THINK_OPEN) :].strip("\n"), ""
     message = {"role": "assistant", "content": content}
     if reasoning:
         message["reasoning_content"] = reasoning

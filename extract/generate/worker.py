@@ -120,8 +120,10 @@ class GenerationWorker:
                 replies[i].append(reply_message(prompts[i][0], text))
                 generated[i] += len(tokens) + (0 if hit_limit else 1)  # the end-of-turn token counts
                 truncated[i] = truncated[i] or hit_limit
-        rows = [dict(id=sample_id, messages=conv.result(replies[i]), truncated=truncated[i],
-                     generated_tokens=generated[i]) for i, (sample_id, conv) in enumerate(records)]
+        rows = [
+            dict(id=sample_id, messages=conv.result(replies[i]), truncated=truncated[i], generated_tokens=generated[i])
+            for i, (sample_id, conv) in enumerate(records)
+        ]
         return rows, sum(generated), padded
 
     def _generate(self, shard: str, turn: int, prompts: dict[int, list[int]]) -> tuple[dict, int]:
@@ -144,17 +146,23 @@ class GenerationWorker:
         input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         attention = torch.zeros((len(rows), width), dtype=torch.long)
         for i, row in enumerate(rows):  # left padding: every row's reply starts at column `width`
-            input_ids[i, width - len(row):] = torch.tensor(row, dtype=torch.long)
-            attention[i, width - len(row):] = 1
+            input_ids[i, width - len(row) :] = torch.tensor(row, dtype=torch.long)
+            attention[i, width - len(row) :] = 1
         sampled = self.settings.temperature > 0
         if sampled:
             digest = hashlib.sha256(f"{self.settings.seed}/{seed_key}".encode()).hexdigest()
             torch.manual_seed(int(digest[:15], 16))
         with torch.inference_mode():
             out = self.model.generate(
-                input_ids=input_ids.to(self.target.device), attention_mask=attention.to(self.target.device),
-                max_new_tokens=max(limits), do_sample=sampled, temperature=self.settings.temperature if sampled else None,
-                top_k=None, top_p=None, eos_token_id=self.end_of_turn, pad_token_id=self.pad_id,
+                input_ids=input_ids.to(self.target.device),
+                attention_mask=attention.to(self.target.device),
+                max_new_tokens=max(limits),
+                do_sample=sampled,
+                temperature=self.settings.temperature if sampled else None,
+                top_k=None,
+                top_p=None,
+                eos_token_id=self.end_of_turn,
+                pad_token_id=self.pad_id,
             )
         results = []
         for i, limit in enumerate(limits):

@@ -72,7 +72,9 @@ def batches_by_length(
 
 
 def batches_min_padding(
-    lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int | None = None,
+    lengths: Sequence[int],
+    max_batch_tokens: int,
+    max_batch_size: int | None = None,
     forward_cost_share: float = FORWARD_COST_SHARE,
 ) -> list[list[int]]:
     """Group sample indices into batches of *padded* size (``len(batch) * longest``)
@@ -99,7 +101,7 @@ def batches_min_padding(
                 best[end], cut[end] = cost, start
     batches, end = [], len(sizes)
     while end:
-        batches.append(order[cut[end]:end])
+        batches.append(order[cut[end] : end])
         end = cut[end]
     batches.reverse()
     return sorted(batches, key=lambda batch: -len(batch) * int(lengths[batch[0]]))

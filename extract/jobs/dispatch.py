@@ -60,8 +60,10 @@ def failure_message(failure: ShardFailed, store_path) -> str:
     if kind == "device_oom":
         return f"shard {shard}: the device ran out of memory ({message}); lower --batch-tokens and rerun"
     if kind == "endpoints_down":
-        return (f"shard {shard}: {message.split(': ', 1)[-1]} -- the job stops; committed shards and finished "
-                f"replies are kept: restart the server(s) and rerun the same command to resume")
+        return (
+            f"shard {shard}: {message.split(': ', 1)[-1]} -- the job stops; committed shards and finished "
+            f"replies are kept: restart the server(s) and rerun the same command to resume"
+        )
     return f"shard {shard} failed on {failure.host}: {message} (the worker's traceback is above)"
 
 
@@ -106,8 +108,17 @@ class Dispatcher:
     """The queue of pending groups, what each actor holds (in flight), tries per
     shard, and the counts. `run` keeps every actor busy until the queue is empty."""
 
-    def __init__(self, pool: ActorPool, plan, pending: list[str], fence, settings: DispatchSettings,
-                 progress: Progress | None = None, log: Callable[[str], None] = print, output=None):
+    def __init__(
+        self,
+        pool: ActorPool,
+        plan,
+        pending: list[str],
+        fence,
+        settings: DispatchSettings,
+        progress: Progress | None = None,
+        log: Callable[[str], None] = print,
+        output=None,
+    ):
         self.pool = pool
         self.fence = fence  # store_schema.commit.lock.ShardFence of this run (objstore.commit.BucketFence)
         self.output = output or backend(fence.store).job_output()
@@ -154,8 +165,10 @@ class Dispatcher:
                     for shard_reply in reply.replies:
                         if isinstance(shard_reply, ShardFailed):
                             if shard_reply.kind == "error" and shard_reply.traceback:
-                                self.log(f"worker traceback ({shard_reply.shard} on {shard_reply.host}):\n"
-                                         f"{shard_reply.traceback.rstrip()}")
+                                self.log(
+                                    f"worker traceback ({shard_reply.shard} on {shard_reply.host}):\n"
+                                    f"{shard_reply.traceback.rstrip()}"
+                                )
                             raise ExtractError(failure_message(shard_reply, self.output.where))
                         self._done(shard_reply)
                 self._check_deadlines()
@@ -217,8 +230,11 @@ class Dispatcher:
             quiet_since = max(oldest, self._last_reply.get(index, oldest))
             if now - quiet_since > self.worker_timeout:
                 self.counts.workers_timed_out += 1
-                self._lose(index, f"no reply for {now - quiet_since:.0f} s (--worker-timeout "
-                                  f"{self.worker_timeout:g}): hung or cut off")
+                self._lose(
+                    index,
+                    f"no reply for {now - quiet_since:.0f} s (--worker-timeout "
+                    f"{self.worker_timeout:g}): hung or cut off",
+                )
 
     def worker_died(self, error: BaseException, index: int) -> list[str]:
         """Actor `index`'s process died (a task of it raised Ray's death error): `_lose`."""
@@ -258,8 +274,10 @@ class Dispatcher:
             self.progress.update(self._sizes[shard][0])
         self.queue.extendleft(reversed([h.group for h in held if self.left.intersection(h.group)]))
         kept = f" ({', '.join(landed)} committed before)" if landed else ""
-        self.log(f"worker {index} lost ({why}); its attempts are revoked; redoing {', '.join(lost) or 'nothing'} "
-                 f"on a fresh worker{kept}")
+        self.log(
+            f"worker {index} lost ({why}); its attempts are revoked; redoing {', '.join(lost) or 'nothing'} "
+            f"on a fresh worker{kept}"
+        )
         self.pool.replace(index)
         self._last_reply.pop(index, None)
         return landed

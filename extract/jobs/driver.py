@@ -80,8 +80,14 @@ class ShardedJob(ABC):
     """One kind of sharded job: how it plans, what its workers are built from, what
     its output needs on disk, and what it does once its workers are up."""
 
-    def __init__(self, output, placement: Placement, dispatch: DispatchSettings, progress: ProgressSettings,
-                 skip_space_check: bool = False):
+    def __init__(
+        self,
+        output,
+        placement: Placement,
+        dispatch: DispatchSettings,
+        progress: ProgressSettings,
+        skip_space_check: bool = False,
+    ):
         self.output: StoreBackend = output  # a directory or a bucket (`store_schema.stores.backend`)
         self.placement, self.dispatch = placement, dispatch
         self.progress, self.skip_space_check = progress, skip_space_check
@@ -115,47 +121,75 @@ def run_sharded(job: ShardedJob, log) -> JobRun:
         log(f"removed {len(leftovers)} uncommitted leftover(s) of a previous job {where}")
     plan_started = time.perf_counter()
     planned = job.plan(log)
-    result = JobRun(run=uuid.uuid4().hex[:8], planned=planned, started_at=started_at, leftovers=len(leftovers),
-                    plan_seconds=time.perf_counter() - plan_started)
+    result = JobRun(
+        run=uuid.uuid4().hex[:8],
+        planned=planned,
+        started_at=started_at,
+        leftovers=len(leftovers),
+        plan_seconds=time.perf_counter() - plan_started,
+    )
     plan, pending = planned.plan, planned.pending
     if planned.skipped and pending:
         log(f"resuming: {planned.skipped} of {len(plan.shards)} shard(s) already committed, {len(pending)} to go")
     result.set_aside = out.set_aside(pending)
     if result.set_aside:
-        log(f"moved {len(result.set_aside)} shard directory(ies) without a commit record to "
-            f"{layout.DAMAGED_DIR}/ ({', '.join(result.set_aside[:5])}); they are extracted again")
+        log(
+            f"moved {len(result.set_aside)} shard directory(ies) without a commit record to "
+            f"{layout.DAMAGED_DIR}/ ({', '.join(result.set_aside[:5])}); they are extracted again"
+        )
     if pending and not job.skip_space_check and out.local_path is not None:
-        refuse_unless_it_fits(out.local_path, job.bytes_needed(planned), f"the {len(pending)} shard(s) left",
-                              SKIP_SPACE_CHECK_FLAG)
+        refuse_unless_it_fits(
+            out.local_path, job.bytes_needed(planned), f"the {len(pending)} shard(s) left", SKIP_SPACE_CHECK_FLAG
+        )
     with ExitStack() as stack:
         if not pending:
             job.prepare(None, log)
         else:
-            sizes = {s.name: len(s.samples) for s in plan.shards}
-            settings = job.progress
-            progress = Progress(settings.desc, plan.num_samples, settings.unit, mode=settings.mode,
-                                interval=settings.interval, log=log,
-                                initial=plan.num_samples - sum(sizes[name] for name in pending))
+            progress = job_progress(job.progress, plan, pending, log)
             count = min(job.placement.workers, len(pending))
-            pool = stack.enter_context(started_workers(job.placement, job.worker_spec(plan), count, log,
-                                                       settings.interval))
+            pool = stack.enter_context(
+                started_workers(job.placement, job.worker_spec(plan), count, log, job.progress.interval)
+            )
             job.prepare(pool, log)
             fence = out.fence(result.run)
             stack.callback(fence.close)  # closed before the actors go: no attempt of this run commits after
-            dispatcher = Dispatcher(pool, plan, pending, fence, job.dispatch, progress=progress, log=log,
-                                    output=out)
+            dispatcher = Dispatcher(pool, plan, pending, fence, job.dispatch, progress=progress, log=log, output=out)
             begun = time.perf_counter()
             result.counts = dispatcher.run()
             result.dispatch_seconds = time.perf_counter() - begun
             result.workers, result.startup_seconds = pool.infos, pool.startup_seconds
             result.workers_started = pool.created
     out.remove_leftovers()  # what lost attempts of this run left (they can no longer commit)
+    finish(out, plan, log)
+    return result
+
+
+def job_progress(settings: ProgressSettings, plan: Plan, pending: list[str], log) -> Progress:
+    """The job's progress over the plan's samples, the committed shards' counted as done."""
+    sizes = {s.name: len(s.samples) for s in plan.shards}
+    return Progress(
+        settings.desc,
+        plan.num_samples,
+        settings.unit,
+        mode=settings.mode,
+        interval=settings.interval,
+        log=log,
+        initial=plan.num_samples - sum(sizes[name] for name in pending),
+    )
+
+
+def finish(out, plan: Plan, log) -> None:
+    """Every planned shard must be committed (the report never says complete for an
+    output that is not); then the damaged copies set aside are deleted."""
     missing = [s.name for s in plan.shards if not out.is_committed(s.name)]
-    if missing:  # the report never says complete for an output that is not
-        raise ExtractError(f"{len(missing)} planned shard(s) are not committed after the run ({', '.join(missing[:5])}"
-                           f"{' ...' if len(missing) > 5 else ''}); rerun the same command to finish them")
+    if missing:
+        raise ExtractError(
+            f"{len(missing)} planned shard(s) are not committed after the run ({', '.join(missing[:5])}"
+            f"{' ...' if len(missing) > 5 else ''}); rerun the same command to finish them"
+        )
     discarded = out.discard_set_aside()
     if discarded:
-        log(f"every planned shard is committed: deleted the {discarded} damaged shard copy(ies) set aside in "
-            f"{layout.DAMAGED_DIR}/")
-    return result
+        log(
+            f"every planned shard is committed: deleted the {discarded} damaged shard copy(ies) set aside in "
+            f"{layout.DAMAGED_DIR}/"
+        )

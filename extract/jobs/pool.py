@@ -61,8 +61,9 @@ def check_resources(placement, workers: int) -> None:
         advice = "use --device cpu, or join a cluster with GPUs (--address)"
     else:
         advice = f"lower --cpus-per-worker to {int(have)} or join a bigger cluster (--address)"
-    raise ExtractError(f"the Ray cluster has {have:g} {what}(s); {workers} worker(s) need {workers * per_worker} "
-                       f"-- {advice}")
+    raise ExtractError(
+        f"the Ray cluster has {have:g} {what}(s); {workers} worker(s) need {workers * per_worker} -- {advice}"
+    )
 
 
 class ActorPool:
@@ -117,8 +118,10 @@ class ActorPool:
                 for ref in ready:
                     index = waiting.pop(ref)
                     info = infos[index] = ray.get(ref)
-                    log(f"worker {index} ready after {elapsed:.1f} s ({info.device} on {info.host}, "
-                        f"{info.startup_seconds:.1f} s loading)")
+                    log(
+                        f"worker {index} ready after {elapsed:.1f} s ({info.device} on {info.host}, "
+                        f"{info.startup_seconds:.1f} s loading)"
+                    )
         except ray.exceptions.RayActorError as error:
             raise ExtractError(f"a worker failed to start (loading the target): {actor_error_cause(error)}") from None
         except KeyboardInterrupt:

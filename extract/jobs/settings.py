@@ -43,6 +43,7 @@ class FaultInjection:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "FaultInjection":
         environ = os.environ if environ is None else environ
+
         def numbers(name: str) -> tuple[int, ...]:
             return tuple(int(x) for x in environ.get(name, "").split(",") if x.strip())
 
@@ -122,8 +123,13 @@ class Execution:
     faults: FaultInjection = field(default_factory=FaultInjection.from_env)
 
     def __post_init__(self):
-        positive = dict(workers=self.workers, cpus_per_worker=self.cpus_per_worker, max_attempts=self.max_attempts,
-                        worker_timeout=self.worker_timeout, progress_interval=self.progress_interval)
+        positive = dict(
+            workers=self.workers,
+            cpus_per_worker=self.cpus_per_worker,
+            max_attempts=self.max_attempts,
+            worker_timeout=self.worker_timeout,
+            progress_interval=self.progress_interval,
+        )
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -136,8 +142,9 @@ class Execution:
         return Placement(self.device, self.workers, self.cpus_per_worker, self.address, self.faults, self.device_note)
 
     def dispatch(self, batch_shards: int = 1) -> DispatchSettings:
-        return DispatchSettings(self.max_attempts, batch_shards, self.worker_timeout,
-                                self.faults.kill_driver_after_shards)
+        return DispatchSettings(
+            self.max_attempts, batch_shards, self.worker_timeout, self.faults.kill_driver_after_shards
+        )
 
     def progress_settings(self, desc: str, unit: str) -> ProgressSettings:
         return ProgressSettings(desc, unit, self.progress, self.progress_interval)

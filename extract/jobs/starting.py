@@ -38,8 +38,10 @@ class StartingActors:
             try:
                 ray.get(ref)
             except Exception as error:
-                raise ExtractError(f"a replacement for worker {index} failed to start: {actor_error_cause(error)}; "
-                                   "committed shards are kept, rerun to resume") from None
+                raise ExtractError(
+                    f"a replacement for worker {index} failed to start: {actor_error_cause(error)}; "
+                    "committed shards are kept, rerun to resume"
+                ) from None
 
     def wait(self, worker_timeout: float, shards_left: int) -> None:
         """Work is queued and no actor is up to take it: wait up to a second for a
@@ -50,8 +52,11 @@ class StartingActors:
             raise ExtractError(
                 f"no worker has been able to start for {waited:.0f} s (--worker-timeout {worker_timeout:g}) with "
                 f"{shards_left} shard(s) left: the cluster has no room for a replacement (a node lost?); committed "
-                "shards are kept -- add a node or free resources and rerun to resume")
+                "shards are kept -- add a node or free resources and rerun to resume"
+            )
         if not self.loading:
-            raise ExtractError(f"every worker was lost with {shards_left} shard(s) left and none is starting; "
-                               "committed shards are kept, rerun to resume")
+            raise ExtractError(
+                f"every worker was lost with {shards_left} shard(s) left and none is starting; "
+                "committed shards are kept, rerun to resume"
+            )
         self.poll(timeout=1.0)

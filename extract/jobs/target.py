@@ -52,10 +52,15 @@ def load_target(
     attention or causal conv1d would run the PyTorch fallback, before loading it."""
     where = f"{model_path}"
     loaded = load_target_model(
-        model_path, device, dtype, keep_layers=keep_layers, trust_remote_code=trust_remote_code,
+        model_path,
+        device,
+        dtype,
+        keep_layers=keep_layers,
+        trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation,
         check_class=(lambda cls: check_fast_kernels(kernels_of_class(cls), torch.device(device).type, where))
-        if require_fast_kernels else None,
+        if require_fast_kernels
+        else None,
     )
     model = loaded.model
     kernels = kernel_report(model)
