@@ -64,7 +64,7 @@ COMPILE := $(PY) -m compileall -q extract train store_schema benchmarks scripts 
 # ruff (pyproject.toml's [tool.ruff]): pyflakes, import order, no stale `noqa`.
 # The packages `ruff format` keeps (issue 46.7: store_schema first, the rest as each is split
 # to hold the layout rules once formatted).
-FORMATTED ?= store_schema extract
+FORMATTED ?= store_schema extract train
 
 lint: venv
 	$(VENV)/bin/ruff check extract train store_schema benchmarks scripts tests

@@ -89,7 +89,9 @@ RENAMED_KEYS = {"model.num_layers": "model.num_hidden_layers", "num_layers": "mo
 
 def known_keys() -> list[str]:
     """Every key a config accepts, spelled `section.field` (and the three paths)."""
-    return ["store", "target", "out"] + [f"{s}.{name}" for s in SECTIONS for name in _field_types(type(getattr(RunConfig(), s)))]
+    return ["store", "target", "out"] + [
+        f"{s}.{name}" for s in SECTIONS for name in _field_types(type(getattr(RunConfig(), s)))
+    ]
 
 
 def did_you_mean(key: str) -> str:
@@ -97,8 +99,11 @@ def did_you_mean(key: str) -> str:
     keys = known_keys()
     bare = {k.split(".")[-1]: k for k in keys}
     close = difflib.get_close_matches(key, keys, n=2, cutoff=0.6)
-    close += [bare[m] for m in difflib.get_close_matches(key.split(".")[-1], list(bare), n=2, cutoff=0.6)
-              if bare[m] not in close]
+    close += [
+        bare[m]
+        for m in difflib.get_close_matches(key.split(".")[-1], list(bare), n=2, cutoff=0.6)
+        if bare[m] not in close
+    ]
     return f" (did you mean {' or '.join(close[:2])}?)" if close else ""
 
 
@@ -109,8 +114,9 @@ def _resolve_key(key: str) -> tuple[str | None, str]:
     if "." in key:
         section, name = key.split(".", 1)
         if section not in SECTIONS:
-            raise ConfigError(f"config {key}: unknown section {section!r} (sections: {', '.join(SECTIONS)})"
-                              f"{did_you_mean(key)}")
+            raise ConfigError(
+                f"config {key}: unknown section {section!r} (sections: {', '.join(SECTIONS)}){did_you_mean(key)}"
+            )
         if name not in _field_types(type(getattr(RunConfig(), section))):
             raise ConfigError(f"config {key}: unknown key {name!r} in section {section!r}{did_you_mean(key)}")
         return section, name
@@ -151,8 +157,10 @@ def _apply_mapping(config: RunConfig, data: dict, where: str) -> None:
             owner = _resolve_key(str(key))
             full = f"{owner[0]}.{owner[1]}"
             if full in sectioned:
-                raise ConfigError(f"{where}: top-level {key!r} and {full} are both set (did you mean {full}? "
-                                  f"remove the top-level {key!r})")
+                raise ConfigError(
+                    f"{where}: top-level {key!r} and {full} are both set (did you mean {full}? "
+                    f"remove the top-level {key!r})"
+                )
     for key, value in data.items():
         if key in SECTIONS:
             if not isinstance(value, dict):
@@ -196,7 +204,9 @@ def load_config(
         try:
             data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         except json.JSONDecodeError as error:
-            raise ConfigError(f"{path} line {error.lineno}, column {error.colno}: not valid JSON: {error.msg}") from None
+            raise ConfigError(
+                f"{path} line {error.lineno}, column {error.colno}: not valid JSON: {error.msg}"
+            ) from None
         except yaml.YAMLError as error:
             raise _yaml_error(path, error) from None
         _apply_mapping(config, data or {}, str(path))

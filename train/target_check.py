@@ -21,21 +21,32 @@ class OtherTargetError(ValueError):
 
     def __init__(self, differences: dict, target: str | Path, store: str | Path):
         self.differences = differences
-        fields = "; ".join(f"{name}: store has {_short(have)}, {target} has {_short(got)}"
-                           for name, (have, got) in differences.items())
-        super().__init__(f"--target {target} is not the checkpoint {store} was extracted from ({fields}); pass "
-                         f"{ALLOW_FLAG} to use it anyway (the run records it)")
+        fields = "; ".join(
+            f"{name}: store has {_short(have)}, {target} has {_short(got)}" for name, (have, got) in differences.items()
+        )
+        super().__init__(
+            f"--target {target} is not the checkpoint {store} was extracted from ({fields}); pass "
+            f"{ALLOW_FLAG} to use it anyway (the run records it)"
+        )
 
 
-def check_target(store, target: str | Path, *, allow_other_target: bool = False, full: bool = False,
-                 log: Callable[[str], None] = print) -> dict:
+def check_target(
+    store,
+    target: str | Path,
+    *,
+    allow_other_target: bool = False,
+    full: bool = False,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Refuse (OtherTargetError) a `target` directory whose config or weights differ
     from what `store` (an open `store_schema.Store`) recorded, unless
     `allow_other_target`: then one warning line. Returns what a run records:
     {} when they match, else {"other_target": {field: [store's, target's]}}."""
     if full and not store.fingerprint.target_weights_sha256:
-        raise ValueError(f"{FULL_FLAG}: {store.path} recorded no digest of every weight byte (extracted before "
-                         "stores kept one); without the flag the config, weight headers and sampled bytes are checked")
+        raise ValueError(
+            f"{FULL_FLAG}: {store.path} recorded no digest of every weight byte (extracted before "
+            "stores kept one); without the flag the config, weight headers and sampled bytes are checked"
+        )
     if full:
         log(f"checking every byte of {target}'s weights against the store's digest ({FULL_FLAG})")
     differences = store.fingerprint.target_differences(target, full=full)
@@ -43,18 +54,26 @@ def check_target(store, target: str | Path, *, allow_other_target: bool = False,
         return {}
     if not allow_other_target:
         raise OtherTargetError(differences, target, store.path)
-    log(f"warning: {target} differs from the target {store.path} was extracted from "
-        f"({', '.join(differences)}); going on ({ALLOW_FLAG})")
+    log(
+        f"warning: {target} differs from the target {store.path} was extracted from "
+        f"({', '.join(differences)}); going on ({ALLOW_FLAG})"
+    )
     return {"other_target": {name: list(pair) for name, pair in differences.items()}}
 
 
 def add_target_flags(parser) -> None:
     """The target check's flags, worded the same on every command that checks."""
-    parser.add_argument(ALLOW_FLAG, action="store_true",
-                        help="use a --target whose config or weights differ from the store's target (recorded)")
-    parser.add_argument(FULL_FLAG, action="store_true",
-                        help="compare every byte of --target's weights with the store's digest (read once per host, "
-                             "then cached by file size and mtime; default: config, weight headers and sampled bytes)")
+    parser.add_argument(
+        ALLOW_FLAG,
+        action="store_true",
+        help="use a --target whose config or weights differ from the store's target (recorded)",
+    )
+    parser.add_argument(
+        FULL_FLAG,
+        action="store_true",
+        help="compare every byte of --target's weights with the store's digest (read once per host, "
+        "then cached by file size and mtime; default: config, weight headers and sampled bytes)",
+    )
 
 
 def _short(value) -> str:

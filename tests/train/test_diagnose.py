@@ -18,6 +18,7 @@ from train.cli import main
 from train.config_loading import load_config
 from train.diagnose import report as dg
 from train.diagnose.compare import compare
+from train.diagnose.lr import lr_schedule
 from train.diagnose.plot import plot
 from train.fitting.runlog import read_log
 from train.fitting.schedule import lr_at
@@ -135,7 +136,7 @@ def test_lr_is_checked_with_the_trainers_schedule(tmp_path):
     records = read_log(run)  # read once; each diagnose below still reads the run's config.yaml
     write_config(run)
     schedule = dg.read_run_config(run)
-    expected = dg.lr_schedule(schedule, records)
+    expected = lr_schedule(schedule, records)
     # The log line of step S carries the LR of optimizer step S - 1: the trainer's own function.
     assert [expected.expected(s) for s in (1, 800, 9000)] == [lr_at(s - 1, STEPS, schedule.optim) for s in (1, 800, 9000)]
     assert dg.diagnose(run, records=records).findings == []

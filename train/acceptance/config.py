@@ -30,11 +30,17 @@ class EvalConfig:
     def validate(self):
         require(self.every >= 0, "eval.every", "must be >= 0")
         require(self.samples is None or self.samples >= 1, "eval.samples", "must be >= 1 (or null: all)")
-        require(len(self.ddtree_budgets) >= 1 and all(b >= 1 for b in self.ddtree_budgets), "eval.ddtree_budgets",
-               "must be one or more integers >= 1")
+        require(
+            len(self.ddtree_budgets) >= 1 and all(b >= 1 for b in self.ddtree_budgets),
+            "eval.ddtree_budgets",
+            "must be one or more integers >= 1",
+        )
         require(self.labels in LABELS, "eval.labels", 'must be "tokens" or "target"')
         require(self.anchor_stride >= 1, "eval.anchor_stride", "must be >= 1")
-        require(self.max_blocks_per_sample is None or self.max_blocks_per_sample >= 1, "eval.max_blocks_per_sample",
-               "must be >= 1 (or null: all)")
+        require(
+            self.max_blocks_per_sample is None or self.max_blocks_per_sample >= 1,
+            "eval.max_blocks_per_sample",
+            "must be >= 1 (or null: all)",
+        )
         require(self.batch_blocks >= 1, "eval.batch_blocks", "must be >= 1")
         return self

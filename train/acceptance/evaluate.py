@@ -142,8 +142,9 @@ def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: s
         raise ValueError(f"sample {sample.sample_id}: labels='target' needs stored top-k ids")
     # Weights are unused here; decay at gamma=1 only satisfies block_targets for any B.
     scoring = LossConfig(labels=config.labels, position_weights="decay", gamma=1.0)
-    targets = block_targets(input_ids, sample.loss_mask.to(device), positions.to(device), block_size, scoring,
-                            sample.topk_ids)
+    targets = block_targets(
+        input_ids, sample.loss_mask.to(device), positions.to(device), block_size, scoring, sample.topk_ids
+    )
     reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
     features = _context_features(sample, drafter.config, device)
     logprobs, ids, paths = [], [], []
@@ -156,9 +157,15 @@ def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: s
         ids.append(top_ids[..., :k].cpu())
     ids = torch.cat(ids)
     reference, valid = reference.cpu(), valid.cpu()
-    return DraftedBlocks(positions, reference, valid, torch.cat(logprobs), ids,
-                         accepted=chain_accepted(torch.cat(paths), reference, valid),
-                         unary_accepted=chain_accepted(ids[..., 0], reference, valid))
+    return DraftedBlocks(
+        positions,
+        reference,
+        valid,
+        torch.cat(logprobs),
+        ids,
+        accepted=chain_accepted(torch.cat(paths), reference, valid),
+        unary_accepted=chain_accepted(ids[..., 0], reference, valid),
+    )
 
 
 def per_position_rows(blocks: DraftedBlocks, loss_mask: torch.Tensor, block_size: int, stride: int) -> torch.Tensor:
@@ -192,8 +199,13 @@ class _Accumulator:
         if not rounds:
             return
         unary = blocks.chain_rounds(unary=True)
-        entry = {"sample_id": sample_id, "tau": sum(rounds) / len(rounds), "rounds": len(rounds), "tokens": sum(rounds),
-                 "tau_unary": sum(unary) / len(unary)}
+        entry = {
+            "sample_id": sample_id,
+            "tau": sum(rounds) / len(rounds),
+            "rounds": len(rounds),
+            "tokens": sum(rounds),
+            "tau_unary": sum(unary) / len(unary),
+        }
         self.rounds += rounds
         for budget, tree_rounds in blocks.ddtree_rounds(self.budgets).items():
             self.ddtree_means[budget].append(sum(tree_rounds) / len(tree_rounds))
@@ -245,7 +257,9 @@ def _context_features(sample, config, device) -> torch.Tensor:
         features = sample.context_features(device)
         expected = config.num_context_layers * config.hidden_size
         if features.shape[-1] != expected:
-            raise ValueError(f"sample {sample.sample_id}: context features of width {features.shape[-1]}, drafter needs {expected}")
+            raise ValueError(
+                f"sample {sample.sample_id}: context features of width {features.shape[-1]}, drafter needs {expected}"
+            )
         return features
     missing = [layer for layer in config.context_layer_ids if layer not in sample.hidden]
     if missing:
@@ -254,18 +268,40 @@ def _context_features(sample, config, device) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, attention: str = "auto",
-                     progress=None) -> dict:
+def evaluate_samples(
+    drafter, head, samples: Iterable, config: EvalConfig, attention: str = "auto", progress=None
+) -> dict:
     """Acceptance metrics of `drafter` over `samples`: store_schema `Sample`s with
     `hidden` holding the drafter's context layers, or train.data.loader `TrainSample`s
-    (e.g. `ShardLoader.heldout_samples(limit)`). See `evaluate` for the result.
+    (e.g. `ShardLoader.heldout_samples(limit)`).
 
     drafter: train.drafter.model.DFlashDrafter (put in eval mode for the call, then
     restored); head: train.objective.target_head.TargetHead. Runs on the drafter's device.
     config: ddtree_budgets, labels, anchor_stride, max_blocks_per_sample,
     batch_blocks (`samples` is the caller's business). attention: the run's
     `model.attention`. progress: a `store_schema.runtime.progress.Progress`
-    advanced by each sample (closed at the end), or None."""
+    advanced by each sample (closed at the end), or None.
+
+    Returns a dict:
+      tau: decode-time acceptance length (accepted + 1 bonus, 1..B) under greedy
+          chain verification, rolled out along each response, per sample then
+          over samples, along the path the drafter decodes (`drafted_path`: each
+          slot's argmax for DFlash, the candidate selector's walk from the anchor
+          for DFlash 2): what `speculate` and the engines measure;
+      tau_unary: the same rollout along the unary argmax chain (each slot's own
+          top-1); equal to `tau` for DFlash;
+      path: the path `tau` follows ("argmax chain", "selector walk");
+      ddtree: {budget: the same under DDTree verification at that node budget};
+      tau_per_position: chain acceptance along the drafted path over blocks at
+          every anchor position (the per-position estimate), per sample then
+          over samples;
+      per_position_acc: [B-1] top-1 accuracy of slots 1..B-1;
+      top1_acc / top4_acc / top8_acc: pooled over scored slots;
+      tau_pooled: the rollout's rounds pooled over all samples at once;
+      acceptance_histogram: [B] share of rollout rounds of length 1..B;
+      samples / rounds / blocks / scored_slots: what was evaluated;
+      per_sample: [{sample_id, tau, tau_unary, rounds, tokens, tau_per_position}];
+      block_size, labels, anchor_stride, max_blocks_per_sample (`evaluate` adds split, heldout_fraction)."""
     config.validate()
     budgets = sorted({int(b) for b in config.ddtree_budgets})
     block_size = drafter.config.block_size
@@ -285,10 +321,13 @@ def evaluate_samples(drafter, head, samples: Iterable, config: EvalConfig, atten
         drafter.train(was_training)
         if progress is not None:
             progress.close()
-    result = acc.result()
-    result.update(path=drafter.kind.decode_path, labels=config.labels, anchor_stride=config.anchor_stride,
-                  max_blocks_per_sample=config.max_blocks_per_sample)
-    return result
+    return dict(
+        acc.result(),
+        path=drafter.kind.decode_path,
+        labels=config.labels,
+        anchor_stride=config.anchor_stride,
+        max_blocks_per_sample=config.max_blocks_per_sample,
+    )
 
 
 def evaluate(
@@ -310,27 +349,8 @@ def evaluate(
     (needed unless split="all"): "heldout" is exactly the samples that run never
     trained on, "train" the others.
 
-    Returns a dict:
-      tau: decode-time acceptance length (accepted + 1 bonus, 1..B) under greedy
-          chain verification, rolled out along each response, per sample then
-          over samples, along the path the drafter decodes (`drafted_path`: each
-          slot's argmax for DFlash, the candidate selector's walk from the anchor
-          for DFlash 2): what `speculate` and the engines measure;
-      tau_unary: the same rollout along the unary argmax chain (each slot's own
-          top-1); equal to `tau` for DFlash;
-      path: the path `tau` follows ("argmax chain", "selector walk");
-      ddtree: {budget: the same under DDTree verification at that node budget};
-      tau_per_position: chain acceptance along the drafted path over blocks at
-          every anchor position (the per-position estimate), per sample then
-          over samples;
-      per_position_acc: [B-1] top-1 accuracy of slots 1..B-1;
-      top1_acc / top4_acc / top8_acc: pooled over scored slots;
-      tau_pooled: the rollout's rounds pooled over all samples at once;
-      acceptance_histogram: [B] share of rollout rounds of length 1..B;
-      samples / rounds / blocks / scored_slots: what was evaluated;
-      split_samples: samples in the split; max_samples: the cap (config.samples);
-      per_sample: [{sample_id, tau, tau_unary, rounds, tokens, tau_per_position}];
-      block_size, labels, split, heldout_fraction, anchor_stride, max_blocks_per_sample.
+    Returns `evaluate_samples`' figures and the split's (split_samples: samples in the
+    split; max_samples: the cap, config.samples).
     Samples with no scoreable block are not counted. progress: a callable
     (samples to evaluate) -> Progress, shown while evaluating, or None.
     cache_dir: read the samples' shards whole through this local copy of the store
@@ -341,19 +361,31 @@ def evaluate(
     fetched = None
     if cache_dir is not None:
         store, fetched = local_copy_holding(store, cache_dir, [loc.shard for loc in locations[: config.samples]])
-    samples = read_samples(store, locations[: config.samples], drafter.config.context_layer_ids,
-                           need_topk=config.labels == "target")
+    samples = read_samples(
+        store, locations[: config.samples], drafter.config.context_layer_ids, need_topk=config.labels == "target"
+    )
     bar = progress(len(locations[: config.samples])) if progress else None
     result = evaluate_samples(drafter, head, samples, config, attention=attention, progress=bar)
-    result.update(split=split, heldout_fraction=None if split == "all" else heldout_fraction,
-                  split_samples=len(locations), max_samples=config.samples)
+    result.update(
+        split=split,
+        heldout_fraction=None if split == "all" else heldout_fraction,
+        split_samples=len(locations),
+        max_samples=config.samples,
+    )
     if fetched is not None:
         result["cached_shards_fetched"] = fetched
     return result
 
 
-def evaluate_sample_ids(drafter, head, store, sample_ids: Sequence[str], config: EvalConfig,
-                        max_new_tokens: int | None = None, attention: str = "auto") -> dict:
+def evaluate_sample_ids(
+    drafter,
+    head,
+    store,
+    sample_ids: Sequence[str],
+    config: EvalConfig,
+    max_new_tokens: int | None = None,
+    attention: str = "auto",
+) -> dict:
     """`evaluate` on exactly `sample_ids` of `store` (in that order), each cut to
     its first response and that response's first `max_new_tokens` tokens: the
     stretch `speculate` decodes from the same prompt (everything before the first
@@ -365,7 +397,9 @@ def evaluate_sample_ids(drafter, head, store, sample_ids: Sequence[str], config:
     where = {loc.sample_id: loc for loc in locate_samples(store, store.committed_shards(), wanted.__contains__)}
     missing = [i for i in sample_ids if i not in where]
     if missing:
-        raise KeyError(f"{store.path}: no committed sample {missing[0]!r} ({len(missing)} of the ids are not in the store)")
+        raise KeyError(
+            f"{store.path}: no committed sample {missing[0]!r} ({len(missing)} of the ids are not in the store)"
+        )
     layers = drafter.config.context_layer_ids
     samples = (first_response(read_located(store, where[i], layers), max_new_tokens) for i in sample_ids)
     return evaluate_samples(drafter, head, samples, dataclasses.replace(config, max_blocks_per_sample=None), attention)

@@ -172,7 +172,9 @@ def ddtree_acceptance(
     _check_slots(reference, valid, slot_logprobs, slot_ids)
     budgets = [int(budget)] if isinstance(budget, int) else [int(b) for b in budget]
     if slot_logprobs.shape != slot_ids.shape:
-        raise ValueError(f"slot_logprobs {tuple(slot_logprobs.shape)} and slot_ids {tuple(slot_ids.shape)} differ in shape")
+        raise ValueError(
+            f"slot_logprobs {tuple(slot_logprobs.shape)} and slot_ids {tuple(slot_ids.shape)} differ in shape"
+        )
     num_blocks, depth_limit, _k = slot_ids.shape
     largest = max(budgets) if budgets else 0
     # Rank of each reference token in its slot's top-K list (-1: absent or invalid slot).
@@ -204,7 +206,9 @@ def _prefix_below(pop_indices: list[int], budget: int):
         yield index
 
 
-def topk_hits(slot_ids: torch.Tensor, reference: torch.Tensor, ks: Sequence[int] = (1, 4, 8)) -> dict[int, torch.Tensor]:
+def topk_hits(
+    slot_ids: torch.Tensor, reference: torch.Tensor, ks: Sequence[int] = (1, 4, 8)
+) -> dict[int, torch.Tensor]:
     """{k: [N, D] bool}: the reference token is among the drafter's top k
     (slot_ids [N, D, K] sorted by score; needs K >= max(ks))."""
     if slot_ids.shape[-1] < max(ks):
@@ -224,4 +228,3 @@ def accuracy_counts(hits: dict[int, torch.Tensor], valid: torch.Tensor) -> dict:
         if k == 1:
             counts["per_position_top1"] = hit.sum(0).long()
     return counts
-

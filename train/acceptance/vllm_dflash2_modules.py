@@ -37,16 +37,28 @@ def run(inputs: dict[str, torch.Tensor], block_size: int, group_size: int) -> di
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
     with set_current_vllm_config(VllmConfig()):  # ReplicatedLinear needs a (one-process) model-parallel group
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{tempfile.mktemp()}")
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method=f"file://{tempfile.mktemp()}"
+        )
         initialize_model_parallel(1, 1)
         dflash2 = importlib.import_module(MODULE)
         base = inputs["conv.base_kernel"]
-        conv = dflash2.DFlashGroupedConv(hidden_size=base.shape[-1], taps=base.shape[1], group_size=group_size,
-                                         block_size=block_size, params_dtype=torch.float32, prefix="conv")
-        projection = dflash2.ReplicatedLinear(base.shape[-1], inputs["selector.hidden_projection"].shape[0],
-                                              bias=False, params_dtype=torch.float32, prefix="selector",
-                                              return_bias=False)
+        conv = dflash2.DFlashGroupedConv(
+            hidden_size=base.shape[-1],
+            taps=base.shape[1],
+            group_size=group_size,
+            block_size=block_size,
+            params_dtype=torch.float32,
+            prefix="conv",
+        )
+        projection = dflash2.ReplicatedLinear(
+            base.shape[-1],
+            inputs["selector.hidden_projection"].shape[0],
+            bias=False,
+            params_dtype=torch.float32,
+            prefix="selector",
+            return_bias=False,
+        )
         with torch.no_grad():
             conv.base_kernel.copy_(base)
             conv.kernel_projection.weight.copy_(inputs["conv.kernel_projection"])
@@ -57,9 +69,15 @@ def run(inputs: dict[str, torch.Tensor], block_size: int, group_size: int) -> di
             prepared, coefficients = conv.prepare(inputs["conv.input"])
             finished = conv.finish(inputs["conv.sublayer_output"], coefficients)
             top_k = inputs["candidate_ids"].shape[-1]
-            scores = dflash2._score_edges(inputs["selector.predecessor_codebook"],
-                                          inputs["selector.successor_codebook"], inputs["candidate_ids"],
-                                          inputs["unary"], projection(inputs["hidden"]), inputs["anchor_ids"], top_k)
+            scores = dflash2._score_edges(
+                inputs["selector.predecessor_codebook"],
+                inputs["selector.successor_codebook"],
+                inputs["candidate_ids"],
+                inputs["unary"],
+                projection(inputs["hidden"]),
+                inputs["anchor_ids"],
+                top_k,
+            )
     return {"prepared": prepared, "finished": finished, "edge_scores": scores}
 
 

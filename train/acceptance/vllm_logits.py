@@ -34,8 +34,15 @@ import torch
 from safetensors.torch import save_file
 from vllm_runner import DFLASH_MODULE, build_llm
 
-CAPTURED = ("target_features", "context", "context_positions", "block_ids", "block_positions", "block_hidden",
-            "draft_logits")
+CAPTURED = (
+    "target_features",
+    "context",
+    "context_positions",
+    "block_ids",
+    "block_positions",
+    "block_hidden",
+    "draft_logits",
+)
 
 
 def wrap_once(cls, name: str, keep) -> None:
@@ -68,15 +75,20 @@ def capture(request: dict) -> dict[str, torch.Tensor]:
 
     wrap_once(model_class, "combine_hidden_states", lambda a, k, r: put(target_features=a[0], context=r))
     wrap_once(model_class, "precompute_and_store_context_kv", lambda a, k, r: put(context_positions=a[1]))
-    wrap_once(model_class, "forward", lambda a, k, r: put(block_ids=k["input_ids"], block_positions=k["positions"],
-                                                          block_hidden=r))
+    wrap_once(
+        model_class,
+        "forward",
+        lambda a, k, r: put(block_ids=k["input_ids"], block_positions=k["positions"], block_hidden=r),
+    )
     wrap_once(model_class, "compute_logits", lambda a, k, r: put(draft_logits=r))
     params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"], detokenize=False, ignore_eos=True)
     llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
     missing = sorted(set(CAPTURED) - set(tensors))
     if missing:
-        raise RuntimeError(f"vLLM's DFlash drafter never produced {missing}: its proposer no longer calls "
-                           f"{DFLASH_MODULE}.DFlashQwen3ForCausalLM as this script expects")
+        raise RuntimeError(
+            f"vLLM's DFlash drafter never produced {missing}: its proposer no longer calls "
+            f"{DFLASH_MODULE}.DFlashQwen3ForCausalLM as this script expects"
+        )
     return tensors
 
 

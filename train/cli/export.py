@@ -15,8 +15,11 @@ def add_parser(subparsers) -> None:
     p.add_argument("run", help="run directory")
     p.add_argument("--out", required=True, help="directory to write config.json + model.safetensors into")
     p.add_argument("--checkpoint", help="checkpoint directory (default: the run's newest)")
-    p.add_argument("--dtype", default="bfloat16", type=dtype_arg, choices=NAMES,
-                   help="dtype of the exported weights (published drafters are bf16; bf16/fp16/fp32 accepted too)")
+    p.add_argument(
+        "--dtype",
+        default="bfloat16",
+        type=dtype_arg,
+        choices=NAMES,
+        help="dtype of the exported weights (published drafters are bf16; bf16/fp16/fp32 accepted too)",
+    )
     p.set_defaults(handler="train.commands.export:run")
-
-

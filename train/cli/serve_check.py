@@ -25,34 +25,53 @@ from train.target_check import add_target_flags
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "serve-check", help="serve the drafter with vLLM: lossless, served tau vs speculate's",
+        "serve-check",
+        help="serve the drafter with vLLM: lossless, served tau vs speculate's",
         description=__doc__.split("\n\n")[1],
     )
     p.add_argument("--drafter", required=True, help="exported drafter directory, or a run directory holding one")
     p.add_argument("--target", required=True, help="target model directory")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)")
-    source.add_argument("--prompts", metavar="SET[,SET...]",
-                        help="prompt sets, comma-separated: `humaneval` or JSONL files (as `speculate --prompts`)")
+    source.add_argument(
+        "--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)"
+    )
+    source.add_argument(
+        "--prompts",
+        metavar="SET[,SET...]",
+        help="prompt sets, comma-separated: `humaneval` or JSONL files (as `speculate --prompts`)",
+    )
     p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128, help="tokens to generate at most (default 128)")
     p.add_argument("--split", choices=SPLITS, default="heldout", help="store samples to take (default heldout)")
-    p.add_argument("--heldout-fraction", type=fraction_arg,
-                   help="share of samples in the held-out split (default: the run's, as the export records it)")
+    p.add_argument(
+        "--heldout-fraction",
+        type=fraction_arg,
+        help="share of samples in the held-out split (default: the run's, as the export records it)",
+    )
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS / end-of-turn tokens")
     p.add_argument("--device", help="device of this project's decoding: cuda or cpu (default: cuda if available)")
-    p.add_argument("--dtype", type=dtype_arg, choices=NAMES,
-                   help="dtype of both decodings (default: bfloat16 on GPU, float32 on CPU)")
-    p.add_argument("--vllm-python", help="python of an environment with vLLM (default: this one when it imports "
-                                         "vLLM, else .venv-vllm/bin/python; also $DFLASH_VLLM_PYTHON)")
-    p.add_argument("--gpu-memory-utilization", type=fraction_arg,
-                   help="vLLM's memory share (default on CPU, where it is a share of host memory: sized from the "
-                        "weights, the KV cache of the longest reply and vLLM's overhead; 0.9 on GPU)")
-    p.add_argument("--workdir", help="where vLLM's request, result and log are kept (default: DRAFTER/serve-check, "
-                                     "DRAFTER being --drafter)")
+    p.add_argument(
+        "--dtype",
+        type=dtype_arg,
+        choices=NAMES,
+        help="dtype of both decodings (default: bfloat16 on GPU, float32 on CPU)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        help="python of an environment with vLLM (default: this one when it imports "
+        "vLLM, else .venv-vllm/bin/python; also $DFLASH_VLLM_PYTHON)",
+    )
+    p.add_argument(
+        "--gpu-memory-utilization",
+        type=fraction_arg,
+        help="vLLM's memory share (default on CPU, where it is a share of host memory: sized from the "
+        "weights, the KV cache of the longest reply and vLLM's overhead; 0.9 on GPU)",
+    )
+    p.add_argument(
+        "--workdir",
+        help="where vLLM's request, result and log are kept (default: DRAFTER/serve-check, DRAFTER being --drafter)",
+    )
     add_thinking_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_target_flags(p)
     p.set_defaults(handler="train.commands.serve_check:run")
-
-

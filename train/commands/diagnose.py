@@ -14,13 +14,17 @@ from train.fitting.runlog import read_log
 
 def run(args) -> int:
     config = load_config(args.config, require_paths=False) if args.config else None
-    result = diagnose(args.run_dir, config=config, window=args.window, cliff_drop=args.cliff_drop,
-                      cliff_window=args.cliff_window)
+    result = diagnose(
+        args.run_dir, config=config, window=args.window, cliff_drop=args.cliff_drop, cliff_window=args.cliff_window
+    )
     other = diagnose(args.compare) if args.compare else None
     table = compare(read_log(args.run_dir), read_log(args.compare)) if other is not None else None
     if args.plot:
-        plot([args.run_dir] + ([args.compare] if args.compare else []), args.plot,
-             verdicts=[result.verdict()] + ([other.verdict()] if other is not None else []))
+        plot(
+            [args.run_dir] + ([args.compare] if args.compare else []),
+            args.plot,
+            verdicts=[result.verdict()] + ([other.verdict()] if other is not None else []),
+        )
     if args.json:
         data = result.to_dict()
         if other is not None:

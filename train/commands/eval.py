@@ -44,9 +44,11 @@ def heldout_fraction(args, drafter_dir: Path) -> float | None:
     if recorded is not None:
         return recorded
     default = DataConfig.heldout_fraction
-    print(f"note: {drafter_dir / 'config.json'} records no held-out split (not exported by this trainer); "
-          f"using the trainer's default fraction {default}; pass --heldout-fraction to set the training run's",
-          file=sys.stderr)
+    print(
+        f"note: {drafter_dir / 'config.json'} records no held-out split (not exported by this trainer); "
+        f"using the trainer's default fraction {default}; pass --heldout-fraction to set the training run's",
+        file=sys.stderr,
+    )
     return default
 
 
@@ -54,8 +56,13 @@ def run(args) -> int:
     config = eval_config(args)
     store = open_store(args.store)
     check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
-    other_target = check_target(store, args.target, allow_other_target=args.allow_other_target, full=args.full_weights_check,
-                                log=lambda line: print(line, file=sys.stderr))
+    other_target = check_target(
+        store,
+        args.target,
+        allow_other_target=args.allow_other_target,
+        full=args.full_weights_check,
+        log=lambda line: print(line, file=sys.stderr),
+    )
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else None
     drafter_dir = resolve_drafter_dir(args.drafter)
@@ -67,15 +74,26 @@ def run(args) -> int:
         print(f"eval: {total} {args.split} sample(s) of {args.store} on {device}", file=sys.stderr, flush=True)
         return Progress("eval", total, "sample", mode=default_mode(), interval=10.0)
 
-    result = evaluate(drafter, head, store, config, split=args.split, heldout_fraction=fraction, progress=progress,
-                      cache_dir=args.cache_dir)
+    result = evaluate(
+        drafter,
+        head,
+        store,
+        config,
+        split=args.split,
+        heldout_fraction=fraction,
+        progress=progress,
+        cache_dir=args.cache_dir,
+    )
     result["drafter"] = str(drafter_dir)
     result.update(other_target)
     if result["samples"] == 0:
         return fail(f"no {args.split} sample with a scoreable block in {args.store}")
     if config.samples is not None and result["split_samples"] > config.samples:
-        print(f"note: evaluated the first {config.samples} of {result['split_samples']} {args.split} samples "
-              "(--max-samples; 'all' for every one)", file=sys.stderr)
+        print(
+            f"note: evaluated the first {config.samples} of {result['split_samples']} {args.split} samples "
+            "(--max-samples; 'all' for every one)",
+            file=sys.stderr,
+        )
     print(to_json(result) if args.json else f"drafter {drafter_dir}\n" + render_table(result))
     return 0
 

@@ -21,8 +21,10 @@ def refuse_store_dir(out: str | Path) -> None:
     resolved = Path(out).resolve()
     for directory in (resolved, *resolved.parents):
         if (directory / ZARR_METADATA).is_file():
-            raise ValueError(f"export --out {out}: {directory} is a hidden-state store (it holds {ZARR_METADATA}); "
-                             "export into a directory outside it")
+            raise ValueError(
+                f"export --out {out}: {directory} is a hidden-state store (it holds {ZARR_METADATA}); "
+                "export into a directory outside it"
+            )
 
 
 def run(args) -> int:
@@ -37,8 +39,18 @@ def run(args) -> int:
     split = state.get("heldout_split") or heldout_record(state["config"]["data"]["heldout_fraction"])
     fraction = heldout_fraction_of(split, f"{path} heldout_split")
     # How the run started (the rule that chose the mask token, ...) goes along as top-level keys.
-    out = export_drafter(drafter, args.out, dtype=torch_dtype(args.dtype), heldout_fraction=fraction,
-                         extra_config=state.get("run_info"))
-    print(json.dumps({"exported": str(out), "checkpoint": str(path), "step": state["step"], "dtype": args.dtype,
-                      "heldout_fraction": fraction}))
+    out = export_drafter(
+        drafter, args.out, dtype=torch_dtype(args.dtype), heldout_fraction=fraction, extra_config=state.get("run_info")
+    )
+    print(
+        json.dumps(
+            {
+                "exported": str(out),
+                "checkpoint": str(path),
+                "step": state["step"],
+                "dtype": args.dtype,
+                "heldout_fraction": fraction,
+            }
+        )
+    )
     return 0

@@ -34,17 +34,27 @@ from train.fitting.runlog import LOG_FILE
 from train.fitting.trainer import Trainer
 from train.target_check import ALLOW_FLAG, FULL_FLAG
 
-FLAGS = (("allow_other_target", ALLOW_FLAG), ("require_complete", "--require-complete"), ("skip_verify", "--skip-verify"),
-         ("verify_first", "--verify-first"),
-         ("skip_space_check", SKIP_SPACE_CHECK_FLAG), ("full_weights_check", FULL_FLAG))
+FLAGS = (
+    ("allow_other_target", ALLOW_FLAG),
+    ("require_complete", "--require-complete"),
+    ("skip_verify", "--skip-verify"),
+    ("verify_first", "--verify-first"),
+    ("skip_space_check", SKIP_SPACE_CHECK_FLAG),
+    ("full_weights_check", FULL_FLAG),
+)
 
 
 def fit_argv(args) -> list[str]:
     """The command line of one process of a `--nproc` job: these arguments without the launch flags."""
     argv = ["--out", args.out]
-    for flag, value in (("--store", args.store), ("--target", args.target), ("--config", args.config),
-                        ("--max-steps", args.max_steps), ("--init-from", args.init_from),
-                        ("--progress-interval", args.progress_interval)):
+    for flag, value in (
+        ("--store", args.store),
+        ("--target", args.target),
+        ("--config", args.config),
+        ("--max-steps", args.max_steps),
+        ("--init-from", args.init_from),
+        ("--progress-interval", args.progress_interval),
+    ):
         if value is not None:
             argv += [flag, str(value)]
     if args.resume:
@@ -92,18 +102,25 @@ def launch_job(args, config, nodes) -> int:
 def train(args, config, latest: Path | None) -> int:
     """This process's part of the run: build it (continuing `latest`, the checkpoint
     `run` chose), train it, say how it ended."""
-    checks = FitChecks(allow_other_target=args.allow_other_target, require_complete=args.require_complete,
-                       verify=not args.skip_verify, verify_first=args.verify_first, space=not args.skip_space_check,
-                       full_weights=args.full_weights_check)
+    checks = FitChecks(
+        allow_other_target=args.allow_other_target,
+        require_complete=args.require_complete,
+        verify=not args.skip_verify,
+        verify_first=args.verify_first,
+        space=not args.skip_space_check,
+        full_weights=args.full_weights_check,
+    )
     try:
-        trainer = Trainer.from_start(config, latest, log=lambda line: print(line, file=sys.stderr),
-                                      checks=checks)
+        trainer = Trainer.from_start(config, latest, log=lambda line: print(line, file=sys.stderr), checks=checks)
     except KeyboardInterrupt:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")
     if trainer.step >= trainer.total_steps:  # a resume whose --max-steps the run has already reached
         if trainer.world.is_main:
-            print(f"fit: nothing to train: {args.out} is already at step {trainer.step} of {trainer.total_steps} "
-                  "planned (raise --max-steps to train further)", file=sys.stderr)
+            print(
+                f"fit: nothing to train: {args.out} is already at step {trainer.step} of {trainer.total_steps} "
+                "planned (raise --max-steps to train further)",
+                file=sys.stderr,
+            )
             print(json.dumps({"step": trainer.step, "trained_steps": 0}))
         trainer.feed.close()
         trainer.release_replica()
@@ -129,9 +146,12 @@ def announce(trainer) -> None:
     warning = provenance_warning(trainer.store.fingerprint.response_provenance)
     if warning:
         print(warning, file=sys.stderr)
-    print(f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
-          f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}, "
-          f"{trainer.world.size} process(es), {trainer.feed.lanes} lane(s)", file=sys.stderr)
+    print(
+        f"fit: {trainer.total_steps} steps, drafter {sum(p.numel() for p in trainer.drafter.parameters()):,} "
+        f"parameters, context layers {trainer.drafter.config.context_layer_ids}, device {trainer.device}, "
+        f"{trainer.world.size} process(es), {trainer.feed.lanes} lane(s)",
+        file=sys.stderr,
+    )
 
 
 def stopped(args, config, trainer, error: BaseException) -> int:
@@ -143,17 +163,25 @@ def stopped(args, config, trainer, error: BaseException) -> int:
             return 130  # rank 0 says what was kept
         if error.checkpoint is None:
             return interrupted("no checkpoint yet", "rerun the same command")
-        kept = (f"checkpoint of step {error.step} saved in {error.checkpoint}" if not distributed
-                else f"the last checkpoint is {error.checkpoint}")
+        kept = (
+            f"checkpoint of step {error.step} saved in {error.checkpoint}"
+            if not distributed
+            else f"the last checkpoint is {error.checkpoint}"
+        )
         return interrupted(kept, f"resume with: {resume_commands(args, config.store)[0]}")
     if isinstance(error, DataStopped):
         shard = error.error
-        kept = (f"checkpoint of step {error.step} saved in {error.checkpoint}" if error.checkpoint
-                else "no checkpoint was written")
+        kept = (
+            f"checkpoint of step {error.step} saved in {error.checkpoint}"
+            if error.checkpoint
+            else "no checkpoint was written"
+        )
         resume, skipping = resume_commands(args, config.store)
-        return fail(f"shard {shard.shard}: {shard.file}: {shard.what}; {kept}; repair the store with "
-                    f"`{REPAIR_COMMAND.format(store=config.store)}` and `python -m extract run`, then resume with "
-                    f"`{resume}`, or resume leaving the shard out: `{skipping}`")
+        return fail(
+            f"shard {shard.shard}: {shard.file}: {shard.what}; {kept}; repair the store with "
+            f"`{REPAIR_COMMAND.format(store=config.store)}` and `python -m extract run`, then resume with "
+            f"`{resume}`, or resume leaving the shard out: `{skipping}`"
+        )
     if is_disk_full(error):
         return disk_full(args, config.store, error)
     if not distributed or not is_peer_loss(error):
@@ -162,9 +190,11 @@ def stopped(args, config, trainer, error: BaseException) -> int:
     # names it in its one line; under torchrun this rank says what it saw.
     if os.environ.get(LAUNCHED_BY_FIT):
         return 1
-    return fail(f"rank {trainer.world.rank}: another process of the job stopped "
-                f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
-                "the job cannot continue; the same command with --resume continues from the last checkpoint")
+    return fail(
+        f"rank {trainer.world.rank}: another process of the job stopped "
+        f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+        "the job cannot continue; the same command with --resume continues from the last checkpoint"
+    )
 
 
 def disk_full(args, store, error: OSError) -> int:
@@ -174,22 +204,30 @@ def disk_full(args, store, error: OSError) -> int:
     what = " ".join(str(error).split()) if error.filename is None else f"disk full writing {error.filename}"
     if latest is None:
         return fail(f"{what}; no checkpoint was written; free space in {args.out} and rerun the same command")
-    return fail(f"{what}; the last good checkpoint is {latest} (step {read_state(latest)['step']}), the steps "
-                f"after it are lost; free space in {args.out} and resume with `{resume_commands(args, store)[0]}`")
+    return fail(
+        f"{what}; the last good checkpoint is {latest} (step {read_state(latest)['step']}), the steps "
+        f"after it are lost; free space in {args.out} and resume with `{resume_commands(args, store)[0]}`"
+    )
 
 
 def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
     """What a finished run says before its JSON line: where it ended and the next commands."""
-    figures = [f"{name} {last[key]:{form}}" for key, name, form in
-               (("loss", "loss", ".4f"), ("acc", "top-1", ".1%"), ("eval_tau", "eval tau", ".2f"))
-               if isinstance(last.get(key), (int, float))]
+    figures = [
+        f"{name} {last[key]:{form}}"
+        for key, name, form in (("loss", "loss", ".4f"), ("acc", "top-1", ".1%"), ("eval_tau", "eval tau", ".2f"))
+        if isinstance(last.get(key), (int, float))
+    ]
     checkpoint = latest_checkpoint(out)
     drafter = Path(out) / "drafter"
-    return [f"fit: done at step {step}" + "".join(f", {figure}" for figure in figures)
-            + (f"; checkpoint {checkpoint}" if checkpoint else "") + f"; run log {Path(out) / LOG_FILE}",
-            f"next: python -m train export {out} --out {drafter}",
-            f"      python -m train eval --store {config.store} --drafter {drafter} --target {config.target}",
-            f"      python -m train diagnose {out}"]
+    return [
+        f"fit: done at step {step}"
+        + "".join(f", {figure}" for figure in figures)
+        + (f"; checkpoint {checkpoint}" if checkpoint else "")
+        + f"; run log {Path(out) / LOG_FILE}",
+        f"next: python -m train export {out} --out {drafter}",
+        f"      python -m train eval --store {config.store} --drafter {drafter} --target {config.target}",
+        f"      python -m train diagnose {out}",
+    ]
 
 
 def resolve_config(args):
@@ -204,9 +242,17 @@ def resolve_config(args):
     if args.resume and config_file is None and (Path(args.out) / CONFIG_FILE).is_file():
         config_file = str(Path(args.out) / CONFIG_FILE)
     config = load_config(
-        config_file, args.overrides, store=args.store, target=args.target, out=args.out, require_paths=False,
-        **{"train.max_steps": args.max_steps, "model.init_from": args.init_from,
-           "train.progress_interval": args.progress_interval},
+        config_file,
+        args.overrides,
+        store=args.store,
+        target=args.target,
+        out=args.out,
+        require_paths=False,
+        **{
+            "train.max_steps": args.max_steps,
+            "model.init_from": args.init_from,
+            "train.progress_interval": args.progress_interval,
+        },
     )
     for name in ("store", "target"):
         if not getattr(config, name):

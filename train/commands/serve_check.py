@@ -22,33 +22,30 @@ def run(args) -> int:
     unserved = serve_check.unserved_here(config.kind)
     python, version = _vllm(serve_check, args, unserved)
     loaded = load_decoding(args, "serve-check")
-    drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
-                                                   loaded.stops)
-    device, dtype = loaded.device, loaded.dtype
+    drafter_dir, prompts, stops, dtype = loaded.drafter_dir, loaded.prompts, loaded.stops, loaded.dtype
 
     workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
     token_prompts = [p.input_ids.tolist() for p in prompts]
     share = None
-    if args.gpu_memory_utilization is None and device.type == "cpu" and python:
+    if args.gpu_memory_utilization is None and loaded.device.type == "cpu" and python:
         share = _cpu_share(args.target, drafter_dir, config, token_prompts, args.max_new_tokens, dtype)
     request = serve_check.served_request(
-        Path(args.target).resolve(), drafter_dir.resolve(), token_prompts,
-        block_size=config.block_size, mixed_layers=len(set(config.layer_types)) > 1,
-        max_new_tokens=args.max_new_tokens, stop_token_ids=stops, dtype=str(dtype).removeprefix("torch."),
-        gpu_memory_utilization=args.gpu_memory_utilization, cpu_memory_share=share,
-        v2_runner_only=not config.kind.vllm_cpu_serves)
+        Path(args.target).resolve(),
+        drafter_dir.resolve(),
+        token_prompts,
+        block_size=config.block_size,
+        mixed_layers=len(set(config.layer_types)) > 1,
+        max_new_tokens=args.max_new_tokens,
+        stop_token_ids=stops,
+        dtype=str(dtype).removeprefix("torch."),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        cpu_memory_share=share,
+        v2_runner_only=not config.kind.vllm_cpu_serves,
+    )
     # vLLM starts (tens of seconds) while this process decodes the same prompts.
     served_run = serve_check.start_served(python, request, workdir) if python else None
-    results = []
     try:
-        for number, prompt in enumerate(prompts, start=1):
-            past_limit = args.max_new_tokens + config.block_size - 1  # whole blocks up to the limit, as vLLM
-            result = serve_check.cut_at_limit(
-                decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), past_limit, stops),
-                args.max_new_tokens)
-            results.append(result)
-            print(f"[{number}/{len(prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
-                  f"{'lossless' if result.lossless else 'MISMATCH'}", file=sys.stderr)
+        results = speculated(loaded, args.max_new_tokens, config.block_size)
         if served_run:
             print("waiting for vLLM ...", file=sys.stderr, flush=True)
         served = served_run.result() if served_run else {"skipped": unserved}
@@ -57,16 +54,44 @@ def run(args) -> int:
             served_run.process.terminate()
             served_run.process.wait()
     summary = _summary(serve_check, results, served, stops, config.block_size, prompts, args.thinking)
-    summary.update(drafter=str(drafter_dir), target=str(args.target), vllm_python=python,
-                   vllm_version=served.get("vllm_version", version), vllm_device=served.get("device"),
-                   vllm_log=str(served_run.log_path) if served_run else None, vllm_memory_share=args.gpu_memory_utilization or share,
-                   dtype=str(dtype).removeprefix("torch."), block_size=config.block_size,
-                   max_new_tokens=args.max_new_tokens, stop_token_ids=stops, **loaded.other_target)
+    summary.update(
+        drafter=str(drafter_dir),
+        target=str(args.target),
+        vllm_python=python,
+        vllm_version=served.get("vllm_version", version),
+        vllm_device=served.get("device"),
+        vllm_log=str(served_run.log_path) if served_run else None,
+        vllm_memory_share=args.gpu_memory_utilization or share,
+        dtype=str(dtype).removeprefix("torch."),
+        block_size=config.block_size,
+        max_new_tokens=args.max_new_tokens,
+        stop_token_ids=stops,
+        **loaded.other_target,
+    )
     if summary.get("served_skipped"):
         print(f"note: {summary['served_skipped']}; only speculate vs the target was checked", file=sys.stderr)
     print(json.dumps(summary) if args.json else render(summary))
     found = serve_check.problems(summary)
     return fail("; ".join(found)) if found else 0
+
+
+def speculated(loaded, max_new_tokens: int, block_size: int) -> list:
+    """`speculate` on every prompt, decoded in whole blocks up to the limit and cut there
+    as vLLM cuts (`serve_check.cut_at_limit`), a line each."""
+    results = []
+    past_limit = max_new_tokens + block_size - 1
+    for number, prompt in enumerate(loaded.prompts, start=1):
+        decoded = decode_prompt(
+            loaded.model, loaded.drafter, prompt.id, prompt.input_ids.to(loaded.device), past_limit, loaded.stops
+        )
+        result = serve_check.cut_at_limit(decoded, max_new_tokens)
+        results.append(result)
+        print(
+            f"[{number}/{len(loaded.prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
+            f"{'lossless' if result.lossless else 'MISMATCH'}",
+            file=sys.stderr,
+        )
+    return results
 
 
 def _vllm(serve_check, args, unserved: str | None) -> tuple[str | None, str | None]:
@@ -83,39 +108,57 @@ def _vllm(serve_check, args, unserved: str | None) -> tuple[str | None, str | No
 
 def _cpu_share(target, drafter_dir, config, prompts, max_new_tokens: int, dtype) -> float:
     """vLLM's CPU memory share for these prompts (`vllm_memory`), said in one line."""
-    needed = vllm_memory.served_engine_bytes(target, drafter_dir, config,
-                                             serve_check.max_model_len(prompts, max_new_tokens, config.block_size),
-                                             dtype.itemsize)
+    needed = vllm_memory.served_engine_bytes(
+        target,
+        drafter_dir,
+        config,
+        serve_check.max_model_len(prompts, max_new_tokens, config.block_size),
+        dtype.itemsize,
+    )
     memory = vllm_memory.host_memory()
     share = vllm_memory.cpu_memory_share(needed, memory)
-    print(f"vLLM's memory share {share:.2f} of {memory.total / vllm_memory.GIB:.1f} GiB host memory (its engine needs "
-          f"~{needed / vllm_memory.GIB:.2f} GiB; {memory.available / vllm_memory.GIB:.1f} GiB available)",
-          file=sys.stderr)
+    print(
+        f"vLLM's memory share {share:.2f} of {memory.total / vllm_memory.GIB:.1f} GiB host memory (its engine needs "
+        f"~{needed / vllm_memory.GIB:.2f} GiB; {memory.available / vllm_memory.GIB:.1f} GiB available)",
+        file=sys.stderr,
+    )
     return share
 
 
 def _summary(serve_check, results, served: dict, stops, block_size: int, prompts, thinking: str | None) -> dict:
     rendered = {"thinking": thinking or "template default", "speculate_by_thinking": by_thinking(prompts, results)}
     if "skipped" in served:
-        return {"prompts": len(results), "speculate_lossless": all(r.lossless for r in results),
-                "served_skipped": served["skipped"],
-                "speculate_tau": mean_or_none([r.tau for r in results if r.tau is not None]), **rendered}
+        return {
+            "prompts": len(results),
+            "speculate_lossless": all(r.lossless for r in results),
+            "served_skipped": served["skipped"],
+            "speculate_tau": mean_or_none([r.tau for r in results if r.tau is not None]),
+            **rendered,
+        }
     return {**serve_check.compare(results, served["prompts"], stops, block_size), **rendered}
 
 
 def render(summary: dict) -> str:
     """Per-prompt lines, the per-position counts side by side, the overall figures."""
     if summary.get("served_skipped"):
-        return (f"served: skipped ({summary['served_skipped']})\n"
-                f"speculate: lossless {summary['speculate_lossless']}, tau {summary['speculate_tau']}")
+        return (
+            f"served: skipped ({summary['served_skipped']})\n"
+            f"speculate: lossless {summary['speculate_lossless']}, tau {summary['speculate_tau']}"
+        )
     lines = [f"{'prompt':<24}{'lossless':>9}{'served rounds':>14}{'speculate rounds':>17}{'same rounds':>12}"]
     for row in summary["per_prompt"]:
-        lines.append(f"{row['id'][:23]:<24}{str(row['lossless']):>9}{row['served_rounds']:>14}"
-                     f"{row['speculate_rounds']:>17}{str(row['rounds_equal']):>12}")
+        lines.append(
+            f"{row['id'][:23]:<24}{str(row['lossless']):>9}{row['served_rounds']:>14}"
+            f"{row['speculate_rounds']:>17}{str(row['rounds_equal']):>12}"
+        )
     counts = summary["per_position_accepted"]
     lines += ["", "accepted per draft position (rounds counted alike): served / speculate"]
-    lines.append("  " + ", ".join(f"{p}: {a}/{b}" for p, (a, b) in
-                                  enumerate(zip(counts["served"], counts["speculate"]), start=1) if a or b))
+    lines.append(
+        "  "
+        + ", ".join(
+            f"{p}: {a}/{b}" for p, (a, b) in enumerate(zip(counts["served"], counts["speculate"]), start=1) if a or b
+        )
+    )
     lines += [
         "",
         f"vLLM {summary['vllm_version']} ({summary['vllm_device']}): lossless {summary['lossless_prompts']}/"

@@ -49,8 +49,14 @@ def grouped(prompts, results, key) -> dict:
     for prompt, result in zip(prompts, results):
         if key(prompt) is not None:
             groups.setdefault(key(prompt), []).append(result)
-    return {name: {"prompts": len(rows), "lossless": all(r.lossless for r in rows),
-                   "tau": mean_or_none([r.tau for r in rows if r.tau is not None])} for name, rows in groups.items()}
+    return {
+        name: {
+            "prompts": len(rows),
+            "lossless": all(r.lossless for r in rows),
+            "tau": mean_or_none([r.tau for r in rows if r.tau is not None]),
+        }
+        for name, rows in groups.items()
+    }
 
 
 def by_thinking(prompts, results) -> dict:
@@ -63,8 +69,10 @@ def by_set(prompts, results) -> dict:
     name): the figures the field publishes per benchmark. Empty for a store's prompts."""
     if not any(p.source for p in prompts):
         return {}
-    return {"by_set": grouped(prompts, results, lambda p: p.source),
-            "by_category": grouped(prompts, results, lambda p: p.category)}
+    return {
+        "by_set": grouped(prompts, results, lambda p: p.source),
+        "by_category": grouped(prompts, results, lambda p: p.category),
+    }
 
 
 def mean_or_none(values):
@@ -99,10 +107,15 @@ def open_prompt_source(args):
 def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
     vocab = model.get_input_embeddings().weight.shape[0]
     if args.prompts:  # --limit applies to each set
-        return [prompt for source in prompt_sources(args.prompts) for prompt in (
-            record_prompts(NAMED_SETS[source](), source, source, tokenizer, vocab, args.limit, args.thinking)
-            if source in NAMED_SETS else
-            jsonl_prompts(source, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking))]
+        return [
+            prompt
+            for source in prompt_sources(args.prompts)
+            for prompt in (
+                record_prompts(NAMED_SETS[source](), source, source, tokenizer, vocab, args.limit, args.thinking)
+                if source in NAMED_SETS
+                else jsonl_prompts(source, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking)
+            )
+        ]
     if args.thinking:
         raise ValueError("--thinking renders --prompts chats; a store's prompts were rendered when it was extracted")
     check_store_against_target(store, read_target_config(args.target))
@@ -118,9 +131,13 @@ def load_decoding(args, command: str) -> Decoding:
     store = open_prompt_source(args)
     check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    other_target = {} if store is None else check_target(store, args.target,
-                                                          allow_other_target=args.allow_other_target,
-                                                          full=args.full_weights_check, log=say)
+    other_target = (
+        {}
+        if store is None
+        else check_target(
+            store, args.target, allow_other_target=args.allow_other_target, full=args.full_weights_check, log=say
+        )
+    )
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
     read_config_json(args.target)  # a wrong path is refused before the line below
     say(f"{command}: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")
@@ -136,8 +153,13 @@ def load_decoding(args, command: str) -> Decoding:
 
 def run(args) -> int:
     loaded = load_decoding(args, "speculate")
-    drafter_dir, drafter, model, prompts, stops = (loaded.drafter_dir, loaded.drafter, loaded.model, loaded.prompts,
-                                                   loaded.stops)
+    drafter_dir, drafter, model, prompts, stops = (
+        loaded.drafter_dir,
+        loaded.drafter,
+        loaded.model,
+        loaded.prompts,
+        loaded.stops,
+    )
     device, dtype, other_target = loaded.device, loaded.dtype, loaded.other_target
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -148,17 +170,35 @@ def run(args) -> int:
     for number, prompt in enumerate(prompts, start=1):
         result = decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), args.max_new_tokens, stops)
         results.append(result)
-        print(f"[{number}/{len(prompts)}] {prompt.id}: tau {_fmt(result.tau)}, {len(result.speculative.tokens)} tokens, "
-              f"{'lossless' if result.lossless else _mismatch(result)}", file=sys.stderr)
+        print(
+            f"[{number}/{len(prompts)}] {prompt.id}: tau {_fmt(result.tau)}, {len(result.speculative.tokens)} tokens, "
+            f"{'lossless' if result.lossless else _mismatch(result)}",
+            file=sys.stderr,
+        )
     summary = summarize(results, dtype)
-    summary.update(drafter=str(drafter_dir), target=str(args.target), device=device.type, dtype=str(dtype).removeprefix("torch."),
-                   block_size=drafter.config.block_size, max_new_tokens=args.max_new_tokens, stop_token_ids=stops,
-                   thinking=args.thinking or "template default", by_thinking=by_thinking(prompts, results),
-                   **by_set(prompts, results), per_prompt=[r.to_dict() for r in results], **other_target)
+    summary.update(
+        drafter=str(drafter_dir),
+        target=str(args.target),
+        device=device.type,
+        dtype=str(dtype).removeprefix("torch."),
+        block_size=drafter.config.block_size,
+        max_new_tokens=args.max_new_tokens,
+        stop_token_ids=stops,
+        thinking=args.thinking or "template default",
+        by_thinking=by_thinking(prompts, results),
+        **by_set(prompts, results),
+        per_prompt=[r.to_dict() for r in results],
+        **other_target,
+    )
     print(json.dumps(summary) if args.json else render(summary))
     failed = summary["prompts"] - summary["lossless_prompts"] - summary["near_tie_prompts"]
-    return 0 if summary["passed"] else fail(
-        f"speculative output differs from greedy decoding on {failed} prompt(s) (rule: {summary['exactness_rule']})")
+    return (
+        0
+        if summary["passed"]
+        else fail(
+            f"speculative output differs from greedy decoding on {failed} prompt(s) (rule: {summary['exactness_rule']})"
+        )
+    )
 
 
 def _tokenizer(target):
@@ -180,19 +220,26 @@ def render(summary: dict) -> str:
     """Per-prompt lines, then the overall figures."""
     lines = [f"{'prompt':<24}{'lossless':>9}{'tau':>8}{'rounds':>8}{'tokens':>8}{'spec tok/s':>12}{'greedy tok/s':>14}"]
     for row in summary["per_prompt"]:
-        lines.append(f"{row['id'][:23]:<24}{str(row['lossless']):>9}{_fmt(row['tau']):>8}{row['rounds']:>8}"
-                     f"{row['new_tokens']:>8}{_fmt(row['speculative']['tokens_per_s'], 1):>12}"
-                     f"{_fmt(row['greedy']['tokens_per_s'], 1):>14}")
+        lines.append(
+            f"{row['id'][:23]:<24}{str(row['lossless']):>9}{_fmt(row['tau']):>8}{row['rounds']:>8}"
+            f"{row['new_tokens']:>8}{_fmt(row['speculative']['tokens_per_s'], 1):>12}"
+            f"{_fmt(row['greedy']['tokens_per_s'], 1):>14}"
+        )
     spec, greedy = summary["speculative"], summary["greedy"]
     lines += [
         "",
         f"prompts {summary['prompts']}, lossless {summary['lossless_prompts']}/{summary['prompts']}"
         f"{f' (+{n} near-ties)' if (n := summary['near_tie_prompts']) else ''}, "
         f"tau {_fmt(summary['tau'])}, rounds {summary['rounds']}, new tokens {summary['new_tokens']}",
-        *[f"thinking {setting}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
-          for setting, row in summary.get("by_thinking", {}).items()],
-        *[f"{what} {name}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
-          for what, key in (("set", "by_set"), ("category", "by_category")) for name, row in summary.get(key, {}).items()],
+        *[
+            f"thinking {setting}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
+            for setting, row in summary.get("by_thinking", {}).items()
+        ],
+        *[
+            f"{what} {name}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
+            for what, key in (("set", "by_set"), ("category", "by_category"))
+            for name, row in summary.get(key, {}).items()
+        ],
         f"speculative: {spec['target_forwards']} target forwards ({spec['rerun_forwards']} re-runs), "
         f"{spec['wall_s']:.2f} s, {_fmt(spec['tokens_per_s'], 1)} tokens/s",
         f"greedy:      {greedy['target_forwards']} target forwards, {greedy['wall_s']:.2f} s, "

@@ -50,8 +50,10 @@ def pinned_shards(sizes: dict[str, int], budget: int | None) -> tuple[list[str],
     if budget is None or total <= budget:
         return sorted(sizes), 0 if budget is None else budget - total
     if budget < largest:
-        raise CacheTooSmall(f"data.cache_size {human_bytes(budget)} per lane cannot hold the largest shard "
-                            f"({human_bytes(largest)}); give the cache at least that much per lane")
+        raise CacheTooSmall(
+            f"data.cache_size {human_bytes(budget)} per lane cannot hold the largest shard "
+            f"({human_bytes(largest)}); give the cache at least that much per lane"
+        )
     reserve = largest * AHEAD if budget >= largest * AHEAD else largest
     pinned, used = [], 0
     for name in sorted(sizes):
@@ -69,8 +71,15 @@ class ShardCache:
     to arrive (so the loader reads through it as through any store); `release(name)`
     says one read of the shard is over."""
 
-    def __init__(self, source: Store, directory, budget: int | None, upcoming: list[str],
-                 log: Callable[[str], None] = print, lane: int = 0):
+    def __init__(
+        self,
+        source: Store,
+        directory,
+        budget: int | None,
+        upcoming: list[str],
+        log: Callable[[str], None] = print,
+        lane: int = 0,
+    ):
         self.source, self.directory, self.budget, self.log, self.lane = source, directory, budget, log, lane
         open_local_copy(directory, source)
         self.sizes = {name: source.commit(name).disk_bytes for name in set(upcoming)}
@@ -89,9 +98,11 @@ class ShardCache:
         self.reader = _ArrivalReader(self)
         self._thread = threading.Thread(target=self._fetch_ahead, daemon=True, name=f"shard-cache-lane{lane}")
         self._thread.start()
-        log(f"cache: {directory} lane {lane}: {len(pinned)} of {len(self.sizes)} shard(s) pinned "
+        log(
+            f"cache: {directory} lane {lane}: {len(pinned)} of {len(self.sizes)} shard(s) pinned "
             f"({human_bytes(sum(self.sizes[n] for n in pinned))}), {len(self.unchecked)} of them there already "
-            f"(checked as they are reached), budget {'unbounded' if budget is None else human_bytes(budget)}")
+            f"(checked as they are reached), budget {'unbounded' if budget is None else human_bytes(budget)}"
+        )
 
     def _found(self, pinned: list[str]) -> set[str]:
         """The pinned shards already there; this lane's unpinned ones are dropped (they
@@ -185,8 +196,10 @@ class ShardCache:
             self._stop = True
             self._cond.notify_all()
         self._thread.join(timeout=30)
-        self.log(f"cache: {self.directory} lane {self.lane}: {len(self.reused)} shard(s) reused after checking, "
-                 f"{self.fetched_shards} fetched ({human_bytes(self.fetched_bytes)})")
+        self.log(
+            f"cache: {self.directory} lane {self.lane}: {len(self.reused)} shard(s) reused after checking, "
+            f"{self.fetched_shards} fetched ({human_bytes(self.fetched_bytes)})"
+        )
 
 
 class _ArrivalReader(Store):
@@ -211,6 +224,6 @@ def upcoming_shards(order: SampleOrder, start: LoaderPosition, epochs: int, skip
     """The shards a lane reads from `start` to the end of its last epoch, in order."""
     names = []
     for epoch in range(start.epoch, epochs):
-        groups = order.groups(epoch)[start.group if epoch == start.epoch else 0:]
+        groups = order.groups(epoch)[start.group if epoch == start.epoch else 0 :]
         names += [name for group in groups for name in group if name not in skip]
     return names

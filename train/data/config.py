@@ -21,15 +21,23 @@ class DataConfig:
     prefetch_samples: int = 8  # ready samples queued ahead of the trainer
     skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
     verify_sampled_shards: int = 4  # committed shards re-read in full before step 1 (the rest: sizes, then as read)
-    lanes: int | None = None  # sample streams the shard order is dealt into (train/data/loader.py); None: the world size
-    cache_dir: str | None = None  # local directory caching whole shards of the store (train/data/cache.py); None: no cache
-    cache_size: int | str | None = None  # the cache's bound per node, e.g. 2TB or 500GiB; None: no bound (every shard kept)
+    lanes: int | None = (
+        None  # sample streams the shard order is dealt into (train/data/loader.py); None: the world size
+    )
+    cache_dir: str | None = (
+        None  # local directory caching whole shards of the store (train/data/cache.py); None: no cache
+    )
+    cache_size: int | str | None = (
+        None  # the cache's bound per node, e.g. 2TB or 500GiB; None: no bound (every shard kept)
+    )
 
     def validate(self):
         require(self.max_length >= 2, "data.max_length", "must be >= 2")
         require(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", "must be in [0, 1)")
         require(self.buffer_shards >= 1, "data.buffer_shards", "must be >= 1")
-        require(self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)")
+        require(
+            self.loader_threads is None or self.loader_threads >= 1, "data.loader_threads", "must be >= 1 (or null)"
+        )
         require(self.verify_sampled_shards >= 0, "data.verify_sampled_shards", "must be >= 0")
         require(self.prefetch_samples >= 1, "data.prefetch_samples", "must be >= 1")
         require(self.lanes is None or self.lanes >= 1, "data.lanes", "must be >= 1 (or null: the world size)")

@@ -82,8 +82,11 @@ def locate_samples(store, shards: Iterable[str], keep: Callable[[str], bool]) ->
         ]
     found = []
     for data in store.iter_shards(names, layers=[]):
-        found += [SampleLocation(data.name, row, sample_id) for row, sample_id in enumerate(data.sample_ids)
-                  if keep(sample_id)]
+        found += [
+            SampleLocation(data.name, row, sample_id)
+            for row, sample_id in enumerate(data.sample_ids)
+            if keep(sample_id)
+        ]
     return found
 
 
@@ -140,8 +143,14 @@ def read_samples(store, locations, layers: Sequence[int], need_topk: bool = Fals
         yield sample
 
 
-def store_samples(store, layers: Sequence[int], split: str, heldout_fraction: float | None,
-                  max_samples: int | None = None, need_topk: bool = False) -> Iterator:
+def store_samples(
+    store,
+    layers: Sequence[int],
+    split: str,
+    heldout_fraction: float | None,
+    max_samples: int | None = None,
+    need_topk: bool = False,
+) -> Iterator:
     """Samples of `split` in store order (shards sorted, samples in shard order)
     with only `layers`, at most `max_samples`: a few held-out samples cost their
     own rows, not a scan of the store."""

@@ -45,8 +45,15 @@ class LaneFeed:
     A checkpoint part (torchtitan's Stateful pattern): `state_dict` holds every
     lane's position and generator, `load_state_dict` puts this rank's back."""
 
-    def __init__(self, loaders: dict[int, ShardLoader], generators: dict[int, torch.Generator], lanes: int,
-                 global_batch: int, world: World, device: torch.device):
+    def __init__(
+        self,
+        loaders: dict[int, ShardLoader],
+        generators: dict[int, torch.Generator],
+        lanes: int,
+        global_batch: int,
+        world: World,
+        device: torch.device,
+    ):
         self.loaders = loaders
         self.generators = generators
         self.lanes = lanes
@@ -56,16 +63,33 @@ class LaneFeed:
         self._dry: set[int] = set()
 
     @classmethod
-    def for_rank(cls, world: World, lanes: int, global_batch: int, seed: int, device: torch.device,
-                 make_loader: Callable[[int], ShardLoader]) -> "LaneFeed":
+    def for_rank(
+        cls,
+        world: World,
+        lanes: int,
+        global_batch: int,
+        seed: int,
+        device: torch.device,
+        make_loader: Callable[[int], ShardLoader],
+    ) -> "LaneFeed":
         """The lanes `world.rank` serves: a loader from `make_loader(lane)` each, and
         its generator (lane 0's is seeded with `seed`, the run's; lane j's from (seed, j))."""
         mine = lanes_of(world.rank, world.size, lanes)
-        return cls({lane: make_loader(lane) for lane in mine}, {lane: lane_generator(seed, lane) for lane in mine},
-                   lanes, global_batch, world, device)
+        return cls(
+            {lane: make_loader(lane) for lane in mine},
+            {lane: lane_generator(seed, lane) for lane in mine},
+            lanes,
+            global_batch,
+            world,
+            device,
+        )
 
     def take(self, step: int) -> list[tuple[int, TrainSample | None]]:
-        slots = [lane for lane in step_lanes(step, self.global_batch, self.lanes) if lane % self.world.size == self.world.rank]
+        slots = [
+            lane
+            for lane in step_lanes(step, self.global_batch, self.lanes)
+            if lane % self.world.size == self.world.rank
+        ]
         taken = []
         for lane in slots:
             sample = None if lane in self._dry else next(self.loaders[lane], None)
@@ -82,10 +106,18 @@ class LaneFeed:
         Collective: every rank calls it (each lane's state lives on its rank)."""
         positions, states = gather_lanes(self.world, self.lanes, self.positions, self.generator_states(), self.device)
         order = next(iter(self.loaders.values())).order
-        record = {"position": positions[0].to_dict(), "shards": order.shards, "shards_sha256": order.shards_sha256,
-                  "skipped_shards": self.skipped_shards, "world_size": self.world.size, "lane_deal": LANE_DEAL,
-                  "lanes": [{"lane": lane, "rank": lane % self.world.size, **positions[lane].to_dict()}
-                            for lane in range(self.lanes)]}
+        record = {
+            "position": positions[0].to_dict(),
+            "shards": order.shards,
+            "shards_sha256": order.shards_sha256,
+            "skipped_shards": self.skipped_shards,
+            "world_size": self.world.size,
+            "lane_deal": LANE_DEAL,
+            "lanes": [
+                {"lane": lane, "rank": lane % self.world.size, **positions[lane].to_dict()}
+                for lane in range(self.lanes)
+            ],
+        }
         return {**record, **{generator_key(lane): state for lane, state in states.items()}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -132,12 +164,15 @@ def resumed_deal(record: dict, configured: int | None, store: Store, where) -> t
     epoch (an older version), or when its shards are not all in the store."""
     lanes = len(lane_positions(record))
     if configured not in (None, lanes):
-        raise ConfigError(f"--resume: {where} deals its samples into {lanes} lanes; "
-                          f"data.lanes={configured} would deal them anew")
+        raise ConfigError(
+            f"--resume: {where} deals its samples into {lanes} lanes; data.lanes={configured} would deal them anew"
+        )
     if lanes > 1 and record.get("lane_deal") != LANE_DEAL:
-        raise ConfigError(f"--resume: {where} dealt its shards to lanes anew every epoch (an older "
-                          "version); this version deals them once per run and cannot continue it exactly: "
-                          "finish it with the version that started it, or start a new run")
+        raise ConfigError(
+            f"--resume: {where} dealt its shards to lanes anew every epoch (an older "
+            "version); this version deals them once per run and cannot continue it exactly: "
+            "finish it with the version that started it, or start a new run"
+        )
     missing = sorted(set(record["shards"]) - set(store.committed_shards()))
     if missing:
         raise ValueError(f"--resume: shards {missing[:4]} of the checkpointed run are not in {store.path}")
@@ -149,7 +184,9 @@ def pad_sample(config) -> TrainSample:
     zeros for a drafter of `config` (DrafterConfig), the shape of work, no data."""
     length = 2 * config.block_size
     features = [torch.zeros(length, config.hidden_size, dtype=torch.bfloat16) for _ in config.context_layer_ids]
-    return TrainSample("<pad>", "", torch.zeros(length, dtype=torch.long), torch.ones(length, dtype=torch.uint8), features)
+    return TrainSample(
+        "<pad>", "", torch.zeros(length, dtype=torch.long), torch.ones(length, dtype=torch.uint8), features
+    )
 
 
 def lane_positions(loader_state: dict) -> dict[int, LoaderPosition]:
@@ -166,14 +203,20 @@ def check_world(world_size: int, lanes: int, global_batch: int, resumed: bool) -
     if global_batch % world_size:
         raise ConfigError(
             f"train fit on {world_size} processes: the global batch (train.batch_size x train.grad_accumulation = "
-            f"{global_batch} sequences per optimizer step) must be a multiple of the number of processes")
+            f"{global_batch} sequences per optimizer step) must be a multiple of the number of processes"
+        )
     if lanes % world_size:
         divisors = [d for d in range(1, lanes + 1) if lanes % d == 0]
-        why = ("it was dealt into data.lanes={lanes} sample streams when it started (its checkpoints record the "
-               "position of each); the processes must share them out evenly to continue exactly"
-               if resumed else f"data.lanes={lanes} sample streams cannot be shared out evenly")
-        raise ConfigError(f"train fit on {world_size} processes: {why.format(lanes=lanes)}: use "
-                          f"{' or '.join(map(str, divisors))} processes")
+        why = (
+            "it was dealt into data.lanes={lanes} sample streams when it started (its checkpoints record the "
+            "position of each); the processes must share them out evenly to continue exactly"
+            if resumed
+            else f"data.lanes={lanes} sample streams cannot be shared out evenly"
+        )
+        raise ConfigError(
+            f"train fit on {world_size} processes: {why.format(lanes=lanes)}: use "
+            f"{' or '.join(map(str, divisors))} processes"
+        )
 
 
 def lanes_of(rank: int, world_size: int, lanes: int) -> list[int]:
@@ -192,8 +235,13 @@ def total_steps(lane_totals: list[float], global_batch: int) -> int:
     return max(1, max(math.ceil(total * lanes / global_batch - 1e-9) for total in lane_totals))
 
 
-def gather_lanes(world: World, lanes: int, positions: dict[int, LoaderPosition], states: dict[int, torch.Tensor],
-                 device: torch.device) -> tuple[dict[int, LoaderPosition], dict[int, torch.Tensor]]:
+def gather_lanes(
+    world: World,
+    lanes: int,
+    positions: dict[int, LoaderPosition],
+    states: dict[int, torch.Tensor],
+    device: torch.device,
+) -> tuple[dict[int, LoaderPosition], dict[int, torch.Tensor]]:
     """Every lane's loader position and generator state, from whichever rank serves
     it (a checkpoint holds them all). Collective: every rank calls it."""
     if not world.distributed:
@@ -206,5 +254,7 @@ def gather_lanes(world: World, lanes: int, positions: dict[int, LoaderPosition],
         table[lane] = torch.tensor(row, dtype=torch.int64)
     dist.all_reduce(table)  # each row is non-zero on exactly one rank
     table = table.cpu()
-    return ({lane: LoaderPosition(*map(int, table[lane, :3])) for lane in range(lanes)},
-            {lane: table[lane, 3:].to(torch.uint8) for lane in range(lanes)})
+    return (
+        {lane: LoaderPosition(*map(int, table[lane, :3])) for lane in range(lanes)},
+        {lane: table[lane, 3:].to(torch.uint8) for lane in range(lanes)},
+    )

@@ -11,8 +11,8 @@ Reading (see DESIGN.md "Read whole shards, not random windows"):
 - Two background threads keep the trainer fed: one decodes the *next* group while
   the other crops the current group's samples and queues them
   (`prefetch_samples` ahead). At most two groups are decoded at a time (plus
-  one shard's files read ahead), so memory is ~2 x buffer_shards shards. `wait_seconds` counts the time the trainer spent
-  blocked on the queue.
+  one shard's files read ahead), so memory is ~2 x buffer_shards shards.
+  `wait_seconds` counts the time the trainer spent blocked on the queue.
 
 Cropping: a sequence longer than `max_length` keeps its first `max_length`
 tokens (the prompt and the start of the answer, as DFlash/SpecForge truncate);
@@ -123,9 +123,11 @@ class _Stop(Exception):
 def check_lanes(store_path, lanes: int, shards: int) -> None:
     """Each lane (sample stream) reads whole shards: there must be one per lane at least."""
     if lanes > shards:
-        raise ValueError(f"data.lanes: {lanes} lanes (default: one per process) need at least as many shards; "
-                         f"{store_path} has {shards}: train on at most {shards} process(es), or extract the store "
-                         "into more shards with a smaller `python -m extract run --shard-tokens`")
+        raise ValueError(
+            f"data.lanes: {lanes} lanes (default: one per process) need at least as many shards; "
+            f"{store_path} has {shards}: train on at most {shards} process(es), or extract the store "
+            "into more shards with a smaller `python -m extract run --shard-tokens`"
+        )
 
 
 class CorruptShards:
@@ -230,7 +232,9 @@ class ShardLoader:
     def _read(self, names: list[str]) -> Iterator[ShardData]:
         """Whole shards in order; a corrupt one is refused or (if allowed) skipped."""
         remaining = [name for name in names if name not in self.corrupt.known]
-        self.skipped_shards += [name for name in names if name in self.corrupt.known and name not in self.skipped_shards]
+        self.skipped_shards += [
+            name for name in names if name in self.corrupt.known and name not in self.skipped_shards
+        ]
         while remaining:
             try:
                 threads = self.config.loader_threads or available_cores()
@@ -301,7 +305,9 @@ class ShardLoader:
                 raise item
             epoch, group, shards = item
             fraction = self.config.heldout_fraction
-            samples = [(data, i) for data in shards for i in range(len(data)) if not is_heldout(data.sample_ids[i], fraction)]
+            samples = [
+                (data, i) for data in shards for i in range(len(data)) if not is_heldout(data.sample_ids[i], fraction)
+            ]
             order = self.order.group_permutation(epoch, group, len(samples))
             first = self.start.sample if (epoch, group) == (self.start.epoch, self.start.group) else 0
             position = LoaderPosition(epoch, group, first)
@@ -354,14 +360,20 @@ class ShardLoader:
         if self._queue is not None:
             return
         if self.config.cache_dir is not None:
-            size = None if self.config.cache_size is None else parse_bytes(self.config.cache_size) // self.spec.cache_share
+            size = (
+                None if self.config.cache_size is None else parse_bytes(self.config.cache_size) // self.spec.cache_share
+            )
             upcoming = upcoming_shards(self.order, self.start, self.spec.epochs, skip=self.corrupt.known)
             self.cache = ShardCache(self.store, self.config.cache_dir, size, upcoming, self.log, self.spec.lane)
         groups: queue.Queue = queue.Queue(maxsize=1)
         self._queue = queue.Queue(maxsize=self.config.prefetch_samples)
         self._threads = [
-            threading.Thread(target=self._run, args=(self._decode_groups, None, groups), daemon=True, name="loader-decode"),
-            threading.Thread(target=self._run, args=(self._deliver, groups, self._queue), daemon=True, name="loader-deliver"),
+            threading.Thread(
+                target=self._run, args=(self._decode_groups, None, groups), daemon=True, name="loader-decode"
+            ),
+            threading.Thread(
+                target=self._run, args=(self._deliver, groups, self._queue), daemon=True, name="loader-deliver"
+            ),
         ]
         for thread in self._threads:
             thread.start()

@@ -13,7 +13,9 @@ import json
 from importlib import resources
 
 # dflash.benchmark's humaneval prompt (z-lab/dflash, dflash/benchmark.py DATASETS)
-HUMANEVAL_FORMAT = "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
+HUMANEVAL_FORMAT = (
+    "Write a solution to the following problem and make sure that it passes the tests:\n```python\n{prompt}\n```"
+)
 
 
 def humaneval_records() -> list[tuple[str, dict]]:
@@ -25,9 +27,16 @@ def humaneval_records() -> list[tuple[str, dict]]:
     records = []
     for number, line in enumerate(gzip.decompress(data.read_bytes()).decode().splitlines(), start=1):
         problem = json.loads(line)
-        records.append((f"humaneval:{number}", {"id": problem["task_id"], "category": "humaneval",
-                                                "messages": [{"role": "user",
-                                                              "content": HUMANEVAL_FORMAT.format(prompt=problem["prompt"])}]}))
+        records.append(
+            (
+                f"humaneval:{number}",
+                {
+                    "id": problem["task_id"],
+                    "category": "humaneval",
+                    "messages": [{"role": "user", "content": HUMANEVAL_FORMAT.format(prompt=problem["prompt"])}],
+                },
+            )
+        )
     return records
 
 

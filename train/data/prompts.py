@@ -53,7 +53,9 @@ def response_start(loss_mask: torch.Tensor) -> int | None:
     return int(hits[0]) if hits.numel() else None
 
 
-def store_prompts(store, heldout_fraction: float | None, split: str = "heldout", limit: int | None = None) -> list[Prompt]:
+def store_prompts(
+    store, heldout_fraction: float | None, split: str = "heldout", limit: int | None = None
+) -> list[Prompt]:
     """Prompts of the `split` samples of `store` (a path or `store_schema.Store`),
     at most `limit`. The one rule for which stored samples are decoded."""
     prompts = []
@@ -68,8 +70,13 @@ def store_prompts(store, heldout_fraction: float | None, split: str = "heldout",
     return prompts
 
 
-def jsonl_prompts(path: str | Path, tokenizer=None, vocab_size: int | None = None, limit: int | None = None,
-                  thinking: str | None = None) -> list[Prompt]:
+def jsonl_prompts(
+    path: str | Path,
+    tokenizer=None,
+    vocab_size: int | None = None,
+    limit: int | None = None,
+    thinking: str | None = None,
+) -> list[Prompt]:
     """Prompts of a JSONL file (see the module docstring), each chat rendered once per
     `thinking_settings(thinking)`. A bad line is refused naming the file, the line and
     the field; `thinking` with a template that has no thinking switch, naming the file."""
@@ -93,8 +100,15 @@ def _jsonl_records(path: Path):
             yield where, dict(record, id=str(record.get("id", f"line-{number}")))
 
 
-def record_prompts(records, source: str, origin, tokenizer=None, vocab_size: int | None = None,
-                   limit: int | None = None, thinking: str | None = None) -> list[Prompt]:
+def record_prompts(
+    records,
+    source: str,
+    origin,
+    tokenizer=None,
+    vocab_size: int | None = None,
+    limit: int | None = None,
+    thinking: str | None = None,
+) -> list[Prompt]:
     """Prompts of (where, record) pairs of one set named `source` (`origin` names it in
     errors), at most `limit` of them."""
     if thinking is not None:
@@ -105,11 +119,19 @@ def record_prompts(records, source: str, origin, tokenizer=None, vocab_size: int
         for setting in thinking_settings(thinking) if "messages" in record else [None]:
             ids = _record_ids(record, where, tokenizer, setting)
             if vocab_size is not None and max(ids) >= vocab_size:
-                raise ValueError(f"{where}: input_ids holds token {max(ids)}, outside the target vocabulary "
-                                 f"[0, {vocab_size})")
+                raise ValueError(
+                    f"{where}: input_ids holds token {max(ids)}, outside the target vocabulary [0, {vocab_size})"
+                )
             suffix = "" if thinking != "both" else f":thinking-{'on' if setting else 'off'}"
-            prompts.append(Prompt(record["id"] + suffix, torch.tensor(ids, dtype=torch.long), thinking=setting,
-                                  source=source, category=category))
+            prompts.append(
+                Prompt(
+                    record["id"] + suffix,
+                    torch.tensor(ids, dtype=torch.long),
+                    thinking=setting,
+                    source=source,
+                    category=category,
+                )
+            )
         if limit is not None and len(prompts) >= limit:
             break
     return prompts[:limit]
@@ -120,26 +142,38 @@ def _require_thinking_switch(path: Path, tokenizer) -> None:
     probe = [{"role": "user", "content": "hi"}]
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{path}: --thinking needs the target tokenizer's chat template, and the target has none")
-    renders = [tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, enable_thinking=on)
-               for on in (True, False)]
+    renders = [
+        tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, enable_thinking=on)
+        for on in (True, False)
+    ]
     if renders[0] == renders[1]:
-        raise ValueError(f"{path}: --thinking: the target's chat template has no thinking switch "
-                         "(it renders the same with enable_thinking on and off)")
+        raise ValueError(
+            f"{path}: --thinking: the target's chat template has no thinking switch "
+            "(it renders the same with enable_thinking on and off)"
+        )
 
 
 def _record_ids(record: dict, where: str, tokenizer, thinking: bool | None = None) -> list[int]:
     if "input_ids" in record:
         ids = record["input_ids"]
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+        if (
+            not isinstance(ids, list)
+            or not ids
+            or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)
+        ):
             raise ValueError(f"{where}: input_ids must be a non-empty list of non-negative integers")
         return ids
     if "messages" not in record:
         raise ValueError(f"{where}: a prompt needs `messages` (a chat) or `input_ids`")
     messages = record["messages"]
-    if (not isinstance(messages, list) or not messages
-            or not all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                       for m in messages)):
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    ):
         raise ValueError(f"{where}: messages must be a non-empty list of {{role, content}} strings")
     if messages[-1]["role"] == "assistant":
         messages = messages[:-1]
@@ -148,6 +182,7 @@ def _record_ids(record: dict, where: str, tokenizer, thinking: bool | None = Non
     if tokenizer is None or not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"{where}: messages need the target tokenizer's chat template, and the target has none")
     switch = {} if thinking is None else {"enable_thinking": thinking}
-    rendered = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True, return_dict=True,
-                                             **switch)
+    rendered = tokenizer.apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=True, **switch
+    )
     return list(rendered["input_ids"])

@@ -1,7 +1,7 @@
 """The statistics behind `train.diagnose.report`: whether the run learns at all,
-improvement per 1K steps in windows and the plateau verdict, instability cliffs, the
-loss distribution, epoch-boundary jumps. Each check takes the log's records and
-returns (details, findings)."""
+improvement per 1K steps in windows and the plateau verdict, instability cliffs (the
+loss's distribution and epoch-boundary jumps: `train.diagnose.distribution`). Each
+check takes the log's records and returns (details, findings)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from train.fitting.runlog import accuracy_key, ddtree_keys, series
 
 @dataclass
 class Finding:
-    kind: str  # not_learning | plateau | slowing | no_improvement | cliff | lr_schedule | loss_spikes | bimodal_loss | epoch_jump
+    # not_learning | plateau | slowing | no_improvement | cliff | lr_schedule | loss_spikes | bimodal_loss | epoch_jump
+    kind: str
     message: str
     steps: list[int] = field(default_factory=list)
 
@@ -42,13 +43,15 @@ def check_learning(records, vocab_size: int | None = None, warm_start: bool = Fa
     if len(loss) < MIN_LEARNING_POINTS:
         info["note"] = f"too short to judge ({len(loss)} loss values, {MIN_LEARNING_POINTS} needed)"
         return info, []
-    start = float(np.median(loss[:max(3, len(loss) // 20)]))
-    end = float(np.median(loss[-max(5, len(loss) // 10):]))
+    start = float(np.median(loss[: max(3, len(loss) // 20)]))
+    end = float(np.median(loss[-max(5, len(loss) // 10) :]))
     info.update(loss_start=start, loss_end=end, loss_drop=(start - end) / start if start > 0 else 0.0)
     stuck = []
     if not warm_start and end > (1 - LOSS_DROP) * start:
-        stuck.append(f"the loss is {end:.3f} at the end against {start:.3f} at the start "
-                     f"({-info['loss_drop']:+.1%}: it has not moved)")
+        stuck.append(
+            f"the loss is {end:.3f} at the end against {start:.3f} at the start "
+            f"({-info['loss_drop']:+.1%}: it has not moved)"
+        )
     if vocab_size and vocab_size > 1:
         info["ln_vocab"] = math.log(vocab_size)
         if end > UNIFORM_SHARE * info["ln_vocab"]:
@@ -57,17 +60,23 @@ def check_learning(records, vocab_size: int | None = None, warm_start: bool = Fa
     _, acc = series(records, key) if key else (None, np.array([]))
     chance = True
     if len(acc):
-        info.update(acc_key=key, acc_start=float(np.median(acc[:max(3, len(acc) // 20)])),
-                    acc_end=float(np.median(acc[-max(5, len(acc) // 10):])))
+        info.update(
+            acc_key=key,
+            acc_start=float(np.median(acc[: max(3, len(acc) // 20)])),
+            acc_end=float(np.median(acc[-max(5, len(acc) // 10) :])),
+        )
         chance = info["acc_end"] < CHANCE_ACC
     info["learning"] = not (stuck and chance)
     if info["learning"]:
         return info, []
-    accuracy = (f"; {key} is {info['acc_end']:.1%} at the end (from {info['acc_start']:.1%}), at chance"
-                if len(acc) else "")
-    message = ("Not learning: " + "; ".join(stuck) + accuracy + ". Check the LR (optim.lr, warmup), that the "
-               "store's context features are not constant or zero (`python -m store_schema verify --recompute`), "
-               "and the loss mask.")
+    accuracy = (
+        f"; {key} is {info['acc_end']:.1%} at the end (from {info['acc_start']:.1%}), at chance" if len(acc) else ""
+    )
+    message = (
+        "Not learning: " + "; ".join(stuck) + accuracy + ". Check the LR (optim.lr, warmup), that the "
+        "store's context features are not constant or zero (`python -m store_schema verify --recompute`), "
+        "and the loss mask."
+    )
     return info, [Finding("not_learning", message, [int(steps[0]), int(steps[-1])])]
 
 
@@ -90,7 +99,9 @@ def auto_window(first: float, last: float) -> int:
     return int(math.ceil(span / 8))
 
 
-def improvement_windows(steps: np.ndarray, values: np.ndarray, window: int, higher_is_better: bool = True) -> list[dict]:
+def improvement_windows(
+    steps: np.ndarray, values: np.ndarray, window: int, higher_is_better: bool = True
+) -> list[dict]:
     """Gain per 1K steps in successive windows [k*window, (k+1)*window) (slope of a
     least-squares line through the window's points; for loss, the drop). Every
     window lies inside the run: the last one ends at the last logged step, and is
@@ -109,8 +120,15 @@ def improvement_windows(steps: np.ndarray, values: np.ndarray, window: int, high
         if slope is None:
             continue
         gain = slope if higher_is_better else -slope
-        out.append({"start": lo, "end": hi, "points": int(inside.sum()), "gain_per_1k": gain,
-                    "mean": float(values[inside].mean())})
+        out.append(
+            {
+                "start": lo,
+                "end": hi,
+                "points": int(inside.sum()),
+                "gain_per_1k": gain,
+                "mean": float(values[inside].mean()),
+            }
+        )
     return out
 
 
@@ -121,8 +139,8 @@ def hinge_fit(steps: np.ndarray, values: np.ndarray, grid: int = 200) -> int:
         index = np.clip(np.searchsorted(edges, steps, side="right") - 1, 0, 999)
         counts = np.bincount(index, minlength=1000)
         keep = counts > 0
-        steps = (np.bincount(index, steps, 1000)[keep] / counts[keep])
-        values = (np.bincount(index, values, 1000)[keep] / counts[keep])
+        steps = np.bincount(index, steps, 1000)[keep] / counts[keep]
+        values = np.bincount(index, values, 1000)[keep] / counts[keep]
     best, best_sse = int(steps[-1]), math.inf
     for b in np.linspace(steps[0], steps[-1], grid):
         x = np.minimum(steps, b)
@@ -215,12 +233,16 @@ def check_plateau(records, metric: str, window: int | None, plateau_ratio: float
     gains = [w["gain_per_1k"] for w in judged]
     best_index = int(np.argmax(gains))
     best, last = gains[best_index], gains[-1]
-    info.update(best_gain_per_1k=best, last_gain_per_1k=last, best_window=[judged[best_index]["start"], judged[best_index]["end"]])
+    info.update(
+        best_gain_per_1k=best,
+        last_gain_per_1k=last,
+        best_window=[judged[best_index]["start"], judged[best_index]["end"]],
+    )
     last_window = f"steps {judged[-1]['start']}-{judged[-1]['end'] - 1}"
     if best <= 0:
         info["verdict"] = "no improvement"
-        return info, [Finding("no_improvement", f"{metric} never improved: the best window gains {best:+.4g} per 1K steps.",
-                              [judged[0]["start"]])]
+        message = f"{metric} never improved: the best window gains {best:+.4g} per 1K steps."
+        return info, [Finding("no_improvement", message, [judged[0]["start"]])]
     ratio = last / best
     info["last_to_best"] = ratio
     if ratio > slowing_ratio:
@@ -232,10 +254,7 @@ def check_plateau(records, metric: str, window: int | None, plateau_ratio: float
     # The plateau starts where the last run of low-gain windows starts; the hinge
     # fit over the data from the best window on places it to the step.
     low = slowing_ratio * best if ratio > plateau_ratio else plateau_ratio * best
-    first_low = len(judged) - 1
-    while first_low > 0 and gains[first_low - 1] <= low:
-        first_low -= 1
-    since_window = judged[first_low]["start"]
+    since_window = judged[start_of_low_run(gains, low)]["start"]
     rise = heldout_rise(records, since_window)
     if rise is not None:
         info.update(verdict="held-out improving", since_step=since_window, heldout=rise)
@@ -243,16 +262,28 @@ def check_plateau(records, metric: str, window: int | None, plateau_ratio: float
     tail = steps >= judged[best_index]["start"]
     since = hinge_fit(steps[tail], values[tail]) if tail.sum() >= 10 else since_window
     info.update(since_step=since)
-    best_text = (f"{best:+.4g}/1K at best (steps {judged[best_index]['start']}-{judged[best_index]['end'] - 1})")
+    best_text = f"{best:+.4g}/1K at best (steps {judged[best_index]['start']}-{judged[best_index]['end'] - 1})"
     if ratio <= plateau_ratio:
         info["verdict"] = "plateau"
-        message = (f"Plateau: {metric} gains {last:+.4g} per 1K steps in the last window ({last_window}), "
-                   f"{max(ratio, 0):.0%} of the {best_text}; flat since about step {since}.")
+        message = (
+            f"Plateau: {metric} gains {last:+.4g} per 1K steps in the last window ({last_window}), "
+            f"{max(ratio, 0):.0%} of the {best_text}; flat since about step {since}."
+        )
         return info, [Finding("plateau", message, [since, int(judged[-1]["start"])])]
     info["verdict"] = "slowing"
-    message = (f"Slowing: {metric} gains {last:+.4g} per 1K steps in the last window ({last_window}), "
-               f"{ratio:.0%} of the {best_text}.")
+    message = (
+        f"Slowing: {metric} gains {last:+.4g} per 1K steps in the last window ({last_window}), "
+        f"{ratio:.0%} of the {best_text}."
+    )
     return info, [Finding("slowing", message, [since_window])]
+
+
+def start_of_low_run(gains: list[float], low: float) -> int:
+    """The first window of the last run of windows gaining at most `low`."""
+    first = len(gains) - 1
+    while first > 0 and gains[first - 1] <= low:
+        first -= 1
+    return first
 
 
 def find_cliffs(records, metric: str, window: int, drop: float) -> list[dict]:
@@ -278,160 +309,22 @@ def find_cliffs(records, metric: str, window: int, drop: float) -> list[dict]:
         if group and (i is None or i - group[-1] > window):
             best = max(group, key=lambda j: drops[j - window])
             level = before[best - window]
-            means_after = (csum[window + best:] - csum[best:n - window + 1]) / window  # mean of v[j:j+window], j >= best
+            means_after = (
+                csum[window + best :] - csum[best : n - window + 1]
+            ) / window  # mean of v[j:j+window], j >= best
             back = [j for j in np.nonzero(means_after >= level - drop / 2)[0] if j > 0]
             recovered = [min(best + back[0] + window // 2, n - 1)] if back else []  # centre of the first window back
             low = float(means_after[: back[0] + 1].min() if back else means_after.min())
-            cliffs.append({
-                "step": int(steps[best]),
-                "before": float(level),
-                "after": float(after[best - window]),
-                "lowest": low,
-                "recovered_step": int(steps[recovered[0]]) if recovered else None,
-            })
+            cliffs.append(
+                {
+                    "step": int(steps[best]),
+                    "before": float(level),
+                    "after": float(after[best - window]),
+                    "lowest": low,
+                    "recovered_step": int(steps[recovered[0]]) if recovered else None,
+                }
+            )
             group = []
         if i is not None:
             group.append(int(i))
     return cliffs
-
-
-def _running_median(values: np.ndarray, block: int) -> np.ndarray:
-    """Centred running median over `block` records (at most a tenth of the run, so
-    that a falling loss is followed rather than cut into steps)."""
-    width = max(5, min(block, len(values) // 10)) | 1
-    padded = np.pad(values, width // 2, mode="edge")
-    return np.median(np.lib.stride_tricks.sliding_window_view(padded, width), axis=1)
-
-
-def _gaussian_mixture_bic(x: np.ndarray, iterations: int = 200) -> dict:
-    """Fit one and two Gaussians to x (EM) and compare by BIC."""
-    n = len(x)
-    mu, sd = float(x.mean()), float(x.std()) or 1e-9
-    loglik1 = float(np.sum(-0.5 * ((x - mu) / sd) ** 2 - math.log(sd) - 0.5 * math.log(2 * math.pi)))
-    bic1 = -2 * loglik1 + 2 * math.log(n)
-    lo, hi = np.quantile(x, [0.25, 0.75])
-    means = np.array([lo, hi], dtype=np.float64)
-    sds = np.array([sd, sd], dtype=np.float64)
-    weights = np.array([0.5, 0.5])
-    floor = max(sd * 1e-3, 1e-9)
-    loglik2 = -math.inf
-    for _ in range(iterations):
-        dens = weights * np.exp(-0.5 * ((x[:, None] - means) / sds) ** 2) / (sds * math.sqrt(2 * math.pi))
-        total = dens.sum(1, keepdims=True) + 1e-300
-        resp = dens / total
-        previous, loglik2 = loglik2, float(np.log(total).sum())
-        if abs(loglik2 - previous) < 1e-7 * abs(loglik2):
-            break
-        mass = resp.sum(0) + 1e-12
-        weights = mass / n
-        means = (resp * x[:, None]).sum(0) / mass
-        sds = np.maximum(np.sqrt((resp * (x[:, None] - means) ** 2).sum(0) / mass), floor)
-    bic2 = -2 * loglik2 + 5 * math.log(n)
-    separation = abs(means[0] - means[1]) * math.sqrt(2) / math.sqrt(sds[0] ** 2 + sds[1] ** 2)
-    order = np.argsort(means)
-    return {"bic_one": bic1, "bic_two": bic2, "means": means[order].tolist(), "sds": sds[order].tolist(),
-            "weights": weights[order].tolist(), "separation": float(separation)}
-
-
-SPIKE_SIGMAS = 5.0  # a spike is further above the running median than this many of the run's own noise
-BIMODAL_RATIO = 1.5  # the upper loss mode must sit this many times above the lower one to be a second mode
-
-
-def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01) -> tuple[dict, list[Finding]]:
-    """Loss spikes and a second loss mode, both against the loss's running median.
-    A spike is above twice the median and `SPIKE_SIGMAS` robust standard deviations
-    of the run's own log-ratio to it (one sequence per step is noisy by nature)."""
-    steps, loss = series(records, "loss")
-    if np.any(loss <= 0):
-        return {"note": "non-positive loss values: distribution not checked"}, []
-    if len(loss) < 50:
-        return {"note": f"too short to judge ({len(loss)} loss values, 50 needed)"}, []
-    median = _running_median(loss, block)
-    ratio = loss / median
-    log_ratio = np.log(ratio)
-    noise = 1.4826 * float(np.median(np.abs(log_ratio - np.median(log_ratio))))
-    spike_level = max(math.log(2.0), SPIKE_SIGMAS * noise)
-    high = log_ratio > spike_level
-    info = {"median": float(np.median(loss)), "share_above_2x_running_median": float((ratio > 2.0).mean()),
-            "share_above_2x_global_median": float((loss > 2 * np.median(loss)).mean()), "block": block,
-            "noise_sd": noise, "spike_ratio": math.exp(spike_level), "share_spikes": float(high.mean())}
-    mixture = _gaussian_mixture_bic(log_ratio)
-    bimodal = (mixture["bic_one"] - mixture["bic_two"] > 10 and mixture["separation"] > 2.0
-               and min(mixture["weights"]) >= 0.03
-               and math.exp(mixture["means"][1] - mixture["means"][0]) >= BIMODAL_RATIO)
-    info.update(mixture=mixture, bimodal=bool(bimodal))
-    findings = []
-    if bimodal:
-        upper = math.exp(mixture["means"][1])
-        findings.append(Finding(
-            "bimodal_loss",
-            f"Bimodal loss: {mixture['weights'][1]:.1%} of steps sit near {upper:.2f}x the running median, "
-            f"the rest near {math.exp(mixture['means'][0]):.2f}x ({info['share_above_2x_running_median']:.1%} "
-            "of steps above twice the median). Some batches are systematically different: check what they share.",
-            [int(s) for s in steps[ratio > 2.0][:10]],
-        ))
-    elif info["share_spikes"] > spike_share:
-        findings.append(Finding(
-            "loss_spikes",
-            f"Loss spikes: {info['share_spikes']:.1%} of steps are above {info['spike_ratio']:.2f}x the running "
-            f"median (twice it, and {SPIKE_SIGMAS:g} of the run's own standard deviations).",
-            [int(s) for s in steps[high][:10]],
-        ))
-    return info, findings
-
-
-def _median_se(values: np.ndarray) -> float:
-    """Standard error of a median, from the MAD (robust to a second loss mode)."""
-    sigma = 1.4826 * float(np.median(np.abs(values - np.median(values))))
-    return 1.2533 * sigma / math.sqrt(len(values))
-
-
-def check_epochs(records, window: int = 50, rel_threshold: float = 0.05, sigmas: float = 4.0):
-    """Median loss over the `window` records before and after each epoch boundary
-    (where the integer part of `epoch` increases); medians so that a bimodal loss
-    does not hide a jump. The change is net of the loss's own trend, measured over
-    the windows next to those two (a falling loss falls across a boundary too); the
-    window is at most half an epoch. Flagged when the change is over
-    `rel_threshold` of the level and `sigmas` standard errors."""
-    epoch_steps, epochs = series(records, "epoch")
-    loss_steps, loss = series(records, "loss")
-    out, findings = [], []
-    if not len(epoch_steps) or not len(loss):
-        return out, findings
-    whole = np.floor(epochs + 1e-9)
-    boundaries = [int(epoch_steps[i + 1]) for i in np.nonzero(np.diff(whole) > 0)[0]]
-    if len(boundaries) >= 2:
-        per_epoch = int(np.median(np.diff([np.searchsorted(loss_steps, b) for b in boundaries])))
-        window = max(5, min(window, per_epoch // 2))
-    for i, boundary in zip(np.nonzero(np.diff(whole) > 0)[0], boundaries):
-        at = int(np.searchsorted(loss_steps, boundary))
-        before, after = loss[max(at - window, 0):at], loss[at:at + window]
-        if len(before) < 5 or len(after) < 5:
-            continue
-        earlier, later = loss[max(at - 2 * window, 0):max(at - window, 0)], loss[at + window:at + 2 * window]
-        level_before, level_after = float(np.median(before)), float(np.median(after))
-        trends, trend_se = [], []
-        if len(earlier) >= 5:
-            trends.append(level_before - float(np.median(earlier)))
-            trend_se.append(_median_se(before) ** 2 + _median_se(earlier) ** 2)
-        if len(later) >= 5:
-            trends.append(float(np.median(later)) - level_after)
-            trend_se.append(_median_se(later) ** 2 + _median_se(after) ** 2)
-        trend = float(np.mean(trends)) if trends else 0.0
-        delta = level_after - level_before - trend
-        se = math.sqrt(_median_se(before) ** 2 + _median_se(after) ** 2
-                       + (sum(trend_se) / len(trend_se) ** 2 if trend_se else 0.0))
-        entry = {"epoch": int(whole[i + 1]), "step": int(boundary), "loss_before": level_before,
-                 "loss_after": level_after, "delta": delta, "trend": trend}
-        out.append(entry)
-        if abs(delta) > rel_threshold * level_before and abs(delta) > sigmas * se:
-            why = ("the model does worse on data it has seen: an ordering/distribution shift, or state lost at the boundary"
-                   if delta > 0 else "repeated data is easier: the drafter is memorising rather than generalising")
-            findings.append(Finding(
-                "epoch_jump",
-                f"Loss {'rises' if delta > 0 else 'drops'} {delta:+.3f} ({delta / before.mean():+.1%}) at the epoch "
-                f"{entry['epoch']} boundary (step {entry['step']}): {entry['loss_before']:.3f} -> "
-                f"{entry['loss_after']:.3f} (net of the loss's own trend, {entry['trend']:+.3f}); {why}.",
-                [entry["step"]],
-            ))
-    return out, findings

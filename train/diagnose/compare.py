@@ -16,8 +16,11 @@ def compare(records_a: Sequence[dict], records_b: Sequence[dict], points: int = 
     last = min(records_a[-1]["step"], records_b[-1]["step"])
     first = max(records_a[0]["step"], records_b[0]["step"])
     if last < first:
-        return {"steps": [], "note": f"the runs' logged steps do not overlap (A {records_a[0]['step']}-"
-                                     f"{records_a[-1]['step']}, B {records_b[0]['step']}-{records_b[-1]['step']})"}
+        return {
+            "steps": [],
+            "note": f"the runs' logged steps do not overlap (A {records_a[0]['step']}-"
+            f"{records_a[-1]['step']}, B {records_b[0]['step']}-{records_b[-1]['step']})",
+        }
     checkpoints = [int(round(s)) for s in np.linspace(first, last, points + 1)[1:]] if last > first else [last]
     keys = ["loss", accuracy_key(records_a), "top4_acc", "top8_acc", *TAU_KEYS]
     keys += sorted(set(ddtree_keys(records_a)) & set(ddtree_keys(records_b)))
@@ -43,8 +46,10 @@ def compare(records_a: Sequence[dict], records_b: Sequence[dict], points: int = 
 def render_compare(label_a: str, label_b: str, table: dict) -> str:
     if "note" in table:
         return f"Nothing to compare between A = {label_a} and B = {label_b}: {table['note']}."
-    lines = [f"Comparison at common steps (mean of the last records up to each step): A = {label_a}, B = {label_b}",
-             f"{'metric':<22}" + "".join(f"{s:>16}" for s in table["steps"])]
+    lines = [
+        f"Comparison at common steps (mean of the last records up to each step): A = {label_a}, B = {label_b}",
+        f"{'metric':<22}" + "".join(f"{s:>16}" for s in table["steps"]),
+    ]
     for key, values in table.items():
         if key == "steps":
             continue

@@ -38,25 +38,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from store_schema.root import read_root
 from train.config import CONFIG_FILE, RunConfig
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.diagnose.checks import (
     Finding,
-    check_epochs,
     check_learning,
-    check_loss_distribution,
     check_plateau,
     find_cliffs,
     improvement_windows,
     primary_metric,
 )
-from train.fitting.config import OptimConfig
+from train.diagnose.distribution import check_epochs, check_loss_distribution
+from train.diagnose.lr import check_lr, lr_schedule
 from train.fitting.runlog import TAU_KEYS, Log, accuracy_key, ddtree_keys_by_budget, read_log, series
-from train.fitting.schedule import lr_at, warmup_steps
 
 # DFlash 2's selector (train.fitting.metrics): the label among the unary top-K, and the
 # teacher-forced selector's pick right; on training and held-out data
@@ -87,117 +83,6 @@ def read_run_config(run) -> RunConfig | None:
     return load_config(path) if path.is_file() else None
 
 
-@dataclass
-class LRSchedule:
-    """The schedule a run's LR must follow: its `optim` section over its length."""
-
-    optim: OptimConfig
-    total_steps: int
-    estimated: list[str] = field(default_factory=list)  # fields inferred from the log rather than read
-
-    @property
-    def warmup_steps(self) -> int:
-        return warmup_steps(self.total_steps, self.optim)
-
-    def expected(self, logged_step: float) -> float:
-        """The LR on the log line of `logged_step` (steps done): that of optimizer step `logged_step - 1`."""
-        return lr_at(max(int(logged_step) - 1, 0), self.total_steps, self.optim)
-
-    def expected_array(self, steps: np.ndarray) -> np.ndarray:
-        return np.array([self.expected(s) for s in np.asarray(steps)], dtype=np.float64)
-
-    def summary(self) -> dict:
-        optim = self.optim
-        return {"lr": optim.lr, "warmup_steps": self.warmup_steps, "total_steps": self.total_steps,
-                "schedule": optim.schedule, "min_lr": optim.lr * optim.min_lr_ratio, "estimated": list(self.estimated)}
-
-
-def lr_schedule(config: RunConfig | None, records: Sequence[dict] = ()) -> LRSchedule | None:
-    """The run's schedule: `train.max_steps`, else `train.epochs` x the steps per
-    epoch seen in the log's `epoch`. None without a config or a way to its length."""
-    if config is None:
-        return None
-    if config.train.max_steps is not None:
-        return LRSchedule(config.optim, config.train.max_steps)
-    per_epoch = _steps_per_epoch(records)
-    if per_epoch is None:
-        return None
-    return LRSchedule(config.optim, round(config.train.epochs * per_epoch), ["total_steps"])
-
-
-def _steps_per_epoch(records: Sequence[dict]) -> float | None:
-    steps, epochs = series(records, "epoch")
-    if not len(steps):
-        return None
-    if np.any(epochs != np.floor(epochs)):  # fractional epochs: step / epoch
-        last = np.nonzero(epochs > 0)[0]
-        return float(steps[last[-1]] / epochs[last[-1]]) if len(last) else None
-    changes = np.nonzero(np.diff(epochs) > 0)[0]
-    return float(steps[changes[0] + 1] - steps[0]) if len(changes) else None
-
-
-# -- the LR check ------------------------------------------------------------------------
-
-
-MIN_LR_POINTS = 5  # logged LR values below which the schedule is too short to judge
-
-
-def check_lr(records, schedule: LRSchedule | None, peak_tolerance: float = 0.02, shape_tolerance: float = 0.05):
-    """Compare the logged LR with the run's schedule. Allows one step of
-    off-by-one (a logged LR may be the value before or after the optimizer step).
-    Judged only with `MIN_LR_POINTS` values, and by what the log can show: the
-    peak against the highest LR the schedule gives at the logged steps (a log
-    line every 10 steps may never land on the peak itself), the warmup's end only
-    when the log resolves it; `max_error`, printed in the details, is the verdict's
-    own measure."""
-    steps, lrs = series(records, "lr")
-    info: dict = {"checked": False}
-    if not len(steps):
-        info["note"] = "no lr in the log"
-        return info, []
-    peak_index = int(np.argmax(lrs >= lrs.max() * (1 - 1e-6)))
-    info.update(peak_step=int(steps[peak_index]), peak_lr=float(lrs.max()))
-    if schedule is None:
-        info["note"] = "no usable config (lr, warmup, total steps): schedule not checked"
-        return info, []
-    if len(steps) < MIN_LR_POINTS:
-        info["note"] = f"too short to judge ({len(steps)} logged LR value(s), {MIN_LR_POINTS} needed)"
-        return info, []
-    info.update(checked=True, config=schedule.summary())
-    lr = schedule.optim.lr
-    findings = []
-    interval = float(np.median(np.diff(steps)))
-    expected = np.stack([schedule.expected_array(steps + d) for d in (-1, 0, 1)], axis=1)
-    # Where the logged LR first reaches the configured peak (the max itself may
-    # sit a step later when warmup ends between log lines).
-    expected_peak = schedule.warmup_steps
-    step_tol = max(2.0, interval + 1, 0.02 * schedule.warmup_steps)
-    problems = []
-    warmup_seen = schedule.optim.schedule != "constant" and schedule.warmup_steps > interval
-    if warmup_seen and abs(info["peak_step"] - expected_peak) > step_tol:
-        problems.append(f"peaks at step {info['peak_step']}, the config's warmup ends at step {expected_peak}")
-    highest = float(expected.max())  # the highest LR the schedule gives at the logged steps
-    if abs(info["peak_lr"] - highest) > peak_tolerance * lr:
-        problems.append(f"peaks at {info['peak_lr']:.3g}, the config gives at most {highest:.3g} at the logged steps"
-                        + (f" (peak {lr:.3g})" if abs(highest - lr) > 1e-12 * lr else ""))
-    error = np.abs(expected - lrs[:, None]).min(axis=1) / lr
-    worst = int(np.argmax(error))
-    info.update(max_error=float(error[worst]), worst_step=int(steps[worst]))
-    if error[worst] > shape_tolerance:
-        problems.append(
-            f"at step {int(steps[worst])} it is {lrs[worst]:.3g} where the configured warmup + {schedule.optim.schedule} gives "
-            f"{schedule.expected(steps[worst]):.3g} ({error[worst]:.0%} of the peak off)"
-        )
-    if problems:
-        estimated = f" (estimated: {', '.join(schedule.estimated)})" if schedule.estimated else ""
-        findings.append(Finding(
-            "lr_schedule",
-            "Learning-rate schedule differs from the config" + estimated + ": " + "; ".join(problems) + ".",
-            sorted({info["peak_step"], expected_peak, int(steps[worst])}),
-        ))
-    return info, findings
-
-
 # -- the diagnosis -------------------------------------------------------------------------
 
 
@@ -225,27 +110,49 @@ class Diagnosis:
             state = self.plateau.get("verdict", "unknown")
             metric = self.plateau.get("metric", "the metric")
             if state in ("unknown", "too short"):
-                head, parts = (f"Too short to judge improvement ({self.records} records, steps {self.steps[0]}-"
-                               f"{self.steps[1]}); nothing wrong found: "), []
+                head, parts = (
+                    (
+                        f"Too short to judge improvement ({self.records} records, steps {self.steps[0]}-"
+                        f"{self.steps[1]}); nothing wrong found: "
+                    ),
+                    [],
+                )
             elif state == "schedule ending":
                 share, since = self.plateau["lr_to_peak"], self.plateau["since_step"]
-                head, parts = "No problems found: ", [
-                    f"{metric} gains little from step {since}, where the LR is down to {share:.0%} of its peak: "
-                    "the schedule is ending, not a plateau"]
+                head, parts = (
+                    "No problems found: ",
+                    [
+                        f"{metric} gains little from step {since}, where the LR is down to {share:.0%} of its peak: "
+                        "the schedule is ending, not a plateau"
+                    ],
+                )
             elif state == "held-out improving":
                 rise = self.plateau["heldout"]
-                head, parts = "No problems found: ", [
-                    f"{metric} gains little from step {self.plateau['since_step']}, but {rise['key']} still rose "
-                    f"{rise['from']:.3g} -> {rise['to']:.3g} (steps {rise['from_step']}-{rise['to_step']}): "
-                    "still improving, not a plateau"]
+                head, parts = (
+                    "No problems found: ",
+                    [
+                        f"{metric} gains little from step {self.plateau['since_step']}, but {rise['key']} still rose "
+                        f"{rise['from']:.3g} -> {rise['to']:.3g} (steps {rise['from_step']}-{rise['to_step']}): "
+                        "still improving, not a plateau"
+                    ],
+                )
             else:
                 head, parts = "No problems found: ", [f"{metric} {state}"]
             if self.learning.get("learning"):
-                parts.insert(0, f"it learns (loss {self.learning['loss_start']:.3g} -> {self.learning['loss_end']:.3g})")
+                parts.insert(
+                    0, f"it learns (loss {self.learning['loss_start']:.3g} -> {self.learning['loss_end']:.3g})"
+                )
             parts.append("no cliffs")
-            parts.append("LR matches the config" if self.lr.get("checked") else
-                         "LR too short to judge" if "too short" in self.lr.get("note", "") else "LR not checked (no config)")
-            parts.append("loss distribution unimodal" if "mixture" in self.loss else "loss distribution too short to judge")
+            parts.append(
+                "LR matches the config"
+                if self.lr.get("checked")
+                else "LR too short to judge"
+                if "too short" in self.lr.get("note", "")
+                else "LR not checked (no config)"
+            )
+            parts.append(
+                "loss distribution unimodal" if "mixture" in self.loss else "loss distribution too short to judge"
+            )
             parts.append("no epoch-boundary jumps" if self.epochs else "no epoch boundary logged")
             return head + ", ".join(parts) + "."
         kinds = sorted({f.kind for f in self.findings}, key=[f.kind for f in self.findings].index)
@@ -258,8 +165,11 @@ class Diagnosis:
         return data
 
     def render(self) -> str:
-        lines = [f"Run {self.run}: steps {self.steps[0]}-{self.steps[1]} ({self.records} records)", "",
-                 "VERDICT: " + self.verdict()]
+        lines = [
+            f"Run {self.run}: steps {self.steps[0]}-{self.steps[1]} ({self.records} records)",
+            "",
+            "VERDICT: " + self.verdict(),
+        ]
         for finding in self.findings:
             lines.append(f"  - {finding.message}")
         lines += ["", "Details", "-------"]
@@ -269,39 +179,50 @@ class Diagnosis:
             cells = "  ".join(f"{w['start']}-{w['end'] - 1}: {w['gain_per_1k']:+.4f}" for w in windows)
             mark = " (verdict metric)" if metric == self.plateau.get("metric") else ""
             lines.append(f"  {metric}{mark}: {cells}")
-        lines.append(f"Plateau check: {self.plateau.get('verdict')}"
-                     + (f", last/best gain {self.plateau['last_to_best']:.2f}" if "last_to_best" in self.plateau else ""))
+        lines.append(
+            f"Plateau check: {self.plateau.get('verdict')}"
+            + (f", last/best gain {self.plateau['last_to_best']:.2f}" if "last_to_best" in self.plateau else "")
+        )
         if self.cliffs:
             for c in self.cliffs:
-                recovered = f"recovered by step {c['recovered_step']}" if c["recovered_step"] is not None else "not recovered"
-                lines.append(f"Cliff at step {c['step']}: {c['before']:.3f} -> {c['after']:.3f} "
-                             f"(lowest {c['lowest']:.3f}), {recovered}")
+                recovered = (
+                    f"recovered by step {c['recovered_step']}" if c["recovered_step"] is not None else "not recovered"
+                )
+                lines.append(
+                    f"Cliff at step {c['step']}: {c['before']:.3f} -> {c['after']:.3f} "
+                    f"(lowest {c['lowest']:.3f}), {recovered}"
+                )
         else:
             lines.append("Cliffs: none")
         if self.lr.get("checked"):
             cfg = self.lr["config"]
-            lines.append(f"LR: peak {self.lr['peak_lr']:.3g} at step {self.lr['peak_step']} (config: {cfg['lr']:.3g}, "
-                         f"warmup {cfg['warmup_steps']} of {cfg['total_steps']} steps, {cfg['schedule']}); "
-                         f"largest deviation {self.lr['max_error']:.1%} of peak at step {self.lr['worst_step']}")
+            lines.append(
+                f"LR: peak {self.lr['peak_lr']:.3g} at step {self.lr['peak_step']} (config: {cfg['lr']:.3g}, "
+                f"warmup {cfg['warmup_steps']} of {cfg['total_steps']} steps, {cfg['schedule']}); "
+                f"largest deviation {self.lr['max_error']:.1%} of peak at step {self.lr['worst_step']}"
+            )
         elif "peak_step" in self.lr:
             lines.append(f"LR: peak {self.lr['peak_lr']:.3g} at step {self.lr['peak_step']}; {self.lr.get('note', '')}")
         else:
             lines.append(f"LR: {self.lr.get('note', 'not logged')}")
         if "share_above_2x_running_median" in self.loss:
             m = self.loss["mixture"]
-            lines.append(f"Loss: median {self.loss['median']:.3f}; above 2x running median "
-                         f"{self.loss['share_above_2x_running_median']:.1%} (2x global median "
-                         f"{self.loss['share_above_2x_global_median']:.1%}); bimodal {self.loss['bimodal']} "
-                         f"(BIC one {m['bic_one']:.0f} vs two {m['bic_two']:.0f}, separation {m['separation']:.1f})")
+            lines.append(
+                f"Loss: median {self.loss['median']:.3f}; above 2x running median "
+                f"{self.loss['share_above_2x_running_median']:.1%} (2x global median "
+                f"{self.loss['share_above_2x_global_median']:.1%}); bimodal {self.loss['bimodal']} "
+                f"(BIC one {m['bic_one']:.0f} vs two {m['bic_two']:.0f}, separation {m['separation']:.1f})"
+            )
         else:
             lines.append(f"Loss: {self.loss.get('note', '-')}")
         for e in self.epochs:
-            lines.append(f"Epoch {e['epoch']} boundary at step {e['step']}: loss {e['loss_before']:.3f} -> "
-                         f"{e['loss_after']:.3f} ({e['delta']:+.3f})")
+            lines.append(
+                f"Epoch {e['epoch']} boundary at step {e['step']}: loss {e['loss_before']:.3f} -> "
+                f"{e['loss_after']:.3f} ({e['delta']:+.3f})"
+            )
         for note in self.notes:
             lines.append(f"Note: {note}")
         return "\n".join(lines)
-
 
     def _learning_line(self) -> str:
         info = self.learning
@@ -323,14 +244,15 @@ def check_cliffs(records: Sequence[dict], window: int, drop: float) -> tuple[lis
     cliffs = find_cliffs(records, acc_key, window, drop)
     findings = []
     for c in cliffs:
-        recovered = (f"recovered by step {c['recovered_step']}" if c["recovered_step"] is not None
-                     else "never recovered")
-        findings.append(Finding(
-            "cliff",
-            f"Instability cliff at step {c['step']}: {acc_key} fell from {c['before']:.3f} to {c['after']:.3f} "
-            f"(lowest {c['lowest']:.3f}), {recovered}.",
-            [c["step"]] + ([c["recovered_step"]] if c["recovered_step"] is not None else []),
-        ))
+        recovered = f"recovered by step {c['recovered_step']}" if c["recovered_step"] is not None else "never recovered"
+        findings.append(
+            Finding(
+                "cliff",
+                f"Instability cliff at step {c['step']}: {acc_key} fell from {c['before']:.3f} to {c['after']:.3f} "
+                f"(lowest {c['lowest']:.3f}), {recovered}.",
+                [c["step"]] + ([c["recovered_step"]] if c["recovered_step"] is not None else []),
+            )
+        )
     return cliffs, findings
 
 
@@ -357,11 +279,14 @@ def diagnose(
             notes.append(f"config unreadable: {exc}")
     schedule = lr_schedule(config, records)
     if config is not None and schedule is None:
-        notes.append("the config has no train.max_steps and the log no epoch boundary to estimate the run's "
-                     "length from; LR schedule not checked")
+        notes.append(
+            "the config has no train.max_steps and the log no epoch boundary to estimate the run's "
+            "length from; LR schedule not checked"
+        )
 
-    learning, findings = check_learning(records, store_vocab_size(config),
-                                        warm_start=bool(config is not None and config.model.init_from))
+    learning, findings = check_learning(
+        records, store_vocab_size(config), warm_start=bool(config is not None and config.model.init_from)
+    )
     metric = primary_metric(records)
     plateau, improvement = {"verdict": "unknown"}, {}
     if metric is None:
@@ -369,14 +294,7 @@ def diagnose(
     else:
         plateau, found = check_plateau(records, metric, window, plateau_ratio, slowing_ratio)
         findings += found
-        others = [metric, "loss", accuracy_key(records), "top4_acc", "top8_acc", *TAU_KEYS]
-        others += ddtree_keys_by_budget(records) + list(SELECTOR_KEYS)
-        for key in dict.fromkeys(k for k in others if k):
-            steps, values = series(records, key)
-            if len(steps) >= 3:
-                rows = improvement_windows(steps, values, plateau["window"], higher_is_better=key != "loss")
-                if rows:
-                    improvement[key] = rows
+        improvement = improvement_by_metric(records, metric, plateau["window"])
 
     cliffs, found = check_cliffs(records, cliff_window, cliff_drop)
     findings += found
@@ -386,5 +304,22 @@ def diagnose(
     findings += found
     epochs, found = check_epochs(records)
     findings += found
-    return Diagnosis(str(run), [records[0]["step"], records[-1]["step"]], len(records), findings, plateau,
-                     improvement, cliffs, lr, loss, epochs, notes, learning)
+    steps = [records[0]["step"], records[-1]["step"]]
+    return Diagnosis(
+        str(run), steps, len(records), findings, plateau, improvement, cliffs, lr, loss, epochs, notes, learning
+    )
+
+
+def improvement_by_metric(records, metric: str, window: int) -> dict[str, list[dict]]:
+    """Improvement per 1K steps in windows of `window` steps, for the primary metric
+    and every other the log holds (loss, accuracies, taus, DDTree, the selector's)."""
+    others = [metric, "loss", accuracy_key(records), "top4_acc", "top8_acc", *TAU_KEYS]
+    others += ddtree_keys_by_budget(records) + list(SELECTOR_KEYS)
+    improvement = {}
+    for key in dict.fromkeys(k for k in others if k):
+        steps, values = series(records, key)
+        if len(steps) >= 3:
+            rows = improvement_windows(steps, values, window, higher_is_better=key != "loss")
+            if rows:
+                improvement[key] = rows
+    return improvement

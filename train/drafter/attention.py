@@ -29,7 +29,7 @@ SPLIT_CHUNK_SCORES = 1 << 21  # scores per chunk (all heads) the split path aims
 
 
 def resolve_attention(attention: str, device: torch.device) -> str:
-    """"auto" -> flex on CUDA (the fused kernel), split elsewhere."""
+    """ "auto" -> flex on CUDA (the fused kernel), split elsewhere."""
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
     if attention == "auto":
@@ -77,7 +77,9 @@ def split_mask(
         context = mask_mod(zero, zero, q_idx, torch.arange(context_len, device=device).view(1, 1, -1))
         columns = context.flatten(0, 1).any(0).nonzero().flatten()
         key_start, key_stop = (int(columns[0]), int(columns[-1]) + 1) if columns.numel() else (0, 0)
-        own_keys = context_len + torch.arange(start, stop, device=device).view(-1, 1, 1) * block_size + slots.view(1, 1, -1)
+        own_keys = (
+            context_len + torch.arange(start, stop, device=device).view(-1, 1, 1) * block_size + slots.view(1, 1, -1)
+        )
         own = mask_mod(zero, zero, q_idx, own_keys)
         visible = torch.cat([context[..., key_start:key_stop], own], dim=-1)
         chunks.append(SplitChunk(start, stop, key_start, key_stop, ~visible))

@@ -35,7 +35,9 @@ class ModelConfig:
     conv_group_size: int | None = None
     selector_rank: int | None = None
     selector_top_k: int | None = None
-    mask_token_id: int | None = None  # None: resolved by train.drafter.mask_token's rules (the run records the id and rule)
+    mask_token_id: int | None = (
+        None  # None: resolved by train.drafter.mask_token's rules (the run records the id and rule)
+    )
     init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.fitting.init_from)
     num_anchors: int = 512  # blocks per sequence, redrawn every step
     attention: str = "auto"  # "auto" (flex on CUDA, split elsewhere), "split", "sdpa", "flex"
@@ -52,6 +54,16 @@ class ModelConfig:
 
     def geometry(self) -> dict:
         """The drafter-shape overrides for `DrafterConfig.from_target` (None = its default)."""
-        names = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                 "intermediate_size", "layer_types", "sliding_window", "block_size", "architecture", *DFLASH2_SIZES)
+        names = (
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "layer_types",
+            "sliding_window",
+            "block_size",
+            "architecture",
+            *DFLASH2_SIZES,
+        )
         return {**{name: getattr(self, name) for name in names}, "is_causal": self.causal}

@@ -51,8 +51,9 @@ class DFlash2Drafter(DFlashDrafter):
 
     def __init__(self, config: DrafterConfig):
         super().__init__(config)
-        self.candidate_selector = CandidateSelector(config.hidden_size, config.vocab_size, config.selector_rank,
-                                                    config.selector_top_k, config.initializer_range)
+        self.candidate_selector = CandidateSelector(
+            config.hidden_size, config.vocab_size, config.selector_rank, config.selector_top_k, config.initializer_range
+        )
 
     def reset_parameters(self):
         """Qwen's init for the backbone, then the identity start (module docstring)."""
@@ -71,8 +72,8 @@ class DFlash2Drafter(DFlashDrafter):
     def path_top_k(self) -> int:
         return self.candidate_selector.top_k
 
-    def drafted_path(self, hidden: torch.Tensor, top_values: torch.Tensor, top_ids: torch.Tensor,
-                     anchor_ids: torch.Tensor) -> torch.Tensor:
+    def drafted_path(
+        self, hidden: torch.Tensor, top_values: torch.Tensor, top_ids: torch.Tensor, anchor_ids: torch.Tensor
+    ) -> torch.Tensor:
         """The selector's walk over the top candidates (DFlashDrafter.drafted_path)."""
         return self.candidate_selector.walk_candidates(hidden, top_values, top_ids, anchor_ids)
-

@@ -58,8 +58,16 @@ class CompiledFlex:
 def mark_dynamic_tiles(block_mask) -> None:
     """Mark the BlockMask's tile-count dimensions dynamic, so a new sequence length
     reuses the graph instead of compiling another."""
-    for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
-                 "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices"):
+    for name in (
+        "kv_num_blocks",
+        "kv_indices",
+        "full_kv_num_blocks",
+        "full_kv_indices",
+        "q_num_blocks",
+        "q_indices",
+        "full_q_num_blocks",
+        "full_q_indices",
+    ):
         tensor = getattr(block_mask, name, None)
         if tensor is not None:
             torch._dynamo.maybe_mark_dynamic(tensor, list(range(2, tensor.dim())))

@@ -32,8 +32,9 @@ def padded(length: int) -> int:
     return max(2, -(-length // FLEX_TILE)) * FLEX_TILE
 
 
-def visible_key_counts(anchor_positions: torch.Tensor, context_len: int, block_size: int,
-                       rule: LayerAttention) -> torch.Tensor:
+def visible_key_counts(
+    anchor_positions: torch.Tensor, context_len: int, block_size: int, rule: LayerAttention
+) -> torch.Tensor:
     """[query tiles, key tiles] int64: how many (query, key) pairs of each tile pair the
     DFlash mask lets through, over the padded lengths."""
     device = anchor_positions.device
@@ -57,8 +58,9 @@ def visible_key_counts(anchor_positions: torch.Tensor, context_len: int, block_s
     return counts.view(-1, FLEX_TILE, key_tiles).sum(dim=1)
 
 
-def dflash_block_mask(anchor_positions: torch.Tensor, context_len: int, block_size: int,
-                      rule: LayerAttention = LayerAttention()):
+def dflash_block_mask(
+    anchor_positions: torch.Tensor, context_len: int, block_size: int, rule: LayerAttention = LayerAttention()
+):
     """The BlockMask for `dflash_mask_mod` over the padded query and key lengths."""
     from torch.nn.attention.flex_attention import BlockMask  # torch >= 2.5 only (pyproject allows 2.4)
 
@@ -67,7 +69,9 @@ def dflash_block_mask(anchor_positions: torch.Tensor, context_len: int, block_si
     partial = (counts > 0) & ~full
     num_queries = anchor_positions.numel() * block_size
     return BlockMask.from_kv_blocks(
-        *_ordered(partial), *_ordered(full), BLOCK_SIZE=FLEX_TILE,
+        *_ordered(partial),
+        *_ordered(full),
+        BLOCK_SIZE=FLEX_TILE,
         mask_mod=dflash_mask_mod(anchor_positions, context_len, block_size, rule),
         seq_lengths=(padded(num_queries), padded(context_len + num_queries)),
     )

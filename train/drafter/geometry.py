@@ -14,8 +14,14 @@ from train.drafter.kinds import DFLASH, DFLASH2_SIZES, KINDS
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/drafter/model.py)
 ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/drafter/attention.py)
-POSITIVE_SIZES = ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                  "intermediate_size", "sliding_window")
+POSITIVE_SIZES = (
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+    "sliding_window",
+)
 BLOCK_SIZE = DEFAULT_BLOCK_SIZE  # B: anchor + B-1 drafted tokens (the store's plan owns the default)
 
 
@@ -23,6 +29,7 @@ def shape_problems(shape: dict, prefix: str = "") -> list[tuple[str, str]]:
     """(field, what is wrong) for each rule `shape` breaks, fields named `prefix` + name.
     A size that is None (absent) is not checked; `hidden_size` and `vocab_size`, when
     given, bound the DFlash 2 sizes."""
+
     def name(field: str) -> str:
         return f"{prefix}{field}"
 

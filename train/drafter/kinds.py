@@ -33,12 +33,30 @@ class DrafterKind:
         return any(part in self.added_modules for part in tensor_name.split("."))
 
 
-DFLASH = DrafterKind(name="dflash", title="DFlash", exported_class="DFlashDraftModel", sizes=(), added_modules=(),
-                     warm_start_from=None, has_block_conv=False, has_selector=False, decode_path="argmax chain",
-                     vllm_cpu_serves=True)
-DFLASH2 = DrafterKind(name="dflash2", title="DFlash 2", exported_class="DFlash2DraftModel", sizes=DFLASH2_SIZES,
-                      added_modules=("attention_conv", "mlp_conv", "candidate_selector"), warm_start_from="dflash",
-                      has_block_conv=True, has_selector=True, decode_path="selector walk", vllm_cpu_serves=False)
+DFLASH = DrafterKind(
+    name="dflash",
+    title="DFlash",
+    exported_class="DFlashDraftModel",
+    sizes=(),
+    added_modules=(),
+    warm_start_from=None,
+    has_block_conv=False,
+    has_selector=False,
+    decode_path="argmax chain",
+    vllm_cpu_serves=True,
+)
+DFLASH2 = DrafterKind(
+    name="dflash2",
+    title="DFlash 2",
+    exported_class="DFlash2DraftModel",
+    sizes=DFLASH2_SIZES,
+    added_modules=("attention_conv", "mlp_conv", "candidate_selector"),
+    warm_start_from="dflash",
+    has_block_conv=True,
+    has_selector=True,
+    decode_path="selector walk",
+    vllm_cpu_serves=False,
+)
 KINDS = {kind.name: kind for kind in (DFLASH, DFLASH2)}
 DEFAULT_KIND = DFLASH2  # the run default (README, "Which drafter")
 

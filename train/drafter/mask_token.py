@@ -39,8 +39,9 @@ class MaskToken:
         return f"mask token id {self.id} (rule: {self.rule})"
 
 
-def resolve_mask_token(configured: int | None, target_dir: str | Path, vocab_size: int,
-                       init_from_id: int | None = None) -> MaskToken:
+def resolve_mask_token(
+    configured: int | None, target_dir: str | Path, vocab_size: int, init_from_id: int | None = None
+) -> MaskToken:
     """The run's mask token by the module's rules; ConfigError (naming
     model.mask_token_id) when no rule gives one or the id has no embedding row."""
     if configured is not None:
@@ -49,8 +50,10 @@ def resolve_mask_token(configured: int | None, target_dir: str | Path, vocab_siz
         return _inside(MaskToken(init_from_id, "init_from"), vocab_size)
     tokenizer = load_tokenizer(target_dir)
     if tokenizer is None:
-        raise ConfigError(f"config model.mask_token_id: not set, and {target_dir} has no tokenizer to find a mask "
-                          "token in; set model.mask_token_id to an id inside the target's embedding table")
+        raise ConfigError(
+            f"config model.mask_token_id: not set, and {target_dir} has no tokenizer to find a mask "
+            "token in; set model.mask_token_id to an id inside the target's embedding table"
+        )
     found = tokenizer_mask_id(tokenizer)
     if found is not None:
         return _inside(MaskToken(found, "tokenizer"), vocab_size)
@@ -82,6 +85,8 @@ def tokenizer_mask_id(tokenizer) -> int | None:
 
 def _inside(mask: MaskToken, vocab_size: int) -> MaskToken:
     if not 0 <= mask.id < vocab_size:
-        raise ConfigError(f"config model.mask_token_id: {mask.id} (rule: {mask.rule}) is outside the target "
-                          f"vocabulary [0, {vocab_size})")
+        raise ConfigError(
+            f"config model.mask_token_id: {mask.id} (rule: {mask.rule}) is outside the target "
+            f"vocabulary [0, {vocab_size})"
+        )
     return mask

@@ -299,14 +299,14 @@ class DFlashDrafter(nn.Module):
 
     def __init__(self, config: DrafterConfig):
         if config.kind is not self.kind:
-            raise ValueError(f"{type(self).__name__} is a {self.kind.name} drafter; the config is {config.architecture}")
+            raise ValueError(
+                f"{type(self).__name__} is a {self.kind.name} drafter; the config is {config.architecture}"
+            )
         super().__init__()
         self.config = config
         qwen3_config = config.qwen3_config()
         hidden = config.hidden_size
-        self.layers = nn.ModuleList(
-            self.layer_class(config, qwen3_config, i) for i in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(self.layer_class(config, qwen3_config, i) for i in range(config.num_hidden_layers))
         self.fc = nn.Linear(config.num_context_layers * hidden, hidden, bias=False)
         self.hidden_norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
         self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
@@ -396,8 +396,9 @@ class DFlashDrafter(nn.Module):
         `norm`) at greedy decoding: each slot's argmax through the target's lm_head."""
         return lm_head(hidden.to(lm_head.weight.dtype)).argmax(dim=-1)
 
-    def drafted_path(self, hidden: torch.Tensor, top_values: torch.Tensor, top_ids: torch.Tensor,
-                     anchor_ids: torch.Tensor) -> torch.Tensor:
+    def drafted_path(
+        self, hidden: torch.Tensor, top_values: torch.Tensor, top_ids: torch.Tensor, anchor_ids: torch.Tensor
+    ) -> torch.Tensor:
         """What `greedy_tokens` drafts, from each drafted slot's top candidates already
         taken (`top_values`, `top_ids` [b, L, K >= path_top_k]; `hidden` [b, L, H];
         `anchor_ids` [b]) -> [b, L]: evaluation's path, without the [b, L, V] logits.
@@ -410,6 +411,8 @@ class DFlashDrafter(nn.Module):
         rules = {layer.self_attn.rule for layer in self.layers}
         cfg = self.config
         return {
-            rule: build_attention_mask(kind, anchor_positions, context_len, cfg.block_size, rule, cfg.num_attention_heads)
+            rule: build_attention_mask(
+                kind, anchor_positions, context_len, cfg.block_size, rule, cfg.num_attention_heads
+            )
             for rule in rules
         }

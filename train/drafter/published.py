@@ -45,27 +45,44 @@ class PublishedLayout:
     def describe(self) -> str:
         kinds = ", ".join(f"{self.layer_types.count(t)} {t.split('_')[0]}" for t in dict.fromkeys(self.layer_types))
         mask = {None: "per layer kind", False: "non-causal", True: "causal"}[self.is_causal]
-        return (f"block {self.block_size}, {len(self.layer_types)} layers ({kinds}, window {self.sliding_window}), "
-                f"{mask}, taps {list(self.target_layer_ids)}; from {self.source}")
+        return (
+            f"block {self.block_size}, {len(self.layer_types)} layers ({kinds}, window {self.sliding_window}), "
+            f"{mask}, taps {list(self.target_layer_ids)}; from {self.source}"
+        )
 
 
 QWEN3_6_27B = "Qwen3.5/3.6/3.8 at 27B (64 layers, hidden 5120)"
 LAYOUTS = (
-    PublishedLayout(kind=DFLASH2.name, family=QWEN3_6_27B,
-                    source="z-lab Qwen3.8-27B-DFlash2 = SpecForge configs/qwen3.6-27b-dflash2.json @5943b2f",
-                    block_size=8, layer_types=("sliding_attention",) * 5, sliding_window=2048, is_causal=False,
-                    target_layer_ids=(5, 19, 33, 47, 61)),
-    PublishedLayout(kind=DFLASH.name, family=QWEN3_6_27B,
-                    source="z-lab Qwen3.6-27B-DFlash (SpecForge configs/qwen3.6-27b-dflash.json; z-lab/dflash#126)",
-                    block_size=16, layer_types=("sliding_attention",) * 4 + ("full_attention",), sliding_window=2048,
-                    is_causal=None, target_layer_ids=(1, 16, 31, 46, 61)),
+    PublishedLayout(
+        kind=DFLASH2.name,
+        family=QWEN3_6_27B,
+        source="z-lab Qwen3.8-27B-DFlash2 = SpecForge configs/qwen3.6-27b-dflash2.json @5943b2f",
+        block_size=8,
+        layer_types=("sliding_attention",) * 5,
+        sliding_window=2048,
+        is_causal=False,
+        target_layer_ids=(5, 19, 33, 47, 61),
+    ),
+    PublishedLayout(
+        kind=DFLASH.name,
+        family=QWEN3_6_27B,
+        source="z-lab Qwen3.6-27B-DFlash (SpecForge configs/qwen3.6-27b-dflash.json; z-lab/dflash#126)",
+        block_size=16,
+        layer_types=("sliding_attention",) * 4 + ("full_attention",),
+        sliding_window=2048,
+        is_causal=None,
+        target_layer_ids=(1, 16, 31, 46, 61),
+    ),
 )
 
 
 def is_qwen3_6_27b(target) -> bool:
     """The Qwen3.5 hybrid architecture at the 27B shape (Qwen3.6 and 3.8 reuse it)."""
-    return (str(target.model_type or "").startswith("qwen3_5") and target.num_hidden_layers == 64
-            and target.hidden_size == 5120)
+    return (
+        str(target.model_type or "").startswith("qwen3_5")
+        and target.num_hidden_layers == 64
+        and target.hidden_size == 5120
+    )
 
 
 def published_layout(kind: str, target) -> PublishedLayout | None:
@@ -82,12 +99,20 @@ def layout_taps(layout: PublishedLayout, store_layer_ids: list[int] | None) -> t
     taps = list(layout.target_layer_ids)
     if store_layer_ids is None or set(taps) <= set(store_layer_ids):
         return taps, f"taps {taps} (the published layout's)"
-    return list(store_layer_ids), (f"the store's layers {list(store_layer_ids)}: it lacks the published taps "
-                                   f"{sorted(set(taps) - set(store_layer_ids))} of {taps}")
+    return list(store_layer_ids), (
+        f"the store's layers {list(store_layer_ids)}: it lacks the published taps "
+        f"{sorted(set(taps) - set(store_layer_ids))} of {taps}"
+    )
 
 
-def fresh_drafter_config(target, mask_token_id: int, store_layer_ids: list[int] | None, geometry: dict,
-                         log=None, chosen_layer_ids: list[int] | None = None):
+def fresh_drafter_config(
+    target,
+    mask_token_id: int,
+    store_layer_ids: list[int] | None,
+    geometry: dict,
+    log=None,
+    chosen_layer_ids: list[int] | None = None,
+):
     """The drafter a fresh run trains on `target`: the run config's sizes, the kind's
     published layout where the target is of its family and the config is silent,
     `DrafterConfig.from_target`'s formulas for the rest. `chosen_layer_ids`
@@ -96,8 +121,11 @@ def fresh_drafter_config(target, mask_token_id: int, store_layer_ids: list[int] 
     layer_ids = chosen_layer_ids or store_layer_ids
     if layout is not None:
         geometry = layout.fills(geometry)
-        layer_ids, taps = ((chosen_layer_ids, f"model.target_layer_ids {chosen_layer_ids}") if chosen_layer_ids
-                           else layout_taps(layout, store_layer_ids))
+        layer_ids, taps = (
+            (chosen_layer_ids, f"model.target_layer_ids {chosen_layer_ids}")
+            if chosen_layer_ids
+            else layout_taps(layout, store_layer_ids)
+        )
         if log is not None:
             log(f"fit: the published {layout.kind} layout for {layout.family}: {layout.describe()}; training on {taps}")
     return DrafterConfig.from_target(target, mask_token_id=mask_token_id, context_layer_ids=layer_ids, **geometry)

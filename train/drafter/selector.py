@@ -48,7 +48,9 @@ class CandidateSelector(nn.Module):
         unary, ids = torch.topk(logits.float(), self.top_k, dim=-1)
         return unary, ids
 
-    def pair_scores(self, hidden: torch.Tensor, predecessor_ids: torch.Tensor, candidate_ids: torch.Tensor) -> torch.Tensor:
+    def pair_scores(
+        self, hidden: torch.Tensor, predecessor_ids: torch.Tensor, candidate_ids: torch.Tensor
+    ) -> torch.Tensor:
         """The bilinear term <A[prev] * (W h), B[cand]> in fp32 (autocast off):
         hidden [N, H], predecessor_ids [N], candidate_ids [N, K] -> [N, K]. Added to
         the candidates' unary logits, it is the score the reference's `select` ranks."""
@@ -60,7 +62,9 @@ class CandidateSelector(nn.Module):
             successor = F.embedding(candidate_ids, self.successor_codebook).float()  # [N, K, r]
             return torch.einsum("nr,nkr->nk", predecessor * projected, successor)
 
-    def edge_scores(self, hidden: torch.Tensor, predecessor_ids: torch.Tensor, candidate_ids: torch.Tensor) -> torch.Tensor:
+    def edge_scores(
+        self, hidden: torch.Tensor, predecessor_ids: torch.Tensor, candidate_ids: torch.Tensor
+    ) -> torch.Tensor:
         """`pair_scores` as decoding computes it: in the selector's dtype, the projection
         first, as the reference's `select` (equal to `pair_scores` for an fp32 selector)."""
         projected = self.hidden_projection(hidden.to(self.hidden_projection.weight.dtype))
@@ -75,8 +79,9 @@ class CandidateSelector(nn.Module):
         unary, ids = self.candidates(logits)
         return self.walk_candidates(hidden, unary, ids, anchor_ids)
 
-    def walk_candidates(self, hidden: torch.Tensor, unary: torch.Tensor, ids: torch.Tensor,
-                        anchor_ids: torch.Tensor) -> torch.Tensor:
+    def walk_candidates(
+        self, hidden: torch.Tensor, unary: torch.Tensor, ids: torch.Tensor, anchor_ids: torch.Tensor
+    ) -> torch.Tensor:
         """`walk` from each position's top-K logits already taken: unary [b, L, K] and
         ids [b, L, K], so `eval` walks without the [b, L, V] logits. Scores are summed in
         the selector's dtype (`edge_scores`)."""

@@ -90,8 +90,9 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
         "dtype": name_of(dtype),
     }
     if config.kind.sizes:  # the reference reads these from dflash_config
-        data["dflash_config"].update({"block_size": config.block_size,
-                                      **{name: getattr(config, name) for name in config.kind.sizes}})
+        data["dflash_config"].update(
+            {"block_size": config.block_size, **{name: getattr(config, name) for name in config.kind.sizes}}
+        )
     if config.is_causal is not None:
         data["is_causal"] = config.is_causal
         data["dflash_config"]["causal"] = config.is_causal
@@ -111,16 +112,22 @@ def check_serving_traps(data: dict, where: str | Path) -> None:
     how the trainer ran it (ValueError, one line naming the field)."""
     dflash = data.get("dflash_config") or {}
     if EAGLE_AUX_LAYERS_KEY in data or EAGLE_AUX_LAYERS_KEY in dflash:
-        raise ValueError(f"{where}: {EAGLE_AUX_LAYERS_KEY} must not be written: vLLM would read it instead of "
-                         "dflash_config.target_layer_ids, without their +1 offset")
+        raise ValueError(
+            f"{where}: {EAGLE_AUX_LAYERS_KEY} must not be written: vLLM would read it instead of "
+            "dflash_config.target_layer_ids, without their +1 offset"
+        )
     if data.get("is_causal") is not None and dflash.get("causal") != data["is_causal"]:
-        raise ValueError(f"{where}: is_causal={data['is_causal']} must also be written as dflash_config.causal "
-                         f"(got {dflash.get('causal')!r}): older vLLM reads only that one")
+        raise ValueError(
+            f"{where}: is_causal={data['is_causal']} must also be written as dflash_config.causal "
+            f"(got {dflash.get('causal')!r}): older vLLM reads only that one"
+        )
     sliding = [i for i, kind in enumerate(data.get("layer_types") or []) if kind == "sliding_attention"]
     window = data.get("sliding_window") if data.get("use_sliding_window") else None
     if sliding and window is None:
-        raise ValueError(f"{where}: layers {sliding} are sliding_attention but sliding_window is unset (or "
-                         "use_sliding_window false): vLLM and SGLang refuse a sliding layer without a window")
+        raise ValueError(
+            f"{where}: layers {sliding} are sliding_attention but sliding_window is unset (or "
+            "use_sliding_window false): vLLM and SGLang refuse a sliding layer without a window"
+        )
 
 
 def export_drafter(
@@ -166,8 +173,10 @@ def checked_dflash_config(path: Path, data: dict) -> tuple[str, dict]:
     architectures = data.get("architectures") or [DFLASH.exported_class]
     kind = kind_exported_as(architectures[0]) if len(architectures) == 1 else None
     if kind is None:
-        raise ValueError(f"{path}: architectures {architectures} not supported "
-                         f"({' or '.join(k.exported_class for k in KINDS.values())})")
+        raise ValueError(
+            f"{path}: architectures {architectures} not supported "
+            f"({' or '.join(k.exported_class for k in KINDS.values())})"
+        )
     dflash = data.get("dflash_config") or {}
     needed = ("mask_token_id", "target_layer_ids") + kind.sizes
     missing = [k for k in needed if k not in dflash]
@@ -233,7 +242,9 @@ def read_drafter_config(model_dir: str | Path) -> DrafterConfig:
         raise ValueError(f"{path}: {error}") from None
 
 
-def load_drafter(model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu") -> DFlashDrafter:
+def load_drafter(
+    model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+) -> DFlashDrafter:
     """Rebuild a DFlash (or DFlash 2) drafter from an exported or z-lab-format
     directory, sliding layers included (strict: every weight present, nothing
     extra). dtype None keeps the dtype stored on disk."""
@@ -242,8 +253,9 @@ def load_drafter(model_dir: str | Path, dtype: torch.dtype | None = None, device
     return load_weights(drafter, model_dir, keep_dtype=dtype is None).to(device=device, dtype=dtype)
 
 
-def load_weights(drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool = False,
-                 backbone_only: bool = False) -> DFlashDrafter:
+def load_weights(
+    drafter: DFlashDrafter, model_dir: str | Path, keep_dtype: bool = False, backbone_only: bool = False
+) -> DFlashDrafter:
     """Copy a drafter directory's `model.safetensors` into `drafter` (strict: every
     weight present, nothing extra; KeyError naming them otherwise), cast to the
     drafter's dtype, or with `keep_dtype` the drafter cast to the stored one. The

@@ -57,8 +57,9 @@ class RunParts:
     log: Callable[[str], None]
 
 
-def build_run(config: RunConfig, latest: Path | None, log: Callable[[str], None], world: World | None,
-              checks: FitChecks) -> RunParts:
+def build_run(
+    config: RunConfig, latest: Path | None, log: Callable[[str], None], world: World | None, checks: FitChecks
+) -> RunParts:
     """The run's parts: `latest` is the checkpoint it continues (None: a new run), as
     `Checkpointer.resume_point` chose it once."""
     world = world or world_from_env()
@@ -69,18 +70,29 @@ def build_run(config: RunConfig, latest: Path | None, log: Callable[[str], None]
     init_process_group(world, device)
     resumed = read_state(latest) if latest is not None else None  # state.json, read once for the run
     checked = checked_run(config, latest, resumed, checks, world, device, log)
-    lanes, shards = (resumed_deal(resumed["loader"], config.data.lanes, checked.store, latest) if resumed
-                     else (config.data.lanes or world.size, None))
+    lanes, shards = (
+        resumed_deal(resumed["loader"], config.data.lanes, checked.store, latest)
+        if resumed
+        else (config.data.lanes or world.size, None)
+    )
     config = dataclasses.replace(  # fixed for the run: its config and checkpoints record them
-        config, data=dataclasses.replace(config.data, lanes=lanes),
-        model=dataclasses.replace(config.model, mask_token_id=checked.drafter_config.mask_token_id))
-    head = load_target_head(config.target, dtype=compute_dtype(device, on_cuda=torch_dtype(train.dtype)), device=device,
-                            config=checked.target)
+        config,
+        data=dataclasses.replace(config.data, lanes=lanes),
+        model=dataclasses.replace(config.model, mask_token_id=checked.drafter_config.mask_token_id),
+    )
+    head = load_target_head(
+        config.target,
+        dtype=compute_dtype(device, on_cuda=torch_dtype(train.dtype)),
+        device=device,
+        config=checked.target,
+    )
     drafter = new_drafter(config, checked, fine_tune=latest is None, device=device)
     if resumed is not None:
-        log(f"fit: resumed from {latest} at step {resumed['step']} "
+        log(
+            f"fit: resumed from {latest} at step {resumed['step']} "
             f"({resumed['step'] * train.sequences_per_step:,} samples trained on), "
-            f"{lane_positions(resumed['loader'])[0].describe()}{' (lane 0)' if lanes > 1 else ''}")
+            f"{lane_positions(resumed['loader'])[0].describe()}{' (lane 0)' if lanes > 1 else ''}"
+        )
     feed, total_steps = new_feed(config, checked, shards, world, device, log)
     optimizer = Optimizer(drafter, config.optim, total_steps)
     start_step = resumed["step"] if resumed else 0
@@ -93,14 +105,26 @@ def build_run(config: RunConfig, latest: Path | None, log: Callable[[str], None]
     if world.is_main:
         config.save(config.out)
     store = checked.store
-    record = {"store": {"store": str(store.path), "fingerprint_sha256": store.fingerprint.sha256(),
-                        "layer_ids": checked.drafter_config.context_layer_ids},
-              "run_info": run_info}
+    record = {
+        "store": {
+            "store": str(store.path),
+            "fingerprint_sha256": store.fingerprint.sha256(),
+            "layer_ids": checked.drafter_config.context_layer_ids,
+        },
+        "run_info": run_info,
+    }
     return RunParts(config, drafter, head, optimizer, feed, checkpointer, world, device, start_step, store, record, log)
 
 
-def checked_run(config: RunConfig, latest: Path | None, resumed: dict | None, checks: FitChecks, world: World,
-                device: torch.device, log: Callable[[str], None]) -> Checked:
+def checked_run(
+    config: RunConfig,
+    latest: Path | None,
+    resumed: dict | None,
+    checks: FitChecks,
+    world: World,
+    device: torch.device,
+    log: Callable[[str], None],
+) -> Checked:
     """Every check before step 1 (`train.fitting.preflight`), the drafter planned
     between the store's checks and the data's, which need its block size."""
     found = check_store(config, checks, log)
@@ -126,8 +150,14 @@ def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: to
     return drafter
 
 
-def new_feed(config: RunConfig, checked: Checked, shards: list[str] | None, world: World, device: torch.device,
-             log: Callable[[str], None]) -> tuple[LaneFeed, int]:
+def new_feed(
+    config: RunConfig,
+    checked: Checked,
+    shards: list[str] | None,
+    world: World,
+    device: torch.device,
+    log: Callable[[str], None],
+) -> tuple[LaneFeed, int]:
     """This rank's lanes of the run's sample streams, and the run's optimizer steps
     (`train.max_steps`, or the epochs' worth: `epochs_for` says which wins). A fine-tuned
     drafter reads its own layers of the store. `shards`: a resumed run's list."""
@@ -136,21 +166,29 @@ def new_feed(config: RunConfig, checked: Checked, shards: list[str] | None, worl
     corrupt = CorruptShards(checked.damaged, log)
     check_lanes(store.path, lanes, len(shards or store.committed_shards()))
     drafter = checked.drafter_config
-    spec = LoaderSpec(drafter.context_layer_ids, drafter.block_size, seed=config.train.seed, epochs=config.train.epochs,
-                      lanes=lanes, shards=shards, device=device,
-                      cache_share=lanes_per_node(lanes, world.size, local_world_size(world)))
+    spec = LoaderSpec(
+        drafter.context_layer_ids,
+        drafter.block_size,
+        seed=config.train.seed,
+        epochs=config.train.epochs,
+        lanes=lanes,
+        shards=shards,
+        device=device,
+        cache_share=lanes_per_node(lanes, world.size, local_world_size(world)),
+    )
 
     def make_loader(lane: int, epochs: int = config.train.epochs) -> ShardLoader:
-        return ShardLoader(store, config.data, dataclasses.replace(spec, lane=lane, epochs=epochs), log=log,
-                           corrupt=corrupt)
+        return ShardLoader(
+            store, config.data, dataclasses.replace(spec, lane=lane, epochs=epochs), log=log, corrupt=corrupt
+        )
 
     order = make_loader(0)  # reads nothing: the sample order, to size the run
-    epochs = epochs_for(config.train.max_steps, config.train.epochs,
-                        lambda e: lane_steps(order.lane_totals(e), batch), log)
+    epochs = epochs_for(
+        config.train.max_steps, config.train.epochs, lambda e: lane_steps(order.lane_totals(e), batch), log
+    )
     feed = LaneFeed.for_rank(world, lanes, batch, config.train.seed, device, lambda lane: make_loader(lane, epochs))
     return feed, config.train.max_steps or lane_steps(order.lane_totals(epochs), batch)
 
 
 def quiet(message: str) -> None:
     """The log of ranks other than 0."""
-

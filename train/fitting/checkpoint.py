@@ -111,11 +111,14 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)
         latest = latest_checkpoint(self.run_dir)
         if resume and latest is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / CHECKPOINTS} "
-                                    "(nothing to continue; without --resume the run starts afresh)")
+            raise FileNotFoundError(
+                f"--resume: no checkpoint in {self.run_dir / CHECKPOINTS} "
+                "(nothing to continue; without --resume the run starts afresh)"
+            )
         if not resume and latest is not None:
-            raise FileExistsError(f"{self.run_dir} already holds checkpoints; pass --resume to continue it or "
-                                  "use a new --out")
+            raise FileExistsError(
+                f"{self.run_dir} already holds checkpoints; pass --resume to continue it or use a new --out"
+            )
         return latest
 
     def check_space(self, checkpoint_bytes: int, steps_left: int, override: str) -> None:
@@ -130,7 +133,8 @@ class Checkpointer:
             raise CheckpointSpaceError(
                 f"{self.run_dir}: the run's checkpoints need about {human_bytes(needed)} ({count} of "
                 f"~{human_bytes(checkpoint_bytes)}: weights and AdamW moments), its filesystem has "
-                f"{human_bytes(free)} free -- free space or choose another --out, or pass {override} to start anyway")
+                f"{human_bytes(free)} free -- free space or choose another --out, or pass {override} to start anyway"
+            )
 
     def due(self, step: int) -> bool:
         """A periodic checkpoint is due after step `step`."""
@@ -151,8 +155,10 @@ class Checkpointer:
         needed = sum(t.nbytes for tensors in files.values() for t in tensors.values())
         free = host.free_bytes(final.parent)  # through the module: tests fake the free space there
         if needed > free:
-            raise CheckpointSpaceError(f"no space for the checkpoint of step {step} in {final.parent}: it takes "
-                                       f"about {human_bytes(needed)}, {human_bytes(free)} free")
+            raise CheckpointSpaceError(
+                f"no space for the checkpoint of step {step} in {final.parent}: it takes "
+                f"about {human_bytes(needed)}, {human_bytes(free)} free"
+            )
         try:
             tmp.mkdir(parents=True)
             for file, tensors in files.items():
@@ -161,8 +167,9 @@ class Checkpointer:
         except BaseException as error:
             shutil.rmtree(tmp, ignore_errors=True)
             if host.is_disk_full(error):
-                raise CheckpointSpaceError(f"disk full writing the checkpoint of step {step} in {final.parent} "
-                                           f"({error.strerror or error})") from error
+                raise CheckpointSpaceError(
+                    f"disk full writing the checkpoint of step {step} in {final.parent} ({error.strerror or error})"
+                ) from error
             raise
         if final.exists():
             shutil.rmtree(final)

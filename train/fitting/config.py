@@ -28,7 +28,9 @@ class OptimConfig:
         require(self.schedule in ("cosine", "constant"), "optim.schedule", "must be cosine or constant")
         require(0.0 <= self.min_lr_ratio <= 1.0, "optim.min_lr_ratio", "must be in [0, 1]")
         require(self.weight_decay >= 0, "optim.weight_decay", "must be >= 0")
-        require(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "must be two values in [0, 1)")
+        require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "optim.betas", "must be two values in [0, 1)"
+        )
         require(self.eps > 0, "optim.eps", "must be > 0")
         require(self.grad_clip >= 0, "optim.grad_clip", "must be >= 0")
 
@@ -40,7 +42,8 @@ class TrainConfig:
     epochs: int = 6
     max_steps: int | None = None  # optimizer steps; None: as many as `epochs` give
     seed: int = 0
-    dtype: str = "bfloat16"  # autocast dtype on CUDA: bfloat16 or float32 (not float16: no loss scaler); weights and optimizer stay fp32
+    # autocast dtype on CUDA: bfloat16 or float32 (not float16: no loss scaler); weights and optimizer stay fp32
+    dtype: str = "bfloat16"
     device: str = "auto"  # "auto": cuda if available, else cpu
     log_every: int = 10
     checkpoint_every: int = 1000
@@ -58,9 +61,16 @@ class TrainConfig:
             raise ConfigError(f"config train.dtype: {error}") from None
         # fp16's 5-bit exponent underflows small gradients without a loss scaler, which this
         # trainer does not have: bf16 trains without one (same exponent range as fp32).
-        require(self.dtype != "float16", "train.dtype",
-               "float16 is refused: training in it needs a loss scaler; use bfloat16 (or float32)")
-        require(self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"), "train.device", "must be auto, cpu or cuda[:N]")
+        require(
+            self.dtype != "float16",
+            "train.dtype",
+            "float16 is refused: training in it needs a loss scaler; use bfloat16 (or float32)",
+        )
+        require(
+            self.device == "auto" or self.device.split(":")[0] in ("cpu", "cuda"),
+            "train.device",
+            "must be auto, cpu or cuda[:N]",
+        )
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
             require(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         require(self.log_every >= 1, "train.log_every", "must be >= 1")
@@ -74,7 +84,9 @@ class TrainConfig:
 
 @dataclass
 class LogConfig:
-    tensorboard: bool = False  # also write the logged metrics as TensorBoard events under RUN/tb/ (JSONL stays the record)
+    tensorboard: bool = (
+        False  # also write the logged metrics as TensorBoard events under RUN/tb/ (JSONL stays the record)
+    )
     samples: bool = False  # each rank writes RUN/samples/rank-<r>.jsonl: every trained sample's step, lane, epoch, id
 
     def validate(self):

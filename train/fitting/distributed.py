@@ -67,8 +67,10 @@ def device_for(world: World, name: str) -> torch.device:
     if device.type == "cuda":
         if world.distributed:
             if world.local_rank >= torch.cuda.device_count():
-                raise ConfigError(f"train fit: local rank {world.local_rank} has no GPU of its own (torch sees "
-                                  f"{torch.cuda.device_count()}); start at most that many processes per host")
+                raise ConfigError(
+                    f"train fit: local rank {world.local_rank} has no GPU of its own (torch sees "
+                    f"{torch.cuda.device_count()}); start at most that many processes per host"
+                )
             device = torch.device("cuda", world.local_rank)
     return device
 
@@ -79,7 +81,9 @@ def is_peer_loss(error: BaseException) -> bool:
     if isinstance(error, dist.DistError):
         return True
     text = str(error)
-    return isinstance(error, RuntimeError) and any(s in text for s in ("gloo", "NCCL", "Connection reset", "Connection closed"))
+    return isinstance(error, RuntimeError) and any(
+        s in text for s in ("gloo", "NCCL", "Connection reset", "Connection closed")
+    )
 
 
 # -- reductions ----------------------------------------------------------------------------
@@ -121,7 +125,7 @@ def wrap(drafter: torch.nn.Module, world: World, device: torch.device) -> torch.
     # No buffer sync before each forward: the drafter's only buffers are constants (rotary
     # inv_freq), and DDP's default broadcast of them before every forward, no_sync
     # micro-steps included, made the ranks wait for each other once per sequence rather
-    # than once per optimizer step (measured: 2 CPU ranks at ~65 % busy each). Newer torch
+    # than once per optimizer step (2 CPU ranks sat a third idle). Newer torch
     # spells it forward_sync_buffers (and warns on broadcast_buffers); older torch lacks it.
     newer = "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
     no_sync = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
@@ -144,8 +148,9 @@ class Nodes:
 
     def __post_init__(self):
         if not 0 <= self.rank < self.count:
-            raise ConfigError(f"train fit: --node-rank {self.rank} is outside 0..{self.count - 1} "
-                              f"(--nnodes {self.count})")
+            raise ConfigError(
+                f"train fit: --node-rank {self.rank} is outside 0..{self.count - 1} (--nnodes {self.count})"
+            )
 
 
 def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes()) -> int:
@@ -163,10 +168,21 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes(
     if nodes.count == 1:
         rendezvous = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0")
     else:  # node 0 hosts the store the others join, as `torchrun --node-rank R --master-addr A` does
-        rendezvous = dict(rdzv_backend="static", rdzv_endpoint=f"{nodes.master_addr}:{nodes.master_port}",
-                          rdzv_configs={"rank": nodes.rank})
-    config = LaunchConfig(min_nodes=nodes.count, max_nodes=nodes.count, nproc_per_node=nproc, logs_specs=specs,
-                          max_restarts=0, monitor_interval=0.1, run_id="fit", **rendezvous)
+        rendezvous = dict(
+            rdzv_backend="static",
+            rdzv_endpoint=f"{nodes.master_addr}:{nodes.master_port}",
+            rdzv_configs={"rank": nodes.rank},
+        )
+    config = LaunchConfig(
+        min_nodes=nodes.count,
+        max_nodes=nodes.count,
+        nproc_per_node=nproc,
+        logs_specs=specs,
+        max_restarts=0,
+        monitor_interval=0.1,
+        run_id="fit",
+        **rendezvous,
+    )
     try:
         elastic_launch(config, sys.executable)("-m", "train", "fit", *fit_argv)
     except ChildFailedError as error:
@@ -177,8 +193,12 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes(
         failed = "; ".join(_describe_failure(rank, failure, logs) for rank, failure in causes)
         kept = f"the last checkpoint is {latest}" if latest else "no checkpoint was written yet"
         where = f"{nproc} processes" + (f" of node {nodes.rank} of {nodes.count}" if nodes.count > 1 else "")
-        print(f"error: fit on {where} stopped: {failed}; the other ranks were stopped; {kept}; "
-              "the same command with --resume continues", file=sys.stderr, flush=True)
+        print(
+            f"error: fit on {where} stopped: {failed}; the other ranks were stopped; {kept}; "
+            "the same command with --resume continues",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     return 0
 
@@ -186,6 +206,10 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes(
 def _describe_failure(rank: int, failure, logs: Path) -> str:
     how = f"killed by {failure.signal_name()}" if failure.exitcode < 0 else f"exited with code {failure.exitcode}"
     text = f"rank {rank} (pid {failure.pid}) {how}"
-    errors = [line for path in sorted(logs.glob(f"*/attempt_*/{rank}/stderr.log"))
-              for line in path.read_text(errors="replace").splitlines() if line.startswith("error: ")]
+    errors = [
+        line
+        for path in sorted(logs.glob(f"*/attempt_*/{rank}/stderr.log"))
+        for line in path.read_text(errors="replace").splitlines()
+        if line.startswith("error: ")
+    ]
     return f"{text} ({errors[-1]})" if errors else text

@@ -29,9 +29,11 @@ def chosen_layers(wanted: list[int] | None, store_layer_ids: list[int], num_targ
         raise ConfigError(f"config model.target_layer_ids: {error}") from None
     missing = [layer for layer in ids if layer not in store_layer_ids]
     if missing:
-        raise ConfigError(f"config model.target_layer_ids: {ids} needs layers {missing} the store does not hold (it "
-                          f"holds {store_layer_ids}); extract a store for several drafters with `python -m extract run "
-                          "... --layers-from DIR,DIR` (their union)")
+        raise ConfigError(
+            f"config model.target_layer_ids: {ids} needs layers {missing} the store does not hold (it "
+            f"holds {store_layer_ids}); extract a store for several drafters with `python -m extract run "
+            "... --layers-from DIR,DIR` (their union)"
+        )
     return ids
 
 
@@ -44,8 +46,14 @@ class DrafterPlan:
     source: StartSource | None  # the `model.init_from` drafter a new run loads; None otherwise
 
 
-def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[int], latest: Path | None,
-                 resumed: dict | None, log: Callable[[str], None]) -> DrafterPlan:
+def plan_drafter(
+    config: RunConfig,
+    target: TargetConfig,
+    store_layer_ids: list[int],
+    latest: Path | None,
+    resumed: dict | None,
+    log: Callable[[str], None],
+) -> DrafterPlan:
     """The drafter a run trains, and how the run started (`run_info`, kept in its
     checkpoints and exports). Sized for the target (published geometry, the
     store's layers) by default; with `model.init_from`, the shape of that drafter
@@ -56,23 +64,37 @@ def plan_drafter(config: RunConfig, target: TargetConfig, store_layer_ids: list[
     model = config.model
     checkpointed = DrafterConfig.from_state(resumed) if resumed is not None else None
     source = read_source(model.init_from) if model.init_from and checkpointed is None else None
-    mask = resolve_mask_token(model.mask_token_id, config.target, target.vocab_size,
-                              init_from_id=source.config.mask_token_id if source else None)
+    mask = resolve_mask_token(
+        model.mask_token_id,
+        config.target,
+        target.vocab_size,
+        init_from_id=source.config.mask_token_id if source else None,
+    )
     log(f"fit: {mask.describe()}")
     run_info: dict = {"mask_token_rule": mask.rule}
     if model.init_from:
-        base, where = (source.config, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
+        base, where = (
+            (source.config, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
+        )
         drafter_config = fine_tune_config(base, where, model, target, store_layer_ids, mask.id)
     else:
         chosen = chosen_layers(model.target_layer_ids, store_layer_ids, target.num_hidden_layers)
-        drafter_config = fresh_drafter_config(target, mask.id, store_layer_ids, model.geometry(),
-                                              log=None if checkpointed else log, chosen_layer_ids=chosen)
+        drafter_config = fresh_drafter_config(
+            target,
+            mask.id,
+            store_layer_ids,
+            model.geometry(),
+            log=None if checkpointed else log,
+            chosen_layer_ids=chosen,
+        )
     if checkpointed is not None:
         changed = drafter_config.differences(checkpointed)
         if changed:
             raise ConfigError(f"--resume: {latest} holds a different drafter: {'; '.join(changed)}")
     if source is not None:
         run_info["init_from"] = source.record()
-        log(f"fit: fine-tuning from {run_info['init_from']['path']} (weights sha256 "
-            f"{run_info['init_from']['model_sha256'][:12]})")
+        log(
+            f"fit: fine-tuning from {run_info['init_from']['path']} (weights sha256 "
+            f"{run_info['init_from']['model_sha256'][:12]})"
+        )
     return DrafterPlan(drafter_config, run_info, source)

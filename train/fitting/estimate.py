@@ -90,9 +90,13 @@ def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
         per_block_token += 2 * act * 2 * d.conv_kernel_size * (h + h // d.conv_group_size)
     per_context_token = act * (len(d.context_layer_ids) * h + d.num_hidden_layers * (h + 2 * kv))
     block_tokens = config.model.num_anchors * drafter_config.block_size
-    return dict(per_block_token_layer=per_block_token, per_context_token=per_context_token,
-                block_tokens=block_tokens, context_tokens=sequence_tokens,
-                bytes=block_tokens * d.num_hidden_layers * per_block_token + sequence_tokens * per_context_token)
+    return dict(
+        per_block_token_layer=per_block_token,
+        per_context_token=per_context_token,
+        block_tokens=block_tokens,
+        context_tokens=sequence_tokens,
+        bytes=block_tokens * d.num_hidden_layers * per_block_token + sequence_tokens * per_context_token,
+    )
 
 
 @dataclass
@@ -122,8 +126,10 @@ def sample_flops(config, drafter_config, sequence_tokens: float) -> dict:
     per_layer = 2 * (2 * h * q + 2 * h * kv + 3 * h * d.intermediate_size)  # q, o, k, v projections and the MLP
     if d.kind.has_block_conv:  # two convolutions' coefficient projections
         per_layer += 2 * 2 * (2 * d.conv_kernel_size * (h // d.conv_group_size)) * h
-    keys = [min(d.sliding_window, sequence_tokens / 2) if kind == "sliding_attention" else sequence_tokens / 2
-            for kind in d.layer_types]
+    keys = [
+        min(d.sliding_window, sequence_tokens / 2) if kind == "sliding_attention" else sequence_tokens / 2
+        for kind in d.layer_types
+    ]
     attention = sum(2 * 2 * q * (k + block) for k in keys)  # QK^T and AV, per block token
     context = sequence_tokens * (2 * len(d.context_layer_ids) * h * h + d.num_hidden_layers * 2 * 2 * h * kv)
     selector = scored_rows * 2 * h * d.selector_rank if d.kind.has_selector else 0
@@ -138,16 +144,18 @@ def training_rate(flops: dict, sequence_tokens: float, sizing: Sizing) -> dict:
     out = dict(flops_per_sample=flops["total"], tflop_per_sample=round(flops["total"] / 1e12, 3))
     if sizing.tokens_per_s is not None:
         needed = sizing.tokens_per_s / sequence_tokens * flops["total"] / 1e12
-        out.update(tokens_per_s=sizing.tokens_per_s, tokens_per_s_rule="--tokens-per-s",
-                   needed_tflops=round(needed, 1))
+        out.update(tokens_per_s=sizing.tokens_per_s, tokens_per_s_rule="--tokens-per-s", needed_tflops=round(needed, 1))
         if sizing.gpu_tflops is not None and needed > sizing.gpu_tflops:
-            raise ValueError(f"--tokens-per-s {sizing.tokens_per_s:g} is impossible: at "
-                             f"{flops['total'] / 1e12:.1f} TFLOP per {sequence_tokens:g}-token sample it needs "
-                             f"{needed:.0f} TFLOP/s per GPU, above --gpu-tflops {sizing.gpu_tflops:g} (the GPU's peak)")
+            raise ValueError(
+                f"--tokens-per-s {sizing.tokens_per_s:g} is impossible: at "
+                f"{flops['total'] / 1e12:.1f} TFLOP per {sequence_tokens:g}-token sample it needs "
+                f"{needed:.0f} TFLOP/s per GPU, above --gpu-tflops {sizing.gpu_tflops:g} (the GPU's peak)"
+            )
     elif sizing.gpu_tflops is not None:
         rate = sizing.gpu_tflops * 1e12 * sizing.mfu / flops["total"] * sequence_tokens
-        out.update(tokens_per_s=round(rate, 1), tokens_per_s_rule=f"--gpu-tflops {sizing.gpu_tflops:g} at MFU "
-                                                                   f"{sizing.mfu:g}")
+        out.update(
+            tokens_per_s=round(rate, 1), tokens_per_s_rule=f"--gpu-tflops {sizing.gpu_tflops:g} at MFU {sizing.mfu:g}"
+        )
     return out
 
 
@@ -157,8 +165,12 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
     drafter = drafter_on_meta(drafter_config)
     params = parameter_count(drafter)
     act = DTYPE_BYTES[config.train.dtype]
-    state = dict(weights=params * FP32, gradients=params * FP32, adam_moments=2 * params * FP32,
-                 ddp_buckets=params * FP32 if gpus > 1 else 0)
+    state = dict(
+        weights=params * FP32,
+        gradients=params * FP32,
+        adam_moments=2 * params * FP32,
+        ddp_buckets=params * FP32 if gpus > 1 else 0,
+    )
     head_tensors = 1 if target.tie_word_embeddings else 2
     head = head_tensors * target.vocab_size * target.hidden_size * act
     loss_chunk = config.loss.chunk_rows * target.vocab_size * LOSS_BYTES_PER_LOGIT
@@ -166,15 +178,29 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
     in_flight = config.train.batch_size * activations["bytes"]
     peak = sum(state.values()) + head + loss_chunk + in_flight
     global_batch = config.train.batch_size * config.train.grad_accumulation
-    out = dict(drafter_parameters=params, parameter_groups=parameter_groups(drafter),
-               architecture=drafter_config.architecture, drafter_layers=drafter_config.num_hidden_layers,
-               context_layer_ids=list(drafter_config.context_layer_ids), mask_token_id=drafter_config.mask_token_id,
-               block_size=drafter_config.block_size, layer_types=list(drafter_config.layer_types),
-               is_causal=drafter_config.is_causal,
-               state_bytes=state, target_head_bytes=head, loss_chunk_rows=config.loss.chunk_rows,
-               loss_chunk_bytes=loss_chunk, activations=activations, sequences_in_flight=config.train.batch_size,
-               peak_gpu_bytes=peak, peak_gpu_gib=gib(peak), gpus=gpus, global_batch=global_batch,
-               sequences_per_gpu_per_step=global_batch / gpus, dtype=config.train.dtype)
+    out = dict(
+        drafter_parameters=params,
+        parameter_groups=parameter_groups(drafter),
+        architecture=drafter_config.architecture,
+        drafter_layers=drafter_config.num_hidden_layers,
+        context_layer_ids=list(drafter_config.context_layer_ids),
+        mask_token_id=drafter_config.mask_token_id,
+        block_size=drafter_config.block_size,
+        layer_types=list(drafter_config.layer_types),
+        is_causal=drafter_config.is_causal,
+        state_bytes=state,
+        target_head_bytes=head,
+        loss_chunk_rows=config.loss.chunk_rows,
+        loss_chunk_bytes=loss_chunk,
+        activations=activations,
+        sequences_in_flight=config.train.batch_size,
+        peak_gpu_bytes=peak,
+        peak_gpu_gib=gib(peak),
+        gpus=gpus,
+        global_batch=global_batch,
+        sequences_per_gpu_per_step=global_batch / gpus,
+        dtype=config.train.dtype,
+    )
     if samples is not None:  # an epoch reads the training split only
         training = max(1, round(samples * (1 - config.data.heldout_fraction)))
         out.update(samples=samples, training_samples=training, steps_per_epoch=math.ceil(training / global_batch))
@@ -191,8 +217,9 @@ def mean_sample_tokens(config, samples: int | None, tokens: int | None) -> float
     return tokens / samples if tokens and samples else config.data.max_length
 
 
-def run_length(config, steps_per_epoch: int | None, samples: int | None, tokens: int | None,
-               tokens_per_s: float | None, gpus: int) -> dict:
+def run_length(
+    config, steps_per_epoch: int | None, samples: int | None, tokens: int | None, tokens_per_s: float | None, gpus: int
+) -> dict:
     """The run's steps, the tokens they read and, at `tokens_per_s` per GPU, its hours
     ({} when neither --max-steps nor the samples give the steps)."""
     if config.train.max_steps is not None:
@@ -203,11 +230,19 @@ def run_length(config, steps_per_epoch: int | None, samples: int | None, tokens:
         return {}
     mean = mean_sample_tokens(config, samples, tokens)
     read = round(total * config.train.batch_size * config.train.grad_accumulation * mean)
-    out = dict(total_steps=total, total_steps_rule=rule, run_tokens=read, sample_tokens=round(mean, 1),
-               sample_tokens_rule="the store's mean" if tokens and samples else "data.max_length (a bound)")
+    out = dict(
+        total_steps=total,
+        total_steps_rule=rule,
+        run_tokens=read,
+        sample_tokens=round(mean, 1),
+        sample_tokens_rule="the store's mean" if tokens and samples else "data.max_length (a bound)",
+    )
     if tokens_per_s is not None:
-        out.update(tokens_per_s=tokens_per_s, run_hours=round(hours(read, tokens_per_s * gpus), 3),
-                   gpu_hours=round(hours(read, tokens_per_s), 3))
+        out.update(
+            tokens_per_s=tokens_per_s,
+            run_hours=round(hours(read, tokens_per_s * gpus), 3),
+            gpu_hours=round(hours(read, tokens_per_s), 3),
+        )
     return out
 
 
@@ -228,21 +263,38 @@ def estimate_lines(e: dict) -> list[str]:
         f"({e['sequences_per_gpu_per_step']:g} per GPU per step)",
     ]
     if "fits" in e:
-        lower = "train.batch_size, loss.chunk_rows" if e["sequences_in_flight"] > 1 else "loss.chunk_rows, model.num_anchors"
-        lines.append(f"            {'fits' if e['fits'] else 'does NOT fit'} in {e['gpu_memory_gib']:g} GiB per GPU"
-                     + ("" if e["fits"] else f" (lower {lower}, or use a larger GPU)"))
+        lower = (
+            "train.batch_size, loss.chunk_rows"
+            if e["sequences_in_flight"] > 1
+            else "loss.chunk_rows, model.num_anchors"
+        )
+        lines.append(
+            f"            {'fits' if e['fits'] else 'does NOT fit'} in {e['gpu_memory_gib']:g} GiB per GPU"
+            + ("" if e["fits"] else f" (lower {lower}, or use a larger GPU)")
+        )
     if "steps_per_epoch" in e:
-        lines.append(f"epoch       {e['steps_per_epoch']} steps over the {e['training_samples']} training samples "
-                     f"(of {e['samples']}; the rest held out)")
+        lines.append(
+            f"epoch       {e['steps_per_epoch']} steps over the {e['training_samples']} training samples "
+            f"(of {e['samples']}; the rest held out)"
+        )
     if "total_steps" in e:
-        lines.append(f"run         {e['total_steps']} steps ({e['total_steps_rule']}), {e['run_tokens']:,} tokens read "
-                     f"(samples of {e['sample_tokens']:g} tokens: {e['sample_tokens_rule']})")
-    lines.append(f"compute     {e['tflop_per_sample']:g} TFLOP per sample (forward and backward, frozen head included)"
-                 + (f"; {e['tokens_per_s']:g} tokens/s needs {e['needed_tflops']:g} TFLOP/s per GPU"
-                    if "needed_tflops" in e else ""))
+        lines.append(
+            f"run         {e['total_steps']} steps ({e['total_steps_rule']}), {e['run_tokens']:,} tokens read "
+            f"(samples of {e['sample_tokens']:g} tokens: {e['sample_tokens_rule']})"
+        )
+    lines.append(
+        f"compute     {e['tflop_per_sample']:g} TFLOP per sample (forward and backward, frozen head included)"
+        + (
+            f"; {e['tokens_per_s']:g} tokens/s needs {e['needed_tflops']:g} TFLOP/s per GPU"
+            if "needed_tflops" in e
+            else ""
+        )
+    )
     if "run_hours" in e:
-        lines.append(f"time        {e['run_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
-                     f"({e['tokens_per_s_rule']}; {e['gpu_hours']:.1f} GPU-hours)")
+        lines.append(
+            f"time        {e['run_hours']:.2f} h on {e['gpus']} GPU(s) at {e['tokens_per_s']:g} tokens/s each "
+            f"({e['tokens_per_s_rule']}; {e['gpu_hours']:.1f} GPU-hours)"
+        )
     else:
         lines.append("time        give --gpu-tflops (one GPU's dense bf16 peak, e.g. 989 for an H200) for the hours")
     return lines
@@ -255,9 +307,11 @@ def dflash2_lines(e: dict) -> list[str]:
     added = g["convolutions"] + g["selector_codebooks"] + g["selector_projection"]
     if not added:
         return []
-    return [f"DFlash 2    backbone {g['backbone']:,} + convolutions {g['convolutions']:,} + selector codebooks "
-            f"{g['selector_codebooks']:,} (2 x V x r) + selector projection {g['selector_projection']:,}; the "
-            f"additions' weights, gradients and AdamW: {gib(added * 4 * FP32)} GiB (fp32)"]
+    return [
+        f"DFlash 2    backbone {g['backbone']:,} + convolutions {g['convolutions']:,} + selector codebooks "
+        f"{g['selector_codebooks']:,} (2 x V x r) + selector projection {g['selector_projection']:,}; the "
+        f"additions' weights, gradients and AdamW: {gib(added * 4 * FP32)} GiB (fp32)"
+    ]
 
 
 def dry_run(args) -> int:
@@ -266,8 +320,15 @@ def dry_run(args) -> int:
     layers; prints the figures and their JSON as the last line."""
     if not args.target:
         raise ValueError("fit --dry-run needs --target (a directory with config.json; no weights are read)")
-    config = load_config(args.config, args.overrides, require_paths=False, store=args.store, target=args.target,
-                         out=args.out, **{"train.max_steps": args.max_steps})
+    config = load_config(
+        args.config,
+        args.overrides,
+        require_paths=False,
+        store=args.store,
+        target=args.target,
+        out=args.out,
+        **{"train.max_steps": args.max_steps},
+    )
     target = read_target_config(args.target)
     samples, tokens, layer_ids = args.samples, None, None
     if args.store:
@@ -276,8 +337,15 @@ def dry_run(args) -> int:
         samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)
     mask = resolve_mask_token(config.model.mask_token_id, args.target, target.vocab_size)
     drafter_config = fresh_drafter_config(target, mask.id, layer_ids, config.model.geometry(), log=print)
-    sizing = Sizing(gpus=args.nproc or 1, samples=samples, tokens=tokens, tokens_per_s=args.tokens_per_s,
-                    gpu_tflops=args.gpu_tflops, mfu=args.mfu, gpu_memory_gib=args.gpu_memory)
+    sizing = Sizing(
+        gpus=args.nproc or 1,
+        samples=samples,
+        tokens=tokens,
+        tokens_per_s=args.tokens_per_s,
+        gpu_tflops=args.gpu_tflops,
+        mfu=args.mfu,
+        gpu_memory_gib=args.gpu_memory,
+    )
     figures = dict(fit_estimate(config, target, drafter_config, sizing), mask_token_rule=mask.rule)
     for line in estimate_lines(figures):
         print(line)

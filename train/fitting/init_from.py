@@ -3,8 +3,8 @@
 DIR is any z-lab-format drafter directory (`config.json` with `dflash_config`
 + `model.safetensors`): a downloaded `z-lab/Qwen3.6-27B-DFlash`, a SpecForge
 output, or this trainer's export; or one of this trainer's checkpoints
-(`state.json` + `model.safetensors`), or a run directory (its newest checkpoint). The run takes the drafter's whole shape from
-it and starts from its weights, after checking that it fits the run, each
+(`state.json` + `model.safetensors`), or a run directory (its newest checkpoint). The
+run takes the drafter's whole shape from it and starts from its weights, after checking that it fits the run, each
 refusal naming the field:
 
 - `block_size` against the run's `model.block_size`;
@@ -79,42 +79,57 @@ def read_source(path: str | Path) -> StartSource:
     try:
         return StartSource(found, DrafterConfig.from_state(ckpt.read_state(found)))
     except FileNotFoundError:
-        raise FileNotFoundError(f"--init-from {path}: not a drafter directory (config.json with dflash_config and "
-                                f"{WEIGHTS}), a checkpoint or a run with one") from None
+        raise FileNotFoundError(
+            f"--init-from {path}: not a drafter directory (config.json with dflash_config and "
+            f"{WEIGHTS}), a checkpoint or a run with one"
+        ) from None
 
 
-def fine_tune_config(source: DrafterConfig, where: str, model: ModelConfig, target, store_layer_ids,
-                     mask_token_id: int) -> DrafterConfig:
+def fine_tune_config(
+    source: DrafterConfig, where: str, model: ModelConfig, target, store_layer_ids, mask_token_id: int
+) -> DrafterConfig:
     """`source` with the run's mask token, once it fits the run (module docstring);
     ConfigError naming the field otherwise. `where` names the source in messages
     ("--init-from DIR", or the checkpoint a resumed run continues)."""
     if warm_starts(source, model.architecture):  # the warm start (module docstring)
         source = warm_start_config(source, model)
     elif source.kind != kind_named(model.architecture):
-        raise ConfigError(f"config model.architecture: {model.architecture}, but {where} is a {source.architecture} "
-                          f"drafter; set model.architecture={source.architecture} to fine-tune it")
+        raise ConfigError(
+            f"config model.architecture: {model.architecture}, but {where} is a {source.architecture} "
+            f"drafter; set model.architecture={source.architecture} to fine-tune it"
+        )
     if model.block_size is not None and source.block_size != model.block_size:
-        raise ConfigError(f"config model.block_size: {model.block_size}, but {where} drafts blocks of "
-                          f"block_size {source.block_size}; set model.block_size={source.block_size}")
-    for name, wanted in (("hidden_size", target.hidden_size), ("num_target_layers", target.num_hidden_layers),
-                         ("vocab_size", target.vocab_size)):
+        raise ConfigError(
+            f"config model.block_size: {model.block_size}, but {where} drafts blocks of "
+            f"block_size {source.block_size}; set model.block_size={source.block_size}"
+        )
+    for name, wanted in (
+        ("hidden_size", target.hidden_size),
+        ("num_target_layers", target.num_hidden_layers),
+        ("vocab_size", target.vocab_size),
+    ):
         if getattr(source, name) != wanted:
             raise ConfigError(f"{where}: {name} {getattr(source, name)}, but the target and its store have {wanted}")
     missing = [layer for layer in source.context_layer_ids if layer not in store_layer_ids]
     if missing:
-        raise ConfigError(f"{where}: dflash_config.target_layer_ids {list(source.context_layer_ids)} read layers "
-                          f"{missing} the store does not hold (it holds {list(store_layer_ids)}); extract a store "
-                          f"with them: `python -m extract run ... --layers-from {where.split()[-1]}` (with other "
-                          "drafters' directories after a comma, one store serves them all)")
+        raise ConfigError(
+            f"{where}: dflash_config.target_layer_ids {list(source.context_layer_ids)} read layers "
+            f"{missing} the store does not hold (it holds {list(store_layer_ids)}); extract a store "
+            f"with them: `python -m extract run ... --layers-from {where.split()[-1]}` (with other "
+            "drafters' directories after a comma, one store serves them all)"
+        )
     if model.target_layer_ids is not None and list(model.target_layer_ids) != list(source.context_layer_ids):
-        raise ConfigError(f"config model.target_layer_ids: {list(model.target_layer_ids)}, but {where} reads "
-                          f"{list(source.context_layer_ids)} (leave it unset to take the drafter's)")
+        raise ConfigError(
+            f"config model.target_layer_ids: {list(model.target_layer_ids)}, but {where} reads "
+            f"{list(source.context_layer_ids)} (leave it unset to take the drafter's)"
+        )
     for name, given in model.geometry().items():
         theirs = getattr(source, name)
         if given is not None and _plain(given) != _plain(theirs):
             key = "causal" if name == "is_causal" else name  # the run config's spelling
-            raise ConfigError(f"config model.{key}: {given!r}, but {where} has {theirs!r} "
-                              "(leave it unset to take the drafter's)")
+            raise ConfigError(
+                f"config model.{key}: {given!r}, but {where} has {theirs!r} (leave it unset to take the drafter's)"
+            )
     return dataclasses.replace(source, mask_token_id=mask_token_id)
 
 

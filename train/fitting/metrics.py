@@ -11,8 +11,21 @@ from dataclasses import dataclass, field
 
 import torch
 
-_SCALARS = ("sequences", "tokens", "loss", "weight", "valid", "top1", "top4", "top8", "blocks", "tau",
-            "selector_valid", "recall", "selector_hits")
+_SCALARS = (
+    "sequences",
+    "tokens",
+    "loss",
+    "weight",
+    "valid",
+    "top1",
+    "top4",
+    "top8",
+    "blocks",
+    "tau",
+    "selector_valid",
+    "recall",
+    "selector_hits",
+)
 
 
 @dataclass
@@ -93,13 +106,15 @@ class MetricSums:
         """The log's means; DFlash 2 adds `recall_at_k` (label in the unary top-K) and
         `selector_acc` (teacher-forced selector right), over valid slots as `acc` is."""
         valid = max(self.valid, 1.0)
-        per_position = [
-            round(float(h / v), 6) if v > 0 else None for h, v in zip(self.slot_hits, self.slot_valid)
-        ]
-        selector = {} if self.selector_valid <= 0 else {
-            f"{prefix}recall_at_k": self.recall / self.selector_valid,
-            f"{prefix}selector_acc": self.selector_hits / self.selector_valid,
-        }
+        per_position = [round(float(h / v), 6) if v > 0 else None for h, v in zip(self.slot_hits, self.slot_valid)]
+        selector = (
+            {}
+            if self.selector_valid <= 0
+            else {
+                f"{prefix}recall_at_k": self.recall / self.selector_valid,
+                f"{prefix}selector_acc": self.selector_hits / self.selector_valid,
+            }
+        )
         return {
             f"{prefix}loss": self.loss / self.weight if self.weight > 0 else 0.0,
             f"{prefix}acc": self.top1 / valid,
@@ -129,5 +144,9 @@ class LogInterval:
         elapsed = max(time.perf_counter() - self.began, 1e-9)
         sums, waited = self.sums, self.wait_seconds() - self.waited
         self.sums = MetricSums(self.block_size)
-        return {**sums.means(), "tokens_per_s": sums.tokens / elapsed, "sequences_per_s": sums.sequences / elapsed,
-                "loader_wait_frac": waited / elapsed}
+        return {
+            **sums.means(),
+            "tokens_per_s": sums.tokens / elapsed,
+            "sequences_per_s": sums.sequences / elapsed,
+            "loader_wait_frac": waited / elapsed,
+        }

@@ -56,8 +56,10 @@ class Optimizer:
                     out[f"{names[index]}/{key}"] = value
                 else:
                     scalars[f"{names[index]}/{key}"] = value
-        groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]}
-                  for g in state["param_groups"]]
+        groups = [
+            {**{k: v for k, v in g.items() if k != "params"}, "params": [names[i] for i in g["params"]]}
+            for g in state["param_groups"]
+        ]
         return {**out, "param_groups": groups, "scalars": scalars}
 
     def load_state_dict(self, state: dict) -> None:

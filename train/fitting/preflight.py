@@ -80,14 +80,22 @@ def check_store(config: RunConfig, checks: FitChecks, log: Callable[[str], None]
     target = read_target_config(config.target)
     store = open_store(config.store)
     check_store_against_target(store, target)
-    other_target = check_target(store, config.target, allow_other_target=checks.allow_other_target,
-                                full=checks.full_weights, log=log)
+    other_target = check_target(
+        store, config.target, allow_other_target=checks.allow_other_target, full=checks.full_weights, log=log
+    )
     check_topk(store, config)
     return StoreCheck(store, target, other_target)
 
 
-def check_data(config: RunConfig, store: Store, block_size: int, checks: FitChecks, world: World,
-               device: torch.device, log: Callable[[str], None]) -> list[str]:
+def check_data(
+    config: RunConfig,
+    store: Store,
+    block_size: int,
+    checks: FitChecks,
+    world: World,
+    device: torch.device,
+    log: Callable[[str], None],
+) -> list[str]:
     """The checks after the drafter is planned: its block size against the store's plan,
     then the store's completeness, integrity and split. Returns the shards the
     integrity pass left out."""
@@ -129,9 +137,11 @@ def check_block_size(store: Store, block_size: int) -> None:
     plan = store.plan()
     planned = (plan.settings or {}).get("block_size") if plan is not None else None
     if planned is not None and block_size > int(planned):
-        raise ConfigError(f"config model.block_size: {block_size}, but {store.path} was planned for "
-                          f"block size {planned} (its plan's block_size); set model.block_size={planned} or "
-                          "re-plan the store with --block-size")
+        raise ConfigError(
+            f"config model.block_size: {block_size}, but {store.path} was planned for "
+            f"block size {planned} (its plan's block_size); set model.block_size={planned} or "
+            "re-plan the store with --block-size"
+        )
 
 
 def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) -> None:
@@ -144,15 +154,23 @@ def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) 
     if len(committed) == len(planned):
         return
     samples = sum(len(s.samples) for s in plan.shards if s.name in committed)
-    line = (f"{store.path} is incomplete: {len(committed)} of {len(planned)} planned shards committed "
-            f"({samples:,} of {plan.num_samples:,} samples)")
+    line = (
+        f"{store.path} is incomplete: {len(committed)} of {len(planned)} planned shards committed "
+        f"({samples:,} of {plan.num_samples:,} samples)"
+    )
     if checks.require_complete:
         raise ValueError(f"{line}; finish it with `python -m extract run` (--require-complete)")
     log(f"warning: {line}; training on those (--require-complete refuses)")
 
 
-def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], world: World = World(),
-                   device: torch.device | None = None, verify_first: bool = False) -> list[str]:
+def integrity_pass(
+    store: Store,
+    config: RunConfig,
+    log: Callable[[str], None],
+    world: World = World(),
+    device: torch.device | None = None,
+    verify_first: bool = False,
+) -> list[str]:
     """The start check over the committed shards, in parallel, the job's processes
     sharing them out: the damaged shards (every rank gets the same list). Refused
     naming them and the repair command, unless `data.skip_corrupt_shards` (then
@@ -160,8 +178,9 @@ def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], 
     committed = sorted(store.committed_shards())
     reread = set(committed if verify_first else reread_sample(store, committed, config, log))
     mine = committed[world.rank :: world.size]
-    local = verify_store(store, sizes_only=True, workers=config.data.loader_threads, shards=mine,
-                         reread=reread).problems
+    local = verify_store(
+        store, sizes_only=True, workers=config.data.loader_threads, shards=mine, reread=reread
+    ).problems
     hit = {p["shard"] for p in local}
     flags = any_rank(world, ["" in hit, *(name in hit for name in committed)], device or torch.device("cpu"))
     root_damage, damaged = flags[0], [name for name, bad in zip(committed, flags[1:]) if bad]
@@ -173,12 +192,16 @@ def integrity_pass(store: Store, config: RunConfig, log: Callable[[str], None], 
         log(f"fit: {len(damaged)} damaged shard(s) left out (data.skip_corrupt_shards): {names}; repair: {repair}")
         return damaged
     first = local[0] if local else None
-    where = "" if first is None else (f"shard {first['shard']}: {first['file']}: " if first["shard"] else "") + \
-        f"{first['what']}; "
+    where = (
+        ""
+        if first is None
+        else (f"shard {first['shard']}: {first['file']}: " if first["shard"] else "") + f"{first['what']}; "
+    )
     found = f"{len(damaged)} damaged shard(s) of {len(committed)}: {names}" if damaged else "a damaged store root"
     raise DamagedStoreError(
         f"{where}the integrity pass found {found}; repair with `{repair}` and rerun `python -m extract run`, "
-        f"or set data.skip_corrupt_shards=true to leave them out ({SKIP_VERIFY_FLAG} skips this check)")
+        f"or set data.skip_corrupt_shards=true to leave them out ({SKIP_VERIFY_FLAG} skips this check)"
+    )
 
 
 def reread_sample(store: Store, committed: list[str], config: RunConfig, log: Callable[[str], None]) -> list[str]:
@@ -189,9 +212,11 @@ def reread_sample(store: Store, committed: list[str], config: RunConfig, log: Ca
     count = 0 if remote else min(config.data.verify_sampled_shards, len(committed))
     sample = sorted(random.Random(config.train.seed).sample(committed, count))
     where = "as it arrives" if remote else "as the loader reads it"
-    log(f"fit: start check: commit records and file sizes of {len(committed)} committed shard(s), {len(sample)} "
+    log(
+        f"fit: start check: commit records and file sizes of {len(committed)} committed shard(s), {len(sample)} "
         f"re-read in full; every file's crc32c is checked {where}, before its samples reach a step "
-        "(--verify-first re-reads every file before step 1)")
+        "(--verify-first re-reads every file before step 1)"
+    )
     return sample
 
 
@@ -201,8 +226,9 @@ def heldout_count(store: Store, fraction: float) -> int | None:
     if plan is None:
         return None
     committed = set(store.committed_shards())
-    return sum(is_heldout(s.sample_id, fraction) for shard in plan.shards if shard.name in committed
-               for s in shard.samples)
+    return sum(
+        is_heldout(s.sample_id, fraction) for shard in plan.shards if shard.name in committed for s in shard.samples
+    )
 
 
 def check_heldout(store: Store, config: RunConfig, log: Callable[[str], None]) -> None:
@@ -214,9 +240,11 @@ def check_heldout(store: Store, config: RunConfig, log: Callable[[str], None]) -
     if count == 0:
         committed = set(store.committed_shards())
         total = sum(len(s.samples) for s in store.plan().shards if s.name in committed)
-        log(f"warning: data.heldout_fraction={fraction} holds out 0 of {total:,} samples: held-out evaluation is "
+        log(
+            f"warning: data.heldout_fraction={fraction} holds out 0 of {total:,} samples: held-out evaluation is "
             f"off for this run and `train eval` will find no held-out sample; raise data.heldout_fraction "
-            f"(e.g. {min(0.5, max(0.05, 4 / max(total, 1))):.2g})")
+            f"(e.g. {min(0.5, max(0.05, 4 / max(total, 1))):.2g})"
+        )
 
 
 def epochs_for(max_steps: int | None, epochs: int, steps_of: Callable[[int], int], log: Callable[[str], None]) -> int:
@@ -230,6 +258,8 @@ def epochs_for(max_steps: int | None, epochs: int, steps_of: Callable[[int], int
     while steps_of(needed) < max_steps and needed < max_steps:  # an epoch with a sample gives a step
         needed += 1
     if needed != epochs:
-        log(f"fit: --max-steps {max_steps} (train.max_steps) overrides train.epochs={epochs}: "
-            f"{needed} epoch(s) of {one} step(s) each")
+        log(
+            f"fit: --max-steps {max_steps} (train.max_steps) overrides train.epochs={epochs}: "
+            f"{needed} epoch(s) of {one} step(s) each"
+        )
     return needed

@@ -11,7 +11,13 @@ from __future__ import annotations
 
 from store_schema.runtime.progress import Progress, default_mode
 
-_HEADLINE = {"loss": "loss", "acc": "acc", "eval_tau": "tau", "heldout_loss": "heldout_loss", "heldout_acc": "heldout_acc"}
+_HEADLINE = {
+    "loss": "loss",
+    "acc": "acc",
+    "eval_tau": "tau",
+    "heldout_loss": "heldout_loss",
+    "heldout_acc": "heldout_acc",
+}
 
 
 def fit_progress(total_steps: int, start_step: int, interval: float, mode: str | None = None) -> Progress:

@@ -40,8 +40,9 @@ class RunWriter:
             return
         for lane, sample in slots:
             if sample is not None:
-                append_log(self.trained, {"step": step, "lane": lane, "epoch": sample.epoch,
-                                          "sample_id": sample.sample_id})
+                append_log(
+                    self.trained, {"step": step, "lane": lane, "epoch": sample.epoch, "sample_id": sample.sample_id}
+                )
 
     def close(self) -> None:
         if self.board is not None:

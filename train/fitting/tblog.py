@@ -17,8 +17,9 @@ class TensorBoardLog:
         try:  # tensorboard is an optional dependency (the `tensorboard` extra)
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("config log.tensorboard=true needs the tensorboard package: "
-                              "pip install 'dflash-cache[tensorboard]'") from None
+            raise ConfigError(
+                "config log.tensorboard=true needs the tensorboard package: pip install 'dflash-cache[tensorboard]'"
+            ) from None
         # purge_step: a resumed run's events after its checkpoint (step > start_step) are dropped,
         # as its JSONL lines are.
         self.writer = SummaryWriter(str(Path(run_dir) / TB_DIR), purge_step=start_step + 1 if start_step else None)

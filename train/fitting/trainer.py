@@ -82,7 +82,9 @@ class Trainer:
         self.total_steps = self.optimizer.total_steps
         self.step = parts.start_step
         self.epoch = self.loader.start.epoch
-        self.replica = wrap(self.drafter, self.world, self.device)  # what training steps run: DDP on more than one process
+        self.replica = wrap(
+            self.drafter, self.world, self.device
+        )  # what training steps run: DDP on more than one process
         self.store = parts.store
         self.store_info, self.run_info = parts.record["store"], parts.record["run_info"]
         self.run_dir = Path(config.out)
@@ -97,41 +99,71 @@ class Trainer:
         self.autocast = (lambda: torch.autocast("cuda", dtype=compute)) if compute != torch.float32 else nullcontext
 
     @classmethod
-    def from_config(cls, config: RunConfig, resume: bool = False, log: Callable[[str], None] = print,
-                    world: World | None = None, checks: FitChecks = FitChecks()) -> "Trainer":
+    def from_config(
+        cls,
+        config: RunConfig,
+        resume: bool = False,
+        log: Callable[[str], None] = print,
+        world: World | None = None,
+        checks: FitChecks = FitChecks(),
+    ) -> "Trainer":
         """Build a run from its config after the checks of `train.fitting.preflight`
         (`checks` relaxes them); `config` itself is left as it was. `resume`: continue
         the newest checkpoint in `config.out` (else a new run, refused over an old one)."""
         return cls.from_start(config, Checkpointer(config.out).resume_point(resume), log, world, checks)
 
     @classmethod
-    def from_start(cls, config: RunConfig, latest: Path | None, log: Callable[[str], None] = print,
-                   world: World | None = None, checks: FitChecks = FitChecks()) -> "Trainer":
+    def from_start(
+        cls,
+        config: RunConfig,
+        latest: Path | None,
+        log: Callable[[str], None] = print,
+        world: World | None = None,
+        checks: FitChecks = FitChecks(),
+    ) -> "Trainer":
         """`from_config` from the checkpoint `Checkpointer.resume_point` already chose
         (None: a new run), as `fit` resolves it before reading the config."""
         return cls(build_run(config, latest, log, world, checks))
 
     # -- one sequence ------------------------------------------------------------------------
-    def run_sequence(self, sample: TrainSample, generator: torch.Generator, noise: float | None = None,
-                     replica: torch.nn.Module | None = None):
+    def run_sequence(
+        self,
+        sample: TrainSample,
+        generator: torch.Generator,
+        noise: float | None = None,
+        replica: torch.nn.Module | None = None,
+    ):
         """dflash_step on one loader sample: (LossOutput, anchors, BlockTargets).
         `noise` overrides `loss.noise` (the held-out pass scores with 0); `replica`
         defaults to the bare drafter (training steps pass the DDP module)."""
         loss = self.config.loss if noise is None else dataclasses.replace(self.config.loss, noise=noise)
         device = self.device
         with self.autocast():
-            inputs = StepSample(sample.input_ids.to(device), sample.loss_mask.to(device),
-                                sample.context_features(device), sample.topk_ids, sample.topk_logprobs)
-            return dflash_step(replica if replica is not None else self.drafter, self.head, inputs, loss,
-                               self.config.model, generator, step=self.step)
+            inputs = StepSample(
+                sample.input_ids.to(device),
+                sample.loss_mask.to(device),
+                sample.context_features(device),
+                sample.topk_ids,
+                sample.topk_logprobs,
+            )
+            return dflash_step(
+                replica if replica is not None else self.drafter,
+                self.head,
+                inputs,
+                loss,
+                self.config.model,
+                generator,
+                step=self.step,
+            )
 
     # -- the loop ------------------------------------------------------------------------------
     def fit(self) -> dict:
         """Train until `total_steps` or the data runs out on every rank. Returns the
         last log record. Every rank runs the loop; rank 0 alone writes."""
         writer = RunWriter(self.run_dir, self.step, self.world, self.config.log)
-        progress = fit_progress(self.total_steps, self.step, self.config.train.progress_interval,
-                                default_mode(self.world.is_main))
+        progress = fit_progress(
+            self.total_steps, self.step, self.config.train.progress_interval, default_mode(self.world.is_main)
+        )
         interval = LogInterval(self.drafter.config.block_size, lambda: self.feed.wait_seconds)
         last: dict = {}
         self.drafter.train()
@@ -152,8 +184,9 @@ class Trainer:
                     interval.restart_clock()
                 if self.checkpointer.due(self.step):
                     self.save_checkpoint()
-                progress.update(1, tokens=step_sums.tokens,
-                                samples=f"{self.step * self.config.train.sequences_per_step:,}")
+                progress.update(
+                    1, tokens=step_sums.tokens, samples=f"{self.step * self.config.train.sequences_per_step:,}"
+                )
             last = {**last, **self.final_evaluation(writer)}
             if not self.checkpointer.due(self.step):
                 self.save_checkpoint()
@@ -175,7 +208,9 @@ class Trainer:
         slots = self.feed.take(self.step)
         if not self.world.distributed and all(sample is None for _, sample in slots):
             return None
-        step_sums = self.backward_step([sample for _, sample in slots], [self.feed.generators[lane] for lane, _ in slots])
+        step_sums = self.backward_step(
+            [sample for _, sample in slots], [self.feed.generators[lane] for lane, _ in slots]
+        )
         if step_sums.sequences == 0:
             return None
         writer.samples(self.step + 1, slots)
@@ -191,8 +226,14 @@ class Trainer:
         steps and at the end, evaluations every `eval.every` (rank 0); {} for none."""
         record: dict = {}
         if self.step % self.config.train.log_every == 0 or self.step == self.total_steps:
-            record = {"step": self.step, "epoch": self.epoch, "lr": lr, **interval.figures(), "grad_norm": grad_norm,
-                      "world_size": self.world.size}
+            record = {
+                "step": self.step,
+                "epoch": self.epoch,
+                "lr": lr,
+                **interval.figures(),
+                "grad_norm": grad_norm,
+                "world_size": self.world.size,
+            }
         every = self.config.eval.every
         if self.world.is_main and every and self.step % every == 0:
             record = {"step": self.step, "epoch": self.epoch, **record, **self.evaluate()}
@@ -214,12 +255,15 @@ class Trainer:
         if self.feed.skipped_shards:
             self.log(f"skipped corrupt shards (never trained on): {self.feed.skipped_shards}")
         if self.step < self.total_steps:
-            self.log(f"warning: the data ran out after step {self.step} of the {self.total_steps} planned "
-                     f"(the LR schedule was built for {self.total_steps}; {self.feed.skipped_empty} sample(s) had "
-                     "no whole block to train on)")
+            self.log(
+                f"warning: the data ran out after step {self.step} of the {self.total_steps} planned "
+                f"(the LR schedule was built for {self.total_steps}; {self.feed.skipped_empty} sample(s) had "
+                "no whole block to train on)"
+            )
 
-    def backward_step(self, samples: list[TrainSample | None], generators: list[torch.Generator] | None = None
-                      ) -> MetricSums:
+    def backward_step(
+        self, samples: list[TrainSample | None], generators: list[torch.Generator] | None = None
+    ) -> MetricSums:
         """Gradients of one optimizer step over this rank's `samples` of the
         global batch, each sequence its own forward and backward with its lane's
         generator (default: the run's). `loss.normalize="step"`: the loss is
@@ -307,7 +351,11 @@ class Trainer:
     def checkpoint_record(self) -> dict:
         """What every checkpoint says about the run, beside its parts' states."""
         return {
-            "scheduler": {"step": self.step, "total_steps": self.total_steps, "lr": self.optimizer.lr(max(self.step - 1, 0))},
+            "scheduler": {
+                "step": self.step,
+                "total_steps": self.total_steps,
+                "lr": self.optimizer.lr(max(self.step - 1, 0)),
+            },
             "epoch": self.epoch,
             "drafter_config": self.drafter.config.to_dict(),
             "config": self.config.to_dict(),

@@ -19,7 +19,9 @@ class LossConfig:
     kl_mix: float = 0.0  # weight of soft KL to the store's target top-k (0: hard CE, as DFlash trains)
     noise: float = 0.0  # uniform noise scale on the drafter's context features only (0: off)
     chunk_rows: int = 1024  # scored rows per loss chunk: peak ~ chunk_rows x vocab fp32 x 3
-    normalize: str = "step"  # "step": over all weighted labels of an optimizer step (SpecForge); "sequence": per sequence
+    normalize: str = (
+        "step"  # "step": over all weighted labels of an optimizer step (SpecForge); "sequence": per sequence
+    )
     # "dpace" (the default: ahead of "decay" for both drafters in benchmarks/drafter_bench.py):
     # D-PACE's dynamic weights, hard CE only; "decay": exp(-(k-1)/gamma)
     position_weights: str = "dpace"
@@ -36,6 +38,10 @@ class LossConfig:
         require(self.normalize in NORMALIZE, "loss.normalize", 'must be "step" or "sequence"')
         require(self.position_weights in POSITION_WEIGHTS, "loss.position_weights", 'must be "decay" or "dpace"')
         require(0.0 <= self.dpace_alpha <= 1.0, "loss.dpace_alpha", "must be in [0, 1]")
-        require(self.position_weights != "dpace" or self.kl_mix == 0.0, "loss.position_weights", "dpace (the default) is hard CE only: with loss.kl_mix > 0 set loss.position_weights=decay")
+        require(
+            self.position_weights != "dpace" or self.kl_mix == 0.0,
+            "loss.position_weights",
+            "dpace (the default) is hard CE only: with loss.kl_mix > 0 set loss.position_weights=decay",
+        )
         require(self.selector_weight >= 0.0, "loss.selector_weight", "must be >= 0")
         require(self.selector_warmup_steps >= 0, "loss.selector_warmup_steps", "must be >= 0")

@@ -161,8 +161,9 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         grad_hidden, head_weight, candidates = ctx.saved_tensors
         grad = grad_hidden * grad_loss.to(grad_hidden.dtype)
         if candidates.shape[1] and grad_unary is not None:
-            through_head = F.embedding_bag(candidates, head_weight, per_sample_weights=grad_unary.to(head_weight.dtype),
-                                           mode="sum")
+            through_head = F.embedding_bag(
+                candidates, head_weight, per_sample_weights=grad_unary.to(head_weight.dtype), mode="sum"
+            )
             grad = grad + through_head.to(grad.dtype)
         return grad, None, None, None, None
 
@@ -213,19 +214,12 @@ def dflash_loss(
     num_blocks, block_size, hidden_size = hidden.shape
     scored = targets.valid.flatten().nonzero().flatten()  # slot 0 and invalid slots cost nothing
     rows = hidden.reshape(-1, hidden_size)[scored]
-    labels = targets.labels.flatten()[scored]
-    weights = targets.weights.flatten()[scored].float()
-    topk_ids = topk_probs = None
-    if kl_mix > 0:
-        topk_ids = targets.topk_ids.flatten(0, 1)[scored]
-        probs = targets.topk_logprobs.flatten(0, 1)[scored].exp()
-        topk_probs = probs / probs.sum(1, keepdim=True).clamp_min(1e-30)  # renormalised top-k
-    reweight = dpace_reweight(targets, scored) if targets.position_weights == "dpace" else None
+    against = scored_rows(targets, scored, kl_mix)
     top_k = int(selector_top_k) if selector is not None else 0
     loss, ce, kl, row_hits, candidates, unary, row_weights = _ChunkedHeadLoss.apply(
-        rows, lm_head_weight, ScoredRows(labels, weights, topk_ids, topk_probs, float(kl_mix), reweight),
-        int(chunk_rows), top_k
+        rows, lm_head_weight, against, int(chunk_rows), top_k
     )
+    labels = against.labels
     selector_term = None
     flags = {}
     if selector is not None:
@@ -234,12 +228,32 @@ def dflash_loss(
         selector_term = picked.loss.detach()
         loss = loss + selector_weight * picked.loss
         flags = {"in_topk": picked.in_topk, "selector_hit": picked.hit}
-    per_slot = {name: slot_flags(row_flags, scored, (num_blocks, block_size)) for name, row_flags in
-                {"hits": row_hits, **flags}.items()}
-    hits = per_slot["hits"]
-    metrics = block_metrics(hits[..., 0], hits[..., 1], hits[..., 2], targets.valid,
-                            in_topk=per_slot.get("in_topk"), selector_hit=per_slot.get("selector_hit"))
+    per_slot = {
+        name: slot_flags(row_flags, scored, (num_blocks, block_size))
+        for name, row_flags in {"hits": row_hits, **flags}.items()
+    }
+    hits, extra = per_slot["hits"], {name: per_slot.get(name) for name in ("in_topk", "selector_hit")}
+    metrics = block_metrics(hits[..., 0], hits[..., 1], hits[..., 2], targets.valid, **extra)
     return LossOutput(loss=loss, ce=ce, kl=kl, metrics=metrics, selector=selector_term)
+
+
+def scored_rows(targets: BlockTargets, scored: torch.Tensor, kl_mix: float) -> ScoredRows:
+    """What the rows `scored` of `targets`' [N, B] slots are scored against: labels,
+    weights, the renormalised target top-k (kl_mix > 0), D-PACE's reweighting."""
+    topk_ids = topk_probs = None
+    if kl_mix > 0:
+        topk_ids = targets.topk_ids.flatten(0, 1)[scored]
+        probs = targets.topk_logprobs.flatten(0, 1)[scored].exp()
+        topk_probs = probs / probs.sum(1, keepdim=True).clamp_min(1e-30)  # renormalised top-k
+    reweight = dpace_reweight(targets, scored) if targets.position_weights == "dpace" else None
+    return ScoredRows(
+        targets.labels.flatten()[scored],
+        targets.weights.flatten()[scored].float(),
+        topk_ids,
+        topk_probs,
+        float(kl_mix),
+        reweight,
+    )
 
 
 def dpace_reweight(targets: BlockTargets, scored: torch.Tensor):
@@ -263,8 +277,14 @@ def slot_flags(row_flags: torch.Tensor, scored: torch.Tensor, blocks: tuple[int,
     return full.view(blocks + row_flags.shape[1:])
 
 
-def block_metrics(top1: torch.Tensor, top4: torch.Tensor, top8: torch.Tensor, valid: torch.Tensor,
-                  in_topk: torch.Tensor | None = None, selector_hit: torch.Tensor | None = None) -> dict:
+def block_metrics(
+    top1: torch.Tensor,
+    top4: torch.Tensor,
+    top8: torch.Tensor,
+    valid: torch.Tensor,
+    in_topk: torch.Tensor | None = None,
+    selector_hit: torch.Tensor | None = None,
+) -> dict:
     """Metrics from per-slot hit flags [N, B] and validity [N, B].
 
     top1/top4/top8: fraction of valid slots whose label is in the drafter's top k.
@@ -283,7 +303,9 @@ def block_metrics(top1: torch.Tensor, top4: torch.Tensor, top8: torch.Tensor, va
     correct = top1 & valid
     per_slot_valid = valid[:, 1:].sum(0).float()
     per_position = torch.where(
-        per_slot_valid > 0, correct[:, 1:].sum(0).float() / per_slot_valid.clamp_min(1), torch.full_like(per_slot_valid, math.nan)
+        per_slot_valid > 0,
+        correct[:, 1:].sum(0).float() / per_slot_valid.clamp_min(1),
+        torch.full_like(per_slot_valid, math.nan),
     )
     streak = correct[:, 1:].long().cumprod(dim=1).sum(1)
     scored_blocks = valid.any(1)

@@ -26,9 +26,7 @@ from train.objective.selector_loss import selector_weight_at
 from train.objective.targets import BlockTargets, block_targets
 
 
-def add_context_noise(
-    features: torch.Tensor, scale: float, generator: torch.Generator | None = None
-) -> torch.Tensor:
+def add_context_noise(features: torch.Tensor, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """Drafter input features plus uniform noise in [-scale, scale]. Returns a new
     tensor; `features` itself is never modified. scale 0 returns `features`.
 
@@ -40,8 +38,12 @@ def add_context_noise(
         raise ValueError(f"noise scale must be >= 0, got {scale}")
     if scale == 0:
         return features
-    noise = torch.rand(features.shape, generator=device_generator(generator, features.device),
-                       device=features.device, dtype=torch.float32)
+    noise = torch.rand(
+        features.shape,
+        generator=device_generator(generator, features.device),
+        device=features.device,
+        dtype=torch.float32,
+    )
     return (features.float() + (noise * 2 - 1) * scale).to(features.dtype)
 
 
@@ -66,9 +68,15 @@ class StepSample:
     topk_logprobs: torch.Tensor | None = None
 
 
-def dflash_step(drafter, head, sample: StepSample, loss: LossConfig, model_config: ModelConfig,
-                generator: torch.Generator | None = None,
-                step: int = 0) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
+def dflash_step(
+    drafter,
+    head,
+    sample: StepSample,
+    loss: LossConfig,
+    model_config: ModelConfig,
+    generator: torch.Generator | None = None,
+    step: int = 0,
+) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
     """Loss for one sequence. Returns (LossOutput, anchor_positions, BlockTargets).
 
     drafter: train.drafter.model.DFlashDrafter; head: train.objective.target_head.TargetHead.
@@ -83,13 +91,21 @@ def dflash_step(drafter, head, sample: StepSample, loss: LossConfig, model_confi
     (`loss.selector_weight`, ramped) and the recall@K / selector accuracy metrics."""
     block_size, input_ids = drafter.config.block_size, sample.input_ids
     anchor_positions = sample_anchors(sample.loss_mask, block_size, model_config.num_anchors, generator)
-    targets = block_targets(input_ids, sample.loss_mask, anchor_positions, block_size, loss, sample.topk_ids,
-                            sample.topk_logprobs)
+    targets = block_targets(
+        input_ids, sample.loss_mask, anchor_positions, block_size, loss, sample.topk_ids, sample.topk_logprobs
+    )
     drafter_input = add_context_noise(sample.context_features, loss.noise, generator)
     hidden = drafter(drafter_input, input_ids, anchor_positions, head.embed_tokens, attention=model_config.attention)
     bare = getattr(drafter, "module", drafter)  # the drafter under a DDP replica
     selector = bare.candidate_selector if bare.kind.has_selector else None
-    output = dflash_loss(hidden, head.lm_head.weight, targets, chunk_rows=loss.chunk_rows, kl_mix=loss.kl_mix,
-                         selector=selector, selector_top_k=bare.config.selector_top_k if selector else 0,
-                         selector_weight=selector_weight_at(step, loss.selector_weight, loss.selector_warmup_steps))
+    output = dflash_loss(
+        hidden,
+        head.lm_head.weight,
+        targets,
+        chunk_rows=loss.chunk_rows,
+        kl_mix=loss.kl_mix,
+        selector=selector,
+        selector_top_k=bare.config.selector_top_k if selector else 0,
+        selector_weight=selector_weight_at(step, loss.selector_weight, loss.selector_warmup_steps),
+    )
     return output, anchor_positions, targets

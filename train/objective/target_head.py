@@ -70,7 +70,10 @@ class TargetHead(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         else:
             if lm_head_weight.shape != embed_weight.shape:
-                raise ValueError(f"lm_head {tuple(lm_head_weight.shape)} and embed_tokens {tuple(embed_weight.shape)} differ in shape")
+                raise ValueError(
+                    f"lm_head {tuple(lm_head_weight.shape)} and embed_tokens {tuple(embed_weight.shape)} "
+                    "differ in shape"
+                )
             self.lm_head.weight = nn.Parameter(lm_head_weight)
         self.requires_grad_(False)
 
@@ -84,7 +87,9 @@ class TargetHead(nn.Module):
 
 
 def load_target_head(
-    model_dir: str | Path, dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+    model_dir: str | Path,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
     config: TargetConfig | None = None,
 ) -> TargetHead:
     """Load the target's frozen embedding and LM head from its safetensors alone.
@@ -95,7 +100,11 @@ def load_target_head(
     model_dir = Path(model_dir)
     config = config or read_target_config(model_dir)
     files = _weight_files(model_dir)
-    where = model_dir / ("model.safetensors.index.json" if (model_dir / "model.safetensors.index.json").is_file() else "model.safetensors")
+    where = model_dir / (
+        "model.safetensors.index.json"
+        if (model_dir / "model.safetensors.index.json").is_file()
+        else "model.safetensors"
+    )
 
     embed_name = next((n for n in EMBED_NAMES if n in files), None)
     if embed_name is None:
@@ -115,7 +124,8 @@ def load_target_head(
 
     if embed.shape[0] != config.vocab_size or embed.shape[1] != config.hidden_size:
         raise ValueError(
-            f"{where}: {embed_name} has shape {tuple(embed.shape)}, config says vocab {config.vocab_size} x hidden {config.hidden_size}"
+            f"{where}: {embed_name} has shape {tuple(embed.shape)}, config says vocab {config.vocab_size} "
+            f"x hidden {config.hidden_size}"
         )
     if dtype is not None:
         embed = embed.to(dtype)

@@ -65,8 +65,13 @@ class BlockTargets:
     dpace_alpha: float = 0.5
 
 
-def slot_labels(labels: str, input_ids: torch.Tensor, target_next_ids: torch.Tensor | None, safe: torch.Tensor,
-                previous: torch.Tensor) -> torch.Tensor:
+def slot_labels(
+    labels: str,
+    input_ids: torch.Tensor,
+    target_next_ids: torch.Tensor | None,
+    safe: torch.Tensor,
+    previous: torch.Tensor,
+) -> torch.Tensor:
     """Each slot's label: the sequence's token at its position (`safe`), or the
     target's prediction for it (made at the position before, `previous`;
     `target_next_ids[p]` is the target's top-1 for token p + 1)."""
@@ -77,9 +82,29 @@ def slot_labels(labels: str, input_ids: torch.Tensor, target_next_ids: torch.Ten
     raise ValueError(f'labels must be "tokens" or "target", got {labels!r}')
 
 
-def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_positions: torch.Tensor, block_size: int,
-                  loss: LossConfig, topk_ids: torch.Tensor | None = None,
-                  topk_logprobs: torch.Tensor | None = None) -> BlockTargets:
+def normalised_weights(valid: torch.Tensor, loss: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The static weight of each slot [N, B] (`BlockTargets.weights`), normalised to
+    sum 1, and their sum before normalising: decay's schedule (gamma None: the block
+    size's default) or, for D-PACE, one per valid slot."""
+    if loss.position_weights == "decay":
+        block_size = valid.shape[1]
+        gamma = default_gamma(block_size) if loss.gamma is None else loss.gamma
+        weights = slot_weights(block_size, gamma).to(valid.device)[None, :] * valid
+    else:
+        weights = valid.to(torch.float32)
+    total = weights.sum()
+    return (weights / total if total > 0 else weights), total
+
+
+def block_targets(
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    anchor_positions: torch.Tensor,
+    block_size: int,
+    loss: LossConfig,
+    topk_ids: torch.Tensor | None = None,
+    topk_logprobs: torch.Tensor | None = None,
+) -> BlockTargets:
     """Labels, validity and weights for the blocks at `anchor_positions` [N], as the
     run's `loss` section asks.
 
@@ -92,9 +117,10 @@ def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_posit
     Validity always follows the sequence: `a + k < T` and `loss_mask[a + k] == 1`."""
     if loss.position_weights not in ("decay", "dpace"):
         raise ValueError(f'position_weights must be "decay" or "dpace", got {loss.position_weights!r}')
-    if (loss.labels == "target" and topk_ids is None) or (loss.kl_mix > 0 and (topk_ids is None or topk_logprobs is None)):
+    if (loss.labels == "target" and topk_ids is None) or (
+        loss.kl_mix > 0 and (topk_ids is None or topk_logprobs is None)
+    ):
         raise ValueError("loss.labels=target / loss.kl_mix > 0 need the target's top-k of each sample")
-    gamma = default_gamma(block_size) if loss.gamma is None and loss.position_weights == "decay" else loss.gamma
     length = input_ids.shape[0]
     device = input_ids.device
     positions = anchor_positions.to(device).long()[:, None] + torch.arange(block_size, device=device)[None, :]
@@ -104,21 +130,25 @@ def block_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchor_posit
 
     valid = inside & loss_mask.to(device).bool()[safe]
     valid[:, 0] = False
-    block_labels = slot_labels(loss.labels, input_ids, topk_ids[:, 0] if loss.labels == "target" else None, safe,
-                               previous)
+    block_labels = slot_labels(
+        loss.labels, input_ids, topk_ids[:, 0] if loss.labels == "target" else None, safe, previous
+    )
 
-    if loss.position_weights == "decay":
-        weights = slot_weights(block_size, gamma).to(device)[None, :] * valid
-    else:
-        weights = valid.to(torch.float32)
-    total = weights.sum()
-    weights = weights / total if total > 0 else weights
-
+    weights, total = normalised_weights(valid, loss)
     slot_topk_ids = slot_topk_logprobs = None
     if loss.kl_mix > 0:
         slot_topk_ids = topk_ids.to(device).long()[previous]
         slot_topk_logprobs = topk_logprobs.to(device).float()[previous]
     anchor_tokens = input_ids[safe[:, :1]]
     predecessors = torch.cat([anchor_tokens, anchor_tokens, block_labels[:, 1:-1]], dim=1)[:, :block_size]
-    return BlockTargets(block_labels, valid, weights, slot_topk_ids, slot_topk_logprobs, total, predecessors,
-                        loss.position_weights, float(loss.dpace_alpha))
+    return BlockTargets(
+        block_labels,
+        valid,
+        weights,
+        slot_topk_ids,
+        slot_topk_logprobs,
+        total,
+        predecessors,
+        loss.position_weights,
+        float(loss.dpace_alpha),
+    )
