@@ -17,8 +17,9 @@ worker, checked against ``--gpu-memory``; the largest token budget that fits is 
 free memory over the per-token bytes. The job's hours are the plan's tokens over
 ``--tokens-per-s`` x ``--gpus``; writer cores per GPU are the raw bytes one GPU
 produces per second over what one core of the writer handles for the store dtype
-(`--store-dtype`; its measured rate, `StoreDtype.write_mb_s_per_core`); the job's sustained write rate is those raw bytes x ``--gpus`` (and x the store's
-compression ratio as written). With ``--gpu-tflops`` (one GPU's dense bf16 peak)
+(`--store-dtype`; its measured rate, `StoreDtype.write_mb_s_per_core`); the job's
+sustained write rate is those raw bytes x ``--gpus`` (and x the store's compression
+ratio as written). With ``--gpu-tflops`` (one GPU's dense bf16 peak)
 the rate is checked against the GPU: a forward pass costs 2 FLOPs per loaded
 weight outside the embedding per token (attention's own tokens x tokens work is
 left out, so this is a floor), and above 60 % of the peak the hours are likely

@@ -1,11 +1,11 @@
 """How a hidden-state layer is encoded on disk: the lossless chunk codec and the
 writer of a layer's one zarr shard file.
 
-Codec v2, `bytesplit` (the default for new stores). Measured on bf16 activations
-(benchmarks/store_bench.py reports it per codec): the high byte of a bf16 value
-(sign + 7 exponent bits) compresses to ~0.2-0.3 with zstd, the low byte (exponent
-LSB + 7 mantissa bits) to 0.96-1.0, and entropy-decoding the low byte costs about as
-much time as the high byte for a few percent of bytes. So each chunk's bytes are
+Codec v2, `bytesplit` (the default for new stores). On bf16 activations the high byte
+of a value (sign + 7 exponent bits) compresses well with zstd, the low byte (exponent
+LSB + 7 mantissa bits) hardly at all, and entropy-decoding the low byte costs about as
+much time as the high byte for a few percent of bytes (benchmarks/store_bench.py
+measures both per codec; the figures are in benchmarks/RESULTS.md). So each chunk's bytes are
 split by position within the element, and a byte stream is zstd-coded only where
 that saves at least `min_saving` of it; the rest is stored raw.
 
@@ -19,30 +19,28 @@ same C call (zstd + SIMD unshuffle, GIL released) as v1 chunks. The encoder's
 choice is recorded in the root's codec settings and the array's attributes.
 
 Codec v3, `channels` (the default for fp8 stores): the same chunk format, cut so
-that each stream is one channel. An e4m3 code's order-0 entropy over a whole chunk
-is ~0.82 bits per bit, and zstd-1 reaches it, but each channel's own distribution
-is narrower (~0.70 bits per bit on benchmarks/store_bench.py's states): the gain
-needs one zstd frame, hence one Huffman table, per channel. An inner chunk is
+that each stream is one channel. zstd-1 reaches an e4m3 code's order-0 entropy over a
+whole chunk, but each channel's own distribution is narrower: the gain needs one zstd
+frame, hence one Huffman table, per channel. An inner chunk is
 therefore 16 bytes wide (16 fp8 channels, 8 bf16 ones) and blosc's element is one
 row of it (typesize 16, blosc's widest split): stream j holds channel j (bf16: one
 byte of a channel) down the chunk's rows. c-blosc's SIMD unshuffle turns the
-streams back into rows; numpy or torch would have to transpose bytes, measured at
-0.15-0.6 GB/s, and a channel-major chunk through Zarr's `transpose` codec decoded
-at 0.24 GB/s per core against this layout's 0.37-0.40. zstd pays a fixed cost per frame,
-so the chunks are tall: a shard's rows split evenly into chunks of at most
-`channel_rows` (64K: a default shard is one chunk tall). Measured with c-blosc on
-store_bench's codes: 0.34 GB/s per core at 8K rows, 0.6-0.7 at 24K-50K, same ratio.
+streams back into rows; numpy or torch would have to transpose bytes, and a
+channel-major chunk through Zarr's `transpose` codec decodes slower than this layout.
+zstd pays a fixed cost per frame, so the chunks are tall: a shard's rows split evenly
+into chunks of at most `channel_rows` (64K: a default shard is one chunk tall); short
+chunks decode at about half the rate of tall ones at the same ratio.
 
 v1 (`blosc`: blosc zstd-1, byte shuffle, every stream coded) and `none` (raw) go
 through zarr-python's own encoder.
 
 Decoding (`decode_split_zstd_chunk`): c-blosc's decoder, called from the reader's
 threads, runs each chunk through a fresh context and a scratch copy of the whole
-block before unshuffling; measured here that made a bytesplit chunk decode at 0.43
-GB/s per thread, no faster than v1. The chunks this module writes (and v1's, which
-have the same one-block zstd form) are decoded here instead: each zstd stream
-straight from the file's bytes, raw streams not copied at all, and the two bytes
-of a bf16 value joined by one shift-or pass (~3x faster per thread). Any other blosc
+block before unshuffling, which made a bytesplit chunk decode no faster than v1. The
+chunks this module writes (and v1's, which have the same one-block zstd form) are
+decoded here instead: each zstd stream straight from the file's bytes, raw streams
+not copied at all, and the two bytes of a bf16 value joined by one shift-or pass
+(store_bench's decode figures per codec, benchmarks/RESULTS.md). Any other blosc
 chunk is left to c-blosc."""
 
 from __future__ import annotations

@@ -25,8 +25,8 @@ def set_torch_threads(processes: int = 1) -> int:
     """Set torch's intra-op threads to what this process can use: OMP_NUM_THREADS
     when it is set (a positive integer), else its cores shared among `processes`
     (the processes of a job on this host). torch's default, every core of the
-    machine per process, oversubscribes a loaded or shared host (measured: greedy
-    decoding 2.7 tokens/s against 202 at one thread on a busy 2-core VM).
+    machine per process, oversubscribes a loaded or shared host (greedy decoding ran
+    orders of magnitude slower than at one thread on a busy 2-core VM).
     Returns the count set."""
     import torch
 
