@@ -27,9 +27,9 @@ from .runtime.cli import (
 def cmd_info(args) -> int:
     from .codecs.encoding import CodecConfig
     from .runtime.units import human_bytes
-    from .stores import open_store
+    from .stores import backend
 
-    summary = _info_summary(open_store(args.store))
+    summary = _info_summary(backend(args.store).metadata())
     if args.json:
         print(json.dumps(summary))
         return EXIT_OK
@@ -315,7 +315,7 @@ def main(argv=None) -> int:
     from .errors import StoreError
     from .runtime.startup import preload
 
-    if args.command in ("info", "verify"):
+    if args.command == "verify":
         preload("store_schema.tools.verify")  # torch, through the reader
     return run_command(args.handler, args, refusals=(StoreError, ObjectStoreError))
 

@@ -1,17 +1,18 @@
-"""A store in a directory: the POSIX backend (`stores.backend` picks it for a path)."""
+"""A store in a directory: the POSIX backend (`stores.backend` picks it for a path).
+
+The reader, the writer and the job output import torch; this module does not, so that
+`store_schema info` (`metadata`) starts without it: each is imported where it is used."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
-from .commit.job_output import DirectoryOutput
 from .commit.lock import StoreLock
 from .layout import ROOT_RECORD
+from .metadata import StoreMetadata
 from .plan_io import read_committed_plan
-from .reader import Store
 from .tools.repair import clean_dir, repair_dir
-from .writer import StoreWriter, commit_plan, create_store_dir
 
 
 @dataclass(frozen=True)
@@ -27,28 +28,41 @@ class DirectoryBackend:
         """How workers and reports are told the store: its absolute path."""
         return str(self.location.resolve())
 
-    def open(self) -> Store:
+    def open(self):
+        from .reader import Store  # torch: see the module docstring
+
         return Store(self.location)
 
-    def open_existing(self) -> Store | None:
+    def metadata(self) -> StoreMetadata:
+        return StoreMetadata(self.location)
+
+    def open_existing(self):
         return self.open() if (self.location / ROOT_RECORD).is_file() else None
 
-    def create(self, fingerprint, codec=None, overwrite: bool = False, keep_plan: bool = False) -> StoreWriter:
+    def create(self, fingerprint, codec=None, overwrite: bool = False, keep_plan: bool = False):
+        from .writer import create_store_dir  # torch, as the reader
+
         return create_store_dir(self.location, fingerprint, codec, overwrite=overwrite, keep_plan=keep_plan)
 
-    def writer(self, spool_dir=None, spool_bytes: int | None = None, log=None) -> StoreWriter:
+    def writer(self, spool_dir=None, spool_bytes: int | None = None, log=None):
+        from .writer import StoreWriter  # torch, as the reader
+
         return StoreWriter(self.location)  # written in place: no spool
 
     def read_plan(self):
         return read_committed_plan(self.location) if self.location.is_dir() else None
 
     def commit_plan(self, plan) -> None:
+        from .writer import commit_plan  # torch, as the reader
+
         commit_plan(self.location, plan)
 
     def lock(self, job: str, log=None) -> StoreLock:
         return StoreLock(self.location, job=job)
 
-    def job_output(self) -> DirectoryOutput:
+    def job_output(self):
+        from .commit.job_output import DirectoryOutput  # torch, through the writer
+
         return DirectoryOutput(self.location)
 
     def repair(self, report):

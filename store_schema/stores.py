@@ -33,6 +33,10 @@ class StoreBackend(Protocol):
     def open(self):
         """The reader (`reader.Store`, or `objstore.reader.BucketStore`)."""
 
+    def metadata(self):
+        """What the store holds, without its states (`metadata.StoreMetadata`: no torch for
+        a directory; a bucket's reader)."""
+
     def open_existing(self):
         """The reader of a store whose root exists (a job to resume), else None."""
 

@@ -33,6 +33,9 @@ class BucketBackend:
     def open(self) -> BucketStore:
         return BucketStore(self.location)
 
+    def metadata(self) -> BucketStore:
+        return self.open()  # a bucket's reader is its metadata too
+
     def open_existing(self) -> BucketStore | None:
         return self.open() if Bucket(self.location).exists(ROOT_RECORD) else None
 

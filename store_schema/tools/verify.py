@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import layer_stats, layout
+from ..codecs.shard_codec import CorruptShardError
 from ..commit.journal import entry_key
 from ..commit.records import RecordError, file_mismatch, size_mismatch
 from ..dtypes import nonfinite_rows
 from ..plan import is_safe_id
-from ..reader import CorruptShardError, Store, as_bits
+from ..reader import Store, as_bits
 from ..runtime.crc32c import crc32c_bytes
 from ..runtime.host import available_cores
 from ..stores import open_store

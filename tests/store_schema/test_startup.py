@@ -5,6 +5,7 @@ once, so that the exit's collections skip it."""
 from __future__ import annotations
 
 import gc
+import json
 import subprocess
 import sys
 
@@ -53,3 +54,19 @@ def test_a_process_that_preloads_is_frozen_once_at_its_exit():
     assert done.returncode == 0, done.stderr
     # two exit handlers: the check and one freeze, however many preloads
     assert done.stdout.split() == ["before", "exit", "0", "frozen", "True", "handlers", "2"]
+
+
+def test_info_reads_a_directory_store_without_importing_torch(tmp_path):
+    """Issue 47.4: `store_schema info` is metadata only (`store_schema.metadata`); torch's
+    import was most of its time on a store of any size."""
+    import builders
+
+    builders.random_store(tmp_path / "store", num_shards=2)
+    probe = ("import json, sys; from store_schema.__main__ import main; code = main(['info', sys.argv[1], '--json']);"
+             " print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}))")
+    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "store")], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.strip().splitlines()
+    assert json.loads(lines[-1]) == {"code": 0, "torch": False}
+    assert json.loads(lines[0])["shards"] == 2
