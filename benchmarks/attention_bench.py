@@ -10,7 +10,8 @@ hidden-256 target at the default geometry (2 heads x 128, 2 KV heads, 5 layers
 [sliding x4, full], window 2048), T tokens, N anchors x 16. This 2-core machine is
 shared: the two paths alternate, each keeps its best of R rounds, and the figure is
 their ratio. One torch thread by default: with other jobs on the cores, two OpenMP
-threads stall on each other and the times swing several-fold. Appends a section to benchmarks/RESULTS.md and prints one JSON line last.
+threads stall on each other and the times swing several-fold. Appends a section to
+benchmarks/RESULTS.md and prints one JSON line last.
 """
 
 from __future__ import annotations
@@ -34,9 +35,18 @@ def build_drafter():
     from store_schema.runtime.target_config import TargetConfig
     from train.drafter.model import DFlashDrafter, DrafterConfig
 
-    target = TargetConfig(hidden_size=HIDDEN, vocab_size=VOCAB, num_hidden_layers=8, num_attention_heads=8,
-                          num_key_value_heads=4, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e6,
-                          intermediate_size=3 * HIDDEN, tie_word_embeddings=False)
+    target = TargetConfig(
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        intermediate_size=3 * HIDDEN,
+        tie_word_embeddings=False,
+    )
     config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3, 5], architecture="dflash")
     torch.manual_seed(0)
     return DFlashDrafter(config), torch.nn.Embedding(VOCAB, HIDDEN).requires_grad_(False)
@@ -96,12 +106,16 @@ def main() -> None:
         "smoke": args.smoke,
     }
     rows = [
-        (f"split vs sdpa, T={r['tokens']}, {r['anchors']} anchors (fwd+bwd s)", "> 1",
-         f"{r['speedup']}x ({r['sdpa_s']} / {r['split_s']} s; max abs diff {r['max_abs_diff']:.1e})")
+        (
+            f"split vs sdpa, T={r['tokens']}, {r['anchors']} anchors (fwd+bwd s)",
+            "> 1",
+            f"{r['speedup']}x ({r['sdpa_s']} / {r['split_s']} s; max abs diff {r['max_abs_diff']:.1e})",
+        )
         for r in results
     ]
-    append_results(f"attention_bench{' --quick' if args.quick else ''}: hidden {HIDDEN}, 5 layers", rows, figures,
-                   smoke=args.smoke)
+    append_results(
+        f"attention_bench{' --quick' if args.quick else ''}: hidden {HIDDEN}, 5 layers", rows, figures, smoke=args.smoke
+    )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,12 @@ def optimizer_for(method: str, params):
 
 
 def state_bytes(optimizer) -> int:
-    return sum(t.numel() * t.element_size() for state in optimizer.state.values()
-               for t in state.values() if torch.is_tensor(t) and t.dim() > 0)
+    return sum(
+        t.numel() * t.element_size()
+        for state in optimizer.state.values()
+        for t in state.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )
 
 
 def measure(method: str, vocab: int, rank: int, rows: int, top_k: int, steps: int, seed: int = 0) -> dict:
@@ -127,9 +131,26 @@ def loss_peaks(args) -> list[dict]:
     results = []
     for variant in ("plain", "selector"):
         child = subprocess.run(
-            [sys.executable, __file__, "--loss-child", variant, "--vocab", str(args.vocab), "--rank", str(args.rank),
-             "--anchors", str(args.anchors), "--top-k", str(args.top_k), "--chunk-rows", str(args.chunk_rows)],
-            capture_output=True, text=True, check=True)
+            [
+                sys.executable,
+                __file__,
+                "--loss-child",
+                variant,
+                "--vocab",
+                str(args.vocab),
+                "--rank",
+                str(args.rank),
+                "--anchors",
+                str(args.anchors),
+                "--top-k",
+                str(args.top_k),
+                "--chunk-rows",
+                str(args.chunk_rows),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         results.append(json.loads(child.stdout.strip().splitlines()[-1]))
     return results
 
@@ -137,13 +158,22 @@ def loss_peaks(args) -> list[dict]:
 def selector_memory(args) -> int:
     plain, with_selector = loss_peaks(args)
     rows = plain["rows"]
-    summary = {"rows": rows, "plain_peak_bytes": plain["peak_bytes"], "selector_peak_bytes": with_selector["peak_bytes"],
-               "rows_x_vocab_fp32_bytes": rows * args.vocab * 4}
+    summary = {
+        "rows": rows,
+        "plain_peak_bytes": plain["peak_bytes"],
+        "selector_peak_bytes": with_selector["peak_bytes"],
+        "rows_x_vocab_fp32_bytes": rows * args.vocab * 4,
+    }
     mib = 2**20
-    table = [(f"loss fwd + bwd peak extra RSS, V {args.vocab}, {rows} rows, chunk {args.chunk_rows}: plain / "
-              f"+ selector (K {args.top_k}, r {args.rank})", "selector adds ~ rows x K x r, not rows x V",
-              f"{plain['peak_bytes'] / mib:.0f} / {with_selector['peak_bytes'] / mib:.0f} MiB "
-              f"(one [rows, V] fp32 tensor: {rows * args.vocab * 4 / mib:.0f} MiB)")]
+    table = [
+        (
+            f"loss fwd + bwd peak extra RSS, V {args.vocab}, {rows} rows, chunk {args.chunk_rows}: plain / "
+            f"+ selector (K {args.top_k}, r {args.rank})",
+            "selector adds ~ rows x K x r, not rows x V",
+            f"{plain['peak_bytes'] / mib:.0f} / {with_selector['peak_bytes'] / mib:.0f} MiB "
+            f"(one [rows, V] fp32 tensor: {rows * args.vocab * 4 / mib:.0f} MiB)",
+        )
+    ]
     append_results("DFlash 2 selector loss memory (codebook_optim_bench --selector-memory)", table, summary)
     return 0
 
@@ -155,16 +185,22 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=512 * 15, help="scored rows of one sequence")
     parser.add_argument("--top-k", type=int, default=16)
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--quick", "--smoke", dest="quick", action="store_true",
-                        help="tiny sizes: a smoke run, nothing appended")
+    parser.add_argument(
+        "--quick", "--smoke", dest="quick", action="store_true", help="tiny sizes: a smoke run, nothing appended"
+    )
     parser.add_argument("--selector-memory", action="store_true", help="the loss's peak memory with / without selector")
-    parser.add_argument("--anchors", type=int, default=128, help="--selector-memory: anchors of the 3072-token sequence")
+    parser.add_argument(
+        "--anchors", type=int, default=128, help="--selector-memory: anchors of the 3072-token sequence"
+    )
     parser.add_argument("--chunk-rows", type=int, default=256, help="--selector-memory: the loss's chunk_rows")
     parser.add_argument("--loss-child", choices=("plain", "selector"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.loss_child:
-        print(json.dumps(loss_peak_child(args.loss_child, args.vocab, args.rank, args.anchors, args.top_k,
-                                         args.chunk_rows)))
+        print(
+            json.dumps(
+                loss_peak_child(args.loss_child, args.vocab, args.rank, args.anchors, args.top_k, args.chunk_rows)
+            )
+        )
         return 0
     if args.selector_memory:
         return selector_memory(args)
@@ -181,12 +217,21 @@ def main(argv=None) -> int:
         print(json.dumps(summary))
         return 0
     rows = [
-        (f"{m}: backward + step s / codebook [{args.vocab}, {args.rank}]", "-",
-         f"{by_method[m]['backward_s']:.3f} + {by_method[m]['step_s']:.3f}; state "
-         f"{by_method[m]['state_bytes'] / 2**20:.0f} MiB") for m in METHODS
+        (
+            f"{m}: backward + step s / codebook [{args.vocab}, {args.rank}]",
+            "-",
+            f"{by_method[m]['backward_s']:.3f} + {by_method[m]['step_s']:.3f}; state "
+            f"{by_method[m]['state_bytes'] / 2**20:.0f} MiB",
+        )
+        for m in METHODS
     ]
-    rows.append(("ids per step / distinct rows touched", "-",
-                 f"{results[0]['ids_per_step']} / {results[0]['distinct_rows']} (uniform ids)"))
+    rows.append(
+        (
+            "ids per step / distinct rows touched",
+            "-",
+            f"{results[0]['ids_per_step']} / {results[0]['distinct_rows']} (uniform ids)",
+        )
+    )
     append_results("DFlash 2 codebook optimizer step (codebook_optim_bench)", rows, summary)
     return 0
 

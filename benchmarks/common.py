@@ -24,8 +24,16 @@ def tiny_target(path: Path, hidden: int, vocab: int, layers: int) -> Path:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=128, tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=128,
+        tie_word_embeddings=False,
+    )
     Qwen3ForCausalLM(config).save_pretrained(str(path))
     return path
 
@@ -59,11 +67,19 @@ def loopback_s3():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    variables = {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                 "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true"}
+    variables = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
     saved = {name: os.environ.get(name) for name in variables}
     os.environ.update(variables)
     try:
@@ -139,4 +155,3 @@ def append_results(title: str, rows: list[tuple[str, str, str]], figures: dict, 
             f.write("# Benchmark results\n")
         f.write("\n".join(lines))
     print(json.dumps(figures))
-

@@ -71,8 +71,16 @@ SMOKE_VARIANTS = ("dflash_decay", "dflash2_warm")
 EVAL_SAMPLES, EVAL_BLOCKS = 16, 64  # `eval`: held-out samples, blocks rolled out per sample (CPU minutes)
 GOAL_RATIO = 1.05  # DFlash 2's decode tau over DFlash's, equal steps
 # --smoke: a tiny target pretrained 2 steps, 12 records of 16 new tokens, 3 drafter steps, 1 prompt
-SMOKE_TARGET = dict(vocab_size=512, hidden_size=64, num_layers=6, num_heads=2, head_dim=32, pretrain_steps=2,
-                    pretrain_seq=64, pretrain_batch=2)
+SMOKE_TARGET = dict(
+    vocab_size=512,
+    hidden_size=64,
+    num_layers=6,
+    num_heads=2,
+    head_dim=32,
+    pretrain_steps=2,
+    pretrain_seq=64,
+    pretrain_batch=2,
+)
 SMOKE = dict(records=12, new_tokens=16, steps=3, prompts=1, seeds=[0], workers=1)
 
 
@@ -80,8 +88,12 @@ def fit_settings(steps: int) -> list[str]:
     """The demo's recipe, one evaluation at the end (held-out recall@K / selector
     accuracy of the final model), checkpoints only at the end."""
     every = max(1, min(steps, 5))
-    return [*demo.DRAFTER_SETTINGS, f"train.log_every={every}", f"eval.every={steps}",
-            f"train.checkpoint_every={steps}"]
+    return [
+        *demo.DRAFTER_SETTINGS,
+        f"train.log_every={every}",
+        f"eval.every={steps}",
+        f"train.checkpoint_every={steps}",
+    ]
 
 
 def train_one(work: Path, paths: dict, name: str, seed: int, steps: int, prompts: int, new_tokens: int) -> dict:
@@ -94,21 +106,80 @@ def train_one(work: Path, paths: dict, name: str, seed: int, steps: int, prompts
         for stale in (run_dir, drafter):
             shutil.rmtree(stale, ignore_errors=True)
         start = ["--init-from", work / f"bench-run-{warm_from}-seed{seed}"] if warm_from else []
-        run(["-m", "train", "fit", "--store", paths["store"], "--target", paths["target"], "--out", run_dir,
-             "--max-steps", steps, *start, *[x for s in settings for x in ("--set", s)]], capture_json=False)
+        run(
+            [
+                "-m",
+                "train",
+                "fit",
+                "--store",
+                paths["store"],
+                "--target",
+                paths["target"],
+                "--out",
+                run_dir,
+                "--max-steps",
+                steps,
+                *start,
+                *[x for s in settings for x in ("--set", s)],
+            ],
+            capture_json=False,
+        )
     fit_s = time.time() - started
     run(["-m", "train", "export", run_dir, "--out", drafter])
-    evaluated = run(["-m", "train", "eval", "--store", paths["store"], "--drafter", drafter, "--target",
-                     paths["target"], "--ddtree-budgets", "8", "--max-samples", EVAL_SAMPLES,
-                     "--max-blocks-per-sample", min(new_tokens, EVAL_BLOCKS), "--json"])
-    decoded = run(["-m", "train", "speculate", "--drafter", drafter, "--target", paths["target"], "--store",
-                   paths["store"], "--limit", prompts, "--max-new-tokens", new_tokens, "--json"], allow=(0, 1))
+    evaluated = run(
+        [
+            "-m",
+            "train",
+            "eval",
+            "--store",
+            paths["store"],
+            "--drafter",
+            drafter,
+            "--target",
+            paths["target"],
+            "--ddtree-budgets",
+            "8",
+            "--max-samples",
+            EVAL_SAMPLES,
+            "--max-blocks-per-sample",
+            min(new_tokens, EVAL_BLOCKS),
+            "--json",
+        ]
+    )
+    decoded = run(
+        [
+            "-m",
+            "train",
+            "speculate",
+            "--drafter",
+            drafter,
+            "--target",
+            paths["target"],
+            "--store",
+            paths["store"],
+            "--limit",
+            prompts,
+            "--max-new-tokens",
+            new_tokens,
+            "--json",
+        ],
+        allow=(0, 1),
+    )
     log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines() if line.strip()]
-    return {"variant": name, "seed": seed, "decode_tau": decoded.get("tau"), "lossless": decoded.get("lossless"),
-            "offline_tau": evaluated.get("tau"), "offline_tau_unary": evaluated.get("tau_unary"),
-            "offline_per_position_acc": evaluated.get("per_position_acc"),
-            "per_position_acceptance": acceptance_per_position(decoded), "parameters": exported_parameters(drafter),
-            "step_s": step_seconds(log), "fit_wall_s": round(fit_s, 1), **selector_figures(log)}
+    return {
+        "variant": name,
+        "seed": seed,
+        "decode_tau": decoded.get("tau"),
+        "lossless": decoded.get("lossless"),
+        "offline_tau": evaluated.get("tau"),
+        "offline_tau_unary": evaluated.get("tau_unary"),
+        "offline_per_position_acc": evaluated.get("per_position_acc"),
+        "per_position_acceptance": acceptance_per_position(decoded),
+        "parameters": exported_parameters(drafter),
+        "step_s": step_seconds(log),
+        "fit_wall_s": round(fit_s, 1),
+        **selector_figures(log),
+    }
 
 
 def finished(run_dir: Path, steps: int, settings: list[str]) -> bool:
@@ -185,8 +256,10 @@ def summarize(results: list[dict], seeds: list[int]) -> dict:
             "step_s": mean([r["step_s"] for r in rows]),
             "per_position_acceptance": [mean([p[k] if k < len(p) else 0.0 for p in per_slot]) for k in range(width)],
             "offline_per_position_acc": [mean(list(v)) for v in zip(*[r["offline_per_position_acc"] for r in rows])],
-            **{key: mean([r[key] for r in rows]) for key in
-               ("heldout_recall_at_k", "heldout_selector_acc", "recall_at_k", "selector_acc", "heldout_acc")},
+            **{
+                key: mean([r[key] for r in rows])
+                for key in ("heldout_recall_at_k", "heldout_selector_acc", "recall_at_k", "selector_acc", "heldout_acc")
+            },
         }
 
     def ratio(a: str, b: str) -> float | None:
@@ -195,14 +268,16 @@ def summarize(results: list[dict], seeds: list[int]) -> dict:
         x, y = variants[a]["decode_tau"], variants[b]["decode_tau"]
         return round(x / y, 4) if x and y else None
 
-    figures = {"variants": variants,
-               **{f"decode_tau_{name}": v["decode_tau"] for name, v in variants.items()},
-               **{f"offline_tau_{name}": v["offline_tau"] for name, v in variants.items()},
-               "dflash2_vs_dflash_decode_tau": ratio("dflash2_decay", "dflash_decay"),
-               "dflash2_warm_vs_dflash_decode_tau": ratio("dflash2_warm", "dflash_decay"),
-               "dpace_vs_decay_decode_tau": ratio("dflash_dpace", "dflash_decay"),
-               "dflash2_dpace_vs_decay_decode_tau": ratio("dflash2_dpace", "dflash2_decay"),
-               "seeds": seeds}
+    figures = {
+        "variants": variants,
+        **{f"decode_tau_{name}": v["decode_tau"] for name, v in variants.items()},
+        **{f"offline_tau_{name}": v["offline_tau"] for name, v in variants.items()},
+        "dflash2_vs_dflash_decode_tau": ratio("dflash2_decay", "dflash_decay"),
+        "dflash2_warm_vs_dflash_decode_tau": ratio("dflash2_warm", "dflash_decay"),
+        "dpace_vs_decay_decode_tau": ratio("dflash_dpace", "dflash_decay"),
+        "dflash2_dpace_vs_decay_decode_tau": ratio("dflash2_dpace", "dflash2_decay"),
+        "seeds": seeds,
+    }
     measured = figures["dflash2_vs_dflash_decode_tau"]
     figures["goal_met"] = None if measured is None else measured >= GOAL_RATIO
     return figures
@@ -210,23 +285,38 @@ def summarize(results: list[dict], seeds: list[int]) -> dict:
 
 def table(figures: dict) -> list[tuple[str, str, str]]:
     """(variant, goal, measured) rows for RESULTS.md and stderr."""
+
     def fmt(value, digits=2):
         return "n/a" if value is None else f"{value:.{digits}f}"
 
     rows = []
     for name, v in figures["variants"].items():
         seeds = ", ".join(fmt(x) for x in v["decode_tau_seeds"])
-        selector = (f"; offline tau along the argmax chain {fmt(v['offline_tau_unary'])}; held-out recall@K "
-                    f"{fmt(v['heldout_recall_at_k'], 3)}, selector acc {fmt(v['heldout_selector_acc'], 3)}"
-                    if v["heldout_recall_at_k"] is not None else "")
-        rows.append((name, "-", f"decode tau {fmt(v['decode_tau'])} (seeds {seeds}; lossless "
-                                f"{'yes' if v['lossless'] else 'NO'}), offline tau {fmt(v['offline_tau'])}, "
-                                f"{v['parameters']:,} parameters, {fmt(v['step_s'], 3)} s/step, held-out top-1 "
-                                f"{fmt(v['heldout_acc'], 3)}{selector}; accepted per slot "
-                                f"{[fmt(x) for x in v['per_position_acceptance'][:8]]}"))
-    rows.append(("dflash2_decay / dflash_decay decode tau", f">= {GOAL_RATIO}",
-                 f"{fmt(figures['dflash2_vs_dflash_decode_tau'], 3)}"
-                 + {True: " (met)", False: " (not met)", None: ""}[figures["goal_met"]]))
+        selector = (
+            f"; offline tau along the argmax chain {fmt(v['offline_tau_unary'])}; held-out recall@K "
+            f"{fmt(v['heldout_recall_at_k'], 3)}, selector acc {fmt(v['heldout_selector_acc'], 3)}"
+            if v["heldout_recall_at_k"] is not None
+            else ""
+        )
+        rows.append(
+            (
+                name,
+                "-",
+                f"decode tau {fmt(v['decode_tau'])} (seeds {seeds}; lossless "
+                f"{'yes' if v['lossless'] else 'NO'}), offline tau {fmt(v['offline_tau'])}, "
+                f"{v['parameters']:,} parameters, {fmt(v['step_s'], 3)} s/step, held-out top-1 "
+                f"{fmt(v['heldout_acc'], 3)}{selector}; accepted per slot "
+                f"{[fmt(x) for x in v['per_position_acceptance'][:8]]}",
+            )
+        )
+    rows.append(
+        (
+            "dflash2_decay / dflash_decay decode tau",
+            f">= {GOAL_RATIO}",
+            f"{fmt(figures['dflash2_vs_dflash_decode_tau'], 3)}"
+            + {True: " (met)", False: " (not met)", None: ""}[figures["goal_met"]],
+        )
+    )
     rows.append(("dflash2_warm / dflash_decay decode tau", "-", fmt(figures["dflash2_warm_vs_dflash_decode_tau"], 3)))
     rows.append(("dflash_dpace / dflash_decay decode tau", "-", fmt(figures["dpace_vs_decay_decode_tau"], 3)))
     rows.append(("dflash2_dpace / dflash2_decay decode tau", "-", fmt(figures["dflash2_dpace_vs_decay_decode_tau"], 3)))
@@ -244,16 +334,22 @@ def chosen_variants(names) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", help="the demo's directory: its target and store are reused, built when absent "
-                                           "(default demo_out/; with --smoke a temporary directory)")
+    parser.add_argument(
+        "--workdir",
+        help="the demo's directory: its target and store are reused, built when absent "
+        "(default demo_out/; with --smoke a temporary directory)",
+    )
     parser.add_argument("--steps", type=int, default=demo.TRAIN_STEPS, help="optimizer steps of every variant")
     parser.add_argument("--seeds", default="0,1", help="training seeds, comma-separated (default 0,1)")
     parser.add_argument("--prompts", type=int, default=16, help="held-out prompts speculate decodes (default 16)")
     parser.add_argument("--new-tokens", type=int, default=128, help="tokens per reply (default 128, the demo's)")
     parser.add_argument("--jobs", type=int, default=1, help="seeds trained side by side (default 1)")
-    parser.add_argument("--variants", default=",".join(VARIANTS),
-                        help="variants to train, comma-separated (default all: %(default)s); a warm start's base "
-                             "variant is trained too")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS),
+        help="variants to train, comma-separated (default all: %(default)s); a warm start's base "
+        "variant is trained too",
+    )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="300 steps, seed 0, 8 prompts")
     mode.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
@@ -265,7 +361,8 @@ def main() -> None:
     records, target_settings, workers = demo.RECORDS, None, 2
     if args.smoke:
         records, args.new_tokens, args.steps, args.prompts, seeds, workers = (
-            SMOKE[k] for k in ("records", "new_tokens", "steps", "prompts", "seeds", "workers"))
+            SMOKE[k] for k in ("records", "new_tokens", "steps", "prompts", "seeds", "workers")
+        )
         target_settings = SMOKE_TARGET
     work = Path(args.workdir or (tempfile.mkdtemp(prefix="drafter_bench_") if args.smoke else REPO / "demo_out"))
     work.mkdir(parents=True, exist_ok=True)
@@ -280,15 +377,24 @@ def main() -> None:
 
     with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = [row for rows in pool.map(chain, seeds) for row in rows]
-    figures = {**summarize(results, seeds), "steps": args.steps, "prompts": args.prompts, "new_tokens": args.new_tokens,
-               "jobs": args.jobs, "wall_s": round(time.time() - started, 1), "machine": machine(),
-               "load_avg": round(os.getloadavg()[0], 2), "smoke": args.smoke}
+    figures = {
+        **summarize(results, seeds),
+        "steps": args.steps,
+        "prompts": args.prompts,
+        "new_tokens": args.new_tokens,
+        "jobs": args.jobs,
+        "wall_s": round(time.time() - started, 1),
+        "machine": machine(),
+        "load_avg": round(os.getloadavg()[0], 2),
+        "smoke": args.smoke,
+    }
     rows = table(figures)
     width = max(len(name) for name, _, _ in rows)
     for name, goal, measured in rows:
         print(f"{name:<{width}}  {goal:>7}  {measured}", file=sys.stderr)
-    append_results(f"drafter_bench: DFlash vs DFlash 2, {args.steps} steps x seeds {args.seeds}", rows, figures,
-                   smoke=args.smoke)
+    append_results(
+        f"drafter_bench: DFlash vs DFlash 2, {args.steps} steps x seeds {args.seeds}", rows, figures, smoke=args.smoke
+    )
 
 
 if __name__ == "__main__":

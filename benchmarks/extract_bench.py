@@ -98,11 +98,12 @@ def forward_only(config, store: Path, workers: int = 1) -> dict:
         ray.get([actor.info.remote() for actor in actors])  # started and warmed up, off the clock
         groups = batch_groups([s.name for s in plan.shards], config.batch_shards)
         start_at = time.time() + 3.0
-        results = ray.get(
-            [actor.forward_only.remote(groups[i::workers], start_at) for i, actor in enumerate(actors)]
-        )
-        return {"seconds": max(r.seconds for r in results), "tokens": sum(r.tokens for r in results),
-                "padded_tokens": sum(r.padded_tokens for r in results)}
+        results = ray.get([actor.forward_only.remote(groups[i::workers], start_at) for i, actor in enumerate(actors)])
+        return {
+            "seconds": max(r.seconds for r in results),
+            "tokens": sum(r.tokens for r in results),
+            "padded_tokens": sum(r.padded_tokens for r in results),
+        }
     finally:
         for actor in actors:
             ray.kill(actor)
@@ -136,8 +137,12 @@ def main() -> int:
             planning = plan_figures(root, plan_records)
         finally:
             shutil.rmtree(root, ignore_errors=True)
-        append_results(f"extract_bench (plan only): {planning['plan_records']} agentic records, Qwen3.6 vocabulary",
-                       plan_rows(planning), planning, smoke=args.smoke)
+        append_results(
+            f"extract_bench (plan only): {planning['plan_records']} agentic records, Qwen3.6 vocabulary",
+            plan_rows(planning),
+            planning,
+            smoke=args.smoke,
+        )
         return 0
 
     import ray
@@ -160,8 +165,12 @@ def main() -> int:
 
         def config(store: str, workers: int) -> JobConfig:
             return JobConfig(
-                model=str(model), corpus=str(corpus), store=str(root / store), num_context_layers=CONTEXT_LAYERS,
-                plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=BATCH_TOKENS,
+                model=str(model),
+                corpus=str(corpus),
+                store=str(root / store),
+                num_context_layers=CONTEXT_LAYERS,
+                plan_settings=PlanSettings(shard_tokens=shard_tokens),
+                batch_tokens=BATCH_TOKENS,
                 execution=Execution(workers=workers, device="cpu", cpus_per_worker=1),
             )
 
@@ -213,8 +222,11 @@ def main() -> int:
         f"extract_bench ({mode}): {one['tokens']} tokens, {one['shards']} shards, Qwen3.5 hybrid "
         f"hidden {HIDDEN} x {LAYERS} layers, CPU workers with 1 torch thread",
         [
-            ("padded_token_ratio (computed / real tokens, batch groups of "
-             f"{one['batch_shards']} shards)", "-", f"{one['padded_token_ratio']:.3f}"),
+            (
+                f"padded_token_ratio (computed / real tokens, batch groups of {one['batch_shards']} shards)",
+                "-",
+                f"{one['padded_token_ratio']:.3f}",
+            ),
             ("padded_token_ratio batching each shard alone (before)", "-", f"{per_shard:.3f}"),
             ("overhead_ratio (extract / forward-only, 1 worker)", "<= 1.05", f"{overhead:.3f}"),
             ("scaling_2v1 (tokens/s, 2 workers / 1)", ">= 1.8", f"{scaling:.3f}"),
@@ -222,8 +234,11 @@ def main() -> int:
             ("scaling efficiency (scaling_2v1 / ceiling)", "-", f"{scaling / ceiling:.3f}"),
             ("forward-only tokens/s (1 worker)", "-", f"{forward_tps:.0f}"),
             ("extract tokens/s (1 / 2 workers)", "-", f"{one['tokens_per_s']:.0f} / {two['tokens_per_s']:.0f}"),
-            ("extract MB/s on disk (1 / 2 workers)", "-",
-             f"{one['bytes_per_s'] / 1e6:.2f} / {two['bytes_per_s'] / 1e6:.2f}"),
+            (
+                "extract MB/s on disk (1 / 2 workers)",
+                "-",
+                f"{one['bytes_per_s'] / 1e6:.2f} / {two['bytes_per_s'] / 1e6:.2f}",
+            ),
             ("excluded from both sides", "-", "Ray start, actor start, model load, warm-up forward"),
             ("load average before (1/5/15 min)", "-", " ".join(map(str, load_before))),
             *plan_rows(planning),

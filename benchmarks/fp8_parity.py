@@ -45,10 +45,29 @@ from demo import run  # noqa: E402  the demo's runner: a project command, its ou
 
 from benchmarks.common import SMOKE_HELP, append_results  # noqa: E402
 
-TARGET = dict(architecture="qwen3", vocab_size=1024, hidden_size=128, num_layers=6, num_heads=4, head_dim=32,
-              pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0)
-DRAFTER = ["model.num_layers=2", "model.num_anchors=64", "data.max_length=512", "data.heldout_fraction=0.05",
-           "optim.lr=2e-3", "train.log_every=50", "eval.every=0", "train.checkpoint_every=100000", "train.seed=0"]
+TARGET = dict(
+    architecture="qwen3",
+    vocab_size=1024,
+    hidden_size=128,
+    num_layers=6,
+    num_heads=4,
+    head_dim=32,
+    pretrain_seq=128,
+    pretrain_batch=8,
+    lr=3e-3,
+    seed=0,
+)
+DRAFTER = [
+    "model.num_layers=2",
+    "model.num_anchors=64",
+    "data.max_length=512",
+    "data.heldout_fraction=0.05",
+    "optim.lr=2e-3",
+    "train.log_every=50",
+    "eval.every=0",
+    "train.checkpoint_every=100000",
+    "train.seed=0",
+]
 DTYPES = ("bfloat16", "fp8_e4m3")
 SIZES = {  # (functions asked for, target pretraining steps, drafter steps, Ray extraction workers)
     "smoke": (16, 4, 4, 1),  # the command chain runs; nothing is learned, one worker is enough
@@ -68,8 +87,29 @@ def trained(work: Path, train_steps: int, prompts: int, seeds: list[int], new_to
     target = embedded.ensure_demo_target(work / "cache", functions)
     source = embedded.write_jsonl(work / "cache" / f"corpus-{len(records)}.jsonl", records)
     corpus = work / "cache" / f"{target.name}-corpus-{len(records)}-{new_tokens}"
-    run(["-m", "extract", "generate", "--model", target, "--corpus", source, "--out", corpus, "--workers", "2",
-         "--device", "cpu", "--max-new-tokens", new_tokens, "--temperature", "0", "--progress-interval", "30"])
+    run(
+        [
+            "-m",
+            "extract",
+            "generate",
+            "--model",
+            target,
+            "--corpus",
+            source,
+            "--out",
+            corpus,
+            "--workers",
+            "2",
+            "--device",
+            "cpu",
+            "--max-new-tokens",
+            new_tokens,
+            "--temperature",
+            "0",
+            "--progress-interval",
+            "30",
+        ]
+    )
     overrides = [x for setting in demo.DRAFTER_SETTINGS for x in ("--set", setting)]
     one_extraction = threading.Lock()  # one local Ray cluster at a time; the rest of the chains overlap
 
@@ -80,21 +120,100 @@ def trained(work: Path, train_steps: int, prompts: int, seeds: list[int], new_to
         for stale in (run_dir, drafter):
             shutil.rmtree(stale, ignore_errors=True)
         with one_extraction:
-            run(["-m", "extract", "run", "--model", target, "--corpus", corpus, "--store", store, "--store-dtype",
-                 dtype, "--workers", "2", "--device", "cpu", "--num-context-layers", "3", "--max-length", "512",
-                 "--shard-tokens", "16384", "--no-progress"])
+            run(
+                [
+                    "-m",
+                    "extract",
+                    "run",
+                    "--model",
+                    target,
+                    "--corpus",
+                    corpus,
+                    "--store",
+                    store,
+                    "--store-dtype",
+                    dtype,
+                    "--workers",
+                    "2",
+                    "--device",
+                    "cpu",
+                    "--num-context-layers",
+                    "3",
+                    "--max-length",
+                    "512",
+                    "--shard-tokens",
+                    "16384",
+                    "--no-progress",
+                ]
+            )
             info = run(["-m", "store_schema", "info", store, "--json"])
-        run(["-m", "train", "fit", "--store", store, "--target", target, "--out", run_dir,
-             "--max-steps", train_steps, *overrides, "--set", f"train.seed={seed}"], capture_json=False)
+        run(
+            [
+                "-m",
+                "train",
+                "fit",
+                "--store",
+                store,
+                "--target",
+                target,
+                "--out",
+                run_dir,
+                "--max-steps",
+                train_steps,
+                *overrides,
+                "--set",
+                f"train.seed={seed}",
+            ],
+            capture_json=False,
+        )
         run(["-m", "train", "export", run_dir, "--out", drafter])
-        evaluation = run(["-m", "train", "eval", "--store", store, "--drafter", drafter, "--target", target,
-                          "--ddtree-budgets", "8", "--max-blocks-per-sample", new_tokens, "--json"])
-        decoded = run(["-m", "train", "speculate", "--drafter", drafter, "--target", target, "--store", store,
-                       "--limit", prompts, "--max-new-tokens", new_tokens, "--json"], allow=(0, 1))
-        return {"tau": evaluation["tau"], "top1_acc": evaluation.get("top1_acc"), "samples": evaluation["samples"],
-                "ratio": info["ratio"], "decode_tau": decoded.get("tau"), "lossless": decoded.get("lossless"),
-                "decode_prompts": decoded.get("prompts"),
-                "tokens_per_round": round(decoded["new_tokens"] / decoded["rounds"], 4) if decoded.get("rounds") else None}
+        evaluation = run(
+            [
+                "-m",
+                "train",
+                "eval",
+                "--store",
+                store,
+                "--drafter",
+                drafter,
+                "--target",
+                target,
+                "--ddtree-budgets",
+                "8",
+                "--max-blocks-per-sample",
+                new_tokens,
+                "--json",
+            ]
+        )
+        decoded = run(
+            [
+                "-m",
+                "train",
+                "speculate",
+                "--drafter",
+                drafter,
+                "--target",
+                target,
+                "--store",
+                store,
+                "--limit",
+                prompts,
+                "--max-new-tokens",
+                new_tokens,
+                "--json",
+            ],
+            allow=(0, 1),
+        )
+        return {
+            "tau": evaluation["tau"],
+            "top1_acc": evaluation.get("top1_acc"),
+            "samples": evaluation["samples"],
+            "ratio": info["ratio"],
+            "decode_tau": decoded.get("tau"),
+            "lossless": decoded.get("lossless"),
+            "decode_prompts": decoded.get("prompts"),
+            "tokens_per_round": round(decoded["new_tokens"] / decoded["rounds"], 4) if decoded.get("rounds") else None,
+        }
 
     jobs = [(dtype, seed) for seed in seeds for dtype in DTYPES]
     with ThreadPoolExecutor(2) as pool:  # two drafters side by side: a busy machine shares its cores per process
@@ -109,17 +228,29 @@ def trained(work: Path, train_steps: int, prompts: int, seeds: list[int], new_to
     per_seed = {f"{dtype}-seed{seed}": result for (dtype, seed), result in results.items()}
     first = results["bfloat16", seeds[0]]
     figures = {
-        "tau_bf16": mean("bfloat16", "tau"), "tau_fp8": mean("fp8_e4m3", "tau"), "tau_ratio": ratio("tau"),
-        "decode_tau_bf16": mean("bfloat16", "decode_tau"), "decode_tau_fp8": mean("fp8_e4m3", "decode_tau"),
-        "decode_tau_ratio": ratio("decode_tau"), "tokens_per_round_ratio": ratio("tokens_per_round"),
+        "tau_bf16": mean("bfloat16", "tau"),
+        "tau_fp8": mean("fp8_e4m3", "tau"),
+        "tau_ratio": ratio("tau"),
+        "decode_tau_bf16": mean("bfloat16", "decode_tau"),
+        "decode_tau_fp8": mean("fp8_e4m3", "decode_tau"),
+        "decode_tau_ratio": ratio("decode_tau"),
+        "tokens_per_round_ratio": ratio("tokens_per_round"),
         # the same dtype, another seed: how far two bf16 drafters differ by chance alone
-        "bf16_seed_ratio": (round(results["bfloat16", seeds[1]]["decode_tau"] / first["decode_tau"], 4)
-                            if len(seeds) > 1 else None),
+        "bf16_seed_ratio": (
+            round(results["bfloat16", seeds[1]]["decode_tau"] / first["decode_tau"], 4) if len(seeds) > 1 else None
+        ),
         "lossless": all(result["lossless"] for result in results.values()),
-        "bytes_ratio": first["ratio"], "fp8_bytes_ratio": results["fp8_e4m3", seeds[0]]["ratio"],
-        "top1_acc_bf16": mean("bfloat16", "top1_acc"), "top1_acc_fp8": mean("fp8_e4m3", "top1_acc"),
-        "heldout_samples": first["samples"], "decode_prompts": first["decode_prompts"], "seeds": seeds,
-        "train_steps": train_steps, "records": len(records), "target": str(target), "per_seed": per_seed,
+        "bytes_ratio": first["ratio"],
+        "fp8_bytes_ratio": results["fp8_e4m3", seeds[0]]["ratio"],
+        "top1_acc_bf16": mean("bfloat16", "top1_acc"),
+        "top1_acc_fp8": mean("fp8_e4m3", "top1_acc"),
+        "heldout_samples": first["samples"],
+        "decode_prompts": first["decode_prompts"],
+        "seeds": seeds,
+        "train_steps": train_steps,
+        "records": len(records),
+        "target": str(target),
+        "per_seed": per_seed,
         "wall_s": round(time.time() - started, 1),
     }
     rows = [
@@ -127,15 +258,24 @@ def trained(work: Path, train_steps: int, prompts: int, seeds: list[int], new_to
         ("decode_tau_ratio (fp8 / bf16, speculate)", ">= 0.97", str(figures["decode_tau_ratio"])),
         ("bf16 seed-to-seed decode tau ratio (chance alone)", "-", str(figures["bf16_seed_ratio"])),
         ("decode tau bf16 / fp8 (speculate)", ">= 3", f"{figures['decode_tau_bf16']} / {figures['decode_tau_fp8']}"),
-        ("per seed decode tau", "-", "; ".join(
-            f"{dtype} " + ", ".join(str(results[dtype, seed]["decode_tau"]) for seed in seeds) for dtype in DTYPES)),
+        (
+            "per seed decode tau",
+            "-",
+            "; ".join(
+                f"{dtype} " + ", ".join(str(results[dtype, seed]["decode_tau"]) for seed in seeds) for dtype in DTYPES
+            ),
+        ),
         ("offline tau bf16 / fp8", "-", f"{figures['tau_bf16']} / {figures['tau_fp8']}"),
         ("held-out top-1 bf16 / fp8", "-", f"{figures['top1_acc_bf16']} / {figures['top1_acc_fp8']}"),
         ("lossless (all)", "yes", "yes" if figures["lossless"] else "NO"),
         ("store ratio to raw bf16: bf16 / fp8", "-", f"{figures['bytes_ratio']} / {figures['fp8_bytes_ratio']}"),
     ]
-    append_results(f"fp8_parity --trained: the demo's target and drafter recipe, {len(records)} regenerated records, "
-                   f"{train_steps} steps, seeds {seeds}, {figures['decode_prompts']} decoded prompts", rows, figures)
+    append_results(
+        f"fp8_parity --trained: the demo's target and drafter recipe, {len(records)} regenerated records, "
+        f"{train_steps} steps, seeds {seeds}, {figures['decode_prompts']} decoded prompts",
+        rows,
+        figures,
+    )
 
 
 def main() -> None:
@@ -143,49 +283,129 @@ def main() -> None:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="a smaller corpus and fewer steps (~10 CPU minutes)")
     mode.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    mode.add_argument("--trained", action="store_true",
-                      help="at the demo's level: its target, regenerated corpus and drafter recipe, plus speculate")
+    mode.add_argument(
+        "--trained",
+        action="store_true",
+        help="at the demo's level: its target, regenerated corpus and drafter recipe, plus speculate",
+    )
     parser.add_argument("--target", help="target model directory (default: build the small pretrained Qwen3)")
     parser.add_argument("--workdir", default=str(REPO / "fp8_parity_out"), help="where stores and runs go")
-    parser.add_argument("--train-steps", type=int, default=demo.TRAIN_STEPS,
-                        help=f"--trained: drafter steps (default the demo's {demo.TRAIN_STEPS})")
-    parser.add_argument("--prompts", type=int, default=64,
-                        help="--trained: held-out prompts speculate decodes, at most (default 64: every one of the demo's 19)")
-    parser.add_argument("--seeds", default="0,1",
-                        help="--trained: drafter training seeds, comma-separated (default 0,1: two give the noise floor)")
+    parser.add_argument(
+        "--train-steps",
+        type=int,
+        default=demo.TRAIN_STEPS,
+        help=f"--trained: drafter steps (default the demo's {demo.TRAIN_STEPS})",
+    )
+    parser.add_argument(
+        "--prompts",
+        type=int,
+        default=64,
+        help="--trained: held-out prompts speculate decodes, at most (default 64: every one of the demo's 19)",
+    )
+    parser.add_argument(
+        "--seeds",
+        default="0,1",
+        help="--trained: drafter training seeds, comma-separated (default 0,1: two give the noise floor)",
+    )
     args = parser.parse_args()
     if args.trained:
         if args.target:
-            parser.error("--trained uses the demo's target (cached under --workdir/cache); --target is for the other modes")
+            parser.error(
+                "--trained uses the demo's target (cached under --workdir/cache); --target is for the other modes"
+            )
         trained(Path(args.workdir), args.train_steps, args.prompts, [int(seed) for seed in args.seeds.split(",")])
         return
-    functions_count, pretrain_steps, train_steps, workers = SIZES["smoke" if args.smoke else "quick" if args.quick else "full"]
+    functions_count, pretrain_steps, train_steps, workers = SIZES[
+        "smoke" if args.smoke else "quick" if args.quick else "full"
+    ]
     work = Path(args.workdir)
     started = time.time()
 
     functions = embedded.coding_chats(functions_count)
     records = embedded.coding_chats(functions_count, phrasings=3)
     corpus = embedded.write_jsonl(work / "corpus.jsonl", records)
-    target = args.target or embedded.ensure_demo_target(work / "cache", functions, pretrain_steps=pretrain_steps, **TARGET)
+    target = args.target or embedded.ensure_demo_target(
+        work / "cache", functions, pretrain_steps=pretrain_steps, **TARGET
+    )
 
     results = {}
     for dtype in ("bfloat16", "fp8_e4m3"):
         store, run_dir, drafter = work / f"store-{dtype}", work / f"run-{dtype}", work / f"drafter-{dtype}"
         for stale in (run_dir, drafter):
             shutil.rmtree(stale, ignore_errors=True)
-        report = run(["-m", "extract", "run", "--model", target, "--corpus", corpus, "--store", store,
-                      "--store-dtype", dtype, "--workers", workers, "--device", "cpu", "--num-context-layers", "2",
-                      "--max-length", "512", "--shard-tokens", "16384", "--overwrite", "--no-progress"])
+        report = run(
+            [
+                "-m",
+                "extract",
+                "run",
+                "--model",
+                target,
+                "--corpus",
+                corpus,
+                "--store",
+                store,
+                "--store-dtype",
+                dtype,
+                "--workers",
+                workers,
+                "--device",
+                "cpu",
+                "--num-context-layers",
+                "2",
+                "--max-length",
+                "512",
+                "--shard-tokens",
+                "16384",
+                "--overwrite",
+                "--no-progress",
+            ]
+        )
         info = run(["-m", "store_schema", "info", store, "--json"])
         overrides = [x for setting in DRAFTER for x in ("--set", setting)]
-        run(["-m", "train", "fit", "--store", store, "--target", target, "--out", run_dir,
-             "--max-steps", train_steps, *overrides], capture_json=False)
+        run(
+            [
+                "-m",
+                "train",
+                "fit",
+                "--store",
+                store,
+                "--target",
+                target,
+                "--out",
+                run_dir,
+                "--max-steps",
+                train_steps,
+                *overrides,
+            ],
+            capture_json=False,
+        )
         run(["-m", "train", "export", run_dir, "--out", drafter])
-        evaluation = run(["-m", "train", "eval", "--store", store, "--drafter", drafter, "--target", target,
-                          "--ddtree-budgets", "8", "--max-blocks-per-sample", "64", "--json"])
-        results[dtype] = {"tau": evaluation["tau"], "top1_acc": evaluation.get("top1_acc"),
-                          "samples": evaluation["samples"], "ratio": info["ratio"], "disk_bytes": info["disk_bytes"],
-                          "extract_tokens_per_s": report.get("tokens_per_s")}
+        evaluation = run(
+            [
+                "-m",
+                "train",
+                "eval",
+                "--store",
+                store,
+                "--drafter",
+                drafter,
+                "--target",
+                target,
+                "--ddtree-budgets",
+                "8",
+                "--max-blocks-per-sample",
+                "64",
+                "--json",
+            ]
+        )
+        results[dtype] = {
+            "tau": evaluation["tau"],
+            "top1_acc": evaluation.get("top1_acc"),
+            "samples": evaluation["samples"],
+            "ratio": info["ratio"],
+            "disk_bytes": info["disk_bytes"],
+            "extract_tokens_per_s": report.get("tokens_per_s"),
+        }
 
     bf16, fp8 = results["bfloat16"], results["fp8_e4m3"]
     figures = {
@@ -206,10 +426,19 @@ def main() -> None:
     rows = [
         ("tau_ratio (fp8 / bf16, held-out, same seed and steps)", ">= 0.97", str(figures["tau_ratio"])),
         ("tau_bf16 / tau_fp8", "-", f"{figures['tau_bf16']} / {figures['tau_fp8']}"),
-        ("store ratio to raw bf16: bf16 / fp8", "<= 0.70 / <= 0.40", f"{figures['bytes_ratio']} / {figures['fp8_bytes_ratio']}"),
+        (
+            "store ratio to raw bf16: bf16 / fp8",
+            "<= 0.70 / <= 0.40",
+            f"{figures['bytes_ratio']} / {figures['fp8_bytes_ratio']}",
+        ),
     ]
-    append_results(f"fp8_parity{' --quick' if args.quick else ''}: {len(records)} records, {train_steps} steps, "
-                   f"{figures['heldout_samples']} held-out samples", rows, figures, smoke=args.smoke)
+    append_results(
+        f"fp8_parity{' --quick' if args.quick else ''}: {len(records)} records, {train_steps} steps, "
+        f"{figures['heldout_samples']} held-out samples",
+        rows,
+        figures,
+        smoke=args.smoke,
+    )
 
 
 if __name__ == "__main__":

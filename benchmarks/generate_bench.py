@@ -68,11 +68,23 @@ def config(model, corpus, out, args, engine: str, endpoint: str | None = None):
     from extract.generate.config import ENGINES, GenerateConfig, GenerationSettings, ServerConfig
     from extract.jobs.settings import Execution, FaultInjection
 
-    settings = GenerationSettings(max_new_tokens=args.max_new_tokens, max_length=1024, thinking="off",
-                                  shard_records=args.shard_records, engine=ENGINES[engine])
+    settings = GenerationSettings(
+        max_new_tokens=args.max_new_tokens,
+        max_length=1024,
+        thinking="off",
+        shard_records=args.shard_records,
+        engine=ENGINES[engine],
+    )
     server = ServerConfig(endpoints=(endpoint,), concurrency=args.concurrency) if engine == "openai" else None
-    return GenerateConfig(model=str(model), corpus=str(corpus), out=str(out), settings=settings, server=server,
-                          batch_tokens=args.batch_tokens, execution=Execution(faults=FaultInjection()))
+    return GenerateConfig(
+        model=str(model),
+        corpus=str(corpus),
+        out=str(out),
+        settings=settings,
+        server=server,
+        batch_tokens=args.batch_tokens,
+        execution=Execution(faults=FaultInjection()),
+    )
 
 
 async def plain_client(endpoint: str, model_name: str, bodies: list[dict], concurrency: int) -> tuple[int, float]:
@@ -117,8 +129,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer records and rounds")
     parser.add_argument("--endpoint", help="a running server of the bench's target (else one is started)")
-    parser.add_argument("--model", help="the target checkpoint (default: a tiny Qwen3 built here); with "
-                                        "--endpoint, the one that server serves")
+    parser.add_argument(
+        "--model",
+        help="the target checkpoint (default: a tiny Qwen3 built here); with --endpoint, the one that server serves",
+    )
     parser.add_argument("--records", type=int, default=256)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -180,18 +194,27 @@ def main() -> None:
         plain_client_tokens_per_s=round(plain_tps, 1),
         hf_tokens_per_s=round(hf["generated_tokens_per_s"], 1),
         server=f"vllm {version}",
-        records=args.records, max_new_tokens=args.max_new_tokens, concurrency=args.concurrency,
-        openai_runs=[round(x, 1) for x in openai_runs], plain_runs=[round(x, 1) for x in plain_runs],
+        records=args.records,
+        max_new_tokens=args.max_new_tokens,
+        concurrency=args.concurrency,
+        openai_runs=[round(x, 1) for x in openai_runs],
+        plain_runs=[round(x, 1) for x in plain_runs],
         load_average=round(os.getloadavg()[0], 2),
         smoke=args.smoke,
     )
     append_results(
         f"generate_bench: {args.records} one-turn prompts x {args.max_new_tokens} new tokens, vllm {version} on CPU",
-        [("openai_vs_plain_client (tokens/s, job / plain aiohttp client, concurrency "
-          f"{args.concurrency}, best of {args.rounds})", ">= 0.9", str(figures["openai_vs_plain_client"])),
-         ("openai_tokens_per_s", "-", str(figures["openai_tokens_per_s"])),
-         ("plain_client_tokens_per_s", "-", str(figures["plain_client_tokens_per_s"])),
-         ("hf_tokens_per_s (--engine hf, 1 CPU worker, information)", "-", str(figures["hf_tokens_per_s"]))],
+        [
+            (
+                "openai_vs_plain_client (tokens/s, job / plain aiohttp client, concurrency "
+                f"{args.concurrency}, best of {args.rounds})",
+                ">= 0.9",
+                str(figures["openai_vs_plain_client"]),
+            ),
+            ("openai_tokens_per_s", "-", str(figures["openai_tokens_per_s"])),
+            ("plain_client_tokens_per_s", "-", str(figures["plain_client_tokens_per_s"])),
+            ("hf_tokens_per_s (--engine hf, 1 CPU worker, information)", "-", str(figures["hf_tokens_per_s"])),
+        ],
         figures,
         smoke=args.smoke,
     )  # prints the JSON line last

@@ -52,13 +52,44 @@ sys.path.insert(0, str(REPO / "scripts"))
 import embedded  # noqa: E402
 
 REAL_VOCAB = 248_320
-FULL = dict(hidden=2048, layers=24, heads=16, head_dim=128, vocab=REAL_VOCAB, records=4000, max_length=3072,
-            shard_tokens=65536, batch_tokens=65536, train_steps=20, grad_accumulation=8, num_anchors=512, drafter_layers=5,
-            kernel_tokens=4096, attention_context=3072, attention_anchors=512, selector_rank=256)
-SMOKE = dict(hidden=64, layers=6, heads=4, head_dim=16, vocab=REAL_VOCAB, records=24, max_length=256,
-             shard_tokens=2048, batch_tokens=4096, train_steps=4, grad_accumulation=2, num_anchors=8, drafter_layers=1,
-             kernel_tokens=96, attention_context=300, attention_anchors=12,
-             selector_rank=32)  # 2 codebooks x V x 32 fp32 + AdamW: ~0.5 GB of CPU memory, not 4
+FULL = dict(
+    hidden=2048,
+    layers=24,
+    heads=16,
+    head_dim=128,
+    vocab=REAL_VOCAB,
+    records=4000,
+    max_length=3072,
+    shard_tokens=65536,
+    batch_tokens=65536,
+    train_steps=20,
+    grad_accumulation=8,
+    num_anchors=512,
+    drafter_layers=5,
+    kernel_tokens=4096,
+    attention_context=3072,
+    attention_anchors=512,
+    selector_rank=256,
+)
+SMOKE = dict(
+    hidden=64,
+    layers=6,
+    heads=4,
+    head_dim=16,
+    vocab=REAL_VOCAB,
+    records=24,
+    max_length=256,
+    shard_tokens=2048,
+    batch_tokens=4096,
+    train_steps=4,
+    grad_accumulation=2,
+    num_anchors=8,
+    drafter_layers=1,
+    kernel_tokens=96,
+    attention_context=300,
+    attention_anchors=12,
+    selector_rank=32,
+)  # 2 codebooks x V x 32 fp32 + AdamW: ~0.5 GB of CPU memory, not 4
 WARMUP_STEPS = 2  # step 1 compiles flex; step 2 is the first steady one on CPU noise (nothing recompiles)
 
 
@@ -79,7 +110,10 @@ def phase(figures: dict, name: str, device: str):
 
 def _compare(a: torch.Tensor, b: torch.Tensor) -> dict:
     a, b = a.float().flatten(), b.float().flatten()
-    return {"max_abs_diff": float((a - b).abs().max()), "cosine": round(float(torch.nn.functional.cosine_similarity(a, b, dim=0)), 6)}
+    return {
+        "max_abs_diff": float((a - b).abs().max()),
+        "cosine": round(float(torch.nn.functional.cosine_similarity(a, b, dim=0)), 6),
+    }
 
 
 def check_kernels(size: dict, device: str) -> dict:
@@ -115,8 +149,9 @@ def check_kernels(size: dict, device: str) -> dict:
         if chosen is fallback:
             report["causal_conv1d"] = "skipped: causal-conv1d not importable here (the PyTorch fallback ran)"
         else:
-            report["causal_conv1d_vs_fallback"] = _compare(chosen(mixed, conv_weight, None, activation=layer.activation),
-                                                          reference)
+            report["causal_conv1d_vs_fallback"] = _compare(
+                chosen(mixed, conv_weight, None, activation=layer.activation), reference
+            )
     return report
 
 
@@ -127,18 +162,33 @@ def check_attention(size: dict, device: str) -> dict:
     from train.drafter.anchors import sample_anchors
     from train.drafter.model import DFlashDrafter, DrafterConfig
 
-    config = DrafterConfig(hidden_size=size["hidden"], num_attention_heads=size["heads"], num_key_value_heads=max(1, size["heads"] // 2),
-                           head_dim=size["head_dim"], intermediate_size=2 * size["hidden"], vocab_size=4096,
-                           num_target_layers=8, context_layer_ids=[1, 3], mask_token_id=5, num_hidden_layers=2,
-                           layer_types=["sliding_attention", "full_attention"], sliding_window=256, architecture="dflash")
+    config = DrafterConfig(
+        hidden_size=size["hidden"],
+        num_attention_heads=size["heads"],
+        num_key_value_heads=max(1, size["heads"] // 2),
+        head_dim=size["head_dim"],
+        intermediate_size=2 * size["hidden"],
+        vocab_size=4096,
+        num_target_layers=8,
+        context_layer_ids=[1, 3],
+        mask_token_id=5,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=256,
+        architecture="dflash",
+    )
     torch.manual_seed(0)
     drafter = DFlashDrafter(config).to(device)
     embed = torch.nn.Embedding(4096, size["hidden"]).to(device)
     length = size["attention_context"]
     features = torch.randn(length, 2 * size["hidden"], device=device)
     ids = torch.randint(0, 4096, (length,), device=device)
-    anchors = sample_anchors(torch.ones(length, dtype=torch.uint8, device=device), config.block_size,
-                             size["attention_anchors"], torch.Generator().manual_seed(0))
+    anchors = sample_anchors(
+        torch.ones(length, dtype=torch.uint8, device=device),
+        config.block_size,
+        size["attention_anchors"],
+        torch.Generator().manual_seed(0),
+    )
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" else contextlib.nullcontext()
     outputs, grads = {}, {}
     for kind in ("split", "flex"):
@@ -152,8 +202,9 @@ def check_attention(size: dict, device: str) -> dict:
             grads[kind] = torch.cat([p.grad.flatten() for p in drafter.parameters() if p.grad is not None])
         outputs[kind] = out.detach()
     report = {"flex_vs_split": _compare(outputs["flex"], outputs["split"])}
-    report["flex_vs_split_grads"] = (_compare(grads["flex"], grads["split"]) if "flex" in grads
-                                     else "skipped: flex_attention has no backward on CPU")
+    report["flex_vs_split_grads"] = (
+        _compare(grads["flex"], grads["split"]) if "flex" in grads else "skipped: flex_attention has no backward on CPU"
+    )
     return report
 
 
@@ -180,15 +231,29 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
     from store_schema import Fingerprint, Store, TargetFacts, create_store, on_disk_bytes, target_identity
     from store_schema.plan import PlanSettings
 
-    plan = build_plan(str(corpus), str(model), PlanSettings(max_length=size["max_length"],
-                                                              shard_tokens=size["shard_tokens"]))
+    plan = build_plan(
+        str(corpus), str(model), PlanSettings(max_length=size["max_length"], shard_tokens=size["shard_tokens"])
+    )
     layer_ids = resolve_layer_ids(str(model), None, 2 if size["layers"] < 8 else 5)
-    worker = ExtractionWorker(ExtractionSpec(model=str(model), tokenizer=str(model), corpus=str(corpus),
-                                             store=str(store), layer_ids=tuple(layer_ids), settings=plan.settings,
-                                             device=device, batch_tokens=size["batch_tokens"]))
+    worker = ExtractionWorker(
+        ExtractionSpec(
+            model=str(model),
+            tokenizer=str(model),
+            corpus=str(corpus),
+            store=str(store),
+            layer_ids=tuple(layer_ids),
+            settings=plan.settings,
+            device=device,
+            batch_tokens=size["batch_tokens"],
+        )
+    )
     info = worker.info()
-    facts = TargetFacts(num_target_layers=info.num_layers, hidden_size=info.hidden_size, vocab_size=info.vocab_size,
-                        kernels=info.kernels)
+    facts = TargetFacts(
+        num_target_layers=info.num_layers,
+        hidden_size=info.hidden_size,
+        vocab_size=info.vocab_size,
+        kernels=info.kernels,
+    )
     fingerprint = Fingerprint.for_extraction(target_identity(model), plan, layer_ids, facts)
     create_store(store, fingerprint).write_plan(plan)
     groups = batch_groups([s.name for s in plan.shards], 2)
@@ -232,8 +297,12 @@ def loader_throughput(store: Path, device: str, block_size: int = 16) -> dict:
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started
-    return {"loader_samples_per_s": round(samples / seconds, 1), "loader_feature_gb_s": round(nbytes / seconds / 1e9, 4),
-            "loader_pinned": device == "cuda", "loader_samples": samples}
+    return {
+        "loader_samples_per_s": round(samples / seconds, 1),
+        "loader_feature_gb_s": round(nbytes / seconds / 1e9, 4),
+        "loader_pinned": device == "cuda",
+        "loader_samples": samples,
+    }
 
 
 def train(model: Path, store: Path, out: Path, size: dict, architecture: str = "dflash") -> dict:
@@ -242,12 +311,24 @@ def train(model: Path, store: Path, out: Path, size: dict, architecture: str = "
     from train.config_loading import load_config
     from train.fitting.trainer import Trainer
 
-    config = load_config(None, {
-        "model.architecture": architecture, "model.selector_rank": size["selector_rank"],
-        "model.num_hidden_layers": size["drafter_layers"], "model.num_anchors": size["num_anchors"],
-        "data.max_length": size["max_length"], "train.log_every": 1, "eval.every": 0,  # 0: no evaluation at all
-        "train.checkpoint_every": 0, "train.grad_accumulation": size["grad_accumulation"],
-    }, store=str(store), target=str(model), out=str(out), **{"train.max_steps": size["train_steps"]})
+    config = load_config(
+        None,
+        {
+            "model.architecture": architecture,
+            "model.selector_rank": size["selector_rank"],
+            "model.num_hidden_layers": size["drafter_layers"],
+            "model.num_anchors": size["num_anchors"],
+            "data.max_length": size["max_length"],
+            "train.log_every": 1,
+            "eval.every": 0,  # 0: no evaluation at all
+            "train.checkpoint_every": 0,
+            "train.grad_accumulation": size["grad_accumulation"],
+        },
+        store=str(store),
+        target=str(model),
+        out=str(out),
+        **{"train.max_steps": size["train_steps"]},
+    )
     from torch._dynamo.utils import counters
 
     trainer = Trainer.from_config(config, log=lambda message: None)
@@ -268,8 +349,11 @@ def train(model: Path, store: Path, out: Path, size: dict, architecture: str = "
     if architecture == "dflash":
         return figures
     last = [r for r in log if "loss" in r][-1]
-    figures.update(parameters=sum(p.numel() for p in trainer.drafter.parameters()),
-                   recall_at_k=last.get("recall_at_k"), selector_acc=last.get("selector_acc"))
+    figures.update(
+        parameters=sum(p.numel() for p in trainer.drafter.parameters()),
+        recall_at_k=last.get("recall_at_k"),
+        selector_acc=last.get("selector_acc"),
+    )
     return {f"train_{architecture}_" + key.removeprefix("train_"): value for key, value in figures.items()}
 
 

@@ -39,8 +39,14 @@ def build_store(path: Path, layers: list[int], shards: int, samples: int, tokens
     from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
     from store_schema.commit.records import on_disk_bytes
 
-    fingerprint = Fingerprint(target_model="bench", num_target_layers=64, hidden_size=hidden, vocab_size=248_320,
-                              layer_ids=layers, max_length=tokens)
+    fingerprint = Fingerprint(
+        target_model="bench",
+        num_target_layers=64,
+        hidden_size=hidden,
+        vocab_size=248_320,
+        layer_ids=layers,
+        max_length=tokens,
+    )
     writer = create_store(path, fingerprint, CodecConfig())
     mask = np.ones(tokens, np.uint8)
     mask[: tokens // 4] = 0
@@ -85,12 +91,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     add_smoke_flag(parser)
     args = parser.parse_args()
-    shards, samples, tokens, hidden, rounds = ((1, 1, 64, 256, 1) if args.smoke else (4, 2, 1024, 5120, 2)
-                                               if args.quick else (8, 2, 2048, 5120, 3))
+    shards, samples, tokens, hidden, rounds = (
+        (1, 1, 64, 256, 1) if args.smoke else (4, 2, 1024, 5120, 2) if args.quick else (8, 2, 2048, 5120, 3)
+    )
     root = Path(tempfile.mkdtemp(prefix="layers_bench_"))
     try:
-        disk = {"union": build_store(root / "union", UNION, shards, samples, tokens, hidden),
-                "own": build_store(root / "own", DFLASH2_TAPS, shards, samples, tokens, hidden)}
+        disk = {
+            "union": build_store(root / "union", UNION, shards, samples, tokens, hidden),
+            "own": build_store(root / "own", DFLASH2_TAPS, shards, samples, tokens, hidden),
+        }
         union = [loader_read(root / "union", DFLASH2_TAPS, args.threads) for _ in range(rounds)]
         own = [loader_read(root / "own", DFLASH2_TAPS, args.threads) for _ in range(rounds)]
     finally:
@@ -107,10 +116,18 @@ def main() -> None:
         "rounds": rounds,
         "threads": args.threads,
     }
-    rows = [("loader bytes read, 5 of 9 stored layers / a 5-layer store", "<= 1.1",
-             f"{figures['subset_bytes_ratio']} ({union_bytes / 1e6:.1f} / {own_bytes / 1e6:.1f} MB)"),
-            ("loader CPU seconds, the same", "<= 1.1",
-             f"{figures['subset_cpu_ratio']} ({union_cpu:.2f} / {own_cpu:.2f} s, {args.threads} threads)")]
+    rows = [
+        (
+            "loader bytes read, 5 of 9 stored layers / a 5-layer store",
+            "<= 1.1",
+            f"{figures['subset_bytes_ratio']} ({union_bytes / 1e6:.1f} / {own_bytes / 1e6:.1f} MB)",
+        ),
+        (
+            "loader CPU seconds, the same",
+            "<= 1.1",
+            f"{figures['subset_cpu_ratio']} ({union_cpu:.2f} / {own_cpu:.2f} s, {args.threads} threads)",
+        ),
+    ]
     append_results("layers_bench: a drafter's layers out of a store for several", rows, figures, smoke=args.smoke)
 
 

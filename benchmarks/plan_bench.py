@@ -35,8 +35,9 @@ def plan_figures(root: Path, records: int = PLAN_RECORDS, workers: int = PLAN_WO
     build_seconds = time.perf_counter() - started
     corpus = builders.write_chat_jsonl(root / "agentic.jsonl", builders.real_vocab.tool_call_chats(records))
     started, cpu_before = time.perf_counter(), _children_cpu_seconds()
-    plan = build_plan(corpus, tokenizer_dir, PlanSettings(shard_tokens=200_000), workers=workers,
-                      progress=lambda n: _Silent())
+    plan = build_plan(
+        corpus, tokenizer_dir, PlanSettings(shard_tokens=200_000), workers=workers, progress=lambda n: _Silent()
+    )
     seconds, cpu_seconds = time.perf_counter() - started, _children_cpu_seconds() - cpu_before
     summary = summarize(plan)
     # Only short answers (< 2 x block_size loss tokens) are refused; no tool-call record is.
@@ -59,10 +60,16 @@ def plan_figures(root: Path, records: int = PLAN_RECORDS, workers: int = PLAN_WO
 
 def plan_rows(figures: dict) -> list[tuple[str, str, str]]:
     return [
-        (f"plan_records_per_s (real vocabulary, {figures['plan_workers']} processes, start included)", ">= 100",
-         f"{figures['plan_records_per_s']:.1f} (records of {figures['plan_tokens_per_record']} tokens on average)"),
-        ("records per CPU-second of the planning processes (load-independent)", "-",
-         f"{figures['plan_records_per_cpu_s']:.1f}"),
+        (
+            f"plan_records_per_s (real vocabulary, {figures['plan_workers']} processes, start included)",
+            ">= 100",
+            f"{figures['plan_records_per_s']:.1f} (records of {figures['plan_tokens_per_record']} tokens on average)",
+        ),
+        (
+            "records per CPU-second of the planning processes (load-independent)",
+            "-",
+            f"{figures['plan_records_per_cpu_s']:.1f}",
+        ),
         ("902K-record plan at that rate", "-", f"{figures['plan_902k_estimate_hours'] * 60:.1f} min"),
         ("planning peak RSS per process", "-", f"{figures['plan_peak_rss_gb_per_process']:.2f} GB"),
     ]

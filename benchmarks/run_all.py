@@ -84,8 +84,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="each benchmark's quick size")
     mode.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
-    parser.add_argument("--only", type=benchmark_names, default=BENCHMARKS, metavar="NAME[,NAME...]",
-                        help=f"run just these benchmarks (of {', '.join(BENCHMARKS)})")
+    parser.add_argument(
+        "--only",
+        type=benchmark_names,
+        default=BENCHMARKS,
+        metavar="NAME[,NAME...]",
+        help=f"run just these benchmarks (of {', '.join(BENCHMARKS)})",
+    )
     return parser.parse_args(argv)
 
 

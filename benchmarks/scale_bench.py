@@ -47,16 +47,28 @@ def build_store(path: Path, num_shards: int, samples: int, tokens: int) -> int:
     from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
     from store_schema.commit.records import on_disk_bytes
 
-    fingerprint = Fingerprint(target_model="bench", num_target_layers=TARGET_LAYERS, hidden_size=HIDDEN,
-                              vocab_size=VOCAB, layer_ids=LAYERS, max_length=tokens)
+    fingerprint = Fingerprint(
+        target_model="bench",
+        num_target_layers=TARGET_LAYERS,
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        layer_ids=LAYERS,
+        max_length=tokens,
+    )
     writer = create_store(path, fingerprint, CodecConfig())
     rng = np.random.default_rng(0)
     mask = np.ones(tokens, np.uint8)
     mask[: tokens // 4] = 0
     for s in range(num_shards):
-        batch = [SampleArrays(f"b{s}-{i}", rng.integers(0, VOCAB, tokens).astype(np.int32), mask,
-                              {layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16) for layer in LAYERS})
-                 for i in range(samples)]
+        batch = [
+            SampleArrays(
+                f"b{s}-{i}",
+                rng.integers(0, VOCAB, tokens).astype(np.int32),
+                mask,
+                {layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16) for layer in LAYERS},
+            )
+            for i in range(samples)
+        ]
         writer.write_shard(shard_name(s), batch)
     return on_disk_bytes(path)
 
@@ -67,8 +79,15 @@ def start_seconds(store: Path, target: Path, out: Path, verify_first: bool) -> f
     from train.fitting.preflight import FitChecks
     from train.fitting.trainer import Trainer
 
-    sets = ["model.num_hidden_layers=1", "model.num_anchors=16", "model.mask_token_id=0", "data.heldout_fraction=0",
-            "eval.every=0", "train.checkpoint_every=0", "train.max_steps=1"]
+    sets = [
+        "model.num_hidden_layers=1",
+        "model.num_anchors=16",
+        "model.mask_token_id=0",
+        "data.heldout_fraction=0",
+        "eval.every=0",
+        "train.checkpoint_every=0",
+        "train.max_steps=1",
+    ]
     config = load_config(None, sets, store=str(store), target=str(target), out=str(out))
     drop_page_cache(store)
     with Timer() as t:
@@ -94,8 +113,14 @@ def build_tiny_shards(path: Path, num_shards: int) -> float:
     )
 
     tokens = 64
-    fingerprint = Fingerprint(target_model="bench", num_target_layers=TARGET_LAYERS, hidden_size=HIDDEN,
-                              vocab_size=VOCAB, layer_ids=LAYERS, max_length=tokens)
+    fingerprint = Fingerprint(
+        target_model="bench",
+        num_target_layers=TARGET_LAYERS,
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        layer_ids=LAYERS,
+        max_length=tokens,
+    )
     writer = create_store(path, fingerprint, CodecConfig())
     rng = np.random.default_rng(0)
     mask = np.ones(tokens, np.uint8)
@@ -103,12 +128,32 @@ def build_tiny_shards(path: Path, num_shards: int) -> float:
     samples = []
     for s in range(num_shards):
         ids = rng.integers(0, VOCAB, tokens).astype(np.int32)
-        samples.append(SampleArrays(f"m{s}", ids, mask, {layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16)
-                                                         for layer in LAYERS}))
-    writer.write_plan(Plan(tuple(PlannedShard(shard_name(s), (PlannedSample(x.sample_id, s, tokens, int(mask.sum()),
-                                                                            sample_digest(x.input_ids.tobytes(),
-                                                                                          mask.tobytes())),))
-                                 for s, x in enumerate(samples)), (), settings={"source": "scale_bench"}))
+        samples.append(
+            SampleArrays(
+                f"m{s}", ids, mask, {layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16) for layer in LAYERS}
+            )
+        )
+    writer.write_plan(
+        Plan(
+            tuple(
+                PlannedShard(
+                    shard_name(s),
+                    (
+                        PlannedSample(
+                            x.sample_id,
+                            s,
+                            tokens,
+                            int(mask.sum()),
+                            sample_digest(x.input_ids.tobytes(), mask.tobytes()),
+                        ),
+                    ),
+                )
+                for s, x in enumerate(samples)
+            ),
+            (),
+            settings={"source": "scale_bench"},
+        )
+    )
     with Timer() as t:
         for s, sample in enumerate(samples):
             writer.write_shard(shard_name(s), [sample])
@@ -123,8 +168,10 @@ def metadata(root: Path, num_shards: int) -> dict:
     store = root / "meta-store"
     build_s = build_tiny_shards(store, num_shards)
     timed = {}
-    for name, argv in (("info_s", ["-m", "store_schema", "info", str(store), "--json"]),
-                       ("verify_sizes_s", ["-m", "store_schema", "verify", str(store), "--sizes-only", "--json"])):
+    for name, argv in (
+        ("info_s", ["-m", "store_schema", "info", str(store), "--json"]),
+        ("verify_sizes_s", ["-m", "store_schema", "verify", str(store), "--sizes-only", "--json"]),
+    ):
         drop_page_cache(store)
         with Timer() as t:
             done = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
@@ -149,14 +196,16 @@ def measure(root: Path, base_shards: int, samples: int, tokens: int, rounds: int
     slope = max(0.0, best[16] - best[1]) / (15 * base_shards)
     figures = {f"start_s_{scale}x": round(best[scale], 3) for scale in SCALES}
     figures.update({f"verify_first_s_{scale}x": round(min(first[scale]), 3) for scale in SCALES})
-    figures.update({
-        "start_ratio_16x_vs_1x": round(best[16] / best[1], 3),
-        "start_s_per_1000_shards": round(1000 * slope, 3),
-        "start_s_full_store_projected": round(best[1] + FULL_JOB_SHARDS * slope, 1),
-        "shards": {f"{scale}x": scale * base_shards for scale in SCALES},
-        "store_bytes": {f"{scale}x": sizes[scale] for scale in SCALES},
-        "rounds": rounds,
-    })
+    figures.update(
+        {
+            "start_ratio_16x_vs_1x": round(best[16] / best[1], 3),
+            "start_s_per_1000_shards": round(1000 * slope, 3),
+            "start_s_full_store_projected": round(best[1] + FULL_JOB_SHARDS * slope, 1),
+            "shards": {f"{scale}x": scale * base_shards for scale in SCALES},
+            "store_bytes": {f"{scale}x": sizes[scale] for scale in SCALES},
+            "rounds": rounds,
+        }
+    )
     return figures
 
 
@@ -164,8 +213,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 shards at 1x (8 otherwise), 2 rounds")
     parser.add_argument("--rounds", type=int, default=None)
-    parser.add_argument("--metadata-shards", type=int, default=0, metavar="N",
-                        help="also time info, verify --sizes-only and fit's start on N tiny shards (e.g. 10000)")
+    parser.add_argument(
+        "--metadata-shards",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time info, verify --sizes-only and fit's start on N tiny shards (e.g. 10000)",
+    )
     parser.add_argument("--metadata-only", action="store_true", help="only the --metadata-shards figures")
     add_smoke_flag(parser)
     args = parser.parse_args()
@@ -179,17 +233,29 @@ def main() -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.metadata_only:
-        rows = [(f"{key} ({meta_shards:,} one-sample shards, cold)", "-", str(figures[key]))
-                for key in ("info_s", "verify_sizes_s", "fit_start_s", "metadata_build_s")]
+        rows = [
+            (f"{key} ({meta_shards:,} one-sample shards, cold)", "-", str(figures[key]))
+            for key in ("info_s", "verify_sizes_s", "fit_start_s", "metadata_build_s")
+        ]
         append_results("scale_bench: metadata at many shards", rows, figures, smoke=args.smoke)
         return
     mb = {scale: figures["store_bytes"][scale] / 1e6 for scale in figures["store_bytes"]}
-    rows = [(f"seconds before step 1, {scale} ({figures['shards'][scale]} shards, {mb[scale]:.0f} MB)",
-             "flat", f"{figures[f'start_s_{scale}']} (--verify-first: {figures[f'verify_first_s_{scale}']})")
-            for scale in ("1x", "4x", "16x")]
-    rows += [("start_ratio_16x_vs_1x", "<= 1.2", str(figures["start_ratio_16x_vs_1x"])),
-             ("start_s_full_store_projected (80,000 shards)", "<= 60",
-              f"{figures['start_s_full_store_projected']} ({figures['start_s_per_1000_shards']} s per 1,000 shards)")]
+    rows = [
+        (
+            f"seconds before step 1, {scale} ({figures['shards'][scale]} shards, {mb[scale]:.0f} MB)",
+            "flat",
+            f"{figures[f'start_s_{scale}']} (--verify-first: {figures[f'verify_first_s_{scale}']})",
+        )
+        for scale in ("1x", "4x", "16x")
+    ]
+    rows += [
+        ("start_ratio_16x_vs_1x", "<= 1.2", str(figures["start_ratio_16x_vs_1x"])),
+        (
+            "start_s_full_store_projected (80,000 shards)",
+            "<= 60",
+            f"{figures['start_s_full_store_projected']} ({figures['start_s_per_1000_shards']} s per 1,000 shards)",
+        ),
+    ]
     append_results("scale_bench: fit's start as the store grows", rows, figures, smoke=args.smoke)
 
 

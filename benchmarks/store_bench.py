@@ -90,8 +90,16 @@ def bench_model(seed: int = 0, layers: int = 2):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=256, hidden_size=HIDDEN, intermediate_size=2048, num_hidden_layers=layers,
-                         num_attention_heads=8, num_key_value_heads=4, head_dim=128, max_position_embeddings=4096)
+    config = Qwen3Config(
+        vocab_size=256,
+        hidden_size=HIDDEN,
+        intermediate_size=2048,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=128,
+        max_position_embeddings=4096,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 
@@ -131,8 +139,9 @@ def encode_mb_s_per_core(samples, codec: CodecConfig, dtype: str, shard_tokens: 
         shard = bits[start : start + shard_tokens]
         rows, cols = codec.chunk_shape(*shard.shape, shard.itemsize)
         began = time.process_time()
-        for part in encode_shard(shard, (rows, cols), codec.element_bytes(cols, shard.itemsize), codec.level,
-                                 codec.min_saving, threads=1):
+        for part in encode_shard(
+            shard, (rows, cols), codec.element_bytes(cols, shard.itemsize), codec.level, codec.min_saving, threads=1
+        ):
             google_crc32c.value(part)
         seconds += time.process_time() - began
         raw += shard.size * 2
@@ -150,8 +159,14 @@ def write_per_sample(root: Path, samples) -> float:
         for i, (ids, hidden) in enumerate(samples):
             path = root / f"{i:06d}.pt"
             with open(path, "wb") as f:
-                torch.save({"input_ids": torch.from_numpy(ids), "loss_mask": torch.ones(len(ids), dtype=torch.uint8),
-                            "hidden_states": hidden}, f)
+                torch.save(
+                    {
+                        "input_ids": torch.from_numpy(ids),
+                        "loss_mask": torch.ones(len(ids), dtype=torch.uint8),
+                        "hidden_states": hidden,
+                    },
+                    f,
+                )
                 f.flush()
                 os.fsync(f.fileno())
     return t.seconds
@@ -195,13 +210,21 @@ def bench_plan(shards: list[list[SampleArrays]], shard_tokens: int) -> Plan:
     return Plan(tuple(planned), settings=settings)
 
 
-def write_store(root: Path, samples, shard_tokens: int, codec: CodecConfig, dtype: str,
-                uploads: list | None = None) -> tuple[float, float]:
+def write_store(
+    root: Path, samples, shard_tokens: int, codec: CodecConfig, dtype: str, uploads: list | None = None
+) -> tuple[float, float]:
     """(wall, CPU) seconds to write the samples' shards into a store at `root` (a
     directory or a bucket URL) after its plan; a bucket's writer appends each shard's
     `Upload` (bytes, seconds) to `uploads`."""
-    fingerprint = Fingerprint(target_model="bench-qwen3", num_target_layers=3, hidden_size=HIDDEN, vocab_size=256,
-                              layer_ids=[1], max_length=4096, dtype=dtype)
+    fingerprint = Fingerprint(
+        target_model="bench-qwen3",
+        num_target_layers=3,
+        hidden_size=HIDDEN,
+        vocab_size=256,
+        layer_ids=[1],
+        max_length=4096,
+        dtype=dtype,
+    )
     writer = create_store(root, fingerprint, codec)
     shards = shard_samples(samples, shard_tokens)
     writer.write_plan(bench_plan(shards, shard_tokens))
@@ -314,8 +337,13 @@ def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> list[float
     from train.data.config import DataConfig
     from train.data.loader import LoaderSpec, ShardLoader
 
-    config = DataConfig(max_length=4096, heldout_fraction=0.0, buffer_shards=1, prefetch_samples=1,
-                        cache_dir=None if cache_dir is None else str(cache_dir))
+    config = DataConfig(
+        max_length=4096,
+        heldout_fraction=0.0,
+        buffer_shards=1,
+        prefetch_samples=1,
+        cache_dir=None if cache_dir is None else str(cache_dir),
+    )
     epochs = EPOCHS_AFTER_FILL + 1
     spec = LoaderSpec([1], block_size=16, seed=1, epochs=epochs, shards=shards)
     loader = ShardLoader(store, config, spec, log=lambda line: None)
@@ -339,9 +367,20 @@ def paired_epochs(local: Path, bucket, names: list[str], cache_dir: Path, cache_
 
 # The trainer's runs: the tests' tiny drafter (tests/tiny.py) on the bench target, one
 # sample a step, no held-out pass, no evaluation, no checkpoint but the last.
-FIT_SETS = ("model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8", "model.architecture=dflash",
-            "loss.position_weights=decay", "model.mask_token_id=0", "data.heldout_fraction=0", "data.max_length=4096",
-            "train.batch_size=1", "train.grad_accumulation=1", "eval.every=0", "train.checkpoint_every=0")
+FIT_SETS = (
+    "model.num_hidden_layers=1",
+    "model.block_size=8",
+    "model.num_anchors=8",
+    "model.architecture=dflash",
+    "loss.position_weights=decay",
+    "model.mask_token_id=0",
+    "data.heldout_fraction=0",
+    "data.max_length=4096",
+    "train.batch_size=1",
+    "train.grad_accumulation=1",
+    "eval.every=0",
+    "train.checkpoint_every=0",
+)
 
 
 # `train.data.cache.ShardCache.close`'s line: what a run found in the cache and what it fetched
@@ -353,8 +392,22 @@ def fit_records(target: Path, store, out: Path, steps: int, log_every: int, *set
     `store`, with `sets` besides `FIT_SETS`. --skip-verify: the integrity pass would read
     the whole store before step 1 (from the bucket too), and it is not what is measured."""
     sets = (*FIT_SETS, f"train.log_every={log_every}", *sets)
-    command = [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
-               "--max-steps", str(steps), "--skip-verify", *sum((["--set", s] for s in sets), [])]
+    command = [
+        sys.executable,
+        "-m",
+        "train",
+        "fit",
+        "--store",
+        str(store),
+        "--target",
+        str(target),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(steps),
+        "--skip-verify",
+        *sum((["--set", s] for s in sets), []),
+    ]
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     done = subprocess.run(command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if done.returncode:
@@ -375,9 +428,13 @@ def data_wait(run: tuple[list[dict], str], log_every: int) -> dict:
     waited = [r["loader_wait_frac"] * s for r, s in zip(records, seconds)]
     steps = log_every * (len(records) - 1)
     cache = CACHE_LINE.search(output)
-    return {"wait_share": round(sum(waited[1:]) / sum(seconds[1:]), 5), "step_s": round(sum(seconds[1:]) / steps, 3),
-            "wait_s": round(sum(waited[1:]), 3), "first_interval_wait_s": round(waited[0], 3),
-            **({"shards_reused": int(cache[1]), "shards_fetched": int(cache[2])} if cache else {})}
+    return {
+        "wait_share": round(sum(waited[1:]) / sum(seconds[1:]), 5),
+        "step_s": round(sum(seconds[1:]) / steps, 3),
+        "wait_s": round(sum(waited[1:]), 3),
+        "first_interval_wait_s": round(waited[0], 3),
+        **({"shards_reused": int(cache[1]), "shards_fetched": int(cache[2])} if cache else {}),
+    }
 
 
 def trainer_data_wait(work: Path, url: str, local: Path, steps: int) -> dict:
@@ -400,10 +457,12 @@ def trainer_data_wait(work: Path, url: str, local: Path, steps: int) -> dict:
         raise SystemExit(f"the first run left {len(held)} of {len(names)} shard(s) in {cache}: the cache is not warm")
     runs["cache"] = run(url, "fit_warm", *through_cache)
     runs["local"] = run(local, "fit_local")
-    return {"trainer_data_wait_share_cache": runs["cache"]["wait_share"],
-            "trainer_data_wait_share_local": runs["local"]["wait_share"],
-            "trainer_data_wait_share_cache_fill": runs["cache_fill"]["wait_share"],
-            "trainer_fit": {**runs, "steps": steps, "log_every": log_every, "store_shards": len(names)}}
+    return {
+        "trainer_data_wait_share_cache": runs["cache"]["wait_share"],
+        "trainer_data_wait_share_local": runs["local"]["wait_share"],
+        "trainer_data_wait_share_cache_fill": runs["cache_fill"]["wait_share"],
+        "trainer_fit": {**runs, "steps": steps, "log_every": log_every, "store_shards": len(names)},
+    }
 
 
 def shard_cache_figures(work: Path, samples, local: Path, fit_steps: int) -> dict:
@@ -432,14 +491,20 @@ def shard_cache_figures(work: Path, samples, local: Path, fit_steps: int) -> dic
         local_s, cached_s = (statistics.median(sum(r[k]) for r in runs) for k in (0, 1))
         trainer = trainer_data_wait(work, url, local, fit_steps)
     sent, seconds = sum(u.sent for u in uploads), sum(u.seconds for u in uploads)
-    return {"uploader_mb_s": round(sent / seconds / 1e6, 1),
-            "shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
-            "shard_cache_read_ratio_vs_local": round(ratio, 3),
-            "shard_cache_epoch_seconds": {"cache": [[round(t, 3) for t in r[1]] for r in runs],
-                                          "local": [[round(t, 3) for t in r[0]] for r in runs]},
-            "loader_ms_per_sample": {"cache": round(1e3 * cached_s / EPOCHS_AFTER_FILL / len(samples), 1),
-                                     "local": round(1e3 * local_s / EPOCHS_AFTER_FILL / len(samples), 1)},
-            **trainer}
+    return {
+        "uploader_mb_s": round(sent / seconds / 1e6, 1),
+        "shard_cache_fill_mb_s": round(copied / fill.seconds / 1e6, 1),
+        "shard_cache_read_ratio_vs_local": round(ratio, 3),
+        "shard_cache_epoch_seconds": {
+            "cache": [[round(t, 3) for t in r[1]] for r in runs],
+            "local": [[round(t, 3) for t in r[0]] for r in runs],
+        },
+        "loader_ms_per_sample": {
+            "cache": round(1e3 * cached_s / EPOCHS_AFTER_FILL / len(samples), 1),
+            "local": round(1e3 * local_s / EPOCHS_AFTER_FILL / len(samples), 1),
+        },
+        **trainer,
+    }
 
 
 def epoch_read_figures(work: Path, num_samples: int) -> tuple[str, dict]:
@@ -479,36 +544,72 @@ def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
         ("epoch_read_ratio_vs_torch_save (cold)", ">= 1.0", str(figures["epoch_read_ratio_vs_torch_save"])),
         ("fp8_bytes_ratio (fp8 store / raw bf16)", "<= 0.40", str(figures["fp8_bytes_ratio"])),
         ("fp8_epoch_read_ratio_vs_torch_save (cold)", "-", str(figures["fp8_epoch_read_ratio_vs_torch_save"])),
-        ("fp8 with the row-major codec (bytesplit): bytes ratio / epoch read ratio", "-",
-         f"{figures['fp8_bytesplit_bytes_ratio']} / {figures['fp8_bytesplit_epoch_read_ratio_vs_torch_save']}"),
-        ("v1 codec (blosc): bytes ratio / epoch read ratio", "-",
-         f"{figures['blosc_v1_bytes_ratio']} / {figures['blosc_v1_epoch_read_ratio_vs_torch_save']}"),
+        (
+            "fp8 with the row-major codec (bytesplit): bytes ratio / epoch read ratio",
+            "-",
+            f"{figures['fp8_bytesplit_bytes_ratio']} / {figures['fp8_bytesplit_epoch_read_ratio_vs_torch_save']}",
+        ),
+        (
+            "v1 codec (blosc): bytes ratio / epoch read ratio",
+            "-",
+            f"{figures['blosc_v1_bytes_ratio']} / {figures['blosc_v1_epoch_read_ratio_vs_torch_save']}",
+        ),
         ("decode GB/s per core (stored bytes out)", "-", str(figures["decode_gb_per_s_per_core"])),
         ("loader cores for one GPU at 36K tok/s x 5 x 5120", "-", str(figures["loader_cores_for_36k_tok_s"])),
-        ("verify_gb_per_s (on disk, all cores, cold)", "-",
-         f"{figures['verify_gb_per_s']} (--checksums-only {figures['verify_checksums_only_gb_per_s']})"),
+        (
+            "verify_gb_per_s (on disk, all cores, cold)",
+            "-",
+            f"{figures['verify_gb_per_s']} (--checksums-only {figures['verify_checksums_only_gb_per_s']})",
+        ),
         ("epoch read ratio (warm)", "-", str(figures["epoch_read_ratio_vs_torch_save_warm"])),
-        ("write_mb_s (store, fsync; fp8 from device-quantized codes)", "-",
-         f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, torch.save {figures['torch_save_write_mb_s']})"),
-        ("encode MB/s raw per core, crc32c included (bf16, fp8)", ">= 500",
-         " / ".join(str(rate) for rate in figures["encode_mb_s_per_core"].values())),
-        ("write MB/s raw per core: CPU seconds of the whole writer (stats, encode, files, crc32c)", "-",
-         " / ".join(str(rate) for rate in figures["write_mb_s_per_core"].values())),
-        (f"writer cores per GPU at {EXTRACT_TOKENS_PER_S} tokens/s x 5 x 5120 (bf16, fp8)", "<= 1",
-         " / ".join(str(cores) for cores in figures["writer_cores_per_gpu_at_9000"].values())),
-        ("random 3072-token window reads, store/files (cold)", "info", str(figures["window_read_ratio_vs_torch_save_cold"])),
-        ("uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)", "-",
-         str(figures["uploader_mb_s"])),
+        (
+            "write_mb_s (store, fsync; fp8 from device-quantized codes)",
+            "-",
+            f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, torch.save {figures['torch_save_write_mb_s']})",
+        ),
+        (
+            "encode MB/s raw per core, crc32c included (bf16, fp8)",
+            ">= 500",
+            " / ".join(str(rate) for rate in figures["encode_mb_s_per_core"].values()),
+        ),
+        (
+            "write MB/s raw per core: CPU seconds of the whole writer (stats, encode, files, crc32c)",
+            "-",
+            " / ".join(str(rate) for rate in figures["write_mb_s_per_core"].values()),
+        ),
+        (
+            f"writer cores per GPU at {EXTRACT_TOKENS_PER_S} tokens/s x 5 x 5120 (bf16, fp8)",
+            "<= 1",
+            " / ".join(str(cores) for cores in figures["writer_cores_per_gpu_at_9000"].values()),
+        ),
+        (
+            "random 3072-token window reads, store/files (cold)",
+            "info",
+            str(figures["window_read_ratio_vs_torch_save_cold"]),
+        ),
+        (
+            "uploader MB/s (extract's bucket writer: shard files + marker, moto on loopback)",
+            "-",
+            str(figures["uploader_mb_s"]),
+        ),
         ("shard cache fill MB/s (moto on loopback, crc32c checked)", "-", str(figures["shard_cache_fill_mb_s"])),
-        (f"trainer's loader, {EPOCHS_AFTER_FILL} epochs after the fill through the shard cache / from local disk",
-         ">= 0.9",
-         str(figures["shard_cache_read_ratio_vs_local"])),
-        ("train fit's data-wait share after the first fill: warm cache / local (first fill)", "<= 1 %",
-         " / ".join(f"{100 * figures[f'trainer_data_wait_share_{run}']:.2f} %" for run in ("cache", "local"))
-         + f" ({100 * figures['trainer_data_wait_share_cache_fill']:.2f} %)"),
-        ("train fit's seconds a step / the loader's alone a sample (ms): warm cache, local", "info",
-         f"{figures['trainer_fit']['cache']['step_s']} / {figures['loader_ms_per_sample']['cache']}, "
-         f"{figures['trainer_fit']['local']['step_s']} / {figures['loader_ms_per_sample']['local']}"),
+        (
+            f"trainer's loader, {EPOCHS_AFTER_FILL} epochs after the fill through the shard cache / from local disk",
+            ">= 0.9",
+            str(figures["shard_cache_read_ratio_vs_local"]),
+        ),
+        (
+            "train fit's data-wait share after the first fill: warm cache / local (first fill)",
+            "<= 1 %",
+            " / ".join(f"{100 * figures[f'trainer_data_wait_share_{run}']:.2f} %" for run in ("cache", "local"))
+            + f" ({100 * figures['trainer_data_wait_share_cache_fill']:.2f} %)",
+        ),
+        (
+            "train fit's seconds a step / the loader's alone a sample (ms): warm cache, local",
+            "info",
+            f"{figures['trainer_fit']['cache']['step_s']} / {figures['loader_ms_per_sample']['cache']}, "
+            f"{figures['trainer_fit']['local']['step_s']} / {figures['loader_ms_per_sample']['local']}",
+        ),
     ]
 
 
@@ -531,10 +632,13 @@ def main() -> None:
         write_s, write_cpu_s = {}, {}
         for name, (codec, dtype) in STORES.items():
             write_s[name], write_cpu_s[name] = write_store(
-                work / name, fp8_samples if store_dtype(dtype).scaled else samples, 32768, codec, dtype)
+                work / name, fp8_samples if store_dtype(dtype).scaled else samples, 32768, codec, dtype
+            )
         del fp8_samples
-        encode = {dtype: round(encode_mb_s_per_core(samples, codec, dtype), 1)
-                  for codec, dtype in (STORES["bf16"], STORES["fp8"])}
+        encode = {
+            dtype: round(encode_mb_s_per_core(samples, codec, dtype), 1)
+            for codec, dtype in (STORES["bf16"], STORES["fp8"])
+        }
         disk = {name: on_disk_bytes(work / name) for name in STORES}
         files_bytes = on_disk_bytes(work / "files")
         print("shard cache: a bucket on a loopback moto_server ...", file=sys.stderr)
@@ -551,7 +655,9 @@ def main() -> None:
 
     write_per_core = {STORES[name][1]: raw_bytes / write_cpu_s[name] / 1e6 for name in ("bf16", "fp8")}
     gpu_values = GPU_TOKENS_PER_S * GPU_LAYERS * GPU_HIDDEN  # values per second one GPU consumes
-    cores = {name: round(gpu_values * store_dtype(STORES[name][1]).itemsize / 1e9 / rate, 2) for name, rate in decode.items()}
+    cores = {
+        name: round(gpu_values * store_dtype(STORES[name][1]).itemsize / 1e9 / rate, 2) for name, rate in decode.items()
+    }
     figures = {
         "raw_bytes": raw_bytes,
         "bytes_ratio": round(disk["bf16"] / raw_bytes, 4),
@@ -563,7 +669,9 @@ def main() -> None:
         "fp8_write_mb_s": round(raw_bytes / write_s["fp8"] / 1e6, 1),
         "torch_save_write_mb_s": round(raw_bytes / write_files_s / 1e6, 1),
         "encode_mb_s_per_core": encode,
-        "write_mb_s_per_core": {STORES[name][1]: round(raw_bytes / write_cpu_s[name] / 1e6, 1) for name in ("bf16", "fp8")},
+        "write_mb_s_per_core": {
+            STORES[name][1]: round(raw_bytes / write_cpu_s[name] / 1e6, 1) for name in ("bf16", "fp8")
+        },
         "writer_cores_per_gpu_at_9000": {dtype: writer_cores_per_gpu(rate) for dtype, rate in write_per_core.items()},
         **reads,
         "decode_gb_per_s_per_core": decode,
@@ -576,8 +684,12 @@ def main() -> None:
         "cache": cold,
         "smoke": args.smoke,
     }
-    append_results(f"store_bench{' --quick' if args.quick else ''}: {raw_bytes / 1e9:.2f} GB raw, cache emptied by {cold}",
-                   summary_rows(figures), figures, smoke=args.smoke)
+    append_results(
+        f"store_bench{' --quick' if args.quick else ''}: {raw_bytes / 1e9:.2f} GB raw, cache emptied by {cold}",
+        summary_rows(figures),
+        figures,
+        smoke=args.smoke,
+    )
 
 
 if __name__ == "__main__":

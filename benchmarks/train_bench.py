@@ -118,7 +118,9 @@ def loss_child(variant: str, anchors: int, chunk_rows: int) -> dict:
 def measure_loss(variant: str, anchors: int, chunk_rows: int) -> dict:
     result = subprocess.run(
         [sys.executable, __file__, "--loss-child", variant, "--anchors", str(anchors), "--chunk-rows", str(chunk_rows)],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -149,8 +151,14 @@ def build_store(path: Path, num_shards: int, samples_per_shard: int, seed: int =
     few large channels) so the codec sees realistic bytes."""
     from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
 
-    fingerprint = Fingerprint(target_model="bench", num_target_layers=64, hidden_size=HIDDEN, vocab_size=VOCAB,
-                              layer_ids=LAYERS, max_length=3072)
+    fingerprint = Fingerprint(
+        target_model="bench",
+        num_target_layers=64,
+        hidden_size=HIDDEN,
+        vocab_size=VOCAB,
+        layer_ids=LAYERS,
+        max_length=3072,
+    )
     writer = create_store(path, fingerprint, CodecConfig())
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
@@ -162,7 +170,8 @@ def build_store(path: Path, num_shards: int, samples_per_shard: int, seed: int =
             n = int(rng.integers(1024, 3073))
             tokens += n
             hidden = {
-                layer: (torch.randn(n, HIDDEN, generator=generator) * channel_scale).to(torch.bfloat16) for layer in LAYERS
+                layer: (torch.randn(n, HIDDEN, generator=generator) * channel_scale).to(torch.bfloat16)
+                for layer in LAYERS
             }
             mask = np.zeros(n, np.uint8)
             mask[n // 4 :] = 1
@@ -186,14 +195,18 @@ def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     from train.objective.config import LossConfig
     from train.objective.targets import block_targets
 
-    data = DataConfig(max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4)
+    data = DataConfig(
+        max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4
+    )
     loader = ShardLoader(store, data, LoaderSpec(LAYERS, BLOCK, seed=0, epochs=1))
     generator = torch.Generator().manual_seed(0)
     nbytes = tokens = 0
     with Timer() as t:
         for sample in loader:
             anchors = sample_anchors(sample.loss_mask, BLOCK, ANCHORS, generator)
-            block_targets(sample.input_ids, sample.loss_mask, anchors, BLOCK, LossConfig(gamma=7.0, position_weights="decay"))
+            block_targets(
+                sample.input_ids, sample.loss_mask, anchors, BLOCK, LossConfig(gamma=7.0, position_weights="decay")
+            )
             nbytes += sample.nbytes
             tokens += sample.num_tokens
     return nbytes, tokens, t.seconds, loader.wait_seconds
@@ -209,8 +222,14 @@ def build_ddp_inputs(root: Path) -> tuple[Path, Path]:
     from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
 
     tiny_target(root / "target", DDP_HIDDEN, DDP_VOCAB, DDP_LAYERS)
-    fingerprint = Fingerprint(target_model="bench", num_target_layers=DDP_LAYERS, hidden_size=DDP_HIDDEN,
-                              vocab_size=DDP_VOCAB, layer_ids=[1, 2], max_length=512)
+    fingerprint = Fingerprint(
+        target_model="bench",
+        num_target_layers=DDP_LAYERS,
+        hidden_size=DDP_HIDDEN,
+        vocab_size=DDP_VOCAB,
+        layer_ids=[1, 2],
+        max_length=512,
+    )
     writer = create_store(root / "store", fingerprint, CodecConfig())
     rng = np.random.default_rng(0)
     for s in range(8):
@@ -226,12 +245,36 @@ def build_ddp_inputs(root: Path) -> tuple[Path, Path]:
 
 
 def _fit_command(target: Path, store: Path, out: Path, nproc: int, steps: int) -> list[str]:
-    sets = ["model.num_hidden_layers=2", "model.num_anchors=64", "model.mask_token_id=0", "data.heldout_fraction=0",
-            "data.loader_threads=1", "data.lanes=2", "train.batch_size=1", "train.grad_accumulation=8",
-            "train.epochs=100", f"train.log_every={steps // 3}", "eval.every=0", "train.checkpoint_every=0",
-            "data.buffer_shards=2"]
-    command = [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
-               "--max-steps", str(steps), *sum((["--set", s] for s in sets), [])]
+    sets = [
+        "model.num_hidden_layers=2",
+        "model.num_anchors=64",
+        "model.mask_token_id=0",
+        "data.heldout_fraction=0",
+        "data.loader_threads=1",
+        "data.lanes=2",
+        "train.batch_size=1",
+        "train.grad_accumulation=8",
+        "train.epochs=100",
+        f"train.log_every={steps // 3}",
+        "eval.every=0",
+        "train.checkpoint_every=0",
+        "data.buffer_shards=2",
+    ]
+    command = [
+        sys.executable,
+        "-m",
+        "train",
+        "fit",
+        "--store",
+        str(store),
+        "--target",
+        str(target),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(steps),
+        *sum((["--set", s] for s in sets), []),
+    ]
     return command + (["--nproc", str(nproc)] if nproc > 1 else [])
 
 
@@ -239,8 +282,16 @@ def fit_rates(target: Path, store: Path, outs: list[Path], nproc: int, steps: in
     """Sequences/s of `train fit` runs started together (one per out directory),
     each after its first logged interval."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    runs = [subprocess.Popen(_fit_command(target, store, out, nproc, steps), env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for out in outs]
+    runs = [
+        subprocess.Popen(
+            _fit_command(target, store, out, nproc, steps),
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for out in outs
+    ]
     rates = []
     for out, run in zip(outs, runs):
         output, _ = run.communicate()
@@ -265,13 +316,18 @@ def ddp_scaling(rounds: int, steps: int) -> dict:
         load_after = os.getloadavg()[0]
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"ddp_scaling_2v1": round(max(two) / max(one), 3), "ddp_1rank_seq_per_s": round(max(one), 3),
-            "ddp_2rank_seq_per_s": round(max(two), 3), "ddp_rounds_1rank": [round(x, 3) for x in one],
-            "ddp_rounds_2rank": [round(x, 3) for x in two], "ddp_steps": steps,
-            "ddp_independent_pair_seq_per_s": round(max(pair), 3),
-            "ddp_rounds_independent_pair": [round(x, 3) for x in pair],
-            "ddp_2rank_vs_independent_pair": round(max(two) / max(pair), 3),
-            "ddp_load_avg": [round(load_before, 2), round(load_after, 2)]}
+    return {
+        "ddp_scaling_2v1": round(max(two) / max(one), 3),
+        "ddp_1rank_seq_per_s": round(max(one), 3),
+        "ddp_2rank_seq_per_s": round(max(two), 3),
+        "ddp_rounds_1rank": [round(x, 3) for x in one],
+        "ddp_rounds_2rank": [round(x, 3) for x in two],
+        "ddp_steps": steps,
+        "ddp_independent_pair_seq_per_s": round(max(pair), 3),
+        "ddp_rounds_independent_pair": [round(x, 3) for x in pair],
+        "ddp_2rank_vs_independent_pair": round(max(two) / max(pair), 3),
+        "ddp_load_avg": [round(load_before, 2), round(load_after, 2)],
+    }
 
 
 def main() -> None:
@@ -290,12 +346,17 @@ def main() -> None:
         return
     if args.smoke:
         args.rounds = 1
-    ddp = ddp_scaling(1, SMOKE_DDP_STEPS) if args.smoke else ddp_scaling(1 if args.quick else 2, 12 if args.quick else 24)
-    ddp_row = ("ddp_scaling_2v1 (sequences/s, 2 gloo ranks x 1 thread / 1 rank x 1 thread, global batch 8)", ">= 1.7",
-               f"{ddp['ddp_scaling_2v1']} ({ddp['ddp_2rank_seq_per_s']} / {ddp['ddp_1rank_seq_per_s']} seq/s; "
-               f"load average {ddp['ddp_load_avg'][0]} -> {ddp['ddp_load_avg'][1]} on {os.cpu_count()} cores); "
-               f"two independent 1-rank fits side by side: {ddp['ddp_independent_pair_seq_per_s']} seq/s together, "
-               f"so 2 ranks reach {ddp['ddp_2rank_vs_independent_pair']} of them")
+    ddp = (
+        ddp_scaling(1, SMOKE_DDP_STEPS) if args.smoke else ddp_scaling(1 if args.quick else 2, 12 if args.quick else 24)
+    )
+    ddp_row = (
+        "ddp_scaling_2v1 (sequences/s, 2 gloo ranks x 1 thread / 1 rank x 1 thread, global batch 8)",
+        ">= 1.7",
+        f"{ddp['ddp_scaling_2v1']} ({ddp['ddp_2rank_seq_per_s']} / {ddp['ddp_1rank_seq_per_s']} seq/s; "
+        f"load average {ddp['ddp_load_avg'][0]} -> {ddp['ddp_load_avg'][1]} on {os.cpu_count()} cores); "
+        f"two independent 1-rank fits side by side: {ddp['ddp_independent_pair_seq_per_s']} seq/s together, "
+        f"so 2 ranks reach {ddp['ddp_2rank_vs_independent_pair']} of them",
+    )
     if args.ddp_only:
         append_results("train_bench --ddp-only", [ddp_row], ddp, smoke=args.smoke)
         return
@@ -356,17 +417,26 @@ def main() -> None:
         **ddp,
     }
     rows = [
-        ("loss_memory_ratio (chunked / naive peak, V=248,320, 512x16)", "<= 0.15",
-         f"{figures['loss_memory_ratio']} ({figures['loss_chunked_peak_gb']} / {figures['loss_naive_peak_gb']} GB; {memory['method']})"),
-        ("loader_efficiency (loader / raw decode bytes/s, cold)", ">= 0.8",
-         f"{figures['loader_efficiency']} ({figures['loader_mb_s']} / {figures['raw_decode_mb_s']} MB/s)"),
+        (
+            "loss_memory_ratio (chunked / naive peak, V=248,320, 512x16)",
+            "<= 0.15",
+            f"{figures['loss_memory_ratio']} ({figures['loss_chunked_peak_gb']} / "
+            f"{figures['loss_naive_peak_gb']} GB; {memory['method']})",
+        ),
+        (
+            "loader_efficiency (loader / raw decode bytes/s, cold)",
+            ">= 0.8",
+            f"{figures['loader_efficiency']} ({figures['loader_mb_s']} / {figures['raw_decode_mb_s']} MB/s)",
+        ),
         ("loader efficiency (warm)", "-", f"{figures['loader_efficiency_warm']}"),
         ddp_row,
-        ("loader_tokens_per_s (5 x 5120 bf16, cold)", f"seeds' trainer used ~{SEEDS_TOKENS_PER_S:,} on one GPU",
-         f"{figures['loader_tokens_per_s']:,} with {args.threads} decode threads"),
+        (
+            "loader_tokens_per_s (5 x 5120 bf16, cold)",
+            f"seeds' trainer used ~{SEEDS_TOKENS_PER_S:,} on one GPU",
+            f"{figures['loader_tokens_per_s']:,} with {args.threads} decode threads",
+        ),
     ]
-    title = (f"train_bench{' --quick' if args.quick else ''}: {figures['store_gb_raw']} GB raw, "
-             f"cache emptied by {cache}")
+    title = f"train_bench{' --quick' if args.quick else ''}: {figures['store_gb_raw']} GB raw, cache emptied by {cache}"
     append_results(title, rows, figures, smoke=args.smoke)
 
 

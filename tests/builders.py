@@ -103,11 +103,22 @@ def save_reference_drafter(path: str | Path, block_size: int = 8, seed: int = 3)
     from transformers import Qwen3Config
 
     config = Qwen3Config(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"], use_sliding_window=True,
-        sliding_window=6, max_window_layers=3, architectures=["DFlashDraftModel"],
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=512,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        use_sliding_window=True,
+        sliding_window=6,
+        max_window_layers=3,
+        architectures=["DFlashDraftModel"],
     )
     config.block_size = block_size
     config.num_target_layers = 6
@@ -156,10 +167,24 @@ def small_codec(dtype: str):
     return CodecConfig(name=name, chunk_bytes=4096, channel_rows=128)
 
 
-def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_ids=(1, 3), hidden_size: int = 64,
-                 vocab_size: int = 512, num_target_layers: int = 8, seed: int = 0, codec=None, topk: int = 0,
-                 with_plan: bool = True, dtype: str = "bfloat16", layer_rms: dict | None = None,
-                 target_dir=None, plan_settings: dict | None = None, quarantined=()):
+def random_store(
+    path,
+    num_shards: int = 3,
+    samples_per_shard: int = 4,
+    layer_ids=(1, 3),
+    hidden_size: int = 64,
+    vocab_size: int = 512,
+    num_target_layers: int = 8,
+    seed: int = 0,
+    codec=None,
+    topk: int = 0,
+    with_plan: bool = True,
+    dtype: str = "bfloat16",
+    layer_rms: dict | None = None,
+    target_dir=None,
+    plan_settings: dict | None = None,
+    quarantined=(),
+):
     """A store of random bf16 states written through the real writer, with a plan.
     For store mechanics only; tests that need meaningful states extract them.
     `layer_rms` (layer id -> RMS, default 1 for all) scales each layer's states, e.g.
@@ -184,9 +209,16 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
     from store_schema.fingerprint import target_identity
 
     identity = target_identity(target_dir) if target_dir is not None else {"target_model": "random"}
-    fingerprint = Fingerprint(**identity, num_target_layers=num_target_layers, hidden_size=hidden_size,
-                              vocab_size=vocab_size, layer_ids=list(layer_ids), max_length=512, target_topk=topk,
-                              dtype=dtype)
+    fingerprint = Fingerprint(
+        **identity,
+        num_target_layers=num_target_layers,
+        hidden_size=hidden_size,
+        vocab_size=vocab_size,
+        layer_ids=list(layer_ids),
+        max_length=512,
+        target_topk=topk,
+        dtype=dtype,
+    )
     writer = create_store(path, fingerprint, codec or small_codec(dtype))
     shards, planned = {}, []
     for s in range(num_shards):
@@ -196,9 +228,15 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
             ids = rng.integers(0, vocab_size, length).astype(np.int32)
             mask = (rng.random(length) > 0.3).astype(np.uint8)
             sample = SampleArrays(
-                f"s{s}-{i}", ids, mask,
-                {layer: (torch.randn(length, hidden_size, generator=generator) * (layer_rms or {}).get(layer, 1.0))
-                 .to(torch.bfloat16) for layer in layer_ids},
+                f"s{s}-{i}",
+                ids,
+                mask,
+                {
+                    layer: (
+                        torch.randn(length, hidden_size, generator=generator) * (layer_rms or {}).get(layer, 1.0)
+                    ).to(torch.bfloat16)
+                    for layer in layer_ids
+                },
             )
             if topk:
                 sample.topk_ids = rng.integers(0, vocab_size, (length, topk)).astype(np.int32)
@@ -206,12 +244,25 @@ def random_store(path, num_shards: int = 3, samples_per_shard: int = 4, layer_id
             samples.append(sample)
         name = shard_name(s)
         shards[name] = samples
-        planned.append(PlannedShard(name, tuple(
-            PlannedSample(x.sample_id, s * samples_per_shard + i, len(x.input_ids), int(x.loss_mask.sum()),
-                          sample_digest(x.input_ids.tobytes(), x.loss_mask.tobytes()))
-            for i, x in enumerate(samples))))
+        planned.append(
+            PlannedShard(
+                name,
+                tuple(
+                    PlannedSample(
+                        x.sample_id,
+                        s * samples_per_shard + i,
+                        len(x.input_ids),
+                        int(x.loss_mask.sum()),
+                        sample_digest(x.input_ids.tobytes(), x.loss_mask.tobytes()),
+                    )
+                    for i, x in enumerate(samples)
+                ),
+            )
+        )
     if with_plan:
-        writer.write_plan(Plan(tuple(planned), tuple(quarantined), settings=plan_settings or {"source": "random_store"}))
+        writer.write_plan(
+            Plan(tuple(planned), tuple(quarantined), settings=plan_settings or {"source": "random_store"})
+        )
     for name, samples in shards.items():
         writer.write_shard(name, samples)
     return writer, shards
@@ -228,9 +279,16 @@ def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
     import signal
     import subprocess
 
-    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    job = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     seen = []
     try:
         for line in job.stderr:
@@ -263,8 +321,11 @@ def chat_prompts(tokenizer, count, seed=1) -> list:
     import torch
 
     return [
-        torch.tensor(tokenizer.apply_chat_template(r["messages"][:1], tokenize=True, add_generation_prompt=True,
-                                                   return_dict=True)["input_ids"])
+        torch.tensor(
+            tokenizer.apply_chat_template(
+                r["messages"][:1], tokenize=True, add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
         for r in coding_chats(count, seed=seed)
     ]
 
@@ -284,13 +345,16 @@ def scored_text(tokenizer, ids, mask) -> list[str]:
 def generate_records(count: int = 4) -> list[dict]:
     """Chats for `extract generate`: single-turn coding chats around a multi-turn one
     and a record with no reply yet."""
-    multi = {"id": "multi", "messages": [
-        {"role": "system", "content": "You write Python."},
-        {"role": "user", "content": "Write a function that adds two numbers."},
-        {"role": "assistant", "content": "def add(a, b):\n    return a + b\n"},
-        {"role": "user", "content": "Now one that multiplies them."},
-        {"role": "assistant", "content": "def mul(a, b):\n    return a * b\n"},
-    ]}
+    multi = {
+        "id": "multi",
+        "messages": [
+            {"role": "system", "content": "You write Python."},
+            {"role": "user", "content": "Write a function that adds two numbers."},
+            {"role": "assistant", "content": "def add(a, b):\n    return a + b\n"},
+            {"role": "user", "content": "Now one that multiplies them."},
+            {"role": "assistant", "content": "def mul(a, b):\n    return a * b\n"},
+        ],
+    }
     prompt_only = {"id": "prompt-only", "messages": [{"role": "user", "content": "Write `dumps` from `json`."}]}
     chats = coding_chats(count)
     return chats[:2] + [multi] + chats[2:] + [prompt_only]
@@ -329,22 +393,40 @@ def save_reference_dflash2(path: str | Path, target_layer_ids=(2, 4), block_size
     from train.drafter.model import DrafterConfig
     from train.export.drafter_dir import export_drafter
 
-    config = DrafterConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                           intermediate_size=96, vocab_size=512, num_target_layers=6,
-                           context_layer_ids=list(target_layer_ids), mask_token_id=5, num_hidden_layers=2,
-                           block_size=block_size, layer_types=["sliding_attention"] * 2, sliding_window=6,
-                           is_causal=False, architecture="dflash2", selector_rank=16, selector_top_k=8)
+    config = DrafterConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        vocab_size=512,
+        num_target_layers=6,
+        context_layer_ids=list(target_layer_ids),
+        mask_token_id=5,
+        num_hidden_layers=2,
+        block_size=block_size,
+        layer_types=["sliding_attention"] * 2,
+        sliding_window=6,
+        is_causal=False,
+        architecture="dflash2",
+        selector_rank=16,
+        selector_top_k=8,
+    )
     torch.manual_seed(seed)
     drafter = build_drafter(config)
     with torch.no_grad():
         for p in drafter.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     with tempfile.TemporaryDirectory() as ours:
-        reference = DFlash2DraftModel.from_pretrained(str(export_drafter(drafter, Path(ours), dtype=torch.float32)),
-                                                      dtype=torch.float32).eval()
+        reference = DFlash2DraftModel.from_pretrained(
+            str(export_drafter(drafter, Path(ours), dtype=torch.float32)), dtype=torch.float32
+        ).eval()
     reference.save_pretrained(str(path))
     weights = Path(path) / "model.safetensors"
     tensors = load_file(str(weights))
-    save_file({name.removesuffix(".weight") if "codebook" in name else name: t for name, t in tensors.items()},
-              str(weights), metadata={"format": "pt"})
+    save_file(
+        {name.removesuffix(".weight") if "codebook" in name else name: t for name, t in tensors.items()},
+        str(weights),
+        metadata={"format": "pt"},
+    )
     return reference

@@ -118,11 +118,14 @@ class UnmarkedSlowTests:
             self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
 
     def pytest_terminal_summary(self, terminalreporter):
-        slow = sorted(((seconds, nodeid) for nodeid, seconds in self.seconds.items()
-                       if seconds > UNMARKED_SLOW_SECONDS), reverse=True)
+        slow = sorted(
+            ((seconds, nodeid) for nodeid, seconds in self.seconds.items() if seconds > UNMARKED_SLOW_SECONDS),
+            reverse=True,
+        )
         if slow:
-            terminalreporter.section(f"tests not marked slow that took over {UNMARKED_SLOW_SECONDS:.0f} s "
-                                     "(mark them @pytest.mark.slow)")
+            terminalreporter.section(
+                f"tests not marked slow that took over {UNMARKED_SLOW_SECONDS:.0f} s (mark them @pytest.mark.slow)"
+            )
             for seconds, nodeid in slow:
                 terminalreporter.write_line(f"{seconds:7.1f} s  {nodeid}")
 

@@ -50,21 +50,55 @@ def job_config(model, corpus_path, store, *, shard_tokens=SHARD_TOKENS, **overri
     from store_schema.plan import PlanSettings
 
     settings = dict(
-        model=str(model), corpus=str(corpus_path), store=str(store), layers=list(LAYERS),
-        plan_settings=PlanSettings(shard_tokens=shard_tokens), batch_tokens=BATCH_TOKENS,
+        model=str(model),
+        corpus=str(corpus_path),
+        store=str(store),
+        layers=list(LAYERS),
+        plan_settings=PlanSettings(shard_tokens=shard_tokens),
+        batch_tokens=BATCH_TOKENS,
         execution=execution_of(overrides, workers=2, device="cpu"),
     )
     settings.update(overrides)
     return JobConfig(**settings)
 
 
-def extract_command(model, corpus_path, store, address: str, *, layers=LAYERS, shard_tokens=SHARD_TOKENS,
-                    batch_tokens=BATCH_TOKENS, workers: int = 1, extra=()) -> list[str]:
+def extract_command(
+    model,
+    corpus_path,
+    store,
+    address: str,
+    *,
+    layers=LAYERS,
+    shard_tokens=SHARD_TOKENS,
+    batch_tokens=BATCH_TOKENS,
+    workers: int = 1,
+    extra=(),
+) -> list[str]:
     """The `python -m extract run` command line of a job joining the cluster at `address`."""
-    return [sys.executable, "-m", "extract", "run", "--model", str(model), "--corpus", str(corpus_path),
-            "--store", str(store), "--layers", ",".join(map(str, layers)), "--shard-tokens", str(shard_tokens),
-            "--batch-tokens", str(batch_tokens), "--workers", str(workers), "--address", address,
-            "--no-progress", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "extract",
+        "run",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus_path),
+        "--store",
+        str(store),
+        "--layers",
+        ",".join(map(str, layers)),
+        "--shard-tokens",
+        str(shard_tokens),
+        "--batch-tokens",
+        str(batch_tokens),
+        "--workers",
+        str(workers),
+        "--address",
+        address,
+        "--no-progress",
+        *extra,
+    ]
 
 
 def store_content(store) -> dict:
@@ -86,8 +120,13 @@ def store_content(store) -> dict:
 
 
 def verify_cli(store) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "store_schema", "verify", str(store), "--json"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "store_schema", "verify", str(store), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def committed_inodes(store) -> dict:

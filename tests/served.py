@@ -37,8 +37,9 @@ def vllm_python() -> str:
     for candidate in candidates:
         if candidate and Path(candidate).is_file():
             return str(candidate)
-    pytest.fail(f"no vLLM CPU environment: neither $DFLASH_VLLM_PYTHON nor {candidates[1]} exists "
-                "(`make vllm-env` builds it)")
+    pytest.fail(
+        f"no vLLM CPU environment: neither $DFLASH_VLLM_PYTHON nor {candidates[1]} exists (`make vllm-env` builds it)"
+    )
 
 
 def free_port() -> int:
@@ -66,16 +67,37 @@ class VLLMServer:
         config = read_target_config(model_dir)
         kv = vllm_memory.kv_bytes_per_token(config.num_hidden_layers, config.num_key_value_heads, config.head_dim, 4)
         share = vllm_memory.cpu_memory_share(  # float32, as --dtype below
-            vllm_memory.engine_bytes(weights=vllm_memory.weight_bytes(model_dir), kv_per_token=kv,
-                                     max_model_len=MAX_MODEL_LEN), vllm_memory.host_memory())
-        command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-                   "--host", "127.0.0.1", "--port", str(self.port), "--gpu-memory-utilization", str(share),
-                   "--max-model-len", str(MAX_MODEL_LEN), "--enforce-eager", "--dtype", "float32", "--max-num-seqs", "16"]
+            vllm_memory.engine_bytes(
+                weights=vllm_memory.weight_bytes(model_dir), kv_per_token=kv, max_model_len=MAX_MODEL_LEN
+            ),
+            vllm_memory.host_memory(),
+        )
+        command = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--gpu-memory-utilization",
+            str(share),
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--enforce-eager",
+            "--dtype",
+            "float32",
+            "--max-num-seqs",
+            "16",
+        ]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         env.pop("PYTHONPATH", None)
         with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True, cwd=log_path.parent)
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=log_path.parent
+            )
         deadline = time.monotonic() + START_SECONDS
         while not answers(self.url):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -141,7 +163,8 @@ class Relay:
 
 
 def chat(url: str, body: dict) -> dict:
-    request = urllib.request.Request(f"{url}/v1/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{url}/v1/chat/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())

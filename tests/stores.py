@@ -90,9 +90,14 @@ def greedy_store(path, model_dir, tokenizer, layers, count: int, new_tokens: int
 
     target = load_target(model_dir)
     runner = TargetRunner(target, layers)
-    fingerprint = Fingerprint(target_model=str(model_dir), num_target_layers=target.num_layers,
-                              hidden_size=target.hidden_size, vocab_size=target.vocab_size, layer_ids=list(layers),
-                              max_length=512)
+    fingerprint = Fingerprint(
+        target_model=str(model_dir),
+        num_target_layers=target.num_layers,
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        layer_ids=list(layers),
+        max_length=512,
+    )
     writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=4096))
     records = builders.coding_chats(count)
     prompts = builders.chat_prompts(tokenizer, count, seed=0)
@@ -103,7 +108,9 @@ def greedy_store(path, model_dir, tokenizer, layers, count: int, new_tokens: int
             ids = np.asarray(prompt.tolist() + reply, dtype=np.int32)
             rows.append((ids, np.r_[np.zeros(len(prompt)), np.ones(len(reply))].astype(np.uint8)))
         outputs = runner.run_batch([ids for ids, _ in rows])
-        samples = [SampleArrays(r["id"], ids, mask, {layer: out[layer] for layer in layers})
-                   for r, (ids, mask), out in zip(records[start : start + 8], rows, outputs)]
+        samples = [
+            SampleArrays(r["id"], ids, mask, {layer: out[layer] for layer in layers})
+            for r, (ids, mask), out in zip(records[start : start + 8], rows, outputs)
+        ]
         writer.write_shard(shard_name(s), samples)
     return path

@@ -32,10 +32,26 @@ def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
     """Everything the commands take, real: a store matching the tiny Qwen3 target, a
     run of 2 steps on it, its export, a corpus, a prompts file, a copy of the target without weights."""
     root = tmp_path_factory.mktemp("cli")
-    builders.random_store(root / "store", num_shards=2, samples_per_shard=4, num_target_layers=6, hidden_size=64,
-                          vocab_size=512)
-    assert train_main(["fit", "--store", str(root / "store"), "--target", str(qwen3_dir), "--out", str(root / "run"),
-                       "--max-steps", "2", *tiny.cli_sets(TINY)]) == 0
+    builders.random_store(
+        root / "store", num_shards=2, samples_per_shard=4, num_target_layers=6, hidden_size=64, vocab_size=512
+    )
+    assert (
+        train_main(
+            [
+                "fit",
+                "--store",
+                str(root / "store"),
+                "--target",
+                str(qwen3_dir),
+                "--out",
+                str(root / "run"),
+                "--max-steps",
+                "2",
+                *tiny.cli_sets(TINY),
+            ]
+        )
+        == 0
+    )
     assert train_main(["export", str(root / "run"), "--out", str(root / "export")]) == 0
     builders.write_chat_jsonl(root / "chats.jsonl", builders.coding_chats(4))
     (root / "prompts.jsonl").write_text(json.dumps({"input_ids": [1, 2, 3]}) + "\n")
@@ -44,9 +60,17 @@ def world(tmp_path_factory, qwen3_dir) -> dict[str, str]:
     for file in Path(qwen3_dir).iterdir():
         if not file.name.startswith("model.safetensors"):
             shutil.copy(file, weightless / file.name)
-    return {"S": str(root / "store"), "T": str(qwen3_dir), "RUN": str(root / "run"), "E": str(root / "export"),
-            "C": str(root / "chats.jsonl"), "P": str(root / "prompts.jsonl"), "NEW": str(root / "new"),
-            "M": MISSING, "W": str(weightless)}
+    return {
+        "S": str(root / "store"),
+        "T": str(qwen3_dir),
+        "RUN": str(root / "run"),
+        "E": str(root / "export"),
+        "C": str(root / "chats.jsonl"),
+        "P": str(root / "prompts.jsonl"),
+        "NEW": str(root / "new"),
+        "M": MISSING,
+        "W": str(weightless),
+    }
 
 
 COMMANDS = {  # every command, with one path that does not exist (M)
@@ -114,18 +138,24 @@ def test_a_target_without_weights_is_refused_in_one_line_naming_it(command, flag
     capsys.readouterr()
     assert run_in_process(command, world) == 1
     err = capsys.readouterr().err
-    assert err == (f"error: {flag} {world['W']}: no weights (model.safetensors or model.safetensors.index.json); "
-                   "a config-only directory sizes a job (--dry-run) but cannot run the target\n"), err
+    assert err == (
+        f"error: {flag} {world['W']}: no weights (model.safetensors or model.safetensors.index.json); "
+        "a config-only directory sizes a job (--dry-run) but cannot run the target\n"
+    ), err
     assert not Path(world["NEW"]).exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-@pytest.mark.parametrize("command", [
-    "train eval --store S --drafter E --target T --device cuda",
-    "train speculate --drafter E --target T --store S --device cuda:0",
-    "store_schema verify S --recompute 1 --model T --device cuda",
-    "train fit --store S --target T --out NEW --set train.device=cuda",
-], ids=["eval", "speculate", "verify --recompute", "fit"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "train eval --store S --drafter E --target T --device cuda",
+        "train speculate --drafter E --target T --store S --device cuda:0",
+        "store_schema verify S --recompute 1 --model T --device cuda",
+        "train fit --store S --target T --out NEW --set train.device=cuda",
+    ],
+    ids=["eval", "speculate", "verify --recompute", "fit"],
+)
 def test_cuda_on_a_machine_without_it_is_one_line(command, world, capsys):
     capsys.readouterr()
     assert run_in_process(command, world) == 1
@@ -140,16 +170,21 @@ def test_a_device_that_is_not_one_is_one_line(world, capsys):
     assert capsys.readouterr().err == "error: --device gpu0: not a device (cpu, cuda or cuda:N)\n"
 
 
-@pytest.mark.parametrize("text,where", [
-    ("optim:\n  lr: [1, 2\nseed: 3\n", "line 3, column 5"),
-    ("optim:\n\tlr: 1\n", "line 2, column 1"),
-    ("train: {seed: 1\n", "line 2, column 1"),
-])
+@pytest.mark.parametrize(
+    "text,where",
+    [
+        ("optim:\n  lr: [1, 2\nseed: 3\n", "line 3, column 5"),
+        ("optim:\n\tlr: 1\n", "line 2, column 1"),
+        ("train: {seed: 1\n", "line 2, column 1"),
+    ],
+)
 def test_a_config_that_does_not_parse_is_named_with_its_line(text, where, world, tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text(text)
-    for command in (f"train fit --store S --target T --out NEW --config {config}",
-                    f"train diagnose RUN --config {config}"):
+    for command in (
+        f"train fit --store S --target T --out NEW --config {config}",
+        f"train diagnose RUN --config {config}",
+    ):
         capsys.readouterr()
         assert run_in_process(command, world) == 1
         err = capsys.readouterr().err
@@ -159,15 +194,23 @@ def test_a_config_that_does_not_parse_is_named_with_its_line(text, where, world,
 @pytest.mark.slow  # child processes
 def test_help_imports_nothing_heavy():
     """`--help` of every command line answers without torch, transformers or Ray."""
-    script = ("import sys\n"
-              "from extract.__main__ import main as e\nfrom store_schema.__main__ import main as s\n"
-              "from train.cli import main as t\n"
-              "codes = [t(['--help']), t(['fit', '--help']), s(['--help']), s(['verify', '--help'])]\n"
-              "try:\n    e(['run', '--help'])\nexcept SystemExit as exit_:\n    codes.append(exit_.code)\n"
-              "heavy = sorted(m for m in ('torch', 'transformers', 'ray', 'safetensors') if m in sys.modules)\n"
-              "print(codes, heavy)")
-    result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    script = (
+        "import sys\n"
+        "from extract.__main__ import main as e\nfrom store_schema.__main__ import main as s\n"
+        "from train.cli import main as t\n"
+        "codes = [t(['--help']), t(['fit', '--help']), s(['--help']), s(['verify', '--help'])]\n"
+        "try:\n    e(['run', '--help'])\nexcept SystemExit as exit_:\n    codes.append(exit_.code)\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'ray', 'safetensors') if m in sys.modules)\n"
+        "print(codes, heavy)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.stdout.strip().splitlines()[-1] == "[0, 0, 0, 0, 0] []", result.stdout[-2000:] + result.stderr
 
 
@@ -196,9 +239,10 @@ def test_every_option_with_a_default_shows_it_in_help(program):
                     spellings.add(f"{action.default:g}")
                 if isinstance(action.default, (tuple, list)):
                     spellings.add(",".join(map(str, action.default)))
-                after = shown[shown.index("default"):] if "default" in shown else ""
+                after = shown[shown.index("default") :] if "default" in shown else ""
                 assert any(spelling in after for spelling in spellings), (
-                    f"{parser.prog} {action.option_strings[0]}: {shown!r}")
+                    f"{parser.prog} {action.option_strings[0]}: {shown!r}"
+                )
                 assert shown.count("(default") <= 1, f"{parser.prog} {action.option_strings[0]}: {shown!r}"
                 checked += 1
     assert checked >= 1
@@ -208,27 +252,47 @@ def test_fit_ends_with_a_summary_and_the_next_commands(world, tmp_path, capsys):
     """Issue 35.10: not a JSON line only; the JSON stays the last line of stdout."""
     out = tmp_path / "run"
     capsys.readouterr()
-    assert train_main(["fit", "--store", world["S"], "--target", world["T"], "--out", str(out), "--max-steps", "2",
-                       *tiny.cli_sets(TINY)]) == 0
+    assert (
+        train_main(
+            [
+                "fit",
+                "--store",
+                world["S"],
+                "--target",
+                world["T"],
+                "--out",
+                str(out),
+                "--max-steps",
+                "2",
+                *tiny.cli_sets(TINY),
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert json.loads(captured.out.strip().splitlines()[-1])["step"] == 2
     end = captured.err.strip().splitlines()[-4:]
     assert end[0].startswith("fit: done at step 2, loss ") and ", top-1 " in end[0], end
     assert f"; checkpoint {out / 'checkpoints'}" in end[0] and end[0].endswith(f"; run log {out / 'train_log.jsonl'}")
     drafter = out / "drafter"
-    assert end[1:] == [f"next: python -m train export {out} --out {drafter}",
-                       f"      python -m train eval --store {world['S']} --drafter {drafter} --target {world['T']}",
-                       f"      python -m train diagnose {out}"]
+    assert end[1:] == [
+        f"next: python -m train export {out} --out {drafter}",
+        f"      python -m train eval --store {world['S']} --drafter {drafter} --target {world['T']}",
+        f"      python -m train diagnose {out}",
+    ]
     assert train_main(end[1].split()[4:]) == 0  # the next commands run: export, then eval up to the data
     assert train_main(end[2].split()[3:]) == 1  # the random store holds no held-out sample to score
     assert "no heldout sample with a scoreable block" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command, wrong, meant", [
-    (["train", "eval", "--store", "S", "--drafter", "D", "--target", "T"], "--jsn", "--json"),
-    (["store_schema", "info", "S"], "--jsn", "--json"),
-    (["extract", "plan", "--model", "M", "--corpus", "C", "--store", "S"], "--dry-rn", "--dry-run"),
-])
+@pytest.mark.parametrize(
+    "command, wrong, meant",
+    [
+        (["train", "eval", "--store", "S", "--drafter", "D", "--target", "T"], "--jsn", "--json"),
+        (["store_schema", "info", "S"], "--jsn", "--json"),
+        (["extract", "plan", "--model", "M", "--corpus", "C", "--store", "S"], "--dry-rn", "--dry-run"),
+    ],
+)
 def test_a_typo_is_refused_by_its_subcommand_with_the_option_it_meant(command, wrong, meant, capsys):
     """Issue 48.10: the subcommand's usage (not the top-level one) and "did you mean"."""
     program, *argv = command

@@ -18,14 +18,30 @@ from paths import REPO
 # a hidden-128 target pretrained on batches of 4 (its replies are repetitive: easy to
 # draft), 120 records of 32 new tokens, 200 drafter steps.
 SMALL_TARGET = ["--target-set", "hidden_size=128", "--target-set", "num_heads=4", "--target-set", "pretrain_batch=4"]
-SHORT = ["--records", "120", "--pretrain-steps", "150", *SMALL_TARGET, "--train-steps", "200", "--prompts", "3",
-         "--max-new-tokens", "32"]
+SHORT = [
+    "--records",
+    "120",
+    "--pretrain-steps",
+    "150",
+    *SMALL_TARGET,
+    "--train-steps",
+    "200",
+    "--prompts",
+    "3",
+    "--max-new-tokens",
+    "32",
+]
 
 
 def _demo(out: Path) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run([sys.executable, "scripts/demo.py", "--out", str(out), *SHORT], cwd=REPO, env=env,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "scripts/demo.py", "--out", str(out), *SHORT],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -36,8 +52,18 @@ def test_shortened_demo_drafts_losslessly(tmp_path):
     assert summary["lossless"] is True
     assert summary["decode_tau"] >= 1.3, summary  # a drafter that guesses nothing scores exactly 1.0
     assert summary["offline_tau"] > 1.0 and summary["samples"] > 0 and summary["store_disk_bytes"] > 0
-    assert set(summary["stage_s"]) == {"target", "regenerate", "extract", "verify", "fit", "export", "eval",
-                                       "speculate", "diagnose", "serve"}
+    assert set(summary["stage_s"]) == {
+        "target",
+        "regenerate",
+        "extract",
+        "verify",
+        "fit",
+        "export",
+        "eval",
+        "speculate",
+        "diagnose",
+        "serve",
+    }
     # The demo trains the default drafter, DFlash 2, which vLLM's CPU build cannot serve:
     # serve-check says so (in its first line) and checks speculate alone.
     assert summary["served_tau"] is None and summary["served_note"].startswith("skipped: the drafter is DFlash 2")
@@ -77,24 +103,40 @@ def test_the_summary_says_what_happened_to_the_served_check():
     from demo import NO_VLLM_LINE, served_failure, served_row
 
     assert served_row({"served_tau": None, "served_note": NO_VLLM_LINE}).startswith(
-        "served by vLLM: skipped, no vLLM environment")
-    failed = served_failure([
-        "vLLM 0.32.0 from /x/.venv-vllm/bin/python",
-        "error: vLLM exited 1: ValueError: Available memory on node 0 (8.78/10.46 GiB) on kv cache allocation is less "
-        "than requested memory for kv (-0.13/0.52 GiB)., log: /d/drafter/serve-check/vllm.log"])
-    assert failed == ("failed: vLLM exited 1: ValueError: Available memory on node 0 (8.78/10.46 GiB) on kv cache "
-                      "allocation is less than requested memory for kv (-0.13/0.52 GiB)., "
-                      "log: /d/drafter/serve-check/vllm.log")
+        "served by vLLM: skipped, no vLLM environment"
+    )
+    failed = served_failure(
+        [
+            "vLLM 0.32.0 from /x/.venv-vllm/bin/python",
+            "error: vLLM exited 1: ValueError: Available memory on node 0 (8.78/10.46 GiB) on kv cache "
+            "allocation is less "
+            "than requested memory for kv (-0.13/0.52 GiB)., log: /d/drafter/serve-check/vllm.log",
+        ]
+    )
+    assert failed == (
+        "failed: vLLM exited 1: ValueError: Available memory on node 0 (8.78/10.46 GiB) on kv cache "
+        "allocation is less than requested memory for kv (-0.13/0.52 GiB)., "
+        "log: /d/drafter/serve-check/vllm.log"
+    )
     assert served_row({"served_tau": None, "served_note": failed}) == failed
     assert "no vLLM environment" not in failed
     assert served_failure(["Traceback (most recent call last):", "KeyError: 'x'"]).startswith(
-        "failed: serve-check gave no result")
-    figures = {"served_tau": 4.93, "served_lossless": True, "served_tokens_per_round": 4.92,
-               "speculate_tokens_per_round": 4.92, "vllm_version": "0.32.0", "served_within_tolerance": True}
-    assert served_row(figures) == ("served_tau 4.93, served_lossless yes; tokens per round 4.92 vs speculate 4.92 "
-                                   "(vLLM 0.32.0)")
+        "failed: serve-check gave no result"
+    )
+    figures = {
+        "served_tau": 4.93,
+        "served_lossless": True,
+        "served_tokens_per_round": 4.92,
+        "speculate_tokens_per_round": 4.92,
+        "vllm_version": "0.32.0",
+        "served_within_tolerance": True,
+    }
+    assert served_row(figures) == (
+        "served_tau 4.93, served_lossless yes; tokens per round 4.92 vs speculate 4.92 (vLLM 0.32.0)"
+    )
     assert served_row(dict(figures, served_lossless=False, served_within_tolerance=False)).endswith(
-        "served_lossless NO; tokens per round 4.92 vs speculate 4.92 (vLLM 0.32.0) - outside the 5 % tolerance")
+        "served_lossless NO; tokens per round 4.92 vs speculate 4.92 (vLLM 0.32.0) - outside the 5 % tolerance"
+    )
 
 
 def test_the_demo_corpus_is_pinned_not_read_from_this_python():
@@ -124,7 +166,8 @@ def test_echoed_commands_can_be_pasted(capsys):
     import demo
 
     assert demo.shown_command(["-m", "train", "fit", "--out", Path("/tmp/a run")]) == (
-        "python -m train fit --out '/tmp/a run'")
+        "python -m train fit --out '/tmp/a run'"
+    )
     demo.run(["-m", "store_schema", "--help"], capture_json=False)
     assert capsys.readouterr().out.splitlines()[0] == "$ python -m store_schema --help"
 

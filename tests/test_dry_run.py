@@ -20,11 +20,23 @@ pytestmark = pytest.mark.slow  # the real vocabulary (~30 s to build)
 GIB = 2**30
 H, I, V = 5120, 17408, 248_320  # noqa: E741 - hidden, intermediate, embedding rows, as the papers name them
 MLP = 3 * H * I
-LINEAR_LAYER = (H * (10240 + 6144 + 48 + 48)  # in_proj qkv (2 x 16 x 128 + 48 x 128), z (48 x 128), b, a
-                + 10240 * 4 + 48 + 48 + 128  # conv1d (kernel 4), dt_bias, A_log, gated norm
-                + 6144 * H + MLP + 2 * H)  # out_proj, MLP, the two layer norms
-FULL_LAYER = (H * (2 * 24 * 256 + 2 * 4 * 256)  # q_proj (query + output gate), k_proj, v_proj
-              + 24 * 256 * H + 2 * 256 + MLP + 2 * H)  # o_proj, q/k norms, MLP, layer norms
+LINEAR_LAYER = (
+    H * (10240 + 6144 + 48 + 48)  # in_proj qkv (2 x 16 x 128 + 48 x 128), z (48 x 128), b, a
+    + 10240 * 4
+    + 48
+    + 48
+    + 128  # conv1d (kernel 4), dt_bias, A_log, gated norm
+    + 6144 * H
+    + MLP
+    + 2 * H
+)  # out_proj, MLP, the two layer norms
+FULL_LAYER = (
+    H * (2 * 24 * 256 + 2 * 4 * 256)  # q_proj (query + output gate), k_proj, v_proj
+    + 24 * 256 * H
+    + 2 * 256
+    + MLP
+    + 2 * H
+)  # o_proj, q/k norms, MLP, layer norms
 LAYERS = [1, 16, 31, 46, 61]
 
 
@@ -47,8 +59,30 @@ def test_plan_dry_run_sizes_the_27b_extraction(qwen3_6_27b, capsys):
     from extract.__main__ import main
 
     model, corpus = qwen3_6_27b
-    assert main(["plan", "--dry-run", "--json", "--model", str(model), "--corpus", str(corpus), "--tokenizer-workers", "1",
-                 "--gpu-memory", "96", "--tokens-per-s", "20000", "--gpus", "8", "--gpu-tflops", "500"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--dry-run",
+                "--json",
+                "--model",
+                str(model),
+                "--corpus",
+                str(corpus),
+                "--tokenizer-workers",
+                "1",
+                "--gpu-memory",
+                "96",
+                "--tokens-per-s",
+                "20000",
+                "--gpus",
+                "8",
+                "--gpu-tflops",
+                "500",
+            ]
+        )
+        == 0
+    )
     report = _json_out(capsys)
     job = report["job"]
     assert report["layer_ids"] == LAYERS and job["loaded_layers"] == 62  # decoder layers 0..61, not 62-63
@@ -71,13 +105,16 @@ def test_plan_dry_run_sizes_the_27b_extraction(qwen3_6_27b, capsys):
     assert job["store_dtype"] == "bfloat16"  # sized with each dtype's measured per-core write rate
     assert job["writer_cores_per_gpu_by_dtype"] == {
         dtype.name: math.ceil(20000 * raw_token / (dtype.write_mb_s_per_core * 1e6))
-        for dtype in (BFLOAT16_STORE, FP8_E4M3_STORE)}
+        for dtype in (BFLOAT16_STORE, FP8_E4M3_STORE)
+    }
     assert job["writer_cores_per_gpu"] == job["writer_cores_per_gpu_by_dtype"]["bfloat16"]
     assert job["job_hours"] == round(report["tokens"] / (20000 * 8) / 3600, 3)
     stored = job["store_bytes"]  # the job's sustained writes: 8 GPUs' raw bytes, and as each dtype writes them
-    assert job["write_bytes_per_s"] == {"raw": 20000 * 8 * raw_token,
-                                        "bfloat16": round(20000 * 8 * raw_token * stored["bfloat16"] / stored["raw"]),
-                                        "fp8_e4m3": round(20000 * 8 * raw_token * stored["fp8_e4m3"] / stored["raw"])}
+    assert job["write_bytes_per_s"] == {
+        "raw": 20000 * 8 * raw_token,
+        "bfloat16": round(20000 * 8 * raw_token * stored["bfloat16"] / stored["raw"]),
+        "fp8_e4m3": round(20000 * 8 * raw_token * stored["fp8_e4m3"] / stored["raw"]),
+    }
     assert job["forward_flops_per_token"] == 2 * (layers + 2 * H) // 2  # 2 FLOPs per loaded weight, embedding aside
     assert job["gpu_utilisation"] == round(20000 * (layers + 2 * H) / 500e12, 3)
 
@@ -87,13 +124,26 @@ def test_plan_dry_run_says_the_write_rate_and_warns_of_an_optimistic_rate(qwen3_
     from extract.__main__ import main
 
     model, corpus = qwen3_6_27b
-    argv = ["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--tokenizer-workers", "1",
-            "--tokens-per-s", "9000", "--gpus", "8"]
+    argv = [
+        "plan",
+        "--dry-run",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--tokenizer-workers",
+        "1",
+        "--tokens-per-s",
+        "9000",
+        "--gpus",
+        "8",
+    ]
     assert main([*argv, "--gpu-tflops", "500"]) == 0
     lines = capsys.readouterr().out.splitlines()
     writes = next(line for line in lines if line.startswith("writes"))
     assert writes.startswith("writes      3.69 GB/s raw to the store's filesystem for ") and (
-        "(2.26 GB/s compressed bf16, 1.29 GB/s fp8)" in writes), writes
+        "(2.26 GB/s compressed bf16, 1.29 GB/s fp8)" in writes
+    ), writes
     gpu = next(line for line in lines if line.startswith("GPU"))
     assert " is 85% of a 500 TFLOPS GPU; warning: above 60%, rarely sustained" in gpu, gpu
     assert main([*argv, "--gpu-tflops", "2000"]) == 0  # 21 %: no warning
@@ -112,8 +162,20 @@ def test_plan_dry_run_says_the_traffic_and_rate_a_cached_store_must_deliver(qwen
     from extract.__main__ import main
 
     model, corpus = qwen3_6_27b
-    argv = ["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--tokenizer-workers", "1",
-            "--shard-tokens", "2048", "--train-tokens-per-s", "1000"]
+    argv = [
+        "plan",
+        "--dry-run",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--tokenizer-workers",
+        "1",
+        "--shard-tokens",
+        "2048",
+        "--train-tokens-per-s",
+        "1000",
+    ]
     assert main([*argv, "--json", "--cache-size", "100MB"]) == 0
     report = _json_out(capsys)
     cache, stored, tokens = report["job"]["cache"], report["job"]["store_bytes"], report["tokens"]
@@ -138,8 +200,25 @@ def test_plan_dry_run_names_a_gpu_too_small(qwen3_6_27b, capsys):
     from extract.__main__ import main
 
     model, corpus = qwen3_6_27b
-    assert main(["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--tokenizer-workers", "1",
-                 "--gpu-memory", "48", "--batch-tokens", "32768"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--dry-run",
+                "--model",
+                str(model),
+                "--corpus",
+                str(corpus),
+                "--tokenizer-workers",
+                "1",
+                "--gpu-memory",
+                "48",
+                "--batch-tokens",
+                "32768",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "does NOT fit in 48 GiB; the largest --batch-tokens that fits: 0" in out  # 46.3 GiB weights + reserve
 
@@ -148,17 +227,39 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
     from train.cli import main
 
     model, _ = qwen3_6_27b
-    assert main(["fit", "--dry-run", "--target", str(model), "--nproc", "8", "--samples", "902000",
-                 "--tokens-per-s", "20000", "--gpu-memory", "96",
-                 "--set", "model.architecture=dflash"]) == 0  # no --out: nothing is written anyway
+    assert (
+        main(
+            [
+                "fit",
+                "--dry-run",
+                "--target",
+                str(model),
+                "--nproc",
+                "8",
+                "--samples",
+                "902000",
+                "--tokens-per-s",
+                "20000",
+                "--gpu-memory",
+                "96",
+                "--set",
+                "model.architecture=dflash",
+            ]
+        )
+        == 0
+    )  # no --out: nothing is written anyway
     out = capsys.readouterr().out
     report = json.loads(out.strip().splitlines()[-1])
     q, kv = 32 * 128, 8 * 128  # the published drafter: 32 heads x 128, 8 KV heads
     layer = 2 * H * q + 2 * H * kv + 2 * 128 + MLP + 2 * H  # q, o, k, v, q/k norms, MLP, layer norms
     params = 5 * layer + 5 * H * H + 2 * H  # 5 layers, fc over 5 context layers, hidden_norm + final norm
     assert report["drafter_parameters"] == params == 1_730_213_120
-    assert report["state_bytes"] == {"weights": 4 * params, "gradients": 4 * params, "adam_moments": 8 * params,
-                                     "ddp_buckets": 4 * params}
+    assert report["state_bytes"] == {
+        "weights": 4 * params,
+        "gradients": 4 * params,
+        "adam_moments": 8 * params,
+        "ddp_buckets": 4 * params,
+    }
     assert report["mask_token_id"] == 248_070 and report["mask_token_rule"] == "first_unused_row"
     assert report["target_head_bytes"] == 2 * V * H * 2  # embed_tokens + lm_head, bf16
     assert report["loss_chunk_bytes"] == 1024 * V * 16  # fp32 logits, log-probs, gradient + one buffer
@@ -190,8 +291,23 @@ def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys
     from train.cli import main
 
     model, _ = qwen3_6_27b
-    assert main(["fit", "--dry-run", "--target", str(model), "--out", str(tmp_path / "run"), "--nproc", "8",
-                 "--samples", "902000"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                "--dry-run",
+                "--target",
+                str(model),
+                "--out",
+                str(tmp_path / "run"),
+                "--nproc",
+                "8",
+                "--samples",
+                "902000",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     report = json.loads(out.strip().splitlines()[-1])
     q, kv = 32 * 128, 8 * 128
@@ -203,11 +319,19 @@ def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys
     codebooks, projection = 2 * V * r, r * H
     params = backbone + convolutions + codebooks + projection
     assert report["architecture"] == "dflash2"
-    assert report["parameter_groups"] == {"backbone": backbone, "convolutions": convolutions,
-                                          "selector_codebooks": codebooks, "selector_projection": projection}
+    assert report["parameter_groups"] == {
+        "backbone": backbone,
+        "convolutions": convolutions,
+        "selector_codebooks": codebooks,
+        "selector_projection": projection,
+    }
     assert codebooks == 127_139_840 and report["drafter_parameters"] == params == 1_924_404_480
-    assert report["state_bytes"] == {"weights": 4 * params, "gradients": 4 * params, "adam_moments": 8 * params,
-                                     "ddp_buckets": 4 * params}
+    assert report["state_bytes"] == {
+        "weights": 4 * params,
+        "gradients": 4 * params,
+        "adam_moments": 8 * params,
+        "ddp_buckets": 4 * params,
+    }
     block_token = 2 * ((H + 4 * I) + (H + 4 * q + 4 * kv)) + 2 * 4 * H
     block_token += 2 * 2 * 2 * k * (H + H // g)  # 2 convolutions x bf16 x 2 sides x k taps (rows + coefficients)
     context_token = 2 * (5 * H + 5 * (H + 2 * kv))
@@ -219,9 +343,11 @@ def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys
     # Issue 45.1: the published DFlash 2 layout for this family, with its source
     assert report["block_size"] == 8 and report["layer_types"] == ["sliding_attention"] * 5
     assert report["is_causal"] is False and report["context_layer_ids"] == [5, 19, 33, 47, 61]
-    assert ("fit: the published dflash2 layout for Qwen3.5/3.6/3.8 at 27B (64 layers, hidden 5120): block 8, 5 layers "
-            "(5 sliding, window 2048), non-causal, taps [5, 19, 33, 47, 61]; from z-lab Qwen3.8-27B-DFlash2 = "
-            "SpecForge configs/qwen3.6-27b-dflash2.json") in out
+    assert (
+        "fit: the published dflash2 layout for Qwen3.5/3.6/3.8 at 27B (64 layers, hidden 5120): block 8, 5 layers "
+        "(5 sliding, window 2048), non-causal, taps [5, 19, 33, 47, 61]; from z-lab Qwen3.8-27B-DFlash2 = "
+        "SpecForge configs/qwen3.6-27b-dflash2.json"
+    ) in out
     assert not (tmp_path / "run").exists()
 
 

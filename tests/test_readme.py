@@ -42,13 +42,25 @@ def test_the_readme_is_short_and_its_first_screen_runs_a_job_by_hand():
     the by-hand block, which runs extract -> verify -> fit -> eval -> speculate."""
     assert len(README.splitlines()) <= 350, len(README.splitlines())
     first_screen = "\n".join(README.splitlines()[:62])
-    for needed in ("runs the target **once**", "pip install -e .", "make test", "make demo",
-                   "## By hand, on something small"):
+    for needed in (
+        "runs the target **once**",
+        "pip install -e .",
+        "make test",
+        "make demo",
+        "## By hand, on something small",
+    ):
         assert needed in first_screen, needed
     steps = [" ".join(words[:4]) for words in by_hand_commands()]
-    assert steps == ["python scripts/embedded.py --target /tmp/w/target", "python -m extract generate", "python -m extract run",
-                     "python -m store_schema verify", "python -m train fit", "python -m train export",
-                     "python -m train eval", "python -m train speculate"], steps
+    assert steps == [
+        "python scripts/embedded.py --target /tmp/w/target",
+        "python -m extract generate",
+        "python -m extract run",
+        "python -m store_schema verify",
+        "python -m train fit",
+        "python -m train export",
+        "python -m train eval",
+        "python -m train speculate",
+    ], steps
     assert "DFlashDraftModel`)," not in README  # the export names both kinds
 
 

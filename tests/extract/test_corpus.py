@@ -151,5 +151,9 @@ def test_where_names_the_file_and_its_1_based_line_or_row(tmp_path):
     for name, ids in (("a.parquet", range(10)), ("b.parquet", range(10, 13))):
         pq.write_table(pa.Table.from_pylist([{"id": i} for i in ids]), parquet / name, row_group_size=4)
     corpus = open_corpus(parquet)
-    assert [corpus.where(i) for i in (0, 9, 10, 12)] == ["a.parquet row 1", "a.parquet row 10", "b.parquet row 1",
-                                                         "b.parquet row 3"]
+    assert [corpus.where(i) for i in (0, 9, 10, 12)] == [
+        "a.parquet row 1",
+        "a.parquet row 10",
+        "b.parquet row 1",
+        "b.parquet row 3",
+    ]

@@ -65,8 +65,11 @@ def test_exit_codes_follow_the_one_rule(qwen3_dir, tmp_path, capsys):
     cases = [
         (["run", "--model", str(tmp_path / "no-model"), *common], 2, "no-model"),
         (["plan", "--dry-run", "--model", str(tmp_path / "no-model"), *common], 2, "no-model"),
-        (["run", "--model", str(qwen3_dir), "--corpus", str(tmp_path / "none.jsonl"), "--store", str(store)], 2,
-         "none.jsonl"),
+        (
+            ["run", "--model", str(qwen3_dir), "--corpus", str(tmp_path / "none.jsonl"), "--store", str(store)],
+            2,
+            "none.jsonl",
+        ),
         (["run", "--model", str(qwen3_dir), *common, "--layers", "1,x"], 2, "--layers"),
         (["run", "--model", str(qwen3_dir), *common, "--max-length", "0"], 1, "max_length must be a positive"),
         (["run", "--model", str(qwen3_dir), *common, "--workers", "0"], 1, "--workers"),
@@ -83,7 +86,9 @@ def test_fault_injection_is_armed_from_the_environment_only_for_tests():
     from extract.jobs.settings import KILL_AFTER_BATCHES_ENV, KILL_DRIVER_ENV, STOP_AFTER_BATCHES_ENV, FaultInjection
 
     assert FaultInjection.from_env({}) == FaultInjection()
-    faults = FaultInjection.from_env({KILL_AFTER_BATCHES_ENV: "3, 7", KILL_DRIVER_ENV: "2", STOP_AFTER_BATCHES_ENV: "5"})
+    faults = FaultInjection.from_env(
+        {KILL_AFTER_BATCHES_ENV: "3, 7", KILL_DRIVER_ENV: "2", STOP_AFTER_BATCHES_ENV: "5"}
+    )
     assert faults == FaultInjection(kill_after_batches=(3, 7), stop_after_batches=(5,), kill_driver_after_shards=2)
     assert [faults.actor_kill_after(i) for i in range(3)] == [3, 7, None]  # later actors live
     assert [faults.actor_stop_after(i) for i in range(2)] == [5, None]
@@ -101,8 +106,18 @@ def test_a_refused_job_leaves_nothing_behind(qwen3_dir, tmp_path, capsys):
     existing = tmp_path / "existing"
     existing.mkdir()
     for store in (tmp_path / "new" / "store", existing):
-        argv = ["run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--store", str(store), "--layers", "1,3",
-                "--no-progress"]
+        argv = [
+            "run",
+            "--model",
+            str(qwen3_dir),
+            "--corpus",
+            str(corpus),
+            "--store",
+            str(store),
+            "--layers",
+            "1,3",
+            "--no-progress",
+        ]
         assert main(argv) == 1
         assert "gives no samples" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
@@ -139,17 +154,34 @@ def test_device_auto_is_the_default_and_the_first_line_says_what_it_chose(qwen3_
 
     for command in ("run", "generate"):
         assert build_parser().parse_args([command, "--model", "m", "--corpus", "c"]).device == "auto"
-    chosen = (f"cuda (--device auto: torch sees {torch.cuda.device_count()} CUDA device(s))"
-              if torch.cuda.is_available() else
-              "cpu (--device auto: torch sees no CUDA device here (--device cuda for a Ray cluster's GPUs))")
+    chosen = (
+        f"cuda (--device auto: torch sees {torch.cuda.device_count()} CUDA device(s))"
+        if torch.cuda.is_available()
+        else "cpu (--device auto: torch sees no CUDA device here (--device cuda for a Ray cluster's GPUs))"
+    )
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "a", "messages": [{"role": "user", "content": "hi"}]}\n')  # refused after planning
-    run = ["run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--store", str(tmp_path / "s"), "--layers", "1,3",
-           "--no-progress"]
+    run = [
+        "run",
+        "--model",
+        str(qwen3_dir),
+        "--corpus",
+        str(corpus),
+        "--store",
+        str(tmp_path / "s"),
+        "--layers",
+        "1,3",
+        "--no-progress",
+    ]
     capsys.readouterr()
-    for argv, first in ((run, f"device: {chosen}"), ([*run, "--device", "cpu"], "device: cpu (--device cpu)"),
-                        (["generate", "--model", str(qwen3_dir), "--corpus", str(corpus), "--dry-run", "--no-progress"],
-                         f"device: {chosen}")):
+    for argv, first in (
+        (run, f"device: {chosen}"),
+        ([*run, "--device", "cpu"], "device: cpu (--device cpu)"),
+        (
+            ["generate", "--model", str(qwen3_dir), "--corpus", str(corpus), "--dry-run", "--no-progress"],
+            f"device: {chosen}",
+        ),
+    ):
         assert main(argv) in (0, 1)  # run: no sample in the corpus; generate: a dry run
         err = capsys.readouterr().err
         assert err.splitlines()[0] == first, err
@@ -163,8 +195,23 @@ def test_plan_names_a_quarantined_record_by_its_1_based_line(qwen3_dir, tmp_path
     chats = coding_chats(2)
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(chat) + "\n" for chat in chats) + "\n{not json\n")  # line 3 is blank
-    assert main(["plan", "--dry-run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--layers", "1,3",
-                 "--tokenizer-workers", "1"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--dry-run",
+                "--model",
+                str(qwen3_dir),
+                "--corpus",
+                str(corpus),
+                "--layers",
+                "1,3",
+                "--tokenizer-workers",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "    c.jsonl line 4: malformed_json " in capsys.readouterr().out
 
 

@@ -42,14 +42,23 @@ def _records() -> tuple[list, dict]:
     chats = coding_chats(24, seed=1)
     for i in range(0, 8, 2):
         first, second = chats[i]["messages"], chats[i + 1]["messages"]
-        good.append({"id": f"multi-{i:02d}", "messages": [
-            {"role": "system", "content": "You write Python."}, *first, *second,
-        ]})
+        good.append(
+            {
+                "id": f"multi-{i:02d}",
+                "messages": [
+                    {"role": "system", "content": "You write Python."},
+                    *first,
+                    *second,
+                ],
+            }
+        )
     bad = {
         "unsafe_id": {"id": "../../x", "messages": first},
         "no_assistant_turn": {"id": "bad-noassistant", "messages": [{"role": "user", "content": "hi"}]},
-        "empty_response": {"id": "bad-empty", "messages": [
-            {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]},
+        "empty_response": {
+            "id": "bad-empty",
+            "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],
+        },
     }
     return good, bad
 
@@ -127,14 +136,16 @@ def test_stored_states_equal_a_plain_transformers_forward(reference, qwen3_5_dir
                 states = model(input_ids=sample.input_ids.long()[None], output_hidden_states=True).hidden_states
             for layer in LAYERS:
                 cosine = torch.nn.functional.cosine_similarity(
-                    states[layer + 1][0], sample.hidden[layer].float(), dim=-1)
+                    states[layer + 1][0], sample.hidden[layer].float(), dim=-1
+                )
                 assert cosine.min() >= 0.9999, (name, sample.sample_id, layer, float(cosine.min()))
             checked += 1
     assert checked >= 6 and batched >= 1  # shards of several samples went through as padded batches
 
 
 def test_fp8_job_stores_the_reference_within_rounding_and_a_store_never_mixes_dtypes(
-        reference, qwen3_5_dir, corpus, tmp_path):
+    reference, qwen3_5_dir, corpus, tmp_path
+):
     """`--store-dtype fp8_e4m3`: the workers quantize on their device; the store holds
     the reference (bf16) job's states within e4m3 rounding, verifies, and refuses to be
     resumed as a bf16 store (and the bf16 store as an fp8 one), naming the dtype."""
@@ -182,11 +193,14 @@ def test_loss_masks_are_the_assistant_turns(reference, corpus, tokenizer):
             sample = data.sample(i)
             messages = by_id[sample.sample_id]["messages"]
             rendered = tokenizer.apply_chat_template(
-                messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+                messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+            )
             ids, content = list(rendered["input_ids"]), list(rendered["assistant_masks"])
             assert sample.input_ids.tolist() == ids
-            turn = [int(m or (i > 0 and content[i - 1] and not m and t == end_of_turn))
-                    for i, (t, m) in enumerate(zip(ids, content))]
+            turn = [
+                int(m or (i > 0 and content[i - 1] and not m and t == end_of_turn))
+                for i, (t, m) in enumerate(zip(ids, content))
+            ]
             assert sample.loss_mask.tolist() == turn
             # The masked tokens are exactly the assistant turns as served, turn by turn.
             mask = sample.loss_mask.numpy().astype(bool)
@@ -196,7 +210,8 @@ def test_loss_masks_are_the_assistant_turns(reference, corpus, tokenizer):
             spans = [tokenizer.decode(ids[a:b]) for a, b in zip(starts, ends)]
             # (BPE may merge the template's newline with the content's leading spaces.)
             assert [s.lstrip() for s in spans] == [
-                m["content"].lstrip() + "<|im_end|>" for m in messages if m["role"] == "assistant"]
+                m["content"].lstrip() + "<|im_end|>" for m in messages if m["role"] == "assistant"
+            ]
             assert not any("<|im_start|>" in s or "assistant" in s[:12] for s in spans)
             multi += len(spans) > 1
     assert multi == 4
@@ -234,7 +249,8 @@ def test_a_complete_store_on_a_read_only_filesystem_has_nothing_to_do(reference,
 
 
 def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_other_plans(
-        reference, qwen3_5_dir, corpus, tmp_path):
+    reference, qwen3_5_dir, corpus, tmp_path
+):
     """A rerun of a finished job reuses the stored plan (same corpus bytes, tokenizer and
     settings: nothing re-tokenized), computes nothing, says so, and keeps the report of
     the run that extracted (issue 16.3). Other corpus bytes or settings are refused,
@@ -256,24 +272,31 @@ def test_rerun_reuses_the_plan_recomputes_nothing_keeps_reports_and_refuses_othe
     assert {p.name: p.stat().st_ino for p in (store / "shards").iterdir() if p.is_dir()} == before
     assert (store / first["report"]).read_bytes() == kept  # the extracting run's report is not overwritten
     assert sorted(p.name for p in (store / "reports").iterdir()) == sorted(
-        Path(r["report"]).name for r in (first, report))
+        Path(r["report"]).name for r in (first, report)
+    )
 
     with pytest.raises(ExtractError, match=r"different plan \(shard_tokens: 1500 -> 1000\).*--overwrite"):
         run_job(_config(qwen3_5_dir, corpus[0], store, shard_tokens=1000))
     with pytest.raises(ExtractError, match="layer_ids"):
         run_job(_config(qwen3_5_dir, corpus[0], store, layers=[1, 2]))
     content_only = PlanSettings(shard_tokens=SHARD_TOKENS, loss_mask="content")
-    with pytest.raises(ExtractError, match=r"different plan \(mask_convention: 'assistant_turn' -> 'assistant_content'\)"):
+    with pytest.raises(
+        ExtractError, match=r"different plan \(mask_convention: 'assistant_turn' -> 'assistant_content'\)"
+    ):
         run_job(_config(qwen3_5_dir, corpus[0], store, plan_settings=content_only))
     longer = tmp_path / "chats.jsonl"
     longer.write_bytes(corpus[0].read_bytes() + corpus[0].read_bytes().splitlines(keepends=True)[0])
-    with pytest.raises(ExtractError, match=r"different plan \(corpus_hash: '[0-9a-f]{64}' -> '[0-9a-f]{64}', "
-                                           r"corpus_records: 24 -> 25\)"):  # one line more
+    with pytest.raises(
+        ExtractError,
+        match=r"different plan \(corpus_hash: '[0-9a-f]{64}' -> '[0-9a-f]{64}', "
+        r"corpus_records: 24 -> 25\)",
+    ):  # one line more
         run_job(_config(qwen3_5_dir, longer, store))
 
 
 def test_a_rerun_with_another_target_is_refused_before_any_worker_naming_the_recorded_one(
-        reference, qwen3_5_dir, corpus, tmp_path):
+    reference, qwen3_5_dir, corpus, tmp_path
+):
     """Issue 48.6: resuming with a `--model` that is another checkpoint is refused in
     the plan step, before Ray workers load anything (minutes at 27B), naming the
     target the store recorded; `--overwrite` offered last, with what it deletes."""
@@ -299,7 +322,8 @@ def test_a_rerun_with_another_target_is_refused_before_any_worker_naming_the_rec
         f"{store} was extracted from {Path(qwen3_5_dir).resolve()}, and --model {other} is another checkpoint "
         f"(target_config_sha256 differ): rerun with --model {Path(qwen3_5_dir).resolve()} (or a copy of that "
         f"checkpoint) to resume; only to start over with this model, --overwrite deletes the {committed} "
-        "committed shard(s)")
+        "committed shard(s)"
+    )
     assert not any("worker" in m for m in messages), messages
     assert unfinished.is_dir()  # nothing set aside or redone
 
@@ -333,14 +357,34 @@ def test_second_job_on_a_held_store_is_refused(reference, qwen3_5_dir, corpus, c
 
     store, _ = reference
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         f"import time; from store_schema import StoreLock; StoreLock({str(store)!r}, job='other').acquire(); "
-         "print('held', flush=True); time.sleep(60)"],
-        cwd=REPO, stdout=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-c",
+            f"import time; from store_schema import StoreLock; StoreLock({str(store)!r}, job='other').acquire(); "
+            "print('held', flush=True); time.sleep(60)",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        code = main(["run", "--model", str(qwen3_5_dir), "--corpus", str(corpus[0]), "--store", str(store),
-                     "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS), "--no-progress"])
+        code = main(
+            [
+                "run",
+                "--model",
+                str(qwen3_5_dir),
+                "--corpus",
+                str(corpus[0]),
+                "--store",
+                str(store),
+                "--layers",
+                "1,3,5",
+                "--shard-tokens",
+                str(SHARD_TOKENS),
+                "--no-progress",
+            ]
+        )
         assert code == 1
         assert "held by another live job" in capsys.readouterr().err
     finally:
@@ -390,9 +434,29 @@ def test_driver_killed_mid_run_then_rerun(reference, ray_cluster, qwen3_5_dir, c
 
     ref_store, ref_report = reference
     store = tmp_path / "store"
-    command = [sys.executable, "-m", "extract", "run", "--model", str(qwen3_5_dir), "--corpus", str(corpus[0]),
-               "--store", str(store), "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS),
-               "--batch-tokens", str(BATCH_TOKENS), "--workers", "1", "--address", ray_cluster, "--no-progress"]
+    command = [
+        sys.executable,
+        "-m",
+        "extract",
+        "run",
+        "--model",
+        str(qwen3_5_dir),
+        "--corpus",
+        str(corpus[0]),
+        "--store",
+        str(store),
+        "--layers",
+        "1,3,5",
+        "--shard-tokens",
+        str(SHARD_TOKENS),
+        "--batch-tokens",
+        str(BATCH_TOKENS),
+        "--workers",
+        "1",
+        "--address",
+        ray_cluster,
+        "--no-progress",
+    ]
     env = dict(os.environ, **{KILL_DRIVER_ENV: "2"})
     killed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
@@ -420,8 +484,9 @@ def test_disk_full_stops_cleanly_and_rerun_completes(reference, qwen3_5_dir, cor
     mount = tmp_path / "small"
     mount.mkdir()
     try:
-        made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size // 2}", "tmpfs", str(mount)],
-                              capture_output=True, text=True)
+        made = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size // 2}", "tmpfs", str(mount)], capture_output=True, text=True
+        )
     except OSError as error:  # no mount(8) at all
         pytest.skip(f"cannot mount a small tmpfs here: {error}")
     if made.returncode != 0:
@@ -505,17 +570,37 @@ def test_progress_lines_without_a_terminal_ctrl_c_then_resume(ray_cluster, qwen3
 
     corpus = write_chat_jsonl(tmp_path / "chats.jsonl", coding_chats(160, seed=7))
     store = tmp_path / "store"
-    command = [sys.executable, "-m", "extract", "run", "--model", str(qwen3_5_dir), "--corpus", str(corpus),
-               "--store", str(store), "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS), "--batch-tokens",
-               "150", "--workers", "1", "--progress-interval", "0.5"]
+    command = [
+        sys.executable,
+        "-m",
+        "extract",
+        "run",
+        "--model",
+        str(qwen3_5_dir),
+        "--corpus",
+        str(corpus),
+        "--store",
+        str(store),
+        "--layers",
+        "1,3,5",
+        "--shard-tokens",
+        str(SHARD_TOKENS),
+        "--batch-tokens",
+        "150",
+        "--workers",
+        "1",
+        "--progress-interval",
+        "0.5",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["PYTHONPATH"] = str(REPO)
     returncode, err, session = ctrl_c_when(command, env, lambda line: bool(_progress_lines(line)))
     if returncode == 0:
         pytest.skip("the job finished before Ctrl-C landed")
     assert returncode == 130, err[-3000:]
-    assert err.strip().splitlines()[-1] == (f"interrupted: the plan and committed shards are kept; rerun the same "
-                                            f"command to resume ({store})"), err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted: the plan and committed shards are kept; rerun the same command to resume ({store})"
+    ), err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert "Token authentication" not in err, err[-3000:]  # Ray's notice about its own default: silenced
     for _ in range(600):  # poll bound (a hang guard, not a timing): Ray's processes exit with the driver

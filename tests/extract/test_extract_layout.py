@@ -98,15 +98,31 @@ def test_no_circle_between_extract_files_or_folders():
 def test_extraction_and_generation_import_only_the_framework_corpus_code_and_store_schema():
     edges = _edges(_imports())
     for side, other in (("extract.extraction", "extract.generate"), ("extract.generate", "extract.extraction")):
-        crossing = sorted((m, t) for m, targets in edges.items() if _inside(m, side) for t in targets
-                          if _inside(t, other) or t == "extract.__main__")
+        crossing = sorted(
+            (m, t)
+            for m, targets in edges.items()
+            if _inside(m, side)
+            for t in targets
+            if _inside(t, other) or t == "extract.__main__"
+        )
         assert crossing == [], crossing
-    framework = sorted((m, t) for m, targets in edges.items() if _inside(m, "extract.jobs") for t in targets
-                       if _inside(t, "extract.extraction") or _inside(t, "extract.generate"))
+    framework = sorted(
+        (m, t)
+        for m, targets in edges.items()
+        if _inside(m, "extract.jobs")
+        for t in targets
+        if _inside(t, "extract.extraction") or _inside(t, "extract.generate")
+    )
     assert framework == [], framework  # the framework knows neither job
 
 
 def test_no_private_name_is_imported_across_modules():
-    private = sorted((module, target, name) for module, targets in _imports().items() for target, names in targets
-                     if target and target.startswith("extract") for name in names if name.startswith("_"))
+    private = sorted(
+        (module, target, name)
+        for module, targets in _imports().items()
+        for target, names in targets
+        if target and target.startswith("extract")
+        for name in names
+        if name.startswith("_")
+    )
     assert private == [], private

@@ -31,14 +31,44 @@ from store_schema.tools.verify import verify_store
 
 pytestmark = pytest.mark.slow
 SECRET = "Secret-Key-5e1d0b"  # moto takes any key; this one must appear nowhere
-FIT_SETS = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", "data.heldout_fraction=0.0",
-                             "data.buffer_shards=2", "train.checkpoint_every=0", "train.max_steps=2", heads=True)
+FIT_SETS = tiny.drafter_sets(
+    "train.grad_accumulation=1",
+    "eval.every=0",
+    "data.heldout_fraction=0.0",
+    "data.buffer_shards=2",
+    "train.checkpoint_every=0",
+    "train.max_steps=2",
+    heads=True,
+)
 
 
 def _extract(model, corpus, url, tmp_path, *extra, env=None):
-    command = [sys.executable, "-m", "extract", "run", "--model", str(model), "--corpus", str(corpus),
-               "--store", url, "--layers", "1,3", "--shard-tokens", "1500", "--batch-tokens", "1200",
-               "--workers", "1", "--device", "cpu", "--no-progress", "--spool-dir", str(tmp_path / "spool"), *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "extract",
+        "run",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--store",
+        url,
+        "--layers",
+        "1,3",
+        "--shard-tokens",
+        "1500",
+        "--batch-tokens",
+        "1200",
+        "--workers",
+        "1",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        *extra,
+    ]
     environment = dict(os.environ, AWS_SECRET_ACCESS_KEY=SECRET, PYTHONPATH=str(REPO), **(env or {}))
     return subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=900)
 
@@ -70,14 +100,49 @@ def test_extract_run_into_a_bucket_then_verify_fit_through_the_cache_and_eval(ur
     from train.cli import main as train
 
     run, export = tmp_path / "run", tmp_path / "export"
-    assert train(["fit", "--store", url, "--target", str(qwen3_dir), "--out", str(run),
-                  *tiny.cli_sets((*FIT_SETS, f"data.cache_dir={tmp_path / 'cache'}"))]) == 0
+    assert (
+        train(
+            [
+                "fit",
+                "--store",
+                url,
+                "--target",
+                str(qwen3_dir),
+                "--out",
+                str(run),
+                *tiny.cli_sets((*FIT_SETS, f"data.cache_dir={tmp_path / 'cache'}")),
+            ]
+        )
+        == 0
+    )
     assert train(["export", str(run), "--out", str(export)]) == 0
     evaluated = subprocess.run(
-        [sys.executable, "-m", "train", "eval", "--store", url, "--drafter", str(export), "--target", str(qwen3_dir),
-         "--split", "all", "--max-samples", "2", "--max-blocks-per-sample", "4", "--ddtree-budgets", "4", "--json"],
-        env=dict(os.environ, AWS_SECRET_ACCESS_KEY=SECRET, PYTHONPATH=str(REPO)), capture_output=True, text=True,
-        timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "eval",
+            "--store",
+            url,
+            "--drafter",
+            str(export),
+            "--target",
+            str(qwen3_dir),
+            "--split",
+            "all",
+            "--max-samples",
+            "2",
+            "--max-blocks-per-sample",
+            "4",
+            "--ddtree-budgets",
+            "4",
+            "--json",
+        ],
+        env=dict(os.environ, AWS_SECRET_ACCESS_KEY=SECRET, PYTHONPATH=str(REPO)),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert json.loads(evaluated.stdout.splitlines()[-1])["samples"] == 2
 
@@ -92,7 +157,8 @@ def test_extract_run_into_a_bucket_then_verify_fit_through_the_cache_and_eval(ur
 
 
 def test_a_worker_killed_between_its_data_and_its_marker_leaves_garbage_the_rerun_ignores_and_cleans(
-        url, qwen3_dir, corpus, tmp_path):
+    url, qwen3_dir, corpus, tmp_path
+):
     died = _extract(qwen3_dir, corpus, url, tmp_path, "--max-attempts", "1", env={KILL_BEFORE_ENV: "marker"})
     assert died.returncode == 1 and "its worker was lost" in died.stderr, died.stderr[-3000:]
     dead = _attempts(url)

@@ -41,8 +41,10 @@ def reference(ray_cluster, qwen3_5_dir, corpus, tmp_path_factory):
 
     store = tmp_path_factory.mktemp("ref") / "store"
     messages = []
-    report = run_job(job_config(qwen3_5_dir, corpus, store, shard_tokens=SHARD_TOKENS, workers=1,
-                                address=ray_cluster), log=messages.append)
+    report = run_job(
+        job_config(qwen3_5_dir, corpus, store, shard_tokens=SHARD_TOKENS, workers=1, address=ray_cluster),
+        log=messages.append,
+    )
     assert report["status"] == "complete" and report["shards"] >= 4, report
     return store, report, messages
 
@@ -53,8 +55,7 @@ def test_worker_start_says_what_it_loads_and_when_each_worker_is_ready(reference
     assert any(m.startswith("worker 0 ready after ") and " s loading)" in m for m in messages), messages
 
 
-def test_repair_then_rerun_gives_a_byte_identical_store(reference, ray_cluster, qwen3_5_dir, corpus, tmp_path,
-                                                        capsys):
+def test_repair_then_rerun_gives_a_byte_identical_store(reference, ray_cluster, qwen3_5_dir, corpus, tmp_path, capsys):
     """One shard with a flipped byte goes aside through `verify --repair`; a second
     one that lost its commit record after the repair is set aside by `extract run`
     itself (no `Directory not empty`); the run re-extracts exactly those two, the
@@ -76,9 +77,10 @@ def test_repair_then_rerun_gives_a_byte_identical_store(reference, ray_cluster, 
     (store / "shards" / commitless / "commit.json").unlink()
 
     messages = []
-    report = run_job(job_config(qwen3_5_dir, corpus, store, shard_tokens=SHARD_TOKENS, workers=1,
-                                address=ray_cluster),
-                     log=messages.append)
+    report = run_job(
+        job_config(qwen3_5_dir, corpus, store, shard_tokens=SHARD_TOKENS, workers=1, address=ray_cluster),
+        log=messages.append,
+    )
     assert report["status"] == "complete" and report["plan_reused"], report
     assert report["shards_written"] == 2 and report["shards_skipped"] == first["shards"] - 2, report
     assert any(f"without a commit record to damaged/ ({commitless})" in m for m in messages), messages

@@ -17,8 +17,23 @@ from paths import REPO
 
 
 def _run_argv(model, corpus, store, *extra) -> list[str]:
-    return ["run", "--model", str(model), "--corpus", str(corpus), "--store", str(store), "--layers", "1,3",
-            "--shard-tokens", "600", "--plan-workers", "1", "--no-progress", *extra]
+    return [
+        "run",
+        "--model",
+        str(model),
+        "--corpus",
+        str(corpus),
+        "--store",
+        str(store),
+        "--layers",
+        "1,3",
+        "--shard-tokens",
+        "600",
+        "--plan-workers",
+        "1",
+        "--no-progress",
+        *extra,
+    ]
 
 
 # --------------------------------------------------------------------------- the plan survives (26.5, 26.6)
@@ -37,13 +52,29 @@ def test_device_cuda_without_cuda_is_refused_before_planning(qwen3_dir, tmp_path
     err = capsys.readouterr().err
     assert "--device cuda" in err and "use cpu" in err and "planning" not in err, err
     assert not store.exists()  # nothing planned, nothing written
-    assert main(["generate", "--model", str(qwen3_dir), "--corpus", str(corpus), "--out", str(tmp_path / "gen"),
-                 "--device", "cuda", "--no-progress"]) == 1
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(qwen3_dir),
+                "--corpus",
+                str(corpus),
+                "--out",
+                str(tmp_path / "gen"),
+                "--device",
+                "cuda",
+                "--no-progress",
+            ]
+        )
+        == 1
+    )
     assert "--device cuda" in capsys.readouterr().err and not (tmp_path / "gen").exists()
 
 
 def test_a_job_refused_for_free_space_keeps_its_plan_and_the_rerun_does_not_replan(
-        qwen3_dir, tmp_path, monkeypatch, capsys):
+    qwen3_dir, tmp_path, monkeypatch, capsys
+):
     """A failure after planning (here: not enough free space, faked through the one
     function that reads statvfs) leaves the committed plan; the rerun reuses it,
     nothing re-tokenized, and the refusal names both figures and the override."""
@@ -106,8 +137,23 @@ def test_plan_dry_run_exits_1_on_a_corpus_giving_no_samples(qwen3_dir, tmp_path,
     from extract.__main__ import main
 
     corpus = write_chat_jsonl(tmp_path / "c.jsonl", [{"id": "a", "messages": [{"role": "user", "content": "hi"}]}])
-    assert main(["plan", "--dry-run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--tokenizer-workers", "1",
-                 "--layers", "1,3"]) == 1
+    assert (
+        main(
+            [
+                "plan",
+                "--dry-run",
+                "--model",
+                str(qwen3_dir),
+                "--corpus",
+                str(corpus),
+                "--tokenizer-workers",
+                "1",
+                "--layers",
+                "1,3",
+            ]
+        )
+        == 1
+    )
     assert "no samples (1 record(s) quarantined (no_assistant_turn 1))" in capsys.readouterr().err
 
 
@@ -176,9 +222,19 @@ def test_the_second_job_refusal_is_a_sentence(tmp_path):
 def test_run_reports_quarantine_reasons():
     from extract.extraction.report import summary_line
 
-    report = dict(status="complete", shards_written=2, samples_written=9, tokens_written=900, shards_skipped=0,
-                  quarantined=3, quarantined_by_reason={"unsafe_id": 1, "no_assistant_turn": 2},
-                  tokens_per_s=10.0, bytes_per_s=100, workers=1, padded_token_ratio=1.1)
+    report = dict(
+        status="complete",
+        shards_written=2,
+        samples_written=9,
+        tokens_written=900,
+        shards_skipped=0,
+        quarantined=3,
+        quarantined_by_reason={"unsafe_id": 1, "no_assistant_turn": 2},
+        tokens_per_s=10.0,
+        bytes_per_s=100,
+        workers=1,
+        padded_token_ratio=1.1,
+    )
     assert "3 record(s) quarantined (no_assistant_turn 2, unsafe_id 1)" in summary_line(report)
 
 
@@ -189,9 +245,15 @@ def test_help_shows_defaults_and_only_the_flags_each_command_uses(capsys):
 
     run = build_parser()._subparsers._group_actions[0].choices["run"]
     actions = {a.option_strings[0]: a for a in run._actions if a.option_strings}
-    for flag, default in (("--device", "auto"), ("--workers", "1"), ("--max-length", "3072"),
-                          ("--shard-tokens", "32768"), ("--block-size", "16"), ("--seed", "0"),
-                          ("--batch-tokens", "16384")):
+    for flag, default in (
+        ("--device", "auto"),
+        ("--workers", "1"),
+        ("--max-length", "3072"),
+        ("--shard-tokens", "32768"),
+        ("--block-size", "16"),
+        ("--seed", "0"),
+        ("--batch-tokens", "16384"),
+    ):
         action = actions[flag]
         assert f"default {default})" in action.help % dict(vars(action), prog=run.prog), (flag, action.help)
     text = run.format_help()
@@ -204,7 +266,9 @@ def test_no_statement_of_the_command_line_is_a_stray_tuple():
     """A trailing comma after a call makes an expression statement a tuple (issue 23.6)."""
     for path in (REPO / "extract" / "__main__.py", REPO / "store_schema" / "__main__.py"):
         tree = ast.parse(path.read_text())
-        stray = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Tuple)]
+        stray = [
+            node.lineno for node in ast.walk(tree) if isinstance(node, ast.Expr) and isinstance(node.value, ast.Tuple)
+        ]
         assert not stray, (path, stray)
 
 
@@ -213,15 +277,17 @@ def test_no_statement_of_the_command_line_is_a_stray_tuple():
 
 @pytest.mark.slow  # child processes
 def test_import_store_schema_alone_imports_no_zarr_and_provenance_not_the_fingerprint():
-    code = ("import sys, store_schema, store_schema.plan, store_schema.fingerprint, store_schema.codecs.fp8\n"
-            "assert 'zarr' not in sys.modules, 'zarr imported'\n"
-            "assert 'torch' not in sys.modules, 'torch imported'\n"
-            "for name in [m for m in sys.modules if m.startswith('store_schema.')]: del sys.modules[name]\n"
-            "import store_schema.provenance\n"
-            "assert 'store_schema.fingerprint' not in sys.modules, 'provenance imports the fingerprint'\n"
-            "from store_schema import Store\n"
-            "import zarr, numpy as np\n"
-            "from zarr.core.dtype import parse_data_type\n"
-            "assert parse_data_type('bfloat16', zarr_format=3) is not None  # registered once a store is opened\n")
+    code = (
+        "import sys, store_schema, store_schema.plan, store_schema.fingerprint, store_schema.codecs.fp8\n"
+        "assert 'zarr' not in sys.modules, 'zarr imported'\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "for name in [m for m in sys.modules if m.startswith('store_schema.')]: del sys.modules[name]\n"
+        "import store_schema.provenance\n"
+        "assert 'store_schema.fingerprint' not in sys.modules, 'provenance imports the fingerprint'\n"
+        "from store_schema import Store\n"
+        "import zarr, numpy as np\n"
+        "from zarr.core.dtype import parse_data_type\n"
+        "assert parse_data_type('bfloat16', zarr_format=3) is not None  # registered once a store is opened\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

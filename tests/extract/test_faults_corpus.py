@@ -36,14 +36,29 @@ def _corpus(path: Path) -> tuple[list[str], dict[int, str]]:
         (b'{"id": "bad-truncated", "messages": [{"role": "user", "con', "malformed_json"),
         (json.dumps(["a", "list", "not", "an", "object"]).encode(), "wrong_type"),
         (json.dumps({"id": "bad-types", "messages": "not a list"}).encode(), "wrong_type"),
-        (json.dumps({"id": "bad-noassistant", "messages": [{"role": "user", "content": "hi"}]}).encode(),
-         "no_assistant_turn"),
-        (json.dumps({"id": "bad-empty", "messages": [{"role": "user", "content": "hi"},
-                                                     {"role": "assistant", "content": ""}]}).encode(),
-         "empty_response"),
+        (
+            json.dumps({"id": "bad-noassistant", "messages": [{"role": "user", "content": "hi"}]}).encode(),
+            "no_assistant_turn",
+        ),
+        (
+            json.dumps(
+                {
+                    "id": "bad-empty",
+                    "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}],
+                }
+            ).encode(),
+            "empty_response",
+        ),
         (b'{"id": "bad-utf8", "messages": [{"role": "user", "content": "caf\xc3\x28"}]}', "invalid_utf8"),
-        (json.dumps({"id": "bad-huge", "messages": [{"role": "user", "content": "Write it."},
-                                                    {"role": "assistant", "content": huge}]}).encode(), "too_long"),
+        (
+            json.dumps(
+                {
+                    "id": "bad-huge",
+                    "messages": [{"role": "user", "content": "Write it."}, {"role": "assistant", "content": huge}],
+                }
+            ).encode(),
+            "too_long",
+        ),
         (json.dumps({"id": "../../x", "messages": chat}).encode(), "unsafe_id"),
     ]
     lines += [(json.dumps(r).encode(), None) for r in good[3:]]
@@ -68,8 +83,12 @@ def _tree(root: Path, skip: Path | None = None) -> dict:
 
 
 def _repo_status() -> str:
-    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "--ignored=no"], cwd=REPO,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all", "--ignored=no"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    ).stdout
 
 
 def test_bad_records_quarantined_good_ones_stored_nothing_outside(ray_cluster, qwen3_dir, tmp_path):
@@ -83,8 +102,16 @@ def test_bad_records_quarantined_good_ones_stored_nothing_outside(ray_cluster, q
     job_tmp.mkdir()
     before, before_repo = _tree(tmp_path, skip=job_tmp), _repo_status()
 
-    command = extract_command(qwen3_dir, corpus, store, ray_cluster, layers=[1, 3], shard_tokens=600,
-                              batch_tokens=1200, extra=["--drop-long", "--max-length", str(MAX_LENGTH)])
+    command = extract_command(
+        qwen3_dir,
+        corpus,
+        store,
+        ray_cluster,
+        layers=[1, 3],
+        shard_tokens=600,
+        batch_tokens=1200,
+        extra=["--drop-long", "--max-length", str(MAX_LENGTH)],
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(job_tmp))
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -100,7 +127,8 @@ def test_bad_records_quarantined_good_ones_stored_nothing_outside(ray_cluster, q
 
     after = _tree(tmp_path, skip=job_tmp)
     assert {k: v for k, v in after.items() if not k.startswith("a/b/store")} == {
-        k: v for k, v in before.items() if not k.startswith("a/b/store")}, "something was written outside the store"
+        k: v for k, v in before.items() if not k.startswith("a/b/store")
+    }, "something was written outside the store"
     assert set(os.listdir(job_tmp)) <= {"ray"}  # in the job's temp root: Ray's own session directory at most
     assert not list(tmp_path.rglob("x"))  # (a stray /tmp/x would show in the listing above)
     assert _repo_status() == before_repo  # the job's working directory (Ray ships it to the workers)
@@ -127,9 +155,14 @@ print(f"planned {plan.num_samples} samples", flush=True)
 def _planning(corpus: Path, tokenizer_dir: Path, worker_tokenizer: Path) -> subprocess.Popen:
     """`build_plan` with 2 processes in a process of its own: the parent has its
     tokenizer from `tokenizer_dir`, the planning processes load `worker_tokenizer`."""
-    return subprocess.Popen([sys.executable, "-c", _PLAN_SCRIPT, str(corpus), str(tokenizer_dir), str(worker_tokenizer)],
-                            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", _PLAN_SCRIPT, str(corpus), str(tokenizer_dir), str(worker_tokenizer)],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def test_a_planning_process_that_cannot_start_stops_the_pass_with_its_reason(tokenizer_dir, tmp_path):

@@ -61,8 +61,9 @@ def _config(model, corpus, store, **overrides):
 
 
 def _command(model, corpus, store, address, workers=2):
-    return extract_command(model, corpus, store, address, shard_tokens=SHARD_TOKENS, batch_tokens=BATCH_TOKENS,
-                           workers=workers)
+    return extract_command(
+        model, corpus, store, address, shard_tokens=SHARD_TOKENS, batch_tokens=BATCH_TOKENS, workers=workers
+    )
 
 
 @pytest.fixture(scope="module")
@@ -117,8 +118,16 @@ def test_ten_worker_deaths_mid_shard(reference, qwen3_5_dir, corpus, tmp_path):
     kills = tuple(rng.randint(1, 4) for _ in range(WORKER_KILLS))  # batches into the i-th actor's life
     store = tmp_path / "store"
     messages = []
-    report = run_job(_config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(kill_after_batches=kills),
-                             max_attempts=WORKER_KILLS + 1), log=messages.append)
+    report = run_job(
+        _config(
+            qwen3_5_dir,
+            corpus[0],
+            store,
+            faults=FaultInjection(kill_after_batches=kills),
+            max_attempts=WORKER_KILLS + 1,
+        ),
+        log=messages.append,
+    )
 
     assert report["status"] == "complete"
     assert report["worker_deaths"] == WORKER_KILLS, (kills, report)
@@ -164,8 +173,14 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
 
     plan = Store(store).plan()
     log, pool = [], _Pool()
-    dispatcher = Dispatcher(pool, plan, ["shard-000002", "shard-000004"], fence,
-                            DispatchSettings(max_attempts=4, batch_shards=2), log=log.append)
+    dispatcher = Dispatcher(
+        pool,
+        plan,
+        ["shard-000002", "shard-000004"],
+        fence,
+        DispatchSettings(max_attempts=4, batch_shards=2),
+        log=log.append,
+    )
     dispatcher.queue.clear()
     dying = _Held(0, ("shard-000001", "shard-000002"), {"shard-000001": first, "shard-000002": first}, 0.0)
     other = _Held(1, ("shard-000003", "shard-000004"), {"shard-000004": first}, 0.0)
@@ -179,8 +194,13 @@ def test_a_dead_workers_committed_shard_is_kept_not_redone(tmp_path):
     assert dispatcher.inflight == {"ref-b": other} and pool.replaced == [0]
     shard = plan.shard("shard-000001")
     assert dispatcher.counts == DispatchCounts(
-        worker_deaths=1, shards_retried=1, shards_committed_before_worker_death=1, attempts_revoked=2,
-        shards_written=1, samples_written=len(shard.samples), tokens_written=shard.num_tokens,
+        worker_deaths=1,
+        shards_retried=1,
+        shards_committed_before_worker_death=1,
+        attempts_revoked=2,
+        shards_written=1,
+        samples_written=len(shard.samples),
+        tokens_written=shard.num_tokens,
     )
     assert not half_written.exists()
     with pytest.raises(ShardFenced, match="revoked"):  # the dead writer's attempt can never commit now
@@ -205,8 +225,14 @@ def test_a_shard_whose_worker_dies_too_often_stops_the_job(tmp_path):
             raise AssertionError("no replacement once the job stops")
 
     fence = ShardFence(tmp_path / "s").open()
-    dispatcher = Dispatcher(Pool(), Store(tmp_path / "s").plan(), [], fence,
-                            DispatchSettings(max_attempts=2, batch_shards=2), log=lambda message: None)
+    dispatcher = Dispatcher(
+        Pool(),
+        Store(tmp_path / "s").plan(),
+        [],
+        fence,
+        DispatchSettings(max_attempts=2, batch_shards=2),
+        log=lambda message: None,
+    )
     dispatcher.inflight = {"ref": _Held(0, ("shard-000009",), {"shard-000009": fence.attempt(2)}, 0.0)}
     dispatcher.attempts["shard-000009"] = 2
     with pytest.raises(ExtractError, match=r"shard shard-000009 failed 2 time\(s\).*rerun to resume"):
@@ -258,8 +284,9 @@ def test_driver_killed_at_three_points_then_rerun(reference, ray_cluster, qwen3_
 # --------------------------------------------------------------------------- two jobs, one store
 
 
-def test_second_job_refused_while_first_lives_then_takes_over(reference, ray_cluster, qwen3_5_dir, corpus, tmp_path,
-                                                             capsys):
+def test_second_job_refused_while_first_lives_then_takes_over(
+    reference, ray_cluster, qwen3_5_dir, corpus, tmp_path, capsys
+):
     from extract.__main__ import main
     from extract.extraction.job import run_job
 
@@ -279,9 +306,24 @@ def test_second_job_refused_while_first_lives_then_takes_over(reference, ray_clu
         holder = json.loads((store / ".lock").read_text())
         assert holder["pid"] == first.pid
 
-        code = main(["run", "--model", str(qwen3_5_dir), "--corpus", str(corpus[0]), "--store", str(store),
-                     "--layers", "1,3,5", "--shard-tokens", str(SHARD_TOKENS), "--batch-tokens", str(BATCH_TOKENS),
-                     "--no-progress"])
+        code = main(
+            [
+                "run",
+                "--model",
+                str(qwen3_5_dir),
+                "--corpus",
+                str(corpus[0]),
+                "--store",
+                str(store),
+                "--layers",
+                "1,3,5",
+                "--shard-tokens",
+                str(SHARD_TOKENS),
+                "--batch-tokens",
+                str(BATCH_TOKENS),
+                "--no-progress",
+            ]
+        )
         err = capsys.readouterr().err
         assert code == 1 and "held by another live job" in err and f"(pid {first.pid} on " in err, err
     finally:
@@ -390,8 +432,7 @@ def test_claim_and_revoke_race_for_one_file(tmp_path):
     assert not list((tmp_path / ".staging").iterdir())  # closing removed the fence, leaving nothing
 
 
-def test_a_worker_frozen_past_its_deadline_is_replaced_and_the_report_says_so(reference, qwen3_5_dir, corpus,
-                                                                              tmp_path):
+def test_a_worker_frozen_past_its_deadline_is_replaced_and_the_report_says_so(reference, qwen3_5_dir, corpus, tmp_path):
     """Through the job: the first actor freezes (SIGSTOP) after its 2nd batch; after
     `worker_timeout` of silence the driver revokes its attempts and redoes its groups
     on a fresh actor; the moment it says so, the frozen actor is resumed (SIGCONT) to
@@ -414,8 +455,10 @@ def test_a_worker_frozen_past_its_deadline_is_replaced_and_the_report_says_so(re
                     resumed.append(pid)
 
     try:
-        report = run_job(_config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(stop_after_batches=(2,)),
-                                 worker_timeout=20), log=log)
+        report = run_job(
+            _config(qwen3_5_dir, corpus[0], store, faults=FaultInjection(stop_after_batches=(2,)), worker_timeout=20),
+            log=log,
+        )
     finally:
         for pid in worker_pids():
             kill(pid, signal.SIGCONT)
@@ -465,10 +508,26 @@ def test_a_store_on_a_filesystem_without_flock_is_refused_in_one_line(qwen3_dir,
     existing = tmp_path / "existing"
     existing.mkdir()
     for store, stays in ((tmp_path / "new" / "store", False), (existing, True)):
-        argv = ["run", "--model", str(qwen3_dir), "--corpus", str(corpus[0]), "--store", str(store), "--layers", "1,3",
-                    "--no-progress"]
-        result = subprocess.run([sys.executable, "-c", _NO_FLOCK, *argv], cwd=REPO, capture_output=True, text=True,
-                                env=dict(__import__("os").environ, PYTHONPATH=str(REPO)), timeout=300)
+        argv = [
+            "run",
+            "--model",
+            str(qwen3_dir),
+            "--corpus",
+            str(corpus[0]),
+            "--store",
+            str(store),
+            "--layers",
+            "1,3",
+            "--no-progress",
+        ]
+        result = subprocess.run(
+            [sys.executable, "-c", _NO_FLOCK, *argv],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            env=dict(__import__("os").environ, PYTHONPATH=str(REPO)),
+            timeout=300,
+        )
         if result.returncode == 77:
             pytest.skip(f"cannot install a seccomp filter here: {result.stdout.strip()}")
         lines = result.stderr.strip().splitlines()

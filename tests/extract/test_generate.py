@@ -18,7 +18,8 @@ from ray_helpers import execution_of
 MAX_NEW = 16
 THINK_TEMPLATE = (  # Qwen3-like: reasoning_content rendered in <think>, enable_thinking opens or closes it
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['role'] == 'assistant' and m.get('reasoning_content') %}<think>\n{{ m['reasoning_content'] }}\n</think>\n\n"
+    "{% if m['role'] == 'assistant' and m.get('reasoning_content') %}"
+    "<think>\n{{ m['reasoning_content'] }}\n</think>\n\n"
     "{% endif %}{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
     "<think>\n\n</think>\n\n{% elif enable_thinking is defined and enable_thinking %}<think>\n{% endif %}{% endif %}"
@@ -33,11 +34,18 @@ def _config(model, corpus, out, **overrides):
     from extract.generate.config import GenerateConfig, GenerationSettings
     from extract.jobs.settings import FaultInjection
 
-    settings = GenerationSettings(**{"max_new_tokens": MAX_NEW, "shard_records": 3, "max_length": 512,
-                                     **overrides.pop("settings", {})})
-    return GenerateConfig(model=str(model), corpus=str(corpus), out=str(out), settings=settings,
-                          batch_tokens=overrides.pop("batch_tokens", 400),
-                          execution=execution_of(overrides, faults=FaultInjection()), **overrides)
+    settings = GenerationSettings(
+        **{"max_new_tokens": MAX_NEW, "shard_records": 3, "max_length": 512, **overrides.pop("settings", {})}
+    )
+    return GenerateConfig(
+        model=str(model),
+        corpus=str(corpus),
+        out=str(out),
+        settings=settings,
+        batch_tokens=overrides.pop("batch_tokens", 400),
+        execution=execution_of(overrides, faults=FaultInjection()),
+        **overrides,
+    )
 
 
 def _rows(out) -> dict:
@@ -52,11 +60,17 @@ def _reference(model, tokenizer, conversation_messages):
     ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW, do_sample=False,
-                             eos_token_id=end, pad_token_id=tokenizer.pad_token_id)
-    new = out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=MAX_NEW,
+            do_sample=False,
+            eos_token_id=end,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    new = out[0, ids.shape[1] :].tolist()
     new = new[: new.index(end)] if end in new else new
-    return tokenizer.decode(new, skip_special_tokens=False), end not in out[0, ids.shape[1]:].tolist()
+    return tokenizer.decode(new, skip_special_tokens=False), end not in out[0, ids.shape[1] :].tolist()
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +100,9 @@ def test_greedy_replies_equal_model_generate_turn_by_turn(kind, request, corpus,
         assert len(messages) == max(len(original), turns[-1] + 1)
         hit_limit = False
         for position in turns:  # each turn's prompt holds the target's own earlier replies
-            assert [m for m in messages[:position] if m["role"] != "assistant"] == \
-                [m for m in original[:position] if m["role"] != "assistant"]
+            assert [m for m in messages[:position] if m["role"] != "assistant"] == [
+                m for m in original[:position] if m["role"] != "assistant"
+            ]
             expected, limited = _reference(model, tokenizer, messages[:position])
             assert messages[position] == {"role": "assistant", "content": expected}, (record_id, position)
             hit_limit = hit_limit or limited
@@ -107,21 +122,33 @@ def test_a_killed_worker_and_a_rerun_give_the_same_corpus(qwen3_dir, corpus, tmp
     from extract.jobs.settings import FaultInjection
 
     small = dict(batch_tokens=MAX_NEW + 40, settings={"max_length": 40 + MAX_NEW})
-    reference = run_generate(_config(qwen3_dir, corpus, tmp_path / "ref", address=ray_cluster, **small),
-                             log=lambda m: None)
-    killed = run_generate(_config(qwen3_dir, corpus, tmp_path / "out", address=ray_cluster,
-                                  faults=FaultInjection(kill_after_batches=(2,)), **small), log=lambda m: None)
+    reference = run_generate(
+        _config(qwen3_dir, corpus, tmp_path / "ref", address=ray_cluster, **small), log=lambda m: None
+    )
+    killed = run_generate(
+        _config(
+            qwen3_dir,
+            corpus,
+            tmp_path / "out",
+            address=ray_cluster,
+            faults=FaultInjection(kill_after_batches=(2,)),
+            **small,
+        ),
+        log=lambda m: None,
+    )
     assert killed["worker_deaths"] == 1 and killed["shards_retried"] == 2  # the two shards it held
     assert killed["generated_tokens"] == reference["generated_tokens"]
 
     def files(root):
-        return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-                if p.is_file() and ".lock" not in p.name}
+        return {
+            p.relative_to(root).as_posix(): p.read_bytes()
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and ".lock" not in p.name
+        }
 
     assert files(tmp_path / "out") == files(tmp_path / "ref")
     shutil.rmtree(tmp_path / "out" / "shards" / "shard-000001")
-    rerun = run_generate(_config(qwen3_dir, corpus, tmp_path / "out", address=ray_cluster, **small),
-                         log=lambda m: None)
+    rerun = run_generate(_config(qwen3_dir, corpus, tmp_path / "out", address=ray_cluster, **small), log=lambda m: None)
     assert rerun["plan_reused"] and rerun["shards_written"] == 1 and rerun["shards_skipped"] == 1
     assert files(tmp_path / "out") == files(tmp_path / "ref")
 
@@ -143,13 +170,35 @@ def test_bad_records_are_quarantined_with_reasons(qwen3_dir, tmp_path):
         f.write("{not json\n")
     _, plan = plan_generate(_config(qwen3_dir, corpus, None, settings={"max_length": 128}))
     reasons = {(q.record_index, q.reason) for q in plan.quarantined}
-    assert reasons == {(1, "no_user_turn"), (2, "prompt_too_long"), (3, "no_turn_to_generate"), (4, "duplicate_id"),
-                       (5, "missing_field"), (6, "malformed_json")}
+    assert reasons == {
+        (1, "no_user_turn"),
+        (2, "prompt_too_long"),
+        (3, "no_turn_to_generate"),
+        (4, "duplicate_id"),
+        (5, "missing_field"),
+        (6, "malformed_json"),
+    }
     assert "no room for a reply" in next(q.detail for q in plan.quarantined if q.reason == "prompt_too_long")
     assert [s.sample_id for shard in plan.shards for s in shard.samples] == ["ok"]
     out = tmp_path / "never"
-    assert main(["generate", "--model", str(qwen3_dir), "--corpus", str(corpus), "--out", str(out),
-                 "--max-length", "128", "--dry-run", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(qwen3_dir),
+                "--corpus",
+                str(corpus),
+                "--out",
+                str(out),
+                "--max-length",
+                "128",
+                "--dry-run",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert not out.exists()
 
 
@@ -184,13 +233,22 @@ def test_replies_parse_reasoning_the_template_opens(tokenizer_dir, tmp_path):
     off, _ = render_prompt(tokenizer, chat, "off")
     keep, _ = render_prompt(tokenizer, chat, "keep")
     assert on.endswith("<think>\n") and off.endswith("<think>\n\n</think>\n\n") and keep.endswith("assistant\n")
-    assert reply_message(on, "plan it\n</think>\n\nanswer") == \
-        {"role": "assistant", "content": "answer", "reasoning_content": "plan it"}
-    assert reply_message(on, "still thinking") == \
-        {"role": "assistant", "content": "", "reasoning_content": "still thinking"}
+    assert reply_message(on, "plan it\n</think>\n\nanswer") == {
+        "role": "assistant",
+        "content": "answer",
+        "reasoning_content": "plan it",
+    }
+    assert reply_message(on, "still thinking") == {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": "still thinking",
+    }
     assert reply_message(off, "answer") == {"role": "assistant", "content": "answer"}
-    assert reply_message(keep, "<think>\nhm\n</think>\n\nok") == \
-        {"role": "assistant", "content": "ok", "reasoning_content": "hm"}
+    assert reply_message(keep, "<think>\nhm\n</think>\n\nok") == {
+        "role": "assistant",
+        "content": "ok",
+        "reasoning_content": "hm",
+    }
 
 
 def test_an_unfinished_generated_corpus_is_refused_as_a_corpus(tmp_path):
@@ -199,8 +257,14 @@ def test_an_unfinished_generated_corpus_is_refused_as_a_corpus(tmp_path):
     from extract.generated_corpus import commit_shard, shard_table, write_manifest
 
     write_manifest(tmp_path, {"engine": "vllm"}, ["shard-000000", "shard-000001"])
-    rows = [dict(id="a", messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}],
-                 truncated=False, generated_tokens=2)]
+    rows = [
+        dict(
+            id="a",
+            messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": "r"}],
+            truncated=False,
+            generated_tokens=2,
+        )
+    ]
     assert commit_shard(tmp_path, "shard-000000", shard_table(rows))
     with pytest.raises(GeneratedCorpusError, match="1 of 2 shard"):
         open_corpus(tmp_path)
@@ -211,8 +275,9 @@ def test_an_unfinished_generated_corpus_is_refused_as_a_corpus(tmp_path):
 
 
 @pytest.mark.slow  # a Ray cluster
-def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_dir, corpus, tmp_path, ray_cluster,
-                                                             capsys):
+def test_provenance_target_other_unknown_and_the_fit_warning(
+    qwen3_dir, qwen3_5_dir, corpus, tmp_path, ray_cluster, capsys
+):
     from ray_helpers import job_config
 
     from extract.extraction.job import run_job
@@ -225,23 +290,49 @@ def test_provenance_target_other_unknown_and_the_fit_warning(qwen3_dir, qwen3_5_
     generated = tmp_path / "generated"
     run_generate(_config(qwen3_dir, corpus, generated, address=ray_cluster), log=lambda m: None)
     stores = {}
-    for name, model, source in (("target", qwen3_dir, generated), ("other", qwen3_5_dir, generated),
-                                ("unknown", qwen3_dir, corpus)):
+    for name, model, source in (
+        ("target", qwen3_dir, generated),
+        ("other", qwen3_5_dir, generated),
+        ("unknown", qwen3_dir, corpus),
+    ):
         stores[name] = tmp_path / f"store-{name}"
-        run_job(job_config(model, source, stores[name], workers=1, address=ray_cluster, layers=[1, 3],
-                           plan_settings=PlanSettings(block_size=4, shard_tokens=1500)), log=lambda m: None)
+        run_job(
+            job_config(
+                model,
+                source,
+                stores[name],
+                workers=1,
+                address=ray_cluster,
+                layers=[1, 3],
+                plan_settings=PlanSettings(block_size=4, shard_tokens=1500),
+            ),
+            log=lambda m: None,
+        )
         assert Store(stores[name]).fingerprint.response_provenance == name
-    assert "response_provenance" not in json.loads((stores["unknown"] / "zarr.json").read_text())["attributes"][
-        "dflash_store"]["fingerprint"]  # a plain corpus's store hashes as before
+    assert (
+        "response_provenance"
+        not in json.loads((stores["unknown"] / "zarr.json").read_text())["attributes"]["dflash_store"]["fingerprint"]
+    )  # a plain corpus's store hashes as before
     capsys.readouterr()
     assert store_main(["info", stores["other"].as_posix()]) == 0
     assert "responses    other" in capsys.readouterr().out
 
-    sets = tiny.drafter_sets("model.block_size=4", "loss.gamma=4", "model.num_anchors=4", "eval.every=0",
-                             "data.heldout_fraction=0.0")  # the block the stores were planned for (a larger one is refused)
+    sets = tiny.drafter_sets(
+        "model.block_size=4", "loss.gamma=4", "model.num_anchors=4", "eval.every=0", "data.heldout_fraction=0.0"
+    )  # the block the stores were planned for (a larger one is refused)
     for name, warned in (("unknown", True), ("target", False)):
-        argv = ["fit", "--store", str(stores[name]), "--target", str(qwen3_dir), "--out", str(tmp_path / f"run-{name}"),
-                "--max-steps", "1", *tiny.cli_sets(sets)]
+        argv = [
+            "fit",
+            "--store",
+            str(stores[name]),
+            "--target",
+            str(qwen3_dir),
+            "--out",
+            str(tmp_path / f"run-{name}"),
+            "--max-steps",
+            "1",
+            *tiny.cli_sets(sets),
+        ]
         assert train_main(argv) == 0
         err = capsys.readouterr().err
         assert ("not from the target" in err) == warned, err
@@ -266,13 +357,27 @@ def test_a_reply_cut_inside_a_character_has_one_text_whatever_the_engine(tokeniz
     expected = reply_text(tokenizer, cut)
     assert expected.endswith("\ufffd") and expected == tokenizer.decode(cut, skip_special_tokens=False)
     served_text = expected[:-1]  # vLLM's detokenizer holds the unfinished byte back
-    completion = Completion(text=served_text, reasoning=None, token_ids=cut, prompt_token_ids=prompt_ids,
-                            finish_reason="length", has_tool_calls=False, endpoint="http://127.0.0.1:1")
+    completion = Completion(
+        text=served_text,
+        reasoning=None,
+        token_ids=cut,
+        prompt_token_ids=prompt_ids,
+        finish_reason="length",
+        has_tool_calls=False,
+        endpoint="http://127.0.0.1:1",
+    )
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     reply = make_reply(completion, tokenizer, messages, prompt_text, prompt_ids, [end])
     assert reply.text == expected and reply.hit_limit and reply.tokens == len(cut) and reply.checked
-    ended = Completion(text=served_text, reasoning=None, token_ids=full + [end], prompt_token_ids=prompt_ids,
-                       finish_reason="stop", has_tool_calls=False, endpoint="http://127.0.0.1:1")
+    ended = Completion(
+        text=served_text,
+        reasoning=None,
+        token_ids=full + [end],
+        prompt_token_ids=prompt_ids,
+        finish_reason="stop",
+        has_tool_calls=False,
+        endpoint="http://127.0.0.1:1",
+    )
     reply = make_reply(ended, tokenizer, messages, prompt_text, prompt_ids, [end])
     assert reply.text == reply_text(tokenizer, full) == "return 'é' + x" and reply.tokens == len(full) + 1
     assert not reply.mismatch

@@ -57,11 +57,26 @@ def _config(model, corpus, out, endpoints=None, **overrides):
     from extract.jobs.settings import FaultInjection
 
     server = None if endpoints is None else ServerConfig(endpoints=tuple(endpoints), **overrides.pop("server", {}))
-    settings = GenerationSettings(**{"max_new_tokens": MAX_NEW, "shard_records": 3, "max_length": 512,
-                                     "thinking": "off", "engine": ENGINES["hf" if server is None else "openai"],
-                                     **overrides.pop("settings", {})})
-    return GenerateConfig(model=str(model), corpus=str(corpus), out=str(out), settings=settings, server=server,
-                          batch_tokens=400, execution=execution_of(overrides, faults=FaultInjection()), **overrides)
+    settings = GenerationSettings(
+        **{
+            "max_new_tokens": MAX_NEW,
+            "shard_records": 3,
+            "max_length": 512,
+            "thinking": "off",
+            "engine": ENGINES["hf" if server is None else "openai"],
+            **overrides.pop("settings", {}),
+        }
+    )
+    return GenerateConfig(
+        model=str(model),
+        corpus=str(corpus),
+        out=str(out),
+        settings=settings,
+        server=server,
+        batch_tokens=400,
+        execution=execution_of(overrides, faults=FaultInjection()),
+        **overrides,
+    )
 
 
 def _rows(out) -> dict:
@@ -71,16 +86,18 @@ def _rows(out) -> dict:
 
 
 def _files(root) -> dict:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and ".lock" not in p.name}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file() and ".lock" not in p.name
+    }
 
 
 def _quiet(message):
     pass
 
 
-def test_greedy_replies_equal_the_hf_engine_and_the_servers_ids(served_dir, server, corpus, tmp_path,
-                                                                ray_cluster):
+def test_greedy_replies_equal_the_hf_engine_and_the_servers_ids(served_dir, server, corpus, tmp_path, ray_cluster):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -92,7 +109,9 @@ def test_greedy_replies_equal_the_hf_engine_and_the_servers_ids(served_dir, serv
     hf = run_generate(_config(served_dir, corpus, tmp_path / "hf", address=ray_cluster), log=_quiet)
     report = run_generate(_config(served_dir, corpus, tmp_path / "oai", [server.url], address=ray_cluster), log=_quiet)
     assert report["status"] == "complete" and report["records"] == hf["records"] == 6
-    assert report["generated_tokens"] == hf["generated_tokens"] and report["truncated_records"] == hf["truncated_records"]
+    assert (
+        report["generated_tokens"] == hf["generated_tokens"] and report["truncated_records"] == hf["truncated_records"]
+    )
     tokenizer = AutoTokenizer.from_pretrained(str(served_dir))
 
     def tokens(row):  # the conversation as `extract run` tokenizes it
@@ -118,11 +137,22 @@ def test_greedy_replies_equal_the_hf_engine_and_the_servers_ids(served_dir, serv
     for record in _records()[:3]:
         messages = record["messages"][:2] if record["messages"][0]["role"] == "system" else record["messages"][:1]
         _, prompt = render_prompt(tokenizer, messages, "off")
-        reply = served.chat(server.url, dict(model=str(served_dir), messages=messages, max_tokens=MAX_NEW, temperature=0,
-                                             return_token_ids=True, stop_token_ids=[end], skip_special_tokens=False))
+        reply = served.chat(
+            server.url,
+            dict(
+                model=str(served_dir),
+                messages=messages,
+                max_tokens=MAX_NEW,
+                temperature=0,
+                return_token_ids=True,
+                stop_token_ids=[end],
+                skip_special_tokens=False,
+            ),
+        )
         with torch.inference_mode():
-            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=end,
-                                 pad_token_id=end)[0, len(prompt):].tolist()
+            out = model.generate(
+                torch.tensor([prompt]), max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=end, pad_token_id=end
+            )[0, len(prompt) :].tolist()
         assert reply["choices"][0]["token_ids"] == out, record.get("id")
         assert reply["prompt_token_ids"] == prompt
 
@@ -138,8 +168,10 @@ def reference(served_dir, server, long_corpus, tmp_path_factory, ray_cluster):
     from extract.generate.job import run_generate
 
     out = tmp_path_factory.mktemp("reference") / "out"
-    run_generate(_config(served_dir, long_corpus, out, [server.url], address=ray_cluster,
-                         settings={"shard_records": 4}), log=_quiet)
+    run_generate(
+        _config(served_dir, long_corpus, out, [server.url], address=ray_cluster, settings={"shard_records": 4}),
+        log=_quiet,
+    )
     return out
 
 
@@ -198,8 +230,9 @@ def _kill_mid_shard(server, out, thread) -> None:
     server.kill()
 
 
-def test_a_killed_server_then_a_rerun_give_the_undisturbed_corpus(served_dir, server, long_corpus, reference,
-                                                                   tmp_path, ray_cluster):
+def test_a_killed_server_then_a_rerun_give_the_undisturbed_corpus(
+    served_dir, server, long_corpus, reference, tmp_path, ray_cluster
+):
     """One reply in flight at a time on a second server, killed (SIGKILL, engine and
     all) once a shard is committed and another has replies journaled: the job stops
     saying how to resume, shards kept. The rerun, answered by a fresh server of the
@@ -209,8 +242,15 @@ def test_a_killed_server_then_a_rerun_give_the_undisturbed_corpus(served_dir, se
 
     doomed = served.VLLMServer(served_dir, tmp_path / "doomed.log", served.vllm_python())
     out = tmp_path / "out"
-    config = _config(served_dir, long_corpus, out, [doomed.url], address=ray_cluster, settings={"shard_records": 4},
-                     server={"concurrency": 1})
+    config = _config(
+        served_dir,
+        long_corpus,
+        out,
+        [doomed.url],
+        address=ray_cluster,
+        settings={"shard_records": 4},
+        server={"concurrency": 1},
+    )
     thread, outcome = _run_in_thread(config)
     try:
         _kill_mid_shard(doomed, out, thread)
@@ -221,24 +261,35 @@ def test_a_killed_server_then_a_rerun_give_the_undisturbed_corpus(served_dir, se
     message = str(outcome["error"])
     assert "every endpoint is down" in message and doomed.url in message and "rerun the same command" in message
     assert (out / ".replies").exists()
-    rerun = run_generate(_config(served_dir, long_corpus, out, [server.url], address=ray_cluster,
-                                 settings={"shard_records": 4}), log=_quiet)
+    rerun = run_generate(
+        _config(served_dir, long_corpus, out, [server.url], address=ray_cluster, settings={"shard_records": 4}),
+        log=_quiet,
+    )
     assert rerun["status"] == "complete" and rerun["plan_reused"] and rerun["shards_skipped"] >= 1
     assert rerun["replies_from_journal"] >= 1
     assert _files(out) == _files(reference)
 
 
-def test_one_of_two_endpoints_dying_mid_job_leaves_the_other(served_dir, server, long_corpus, reference, tmp_path,
-                                                             ray_cluster):
+def test_one_of_two_endpoints_dying_mid_job_leaves_the_other(
+    served_dir, server, long_corpus, reference, tmp_path, ray_cluster
+):
     """Endpoint 2 is a loopback relay to the same server, cut mid-job (listening
     stops, open connections shut): its requests go to endpoint 1, the job finishes."""
     from extract.generate.job import run_generate
 
     relay = served.Relay(server.port)
     out = tmp_path / "out"
-    thread, outcome = _run_in_thread(_config(served_dir, long_corpus, out, [server.url, relay.url],
-                                             address=ray_cluster, settings={"shard_records": 4},
-                                             server={"concurrency": 1}))
+    thread, outcome = _run_in_thread(
+        _config(
+            served_dir,
+            long_corpus,
+            out,
+            [server.url, relay.url],
+            address=ray_cluster,
+            settings={"shard_records": 4},
+            server={"concurrency": 1},
+        )
+    )
     _wait_for_replies(out, committed=0, replies=3, thread=thread)
     relay.close()
     thread.join(300)
@@ -247,21 +298,36 @@ def test_one_of_two_endpoints_dying_mid_job_leaves_the_other(served_dir, server,
     assert report["status"] == "complete" and report["endpoints"] == [server.url, relay.url]
     assert report["quarantined_while_generating"] == 0
     assert _files(out) == _files(reference)
-    rerun = run_generate(_config(served_dir, long_corpus, out, [server.url], address=ray_cluster,
-                                 settings={"shard_records": 4}), log=_quiet)
+    rerun = run_generate(
+        _config(served_dir, long_corpus, out, [server.url], address=ray_cluster, settings={"shard_records": 4}),
+        log=_quiet,
+    )
     assert rerun["status"] == "nothing_to_do"
 
 
-def test_an_endpoint_down_at_start_and_a_server_of_another_model_are_refused(served_dir, qwen3_dir, server, corpus,
-                                                                             tmp_path, capsys):
+def test_an_endpoint_down_at_start_and_a_server_of_another_model_are_refused(
+    served_dir, qwen3_dir, server, corpus, tmp_path, capsys
+):
     from extract.__main__ import main
 
     down = f"http://127.0.0.1:{served.free_port()}"
     out = tmp_path / "out"
-    common = ["generate", "--corpus", str(corpus), "--out", str(out), "--engine", "openai", "--no-progress",
-              "--max-length", "512"]
-    assert main(common + ["--model", str(served_dir), "--endpoint", server.url, "--endpoint", down,
-                          "--reasoning", "drop"]) == 1
+    common = [
+        "generate",
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+        "--engine",
+        "openai",
+        "--no-progress",
+        "--max-length",
+        "512",
+    ]
+    assert (
+        main(common + ["--model", str(served_dir), "--endpoint", server.url, "--endpoint", down, "--reasoning", "drop"])
+        == 1
+    )
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and f"endpoint {down} does not answer" in error
     assert main(common + ["--model", str(qwen3_dir), "--endpoint", server.url, "--reasoning", "drop"]) == 1
@@ -272,14 +338,23 @@ def test_an_endpoint_down_at_start_and_a_server_of_another_model_are_refused(ser
     assert not out.exists()
 
 
-def test_a_request_that_times_out_is_retried_then_quarantined(served_dir, server, corpus, tmp_path,
-                                                              ray_cluster):
+def test_a_request_that_times_out_is_retried_then_quarantined(served_dir, server, corpus, tmp_path, ray_cluster):
     from extract.generate.job import run_generate
     from extract.generated_corpus import shard_record
 
     out = tmp_path / "out"
-    report = run_generate(_config(served_dir, corpus, out, [server.url], address=ray_cluster, settings={"limit": 2},
-                                  server={"request_timeout": 0.001, "request_retries": 1}), log=_quiet)
+    report = run_generate(
+        _config(
+            served_dir,
+            corpus,
+            out,
+            [server.url],
+            address=ray_cluster,
+            settings={"limit": 2},
+            server={"request_timeout": 0.001, "request_retries": 1},
+        ),
+        log=_quiet,
+    )
     assert report["status"] == "complete" and report["records"] == 0
     assert report["quarantined_while_generating"] == 2 and report["quarantined_by_reason"] == {"request_timeout": 2}
     quarantined = shard_record(out, "shard-000000")["quarantined"]

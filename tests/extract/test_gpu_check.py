@@ -15,15 +15,22 @@ from paths import REPO
 pytestmark = pytest.mark.slow  # child processes
 
 
-
 def test_gpu_check_smoke_runs_every_phase_on_cpu(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--workdir", str(tmp_path)],
-                          capture_output=True, text=True, env=env, timeout=900)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--workdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(figures["seconds"]) == set(figures["peak_gpu_gb"]) == {"kernels", "attention", "build", "extract",
-                                                                       "loader", "train", "train_dflash2"}
+    assert (
+        set(figures["seconds"])
+        == set(figures["peak_gpu_gb"])
+        == {"kernels", "attention", "build", "extract", "loader", "train", "train_dflash2"}
+    )
     kernels, attention = figures["kernels_check"], figures["attention_check"]
     assert kernels["linear_attention_fallback_vs_recurrent"]["cosine"] >= 0.9999
     assert "linear_attention_fla_vs_fallback" in kernels or kernels["linear_attention_fla"].startswith("skipped: ")

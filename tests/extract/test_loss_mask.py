@@ -49,7 +49,8 @@ TAGGED_THINK_TEMPLATE = (
     "{%- for message in messages %}"
     "{{- '<|im_start|>' + message.role + '\\n' }}"
     "{%- if message.role == 'assistant' %}{% generation %}"
-    "{%- if message.reasoning_content %}{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
+    "{%- if message.reasoning_content %}"
+    "{{- '<think>\\n' + message.reasoning_content + '\\n</think>\\n\\n' }}{%- endif %}"
     "{{- message.content }}{% endgeneration %}"
     "{%- else %}{{- message.content }}{%- endif %}"
     "{{- '<|im_end|>\\n' }}"
@@ -59,8 +60,10 @@ TAGGED_THINK_TEMPLATE = (
 # The same with the end-of-turn token inside the tags (transformers' own examples do this).
 TAGGED_END_TEMPLATE = TAGGED_THINK_TEMPLATE.replace(
     "{{- message.content }}{% endgeneration %}", "{{- message.content + '<|im_end|>' }}{% endgeneration %}"
-).replace("{%- else %}{{- message.content }}{%- endif %}{{- '<|im_end|>\\n' }}",
-          "{%- else %}{{- message.content + '<|im_end|>' }}{%- endif %}{{- '\\n' }}")
+).replace(
+    "{%- else %}{{- message.content }}{%- endif %}{{- '<|im_end|>\\n' }}",
+    "{%- else %}{{- message.content + '<|im_end|>' }}{%- endif %}{{- '\\n' }}",
+)
 UNTAGGED_THINK_TEMPLATE = TAGGED_THINK_TEMPLATE.replace("{% generation %}", "").replace("{% endgeneration %}", "")
 
 ANSWER = "def double(x):\n    return 2 * x\n"
@@ -97,11 +100,12 @@ def _scored(tokenizer, tokenized) -> str:
 def _served(tokenizer, messages, enable_thinking: bool) -> tuple[list[int], list[int]]:
     """What a server does with the last turn: the prompt it renders, and the tokens the
     target then emits (the rest of the rendered chat, through the end-of-turn token)."""
-    prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True,
-                                           enable_thinking=enable_thinking)
+    prompt = tokenizer.apply_chat_template(
+        messages[:-1], tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+    )
     text = tokenizer.apply_chat_template(messages, tokenize=False)
     assert text.startswith(prompt)
-    emitted = text[len(prompt): text.index("<|im_end|>", len(prompt)) + len("<|im_end|>")]
+    emitted = text[len(prompt) : text.index("<|im_end|>", len(prompt)) + len("<|im_end|>")]
     encode = lambda s: tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     return encode(prompt), encode(emitted)
 
@@ -149,18 +153,22 @@ def test_multi_turn_and_tool_calls_role_headers_never_scored(qwen_like):
     (before the last user message) is scored as rendered; no role header is scored."""
     messages = _chat(
         ("Double a number.", {"content": ANSWER, "reasoning_content": "dropped by the template"}),
-        ("Now triple, and run it.", {"content": SECOND, "reasoning_content": REASONING,
-                                     "tool_calls": [{"name": "run_python"}]}),
+        (
+            "Now triple, and run it.",
+            {"content": SECOND, "reasoning_content": REASONING, "tool_calls": [{"name": "run_python"}]},
+        ),
         system=True,
     )
     tokenized = tokenize_record({"messages": messages}, qwen_like)
     ids, mask = tokenized.input_ids.tolist(), tokenized.loss_mask.tolist()
     spans = [qwen_like.decode(ids[a:b]) for a, b in _runs(mask)]
-    assert spans == [ANSWER + "<|im_end|>",
-                     f"<think>\n{REASONING}\n</think>\n\n{SECOND}\n<tool_call>\nrun_python\n</tool_call><|im_end|>"]
+    assert spans == [
+        ANSWER + "<|im_end|>",
+        f"<think>\n{REASONING}\n</think>\n\n{SECOND}\n<tool_call>\nrun_python\n</tool_call><|im_end|>",
+    ]
     header = qwen_like("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
     for start, _ in _runs(mask):
-        assert ids[start - len(header): start] == header and not any(mask[start - len(header): start])
+        assert ids[start - len(header) : start] == header and not any(mask[start - len(header) : start])
     content = tokenize_record({"messages": messages}, qwen_like, loss_mask="content")
     assert [qwen_like.decode(content.input_ids[a:b].tolist()) for a, b in _runs(content.loss_mask)] == [ANSWER, SECOND]
 
@@ -169,21 +177,31 @@ def test_generation_tags_templates_agree_with_the_offsets_path(tokenizer_dir, tm
     """Tags around reasoning + content (end-of-turn token outside the tags, or inside
     them) and the same template without tags: the same ids and the same turn masks.
     The demo's ChatML template (tags around the content): content + `<|im_end|>`."""
-    tagged, tagged_end, untagged = (_tokenizer(tokenizer_dir, tmp_path_factory, name, template) for name, template in
-                                    (("tagged", TAGGED_THINK_TEMPLATE), ("tagged_end", TAGGED_END_TEMPLATE),
-                                     ("untagged", UNTAGGED_THINK_TEMPLATE)))
-    messages = _chat(("Double a number.", {"content": ANSWER, "reasoning_content": REASONING}),
-                     ("Now triple.", {"content": SECOND}))
+    tagged, tagged_end, untagged = (
+        _tokenizer(tokenizer_dir, tmp_path_factory, name, template)
+        for name, template in (
+            ("tagged", TAGGED_THINK_TEMPLATE),
+            ("tagged_end", TAGGED_END_TEMPLATE),
+            ("untagged", UNTAGGED_THINK_TEMPLATE),
+        )
+    )
+    messages = _chat(
+        ("Double a number.", {"content": ANSWER, "reasoning_content": REASONING}), ("Now triple.", {"content": SECOND})
+    )
     results = [tokenize_record({"messages": messages}, t) for t in (tagged, tagged_end, untagged)]
     for other in results[1:]:
         assert other.input_ids.tolist() == results[0].input_ids.tolist()
         assert other.loss_mask.tolist() == results[0].loss_mask.tolist()
     ids = results[0].input_ids.tolist()
     assert [tagged.decode(ids[a:b]) for a, b in _runs(results[0].loss_mask)] == [
-        f"<think>\n{REASONING}\n</think>\n\n{ANSWER}<|im_end|>", SECOND + "<|im_end|>"]
+        f"<think>\n{REASONING}\n</think>\n\n{ANSWER}<|im_end|>",
+        SECOND + "<|im_end|>",
+    ]
     chatml = tokenize_record({"messages": messages}, tokenizer)  # the demo template: tags around the content
     assert [tokenizer.decode(chatml.input_ids[a:b].tolist()) for a, b in _runs(chatml.loss_mask)] == [
-        ANSWER + "<|im_end|>", SECOND + "<|im_end|>"]
+        ANSWER + "<|im_end|>",
+        SECOND + "<|im_end|>",
+    ]
     assert "{% generation %}" in CHAT_TEMPLATE
 
 
@@ -192,19 +210,26 @@ def test_content_scope_is_the_old_rule(tokenizer, qwen_like):
     transformers assistant mask (tags), the content spans (no tags)."""
     messages = _chat(("Double a number.", {"content": ANSWER}), ("Now triple.", {"content": SECOND}), system=True)
     tags = tokenize_record({"messages": messages}, tokenizer, loss_mask="content")
-    assert (tags.input_ids.tolist(), tags.loss_mask.tolist()) == tuple(map(list, mask_with_generation_tags(
-        tokenizer, messages)))
+    assert (tags.input_ids.tolist(), tags.loss_mask.tolist()) == tuple(
+        map(list, mask_with_generation_tags(tokenizer, messages))
+    )
     plain = tokenize_record({"messages": messages}, qwen_like, loss_mask="content")
-    assert (plain.input_ids.tolist(), plain.loss_mask.tolist()) == tuple(map(list, mask_with_offsets(
-        qwen_like, messages)))
+    assert (plain.input_ids.tolist(), plain.loss_mask.tolist()) == tuple(
+        map(list, mask_with_offsets(qwen_like, messages))
+    )
 
 
 def test_the_scope_is_recorded_in_the_plan_and_the_fingerprint(tmp_path, tokenizer, tokenizer_dir):
-    corpus = write_chat_jsonl(tmp_path / "c.jsonl", [
-        {"id": f"r{i}", "messages": _chat(("Double a number.", {"content": ANSWER * (i + 2)}))} for i in range(3)])
+    corpus = write_chat_jsonl(
+        tmp_path / "c.jsonl",
+        [{"id": f"r{i}", "messages": _chat(("Double a number.", {"content": ANSWER * (i + 2)}))} for i in range(3)],
+    )
     turn = build_plan(corpus, tokenizer_dir, PlanSettings(), tokenizer=tokenizer)
     content = build_plan(corpus, tokenizer_dir, PlanSettings(loss_mask="content"), tokenizer=tokenizer)
-    assert turn.settings["mask_convention"] == "assistant_turn" and PlanSettings.from_json(turn.settings).loss_mask == "turn"
+    assert (
+        turn.settings["mask_convention"] == "assistant_turn"
+        and PlanSettings.from_json(turn.settings).loss_mask == "turn"
+    )
     assert content.settings["mask_convention"] == "assistant_content"
     assert PlanSettings.from_json(content.settings).loss_mask == "content"
     loss_tokens = lambda plan: [s.num_loss_tokens for shard in plan.shards for s in shard.samples]  # noqa: E731

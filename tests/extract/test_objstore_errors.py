@@ -58,13 +58,33 @@ def test_a_missing_bucket_is_said_as_such_by_info_fit_and_extract(s3_server, qwe
     missing = "s3://no-such-bucket-here/jobs/store"
     assert info(missing) == 2
     line = one_error_line(capsys)
-    assert line == (f"error: no such bucket ({missing} at {s3_server}): create bucket no-such-bucket-here "
-                    "or fix the URL"), line
+    assert line == (
+        f"error: no such bucket ({missing} at {s3_server}): create bucket no-such-bucket-here or fix the URL"
+    ), line
     assert fit(missing, qwen3_dir, tmp_path / "run") == 2
     assert "no such bucket" in one_error_line(capsys)
     corpus = builders.write_chat_jsonl(tmp_path / "c.jsonl", builders.coding_chats(2))
-    assert extract(["run", "--model", str(qwen3_dir), "--corpus", str(corpus), "--store", missing, "--layers", "1,3",
-                    "--plan-workers", "1", "--no-progress", "--spool-dir", str(tmp_path / "spool")]) == 2
+    assert (
+        extract(
+            [
+                "run",
+                "--model",
+                str(qwen3_dir),
+                "--corpus",
+                str(corpus),
+                "--store",
+                missing,
+                "--layers",
+                "1,3",
+                "--plan-workers",
+                "1",
+                "--no-progress",
+                "--spool-dir",
+                str(tmp_path / "spool"),
+            ]
+        )
+        == 2
+    )
     assert "no such bucket" in one_error_line(capsys)
 
 
@@ -81,7 +101,8 @@ def test_no_credentials_and_an_unreachable_endpoint(url, monkeypatch, capsys):
     assert info(url) == 1
     line = one_error_line(capsys)
     assert line.startswith(f"error: cannot reach the endpoint ({url} at http://127.0.0.1:") and (
-        "check AWS_ENDPOINT_URL and the network" in line), line
+        "check AWS_ENDPOINT_URL and the network" in line
+    ), line
 
 
 def test_credentials_the_server_refuses_are_access_denied(monkeypatch, capsys):

@@ -113,7 +113,7 @@ def test_both_template_paths_give_the_assistant_content_mask(tokenizer, no_tags)
         assistant_marker = tokenizer.encode("assistant", add_special_tokens=False)
         first = mask_b.index(1)
         assert ids_b[first - len(assistant_marker) - 1 : first - 1] == assistant_marker
-        assert not any(mask_b[: first])
+        assert not any(mask_b[:first])
     # An answer starting with spaces: the byte-level BPE merges the template's "\n" with them into
     # one token; both paths score such a boundary token (it holds answer text).
     messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "    x = 1\n" + answers[0]}]
@@ -194,7 +194,9 @@ def bad_corpus(path: Path, tokenizer, extra_good: int = 0) -> tuple[dict[int, st
     add({"id": "pre", "input_ids": pre_ids, "loss_mask": [0, 0, 0, 0] + [1] * (len(pre_ids) - 4)})
     add({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": 42}]}, reason="wrong_type")
     add({"messages": "user: hi\nassistant: hello"}, reason="wrong_type")
-    add({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}, reason="no_assistant_turn")
+    add(
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]}, reason="no_assistant_turn"
+    )
     add({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": ""}]}, reason="empty_response")
     add(raw=json.dumps(chats[1]).encode().replace(b"Write", b"Wr\xc3\x28te"), reason="invalid_utf8")
     huge = {"messages": [{"role": "user", "content": "all"}, {"role": "assistant", "content": answer * 30}]}
@@ -202,11 +204,17 @@ def bad_corpus(path: Path, tokenizer, extra_good: int = 0) -> tuple[dict[int, st
     add(dict(chats[2], id="../../x"), reason="unsafe_id")
     add(dict(chats[3], id=chats[0]["id"]), reason="duplicate_id")
     add({"id": "nothing"}, reason="missing_field")
-    add({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ok"}]}, reason="too_few_loss_tokens")
+    add(
+        {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "ok"}]},
+        reason="too_few_loss_tokens",
+    )
     add({"input_ids": [1, 2, 3], "loss_mask": [1, 1]}, reason="length_mismatch")
     add({"input_ids": [1, 99999] * 20, "loss_mask": [1] * 40}, reason="token_out_of_range")
     add({"messages": chats[4]["messages"]})  # no id: rec-000000015
-    add({"messages": [{"role": "robot", "content": "{}"}, {"role": "assistant", "content": answer}]}, reason="unknown_role")
+    add(
+        {"messages": [{"role": "robot", "content": "{}"}, {"role": "assistant", "content": answer}]},
+        reason="unknown_role",
+    )
     add({"id": "multi", "messages": multi_turn(chats[4:6])})
     for chat in chats[6:]:
         add(chat)
@@ -262,8 +270,10 @@ def test_jsonl_parquet_and_datasets_give_the_same_plan(tmp_path, tokenizer, toke
     pq.write_table(table, parquet, row_group_size=4)
     ds_dir = tmp_path / "c_ds"
     datasets.Dataset(datasets.table.InMemoryTable(table)).save_to_disk(str(ds_dir))
-    plans = [build_plan(p, tokenizer_dir, PlanSettings(shard_tokens=1500), tokenizer=tokenizer)
-             for p in (jsonl, parquet, ds_dir)]
+    plans = [
+        build_plan(p, tokenizer_dir, PlanSettings(shard_tokens=1500), tokenizer=tokenizer)
+        for p in (jsonl, parquet, ds_dir)
+    ]
     assert [q.reason for q in plans[0].quarantined] == ["no_assistant_turn"]
     assert plans[0].num_samples == 21
     for other in plans[1:]:
@@ -292,9 +302,24 @@ def test_settings_are_recorded(tmp_path, tokenizer, tokenizer_dir, no_tags):
 # `verify` and a resumed job compare `Plan.digest()` of the plan they would make with
 # the store's: any change to these keys or values orphans every existing store.
 RECORDED_KEYS = {
-    "planner_version", "corpus_path", "corpus_format", "corpus_hash", "corpus_records", "limit", "max_length",
-    "drop_long", "shard_tokens", "block_size", "min_loss_tokens", "seed", "tokenizer_path", "tokenizer_hash",
-    "chat_template_hash", "generation_tags", "mask_convention", "truncation",
+    "planner_version",
+    "corpus_path",
+    "corpus_format",
+    "corpus_hash",
+    "corpus_records",
+    "limit",
+    "max_length",
+    "drop_long",
+    "shard_tokens",
+    "block_size",
+    "min_loss_tokens",
+    "seed",
+    "tokenizer_path",
+    "tokenizer_hash",
+    "chat_template_hash",
+    "generation_tags",
+    "mask_convention",
+    "truncation",
 }
 
 
@@ -306,16 +331,33 @@ def test_plan_digest_is_pinned():
     from store_schema.plan import Plan, PlannedShard, QuarantinedRecord
 
     settings = dict(
-        planner_version=1, corpus_path="/data/corpus.jsonl", corpus_format="jsonl", corpus_hash="c" * 64,
-        corpus_records=3, limit=None, max_length=3072, drop_long=False, shard_tokens=32768, block_size=16,
-        min_loss_tokens=32, seed=0, tokenizer_path="/models/target", tokenizer_hash="t" * 64,
-        chat_template_hash="h" * 64, generation_tags=True, mask_convention="assistant_content",
+        planner_version=1,
+        corpus_path="/data/corpus.jsonl",
+        corpus_format="jsonl",
+        corpus_hash="c" * 64,
+        corpus_records=3,
+        limit=None,
+        max_length=3072,
+        drop_long=False,
+        shard_tokens=32768,
+        block_size=16,
+        min_loss_tokens=32,
+        seed=0,
+        tokenizer_path="/models/target",
+        tokenizer_hash="t" * 64,
+        chat_template_hash="h" * 64,
+        generation_tags=True,
+        mask_convention="assistant_content",
         truncation="keep_first_max_length_tokens",
     )
     assert set(settings) == RECORDED_KEYS
     plan = Plan(
-        (PlannedShard("shard-000000", (PlannedSample("a", 0, 120, 80, "1" * 64),
-                                       PlannedSample("rec-000000002", 2, 90, 40, "2" * 64))),),
+        (
+            PlannedShard(
+                "shard-000000",
+                (PlannedSample("a", 0, 120, 80, "1" * 64), PlannedSample("rec-000000002", 2, 90, 40, "2" * 64)),
+            ),
+        ),
         (QuarantinedRecord(1, None, "malformed_json", "line 2"),),
         settings,
     )
@@ -342,11 +384,24 @@ def test_plan_settings_are_the_planners_input_and_its_record(tmp_path, tokenizer
     settings = PlanSettings(max_length=300, shard_tokens=999, block_size=8, seed=5, drop_long=True, limit=5)
     plan = build_plan(corpus, tokenizer_dir, settings, tokenizer=tokenizer)
     assert plan.settings == dict(
-        planner_version=1, corpus_path=str(corpus.resolve()), corpus_format="jsonl",
-        corpus_hash=open_corpus(corpus).content_hash(), corpus_records=6, limit=5, max_length=300, drop_long=True,
-        shard_tokens=999, block_size=8, min_loss_tokens=16, seed=5, tokenizer_path=str(tokenizer_dir.resolve()),
-        tokenizer_hash=tokenizer_hash(tokenizer), chat_template_hash=chat_template_hash(tokenizer),
-        generation_tags=True, mask_convention="assistant_turn", truncation="keep_first_max_length_tokens",
+        planner_version=1,
+        corpus_path=str(corpus.resolve()),
+        corpus_format="jsonl",
+        corpus_hash=open_corpus(corpus).content_hash(),
+        corpus_records=6,
+        limit=5,
+        max_length=300,
+        drop_long=True,
+        shard_tokens=999,
+        block_size=8,
+        min_loss_tokens=16,
+        seed=5,
+        tokenizer_path=str(tokenizer_dir.resolve()),
+        tokenizer_hash=tokenizer_hash(tokenizer),
+        chat_template_hash=chat_template_hash(tokenizer),
+        generation_tags=True,
+        mask_convention="assistant_turn",
+        truncation="keep_first_max_length_tokens",
     )
     assert set(plan.settings) == RECORDED_KEYS
     assert plan.num_samples + len(plan.quarantined) == 5  # limit: record 5 never planned
@@ -359,8 +414,10 @@ def test_plan_settings_are_the_planners_input_and_its_record(tmp_path, tokenizer
     assert PlanSettings.from_json(back.settings) == settings
 
 
-@pytest.mark.parametrize("field, value", [("max_length", 0), ("shard_tokens", -1), ("block_size", 0),
-                                          ("max_length", 1.5), ("seed", "0"), ("limit", "all")])
+@pytest.mark.parametrize(
+    "field, value",
+    [("max_length", 0), ("shard_tokens", -1), ("block_size", 0), ("max_length", 1.5), ("seed", "0"), ("limit", "all")],
+)
 def test_plan_settings_refuse_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=f"plan settings: {field} must be"):
         PlanSettings(**{field: value})

@@ -230,8 +230,11 @@ def test_workers_load_no_lm_head_and_no_layer_past_the_last_context_layer(target
     names = {name for name, _ in part.model.named_parameters()}
     assert not [n for n in names if "lm_head" in n] and len(decoder_layers(part.model)) == 4
     assert (part.num_layers, part.vocab_size, part.kernels) == (full.num_layers, full.vocab_size, full.kernels)
-    kept = {n for n, _ in full.model.named_parameters()  # (the final norm stays: hidden-size floats)
-            if not n.startswith("lm_head") and not any(f"layers.{i}." in n for i in range(4, full.num_layers))}
+    kept = {
+        n
+        for n, _ in full.model.named_parameters()  # (the final norm stays: hidden-size floats)
+        if not n.startswith("lm_head") and not any(f"layers.{i}." in n for i in range(4, full.num_layers))
+    }
     dropped = sum(p.numel() for n, p in full.model.named_parameters() if n not in kept)
     assert sum(p.numel() for p in part.model.parameters()) == sum(p.numel() for p in full.model.parameters()) - dropped
     assert dropped > full.model.get_output_embeddings().weight.numel()  # the head and the later layers
@@ -255,8 +258,11 @@ def test_a_cuda_worker_on_the_pytorch_fallback_is_refused_before_loading_when_as
         pytest.skip("optimized kernels installed here")
     hybrid = kernels_of_class(Qwen3_5TextModel)
     assert fallback_kernels(hybrid) == ["causal_conv1d", "linear_attention"]
-    with pytest.raises(RuntimeError, match=r"PyTorch fallback for causal_conv1d, linear_attention on CUDA.*"
-                                           r"refused by --require-fast-kernels"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"PyTorch fallback for causal_conv1d, linear_attention on CUDA.*"
+        r"refused by --require-fast-kernels",
+    ):
         check_fast_kernels(hybrid, "cuda", "worker on h1")
     check_fast_kernels(hybrid, "cpu", "worker on h1")  # the CPU path is the reference path: never refused
     check_fast_kernels(kernels_of_class(Qwen3Model), "cuda", "worker on h1")  # no linear attention at all

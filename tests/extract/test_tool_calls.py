@@ -36,13 +36,15 @@ def qwen_tools(tokenizer_dir, tmp_path_factory):
 
 def agentic(arguments, content=None) -> dict:
     call = {"id": "call_0", "type": "function", "function": {"name": "read_file", "arguments": arguments}}
-    return {"messages": [
-        {"role": "system", "content": "You write Python."},
-        {"role": "user", "content": "Write `dumps` from `json`."},
-        {"role": "assistant", "content": content, "reasoning_content": REASONING, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": "call_0", "content": TOOL_REPLY},
-        {"role": "assistant", "content": ANSWER},
-    ]}
+    return {
+        "messages": [
+            {"role": "system", "content": "You write Python."},
+            {"role": "user", "content": "Write `dumps` from `json`."},
+            {"role": "assistant", "content": content, "reasoning_content": REASONING, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_0", "content": TOOL_REPLY},
+            {"role": "assistant", "content": ANSWER},
+        ]
+    }
 
 
 def _scored_runs(tokenizer, tokenized) -> list[str]:
@@ -71,20 +73,29 @@ def test_string_and_object_arguments_and_null_content_are_one_record(qwen_tools,
 
 
 def test_a_turn_that_only_calls_a_tool_is_a_reply():
-    messages = [{"role": "user", "content": "list files"},
-                {"role": "assistant", "content": "", "tool_calls": [{"name": "ls", "arguments": ""}]}]
+    messages = [
+        {"role": "user", "content": "list files"},
+        {"role": "assistant", "content": "", "tool_calls": [{"name": "ls", "arguments": ""}]},
+    ]
     assert clean_messages(messages)[1]["tool_calls"] == [{"name": "ls", "arguments": {}}]  # the flat form
 
 
-@pytest.mark.parametrize("call, reason, detail", [
-    ({"function": {"name": "ls", "arguments": "{not json"}}, "bad_tool_call", "tool_calls[0].function.arguments"),
-    ({"function": {"name": "ls", "arguments": "[1, 2]"}}, "bad_tool_call", "a list, not an object"),
-    ({"function": {"arguments": {}}}, "bad_tool_call", "tool_calls[0].function has no name"),
-    ("ls", "wrong_type", "tool_calls[0] is a str"),
-])
+@pytest.mark.parametrize(
+    "call, reason, detail",
+    [
+        ({"function": {"name": "ls", "arguments": "{not json"}}, "bad_tool_call", "tool_calls[0].function.arguments"),
+        ({"function": {"name": "ls", "arguments": "[1, 2]"}}, "bad_tool_call", "a list, not an object"),
+        ({"function": {"arguments": {}}}, "bad_tool_call", "tool_calls[0].function has no name"),
+        ("ls", "wrong_type", "tool_calls[0] is a str"),
+    ],
+)
 def test_bad_tool_calls_are_quarantined_naming_the_call(qwen_tools, call, reason, detail):
-    record = {"messages": [{"role": "user", "content": "list files"},
-                           {"role": "assistant", "content": "", "tool_calls": [call]}]}
+    record = {
+        "messages": [
+            {"role": "user", "content": "list files"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]
+    }
     with pytest.raises(QuarantineError) as error:
         tokenize_record(record, qwen_tools)
     assert error.value.reason == reason and detail in error.value.detail and "messages[1]" in error.value.detail
@@ -107,7 +118,9 @@ def test_tokenizer_facts_are_read_once_and_follow_edits(qwen_tools):
     assert facts.end_of_turn_ids[0] in facts.special_ids
     template = qwen_tools.chat_template
     try:
-        qwen_tools.chat_template = "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+        qwen_tools.chat_template = (
+            "{% for m in messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}"
+        )
         assert tokenizer_facts(qwen_tools).generation_tags is True
     finally:
         qwen_tools.chat_template = template

@@ -23,7 +23,10 @@ def test_every_commit_is_journaled_and_a_vanished_shard_is_damage(tmp_path, caps
     store = tmp_path / "s"
     builders.random_store(store, num_shards=3, samples_per_shard=2)
     assert sorted(p.name for p in (store / layout.COMMITS_DIR).iterdir()) == [
-        "shard-000000.json", "shard-000001.json", "shard-000002.json"]
+        "shard-000000.json",
+        "shard-000001.json",
+        "shard-000002.json",
+    ]
     shutil.rmtree(store / layout.SHARDS_DIR / "shard-000001")  # an rm -rf, a bad sync
     assert cli(["verify", str(store), "--json"]) == 1
     report = json.loads(capsys.readouterr().out)

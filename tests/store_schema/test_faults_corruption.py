@@ -83,7 +83,11 @@ def test_verify_detects_every_seeded_corruption(finished_store, tmp_path, capsys
         if shard:
             assert any(p["shard"] == shard for p in problems), (kind, shard, problems)
         if file and kind != "delete_shard":
-            assert any(file in (p["file"], p["array"]) or p["file"].endswith(file) for p in problems), (kind, file, problems)
+            assert any(file in (p["file"], p["array"]) or p["file"].endswith(file) for p in problems), (
+                kind,
+                file,
+                problems,
+            )
         detected += 1
         shutil.rmtree(copy)
     assert detected == INJECTIONS
@@ -124,7 +128,9 @@ def _loader(store, log=print, **kwargs):
     from train.data.config import DataConfig
     from train.data.loader import LoaderSpec, ShardLoader
 
-    return ShardLoader(store, DataConfig(heldout_fraction=0.0, **kwargs), LoaderSpec([1, 3], 8, seed=0, epochs=1), log=log)
+    return ShardLoader(
+        store, DataConfig(heldout_fraction=0.0, **kwargs), LoaderSpec([1, 3], 8, seed=0, epochs=1), log=log
+    )
 
 
 @pytest.mark.faults
@@ -194,16 +200,36 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     sets = tiny.drafter_sets("eval.every=0", "data.heldout_fraction=0.0", "train.epochs=2")
 
     refused = subprocess.run(
-        [sys.executable, "-m", "train", "fit", "--store", str(path), "--target", str(qwen3_dir),
-         "--out", str(tmp_path / "run"), *tiny.cli_sets(sets)],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "fit",
+            "--store",
+            str(path),
+            "--target",
+            str(qwen3_dir),
+            "--out",
+            str(tmp_path / "run"),
+            *tiny.cli_sets(sets),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert refused.returncode == 1, refused.stderr[-2000:]
     error = refused.stderr.strip().splitlines()[-1]
     assert error.startswith(f"error: shard {bad}: layer_3/c/0/0: crc32c") and "skip_corrupt_shards" in error, error
 
     messages = []
-    config = load_config(None, sets + ["data.skip_corrupt_shards=true"], store=str(path), target=str(qwen3_dir),
-                         out=str(tmp_path / "skip"))
+    config = load_config(
+        None,
+        sets + ["data.skip_corrupt_shards=true"],
+        store=str(path),
+        target=str(qwen3_dir),
+        out=str(tmp_path / "skip"),
+    )
     trainer = Trainer.from_config(config, log=messages.append)
     seen = []
     run_sequence = trainer.run_sequence
@@ -215,7 +241,9 @@ def test_fit_refuses_a_corrupt_shard_or_skips_it_and_never_trains_on_it(qwen3_di
     trainer.run_sequence = recording
     trainer.fit()
     assert seen and not any(shard == bad for shard, _ in seen)
-    assert {sid for _, sid in seen} == {s.sample_id for name, samples in written.items() if name != bad for s in samples}
+    assert {sid for _, sid in seen} == {
+        s.sample_id for name, samples in written.items() if name != bad for s in samples
+    }
     # The integrity pass before step 1 named it (once); the loader never read it.
     assert any(f"damaged shard(s) left out (data.skip_corrupt_shards): {bad}" in m for m in messages), messages
     assert not any("skipping corrupt shard" in m for m in messages), messages
@@ -255,7 +283,9 @@ def test_the_writer_refuses_a_layer_without_signal_naming_shard_and_layer(kind, 
     for dtype in ("bfloat16", "fp8_e4m3"):
         writer, shards = builders.random_store(tmp_path / dtype, num_shards=1, dtype=dtype, with_plan=False)
         good = shards["shard-000000"][0]
-        bad = SampleArrays("bad", good.input_ids, good.loss_mask, {1: good.hidden[1], 3: _empty_states(kind, good.hidden[3])})
+        bad = SampleArrays(
+            "bad", good.input_ids, good.loss_mask, {1: good.hidden[1], 3: _empty_states(kind, good.hidden[3])}
+        )
         why = "all zeros" if kind == "zeroed" else "constant across tokens"
         with pytest.raises(EmptyCaptureError, match=f"shard shard-000001: captured layer 3 is {why}"):
             writer.write_shard("shard-000001", [bad])
@@ -288,9 +318,14 @@ def _rewrite_layers(shard_dir: Path, kind: str, keep_stats: bool) -> None:
         bits = np.array(zarr.open_array(str(shard_dir / "layer_3"), mode="r")[...]).view(store.dtype.bits)
         bits = np.zeros_like(bits) if kind == "zeroed" else np.repeat(bits[:1], len(bits), axis=0)
         rows, cols = store.codec.chunk_shape(*bits.shape, store.dtype.itemsize)
-        write_bytesplit_shard(shard_dir / "layer_3" / "c" / "0" / "0", bits, (rows, cols),
-                              store.codec.element_bytes(cols, store.dtype.itemsize), store.codec.level,
-                              store.codec.min_saving)
+        write_bytesplit_shard(
+            shard_dir / "layer_3" / "c" / "0" / "0",
+            bits,
+            (rows, cols),
+            store.codec.element_bytes(cols, store.dtype.itemsize),
+            store.codec.level,
+            store.codec.min_saving,
+        )
         if kind == "constant" and (shard_dir / "layer_3_scale").exists():
             scales = zarr.open_array(str(shard_dir / "layer_3_scale"), mode="r+", config=WRITE_ALL_CHUNKS)
             scales[...] = np.repeat(scales[:1], scales.shape[0])
@@ -330,12 +365,21 @@ def test_verify_catches_layers_swapped_by_the_capture_itself(tmp_path, capsys):
     from store_schema import SampleArrays
 
     path = tmp_path / "store"
-    writer, shards = builders.random_store(path, num_shards=4, samples_per_shard=3, layer_rms=DEPTH_RMS,
-                                           with_plan=False)
-    writer.write_shard("shard-000004", [SampleArrays(s.sample_id + "-x", s.input_ids, s.loss_mask,
-                                                     {1: s.hidden[3], 3: s.hidden[1]}) for s in shards["shard-000001"]])
+    writer, shards = builders.random_store(
+        path, num_shards=4, samples_per_shard=3, layer_rms=DEPTH_RMS, with_plan=False
+    )
+    writer.write_shard(
+        "shard-000004",
+        [
+            SampleArrays(s.sample_id + "-x", s.input_ids, s.loss_mask, {1: s.hidden[3], 3: s.hidden[1]})
+            for s in shards["shard-000001"]
+        ],
+    )
     for flags in ([], ["--checksums-only"]):
         assert cli(["verify", str(path), "--json", *flags]) == 1
         problems = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["problems"]
-        assert {(p["shard"], p["array"]) for p in problems} == {("shard-000004", "layer_1"), ("shard-000004", "layer_3")}
+        assert {(p["shard"], p["array"]) for p in problems} == {
+            ("shard-000004", "layer_1"),
+            ("shard-000004", "layer_3"),
+        }
         assert all("median" in p["what"] for p in problems), problems

@@ -76,8 +76,15 @@ def test_scales_never_saturate_and_states_stay_within_e4m3_rounding():
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), -BF16_MAX])
 def test_nan_and_inf_are_refused_at_write_and_nothing_is_committed(tmp_path, bad):
-    fingerprint = Fingerprint(target_model="t", num_target_layers=6, hidden_size=64, vocab_size=512,
-                              layer_ids=[1, 3], max_length=512, dtype="fp8_e4m3")
+    fingerprint = Fingerprint(
+        target_model="t",
+        num_target_layers=6,
+        hidden_size=64,
+        vocab_size=512,
+        layer_ids=[1, 3],
+        max_length=512,
+        dtype="fp8_e4m3",
+    )
     writer = create_store(tmp_path / "s", fingerprint)
     good = torch.randn(20, 64).to(torch.bfloat16)
     broken = good.clone()
@@ -99,8 +106,12 @@ def test_fingerprint_refuses_mixing_dtypes_and_unknown_ones(tmp_path):
         Fingerprint(**base, dtype="float16")
     writer = create_store(tmp_path / "bf16", Fingerprint(**base))
     codes, scales = quantize(torch.randn(5, 64))
-    sample = SampleArrays("x", np.zeros(5, np.int32), np.ones(5, np.uint8),
-                          {1: QuantizedStates(codes, scales), 3: QuantizedStates(codes, scales)})
+    sample = SampleArrays(
+        "x",
+        np.zeros(5, np.int32),
+        np.ones(5, np.uint8),
+        {1: QuantizedStates(codes, scales), 3: QuantizedStates(codes, scales)},
+    )
     with pytest.raises(ValueError, match="sample 'x' layer 1: fp8 states offered to a bfloat16 store"):
         writer.write_shard("shard-000000", [sample])
 
@@ -150,18 +161,32 @@ def test_fp8_store_holds_the_bf16_states_within_rounding_and_verifies(twin_store
 def test_verify_names_nan_codes_and_bad_scales_in_an_fp8_store(tmp_path):
     """What the writer never makes (it refuses NaN input) verify still finds: a NaN
     code (0x7f) and a scale that is not a positive power of two."""
-    fingerprint = Fingerprint(target_model="t", num_target_layers=6, hidden_size=64, vocab_size=512,
-                              layer_ids=[1, 3], max_length=512, dtype="fp8_e4m3")
+    fingerprint = Fingerprint(
+        target_model="t",
+        num_target_layers=6,
+        hidden_size=64,
+        vocab_size=512,
+        layer_ids=[1, 3],
+        max_length=512,
+        dtype="fp8_e4m3",
+    )
     writer = create_store(tmp_path / "s", fingerprint)
     codes, scales = quantize(torch.randn(10, 64))
     bad_codes = codes.clone()
     bad_codes.view(torch.uint8)[4, 17] = 0x7F
     bad_scales = scales.clone()
     bad_scales[6] = 3.0
-    writer.write_shard("shard-000000", [SampleArrays(
-        "x", np.zeros(10, np.int32), np.ones(10, np.uint8),
-        {1: QuantizedStates(bad_codes, scales), 3: QuantizedStates(codes, bad_scales)},
-    )])
+    writer.write_shard(
+        "shard-000000",
+        [
+            SampleArrays(
+                "x",
+                np.zeros(10, np.int32),
+                np.ones(10, np.uint8),
+                {1: QuantizedStates(bad_codes, scales), 3: QuantizedStates(codes, bad_scales)},
+            )
+        ],
+    )
     problems = {(p["array"], p["what"]) for p in verify_store(tmp_path / "s").problems}
     assert problems == {
         ("layer_1", "1 token(s) with NaN/Inf, first at token 4"),
@@ -189,15 +214,34 @@ def test_loader_trainer_and_eval_on_an_fp8_store(twin_stores, qwen3_dir, tmp_pat
     assert torch.equal(sample.context_features(), expected)
 
     out = tmp_path / "run"
-    config = load_config(None, tiny.drafter_sets("model.num_anchors=16", "data.heldout_fraction=0.25", "eval.every=0",
-                                                     "train.max_steps=4"),
-                         store=str(fp8_path), target=str(qwen3_dir), out=str(out))
+    config = load_config(
+        None,
+        tiny.drafter_sets("model.num_anchors=16", "data.heldout_fraction=0.25", "eval.every=0", "train.max_steps=4"),
+        store=str(fp8_path),
+        target=str(qwen3_dir),
+        out=str(out),
+    )
     record = Trainer.from_config(config, log=lambda m: None).fit()
     assert np.isfinite(record["loss"])
     assert train_cli(["export", str(out), "--out", str(tmp_path / "drafter")]) == 0
     capsys.readouterr()
-    assert train_cli(["eval", "--store", str(fp8_path), "--drafter", str(tmp_path / "drafter"),
-                      "--target", str(qwen3_dir), "--ddtree-budgets", "4", "--json"]) == 0
+    assert (
+        train_cli(
+            [
+                "eval",
+                "--store",
+                str(fp8_path),
+                "--drafter",
+                str(tmp_path / "drafter"),
+                "--target",
+                str(qwen3_dir),
+                "--ddtree-budgets",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     result = json.loads(capsys.readouterr().out)
     assert result["samples"] > 0 and result["tau"] >= 1.0
 

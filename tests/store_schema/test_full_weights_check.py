@@ -23,8 +23,9 @@ def write_target(path: Path) -> Path:
     path.mkdir()
     (path / "config.json").write_text(json.dumps({"model_type": "qwen3", "hidden_size": 64}))
     generator = torch.Generator().manual_seed(0)
-    tensors = {f"layers.{i}.weight": torch.randn(256, 1024, generator=generator, dtype=torch.float32)
-               for i in range(8)}  # 8 MiB
+    tensors = {
+        f"layers.{i}.weight": torch.randn(256, 1024, generator=generator, dtype=torch.float32) for i in range(8)
+    }  # 8 MiB
     save_file(tensors, str(path / "model.safetensors"))
     return path
 
@@ -45,8 +46,8 @@ def scale_one_tensor_between_windows(path: Path) -> str:
     first = start + begin + 100 * row  # rows 100..110 of the tensor
     assert not any(first < w + n and w < first + 10 * row for w, n in windows), "pick rows between the windows"
     data = bytearray(file.read_bytes())
-    values = torch.frombuffer(data[first:first + 10 * row], dtype=torch.float32).clone() * 1.01
-    data[first:first + 10 * row] = values.numpy().tobytes()
+    values = torch.frombuffer(data[first : first + 10 * row], dtype=torch.float32).clone() * 1.01
+    data[first : first + 10 * row] = values.numpy().tobytes()
     stat = file.stat()
     file.write_bytes(bytes(data))
     os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
@@ -102,14 +103,35 @@ def test_full_weights_check_refuses_a_changed_tensor_in_eval(tmp_path, qwen3_dir
     name = sorted(tensors)[len(tensors) // 2]
     tensors[name] = tensors[name] * 1.01
     save_file(tensors, str(changed / "model.safetensors"), metadata=metadata)
-    argv = ["eval", "--store", str(store), "--drafter", str(tmp_path / "no-drafter"), "--target", str(changed),
-            "--full-weights-check"]
+    argv = [
+        "eval",
+        "--store",
+        str(store),
+        "--drafter",
+        str(tmp_path / "no-drafter"),
+        "--target",
+        str(changed),
+        "--full-weights-check",
+    ]
     assert main(argv) == 1
     err = capsys.readouterr().err
     assert "target_weights_sha256" in err and "is not the checkpoint" in err, err
 
     older = tmp_path / "older"
     builders.random_store(older, num_shards=1, num_target_layers=6)  # no digest recorded
-    assert main(["eval", "--store", str(older), "--drafter", str(tmp_path / "no-drafter"), "--target", str(qwen3_dir),
-                 "--full-weights-check"]) == 1
+    assert (
+        main(
+            [
+                "eval",
+                "--store",
+                str(older),
+                "--drafter",
+                str(tmp_path / "no-drafter"),
+                "--target",
+                str(qwen3_dir),
+                "--full-weights-check",
+            ]
+        )
+        == 1
+    )
     assert "recorded no digest of every weight byte" in capsys.readouterr().err

@@ -82,7 +82,9 @@ def test_id_is_the_decoder_layer_output_in_real_model_code(qwen3_dir):
     captured = {}
     hooks = [
         layer.register_forward_hook(
-            lambda module, args, output, i=i: captured.__setitem__(i, output[0] if isinstance(output, tuple) else output)
+            lambda module, args, output, i=i: captured.__setitem__(
+                i, output[0] if isinstance(output, tuple) else output
+            )
         )
         for i, layer in enumerate(model.model.layers)
     ]

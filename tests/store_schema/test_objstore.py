@@ -152,8 +152,13 @@ builders.random_store({url!r}, num_shards=2)
 @pytest.mark.parametrize("point", ["claim", "marker"])
 def test_a_writer_killed_between_its_data_and_its_marker_leaves_garbage_the_rerun_ignores_and_cleans(url, point):
     env = dict(os.environ, **{KILL_BEFORE_ENV: point}, PYTHONPATH=str(REPO))
-    died = subprocess.run([sys.executable, "-c", _CHILD.format(tests=str(REPO / "tests"), url=url)], env=env,
-                          capture_output=True, text=True, timeout=300)
+    died = subprocess.run(
+        [sys.executable, "-c", _CHILD.format(tests=str(REPO / "tests"), url=url)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert died.returncode == -signal.SIGKILL, died.stderr[-2000:]
     dead = {k.split("/")[2] for k in _keys(url, ATTEMPTS_DIR)}
     assert len(dead) == 1 and not [k for k in _keys(url, layout.SHARDS_DIR) if k.endswith(layout.COMMIT_RECORD)]
@@ -210,14 +215,17 @@ def test_checksums_only_on_a_bucket_compares_the_kept_etags_and_reads_nothing(ur
     bucket = Bucket(classify_store(url))
     report = verify_store(url, checksums_only=True)
     assert report.ok and report.kept_checksum_shards == report.shards_checked == 3 and report.bytes_read == 0
-    key = f"{ATTEMPTS_DIR}/shard-000001/{open_store(url).attempt('shard-000001')}/{layout.layer_array(3)}/" \
-          f"{layout.chunk_file(2)}"
+    key = (
+        f"{ATTEMPTS_DIR}/shard-000001/{open_store(url).attempt('shard-000001')}/{layout.layer_array(3)}/"
+        f"{layout.chunk_file(2)}"
+    )
     data = bytearray(bucket.get(key))
     data[len(data) // 2] ^= 0x40
     bucket.put(key, bytes(data))
     report = verify_store(url, checksums_only=True)
     assert report.bytes_read == 0 and [(p["shard"], p["file"]) for p in report.problems] == [
-        ("shard-000001", "layer_3/c/0/0")]
+        ("shard-000001", "layer_3/c/0/0")
+    ]
     assert report.problems[0]["what"].startswith("object replaced after its commit: ETag")
     assert not verify_store(url).ok  # and read in full, by its crc32c
     marker = parse_record(bucket.get(shard_marker("shard-000002")), "marker")
@@ -234,12 +242,33 @@ def test_extract_run_refuses_overwrite_of_a_url_and_spool_flags_for_a_directory(
     corpus = builders.write_chat_jsonl(tmp_path / "corpus.jsonl", builders.coding_chats(2))
 
     def run(store, *extra):
-        return subprocess.run([sys.executable, "-m", "extract", "run", "--model", str(qwen3_dir), "--corpus",
-                               str(corpus), "--layers", "1,3", "--store", store, *extra], cwd=tmp_path,
-                              capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)), timeout=300)
+        return subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "extract",
+                "run",
+                "--model",
+                str(qwen3_dir),
+                "--corpus",
+                str(corpus),
+                "--layers",
+                "1,3",
+                "--store",
+                store,
+                *extra,
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            timeout=300,
+        )
 
     done = run("s3://bucket/jobs/store", "--overwrite")
-    assert done.returncode == 1 and "s3://bucket/jobs/store: a store on object storage is never overwritten" in done.stderr
+    assert (
+        done.returncode == 1 and "s3://bucket/jobs/store: a store on object storage is never overwritten" in done.stderr
+    )
     assert not (tmp_path / "s3:").exists()
     done = run(str(tmp_path / "store"), "--spool-size", "1GB")
     assert done.returncode == 1 and "--spool-dir / --spool-size apply to a store on object storage" in done.stderr

@@ -19,14 +19,22 @@ def _store_from(model_dir, path, layer_ids=(1, 4)):
     rng = np.random.default_rng(0)
     sequences = [rng.integers(0, 500, n).astype(np.int32) for n in (40, 70, 55)]
     outputs = runner.run_batch(sequences)
-    fingerprint = Fingerprint(target_model=str(model_dir), num_target_layers=target.num_layers,
-                              hidden_size=target.hidden_size, vocab_size=target.vocab_size,
-                              layer_ids=layer_ids, max_length=128)
+    fingerprint = Fingerprint(
+        target_model=str(model_dir),
+        num_target_layers=target.num_layers,
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        layer_ids=layer_ids,
+        max_length=128,
+    )
     writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=2048))
-    writer.write_shard("shard-000000", [
-        SampleArrays(f"r{i}", ids, np.ones(len(ids), np.uint8), {layer: out[layer] for layer in layer_ids})
-        for i, (ids, out) in enumerate(zip(sequences, outputs))
-    ])
+    writer.write_shard(
+        "shard-000000",
+        [
+            SampleArrays(f"r{i}", ids, np.ones(len(ids), np.uint8), {layer: out[layer] for layer in layer_ids})
+            for i, (ids, out) in enumerate(zip(sequences, outputs))
+        ],
+    )
 
 
 def test_recompute_agrees_with_the_model_and_not_with_another(tmp_path, qwen3_5_dir, capsys):

@@ -28,12 +28,16 @@ CODECS = [
     CodecConfig(name="channels", channel_rows=128),
 ]
 CHANNELS = CODECS[-1]
-CASES = [(codec, "bfloat16") for codec in CODECS] + [(CODECS[0], "fp8_e4m3"), (CODECS[3], "fp8_e4m3"),
-                                                     (CHANNELS, "fp8_e4m3")]
+CASES = [(codec, "bfloat16") for codec in CODECS] + [
+    (CODECS[0], "fp8_e4m3"),
+    (CODECS[3], "fp8_e4m3"),
+    (CHANNELS, "fp8_e4m3"),
+]
 
 
-@pytest.mark.parametrize("codec, dtype", CASES,
-                         ids=lambda c: c if isinstance(c, str) else f"{c.name}-{c.cname}-{c.shuffle}-{c.min_saving}")
+@pytest.mark.parametrize(
+    "codec, dtype", CASES, ids=lambda c: c if isinstance(c, str) else f"{c.name}-{c.cname}-{c.shuffle}-{c.min_saving}"
+)
 def test_fast_decoder_matches_zarr_python_bit_for_bit(tmp_path, codec, dtype):
     """Shards whose token counts are not a multiple of the chunk rows (a padded last
     chunk), top-k arrays included; every array the shard holds is compared, so an
@@ -72,12 +76,15 @@ def _arrays_in(store: Store, shard: str) -> list[str]:
     return sorted(p.parent.name for p in layout.shard_dir(store.path, shard).glob(f"*/{layout.ZARR_METADATA}"))
 
 
-@pytest.mark.parametrize("array, old, new", [
-    ("layer_1", '"name": "blosc"', '"name": "gzip"'),
-    ("layer_3", '"name": "sharding_indexed"', '"name": "other_sharding"'),
-    ("input_ids", '"name": "zstd"', '"name": "gzip"'),
-    ("loss_mask", '"data_type": "uint8"', '"data_type": "float16"'),
-])
+@pytest.mark.parametrize(
+    "array, old, new",
+    [
+        ("layer_1", '"name": "blosc"', '"name": "gzip"'),
+        ("layer_3", '"name": "sharding_indexed"', '"name": "other_sharding"'),
+        ("input_ids", '"name": "zstd"', '"name": "gzip"'),
+        ("loss_mask", '"data_type": "uint8"', '"data_type": "float16"'),
+    ],
+)
 def test_fast_decoder_refuses_an_encoding_it_does_not_know_naming_the_array(tmp_path, array, old, new):
     builders.random_store(tmp_path / "s", num_shards=1)
     meta = tmp_path / "s/shards/shard-000000" / array / layout.ZARR_METADATA
@@ -91,8 +98,17 @@ def test_fast_decoder_refuses_an_encoding_it_does_not_know_naming_the_array(tmp_
 def test_layer_arrays_are_told_apart_by_one_rule():
     for layer_id in (0, 1, 9, 63):
         assert layout.layer_id_of(layout.layer_array(layer_id)) == layer_id
-    for name in (layout.INPUT_IDS, layout.SAMPLE_IDS, layout.TOPK_IDS, "layer_", "layer_01", "layer_x", "layer_-1",
-                 "layer_1/c/0/0", "layer_١"):
+    for name in (
+        layout.INPUT_IDS,
+        layout.SAMPLE_IDS,
+        layout.TOPK_IDS,
+        "layer_",
+        "layer_01",
+        "layer_x",
+        "layer_-1",
+        "layer_1/c/0/0",
+        "layer_١",
+    ):
         assert layout.layer_id_of(name) is None, name
     assert layout.array_of("layer_3/c/0/0") == "layer_3" and layout.array_of("zarr.json") == "zarr.json"
 
@@ -149,8 +165,10 @@ def test_mapped_files_read_verify_and_refuse_damage_like_read_ones(tmp_path, mon
     assert isinstance(shard_codec.read_file(tmp_path / "s/shards/shard-000000/layer_1/c/0/0"), memoryview)
     for name, expected in read.items():
         mapped = Store(tmp_path / "s").read_shard(name)
-        assert all(torch.equal(mapped.hidden[i].view(torch.int16), expected.hidden[i].view(torch.int16))
-                   for i in expected.hidden)
+        assert all(
+            torch.equal(mapped.hidden[i].view(torch.int16), expected.hidden[i].view(torch.int16))
+            for i in expected.hidden
+        )
     assert verify_store(tmp_path / "s").ok
     data = tmp_path / "s/shards/shard-000001/layer_1/c/0/0"
     raw = bytearray(data.read_bytes())

@@ -45,11 +45,13 @@ def test_preload_imports_without_the_collector_and_turns_it_back_on(tmp_path, mo
 
 def test_a_process_that_preloads_is_frozen_once_at_its_exit():
     # The check is registered before preload, so it runs after preload's freeze (exit handlers run last first).
-    program = ("import atexit, gc\n"
-               "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, 'handlers', atexit._ncallbacks()))\n"
-               "from store_schema.runtime.startup import preload\n"
-               "preload('json')\npreload('csv')\n"
-               "print('before exit', gc.get_freeze_count())\n")
+    program = (
+        "import atexit, gc\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, 'handlers', atexit._ncallbacks()))\n"
+        "from store_schema.runtime.startup import preload\n"
+        "preload('json')\npreload('csv')\n"
+        "print('before exit', gc.get_freeze_count())\n"
+    )
     done = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     # two exit handlers: the check and one freeze, however many preloads
@@ -62,10 +64,13 @@ def test_info_reads_a_directory_store_without_importing_torch(tmp_path):
     import builders
 
     builders.random_store(tmp_path / "store", num_shards=2)
-    probe = ("import json, sys; from store_schema.__main__ import main; code = main(['info', sys.argv[1], '--json']);"
-             " print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}))")
-    done = subprocess.run([sys.executable, "-c", probe, str(tmp_path / "store")], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    probe = (
+        "import json, sys; from store_schema.__main__ import main; code = main(['info', sys.argv[1], '--json']);"
+        " print(json.dumps({'code': code, 'torch': 'torch' in sys.modules}))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "store")], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.strip().splitlines()
     assert json.loads(lines[-1]) == {"code": 0, "torch": False}

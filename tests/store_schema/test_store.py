@@ -60,10 +60,16 @@ def test_bf16_round_trip_is_bit_exact_for_every_pattern(tmp_path):
     assert meta["data_type"] == "bfloat16"
 
 
-@pytest.mark.parametrize("codec", [CodecConfig(chunk_bytes=2048), CodecConfig(name="blosc", chunk_bytes=2048),
-                                   CodecConfig(name="none", chunk_bytes=2048),
-                                   CodecConfig(name="channels", channel_rows=128)],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "codec",
+    [
+        CodecConfig(chunk_bytes=2048),
+        CodecConfig(name="blosc", chunk_bytes=2048),
+        CodecConfig(name="none", chunk_bytes=2048),
+        CodecConfig(name="channels", channel_rows=128),
+    ],
+    ids=lambda c: c.name,
+)
 def test_reads_return_what_was_written(tmp_path, codec):
     writer, shards = builders.random_store(tmp_path / "s", codec=codec, topk=4)
     store = Store(tmp_path / "s")
@@ -98,10 +104,10 @@ def test_crash_before_commit_leaves_nothing_visible(tmp_path):
     builders.random_store(tmp_path / "s", num_shards=1, with_plan=False)
     script = f"""
 import os, sys
-sys.path.insert(0, {str(REPO / 'tests')!r}); sys.path.insert(0, {str(REPO)!r})
+sys.path.insert(0, {str(REPO / "tests")!r}); sys.path.insert(0, {str(REPO)!r})
 import numpy as np, torch
 from store_schema import StoreWriter, SampleArrays
-writer = StoreWriter({str(tmp_path / 's')!r})
+writer = StoreWriter({str(tmp_path / "s")!r})
 os.rename = lambda *a: os._exit(3)  # the process dies at the moment of commit
 writer.write_shard('shard-000009', [SampleArrays('x', np.zeros(50, np.int32), np.ones(50, np.uint8),
                    {{1: torch.randn(50, 64).bfloat16(), 3: torch.randn(50, 64).bfloat16()}})])
@@ -181,7 +187,9 @@ def test_verify_detects_nan_and_inf_written_into_hidden_states(tmp_path):
     hidden = torch.randn(100, 64).to(torch.bfloat16)
     hidden[37, 5] = float("nan")
     hidden[80, 0] = float("inf")
-    writer.write_shard("shard-000000", [SampleArrays("a", np.zeros(100, np.int32), np.ones(100, np.uint8), {1: hidden})])
+    writer.write_shard(
+        "shard-000000", [SampleArrays("a", np.zeros(100, np.int32), np.ones(100, np.uint8), {1: hidden})]
+    )
     report = verify_store(tmp_path / "s")
     assert [p["array"] for p in report.problems] == ["layer_1"]
     assert "2 token(s) with NaN/Inf, first at token 37" in report.problems[0]["what"]
@@ -250,8 +258,13 @@ def test_two_processes_writing_different_shards_leave_a_valid_store(tmp_path):
 def test_a_live_job_holds_the_store_and_a_dead_one_does_not(tmp_path):
     (tmp_path / "s").mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", f"import sys,time; sys.path.insert(0,{str(REPO)!r});"
-         f"from store_schema import StoreLock; l=StoreLock({str(tmp_path / 's')!r}).acquire(); print('held', flush=True); time.sleep(60)"],
+        [
+            sys.executable,
+            "-c",
+            f"import sys,time; sys.path.insert(0,{str(REPO)!r});"
+            f"from store_schema import StoreLock; l=StoreLock({str(tmp_path / 's')!r}).acquire(); "
+            "print('held', flush=True); time.sleep(60)",
+        ],
         stdout=subprocess.PIPE,
     )
     assert holder.stdout.readline().strip() == b"held"
@@ -275,7 +288,9 @@ def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert summary["samples"] == 4 and summary["layers"] == ["layer_1", "layer_3"]
     assert 0 < summary["ratio"]
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run([sys.executable, "-m", "store_schema", "verify", str(tmp_path / "s")], env=env, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "store_schema", "verify", str(tmp_path / "s")], env=env, capture_output=True, text=True
+    )
     assert result.returncode == 0 and "OK: store is intact" in result.stdout
 
 
@@ -283,8 +298,11 @@ def test_info_counts_quarantined_records_by_reason(tmp_path, capsys):
     """Issue 35.10: `info` never showed the records the plan left out."""
     from store_schema import QuarantinedRecord
 
-    left_out = [QuarantinedRecord(3, "r3", "too_short", "2 loss tokens"), QuarantinedRecord(5, None, "bad_json"),
-                QuarantinedRecord(8, "r8", "too_short", "1 loss token")]
+    left_out = [
+        QuarantinedRecord(3, "r3", "too_short", "2 loss tokens"),
+        QuarantinedRecord(5, None, "bad_json"),
+        QuarantinedRecord(8, "r8", "too_short", "1 loss token"),
+    ]
     builders.random_store(tmp_path / "s", num_shards=1, quarantined=left_out)
     assert cli(["info", str(tmp_path / "s")]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -302,8 +320,9 @@ def test_creating_a_store_keeps_the_jobs_held_lock(tmp_path):
     from store_schema import StoreLock, StoreLockedError
 
     path = tmp_path / "s"
-    fingerprint = Fingerprint(target_model="m", num_target_layers=6, hidden_size=64, vocab_size=512,
-                              layer_ids=[1], max_length=16)
+    fingerprint = Fingerprint(
+        target_model="m", num_target_layers=6, hidden_size=64, vocab_size=512, layer_ids=[1], max_length=16
+    )
     with StoreLock(path):
         inode = (path / ".lock").stat().st_ino
         create_store(path, fingerprint)
@@ -324,7 +343,9 @@ def test_cli_names_a_damaged_root_or_a_held_store_with_exit_1(tmp_path, capsys):
     root.write_bytes(b"\x00" + original[1:])
     assert cli(["verify", str(tmp_path / "s"), "--json"]) == 1
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert [p["file"] for p in report["problems"]] == ["zarr.json"] and "not a dflash store root" in report["problems"][0]["what"]
+    assert [p["file"] for p in report["problems"]] == ["zarr.json"] and "not a dflash store root" in report["problems"][
+        0
+    ]["what"]
     assert cli(["info", str(tmp_path / "s")]) == 1
     error = capsys.readouterr().err
     assert error.startswith("error: ") and "zarr.json: not a dflash store root" in error and error.count("\n") == 1
@@ -340,8 +361,10 @@ def test_cli_names_a_damaged_root_or_a_held_store_with_exit_1(tmp_path, capsys):
 @pytest.mark.slow  # child processes
 def test_cli_help_does_not_import_torch():
     """`--help` and usage errors answer without loading torch (the handlers import the reader)."""
-    script = ("import sys; from store_schema.__main__ import main; "
-              "codes = [main(['--help']), main(['verify'])]; print(codes, 'torch' in sys.modules)")
+    script = (
+        "import sys; from store_schema.__main__ import main; "
+        "codes = [main(['--help']), main(['verify'])]; print(codes, 'torch' in sys.modules)"
+    )
     env = dict(os.environ, PYTHONPATH=str(REPO))
     result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=REPO)
     assert result.stdout.strip().splitlines()[-1] == "[0, 2] False", result.stdout + result.stderr

@@ -51,7 +51,10 @@ def test_every_bf16_pattern_round_trips_through_plain_blosc():
 def test_every_bit_pattern_round_trips_through_plain_blosc_in_channel_streams(min_saving):
     """`channels` chunks (16-byte elements, a stream per channel byte): every fp8 code
     and every bf16 pattern, encoded here, decode bit for bit with plain blosc."""
-    for bits in (np.arange(2**16, dtype=np.uint16).reshape(-1, 8), np.tile(np.arange(256, dtype=np.uint8), 64).reshape(-1, 16)):
+    for bits in (
+        np.arange(2**16, dtype=np.uint16).reshape(-1, 8),
+        np.tile(np.arange(256, dtype=np.uint8), 64).reshape(-1, 16),
+    ):
         chunk = encode_bytesplit_chunk(bits, level=1, min_saving=min_saving, typesize=16)
         assert len(_streams(chunk)) == 16
         out = np.empty_like(bits)
@@ -65,18 +68,33 @@ def test_fp8_stores_code_each_channel_apart_by_default(tmp_path):
     row-major one (~0.67 here), and both read back the same codes."""
     generator = torch.Generator().manual_seed(0)
     channel_mean = torch.linspace(-3, 3, 64)
-    samples = [SampleArrays(f"s{i}", np.arange(300, dtype=np.int32), np.ones(300, np.uint8),
-                            {1: (torch.randn(300, 64, generator=generator) * 0.2 + channel_mean).to(torch.bfloat16)})
-               for i in range(4)]
+    samples = [
+        SampleArrays(
+            f"s{i}",
+            np.arange(300, dtype=np.int32),
+            np.ones(300, np.uint8),
+            {1: (torch.randn(300, 64, generator=generator) * 0.2 + channel_mean).to(torch.bfloat16)},
+        )
+        for i in range(4)
+    ]
     codes = {}
     for name, codec in (("channels", None), ("bytesplit", CodecConfig())):
-        fingerprint = Fingerprint(target_model="t", num_target_layers=4, hidden_size=64, vocab_size=512,
-                                  layer_ids=[1], max_length=512, dtype="fp8_e4m3")
+        fingerprint = Fingerprint(
+            target_model="t",
+            num_target_layers=4,
+            hidden_size=64,
+            vocab_size=512,
+            layer_ids=[1],
+            max_length=512,
+            dtype="fp8_e4m3",
+        )
         create_store(tmp_path / name, fingerprint, codec).write_shard("shard-000000", samples)
         store = Store(tmp_path / name)
         assert store.codec.name == name
-        codes[name] = (store.read_shard("shard-000000").hidden[1].view(torch.uint8),
-                       on_disk_bytes(tmp_path / name / "shards/shard-000000/layer_1"))
+        codes[name] = (
+            store.read_shard("shard-000000").hidden[1].view(torch.uint8),
+            on_disk_bytes(tmp_path / name / "shards/shard-000000/layer_1"),
+        )
     assert torch.equal(codes["channels"][0], codes["bytesplit"][0])
     assert codes["channels"][1] < 0.8 * codes["bytesplit"][1]
 
@@ -193,20 +211,29 @@ def _as_v1_root(path) -> None:
     meta = json.loads(meta_path.read_text())
     codec = meta["attributes"][layout.ROOT_ATTR]["codec"]
     meta["attributes"][layout.ROOT_ATTR]["codec"] = {
-        "cname": codec["cname"], "clevel": codec["level"], "shuffle": codec["shuffle"], "chunk_bytes": codec["chunk_bytes"],
+        "cname": codec["cname"],
+        "clevel": codec["level"],
+        "shuffle": codec["shuffle"],
+        "chunk_bytes": codec["chunk_bytes"],
     }
     meta_path.write_text(json.dumps(meta, indent=2))
     record = json.loads((path / layout.ROOT_RECORD).read_text())
     root_files = (layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}")
-    write_record(path / layout.ROOT_RECORD, {
-        "schema_version": record["schema_version"], "fingerprint_sha256": record["fingerprint_sha256"],
-        "files": {rel: entry for rel, entry in describe_files(path).items() if rel in root_files},
-    })
+    write_record(
+        path / layout.ROOT_RECORD,
+        {
+            "schema_version": record["schema_version"],
+            "fingerprint_sha256": record["fingerprint_sha256"],
+            "files": {rel: entry for rel, entry in describe_files(path).items() if rel in root_files},
+        },
+    )
 
 
 @pytest.mark.parametrize("cname", ["zstd", "none"])
 def test_a_store_written_with_the_v1_codec_reads_and_verifies(tmp_path, cname):
-    codec = CodecConfig(name="blosc", chunk_bytes=2048) if cname == "zstd" else CodecConfig(name="none", chunk_bytes=2048)
+    codec = (
+        CodecConfig(name="blosc", chunk_bytes=2048) if cname == "zstd" else CodecConfig(name="none", chunk_bytes=2048)
+    )
     _, shards = builders.random_store(tmp_path / "s", codec=codec, topk=2)
     if cname == "zstd":
         _as_v1_root(tmp_path / "s")
@@ -215,7 +242,9 @@ def test_a_store_written_with_the_v1_codec_reads_and_verifies(tmp_path, cname):
     for data in store.iter_shards(store.committed_shards()):
         for i, expected in enumerate(shards[data.name]):
             for layer in (1, 3):
-                assert torch.equal(data.sample(i).hidden[layer].view(torch.int16), expected.hidden[layer].view(torch.int16))
+                assert torch.equal(
+                    data.sample(i).hidden[layer].view(torch.int16), expected.hidden[layer].view(torch.int16)
+                )
     assert verify_store(tmp_path / "s").ok
 
 
@@ -226,5 +255,7 @@ def test_codec_settings_are_checked_and_named():
         CodecConfig(cname="lz4")
     with pytest.raises(ValueError, match="min_saving"):
         CodecConfig(min_saving=1.0)
-    assert CodecConfig.from_json({"cname": "none", "clevel": 1, "shuffle": "shuffle", "chunk_bytes": 4096}).name == "none"
+    assert (
+        CodecConfig.from_json({"cname": "none", "clevel": 1, "shuffle": "shuffle", "chunk_bytes": 4096}).name == "none"
+    )
     assert CodecConfig.from_json(CodecConfig(level=3).to_json()) == CodecConfig(level=3)

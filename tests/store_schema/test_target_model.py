@@ -78,8 +78,16 @@ def test_every_caller_refuses_a_missing_weight(qwen3_dir, tmp_path, capsys):
         with pytest.raises(TargetWeightsError, match="q_proj.weight"):
             load_target(broken, keep_layers=keep)
 
-    config = DrafterConfig.from_target(read_target_config(qwen3_dir), mask_token_id=5, context_layer_ids=[1, 3],
-                                       block_size=4, num_hidden_layers=1, num_attention_heads=2, head_dim=16, architecture="dflash")
+    config = DrafterConfig.from_target(
+        read_target_config(qwen3_dir),
+        mask_token_id=5,
+        context_layer_ids=[1, 3],
+        block_size=4,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        head_dim=16,
+        architecture="dflash",
+    )
     export = export_drafter(DFlashDrafter(config), tmp_path / "drafter", dtype=torch.float32)
     prompts = builders.write_chat_jsonl(tmp_path / "p.jsonl", [{"input_ids": [1, 2, 3, 4]}])
     assert train_cli(["speculate", "--drafter", str(export), "--target", str(broken), "--prompts", str(prompts)]) == 1

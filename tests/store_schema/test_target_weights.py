@@ -47,8 +47,11 @@ def test_a_truncated_file(copy_of):
     weights = copy_of / "model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) - 100])
-    with pytest.raises(TargetWeightsError, match=rf"model.safetensors is truncated \({len(data) - 100} of "
-                                                 rf"{len(data)} bytes\)"):
+    with pytest.raises(
+        TargetWeightsError,
+        match=rf"model.safetensors is truncated \({len(data) - 100} of "
+        rf"{len(data)} bytes\)",
+    ):
         check_target_weights(copy_of)
 
 
@@ -68,12 +71,20 @@ def test_not_a_model_directory_is_a_missing_path(tmp_path):
 def test_extract_run_refuses_before_ray_or_a_model_is_imported(copy_of, tmp_path):
     (copy_of / "model.safetensors").unlink()
     (tmp_path / "c.jsonl").write_text("{}\n")
-    script = ("import sys\nfrom extract.__main__ import main\n"
-              f"code = main(['run', '--model', {str(copy_of)!r}, '--corpus', {str(tmp_path / 'c.jsonl')!r}, "
-              f"'--store', {str(tmp_path / 'store')!r}, '--layers', '1'])\n"
-              "print(code, sorted(m for m in ('ray', 'transformers', 'safetensors') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, PYTHONPATH=str(REPO)), cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    script = (
+        "import sys\nfrom extract.__main__ import main\n"
+        f"code = main(['run', '--model', {str(copy_of)!r}, '--corpus', {str(tmp_path / 'c.jsonl')!r}, "
+        f"'--store', {str(tmp_path / 'store')!r}, '--layers', '1'])\n"
+        "print(code, sorted(m for m in ('ray', 'transformers', 'safetensors') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.stdout.strip().splitlines()[-1] == "1 []", result.stdout + result.stderr
     assert result.stderr.count("\n") == 1 and "no weights" in result.stderr
     assert not (tmp_path / "store").exists()

@@ -68,8 +68,9 @@ def test_checksums_only_checks_every_file_but_decodes_nothing(tmp_path, capsys):
 
     from store_schema import Fingerprint, SampleArrays, create_store
 
-    fingerprint = Fingerprint(target_model="t", num_target_layers=4, hidden_size=64, vocab_size=512, layer_ids=[1],
-                              max_length=512)
+    fingerprint = Fingerprint(
+        target_model="t", num_target_layers=4, hidden_size=64, vocab_size=512, layer_ids=[1], max_length=512
+    )
     writer = create_store(tmp_path / "s", fingerprint)
     states = torch.randn(30, 64).to(torch.bfloat16)
     states[7, 3] = float("nan")
@@ -115,8 +116,11 @@ def test_sizes_only_reads_no_shard_file_and_finds_what_sizes_show(big_store, tmp
     assert cli(["verify", str(copy), "--sizes-only", "--json"]) == 1
     found = {(p["shard"], p["what"].split(" (")[0]) for p in json.loads(capsys.readouterr().out)["problems"]}
     size = truncated.stat().st_size
-    assert found == {("shard-000001", f"size {size} != committed {size + 3}"), ("shard-000002", "file missing"),
-                     ("shard-000003", "file not in the commit record")}, found
+    assert found == {
+        ("shard-000001", f"size {size} != committed {size + 3}"),
+        ("shard-000002", "file missing"),
+        ("shard-000003", "file not in the commit record"),
+    }, found
     assert cli(["verify", str(copy), "--sizes-only", "--checksums-only"]) == 2
     assert "--checksums-only and --sizes-only exclude each other" in capsys.readouterr().err
 
@@ -175,6 +179,8 @@ def test_after_repair_the_advice_is_the_rerun(tmp_path, capsys):
     assert cli(["verify", str(store), "--repair"]) == 3  # every damaged shard moved aside: intact, unfinished
     out = capsys.readouterr().out
     assert "moved 1 damaged shard(s)" in out and "--repair moves" not in out, out
-    assert out.splitlines()[-1] == "now incomplete: 2 of 3 shards committed; rerun `python -m extract run ...` to finish"
+    assert (
+        out.splitlines()[-1] == "now incomplete: 2 of 3 shards committed; rerun `python -m extract run ...` to finish"
+    )
     assert cli(["verify", str(store)]) == 3
     assert capsys.readouterr().out.splitlines()[-1].startswith("incomplete: 2 of 3 shards committed; rerun")

@@ -36,10 +36,18 @@ def cluster(tmp_path, monkeypatch):
     stall.mkdir()
     monkeypatch.setenv(STALL_DIR_ENV, str(stall))  # inherited by the raylets started below
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    cluster = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=0, include_dashboard=False,
-        _system_config={"health_check_period_ms": 200, "health_check_failure_threshold": 3,
-                        "health_check_initial_delay_ms": 0}))
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args=dict(
+            num_cpus=0,
+            include_dashboard=False,
+            _system_config={
+                "health_check_period_ms": 200,
+                "health_check_failure_threshold": 3,
+                "health_check_initial_delay_ms": 0,
+            },
+        ),
+    )
     nodes = [cluster.add_node(num_cpus=1) for _ in "ab"]
     cluster.wait_for_nodes()
     try:
@@ -55,8 +63,22 @@ def test_verify_ray_shares_the_shards_over_both_nodes_and_names_a_damaged_one(cl
     data = bytearray(layer.read_bytes())
     data[len(data) // 2] ^= 0xFF
     layer.write_bytes(bytes(data))
-    done = subprocess.run([sys.executable, "-m", "store_schema", "verify", str(tmp_path / "store"), "--ray",
-                           ray_cluster.address, "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "store_schema",
+            "verify",
+            str(tmp_path / "store"),
+            "--ray",
+            ray_cluster.address,
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["shards_checked"] == SHARDS

@@ -10,15 +10,27 @@ import tiny
 
 HELDOUT = 0.25
 SETS = tiny.drafter_sets(
-    "model.num_anchors=16", f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2", "optim.lr=1e-2", "train.batch_size=2", "train.grad_accumulation=2", "train.epochs=3", "train.log_every=1",
-    "eval.every=10", "eval.samples=4", "eval.max_blocks_per_sample=16", "eval.ddtree_budgets=[8]",
-    "train.checkpoint_every=4", "train.keep_checkpoints=0", "log.samples=true", heads=True,
+    "model.num_anchors=16",
+    f"data.heldout_fraction={HELDOUT}",
+    "data.buffer_shards=2",
+    "optim.lr=1e-2",
+    "train.batch_size=2",
+    "train.grad_accumulation=2",
+    "train.epochs=3",
+    "train.log_every=1",
+    "eval.every=10",
+    "eval.samples=4",
+    "eval.max_blocks_per_sample=16",
+    "eval.ddtree_budgets=[8]",
+    "train.checkpoint_every=4",
+    "train.keep_checkpoints=0",
+    "log.samples=true",
+    heads=True,
 )
 
 
 def fit_args(store: Path, target: Path, out: Path, *sets: str) -> list[str]:
-    return ["--store", str(store), "--target", str(target), "--out", str(out),
-            *tiny.cli_sets((*SETS, *sets))]
+    return ["--store", str(store), "--target", str(target), "--out", str(out), *tiny.cli_sets((*SETS, *sets))]
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -32,4 +44,3 @@ def steps_of(run: Path) -> dict[int, list[str]]:
         for row in read_jsonl(path):
             by_step.setdefault(row["step"], []).append(row["sample_id"])
     return {step: sorted(ids) for step, ids in sorted(by_step.items())}
-

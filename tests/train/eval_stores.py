@@ -28,15 +28,23 @@ def make_samples(target, count=4, seed=0, full_mask=False):
         if not full_mask:  # a prompt, a response, a second prompt, a second response
             mask[:8] = 0
             mask[25:31] = 0
-        hidden = {layer: torch.randn(length, target.hidden_size, generator=generator).to(torch.bfloat16) for layer in LAYERS}
+        hidden = {
+            layer: torch.randn(length, target.hidden_size, generator=generator).to(torch.bfloat16) for layer in LAYERS
+        }
         samples.append(SampleArrays(f"sample-{seed}-{i}", ids, mask, hidden))
     return samples
 
 
 def write_store(path, target, samples, topk=0):
-    fingerprint = Fingerprint(target_model="tiny-qwen3", num_target_layers=target.num_hidden_layers,
-                              hidden_size=target.hidden_size, vocab_size=target.vocab_size, layer_ids=LAYERS,
-                              max_length=128, target_topk=topk)
+    fingerprint = Fingerprint(
+        target_model="tiny-qwen3",
+        num_target_layers=target.num_hidden_layers,
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        layer_ids=LAYERS,
+        max_length=128,
+        target_topk=topk,
+    )
     writer = create_store(path, fingerprint)
     writer.write_shard("shard-000000", samples[: len(samples) // 2])
     writer.write_shard("shard-000001", samples[len(samples) // 2 :])

@@ -21,9 +21,17 @@ GEOMETRIES = {
 
 
 def dflash_drafter(qwen3_dir, geometry=GEOMETRIES["sliding"], mask_token_id=3, seed=0) -> DFlashDrafter:
-    config = DrafterConfig.from_target(read_target_config(qwen3_dir), mask_token_id=mask_token_id,
-                                       context_layer_ids=LAYERS, block_size=BLOCK, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16, **geometry, architecture="dflash")
+    config = DrafterConfig.from_target(
+        read_target_config(qwen3_dir),
+        mask_token_id=mask_token_id,
+        context_layer_ids=LAYERS,
+        block_size=BLOCK,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        **geometry,
+        architecture="dflash",
+    )
     torch.manual_seed(seed)
     drafter = DFlashDrafter(config)
     with torch.no_grad():
@@ -46,8 +54,16 @@ def random_dflash2(qwen3_dir, geometry=GEOMETRIES["sliding"], mask_token_id=3, s
 
 def random_export(target_dir, mask_id, path, **geometry):
     """A random DFlash export with 2 heads of 32: vLLM's CPU attention needs head_dim >= 32."""
-    config = DrafterConfig.from_target(read_target_config(target_dir), mask_token_id=mask_id, context_layer_ids=LAYERS,
-                                       block_size=BLOCK, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
-                                       **geometry, architecture="dflash")
+    config = DrafterConfig.from_target(
+        read_target_config(target_dir),
+        mask_token_id=mask_id,
+        context_layer_ids=LAYERS,
+        block_size=BLOCK,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        **geometry,
+        architecture="dflash",
+    )
     torch.manual_seed(0)
     return export_drafter(DFlashDrafter(config).eval(), path, dtype=torch.float32)

@@ -76,7 +76,6 @@ def walk_tree(nodes: list[tuple[int, int, int]], reference: Sequence[int], valid
     return accepted
 
 
-
 def slot_distribution(order: list[int], probs: list[float]) -> torch.Tensor:
     """Log-probs over V tokens: `order[i]` gets probs[i], the rest share what is left."""
     p = torch.full((V,), (1.0 - sum(probs)) / (V - len(probs)))
@@ -146,7 +145,10 @@ def test_invalid_slot_ends_the_streak():
     valid = torch.tensor([[True, True, False, True]])
     assert chain_acceptance(ids[..., 0], reference, valid).tolist() == [3]
     assert ddtree_acceptance(values, ids, reference, valid, 32).tolist() == [3]
-    assert scored_blocks(torch.tensor([[False, True, True, True], [True, False, False, False]])).tolist() == [False, True]
+    assert scored_blocks(torch.tensor([[False, True, True, True], [True, False, False, False]])).tolist() == [
+        False,
+        True,
+    ]
 
 
 def test_accuracy_helpers_by_hand():
@@ -167,7 +169,11 @@ def random_drafter(seed: int, blocks: int = 64, slots: int = 7, vocab: int = 12,
     values, ids = logprobs.topk(k, dim=-1)
     # References: often the drafter's first or second choice, sometimes anything.
     pick = torch.randint(0, 3, (blocks, slots), generator=g)
-    reference = torch.where(pick == 0, ids[..., 0], torch.where(pick == 1, ids[..., 1], torch.randint(0, vocab, (blocks, slots), generator=g)))
+    reference = torch.where(
+        pick == 0,
+        ids[..., 0],
+        torch.where(pick == 1, ids[..., 1], torch.randint(0, vocab, (blocks, slots), generator=g)),
+    )
     valid = torch.rand(blocks, slots, generator=g) < 0.93
     return values, ids, reference, valid
 
@@ -182,8 +188,10 @@ def test_ddtree_is_monotone_in_budget_and_matches_the_plain_tree(seed):
     assert stacked.min() >= 1 and stacked.max() <= reference.shape[1] + 1
     # The fast path equals building the whole tree and walking it.
     for b in (3, 21):
-        plain = [walk_tree(build_ddtree(values[n], ids[n], b), reference[n].tolist(), valid[n].tolist()) + 1
-                 for n in range(values.shape[0])]
+        plain = [
+            walk_tree(build_ddtree(values[n], ids[n], b), reference[n].tolist(), valid[n].tolist()) + 1
+            for n in range(values.shape[0])
+        ]
         assert result[b].tolist() == plain
     # A tree never holds more than `budget` nodes, nor a repeated path.
     nodes = build_ddtree(values[0], ids[0], 34)

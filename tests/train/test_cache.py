@@ -32,18 +32,27 @@ from train.data.cache import CacheTooSmall, pinned_shards
 pytestmark = pytest.mark.slow
 SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
 SHARDS = 5
-TINY = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", "data.heldout_fraction=0.0",
-                         "data.buffer_shards=2", "train.checkpoint_every=0", "train.epochs=2", heads=True)
+TINY = tiny.drafter_sets(
+    "train.grad_accumulation=1",
+    "eval.every=0",
+    "data.heldout_fraction=0.0",
+    "data.buffer_shards=2",
+    "train.checkpoint_every=0",
+    "train.epochs=2",
+    heads=True,
+)
 
 
 def make_store(where, target_dir, seed=3):
-    return builders.random_store(where, num_shards=SHARDS, samples_per_shard=3, target_dir=target_dir, seed=seed,
-                                 **SHAPE)
+    return builders.random_store(
+        where, num_shards=SHARDS, samples_per_shard=3, target_dir=target_dir, seed=seed, **SHAPE
+    )
 
 
 def fit(store, target, out, *extra) -> int:
-    return main(["fit", "--store", str(store), "--target", str(target), "--out", str(out),
-                 *tiny.cli_sets((*TINY, *extra))])
+    return main(
+        ["fit", "--store", str(store), "--target", str(target), "--out", str(out), *tiny.cli_sets((*TINY, *extra))]
+    )
 
 
 def losses(run: Path) -> list[tuple[int, float]]:
@@ -68,7 +77,8 @@ def stores(url, qwen3_dir, tmp_path):
 
 @pytest.mark.parametrize("budget", ["unbounded", "small"])
 def test_fit_from_the_bucket_through_the_cache_gives_the_losses_of_fit_from_a_local_copy(
-        stores, qwen3_dir, tmp_path, budget, capsys):
+    stores, qwen3_dir, tmp_path, budget, capsys
+):
     url, local = stores
     cache = tmp_path / "cache"
     # small: room for one pinned shard beside two streamed ones
@@ -143,30 +153,93 @@ def test_eval_reads_the_bucket_store_and_no_credential_reaches_the_run(stores, q
     secret = "Secret-Key-7f3a9c"  # moto takes any key; this one must appear nowhere
     env = dict(os.environ, AWS_SECRET_ACCESS_KEY=secret, PYTHONPATH=str(REPO))
     run = tmp_path / "run"
-    command = [sys.executable, "-m", "train", "fit", "--store", url, "--target", str(qwen3_dir), "--out", str(run),
-               *tiny.cli_sets((*TINY, "train.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}"))]
+    command = [
+        sys.executable,
+        "-m",
+        "train",
+        "fit",
+        "--store",
+        url,
+        "--target",
+        str(qwen3_dir),
+        "--out",
+        str(run),
+        *tiny.cli_sets((*TINY, "train.max_steps=2", f"data.cache_dir={tmp_path / 'cache'}")),
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert main(["export", str(run), "--out", str(tmp_path / "export")]) == 0
     evaluated = subprocess.run(
-        [sys.executable, "-m", "train", "eval", "--store", url, "--drafter", str(tmp_path / "export"), "--target",
-         str(qwen3_dir), "--split", "all", "--max-samples", "2", "--max-blocks-per-sample", "4", "--ddtree-budgets",
-         "4", "--json"], env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "eval",
+            "--store",
+            url,
+            "--drafter",
+            str(tmp_path / "export"),
+            "--target",
+            str(qwen3_dir),
+            "--split",
+            "all",
+            "--max-samples",
+            "2",
+            "--max-blocks-per-sample",
+            "4",
+            "--ddtree-budgets",
+            "4",
+            "--json",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     from_bucket = json.loads(evaluated.stdout.splitlines()[-1])
     assert from_bucket["samples"] == 2
     assert url in evaluated.stderr
     # Issue 48.10: through a shard cache, fit's (every shard already there) or a new one (fetched once)
     for cache, fetched in ((tmp_path / "cache", 0), (tmp_path / "eval-cache", None), (tmp_path / "eval-cache", 0)):
-        assert main(["eval", "--store", url, "--drafter", str(tmp_path / "export"), "--target", str(qwen3_dir),
-                     "--split", "all", "--max-samples", "2", "--max-blocks-per-sample", "4", "--ddtree-budgets", "4",
-                     "--json", "--cache-dir", str(cache)]) == 0
+        assert (
+            main(
+                [
+                    "eval",
+                    "--store",
+                    url,
+                    "--drafter",
+                    str(tmp_path / "export"),
+                    "--target",
+                    str(qwen3_dir),
+                    "--split",
+                    "all",
+                    "--max-samples",
+                    "2",
+                    "--max-blocks-per-sample",
+                    "4",
+                    "--ddtree-budgets",
+                    "4",
+                    "--json",
+                    "--cache-dir",
+                    str(cache),
+                ]
+            )
+            == 0
+        )
         cached = json.loads(capsys.readouterr().out.splitlines()[-1])
         assert cached["tau"] == from_bucket["tau"] and cached["per_sample"] == from_bucket["per_sample"]
-        assert cached["cached_shards_fetched"] == fetched if fetched is not None else cached["cached_shards_fetched"] >= 1
+        assert (
+            cached["cached_shards_fetched"] == fetched if fetched is not None else cached["cached_shards_fetched"] >= 1
+        )
     written = [p for p in run.rglob("*") if p.is_file()] + [p for p in (tmp_path / "export").rglob("*") if p.is_file()]
-    for text in (done.stdout, done.stderr, evaluated.stdout, evaluated.stderr,
-                 *(p.read_bytes().decode("latin-1") for p in written)):
+    for text in (
+        done.stdout,
+        done.stderr,
+        evaluated.stdout,
+        evaluated.stderr,
+        *(p.read_bytes().decode("latin-1") for p in written),
+    ):
         assert secret not in text
     assert json.loads((run / "config.json").read_text())["store"] == url
 
@@ -177,8 +250,17 @@ def test_a_cache_smaller_than_two_shards_fetches_each_shard_once_per_epoch(qwen3
     store = make_store(tmp_path / "store", qwen3_dir)[0].path
     size = int(shard_bytes(store) * 1.5)
     epochs = 3
-    assert fit(store, qwen3_dir, tmp_path / "run", f"data.cache_dir={tmp_path / 'cache'}", f"data.cache_size={size}",
-               f"train.epochs={epochs}") == 0
+    assert (
+        fit(
+            store,
+            qwen3_dir,
+            tmp_path / "run",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            f"data.cache_size={size}",
+            f"train.epochs={epochs}",
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert f"0 of {SHARDS} shard(s) pinned" in err, err
     closing = [line for line in err.splitlines() if "reused after checking" in line]

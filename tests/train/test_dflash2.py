@@ -87,10 +87,12 @@ def test_block_conv_never_crosses_a_block_start():
     inside[0, 4] += 1.0  # block 1's anchor row
     with torch.no_grad():
         for side in ("prepare", "finish"):
+
             def run(rows):
                 if side == "prepare":
                     return conv.prepare(rows, 4)[0]
                 return conv.finish(rows, conv.prepare(x, 4)[1], 4)
+
             base, out = run(x), run(changed)
             assert torch.equal(out[0, 4:], base[0, 4:]) and not torch.equal(out[0, 3], base[0, 3]), side
             moved = run(inside)
@@ -114,8 +116,9 @@ def test_pair_scores_are_the_bilinear_term_in_fp32():
     for n in range(5):
         projected = [sum(float(W[i, j]) * float(hidden[n, j]) for j in range(8)) for i in range(3)]
         for k in range(4):
-            expected[n, k] = sum(float(A[previous[n], i]) * projected[i] * float(B[candidates[n, k], i])
-                                 for i in range(3))
+            expected[n, k] = sum(
+                float(A[previous[n], i]) * projected[i] * float(B[candidates[n, k], i]) for i in range(3)
+            )
     with torch.no_grad():
         torch.testing.assert_close(selector.pair_scores(hidden, previous, candidates), expected)
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -158,10 +161,12 @@ def test_a_block_ignores_the_other_blocks(qwen3_dir):
 
 def test_dflash2_config_refuses_what_it_cannot_build(qwen3_dir):
     config = dflash_drafter(qwen3_dir).config
-    for sizes, message in (({"conv_group_size": 24}, "conv_group_size 24 must divide hidden_size 64"),
-                           ({"selector_top_k": 513}, "selector_top_k 513 exceeds the vocabulary"),
-                           ({"selector_rank": 0}, "selector_rank must be >= 1"),
-                           ({"conv_kernel_size": 0}, "conv_kernel_size must be >= 1")):
+    for sizes, message in (
+        ({"conv_group_size": 24}, "conv_group_size 24 must divide hidden_size 64"),
+        ({"selector_top_k": 513}, "selector_top_k 513 exceeds the vocabulary"),
+        ({"selector_rank": 0}, "selector_rank must be >= 1"),
+        ({"conv_kernel_size": 0}, "conv_kernel_size must be >= 1"),
+    ):
         with pytest.raises(ValueError, match=message):
             dataclasses.replace(config, architecture="dflash2", **sizes)
     with pytest.raises(ValueError, match="architecture must be one of dflash, dflash2"):
@@ -171,8 +176,9 @@ def test_dflash2_config_refuses_what_it_cannot_build(qwen3_dir):
     with pytest.raises(ConfigError, match="model.selector_top_k: must be >= 1"):
         load_config(None, ["model.selector_top_k=0"], require_paths=False)
     run = load_config(None, ["model.architecture=dflash2", "model.selector_rank=32"], require_paths=False)
-    sized = DrafterConfig.from_target(read_target_config(qwen3_dir), mask_token_id=3, context_layer_ids=[1, 3],
-                                     **run.model.geometry())
+    sized = DrafterConfig.from_target(
+        read_target_config(qwen3_dir), mask_token_id=3, context_layer_ids=[1, 3], **run.model.geometry()
+    )
     assert (sized.architecture, sized.selector_rank, sized.selector_top_k) == ("dflash2", 32, 16)
     assert isinstance(build_drafter(sized), DFlash2Drafter)
 
@@ -188,8 +194,9 @@ def test_the_draft_cache_convolves_the_drafted_block_alone(qwen3_dir):
         block = torch.full((BLOCK,), 3)
         block[0] = ids[anchor]
         with torch.no_grad():
-            expected = drafter(features[: anchor + 1], ids[: anchor + 1], torch.tensor([anchor]), embed,
-                               attention="sdpa")[0]
+            expected = drafter(
+                features[: anchor + 1], ids[: anchor + 1], torch.tensor([anchor]), embed, attention="sdpa"
+            )[0]
             torch.testing.assert_close(cache.draft(block), expected, atol=2e-5, rtol=1e-5)
             short = block[:5]  # the last round's shorter block is a block of its own length
             assert cache.draft(short).shape == (5, 64)
@@ -223,12 +230,14 @@ def test_export_loads_in_the_reference_with_the_same_logits_and_paths(qwen3_dir,
 
         drafted = hidden[:, 1:]
         paths, candidates, _ = reference.propose(drafted, input_ids[anchors], head.lm_head, 0.0)
-        ours = torch.stack([drafter.greedy_tokens(drafted[j], int(input_ids[a]), head.lm_head)
-                            for j, a in enumerate(ANCHORS)])
+        ours = torch.stack(
+            [drafter.greedy_tokens(drafted[j], int(input_ids[a]), head.lm_head) for j, a in enumerate(ANCHORS)]
+        )
         assert torch.equal(ours, paths)
         assert not torch.equal(ours, argmax_chain(drafter, drafted, head))  # the selector changed some choices
-        assert torch.equal(candidates.sort(-1).values,
-                           drafter.candidate_selector.candidates(head.lm_head(drafted))[1].sort(-1).values)
+        assert torch.equal(
+            candidates.sort(-1).values, drafter.candidate_selector.candidates(head.lm_head(drafted))[1].sort(-1).values
+        )
 
     reloaded = load_drafter(out)
     assert isinstance(reloaded, DFlash2Drafter) and reloaded.config == drafter.config
@@ -243,18 +252,22 @@ def test_a_dflash2_the_reference_saves_loads_here(qwen3_dir, tmp_path):
     drafter = load_drafter(tmp_path / "theirs")
     assert isinstance(drafter, DFlash2Drafter) and drafter.config.selector_rank == SIZES["selector_rank"]
     theirs = saved.state_dict()
-    assert all(torch.equal(t, theirs[n if "codebook" not in n else f"{n}.weight"]) for n, t in drafter.state_dict().items())
+    assert all(
+        torch.equal(t, theirs[n if "codebook" not in n else f"{n}.weight"]) for n, t in drafter.state_dict().items()
+    )
 
 
 # -- decoding --------------------------------------------------------------------------------
 def recording(method, calls: list, keep_arguments: bool = False):
     """`method`, unchanged, with each call's result (its first item if a tuple)
     appended to `calls`, or with `keep_arguments` (arguments, result)."""
+
     def record(*args):
         result = method(*args)
         first = result[0] if isinstance(result, tuple) else result
         calls.append((args, first) if keep_arguments else first)
         return result
+
     return record
 
 
@@ -263,8 +276,7 @@ def test_speculate_walks_the_selector_losslessly_as_dflash_generate_does(qwen3_d
     accepted lengths, and the target's own greedy output."""
     model = load_model(qwen3_dir)
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
-    export = export_drafter(random_dflash2(qwen3_dir, mask_token_id=mask_id), tmp_path / "drafter",
-                            dtype=torch.float32)
+    export = export_drafter(random_dflash2(qwen3_dir, mask_token_id=mask_id), tmp_path / "drafter", dtype=torch.float32)
     drafter, reference = load_drafter(export).eval(), load_reference(export)
     ours, theirs = [], []
     drafter.greedy_tokens = recording(drafter.greedy_tokens, ours)
@@ -273,7 +285,7 @@ def test_speculate_walks_the_selector_losslessly_as_dflash_generate_does(qwen3_d
         result = decode_prompt(model, drafter, str(i), prompt, NEW_TOKENS, stop_ids=[])
         generated = reference_generate(reference, model, prompt, NEW_TOKENS)
         assert result.lossless, result.first_mismatch()
-        assert result.speculative.tokens == generated.output_ids[0, prompt.shape[0]:].tolist()
+        assert result.speculative.tokens == generated.output_ids[0, prompt.shape[0] :].tolist()
         assert result.speculative.acceptance_lengths == generated.acceptance_lengths
     assert len(ours) == len(theirs) > 4
     assert all(torch.equal(a, b[0]) for a, b in zip(ours, theirs))
@@ -288,20 +300,43 @@ def trained_export(qwen3_dir, tokenizer, tmp_path_factory):
     root = tmp_path_factory.mktemp("dflash2")
     mask_id = tokenizer.convert_tokens_to_ids("<|mask|>")
     store = greedy_store(root / "store", qwen3_dir, tokenizer, [1, 3], count=24, new_tokens=NEW_TOKENS)
-    config = load_config(None, [
-        "model.architecture=dflash2", "model.selector_rank=16", "model.selector_top_k=8",
-        "model.num_hidden_layers=2", "model.sliding_window=12", "model.num_attention_heads=4",
-        "model.num_key_value_heads=2", "model.head_dim=16", f"model.block_size={BLOCK}", "model.num_anchors=32",
-        f"model.mask_token_id={mask_id}", f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2",
-        "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100", "loss.selector_weight=0",
-    ], store=str(store), target=str(qwen3_dir), out=str(root / "run"), **{"train.max_steps": 300})
+    config = load_config(
+        None,
+        [
+            "model.architecture=dflash2",
+            "model.selector_rank=16",
+            "model.selector_top_k=8",
+            "model.num_hidden_layers=2",
+            "model.sliding_window=12",
+            "model.num_attention_heads=4",
+            "model.num_key_value_heads=2",
+            "model.head_dim=16",
+            f"model.block_size={BLOCK}",
+            "model.num_anchors=32",
+            f"model.mask_token_id={mask_id}",
+            f"data.heldout_fraction={HELDOUT}",
+            "data.buffer_shards=2",
+            "optim.lr=1e-2",
+            "eval.every=0",
+            "train.epochs=100",
+            "train.log_every=100",
+            "loss.selector_weight=0",
+        ],
+        store=str(store),
+        target=str(qwen3_dir),
+        out=str(root / "run"),
+        **{"train.max_steps": 300},
+    )
     trainer = Trainer.from_config(config, log=lambda message: None)
     trainer.fit()
     selector = trainer.drafter.candidate_selector
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for tensor, scale in ((selector.predecessor_codebook, 1.0), (selector.hidden_projection.weight, 0.3),
-                              (selector.successor_codebook, 0.05)):
+        for tensor, scale in (
+            (selector.predecessor_codebook, 1.0),
+            (selector.hidden_projection.weight, 0.3),
+            (selector.successor_codebook, 0.05),
+        ):
             tensor.copy_(torch.randn(tensor.shape, generator=generator) * scale)
     return store, export_drafter(trainer.drafter, root / "export", dtype=torch.float32, heldout_fraction=HELDOUT)
 
@@ -344,8 +379,14 @@ def test_eval_tau_of_a_trained_dflash2_is_what_speculate_decodes(qwen3_dir, trai
     prompts = store_prompts(store, HELDOUT, limit=4)
     decoded = summarize([decode_prompt(model, drafter, p.id, p.input_ids, NEW_TOKENS, stop_ids=[]) for p in prompts])
     assert decoded["lossless"]
-    evaluated = evaluate_sample_ids(drafter, load_target_head(qwen3_dir), store, [p.id for p in prompts],
-                                    EvalConfig(samples=None, ddtree_budgets=(8,)), max_new_tokens=NEW_TOKENS)
+    evaluated = evaluate_sample_ids(
+        drafter,
+        load_target_head(qwen3_dir),
+        store,
+        [p.id for p in prompts],
+        EvalConfig(samples=None, ddtree_budgets=(8,)),
+        max_new_tokens=NEW_TOKENS,
+    )
     assert evaluated["path"] == "selector walk"
     assert evaluated["tau"] == pytest.approx(decoded["tau"], rel=0.05), (evaluated["tau"], evaluated["tau_unary"])
     assert evaluated["tau_unary"] != evaluated["tau"]

@@ -35,8 +35,9 @@ def planted_lr(step: int, warmup: int, total: int = STEPS, lr: float = LR) -> fl
     return lr * 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
 
 
-def synthetic_log(path, *, plateau_at=None, cliff_at=None, cliff_len=270, lr_warmup=800, bimodal_share=0.0,
-                  epoch_jump_at=None, seed=0):
+def synthetic_log(
+    path, *, plateau_at=None, cliff_at=None, cliff_len=270, lr_warmup=800, bimodal_share=0.0, epoch_jump_at=None, seed=0
+):
     """A 20K-step run: per-step loss/acc/lr/epoch (5000 steps per epoch) and a
     held-out acceptance evaluation (`AcceptanceEval`'s keys) every 100 steps on
     its own line."""
@@ -58,14 +59,30 @@ def synthetic_log(path, *, plateau_at=None, cliff_at=None, cliff_len=270, lr_war
         loss[steps >= epoch_jump_at] *= 1.12
     lines = []
     for i, step in enumerate(steps):
-        record = {"step": int(step), "epoch": step / 5000, "lr": planted_lr(int(step), lr_warmup),
-                  "loss": float(loss[i]), "acc": float(acc[i]), "top4_acc": float(min(acc[i] + 0.2, 1.0)),
-                  "top8_acc": float(min(acc[i] + 0.3, 1.0)), "tau_per_position": float(1 + 6 * max(acc[i], 0))}
+        record = {
+            "step": int(step),
+            "epoch": step / 5000,
+            "lr": planted_lr(int(step), lr_warmup),
+            "loss": float(loss[i]),
+            "acc": float(acc[i]),
+            "top4_acc": float(min(acc[i] + 0.2, 1.0)),
+            "top8_acc": float(min(acc[i] + 0.3, 1.0)),
+            "tau_per_position": float(1 + 6 * max(acc[i], 0)),
+        }
         lines.append(json.dumps(record))
         if step % 100 == 0:
             tau = 1 + 8 * clean[i] + rng.normal(0, 0.02)
-            lines.append(json.dumps({"step": int(step), "eval_tau": tau, "eval_tau_per_position": tau + 1.5,
-                                     "eval_ddtree_8": tau + 0.5, "eval_ddtree_32": tau + 0.9}))
+            lines.append(
+                json.dumps(
+                    {
+                        "step": int(step),
+                        "eval_tau": tau,
+                        "eval_tau_per_position": tau + 1.5,
+                        "eval_ddtree_8": tau + 0.5,
+                        "eval_ddtree_32": tau + 0.9,
+                    }
+                )
+            )
     path.mkdir(parents=True, exist_ok=True)
     (path / "train_log.jsonl").write_text("\n".join(lines) + "\n")
     return path, steps[high]
@@ -138,7 +155,9 @@ def test_lr_is_checked_with_the_trainers_schedule(tmp_path):
     schedule = dg.read_run_config(run)
     expected = lr_schedule(schedule, records)
     # The log line of step S carries the LR of optimizer step S - 1: the trainer's own function.
-    assert [expected.expected(s) for s in (1, 800, 9000)] == [lr_at(s - 1, STEPS, schedule.optim) for s in (1, 800, 9000)]
+    assert [expected.expected(s) for s in (1, 800, 9000)] == [
+        lr_at(s - 1, STEPS, schedule.optim) for s in (1, 800, 9000)
+    ]
     assert dg.diagnose(run, records=records).findings == []
     # No max_steps: epochs x steps per epoch, estimated from the log's fractional epoch (5000 steps).
     write_config(run, "train.max_steps=null", "train.epochs=4")
@@ -176,8 +195,9 @@ def test_epoch_boundary_jump_is_found_at_that_boundary_only(tmp_path):
 
 
 def test_all_problems_at_once_and_json(tmp_path):
-    run, _ = synthetic_log(tmp_path / "all", plateau_at=8000, cliff_at=12_000, lr_warmup=400, bimodal_share=0.1,
-                           epoch_jump_at=15_000)
+    run, _ = synthetic_log(
+        tmp_path / "all", plateau_at=8000, cliff_at=12_000, lr_warmup=400, bimodal_share=0.1, epoch_jump_at=15_000
+    )
     write_config(run)
     result = dg.diagnose(run)
     assert kinds(result) == ["bimodal_loss", "cliff", "epoch_jump", "lr_schedule", "plateau"], result.render()
@@ -210,12 +230,23 @@ def test_a_log_from_before_the_rollout_is_read_under_per_position_names(tmp_path
     pass for decode-time ones."""
     path = tmp_path / "old" / "train_log.jsonl"
     path.parent.mkdir()
-    path.write_text(json.dumps({"step": 10, "loss": 2.0, "tau": 1.4}) + "\n"
-                    + json.dumps({"step": 10, "eval_tau": 1.9, "eval_ddtree_8": 2.2, "heldout_tau": 1.5}) + "\n"
-                    + json.dumps({"step": 20, "eval_tau": 1.7, "eval_tau_per_position": 2.1, "eval_ddtree_8": 2.0}) + "\n")
+    path.write_text(
+        json.dumps({"step": 10, "loss": 2.0, "tau": 1.4})
+        + "\n"
+        + json.dumps({"step": 10, "eval_tau": 1.9, "eval_ddtree_8": 2.2, "heldout_tau": 1.5})
+        + "\n"
+        + json.dumps({"step": 20, "eval_tau": 1.7, "eval_tau_per_position": 2.1, "eval_ddtree_8": 2.0})
+        + "\n"
+    )
     old, new = read_log(path.parent)
-    assert old == {"step": 10, "loss": 2.0, "tau_per_position": 1.4, "eval_tau_per_position": 1.9,
-                   "eval_ddtree_per_position_8": 2.2, "heldout_tau_per_position": 1.5}
+    assert old == {
+        "step": 10,
+        "loss": 2.0,
+        "tau_per_position": 1.4,
+        "eval_tau_per_position": 1.9,
+        "eval_ddtree_per_position_8": 2.2,
+        "heldout_tau_per_position": 1.5,
+    }
     assert new == {"step": 20, "eval_tau": 1.7, "eval_tau_per_position": 2.1, "eval_ddtree_8": 2.0}
 
 
@@ -289,8 +320,9 @@ def test_gains_fading_at_the_end_of_a_cosine_schedule_are_not_a_plateau(tmp_path
 def test_too_short_or_disjoint_runs_say_there_is_nothing_to_judge(tmp_path, capsys):
     short = tmp_path / "short"
     short.mkdir()
-    (short / "train_log.jsonl").write_text("".join(
-        json.dumps({"step": s, "lr": 1e-3, "loss": 5.0 - s / 10, "acc": 0.01 * s}) + "\n" for s in (1, 2, 3)))
+    (short / "train_log.jsonl").write_text(
+        "".join(json.dumps({"step": s, "lr": 1e-3, "loss": 5.0 - s / 10, "acc": 0.01 * s}) + "\n" for s in (1, 2, 3))
+    )
     verdict = dg.diagnose(short).verdict()
     assert verdict.startswith("Too short to judge improvement (3 records, steps 1-3)") and "no metric" not in verdict
     long, _ = synthetic_log(tmp_path / "long")
@@ -338,15 +370,22 @@ def demo_like_log(path, heldout_tau=(1.89, 2.40, 2.59), loss_noise=0.35, flat_fr
         progress = 1 - math.exp(-min(step, flat_from or step) / 250)
         acc = 0.6 * progress + rng.normal(0, 0.03)
         lr = planted_lr(step, DEMO_WARMUP, DEMO_STEPS, 3e-3)
-        record = {"step": step, "epoch": step / 570, "lr": lr, "loss": (6.2 - 3.5 * progress) * math.exp(rng.normal(0, loss_noise)),
-                  "acc": acc, "tau_per_position": 1 + 5 * max(acc, 0)}
+        record = {
+            "step": step,
+            "epoch": step / 570,
+            "lr": lr,
+            "loss": (6.2 - 3.5 * progress) * math.exp(rng.normal(0, loss_noise)),
+            "acc": acc,
+            "tau_per_position": 1 + 5 * max(acc, 0),
+        }
         if step % 500 == 0:
             record.update(eval_tau=heldout_tau[step // 500 - 1], eval_tau_per_position=heldout_tau[step // 500 - 1] + 1)
         lines.append(json.dumps(record))
     path.mkdir(parents=True, exist_ok=True)
     (path / "train_log.jsonl").write_text("\n".join(lines) + "\n")
-    load_config(None, ["optim.lr=3e-3", f"train.max_steps={DEMO_STEPS}"], store="store", target="target",
-                out=str(path)).save(path)
+    load_config(
+        None, ["optim.lr=3e-3", f"train.max_steps={DEMO_STEPS}"], store="store", target="target", out=str(path)
+    ).save(path)
     return path
 
 
@@ -403,9 +442,13 @@ def test_a_run_that_does_not_learn_is_flagged_on_its_log(tmp_path):
     run = tmp_path / "stuck"
     run.mkdir()
     rng = np.random.default_rng(0)
-    (run / "train_log.jsonl").write_text("".join(
-        json.dumps({"step": s, "lr": 3e-3, "loss": 6.2 + rng.normal(0, 0.02), "acc": 0.01 + rng.normal(0, 0.002)}) + "\n"
-        for s in range(5, 1501, 5)))
+    (run / "train_log.jsonl").write_text(
+        "".join(
+            json.dumps({"step": s, "lr": 3e-3, "loss": 6.2 + rng.normal(0, 0.02), "acc": 0.01 + rng.normal(0, 0.002)})
+            + "\n"
+            for s in range(5, 1501, 5)
+        )
+    )
     result = dg.diagnose(run)
     assert "not_learning" in kinds(result), result.render()
     assert result.findings[0].kind == "not_learning" and "it has not moved" in result.findings[0].message
@@ -414,22 +457,39 @@ def test_a_run_that_does_not_learn_is_flagged_on_its_log(tmp_path):
 
 # -- real short runs: the demo's recipe learns clean, a run that cannot learn is flagged ----------------------
 REAL_STEPS = 300
-REAL_RUN = [*DRAFTER_SETTINGS,  # then the tiny target's shape, a held-out share that holds samples of 48
-            "model.block_size=8", "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=16",
-            "data.heldout_fraction=0.25", f"eval.every={REAL_STEPS // 3}", "eval.samples=8",
-            "eval.max_blocks_per_sample=32", "eval.ddtree_budgets=[8]", "train.checkpoint_every=0", "train.epochs=100"]
+REAL_RUN = [
+    *DRAFTER_SETTINGS,  # then the tiny target's shape, a held-out share that holds samples of 48
+    "model.block_size=8",
+    "model.num_attention_heads=4",
+    "model.num_key_value_heads=2",
+    "model.head_dim=16",
+    "data.heldout_fraction=0.25",
+    f"eval.every={REAL_STEPS // 3}",
+    "eval.samples=8",
+    "eval.max_blocks_per_sample=32",
+    "eval.ddtree_budgets=[8]",
+    "train.checkpoint_every=0",
+    "train.epochs=100",
+]
 
 
 @pytest.fixture(scope="module")
 def chat_store(tmp_path_factory, qwen3_dir, tokenizer):
     """48 chats over 4 distinct functions, as tests/train/test_trainer.py's real store: learnable."""
-    return stores.build_real_store(tmp_path_factory.mktemp("diagnose") / "store", qwen3_dir, tokenizer,
-                                   records=stores.repeated_corpus(48, 4), samples_per_shard=6, max_tokens=128)
+    return stores.build_real_store(
+        tmp_path_factory.mktemp("diagnose") / "store",
+        qwen3_dir,
+        tokenizer,
+        records=stores.repeated_corpus(48, 4),
+        samples_per_shard=6,
+        max_tokens=128,
+    )
 
 
 def fit_run(store, target, out, *extra):
-    config = load_config(None, [*REAL_RUN, *extra], store=str(store), target=str(target), out=str(out),
-                         **{"train.max_steps": REAL_STEPS})
+    config = load_config(
+        None, [*REAL_RUN, *extra], store=str(store), target=str(target), out=str(out), **{"train.max_steps": REAL_STEPS}
+    )
     Trainer.from_config(config, log=lambda m: None).fit()
     return out
 
@@ -465,8 +525,13 @@ def test_dflash2_selector_metrics_are_diagnosed(tmp_path):
     records = []
     for step in range(1, 3001):
         selector = 0.2 + 0.3 * step / 3000
-        record = {"step": step, "loss": 3.0 - step / 3000, "acc": 0.1 + 0.3 * step / 3000,
-                  "recall_at_k": 0.5 + 0.3 * step / 3000, "selector_acc": selector}
+        record = {
+            "step": step,
+            "loss": 3.0 - step / 3000,
+            "acc": 0.1 + 0.3 * step / 3000,
+            "recall_at_k": 0.5 + 0.3 * step / 3000,
+            "selector_acc": selector,
+        }
         if step % 100 == 0:
             record.update(heldout_recall_at_k=0.45 + 0.3 * step / 3000, heldout_selector_acc=selector - 0.05)
         records.append(record)

@@ -59,7 +59,9 @@ def assert_same_curve(got: Path, expected: Path, rel: float) -> None:
     a, b = read_log(got), read_log(expected)
     assert [r["step"] for r in a] == [r["step"] for r in b] == list(range(1, STEPS + 1))
     for x, y in zip(a, b):
-        assert x["loss"] == pytest.approx(y["loss"], rel=rel) and x["grad_norm"] == pytest.approx(y["grad_norm"], rel=rel)
+        assert x["loss"] == pytest.approx(y["loss"], rel=rel) and x["grad_norm"] == pytest.approx(
+            y["grad_norm"], rel=rel
+        )
         assert x["epoch"] == y["epoch"] and x["lr"] == y["lr"]
         assert ("heldout_loss" in x) == (x["step"] in (10, 20, STEPS)) == ("heldout_loss" in y)  # rank 0 evaluates
         if "heldout_loss" in x:
@@ -114,8 +116,9 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
             continue
         try:
             env = (entry / "environ").read_bytes().split(b"\0")
-            parents = [int(line.split()[1]) for line in (entry / "status").read_text().splitlines()
-                       if line.startswith("PPid:")]
+            parents = [
+                int(line.split()[1]) for line in (entry / "status").read_text().splitlines() if line.startswith("PPid:")
+            ]
         except OSError:
             continue
         if f"RANK={rank}".encode() in env and b"TORCHELASTIC_RUN_ID=fit" in env and parents == [launcher.pid]:
@@ -125,12 +128,19 @@ def rank_pid(launcher: subprocess.Popen, rank: int) -> int | None:
 
 @pytest.mark.slow  # child processes
 def test_two_ranks_follow_one_rank_survive_a_killed_rank_and_cover_every_sample_once_per_epoch(
-        store, qwen3_dir, one_rank, tmp_path):
+    store, qwen3_dir, one_rank, tmp_path
+):
     out = tmp_path / "two"
     command = fit_args(store, qwen3_dir, out, "log.tensorboard=true")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    job = subprocess.Popen([sys.executable, "-m", "train", "fit", *command, "--nproc", "2"], cwd=REPO, env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        [sys.executable, "-m", "train", "fit", *command, "--nproc", "2"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     first = out / "checkpoints" / "step-00000004"
     deadline = time.monotonic() + 240
     while not first.is_dir() and job.poll() is None and time.monotonic() < deadline:
@@ -153,9 +163,27 @@ def test_two_ranks_follow_one_rank_survive_a_killed_rank_and_cover_every_sample_
     assert [entry["rank"] for entry in state["loader"]["lanes"]] == [0, 1]
 
     # The same command with --resume, through torchrun itself this time.
-    resumed = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts",
-                              "0", "-m", "train", "fit", *command, "--resume"], cwd=REPO, env=env,
-                             capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "0",
+            "-m",
+            "train",
+            "fit",
+            *command,
+            "--resume",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "Warning" not in resumed.stderr, resumed.stderr[-3000:]  # e.g. torch's broadcast_buffers deprecation
     assert_same_curve(out, one_rank, rel=1e-4)
@@ -171,12 +199,16 @@ def test_two_ranks_follow_one_rank_survive_a_killed_rank_and_cover_every_sample_
     assert "per_position_acc/1" in board.Tags()["scalars"]
 
     # Every training sample once per epoch across the ranks; rank r trained only its lanes.
-    ids = {s.sample_id for data in Store(store).iter_shards(Store(store).committed_shards(), layers=[]) for s in
-           (data.sample(i) for i in range(len(data)))}
+    ids = {
+        s.sample_id
+        for data in Store(store).iter_shards(Store(store).committed_shards(), layers=[])
+        for s in (data.sample(i) for i in range(len(data)))
+    }
     training = {i for i in ids if not is_heldout(i, HELDOUT)}
     assert 0 < len(training) < len(ids)
-    trained = [row for rank in (0, 1) for row in read_jsonl(out / "samples" / f"rank-{rank}.jsonl")
-               if row["lane"] % 2 == rank]
+    trained = [
+        row for rank in (0, 1) for row in read_jsonl(out / "samples" / f"rank-{rank}.jsonl") if row["lane"] % 2 == rank
+    ]
     assert len(trained) == sum(len(read_jsonl(p)) for p in (out / "samples").glob("rank-*.jsonl"))
     for epoch in range(3):
         assert Counter(r["sample_id"] for r in trained if r["epoch"] == epoch) == Counter(training), epoch
@@ -185,7 +217,7 @@ def test_two_ranks_follow_one_rank_survive_a_killed_rank_and_cover_every_sample_
 
     # A 1-rank resume of the 2-rank run's checkpoint 8: the two lanes carry on in one process.
     single = truncated_copy(out, tmp_path / "single", 8)
-    shutil.rmtree(single / "samples" )
+    shutil.rmtree(single / "samples")
     shutil.copytree(one_rank / "samples", single / "samples")  # the 1-rank run's record up to step 8, one file
     assert main(["fit", "--out", str(single), "--resume"]) == 0
     assert_same_curve(single, one_rank, rel=1e-4)

@@ -80,7 +80,9 @@ def test_batched_blocks_equal_one_block_at_a_time(parts):
         out = drafter(features, input_ids, anchors, embed, attention="sdpa")
         assert out.shape == (5, BLOCK, HIDDEN)
         for j, anchor in enumerate(anchors.tolist()):
-            torch.testing.assert_close(out[j], reference_block(drafter, embed, features, input_ids, anchor), rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                out[j], reference_block(drafter, embed, features, input_ids, anchor), rtol=0, atol=1e-5
+            )
 
 
 def test_no_leak_from_future_context_or_other_blocks(parts):
@@ -157,8 +159,9 @@ def test_split_attention_equals_dense_outputs_and_gradients(parts, setup, chunk_
         assert all(len(mask.chunks) > 1 for mask in masks.values())
 
 
-@pytest.mark.parametrize("rule", [LayerAttention(), LayerAttention(causal=True, window=12),
-                                  LayerAttention(causal=False, window=5)], ids=str)
+@pytest.mark.parametrize(
+    "rule", [LayerAttention(), LayerAttention(causal=True, window=12), LayerAttention(causal=False, window=5)], ids=str
+)
 def test_split_mask_is_the_dense_mask_without_the_other_blocks(rule, monkeypatch):
     """Every chunk's [context columns | own block] is the dense mask's, and the dense
     mask is False everywhere the split path does not look."""
@@ -248,12 +251,22 @@ def test_default_context_layers_and_from_target(qwen3_dir):
     assert default_context_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_context_layer_ids(64, 1) == [32]
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, num_context_layers=2, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, architecture="dflash")
+    config = DrafterConfig.from_target(
+        target,
+        mask_token_id=3,
+        num_context_layers=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        architecture="dflash",
+    )
     assert config.context_layer_ids == [1, 3] and target.num_hidden_layers - 1 not in config.context_layer_ids
     assert (config.hidden_size, config.head_dim, config.num_key_value_heads) == (64, 16, 2)
     with pytest.raises(ValueError, match="final layer"):
-        DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[2, target.num_hidden_layers - 1], architecture="dflash")
+        DrafterConfig.from_target(
+            target, mask_token_id=3, context_layer_ids=[2, target.num_hidden_layers - 1], architecture="dflash"
+        )
 
 
 def test_anchors_respect_loss_mask_and_block_end():

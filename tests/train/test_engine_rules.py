@@ -65,8 +65,9 @@ def vllm_layer(data: dict, i: int, v2_runner: bool) -> Layer:
         any_sliding = sliding > 0
         if 0 < sliding < len(layer_types) and not v2_runner:
             raise NotImplementedError("mixed sliding/full attention requires the V2 model runner")
-    is_sliding = use_swa if layer_types is None or (use_swa and not any_sliding) else \
-        layer_types[i] == "sliding_attention"
+    is_sliding = (
+        use_swa if layer_types is None or (use_swa and not any_sliding) else layer_types[i] == "sliding_attention"
+    )
     window = None
     if is_sliding:
         window = dflash.get("swa_window_size", transformers_window(data))
@@ -111,26 +112,52 @@ def sglang_layer(data: dict, i: int) -> Layer:
 
 def trainer_layers(config: DrafterConfig) -> list[Layer]:
     """What the trainer ran: `DrafterConfig.layer_attention`, the one owner of the rule."""
-    return [Layer(kind, config.layer_attention(i).causal, config.layer_attention(i).window)
-            for i, kind in enumerate(config.layer_types)]
+    return [
+        Layer(kind, config.layer_attention(i).causal, config.layer_attention(i).window)
+        for i, kind in enumerate(config.layer_types)
+    ]
 
 
 # -- the layouts ------------------------------------------------------------------------------
-QWEN36_27B = TargetConfig(hidden_size=5120, vocab_size=248320, num_hidden_layers=64, num_attention_heads=24,
-                          num_key_value_heads=4, head_dim=256, rms_norm_eps=1e-6, rope_theta=10_000_000.0,
-                          intermediate_size=17408, tie_word_embeddings=False, max_position_embeddings=262144)
-DEMO_TARGET = TargetConfig(hidden_size=256, vocab_size=2048, num_hidden_layers=6, num_attention_heads=8,
-                           num_key_value_heads=8, head_dim=32, rms_norm_eps=1e-6, rope_theta=10000.0,
-                           intermediate_size=512, tie_word_embeddings=False, max_position_embeddings=4096)
+QWEN36_27B = TargetConfig(
+    hidden_size=5120,
+    vocab_size=248320,
+    num_hidden_layers=64,
+    num_attention_heads=24,
+    num_key_value_heads=4,
+    head_dim=256,
+    rms_norm_eps=1e-6,
+    rope_theta=10_000_000.0,
+    intermediate_size=17408,
+    tie_word_embeddings=False,
+    max_position_embeddings=262144,
+)
+DEMO_TARGET = TargetConfig(
+    hidden_size=256,
+    vocab_size=2048,
+    num_hidden_layers=6,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    intermediate_size=512,
+    tie_word_embeddings=False,
+    max_position_embeddings=4096,
+)
 
 
 def published_drafter() -> DrafterConfig:
-    return DrafterConfig.from_target(QWEN36_27B, mask_token_id=248070, context_layer_ids=[1, 16, 31, 46, 61], architecture="dflash")
+    return DrafterConfig.from_target(
+        QWEN36_27B, mask_token_id=248070, context_layer_ids=[1, 16, 31, 46, 61], architecture="dflash"
+    )
 
 
 def demo_drafter() -> DrafterConfig:
     """scripts/demo.py: `model.num_hidden_layers=1` over the default 3 context layers."""
-    return DrafterConfig.from_target(DEMO_TARGET, mask_token_id=2047, num_context_layers=3, num_hidden_layers=1, architecture="dflash")
+    return DrafterConfig.from_target(
+        DEMO_TARGET, mask_token_id=2047, num_context_layers=3, num_hidden_layers=1, architecture="dflash"
+    )
 
 
 LAYOUTS = {"qwen3.6-27b": published_drafter, "demo": demo_drafter}
@@ -139,8 +166,12 @@ LAYOUTS = {"qwen3.6-27b": published_drafter, "demo": demo_drafter}
 def test_the_layouts_are_the_published_and_the_demo_ones():
     published, demo = published_drafter(), demo_drafter()
     assert published.layer_types == ["sliding_attention"] * 4 + ["full_attention"]
-    assert (published.sliding_window, published.num_attention_heads, published.head_dim,
-            published.num_key_value_heads) == (2048, 32, 128, 8)
+    assert (
+        published.sliding_window,
+        published.num_attention_heads,
+        published.head_dim,
+        published.num_key_value_heads,
+    ) == (2048, 32, 128, 8)
     assert demo.layer_types == ["full_attention"] and demo.context_layer_ids == [1, 2, 3]
 
 
@@ -166,8 +197,15 @@ def test_is_causal_is_read_by_vllm_from_either_field_and_by_sglang():
     as trained by vLLM (it reads is_causal, older versions dflash_config.causal, and
     the export writes both) and by SGLang (`_get_dflash_attention_type` lets an explicit
     is_causal win); an SGLang without that function runs sliding layers causal."""
-    config = DrafterConfig.from_target(DEMO_TARGET, mask_token_id=2047, num_context_layers=3,
-                                       layer_types=["sliding_attention"] * 2, sliding_window=64, is_causal=False, architecture="dflash")
+    config = DrafterConfig.from_target(
+        DEMO_TARGET,
+        mask_token_id=2047,
+        num_context_layers=3,
+        layer_types=["sliding_attention"] * 2,
+        sliding_window=64,
+        is_causal=False,
+        architecture="dflash",
+    )
     data = drafter_config_json(config)
     trained = trainer_layers(config)
     assert data["is_causal"] is False and data["dflash_config"]["causal"] is False
@@ -191,21 +229,43 @@ def read_drafter_config_from(data: dict) -> DrafterConfig:
 
 # -- the traps, refused at export ------------------------------------------------------------
 def tiny(**overrides) -> DFlashDrafter:
-    fields = dict(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16, intermediate_size=64,
-                  vocab_size=64, num_target_layers=4, context_layer_ids=[1], mask_token_id=3, num_hidden_layers=1,
-                  block_size=4, layer_types=["sliding_attention"], sliding_window=8, architecture="dflash")
+    fields = dict(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=64,
+        num_target_layers=4,
+        context_layer_ids=[1],
+        mask_token_id=3,
+        num_hidden_layers=1,
+        block_size=4,
+        layer_types=["sliding_attention"],
+        sliding_window=8,
+        architecture="dflash",
+    )
     torch.manual_seed(0)
     return DFlashDrafter(DrafterConfig(**{**fields, **overrides}))
 
 
-@pytest.mark.parametrize("drafter_overrides,extra,field", [
-    ({"sliding_window": None}, None, "sliding_window"),
-    ({}, {"use_sliding_window": False}, "sliding_window"),
-    ({}, {"eagle_aux_hidden_state_layer_ids": [2]}, "eagle_aux_hidden_state_layer_ids"),
-    ({}, {"is_causal": False}, "is_causal"),
-    ({"is_causal": False}, {"dflash_config": {"mask_token_id": 3, "target_layer_ids": [1]}}, "is_causal"),
-], ids=["sliding-without-window", "window-switched-off", "eagle-aux-ids", "is_causal-alone",
-        "is_causal-without-dflash-causal"])
+@pytest.mark.parametrize(
+    "drafter_overrides,extra,field",
+    [
+        ({"sliding_window": None}, None, "sliding_window"),
+        ({}, {"use_sliding_window": False}, "sliding_window"),
+        ({}, {"eagle_aux_hidden_state_layer_ids": [2]}, "eagle_aux_hidden_state_layer_ids"),
+        ({}, {"is_causal": False}, "is_causal"),
+        ({"is_causal": False}, {"dflash_config": {"mask_token_id": 3, "target_layer_ids": [1]}}, "is_causal"),
+    ],
+    ids=[
+        "sliding-without-window",
+        "window-switched-off",
+        "eagle-aux-ids",
+        "is_causal-alone",
+        "is_causal-without-dflash-causal",
+    ],
+)
 def test_export_refuses_a_config_an_engine_reads_otherwise(tmp_path, drafter_overrides, extra, field):
     out = tmp_path / "export"
     with pytest.raises(ValueError, match=field) as info:

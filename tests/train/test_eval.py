@@ -42,7 +42,9 @@ def eval_main(argv) -> int:
 @pytest.fixture(scope="module")
 def parts(qwen3_dir):
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1, block_size=B, architecture="dflash")
+    config = DrafterConfig.from_target(
+        target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1, block_size=B, architecture="dflash"
+    )
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():
@@ -142,8 +144,9 @@ def test_named_samples_are_rolled_out_over_their_first_response_only(tmp_path, p
     samples = make_samples(target, count=4, seed=6)
     store = write_store(tmp_path / "store", target, samples)
     picked = [samples[2], samples[0]]
-    result = ev.evaluate_sample_ids(drafter, head, store, [s.sample_id for s in picked], everything(ddtree_budgets=(8,)),
-                                    max_new_tokens=10)
+    result = ev.evaluate_sample_ids(
+        drafter, head, store, [s.sample_id for s in picked], everything(ddtree_budgets=(8,)), max_new_tokens=10
+    )
     assert [s["sample_id"] for s in result["per_sample"]] == [s.sample_id for s in picked]
     for got, sample in zip(result["per_sample"], picked):
         cut = SampleArrays(sample.sample_id, sample.input_ids, np.zeros_like(sample.loss_mask), sample.hidden)
@@ -174,8 +177,9 @@ def test_target_labels_that_are_the_drafters_own_predictions_give_tau_B(tmp_path
         recorded_blocks += len(anchors)
         sample.topk_logprobs = np.full((len(ids), 2), -0.5, np.float32)
     store = write_store(tmp_path / "store", target, samples, topk=2)
-    result = ev.evaluate(drafter, head, store, everything(labels="target", anchor_stride=B, ddtree_budgets=(B - 1, 32)),
-                         split="all")
+    result = ev.evaluate(
+        drafter, head, store, everything(labels="target", anchor_stride=B, ddtree_budgets=(B - 1, 32)), split="all"
+    )
     assert result["tau_per_position"] == B
     # Decoding from position 0 accepts whole blocks, so it anchors exactly at the
     # recorded blocks: each of them is a round of length B; past the last one
@@ -215,11 +219,21 @@ def test_heldout_split_is_a_stable_partition(tmp_path, parts):
     with pytest.raises(ValueError, match="held-out fraction"):  # no silent default split
         ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,)), split="heldout")
     fields = log_fields(result)
-    assert set(fields) >= {"eval_tau", "eval_tau_per_position", "eval_ddtree_8", "eval_top1_acc", "eval_per_position_acc"}
+    assert set(fields) >= {
+        "eval_tau",
+        "eval_tau_per_position",
+        "eval_ddtree_8",
+        "eval_top1_acc",
+        "eval_per_position_acc",
+    }
     # The training-loop evaluator reads held-out samples from the trainer's loader
     # (here the store's own held-out samples stand in for ShardLoader.heldout_samples).
-    trainer = SimpleNamespace(drafter=drafter, head=head, autocast=contextlib.nullcontext, loader=SimpleNamespace(
-        heldout_samples=lambda n: store_samples(store, LAYERS, "heldout", 0.5, max_samples=n)))
+    trainer = SimpleNamespace(
+        drafter=drafter,
+        head=head,
+        autocast=contextlib.nullcontext,
+        loader=SimpleNamespace(heldout_samples=lambda n: store_samples(store, LAYERS, "heldout", 0.5, max_samples=n)),
+    )
     section = EvalConfig(samples=2, ddtree_budgets=(8,), max_blocks_per_sample=10)
     logged = AcceptanceEval(section)(trainer, step=100)
     direct = ev.evaluate(drafter, head, store, section, heldout_fraction=0.5)
@@ -231,8 +245,19 @@ def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir,
     write_store(tmp_path / "store", target, make_samples(target, count=4, seed=4))
     run_dir = tmp_path / "run"
     export_drafter(drafter, run_dir / "export", dtype=torch.float32)
-    argv = ["--store", str(tmp_path / "store"), "--drafter", str(run_dir), "--target", str(qwen3_dir),
-            "--split", "all", "--ddtree-budgets", "4,16", "--json"]
+    argv = [
+        "--store",
+        str(tmp_path / "store"),
+        "--drafter",
+        str(run_dir),
+        "--target",
+        str(qwen3_dir),
+        "--split",
+        "all",
+        "--ddtree-budgets",
+        "4,16",
+        "--json",
+    ]
     assert eval_main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
     direct = ev.evaluate(drafter, head, Store(tmp_path / "store"), everything(ddtree_budgets=(4, 16)), split="all")
@@ -250,8 +275,14 @@ def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir,
     captured = capsys.readouterr()
     assert json.loads(captured.out)["max_samples"] is None and "note" not in captured.err
     # A store from another target is refused with the reason.
-    other = Fingerprint(target_model="x", num_target_layers=8, hidden_size=target.hidden_size,
-                        vocab_size=target.vocab_size, layer_ids=LAYERS, max_length=128)
+    other = Fingerprint(
+        target_model="x",
+        num_target_layers=8,
+        hidden_size=target.hidden_size,
+        vocab_size=target.vocab_size,
+        layer_ids=LAYERS,
+        max_length=128,
+    )
     writer = create_store(tmp_path / "other", other)
     writer.write_shard("shard-000000", make_samples(target, count=1, seed=5))
     assert eval_main(["--store", str(tmp_path / "other")] + argv[2:]) == 1  # refused: exit 1, one line
@@ -271,9 +302,13 @@ def test_eval_uses_the_held_out_split_the_run_trained_with(qwen3_dir, tmp_path, 
     held_by_run = {i for i in ids if is_heldout(i, 0.005)}
     held_by_default = {i for i in ids if is_heldout(i, 0.01)}
     assert held_by_run and held_by_run < held_by_default  # the old default takes trained-on samples too
-    config = load_config(None, tiny.drafter_sets(f"model.block_size={B}", "data.heldout_fraction=0.005", "eval.every=0",
-                                                     "train.max_steps=2"),
-                         store=str(tmp_path / "store"), target=str(qwen3_dir), out=str(tmp_path / "run"))
+    config = load_config(
+        None,
+        tiny.drafter_sets(f"model.block_size={B}", "data.heldout_fraction=0.005", "eval.every=0", "train.max_steps=2"),
+        store=str(tmp_path / "store"),
+        target=str(qwen3_dir),
+        out=str(tmp_path / "run"),
+    )
     trainer = Trainer.from_config(config, log=lambda m: None)
     trainer.fit()
     assert {s.sample_id for s in trainer.loader.heldout_samples()} == held_by_run
@@ -283,8 +318,17 @@ def test_eval_uses_the_held_out_split_the_run_trained_with(qwen3_dir, tmp_path, 
     recorded = json.loads((tmp_path / "drafter" / "config.json").read_text())["heldout_split"]
     assert recorded == {"fraction": 0.005, "rule": "sha256(sample_id)[:8] / 2**64 < fraction"}
 
-    argv = ["--store", str(tmp_path / "store"), "--drafter", str(tmp_path / "drafter"), "--target", str(qwen3_dir),
-            "--ddtree-budgets", "4", "--json"]
+    argv = [
+        "--store",
+        str(tmp_path / "store"),
+        "--drafter",
+        str(tmp_path / "drafter"),
+        "--target",
+        str(qwen3_dir),
+        "--ddtree-budgets",
+        "4",
+        "--json",
+    ]
     assert eval_main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["heldout_fraction"] == 0.005 and result["samples"] == len(held_by_run)
@@ -337,8 +381,16 @@ def test_eval_tau_of_a_dflash2_is_the_rollout_along_its_selector_walk(tmp_path, 
     from train.drafter.build import build_drafter
 
     _, head, target = parts
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=LAYERS, num_hidden_layers=1,
-                                       block_size=B, architecture="dflash2", selector_rank=8, selector_top_k=4)
+    config = DrafterConfig.from_target(
+        target,
+        mask_token_id=3,
+        context_layer_ids=LAYERS,
+        num_hidden_layers=1,
+        block_size=B,
+        architecture="dflash2",
+        selector_rank=8,
+        selector_top_k=4,
+    )
     torch.manual_seed(1)
     drafter = build_drafter(config)
     with torch.no_grad():
@@ -355,7 +407,10 @@ def test_eval_tau_of_a_dflash2_is_the_rollout_along_its_selector_walk(tmp_path, 
     assert result["tau"] == pytest.approx(np.mean([np.mean(r) for r, _ in walked]), abs=1e-9)
     assert [s["tau"] for s in result["per_sample"]] == pytest.approx([np.mean(r) for r, _ in walked])
     rebatched = ev.evaluate(drafter, head, store, everything(ddtree_budgets=(8,), batch_blocks=5), split="all")
-    assert (rebatched["tau"], rebatched["tau_unary"]) == (result["tau"], result["tau_unary"])  # batching changes nothing
+    assert (rebatched["tau"], rebatched["tau_unary"]) == (
+        result["tau"],
+        result["tau_unary"],
+    )  # batching changes nothing
     table = render_table(result)
     assert "tau (decode-time, selector walk)" in table and "tau along the argmax chain" in table
     fields = log_fields(result)

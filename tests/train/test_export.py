@@ -22,7 +22,9 @@ from train.objective.target_head import load_target_head
 def perturbed_drafter(qwen3_dir, **geometry):
     """A drafter for the tiny Qwen3 target, with non-default weights everywhere."""
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], block_size=8, **geometry, architecture="dflash")
+    config = DrafterConfig.from_target(
+        target, mask_token_id=3, context_layer_ids=[1, 3], block_size=8, **geometry, architecture="dflash"
+    )
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():
@@ -34,8 +36,14 @@ def perturbed_drafter(qwen3_dir, **geometry):
 @pytest.fixture(scope="module")
 def trained(qwen3_dir):
     """Full attention everywhere, 4 heads x 16, 2 KV heads."""
-    return perturbed_drafter(qwen3_dir, num_hidden_layers=2, layer_types=["full_attention"] * 2,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    return perturbed_drafter(
+        qwen3_dir,
+        num_hidden_layers=2,
+        layer_types=["full_attention"] * 2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +80,14 @@ def test_export_layout_and_config(tmp_path, trained):
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
         assert f.get_tensor("fc.weight").dtype == torch.bfloat16
-    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight",
-            "layers.1.mlp.down_proj.weight", "layers.1.self_attn.k_norm.weight"} <= names
+    assert {
+        "fc.weight",
+        "hidden_norm.weight",
+        "norm.weight",
+        "layers.0.self_attn.q_proj.weight",
+        "layers.1.mlp.down_proj.weight",
+        "layers.1.self_attn.k_norm.weight",
+    } <= names
     assert names == set(drafter.state_dict())
     assert not any("embed_tokens" in n or "lm_head" in n or "rotary" in n for n in names)
 
@@ -170,22 +184,29 @@ def dflash2(sliding):
     return builders.warm_started(sliding[0], selector_rank=8, selector_top_k=4), sliding[1]
 
 
-@pytest.mark.parametrize("which,changes,message", [
-    ("sliding", {"architectures": ["Eagle3DraftModel"]}, "architectures"),
-    ("sliding", {"architectures": ["DFlashDraftModel", "DFlash2DraftModel"]}, "architectures"),
-    ("sliding", {"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "chunked_attention"),
-    ("sliding", {"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
-    ("sliding", {"output_multiplier": 2.0}, "output_multiplier=2.0"),
-    ("sliding", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
-    ("sliding", {"num_key_value_heads": 3}, "num_key_value_heads 3"),
-    # DFlash 2: its sizes must be in dflash_config (vLLM's qwen3_dflash2 reads them only there).
-    ("sliding", {"architectures": ["DFlash2DraftModel"]}, "dflash_config lacks .'conv_kernel_size'"),
-    ("dflash2", {"dflash_config.selector_rank": None, "selector_rank": 8}, r"dflash_config lacks \['selector_rank'\]"),
-    ("dflash2", {"dflash_config.conv_group_size": 24}, "conv_group_size 24 must divide hidden_size 64"),
-    ("dflash2", {"dflash_config.selector_top_k": 600}, "selector_top_k 600 exceeds the vocabulary"),
-    ("dflash2", {"dflash_config.conv_kernel_size": 0}, "conv_kernel_size must be >= 1"),
-    ("dflash2", {"dflash_config.output_multiplier": 2.0}, "output_multiplier=2.0"),
-])
+@pytest.mark.parametrize(
+    "which,changes,message",
+    [
+        ("sliding", {"architectures": ["Eagle3DraftModel"]}, "architectures"),
+        ("sliding", {"architectures": ["DFlashDraftModel", "DFlash2DraftModel"]}, "architectures"),
+        ("sliding", {"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "chunked_attention"),
+        ("sliding", {"layer_types": ["full_attention"]}, "layer_types has 1 entries"),
+        ("sliding", {"output_multiplier": 2.0}, "output_multiplier=2.0"),
+        ("sliding", {"final_logit_softcapping": 30.0}, "final_logit_softcapping"),
+        ("sliding", {"num_key_value_heads": 3}, "num_key_value_heads 3"),
+        # DFlash 2: its sizes must be in dflash_config (vLLM's qwen3_dflash2 reads them only there).
+        ("sliding", {"architectures": ["DFlash2DraftModel"]}, "dflash_config lacks .'conv_kernel_size'"),
+        (
+            "dflash2",
+            {"dflash_config.selector_rank": None, "selector_rank": 8},
+            r"dflash_config lacks \['selector_rank'\]",
+        ),
+        ("dflash2", {"dflash_config.conv_group_size": 24}, "conv_group_size 24 must divide hidden_size 64"),
+        ("dflash2", {"dflash_config.selector_top_k": 600}, "selector_top_k 600 exceeds the vocabulary"),
+        ("dflash2", {"dflash_config.conv_kernel_size": 0}, "conv_kernel_size must be >= 1"),
+        ("dflash2", {"dflash_config.output_multiplier": 2.0}, "output_multiplier=2.0"),
+    ],
+)
 def test_read_refuses_what_the_drafter_cannot_run(tmp_path, request, which, changes, message):
     out = export_drafter(request.getfixturevalue(which)[0], tmp_path / "drafter")
     write_config(out, **changes)
@@ -199,15 +220,25 @@ def test_dflash2_export_layout_and_round_trip(tmp_path, dflash2):
     out = export_drafter(drafter, tmp_path / "drafter", dtype=torch.float32)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlash2DraftModel"] and config["model_type"] == "qwen3"
-    assert config["dflash_config"] == {"mask_token_id": 3, "target_layer_ids": [1, 3], "block_size": 8,
-                                       "conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8,
-                                       "selector_top_k": 4}
+    assert config["dflash_config"] == {
+        "mask_token_id": 3,
+        "target_layer_ids": [1, 3],
+        "block_size": 8,
+        "conv_kernel_size": 2,
+        "conv_group_size": 16,
+        "selector_rank": 8,
+        "selector_top_k": 4,
+    }
     assert "no_rope_layers" not in config  # vLLM 0.34 routes a DFlash2DraftModel with it to another class
     with safe_open(str(out / "model.safetensors"), framework="pt") as f:
         names = set(f.keys())
-    assert {"candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook",
-            "candidate_selector.hidden_projection.weight", "layers.2.attention_conv.base_kernel",
-            "layers.0.mlp_conv.kernel_projection.weight"} <= names
+    assert {
+        "candidate_selector.predecessor_codebook",
+        "candidate_selector.successor_codebook",
+        "candidate_selector.hidden_projection.weight",
+        "layers.2.attention_conv.base_kernel",
+        "layers.0.mlp_conv.kernel_projection.weight",
+    } <= names
     assert names == set(drafter.state_dict())
     exact = load_drafter(out)
     assert isinstance(exact, DFlash2Drafter) and exact.config == drafter.config

@@ -20,9 +20,27 @@ MATCHING = dict(num_target_layers=6, hidden_size=64, vocab_size=512)
 
 def fit(store, target, out, *extra) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "train", "fit", "--store", str(store), "--target", str(target), "--out", str(out),
-         "--max-steps", "1", *tiny.cli_sets(tiny.drafter_sets("eval.every=0")), *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "train",
+            "fit",
+            "--store",
+            str(store),
+            "--target",
+            str(target),
+            "--out",
+            str(out),
+            "--max-steps",
+            "1",
+            *tiny.cli_sets(tiny.drafter_sets("eval.every=0")),
+            *extra,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("field,value", [("hidden_size", 32), ("vocab_size", 1024), ("num_target_layers", 8)])

@@ -17,8 +17,15 @@ import tiny
 from train.cli import main
 from train.fitting.checkpoint import CHECKPOINTS, latest_checkpoint
 
-SETS = tiny.drafter_sets("train.log_every=1", "eval.every=0", "train.checkpoint_every=2", "train.keep_checkpoints=0",
-                         "train.progress_interval=0", "train.epochs=1000", heads=True)
+SETS = tiny.drafter_sets(
+    "train.log_every=1",
+    "eval.every=0",
+    "train.checkpoint_every=2",
+    "train.keep_checkpoints=0",
+    "train.progress_interval=0",
+    "train.epochs=1000",
+    heads=True,
+)
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +36,22 @@ def store(tmp_path_factory) -> Path:
 
 
 def fit(store, target, out, max_steps: int, *extra: str) -> int:
-    return main(["fit", "--store", str(store), "--target", str(target), "--out", str(out), "--max-steps",
-                 str(max_steps), "--skip-verify", *tiny.cli_sets(SETS), *extra])
+    return main(
+        [
+            "fit",
+            "--store",
+            str(store),
+            "--target",
+            str(target),
+            "--out",
+            str(out),
+            "--max-steps",
+            str(max_steps),
+            "--skip-verify",
+            *tiny.cli_sets(SETS),
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture
@@ -42,8 +63,9 @@ def small_disk(tmp_path):
     def mount_at(size: int, remount: bool = False) -> Path:
         options = f"remount,size={size}" if remount else f"size={size}"
         try:
-            made = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)],
-                                  capture_output=True, text=True)
+            made = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True, text=True
+            )
         except OSError as error:
             pytest.skip(f"cannot mount a small tmpfs here: {error}")
         if made.returncode != 0:
@@ -69,8 +91,9 @@ def test_a_run_whose_checkpoints_do_not_fit_is_refused_before_step_1(store, qwen
     assert not (out / "train_log.jsonl").exists()  # refused before step 1
 
 
-def test_a_disk_that_fills_names_the_last_checkpoint_and_resume_finishes(store, qwen3_dir, tmp_path, small_disk,
-                                                                          monkeypatch, capsys):
+def test_a_disk_that_fills_names_the_last_checkpoint_and_resume_finishes(
+    store, qwen3_dir, tmp_path, small_disk, monkeypatch, capsys
+):
     reference = tmp_path / "reference"
     assert fit(store, qwen3_dir, reference, 2) == 0
     each = checkpoint_size(latest_checkpoint(reference))
@@ -85,8 +108,10 @@ def test_a_disk_that_fills_names_the_last_checkpoint_and_resume_finishes(store, 
     line = err.strip().splitlines()[-1]
     checkpoint = out / CHECKPOINTS / "step-00000002"
     assert line.startswith(f"error: no space for the checkpoint of step 4 in {out / CHECKPOINTS}: it takes about "), err
-    assert line.endswith(f"; the last good checkpoint is {checkpoint} (step 2), the steps after it are lost; "
-                         f"free space in {out} and resume with `python -m train fit --out {out} --resume`"), line
+    assert line.endswith(
+        f"; the last good checkpoint is {checkpoint} (step 2), the steps after it are lost; "
+        f"free space in {out} and resume with `python -m train fit --out {out} --resume`"
+    ), line
     assert "Traceback" not in err
     assert sorted(p.name for p in (out / CHECKPOINTS).iterdir()) == ["step-00000002"]  # leftover cleaned at start
 

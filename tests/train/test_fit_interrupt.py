@@ -23,11 +23,22 @@ from train.fitting.checkpoint import latest_checkpoint
 
 # A drafter small enough for CPU, a constant LR (so a resumed run may end at another
 # --max-steps and still take the same steps), epochs enough to outlast the test.
-SETS = tiny.drafter_sets("model.num_anchors=16", "train.grad_accumulation=1", "train.log_every=1", "eval.every=0",
-                         "train.checkpoint_every=0", "optim.schedule=constant", "optim.warmup_fraction=0",
-                         "train.epochs=10000", "train.progress_interval=0", heads=True)
-PROGRESS = re.compile(r"^fit: ([\d,]+)/([\d,]+) steps \(\d+\.\d%\), ([\d,]+) samples, [\d,]+ tokens/s, .*"
-                      r"ETA (unknown|\d+:\d\d:\d\d)$")
+SETS = tiny.drafter_sets(
+    "model.num_anchors=16",
+    "train.grad_accumulation=1",
+    "train.log_every=1",
+    "eval.every=0",
+    "train.checkpoint_every=0",
+    "optim.schedule=constant",
+    "optim.warmup_fraction=0",
+    "train.epochs=10000",
+    "train.progress_interval=0",
+    heads=True,
+)
+PROGRESS = re.compile(
+    r"^fit: ([\d,]+)/([\d,]+) steps \(\d+\.\d%\), ([\d,]+) samples, [\d,]+ tokens/s, .*"
+    r"ETA (unknown|\d+:\d\d:\d\d)$"
+)
 COMPARED_STEPS = 12
 
 
@@ -39,8 +50,18 @@ def store(tmp_path_factory) -> Path:
 
 
 def fit_argv(store, target, out, max_steps: int) -> list[str]:
-    return ["fit", "--store", str(store), "--target", str(target), "--out", str(out), "--max-steps", str(max_steps),
-            *tiny.cli_sets(SETS)]
+    return [
+        "fit",
+        "--store",
+        str(store),
+        "--target",
+        str(target),
+        "--out",
+        str(out),
+        "--max-steps",
+        str(max_steps),
+        *tiny.cli_sets(SETS),
+    ]
 
 
 def read_log(run: Path) -> list[dict]:
@@ -59,8 +80,9 @@ def test_ctrl_c_checkpoints_says_how_to_resume_and_resume_is_exact(store, qwen3_
         match = PROGRESS.match(line)
         return bool(match) and int(match.group(1).replace(",", "")) >= 2
 
-    returncode, err, _ = builders.ctrl_c_when([sys.executable, "-m", "train", *fit_argv(store, qwen3_dir, run, 100_000)],
-                                              env, ready)
+    returncode, err, _ = builders.ctrl_c_when(
+        [sys.executable, "-m", "train", *fit_argv(store, qwen3_dir, run, 100_000)], env, ready
+    )
     assert returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     progress = [PROGRESS.match(line) for line in err.splitlines() if PROGRESS.match(line)]
@@ -69,16 +91,24 @@ def test_ctrl_c_checkpoints_says_how_to_resume_and_resume_is_exact(store, qwen3_
     step = int(checkpoint.name.split("-")[1])
     assert err.strip().splitlines()[-1] == (
         f"interrupted: checkpoint of step {step} saved in {checkpoint}; "
-        f"resume with: python -m train fit --out {run} --resume")
+        f"resume with: python -m train fit --out {run} --resume"
+    )
     assert [r["step"] for r in read_log(run)] == list(range(1, step + 1))
     if step >= COMPARED_STEPS:
         pytest.skip(f"Ctrl-C landed after step {step}")
 
-    resumed = subprocess.run([sys.executable, "-m", "train", "fit", "--out", str(run), "--resume", "--max-steps",
-                              str(COMPARED_STEPS)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "train", "fit", "--out", str(run), "--resume", "--max-steps", str(COMPARED_STEPS)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert (f"fit: resumed from {checkpoint} at step {step} ({step:,} samples trained on), epoch "
-            in resumed.stderr), resumed.stderr[-3000:]
+    assert f"fit: resumed from {checkpoint} at step {step} ({step:,} samples trained on), epoch " in resumed.stderr, (
+        resumed.stderr[-3000:]
+    )
     assert "LoaderPosition(" not in resumed.stderr
     expected, got = read_log(reference), read_log(run)
     assert [r["step"] for r in got] == list(range(1, COMPARED_STEPS + 1))

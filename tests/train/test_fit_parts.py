@@ -18,27 +18,48 @@ from train.fitting.checkpoint import latest_checkpoint, read_state
 from train.fitting.trainer import Trainer
 from train.tensor_files import read_tensors
 
-TINY = tiny.drafter_sets("train.grad_accumulation=2", "eval.every=0", "data.heldout_fraction=0.0",
-                         "data.buffer_shards=1", "train.checkpoint_every=0", "data.lanes=2", heads=True)
+TINY = tiny.drafter_sets(
+    "train.grad_accumulation=2",
+    "eval.every=0",
+    "data.heldout_fraction=0.0",
+    "data.buffer_shards=1",
+    "train.checkpoint_every=0",
+    "data.lanes=2",
+    heads=True,
+)
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, qwen3_dir) -> Path:
     path = tmp_path_factory.mktemp("parts") / "store"
-    builders.random_store(path, num_shards=4, samples_per_shard=3, target_dir=qwen3_dir, num_target_layers=6,
-                          hidden_size=64, vocab_size=512)
+    builders.random_store(
+        path,
+        num_shards=4,
+        samples_per_shard=3,
+        target_dir=qwen3_dir,
+        num_target_layers=6,
+        hidden_size=64,
+        vocab_size=512,
+    )
     return path
 
 
 def build(store, target, out, max_steps=3) -> Trainer:
-    config = load_config(None, TINY, store=str(store), target=str(target), out=str(out),
-                         **{"train.max_steps": max_steps})
+    config = load_config(
+        None, TINY, store=str(store), target=str(target), out=str(out), **{"train.max_steps": max_steps}
+    )
     return Trainer.from_config(config, log=lambda m: None)
 
 
 def test_the_loaded_config_is_left_as_it_was_and_the_resolved_one_saved(store, qwen3_dir, tmp_path):
-    config = load_config(None, [*TINY, "data.lanes=null"], store=str(store), target=str(qwen3_dir),
-                         out=str(tmp_path / "run"), **{"train.max_steps": 1})
+    config = load_config(
+        None,
+        [*TINY, "data.lanes=null"],
+        store=str(store),
+        target=str(qwen3_dir),
+        out=str(tmp_path / "run"),
+        **{"train.max_steps": 1},
+    )
     before = config.to_dict()
     trainer = Trainer.from_config(config, log=lambda m: None)
     trainer.feed.close()
@@ -60,8 +81,9 @@ def test_a_fresh_feed_continues_where_another_stood(store, qwen3_dir, tmp_path):
     second = build(store, qwen3_dir, tmp_path / "second")
     second.feed.load_state_dict(state)
     assert [(lane, sample.sample_id) for lane, sample in second.feed.take(2)] == after
-    assert {lane: torch.randint(0, 1 << 30, (4,), generator=g).tolist()
-            for lane, g in second.feed.generators.items()} == draws
+    assert {
+        lane: torch.randint(0, 1 << 30, (4,), generator=g).tolist() for lane, g in second.feed.generators.items()
+    } == draws
     second.feed.close()
 
 
@@ -71,17 +93,33 @@ def test_a_checkpoint_keeps_the_layout_earlier_versions_wrote(store, qwen3_dir, 
     trainer = build(store, qwen3_dir, tmp_path / "run", max_steps=2)
     trainer.fit()
     path = latest_checkpoint(tmp_path / "run")
-    assert sorted(p.name for p in path.iterdir()) == ["model.safetensors", "optimizer.safetensors",
-                                                       "rng.safetensors", "state.json"]
+    assert sorted(p.name for p in path.iterdir()) == [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng.safetensors",
+        "state.json",
+    ]
     names = {name for name, _ in trainer.drafter.named_parameters()}
     assert set(read_tensors(path / "model.safetensors")) == set(trainer.drafter.state_dict())
     assert {key.rsplit("/", 1)[0] for key in read_tensors(path / "optimizer.safetensors")} <= names
     assert {"torch_cpu", "numpy_key", "generator", "generator_lane_1"} <= set(read_tensors(path / "rng.safetensors"))
     state = read_state(path)
-    assert {"step", "epoch", "scheduler", "loader", "optimizer", "rng", "drafter_config", "config", "heldout_split",
-            "store", "run_info"} <= set(state)
+    assert {
+        "step",
+        "epoch",
+        "scheduler",
+        "loader",
+        "optimizer",
+        "rng",
+        "drafter_config",
+        "config",
+        "heldout_split",
+        "store",
+        "run_info",
+    } <= set(state)
     assert state["step"] == 2 and set(state["optimizer"]) == {"param_groups", "scalars"}
     assert set(state["rng"]) == {"numpy", "python"}
     assert {"position", "shards", "shards_sha256", "skipped_shards", "world_size", "lane_deal", "lanes"} <= set(
-        state["loader"])
+        state["loader"]
+    )
     assert [entry["lane"] for entry in state["loader"]["lanes"]] == [0, 1]

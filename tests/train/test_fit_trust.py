@@ -25,8 +25,14 @@ from train.fitting.schedule import lr_at
 from train.fitting.trainer import Trainer
 from train.target_check import OtherTargetError
 
-TINY = tiny.drafter_sets("train.grad_accumulation=1", "eval.every=0", "data.heldout_fraction=0.0", "data.buffer_shards=1",
-                         "train.checkpoint_every=0", heads=True)
+TINY = tiny.drafter_sets(
+    "train.grad_accumulation=1",
+    "eval.every=0",
+    "data.heldout_fraction=0.0",
+    "data.buffer_shards=1",
+    "train.checkpoint_every=0",
+    heads=True,
+)
 SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
 
 
@@ -35,8 +41,9 @@ def sets(*extra: str) -> list[str]:
 
 
 def config_for(store, target, out, *extra, max_steps=None):
-    return load_config(None, [*TINY, *extra], store=str(store), target=str(target), out=str(out),
-                       **{"train.max_steps": max_steps})
+    return load_config(
+        None, [*TINY, *extra], store=str(store), target=str(target), out=str(out), **{"train.max_steps": max_steps}
+    )
 
 
 def corrupt(store: Path, shard: str) -> None:
@@ -75,15 +82,23 @@ def test_a_copy_of_the_target_with_random_weights_is_refused(store, qwen3_dir, r
         Trainer.from_config(config_for(store, reinitialised, tmp_path / "run", max_steps=1))
     assert set(refused.value.differences) == {"target_weights_sample_sha256"}
     assert not (tmp_path / "run").exists()
-    for command in (["fit", "--store", str(store), "--out", str(tmp_path / "cli"), "--max-steps", "1"],
-                    ["eval", "--store", str(store), "--drafter", str(tmp_path / "none")]):
+    for command in (
+        ["fit", "--store", str(store), "--out", str(tmp_path / "cli"), "--max-steps", "1"],
+        ["eval", "--store", str(store), "--drafter", str(tmp_path / "none")],
+    ):
         assert main([*command, "--target", str(reinitialised)]) == 1
         error = capsys.readouterr().err.strip().splitlines()[-1]
-        assert error.startswith(f"error: --target {reinitialised} is not the checkpoint") and "--allow-other-target" in error
+        assert (
+            error.startswith(f"error: --target {reinitialised} is not the checkpoint")
+            and "--allow-other-target" in error
+        )
 
     messages = []
-    trainer = Trainer.from_config(config_for(store, reinitialised, tmp_path / "allowed", max_steps=1),
-                                  log=messages.append, checks=FitChecks(allow_other_target=True))
+    trainer = Trainer.from_config(
+        config_for(store, reinitialised, tmp_path / "allowed", max_steps=1),
+        log=messages.append,
+        checks=FitChecks(allow_other_target=True),
+    )
     assert any(m.startswith("warning:") and "target_weights_sample_sha256" in m for m in messages)
     assert list(trainer.run_info["other_target"]) == ["target_weights_sample_sha256"]  # recorded in checkpoints
 
@@ -117,30 +132,53 @@ def test_an_incomplete_store_is_named_and_refused_when_required(store, qwen3_dir
     (partial / "shards" / "shard-000002" / "commit.json").unlink()
     messages = []
     Trainer.from_config(config_for(partial, qwen3_dir, tmp_path / "run", max_steps=1), log=messages.append)
-    assert any("2 of 3 planned shards committed (8 of 12 samples)" in m and "--require-complete" in m
-               for m in messages), messages
+    assert any(
+        "2 of 3 planned shards committed (8 of 12 samples)" in m and "--require-complete" in m for m in messages
+    ), messages
     with pytest.raises(ValueError, match="2 of 3 planned shards committed"):
-        Trainer.from_config(config_for(partial, qwen3_dir, tmp_path / "strict", max_steps=1),
-                            checks=FitChecks(require_complete=True))
+        Trainer.from_config(
+            config_for(partial, qwen3_dir, tmp_path / "strict", max_steps=1), checks=FitChecks(require_complete=True)
+        )
 
 
 def test_an_empty_heldout_split_is_named_at_the_start(store, qwen3_dir, tmp_path):
     messages = []
-    Trainer.from_config(config_for(store, qwen3_dir, tmp_path / "run", "data.heldout_fraction=0.01", "eval.every=5",
-                                   max_steps=1), log=messages.append)
-    assert any(m.startswith("warning: data.heldout_fraction=0.01 holds out 0 of 12 samples") for m in messages), messages
+    Trainer.from_config(
+        config_for(store, qwen3_dir, tmp_path / "run", "data.heldout_fraction=0.01", "eval.every=5", max_steps=1),
+        log=messages.append,
+    )
+    assert any(m.startswith("warning: data.heldout_fraction=0.01 holds out 0 of 12 samples") for m in messages), (
+        messages
+    )
 
 
 def test_more_processes_than_shards_is_one_line_naming_shard_tokens(store, qwen3_dir, tmp_path, capsys):
-    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
-                 "--nproc", "4", *sets()]) == 1
+    assert (
+        main(
+            [
+                "fit",
+                "--store",
+                str(store),
+                "--target",
+                str(qwen3_dir),
+                "--out",
+                str(tmp_path / "run"),
+                "--nproc",
+                "4",
+                *sets(),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "has 3" in err and "--shard-tokens" in err, err
     assert not (tmp_path / "run").exists()  # no process was started
 
 
 def test_block_size_has_one_owner_the_stores_plan(qwen3_dir, tmp_path):
-    builders.random_store(tmp_path / "store", num_shards=1, samples_per_shard=2, plan_settings={"block_size": 4}, **SHAPE)
+    builders.random_store(
+        tmp_path / "store", num_shards=1, samples_per_shard=2, plan_settings={"block_size": 4}, **SHAPE
+    )
     with pytest.raises(ConfigError, match="model.block_size: 8, but .* was planned for block size 4"):
         Trainer.from_config(config_for(tmp_path / "store", qwen3_dir, tmp_path / "run", max_steps=1))
 
@@ -150,31 +188,53 @@ def test_a_damaged_store_is_refused_before_step_1_naming_the_repair(store, qwen3
     damaged = tmp_path / "store"
     shutil.copytree(store, damaged)
     corrupt(damaged, "shard-000001")
-    with pytest.raises(DamagedStoreError, match=r"shard shard-000001: layer_3/c/0/0: .*1 damaged shard\(s\) of 3: "
-                                                rf"shard-000001; repair with `python -m store_schema verify {damaged} "
-                                                "--repair`"):
+    with pytest.raises(
+        DamagedStoreError,
+        match=r"shard shard-000001: layer_3/c/0/0: .*1 damaged shard\(s\) of 3: "
+        rf"shard-000001; repair with `python -m store_schema verify {damaged} "
+        "--repair`",
+    ):
         Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "run", max_steps=1))
     messages = []
-    trainer = Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "skip", "data.skip_corrupt_shards=true",
-                                             "train.epochs=3"), log=messages.append)
+    trainer = Trainer.from_config(
+        config_for(damaged, qwen3_dir, tmp_path / "skip", "data.skip_corrupt_shards=true", "train.epochs=3"),
+        log=messages.append,
+    )
     trainer.fit()
     assert trainer.step == 24  # 2 good shards x 4 samples x 3 epochs
     # Named once before step 1 (never read), once in the closing summary; the schedule knew.
     assert sum("shard-000001" in m for m in messages) == 2, messages
-    assert any(m.startswith("fit: 1 damaged shard(s) left out (data.skip_corrupt_shards): shard-000001") for m in messages[:3])
+    assert any(
+        m.startswith("fit: 1 damaged shard(s) left out (data.skip_corrupt_shards): shard-000001") for m in messages[:3]
+    )
     assert not any("ran out" in m for m in messages)
 
 
-def test_a_shard_corrupt_mid_run_leaves_a_checkpoint_and_a_resume_command_that_works(store, qwen3_dir, tmp_path,
-                                                                                       capsys):
+def test_a_shard_corrupt_mid_run_leaves_a_checkpoint_and_a_resume_command_that_works(
+    store, qwen3_dir, tmp_path, capsys
+):
     damaged = tmp_path / "store"
     shutil.copytree(store, damaged)
     order = Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "probe", max_steps=1)).loader.epoch_order(0)
     corrupt(damaged, order[2])  # read third: two shards (8 steps) train first
     out = tmp_path / "run"
     capsys.readouterr()
-    assert main(["fit", "--store", str(damaged), "--target", str(qwen3_dir), "--out", str(out),
-                 "--skip-verify", *sets("train.epochs=2")]) == 1  # damage the check did not see
+    assert (
+        main(
+            [
+                "fit",
+                "--store",
+                str(damaged),
+                "--target",
+                str(qwen3_dir),
+                "--out",
+                str(out),
+                "--skip-verify",
+                *sets("train.epochs=2"),
+            ]
+        )
+        == 1
+    )  # damage the check did not see
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line.startswith(f"error: shard {order[2]}: layer_3/c/0/0: crc32c"), line
     assert f"checkpoint of step 8 saved in {out / 'checkpoints'}" in line and "--repair" in line, line
@@ -189,7 +249,8 @@ def test_a_shard_corrupt_mid_run_leaves_a_checkpoint_and_a_resume_command_that_w
 
 
 def test_the_start_reads_no_shard_but_a_sample_and_a_byte_changed_after_it_is_caught_before_its_step(
-        store, qwen3_dir, tmp_path):
+    store, qwen3_dir, tmp_path
+):
     """Issue 47.2: the start checks commit records and sizes (a truncated file is
     refused before step 1), re-reads `data.verify_sampled_shards` in full, and a
     byte changed after the start is still caught by the loader before its step."""
@@ -197,10 +258,14 @@ def test_the_start_reads_no_shard_but_a_sample_and_a_byte_changed_after_it_is_ca
     shutil.copytree(store, damaged)
     order = Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "probe", max_steps=1)).loader.epoch_order(0)
     messages = []
-    trainer = Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "run", "train.epochs=2",
-                                             "data.verify_sampled_shards=1"), log=messages.append)
-    assert any(m.startswith("fit: start check: commit records and file sizes of 3 committed shard(s), 1 re-read")
-               for m in messages), messages
+    trainer = Trainer.from_config(
+        config_for(damaged, qwen3_dir, tmp_path / "run", "train.epochs=2", "data.verify_sampled_shards=1"),
+        log=messages.append,
+    )
+    assert any(
+        m.startswith("fit: start check: commit records and file sizes of 3 committed shard(s), 1 re-read")
+        for m in messages
+    ), messages
     corrupt(damaged, order[2])  # after the start: only the loader can see it
     with pytest.raises(DataStopped) as stopped:
         trainer.fit()
@@ -209,31 +274,53 @@ def test_the_start_reads_no_shard_but_a_sample_and_a_byte_changed_after_it_is_ca
     sampled_out = "data.verify_sampled_shards=0"  # a changed byte keeps its size: only a re-read finds it
     Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "sizes", sampled_out, max_steps=1))
     with pytest.raises(DamagedStoreError, match=rf"shard {order[2]}: layer_3/c/0/0: crc32c"):
-        Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "first", sampled_out, max_steps=1),
-                            checks=FitChecks(verify_first=True))
+        Trainer.from_config(
+            config_for(damaged, qwen3_dir, tmp_path / "first", sampled_out, max_steps=1),
+            checks=FitChecks(verify_first=True),
+        )
     chunk = damaged / "shards" / order[1] / "layer_1" / "c" / "0" / "0"
     chunk.write_bytes(chunk.read_bytes()[:-1])
     with pytest.raises(DamagedStoreError, match=rf"shard {order[1]}: layer_1/c/0/0: size .* \(truncated"):
         Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "truncated", sampled_out, max_steps=1))
 
 
-def test_a_global_batch_the_processes_cannot_share_is_refused_once_before_they_start(store, qwen3_dir, tmp_path,
-                                                                                     capsys):
+def test_a_global_batch_the_processes_cannot_share_is_refused_once_before_they_start(
+    store, qwen3_dir, tmp_path, capsys
+):
     """Issue 48.10: refused by the launching command, in one line, no process started."""
     out = tmp_path / "run"
-    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(out), "--nproc", "2",
-                 *sets("train.batch_size=1", "train.grad_accumulation=1")]) == 1
+    assert (
+        main(
+            [
+                "fit",
+                "--store",
+                str(store),
+                "--target",
+                str(qwen3_dir),
+                "--out",
+                str(out),
+                "--nproc",
+                "2",
+                *sets("train.batch_size=1", "train.grad_accumulation=1"),
+            ]
+        )
+        == 1
+    )
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["error: train fit on 2 processes: the global batch (train.batch_size x train.grad_accumulation = "
-                   "1 sequences per optimizer step) must be a multiple of the number of processes"], err
+    assert err == [
+        "error: train fit on 2 processes: the global batch (train.batch_size x train.grad_accumulation = "
+        "1 sequences per optimizer step) must be a multiple of the number of processes"
+    ], err
     assert not (out / "checkpoints").exists()
 
 
 def test_a_resume_with_nothing_left_to_train_says_so(store, qwen3_dir, tmp_path, capsys):
     """Issue 48.10: `--resume --max-steps N` below the run's step trains nothing and says so."""
     out = tmp_path / "run"
-    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(out), "--max-steps", "3",
-                 *sets()]) == 0
+    assert (
+        main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(out), "--max-steps", "3", *sets()])
+        == 0
+    )
     checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
     capsys.readouterr()
     assert main(["fit", "--out", str(out), "--resume", "--max-steps", "2"]) == 0
@@ -260,14 +347,56 @@ def test_config_mistakes_say_did_you_mean(tmp_path):
 def test_usage_errors_exit_2_and_export_never_writes_into_a_store(store, qwen3_dir, tmp_path, capsys):
     assert main(["fit", "--target", str(qwen3_dir), "--out", str(tmp_path / "a")]) == 2
     assert "--store is required" in capsys.readouterr().err
-    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "b"),
-                 "--set", "optim.lr"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                "--store",
+                str(store),
+                "--target",
+                str(qwen3_dir),
+                "--out",
+                str(tmp_path / "b"),
+                "--set",
+                "optim.lr",
+            ]
+        )
+        == 2
+    )
     assert "expected key=value" in capsys.readouterr().err
-    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "c"),
-                 "--set", "optim.lrr=1"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                "--store",
+                str(store),
+                "--target",
+                str(qwen3_dir),
+                "--out",
+                str(tmp_path / "c"),
+                "--set",
+                "optim.lrr=1",
+            ]
+        )
+        == 2
+    )
     assert "did you mean optim.lr" in capsys.readouterr().err
-    assert main(["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "d"),
-                 "--verify-first", "--skip-verify"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                "--store",
+                str(store),
+                "--target",
+                str(qwen3_dir),
+                "--out",
+                str(tmp_path / "d"),
+                "--verify-first",
+                "--skip-verify",
+            ]
+        )
+        == 2
+    )
     assert "--verify-first and --skip-verify exclude each other" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "run"), "--out", str(store / "drafter")]) == 1
     assert "is a hidden-state store" in capsys.readouterr().err
@@ -312,14 +441,38 @@ def test_diagnose_finds_no_false_problem_in_short_runs(store, qwen3_dir, tmp_pat
 # -- 9: long phases say what they do ----------------------------------------------------------------------
 def test_the_final_evaluation_and_eval_say_what_they_are_doing(store, qwen3_dir, tmp_path, capsys):
     out, messages = tmp_path / "run", []
-    held = ["data.heldout_fraction=0.25", "eval.every=100", "eval.samples=2", "eval.max_blocks_per_sample=4",
-            "eval.ddtree_budgets=[4]"]
+    held = [
+        "data.heldout_fraction=0.25",
+        "eval.every=100",
+        "eval.samples=2",
+        "eval.max_blocks_per_sample=4",
+        "eval.ddtree_budgets=[4]",
+    ]
     Trainer.from_config(config_for(store, qwen3_dir, out, *held, max_steps=2), log=messages.append).fit()
     assert any(m == "fit: evaluating the final drafter on up to 2 held-out sample(s)" for m in messages), messages
     assert any(m.startswith("fit: final evaluation done in ") for m in messages), messages
     assert main(["export", str(out), "--out", str(tmp_path / "export")]) == 0
     capsys.readouterr()
-    assert main(["eval", "--store", str(store), "--drafter", str(tmp_path / "export"), "--target", str(qwen3_dir),
-                 "--max-samples", "2", "--max-blocks-per-sample", "4", "--ddtree-budgets", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--store",
+                str(store),
+                "--drafter",
+                str(tmp_path / "export"),
+                "--target",
+                str(qwen3_dir),
+                "--max-samples",
+                "2",
+                "--max-blocks-per-sample",
+                "4",
+                "--ddtree-budgets",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
     err = capsys.readouterr().err
     assert f"eval: 2 heldout sample(s) of {store} on cpu" in err, err

@@ -18,8 +18,12 @@ from train.drafter.flex_compile import CompiledFlex, FlexRecompileError
 from train.drafter.flex_mask import FLEX_TILE, dflash_block_mask, padded
 from train.drafter.model import DFlashDrafter, DrafterConfig
 
-RULES = {"full": LayerAttention(), "sliding": LayerAttention(causal=True, window=40),
-         "short_window": LayerAttention(causal=True, window=3), "noncausal": LayerAttention(causal=False, window=50)}
+RULES = {
+    "full": LayerAttention(),
+    "sliding": LayerAttention(causal=True, window=40),
+    "short_window": LayerAttention(causal=True, window=3),
+    "noncausal": LayerAttention(causal=False, window=50),
+}
 SHAPES = [(300, 10, 16), (517, 20, 16), (130, 1, 16), (1000, 33, 8), (700, 70, 4)]  # context, anchors, block
 
 
@@ -36,8 +40,9 @@ def test_block_mask_from_anchors_equals_the_full_grid(rule):
         queries, keys = mine.seq_lengths
         assert (queries, keys) == (padded(count * block), padded(context_len + count * block))
         assert queries % FLEX_TILE == 0 and keys % FLEX_TILE == 0 and queries >= 2 * FLEX_TILE
-        grid = create_block_mask(dflash_mask_mod(anchors, context_len, block, rule), None, None, queries, keys,
-                                 device="cpu")
+        grid = create_block_mask(
+            dflash_mask_mod(anchors, context_len, block, rule), None, None, queries, keys, device="cpu"
+        )
         for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices"):
             assert torch.equal(getattr(mine, name), getattr(grid, name)), (name, context_len, count, block)
 
@@ -64,8 +69,9 @@ def test_compiled_flex_needs_one_graph_per_rule_and_dtype_whatever_the_lengths()
                 mask = dflash_block_mask(_anchors(context_len, count, block), context_len, block, rule)
                 out = compiled(q, k, v, mask, 0.25)
                 if count == SHAPES[0][1]:  # the compiled call computes what eager flex does
-                    torch.testing.assert_close(out, flex_attention(q, k, v, block_mask=mask, scale=0.25,
-                                                                   enable_gqa=True))
+                    torch.testing.assert_close(
+                        out, flex_attention(q, k, v, block_mask=mask, scale=0.25, enable_gqa=True)
+                    )
         assert counter.frame_count == 2  # full and sliding, not one per sequence length
         for context_len, count, block in SHAPES[:2]:
             q, k, v, mask = _flex_inputs(context_len, count, block, dtype=torch.bfloat16)
@@ -82,9 +88,20 @@ def test_compiled_flex_needs_one_graph_per_rule_and_dtype_whatever_the_lengths()
 
 
 def test_queries_keys_and_values_share_a_dtype_under_bf16_autocast():
-    config = DrafterConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                           intermediate_size=128, vocab_size=300, num_target_layers=8, context_layer_ids=[1, 3],
-                           mask_token_id=5, num_hidden_layers=1, block_size=4, architecture="dflash")
+    config = DrafterConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=300,
+        num_target_layers=8,
+        context_layer_ids=[1, 3],
+        mask_token_id=5,
+        num_hidden_layers=1,
+        block_size=4,
+        architecture="dflash",
+    )
     attention = DFlashDrafter(config).layers[0].self_attn
     x, context = torch.randn(1, 8, 64), torch.randn(1, 20, 64)
     cos, sin = torch.randn(1, 28, 16), torch.randn(1, 28, 16)

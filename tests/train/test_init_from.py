@@ -25,8 +25,15 @@ from train.fitting.checkpoint import Checkpointer, list_checkpoints, read_state
 from train.fitting.trainer import Trainer
 
 BLOCK = 8
-RUN = ["model.architecture=dflash", "model.block_size=8", "model.num_anchors=16", "train.grad_accumulation=1", "eval.every=0",
-       "data.heldout_fraction=0.2", "train.log_every=1"]
+RUN = [
+    "model.architecture=dflash",
+    "model.block_size=8",
+    "model.num_anchors=16",
+    "train.grad_accumulation=1",
+    "eval.every=0",
+    "data.heldout_fraction=0.2",
+    "train.log_every=1",
+]
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +56,14 @@ def zlab_dir(tmp_path_factory):
 
 
 def run_config(store, target, out, init_from, *sets):
-    return load_config(None, RUN + list(sets), store=str(store), target=str(target), out=str(out),
-                       **{"model.init_from": str(init_from), "train.max_steps": 3})
+    return load_config(
+        None,
+        RUN + list(sets),
+        store=str(store),
+        target=str(target),
+        out=str(out),
+        **{"model.init_from": str(init_from), "train.max_steps": 3},
+    )
 
 
 def test_fine_tunes_a_published_drafter_and_hands_it_back(store, zlab_dir, qwen3_dir, tmp_path):
@@ -81,19 +94,47 @@ def test_fine_tunes_a_published_drafter_and_hands_it_back(store, zlab_dir, qwen3
     assert exported["init_from"] == started and exported["mask_token_rule"] == "init_from"
     assert exported["layer_types"] == config.layer_types and exported["sliding_window"] == 6
 
-    again, info = DFlashDraftModel.from_pretrained(str(tmp_path / "export"), dtype=torch.float32,
-                                                   output_loading_info=True)
+    again, info = DFlashDraftModel.from_pretrained(
+        str(tmp_path / "export"), dtype=torch.float32, output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert all(torch.equal(t, tuned[name]) for name, t in again.state_dict().items())
-    assert main(["eval", "--store", str(store), "--drafter", str(tmp_path / "export"), "--target", str(qwen3_dir),
-                 "--ddtree-budgets", "4", "--json"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--store",
+                str(store),
+                "--drafter",
+                str(tmp_path / "export"),
+                "--target",
+                str(qwen3_dir),
+                "--ddtree-budgets",
+                "4",
+                "--json",
+            ]
+        )
+        == 0
+    )
 
 
 def test_a_resumed_fine_tuning_run_no_longer_needs_the_directory(store, zlab_dir, qwen3_dir, tmp_path):
     source = tmp_path / "published"
     shutil.copytree(zlab_dir, source)
-    argv = ["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
-            "--init-from", str(source), "--max-steps", "2", *tiny.cli_sets(RUN)]
+    argv = [
+        "fit",
+        "--store",
+        str(store),
+        "--target",
+        str(qwen3_dir),
+        "--out",
+        str(tmp_path / "run"),
+        "--init-from",
+        str(source),
+        "--max-steps",
+        "2",
+        *tiny.cli_sets(RUN),
+    ]
     assert main(argv) == 0
     shutil.rmtree(source)
     assert main(["fit", "--out", str(tmp_path / "run"), "--resume", "--max-steps", "4"]) == 0
@@ -118,8 +159,20 @@ def test_a_fit_reads_its_start_once(store, zlab_dir, qwen3_dir, tmp_path, monkey
 
     for owner, name in ((init_from, "read_drafter_config"), (Checkpointer, "resume_point"), (build, "read_state")):
         count(owner, name)
-    argv = ["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
-            "--init-from", str(zlab_dir), "--max-steps", "1", *tiny.cli_sets(RUN)]
+    argv = [
+        "fit",
+        "--store",
+        str(store),
+        "--target",
+        str(qwen3_dir),
+        "--out",
+        str(tmp_path / "run"),
+        "--init-from",
+        str(zlab_dir),
+        "--max-steps",
+        "1",
+        *tiny.cli_sets(RUN),
+    ]
     assert main(argv) == 0
     assert calls == {"read_drafter_config": 1, "resume_point": 1}
     calls.clear()
@@ -143,8 +196,15 @@ def test_a_dflash_drafter_warm_starts_a_dflash2_run(store, zlab_dir, qwen3_dir, 
         backbone = {name: t.detach().clone() for name, t in dflash.drafter.state_dict().items()}
     else:
         backbone = DFlashDraftModel.from_pretrained(str(zlab_dir), dtype=torch.float32).state_dict()
-    config = run_config(store, qwen3_dir, tmp_path / "run", source, "model.architecture=dflash2",
-                        "model.selector_rank=8", "model.selector_top_k=4")
+    config = run_config(
+        store,
+        qwen3_dir,
+        tmp_path / "run",
+        source,
+        "model.architecture=dflash2",
+        "model.selector_rank=8",
+        "model.selector_top_k=4",
+    )
     trainer = Trainer.from_config(config, log=lambda m: None)
     drafter = trainer.drafter
     assert isinstance(drafter, DFlash2Drafter) and drafter.config.selector_rank == 8
@@ -162,8 +222,9 @@ def test_a_dflash_drafter_warm_starts_a_dflash2_run(store, zlab_dir, qwen3_dir, 
     trainer.fit()
     assert trainer.step == 3 and drafter.layers[0].attention_conv.kernel_projection.weight.any()
     assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "export"), "--dtype", "fp32"]) == 0
-    again, info = DFlash2DraftModel.from_pretrained(str(tmp_path / "export"), dtype=torch.float32,
-                                                    output_loading_info=True)
+    again, info = DFlash2DraftModel.from_pretrained(
+        str(tmp_path / "export"), dtype=torch.float32, output_loading_info=True
+    )
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert json.loads((tmp_path / "export" / "config.json").read_text())["dflash_config"]["selector_top_k"] == 4
     with pytest.raises(ConfigError, match="model.architecture: dflash, but --init-from .* is a dflash2 drafter"):
@@ -184,18 +245,27 @@ def edited(zlab_dir, tmp_path, **changes):
     return path
 
 
-@pytest.mark.parametrize("changes,sets,message", [
-    ({}, ["model.block_size=16"], r"model.block_size: 16, but --init-from .* block_size 8"),
-    ({"hidden_size": 32}, [], r"hidden_size 32, but the target and its store have 64"),
-    ({"num_target_layers": 8}, [], r"num_target_layers 8, but the target and its store have 6"),
-    ({"vocab_size": 1024}, [], r"vocab_size 1024, but the target and its store have 512"),
-    ({"target_layer_ids": [1, 4]}, [], r"dflash_config.target_layer_ids \[1, 4\] read layers \[4\] the store does not"),
-    ({}, ["model.num_attention_heads=8"], r"model.num_attention_heads: 8, but --init-from .* has 4"),
-    ({}, ["model.layer_types=[full_attention, full_attention, full_attention]"], r"model.layer_types: .* has \["),
-    ({}, ["model.sliding_window=2048"], r"model.sliding_window: 2048, but --init-from .* has 6"),
-], ids=["block_size", "hidden_size", "num_target_layers", "vocab_size", "layer_ids", "heads", "layer_types", "window"])
-def test_a_drafter_that_does_not_fit_is_refused_naming_the_field(store, zlab_dir, qwen3_dir, tmp_path, changes,
-                                                                  sets, message):
+@pytest.mark.parametrize(
+    "changes,sets,message",
+    [
+        ({}, ["model.block_size=16"], r"model.block_size: 16, but --init-from .* block_size 8"),
+        ({"hidden_size": 32}, [], r"hidden_size 32, but the target and its store have 64"),
+        ({"num_target_layers": 8}, [], r"num_target_layers 8, but the target and its store have 6"),
+        ({"vocab_size": 1024}, [], r"vocab_size 1024, but the target and its store have 512"),
+        (
+            {"target_layer_ids": [1, 4]},
+            [],
+            r"dflash_config.target_layer_ids \[1, 4\] read layers \[4\] the store does not",
+        ),
+        ({}, ["model.num_attention_heads=8"], r"model.num_attention_heads: 8, but --init-from .* has 4"),
+        ({}, ["model.layer_types=[full_attention, full_attention, full_attention]"], r"model.layer_types: .* has \["),
+        ({}, ["model.sliding_window=2048"], r"model.sliding_window: 2048, but --init-from .* has 6"),
+    ],
+    ids=["block_size", "hidden_size", "num_target_layers", "vocab_size", "layer_ids", "heads", "layer_types", "window"],
+)
+def test_a_drafter_that_does_not_fit_is_refused_naming_the_field(
+    store, zlab_dir, qwen3_dir, tmp_path, changes, sets, message
+):
     source = edited(zlab_dir, tmp_path, **changes)
     config = run_config(store, qwen3_dir, tmp_path / "run", source, *sets)
     with pytest.raises(ConfigError, match=message):
@@ -203,8 +273,18 @@ def test_a_drafter_that_does_not_fit_is_refused_naming_the_field(store, zlab_dir
 
 
 def test_the_command_refuses_in_one_line(store, zlab_dir, qwen3_dir, tmp_path, capsys):
-    argv = ["fit", "--store", str(store), "--target", str(qwen3_dir), "--out", str(tmp_path / "run"),
-            "--max-steps", "1", "--init-from"]
+    argv = [
+        "fit",
+        "--store",
+        str(store),
+        "--target",
+        str(qwen3_dir),
+        "--out",
+        str(tmp_path / "run"),
+        "--max-steps",
+        "1",
+        "--init-from",
+    ]
     assert main(argv[:-1] + ["--set", "model.block_size=16", "--init-from", str(zlab_dir)]) == 1  # the drafter's is 8
     assert "model.block_size: 16" in capsys.readouterr().err
     assert main(argv + [str(tmp_path / "nothing")]) == 2  # not a drafter directory: usage

@@ -27,9 +27,16 @@ def store(tmp_path_factory):
 
 def make_loader(store, layers=(1, 3), seed=3, epochs=2, position=None, log=print, lane=0, lanes=1, **data):
     """A loader over `store`; `data` overrides fields of the DataConfig below."""
-    config = DataConfig(**{**dict(max_length=512, heldout_fraction=HELDOUT, buffer_shards=2, prefetch_samples=3), **data})
-    return ShardLoader(store, config, LoaderSpec(list(layers), 8, seed=seed, epochs=epochs, lane=lane, lanes=lanes),
-                       position=position, log=log)
+    config = DataConfig(
+        **{**dict(max_length=512, heldout_fraction=HELDOUT, buffer_shards=2, prefetch_samples=3), **data}
+    )
+    return ShardLoader(
+        store,
+        config,
+        LoaderSpec(list(layers), 8, seed=seed, epochs=epochs, lane=lane, lanes=lanes),
+        position=position,
+        log=log,
+    )
 
 
 def test_heldout_never_trained_on_and_each_train_sample_once_per_epoch(store):
@@ -82,7 +89,9 @@ def test_lanes_split_each_epoch_without_overlap_and_resume_exactly(store):
     k = len(lanes[1]) // 2
     rest = list(make_loader(store, lane=1, lanes=2, position=lanes[1][k - 1].position))
     assert [s.sample_id for s in rest] == [s.sample_id for s in lanes[1][k:]]
-    with pytest.raises(ValueError, match="data.lanes: 6 lanes .* need at least as many shards; .* has 5: .*--shard-tokens"):
+    with pytest.raises(
+        ValueError, match="data.lanes: 6 lanes .* need at least as many shards; .* has 5: .*--shard-tokens"
+    ):
         make_loader(store, lane=0, lanes=6)
 
 
@@ -181,8 +190,9 @@ def test_heldout_samples_read_only_their_rows_through_an_index_kept_for_the_run(
 
 
 def test_heldout_index_without_a_plan_reads_each_shards_ids(tmp_path):
-    _, shards = builders.random_store(tmp_path / "s", num_shards=3, samples_per_shard=6, num_target_layers=6,
-                                      with_plan=False)
+    _, shards = builders.random_store(
+        tmp_path / "s", num_shards=3, samples_per_shard=6, num_target_layers=6, with_plan=False
+    )
     store = Store(tmp_path / "s")
     assert store.plan() is None
     expected = [s.sample_id for name in sorted(shards) for s in shards[name] if is_heldout(s.sample_id, HELDOUT)]

@@ -24,9 +24,19 @@ HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 64
 def setup():
     torch.manual_seed(0)
     config = DrafterConfig(
-        hidden_size=HIDDEN, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-        vocab_size=VOCAB, num_target_layers=6, context_layer_ids=[1, 3], mask_token_id=3, num_hidden_layers=2,
-        block_size=BLOCK, rope_theta=10000.0, architecture="dflash",
+        hidden_size=HIDDEN,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=VOCAB,
+        num_target_layers=6,
+        context_layer_ids=[1, 3],
+        mask_token_id=3,
+        num_hidden_layers=2,
+        block_size=BLOCK,
+        rope_theta=10000.0,
+        architecture="dflash",
     )
     drafter = DFlashDrafter(config)
     head = TargetHead(torch.randn(VOCAB, HIDDEN), torch.randn(VOCAB, HIDDEN) * 0.2)
@@ -54,7 +64,9 @@ def test_loss_mask_and_sequence_end_zero_the_weight():
     input_ids = torch.arange(30)
     loss_mask = torch.ones(30, dtype=torch.long)
     loss_mask[8:10] = 0
-    targets = block_targets(input_ids, loss_mask, torch.tensor([5, 25]), 8, LossConfig(gamma=4.0, position_weights="decay"))
+    targets = block_targets(
+        input_ids, loss_mask, torch.tensor([5, 25]), 8, LossConfig(gamma=4.0, position_weights="decay")
+    )
     assert targets.weights[0, 3:5].eq(0).all() and not targets.valid[0, 3:5].any()  # positions 8, 9
     assert targets.weights[0, [1, 2, 5, 6, 7]].gt(0).all()
     assert targets.weights[1, 5:].eq(0).all() and targets.valid[1, 1:5].all()  # 30.. is past the end
@@ -65,7 +77,11 @@ def test_no_training_on_input_tokens(setup):
     generator = torch.Generator().manual_seed(1)
     for _ in range(5):
         output, anchors, targets = dflash_step(
-            drafter, head, StepSample(input_ids, loss_mask, features), LossConfig(), ModelConfig(num_anchors=16),
+            drafter,
+            head,
+            StepSample(input_ids, loss_mask, features),
+            LossConfig(),
+            ModelConfig(num_anchors=16),
             generator,
         )
         assert loss_mask[anchors].eq(1).all() and anchors.max() <= T - BLOCK
@@ -96,8 +112,15 @@ def test_chunked_loss_and_grads_equal_unchunked(setup, kl_mix):
     drafter, head, input_ids, loss_mask, features = setup
     anchors = torch.tensor([12, 15, 20, 33, 47, 52])
     topk_logprobs, topk_ids = torch.randn(T, VOCAB).log_softmax(-1).topk(8, dim=-1)
-    targets = block_targets(input_ids, loss_mask, anchors, BLOCK, LossConfig(position_weights="decay", kl_mix=kl_mix),
-                            topk_ids, topk_logprobs)
+    targets = block_targets(
+        input_ids,
+        loss_mask,
+        anchors,
+        BLOCK,
+        LossConfig(position_weights="decay", kl_mix=kl_mix),
+        topk_ids,
+        topk_logprobs,
+    )
     params = list(drafter.parameters())
 
     drafter.zero_grad()
@@ -155,8 +178,12 @@ def test_noise_reaches_only_the_drafter_input(setup):
         loss = LossConfig(noise=scale, labels="target", kl_mix=0.5, position_weights="decay")
         with torch.no_grad():
             runs[scale] = dflash_step(
-                drafter, head, StepSample(input_ids, loss_mask, features, topk_ids, topk_logprobs), loss,
-                ModelConfig(num_anchors=8), generator,
+                drafter,
+                head,
+                StepSample(input_ids, loss_mask, features, topk_ids, topk_logprobs),
+                loss,
+                ModelConfig(num_anchors=8),
+                generator,
             )
     (clean, anchors0, ref0), (noisy, anchors1, ref1) = runs[0.0], runs[0.5]
     assert torch.equal(anchors0, anchors1)
@@ -175,6 +202,12 @@ def test_noise_reaches_only_the_drafter_input(setup):
 def test_target_labels_use_the_prediction_for_that_position():
     input_ids = torch.arange(20)
     target_next = torch.arange(20) + 100  # row p predicts token p + 1: the stored top-1
-    targets = block_targets(input_ids, torch.ones(20), torch.tensor([4]), 4,
-                            LossConfig(gamma=3.0, labels="target", position_weights="decay"), target_next[:, None])
+    targets = block_targets(
+        input_ids,
+        torch.ones(20),
+        torch.tensor([4]),
+        4,
+        LossConfig(gamma=3.0, labels="target", position_weights="decay"),
+        target_next[:, None],
+    )
     assert targets.labels[0, 1:].tolist() == [104, 105, 106]  # slot k <- row anchor + k - 1

@@ -48,10 +48,18 @@ def two_node_cluster():
     from ray.cluster_utils import Cluster
 
     # Node deaths are noticed within ~1 s, not Ray's default ~15 s of missed health checks.
-    cluster = Cluster(initialize_head=True, head_node_args=dict(
-        num_cpus=0, include_dashboard=False,
-        _system_config={"health_check_period_ms": 200, "health_check_failure_threshold": 3,
-                        "health_check_initial_delay_ms": 0}))
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args=dict(
+            num_cpus=0,
+            include_dashboard=False,
+            _system_config={
+                "health_check_period_ms": 200,
+                "health_check_failure_threshold": 3,
+                "health_check_initial_delay_ms": 0,
+            },
+        ),
+    )
     nodes = [cluster.add_node(num_cpus=1, resources={f"node_{name}": 1}) for name in "ab"]
     cluster.wait_for_nodes()
     try:
@@ -62,19 +70,39 @@ def two_node_cluster():
 
 def shard_digests(store: Path, names) -> dict:
     """sha256 of every file of each named committed shard."""
-    return {name: {str(path.relative_to(store)): hashlib.sha256(path.read_bytes()).hexdigest()
-                   for path in sorted((store / "shards" / name).rglob("*")) if path.is_file()} for name in names}
+    return {
+        name: {
+            str(path.relative_to(store)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted((store / "shards" / name).rglob("*"))
+            if path.is_file()
+        }
+        for name in names
+    }
 
 
 def test_extraction_on_two_nodes_survives_losing_one(two_node_cluster, qwen3_5_dir, tmp_path):
     cluster, (kept, lost) = two_node_cluster
     corpus = write_chat_jsonl(tmp_path / "chats.jsonl", coding_chats(RECORDS, seed=5))
     store = tmp_path / "store"
-    command = extract_command(qwen3_5_dir, corpus, store, cluster.address, shard_tokens=SHARD_TOKENS,
-                              batch_tokens=BATCH_TOKENS, workers=2, extra=("--batch-shards", "1"))
+    command = extract_command(
+        qwen3_5_dir,
+        corpus,
+        store,
+        cluster.address,
+        shard_tokens=SHARD_TOKENS,
+        batch_tokens=BATCH_TOKENS,
+        workers=2,
+        extra=("--batch-shards", "1"),
+    )
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    job = subprocess.Popen(command, cwd=REPO, env={**env, "PYTHONPATH": str(REPO)}, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env={**env, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         polls = 0
         while not committed_inodes(store) and job.poll() is None and polls < 6000:  # a hang guard
@@ -129,10 +157,32 @@ def fit_command(store: Path, target: Path, out: Path, *launch: str) -> list[str]
 def run_two_nodes(store, target: Path, out: Path, env: dict, per_node=lambda rank: ()) -> list[str]:
     """`fit --nnodes 2` as two node processes on loopback (one rank each); their stderr."""
     port = str(free_port())
-    nodes = [subprocess.Popen(fit_command(store, target, out, "--nproc", "1", "--nnodes", "2", "--node-rank", str(rank),
-                                          "--master-addr", "127.0.0.1", "--master-port", port, *per_node(rank)),
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for rank in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            fit_command(
+                store,
+                target,
+                out,
+                "--nproc",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                port,
+                *per_node(rank),
+            ),
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
     try:
         outputs = [node.communicate(timeout=600) for node in nodes]
     finally:
@@ -148,8 +198,14 @@ def test_two_nodes_train_the_steps_and_losses_of_two_processes_on_one(qwen3_dir,
     store = tmp_path / "store"
     builders.random_store(store, num_shards=7, samples_per_shard=5, num_target_layers=6, layer_ids=(1, 3))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    one_node = subprocess.run(fit_command(store, qwen3_dir, tmp_path / "one-node", "--nproc", "2"), cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)
+    one_node = subprocess.run(
+        fit_command(store, qwen3_dir, tmp_path / "one-node", "--nproc", "2"),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one_node.returncode == 0, one_node.stderr[-3000:]
 
     two_nodes = tmp_path / "two-nodes"
@@ -170,16 +226,24 @@ def test_two_nodes_train_from_a_bucket_each_through_its_own_cache(url, qwen3_dir
 
     local = tmp_path / "store"
     for where in (url, local):
-        builders.random_store(where, num_shards=7, samples_per_shard=5, num_target_layers=6, layer_ids=(1, 3),
-                              target_dir=qwen3_dir)
+        builders.random_store(
+            where, num_shards=7, samples_per_shard=5, num_target_layers=6, layer_ids=(1, 3), target_dir=qwen3_dir
+        )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    one_node = subprocess.run(fit_command(local, qwen3_dir, tmp_path / "one-node", "--nproc", "2"), cwd=REPO, env=env,
-                              capture_output=True, text=True, timeout=600)
+    one_node = subprocess.run(
+        fit_command(local, qwen3_dir, tmp_path / "one-node", "--nproc", "2"),
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert one_node.returncode == 0, one_node.stderr[-3000:]
 
     caches = [tmp_path / f"cache-node{rank}" for rank in (0, 1)]  # each node's local disk
-    run_two_nodes(url, qwen3_dir, tmp_path / "two-nodes", env,
-                  per_node=lambda rank: ("--set", f"data.cache_dir={caches[rank]}"))
+    run_two_nodes(
+        url, qwen3_dir, tmp_path / "two-nodes", env, per_node=lambda rank: ("--set", f"data.cache_dir={caches[rank]}")
+    )
     got, expected = read_log(tmp_path / "two-nodes"), read_log(tmp_path / "one-node")
     assert len(got) == len(expected) > 3
     assert [(a["step"], a["loss"]) for a in got] == [(b["step"], b["loss"]) for b in expected]  # bit-identical
@@ -191,7 +255,12 @@ def test_two_nodes_train_from_a_bucket_each_through_its_own_cache(url, qwen3_dir
 def test_a_node_rank_outside_the_nodes_is_refused(qwen3_dir, tmp_path):
     store = tmp_path / "store"
     builders.random_store(store, num_shards=2, samples_per_shard=2, num_target_layers=6, layer_ids=(1, 3))
-    refused = subprocess.run(fit_command(store, qwen3_dir, tmp_path / "run", "--nnodes", "2", "--node-rank", "2"),
-                             cwd=REPO, capture_output=True, text=True, timeout=120,
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    refused = subprocess.run(
+        fit_command(store, qwen3_dir, tmp_path / "run", "--nnodes", "2", "--node-rank", "2"),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert refused.returncode != 0 and "--node-rank 2 is outside 0..1 (--nnodes 2)" in refused.stderr

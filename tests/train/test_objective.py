@@ -56,7 +56,9 @@ def log_probs_rows(probabilities: list[list[float]]) -> torch.Tensor:
 def test_dpace_loss_by_hand():
     # one block at anchor 0, B = 4, V = 4: labels are tokens 2, 3, 0 on slots 1..3
     input_ids = torch.tensor([1, 2, 3, 0, 1])
-    targets = block_targets(input_ids, torch.ones(5), torch.tensor([0]), 4, LossConfig(position_weights="dpace", dpace_alpha=0.5))
+    targets = block_targets(
+        input_ids, torch.ones(5), torch.tensor([0]), 4, LossConfig(position_weights="dpace", dpace_alpha=0.5)
+    )
     assert targets.weight_sum.item() == 3 and targets.position_weights == "dpace"
     hidden = log_probs_rows([[0.25] * 4, [0.1, 0.1, 0.5, 0.3], [0.3, 0.2, 0.3, 0.2], [0.8, 0.1, 0.05, 0.05]])
     hidden = hidden[None].requires_grad_()
@@ -121,9 +123,18 @@ def test_config_keys():
     config = LossConfig()
     # D-PACE is the default: drafter_bench measured it ahead of decay for both drafters.
     assert (config.position_weights, config.dpace_alpha, config.selector_weight, config.selector_warmup_steps) == (
-        "dpace", 0.5, 1.0, 0)
-    for bad in (LossConfig(position_weights="linear"), LossConfig(dpace_alpha=1.5), LossConfig(selector_weight=-1),
-                LossConfig(selector_warmup_steps=-1), LossConfig(position_weights="dpace", kl_mix=0.2)):
+        "dpace",
+        0.5,
+        1.0,
+        0,
+    )
+    for bad in (
+        LossConfig(position_weights="linear"),
+        LossConfig(dpace_alpha=1.5),
+        LossConfig(selector_weight=-1),
+        LossConfig(selector_warmup_steps=-1),
+        LossConfig(position_weights="dpace", kl_mix=0.2),
+    ):
         with pytest.raises(ConfigError, match="config loss."):
             bad.validate()
     LossConfig(position_weights="dpace").validate()
@@ -157,8 +168,9 @@ def test_selector_loss_by_hand_and_outside_top_k():
     row = torch.tensor([0.0, 3, 1, 2, -1, 0.5, -2, 0])
     hidden = torch.stack([row, row])
     unary, candidates = hidden.topk(3, dim=-1)
-    out = selector_loss(selector, hidden, unary, candidates, torch.tensor([3, 7]), torch.tensor([4, 4]),
-                        torch.tensor([0.25, 0.75]))
+    out = selector_loss(
+        selector, hidden, unary, candidates, torch.tensor([3, 7]), torch.tensor([4, 4]), torch.tensor([0.25, 0.75])
+    )
     assert out.loss.item() == pytest.approx(0.25 * math.log(1 + 2 * math.exp(-0.5)), rel=1e-6)
     assert out.in_topk.tolist() == [True, False] and out.hit.tolist() == [True, False]
     # without the selector term the unary argmax (id 1) would miss label 3: the pair term is what picks it
@@ -170,7 +182,9 @@ def test_metrics_recall_and_selector_accuracy():
     hit = torch.tensor([[1, 1, 0, 0], [0, 0, 1, 1]], dtype=torch.bool)
     none = torch.zeros_like(valid)
     metrics = block_metrics(none, none, none, valid, in_topk=in_topk, selector_hit=hit)
-    assert metrics["recall_at_k"].item() == pytest.approx(4 / 5) and metrics["selector_acc"].item() == pytest.approx(2 / 5)
+    assert metrics["recall_at_k"].item() == pytest.approx(4 / 5) and metrics["selector_acc"].item() == pytest.approx(
+        2 / 5
+    )
     assert "recall_at_k" not in block_metrics(none, none, none, valid)
 
 
@@ -180,8 +194,9 @@ def tiny_problem(dtype, position_weights="decay", seed=0):
     input_ids = torch.randint(0, vocab, (14,))
     mask = torch.ones(14)
     mask[6] = 0
-    targets = block_targets(input_ids, mask, torch.tensor([0, 3, 9]), block,
-                            LossConfig(gamma=3.0, position_weights=position_weights))
+    targets = block_targets(
+        input_ids, mask, torch.tensor([0, 3, 9]), block, LossConfig(gamma=3.0, position_weights=position_weights)
+    )
     hidden = torch.randn(3, block, size, dtype=dtype)
     head = torch.randn(vocab, size, dtype=dtype)
     selector = PairSelector(vocab, size, 3, dtype=dtype)
@@ -217,7 +232,9 @@ def test_selector_gradcheck_float64():
     def chunked(h, *selector_params):
         for parameter, value in zip(params, selector_params):
             parameter.data = value
-        return dflash_loss(h, head, targets, chunk_rows=2, selector=selector, selector_top_k=3, selector_weight=0.7).loss
+        return dflash_loss(
+            h, head, targets, chunk_rows=2, selector=selector, selector_top_k=3, selector_weight=0.7
+        ).loss
 
     def dense(h, *selector_params):
         for parameter, value in zip(params, selector_params):
@@ -280,29 +297,50 @@ def test_selector_metrics_match_direct_computation():
     valid = targets.valid
     in_topk = (candidates == targets.labels[..., None]).any(-1)
     assert out.metrics["recall_at_k"].item() == pytest.approx(((in_topk & valid).sum() / valid.sum()).item())
-    assert out.metrics["selector_acc"].item() == pytest.approx((((chosen == targets.labels) & valid).sum()
-                                                                 / valid.sum()).item())
+    assert out.metrics["selector_acc"].item() == pytest.approx(
+        (((chosen == targets.labels) & valid).sum() / valid.sum()).item()
+    )
 
 
 def test_predecessors_are_teacher_forced():
     input_ids = torch.arange(10, 30)
-    targets = block_targets(input_ids, torch.ones(20), torch.tensor([2, 9]), 4, LossConfig(gamma=3.0, position_weights="decay"))
+    targets = block_targets(
+        input_ids, torch.ones(20), torch.tensor([2, 9]), 4, LossConfig(gamma=3.0, position_weights="decay")
+    )
     # slot 1: the anchor token; slot k >= 2: the true previous token
     assert targets.predecessors.tolist() == [[12, 12, 13, 14], [19, 19, 20, 21]]
 
 
 def test_dflash_step_applies_the_configured_position_weights():
     torch.manual_seed(0)
-    config = DrafterConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                           intermediate_size=64, vocab_size=64, num_target_layers=4, context_layer_ids=[1],
-                           mask_token_id=3, num_hidden_layers=1, block_size=8, rope_theta=10000.0, architecture="dflash")
+    config = DrafterConfig(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=64,
+        num_target_layers=4,
+        context_layer_ids=[1],
+        mask_token_id=3,
+        num_hidden_layers=1,
+        block_size=8,
+        rope_theta=10000.0,
+        architecture="dflash",
+    )
     drafter, head = DFlashDrafter(config), TargetHead(torch.randn(64, 32), torch.randn(64, 32))
     input_ids, loss_mask, features = torch.randint(0, 64, (40,)), torch.ones(40, dtype=torch.long), torch.randn(40, 32)
     runs = {}
     for rule in ("decay", "dpace"):
         generator = torch.Generator().manual_seed(1)
-        output, _, targets = dflash_step(drafter, head, StepSample(input_ids, loss_mask, features),
-                                         LossConfig(position_weights=rule), ModelConfig(num_anchors=4), generator)
+        output, _, targets = dflash_step(
+            drafter,
+            head,
+            StepSample(input_ids, loss_mask, features),
+            LossConfig(position_weights=rule),
+            ModelConfig(num_anchors=4),
+            generator,
+        )
         runs[rule] = (output.loss.item(), targets)
     assert runs["dpace"][1].position_weights == "dpace" and runs["decay"][1].position_weights == "decay"
     assert runs["dpace"][1].weight_sum == runs["dpace"][1].valid.sum()  # normalised by the scored labels
@@ -318,21 +356,44 @@ def test_dflash_step_trains_the_dflash2_selector_and_logs_its_metrics():
     from train.fitting.metrics import MetricSums
 
     torch.manual_seed(0)
-    config = DrafterConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                           intermediate_size=64, vocab_size=64, num_target_layers=4, context_layer_ids=[1],
-                           mask_token_id=3, num_hidden_layers=1, block_size=8, rope_theta=10000.0,
-                           architecture="dflash2", selector_rank=8, selector_top_k=4)
+    config = DrafterConfig(
+        hidden_size=32,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        vocab_size=64,
+        num_target_layers=4,
+        context_layer_ids=[1],
+        mask_token_id=3,
+        num_hidden_layers=1,
+        block_size=8,
+        rope_theta=10000.0,
+        architecture="dflash2",
+        selector_rank=8,
+        selector_top_k=4,
+    )
     drafter, head = build_drafter(config), TargetHead(torch.randn(64, 32), torch.randn(64, 32))
     input_ids, loss_mask, features = torch.randint(0, 64, (40,)), torch.ones(40, dtype=torch.long), torch.randn(40, 32)
     losses = {}
     for step, warmup in ((0, 0), (0, 4)):
         drafter.zero_grad()
         loss = LossConfig(selector_weight=2.0, selector_warmup_steps=warmup)
-        output, _, targets = dflash_step(drafter, head, StepSample(input_ids, loss_mask, features), loss,
-                                         ModelConfig(num_anchors=4), torch.Generator().manual_seed(1), step=step)
+        output, _, targets = dflash_step(
+            drafter,
+            head,
+            StepSample(input_ids, loss_mask, features),
+            loss,
+            ModelConfig(num_anchors=4),
+            torch.Generator().manual_seed(1),
+            step=step,
+        )
         output.loss.backward()
-        losses[warmup] = (output.loss.item(), output.ce.item() if torch.is_tensor(output.ce) else output.ce,
-                          output.selector.item())
+        losses[warmup] = (
+            output.loss.item(),
+            output.ce.item() if torch.is_tensor(output.ce) else output.ce,
+            output.selector.item(),
+        )
         assert drafter.candidate_selector.successor_codebook.grad.abs().sum() > 0  # the selector learns
     full, ramped = losses[0], losses[4]
     assert full[0] - ramped[0] == pytest.approx((2.0 - 2.0 / 4) * full[2], rel=1e-5)  # weight 2 vs 2 x 1/4

@@ -46,9 +46,13 @@ def test_the_27b_family_trains_each_kinds_published_layout(qwen3_6_27b):
 
     # A store without the layout's taps: its own layers, said; what the config sets wins.
     lines.clear()
-    own = fresh_drafter_config(qwen3_6_27b, 248_070, [1, 16, 31, 46, 61],
-                               ModelConfig(block_size=16, num_hidden_layers=3, causal=True).geometry(),
-                               log=lines.append)
+    own = fresh_drafter_config(
+        qwen3_6_27b,
+        248_070,
+        [1, 16, 31, 46, 61],
+        ModelConfig(block_size=16, num_hidden_layers=3, causal=True).geometry(),
+        log=lines.append,
+    )
     assert own.context_layer_ids == [1, 16, 31, 46, 61] and "it lacks the published taps [5, 19, 33, 47]" in lines[0]
     assert (own.block_size, own.is_causal, own.num_hidden_layers) == (16, True, 3)
     assert own.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]  # the formula
@@ -67,14 +71,24 @@ def test_model_causal_trains_exports_and_loads_in_the_reference_with_that_mask(q
     """The published DFlash 2's mask rule on the tiny target: sliding layers that see
     their whole block (non-causal), trained, exported as `is_causal: false`, and the
     same logits in `dflash` 0.1.0's DFlash2DraftModel."""
-    store, _ = builders.random_store(tmp_path / "store", num_shards=2, samples_per_shard=3, target_dir=qwen3_dir,
-                                     **SHAPE)
-    sets = tiny.drafter_sets("model.causal=false", "model.layer_types=[sliding_attention,sliding_attention]",
-                             f"model.block_size={BLOCK}", "model.sliding_window=6", "train.grad_accumulation=1",
-                             "eval.every=0", "data.heldout_fraction=0.0", "train.checkpoint_every=0", heads=True)
+    store, _ = builders.random_store(
+        tmp_path / "store", num_shards=2, samples_per_shard=3, target_dir=qwen3_dir, **SHAPE
+    )
+    sets = tiny.drafter_sets(
+        "model.causal=false",
+        "model.layer_types=[sliding_attention,sliding_attention]",
+        f"model.block_size={BLOCK}",
+        "model.sliding_window=6",
+        "train.grad_accumulation=1",
+        "eval.every=0",
+        "data.heldout_fraction=0.0",
+        "train.checkpoint_every=0",
+        heads=True,
+    )
     sets = [s for s in sets if not s.startswith("model.num_hidden_layers")]
-    config = load_config(None, sets, store=str(store.path), target=str(qwen3_dir), out=str(tmp_path / "run"),
-                         **{"train.max_steps": 3})
+    config = load_config(
+        None, sets, store=str(store.path), target=str(qwen3_dir), out=str(tmp_path / "run"), **{"train.max_steps": 3}
+    )
     trainer = Trainer.from_config(config, log=lambda line: None)
     trainer.fit()
     drafter = trainer.drafter.eval()

@@ -23,23 +23,43 @@ from train.objective.target_head import load_target_head
 
 GEOMETRIES = {
     # 4 heads x 16, 2 KV heads (grouped queries), every layer full attention.
-    "full": dict(num_hidden_layers=2, layer_types=["full_attention"] * 2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "full": dict(
+        num_hidden_layers=2,
+        layer_types=["full_attention"] * 2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    ),
     # The published layout and default sizes (1 head x 128 at hidden 64); window 8 cuts the context.
     "sliding": dict(num_hidden_layers=3, sliding_window=8),
     # A window shorter than the block: causal and cut inside the block too.
-    "short_window": dict(num_hidden_layers=2, sliding_window=3, num_attention_heads=4, num_key_value_heads=2,
-                         head_dim=16),
+    "short_window": dict(
+        num_hidden_layers=2, sliding_window=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16
+    ),
     # is_causal false (as DFlash2 configs set): sliding layers bidirectional within +-window.
-    "noncausal": dict(num_hidden_layers=3, layer_types=["sliding_attention"] * 3, sliding_window=5,
-                      is_causal=False, num_attention_heads=4, num_key_value_heads=1, head_dim=16),
+    "noncausal": dict(
+        num_hidden_layers=3,
+        layer_types=["sliding_attention"] * 3,
+        sliding_window=5,
+        is_causal=False,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+    ),
 }
 
 
-@pytest.mark.parametrize("rule", [
-    LayerAttention(), LayerAttention(causal=True), LayerAttention(causal=True, window=6),
-    LayerAttention(causal=True, window=3), LayerAttention(causal=False, window=4),
-], ids=str)
+@pytest.mark.parametrize(
+    "rule",
+    [
+        LayerAttention(),
+        LayerAttention(causal=True),
+        LayerAttention(causal=True, window=6),
+        LayerAttention(causal=True, window=3),
+        LayerAttention(causal=False, window=4),
+    ],
+    ids=str,
+)
 def test_training_mask_equals_the_reference_mask_per_block(rule):
     """Block j's rows of the training mask: the reference's mask over its keys at
     inference ([context < anchor | the block]), False everywhere else."""
@@ -57,7 +77,9 @@ def test_training_mask_equals_the_reference_mask_per_block(rule):
 
 def make_drafter(qwen3_dir, geometry: dict) -> DFlashDrafter:
     target = read_target_config(qwen3_dir)
-    config = DrafterConfig.from_target(target, mask_token_id=3, context_layer_ids=[1, 3], block_size=BLOCK, **geometry, architecture="dflash")
+    config = DrafterConfig.from_target(
+        target, mask_token_id=3, context_layer_ids=[1, 3], block_size=BLOCK, **geometry, architecture="dflash"
+    )
     torch.manual_seed(0)
     drafter = DFlashDrafter(config)
     with torch.no_grad():
@@ -128,11 +150,28 @@ def test_eval_takes_a_drafter_the_reference_saved(qwen3_dir, zlab_dir, tmp_path,
 
     target = read_target_config(qwen3_dir)
     write_store(tmp_path / "store", target, make_samples(target, count=4, seed=7))
-    argv = ["eval", "--store", str(tmp_path / "store"), "--drafter", str(zlab_dir[0]), "--target", str(qwen3_dir),
-            "--split", "all", "--ddtree-budgets", "4", "--json"]
+    argv = [
+        "eval",
+        "--store",
+        str(tmp_path / "store"),
+        "--drafter",
+        str(zlab_dir[0]),
+        "--target",
+        str(qwen3_dir),
+        "--split",
+        "all",
+        "--ddtree-budgets",
+        "4",
+        "--json",
+    ]
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out)
-    direct = ev.evaluate(load_drafter(zlab_dir[0]).eval(), load_target_head(qwen3_dir), Store(tmp_path / "store"),
-                         everything(ddtree_budgets=(4,)), split="all")
+    direct = ev.evaluate(
+        load_drafter(zlab_dir[0]).eval(),
+        load_target_head(qwen3_dir),
+        Store(tmp_path / "store"),
+        everything(ddtree_budgets=(4,)),
+        split="all",
+    )
     assert printed["samples"] == 4 and 1.0 <= printed["tau"] <= BLOCK
     assert printed["tau"] == pytest.approx(direct["tau"], abs=1e-6)

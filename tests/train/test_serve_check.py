@@ -45,11 +45,28 @@ def trained(target_dir, tokenizer, tmp_path_factory):
     target's greedy text: the one trained drafter of this module."""
     root = tmp_path_factory.mktemp("served")
     store = greedy_store(root / "store", target_dir, tokenizer, LAYERS, count=16, new_tokens=2 * NEW_TOKENS)
-    config = load_config(None, tiny.drafter_sets(  # heads of 32: vLLM's CPU attention needs head_dim >= 32
-        *tiny.DFLASH_DECAY, "model.layer_types=[full_attention]", "model.num_attention_heads=2", "model.num_key_value_heads=1",
-        "model.head_dim=32", f"model.block_size={BLOCK}", "model.num_anchors=32", f"data.heldout_fraction={HELDOUT}",
-        "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0", "train.epochs=100", "train.log_every=100",
-    ), store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 200})
+    config = load_config(
+        None,
+        tiny.drafter_sets(  # heads of 32: vLLM's CPU attention needs head_dim >= 32
+            *tiny.DFLASH_DECAY,
+            "model.layer_types=[full_attention]",
+            "model.num_attention_heads=2",
+            "model.num_key_value_heads=1",
+            "model.head_dim=32",
+            f"model.block_size={BLOCK}",
+            "model.num_anchors=32",
+            f"data.heldout_fraction={HELDOUT}",
+            "data.buffer_shards=2",
+            "optim.lr=1e-2",
+            "eval.every=0",
+            "train.epochs=100",
+            "train.log_every=100",
+        ),
+        store=str(store),
+        target=str(target_dir),
+        out=str(root / "run"),
+        **{"train.max_steps": 200},
+    )
     trainer = Trainer.from_config(config, log=lambda message: None)
     trainer.fit()
     return store, export_drafter(trainer.drafter, root / "export", dtype=torch.float32, heldout_fraction=HELDOUT)
@@ -66,8 +83,19 @@ def serve(capsys, *argv) -> tuple[int, dict, str]:
 @pytest.mark.slow  # vLLM (or the probe) runs in a child process
 def test_a_trained_drafter_is_served_as_trained(trained, target_dir, vllm_python, capsys, tmp_path):
     store, export = trained
-    code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--store", store,
-                               "--limit", PROMPTS, "--workdir", tmp_path / "vllm")
+    code, summary, err = serve(
+        capsys,
+        "--drafter",
+        export,
+        "--target",
+        target_dir,
+        "--store",
+        store,
+        "--limit",
+        PROMPTS,
+        "--workdir",
+        tmp_path / "vllm",
+    )
     assert code == 0, err
     assert summary["prompts"] == PROMPTS and summary["lossless"] and summary["speculate_lossless"]
     assert summary["vllm_version"] and summary["vllm_device"] == "cpu"
@@ -82,8 +110,9 @@ def test_a_trained_drafter_is_served_as_trained(trained, target_dir, vllm_python
 
 
 @pytest.mark.slow  # vLLM (or the probe) runs in a child process
-def test_a_mixed_layout_is_not_served_on_cpu_but_speculate_still_runs(target_dir, mask_id, vllm_python, capsys,
-                                                                      tmp_path):
+def test_a_mixed_layout_is_not_served_on_cpu_but_speculate_still_runs(
+    target_dir, mask_id, vllm_python, capsys, tmp_path
+):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": [10, 20, 30, 40, 50]}) + "\n")
     export = random_export(target_dir, mask_id, tmp_path / "mixed", num_hidden_layers=2, sliding_window=16)
@@ -101,12 +130,15 @@ def test_a_dflash2_drafter_is_not_served_on_cpu_but_speculate_still_runs(target_
     (a python without vLLM is given), and checks speculate against the target."""
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": [10, 20, 30, 40, 50]}) + "\n")
-    dflash = load_drafter(random_export(target_dir, mask_id, tmp_path / "dflash", num_hidden_layers=1,
-                                        layer_types=["full_attention"]))
-    export = export_drafter(builders.warm_started(dflash, selector_rank=8, selector_top_k=4), tmp_path / "dflash2",
-                            dtype=torch.float32)
-    code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts,
-                               "--vllm-python", sys.executable)
+    dflash = load_drafter(
+        random_export(target_dir, mask_id, tmp_path / "dflash", num_hidden_layers=1, layer_types=["full_attention"])
+    )
+    export = export_drafter(
+        builders.warm_started(dflash, selector_rank=8, selector_top_k=4), tmp_path / "dflash2", dtype=torch.float32
+    )
+    code, summary, err = serve(
+        capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts, "--vllm-python", sys.executable
+    )
     assert code == 0, err
     assert "DFlash 2" in summary["served_skipped"] and "GPU only" in summary["served_skipped"]
     assert summary["speculate_lossless"] is True and summary["vllm_version"] is None
@@ -118,8 +150,9 @@ def test_a_python_without_vllm_is_refused_by_name(target_dir, mask_id, capsys, t
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": [10, 20, 30]}) + "\n")
     export = random_export(target_dir, mask_id, tmp_path / "d", num_hidden_layers=1, layer_types=["full_attention"])
-    code, _, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts,
-                         "--vllm-python", sys.executable)
+    code, _, err = serve(
+        capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts, "--vllm-python", sys.executable
+    )
     assert code == 1 and err.count("\n") == 1 and f"vLLM is not importable by {sys.executable}" in err, err
 
 
@@ -180,12 +213,14 @@ RuntimeError: Engine core initialization failed. See root cause above. Failed co
 def test_the_root_cause_is_the_engines_first_error_line():
     assert serve_check.root_cause(FAILED_LOG) == (
         "ValueError: Available memory on node 0 (8.78/10.46 GiB) on kv cache allocation is less than requested memory "
-        "for kv (-0.13/0.52 GiB). Reduce CPU memory used by other processes.")
+        "for kv (-0.13/0.52 GiB). Reduce CPU memory used by other processes."
+    )
     assert serve_check.root_cause("RuntimeError: Engine core initialization failed. See root cause above.\n") is None
     assert serve_check.root_cause("INFO loading\nKeyError: 'dflash_config'\n") == "KeyError: 'dflash_config'"
     # The engine core in the runner's own process (CPU) prefixes its traceback by rank.
-    assert serve_check.root_cause("[rank0]:     raise ValueError(\n[rank0]: ValueError: Available memory on node 0\n") == (
-        "ValueError: Available memory on node 0")
+    assert serve_check.root_cause(
+        "[rank0]:     raise ValueError(\n[rank0]: ValueError: Available memory on node 0\n"
+    ) == ("ValueError: Available memory on node 0")
 
 
 def test_the_memory_share_is_sized_from_what_the_engine_needs(tmp_path):
@@ -206,15 +241,16 @@ def test_the_memory_share_is_sized_from_what_the_engine_needs(tmp_path):
 
     cpu = min(os.sched_getaffinity(0))
     (tmp_path / "proc").mkdir()
-    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 24000000 kB\nMemFree: 9000000 kB\n"
-                                               "MemAvailable: 6000000 kB\n")
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 24000000 kB\nMemFree: 9000000 kB\nMemAvailable: 6000000 kB\n")
     (tmp_path / f"sys/devices/system/cpu/cpu{cpu}/node0").mkdir(parents=True)
     (tmp_path / "sys/devices/system/node/node0").mkdir(parents=True)
     (tmp_path / "sys/devices/system/node/node0/meminfo").write_text(
         "Node 0 MemTotal:       10000000 kB\nNode 0 MemFree:         3000000 kB\nNode 0 Active(file):     1000000 kB\n"
-        "Node 0 Inactive(file):   500000 kB\nNode 0 SReclaimable:     100000 kB\n")
-    assert vllm_memory.host_memory(tmp_path) == vllm_memory.HostMemory(total=10_000_000 * 1024,
-                                                                        available=4_600_000 * 1024)
+        "Node 0 Inactive(file):   500000 kB\nNode 0 SReclaimable:     100000 kB\n"
+    )
+    assert vllm_memory.host_memory(tmp_path) == vllm_memory.HostMemory(
+        total=10_000_000 * 1024, available=4_600_000 * 1024
+    )
     (tmp_path / "sys/fs/cgroup").mkdir(parents=True)
     (tmp_path / "sys/fs/cgroup/memory.max").write_text(f"{4 * gib}\n")
     (tmp_path / "sys/fs/cgroup/memory.current").write_text(f"{3 * gib}\n")
@@ -222,14 +258,16 @@ def test_the_memory_share_is_sized_from_what_the_engine_needs(tmp_path):
 
 
 @pytest.mark.slow  # vLLM runs in a child process
-def test_an_engine_that_fails_says_why_in_one_line_and_keeps_its_log(target_dir, mask_id, vllm_python, capsys,
-                                                                     tmp_path):
+def test_an_engine_that_fails_says_why_in_one_line_and_keeps_its_log(
+    target_dir, mask_id, vllm_python, capsys, tmp_path
+):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"input_ids": [10, 20, 30, 40]}) + "\n")
     export = random_export(target_dir, mask_id, tmp_path / "d", num_hidden_layers=1, layer_types=["full_attention"])
     # 1 % of host memory is less than vLLM's own worker holds before its KV cache: vLLM fails, by its own check.
-    code, _, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts,
-                         "--gpu-memory-utilization", "0.01")
+    code, _, err = serve(
+        capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts, "--gpu-memory-utilization", "0.01"
+    )
     lines = [line for line in err.splitlines() if line.startswith("error: ")]
     assert code == 1 and len(lines) == 1, err
     log = export / serve_check.WORKDIR_NAME / "vllm.log"
@@ -239,8 +277,9 @@ def test_an_engine_that_fails_says_why_in_one_line_and_keeps_its_log(target_dir,
 
 
 @pytest.mark.slow  # vLLM runs in a child process
-def test_a_random_drafter_is_served_losslessly_at_tau_one_in_a_share_sized_for_it(target_dir, mask_id, vllm_python,
-                                                                                   capsys, tmp_path):
+def test_a_random_drafter_is_served_losslessly_at_tau_one_in_a_share_sized_for_it(
+    target_dir, mask_id, vllm_python, capsys, tmp_path
+):
     """One engine, two checks (each vLLM start costs ~50 s): a random drafter is served
     losslessly at tau ~1, and with no share given serve-check sizes vLLM's memory share
     from what the engine needs (weights, KV cache for the longest prompt's run)."""
@@ -248,8 +287,9 @@ def test_a_random_drafter_is_served_losslessly_at_tau_one_in_a_share_sized_for_i
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": r["messages"][:1]}) + "\n" for r in builders.coding_chats(2)))
-    export = random_export(target_dir, mask_id, tmp_path / "random", num_hidden_layers=1,
-                           layer_types=["full_attention"])
+    export = random_export(
+        target_dir, mask_id, tmp_path / "random", num_hidden_layers=1, layer_types=["full_attention"]
+    )
     code, summary, err = serve(capsys, "--drafter", export, "--target", target_dir, "--prompts", prompts)
     assert code == 0, err
     assert summary["lossless"] and summary["served_tau"] < 1.1 and summary["speculate_tau"] < 1.1, summary
@@ -260,7 +300,8 @@ def test_a_random_drafter_is_served_losslessly_at_tau_one_in_a_share_sized_for_i
     needed = vllm_memory.engine_bytes(
         weights=vllm_memory.weight_bytes(target_dir) + vllm_memory.weight_bytes(export),
         kv_per_token=vllm_memory.kv_bytes_per_token(config.num_hidden_layers + 1, 1, 32, 4),
-        max_model_len=max_model_len)
+        max_model_len=max_model_len,
+    )
     assert summary["vllm_memory_share"] * vllm_memory.host_memory().total >= needed
     assert summary["vllm_log"] == str(export / serve_check.WORKDIR_NAME / "vllm.log")
     assert "vLLM's memory share " in err

@@ -58,9 +58,17 @@ DECODE_GEOMETRY = GEOMETRIES["sliding"]
 
 
 def random_drafter(target_dir, mask_token_id, geometry=DECODE_GEOMETRY, seed=0) -> DFlashDrafter:
-    config = DrafterConfig.from_target(read_target_config(target_dir), mask_token_id=mask_token_id,
-                                       context_layer_ids=LAYERS, block_size=BLOCK, num_attention_heads=4,
-                                       num_key_value_heads=2, head_dim=16, **geometry, architecture="dflash")
+    config = DrafterConfig.from_target(
+        read_target_config(target_dir),
+        mask_token_id=mask_token_id,
+        context_layer_ids=LAYERS,
+        block_size=BLOCK,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        **geometry,
+        architecture="dflash",
+    )
     torch.manual_seed(seed)
     return DFlashDrafter(config).eval()
 
@@ -109,7 +117,9 @@ def test_draft_cache_equals_the_training_forward(geometry, qwen3_dir, mask_id):
         block = torch.full((BLOCK,), mask_id)
         block[0] = ids[anchor]
         with torch.no_grad():
-            expected = drafter(features[: anchor + 1], ids[: anchor + 1], torch.tensor([anchor]), embed, attention="sdpa")[0]
+            expected = drafter(
+                features[: anchor + 1], ids[: anchor + 1], torch.tensor([anchor]), embed, attention="sdpa"
+            )[0]
         torch.testing.assert_close(cache.draft(block), expected, atol=2e-5, rtol=1e-5)
     assert cache.length == 48
 
@@ -176,7 +186,7 @@ def test_random_drafter_is_lossless_and_matches_the_reference_on_dense_qwen3(qwe
         result = decode_prompt(model, drafter, str(i), prompt, NEW_TOKENS, stop_ids=[])
         reference = reference_decode(tmp_path / "drafter", model, prompt, NEW_TOKENS)
         assert result.lossless, result.first_mismatch()
-        assert result.speculative.tokens == reference.output_ids[0, prompt.shape[0]:].tolist()
+        assert result.speculative.tokens == reference.output_ids[0, prompt.shape[0] :].tolist()
         assert result.speculative.acceptance_lengths == reference.acceptance_lengths
         assert result.speculative.target_forwards == 1 + len(result.speculative.acceptance_lengths)
         assert result.greedy.target_forwards == NEW_TOKENS
@@ -206,8 +216,11 @@ def assert_hybrid_reruns(reruns: int) -> None:
     assert reruns == 0 if NATIVE_RECURRENT_ROLLBACK else reruns > 0
 
 
-@pytest.mark.skipif(NATIVE_RECURRENT_ROLLBACK, reason="transformers >= 5.25: dflash 0.1.0's activate_past_recording() "
-                    "leaves recurrent_states_to_keep None, which Qwen3.5's forward cannot take")
+@pytest.mark.skipif(
+    NATIVE_RECURRENT_ROLLBACK,
+    reason="transformers >= 5.25: dflash 0.1.0's activate_past_recording() "
+    "leaves recurrent_states_to_keep None, which Qwen3.5's forward cannot take",
+)
 def test_the_reference_decoder_is_not_lossless_on_a_hybrid_target(sensitive_hybrid, tokenizer, mask_id, tmp_path):
     """dflash_generate crops the hybrid cache; its recurrent states keep rejected
     tokens and the output leaves the target's greedy path."""
@@ -216,7 +229,7 @@ def test_the_reference_decoder_is_not_lossless_on_a_hybrid_target(sensitive_hybr
     prompt = builders.chat_prompts(tokenizer, 1)[0]
     greedy = greedy_generate(model, prompt, NEW_TOKENS, stop_ids=[])
     reference = reference_decode(tmp_path / "drafter", model, prompt, NEW_TOKENS)
-    assert reference.output_ids[0, prompt.shape[0]:].tolist() != greedy.tokens
+    assert reference.output_ids[0, prompt.shape[0] :].tolist() != greedy.tokens
 
 
 def test_stop_tokens_end_both_decodings_alike(qwen3_dir, tokenizer, mask_id):
@@ -255,11 +268,26 @@ def trained(request, tokenizer, tmp_path_factory):
     target_dir = request.getfixturevalue(request.param)
     root = tmp_path_factory.mktemp("trained")
     store = greedy_store(root / "store", target_dir, tokenizer, LAYERS, count=24, new_tokens=NEW_TOKENS)
-    config = load_config(None, tiny.drafter_sets(
-        "model.num_hidden_layers=2", "model.sliding_window=12", f"model.block_size={BLOCK}", "model.num_anchors=32",
-        f"data.heldout_fraction={HELDOUT}", "data.buffer_shards=2", "optim.lr=1e-2", "eval.every=0", "train.epochs=100",
-        "train.log_every=100", heads=True,
-    ), store=str(store), target=str(target_dir), out=str(root / "run"), **{"train.max_steps": 300})
+    config = load_config(
+        None,
+        tiny.drafter_sets(
+            "model.num_hidden_layers=2",
+            "model.sliding_window=12",
+            f"model.block_size={BLOCK}",
+            "model.num_anchors=32",
+            f"data.heldout_fraction={HELDOUT}",
+            "data.buffer_shards=2",
+            "optim.lr=1e-2",
+            "eval.every=0",
+            "train.epochs=100",
+            "train.log_every=100",
+            heads=True,
+        ),
+        store=str(store),
+        target=str(target_dir),
+        out=str(root / "run"),
+        **{"train.max_steps": 300},
+    )
     trainer = Trainer.from_config(config, log=lambda message: None)
     trainer.fit()
     export = export_drafter(trainer.drafter, root / "export", dtype=torch.float32, heldout_fraction=HELDOUT)
@@ -306,8 +334,22 @@ def test_store_prompts_are_heldout_samples_up_to_their_first_response_token(tmp_
 @pytest.mark.slow  # its fixture trains a drafter
 def test_cli_json_on_a_store(trained, capsys):
     target_dir, store, export = trained
-    code = main(["speculate", "--drafter", str(export), "--target", str(target_dir), "--store", str(store),
-                 "--max-new-tokens", "12", "--limit", "2", "--json"])
+    code = main(
+        [
+            "speculate",
+            "--drafter",
+            str(export),
+            "--target",
+            str(target_dir),
+            "--store",
+            str(store),
+            "--max-new-tokens",
+            "12",
+            "--limit",
+            "2",
+            "--json",
+        ]
+    )
     out = capsys.readouterr().out.strip().splitlines()
     assert code == 0
     result = json.loads(out[-1])
@@ -324,7 +366,8 @@ THINKING_TEMPLATE = builders.CHAT_TEMPLATE.replace(
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
     "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\n\n</think>\n\n' }}"
-    "{% else %}{{ '<think>\n' }}{% endif %}{% endif %}")
+    "{% else %}{{ '<think>\n' }}{% endif %}{% endif %}",
+)
 
 
 def test_speculate_is_lossless_with_thinking_on_and_off_on_a_hybrid_target(qwen3_5_dir, mask_id, tmp_path, capsys):
@@ -349,8 +392,10 @@ def test_speculate_is_lossless_with_thinking_on_and_off_on_a_hybrid_target(qwen3
     assert main([*base, "--prompts", str(prompts), "--thinking", "both"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["thinking"] == "both" and result["lossless"] and result["prompts"] == 4
-    assert {k: (v["prompts"], v["lossless"]) for k, v in result["by_thinking"].items()} == {"on": (2, True),
-                                                                                            "off": (2, True)}
+    assert {k: (v["prompts"], v["lossless"]) for k, v in result["by_thinking"].items()} == {
+        "on": (2, True),
+        "off": (2, True),
+    }
     assert main([*base, "--prompts", str(prompts), "--thinking", "off"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["by_thinking"].keys() == {"off"}
     assert main([*base, "--target", str(qwen3_5_dir), "--prompts", str(prompts), "--thinking", "on"]) == 1
@@ -364,8 +409,12 @@ def test_cli_prompts_file_and_refusals(qwen3_dir, qwen3_5_dir, tokenizer, mask_i
     prompts = builders.write_chat_jsonl(tmp_path / "p.jsonl", [chat, {"input_ids": ids}])
     parsed = jsonl_prompts(prompts, tokenizer)
     assert [p.id for p in parsed] == [chat["id"], "line-2"]
-    assert parsed[0].input_ids.tolist() == tokenizer.apply_chat_template(
-        chat["messages"][:1], tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert (
+        parsed[0].input_ids.tolist()
+        == tokenizer.apply_chat_template(
+            chat["messages"][:1], tokenize=True, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )
 
     base = ["speculate", "--drafter", str(export), "--max-new-tokens", "6"]
     assert main([*base, "--target", str(qwen3_dir), "--prompts", str(prompts)]) == 0
@@ -393,8 +442,19 @@ def test_the_fields_prompt_sets_report_tau_per_set_and_category(qwen3_dir, token
     for chat, category in zip(chats, ("code", "code", "chat")):
         chat["category"] = category
     extra = builders.write_chat_jsonl(tmp_path / "extra.jsonl", chats)
-    base = ["speculate", "--drafter", str(export), "--target", str(qwen3_dir), "--max-new-tokens", "6",
-            "--prompts", f"humaneval,{extra}", "--limit", "2"]
+    base = [
+        "speculate",
+        "--drafter",
+        str(export),
+        "--target",
+        str(qwen3_dir),
+        "--max-new-tokens",
+        "6",
+        "--prompts",
+        f"humaneval,{extra}",
+        "--limit",
+        "2",
+    ]
     assert main([*base, "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["prompts"] == 4 and summary["lossless"] is True

@@ -92,7 +92,12 @@ def test_missing_tensor_names_the_file(tmp_path, qwen3_dir):
         load_target_head(tmp_path)
 
     (tmp_path / "model.safetensors").unlink()
-    index = {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}
+    index = {
+        "weight_map": {
+            "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+            "lm_head.weight": "model-00002-of-00002.safetensors",
+        }
+    }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(FileNotFoundError, match="model-00001-of-00002.safetensors"):
         load_target_head(tmp_path)

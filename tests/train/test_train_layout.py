@@ -72,7 +72,7 @@ def circles_in(edges: dict[str, set[str]]) -> list[list[str]]:
 
     def visit(node):
         if node in stack:
-            circles.append(stack[stack.index(node):] + [node])
+            circles.append(stack[stack.index(node) :] + [node])
             return
         if node in seen:
             return
@@ -88,10 +88,13 @@ def circles_in(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_function_is_longer_than_a_screen():
-    long = [f"{path.relative_to(TRAIN.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
-            for path, tree in modules().values() for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    long = [
+        f"{path.relative_to(TRAIN.parent)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1})"
+        for path, tree in modules().values()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
     assert not long, long
 
 
@@ -118,8 +121,13 @@ def test_a_section_is_a_leaf():
     nor another folder's code."""
     found = modules()
     sections = [name for name in found if is_section(name)]
-    assert {"train.data.config", "train.drafter.config", "train.acceptance.config", "train.fitting.config",
-            "train.objective.config"} <= set(sections)
+    assert {
+        "train.data.config",
+        "train.drafter.config",
+        "train.acceptance.config",
+        "train.fitting.config",
+        "train.objective.config",
+    } <= set(sections)
     below = {"train.config_error", "train.dtypes"}
     above = []
     for name in sections:
@@ -127,8 +135,11 @@ def test_a_section_is_a_leaf():
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target in imported(name, node, False):
-                    if target in found and target != "train" and not (
-                            is_section(target) or target in below or unit(target) == name.rpartition(".")[0]):
+                    if (
+                        target in found
+                        and target != "train"
+                        and not (is_section(target) or target in below or unit(target) == name.rpartition(".")[0])
+                    ):
                         above.append(f"{name} imports {target}")
     assert not above, above
 
@@ -139,22 +150,36 @@ def test_the_run_config_only_composes_the_sections():
     tree = modules()["train.config"][1]
     classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
     assert classes == ["RunConfig"], classes
-    owner = {alias.asname or alias.name: node.module for node in tree.body if isinstance(node, ast.ImportFrom)
-             for alias in node.names}
+    owner = {
+        alias.asname or alias.name: node.module
+        for node in tree.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
     run_config = next(node for node in tree.body if isinstance(node, ast.ClassDef))
-    fields = {node.target.id: ast.unparse(node.annotation) for node in run_config.body if isinstance(node, ast.AnnAssign)}
+    fields = {
+        node.target.id: ast.unparse(node.annotation) for node in run_config.body if isinstance(node, ast.AnnAssign)
+    }
     sections = {field: kind for field, kind in fields.items() if kind != "str"}
-    named = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                 and [ast.unparse(target) for target in node.targets] == ["SECTIONS"])
+    named = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and [ast.unparse(target) for target in node.targets] == ["SECTIONS"]
+    )
     assert set(sections) == set(named), (fields, named)
     misplaced = {field: owner.get(kind) for field, kind in sections.items() if not is_section(owner.get(kind) or "")}
     assert not misplaced, misplaced
 
 
 def test_no_private_name_is_imported_from_another_module():
-    private = [f"{path.relative_to(TRAIN.parent)}:{node.lineno} {alias.name}"
-               for path, tree in modules().values() for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-               for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+    private = [
+        f"{path.relative_to(TRAIN.parent)}:{node.lineno} {alias.name}"
+        for path, tree in modules().values()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    ]
     assert not private, private
 
 

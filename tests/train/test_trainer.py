@@ -34,24 +34,49 @@ from train.fitting.trainer import Trainer
 HELDOUT = 0.25
 BLOCK = 8
 TINY = tiny.drafter_sets(  # a drafter and schedule small enough for CPU tests
-    f"model.block_size={BLOCK}", "model.num_anchors=64", f"data.heldout_fraction={HELDOUT}",
-    "data.buffer_shards=2", "optim.lr=1e-2", "eval.samples=64", "train.grad_accumulation=1", heads=True,
+    f"model.block_size={BLOCK}",
+    "model.num_anchors=64",
+    f"data.heldout_fraction={HELDOUT}",
+    "data.buffer_shards=2",
+    "optim.lr=1e-2",
+    "eval.samples=64",
+    "train.grad_accumulation=1",
+    heads=True,
 )
-LOG_KEYS = {"step", "epoch", "lr", "loss", "grad_norm", "acc", "top4_acc", "top8_acc", "per_position_acc",
-            "tau_per_position", "tokens_per_s", "loader_wait_frac"}
+LOG_KEYS = {
+    "step",
+    "epoch",
+    "lr",
+    "loss",
+    "grad_norm",
+    "acc",
+    "top4_acc",
+    "top8_acc",
+    "per_position_acc",
+    "tau_per_position",
+    "tokens_per_s",
+    "loader_wait_frac",
+}
 
 
 @pytest.fixture(scope="session")
 def real_store(tmp_path_factory, qwen3_dir, tokenizer) -> Path:
     """48 chats over 4 distinct functions, 8 shards, hidden states of layers 1 and 3."""
     path = tmp_path_factory.mktemp("real") / "store"
-    return stores.build_real_store(path, qwen3_dir, tokenizer, records=stores.repeated_corpus(48, 4),
-                                   samples_per_shard=6, max_tokens=128)
+    return stores.build_real_store(
+        path, qwen3_dir, tokenizer, records=stores.repeated_corpus(48, 4), samples_per_shard=6, max_tokens=128
+    )
 
 
 def config_for(store, target, out, *sets, max_steps):
-    return load_config(None, list(TINY) + list(sets), store=str(store), target=str(target), out=str(out),
-                       **{"train.max_steps": max_steps})
+    return load_config(
+        None,
+        list(TINY) + list(sets),
+        store=str(store),
+        target=str(target),
+        out=str(out),
+        **{"train.max_steps": max_steps},
+    )
 
 
 def read_log(run: Path) -> list[dict]:
@@ -61,8 +86,16 @@ def read_log(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def learned(real_store, qwen3_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("learned") / "run"
-    config = config_for(real_store, qwen3_dir, out, "train.epochs=10", "train.log_every=50", "eval.every=150",
-                        "train.checkpoint_every=150", max_steps=300)
+    config = config_for(
+        real_store,
+        qwen3_dir,
+        out,
+        "train.epochs=10",
+        "train.log_every=50",
+        "eval.every=150",
+        "train.checkpoint_every=150",
+        max_steps=300,
+    )
     trainer = Trainer.from_config(config, log=lambda m: None)
     trainer.fit()
     return trainer, out
@@ -139,12 +172,20 @@ def test_export_via_cli_gives_identical_logits(learned, tmp_path):
 
     def logits(model):
         with torch.no_grad():
-            return head.lm_head(model(features.to(model.fc.weight.dtype), input_ids, anchors, head.embed_tokens.to(model.fc.weight.dtype)).float())
+            return head.lm_head(
+                model(
+                    features.to(model.fc.weight.dtype), input_ids, anchors, head.embed_tokens.to(model.fc.weight.dtype)
+                ).float()
+            )
 
     for dtype, name in ((torch.float32, "float32"), (torch.bfloat16, "bfloat16")):
         target = tmp_path / name
-        result = subprocess.run([sys.executable, "-m", "train", "export", str(out), "--out", str(target), "--dtype", name],
-                                cwd=REPO, capture_output=True, text=True)
+        result = subprocess.run(
+            [sys.executable, "-m", "train", "export", str(out), "--out", str(target), "--dtype", name],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         assert result.returncode == 0, result.stderr
         config = json.loads((target / "config.json").read_text())
         assert config["architectures"] == ["DFlash2DraftModel"] and config["model_type"] == "qwen3"
@@ -162,11 +203,30 @@ def DFlashDrafterCopy(drafter, dtype):
 
 
 def test_resume_continues_exactly(real_store, qwen3_dir, tmp_path):
-    sets = ["train.log_every=1", "eval.every=0", "train.checkpoint_every=3", "train.keep_checkpoints=0",
-            "train.batch_size=2", "train.grad_accumulation=2", "model.num_anchors=16"]
+    sets = [
+        "train.log_every=1",
+        "eval.every=0",
+        "train.checkpoint_every=3",
+        "train.keep_checkpoints=0",
+        "train.batch_size=2",
+        "train.grad_accumulation=2",
+        "model.num_anchors=16",
+    ]
     whole = tmp_path / "whole"
-    main(["fit", "--store", str(real_store), "--target", str(qwen3_dir), "--out", str(whole), "--max-steps", "12",
-          *tiny.cli_sets(TINY + sets)])
+    main(
+        [
+            "fit",
+            "--store",
+            str(real_store),
+            "--target",
+            str(qwen3_dir),
+            "--out",
+            str(whole),
+            "--max-steps",
+            "12",
+            *tiny.cli_sets(TINY + sets),
+        ]
+    )
     # The interrupted run: what was on disk after step 6 (checkpoint 6 written, later work lost).
     cut = tmp_path / "cut"
     shutil.copytree(whole, cut)
@@ -193,13 +253,18 @@ def test_a_step_is_the_weighted_mean_over_all_its_labels(real_store, qwen3_dir, 
     its gradients equal sum(w * CE) / sum(w) over every scored label of the
     step, computed here with plain cross-entropy (SpecForge's normalisation),
     not the mean of the three sequences' own normalised losses."""
-    config = config_for(real_store, qwen3_dir, tmp_path / "run", "train.grad_accumulation=3", *tiny.DFLASH_DECAY,
-                        max_steps=1)
+    config = config_for(
+        real_store, qwen3_dir, tmp_path / "run", "train.grad_accumulation=3", *tiny.DFLASH_DECAY, max_steps=1
+    )
     trainer = Trainer.from_config(config, log=lambda m: None)
     samples = [next(trainer.loader) for _ in range(3)]
     trainer.loader.close()
-    samples = [dataclasses.replace(s, input_ids=s.input_ids[:n], loss_mask=s.loss_mask[:n],
-                                   features=[f[:n] for f in s.features]) for s, n in zip(samples, (128, 90, 60))]
+    samples = [
+        dataclasses.replace(
+            s, input_ids=s.input_ids[:n], loss_mask=s.loss_mask[:n], features=[f[:n] for f in s.features]
+        )
+        for s, n in zip(samples, (128, 90, 60))
+    ]
     assert [s.num_tokens for s in samples] == [128, 90, 60]
     drafter, head = trainer.drafter, trainer.head
     state = trainer.generator.get_state()
@@ -240,11 +305,14 @@ def test_a_step_is_the_weighted_mean_over_all_its_labels(real_store, qwen3_dir, 
     assert max(differ) > 1e-2
 
 
-@pytest.mark.parametrize("field,overrides", [
-    ("hidden_size", {"hidden_size": 32}),
-    ("vocab_size", {"vocab_size": 1024}),
-    ("num_target_layers", {"num_target_layers": 8}),
-])
+@pytest.mark.parametrize(
+    "field,overrides",
+    [
+        ("hidden_size", {"hidden_size": 32}),
+        ("vocab_size", {"vocab_size": 1024}),
+        ("num_target_layers", {"num_target_layers": 8}),
+    ],
+)
 def test_refuses_a_store_from_another_target(qwen3_dir, tmp_path, field, overrides):
     options = dict(num_shards=1, samples_per_shard=2, num_target_layers=6, hidden_size=64, vocab_size=512)
     options.update(overrides)
@@ -294,7 +362,12 @@ def test_config_validation_names_the_key(tmp_path):
     path = tmp_path / "run.yaml"
     path.write_text("optim:\n  lr: 3e-4\n  betas: [0.9, 0.99]\nnum_anchors: 128\neval:\n  ddtree_budgets: [4, 16]\n")
     config = load_config(path, ["train.seed=7", "eval.samples=null"], store="s", target="t", out="o")
-    assert (config.optim.lr, config.optim.betas, config.model.num_anchors, config.train.seed) == (3e-4, (0.9, 0.99), 128, 7)
+    assert (config.optim.lr, config.optim.betas, config.model.num_anchors, config.train.seed) == (
+        3e-4,
+        (0.9, 0.99),
+        128,
+        7,
+    )
     assert config.eval.ddtree_budgets == (4, 16) and config.eval.samples is None
     config.save(tmp_path / "run")
     assert load_config(tmp_path / "run" / "config.yaml") == config

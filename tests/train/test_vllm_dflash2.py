@@ -27,11 +27,21 @@ BLOCKS, BLOCK, TOLERANCE = 3, 8, 1e-4
 
 def vllm_outputs(python: str, inputs: dict, metadata: dict, workdir) -> dict[str, torch.Tensor]:
     workdir.mkdir()
-    save_file({k: v.contiguous() for k, v in inputs.items()}, workdir / "in.safetensors",
-              metadata={k: str(v) for k, v in metadata.items()})
+    save_file(
+        {k: v.contiguous() for k, v in inputs.items()},
+        workdir / "in.safetensors",
+        metadata={k: str(v) for k, v in metadata.items()},
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the vLLM env's own packages only
-    done = subprocess.run([python, str(SCRIPT), "in.safetensors", "out.safetensors"], cwd=workdir, env=env,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    done = subprocess.run(
+        [python, str(SCRIPT), "in.safetensors", "out.safetensors"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return load_file(workdir / "out.safetensors")
 
@@ -46,14 +56,20 @@ def test_vllm_dflash2_modules_compute_ours(qwen3_dir, vllm_python, tmp_path):
     hidden = torch.randn(BLOCKS, BLOCK - 1, 64, generator=generator)
     unary, candidates = selector.candidates(torch.randn(BLOCKS, BLOCK - 1, 512, generator=generator) * 3)
     anchors = torch.tensor([4, 90, 300])
-    inputs = {"conv.base_kernel": conv.base_kernel, "conv.kernel_projection": conv.kernel_projection.weight,
-              "conv.input": rows, "conv.sublayer_output": sublayer_output,
-              "selector.predecessor_codebook": selector.predecessor_codebook,
-              "selector.successor_codebook": selector.successor_codebook,
-              "selector.hidden_projection": selector.hidden_projection.weight,
-              "hidden": hidden, "unary": unary, "candidate_ids": candidates, "anchor_ids": anchors}
-    theirs = vllm_outputs(vllm_python, inputs, {"block_size": BLOCK, "group_size": conv.group_size},
-                          tmp_path / "vllm")
+    inputs = {
+        "conv.base_kernel": conv.base_kernel,
+        "conv.kernel_projection": conv.kernel_projection.weight,
+        "conv.input": rows,
+        "conv.sublayer_output": sublayer_output,
+        "selector.predecessor_codebook": selector.predecessor_codebook,
+        "selector.successor_codebook": selector.successor_codebook,
+        "selector.hidden_projection": selector.hidden_projection.weight,
+        "hidden": hidden,
+        "unary": unary,
+        "candidate_ids": candidates,
+        "anchor_ids": anchors,
+    }
+    theirs = vllm_outputs(vllm_python, inputs, {"block_size": BLOCK, "group_size": conv.group_size}, tmp_path / "vllm")
 
     prepared, coefficients = conv.prepare(rows, BLOCK)
     assert (theirs["prepared"] - prepared).abs().max() < TOLERANCE
@@ -61,8 +77,11 @@ def test_vllm_dflash2_modules_compute_ours(qwen3_dir, vllm_python, tmp_path):
 
     top_k = candidates.shape[-1]
     previous = torch.cat([anchors[:, None, None].expand(-1, 1, top_k), candidates[:, :-1]], dim=1)  # [b, L, K]
-    pairs = selector.pair_scores(hidden[:, :, None].expand(-1, -1, top_k, -1).reshape(-1, 64), previous.reshape(-1),
-                                 candidates[:, :, None].expand(-1, -1, top_k, -1).reshape(-1, top_k))
+    pairs = selector.pair_scores(
+        hidden[:, :, None].expand(-1, -1, top_k, -1).reshape(-1, 64),
+        previous.reshape(-1),
+        candidates[:, :, None].expand(-1, -1, top_k, -1).reshape(-1, top_k),
+    )
     ours = unary[:, :, None] + pairs.view(BLOCKS, BLOCK - 1, top_k, top_k)
     assert (theirs["edge_scores"] - ours).abs().max() < TOLERANCE
 

@@ -45,19 +45,37 @@ LAYOUTS = {
 }
 # The same weights under a rule vLLM does not serve them with: a causal block for a
 # full layer, no window for a sliding one.
-OTHER_RULE = {"full": LayerAttention(causal=True), "sliding": LayerAttention(causal=True, window=None),
-              "noncausal": LayerAttention(causal=True, window=4)}
+OTHER_RULE = {
+    "full": LayerAttention(causal=True),
+    "sliding": LayerAttention(causal=True, window=None),
+    "noncausal": LayerAttention(causal=True, window=4),
+}
 
 
 def captured(python: str, target, drafter, workdir) -> dict[str, torch.Tensor]:
     """What vLLM's drafter saw and drafted on its first round of PROMPT."""
     workdir.mkdir()
-    request = serve_check.served_request(target, drafter, [PROMPT], block_size=BLOCK, mixed_layers=False,
-                                         max_new_tokens=4, stop_token_ids=[], dtype="float32")
+    request = serve_check.served_request(
+        target,
+        drafter,
+        [PROMPT],
+        block_size=BLOCK,
+        mixed_layers=False,
+        max_new_tokens=4,
+        stop_token_ids=[],
+        dtype="float32",
+    )
     (workdir / "request.json").write_text(json.dumps(request))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the vLLM env's own packages only
-    done = subprocess.run([python, str(CAPTURE), "request.json", "captured.safetensors"], cwd=workdir, env=env,
-                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+    done = subprocess.run(
+        [python, str(CAPTURE), "request.json", "captured.safetensors"],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return load_file(workdir / "captured.safetensors")
 
