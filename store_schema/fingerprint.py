@@ -7,6 +7,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 from .dtypes import store_dtype
@@ -157,6 +158,10 @@ class Fingerprint:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     def sha256(self) -> str:
+        return self._sha256
+
+    @cached_property
+    def _sha256(self) -> str:  # computed once: every shard's check compares against it
         return hashlib.sha256(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
     def diff(self, expected: "Fingerprint | Mapping", ignore: Iterable[str] = ()) -> dict:

@@ -201,7 +201,7 @@ class ShardCommit:
             "num_tokens": self.num_tokens,
             "target_topk": self.target_topk,
             "fingerprint_sha256": self.fingerprint_sha256,
-            "files": {rel: {"size": e.size, "crc32c": e.crc32c} for rel, e in self.files.items()},
+            "files": self.file_table,
         }
         if self.layer_stats:
             record["layer_stats"] = {str(layer): stats.to_json() for layer, stats in sorted(self.layer_stats.items())}
@@ -210,7 +210,7 @@ class ShardCommit:
     @property
     def file_table(self) -> dict:
         """{relative path: {"size", "crc32c"}}, the form `check_files` compares."""
-        return self.to_json()["files"]
+        return {rel: {"size": e.size, "crc32c": e.crc32c} for rel, e in self.files.items()}
 
     @property
     def disk_bytes(self) -> int:
