@@ -118,15 +118,14 @@ def check_topk(store: Store, config: RunConfig) -> None:
             )
 
 
-def check_store_against_target(store: Store, target: TargetConfig) -> list[int]:
+def check_store_against_target(store: Store, target: TargetConfig) -> None:
     """Refuse a store made from another target (FingerprintMismatch naming each
-    differing field); return its layer ids. A store holding the target's final
+    differing field). A store holding the target's final
     layer never gets here: its fingerprint is refused when the store is opened
     (`store_schema.layout.validate_layer_ids`)."""
     store.fingerprint.check(
         hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_target_layers=target.num_hidden_layers
     )
-    return list(store.layer_ids)
 
 
 def check_block_size(store: Store, block_size: int) -> None:
