@@ -95,7 +95,7 @@ def chunk_loss(logprobs: torch.Tensor, rows: slice, scored: ScoredRows, need_gra
     grad_logits.scatter_add_(1, label, torch.full_like(label, -(1.0 - scored.kl_mix), dtype=grad_logits.dtype))
     if scored.kl_mix > 0:
         grad_logits.scatter_add_(1, ids, -scored.kl_mix * p_target)
-    return ce, kl, grad_logits * scored.weights[rows, None]
+    return ce, kl, grad_logits.mul_(scored.weights[rows, None])  # in place: no second [n, V] buffer
 
 
 def chunk_ranks(logits: torch.Tensor, label: torch.Tensor, top: int, top_k: int):
