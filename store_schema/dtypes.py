@@ -24,8 +24,9 @@ class StoreDtype:
     scaled: bool  # a float32 scale per token in a sibling array
     size_ratio: float  # store bytes / raw bf16 bytes that size estimates assume: store_bench --quick's, docs/store.md
     default_codec: str  # `encoding.CodecConfig.name` of new stores of this dtype (measured: store_bench)
-    # raw bf16 MB/s one core writes (statistics, encode, crc32c, files; fp8 from device-quantized codes):
-    # store_bench --quick's write_mb_s_per_core, from which `plan --dry-run` sizes the writer cores
+    # raw bf16 MB/s one core writes (statistics, encode, crc32c, files; fp8 from device-quantized codes)
+    # at the full job's shard geometry: store_bench --quick's job_geometry_write_mb_s_per_core, from
+    # which `plan --dry-run` sizes the writer cores
     write_mb_s_per_core: float
 
     @property
@@ -47,7 +48,7 @@ BFLOAT16_STORE = StoreDtype(
     scaled=False,
     size_ratio=0.614,
     default_codec="bytesplit",
-    write_mb_s_per_core=269.0,
+    write_mb_s_per_core=283.0,
 )
 FP8_E4M3_STORE = StoreDtype(
     "fp8_e4m3",
@@ -58,7 +59,7 @@ FP8_E4M3_STORE = StoreDtype(
     scaled=True,
     size_ratio=0.351,
     default_codec="channels",
-    write_mb_s_per_core=309.0,
+    write_mb_s_per_core=499.0,
 )
 SPACE_HEADROOM = 0.10  # what the free-space check asks beyond the expected size: real states compress differently
 STORE_DTYPES = {d.name: d for d in (BFLOAT16_STORE, FP8_E4M3_STORE)}

@@ -35,6 +35,7 @@ MAX_ZERO_TOKEN_SHARE = 0.01  # verify: real states never have an all-zero token;
 MEDIAN_FACTOR = 2.0  # verify: median token RMS outside [median / F, median x F] of the layer across shards
 MIN_SHARDS_FOR_MEDIAN = 3  # fewer shards: no median to be far from
 SIGNIFICANT_DIGITS = 6  # as recorded: deterministic, readable, far finer than any rule here
+STATS_BLOCK_ROWS = 256  # sampled rows summed at a time (a few MB of float32 at any width)
 
 
 @dataclass(frozen=True)
@@ -77,38 +78,58 @@ def sampled_rows(num_tokens: int) -> np.ndarray:
 def layer_stats(values: np.ndarray, scales: np.ndarray | None = None) -> LayerStats:
     """Statistics of one layer's stored states: `values` [tokens, hidden] as stored
     (bfloat16, or float8_e4m3fn codes with float32 per-token `scales`)."""
+    values = np.asarray(values)
     rows = sampled_rows(len(values))
-    with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf bits: verify reports them apart
-        x = _as_float64(np.asarray(values[rows]))  # float64: squares of bf16's largest values overflow float32
-        if scales is not None:
-            x *= np.asarray(scales, np.float64)[rows, None]
-    x[~np.isfinite(x)] = 0.0
-    if x.size == 0:
+    if not rows.size or not values.shape[1]:
         return LayerStats(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    # Sums of squares by einsum, not through [tokens, hidden] temporaries: fresh pages cost more than the sums.
-    token_sq = np.einsum("ij,ij->i", x, x) / x.shape[1]
-    channel_var = np.einsum("ij,ij->j", x, x) / x.shape[0] - np.square(x.mean(axis=0))
-    spread = math.sqrt(float(np.maximum(channel_var, 0.0).mean()))
+    hidden = values.shape[1]
+    token_sq, channel_sq, channel_sum = [], np.zeros(hidden), np.zeros(hidden)
+    low, high = math.inf, -math.inf
+    # Blocks of rows: the float temporaries stay small and are reused, where one [4096, hidden]
+    # array (84 MB at 5,120 channels) cost more in fresh pages than the sums themselves.
+    for start in range(0, len(rows), STATS_BLOCK_ROWS):
+        block = rows[start : start + STATS_BLOCK_ROWS]
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf bits: verify reports them apart
+            x = _as_float32(_sampled(values, block))
+            if scales is not None:  # a power of two per token: the products are exact in float32
+                x *= np.asarray(scales[block], np.float32)[:, None]
+        x[~np.isfinite(x)] = 0.0
+        # Sums of squares in float64 (squares of bf16's largest values overflow float32), by einsum.
+        token_sq.append(np.einsum("ij,ij->i", x, x, dtype=np.float64) / hidden)
+        channel_sq += np.einsum("ij,ij->j", x, x, dtype=np.float64)
+        channel_sum += x.sum(axis=0, dtype=np.float64)
+        low, high = min(low, float(x.min())), max(high, float(x.max()))
+    squares = np.concatenate(token_sq)
+    channel_var = channel_sq / len(rows) - np.square(channel_sum / len(rows))
     return LayerStats(
         tokens=len(rows),
-        rms=_rounded(math.sqrt(float(token_sq.mean()))),
-        median_token_rms=_rounded(math.sqrt(float(np.median(token_sq)))),
-        token_spread=_rounded(spread),
-        zero_token_share=_rounded(float((token_sq == 0).mean())),
-        min=_rounded(float(x.min())),
-        max=_rounded(float(x.max())),
+        rms=_rounded(math.sqrt(float(squares.mean()))),
+        median_token_rms=_rounded(math.sqrt(float(np.median(squares)))),
+        token_spread=_rounded(math.sqrt(float(np.maximum(channel_var, 0.0).mean()))),
+        zero_token_share=_rounded(float((squares == 0).mean())),
+        min=_rounded(low),
+        max=_rounded(high),
     )
 
 
-_E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+_E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
 
-def _as_float64(values: np.ndarray) -> np.ndarray:
-    """`values` as float64, exactly. ml_dtypes' own casts run element by element (a
-    bf16 shard's statistics took longer than encoding it): bf16 goes through its bits
-    shifted into float32's, fp8 e4m3 codes through a table of all 256."""
+def _sampled(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """values[rows], gathered along whichever axis the array holds contiguously (fp8
+    codes arrive channel-major: a row gather there touches every byte one at a time)."""
+    if values.ndim == 2 and values.strides[0] == values.itemsize and values.shape[1] > 1:
+        return np.take(values.T, rows, axis=1).T
+    return np.take(values, rows, axis=0)
+
+
+def _as_float32(values: np.ndarray) -> np.ndarray:
+    """`values` as float32, exactly (bf16 and e4m3 are subsets of it; other dtypes as
+    float64). ml_dtypes' own casts run element by element (a bf16 shard's statistics
+    took longer than encoding it): bf16 goes through its bits shifted into float32's,
+    fp8 e4m3 codes through a table of all 256."""
     if values.dtype == ml_dtypes.bfloat16:
-        return np.left_shift(values.view(np.uint16), 16, dtype=np.uint32).view(np.float32).astype(np.float64)
+        return np.left_shift(values.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
     if values.dtype == ml_dtypes.float8_e4m3fn:
         return _E4M3_VALUES[values.view(np.uint8)]
     return values.astype(np.float64)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -158,9 +159,9 @@ class StoreWriter:
             scales = None
             if dtype.scaled:
                 parts = [_quantized(s, layer_id) for s in samples]
-                values, scales = np.concatenate([codes for codes, _ in parts]), np.concatenate([sc for _, sc in parts])
+                values, scales = _joined([codes for codes, _ in parts]), np.concatenate([sc for _, sc in parts])
             else:
-                values = np.concatenate([_bf16(s, layer_id) for s in samples])
+                values = _joined([_bf16(s, layer_id) for s in samples])
             stats[str(layer_id)] = layer_stats(values, scales)
             refuse_empty_capture(name, layer_id, stats[str(layer_id)])
             if scales is not None:
@@ -250,6 +251,35 @@ class StoreWriter:
         return path
 
 
+_SCRATCH = threading.local()  # each writing thread's buffer for one layer's states (`_joined`)
+
+
+def _joined(parts: list[np.ndarray]) -> np.ndarray:
+    """The samples' [tokens, hidden] states of one layer as one array, held as they came:
+    channel-major where every sample's are (fp8 codes leave the device so: the
+    `channels` codec then cuts its streams without a transpose), else row-major. The
+    array is this thread's scratch buffer, valid until its next call: a fresh array
+    each layer cost more in page faults than the copy itself."""
+    tokens, hidden = sum(len(part) for part in parts), parts[0].shape[1]
+    if not all(part.ndim == 2 and part.strides[0] == part.itemsize and part.shape[1] > 1 for part in parts):
+        return np.concatenate(parts, out=_scratch((tokens, hidden), parts[0].dtype))
+    joined = _scratch((hidden, tokens), parts[0].dtype)
+    start = 0
+    for part in parts:
+        joined[:, start : start + len(part)] = part.T
+        start += len(part)
+    return joined.T
+
+
+def _scratch(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array of `shape` in this thread's scratch buffer (grown as needed)."""
+    nbytes = shape[0] * shape[1] * dtype.itemsize
+    buffer = getattr(_SCRATCH, "buffer", None)
+    if buffer is None or buffer.nbytes < nbytes:
+        buffer = _SCRATCH.buffer = np.empty(nbytes, np.uint8)
+    return buffer[:nbytes].view(dtype).reshape(shape)
+
+
 def _bf16(sample: SampleArrays, layer_id: int) -> np.ndarray:
     states = sample.hidden[layer_id]
     if isinstance(states, QuantizedStates):
@@ -266,7 +296,7 @@ def _quantized(sample: SampleArrays, layer_id: int) -> tuple[np.ndarray, np.ndar
         states = QuantizedStates(*quantize(states))
     scales = states.scales.detach().cpu().to(torch.float32).numpy()
     refuse_nonfinite(scales, f"sample {sample.sample_id!r} layer {layer_id}")
-    return states.codes.detach().cpu().contiguous().view(torch.uint8).numpy().view(FLOAT8_E4M3FN), scales
+    return states.codes.detach().cpu().view(torch.uint8).numpy().view(FLOAT8_E4M3FN), scales  # in its layout
 
 
 def commit_plan(path, plan: Plan) -> None:

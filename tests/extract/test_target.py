@@ -116,6 +116,24 @@ def test_leaked_context_would_break_the_batched_tolerance(targets):
         assert _token_cosine(prefixed[layer_id][30:], alone[layer_id]).min() < 0.9999, layer_id
 
 
+def test_fp8_states_are_the_quantized_bf16_ones_held_channel_major(targets):
+    """With `quantize` (fp8 stores) each sample's codes and scales are those of its bf16
+    states, in a batch of mixed lengths; the codes are held channel-major (tokens
+    contiguous), the layout the store's `channels` codec cuts its streams from."""
+    from store_schema.codecs.fp8 import quantize
+
+    _, target = targets["qwen3"]
+    sequences = _sequences(LENGTHS, seed=5)
+    plain = TargetRunner(target, [1, 3]).run_batch(sequences)
+    quantized = TargetRunner(target, [1, 3], quantize=True).run_batch(sequences)
+    for bf16, fp8 in zip(plain, quantized):
+        for layer_id in (1, 3):
+            codes, scales = quantize(bf16[layer_id])
+            assert fp8[layer_id].codes.stride(0) == 1 or len(codes) == 1
+            assert torch.equal(fp8[layer_id].codes.view(torch.uint8), codes.view(torch.uint8))
+            assert torch.equal(fp8[layer_id].scales, scales)
+
+
 def test_forward_stops_after_last_needed_layer(targets):
     _, target = targets["qwen3_5"]
     layers = decoder_layers(target.model)

@@ -138,6 +138,66 @@ def test_a_long_mantissa_stream_is_tried_on_its_head_and_stays_raw():
     assert low < 0.5 * bits.size  # the trial looks past the head, where the zeros are
 
 
+def test_channel_major_states_encode_to_the_same_shard_bytes():
+    """A `channels` shard from states held channel-major (as fp8 codes leave the device)
+    is byte for byte the shard from the same states row-major, for fp8 and bf16, with a
+    zero-padded last row of chunks; its streams are cut without a transpose."""
+    from store_schema.codecs.encoding import encode_shard
+
+    rng = np.random.default_rng(3)
+    codec = CodecConfig(name="channels", channel_rows=512)
+    for values in (rng.integers(0, 256, (1201, 64), dtype=np.uint8), rng.integers(0, 2**16, (1201, 64), np.uint16)):
+        rows, cols = codec.chunk_shape(*values.shape, values.itemsize)
+        assert rows * -(-len(values) // rows) > len(values)  # the last row of chunks is padded
+        args = ((rows, cols), codec.element_bytes(cols, values.itemsize), 1, 0.1)
+        channel_major = np.ascontiguousarray(values.T).T
+        assert channel_major.strides[0] == values.itemsize
+        from_channels = b"".join(encode_shard(channel_major, *args))  # joined now: parts point into scratch
+        assert from_channels == b"".join(encode_shard(values, *args))
+
+
+def test_an_fp8_writer_given_channel_major_codes_writes_the_row_major_store(tmp_path):
+    """The writer keeps channel-major codes as they come (no transpose back): the shard
+    files, layer statistics and commit record equal those of the same codes row-major."""
+    from store_schema.codecs.fp8 import QuantizedStates, quantize
+
+    generator = torch.Generator().manual_seed(2)
+    states = [
+        (torch.randn(n, 64, generator=generator) * torch.linspace(0.2, 3, 64)).to(torch.bfloat16) for n in (300, 401)
+    ]
+    records = {}
+    for layout_name in ("rows", "channels"):
+        samples = []
+        for i, hidden in enumerate(states):
+            codes, scales = quantize(hidden)
+            if layout_name == "channels":
+                codes = codes.t().contiguous().t()
+            samples.append(
+                SampleArrays(
+                    f"s{i}",
+                    np.arange(len(hidden), dtype=np.int32),
+                    np.ones(len(hidden), np.uint8),
+                    {1: QuantizedStates(codes, scales)},
+                )
+            )
+        fingerprint = Fingerprint(
+            target_model="t",
+            num_target_layers=4,
+            hidden_size=64,
+            vocab_size=512,
+            layer_ids=[1],
+            max_length=512,
+            dtype="fp8_e4m3",
+        )
+        create_store(tmp_path / layout_name, fingerprint, CodecConfig(name="channels", channel_rows=256)).write_shard(
+            "shard-000000", samples
+        )
+        shard = layout.shard_dir(tmp_path / layout_name, "shard-000000")
+        records[layout_name] = json.loads((shard / layout.COMMIT_RECORD).read_text())
+    assert records["channels"] == records["rows"]
+    assert verify_store(tmp_path / "channels").ok
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "fp8"])
 def test_layer_statistics_equal_the_plain_float64_formulas(dtype):
     """The writer's fast statistics (bit-shift and table casts, sums by einsum) give
@@ -164,6 +224,7 @@ def test_layer_statistics_equal_the_plain_float64_formulas(dtype):
     x[~np.isfinite(x)] = 0.0
     token_sq = np.square(x).mean(axis=1)
     got = layer_stats(stored, scales)
+    assert layer_stats(np.ascontiguousarray(stored.T).T, scales) == got  # channel-major, as fp8 codes arrive
     assert got.rms == pytest.approx(math.sqrt(token_sq.mean()), rel=1e-5)
     assert got.median_token_rms == pytest.approx(math.sqrt(np.median(token_sq)), rel=1e-5)
     assert got.token_spread == pytest.approx(math.sqrt(x.var(axis=0).mean()), rel=1e-5)
