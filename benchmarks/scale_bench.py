@@ -20,6 +20,11 @@ N tiny committed shards with a plan and times what grows with the shard count, n
 the bytes: `store_schema info` (`info_s`), `verify --sizes-only` (`verify_sizes_s`)
 and fit's start to a trainer ready for step 1 (`fit_start_s`), each cold.
 
+With `--rerun-shards N` (10,000 for the issue) and `--bucket-rerun-shards M` (2,000,
+on a loopback moto_server) it extracts that many one-sample shards for real and times
+`extract run` run again, which has nothing to do (`local_rerun_s`, `bucket_rerun_s`;
+`benchmarks/rerun_scale.py`).
+
 The target is a tiny Qwen3 of random weights and the drafter one layer: the
 figures are the start's own cost, not the model's."""
 
@@ -181,6 +186,23 @@ def metadata(root: Path, num_shards: int) -> dict:
     return {"metadata_shards": num_shards, "metadata_build_s": round(build_s, 1), **timed}
 
 
+def reruns(root: Path, local_shards: int, bucket_shards: int) -> dict:
+    """`extract run` again on a finished job of `local_shards` local and `bucket_shards`
+    bucket shards (either 0: not measured)."""
+    from benchmarks import rerun_scale
+    from benchmarks.common import loopback_s3, new_bucket
+
+    figures = {}
+    if local_shards:
+        store = str(root / "rerun-store")
+        figures.update(rerun_scale.rerun_figures(root / "rerun-local", local_shards, store, "local"))
+    if bucket_shards:
+        with loopback_s3() as endpoint:
+            url = f"s3://{new_bucket(endpoint)}/store"
+            figures.update(rerun_scale.rerun_figures(root / "rerun-bucket", bucket_shards, url, "bucket"))
+    return figures
+
+
 def measure(root: Path, base_shards: int, samples: int, tokens: int, rounds: int) -> dict:
     target = tiny_target(root / "target", HIDDEN, VOCAB, TARGET_LAYERS)
     stores = {scale: root / f"store-{scale}x" for scale in SCALES}
@@ -220,7 +242,11 @@ def main() -> None:
         metavar="N",
         help="also time info, verify --sizes-only and fit's start on N tiny shards (e.g. 10000)",
     )
-    parser.add_argument("--metadata-only", action="store_true", help="only the --metadata-shards figures")
+    parser.add_argument("--rerun-shards", type=int, default=0, metavar="N", help="time extract run's rerun at N shards")
+    parser.add_argument(
+        "--bucket-rerun-shards", type=int, default=0, metavar="M", help="... and at M shards on a moto_server bucket"
+    )
+    parser.add_argument("--metadata-only", action="store_true", help="only the --metadata-shards and --rerun figures")
     add_smoke_flag(parser)
     args = parser.parse_args()
     base, samples, tokens, rounds = (1, 1, 256, 1) if args.smoke else (4, 4, 1024, 2) if args.quick else (8, 4, 4096, 3)
@@ -230,12 +256,25 @@ def main() -> None:
         figures = {} if args.metadata_only else measure(root, base, samples, tokens, args.rounds or rounds)
         if meta_shards:
             figures.update(metadata(root, meta_shards))
+        figures.update(
+            reruns(root, 8 if args.smoke else args.rerun_shards, 4 if args.smoke else args.bucket_rerun_shards)
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     if args.metadata_only:
         rows = [
             (f"{key} ({meta_shards:,} one-sample shards, cold)", "-", str(figures[key]))
             for key in ("info_s", "verify_sizes_s", "fit_start_s", "metadata_build_s")
+            if key in figures
+        ]
+        rows += [
+            (
+                f"{where}_rerun_s: `extract run` again, nothing to do ({figures[f'{where}_shards']:,} shards)",
+                "<= 30",
+                f"{figures[f'{where}_rerun_s']} (extracting them: {figures[f'{where}_build_s']} s)",
+            )
+            for where in ("local", "bucket")
+            if f"{where}_rerun_s" in figures
         ]
         append_results("scale_bench: metadata at many shards", rows, figures, smoke=args.smoke)
         return

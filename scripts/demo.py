@@ -358,6 +358,37 @@ def first_extraction_report(store: Path) -> dict:
     return json.loads(sorted((store / "reports").iterdir())[0].read_text())
 
 
+def extract_store(target: Path, corpus: Path, store: Path, workers: int) -> dict:
+    """`extract run` of `corpus` through `target` into `store` (the demo's layers and
+    lengths); its report, or on a rerun the report of the run that extracted."""
+    report = run(
+        [
+            "-m",
+            "extract",
+            "run",
+            "--model",
+            target,
+            "--corpus",
+            corpus,
+            "--store",
+            store,
+            "--workers",
+            workers,
+            "--device",
+            "cpu",
+            "--num-context-layers",
+            "3",
+            "--max-length",
+            "512",
+            "--shard-tokens",
+            "16384",
+            "--progress-interval",
+            "5",
+        ]
+    )
+    return first_extraction_report(store) if report.get("status") == "nothing_to_do" else report
+
+
 def build_store(
     out: Path,
     records_wanted: int = RECORDS,
@@ -406,33 +437,7 @@ def build_store(
 
     store = out / "store"
     step("extract", "3. extract on a local Ray cluster")
-    report = run(
-        [
-            "-m",
-            "extract",
-            "run",
-            "--model",
-            target,
-            "--corpus",
-            corpus,
-            "--store",
-            store,
-            "--workers",
-            workers,
-            "--device",
-            "cpu",
-            "--num-context-layers",
-            "3",
-            "--max-length",
-            "512",
-            "--shard-tokens",
-            "16384",
-            "--progress-interval",
-            "5",
-        ]
-    )
-    if report.get("status") == "nothing_to_do":  # a rerun: the figures are the run that extracted
-        report = first_extraction_report(store)
+    report = extract_store(target, corpus, store, workers)
 
     step("verify", "4. verify and info")
     run(["-m", "store_schema", "verify", store], capture_json=False)

@@ -45,6 +45,8 @@ SMOKE_KEYS = {
         "start_ratio_16x_vs_1x",
         "start_s_per_1000_shards",
         "start_s_full_store_projected",
+        "local_rerun_s",
+        "bucket_rerun_s",
     },
     "layers_bench.py": {"subset_bytes_ratio", "subset_cpu_ratio", "bytes_read", "cpu_seconds", "store_bytes"},
     "fp8_parity.py": {"tau_bf16", "tau_fp8", "tau_ratio", "bytes_ratio", "fp8_bytes_ratio", "heldout_samples"},
@@ -60,7 +62,7 @@ SMOKE_KEYS = {
     "extract_bench.py": goal_keys("extract") | {"padded_token_ratio", "plan_records_per_s"},
     "train_bench.py": goal_keys("train"),
     "drafter_bench.py": goal_keys("drafter")
-    | {"variants", "goal_met", "offline_tau_dflash_decay", "decode_tau_dflash2_warm"},
+    | {"variants", "goal_met", "offline_tau_dflash_decay", "decode_tau_dflash2_warm", "store", "store_text"},
 }
 
 

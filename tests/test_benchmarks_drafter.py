@@ -13,6 +13,8 @@ def test_drafter_bench_smoke():
     missing = SMOKE_KEYS["drafter_bench.py"] - set(figures)
     assert not missing, f"drafter_bench --smoke lacks {sorted(missing)}"
     assert figures["smoke"] is True
+    text = figures["store_text"]  # how memorisable the store's replies are, printed before the ranking
+    assert figures["store"] == "demo" and 0 < text["distinct_reply_tokens"] <= text["reply_tokens"]
     variants = figures["variants"]  # DFlash / DFlash 2, each decoded losslessly
     assert set(variants) == {"dflash_decay", "dflash2_warm"}  # drafter_bench.SMOKE_VARIANTS
     assert all(v["lossless"] and v["decode_tau"] >= 1.0 for v in variants.values())

@@ -159,7 +159,8 @@ def run_sharded(job: ShardedJob, log) -> JobRun:
             result.dispatch_seconds = time.perf_counter() - begun
             result.workers, result.startup_seconds = pool.infos, pool.startup_seconds
             result.workers_started = pool.created
-    out.remove_leftovers()  # what lost attempts of this run left (they can no longer commit)
+    if pending:
+        out.remove_leftovers()  # what lost attempts of this run left (they can no longer commit)
     finish(out, plan, log)
     return result
 
@@ -181,7 +182,7 @@ def job_progress(settings: ProgressSettings, plan: Plan, pending: list[str], log
 def finish(out, plan: Plan, log) -> None:
     """Every planned shard must be committed (the report never says complete for an
     output that is not); then the damaged copies set aside are deleted."""
-    missing = [s.name for s in plan.shards if not out.is_committed(s.name)]
+    missing = out.uncommitted([s.name for s in plan.shards])
     if missing:
         raise ExtractError(
             f"{len(missing)} planned shard(s) are not committed after the run ({', '.join(missing[:5])}"

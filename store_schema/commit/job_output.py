@@ -40,5 +40,9 @@ class DirectoryOutput:
     def is_committed(self, name: str) -> bool:
         return layout.is_committed(self.path, name)
 
+    def uncommitted(self, names: list[str]) -> list[str]:
+        """Those of `names` not committed, in order."""
+        return [name for name in names if not self.is_committed(name)]
+
     def fence(self, run: str) -> ShardFence:
         return ShardFence(self.path, run).open()

@@ -39,5 +39,11 @@ class BucketOutput:
     def is_committed(self, name: str) -> bool:
         return self.bucket.exists(shard_marker(name))
 
+    def uncommitted(self, names: list[str]) -> list[str]:
+        """Those of `names` without a marker, in order: one listing of the markers, not a
+        request per shard."""
+        marked = set(BucketStore(self.bucket.url).shard_entries())
+        return [name for name in names if name not in marked]
+
     def fence(self, run: str) -> BucketFence:
         return BucketFence(self.bucket, run).open()

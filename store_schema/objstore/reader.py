@@ -9,8 +9,6 @@ besides (unfinished attempts, objects no marker names)."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-
 import zarr
 from zarr.storage import ObjectStore
 
@@ -25,7 +23,7 @@ from ..plan_io import plan_from_group
 from ..reader import Store
 from ..root import parse_root
 from ..runtime.crc32c import crc32c_bytes
-from .bucket import PARALLEL_REQUESTS, Bucket
+from .bucket import Bucket
 from .errors import explained
 from .keys import ATTEMPTS_DIR, MARKER_ATTEMPT, MARKER_ETAGS, PLAN_RECORD, attempt_of_key, attempt_prefix, shard_marker
 
@@ -69,10 +67,8 @@ class BucketStore(Store):
         plan = self.plan()
         if plan is None:
             return []
-        names = [s.name for s in plan.shards]
-        with ThreadPoolExecutor(PARALLEL_REQUESTS) as pool:
-            present = list(pool.map(self.is_committed, names))
-        return sorted(name for name, there in zip(names, present) if there)
+        marked = set(self.shard_entries())  # one listing of the markers, not a request per shard
+        return sorted(s.name for s in plan.shards if s.name in marked)
 
     def is_committed(self, name: str) -> bool:
         return name in self._commits or self.bucket.exists(shard_marker(name))

@@ -9,10 +9,12 @@ kept (named as a leftover) until its shard has a marker."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 from .. import layout
 from ..commit.journal import entry_key
 from ..tools.repair import Repair, plan_repair
-from .bucket import Bucket
+from .bucket import PARALLEL_REQUESTS, Bucket
 from .commit import REVOKED, attempt_of_token, take_fence
 from .keys import fence_key, shard_marker
 from .lease import StoreLease
@@ -27,10 +29,17 @@ def clean_bucket(url) -> list[str]:
 
 
 def remove_dead_attempts(store: BucketStore) -> list[str]:
+    """Delete every attempt no marker names and no live writer may still commit. The
+    markers are listed once and the attempted shards' read in parallel: one request
+    after another per shard made a finished job's rerun take ~25 ms a shard."""
+    attempts = store.attempts()
+    marked = sorted(set(store.shard_entries()) & {shard for shard, _ in attempts})
+    with ThreadPoolExecutor(PARALLEL_REQUESTS) as pool:
+        named = dict(zip(marked, pool.map(store.attempt, marked)))
     removed = []
-    for (shard, token), keys in sorted(store.attempts().items()):
-        if store.is_committed(shard):
-            if store.attempt(shard) == token:
+    for (shard, token), keys in sorted(attempts.items()):
+        if shard in named:
+            if named[shard] == token:
                 continue
         elif not _revoked(store.bucket, shard, token):
             continue  # claimed: its writer may be creating the marker now
