@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass
 import ml_dtypes
 import numpy as np
 
+from .codecs.arrays import is_channel_major
 from .errors import EmptyCaptureError
 
 SAMPLED_TOKENS = 4096  # token rows the statistics are taken over, at most
@@ -118,7 +119,7 @@ _E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).asty
 def _sampled(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """values[rows], gathered along whichever axis the array holds contiguously (fp8
     codes arrive channel-major: a row gather there touches every byte one at a time)."""
-    if values.ndim == 2 and values.strides[0] == values.itemsize and values.shape[1] > 1:
+    if is_channel_major(values):
         return np.take(values.T, rows, axis=1).T
     return np.take(values, rows, axis=0)
 

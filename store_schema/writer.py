@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -20,6 +19,7 @@ import zarr
 
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
+from .codecs.arrays import is_channel_major, scratch
 from .codecs.bf16 import BFLOAT16
 from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
 from .codecs.fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
@@ -251,19 +251,15 @@ class StoreWriter:
         return path
 
 
-_SCRATCH = threading.local()  # each writing thread's buffer for one layer's states (`_joined`)
-
-
 def _joined(parts: list[np.ndarray]) -> np.ndarray:
     """The samples' [tokens, hidden] states of one layer as one array, held as they came:
     channel-major where every sample's are (fp8 codes leave the device so: the
     `channels` codec then cuts its streams without a transpose), else row-major. The
-    array is this thread's scratch buffer, valid until its next call: a fresh array
-    each layer cost more in page faults than the copy itself."""
+    array lies in this thread's scratch buffer (`arrays.scratch`), valid until its next call."""
     tokens, hidden = sum(len(part) for part in parts), parts[0].shape[1]
-    if not all(part.ndim == 2 and part.strides[0] == part.itemsize and part.shape[1] > 1 for part in parts):
-        return np.concatenate(parts, out=_scratch((tokens, hidden), parts[0].dtype))
-    joined = _scratch((hidden, tokens), parts[0].dtype)
+    if not all(is_channel_major(part) for part in parts):
+        return np.concatenate(parts, out=_layer_buffer((tokens, hidden), parts[0].dtype))
+    joined = _layer_buffer((hidden, tokens), parts[0].dtype)
     start = 0
     for part in parts:
         joined[:, start : start + len(part)] = part.T
@@ -271,13 +267,9 @@ def _joined(parts: list[np.ndarray]) -> np.ndarray:
     return joined.T
 
 
-def _scratch(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array of `shape` in this thread's scratch buffer (grown as needed)."""
-    nbytes = shape[0] * shape[1] * dtype.itemsize
-    buffer = getattr(_SCRATCH, "buffer", None)
-    if buffer is None or buffer.nbytes < nbytes:
-        buffer = _SCRATCH.buffer = np.empty(nbytes, np.uint8)
-    return buffer[:nbytes].view(dtype).reshape(shape)
+def _layer_buffer(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised array of `shape` in this thread's scratch buffer for one layer."""
+    return scratch("layer", shape[0] * shape[1] * dtype.itemsize).view(dtype).reshape(shape)
 
 
 def _bf16(sample: SampleArrays, layer_id: int) -> np.ndarray:

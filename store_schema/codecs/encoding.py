@@ -59,6 +59,8 @@ import numpy as np
 import zstandard
 from numcodecs import zstd
 
+from .arrays import is_channel_major, scratch
+
 CODEC_NAMES = ("bytesplit", "channels", "blosc", "none")
 BloscName = Literal["zstd", "lz4", "lz4hc", "zlib", "blosclz"]  # the blosc compressors a `blosc` store may name
 BloscShuffle = Literal["shuffle", "bitshuffle", "noshuffle"]
@@ -266,16 +268,6 @@ def _byte_streams(flat: np.ndarray, typesize: int, out: np.ndarray) -> list[np.n
     return list(streams)
 
 
-_SCRATCH = threading.local()  # each writing thread's buffer of split streams (`encode_shard`)
-
-
-def _scratch(nbytes: int) -> np.ndarray:
-    buffer = getattr(_SCRATCH, "streams", None)
-    if buffer is None or buffer.nbytes < nbytes:
-        buffer = _SCRATCH.streams = np.empty(nbytes, np.uint8)
-    return buffer[:nbytes]
-
-
 def _stored_stream(stream: np.ndarray, level: int, min_saving: float):
     """What a stream stores: its zstd code where that saves `min_saving` of it, else
     its raw bytes. A stream longer than two trials is first coded on a trial (pieces
@@ -392,13 +384,8 @@ def encode_shard(
     chunk_rows, chunk_cols = chunk_shape
     grid = (max(1, -(-rows // chunk_rows)), cols // chunk_cols)
     chunk_bytes = chunk_rows * chunk_cols * data.itemsize
-    channel_major = (
-        data.strides[0] == data.itemsize
-        and cols > 1
-        and typesize == chunk_cols * data.itemsize
-        and _splits(chunk_bytes, typesize)
-    )
-    scratch = _scratch(0 if channel_major else grid[0] * grid[1] * chunk_bytes)  # channel-major: views
+    channel_major = is_channel_major(data) and typesize == chunk_cols * data.itemsize and _splits(chunk_bytes, typesize)
+    split = scratch("streams", 0 if channel_major else grid[0] * grid[1] * chunk_bytes)  # channel-major: views
 
     def encode(i: int) -> list:
         r, c = divmod(i, grid[1])
@@ -411,7 +398,7 @@ def encode_shard(
             whole[: chunk.shape[0]] = chunk
             chunk = whole
         flat = chunk.reshape(-1).view(np.uint8)
-        return _chunk_parts(flat, typesize, level, min_saving, scratch[i * chunk_bytes : (i + 1) * chunk_bytes])
+        return _chunk_parts(flat, typesize, level, min_saving, split[i * chunk_bytes : (i + 1) * chunk_bytes])
 
     with ThreadPoolExecutor(max(1, threads)) as pool:
         encoded = list(pool.map(encode, range(grid[0] * grid[1])))

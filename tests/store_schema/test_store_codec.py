@@ -36,6 +36,19 @@ def _streams(chunk: bytes) -> list[int]:
     return sizes
 
 
+def _fp8_fingerprint() -> Fingerprint:
+    """One 64-wide layer of a 4-layer target, stored as fp8."""
+    return Fingerprint(
+        target_model="t",
+        num_target_layers=4,
+        hidden_size=64,
+        vocab_size=512,
+        layer_ids=[1],
+        max_length=512,
+        dtype="fp8_e4m3",
+    )
+
+
 def test_every_bf16_pattern_round_trips_through_plain_blosc():
     """All 65,536 bf16 bit patterns (NaN payloads, Inf, subnormals, -0), encoded by the
     bytesplit encoder, decode bit for bit with plain numcodecs blosc (no store_schema code)."""
@@ -79,16 +92,7 @@ def test_fp8_stores_code_each_channel_apart_by_default(tmp_path):
     ]
     codes = {}
     for name, codec in (("channels", None), ("bytesplit", CodecConfig())):
-        fingerprint = Fingerprint(
-            target_model="t",
-            num_target_layers=4,
-            hidden_size=64,
-            vocab_size=512,
-            layer_ids=[1],
-            max_length=512,
-            dtype="fp8_e4m3",
-        )
-        create_store(tmp_path / name, fingerprint, codec).write_shard("shard-000000", samples)
+        create_store(tmp_path / name, _fp8_fingerprint(), codec).write_shard("shard-000000", samples)
         store = Store(tmp_path / name)
         assert store.codec.name == name
         codes[name] = (
@@ -180,18 +184,9 @@ def test_an_fp8_writer_given_channel_major_codes_writes_the_row_major_store(tmp_
                     {1: QuantizedStates(codes, scales)},
                 )
             )
-        fingerprint = Fingerprint(
-            target_model="t",
-            num_target_layers=4,
-            hidden_size=64,
-            vocab_size=512,
-            layer_ids=[1],
-            max_length=512,
-            dtype="fp8_e4m3",
-        )
-        create_store(tmp_path / layout_name, fingerprint, CodecConfig(name="channels", channel_rows=256)).write_shard(
-            "shard-000000", samples
-        )
+        create_store(
+            tmp_path / layout_name, _fp8_fingerprint(), CodecConfig(name="channels", channel_rows=256)
+        ).write_shard("shard-000000", samples)
         shard = layout.shard_dir(tmp_path / layout_name, "shard-000000")
         records[layout_name] = json.loads((shard / layout.COMMIT_RECORD).read_text())
     assert records["channels"] == records["rows"]
