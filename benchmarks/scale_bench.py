@@ -7,13 +7,17 @@ Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
 - start_s_{1,4,16}x: seconds `Trainer.from_config` takes (every check before
   step 1, the drafter built, the loader started) on stores of 1x, 4x and 16x the
   shards, each shard the same size, with the page cache emptied first: the
-  default start check (commit records and file sizes of every shard, a few
-  shards re-read in full) and, as `verify_first_s_*`, `--verify-first` (every
-  committed file re-read). Best of `--rounds`.
+  default start check (the commit journal against the committed shards, a few
+  shards re-read in full; the loader checks the rest as it opens them) and, as
+  `verify_first_s_*`, `--verify-first` (every committed file re-read). Best of
+  `--rounds`.
 - start_ratio_16x_vs_1x: the default's 16x figure over its 1x figure (goal <= 1.2).
+- plan_check_s: the start's store-level check (root, plan read, plan digest) on a
+  store whose plan holds the full corpus's 902,000 samples, cold.
 - start_s_per_1000_shards and start_s_full_store_projected: the default's growth
   per shard (the 16x and 1x figures' difference over the shards between them),
-  and that slope times the full job's ~80,000 shards on top of the 1x figure.
+  and that slope times the full job's ~80,000 shards plus plan_check_s on top of
+  the 1x figure.
 
 With `--metadata-shards N` (10,000 for the issue's figure) it also builds a store of
 N tiny committed shards with a plan and times what grows with the shard count, not
@@ -44,13 +48,13 @@ from benchmarks.common import Timer, add_smoke_flag, append_results, drop_page_c
 
 HIDDEN, VOCAB, TARGET_LAYERS, LAYERS = 1024, 2048, 4, [1, 2]
 FULL_JOB_SHARDS = 80_000  # ~2.6 B tokens in shards of 32,768 tokens
+FULL_JOB_SAMPLES = 902_000  # the corpus's samples: what the plan the start reads and checks holds
 SCALES = (1, 4, 16)
 
 
-def build_store(path: Path, num_shards: int, samples: int, tokens: int) -> int:
-    """`num_shards` shards of `samples` x `tokens` random states of LAYERS; bytes on disk."""
-    from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name
-    from store_schema.commit.records import on_disk_bytes
+def new_store(path: Path, tokens: int):
+    """A bench store's writer: LAYERS of a HIDDEN-wide target, samples of `tokens`."""
+    from store_schema import CodecConfig, Fingerprint, create_store
 
     fingerprint = Fingerprint(
         target_model="bench",
@@ -60,21 +64,58 @@ def build_store(path: Path, num_shards: int, samples: int, tokens: int) -> int:
         layer_ids=LAYERS,
         max_length=tokens,
     )
-    writer = create_store(path, fingerprint, CodecConfig())
+    return create_store(path, fingerprint, CodecConfig())
+
+
+def planned_tokens(num_shards: int, samples: int, tokens: int) -> list[list[tuple[str, np.ndarray, np.ndarray]]]:
+    """Each shard's samples as (id, tokens, loss mask): random ids, the first eighth masked."""
     rng = np.random.default_rng(0)
     mask = np.ones(tokens, np.uint8)
-    mask[: tokens // 4] = 0
-    for s in range(num_shards):
-        batch = [
-            SampleArrays(
-                f"b{s}-{i}",
-                rng.integers(0, VOCAB, tokens).astype(np.int32),
-                mask,
-                {layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16) for layer in LAYERS},
-            )
-            for i in range(samples)
-        ]
-        writer.write_shard(shard_name(s), batch)
+    mask[: tokens // 8] = 0
+    return [
+        [(f"s{s}-{i}", rng.integers(0, VOCAB, tokens).astype(np.int32), mask) for i in range(samples)]
+        for s in range(num_shards)
+    ]
+
+
+def plan_of(shards: list[list[tuple[str, np.ndarray, np.ndarray]]]):
+    """The plan a real job commits before its shards: these shards of these samples."""
+    from store_schema import Plan, PlannedSample, PlannedShard, sample_digest, shard_name
+
+    def planned(s: int, i: int, sample_id: str, ids: np.ndarray, mask: np.ndarray) -> PlannedSample:
+        digest = sample_digest(ids.tobytes(), mask.tobytes())
+        return PlannedSample(sample_id, s * len(shards[0]) + i, len(ids), int(mask.sum()), digest)
+
+    return Plan(
+        tuple(
+            PlannedShard(shard_name(s), tuple(planned(s, i, *sample) for i, sample in enumerate(batch)))
+            for s, batch in enumerate(shards)
+        ),
+        (),
+        settings={"source": "scale_bench"},
+    )
+
+
+def write_planned(path: Path, shards: list, tokens: int) -> float:
+    """A store of `shards` (`planned_tokens`) with random states, its plan committed
+    first as a job's is; the seconds the shards' writes took."""
+    from store_schema import SampleArrays, shard_name
+
+    writer = new_store(path, tokens)
+    writer.write_plan(plan_of(shards))
+    with Timer() as t:
+        for s, batch in enumerate(shards):
+            states = [{layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16) for layer in LAYERS} for _ in batch]
+            writer.write_shard(shard_name(s), [SampleArrays(*x, h) for x, h in zip(batch, states)])
+    return t.seconds
+
+
+def build_store(path: Path, num_shards: int, samples: int, tokens: int) -> int:
+    """`num_shards` shards of `samples` x `tokens` random states of LAYERS, with their
+    plan; bytes on disk."""
+    from store_schema.commit.records import on_disk_bytes
+
+    write_planned(path, planned_tokens(num_shards, samples, tokens), tokens)
     return on_disk_bytes(path)
 
 
@@ -105,64 +146,7 @@ def start_seconds(store: Path, target: Path, out: Path, verify_first: bool) -> f
 def build_tiny_shards(path: Path, num_shards: int) -> float:
     """`num_shards` committed shards of one 64-token sample each, with their plan;
     the seconds the writer took."""
-    from store_schema import (
-        CodecConfig,
-        Fingerprint,
-        Plan,
-        PlannedSample,
-        PlannedShard,
-        SampleArrays,
-        create_store,
-        sample_digest,
-        shard_name,
-    )
-
-    tokens = 64
-    fingerprint = Fingerprint(
-        target_model="bench",
-        num_target_layers=TARGET_LAYERS,
-        hidden_size=HIDDEN,
-        vocab_size=VOCAB,
-        layer_ids=LAYERS,
-        max_length=tokens,
-    )
-    writer = create_store(path, fingerprint, CodecConfig())
-    rng = np.random.default_rng(0)
-    mask = np.ones(tokens, np.uint8)
-    mask[:8] = 0
-    samples = []
-    for s in range(num_shards):
-        ids = rng.integers(0, VOCAB, tokens).astype(np.int32)
-        samples.append(
-            SampleArrays(
-                f"m{s}", ids, mask, {layer: torch.randn(tokens, HIDDEN).to(torch.bfloat16) for layer in LAYERS}
-            )
-        )
-    writer.write_plan(
-        Plan(
-            tuple(
-                PlannedShard(
-                    shard_name(s),
-                    (
-                        PlannedSample(
-                            x.sample_id,
-                            s,
-                            tokens,
-                            int(mask.sum()),
-                            sample_digest(x.input_ids.tobytes(), mask.tobytes()),
-                        ),
-                    ),
-                )
-                for s, x in enumerate(samples)
-            ),
-            (),
-            settings={"source": "scale_bench"},
-        )
-    )
-    with Timer() as t:
-        for s, sample in enumerate(samples):
-            writer.write_shard(shard_name(s), [sample])
-    return t.seconds
+    return write_planned(path, planned_tokens(num_shards, 1, 64), 64)
 
 
 def metadata(root: Path, num_shards: int) -> dict:
@@ -203,7 +187,33 @@ def reruns(root: Path, local_shards: int, bucket_shards: int) -> dict:
     return figures
 
 
-def measure(root: Path, base_shards: int, samples: int, tokens: int, rounds: int) -> dict:
+def plan_check_seconds(root: Path, num_samples: int, num_shards: int) -> float:
+    """Seconds the start's store-level check (root and plan records, the plan read
+    and its digest compared) takes on a store whose plan holds `num_samples` samples
+    in `num_shards` shards, cold: what grows with the corpus, not with the shards."""
+    from store_schema import Plan, PlannedSample, PlannedShard, shard_name
+    from store_schema.stores import open_store
+    from store_schema.tools.verify import verify_store
+
+    per_shard = -(-num_samples // num_shards)
+    samples = [PlannedSample(f"rec-{i:07d}", i, 2900, 1500, f"{i:064x}") for i in range(num_samples)]
+    plan = Plan(
+        tuple(
+            PlannedShard(shard_name(s), tuple(samples[s * per_shard : (s + 1) * per_shard])) for s in range(num_shards)
+        ),
+        (),
+        settings={"source": "scale_bench"},
+    )
+    path = root / "plan-store"
+    new_store(path, 64).write_plan(plan)
+    drop_page_cache(path)
+    with Timer() as t:
+        problems = verify_store(open_store(path), shards=[]).problems
+    assert not problems, problems[:3]
+    return t.seconds
+
+
+def measure(root: Path, base_shards: int, samples: int, tokens: int, rounds: int, plan_samples: int) -> dict:
     target = tiny_target(root / "target", HIDDEN, VOCAB, TARGET_LAYERS)
     stores = {scale: root / f"store-{scale}x" for scale in SCALES}
     sizes = {scale: build_store(path, scale * base_shards, samples, tokens) for scale, path in stores.items()}
@@ -216,13 +226,16 @@ def measure(root: Path, base_shards: int, samples: int, tokens: int, rounds: int
             first[scale].append(start_seconds(path, target, root / "run", True))
     best = {scale: min(default[scale]) for scale in SCALES}
     slope = max(0.0, best[16] - best[1]) / (15 * base_shards)
+    plan_s = plan_check_seconds(root, plan_samples, min(FULL_JOB_SHARDS, plan_samples))
     figures = {f"start_s_{scale}x": round(best[scale], 3) for scale in SCALES}
     figures.update({f"verify_first_s_{scale}x": round(min(first[scale]), 3) for scale in SCALES})
     figures.update(
         {
             "start_ratio_16x_vs_1x": round(best[16] / best[1], 3),
             "start_s_per_1000_shards": round(1000 * slope, 3),
-            "start_s_full_store_projected": round(best[1] + FULL_JOB_SHARDS * slope, 1),
+            "plan_check_s": round(plan_s, 2),
+            "plan_samples": plan_samples,
+            "start_s_full_store_projected": round(best[1] + FULL_JOB_SHARDS * slope + plan_s, 1),
             "shards": {f"{scale}x": scale * base_shards for scale in SCALES},
             "store_bytes": {f"{scale}x": sizes[scale] for scale in SCALES},
             "rounds": rounds,
@@ -253,7 +266,10 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="scale_bench_"))
     meta_shards = 20 if args.smoke else args.metadata_shards
     try:
-        figures = {} if args.metadata_only else measure(root, base, samples, tokens, args.rounds or rounds)
+        plan_samples = 2_000 if args.smoke else FULL_JOB_SAMPLES
+        figures = (
+            {} if args.metadata_only else measure(root, base, samples, tokens, args.rounds or rounds, plan_samples)
+        )
         if meta_shards:
             figures.update(metadata(root, meta_shards))
         figures.update(
@@ -290,9 +306,15 @@ def main() -> None:
     rows += [
         ("start_ratio_16x_vs_1x", "<= 1.2", str(figures["start_ratio_16x_vs_1x"])),
         (
-            "start_s_full_store_projected (80,000 shards)",
+            f"the plan's check at {figures['plan_samples']:,} samples (cold)",
+            "-",
+            str(figures["plan_check_s"]),
+        ),
+        (
+            "start_s_full_store_projected (80,000 shards, 902,000 samples)",
             "<= 60",
-            f"{figures['start_s_full_store_projected']} ({figures['start_s_per_1000_shards']} s per 1,000 shards)",
+            f"{figures['start_s_full_store_projected']} ({figures['start_s_per_1000_shards']} s per 1,000 shards "
+            "+ the plan's check)",
         ),
     ]
     append_results("scale_bench: fit's start as the store grows", rows, figures, smoke=args.smoke)

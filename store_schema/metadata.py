@@ -29,6 +29,7 @@ class StoreMetadata:
         self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
         self.dtype: StoreDtype = store_dtype(self.fingerprint.dtype)
         self._commits: dict[str, ShardCommit] = {}
+        self._plan: Plan | None = None
 
     # -- metadata -----------------------------------------------------------------------
     @property
@@ -68,7 +69,11 @@ class StoreMetadata:
         return self._commits[name]
 
     def plan(self) -> Plan | None:
-        return read_committed_plan(self.path)
+        """The committed plan, read once (a full job's holds ~900,000 samples; a
+        committed plan never changes); None while the store has none."""
+        if self._plan is None:
+            self._plan = read_committed_plan(self.path)
+        return self._plan
 
     # -- what `verify` reads; a bucket store (`store_schema.objstore`) answers the same ----
     def kept_checksum_problems(self, name: str) -> list[tuple[str, str]] | None:
@@ -94,8 +99,11 @@ class StoreMetadata:
 
     def shard_entries(self) -> list[str]:
         """Every shard directory in ``shards/``, committed or not: what `verify` checks."""
-        shards = self.path / layout.SHARDS_DIR
-        return sorted(p.name for p in shards.iterdir() if p.is_dir()) if shards.is_dir() else []
+        try:
+            with os.scandir(self.path / layout.SHARDS_DIR) as entries:  # a stat only where d_type is unknown
+                return sorted(entry.name for entry in entries if entry.is_dir())
+        except FileNotFoundError:
+            return []
 
     def leftovers(self) -> list[str]:
         """Uncommitted writes left behind (``.staging/`` entries): never read."""

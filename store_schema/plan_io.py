@@ -54,17 +54,18 @@ def read_plan(store_path) -> Plan:
 def plan_from_group(group) -> Plan:
     """The plan in an open plan group (a directory's or a bucket's)."""
     attrs = group.attrs.asdict()
-    ids = group[layout.PLAN_SAMPLE_IDS][...]
-    digests = group[layout.PLAN_DIGESTS][...]
-    records = group[layout.PLAN_RECORD_INDEX][...]
-    tokens = group[layout.PLAN_NUM_TOKENS][...]
-    loss_tokens = group[layout.PLAN_NUM_LOSS_TOKENS][...]
-    shard_index = group[layout.PLAN_SHARD_INDEX][...]
+    columns = (
+        layout.PLAN_SAMPLE_IDS,
+        layout.PLAN_RECORD_INDEX,
+        layout.PLAN_NUM_TOKENS,
+        layout.PLAN_NUM_LOSS_TOKENS,
+        layout.PLAN_DIGESTS,
+        layout.PLAN_SHARD_INDEX,
+    )
+    *fields, shard_index = (group[name][...].tolist() for name in columns)  # Python values, in one pass each
     per_shard: list[list[PlannedSample]] = [[] for _ in attrs["shard_names"]]
-    for i in range(len(ids)):
-        per_shard[int(shard_index[i])].append(
-            PlannedSample(str(ids[i]), int(records[i]), int(tokens[i]), int(loss_tokens[i]), str(digests[i]))
-        )
+    for shard, values in zip(shard_index, zip(*fields)):
+        per_shard[shard].append(PlannedSample(*values))
     shards = tuple(PlannedShard(n, tuple(s)) for n, s in zip(attrs["shard_names"], per_shard))
     quarantined = tuple(QuarantinedRecord(**q) for q in attrs.get("quarantined", ()))
     return Plan(shards, quarantined, dict(attrs.get("settings", {})))

@@ -115,20 +115,25 @@ def verify_store(
         if progress:
             progress(done, len(shard_dirs), done_bytes, total_bytes)
     _flag_outlier_layers(stats_by_shard, report)
+    if shards is None:
+        report.problems.extend(vanished(journal, shard_dirs))
     if planned_ids is not None and shards is None:
         _check_against_plan(set(planned_ids), set(shard_dirs), journal, report)
     return report
 
 
+def vanished(journal: set[str], found) -> list[dict]:
+    """A problem for each shard the store's commit journal records that is not among
+    `found`: a committed shard that is gone is damage, not an unfinished job."""
+    return [problem(VANISHED, shard=name, file=entry_key(name)) for name in sorted(journal - set(found))]
+
+
 def _check_against_plan(planned: set[str], found: set[str], journal: set[str], report: Report) -> None:
-    """Planned shards not in the store (damaged when the store's journal says they were
-    committed, else not extracted yet) and shards the plan does not name."""
+    """Planned shards not in the store and never committed (not extracted yet), and
+    shards the plan does not name."""
     report.planned_shards = len(planned)
-    for name in sorted(planned - found):
-        if name in journal:
-            report.add(VANISHED, shard=name, file=entry_key(name))
-        else:
-            report.add(MISSING_SHARD, shard=name)
+    for name in sorted(planned - found - journal):
+        report.add(MISSING_SHARD, shard=name)
     for name in sorted(found - planned):
         report.add("shard not in the plan", shard=name)
 

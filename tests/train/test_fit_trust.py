@@ -130,6 +130,7 @@ def test_an_incomplete_store_is_named_and_refused_when_required(store, qwen3_dir
     partial = tmp_path / "store"
     shutil.copytree(store, partial)
     (partial / "shards" / "shard-000002" / "commit.json").unlink()
+    (partial / "commits" / "shard-000002.json").unlink()  # never committed (journaled: gone, damage)
     messages = []
     Trainer.from_config(config_for(partial, qwen3_dir, tmp_path / "run", max_steps=1), log=messages.append)
     assert any(
@@ -251,9 +252,9 @@ def test_a_shard_corrupt_mid_run_leaves_a_checkpoint_and_a_resume_command_that_w
 def test_the_start_reads_no_shard_but_a_sample_and_a_byte_changed_after_it_is_caught_before_its_step(
     store, qwen3_dir, tmp_path
 ):
-    """Issue 47.2: the start checks commit records and sizes (a truncated file is
-    refused before step 1), re-reads `data.verify_sampled_shards` in full, and a
-    byte changed after the start is still caught by the loader before its step."""
+    """Issue 47.2: the start re-reads `data.verify_sampled_shards` in full and reads
+    nothing else per shard; a byte changed after the start, or a file truncated in a
+    shard the sample missed, is still caught by the loader before its step."""
     damaged = tmp_path / "store"
     shutil.copytree(store, damaged)
     order = Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "probe", max_steps=1)).loader.epoch_order(0)
@@ -263,8 +264,7 @@ def test_the_start_reads_no_shard_but_a_sample_and_a_byte_changed_after_it_is_ca
         log=messages.append,
     )
     assert any(
-        m.startswith("fit: start check: commit records and file sizes of 3 committed shard(s), 1 re-read")
-        for m in messages
+        m.startswith("fit: start check: 3 committed shard(s) against the commit journal, 1 re-read") for m in messages
     ), messages
     corrupt(damaged, order[2])  # after the start: only the loader can see it
     with pytest.raises(DataStopped) as stopped:
@@ -278,10 +278,31 @@ def test_the_start_reads_no_shard_but_a_sample_and_a_byte_changed_after_it_is_ca
             config_for(damaged, qwen3_dir, tmp_path / "first", sampled_out, max_steps=1),
             checks=FitChecks(verify_first=True),
         )
-    chunk = damaged / "shards" / order[1] / "layer_1" / "c" / "0" / "0"
+    chunk = damaged / "shards" / order[0] / "layer_1" / "c" / "0" / "0"
     chunk.write_bytes(chunk.read_bytes()[:-1])
-    with pytest.raises(DamagedStoreError, match=rf"shard {order[1]}: layer_1/c/0/0: size .* \(truncated"):
-        Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "truncated", sampled_out, max_steps=1))
+    truncated = Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "truncated", sampled_out, max_steps=1))
+    with pytest.raises(DataStopped) as stopped:
+        truncated.fit()
+    assert stopped.value.step == 0 and stopped.value.error.shard == order[0]
+    assert stopped.value.error.file == "layer_1/c/0/0", stopped.value.error
+
+
+def test_a_committed_shard_that_is_gone_is_refused_before_step_1_as_damage(store, qwen3_dir, tmp_path):
+    """Issue 47.4 at fit's start: the commit journal records the shard, its directory
+    is gone: damage naming it and the repair command, not an incomplete store."""
+    damaged = tmp_path / "store"
+    shutil.copytree(store, damaged)
+    shutil.rmtree(damaged / "shards" / "shard-000002")
+    with pytest.raises(DamagedStoreError, match=r"shard shard-000002: commits/shard-000002.json: committed shard gone"):
+        Trainer.from_config(config_for(damaged, qwen3_dir, tmp_path / "run", max_steps=1))
+    messages = []
+    Trainer.from_config(
+        config_for(damaged, qwen3_dir, tmp_path / "skip", "data.skip_corrupt_shards=true", max_steps=1),
+        log=messages.append,
+    )
+    assert any(
+        m.startswith("fit: 1 damaged shard(s) left out (data.skip_corrupt_shards): shard-000002") for m in messages
+    )
 
 
 def test_a_global_batch_the_processes_cannot_share_is_refused_once_before_they_start(

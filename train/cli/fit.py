@@ -20,10 +20,10 @@ flags of the same names; the store and RUN must be the same paths on every node.
 Before step 1 (`train.fitting.preflight`): the target must be the store's
 (config and weights; `--allow-other-target` overrides, recorded in the run), an
 incomplete store is named (`--require-complete` refuses it), the start check
-reads every shard's commit record and file sizes and re-reads a few shards in
-full (`--verify-first`: every committed file's crc32c; `--skip-verify` skips it)
-and refuses damaged shards naming the repair command (the loader checks every
-file's crc32c as it reads it), and the run's checkpoints must fit in
+re-reads a few shards in full and checks the commit journal (`--verify-first`:
+every committed file's crc32c; `--skip-verify` skips it) and refuses damaged
+shards naming the repair command (the loader checks each shard's commit record
+and every file's crc32c as it reads it), and the run's checkpoints must fit in
 RUN's free space (`--skip-space-check` starts anyway). `--max-steps` wins over
 `train.epochs`. A shard found corrupt mid-run checkpoints the last completed step
 and prints the resume commands (exit 1); a disk that fills names the last good
@@ -156,8 +156,8 @@ def add_start_check_flags(p) -> None:
     p.add_argument(
         "--verify-first",
         action="store_true",
-        help="re-read every committed file's crc32c before step 1 (default: commit records and sizes of "
-        "every shard, data.verify_sampled_shards re-read; the loader checks each file as it reads it)",
+        help="re-read every committed file's crc32c before step 1 (default: data.verify_sampled_shards "
+        "re-read; the loader checks each shard's commit record and files as it opens it)",
     )
     p.add_argument("--skip-verify", action="store_true", help="skip the start check of the store before step 1")
     p.add_argument(

@@ -20,7 +20,7 @@ class DataConfig:
     loader_threads: int | None = None  # threads decoding a shard's chunks in parallel; None: the cores available
     prefetch_samples: int = 8  # ready samples queued ahead of the trainer
     skip_corrupt_shards: bool = False  # False: a corrupt shard stops the run; True: skip it, logged
-    verify_sampled_shards: int = 4  # committed shards re-read in full before step 1 (the rest: sizes, then as read)
+    verify_sampled_shards: int = 4  # committed shards re-read in full before step 1 (the rest: as the loader reads)
     lanes: int | None = (
         None  # sample streams the shard order is dealt into (train/data/loader.py); None: the world size
     )

@@ -1,9 +1,11 @@
 """What `fit` checks before step 1, so that a run never trains on something other
 than what was asked without a word: the target is the store's (`train.target_check`),
-the store is whole (committed shards against its plan) and undamaged (the start
-check: every shard's commit record and file sizes, a few shards re-read in full;
-the loader checks every file's crc32c before its samples reach a step, and
-`--verify-first` re-reads everything first), the held-out split
+the store is whole (committed shards against its plan and its commit journal) and
+undamaged (the start check: the store's root and plan, a few shards re-read in full,
+nothing read per shard, so it takes the same time at any shard count; the loader
+checks each shard's commit record and every file's crc32c as it opens the shard,
+before its samples reach a step, and `--verify-first` re-reads everything first),
+the held-out split
 holds samples, the lanes have shards to read, and `--max-steps` has the epochs it
 needs (it wins over `train.epochs`: the loader runs as many epochs as the steps take,
 and the schedule is built for those steps)."""
@@ -21,7 +23,7 @@ from store_schema import Store
 from store_schema.location import is_object_store
 from store_schema.runtime.target_config import TargetConfig, read_target_config
 from store_schema.stores import open_store
-from store_schema.tools.verify import verify_store
+from store_schema.tools.verify import vanished, verify_store
 from train.config import RunConfig
 from train.config_error import ConfigError
 from train.data.heldout import is_heldout
@@ -170,19 +172,22 @@ def integrity_pass(
     device: torch.device | None = None,
     verify_first: bool = False,
 ) -> list[str]:
-    """The start check over the committed shards, in parallel, the job's processes
-    sharing them out: the damaged shards (every rank gets the same list). Refused
+    """The start check: the store's root and plan, the sampled shards re-read (every
+    committed shard under `verify_first`), the job's processes sharing them out, and
+    the commit journal against the committed shards (a journaled shard that is gone
+    is damage). Returns the damaged shards (every rank gets the same list). Refused
     naming them and the repair command, unless `data.skip_corrupt_shards` (then
     they are left out, reported once here)."""
     committed = sorted(store.committed_shards())
-    reread = set(committed if verify_first else reread_sample(store, committed, config, log))
-    mine = committed[world.rank :: world.size]
-    local = verify_store(
-        store, sizes_only=True, workers=config.data.loader_threads, shards=mine, reread=reread
-    ).problems
+    gone = vanished(store.journaled_shards() or set(), committed)  # two listings: the same on every rank
+    reread = committed if verify_first else reread_sample(store, committed, config, log)
+    mine = reread[world.rank :: world.size]
+    local = verify_store(store, checksums_only=True, workers=config.data.loader_threads, shards=mine).problems
+    local += gone
+    named = committed + [p["shard"] for p in gone]
     hit = {p["shard"] for p in local}
-    flags = any_rank(world, ["" in hit, *(name in hit for name in committed)], device or torch.device("cpu"))
-    root_damage, damaged = flags[0], [name for name, bad in zip(committed, flags[1:]) if bad]
+    flags = any_rank(world, ["" in hit, *(name in hit for name in named)], device or torch.device("cpu"))
+    root_damage, damaged = flags[0], [name for name, bad in zip(named, flags[1:]) if bad]
     if not root_damage and not damaged:
         return []
     names = ", ".join(damaged[:8]) + (f" and {len(damaged) - 8} more" if len(damaged) > 8 else "")
@@ -196,7 +201,7 @@ def integrity_pass(
         if first is None
         else (f"shard {first['shard']}: {first['file']}: " if first["shard"] else "") + f"{first['what']}; "
     )
-    found = f"{len(damaged)} damaged shard(s) of {len(committed)}: {names}" if damaged else "a damaged store root"
+    found = f"{len(damaged)} damaged shard(s) of {len(named)}: {names}" if damaged else "a damaged store root"
     raise DamagedStoreError(
         f"{where}the integrity pass found {found}; repair with `{repair}` and rerun `python -m extract run`, "
         f"or set data.skip_corrupt_shards=true to leave them out ({SKIP_VERIFY_FLAG} skips this check)"
@@ -206,15 +211,15 @@ def integrity_pass(
 def reread_sample(store: Store, committed: list[str], config: RunConfig, log: Callable[[str], None]) -> list[str]:
     """The shards re-read in full before step 1 (`data.verify_sampled_shards`, drawn
     with the run's seed; none on object storage, where that is a download): the
-    others' sizes are checked and their bytes as the loader reads them."""
+    others' commit records and bytes are checked as the loader opens them."""
     remote = is_object_store(store.path)
     count = 0 if remote else min(config.data.verify_sampled_shards, len(committed))
     sample = sorted(random.Random(config.train.seed).sample(committed, count))
     where = "as it arrives" if remote else "as the loader reads it"
     log(
-        f"fit: start check: commit records and file sizes of {len(committed)} committed shard(s), {len(sample)} "
-        f"re-read in full; every file's crc32c is checked {where}, before its samples reach a step "
-        "(--verify-first re-reads every file before step 1)"
+        f"fit: start check: {len(committed)} committed shard(s) against the commit journal, {len(sample)} "
+        f"re-read in full; every other shard's commit record and each file's crc32c are checked {where}, "
+        "before its samples reach a step (--verify-first re-reads every file before step 1)"
     )
     return sample
 
