@@ -278,8 +278,8 @@ def add_verify_parser(sub) -> None:
     p_verify.add_argument(
         "--sizes-only",
         action="store_true",
-        help="read no shard file: commit records and file sizes against the listing (seconds "
-        "at any size; what `fit` checks of every shard before step 1)",
+        help="read no shard file: commit records and file sizes against the listing (a quick pass "
+        "over every shard's metadata; a changed byte of the right size is not seen)",
     )
     p_verify.add_argument(
         "--recompute",

@@ -12,8 +12,8 @@ raw bits (an exponent of all ones) rather than through a float conversion.
 storage, where the marker recorded the ETags the uploads were answered with: the
 listed ETags instead, nothing read, `Store.kept_checksum_problems`);
 `sizes_only` reads no shard file at all: commit records and file sizes against
-the directory listing (what `fit` checks of every shard before step 1, where the
-loader checks each file's crc32c as it reads it)."""
+the directory listing (a quick pass over every shard's metadata; `fit`'s start
+reads none of it, the loader checking each shard's record and crc32c as it reads)."""
 
 from __future__ import annotations
 
