@@ -88,7 +88,7 @@ def test_fit_from_the_bucket_through_the_cache_gives_the_losses_of_fit_from_a_lo
     assert fit(url, qwen3_dir, tmp_path / "bucket-run", f"data.cache_dir={cache}", *size) == 0
     err = capsys.readouterr().err
     assert losses(tmp_path / "bucket-run") == losses(tmp_path / "local-run")
-    assert "committed shard(s), 0 re-read in full; every file's crc32c is checked as it arrives" in err
+    assert "0 re-read in full; each shard's commit record and every file's crc32c are checked as it arrives" in err
     held = copied_shards(cache)  # the cache is a store the normal reader and verify read
     report = verify_store(cache)
     assert report.status == ("intact" if budget == "unbounded" else "incomplete") and report.shards_checked == len(held)

@@ -218,7 +218,7 @@ def reread_sample(store: Store, committed: list[str], config: RunConfig, log: Ca
     where = "as it arrives" if remote else "as the loader reads it"
     log(
         f"fit: start check: {len(committed)} committed shard(s) against the commit journal, {len(sample)} "
-        f"re-read in full; every other shard's commit record and each file's crc32c are checked {where}, "
+        f"re-read in full; each shard's commit record and every file's crc32c are checked {where}, "
         "before its samples reach a step (--verify-first re-reads every file before step 1)"
     )
     return sample
