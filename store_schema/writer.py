@@ -72,6 +72,8 @@ def as_bf16_numpy(array) -> np.ndarray:
 class StoreWriter:
     """Writes one store. Create with `create_store`, reopen with `StoreWriter(path)`."""
 
+    direct_io = True  # layer files go past the page cache (`runtime.file_writes`): nothing here reads them soon
+
     def __init__(self, path):
         self.path = Path(path)
         root = read_root(self.path)
@@ -213,6 +215,7 @@ class StoreWriter:
                 self.codec.element_bytes(cols, dtype.itemsize),
                 self.codec.level,
                 self.codec.min_saving,
+                direct=self.direct_io,
             )
         else:
             array[...] = values

@@ -59,6 +59,7 @@ import numpy as np
 import zstandard
 from numcodecs import zstd
 
+from ..runtime.file_writes import write_file
 from .arrays import is_channel_major, scratch
 
 CODEC_NAMES = ("bytesplit", "channels", "blosc", "none")
@@ -360,12 +361,13 @@ def write_bytesplit_shard(
     level: int,
     min_saving: float,
     threads: int = 2,
+    direct: bool = True,
 ) -> None:
-    """Write `data` [rows, cols] as a zarr v3 `sharding_indexed` file (`encode_shard`)."""
+    """Write `data` [rows, cols] as a zarr v3 `sharding_indexed` file (`encode_shard`),
+    past the page cache where `direct` (`runtime.file_writes`)."""
     parts = encode_shard(data, chunk_shape, typesize, level, min_saving, threads)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "wb") as f:
-        f.writelines(parts)
+    write_file(path, parts, direct)
 
 
 def encode_shard(

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from ..errors import RecordError
 from ..layer_stats import LayerStats
 from ..runtime.crc32c import crc32c_file
+from ..runtime.file_writes import written_crc32c
 
 
 def _canonical(body: dict) -> bytes:
@@ -47,10 +48,14 @@ def file_sizes(directory: Path, exclude: tuple[str, ...] = ()) -> dict[str, int]
 
 
 def describe_files(directory: Path, exclude: tuple[str, ...] = ()) -> dict:
-    """{relative path: {"size", "crc32c"}} for every file below `directory`."""
+    """{relative path: {"size", "crc32c"}} for every file below `directory`; a file
+    this process wrote with `runtime.file_writes` is not read back for its crc32c."""
     directory = Path(directory)
     return {
-        rel: {"size": (directory / rel).stat().st_size, "crc32c": crc32c_file(directory / rel)}
+        rel: {
+            "size": (directory / rel).stat().st_size,
+            "crc32c": written_crc32c(directory / rel) or crc32c_file(directory / rel),
+        }
         for rel in list_files(directory, exclude)
     }
 

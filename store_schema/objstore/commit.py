@@ -116,6 +116,8 @@ class BucketWriter(StoreWriter):
     """`StoreWriter` for a store on object storage: each shard is written into a local
     `spool.Spool` (bounded; a full one waits), uploaded, and freed."""
 
+    direct_io = False  # the uploader reads the spooled files back at once: from the page cache
+
     def __init__(self, url, spool: Spool | None = None):
         self.bucket = Bucket(url)
         self.path = url
