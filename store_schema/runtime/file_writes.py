@@ -5,10 +5,11 @@ the page cache buys the writer nothing and costs it most of its kernel time: cop
 a shard's gigabyte into the cache, reclaiming the pages that copy displaces, and
 reading the file back to checksum it for the commit record. `write_file` therefore
 writes through `O_DIRECT` where the OS and filesystem accept it (an aligned buffer
-handed straight to the device), buffered where they do not (tmpfs, macOS), and takes
-the crc32c of the very bytes it hands over. `written_crc32c` gives that checksum to
-the commit record (`commit.records.describe_files`) instead of a read-back, as long as
-the file's size, inode and mtime are still what the write left."""
+handed straight to the device), buffered where they do not (an OS without the flag, a
+filesystem that answers EINVAL), and takes the crc32c of the very bytes it hands over.
+`written_crc32c` gives that checksum to the commit record (`commit.records.describe_files`)
+instead of a read-back, as long as the file's size, inode and mtime are still what the
+write left."""
 
 from __future__ import annotations
 
@@ -78,17 +79,16 @@ def _write_direct(path: Path, parts: list) -> str | None:
             return None
         raise
     try:
-        return _fill_and_write(fd, parts)
+        crc = _fill_and_write(fd, parts)
     except OSError as error:
         if error.errno != errno.EINVAL:
             raise
-        os.close(fd)
-        fd = -1
-        os.unlink(path)
-        return None
+        crc = None
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
+    if crc is None:
+        os.unlink(path)
+    return crc
 
 
 def _fill_and_write(fd: int, parts: list) -> str:
