@@ -3,7 +3,9 @@ block's logits as its decoder computes them, and the fixed inputs the comparison
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import torch
 from dflash import model as dflash_model
@@ -45,13 +47,24 @@ def load_model(path):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
-def reference_generate(reference, model, prompt, max_new_tokens):
-    """`dflash_generate` with the reference drafter `reference` (DFlash or DFlash 2).
+def reference_generate(reference, model, prompt, max_new_tokens, **sampling):
+    """`dflash_generate` with the reference drafter `reference` (DFlash or DFlash 2),
+    greedy or at `sampling` (temperature, top_p, top_k; it draws from torch's global RNG).
     Its stats timer calls torch.cuda.synchronize, which a CPU build of torch refuses:
     only that timer is replaced by the plain clock."""
     clock = dflash_model._cuda_time
     dflash_model._cuda_time = time.perf_counter
     try:
-        return dflash_model.dflash_generate(reference, model, prompt[None], max_new_tokens, None, return_stats=True)
+        return dflash_model.dflash_generate(
+            reference, model, prompt[None], max_new_tokens, None, return_stats=True, **sampling
+        )
     finally:
         dflash_model._cuda_time = clock
+
+
+def reference_decode(export_dir, model, prompt, max_new_tokens, **sampling):
+    """z-lab's `dflash_generate` on the same export (DFlash or DFlash 2, as its
+    config.json names it) and target, greedy or at `sampling`."""
+    architecture = json.loads((Path(export_dir) / "config.json").read_text())["architectures"][0]
+    reference = getattr(dflash_model, architecture).from_pretrained(str(export_dir), dtype=torch.float32).eval()
+    return reference_generate(reference, model, prompt, max_new_tokens, **sampling)

@@ -15,14 +15,12 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import builders
 import pytest
 import tiny
 import torch
-from dflash import model as dflash_model
-from reference_oracle import load_model, reference_generate
+from reference_oracle import load_model, reference_decode
 from stores import greedy_store
 from transformers import Qwen3_5ForCausalLM
 
@@ -71,14 +69,6 @@ def random_drafter(target_dir, mask_token_id, geometry=DECODE_GEOMETRY, seed=0) 
     )
     torch.manual_seed(seed)
     return DFlashDrafter(config).eval()
-
-
-def reference_decode(export_dir, model, prompt, max_new_tokens):
-    """z-lab's `dflash_generate` on the same export (DFlash or DFlash 2, as its
-    config.json names it) and target."""
-    architecture = json.loads((Path(export_dir) / "config.json").read_text())["architectures"][0]
-    reference = getattr(dflash_model, architecture).from_pretrained(str(export_dir), dtype=torch.float32).eval()
-    return reference_generate(reference, model, prompt, max_new_tokens)
 
 
 @pytest.fixture(scope="module")

@@ -1,28 +1,33 @@
-"""Speculative decoding the DFlash way, beside the target's own greedy decoding.
+"""Speculative decoding the DFlash way, beside the target's own decoding.
 
 A round, with the anchor at position `start` (the bonus token of the previous
 round, which the target has not processed yet):
 
 1. the drafter drafts the block `[anchor, MASK x (b-1)]` at positions
    start .. start+b-1 from the target's features of the verified positions
-   `< start` (`train.drafter.draft_cache.DraftCache`), greedy: per slot for DFlash,
-   along the candidate selector's path from the anchor for DFlash 2 (`greedy_tokens`);
+   `< start` (`train.drafter.draft_cache.DraftCache`): greedy, per slot for DFlash
+   and along the candidate selector's path from the anchor for DFlash 2
+   (`greedy_tokens`), or sampled at temperature (`sampled_tokens`);
 2. the target verifies the whole block in one forward;
-3. the drafted tokens that equal the target's own greedy choices are accepted,
-   up to the first mismatch, plus the target's token after them (the bonus, the
-   next anchor): accepted + 1 tokens, cut at a stop token or the token limit;
+3. greedy: the drafted tokens that equal the target's own greedy choices are
+   accepted, up to the first mismatch, plus the target's token after them (the
+   bonus, the next anchor); at temperature: rejection sampling
+   (train/acceptance/sampling.py). accepted + 1 tokens, cut at a stop token or the
+   token limit;
 4. the target's cache keeps the anchor and the accepted tokens
    (`train.acceptance.target_decode.TargetSession.keep`: cropped; before transformers
    5.25 linear-attention layers are restored and re-run), and the drafter's context
    grows by their features.
 
 b is the drafter's block size, or what is left of `max_new_tokens` on the last
-round (as z-lab's `dflash_generate` does). Every committed token is the target's
-greedy choice after the tokens before it, so the output equals greedy decoding
-token for token (`lossless`), up to floating-point differences between a block
-forward and a one-token forward, which `decode_prompt` measures rather than
-assumes. Acceptance length per round = tokens the round committed, exactly as
-`dflash_generate` records it; `tau` is their mean per prompt, then over prompts.
+round (as z-lab's `dflash_generate` does). Greedy: every committed token is the
+target's greedy choice after the tokens before it, so the output equals greedy
+decoding token for token (`lossless`), up to floating-point differences between a
+block forward and a one-token forward, which `decode_prompt` measures rather than
+assumes. At temperature the output is distributed as the target's own sampling
+(lossless in distribution: tests/train/test_sampling.py checks it). Acceptance length
+per round = tokens the round committed, exactly as `dflash_generate` records it;
+`tau` is their mean per prompt, then over prompts.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from train.acceptance.sampling import GREEDY, Draft, Sampling, rejection_sample, sample
 from train.acceptance.target_decode import TargetSession, clock
 from train.drafter.draft_cache import DraftCache
 
@@ -61,17 +67,31 @@ class Decoded:
         return out
 
 
+def next_token(logits: torch.Tensor, sampling: Sampling, generator) -> int:
+    """The target's token after `logits` [V]: its argmax, or a draw at temperature."""
+    return int(logits.argmax()) if sampling.greedy else int(sample(sampling.probs(logits), generator))
+
+
+def seeded(sampling: Sampling, seed: int, device) -> torch.Generator | None:
+    """The random source of one decoding (None for greedy decoding)."""
+    return None if sampling.greedy else torch.Generator(device=device).manual_seed(seed)
+
+
 @torch.no_grad()
-def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop_ids) -> Decoded:
-    """The target's own greedy decoding: one token per forward, plain cache."""
+def greedy_generate(
+    model, prompt: torch.Tensor, max_new_tokens: int, stop_ids, sampling: Sampling = GREEDY, seed: int = 0
+) -> Decoded:
+    """The target's own decoding, one token per forward, plain cache: greedy, or
+    sampled at `sampling`'s settings (target-alone sampling, speculation's baseline)."""
     stop = set(stop_ids)
     session = TargetSession(model)
+    generator = seeded(sampling, seed, session.device)
     started = clock(session.device)
     tokens: list[int] = []
     ids = prompt
     while True:
         logits, _ = session.forward(ids, last_only=True)
-        token = int(logits[-1].argmax())
+        token = next_token(logits[-1], sampling, generator)
         tokens.append(token)
         if len(tokens) >= max_new_tokens or token in stop:
             break
@@ -79,20 +99,46 @@ def greedy_generate(model, prompt: torch.Tensor, max_new_tokens: int, stop_ids) 
     return Decoded(tokens, session.forwards, clock(session.device) - started)
 
 
+def draft_block(drafter, hidden: torch.Tensor, anchor_id: int, lm_head, sampling: Sampling, generator) -> Draft:
+    """A block's drafted tokens from its drafted slots' `hidden` [L, H]: the drafter's
+    greedy path, or its draws at temperature with the distributions they came from."""
+    if sampling.greedy:
+        return Draft(drafter.greedy_tokens(hidden, anchor_id, lm_head))
+    return Draft(*drafter.sampled_tokens(hidden, anchor_id, lm_head, sampling, generator))
+
+
+def verify(block: torch.Tensor, draft: Draft | None, logits: torch.Tensor, sampling: Sampling, generator):
+    """(drafted tokens accepted, the target's token after them) from the target's
+    `logits` [size, V] over `block` [anchor, drafted...]: the longest prefix equal to the
+    target's argmax, or rejection sampling at temperature (train.acceptance.sampling)."""
+    if sampling.greedy:
+        choice = logits.argmax(dim=-1)
+        accepted = int((block[1:] == choice[:-1]).long().cumprod(0).sum())
+        return accepted, int(choice[accepted])
+    probs = sampling.probs(logits)
+    if draft is None:  # a one-token block: nothing drafted
+        return 0, int(sample(probs[0], generator))
+    return rejection_sample(draft, probs, generator)
+
+
 @torch.no_grad()
-def speculative_generate(model, drafter, prompt: torch.Tensor, max_new_tokens: int, stop_ids) -> Decoded:
+def speculative_generate(
+    model, drafter, prompt: torch.Tensor, max_new_tokens: int, stop_ids, sampling: Sampling = GREEDY, seed: int = 0
+) -> Decoded:
     """DFlash speculative decoding of `prompt` [n] with the target `model` (whose
-    embedding and lm_head the drafter uses) and `drafter` (a DFlashDrafter or DFlash2Drafter)."""
+    embedding and lm_head the drafter uses) and `drafter` (a DFlashDrafter or
+    DFlash2Drafter), greedy or at `sampling`'s settings (seeded by `seed`)."""
     config = drafter.config
     stop = set(stop_ids)
     target = TargetSession(model, config.context_layer_ids, rollback_tokens=config.block_size)
     draft = DraftCache(drafter, model.get_input_embeddings())
     lm_head = model.get_output_embeddings()
+    generator = seeded(sampling, seed, target.device)
     started = clock(target.device)
 
     logits, features = target.forward(prompt, features=True, last_only=True)
     draft.extend(features)
-    tokens = [int(logits[-1].argmax())]
+    tokens = [next_token(logits[-1], sampling, generator)]
     lengths: list[int] = []
     start = prompt.shape[0]  # position of the anchor: tokens[-1]
     limit = start + max_new_tokens  # positions the output may reach (exclusive)
@@ -101,14 +147,14 @@ def speculative_generate(model, drafter, prompt: torch.Tensor, max_new_tokens: i
         size = min(config.block_size, limit - start)
         block = prompt.new_full((size,), config.mask_token_id)
         block[0] = tokens[-1]
+        drafted = None
         if size > 1:
-            hidden = draft.draft(block)
-            block[1:] = drafter.greedy_tokens(hidden[1:], tokens[-1], lm_head)
+            drafted = draft_block(drafter, draft.draft(block)[1:], tokens[-1], lm_head, sampling, generator)
+            block[1:] = drafted.tokens
         target.save()
         logits, features = target.forward(block, features=True)
-        choice = logits.argmax(dim=-1)
-        accepted = int((block[1:] == choice[:-1]).long().cumprod(0).sum())
-        new = block[1 : accepted + 1].tolist() + [int(choice[accepted])]
+        accepted, bonus = verify(block, drafted, logits, sampling, generator)
+        new = block[1 : accepted + 1].tolist() + [bonus]
         produced = min(accepted + 1, limit - start - 1)
         for i, token in enumerate(new[:produced]):
             if token in stop:
@@ -125,16 +171,26 @@ def speculative_generate(model, drafter, prompt: torch.Tensor, max_new_tokens: i
 
 @dataclass
 class PromptResult:
-    """Speculative and greedy decoding of one prompt, compared."""
+    """Speculative decoding of one prompt beside the target's own decoding of it.
+
+    Greedy: both outputs must be equal token for token (`lossless`). At temperature the
+    outputs differ by design; a prompt's check is that every committed token lies inside
+    the target's sampling support after the tokens before it (`outside_support`: the
+    first that does not), and the distribution itself is the suite's check
+    (train/acceptance/sampling.py)."""
 
     prompt_id: str
     prompt_tokens: int
     speculative: Decoded
-    greedy: Decoded
+    greedy: Decoded  # the target alone, at the same settings: greedy, or sampled
     mismatch_logit_gap: float | None = None  # see `mismatch_logit_gap`
+    sampling: Sampling = GREEDY
+    outside_support: int | None = None  # at temperature: see `first_outside_support`
 
     @property
     def lossless(self) -> bool:
+        if not self.sampling.greedy:
+            return self.outside_support is None
         return self.speculative.tokens == self.greedy.tokens
 
     @property
@@ -143,6 +199,8 @@ class PromptResult:
         return sum(lengths) / len(lengths) if lengths else None
 
     def first_mismatch(self) -> int | None:
+        if not self.sampling.greedy:
+            return self.outside_support
         pairs = zip(self.speculative.tokens, self.greedy.tokens)
         index = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
         if index is None and len(self.speculative.tokens) != len(self.greedy.tokens):
@@ -161,18 +219,53 @@ class PromptResult:
             "new_tokens": len(self.speculative.tokens),
             "acceptance_lengths": self.speculative.acceptance_lengths,
             "speculative": self.speculative.timing(),
-            "greedy": {**self.greedy.timing(), "new_tokens": len(self.greedy.tokens)},
+            baseline_name(self.sampling): {**self.greedy.timing(), "new_tokens": len(self.greedy.tokens)},
         }
 
 
-def decode_prompt(model, drafter, prompt_id: str, prompt: torch.Tensor, max_new_tokens: int, stop_ids) -> PromptResult:
-    """Greedy, then speculative decoding of one prompt; on a mismatch, its logit gap."""
-    greedy = greedy_generate(model, prompt, max_new_tokens, stop_ids)
-    speculative = speculative_generate(model, drafter, prompt, max_new_tokens, stop_ids)
-    result = PromptResult(prompt_id, int(prompt.shape[0]), speculative, greedy)
-    if not result.lossless:
+def baseline_name(sampling: Sampling) -> str:
+    """The JSON key of the target-alone decoding: "greedy", or "target_sampled"."""
+    return "greedy" if sampling.greedy else "target_sampled"
+
+
+def decode_prompt(
+    model,
+    drafter,
+    prompt_id: str,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
+) -> PromptResult:
+    """The target alone, then speculative decoding of one prompt, at the same settings
+    and seed; greedy: a mismatch's logit gap; at temperature: the support check."""
+    alone = greedy_generate(model, prompt, max_new_tokens, stop_ids, sampling, seed)
+    speculative = speculative_generate(model, drafter, prompt, max_new_tokens, stop_ids, sampling, seed)
+    result = PromptResult(prompt_id, int(prompt.shape[0]), speculative, alone, sampling=sampling)
+    if not sampling.greedy:
+        result.outside_support, result.mismatch_logit_gap = first_outside_support(model, prompt, result)
+    elif not result.lossless:
         result.mismatch_logit_gap = mismatch_logit_gap(model, prompt, result)
     return result
+
+
+@torch.no_grad()
+def first_outside_support(model, prompt: torch.Tensor, result: PromptResult) -> tuple[int | None, float | None]:
+    """(index, logit gap) of the first speculative token outside the target's sampling
+    support given the tokens before it (one cache-free forward), or (None, None). The
+    gap is the least kept token's logit minus that token's: near 0 is a near-tie at the
+    support's edge, as `mismatch_logit_gap` is one at the argmax."""
+    tokens = torch.tensor(result.speculative.tokens, device=prompt.device)
+    sequence = torch.cat([prompt, tokens[:-1]])
+    logits = model(input_ids=sequence[None], use_cache=False).logits[0, prompt.shape[0] - 1 :].float()
+    probs = result.sampling.probs(logits)
+    outside = (probs.gather(-1, tokens[:, None])[:, 0] <= 0).nonzero()
+    if outside.numel() == 0:
+        return None, None
+    index = int(outside[0, 0])
+    kept = logits[index][probs[index] > 0]
+    return index, round(float(kept.min() - logits[index, tokens[index]]), 6)
 
 
 @torch.no_grad()
@@ -208,19 +301,24 @@ def mismatch_allowed(lossless: bool, gap: float | None, dtype: torch.dtype) -> b
     return dtype in REDUCED_PRECISION and gap is not None and gap <= NEAR_TIE_LOGIT_GAP
 
 
-def describe_rule(dtype: torch.dtype) -> str:
+def describe_rule(dtype: torch.dtype, sampling: Sampling = GREEDY) -> str:
+    rule = "exact" if sampling.greedy else "in distribution (per prompt: every token inside the target's support)"
     if dtype in REDUCED_PRECISION:
-        return f"exact, or a near-tie (target logit gap <= {NEAR_TIE_LOGIT_GAP}) in {str(dtype).removeprefix('torch.')}"
-    return "exact"
+        return (
+            f"{rule}, or a near-tie (target logit gap <= {NEAR_TIE_LOGIT_GAP}) in {str(dtype).removeprefix('torch.')}"
+        )
+    return rule
 
 
 def summarize(results: list[PromptResult], dtype: torch.dtype = torch.float32) -> dict:
     """Overall figures: tau averaged per prompt then over prompts (prompts whose
-    first token already ended the answer have no round and no tau); counts and
-    times summed; tokens/s = all new tokens / all wall time. `passed`: every prompt
-    lossless, or (bf16 / fp16) a near-tie (`mismatch_allowed`)."""
+    first token already ended the answer have no round and no tau) with its 95 %
+    interval over prompts; counts and times summed; tokens/s = all new tokens / all
+    wall time. `passed`: every prompt lossless, or (bf16 / fp16) a near-tie
+    (`mismatch_allowed`); at temperature, lossless is the support check (`PromptResult`)."""
     taus = [r.tau for r in results if r.tau is not None]
     allowed = [mismatch_allowed(r.lossless, r.mismatch_logit_gap, dtype) for r in results]
+    sampling = results[0].sampling if results else GREEDY
 
     def total(kind: str) -> dict:
         runs = [getattr(r, kind) for r in results]
@@ -233,22 +331,33 @@ def summarize(results: list[PromptResult], dtype: torch.dtype = torch.float32) -
             "new_tokens": tokens,
         }
 
-    speculative, greedy = total("speculative"), total("greedy")
+    speculative, alone = total("speculative"), total("greedy")
     speculative["rerun_forwards"] = sum(r.speculative.rerun_forwards for r in results)
     speedup = None
-    if speculative["tokens_per_s"] and greedy["tokens_per_s"]:
-        speedup = round(speculative["tokens_per_s"] / greedy["tokens_per_s"], 3)
+    if speculative["tokens_per_s"] and alone["tokens_per_s"]:
+        speedup = round(speculative["tokens_per_s"] / alone["tokens_per_s"], 3)
     return {
         "prompts": len(results),
         "lossless": all(r.lossless for r in results),
         "lossless_prompts": sum(r.lossless for r in results),
         "near_tie_prompts": sum(ok and not r.lossless for ok, r in zip(allowed, results)),
         "passed": all(allowed),
-        "exactness_rule": describe_rule(dtype),
+        "exactness_rule": describe_rule(dtype, sampling),
+        "sampling": sampling.to_dict(),
         "tau": round(sum(taus) / len(taus), 4) if taus else None,
+        "tau_ci95": interval95(taus),
         "rounds": sum(len(r.speculative.acceptance_lengths) for r in results),
         "new_tokens": speculative["new_tokens"],
         "speculative": speculative,
-        "greedy": greedy,
+        baseline_name(sampling): alone,
         "speedup": speedup,
     }
+
+
+def interval95(values: list[float]) -> list[float] | None:
+    """The normal 95 % interval of the mean of `values` ([low, high]); None under 2 values."""
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    spread = 1.96 * math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1) / len(values))
+    return [round(mean - spread, 4), round(mean + spread, 4)]

@@ -3,11 +3,13 @@
 
 Real speculative decoding: the target (transformers, bf16 on GPU / fp32 on CPU)
 and the drafter decode each prompt the DFlash way (train/acceptance/speculate.py), and the
-target also decodes it greedily on its own. Per prompt and overall: whether the
-outputs are identical (`lossless`), `tau` (tokens committed per round, averaged
-per prompt then over prompts), rounds, new tokens, target forwards, wall time and
-tokens/s of both. Prompts: the store's held-out samples up to their first
-response token (train/data/prompts.py), or a JSONL file of chats / token ids.
+target also decodes it on its own, greedily or at the same --temperature. Per prompt
+and overall: whether the outputs are identical (`lossless`; at temperature, whether every
+token lies in the target's sampling support: the distribution is the suite's check),
+`tau` (tokens committed per round, averaged per prompt then over prompts, with its 95 %
+interval), rounds, new tokens, target forwards, wall time and tokens/s of both.
+Prompts: the store's held-out samples up to their first response token
+(train/data/prompts.py), or a JSONL file of chats / token ids.
 Exit 1 on any mismatch in fp32; in bf16 / fp16 a near-tie (target logit gap <= 0.5,
 NEAR_TIE_LOGIT_GAP) is reported with its gap and passes."""
 
@@ -61,9 +63,24 @@ def add_parser(subparsers) -> None:
         help="target and drafter dtype (default: bfloat16 on GPU, float32 on CPU)",
     )
     add_thinking_flag(p)
+    add_sampling_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_target_flags(p)
     p.set_defaults(handler="train.commands.speculate:run")
+
+
+def add_sampling_flags(p) -> None:
+    """Decoding at temperature, with z-lab's `dflash_generate` semantics (train/acceptance/sampling.py)."""
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy, checked token for token; > 0: drafts sampled from the drafter, verified "
+        "by rejection sampling (lossless in distribution); the published DFlash 2 card uses 1",
+    )
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus cut of both distributions (default 1: none)")
+    p.add_argument("--top-k", type=int, default=0, help="top-k cut of both distributions (default 0: none)")
+    p.add_argument("--seed", type=int, default=0, help="random seed at temperature; prompt i uses seed + i (default 0)")
 
 
 def add_thinking_flag(p) -> None:

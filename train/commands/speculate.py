@@ -16,7 +16,8 @@ from store_schema.runtime.target_config import read_config_json, read_target_con
 from store_schema.runtime.target_model import compute_dtype, load_target_model
 from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import open_store
-from train.acceptance.speculate import decode_prompt, summarize
+from train.acceptance.sampling import Sampling
+from train.acceptance.speculate import baseline_name, decode_prompt, summarize
 from train.acceptance.target_decode import stop_token_ids
 from train.commands.eval import heldout_fraction
 from train.data.prompt_sets import NAMED_SETS, prompt_sources
@@ -152,53 +153,63 @@ def load_decoding(args, command: str) -> Decoding:
 
 
 def run(args) -> int:
+    try:
+        sampling = Sampling(args.temperature, args.top_p, args.top_k)
+    except ValueError as error:
+        return fail(str(error))
     loaded = load_decoding(args, "speculate")
-    drafter_dir, drafter, model, prompts, stops = (
-        loaded.drafter_dir,
-        loaded.drafter,
-        loaded.model,
-        loaded.prompts,
-        loaded.stops,
-    )
-    device, dtype, other_target = loaded.device, loaded.dtype, loaded.other_target
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-
-    # One short untimed pass first, so one-time setup is not charged to the first prompt.
-    say(f"speculate: {len(prompts)} prompt(s), up to {args.max_new_tokens} new tokens each, speculative then greedy")
-    decode_prompt(model, drafter, "warmup", prompts[0].input_ids.to(device), min(8, args.max_new_tokens), stops)
-    results = []
-    for number, prompt in enumerate(prompts, start=1):
-        result = decode_prompt(model, drafter, prompt.id, prompt.input_ids.to(device), args.max_new_tokens, stops)
-        results.append(result)
-        print(
-            f"[{number}/{len(prompts)}] {prompt.id}: tau {_fmt(result.tau)}, {len(result.speculative.tokens)} tokens, "
-            f"{'lossless' if result.lossless else _mismatch(result)}",
-            file=sys.stderr,
-        )
+    results = decode_all(loaded, sampling, args.seed, args.max_new_tokens)
+    prompts, drafter, device, dtype = loaded.prompts, loaded.drafter, loaded.device, loaded.dtype
     summary = summarize(results, dtype)
     summary.update(
-        drafter=str(drafter_dir),
+        drafter=str(loaded.drafter_dir),
         target=str(args.target),
         device=device.type,
         dtype=str(dtype).removeprefix("torch."),
         block_size=drafter.config.block_size,
         max_new_tokens=args.max_new_tokens,
-        stop_token_ids=stops,
+        seed=None if sampling.greedy else args.seed,
+        stop_token_ids=loaded.stops,
         thinking=args.thinking or "template default",
         by_thinking=by_thinking(prompts, results),
         **by_set(prompts, results),
         per_prompt=[r.to_dict() for r in results],
-        **other_target,
+        **loaded.other_target,
     )
     print(json.dumps(summary) if args.json else render(summary))
     failed = summary["prompts"] - summary["lossless_prompts"] - summary["near_tie_prompts"]
     return (
         0
         if summary["passed"]
-        else fail(
-            f"speculative output differs from greedy decoding on {failed} prompt(s) (rule: {summary['exactness_rule']})"
-        )
+        else fail(f"speculative output fails the rule on {failed} prompt(s) (rule: {summary['exactness_rule']})")
     )
+
+
+def decode_all(loaded: Decoding, sampling: Sampling, seed: int, max_new_tokens: int) -> list:
+    """Every prompt decoded by the target alone and speculatively (prompt i at seed + i),
+    a line each; one short untimed pass first, so one-time setup is not charged to the
+    first prompt."""
+    model, drafter, prompts, stops, device = loaded.model, loaded.drafter, loaded.prompts, loaded.stops, loaded.device
+    settings = "greedy" if sampling.greedy else _settings(sampling, seed)
+    print(
+        f"speculate: {len(prompts)} prompt(s), up to {max_new_tokens} new tokens each, {settings}, "
+        "the target alone then speculative",
+        file=sys.stderr,
+        flush=True,
+    )
+    first = prompts[0].input_ids.to(device)
+    decode_prompt(model, drafter, "warmup", first, min(8, max_new_tokens), stops, sampling, seed)
+    results = []
+    for number, prompt in enumerate(prompts, start=1):
+        ids = prompt.input_ids.to(device)
+        result = decode_prompt(model, drafter, prompt.id, ids, max_new_tokens, stops, sampling, seed + number - 1)
+        results.append(result)
+        print(
+            f"[{number}/{len(prompts)}] {prompt.id}: tau {_fmt(result.tau)}, {len(result.speculative.tokens)} tokens, "
+            f"{_verdict(result)}",
+            file=sys.stderr,
+        )
+    return results
 
 
 def _tokenizer(target):
@@ -208,8 +219,15 @@ def _tokenizer(target):
         return None  # token-id prompts still work; chat prompts are refused by name
 
 
-def _mismatch(result) -> str:
-    return f"MISMATCH at new token {result.first_mismatch()} (target logit gap {result.mismatch_logit_gap})"
+def _verdict(result) -> str:
+    if result.lossless:
+        return "lossless" if result.sampling.greedy else "inside the target's support"
+    what = "MISMATCH" if result.sampling.greedy else "OUTSIDE the target's sampling support"
+    return f"{what} at new token {result.first_mismatch()} (target logit gap {result.mismatch_logit_gap})"
+
+
+def _settings(sampling, seed) -> str:
+    return f"temperature {sampling.temperature}, top-p {sampling.top_p}, top-k {sampling.top_k}, seed {seed}"
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -218,19 +236,25 @@ def _fmt(value, digits: int = 3) -> str:
 
 def render(summary: dict) -> str:
     """Per-prompt lines, then the overall figures."""
-    lines = [f"{'prompt':<24}{'lossless':>9}{'tau':>8}{'rounds':>8}{'tokens':>8}{'spec tok/s':>12}{'greedy tok/s':>14}"]
+    baseline = baseline_name(Sampling(**summary["sampling"]))
+    lines = [f"{'prompt':<24}{'lossless':>9}{'tau':>8}{'rounds':>8}{'tokens':>8}{'spec tok/s':>12}{'alone tok/s':>14}"]
     for row in summary["per_prompt"]:
         lines.append(
             f"{row['id'][:23]:<24}{str(row['lossless']):>9}{_fmt(row['tau']):>8}{row['rounds']:>8}"
             f"{row['new_tokens']:>8}{_fmt(row['speculative']['tokens_per_s'], 1):>12}"
-            f"{_fmt(row['greedy']['tokens_per_s'], 1):>14}"
+            f"{_fmt(row[baseline]['tokens_per_s'], 1):>14}"
         )
-    spec, greedy = summary["speculative"], summary["greedy"]
+    sampling = summary["sampling"]
+    greedy_decoding = sampling["temperature"] == 0
+    spec, alone = summary["speculative"], summary[baseline_name(Sampling(**sampling))]
+    interval = summary.get("tau_ci95")
     lines += [
         "",
         f"prompts {summary['prompts']}, lossless {summary['lossless_prompts']}/{summary['prompts']}"
         f"{f' (+{n} near-ties)' if (n := summary['near_tie_prompts']) else ''}, "
-        f"tau {_fmt(summary['tau'])}, rounds {summary['rounds']}, new tokens {summary['new_tokens']}",
+        f"tau {_fmt(summary['tau'])}{f' (95 % {interval[0]:.3f}-{interval[1]:.3f})' if interval else ''}, "
+        f"rounds {summary['rounds']}, new tokens {summary['new_tokens']}, "
+        f"{'greedy' if greedy_decoding else _settings(Sampling(**sampling), summary.get('seed'))}",
         *[
             f"thinking {setting}: lossless {row['lossless']}, tau {_fmt(row['tau'])} ({row['prompts']} prompts)"
             for setting, row in summary.get("by_thinking", {}).items()
@@ -242,7 +266,7 @@ def render(summary: dict) -> str:
         ],
         f"speculative: {spec['target_forwards']} target forwards ({spec['rerun_forwards']} re-runs), "
         f"{spec['wall_s']:.2f} s, {_fmt(spec['tokens_per_s'], 1)} tokens/s",
-        f"greedy:      {greedy['target_forwards']} target forwards, {greedy['wall_s']:.2f} s, "
-        f"{_fmt(greedy['tokens_per_s'], 1)} tokens/s (speedup {_fmt(summary['speedup'], 2)}x)",
+        f"{'greedy:' if greedy_decoding else 'target alone:':<13}{alone['target_forwards']} target forwards, "
+        f"{alone['wall_s']:.2f} s, {_fmt(alone['tokens_per_s'], 1)} tokens/s (speedup {_fmt(summary['speedup'], 2)}x)",
     ]
     return "\n".join(lines)

@@ -68,6 +68,17 @@ class DFlash2Drafter(DFlashDrafter):
         anchor = torch.tensor([anchor_id], device=hidden.device)
         return self.candidate_selector.walk(hidden[None], logits[None], anchor)[0]
 
+    def sampled_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module, sampling, generator):
+        """The selector's walk at temperature (`CandidateSelector.sample_walk`; the
+        reference applies neither top-p nor top-k there) -> (tokens [L], distributions
+        [L, K], candidate ids [L, K])."""
+        logits = lm_head(hidden.to(lm_head.weight.dtype))
+        anchor = torch.tensor([anchor_id], device=hidden.device)
+        path, ids, probs = self.candidate_selector.sample_walk(
+            hidden[None], logits[None], anchor, sampling.temperature, generator
+        )
+        return path[0], probs[0], ids[0]
+
     @property
     def path_top_k(self) -> int:
         return self.candidate_selector.top_k

@@ -396,6 +396,14 @@ class DFlashDrafter(nn.Module):
         `norm`) at greedy decoding: each slot's argmax through the target's lm_head."""
         return lm_head(hidden.to(lm_head.weight.dtype)).argmax(dim=-1)
 
+    def sampled_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module, sampling, generator):
+        """The drafted tokens at temperature (`sampling`: train.acceptance.sampling.Sampling):
+        each slot drawn from the drafter's own processed distribution, as the reference's
+        `dflash_generate` draws. -> (tokens [L], their distributions [L, V], None: over
+        the whole vocabulary)."""
+        probs = sampling.probs(lm_head(hidden.to(lm_head.weight.dtype)))
+        return torch.multinomial(probs, 1, generator=generator)[:, 0], probs, None
+
     def drafted_path(
         self, hidden: torch.Tensor, top_values: torch.Tensor, top_ids: torch.Tensor, anchor_ids: torch.Tensor
     ) -> torch.Tensor:

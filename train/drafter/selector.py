@@ -80,17 +80,36 @@ class CandidateSelector(nn.Module):
         return self.walk_candidates(hidden, unary, ids, anchor_ids)
 
     def walk_candidates(
-        self, hidden: torch.Tensor, unary: torch.Tensor, ids: torch.Tensor, anchor_ids: torch.Tensor
+        self, hidden: torch.Tensor, unary: torch.Tensor, ids: torch.Tensor, anchor_ids: torch.Tensor, choose=None
     ) -> torch.Tensor:
         """`walk` from each position's top-K logits already taken: unary [b, L, K] and
         ids [b, L, K], so `eval` walks without the [b, L, V] logits. Scores are summed in
-        the selector's dtype (`edge_scores`)."""
+        the selector's dtype (`edge_scores`); `choose(scores [b, K]) -> index [b]` picks
+        a candidate (default: the best, the greedy walk)."""
         dtype = self.hidden_projection.weight.dtype
         unary, ids = unary[..., : self.top_k].to(dtype), ids[..., : self.top_k]
         previous = anchor_ids
         path = []
         for position in range(hidden.shape[1]):
             scores = unary[:, position] + self.edge_scores(hidden[:, position], previous, ids[:, position])
-            previous = ids[:, position].gather(-1, scores.argmax(dim=-1, keepdim=True))[:, 0]
+            index = scores.argmax(dim=-1) if choose is None else choose(scores)
+            previous = ids[:, position].gather(-1, index[:, None])[:, 0]
             path.append(previous)
         return torch.stack(path, dim=1)
+
+    def sample_walk(
+        self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor, temperature: float, generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The walk at temperature T > 0, as the reference's `select` samples: each position
+        draws among its top-K candidates from softmax(score / T) (no top-p / top-k there).
+        -> (path [b, L], candidate ids [b, L, K], the distributions drawn from [b, L, K])."""
+        unary, ids = self.candidates(logits)
+        drawn = []
+
+        def draw(scores: torch.Tensor) -> torch.Tensor:
+            probs = torch.softmax(scores.float() / temperature, dim=-1)
+            drawn.append(probs)
+            return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+        path = self.walk_candidates(hidden, unary, ids, anchor_ids, draw)
+        return path, ids[..., : self.top_k], torch.stack(drawn, dim=1)
