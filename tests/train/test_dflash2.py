@@ -393,6 +393,33 @@ def test_eval_tau_of_a_trained_dflash2_is_what_speculate_decodes(qwen3_dir, trai
 
 
 @pytest.mark.slow  # trains a drafter
+def test_a_trained_dflash2_along_a_tree_decodes_what_evals_ddtree_counts(qwen3_dir, trained_export):
+    """Issue 59.3 for DFlash 2: the tree is grown over its unary per-slot lists (not the
+    selector's walk), as eval's `ddtree` grows it; decoding along it is lossless and its
+    tau is within 5 % of `ddtree[8]` on the same prompts."""
+    from train.acceptance.config import EvalConfig
+    from train.acceptance.evaluate import evaluate_sample_ids
+
+    store, export = trained_export
+    model, drafter = load_model(qwen3_dir), load_drafter(export).eval()
+    prompts = store_prompts(store, HELDOUT, limit=4)
+    decoded = summarize(
+        [decode_prompt(model, drafter, p.id, p.input_ids, NEW_TOKENS, stop_ids=[], tree_budget=8) for p in prompts]
+    )
+    assert decoded["lossless"]
+    evaluated = evaluate_sample_ids(
+        drafter,
+        load_target_head(qwen3_dir),
+        store,
+        [p.id for p in prompts],
+        EvalConfig(samples=None, ddtree_budgets=(8,)),
+        max_new_tokens=NEW_TOKENS,
+    )
+    print(f"dflash2: tree tau {decoded['tau']}, eval ddtree[8] {evaluated['ddtree'][8]}, chain {evaluated['tau']}")
+    assert evaluated["ddtree"][8] == pytest.approx(decoded["tau"], rel=0.05)
+
+
+@pytest.mark.slow  # trains a drafter
 def test_a_bf16_dflash2_walks_the_path_the_reference_selects(qwen3_dir, trained_export):
     """Issue 44.6: in bf16 the selector scores its edges in bf16 as the reference's
     `select` and vLLM do, so on every block of a bf16 decode (the same hidden states

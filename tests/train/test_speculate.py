@@ -25,7 +25,13 @@ from stores import greedy_store
 from transformers import Qwen3_5ForCausalLM
 
 from store_schema.runtime.target_config import read_target_config
-from train.acceptance.speculate import decode_prompt, greedy_generate, mismatch_logit_gap, summarize
+from train.acceptance.speculate import (
+    decode_prompt,
+    greedy_generate,
+    mismatch_logit_gap,
+    speculative_generate,
+    summarize,
+)
 from train.acceptance.target_decode import NATIVE_RECURRENT_ROLLBACK, TargetSession
 from train.cli import main
 from train.config_loading import load_config
@@ -304,6 +310,40 @@ def test_trained_drafter_is_lossless_with_real_acceptance(trained):
     for prompt, result in zip(prompts, results):
         reference = reference_decode(export, model, prompt.input_ids, NEW_TOKENS)
         assert result.speculative.acceptance_lengths == reference.acceptance_lengths, prompt.id
+
+
+@pytest.mark.slow  # its fixture trains a drafter
+def test_a_trained_drafter_decodes_along_a_tree_as_evals_ddtree_counts(trained, monkeypatch):
+    """Issue 59.3: `--tree 8` is lossless with real acceptance, and eval's `ddtree[8]` on
+    the same held-out prompts (the store holds the target's greedy replies) is within 5 %
+    of the tau that decoding along the tree measures; on the dense target the chain
+    verification gives the same rounds as the tree-masked one."""
+    from train.acceptance.config import EvalConfig
+    from train.acceptance.evaluate import evaluate_sample_ids
+    from train.objective.target_head import load_target_head
+
+    target_dir, store, export = trained
+    model, drafter = load_model(target_dir), load_drafter(export).eval()
+    prompts = store_prompts(store, HELDOUT, limit=4)
+    results = [decode_prompt(model, drafter, p.id, p.input_ids, NEW_TOKENS, [], tree_budget=8) for p in prompts]
+    decoded = summarize(results)
+    assert decoded["lossless"], [r.first_mismatch() for r in results]
+    assert decoded["tau"] > 1.3 and max(max(r.speculative.acceptance_lengths) for r in results) >= 3
+    evaluated = evaluate_sample_ids(
+        drafter,
+        load_target_head(target_dir),
+        store,
+        [p.id for p in prompts],
+        EvalConfig(samples=None, ddtree_budgets=(8,)),
+        max_new_tokens=NEW_TOKENS,
+    )
+    print(f"{target_dir.name}: tree tau {decoded['tau']}, eval ddtree[8] {evaluated['ddtree'][8]}")
+    assert evaluated["ddtree"][8] == pytest.approx(decoded["tau"], rel=0.05)
+    if not target_dir.name.startswith("qwen3_5"):
+        monkeypatch.setattr(TargetSession, "tree_maskable", lambda self: False)
+        for prompt, result in zip(prompts, results):
+            chained = speculative_generate(model, drafter, prompt.input_ids, NEW_TOKENS, [], tree_budget=8)
+            assert chained.acceptance_lengths == result.speculative.acceptance_lengths
 
 
 # -- prompts and the command ---------------------------------------------------------------

@@ -54,7 +54,7 @@ all popped before b. Monotone in b by construction.
 from __future__ import annotations
 
 import heapq
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -118,37 +118,41 @@ def rollout(anchors: Sequence[int], accepted_at: Callable[[int], int]) -> list[i
     return lengths
 
 
+def best_first_tree(lp: list[list[float]]) -> Iterator[tuple[int, ...]]:
+    """DDTree's nodes in pop order (the module docstring's rule), each the path of ranks
+    (r_1 .. r_d) into the per-slot sorted lists `lp` [D][K] of log-probs; the caller
+    stops after its budget. The one owner of the tree rule: `eval` reads its reference
+    path off it and `speculate --tree` builds the tree it verifies from it."""
+    depth_limit, k = len(lp), len(lp[0])
+    heap = [(-lp[0][0], (0,))]  # ties broken by the rank tuple, as the reference code does
+    while heap:
+        negative, ranks = heapq.heappop(heap)
+        yield ranks
+        score, depth, rank = -negative, len(ranks), ranks[-1]
+        if rank + 1 < k:
+            heapq.heappush(heap, (-(score - lp[depth - 1][rank] + lp[depth - 1][rank + 1]), ranks[:-1] + (rank + 1,)))
+        if depth < depth_limit:
+            heapq.heappush(heap, (-(score + lp[depth][0]), ranks + (0,)))
+
+
 def _reference_pop_indices(lp: list[list[float]], ref_ranks: list[int], budget: int) -> list[int]:
-    """Pop index (0-based) of each node on the reference path, in depth order,
-    growing the tree best-first (the module docstring's rule) up to `budget` nodes.
+    """Pop index (0-based) of each node on the reference path, in depth order, in a
+    tree of `budget` nodes (`best_first_tree`).
 
     lp: [D][K] sorted log-probs; ref_ranks: rank of the reference token at slots
     1..d, cut before the first slot whose token is outside the top-K or invalid.
-    Stops as soon as the whole usable reference path has been popped.
-    A heap entry's `parent_on_path` says its parent is on the reference path, so
-    the entry is on it when its rank is the reference rank at its depth."""
+    Stops as soon as the whole usable reference path has been popped."""
     found: list[int] = []
     if budget <= 0 or not ref_ranks:
         return found
-    depth_limit, k = len(lp), len(lp[0])
-    # heap entry: (-score, ranks, depth, rank, parent_on_path, score)
-    heap = [(-lp[0][0], (0,), 1, 0, True, lp[0][0])]
-    popped = 0
-    while heap and popped < budget:
-        _, ranks, depth, rank, parent_on_path, score = heapq.heappop(heap)
-        index = popped
-        popped += 1
-        on_path = parent_on_path and rank == ref_ranks[depth - 1]
-        if on_path:
+    path = tuple(ref_ranks)
+    for index, ranks in enumerate(best_first_tree(lp)):
+        if index >= budget:
+            break
+        if ranks == path[: len(ranks)]:
             found.append(index)
-            if depth == len(ref_ranks):
+            if len(ranks) == len(path):
                 break  # every usable reference node is in the tree
-        if rank + 1 < k:
-            sibling = score - lp[depth - 1][rank] + lp[depth - 1][rank + 1]
-            heapq.heappush(heap, (-sibling, ranks[:-1] + (rank + 1,), depth, rank + 1, parent_on_path, sibling))
-        if depth < depth_limit:
-            child = score + lp[depth][0]
-            heapq.heappush(heap, (-child, ranks + (0,), depth + 1, 0, on_path, child))
     return found
 
 

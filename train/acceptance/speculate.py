@@ -39,6 +39,7 @@ import torch
 
 from train.acceptance.sampling import GREEDY, Draft, Sampling, rejection_sample, sample
 from train.acceptance.target_decode import TargetSession, clock
+from train.acceptance.tree_decode import grow_tree, verify_tree
 from train.drafter.draft_cache import DraftCache
 
 
@@ -51,6 +52,7 @@ class Decoded:
     wall_s: float
     acceptance_lengths: list[int] = field(default_factory=list)  # speculative only: one per round
     rerun_forwards: int = 0  # of target_forwards: re-runs after a partial acceptance (linear attention)
+    target_tokens: int = 0  # tokens the target ran, the prompt's included
 
     @property
     def tokens_per_s(self) -> float:
@@ -64,6 +66,7 @@ class Decoded:
         }
         if self.acceptance_lengths or self.rerun_forwards:
             out["rerun_forwards"] = self.rerun_forwards
+            out["target_tokens"] = self.target_tokens
         return out
 
 
@@ -121,13 +124,36 @@ def verify(block: torch.Tensor, draft: Draft | None, logits: torch.Tensor, sampl
     return rejection_sample(draft, probs, generator)
 
 
+def chain_round(target, drafter, draft: DraftCache, block: torch.Tensor, lm_head, sampling: Sampling, generator):
+    """One round along a chain: `block` [anchor, MASK...] drafted in place and verified in
+    one forward. -> (accepted tokens + the bonus, the block's features [size, F])."""
+    drafted = None
+    if block.shape[0] > 1:
+        drafted = draft_block(drafter, draft.draft(block)[1:], int(block[0]), lm_head, sampling, generator)
+        block[1:] = drafted.tokens
+    target.save()
+    logits, features = target.forward(block, features=True)
+    accepted, bonus = verify(block, drafted, logits, sampling, generator)
+    return block[1 : accepted + 1].tolist() + [bonus], features
+
+
 @torch.no_grad()
 def speculative_generate(
-    model, drafter, prompt: torch.Tensor, max_new_tokens: int, stop_ids, sampling: Sampling = GREEDY, seed: int = 0
+    model,
+    drafter,
+    prompt: torch.Tensor,
+    max_new_tokens: int,
+    stop_ids,
+    sampling: Sampling = GREEDY,
+    seed: int = 0,
+    tree_budget: int = 0,
 ) -> Decoded:
     """DFlash speculative decoding of `prompt` [n] with the target `model` (whose
     embedding and lm_head the drafter uses) and `drafter` (a DFlashDrafter or
-    DFlash2Drafter), greedy or at `sampling`'s settings (seeded by `seed`)."""
+    DFlash2Drafter), greedy or at `sampling`'s settings (seeded by `seed`), along a
+    chain or, with `tree_budget` nodes, a DDTree tree (train/acceptance/tree_decode.py)."""
+    if tree_budget and not sampling.greedy:
+        raise ValueError("--tree decodes greedily: it takes no --temperature")
     config = drafter.config
     stop = set(stop_ids)
     target = TargetSession(model, config.context_layer_ids, rollback_tokens=config.block_size)
@@ -147,15 +173,14 @@ def speculative_generate(
         size = min(config.block_size, limit - start)
         block = prompt.new_full((size,), config.mask_token_id)
         block[0] = tokens[-1]
-        drafted = None
-        if size > 1:
-            drafted = draft_block(drafter, draft.draft(block)[1:], tokens[-1], lm_head, sampling, generator)
-            block[1:] = drafted.tokens
-        target.save()
-        logits, features = target.forward(block, features=True)
-        accepted, bonus = verify(block, drafted, logits, sampling, generator)
-        new = block[1 : accepted + 1].tolist() + [bonus]
-        produced = min(accepted + 1, limit - start - 1)
+        if tree_budget and size > 1:  # the cache keeps the anchor and the accepted path already
+            slot_logits = lm_head(draft.draft(block)[1:].to(lm_head.weight.dtype))
+            new, features = verify_tree(target, grow_tree(slot_logits, tokens[-1], tree_budget), start)
+            verified = None
+        else:
+            new, features = chain_round(target, drafter, draft, block, lm_head, sampling, generator)
+            verified = block
+        produced = min(len(new), limit - start - 1)
         for i, token in enumerate(new[:produced]):
             if token in stop:
                 produced, stopped = i + 1, True
@@ -163,10 +188,11 @@ def speculative_generate(
         tokens += new[:produced]
         lengths.append(produced)
         if start + produced + 1 < limit and not stopped:  # the cache is needed again
-            target.keep(start, block, produced)
+            if verified is not None:
+                target.keep(start, verified, produced)
             draft.extend(features[:produced])
         start += produced
-    return Decoded(tokens, target.forwards, clock(target.device) - started, lengths, target.reruns)
+    return Decoded(tokens, target.forwards, clock(target.device) - started, lengths, target.reruns, target.tokens)
 
 
 @dataclass
@@ -237,11 +263,13 @@ def decode_prompt(
     stop_ids,
     sampling: Sampling = GREEDY,
     seed: int = 0,
+    tree_budget: int = 0,
 ) -> PromptResult:
-    """The target alone, then speculative decoding of one prompt, at the same settings
-    and seed; greedy: a mismatch's logit gap; at temperature: the support check."""
+    """The target alone, then speculative decoding of one prompt (along a chain, or a
+    DDTree tree of `tree_budget` nodes), at the same settings and seed; greedy: a
+    mismatch's logit gap; at temperature: the support check."""
     alone = greedy_generate(model, prompt, max_new_tokens, stop_ids, sampling, seed)
-    speculative = speculative_generate(model, drafter, prompt, max_new_tokens, stop_ids, sampling, seed)
+    speculative = speculative_generate(model, drafter, prompt, max_new_tokens, stop_ids, sampling, seed, tree_budget)
     result = PromptResult(prompt_id, int(prompt.shape[0]), speculative, alone, sampling=sampling)
     if not sampling.greedy:
         result.outside_support, result.mismatch_logit_gap = first_outside_support(model, prompt, result)
@@ -333,6 +361,10 @@ def summarize(results: list[PromptResult], dtype: torch.dtype = torch.float32) -
 
     speculative, alone = total("speculative"), total("greedy")
     speculative["rerun_forwards"] = sum(r.speculative.rerun_forwards for r in results)
+    speculative["target_tokens"] = sum(r.speculative.target_tokens for r in results)
+    rounds = sum(len(r.speculative.acceptance_lengths) for r in results)
+    verified = speculative["target_tokens"] - sum(r.prompt_tokens for r in results)
+    speculative["target_tokens_per_round"] = round(verified / rounds, 3) if rounds else None
     speedup = None
     if speculative["tokens_per_s"] and alone["tokens_per_s"]:
         speedup = round(speculative["tokens_per_s"] / alone["tokens_per_s"], 3)
@@ -346,7 +378,7 @@ def summarize(results: list[PromptResult], dtype: torch.dtype = torch.float32) -
         "sampling": sampling.to_dict(),
         "tau": round(sum(taus) / len(taus), 4) if taus else None,
         "tau_ci95": interval95(taus),
-        "rounds": sum(len(r.speculative.acceptance_lengths) for r in results),
+        "rounds": rounds,
         "new_tokens": speculative["new_tokens"],
         "speculative": speculative,
         baseline_name(sampling): alone,

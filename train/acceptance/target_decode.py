@@ -30,7 +30,7 @@ import time
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
 # transformers >= 5.25: a linear-attention layer keeps its last tokens' recurrent states on
 # request, and `crop` restores them (see the module docstring).
@@ -84,6 +84,7 @@ class TargetSession:
         self.length = 0
         self.forwards = 0
         self.reruns = 0
+        self.tokens = 0  # tokens run through the target, the prompt's included
         self._saved: list[dict] | None = None
 
     @property
@@ -107,10 +108,47 @@ class TargetSession:
         )
         self.length += count
         self.forwards += 1
+        self.tokens += count
         hidden = None
         if features:
             hidden = torch.cat([out.hidden_states[layer + 1][0] for layer in self.context_layer_ids], dim=-1)
         return out.logits[0], hidden
+
+    def tree_maskable(self) -> bool:
+        """Whether every layer keeps plain per-position keys/values, so a forward can take a
+        tree mask and `keep_nodes` can pick positions (not recurrent, not a sliding window)."""
+        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
+
+    @torch.no_grad()
+    def forward_tree(self, ids: torch.Tensor, depths: list[int], visible: torch.Tensor):
+        """Run the tree `ids` [n] (node 0 the anchor) in one forward: node i at position
+        length + depths[i], attending to the cached prefix and to the nodes `visible[i]`.
+        Returns logits [n, V] and the context layers' features [n, n_ctx*H]."""
+        device, dtype = self.device, self.model.get_output_embeddings().weight.dtype
+        blocked = torch.zeros(ids.shape[0], self.length + ids.shape[0], dtype=dtype)
+        blocked[:, self.length :].masked_fill_(~visible, torch.finfo(dtype).min)
+        positions = torch.tensor(depths, device=device) + self.length
+        out = self.model(
+            input_ids=ids.to(device)[None],
+            position_ids=positions[None],
+            attention_mask=blocked.to(device)[None, None],
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        self.length += ids.shape[0]
+        self.forwards += 1
+        self.tokens += ids.shape[0]
+        hidden = torch.cat([out.hidden_states[layer + 1][0] for layer in self.context_layer_ids], dim=-1)
+        return out.logits[0], hidden
+
+    def keep_nodes(self, start: int, nodes: list[int]) -> None:
+        """After `forward_tree` at `start`, keep the prefix and the tree nodes `nodes`, in order."""
+        index = torch.cat([torch.arange(start), torch.tensor(nodes) + start]).to(self.device)
+        for layer in self.cache.layers:
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+        self.length = start + len(nodes)
 
     def save(self) -> None:
         """Copy the linear-attention layers' recurrent states (before a verification;

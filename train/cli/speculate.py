@@ -81,6 +81,12 @@ def add_sampling_flags(p) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus cut of both distributions (default 1: none)")
     p.add_argument("--top-k", type=int, default=0, help="top-k cut of both distributions (default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="random seed at temperature; prompt i uses seed + i (default 0)")
+    p.add_argument(
+        "--tree",
+        type=positive_int,
+        metavar="BUDGET",
+        help="decode along a DDTree tree of BUDGET nodes (greedy), the tree eval's `ddtree` figure reads",
+    )
 
 
 def add_thinking_flag(p) -> None:

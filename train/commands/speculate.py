@@ -18,7 +18,8 @@ from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import open_store
 from train.acceptance.sampling import Sampling
 from train.acceptance.speculate import baseline_name, decode_prompt, summarize
-from train.acceptance.target_decode import stop_token_ids
+from train.acceptance.target_decode import TargetSession, stop_token_ids
+from train.acceptance.tree_decode import verification_method
 from train.commands.eval import heldout_fraction
 from train.data.prompt_sets import NAMED_SETS, prompt_sources
 from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
@@ -157,8 +158,10 @@ def run(args) -> int:
         sampling = Sampling(args.temperature, args.top_p, args.top_k)
     except ValueError as error:
         return fail(str(error))
+    if args.tree and not sampling.greedy:
+        return fail("--tree decodes greedily (DDTree verifies the target's argmax): leave out --temperature")
     loaded = load_decoding(args, "speculate")
-    results = decode_all(loaded, sampling, args.seed, args.max_new_tokens)
+    results = decode_all(loaded, sampling, args.seed, args.max_new_tokens, args.tree or 0)
     prompts, drafter, device, dtype = loaded.prompts, loaded.drafter, loaded.device, loaded.dtype
     summary = summarize(results, dtype)
     summary.update(
@@ -169,6 +172,7 @@ def run(args) -> int:
         block_size=drafter.config.block_size,
         max_new_tokens=args.max_new_tokens,
         seed=None if sampling.greedy else args.seed,
+        tree=tree_summary(loaded, args.tree),
         stop_token_ids=loaded.stops,
         thinking=args.thinking or "template default",
         by_thinking=by_thinking(prompts, results),
@@ -185,12 +189,25 @@ def run(args) -> int:
     )
 
 
-def decode_all(loaded: Decoding, sampling: Sampling, seed: int, max_new_tokens: int) -> list:
+def tree_summary(loaded: Decoding, budget: int | None) -> dict | None:
+    """What `--tree` decoded along: the budget, what the tree is built over, how it was verified."""
+    if not budget:
+        return None
+    return {
+        "budget": budget,
+        "built_over": "each drafted slot's top tokens by the drafter's log-softmax (DFlash 2: its unary lists)",
+        "verify": verification_method(TargetSession(loaded.model)),
+    }
+
+
+def decode_all(loaded: Decoding, sampling: Sampling, seed: int, max_new_tokens: int, tree_budget: int = 0) -> list:
     """Every prompt decoded by the target alone and speculatively (prompt i at seed + i),
     a line each; one short untimed pass first, so one-time setup is not charged to the
     first prompt."""
     model, drafter, prompts, stops, device = loaded.model, loaded.drafter, loaded.prompts, loaded.stops, loaded.device
     settings = "greedy" if sampling.greedy else _settings(sampling, seed)
+    if tree_budget:
+        settings += f", along a DDTree tree of {tree_budget} nodes"
     print(
         f"speculate: {len(prompts)} prompt(s), up to {max_new_tokens} new tokens each, {settings}, "
         "the target alone then speculative",
@@ -198,11 +215,13 @@ def decode_all(loaded: Decoding, sampling: Sampling, seed: int, max_new_tokens: 
         flush=True,
     )
     first = prompts[0].input_ids.to(device)
-    decode_prompt(model, drafter, "warmup", first, min(8, max_new_tokens), stops, sampling, seed)
+    decode_prompt(model, drafter, "warmup", first, min(8, max_new_tokens), stops, sampling, seed, tree_budget)
     results = []
     for number, prompt in enumerate(prompts, start=1):
         ids = prompt.input_ids.to(device)
-        result = decode_prompt(model, drafter, prompt.id, ids, max_new_tokens, stops, sampling, seed + number - 1)
+        result = decode_prompt(
+            model, drafter, prompt.id, ids, max_new_tokens, stops, sampling, seed + number - 1, tree_budget
+        )
         results.append(result)
         print(
             f"[{number}/{len(prompts)}] {prompt.id}: tau {_fmt(result.tau)}, {len(result.speculative.tokens)} tokens, "
@@ -264,7 +283,9 @@ def render(summary: dict) -> str:
             for what, key in (("set", "by_set"), ("category", "by_category"))
             for name, row in summary.get(key, {}).items()
         ],
-        f"speculative: {spec['target_forwards']} target forwards ({spec['rerun_forwards']} re-runs), "
+        *([f"tree: {tree['budget']} nodes, verified by {tree['verify']}"] if (tree := summary.get("tree")) else []),
+        f"speculative: {spec['target_forwards']} target forwards ({spec['rerun_forwards']} re-runs, "
+        f"{_fmt(spec.get('target_tokens_per_round'), 2)} target tokens per round), "
         f"{spec['wall_s']:.2f} s, {_fmt(spec['tokens_per_s'], 1)} tokens/s",
         f"{'greedy:' if greedy_decoding else 'target alone:':<13}{alone['target_forwards']} target forwards, "
         f"{alone['wall_s']:.2f} s, {_fmt(alone['tokens_per_s'], 1)} tokens/s (speedup {_fmt(summary['speedup'], 2)}x)",
