@@ -201,7 +201,7 @@ def summary_rows(s: dict) -> list[tuple[str, str]]:
         (
             f"decode tau along a DDTree tree of {s.get('tree_budget')}",
             f"{number(s.get('decode_tau_tree'))} (eval's ddtree @ {s.get('tree_budget')}: "
-            f"{number((s['offline_ddtree'] or {}).get(str(s.get('tree_budget'))))}; verified by {s.get('tree_verify')})",
+            f"{number(s['offline_ddtree'].get(str(s.get('tree_budget'))))}; verified by {s.get('tree_verify')})",
         ),
         ("lossless (greedy, tree; T 1 in support)", "yes" if s["lossless"] else "NO"),
         (
