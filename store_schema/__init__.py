@@ -26,6 +26,7 @@ _EXPORTS = {
     "package_versions": "fingerprint",
     "target_identity": "fingerprint",
     "response_provenance": "provenance",
+    "response_sampling": "provenance",
     "provenance_warning": "provenance",
     "ShardCommit": "commit.records",
     "StoreLock": "commit.lock",

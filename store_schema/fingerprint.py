@@ -62,6 +62,7 @@ class TargetFacts:
 _ADDED_LATER = {
     "loss_mask": "content",
     "response_provenance": UNKNOWN,
+    "response_sampling": {},
     "target_weights_sample_sha256": "",
     "target_weights_sha256": "",
 }
@@ -91,6 +92,8 @@ class Fingerprint:
     loss_mask: str = "content"  # the plan's loss-mask scope (PlanSettings.loss_mask); stores before it: content
     # Where the responses came from: target / other / unknown (`store_schema.provenance`).
     response_provenance: str = UNKNOWN
+    # How the responses were decoded when the target generated them (`provenance.response_sampling`).
+    response_sampling: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.response_provenance not in PROVENANCES:
@@ -110,6 +113,7 @@ class Fingerprint:
         target_topk: int = 0,
         dtype: str = "bfloat16",
         response_provenance: str = UNKNOWN,
+        response_sampling: Mapping | None = None,
     ) -> "Fingerprint":
         """The fingerprint of a store extracted along `plan` from the target that
         `identity` names (`target_identity`, hashed once by the job), its size and
@@ -135,6 +139,7 @@ class Fingerprint:
             dtype=dtype,
             loss_mask=settings.loss_mask,
             response_provenance=response_provenance,
+            response_sampling=dict(response_sampling or {}),
         )
 
     def to_json(self) -> dict:

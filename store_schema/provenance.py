@@ -34,6 +34,21 @@ def response_provenance(generated_by: Mapping | None, target_weights_sha256: str
     return OTHER
 
 
+def response_sampling(generated_by: Mapping | None) -> dict:
+    """How a generated corpus's replies were decoded, from its ``generation`` block:
+    temperature, top-p, top-k (generate samples the full distribution) and the thinking
+    switch; {} for a plain corpus (not recorded). What an offline tau measured against
+    these replies stands for (`train eval`)."""
+    if not generated_by or "temperature" not in generated_by:
+        return {}
+    return {
+        "temperature": float(generated_by["temperature"]),
+        "top_p": 1.0,
+        "top_k": 0,
+        "thinking": str(generated_by.get("thinking", "keep")),
+    }
+
+
 def provenance_warning(provenance: str) -> str | None:
     """The one line a trainer prints when the responses are not the target's own; None if they are."""
     if provenance == TARGET:

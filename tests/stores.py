@@ -97,6 +97,8 @@ def greedy_store(path, model_dir, tokenizer, layers, count: int, new_tokens: int
         vocab_size=target.vocab_size,
         layer_ids=list(layers),
         max_length=512,
+        response_provenance="target",  # the target's own greedy replies, as `extract generate` records them
+        response_sampling={"temperature": 0.0, "top_p": 1.0, "top_k": 0, "thinking": "keep"},
     )
     writer = create_store(path, fingerprint, CodecConfig(chunk_bytes=4096))
     records = builders.coding_chats(count)

@@ -40,7 +40,7 @@ import errno
 import time
 from pathlib import Path
 
-from store_schema import Fingerprint, FingerprintMismatch, TargetFacts, response_provenance
+from store_schema import Fingerprint, FingerprintMismatch, TargetFacts, response_provenance, response_sampling
 from store_schema.dtypes import space_needed, store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token
@@ -200,9 +200,8 @@ class Extraction(ShardedJob):
                 log(f"WARNING: {self.kernel_warning}; --require-fast-kernels refuses this")
         else:
             facts = _configured_target(self.target, self.store)
-        provenance = response_provenance(
-            generation_of(self.config.corpus), self.identity["target_weights_index_sha256"]
-        )
+        generated_by = generation_of(self.config.corpus)
+        provenance = response_provenance(generated_by, self.identity["target_weights_index_sha256"])
         fingerprint = Fingerprint.for_extraction(
             self.identity,
             self.planned.plan,
@@ -211,6 +210,7 @@ class Extraction(ShardedJob):
             target_topk=self.config.target_topk or 0,
             dtype=self.config.store_dtype,
             response_provenance=provenance,
+            response_sampling=response_sampling(generated_by),
         )
         self.writer = _open_or_create(self.output, self.store, self.planned.plan, fingerprint)
         self.kernels = dict(facts.kernels)

@@ -309,6 +309,10 @@ def test_provenance_target_other_unknown_and_the_fit_warning(
             log=lambda m: None,
         )
         assert Store(stores[name]).fingerprint.response_provenance == name
+    # how the replies were decoded (issue 59.4): greedy, thinking as the template keeps it
+    greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "thinking": "keep"}
+    assert Store(stores["target"]).fingerprint.response_sampling == greedy
+    assert Store(stores["unknown"]).fingerprint.response_sampling == {}
     assert (
         "response_provenance"
         not in json.loads((stores["unknown"] / "zarr.json").read_text())["attributes"]["dflash_store"]["fingerprint"]

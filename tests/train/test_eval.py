@@ -265,8 +265,10 @@ def test_eval_cli_prints_json_of_an_exported_drafter(tmp_path, parts, qwen3_dir,
     assert printed["ddtree"] == {"4": pytest.approx(direct["ddtree"][4]), "16": pytest.approx(direct["ddtree"][16])}
     assert printed["samples"] == 4 and printed["drafter"] == str(run_dir / "export")
     assert printed["max_samples"] == 256 and printed["split_samples"] == 4  # capped by default, said in the JSON
+    assert printed["stands_for"]["proxy"] is True  # the fixture's replies are not the target's own
     assert eval_main(argv[:-1]) == 0
-    assert "tau (decode-time" in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert "tau (decode-time" in table and "tau stands for: a proxy: the store's replies come from a plain" in table
     # A cap below the split's size is said on stderr; "all" lifts it.
     assert eval_main(argv + ["--max-samples", "2"]) == 0
     captured = capsys.readouterr()
@@ -418,3 +420,36 @@ def test_eval_tau_of_a_dflash2_is_the_rollout_along_its_selector_walk(tmp_path, 
     dflash = ev.evaluate(parts[0], head, store, everything(ddtree_budgets=(8,)), split="all")
     assert dflash["path"] == "argmax chain" and dflash["tau_unary"] == dflash["tau"]
     assert "eval_tau_unary" not in log_fields(dflash) and "tau along the argmax chain" not in render_table(dflash)
+
+
+def test_what_evals_tau_stands_for_follows_how_the_replies_were_generated():
+    """Issue 59.4: the target's greedy replies -> greedy decoding; sampled at T -> decoding at
+    T; replies of unknown origin -> a proxy; the target's own top-1 labels -> greedy."""
+    from train.acceptance.stands_for import describe, tau_stands_for
+
+    def fingerprint(provenance, sampling):
+        return Fingerprint(
+            target_model="x",
+            num_target_layers=6,
+            hidden_size=64,
+            vocab_size=512,
+            layer_ids=LAYERS,
+            max_length=128,
+            response_provenance=provenance,
+            response_sampling=sampling,
+        )
+
+    greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "thinking": "on"}
+    sampled = dict(greedy, temperature=0.7)
+    assert tau_stands_for(fingerprint("target", greedy), "stored") == {
+        "decoding": "greedy",
+        "thinking": "on",
+        "proxy": False,
+        "note": "the target's own replies, generated greedy, thinking on",
+    }
+    assert tau_stands_for(fingerprint("target", sampled), "stored")["decoding"] == "temperature 0.7 (top-p 1, top-k 0)"
+    proxy = tau_stands_for(fingerprint("other", sampled), "stored")
+    assert proxy["proxy"] and "another model" in describe(proxy)
+    assert tau_stands_for(fingerprint("unknown", {}), "target")["decoding"] == "greedy"
+    # a store from before the field hashes as before: the empty default is left out
+    assert "response_sampling" not in fingerprint("unknown", {}).to_json()

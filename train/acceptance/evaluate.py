@@ -52,6 +52,7 @@ from store_schema.stores import open_store
 from store_schema.tools.local_copy import local_copy_holding
 from train.acceptance.config import EvalConfig
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
+from train.acceptance.stands_for import tau_stands_for
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations
 from train.drafter.anchors import anchor_candidates
 from train.objective.config import LossConfig
@@ -371,6 +372,7 @@ def evaluate(
         heldout_fraction=None if split == "all" else heldout_fraction,
         split_samples=len(locations),
         max_samples=config.samples,
+        stands_for=tau_stands_for(store.fingerprint, config.labels),
     )
     if fetched is not None:
         result["cached_shards_fetched"] = fetched

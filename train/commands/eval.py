@@ -15,6 +15,7 @@ from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import open_store
 from train.acceptance.config import EvalConfig
 from train.acceptance.evaluate import evaluate
+from train.acceptance.stands_for import describe
 from train.data.config import DataConfig
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import load_drafter, read_heldout_fraction, resolve_drafter_dir
@@ -139,6 +140,8 @@ def render_table(result: dict) -> str:
         lines.append(f"{'tau along the argmax chain':<34}{_fmt(result['tau_unary']):>10}")
     for budget, value in sorted(result["ddtree"].items(), key=lambda kv: int(kv[0])):
         lines.append(f"{f'DDTree acceptance @ {budget} (decode)':<34}{_fmt(value):>10}")
+    if result.get("stands_for"):
+        lines.append(describe(result["stands_for"]))
     lines += [
         f"{'tau per position (estimate)':<34}{_fmt(result['tau_per_position']):>10}",
         f"{'top-1 accuracy':<34}{_fmt(result['top1_acc']):>10}",
