@@ -495,4 +495,44 @@ def test_the_fields_prompt_sets_report_tau_per_set_and_category(qwen3_dir, token
     table = capsys.readouterr().out
     assert "set humaneval: lossless True, tau" in table and "category code: lossless True" in table
     assert main([*base[:-4], "--prompts", "humaneval,nowhere.jsonl"]) == 2
-    assert "--prompts nowhere.jsonl: no such file (named sets: humaneval)" in capsys.readouterr().err
+    assert "--prompts nowhere.jsonl: no such file (named sets: humaneval; from a dataset file: gsm8k=FILE" in (
+        capsys.readouterr().err
+    )
+
+
+def test_the_fields_datasets_read_from_their_own_files_in_dflash_benchmarks_formats(
+    qwen3_dir, tokenizer, mask_id, tmp_path, capsys
+):
+    """Issue 59.5: `--prompts gsm8k=FILE,mt-bench=FILE,...` reads the public dataset's own
+    file (Parquet as the hub serves it, or JSON lines) in dflash.benchmark's prompt format;
+    tau per set and per category; a file of another set is refused naming row and field."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from train.data.prompt_sets import REASON, prompt_sources
+
+    gsm8k = tmp_path / "gsm8k-test.parquet"
+    pq.write_table(pa.Table.from_pylist([{"question": f"What is {i} + {i}?", "answer": "x"} for i in range(3)]), gsm8k)
+    mt_bench = tmp_path / "mt_bench.jsonl"
+    rows = [
+        {"prompt_id": 81 + i, "category": c, "prompt": [f"Tell me about {c}.", "Shorter."]}
+        for i, c in enumerate(("writing", "coding"))
+    ]
+    mt_bench.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    sources = prompt_sources(f"gsm8k={gsm8k},mt-bench={mt_bench}")
+    (where, record), *_ = sources[0].records()
+    assert where == f"{gsm8k}:1" and record["id"] == "gsm8k-1" and record["category"] == "gsm8k"
+    assert record["messages"] == [{"role": "user", "content": f"What is 0 + 0?\n{REASON}"}]
+    assert [r["id"] for _, r in sources[1].records()] == ["81", "82"]
+    assert sources[1].records()[1][1]["messages"][0]["content"] == "Tell me about coding."
+
+    export = export_drafter(random_drafter(qwen3_dir, mask_id), tmp_path / "drafter", dtype=torch.float32)
+    base = ["speculate", "--drafter", str(export), "--target", str(qwen3_dir), "--max-new-tokens", "6"]
+    assert main([*base, "--prompts", f"gsm8k={gsm8k},mt-bench={mt_bench}", "--limit", "2", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {name: row["prompts"] for name, row in summary["by_set"].items()} == {"gsm8k": 2, "mt-bench": 2}
+    assert set(summary["by_category"]) == {"gsm8k", "writing", "coding"}
+    assert main([*base, "--prompts", f"math500={gsm8k}"]) == 1
+    assert f"{gsm8k}:1: a math500 row needs the field 'problem'" in capsys.readouterr().err
+    assert main([*base, "--prompts", f"gsm9k={gsm8k}"]) == 1
+    assert "no set 'gsm9k'" in capsys.readouterr().err

