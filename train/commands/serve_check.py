@@ -3,13 +3,19 @@ when the command runs, so it imports at the top."""
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
+import weakref
 from pathlib import Path
+
+import torch
 
 from store_schema.runtime.cli import fail
 from store_schema.runtime.target_config import read_target_config
+from store_schema.runtime.target_model import load_target_model
 from train.acceptance import serve_check, vllm_memory
+from train.acceptance.sampling import Sampling
 from train.acceptance.speculate import decode_prompt
 from train.commands.speculate import by_thinking, load_decoding, mean_or_none, open_prompt_source
 from train.export.drafter_dir import read_drafter_config, resolve_drafter_dir
@@ -19,15 +25,24 @@ def run(args) -> int:
     read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
     open_prompt_source(args)
+    try:
+        sampling = Sampling(args.temperature, args.top_p, args.top_k)
+    except ValueError as error:
+        return fail(str(error))
     unserved = serve_check.unserved_here(config.kind)
     python, version = _vllm(serve_check, args, unserved)
     loaded = load_decoding(args, "serve-check")
-    drafter_dir, prompts, stops, dtype = loaded.drafter_dir, loaded.prompts, loaded.stops, loaded.dtype
-
+    drafter_dir, prompts, stops, dtype, device = (
+        loaded.drafter_dir,
+        loaded.prompts,
+        loaded.stops,
+        loaded.dtype,
+        loaded.device,
+    )
     workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
     token_prompts = [p.input_ids.tolist() for p in prompts]
     share = None
-    if args.gpu_memory_utilization is None and loaded.device.type == "cpu" and python:
+    if args.gpu_memory_utilization is None and device.type == "cpu" and python:
         share = _cpu_share(args.target, drafter_dir, config, token_prompts, args.max_new_tokens, dtype)
     request = serve_check.served_request(
         Path(args.target).resolve(),
@@ -41,30 +56,27 @@ def run(args) -> int:
         gpu_memory_utilization=args.gpu_memory_utilization,
         cpu_memory_share=share,
         v2_runner_only=not config.kind.vllm_cpu_serves,
+        sampling=sampling,
+        seed=args.seed,
     )
-    # vLLM starts (tens of seconds) while this process decodes the same prompts.
-    served_run = serve_check.start_served(python, request, workdir) if python else None
-    try:
-        results = speculated(loaded, args.max_new_tokens, config.block_size)
-        if served_run:
-            print("waiting for vLLM ...", file=sys.stderr, flush=True)
-        served = served_run.result() if served_run else {"skipped": unserved}
-    finally:
-        if served_run and served_run.process.poll() is None:
-            served_run.process.terminate()
-            served_run.process.wait()
-    summary = _summary(serve_check, results, served, stops, config.block_size, prompts, args.thinking)
+    results = speculated(loaded, args.max_new_tokens, config.block_size, sampling, args.seed)
+    freed = release(loaded)  # two copies of a 27B target never fit one card: vLLM starts after
+    served = serve(python, request, workdir) if python else {"skipped": unserved}
+    outcomes = judged(args.target, results, served, loaded, sampling) if "prompts" in served else None
+    summary = _summary(serve_check, results, served, config.block_size, loaded, args.thinking, outcomes)
     summary.update(
         drafter=str(drafter_dir),
         target=str(args.target),
+        target_freed_before_vllm=freed() is None,
         vllm_python=python,
         vllm_version=served.get("vllm_version", version),
         vllm_device=served.get("device"),
-        vllm_log=str(served_run.log_path) if served_run else None,
+        vllm_log=str(workdir / "vllm.log") if python else None,
         vllm_memory_share=args.gpu_memory_utilization or share,
         dtype=str(dtype).removeprefix("torch."),
         block_size=config.block_size,
         max_new_tokens=args.max_new_tokens,
+        seed=None if sampling.greedy else args.seed,
         stop_token_ids=stops,
         **loaded.other_target,
     )
@@ -75,19 +87,56 @@ def run(args) -> int:
     return fail("; ".join(found)) if found else 0
 
 
-def speculated(loaded, max_new_tokens: int, block_size: int) -> list:
-    """`speculate` on every prompt, decoded in whole blocks up to the limit and cut there
-    as vLLM cuts (`serve_check.cut_at_limit`), a line each."""
+def judged(target, results: list, served: dict, loaded, sampling: Sampling) -> list:
+    """vLLM's outputs judged by `speculate`'s rule (`serve_check.served_outcomes`); the
+    target is loaded again, vLLM gone, only where that needs a forward."""
+    outcomes = serve_check.served_outcomes(results, served["prompts"], loaded.stops, sampling)
+    if serve_check.needs_the_target(outcomes):
+        print("serve-check: loading the target again to judge vLLM's outputs", file=sys.stderr, flush=True)
+        model = load_target_model(target, loaded.device, loaded.dtype).model
+        serve_check.check_served_outcomes(model, loaded.prompts, outcomes)
+    return outcomes
+
+
+def release(loaded) -> weakref.ref:
+    """Drop the target and the drafter (and their device memory) before vLLM starts; a
+    weak reference to the target says whether anything still holds it."""
+    freed = weakref.ref(loaded.model)
+    loaded.model = loaded.drafter = None
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if freed() is not None:
+        raise RuntimeError("serve-check: the target is still referenced; vLLM would load a second copy beside it")
+    return freed
+
+
+def serve(python: str, request: dict, workdir: Path) -> dict:
+    """vLLM's decoding of the request, its process ended however this returns."""
+    served_run = serve_check.start_served(python, request, workdir)
+    print("waiting for vLLM ...", file=sys.stderr, flush=True)
+    try:
+        return served_run.result()
+    finally:
+        if served_run.process.poll() is None:
+            served_run.process.terminate()
+            served_run.process.wait()
+
+
+def speculated(loaded, max_new_tokens: int, block_size: int, sampling: Sampling, seed: int) -> list:
+    """`speculate` on every prompt (prompt i at seed + i), decoded in whole blocks up to
+    the limit and cut there as vLLM cuts (`serve_check.cut_at_limit`), a line each."""
     results = []
     past_limit = max_new_tokens + block_size - 1
-    for number, prompt in enumerate(loaded.prompts, start=1):
+    for number, prompt in enumerate(loaded.prompts):
+        ids = prompt.input_ids.to(loaded.device)
         decoded = decode_prompt(
-            loaded.model, loaded.drafter, prompt.id, prompt.input_ids.to(loaded.device), past_limit, loaded.stops
+            loaded.model, loaded.drafter, prompt.id, ids, past_limit, loaded.stops, sampling, seed + number
         )
         result = serve_check.cut_at_limit(decoded, max_new_tokens)
         results.append(result)
         print(
-            f"[{number}/{len(loaded.prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
+            f"[{number + 1}/{len(loaded.prompts)}] {prompt.id}: speculate tau {result.tau or 0:.3f}, "
             f"{'lossless' if result.lossless else 'MISMATCH'}",
             file=sys.stderr,
         )
@@ -125,7 +174,8 @@ def _cpu_share(target, drafter_dir, config, prompts, max_new_tokens: int, dtype)
     return share
 
 
-def _summary(serve_check, results, served: dict, stops, block_size: int, prompts, thinking: str | None) -> dict:
+def _summary(serve_check, results, served: dict, block_size: int, loaded, thinking, outcomes) -> dict:
+    prompts = loaded.prompts
     rendered = {"thinking": thinking or "template default", "speculate_by_thinking": by_thinking(prompts, results)}
     if "skipped" in served:
         return {
@@ -135,7 +185,8 @@ def _summary(serve_check, results, served: dict, stops, block_size: int, prompts
             "speculate_tau": mean_or_none([r.tau for r in results if r.tau is not None]),
             **rendered,
         }
-    return {**serve_check.compare(results, served["prompts"], stops, block_size), **rendered}
+    compared = serve_check.compare(results, served["prompts"], loaded.stops, block_size, outcomes, loaded.dtype)
+    return {**compared, **rendered}
 
 
 def render(summary: dict) -> str:
