@@ -40,7 +40,8 @@ teacher-forced selector accuracy of the final model (the run's last evaluation).
 
 A table on stderr, a section in benchmarks/RESULTS.md (not with --smoke), and one JSON
 line last: `store`, `store_text` (the statistics), `variants` ({name: figures}),
-`decode_tau_<variant>`, `offline_tau_<variant>`, `dflash2_vs_dflash_decode_tau`
+`decode_tau_<variant>` (greedy), `decode_tau_t1_<variant>` (T 1, top-p 0.95, top-k 20),
+`rank_t0` / `rank_t1` (variants by decode tau), `offline_tau_<variant>`, `dflash2_vs_dflash_decode_tau`
 (dflash2_dpace / dflash_dpace, or dflash2_decay / dflash_decay where D-PACE was not
 trained), `conv_only_vs_dflash2_decode_tau`, `selector_only_vs_dflash2_decode_tau`,
 `dflash2_warm_vs_dflash_decode_tau`, `dpace_vs_decay_decode_tau`,
@@ -95,6 +96,7 @@ SMOKE_VARIANTS = ("dflash_decay", "dflash2_warm")
 HELDOUT_FRACTION = 0.05  # the CPU recipe's data.heldout_fraction (scripts/cpu-recipe.yaml): the store statistics' split
 EVAL_SAMPLES, EVAL_BLOCKS = 16, 64  # `eval`: held-out samples, blocks rolled out per sample (CPU minutes)
 GOAL_RATIO = 1.05  # DFlash 2's decode tau over DFlash's, equal steps
+SAMPLED = ["--temperature", "1", "--top-p", "0.95", "--top-k", "20"]  # the published DFlash 2 card's settings
 # --smoke: a tiny target pretrained 2 steps, 12 records of 16 new tokens, 3 drafter steps, 1 prompt
 SMOKE_TARGET = dict(
     vocab_size=512,
@@ -172,31 +174,31 @@ def train_one(work: Path, paths: dict, name: str, seed: int, steps: int, prompts
             "--json",
         ]
     )
-    decoded = run(
-        [
-            "-m",
-            "train",
-            "speculate",
-            "--drafter",
-            drafter,
-            "--target",
-            paths["target"],
-            "--store",
-            paths["store"],
-            "--limit",
-            prompts,
-            "--max-new-tokens",
-            new_tokens,
-            "--json",
-        ],
-        allow=(0, 1),
-    )
+    speculate = [
+        "-m",
+        "train",
+        "speculate",
+        "--drafter",
+        drafter,
+        "--target",
+        paths["target"],
+        "--store",
+        paths["store"],
+        "--limit",
+        prompts,
+        "--max-new-tokens",
+        new_tokens,
+        "--json",
+    ]
+    decoded = run(speculate, allow=(0, 1))
+    sampled = run([*speculate, *SAMPLED, "--seed", str(seed)], allow=(0, 1))
     log = [json.loads(line) for line in (run_dir / "train_log.jsonl").read_text().splitlines() if line.strip()]
     return {
         "variant": name,
         "seed": seed,
         "decode_tau": decoded.get("tau"),
-        "lossless": decoded.get("lossless"),
+        "decode_tau_t1": sampled.get("tau"),
+        "lossless": decoded.get("lossless") and sampled.get("passed"),
         "offline_tau": evaluated.get("tau"),
         "offline_tau_unary": evaluated.get("tau_unary"),
         "offline_per_position_acc": evaluated.get("per_position_acc"),
@@ -274,6 +276,7 @@ def summarize(results: list[dict], seeds: list[int]) -> dict:
         variants[name] = {
             "decode_tau": mean([r["decode_tau"] for r in rows]),
             "decode_tau_seeds": [r["decode_tau"] for r in rows],
+            "decode_tau_t1": mean([r["decode_tau_t1"] for r in rows]),
             "offline_tau": mean([r["offline_tau"] for r in rows]),
             "offline_tau_seeds": [r["offline_tau"] for r in rows],
             "offline_tau_unary": mean([r["offline_tau_unary"] for r in rows]),
@@ -297,6 +300,9 @@ def summarize(results: list[dict], seeds: list[int]) -> dict:
     figures = {
         "variants": variants,
         **{f"decode_tau_{name}": v["decode_tau"] for name, v in variants.items()},
+        **{f"decode_tau_t1_{name}": v["decode_tau_t1"] for name, v in variants.items()},
+        "rank_t0": sorted(variants, key=lambda n: -(variants[n]["decode_tau"] or 0)),
+        "rank_t1": sorted(variants, key=lambda n: -(variants[n]["decode_tau_t1"] or 0)),
         **{f"offline_tau_{name}": v["offline_tau"] for name, v in variants.items()},
         "dflash2_vs_dflash_decode_tau": ratio("dflash2_dpace", "dflash_dpace")
         or ratio("dflash2_decay", "dflash_decay"),
@@ -331,7 +337,7 @@ def table(figures: dict) -> list[tuple[str, str, str]]:
             (
                 name,
                 "-",
-                f"decode tau {fmt(v['decode_tau'])} (seeds {seeds}; lossless "
+                f"decode tau {fmt(v['decode_tau'])} (seeds {seeds}; at T 1 {fmt(v['decode_tau_t1'])}; lossless "
                 f"{'yes' if v['lossless'] else 'NO'}), offline tau {fmt(v['offline_tau'])}, "
                 f"{v['parameters']:,} parameters, {fmt(v['step_s'], 3)} s/step, held-out top-1 "
                 f"{fmt(v['heldout_acc'], 3)}{selector}; accepted per slot "

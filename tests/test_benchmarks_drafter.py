@@ -18,5 +18,7 @@ def test_drafter_bench_smoke():
     variants = figures["variants"]  # DFlash / DFlash 2, each decoded losslessly
     assert set(variants) == {"dflash_decay", "dflash2_warm"}  # drafter_bench.SMOKE_VARIANTS
     assert all(v["lossless"] and v["decode_tau"] >= 1.0 for v in variants.values())
+    assert all(v["decode_tau_t1"] >= 1.0 for v in variants.values())  # ranked at T 0 and at T 1
+    assert set(figures["rank_t0"]) == set(figures["rank_t1"]) == set(variants)
     assert variants["dflash2_warm"]["parameters"] > variants["dflash_decay"]["parameters"]
     assert variants["dflash2_warm"]["heldout_selector_acc"] is not None  # the selector trained and was measured
