@@ -2,10 +2,17 @@
 short run (goal: under 8 minutes on an H200). `--smoke` runs the same code at tiny
 sizes on a CPU, in the test suite (tests/extract/test_gpu_check.py), so the check cannot rot.
 
-    python benchmarks/gpu_check.py [--smoke]
+    python benchmarks/gpu_check.py [--smoke] [--phases kernels,train]
+
+Every phase runs in order, caught and timed, and prints one flushed JSON line as it ends
+(`phase`, `ok`, `error`, its figures), so a failure in one loses none of the others; a
+phase whose input failed says so (`skipped`). The last line holds every figure and the
+verdict: PASS (all ran and met the thresholds below), PARTIAL (what ran passed; some
+part was skipped, with the reason), FAIL (a phase failed: exit 1).
 
 Phases, each with its peak GPU memory (`peak_gpu_gb`, reset before each; None on CPU):
 
+0. environment: versions, compute capability, GPU memory, shared memory per block.
 1. kernels: the Qwen3.5 linear-attention layer's chunked gated delta rule and causal
    conv1d, the implementation transformers chose (fla / causal-conv1d) against its
    PyTorch fallback on the layer's shapes and gates; where the package is missing
@@ -357,38 +364,161 @@ def train(model: Path, store: Path, out: Path, size: dict, architecture: str = "
     return {f"train_{architecture}_" + key.removeprefix("train_"): value for key, value in figures.items()}
 
 
+PHASES = ("environment", "kernels", "attention", "build", "extract", "loader", "train", "train_dflash2")
+NEEDS = {"extract": "build", "loader": "extract", "train": "extract", "train_dflash2": "extract"}
+# What a phase's figures must show to pass (on top of running without an error).
+MIN_KERNEL_COSINE = 0.999  # fla / causal-conv1d against the PyTorch fallback (bf16 on CUDA)
+MIN_FALLBACK_COSINE = 0.9999  # the chunked fallback against the token-by-token recurrence
+MIN_FLEX_COSINE = 0.999  # flex against the split path, values and gradients (bf16 autocast on CUDA)
+
+
+def environment(device: str) -> dict:
+    """Versions, the device's compute capability, memory and shared memory per block."""
+    import importlib.metadata
+
+    def version(name: str):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    packages = ("torch", "transformers", "triton", "flash-linear-attention", "causal-conv1d", "zarr", "ray")
+    report = {"python": sys.version.split()[0], "versions": {name: version(name) for name in packages}}
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        report.update(
+            compute_capability=f"{props.major}.{props.minor}",
+            gpu_memory_gb=round(props.total_memory / 1e9, 1),
+            shared_memory_per_block_kb=getattr(props, "shared_memory_per_block_optin", 0) // 1024 or None,
+            gpus=torch.cuda.device_count(),
+        )
+    return report
+
+
+def problems(name: str, figures: dict) -> list[str]:
+    """Why a phase that ran did not pass its thresholds (empty: it passed)."""
+    found = []
+    cosines = {
+        "kernels": [
+            ("linear_attention_fallback_vs_recurrent", MIN_FALLBACK_COSINE),
+            ("linear_attention_fla_vs_fallback", MIN_KERNEL_COSINE),
+            ("causal_conv1d_vs_fallback", MIN_KERNEL_COSINE),
+        ],
+        "attention": [("flex_vs_split", MIN_FLEX_COSINE), ("flex_vs_split_grads", MIN_FLEX_COSINE)],
+    }
+    checks = figures.get(f"{name}_check", {})
+    for key, floor in cosines.get(name, []):
+        if isinstance(checks.get(key), dict) and not checks[key]["cosine"] >= floor:
+            found.append(f"{key} cosine {checks[key]['cosine']} < {floor}")
+    if name.startswith("train") and figures.get(f"{name}_loss_finite") is False:
+        found.append("the training loss is not finite")
+    return found
+
+
+def skipped_parts(figures: dict) -> list[str]:
+    """Parts a phase skipped, with their reason ("skipped: ..." values)."""
+    return [
+        f"{key}: {value.removeprefix('skipped: ')}"
+        for check in (figures.get("kernels_check", {}), figures.get("attention_check", {}))
+        for key, value in check.items()
+        if isinstance(value, str) and value.startswith("skipped: ")
+    ]
+
+
+def run_phase(name: str, body, figures: dict, device: str, done: dict) -> None:
+    """Run one phase, caught and timed; one flushed JSON line as it ends."""
+    line: dict = {"phase": name}
+    need = NEEDS.get(name)
+    if need and not done.get(need):
+        line.update(ok=False, error=None, skipped=f"needs the {need} phase, which did not pass")
+    else:
+        try:
+            with phase(figures, name, device):
+                found = body() or {}
+            figures.update(found)
+            issues = problems(name, figures)
+            line.update(ok=not issues, error="; ".join(issues) or None, **found)
+        except Exception as error:  # every phase reports, whatever breaks in it
+            line.update(ok=False, error=f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+        line.update(seconds=figures.get("seconds", {}).get(name), peak_gpu_gb=figures.get("peak_gpu_gb", {}).get(name))
+    done[name] = line["ok"]
+    figures.setdefault("phases", {})[name] = {k: line.get(k) for k in ("ok", "error", "skipped")}
+    print(json.dumps(line, default=str), flush=True)
+
+
+def verdict(figures: dict, chosen: list[str]) -> dict:
+    """PASS: every phase ran and passed; PARTIAL: those that ran passed, some part was
+    skipped (a kernel not installed, a phase not chosen); FAIL: a phase failed."""
+    phases = figures.get("phases", {})
+    failed = {name: row["error"] or row["skipped"] for name, row in phases.items() if not row["ok"]}
+    skipped = skipped_parts(figures) + [f"{name}: not chosen (--phases)" for name in PHASES if name not in chosen]
+    result = "FAIL" if failed else "PARTIAL" if skipped else "PASS"
+    return {
+        "verdict": result,
+        "failed": failed,
+        "skipped": skipped,
+        "thresholds": {
+            "kernel_cosine": MIN_KERNEL_COSINE,
+            "fallback_cosine": MIN_FALLBACK_COSINE,
+            "flex_cosine": MIN_FLEX_COSINE,
+        },
+    }
+
+
+def chosen_phases(text: str | None) -> list[str]:
+    """--phases a,b: those phases and the ones they need, in order."""
+    if not text:
+        return list(PHASES)
+    wanted = {name.strip() for name in text.split(",") if name.strip()}
+    unknown = wanted - set(PHASES)
+    if unknown:
+        raise SystemExit(f"--phases: no phase {', '.join(sorted(unknown))} (phases: {', '.join(PHASES)})")
+    for name in list(wanted):
+        while NEEDS.get(name):
+            name = NEEDS[name]
+            wanted.add(name)
+    return [name for name in PHASES if name in wanted]
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (CPU is fine)")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--phases", help=f"comma-separated, with what they need (default all: {', '.join(PHASES)})")
     args = parser.parse_args(argv)
+    chosen = chosen_phases(args.phases)
     size = SMOKE if args.smoke else FULL
     device = "cuda" if torch.cuda.is_available() else "cpu"
     work = Path(tempfile.mkdtemp(prefix="gpu_check_", dir=args.workdir))
     figures: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "smoke": args.smoke}
-    started = time.perf_counter()
+    corpus = work / "corpus.jsonl"
+    bodies = {
+        "environment": lambda: {"environment": environment(device)},
+        "kernels": lambda: {"kernels_check": check_kernels(size, device)},
+        "attention": lambda: {"attention_check": check_attention(size, device)},
+        "build": lambda: build_target(work / "target", size, device),
+        "extract": lambda: extract(
+            work / "target",
+            embedded.write_jsonl(corpus, embedded.coding_chats(size["records"])),
+            work / "store",
+            size,
+            device,
+        ),
+        "loader": lambda: loader_throughput(work / "store", device),
+        "train": lambda: train(work / "target", work / "store", work / "run", size),
+        "train_dflash2": lambda: train(work / "target", work / "store", work / "run-dflash2", size, "dflash2"),
+    }
+    started, done = time.perf_counter(), {}
     try:
-        with phase(figures, "kernels", device):
-            figures["kernels_check"] = check_kernels(size, device)
-        with phase(figures, "attention", device):
-            figures["attention_check"] = check_attention(size, device)
-        with phase(figures, "build", device):
-            build_target(work / "target", size, device)
-        corpus = embedded.write_jsonl(work / "corpus.jsonl", embedded.coding_chats(size["records"]))
-        with phase(figures, "extract", device):
-            figures.update(extract(work / "target", corpus, work / "store", size, device))
-        with phase(figures, "loader", device):
-            figures.update(loader_throughput(work / "store", device))
-        with phase(figures, "train", device):
-            figures.update(train(work / "target", work / "store", work / "run", size))
-        with phase(figures, "train_dflash2", device):
-            figures.update(train(work / "target", work / "store", work / "run-dflash2", size, "dflash2"))
+        for name in chosen:
+            run_phase(name, bodies[name], figures, device, done)
         figures["wall_s"] = round(time.perf_counter() - started, 1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(figures))
+    figures.update(verdict(figures, chosen))
+    print(json.dumps(figures, default=str), flush=True)
     return figures
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if main()["verdict"] == "FAIL" else 0)

@@ -2,16 +2,14 @@
 # GPU check on the device machine (see benchmarks/gpu_check.py). The device image
 # has torch (with triton), transformers, safetensors, ml_dtypes, tokenizers; the
 # store's own dependencies and the linear-attention kernels travel as wheels made
-# here first (flash-linear-attention and fla-core are pure-Python Triton kernels):
+# here first, their list read from pyproject.toml (benchmarks/device_wheels.py):
 #   echo /.whl/ >> .git/info/exclude
-#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-#     -d .whl "zarr==3.1.6" "numcodecs==0.16.6" "google-crc32c==1.9.0" "donfig==0.8.1.post1" \
-#     "typing_extensions" "packaging" "flash-linear-attention==0.6.0" "fla-core==0.6.0" "einops"
+#   python3 benchmarks/device_wheels.py --download .whl
 # then run this script with `.whl` carried. causal-conv1d has no binary wheel on PyPI
 # (only a CUDA source build, or wheels on its GitHub releases, which the device cannot
 # reach): without it the conv1d runs transformers' PyTorch fallback, and the JSON says
-# so (`kernels_check.causal_conv1d`, `kernels.causal_conv1d`). Prints one JSON line last.
+# so. Prints one JSON line per phase as it ends, the verdict last (PASS / PARTIAL / FAIL);
+# `--phases kernels,train` reruns some.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -d .whl ]; then

@@ -19,7 +19,8 @@ RUN_ALL_ONLY = "store"  # the cheapest of run_all's benchmarks; its test is stor
 
 def test_every_benchmark_script_has_a_smoke_test():
     scripts = {path.name for path in BENCHMARKS.glob("*.py") if '__name__ == "__main__"' in path.read_text()}
-    covered = set(SMOKE_KEYS) | {"run_all.py", "gpu_check.py"}
+    # gpu_check.py and the wheel list it runs from: tests/extract/test_gpu_check.py
+    covered = set(SMOKE_KEYS) | {"run_all.py", "gpu_check.py", "device_wheels.py"}
     assert scripts == covered, f"benchmarks without a smoke test: {sorted(scripts - covered)}"
     assert {f"{name}_bench.py" for name in run_all_module().BENCHMARKS} <= set(SMOKE_KEYS)
 

@@ -116,8 +116,10 @@ def _classify(error: BaseException) -> str:
 
 def ray_node_id() -> str:
     """The Ray node this process runs on ("" outside Ray): several nodes may share a host name."""
-    import ray  # a worker has Ray loaded already; the driver reads this module's replies without it
-
+    try:
+        import ray  # a worker has Ray loaded already; the driver reads this module's replies without it
+    except ImportError:  # the worker's code run in-process where Ray is not installed (gpu_check on a device)
+        return ""
     return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
 
 

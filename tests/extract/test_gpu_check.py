@@ -1,6 +1,11 @@
 """`python benchmarks/gpu_check.py --smoke` runs on CPU (issue 27.6): the GPU check
 cannot rot between GPU sessions. Every phase runs; on CPU the fla / causal-conv1d
-comparisons and flex's gradients are skipped with their reason, the fallbacks run."""
+comparisons and flex's gradients are skipped with their reason, the fallbacks run.
+
+It runs as the device would run it (issue 60.1, tests/device_guard.py): every package
+outside the device image and the wheels `benchmarks/device_wheels.py` reads from
+pyproject.toml is not importable (Ray among them), so an import the device lacks fails
+here. Each phase prints its own JSON line as it ends, and the verdict comes last."""
 
 from __future__ import annotations
 
@@ -15,21 +20,42 @@ from paths import REPO
 pytestmark = pytest.mark.slow  # child processes
 
 
-def test_gpu_check_smoke_runs_every_phase_on_cpu(tmp_path):
+def gpu_check(tmp_path, *flags) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """gpu_check.py --smoke as the device runs it; its JSON lines."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    script = [str(REPO / "tests" / "device_guard.py"), str(REPO / "benchmarks" / "gpu_check.py")]
     done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--smoke", "--workdir", str(tmp_path)],
+        [sys.executable, *script, "--smoke", "--workdir", str(tmp_path), *flags],
         capture_output=True,
         text=True,
         env=env,
         timeout=900,
     )
+    return done, [json.loads(line) for line in done.stdout.strip().splitlines() if line.startswith("{")]
+
+
+def test_gpu_check_smoke_runs_every_phase_on_cpu(tmp_path):
+    done, lines = gpu_check(tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    figures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "device_guard: blocked ray" in done.stderr  # Ray is installed here, and not on the device
+    *phases, figures = lines
+    assert [line["phase"] for line in phases] == [
+        "environment",
+        "kernels",
+        "attention",
+        "build",
+        "extract",
+        "loader",
+        "train",
+        "train_dflash2",
+    ]
+    assert all(line["ok"] and line["error"] is None for line in phases), phases
+    assert figures["verdict"] == "PARTIAL" and not figures["failed"]  # on CPU: fla, causal-conv1d, flex grads
+    assert len(figures["skipped"]) == 3 and all(": " in reason for reason in figures["skipped"])
     assert (
         set(figures["seconds"])
         == set(figures["peak_gpu_gb"])
-        == {"kernels", "attention", "build", "extract", "loader", "train", "train_dflash2"}
+        == {"environment", "kernels", "attention", "build", "extract", "loader", "train", "train_dflash2"}
     )
     kernels, attention = figures["kernels_check"], figures["attention_check"]
     assert kernels["linear_attention_fallback_vs_recurrent"]["cosine"] >= 0.9999
@@ -45,3 +71,48 @@ def test_gpu_check_smoke_runs_every_phase_on_cpu(tmp_path):
     assert figures["train_dflash2_parameters"] > 2 * 248_320 * 32  # the two codebooks and more
     assert 0.0 <= figures["train_dflash2_selector_acc"] <= figures["train_dflash2_recall_at_k"] <= 1.0
     assert not list(tmp_path.iterdir())  # the work directory is removed
+
+
+def test_chosen_phases_run_with_what_they_need_and_a_failure_is_reported_not_raised(tmp_path):
+    done, lines = gpu_check(tmp_path, "--phases", "loader")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line["phase"] for line in lines[:-1]] == ["build", "extract", "loader"]
+    assert "environment: not chosen (--phases)" in lines[-1]["skipped"]
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check as check
+
+    figures, done_phases = {}, {}
+    check.run_phase("build", lambda: 1 / 0, figures, "cpu", done_phases)
+    check.run_phase("extract", dict, figures, "cpu", done_phases)
+    check.run_phase(
+        "kernels",
+        lambda: {"kernels_check": {"linear_attention_fallback_vs_recurrent": {"cosine": 0.9}}},
+        figures,
+        "cpu",
+        done_phases,
+    )
+    result = check.verdict(figures, list(check.PHASES))
+    assert result["verdict"] == "FAIL"
+    assert result["failed"] == {
+        "build": "ZeroDivisionError: division by zero",
+        "extract": "needs the build phase, which did not pass",
+        "kernels": "linear_attention_fallback_vs_recurrent cosine 0.9 < 0.9999",
+    }
+
+
+def test_the_device_wheels_are_pyprojects_dependencies_less_the_image_and_the_host_only():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import device_wheels
+
+    carried = {device_wheels.name_of(r) for r in device_wheels.carried()}
+    declared = {device_wheels.name_of(r) for r in device_wheels.declared()}
+    assert {"zarr", "zstandard", "google_crc32c", "flash_linear_attention"} <= carried <= declared
+    assert not carried & {"ray", "torch", "transformers", "causal_conv1d"}
+    assert (
+        declared - carried
+        == {
+            device_wheels.name_of(n)
+            for n in (*device_wheels.DEVICE_IMAGE, *device_wheels.NOT_ON_DEVICE, *device_wheels.NO_WHEEL)
+        }
+        & declared
+    )
