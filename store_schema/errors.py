@@ -36,7 +36,16 @@ class StoreExistsError(StoreError, FileExistsError):
 
 
 class NonFiniteStatesError(StoreError, ValueError):
-    """Hidden states with NaN or Inf offered to an fp8 store."""
+    """Hidden states with NaN or Inf offered to a store (bf16 or fp8): a drafter trained on
+    them learns nothing, and nothing downstream could tell."""
+
+    @classmethod
+    def at_tokens(cls, bad_tokens, what: str, limit: str = "") -> "NonFiniteStatesError":
+        """The one message: `what`, how many tokens held NaN/Inf and the first of them."""
+        return cls(
+            f"{what}: NaN/Inf in the hidden states of {len(bad_tokens)} token(s), first at token "
+            f"{int(bad_tokens[0])}; a store refuses non-finite states{limit}"
+        )
 
 
 class EmptyCaptureError(StoreError, ValueError):

@@ -147,6 +147,10 @@ class TargetRunner:
         captured = self._forward(input_ids, attention_mask, real)
 
         packed = {"hidden": torch.stack([captured[L] for L in self.layer_ids])}  # [layers, tokens, H] bf16
+        if not self.quantize:  # fp8's NaN scales say the same (the writer refuses either)
+            packed["nonfinite"] = ~torch.isfinite(packed["hidden"]).all(
+                dim=-1
+            )  # [layers, tokens], copied with the rest
         if self.quantize:
             codes, packed["scales"] = fp8.quantize(packed["hidden"])  # [layers, tokens, H], [layers, tokens]
             # Channel-major ([layers, H, tokens]): a transpose costs the device nothing, and the
@@ -159,6 +163,8 @@ class TargetRunner:
         outputs, start = [], 0
         for n in lengths:
             sample = {L: self._states(host, j, start, n) for j, L in enumerate(self.layer_ids)}
+            if "nonfinite" in host:
+                sample["nonfinite"] = host["nonfinite"][:, start : start + n]  # [layers, n] bool
             if self.topk is not None:
                 sample["topk_ids"] = host["topk_ids"][start : start + n]
                 sample["topk_logprobs"] = host["topk_logprobs"][start : start + n]

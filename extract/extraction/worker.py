@@ -48,7 +48,7 @@ from typing import ClassVar
 import numpy as np
 from transformers import AutoTokenizer
 
-from store_schema import SampleArrays, raw_bytes_per_token
+from store_schema import NonFiniteStatesError, SampleArrays, raw_bytes_per_token
 from store_schema.dtypes import store_dtype as lookup_store_dtype
 from store_schema.stores import backend, open_store
 
@@ -187,6 +187,8 @@ class ExtractionWorker:
     def _commit(self, writer, name: str, attempt, samples, outputs, widths) -> ShardDone | ShardFailed:
         started = time.perf_counter()
         try:
+            for (sample_id, _, _), out in zip(samples, outputs):
+                refuse_nonfinite_capture(sample_id, out, self.runner.layer_ids)
             arrays = [
                 SampleArrays(
                     sample_id=sample_id,
@@ -280,3 +282,15 @@ def _committed_bytes(store_path: str, name: str) -> int:
         return open_store(store_path).commit(name).disk_bytes
     except Exception:
         return 0
+
+
+def refuse_nonfinite_capture(sample_id: str, out: dict, layer_ids) -> None:
+    """A bf16 capture's NaN/Inf refused as an fp8 store refuses it (`TargetRunner` flags
+    the tokens on the device; fp8 captures carry NaN scales the writer refuses)."""
+    flags = out.get("nonfinite")
+    if flags is None:
+        return
+    for index, layer_id in enumerate(layer_ids):
+        bad = flags[index].nonzero().flatten()
+        if bad.numel():
+            raise NonFiniteStatesError.at_tokens(bad.tolist(), f"sample {sample_id!r} layer {layer_id}")

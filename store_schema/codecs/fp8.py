@@ -77,10 +77,7 @@ def refuse_nonfinite(scales: np.ndarray, what: str) -> None:
     (a NaN scale from `quantize`)."""
     bad = np.flatnonzero(~np.isfinite(scales))
     if bad.size:
-        raise NonFiniteStatesError(
-            f"{what}: NaN/Inf in the hidden states of {bad.size} token(s), first at token {int(bad[0])}; "
-            f"an fp8 store refuses non-finite states (and any beyond +-{LARGEST_STORABLE:.3g})"
-        )
+        raise NonFiniteStatesError.at_tokens(bad, what, f" (an fp8 store any beyond +-{LARGEST_STORABLE:.3g})")
 
 
 def dequantize(codes, scales, dtype=None):

@@ -62,7 +62,8 @@ def test_captured_layers_equal_transformers_hidden_states(targets, kind):
 
     (out,) = TargetRunner(target, layer_ids).run_batch([sequence])
 
-    assert sorted(out) == layer_ids
+    assert sorted(key for key in out if isinstance(key, int)) == layer_ids
+    assert out["nonfinite"].shape == (len(layer_ids), 70) and not out["nonfinite"].any()
     for layer_id in layer_ids:
         _assert_close(out[layer_id], expected[layer_id + 1][0], f"{kind} layer {layer_id}")
     # The convention is not off by one: layer L's output is not hidden_states[L].
@@ -286,3 +287,28 @@ def test_a_cuda_worker_on_the_pytorch_fallback_is_refused_before_loading_when_as
     check_fast_kernels(kernels_of_class(Qwen3Model), "cuda", "worker on h1")  # no linear attention at all
     assert check_fast_kernels({"linear_attention": "fla", "causal_conv1d": "causal-conv1d"}, "cuda", "w") is None
     assert 'pip install -e ".[gpu]"' in slow_kernels_message(hybrid, "worker on h1")
+
+
+def test_a_nan_capture_is_refused_in_bf16_naming_sample_layer_and_token(targets):
+    """Issue 60.5: bf16 captures holding NaN/Inf are refused as fp8's are (flagged on the
+    device with the batch, refused by the worker before anything is written)."""
+    from extract.extraction.worker import refuse_nonfinite_capture
+    from store_schema import NonFiniteStatesError
+
+    path, target = targets["qwen3"]
+    layer = decoder_layers(target.model)[2]
+
+    def poison(module, args, output):
+        hidden = output[0] if isinstance(output, tuple) else output
+        hidden[:, 5] = float("nan")
+        return output
+
+    handle = layer.register_forward_hook(poison)
+    try:
+        outputs = TargetRunner(target, [1, 2]).run_batch(_sequences([20, 12], seed=3))
+    finally:
+        handle.remove()
+    refuse_nonfinite_capture("clean", {1: None, "nonfinite": outputs[0]["nonfinite"][:1]}, [1])  # layer 1 is clean
+    for sample_id, out in zip(("a", "b"), outputs):
+        with pytest.raises(NonFiniteStatesError, match=rf"sample '{sample_id}' layer 2: NaN/Inf .* first at token 5"):
+            refuse_nonfinite_capture(sample_id, out, [1, 2])
