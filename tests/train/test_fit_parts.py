@@ -123,3 +123,14 @@ def test_a_checkpoint_keeps_the_layout_earlier_versions_wrote(store, qwen3_dir, 
         state["loader"]
     )
     assert [entry["lane"] for entry in state["loader"]["lanes"]] == [0, 1]
+
+
+def test_adamw_is_fused_on_cuda_and_per_parameter_elsewhere(store, qwen3_dir, tmp_path):
+    """Issue 60.4, by configuration (no GPU here): the fused kernel on CUDA; on CPU the
+    per-parameter loop the exact-resume checks were measured with, as built by `fit`."""
+    from train.fitting.optimizer import adamw_implementation
+
+    assert adamw_implementation("cuda") == {"fused": True}
+    assert adamw_implementation("cpu") == {"foreach": False}
+    optimizer = build(store, qwen3_dir, tmp_path / "run").optimizer.adamw
+    assert optimizer.defaults["foreach"] is False and not optimizer.defaults["fused"]

@@ -14,6 +14,14 @@ from train.fitting.config import OptimConfig
 from train.fitting.schedule import lr_at
 
 
+def adamw_implementation(device_type: str) -> dict:
+    """On CUDA the fused kernel: every parameter's update in one pass (a per-parameter
+    AdamW reads and writes the 1.92 B-parameter DFlash 2's weights, gradients and two
+    moments once per tensor, ~138 GB of HBM traffic a step). Elsewhere the per-parameter
+    loop the CPU suite's exact-resume checks were measured with."""
+    return {"fused": True} if device_type == "cuda" else {"foreach": False}
+
+
 class Optimizer:
     """AdamW with weight decay on matrices only (not norms), stepped by the schedule
     of a `total_steps` run."""
@@ -25,7 +33,10 @@ class Optimizer:
         decay = [p for p in self.params if p.dim() >= 2]
         no_decay = [p for p in self.params if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        self.adamw = torch.optim.AdamW(groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, foreach=False)
+        device_type = self.params[0].device.type if self.params else "cpu"
+        self.adamw = torch.optim.AdamW(
+            groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, **adamw_implementation(device_type)
+        )
 
     def lr(self, step: int) -> float:
         """The LR of optimizer step `step` (0-based)."""

@@ -299,9 +299,8 @@ class Trainer:
         total = sums.weight if per_step else sums.sequences
         if total > 0:
             divisor = total / self.world.size  # DDP averaged the ranks' gradient sums
-            for param in self.drafter.parameters():
-                if param.grad is not None:
-                    param.grad.div_(divisor)
+            grads = [param.grad for param in self.drafter.parameters() if param.grad is not None]
+            torch._foreach_div_(grads, divisor)  # one launch per device and dtype, not one per parameter
         return sums
 
     def release_replica(self) -> None:
