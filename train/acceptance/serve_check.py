@@ -328,9 +328,7 @@ def compare(
 ) -> dict:
     """The figures of `serve-check` from `speculate`'s PromptResults, vLLM's per-prompt
     results (tokens, per_step_accepted, per_step_drafted) and their judged `outcomes`
-    (`served_outcomes`), in order. Greedy: tokens per round within 5 % of speculate's;
-    at temperature the outputs differ by design, so the two taus' 95 % intervals over
-    prompts must overlap."""
+    (`served_outcomes`), in order, with `tolerance_check`'s verdict."""
     positions = block_size - 1
     outcomes = outcomes or served_outcomes(speculated, served, stop_ids, GREEDY)
     rows, spec_lengths, served_lengths, accepted_steps = [], [], [], []
@@ -377,20 +375,27 @@ def compare(
         },
         "per_prompt": rows,
     }
-    if outcomes and not outcomes[0].sampling.greedy:
-        served_interval, spec_interval = interval95(served_taus), interval95(taus)
-        summary.update(served_tau_ci95=served_interval, speculate_tau_ci95=spec_interval)
-        summary["within_tolerance"] = bool(
-            served_interval
-            and spec_interval
-            and served_interval[0] <= spec_interval[1]
-            and spec_interval[0] <= served_interval[1]
-        )
-        summary["tolerance"] = "the 95 % intervals of served and speculate tau over prompts overlap"
-    else:
-        summary["within_tolerance"] = difference is not None and abs(difference) <= MAX_RELATIVE_DIFFERENCE
-        summary["tolerance"] = f"tokens per round within {MAX_RELATIVE_DIFFERENCE:.0%} of speculate's"
+    summary.update(tolerance_check(summary, served_taus, taus))
     return summary
+
+
+def tolerance_check(summary: dict, served_taus: list[float], taus: list[float]) -> dict:
+    """Whether served and speculate agree: greedy, tokens per round within 5 %; at
+    temperature (outputs differ by design), the two taus' 95 % intervals overlap."""
+    if summary["sampling"]["temperature"] == 0:
+        difference = summary["tokens_per_round_difference"]
+        return {
+            "within_tolerance": difference is not None and abs(difference) <= MAX_RELATIVE_DIFFERENCE,
+            "tolerance": f"tokens per round within {MAX_RELATIVE_DIFFERENCE:.0%} of speculate's",
+        }
+    served, speculated = interval95(served_taus), interval95(taus)
+    overlap = bool(served and speculated and served[0] <= speculated[1] and speculated[0] <= served[1])
+    return {
+        "served_tau_ci95": served,
+        "speculate_tau_ci95": speculated,
+        "within_tolerance": overlap,
+        "tolerance": "the 95 % intervals of served and speculate tau over prompts overlap",
+    }
 
 
 def prompt_row(result, vllm: dict, stop_ids, outcome: PromptResult, dtype: torch.dtype) -> dict:

@@ -32,33 +32,9 @@ def run(args) -> int:
     unserved = serve_check.unserved_here(config.kind)
     python, version = _vllm(serve_check, args, unserved)
     loaded = load_decoding(args, "serve-check")
-    drafter_dir, prompts, stops, dtype, device = (
-        loaded.drafter_dir,
-        loaded.prompts,
-        loaded.stops,
-        loaded.dtype,
-        loaded.device,
-    )
+    drafter_dir, stops, dtype = loaded.drafter_dir, loaded.stops, loaded.dtype
     workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
-    token_prompts = [p.input_ids.tolist() for p in prompts]
-    share = None
-    if args.gpu_memory_utilization is None and device.type == "cpu" and python:
-        share = _cpu_share(args.target, drafter_dir, config, token_prompts, args.max_new_tokens, dtype)
-    request = serve_check.served_request(
-        Path(args.target).resolve(),
-        drafter_dir.resolve(),
-        token_prompts,
-        block_size=config.block_size,
-        mixed_layers=len(set(config.layer_types)) > 1,
-        max_new_tokens=args.max_new_tokens,
-        stop_token_ids=stops,
-        dtype=str(dtype).removeprefix("torch."),
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        cpu_memory_share=share,
-        v2_runner_only=not config.kind.vllm_cpu_serves,
-        sampling=sampling,
-        seed=args.seed,
-    )
+    request, share = vllm_request(args, loaded, config, python, sampling)
     results = speculated(loaded, args.max_new_tokens, config.block_size, sampling, args.seed)
     freed = release(loaded)  # two copies of a 27B target never fit one card: vLLM starts after
     served = serve(python, request, workdir) if python else {"skipped": unserved}
@@ -85,6 +61,30 @@ def run(args) -> int:
     print(json.dumps(summary) if args.json else render(summary))
     found = serve_check.problems(summary)
     return fail("; ".join(found)) if found else 0
+
+
+def vllm_request(args, loaded, config, python: str | None, sampling: Sampling) -> tuple[dict, float | None]:
+    """What vLLM decodes (`serve_check.served_request`), and the CPU memory share sized for it."""
+    token_prompts = [p.input_ids.tolist() for p in loaded.prompts]
+    share = None
+    if args.gpu_memory_utilization is None and loaded.device.type == "cpu" and python:
+        share = _cpu_share(args.target, loaded.drafter_dir, config, token_prompts, args.max_new_tokens, loaded.dtype)
+    request = serve_check.served_request(
+        Path(args.target).resolve(),
+        loaded.drafter_dir.resolve(),
+        token_prompts,
+        block_size=config.block_size,
+        mixed_layers=len(set(config.layer_types)) > 1,
+        max_new_tokens=args.max_new_tokens,
+        stop_token_ids=loaded.stops,
+        dtype=str(loaded.dtype).removeprefix("torch."),
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        cpu_memory_share=share,
+        v2_runner_only=not config.kind.vllm_cpu_serves,
+        sampling=sampling,
+        seed=args.seed,
+    )
+    return request, share
 
 
 def judged(target, results: list, served: dict, loaded, sampling: Sampling) -> list:
