@@ -110,3 +110,49 @@ def test_queries_keys_and_values_share_a_dtype_under_bf16_autocast():
         q, k, v = attention.queries_keys_values(x, context, cos, sin)
     assert q.dtype == k.dtype == v.dtype == torch.bfloat16
     assert q.shape == (1, 4, 8, 16) and k.shape == v.shape == (1, 2, 28, 16)
+
+
+def test_a_flex_compile_error_falls_back_to_the_split_path_with_one_line(monkeypatch, capsys):
+    """Issue 60.3: flex that fails to compile (here a backend that raises, as inductor
+    does on a kernel that does not fit the device) gives way to the split path: one
+    line, the same values, and later forwards go straight to split."""
+    from train.drafter import attention, flex_compile
+
+    def broken(graph, example_inputs):
+        raise RuntimeError("out of resource: shared memory, Required: 131072, Hardware limit: 101376")
+
+    monkeypatch.setattr(flex_compile, "DISABLED", [])
+    monkeypatch.setattr(attention, "DISABLED", flex_compile.DISABLED)
+    monkeypatch.setattr(attention, "compiles_flex", lambda device: True)  # the CUDA path, on CPU
+    monkeypatch.setattr(attention, "_COMPILED", CompiledFlex(backend=broken))
+    config = DrafterConfig(
+        hidden_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=300,
+        num_target_layers=8,
+        context_layer_ids=[1, 3],
+        mask_token_id=5,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=8,
+        block_size=4,
+        architecture="dflash",
+    )
+    torch.manual_seed(0)
+    drafter, embed = DFlashDrafter(config).eval(), torch.nn.Embedding(300, 64)
+    features, ids = torch.randn(40, 128), torch.randint(0, 300, (40,))
+    anchors = torch.tensor([2, 9, 17, 30])
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fell_back = drafter(features, ids, anchors, embed, attention="flex")
+        split = drafter(features, ids, anchors, embed, attention="split")
+        again = drafter(features, ids, anchors, embed, attention="flex")
+    torch._dynamo.reset()
+    torch.testing.assert_close(fell_back, split)
+    torch.testing.assert_close(again, split)
+    err = capsys.readouterr().err
+    assert err.count("warning: flex_attention failed here") == 1 and "out of resource: shared memory" in err
+    assert len(flex_compile.DISABLED) == 1 and attention.resolve_attention("auto", torch.device("cuda")) == "split"

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from train.drafter.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
-from train.drafter.flex_compile import CompiledFlex
+from train.drafter.flex_compile import DISABLED, CompiledFlex
 from train.drafter.flex_mask import dflash_block_mask
 from train.drafter.geometry import ATTENTION_KINDS
 
@@ -29,12 +29,18 @@ SPLIT_CHUNK_SCORES = 1 << 21  # scores per chunk (all heads) the split path aims
 
 
 def resolve_attention(attention: str, device: torch.device) -> str:
-    """ "auto" -> flex on CUDA (the fused kernel), split elsewhere."""
+    """ "auto" -> flex on CUDA (the fused kernel), split elsewhere; split wherever flex
+    was given up in this process (`flex_compile.give_up_flex`)."""
     if attention not in ATTENTION_KINDS:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION_KINDS)}, got {attention!r}")
     if attention == "auto":
-        return "flex" if device.type == "cuda" else "split"
-    return attention
+        attention = "flex" if device.type == "cuda" else "split"
+    return "split" if attention == "flex" and DISABLED else attention
+
+
+def compiles_flex(device: torch.device) -> bool:
+    """Whether flex_attention runs compiled (the fused kernel) on `device`: CUDA only."""
+    return device.type == "cuda"
 
 
 @dataclass
@@ -148,7 +154,7 @@ def _flex_attention(q, k, v, block_mask, scale):
     q_len, kv_len = block_mask.seq_lengths
     q = F.pad(q, (0, 0, 0, q_len - queries))
     k, v = (F.pad(t, (0, 0, 0, kv_len - t.shape[2])) for t in (k, v))
-    if q.is_cuda:
+    if compiles_flex(q.device):
         out = compiled_flex()(q, k, v, block_mask, scale)
     else:
         from torch.nn.attention.flex_attention import flex_attention  # torch >= 2.5 only (pyproject allows 2.4)

@@ -19,17 +19,54 @@ within a few steps. What the graphs now depend on:
 That is 4 graphs for a training run. `FLEX_GRAPH_LIMIT` allows twice the worst
 legitimate case (another dtype too: 8), and reaching it is an error that says why
 (`fail_on_recompile_limit_hit`), never a silent fallback.
+
+Any other failure to compile or launch (a compiler error, a Triton kernel whose tiles do
+not fit the device's shared memory, e.g. sm_120's ~99 KB per block) gives flex up for the
+process with one line on stderr (`give_up_flex`): the drafter redoes that forward on the
+split path and stays there (`train.drafter.attention.resolve_attention`). A failure in a
+backward kernel is not caught here: it ends the step with torch's error.
 """
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
 FLEX_GRAPH_LIMIT = 16
+# torch renamed `cache_size_limit` to `recompile_limit` (2.7); the loud failure exists from 2.6.
+LIMIT_OPTION = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+FAIL_OPTION = "fail_on_recompile_limit_hit"
 
 
 class FlexRecompileError(RuntimeError):
     """flex_attention needed more graphs than FLEX_GRAPH_LIMIT: an unplanned shape or dtype."""
+
+
+class FlexUnavailable(RuntimeError):
+    """flex_attention could not be compiled or launched here (a compiler error, a kernel
+    that does not fit the device's shared memory): the drafter falls back to the split path."""
+
+
+DISABLED: list[str] = []  # why flex was given up in this process (said once, on stderr)
+
+
+def give_up_flex(error: BaseException) -> FlexUnavailable:
+    """Record why flex failed, say it once, and return the error the drafter catches."""
+    root = error
+    while getattr(root, "inner_exception", None) or root.__cause__:  # the compiler's own error, not dynamo's wrapper
+        root = getattr(root, "inner_exception", None) or root.__cause__
+    text = str(root).strip()
+    reason = f"{type(root).__name__}: {text.splitlines()[0] if text else ''}"
+    if not DISABLED:
+        print(
+            f"warning: flex_attention failed here ({reason[:300]}); the drafter uses the split path from now on "
+            "(same values, more memory and time)",
+            file=sys.stderr,
+            flush=True,
+        )
+    DISABLED.append(reason)
+    return FlexUnavailable(reason)
 
 
 class CompiledFlex:
@@ -44,15 +81,22 @@ class CompiledFlex:
 
     def __call__(self, q, k, v, block_mask, scale):
         mark_dynamic_tiles(block_mask)
+        options = {LIMIT_OPTION: self.limit}
+        if hasattr(torch._dynamo.config, FAIL_OPTION):
+            options[FAIL_OPTION] = True
         try:
-            with torch._dynamo.config.patch(recompile_limit=self.limit, fail_on_recompile_limit_hit=True):
+            with torch._dynamo.config.patch(**options):
                 return self._fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
-        except torch._dynamo.exc.FailOnRecompileLimitHit as error:
-            raise FlexRecompileError(
-                f"flex_attention needed more than {self.limit} compiled graphs (q {tuple(q.shape)} {q.dtype}, "
-                f"grad {torch.is_grad_enabled()}): a caller outside the trainer's autocast, or a new mask rule; "
-                "see train/drafter/flex_compile.py"
-            ) from error
+        except Exception as error:
+            if type(error).__name__ == "FailOnRecompileLimitHit":
+                raise FlexRecompileError(
+                    f"flex_attention needed more than {self.limit} compiled graphs (q {tuple(q.shape)} {q.dtype}, "
+                    f"grad {torch.is_grad_enabled()}): a caller outside the trainer's autocast, or a new mask rule; "
+                    "see train/drafter/flex_compile.py"
+                ) from error
+            if isinstance(error, torch.OutOfMemoryError):
+                raise  # memory, not the kernel: the caller's batch is too large for any path
+            raise give_up_flex(error) from error
 
 
 def mark_dynamic_tiles(block_mask) -> None:

@@ -38,6 +38,7 @@ from store_schema.layout import default_layer_ids as default_context_layer_ids  
 from store_schema.layout import validate_layer_ids  # the one rule
 from train.drafter.anchors import LayerAttention, block_position_ids
 from train.drafter.attention import attend, build_attention_mask, resolve_attention
+from train.drafter.flex_compile import FlexUnavailable
 from train.drafter.geometry import BLOCK_SIZE, shape_problems
 from train.drafter.kinds import DEFAULT_KIND, DFLASH, DrafterKind, kind_named
 
@@ -380,14 +381,21 @@ class DFlashDrafter(nn.Module):
         )
         cos, sin = self.rotary_emb(x, key_positions[None])
 
-        masks = self.attention_masks(anchor_positions, length, attention)
+        try:
+            x = self.decode_layers(x, context, cos, sin, self.attention_masks(anchor_positions, length, attention))
+        except FlexUnavailable:  # said once (flex_compile.give_up_flex); this forward again on the split path
+            x = self.decode_layers(x, context, cos, sin, self.attention_masks(anchor_positions, length, "split"))
+        return self.norm(x).view(num_blocks, block, cfg.hidden_size)
+
+    def decode_layers(self, x, context, cos, sin, masks: dict) -> torch.Tensor:
+        """The decoder layers over the blocks `x` [1, N*B, H], each with its rule's mask."""
         for layer in self.layers:
             mask = masks[layer.self_attn.rule]
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(layer, x, context, cos, sin, mask, use_reentrant=False)
             else:
                 x = layer(x, context, cos, sin, mask)
-        return self.norm(x).view(num_blocks, block, cfg.hidden_size)
+        return x
 
     path_top_k = 1  # candidates per drafted slot that `drafted_path` reads
 
