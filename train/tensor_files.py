@@ -12,6 +12,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from store_schema.runtime.target_weights import header_problem
+
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how safetensors' Rust I/O errors carry errno
 
 
@@ -33,7 +35,23 @@ def save_tensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: d
     os.chmod(path, 0o666 & ~mask)
 
 
-def read_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, by name."""
+class DamagedTensorFile(ValueError):
+    """A safetensors file that cannot be read whole: one line naming it, what is wrong and
+    the fix (a partial download, a copy cut short, a disk that filled)."""
+
+
+# What to do about a damaged file, by the file it is (drafter export or checkpoint).
+DRAFTER_FIX = "download the drafter again, or export it again from its run (python -m train export)"
+CHECKPOINT_FIX = "this checkpoint is damaged: delete it to resume from the one before, or start the run again"
+
+
+def read_tensors(path: str | Path, fix: str = DRAFTER_FIX) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, by name; a file whose header is unreadable or
+    whose size falls short of what its header places is `DamagedTensorFile` (checked by
+    `store_schema.runtime.target_weights.header_problem`, the rule the target's files
+    are held to), before safetensors reads it."""
+    problem = header_problem(Path(path)) if Path(path).is_file() else ""
+    if problem:
+        raise DamagedTensorFile(f"{path} {problem}; {fix}")
     with safe_open(str(path), framework="pt") as f:
         return {name: f.get_tensor(name) for name in f.keys()}

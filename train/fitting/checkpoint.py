@@ -35,7 +35,7 @@ import torch
 
 from store_schema.runtime import host
 from store_schema.runtime.units import human_bytes
-from train.tensor_files import read_tensors, save_tensors
+from train.tensor_files import CHECKPOINT_FIX, read_tensors, save_tensors
 
 CHECKPOINTS = "checkpoints"
 PREFIX = "step-"
@@ -92,7 +92,7 @@ def read_state(path: str | Path) -> dict:
 
 
 def load_model_weights(path: str | Path) -> dict[str, torch.Tensor]:
-    return read_tensors(Path(path) / MODEL_FILE)
+    return read_tensors(Path(path) / MODEL_FILE, CHECKPOINT_FIX)
 
 
 class Checkpointer:
@@ -203,6 +203,6 @@ class Checkpointer:
         for name, part in parts.items():
             key, file = PARTS[name]
             if file not in files:
-                files[file] = read_tensors(path / file)
+                files[file] = read_tensors(path / file, CHECKPOINT_FIX)
             part.load_state_dict({**files[file], **(body[key] if key is not None else {})})
         return body
