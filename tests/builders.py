@@ -268,13 +268,14 @@ def random_store(
     return writer, shards
 
 
-def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
+def ctrl_c_when(command: list[str], env: dict, ready, terminate: bool = False) -> tuple[int, str, int]:
     """Run `command` in its own session (the terminal), read its stderr until a line
     satisfies `ready`, then press Ctrl-C (SIGINT to the whole process group, as a
-    terminal sends it). Returns its exit code, all of its stderr and its pid (= the
-    session id). The command starts with Ctrl-C's default action, as from a terminal:
-    under a shell's background job (`make test &`) SIGINT is inherited ignored, and
-    Python then never raises KeyboardInterrupt."""
+    terminal sends it), or with `terminate` send SIGTERM to the command's process alone
+    (as `timeout`, Slurm preemption and Kubernetes eviction do). Returns its exit code,
+    all of its stderr and its pid (= the session id). The command starts with Ctrl-C's
+    default action, as from a terminal: under a shell's background job (`make test &`)
+    SIGINT is inherited ignored, and Python then never raises KeyboardInterrupt."""
     import os
     import signal
     import subprocess
@@ -295,7 +296,10 @@ def ctrl_c_when(command: list[str], env: dict, ready) -> tuple[int, str, int]:
             seen.append(line.rstrip("\n"))
             if ready(seen[-1]):
                 break
-        os.killpg(job.pid, signal.SIGINT)
+        if terminate:
+            os.kill(job.pid, signal.SIGTERM)
+        else:
+            os.killpg(job.pid, signal.SIGINT)
         _, rest = job.communicate(timeout=300)
     finally:
         if job.poll() is None:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from store_schema.runtime.cli import terminate_as_interrupt
 from store_schema.runtime.host import available_cores
 
 from ..errors import ExtractError, actor_error_cause
@@ -32,14 +33,15 @@ def start_ray(placement) -> bool:
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if joins_cluster(placement.address):
         ray.init(address=placement.address, **quiet)  # a running cluster (or `ray job submit`)
-        return True
-    needed = placement.workers * placement.cpus_per_worker if placement.device == "cpu" else placement.workers
-    ray.init(
-        address="local",
-        num_cpus=max(available_cores(), needed),
-        include_dashboard=False,  # no dashboard / job server for a local run
-        **quiet,
-    )
+    else:
+        needed = placement.workers * placement.cpus_per_worker if placement.device == "cpu" else placement.workers
+        ray.init(
+            address="local",
+            num_cpus=max(available_cores(), needed),
+            include_dashboard=False,  # no dashboard / job server for a local run
+            **quiet,
+        )
+    terminate_as_interrupt()  # Ray's driver installed its own SIGTERM handler (a stack dump): Ctrl-C's again
     return True
 
 

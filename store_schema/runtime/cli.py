@@ -8,17 +8,19 @@
     2  usage: bad arguments, or a path that does not exist
     3  incomplete: `verify` on an intact store whose planned shards are not all
        extracted yet (rerun `extract run` to finish)
-  130  interrupted (Ctrl-C), as shells expect
+  130  interrupted (Ctrl-C, or SIGTERM: Slurm preemption, Kubernetes eviction, `timeout`)
 
 An error is one line on stderr, `error: <what, naming the file/field>`, never a
 traceback. Ctrl-C prints one line, `interrupted: <what was kept>; <how to resume>`
-(`interrupted`), and no traceback."""
+(`interrupted`), and no traceback; SIGTERM is handled as Ctrl-C (`terminate_as_interrupt`)."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import signal
 import sys
+import threading
 from collections.abc import Callable
 
 EXIT_OK = 0
@@ -45,11 +47,24 @@ def interrupted(kept: str = "", resume: str = "") -> int:
     return EXIT_INTERRUPTED
 
 
+def terminate_as_interrupt() -> None:
+    """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so a preempted or evicted job keeps
+    what Ctrl-C keeps (a checkpoint, committed shards) and says how to resume. Called again
+    after a library that installs its own SIGTERM handler (Ray's prints a stack dump)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def run_command(handler: Callable[[object], int], args, refusals: tuple[type[BaseException], ...] = ()) -> int:
     """Run a subcommand's handler under the rule above. `refusals` are the
     package's own error types meant for the user (exit 1), besides ValueError,
     KeyError and OSError."""
     problems: tuple[type[BaseException], ...] = (*refusals, ValueError, KeyError, OSError)
+    terminate_as_interrupt()
     try:
         return handler(args)
     except KeyboardInterrupt:

@@ -560,6 +560,27 @@ def _session_processes(session: int) -> list[int]:
     return found
 
 
+def test_sigterm_stops_the_job_as_ctrl_c_does_without_rays_dump(qwen3_dir, tmp_path):
+    """Issue 62.7: SIGTERM to `extract run` (what `timeout`, Slurm and Kubernetes send)
+    keeps the committed shards and prints the `interrupted:` line; Ray's own SIGTERM
+    handler (a `*** SIGTERM received ... PC: @` stack dump) is not the one that answers."""
+    corpus = write_chat_jsonl(tmp_path / "chats.jsonl", coding_chats(160, seed=8))
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "extract", "run", "--model", str(qwen3_dir), "--corpus", str(corpus)]
+    command += ["--store", str(store), "--layers", "1,3", "--shard-tokens", str(SHARD_TOKENS), "--batch-tokens", "150"]
+    command += ["--workers", "1", "--progress-interval", "0.5"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["PYTHONPATH"] = str(REPO)
+    returncode, err, _ = ctrl_c_when(command, env, lambda line: bool(_progress_lines(line)), terminate=True)
+    if returncode == 0:
+        pytest.skip("the job finished before SIGTERM landed")
+    assert returncode == 130, err[-3000:]
+    assert err.strip().splitlines()[-1] == (
+        f"interrupted: the plan and committed shards are kept; rerun the same command to resume ({store})"
+    ), err[-3000:]
+    assert "SIGTERM received" not in err and "Traceback" not in err, err[-3000:]
+
+
 def test_progress_lines_without_a_terminal_ctrl_c_then_resume(ray_cluster, qwen3_5_dir, tmp_path):
     """Issues 16.4, 16.3 and Ctrl-C, through `python -m extract run` with stderr a pipe
     (as under `ray job logs`): progress lines come every --progress-interval; Ctrl-C

@@ -68,6 +68,29 @@ def read_log(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow  # a child process
+def test_sigterm_is_ctrl_c_a_checkpoint_and_the_resume_line(store, qwen3_dir, tmp_path):
+    """Issue 62.7: SIGTERM (Slurm preemption, Kubernetes eviction, `timeout`) checkpoints
+    and says how to resume, as Ctrl-C does: no silent exit 143 losing the steps since the
+    last periodic checkpoint."""
+    run = tmp_path / "run"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+
+    def ready(line: str) -> bool:
+        match = PROGRESS.match(line)
+        return bool(match) and int(match.group(1).replace(",", "")) >= 2
+
+    command = [sys.executable, "-m", "train", *fit_argv(store, qwen3_dir, run, 100_000)]
+    returncode, err, _ = builders.ctrl_c_when(command, env, ready, terminate=True)
+    assert returncode == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    checkpoint = latest_checkpoint(run)
+    assert checkpoint is not None and err.strip().splitlines()[-1] == (
+        f"interrupted: checkpoint of step {int(checkpoint.name.split('-')[1])} saved in {checkpoint}; "
+        f"resume with: python -m train fit --out {run} --resume"
+    )
+
+
 @pytest.mark.slow  # child processes
 def test_ctrl_c_checkpoints_says_how_to_resume_and_resume_is_exact(store, qwen3_dir, tmp_path):
     reference = tmp_path / "reference"

@@ -1,4 +1,4 @@
-"""How `fit` stops early and what it keeps: Ctrl-C and a shard found corrupt mid-run.
+"""How `fit` stops early and what it keeps: Ctrl-C (or SIGTERM) and a shard found corrupt mid-run.
 
 Ctrl-C: the loop applies an optimizer step whole or not at all (`sigint_deferred`
 around the update), so on an interrupt the trainer checkpoints the last completed
@@ -31,19 +31,23 @@ class DataStopped(Exception):
         self.step, self.checkpoint, self.error = step, checkpoint, error
 
 
+DEFERRED = (signal.SIGINT, signal.SIGTERM)  # SIGTERM is Ctrl-C too (store_schema.runtime.cli)
+
+
 @contextmanager
 def sigint_deferred(reraise: bool = True):
-    """Hold Ctrl-C until the block is done (then raise KeyboardInterrupt, or drop it
-    with `reraise=False`): for work that must not be cut in half. Outside the main
-    thread signals cannot be caught, and the block runs as it is."""
+    """Hold Ctrl-C and SIGTERM until the block is done (then raise KeyboardInterrupt, or
+    drop them with `reraise=False`): for work that must not be cut in half. Outside the
+    main thread signals cannot be caught, and the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     pressed: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    previous = {signum: signal.signal(signum, lambda number, frame: pressed.append(number)) for signum in DEFERRED}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.default_int_handler if handler is None else handler)
     if pressed and reraise:
         raise KeyboardInterrupt
