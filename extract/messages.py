@@ -17,6 +17,53 @@ import json
 from .errors import QuarantineError
 
 ROLES = ("system", "user", "assistant", "tool")
+# ShareGPT-style records (`conversations` of {"from", "value"}: SpecForge's and EAGLE's
+# corpora, Vicuna, ShareGPT, Glaive) read as chats: each speaker's name -> its role.
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "assistant": "assistant",
+    "model": "assistant",
+    "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "function_response": "tool",
+    "observation": "tool",
+    "ipython": "tool",
+}
+ACCEPTED_FORMATS = (
+    '{"messages": [{"role", "content"}, ...]} (OpenAI chat), '
+    '{"conversations": [{"from": "human"|"gpt"|"system"|"tool", "value"}, ...]} (ShareGPT), '
+    'or {"input_ids": [...], "loss_mask": [...]} (pre-tokenized)'
+)
+
+
+def chat_of(record: dict):
+    """A record's chat messages: its `messages`, or its ShareGPT `conversations` turned into
+    messages (None: neither). A speaker with no role here is quarantined by name."""
+    if record.get("messages") is not None:
+        return record["messages"]
+    turns = record.get("conversations")
+    if turns is None:
+        return None
+    if not isinstance(turns, list):
+        raise QuarantineError("wrong_type", f"conversations is a {type(turns).__name__}, not a list")
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise QuarantineError("wrong_type", f"conversations[{i}] is a {type(turn).__name__}, not an object")
+        speaker = turn.get("from", turn.get("role"))
+        role = SHAREGPT_ROLES.get(str(speaker).lower())
+        if role is None:
+            raise QuarantineError(
+                "unknown_role", f"conversations[{i}] is from {speaker!r} (known: {', '.join(SHAREGPT_ROLES)})"
+            )
+        messages.append({"role": role, "content": turn.get("value", turn.get("content"))})
+    return messages
 
 
 def _drop_none(value: dict) -> dict:

@@ -43,7 +43,7 @@ import numpy as np
 from store_schema.plan import DEFAULT_LOSS_MASK, DEFAULT_MAX_LENGTH
 
 from .errors import QuarantineError
-from .messages import validate_messages
+from .messages import chat_of, validate_messages
 from .tokenizer_facts import tokenizer_facts
 
 _EMPTY_THINK = re.compile(r"\s*<think>\s*</think>\s*")  # what a template inserts when there is no reasoning
@@ -309,19 +309,20 @@ def tokenize_record(
     scope of a chat's mask, ``turn`` or ``content`` (pre-tokenized records bring theirs)."""
     if not isinstance(record, dict):
         raise QuarantineError("wrong_type", f"record is a {type(record).__name__}, not an object")
-    has_chat, has_tokens = _present(record, "messages"), _present(record, "input_ids")
-    if has_chat and has_tokens:
+    chat, has_tokens = chat_of(record), _present(record, "input_ids")
+    if chat is not None and has_tokens:
         raise QuarantineError("ambiguous_record", "record has both messages and input_ids")
     if has_tokens:
         ids, mask = _pretokenized(record, tokenizer_facts(tokenizer).vocab_size)
-    elif has_chat:
-        messages = validate_messages(record["messages"])
+    elif chat is not None:
+        messages = validate_messages(chat)
         tags = has_generation_tags(tokenizer) if use_generation_tags is None else use_generation_tags
         ids, mask = _CHAT_PATHS[loss_mask, tags](tokenizer, messages)
     elif _present(record, "loss_mask"):
         raise QuarantineError("missing_field", "loss_mask without input_ids")
     else:
-        raise QuarantineError("missing_field", "record has neither messages nor input_ids")
+        fields = ", ".join(sorted(map(str, record))[:6]) or "none"
+        raise QuarantineError("missing_field", f"record has neither messages nor input_ids (its fields: {fields})")
     original = len(ids)
     if original > max_length:
         if drop_long:

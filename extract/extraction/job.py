@@ -51,15 +51,17 @@ from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import StoreBackend, backend
 from store_schema.writer import clear_store, looks_like_store
 
+from ..corpus import open_corpus
 from ..errors import ExtractError, disk_full_message
 from ..generated_corpus import generation_of
 from ..jobs.driver import Planned, ShardedJob, run_sharded
 from ..jobs.kernels import fallback_kernels, slow_kernels_message
 from ..jobs.output import log_to_stderr, output_locked, ready_to_start
+from ..messages import ACCEPTED_FORMATS
 from .config import JobConfig
 from .layers import resolve_layer_ids
 from .planning import build_plan, summarize
-from .report import Outcome, build_report, quarantine_text, report_name
+from .report import Outcome, build_report, quarantine_examples, quarantine_text, report_name
 from .resume import plan_and_resume
 from .worker import ExtractionSpec
 
@@ -83,7 +85,11 @@ def plan_job(config: JobConfig):
     if not plan.shards:
         summary = summarize(plan)
         quarantined = quarantine_text(summary.quarantined, summary.quarantined_by_reason)
-        raise ExtractError(f"the corpus gives no samples ({quarantined}); nothing to extract")
+        examples = quarantine_examples(plan.quarantined, open_corpus(config.corpus).where)
+        raise ExtractError(
+            f"the corpus gives no samples ({quarantined}); nothing to extract. First records: {examples}. "
+            f"Records are read as {ACCEPTED_FORMATS}"
+        )
     return plan
 
 

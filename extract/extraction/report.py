@@ -131,6 +131,16 @@ def summary_line(report: dict) -> str:
     )
 
 
+def quarantine_examples(quarantined, where, per_reason: int = 2) -> str:
+    """The first `per_reason` quarantined records of each reason: where (file:line) and why."""
+    shown: dict[str, list[str]] = {}
+    for record in quarantined:
+        rows = shown.setdefault(record.reason, [])
+        if len(rows) < per_reason:
+            rows.append(f"{where(record.record_index)}: {record.reason}: {record.detail}")
+    return "; ".join(row for rows in shown.values() for row in rows) or "none"
+
+
 def quarantine_text(count: int, by_reason: dict) -> str:
     """``6 record(s) quarantined (no_assistant_turn 2, unsafe_id 4)``: the count with its reasons."""
     reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(by_reason.items()))

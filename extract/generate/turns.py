@@ -16,7 +16,7 @@ import json
 from dataclasses import dataclass
 
 from ..errors import QuarantineError
-from ..messages import clean_messages
+from ..messages import chat_of, clean_messages
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -51,9 +51,10 @@ def conversation(record: dict) -> Conversation:
     """The record's conversation, or `QuarantineError` with the quarantine reason."""
     if not isinstance(record, dict):
         raise QuarantineError("wrong_type", f"record is a {type(record).__name__}, not an object")
-    if record.get("messages") is None:
+    chat = chat_of(record)
+    if chat is None:
         raise QuarantineError("missing_field", "record has no messages (generate needs chat records)")
-    messages = clean_messages(record["messages"])
+    messages = clean_messages(chat)
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if messages[-1]["role"] in ("user", "tool"):  # the target answers the last request or tool reply
         turns.append(len(messages))

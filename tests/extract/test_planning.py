@@ -547,3 +547,42 @@ def test_plan_dry_run_prints_counts_and_writes_nothing(tmp_path, tokenizer, qwen
     assert main([*common[:-2], "--layers", "1,5", "--dry-run"]) == 1
     assert "final layer 5" in capsys.readouterr().err
     assert sorted(p.name for p in work.iterdir()) == before and not store.exists()
+
+
+def test_sharegpt_records_read_as_the_chats_they_are(tokenizer):
+    """Issue 62.5: `conversations` of {"from", "value"} (SpecForge's, EAGLE's, Vicuna's
+    corpora) tokenize and score exactly as the same chat in `messages`; a speaker the
+    reader does not know is quarantined by name."""
+    from extract.errors import QuarantineError
+    from extract.tokenization import tokenize_record
+
+    chat = [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "Reverse a list."},
+        {"role": "assistant", "content": "Use xs[::-1]."},
+    ]
+    speakers = {"system": "system", "user": "human", "assistant": "gpt"}
+    sharegpt = {"conversations": [{"from": speakers[m["role"]], "value": m["content"]} for m in chat]}
+    as_chat, as_sharegpt = tokenize_record({"messages": chat}, tokenizer), tokenize_record(sharegpt, tokenizer)
+    assert as_chat.input_ids.tolist() == as_sharegpt.input_ids.tolist() and as_chat.loss_mask.sum() > 0
+    assert as_chat.loss_mask.tolist() == as_sharegpt.loss_mask.tolist()
+    with pytest.raises(QuarantineError, match=r"conversations\[1\] is from 'narrator'") as caught:
+        tokenize_record(
+            {"conversations": [sharegpt["conversations"][0], {"from": "narrator", "value": "x"}]}, tokenizer
+        )
+    assert caught.value.reason == "unknown_role"
+
+
+def test_a_corpus_of_nothing_usable_names_its_first_lines_fields_and_the_formats(tmp_path, qwen3_dir, capsys):
+    """Issue 62.5: every record rejected -> the error names the first records of each reason
+    (file:line, the fields they have) and the formats a record is read in."""
+    from extract.__main__ import main
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"r{i}", "dialog": ["hi", "hello"]}) + "\n" for i in range(3)))
+    argv = ["plan", "--model", str(qwen3_dir), "--corpus", str(corpus), "--layers", "1,3", "--dry-run"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "c.jsonl line 1: missing_field: record has neither messages nor input_ids (its fields: dialog, id)" in err
+    assert "c.jsonl line 2:" in err and "c.jsonl line 3:" not in err  # the first two of the reason
+    assert '"conversations": [{"from": "human"|"gpt"|"system"|"tool", "value"}' in err
