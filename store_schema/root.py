@@ -36,6 +36,8 @@ def read_root(path) -> StoreRoot:
     path = Path(path)
     metadata = path / layout.ZARR_METADATA
     if not metadata.is_file():
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: does not exist")
         raise FileNotFoundError(f"{path}: not a zarr store (no {layout.ZARR_METADATA})")
     return parse_root(metadata.read_bytes(), path, metadata)
 

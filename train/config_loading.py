@@ -94,8 +94,35 @@ def known_keys() -> list[str]:
     ]
 
 
+# The names other trainers (transformers' TrainingArguments, SpecForge, speculators) give
+# the same settings: a key spelled so is pointed at this config's own.
+FIELD_NAMES_ELSEWHERE = {
+    "learning_rate": "optim.lr",
+    "lr_scheduler_type": "optim.schedule",
+    "warmup_ratio": "optim.warmup_fraction",
+    "max_grad_norm": "optim.grad_clip",
+    "adam_epsilon": "optim.eps",
+    "gradient_accumulation_steps": "train.grad_accumulation",
+    "num_train_epochs": "train.epochs",
+    "num_epochs": "train.epochs",
+    "per_device_train_batch_size": "train.batch_size",
+    "logging_steps": "train.log_every",
+    "save_steps": "train.checkpoint_every",
+    "save_total_limit": "train.keep_checkpoints",
+    "eval_steps": "eval.every",
+    "max_seq_length": "data.max_length",
+    "max_len": "data.max_length",
+    "num_draft_layers": "model.num_hidden_layers",
+    "target_layers": "model.target_layer_ids",
+}
+
+
 def did_you_mean(key: str) -> str:
-    """' (did you mean optim.lr?)' for the known keys closest to `key`, else ''."""
+    """' (did you mean optim.lr?)' for the key another trainer names so (`FIELD_NAMES_ELSEWHERE`),
+    else the known keys closest to `key`, else ''."""
+    elsewhere = FIELD_NAMES_ELSEWHERE.get(key.split(".")[-1])
+    if elsewhere:
+        return f" (did you mean {elsewhere}?)"
     keys = known_keys()
     bare = {k.split(".")[-1]: k for k in keys}
     close = difflib.get_close_matches(key, keys, n=2, cutoff=0.6)

@@ -37,7 +37,10 @@ RAY_COMMANDS = ("run", "generate")  # the driver tokenizes; its workers set thei
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="python -m extract", description=__doc__.splitlines()[0])
+    parser = CommandParser(
+        prog="python -m extract",
+        description="Extract a target's hidden states into a store: plan, run, generate, config-only-target.",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     for name in COMMANDS:
         importlib.import_module(f"extract.cli.{name.replace('-', '_')}").add_parser(commands)

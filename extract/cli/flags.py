@@ -143,7 +143,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> No
         choices=tuple(LOSS_MASK_CONVENTIONS),
         default=DEFAULT_LOSS_MASK,
         help="what the loss scores in each assistant turn: the whole turn as served (reasoning, "
-        "content, tool calls, end-of-turn token; default) or its content only",
+        "content, tool calls, end-of-turn token) or its content only",
     )
     if not run:  # `run` sizes its free-space check with the store dtype's own ratio
         parser.add_argument(

@@ -279,7 +279,10 @@ def test_a_live_job_holds_the_store_and_a_dead_one_does_not(tmp_path):
 @pytest.mark.slow  # child processes
 def test_cli_usage_errors_exit_2(tmp_path, capsys):
     assert cli(["verify", str(tmp_path / "nowhere")]) == 2
-    assert capsys.readouterr().err == f"error: {tmp_path / 'nowhere'}: not a zarr store (no zarr.json)\n"
+    assert capsys.readouterr().err == f"error: {tmp_path / 'nowhere'}: does not exist\n"  # issue 62.8
+    (tmp_path / "empty").mkdir()
+    assert cli(["info", str(tmp_path / "empty")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'empty'}: not a zarr store (no zarr.json)\n"
     assert cli(["info", str(tmp_path / "nowhere")]) == 2
     assert cli(["verify"]) == 2
     builders.random_store(tmp_path / "s", num_shards=1)

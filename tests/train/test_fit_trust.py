@@ -497,3 +497,13 @@ def test_the_final_evaluation_and_eval_say_what_they_are_doing(store, qwen3_dir,
     )
     err = capsys.readouterr().err
     assert f"eval: 2 heldout sample(s) of {store} on cpu" in err, err
+
+
+def test_a_key_other_trainers_name_so_is_pointed_at_this_configs_own():
+    """Issue 62.8: `optim.learning_rate` (transformers' name) suggests optim.lr, not
+    min_lr_ratio; `gradient_accumulation_steps` suggests train.grad_accumulation."""
+    from train.config_loading import did_you_mean
+
+    assert did_you_mean("optim.learning_rate") == " (did you mean optim.lr?)"
+    assert did_you_mean("gradient_accumulation_steps") == " (did you mean train.grad_accumulation?)"
+    assert did_you_mean("optim.l").startswith(" (did you mean optim.lr")  # close spellings still found
