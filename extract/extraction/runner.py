@@ -44,6 +44,7 @@ import torch
 
 from store_schema.codecs import fp8
 from store_schema.layout import validate_layer_ids
+from store_schema.runtime.target_model import decoder_layers
 
 from ..jobs.target import Target
 
@@ -52,19 +53,6 @@ STORE_DTYPE = torch.bfloat16
 # Rows of logits materialised at once when computing top-k (rows x vocab floats):
 # 2**26 fp32 values = 256 MiB, e.g. 270 positions of a 248K vocabulary.
 TOPK_LOGITS_BUDGET = 1 << 26
-
-
-def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder layers, in order (``model.model.layers`` for Llama-style LMs)."""
-    decoder = model.get_decoder()
-    layers = getattr(decoder, "layers", None)
-    if isinstance(layers, torch.nn.ModuleList):
-        return layers
-    num_layers = getattr(model.config, "num_hidden_layers", None)
-    lists = [m for m in decoder.children() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
-    if len(lists) != 1:
-        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
-    return lists[0]
 
 
 # --------------------------------------------------------------------------- running

@@ -224,3 +224,17 @@ def headless_on_meta(text_config, keep_layers: int):
         raise ValueError(f"transformers has no text model class for {type(text_config).__name__}")
     with torch.device("meta"):
         return model_class(_cut_to_layers(text_config, keep_layers))
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The decoder layers, in order (``model.model.layers`` for Llama-style LMs): where
+    extraction and decoding hook the layers they capture."""
+    decoder: torch.nn.Module = model.get_decoder()  # type: ignore[operator]
+    layers = getattr(decoder, "layers", None)
+    if isinstance(layers, torch.nn.ModuleList):
+        return layers
+    num_layers = getattr(model.config, "num_hidden_layers", None)
+    lists = [m for m in decoder.children() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
+    if len(lists) != 1:
+        raise ValueError(f"cannot find the decoder layers of {type(model).__name__}")
+    return lists[0]

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from extract.extraction.runner import TargetRunner, decoder_layers
+from extract.extraction.runner import TargetRunner
 from extract.jobs.batching import batches_by_length
 from extract.jobs.kernels import kernel_report
 from extract.jobs.target import load_target
+from store_schema.runtime.target_model import decoder_layers
 
 # Mixed lengths: 1 token, shorter and longer than the gated-delta-rule chunk (64),
 # and the longest defines the padded width of the batch.

@@ -536,3 +536,23 @@ def test_the_fields_datasets_read_from_their_own_files_in_dflash_benchmarks_form
     assert f"{gsm8k}:1: a math500 row needs the field 'problem'" in capsys.readouterr().err
     assert main([*base, "--prompts", f"gsm9k={gsm8k}"]) == 1
     assert "no set 'gsm9k'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["qwen3_dir", "qwen3_5_dir"])
+def test_decoding_captures_only_the_context_layers_as_extraction_does(target, request, tokenizer):
+    """Issue 60.6: the target's features at decode time come from hooks on the context
+    layers alone (as extraction's), equal to transformers' hidden_states[L + 1], and no
+    hook stays behind; every layer's states of the prompt are never kept."""
+    from store_schema.runtime.target_model import decoder_layers
+
+    model = load_model(request.getfixturevalue(target))
+    prompt = builders.chat_prompts(tokenizer, 1)[0]
+    hooks = [len(layer._forward_hooks) for layer in decoder_layers(model)]
+    session = TargetSession(model, LAYERS)
+    logits, features = session.forward(prompt, features=True)
+    assert [len(layer._forward_hooks) for layer in decoder_layers(model)] == hooks  # none left behind
+    with torch.no_grad():
+        out = model(input_ids=prompt[None], output_hidden_states=True)
+    expected = torch.cat([out.hidden_states[layer + 1][0] for layer in LAYERS], dim=-1)
+    torch.testing.assert_close(features, expected)
+    torch.testing.assert_close(logits, out.logits[0])

@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import inspect
 import time
+from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+from store_schema.runtime.target_model import decoder_layers
 
 # transformers >= 5.25: a linear-attention layer keeps its last tokens' recurrent states on
 # request, and `crop` restores them (see the module docstring).
@@ -94,25 +97,51 @@ class TargetSession:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor, features: bool = False, last_only: bool = False):
         """Run `ids` [n] at positions length .. length+n-1. Returns logits [n, V]
-        (or [1, V] with last_only) and, with `features`, the context layers' hidden
-        states [n, n_ctx*H] (id L = hidden_states[L + 1]) or None."""
+        (or [1, V] with last_only) and, with `features`, the context layers' outputs
+        [n, n_ctx*H] (`captured`) or None."""
         count = ids.shape[0]
         positions = torch.arange(self.length, self.length + count, device=ids.device)[None]
-        out = self.model(
-            input_ids=ids[None],
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            output_hidden_states=features,
-            logits_to_keep=1 if last_only else 0,
-        )
+        with self.captured(features) as layers:
+            out = self.model(
+                input_ids=ids[None],
+                position_ids=positions,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=1 if last_only else 0,
+            )
         self.length += count
         self.forwards += 1
         self.tokens += count
-        hidden = None
-        if features:
-            hidden = torch.cat([out.hidden_states[layer + 1][0] for layer in self.context_layer_ids], dim=-1)
-        return out.logits[0], hidden
+        return out.logits[0], self.features(layers) if features else None
+
+    @contextmanager
+    def captured(self, wanted: bool = True):
+        """The context layers' outputs of the forward inside the block, by forward hooks on
+        those layers alone, as extraction captures them (layer id L = decoder layer L's
+        output): `output_hidden_states` would keep every layer's states of the whole
+        prompt (~21 GB for a 64-layer target at a 32K-token prompt)."""
+        layers: dict[int, torch.Tensor] = {}
+        if not wanted:
+            yield layers
+            return
+
+        def keep(layer_id):
+            def hook(module, args, output):
+                layers[layer_id] = output[0] if isinstance(output, tuple) else output
+
+            return hook
+
+        decoder = decoder_layers(self.model)
+        handles = [decoder[layer].register_forward_hook(keep(layer)) for layer in self.context_layer_ids]
+        try:
+            yield layers
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def features(self, layers: dict) -> torch.Tensor:
+        """[n, n_ctx*H]: the captured layers, concatenated in `context_layer_ids` order."""
+        return torch.cat([layers[layer][0] for layer in self.context_layer_ids], dim=-1)
 
     def tree_maskable(self) -> bool:
         """Whether every layer keeps plain per-position keys/values, so a forward can take a
@@ -128,19 +157,18 @@ class TargetSession:
         blocked = torch.zeros(ids.shape[0], self.length + ids.shape[0], dtype=dtype)
         blocked[:, self.length :].masked_fill_(~visible, torch.finfo(dtype).min)
         positions = torch.tensor(depths, device=device) + self.length
-        out = self.model(
-            input_ids=ids.to(device)[None],
-            position_ids=positions[None],
-            attention_mask=blocked.to(device)[None, None],
-            past_key_values=self.cache,
-            use_cache=True,
-            output_hidden_states=True,
-        )
+        with self.captured() as layers:
+            out = self.model(
+                input_ids=ids.to(device)[None],
+                position_ids=positions[None],
+                attention_mask=blocked.to(device)[None, None],
+                past_key_values=self.cache,
+                use_cache=True,
+            )
         self.length += ids.shape[0]
         self.forwards += 1
         self.tokens += ids.shape[0]
-        hidden = torch.cat([out.hidden_states[layer + 1][0] for layer in self.context_layer_ids], dim=-1)
-        return out.logits[0], hidden
+        return out.logits[0], self.features(layers)
 
     def keep_nodes(self, start: int, nodes: list[int]) -> None:
         """After `forward_tree` at `start`, keep the prefix and the tree nodes `nodes`, in order."""
