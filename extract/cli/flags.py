@@ -76,12 +76,22 @@ def add_source_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--store", help="store path the plan is for")
     layers = parser.add_mutually_exclusive_group()
     layers.add_argument("--layers", help="context layer ids, comma-separated (id L = output of decoder layer L)")
-    layers.add_argument("--num-context-layers", type=int, help="use the default spread of N layers (default 5)")
+    layers.add_argument(
+        "--num-context-layers",
+        type=int,
+        help="use the default spread of N layers (default 5, or --for-drafter's layers for a published family)",
+    )
     layers.add_argument(
         "--layers-from",
         metavar="DIR[,DIR...]",
         help="the union of the target layers these drafter directories read (dflash_config."
         "target_layer_ids; published or exported): one store for several drafters",
+    )
+    layers.add_argument(
+        "--for-drafter",
+        metavar="KIND[,KIND...]",
+        help="the layers the published layouts of these drafter kinds read (dflash2, dflash), for a "
+        "target family with published drafters; the default there: the default drafter's (dflash2)",
     )
 
 

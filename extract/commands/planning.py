@@ -4,12 +4,15 @@ where a person finds them."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from store_schema.plan import PlanSettings
+from store_schema.published_taps import taps_for
 from store_schema.runtime.cli import UsageError
 from store_schema.runtime.host import choose_device
 from store_schema.runtime.progress import default_mode
+from store_schema.runtime.target_config import read_target_config
 
 from ..corpus import open_corpus
 from ..extraction.config import JobConfig
@@ -43,6 +46,11 @@ def job_config(args, **options) -> JobConfig:
         raise UsageError(str(error)) from None
     if args.layers_from:
         layers = union_of(layers_from_drafters(args.layers_from))
+    if layers is None and args.num_context_layers is None:  # the layers the drafter to train reads
+        kinds = [kind.strip() for kind in args.for_drafter.split(",") if kind.strip()] if args.for_drafter else None
+        layers, line = taps_for(read_target_config(args.model), kinds)
+        if line:
+            print(line, file=sys.stderr, flush=True)
     if not Path(args.corpus).exists():  # before any line of work is printed
         raise FileNotFoundError(f"corpus {args.corpus} does not exist")
     settings = PlanSettings(

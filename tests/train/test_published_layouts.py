@@ -44,7 +44,10 @@ def test_the_27b_family_trains_each_kinds_published_layout(qwen3_6_27b):
     assert (dflash.block_size, dflash.is_causal, dflash.context_layer_ids) == (16, None, [1, 16, 31, 46, 61])
     assert dflash.layer_types == ["sliding_attention"] * 4 + ["full_attention"]
 
-    # A store without the layout's taps: its own layers, said; what the config sets wins.
+    # A store without the layout's taps is refused in one line saying how to get them (issue
+    # 62.1); model.target_layer_ids trains on the store's layers; what the config sets wins.
+    with pytest.raises(ValueError, match=r"not the published dflash2 taps .* lacks \[5, 19, 33, 47\].*--for-drafter"):
+        fresh_drafter_config(qwen3_6_27b, 248_070, [1, 16, 31, 46, 61], ModelConfig().geometry())
     lines.clear()
     own = fresh_drafter_config(
         qwen3_6_27b,
@@ -52,10 +55,39 @@ def test_the_27b_family_trains_each_kinds_published_layout(qwen3_6_27b):
         [1, 16, 31, 46, 61],
         ModelConfig(block_size=16, num_hidden_layers=3, causal=True).geometry(),
         log=lines.append,
+        chosen_layer_ids=[1, 16, 31, 46, 61],
     )
-    assert own.context_layer_ids == [1, 16, 31, 46, 61] and "it lacks the published taps [5, 19, 33, 47]" in lines[0]
+    assert own.context_layer_ids == [1, 16, 31, 46, 61] and "model.target_layer_ids [1, 16, 31, 46, 61]" in lines[0]
     assert (own.block_size, own.is_causal, own.num_hidden_layers) == (16, True, 3)
     assert own.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]  # the formula
+
+
+def test_the_27b_walkthrough_extracts_the_layers_its_default_drafter_trains_on(tmp_path, capsys):
+    """Issue 62.1: `extract plan` on the 27B family without --layers keeps the default
+    drafter's (DFlash 2's) published taps and says which drafters the store serves;
+    --for-drafter dflash2,dflash keeps the union; a target without published drafters
+    keeps the spread; --for-drafter there is refused by name."""
+    from extract.__main__ import main
+    from store_schema.published_taps import taps_for
+
+    target = read_target_config(write_config_only_target(tmp_path / "27b"))
+    assert taps_for(target, None)[0] == [5, 19, 33, 47, 61]
+    assert taps_for(target, ["dflash2", "dflash"])[0] == [1, 5, 16, 19, 31, 33, 46, 47, 61]
+    layers, line = taps_for(target, None)
+    assert "dflash2 [5, 19, 33, 47, 61]; not dflash [1, 16, 31, 46, 61]" in line and "keeps all: 9 layers" in line
+    with pytest.raises(ValueError, match="published kinds are dflash2, dflash"):
+        taps_for(target, ["eagle3"])
+
+    model = tmp_path / "27b"
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(
+        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}) + "\n"
+    )
+    argv = ["plan", "--model", str(model), "--corpus", str(corpus), "--dry-run", "--json"]
+    assert main(argv) == 1  # a config-only target has no tokenizer to plan with; its layers come first
+    assert "layers [5, 19, 33, 47, 61]: the published layouts of" in capsys.readouterr().err
+    assert main([*argv, "--for-drafter", "dflash2,dflash"]) == 1
+    assert "layers [1, 5, 16, 19, 31, 33, 46, 47, 61]" in capsys.readouterr().err
 
 
 def test_other_targets_keep_the_formulas(qwen3_dir):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from store_schema.published_taps import QWEN3_6_27B, QWEN3_6_27B_TAPS, is_qwen3_6_27b
 from train.drafter.kinds import DFLASH, DFLASH2
 from train.drafter.model import DrafterConfig
 
@@ -51,7 +52,6 @@ class PublishedLayout:
         )
 
 
-QWEN3_6_27B = "Qwen3.5/3.6/3.8 at 27B (64 layers, hidden 5120)"
 LAYOUTS = (
     PublishedLayout(
         kind=DFLASH2.name,
@@ -61,7 +61,7 @@ LAYOUTS = (
         layer_types=("sliding_attention",) * 5,
         sliding_window=2048,
         is_causal=False,
-        target_layer_ids=(5, 19, 33, 47, 61),
+        target_layer_ids=QWEN3_6_27B_TAPS[DFLASH2.name],
     ),
     PublishedLayout(
         kind=DFLASH.name,
@@ -71,18 +71,9 @@ LAYOUTS = (
         layer_types=("sliding_attention",) * 4 + ("full_attention",),
         sliding_window=2048,
         is_causal=None,
-        target_layer_ids=(1, 16, 31, 46, 61),
+        target_layer_ids=QWEN3_6_27B_TAPS[DFLASH.name],
     ),
 )
-
-
-def is_qwen3_6_27b(target) -> bool:
-    """The Qwen3.5 hybrid architecture at the 27B shape (Qwen3.6 and 3.8 reuse it)."""
-    return (
-        str(target.model_type or "").startswith("qwen3_5")
-        and target.num_hidden_layers == 64
-        and target.hidden_size == 5120
-    )
 
 
 def published_layout(kind: str, target) -> PublishedLayout | None:
@@ -92,16 +83,19 @@ def published_layout(kind: str, target) -> PublishedLayout | None:
     return next((layout for layout in LAYOUTS if layout.kind == kind), None)
 
 
-def layout_taps(layout: PublishedLayout, store_layer_ids: list[int] | None) -> tuple[list[int] | None, str]:
-    """The context layers a fresh run trains on: the layout's taps when the store holds
-    them all (or on paper, without a store), else every layer the store holds; and
-    a line saying which."""
+def layout_taps(layout: PublishedLayout, store_layer_ids: list[int] | None) -> tuple[list[int], str]:
+    """The context layers a fresh run trains on: the layout's taps, which the store must
+    hold (on paper, without a store, they are promised); and a line saying so. A store
+    without them is refused in one line saying how to get them: a drafter on other layers
+    matches no published layout (no published warm start, no published comparison)."""
     taps = list(layout.target_layer_ids)
     if store_layer_ids is None or set(taps) <= set(store_layer_ids):
         return taps, f"taps {taps} (the published layout's)"
-    return list(store_layer_ids), (
-        f"the store's layers {list(store_layer_ids)}: it lacks the published taps "
-        f"{sorted(set(taps) - set(store_layer_ids))} of {taps}"
+    raise ValueError(
+        f"the store holds layers {list(store_layer_ids)}, not the published {layout.kind} taps {taps} "
+        f"(it lacks {sorted(set(taps) - set(store_layer_ids))}): extract them "
+        f"(python -m extract run ... --for-drafter {layout.kind}, or --layers-from a published drafter), "
+        "or train on the store's layers with --set model.target_layer_ids=[...]"
     )
 
 
