@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+import torch
 from transformers import AutoTokenizer
 
 from store_schema import NonFiniteStatesError, SampleArrays, raw_bytes_per_token
@@ -225,6 +226,27 @@ class ExtractionWorker:
         return load_samples(self.corpus_path, self.tokenizer, writer.plan().shard(name).samples, self.settings)
 
     def _forward(self, samples) -> tuple[list[dict], list[int]]:
+        """`_forward_batches`; a batch that runs the device out of memory halves the worker's
+        batch budget (for this and every later group) and the group runs again, down to
+        one sample a batch; only then is the OOM the shard's failure (`device_oom`)."""
+        while True:
+            try:
+                return self._forward_batches(samples)
+            except torch.OutOfMemoryError as error:
+                longest = max(len(ids) for _, ids, _ in samples)
+                if self.batch_tokens <= longest:
+                    raise
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
+                self.batch_tokens = max(self.batch_tokens // 2, longest)
+                print(
+                    f"worker (pid {os.getpid()}): out of device memory ({str(error).splitlines()[0][:160]}); "
+                    f"--batch-tokens halved to {self.batch_tokens} for this worker, the group runs again",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+    def _forward_batches(self, samples) -> tuple[list[dict], list[int]]:
         """All samples through the target, batched by length; outputs in the order of
         `samples`, and each sample's padded width (its batch's longest). Batch k+1 is
         submitted before batch k is collected."""
@@ -233,8 +255,9 @@ class ExtractionWorker:
         widths = [0] * len(samples)
         pending = None
         for batch in batches_min_padding(lengths, self.batch_tokens):
-            submitted = (batch, self.runner.submit([samples[i][1] for i in batch]))
             width = max(lengths[i] for i in batch)
+            self.faults.before_batch(width * len(batch))
+            submitted = (batch, self.runner.submit([samples[i][1] for i in batch]))
             for i in batch:
                 widths[i] = width
             if pending is not None:

@@ -96,7 +96,9 @@ class ActorPool:
     def spawn(self):
         number = self.created
         self.created += 1
-        faults = BatchFaults(self._faults.actor_kill_after(number), self._faults.actor_stop_after(number))
+        faults = BatchFaults(
+            self._faults.actor_kill_after(number), self._faults.actor_stop_after(number), self._faults.oom_over_tokens
+        )
         return self._remote.remote(self.spec, faults)
 
     def start(self, count: int, log=None, interval: float = 30.0) -> None:

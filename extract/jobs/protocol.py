@@ -163,10 +163,20 @@ def worker_info(target, startup_seconds: float) -> WorkerInfo:
 class BatchFaults:
     """Fault injection in a worker: after its N-th batch the process SIGKILLs itself
     (`kill`: a real, unannounced death, mid-shard) or SIGSTOPs itself (`stop`: frozen
-    until someone sends SIGCONT). None: never."""
+    until someone sends SIGCONT); a batch over `oom_over` padded tokens runs out of
+    device memory. None: never."""
 
-    def __init__(self, kill: int | None = None, stop: int | None = None):
-        self.kill, self.stop, self.batches = kill, stop, 0
+    def __init__(self, kill: int | None = None, stop: int | None = None, oom_over: int | None = None):
+        self.kill, self.stop, self.oom_over, self.batches = kill, stop, oom_over, 0
+
+    def before_batch(self, padded_tokens: int) -> None:
+        """`oom_over`: a batch over that many padded tokens fails as a full device does."""
+        if self.oom_over is not None and padded_tokens > self.oom_over:
+            import torch  # the worker has torch loaded; the driver never calls this
+
+            raise torch.OutOfMemoryError(
+                f"CUDA out of memory (fault injection: a batch of {padded_tokens} padded tokens > {self.oom_over})"
+            )
 
     def batch_done(self) -> None:
         self.batches += 1

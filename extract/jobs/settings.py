@@ -25,6 +25,7 @@ PROGRESS_MODES = ("bar", "lines", "off")  # a live bar on a terminal, else a lin
 KILL_AFTER_BATCHES_ENV = "DFLASH_EXTRACT_KILL_AFTER_BATCHES"  # "3,7,...": see FaultInjection.kill_after_batches
 STOP_AFTER_BATCHES_ENV = "DFLASH_EXTRACT_STOP_AFTER_BATCHES"  # "3,...": see FaultInjection.stop_after_batches
 KILL_DRIVER_ENV = "DFLASH_EXTRACT_KILL_DRIVER_AFTER_SHARDS"  # see FaultInjection.kill_driver_after_shards
+OOM_OVER_TOKENS_ENV = "DFLASH_EXTRACT_OOM_OVER_TOKENS"  # see FaultInjection.oom_over_tokens
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class FaultInjection:
     stop_after_batches: tuple[int, ...] = ()
     # The driver SIGKILLs itself once this many shards were committed in this run.
     kill_driver_after_shards: int | None = None
+    # Every worker's forward of a batch over this many padded tokens raises the device's
+    # out-of-memory error, as a GPU would with a batch too large (CPU has no such limit).
+    oom_over_tokens: int | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "FaultInjection":
@@ -48,10 +52,12 @@ class FaultInjection:
             return tuple(int(x) for x in environ.get(name, "").split(",") if x.strip())
 
         driver = environ.get(KILL_DRIVER_ENV, "").strip()
+        oom = environ.get(OOM_OVER_TOKENS_ENV, "").strip()
         return cls(
             kill_after_batches=numbers(KILL_AFTER_BATCHES_ENV),
             stop_after_batches=numbers(STOP_AFTER_BATCHES_ENV),
             kill_driver_after_shards=int(driver) if driver else None,
+            oom_over_tokens=int(oom) if oom else None,
         )
 
     def actor_kill_after(self, actor_number: int) -> int | None:

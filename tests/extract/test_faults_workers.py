@@ -536,3 +536,32 @@ def test_a_store_on_a_filesystem_without_flock_is_refused_in_one_line(qwen3_dir,
         assert "-o flock" in lines[0] and "Lustre" in lines[0]
         assert store.exists() == stays and (not stays or not list(store.iterdir()))
     assert not (tmp_path / "new").exists()  # the parent the refused job made went too
+
+
+# --------------------------------------------------------------------------- device out of memory
+
+
+def test_an_out_of_memory_batch_halves_the_batch_and_the_job_finishes(reference, qwen3_5_dir, corpus, tmp_path):
+    """Issue 60.5: a batch too large for the device (injected: over 800 padded tokens, more
+    than the longest sample's 766, at --batch-tokens 3200) halves the worker's batch
+    budget and reruns the group, instead of failing the shard as `device_oom` and stopping
+    the job; the store verifies and holds every planned sample (other batches pad
+    differently: the states are not bit-equal)."""
+    from extract.extraction.job import run_job
+    from extract.jobs.settings import FaultInjection
+
+    _, _, ref_content = reference
+    from store_schema.tools.verify import verify_store
+
+    store = tmp_path / "store"
+    config = job_config(
+        qwen3_5_dir,
+        corpus[0],
+        store,
+        shard_tokens=SHARD_TOKENS,
+        batch_tokens=3200,
+        faults=FaultInjection(oom_over_tokens=800),
+    )
+    report = run_job(config)
+    assert report["status"] == "complete" and report["shards_written"] == report["shards"]
+    assert verify_store(store).ok and store_content(store).keys() == ref_content.keys()
