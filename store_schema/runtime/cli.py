@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import signal
 import sys
 import threading
@@ -50,12 +51,24 @@ def interrupted(kept: str = "", resume: str = "") -> int:
 def terminate_as_interrupt() -> None:
     """SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so a preempted or evicted job keeps
     what Ctrl-C keeps (a checkpoint, committed shards) and says how to resume. Called again
-    after a library that installs its own SIGTERM handler (Ray's prints a stack dump)."""
-    if threading.current_thread() is threading.main_thread():
+    after a library that installs its own SIGTERM handler (Ray's prints a stack dump). Not
+    in a torchrun rank (LOCAL_RANK set): there SIGTERM is the launcher tearing the group
+    down, and the rank ends as it always has; a process forked from this one (a planning
+    pool's worker) is terminated by it as by default."""
+    global _MAIN_PID
+    if threading.current_thread() is threading.main_thread() and "LOCAL_RANK" not in os.environ:
+        _MAIN_PID = os.getpid()
         signal.signal(signal.SIGTERM, _interrupt)
 
 
+_MAIN_PID: int | None = None
+
+
 def _interrupt(signum, frame):
+    if os.getpid() != _MAIN_PID:  # a forked child inherited the handler: die as SIGTERM means
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise KeyboardInterrupt
 
 
