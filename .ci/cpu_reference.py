@@ -17,5 +17,12 @@ if __name__ == "__main__":
     total = 0
     for step in range(STEPS):
         total += step
-    print(json.dumps({"cpu_reference_loop_s": round(time.process_time() - started, 2), "steps": STEPS,
-                      "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}))
+    print(
+        json.dumps(
+            {
+                "cpu_reference_loop_s": round(time.process_time() - started, 2),
+                "steps": STEPS,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+    )

@@ -1,5 +1,5 @@
 """Drafter training attention on CPU: the split path (context and own block attended
-apart, one softmax; train/drafter/attention.py) against dense SDPA over
+apart, one softmax; train/families/dflash/attention.py) against dense SDPA over
 `[context | every block]` with a materialised mask.
 
     python benchmarks/attention_bench.py [--quick | --smoke] [--rounds R]
@@ -33,7 +33,7 @@ SMOKE_SIZES = [(64, 4)]  # one round
 
 def build_drafter():
     from store_schema.runtime.target_config import TargetConfig
-    from train.drafter.model import DFlashDrafter, DrafterConfig
+    from train.families.dflash.model import DFlashDrafter, DrafterConfig
 
     target = TargetConfig(
         hidden_size=HIDDEN,

@@ -37,9 +37,9 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import append_results
-from train.objective.config import LossConfig
-from train.objective.loss import dflash_loss
-from train.objective.targets import block_targets
+from train.families.dflash.config import LossConfig
+from train.families.dflash.loss import dflash_loss
+from train.families.dflash.targets import block_targets
 
 METHODS = ("adamw_foreach", "adamw_fused", "sparse_adam")
 

@@ -166,8 +166,8 @@ def check_attention(size: dict, device: str) -> dict:
     """Flex (compiled on CUDA) against the split path: outputs, and on CUDA gradients."""
     import warnings
 
-    from train.drafter.anchors import sample_anchors
-    from train.drafter.model import DFlashDrafter, DrafterConfig
+    from train.families.dflash.anchors import sample_anchors
+    from train.families.dflash.model import DFlashDrafter, DrafterConfig
 
     config = DrafterConfig(
         hidden_size=size["hidden"],
@@ -350,7 +350,7 @@ def train(model: Path, store: Path, out: Path, size: dict, architecture: str = "
         "train_loader_wait_frac": round(sum(r["loader_wait_frac"] for r in steps) / max(1, len(steps)), 4),
         "train_loss_finite": all(r["loss"] == r["loss"] for r in log if "loss" in r),
         # torch.compile graphs the steps made: flex's, one per layer rule (2 on CUDA: full and
-        # sliding; train/drafter/flex_compile.py), 0 on CPU (the split path)
+        # sliding; train/families/dflash/flex_compile.py), 0 on CPU (the split path)
         "train_compiled_graphs": counters["frames"]["ok"] - compiled,
     }
     if architecture == "dflash":

@@ -5,7 +5,7 @@ loader keeps up with decompression.
 
 Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
 
-- loss_memory_ratio: peak extra memory of `train.objective.loss.dflash_loss` (chunked,
+- loss_memory_ratio: peak extra memory of `train.families.dflash.loss.dflash_loss` (chunked,
   `loss.chunk_rows` rows at a time) over a naive loss that materialises the full
   [anchors*B, V] fp32 logits, at V = 248,320, 512 anchors x 16, forward + backward.
   Method on CPU: each variant runs in a fresh subprocess; its peak is the
@@ -77,9 +77,9 @@ def _rss_bytes() -> int:
 
 def loss_child(variant: str, anchors: int, chunk_rows: int) -> dict:
     """Run one loss variant forward + backward; return its peak extra memory."""
-    from train.objective.config import LossConfig
-    from train.objective.loss import dflash_loss
-    from train.objective.targets import block_targets
+    from train.families.dflash.config import LossConfig
+    from train.families.dflash.loss import dflash_loss
+    from train.families.dflash.targets import block_targets
 
     torch.manual_seed(0)
     length = 3072
@@ -191,9 +191,9 @@ def raw_decode(store, threads: int) -> tuple[int, float]:
 def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     from train.data.config import DataConfig
     from train.data.loader import LoaderSpec, ShardLoader
-    from train.drafter.anchors import sample_anchors
-    from train.objective.config import LossConfig
-    from train.objective.targets import block_targets
+    from train.families.dflash.anchors import sample_anchors
+    from train.families.dflash.config import LossConfig
+    from train.families.dflash.targets import block_targets
 
     data = DataConfig(
         max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4

@@ -1,6 +1,6 @@
 """The target layers published drafters read, by target family and drafter kind: what
 extraction keeps by default (`extract plan` / `run` without --layers) and what the
-trainer's published layouts train on (`train.drafter.published`). One table, so a store
+trainer's published layouts train on (`train.families.dflash.published`). One table, so a store
 extracted for a family holds the layers its default drafter trains on.
 
 The 27B family's taps: the published DFlash 2 (z-lab / Inco Qwen3.8-27B-DFlash2 = SpecForge
@@ -9,7 +9,7 @@ configs/qwen3.6-27b-dflash2.json) reads [5, 19, 33, 47, 61]; the published DFlas
 
 from __future__ import annotations
 
-DEFAULT_KIND = "dflash2"  # the trainer's default drafter (train.drafter.kinds.DEFAULT_KIND)
+DEFAULT_KIND = "dflash2"  # the trainer's default drafter (train.families.dflash.variants.DEFAULT_KIND)
 QWEN3_6_27B = "Qwen3.5/3.6/3.8 at 27B (64 layers, hidden 5120)"
 QWEN3_6_27B_TAPS = {"dflash2": (5, 19, 33, 47, 61), "dflash": (1, 16, 31, 46, 61)}
 

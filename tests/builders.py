@@ -370,9 +370,9 @@ def warm_started(dflash, **sizes):
     back from an export), in `dflash`'s dtype."""
     import tempfile
 
-    from train.drafter.build import build_drafter
-    from train.drafter.config import ModelConfig
     from train.export.drafter_dir import export_drafter
+    from train.families.dflash.build import build_drafter
+    from train.families.dflash.config import ModelConfig
     from train.fitting.init_from import load_start_weights, read_source, warm_start_config
 
     dtype = dflash.fc.weight.dtype
@@ -393,9 +393,9 @@ def save_reference_dflash2(path: str | Path, target_layer_ids=(2, 4), block_size
     from dflash.model import DFlash2DraftModel
     from safetensors.torch import load_file, save_file
 
-    from train.drafter.build import build_drafter
-    from train.drafter.model import DrafterConfig
     from train.export.drafter_dir import export_drafter
+    from train.families.dflash.build import build_drafter
+    from train.families.dflash.model import DrafterConfig
 
     config = DrafterConfig(
         hidden_size=64,

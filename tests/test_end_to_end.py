@@ -131,9 +131,9 @@ def test_extract_verify_fit_eval_export_reload(qwen3_5_dir, tmp_path):
     )
     assert decoded["lossless"] is True
 
-    from train.drafter.build import build_drafter
-    from train.drafter.model import DrafterConfig
     from train.export.drafter_dir import load_drafter
+    from train.families.dflash.build import build_drafter
+    from train.families.dflash.model import DrafterConfig
     from train.fitting import checkpoint
 
     state_dir = checkpoint.latest_checkpoint(run)

@@ -1,7 +1,7 @@
 """One typed config for a training run: dataclass sections, validated at load.
 
 Each section lives beside the part that owns it (`data`: train.data.config, `model`:
-train.drafter.config, `eval`: train.acceptance.config, and the fitting loop's `loss`,
+train.families.dflash.config, `eval`: train.acceptance.config, and the fitting loop's `loss`,
 `optim`, `train`, `log`: train.fitting.config); this file only composes them.
 `train.config_loading.load_config` reads one from a file, flags and `--set` overrides;
 `RunConfig.save` writes the resolved config into the run directory as `config.yaml`
@@ -20,9 +20,8 @@ import yaml
 from train.acceptance.config import EvalConfig
 from train.config_error import require
 from train.data.config import DataConfig
-from train.drafter.config import ModelConfig
+from train.families.dflash.config import LossConfig, ModelConfig
 from train.fitting.config import LogConfig, OptimConfig, TrainConfig
-from train.objective.config import LossConfig
 
 CONFIG_FILE = "config.yaml"  # a run directory's saved config
 

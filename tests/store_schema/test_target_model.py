@@ -17,8 +17,8 @@ from store_schema.__main__ import main as store_cli
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import TargetWeightsError, compute_dtype, device_map_for, load_target_model
 from train.cli import main as train_cli
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
 
 
 def test_the_dtype_and_device_rule():

@@ -8,9 +8,9 @@ import torch
 from reference_oracle import BLOCK
 
 from store_schema.runtime.target_config import read_target_config
-from train.drafter.dflash2 import DFlash2Drafter
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter
+from train.families.dflash.dflash2 import DFlash2Drafter
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
 
 LAYERS = [1, 3]
 SIZES = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=8)

@@ -23,8 +23,8 @@ from train.acceptance.measures import (
     scored_blocks,
     topk_hits,
 )
-from train.objective.config import LossConfig
-from train.objective.targets import block_targets
+from train.families.dflash.config import LossConfig
+from train.families.dflash.targets import block_targets
 
 V = 10
 B = 5  # anchor + 4 drafted slots

@@ -1,4 +1,4 @@
-"""The DFlash 2 drafter (train/drafter/dflash2.py) against z-lab's reference
+"""The DFlash 2 drafter (train/families/dflash/dflash2.py) against z-lab's reference
 (`dflash` 0.1.0's `DFlash2DraftModel`), in fp32 with the tiny Qwen3 target:
 
 - identity start: a fresh DFlash 2 computes exactly its DFlash backbone's logits;
@@ -30,15 +30,15 @@ from train.acceptance.speculate import decode_prompt, summarize
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.data.prompts import store_prompts
-from train.drafter.build import build_drafter
-from train.drafter.conv import BlockConv
-from train.drafter.dflash2 import DFlash2Drafter
-from train.drafter.draft_cache import DraftCache
-from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.drafter.selector import CandidateSelector
 from train.export.drafter_dir import export_drafter, load_drafter
+from train.families.dflash.build import build_drafter
+from train.families.dflash.conv import BlockConv
+from train.families.dflash.dflash2 import DFlash2Drafter
+from train.families.dflash.draft_cache import DraftCache
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
+from train.families.dflash.selector import CandidateSelector
 from train.fitting.trainer import Trainer
-from train.objective.target_head import load_target_head
+from train.target_head import load_target_head
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NEW_TOKENS = 32

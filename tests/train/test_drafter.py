@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from store_schema.runtime.target_config import read_target_config
-from train.drafter import attention as attention_paths
-from train.drafter.anchors import LayerAttention, anchor_candidates, dense_attention_mask, sample_anchors
-from train.drafter.model import DFlashDrafter, DrafterConfig, default_context_layer_ids
+from train.families.dflash import attention as attention_paths
+from train.families.dflash.anchors import LayerAttention, anchor_candidates, dense_attention_mask, sample_anchors
+from train.families.dflash.model import DFlashDrafter, DrafterConfig, default_context_layer_ids
 
 HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 48
 

@@ -22,8 +22,8 @@ import pytest
 import torch
 
 from store_schema.runtime.target_config import TargetConfig
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import drafter_config_json, export_drafter, read_drafter_config
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
 
 
 @dataclass(frozen=True)

@@ -25,12 +25,12 @@ from train.cli import main
 from train.commands.eval import render_table
 from train.config_loading import load_config
 from train.data.heldout import is_heldout, store_samples
-from train.drafter.anchors import anchor_candidates
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter
+from train.families.dflash.anchors import anchor_candidates
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
 from train.fitting.periodic_eval import AcceptanceEval, log_fields
 from train.fitting.trainer import Trainer
-from train.objective.target_head import load_target_head
+from train.target_head import load_target_head
 
 B = 8
 
@@ -380,7 +380,7 @@ def test_eval_tau_of_a_dflash2_is_the_rollout_along_its_selector_walk(tmp_path, 
     """Issue 44.1: for DFlash 2, `tau` is the rollout along the selector's walk (what
     speculate drafts), counted here block by block; `tau_unary` is the argmax chain;
     the table and the training log carry both, and say which path `tau` follows."""
-    from train.drafter.build import build_drafter
+    from train.families.dflash.build import build_drafter
 
     _, head, target = parts
     config = DrafterConfig.from_target(

@@ -12,11 +12,11 @@ import torch
 from safetensors import safe_open
 
 from store_schema.runtime.target_config import read_target_config
-from train.drafter.anchors import LayerAttention
-from train.drafter.dflash2 import DFlash2Drafter
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter, read_drafter_config
-from train.objective.target_head import load_target_head
+from train.families.dflash.anchors import LayerAttention
+from train.families.dflash.dflash2 import DFlash2Drafter
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
+from train.target_head import load_target_head
 
 
 def perturbed_drafter(qwen3_dir, **geometry):

@@ -13,10 +13,10 @@ import torch
 from torch._dynamo.testing import CompileCounter
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from train.drafter.anchors import LayerAttention, dflash_mask_mod
-from train.drafter.flex_compile import CompiledFlex, FlexRecompileError
-from train.drafter.flex_mask import FLEX_TILE, dflash_block_mask, padded
-from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.families.dflash.anchors import LayerAttention, dflash_mask_mod
+from train.families.dflash.flex_compile import CompiledFlex, FlexRecompileError
+from train.families.dflash.flex_mask import FLEX_TILE, dflash_block_mask, padded
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
 
 RULES = {
     "full": LayerAttention(),
@@ -116,7 +116,7 @@ def test_a_flex_compile_error_falls_back_to_the_split_path_with_one_line(monkeyp
     """Issue 60.3: flex that fails to compile (here a backend that raises, as inductor
     does on a kernel that does not fit the device) gives way to the split path: one
     line, the same values, and later forwards go straight to split."""
-    from train.drafter import attention, flex_compile
+    from train.families.dflash import attention, flex_compile
 
     def broken(graph, example_inputs):
         raise RuntimeError("out of resource: shared memory, Required: 131072, Hardware limit: 101376")

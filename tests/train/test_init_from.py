@@ -20,7 +20,7 @@ from store_schema import file_sha256
 from train.cli import main
 from train.config_error import ConfigError
 from train.config_loading import load_config
-from train.drafter.dflash2 import DFlash2Drafter
+from train.families.dflash.dflash2 import DFlash2Drafter
 from train.fitting.checkpoint import Checkpointer, list_checkpoints, read_state
 from train.fitting.trainer import Trainer
 

@@ -22,11 +22,11 @@ from store_schema.stores import open_store
 from train.cli import main as train_cli
 from train.config_error import ConfigError
 from train.config_loading import load_config
-from train.drafter.build import build_drafter
-from train.drafter.model import DrafterConfig
 from train.export.drafter_dir import export_drafter
+from train.families.dflash.build import build_drafter
+from train.families.dflash.model import DrafterConfig
 from train.fitting.trainer import Trainer
-from train.objective.target_head import load_target_head
+from train.target_head import load_target_head
 
 SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
 RUN = tiny.drafter_sets(

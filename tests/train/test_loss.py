@@ -9,13 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from train.drafter.config import ModelConfig
-from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.objective.config import LossConfig
-from train.objective.loss import block_metrics, dflash_loss
-from train.objective.step import StepSample, add_context_noise, dflash_step
-from train.objective.target_head import TargetHead
-from train.objective.targets import block_targets, default_gamma, slot_weights
+from train.families.dflash.config import LossConfig, ModelConfig
+from train.families.dflash.loss import block_metrics, dflash_loss
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
+from train.families.dflash.step import StepSample, add_context_noise, dflash_step
+from train.families.dflash.targets import block_targets, default_gamma, slot_weights
+from train.target_head import TargetHead
 
 HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 64
 

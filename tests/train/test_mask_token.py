@@ -8,7 +8,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from train.config_error import ConfigError
-from train.drafter.mask_token import MaskToken, resolve_mask_token
+from train.families.dflash.mask_token import MaskToken, resolve_mask_token
 
 TEXT = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i)\n"] * 20
 

@@ -13,14 +13,13 @@ from torch import nn
 
 from train.config_error import ConfigError
 from train.config_loading import load_config
-from train.drafter.config import ModelConfig
-from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.objective.config import LossConfig
-from train.objective.loss import block_metrics, dflash_loss, dpace_weights
-from train.objective.selector_loss import selector_loss, selector_weight_at
-from train.objective.step import StepSample, dflash_step
-from train.objective.target_head import TargetHead
-from train.objective.targets import block_targets
+from train.families.dflash.config import LossConfig, ModelConfig
+from train.families.dflash.loss import block_metrics, dflash_loss, dpace_weights
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
+from train.families.dflash.selector_loss import selector_loss, selector_weight_at
+from train.families.dflash.step import StepSample, dflash_step
+from train.families.dflash.targets import block_targets
+from train.target_head import TargetHead
 
 
 class PairSelector(nn.Module):
@@ -352,7 +351,7 @@ def test_dflash_step_trains_the_dflash2_selector_and_logs_its_metrics():
     so `fit` trained a DFlash 2 whose selector stayed at its identity start and logged
     no recall@K / selector accuracy. Now the step adds the selector's CE (ramped by
     loss.selector_warmup_steps) and the run's log means carry both metrics."""
-    from train.drafter.build import build_drafter
+    from train.families.dflash.build import build_drafter
     from train.fitting.metrics import MetricSums
 
     torch.manual_seed(0)

@@ -18,11 +18,11 @@ from reference_oracle import ANCHORS, BLOCK, inputs, load_reference, reference_l
 from extract.qwen3_6_27b import write_config_only_target
 from store_schema.runtime.target_config import read_target_config
 from train.config_loading import load_config
-from train.drafter.config import ModelConfig
-from train.drafter.published import fresh_drafter_config, published_layout
 from train.export.drafter_dir import export_drafter
+from train.families.dflash.config import ModelConfig
+from train.families.dflash.published import fresh_drafter_config, published_layout
 from train.fitting.trainer import Trainer
-from train.objective.target_head import load_target_head
+from train.target_head import load_target_head
 
 SHAPE = dict(num_target_layers=6, hidden_size=64, vocab_size=512)  # the tiny Qwen3 target (qwen3_dir)
 

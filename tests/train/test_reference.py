@@ -16,10 +16,10 @@ from eval_stores import everything, make_samples, write_store
 from reference_oracle import ANCHORS, BLOCK, T, inputs, load_reference, reference_logits
 
 from store_schema.runtime.target_config import read_target_config
-from train.drafter.anchors import LayerAttention, dense_attention_mask
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter
-from train.objective.target_head import load_target_head
+from train.families.dflash.anchors import LayerAttention, dense_attention_mask
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
+from train.target_head import load_target_head
 
 GEOMETRIES = {
     # 4 heads x 16, 2 KV heads (grouped queries), every layer full attention.

@@ -37,9 +37,9 @@ from train.cli import main
 from train.config_loading import load_config
 from train.data.heldout import store_samples
 from train.data.prompts import jsonl_prompts, store_prompts
-from train.drafter.draft_cache import DraftCache
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import export_drafter, load_drafter
+from train.families.dflash.draft_cache import DraftCache
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
 from train.fitting.trainer import Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -320,7 +320,7 @@ def test_a_trained_drafter_decodes_along_a_tree_as_evals_ddtree_counts(trained, 
     verification gives the same rounds as the tree-masked one."""
     from train.acceptance.config import EvalConfig
     from train.acceptance.evaluate import evaluate_sample_ids
-    from train.objective.target_head import load_target_head
+    from train.target_head import load_target_head
 
     target_dir, store, export = trained
     model, drafter = load_model(target_dir), load_drafter(export).eval()

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from store_schema.runtime.target_config import read_target_config
-from train.objective.target_head import load_target_head
+from train.target_head import load_target_head
 
 
 def test_qwen3_separate_lm_head(qwen3_dir):

@@ -36,17 +36,22 @@ def imported(module: str, node: ast.ImportFrom | ast.Import, is_package: bool) -
 
 
 def is_section(module: str) -> bool:
-    """A run-config section beside its owner: `train/<folder>/config.py`."""
+    """A run-config section beside its owner: `train/<folder>/config.py`, or a drafter
+    family's, `train/families/<family>/config.py`."""
     parts = module.split(".")
-    return len(parts) == 3 and parts[2] == "config"
+    return parts[-1] == "config" and (len(parts) == 3 or (len(parts) == 4 and parts[1] == "families"))
 
 
 def unit(module: str) -> str:
-    """A folder of train/ (`train.fitting`), or a top-level file (`train.config`) on its own.
-    A section (`train.fitting.config`) is its own too: `train/config.py` gathers the
-    sections from below, and folders that read the composed config (`train.fitting`)
-    sit above it; `test_a_section_is_a_leaf` keeps a section from leading back up."""
+    """A folder of train/ (`train.fitting`), a drafter family's folder
+    (`train.families.dflash`, its section included: the family reads its own section),
+    or a top-level file (`train.config`) on its own. Any other section
+    (`train.fitting.config`) is its own too: `train/config.py` gathers the sections from
+    below, and folders that read the composed config (`train.fitting`) sit above it;
+    `test_a_section_is_a_leaf` keeps a section from leading back up."""
     parts = module.split(".")
+    if len(parts) > 3 and parts[1] == "families":
+        return ".".join(parts[:3])
     if is_section(module):
         return module
     return ".".join(parts[:2]) if len(parts) > 1 else module
@@ -123,22 +128,22 @@ def test_a_section_is_a_leaf():
     sections = [name for name in found if is_section(name)]
     assert {
         "train.data.config",
-        "train.drafter.config",
+        "train.families.dflash.config",
         "train.acceptance.config",
         "train.fitting.config",
-        "train.objective.config",
     } <= set(sections)
     below = {"train.config_error", "train.dtypes"}
     above = []
     for name in sections:
         path, tree = found[name]
+        own = (unit(name), name.rpartition(".")[0])
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 for target in imported(name, node, False):
                     if (
                         target in found
                         and target != "train"
-                        and not (is_section(target) or target in below or unit(target) == name.rpartition(".")[0])
+                        and not (is_section(target) or target in below or unit(target) in own)
                     ):
                         above.append(f"{name} imports {target}")
     assert not above, above
@@ -146,7 +151,7 @@ def test_a_section_is_a_leaf():
 
 def test_the_run_config_only_composes_the_sections():
     """`train/config.py` defines no class but `RunConfig`; each of its sections is a
-    class imported from its owner's `config.py` (`train.objective.config.LossConfig`)."""
+    class imported from its owner's `config.py` (`train.families.dflash.config.LossConfig`)."""
     tree = modules()["train.config"][1]
     classes = [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)]
     assert classes == ["RunConfig"], classes

@@ -26,8 +26,8 @@ from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.data.heldout import is_heldout
 from train.diagnose.report import diagnose
-from train.drafter.anchors import sample_anchors
 from train.export.drafter_dir import load_drafter
+from train.families.dflash.anchors import sample_anchors
 from train.fitting.checkpoint import list_checkpoints
 from train.fitting.trainer import Trainer
 

@@ -30,9 +30,9 @@ from safetensors.torch import load_file
 from store_schema.runtime.target_model import load_target_model
 from train.acceptance import serve_check
 from train.acceptance.target_decode import TargetSession
-from train.drafter.anchors import LayerAttention
-from train.drafter.draft_cache import DraftCache
 from train.export.drafter_dir import load_drafter
+from train.families.dflash.anchors import LayerAttention
+from train.families.dflash.draft_cache import DraftCache
 
 CAPTURE = serve_check.RUNNER.with_name("vllm_logits.py")
 TOLERANCE = 1e-4

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from train.config_error import require
-from train.drafter.config import LABELS
+from train.families.dflash.config import LABELS
 
 EVAL_CLI_SAMPLES = 256  # `python -m train eval` evaluates at most this many samples unless told otherwise
 

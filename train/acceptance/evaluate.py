@@ -54,9 +54,9 @@ from train.acceptance.config import EvalConfig
 from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
 from train.acceptance.stands_for import tau_stands_for
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations
-from train.drafter.anchors import anchor_candidates
-from train.objective.config import LossConfig
-from train.objective.targets import block_targets
+from train.families.dflash.anchors import anchor_candidates
+from train.families.dflash.config import LossConfig
+from train.families.dflash.targets import block_targets
 
 
 def rollout_anchors(loss_mask: torch.Tensor, limit: int | None = None) -> torch.Tensor:
@@ -276,8 +276,8 @@ def evaluate_samples(
     `hidden` holding the drafter's context layers, or train.data.loader `TrainSample`s
     (e.g. `ShardLoader.heldout_samples(limit)`).
 
-    drafter: train.drafter.model.DFlashDrafter (put in eval mode for the call, then
-    restored); head: train.objective.target_head.TargetHead. Runs on the drafter's device.
+    drafter: train.families.dflash.model.DFlashDrafter (put in eval mode for the call, then
+    restored); head: train.target_head.TargetHead. Runs on the drafter's device.
     config: ddtree_budgets, labels, anchor_stride, max_blocks_per_sample,
     batch_blocks (`samples` is the caller's business). attention: the run's
     `model.attention`. progress: a `store_schema.runtime.progress.Progress`

@@ -83,7 +83,7 @@ def root_cause(log: str) -> str | None:
 
 
 def unserved_here(kind) -> str | None:
-    """Why vLLM cannot serve a drafter of `kind` (train.drafter.kinds) on this host (None:
+    """Why vLLM cannot serve a drafter of `kind` (train.families.dflash.variants) on this host (None:
     it can), said before anyone is asked to build a vLLM environment for it."""
     if kind.vllm_cpu_serves or torch.cuda.is_available():
         return None

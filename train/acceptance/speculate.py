@@ -5,7 +5,7 @@ round, which the target has not processed yet):
 
 1. the drafter drafts the block `[anchor, MASK x (b-1)]` at positions
    start .. start+b-1 from the target's features of the verified positions
-   `< start` (`train.drafter.draft_cache.DraftCache`): greedy, per slot for DFlash
+   `< start` (`train.families.dflash.draft_cache.DraftCache`): greedy, per slot for DFlash
    and along the candidate selector's path from the anchor for DFlash 2
    (`greedy_tokens`), or sampled at temperature (`sampled_tokens`);
 2. the target verifies the whole block in one forward;
@@ -40,7 +40,7 @@ import torch
 from train.acceptance.sampling import GREEDY, Draft, Sampling, rejection_sample, sample
 from train.acceptance.target_decode import TargetSession, clock
 from train.acceptance.tree_decode import grow_tree, verify_tree
-from train.drafter.draft_cache import DraftCache
+from train.families.dflash.draft_cache import DraftCache
 
 
 @dataclass

@@ -24,7 +24,8 @@ from train.dtypes import dtype_name
 
 COMMANDS = ("fit", "export", "eval", "diagnose", "speculate", "serve-check")
 TORCH_COMMANDS = ("fit", "export", "eval", "speculate", "serve-check")  # diagnose reads logs with numpy only
-TORCH_COMMAND_IMPORTS = ("train.drafter.model",)  # torch and transformers' Qwen3 layers: what every one builds on
+# torch and transformers' Qwen3 layers: what every one builds on
+TORCH_COMMAND_IMPORTS = ("train.families.dflash.model",)
 
 
 def build_parser() -> argparse.ArgumentParser:

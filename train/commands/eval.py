@@ -19,8 +19,8 @@ from train.acceptance.stands_for import describe
 from train.data.config import DataConfig
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import load_drafter, read_heldout_fraction, resolve_drafter_dir
-from train.objective.target_head import load_target_head
 from train.target_check import check_target
+from train.target_head import load_target_head
 
 
 def eval_config(args) -> EvalConfig:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from store_schema.layout import ZARR_METADATA
 from train.data.heldout import heldout_fraction_of, heldout_record
-from train.drafter.build import build_drafter
-from train.drafter.model import DrafterConfig
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import export_drafter
+from train.families.dflash.build import build_drafter
+from train.families.dflash.model import DrafterConfig
 from train.fitting import checkpoint as ckpt
 
 

@@ -23,9 +23,9 @@ from train.acceptance.tree_decode import verification_method
 from train.commands.eval import heldout_fraction
 from train.data.prompt_sets import prompt_sources
 from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
-from train.drafter.model import DFlashDrafter
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import load_drafter, resolve_drafter_dir
+from train.families.dflash.model import DFlashDrafter
 from train.fitting.preflight import check_store_against_target
 from train.target_check import check_target
 

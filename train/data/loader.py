@@ -77,14 +77,14 @@ from train.data.config import DataConfig
 from train.data.device_copy import DeviceCopier
 from train.data.heldout import heldout_locations, is_heldout, read_located
 from train.data.order import LoaderPosition, SampleOrder, train_samples_by_shard
-from train.drafter.anchors import anchor_candidates
+from train.families.dflash.anchors import anchor_candidates
 
 __all__ = ["CorruptShards", "LoaderPosition", "LoaderSpec", "ShardLoader", "TrainSample", "check_lanes"]
 
 
 @dataclass
 class TrainSample:
-    """One cropped sequence, ready for `train.objective.step.dflash_step`."""
+    """One cropped sequence, ready for `train.families.dflash.step.dflash_step`."""
 
     sample_id: str
     shard: str

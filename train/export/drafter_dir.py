@@ -8,7 +8,7 @@ drafters (e.g. z-lab/Qwen3-8B-DFlash-b16) do: a Qwen3 config
 vLLM and SGLang read these fields. The weights carry z-lab's names and never the
 target's `embed_tokens` / `lm_head`.
 
-A DFlash 2 drafter (train/drafter/dflash2.py) is written in the reference's DFlash 2
+A DFlash 2 drafter (train/families/dflash/dflash2.py) is written in the reference's DFlash 2
 layout: `architectures: ["DFlash2DraftModel"]` (vLLM: `qwen3_dflash2`) and
 `dflash_config` also holding `block_size`, `conv_kernel_size`, `conv_group_size`,
 `selector_rank` and `selector_top_k`; its convolutions and selector tensors under
@@ -39,11 +39,11 @@ from pathlib import Path
 import torch
 
 from train.data.heldout import heldout_fraction_of, heldout_record
-from train.drafter.build import build_drafter
-from train.drafter.kinds import DFLASH, KINDS, kind_exported_as
-from train.drafter.model import DFlashDrafter, DrafterConfig
-from train.drafter.selector import CODEBOOKS
 from train.dtypes import name_of
+from train.families.dflash.build import build_drafter
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
+from train.families.dflash.selector import CODEBOOKS
+from train.families.dflash.variants import DFLASH, KINDS, kind_exported_as
 from train.tensor_files import read_tensors, save_tensors
 
 HELDOUT_SPLIT_KEY = "heldout_split"
@@ -262,7 +262,7 @@ def load_weights(
     selector's codebooks are read under either name the reference loads
     (`candidate_selector.X`, or `candidate_selector.X.weight` as its save_pretrained writes).
     `backbone_only`: a DFlash 2 drafter takes a DFlash drafter's weights, its own
-    modules keeping what they hold (the warm start, train/drafter/dflash2.py)."""
+    modules keeping what they hold (the warm start, train/families/dflash/dflash2.py)."""
     weights = Path(model_dir) / "model.safetensors"
     spelled = {f"candidate_selector.{name}.weight": f"candidate_selector.{name}" for name in CODEBOOKS}
     state = {spelled.get(name, name): tensor for name, tensor in read_tensors(weights).items()}

@@ -25,9 +25,9 @@ from train.data.cache import lanes_per_node
 from train.data.lanes import LaneFeed, check_world, lane_positions, resumed_deal
 from train.data.lanes import total_steps as lane_steps
 from train.data.loader import CorruptShards, LoaderSpec, ShardLoader, check_lanes
-from train.drafter.build import build_drafter
-from train.drafter.model import DFlashDrafter
 from train.dtypes import torch_dtype
+from train.families.dflash.build import build_drafter
+from train.families.dflash.model import DFlashDrafter
 from train.fitting.checkpoint import Checkpointer, read_state
 from train.fitting.distributed import device_for, init_process_group
 from train.fitting.drafter_plan import plan_drafter
@@ -35,7 +35,7 @@ from train.fitting.global_rng import GlobalRNG
 from train.fitting.init_from import load_start_weights
 from train.fitting.optimizer import Optimizer
 from train.fitting.preflight import Checked, FitChecks, check_data, check_store, epochs_for
-from train.objective.target_head import TargetHead, load_target_head
+from train.target_head import TargetHead, load_target_head
 from train.world import World, local_world_size, world_from_env
 
 

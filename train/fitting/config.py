@@ -1,4 +1,4 @@
-"""The run config's sections the fitting loop owns: `loss` (train.objective.step and
+"""The run config's sections the fitting loop owns: `loss` (train.families.dflash.step and
 loss), `optim` (train.fitting.optimizer and schedule), `train` (the loop's batch, length
 and cadence) and `log` (train.fitting.run_writer); `train/config.py` composes them into
 the run's."""

@@ -12,9 +12,9 @@ from store_schema.layout import validate_layer_ids
 from store_schema.runtime.target_config import TargetConfig
 from train.config import RunConfig
 from train.config_error import ConfigError
-from train.drafter.mask_token import resolve_mask_token
-from train.drafter.model import DrafterConfig
-from train.drafter.published import fresh_drafter_config
+from train.families.dflash.mask_token import resolve_mask_token
+from train.families.dflash.model import DrafterConfig
+from train.families.dflash.published import fresh_drafter_config
 from train.fitting.init_from import StartSource, fine_tune_config, read_source
 
 
@@ -58,7 +58,7 @@ def plan_drafter(
     checkpoints and exports). Sized for the target (published geometry, the
     store's layers) by default; with `model.init_from`, the shape of that drafter
     (`train.fitting.init_from`); resumed, it must equal the checkpoint's. The mask token
-    is resolved here (`train.drafter.mask_token`) and logged; the drafter config holds
+    is resolved here (`train.families.dflash.mask_token`) and logged; the drafter config holds
     the id (the run's saved config records it: `train.fitting.build`). `resumed`: the
     state.json of `latest`, the checkpoint a resumed run continues, as the build read it."""
     model = config.model

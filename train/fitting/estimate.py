@@ -8,7 +8,7 @@ config.json (no weights, no store needed); per GPU:
   more fp32 copy) on more than one GPU;
 - the frozen target head: `embed_tokens` + `lm_head` (one tensor when tied) in the
   autocast dtype;
-- the loss chunk (`train.objective.loss`): per chunk row and vocabulary entry, the fp32
+- the loss chunk (`train.families.dflash.loss`): per chunk row and vocabulary entry, the fp32
   logits, log-probs and gradient and one more such buffer (16 B, as measured);
 - activations kept for backward, per sequence in flight (`train.batch_size`): each
   block token (anchors x B queries) in each drafter layer keeps, in the autocast
@@ -45,10 +45,10 @@ from store_schema.runtime.estimate import DEFAULT_MFU, DTYPE_BYTES, fits_in, gib
 from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import open_store
 from train.config_loading import load_config
-from train.drafter.build import build_drafter
-from train.drafter.mask_token import resolve_mask_token
-from train.drafter.published import fresh_drafter_config
-from train.drafter.selector import CODEBOOKS
+from train.families.dflash.build import build_drafter
+from train.families.dflash.mask_token import resolve_mask_token
+from train.families.dflash.published import fresh_drafter_config
+from train.families.dflash.selector import CODEBOOKS
 
 FP32 = 4
 # Per chunk row and vocabulary entry: fp32 logits, log-probs and gradient, and one more
@@ -67,7 +67,7 @@ def parameter_groups(drafter) -> dict:
     `attention_conv` / `mlp_conv`, the selector's two V x r codebooks and its
     projection), so the 27B job shows what DFlash 2 costs; all zero but the backbone
     for DFlash. Each part trains with the same fp32 AdamW (dense codebook moments:
-    train.objective.selector_loss says why)."""
+    train.families.dflash.selector_loss says why)."""
     groups = dict(backbone=0, convolutions=0, selector_codebooks=0, selector_projection=0)
     for name, parameter in drafter.named_parameters():
         leaf = name.rsplit(".", 1)[-1]

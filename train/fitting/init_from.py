@@ -23,7 +23,7 @@ refusal naming the field:
   the DFlash drafter drafts, as the published Muse-Glimmer DFlash 2 started.
 
 The mask token is the drafter's unless `model.mask_token_id` says otherwise
-(`train.drafter.mask_token`). The directory is read once (`read_source`: a
+(`train.families.dflash.mask_token`). The directory is read once (`read_source`: a
 `StartSource`) and that is what the run plans and loads from. The run records where
 it started: `model.init_from` in its config, and the directory and the sha256 of its
 weights (`StartSource.record`) in
@@ -39,10 +39,10 @@ from pathlib import Path
 
 from store_schema import file_sha256
 from train.config_error import ConfigError
-from train.drafter.config import ModelConfig
-from train.drafter.kinds import kind_named
-from train.drafter.model import DFlashDrafter, DrafterConfig
 from train.export.drafter_dir import load_weights, read_drafter_config
+from train.families.dflash.config import ModelConfig
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
+from train.families.dflash.variants import kind_named
 from train.fitting import checkpoint as ckpt
 
 WEIGHTS = "model.safetensors"
@@ -135,7 +135,7 @@ def fine_tune_config(
 
 def warm_starts(source: DrafterConfig, architecture: str) -> bool:
     """Whether a drafter like `source` warm-starts one of kind `architecture` (a DFlash
-    drafter a DFlash 2: train.drafter.kinds' `warm_start_from`)."""
+    drafter a DFlash 2: train.families.dflash.variants' `warm_start_from`)."""
     return kind_named(architecture).warm_start_from == source.architecture
 
 

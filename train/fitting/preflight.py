@@ -27,10 +27,10 @@ from store_schema.tools.verify import vanished, verify_store
 from train.config import RunConfig
 from train.config_error import ConfigError
 from train.data.heldout import is_heldout
-from train.drafter.model import DrafterConfig
+from train.families.dflash.model import DrafterConfig
+from train.families.dflash.targets import default_gamma
 from train.fitting.distributed import any_rank
 from train.fitting.init_from import StartSource
-from train.objective.targets import default_gamma
 from train.target_check import check_target
 from train.world import World
 

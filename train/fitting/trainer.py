@@ -11,7 +11,7 @@ Order of a run (`Trainer.from_config`: `train.fitting.preflight`, then `train.fi
    of `train.fitting.preflight`: the plan's block size, an incomplete store, the
    integrity pass, an empty held-out split, lanes against shards, and the epochs
    `--max-steps` needs.
-3. Resolve the mask token (`train.drafter.mask_token`) and build the drafter from the
+3. Resolve the mask token (`train.families.dflash.mask_token`) and build the drafter from the
    store's layer ids, or, fine-tuning (`model.init_from`), from a published
    drafter's shape and weights once they fit (`train.fitting.init_from`); AdamW over
    fp32 master weights (bf16 autocast on CUDA), linear warmup then cosine
@@ -56,6 +56,7 @@ from train.data.heldout import heldout_record
 from train.data.lanes import pad_sample
 from train.data.loader import TrainSample
 from train.dtypes import torch_dtype
+from train.families.dflash.step import StepSample, dflash_step
 from train.fitting.build import RunParts, build_run
 from train.fitting.checkpoint import Checkpointer, checkpoint_dir
 from train.fitting.distributed import reduce_step, wrap
@@ -66,7 +67,6 @@ from train.fitting.periodic_eval import AcceptanceEval, HeldoutEval
 from train.fitting.preflight import FitChecks
 from train.fitting.progress import fit_progress, headline
 from train.fitting.run_writer import RunWriter
-from train.objective.step import StepSample, dflash_step
 from train.world import World
 
 

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from train.drafter.anchors import sample_anchors
-from train.drafter.config import ModelConfig
-from train.objective.config import LossConfig
-from train.objective.loss import LossOutput, dflash_loss
-from train.objective.selector_loss import selector_weight_at
-from train.objective.targets import BlockTargets, block_targets
+from train.families.dflash.anchors import sample_anchors
+from train.families.dflash.config import LossConfig, ModelConfig
+from train.families.dflash.loss import LossOutput, dflash_loss
+from train.families.dflash.selector_loss import selector_weight_at
+from train.families.dflash.targets import BlockTargets, block_targets
 
 
 def add_context_noise(features: torch.Tensor, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -79,7 +78,7 @@ def dflash_step(
 ) -> tuple[LossOutput, torch.Tensor, BlockTargets]:
     """Loss for one sequence. Returns (LossOutput, anchor_positions, BlockTargets).
 
-    drafter: train.drafter.model.DFlashDrafter; head: train.objective.target_head.TargetHead.
+    drafter: train.families.dflash.model.DFlashDrafter; head: train.target_head.TargetHead.
     sample: its top-k is read only for labels="target" (top-1) or kl_mix > 0.
     loss: the run's `loss` section (gamma, position_weights, labels, kl_mix, noise,
         chunk_rows); pass `dataclasses.replace(loss, noise=0.0)` to score without noise.

@@ -22,7 +22,7 @@ What makes it DFlash rather than a small Qwen3:
   `sliding_window` and `is_causal`. RoPE is absolute: context keys at their token
   positions, block tokens at anchor .. anchor+B-1.
 - The target's `embed_tokens` and `lm_head` are frozen and live outside the
-  drafter (see `train/objective/target_head.py`); they are passed in, never saved here.
+  drafter (see `train/target_head.py`); they are passed in, never saved here.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3MLP, Qwen3RMSNorm, Qwe
 
 from store_schema.layout import default_layer_ids as default_context_layer_ids  # the one formula
 from store_schema.layout import validate_layer_ids  # the one rule
-from train.drafter.anchors import LayerAttention, block_position_ids
-from train.drafter.attention import attend, build_attention_mask, resolve_attention
-from train.drafter.flex_compile import FlexUnavailable
-from train.drafter.geometry import BLOCK_SIZE, shape_problems
-from train.drafter.kinds import DEFAULT_KIND, DFLASH, DrafterKind, kind_named
+from train.families.dflash.anchors import LayerAttention, block_position_ids
+from train.families.dflash.attention import attend, build_attention_mask, resolve_attention
+from train.families.dflash.flex_compile import FlexUnavailable
+from train.families.dflash.geometry import BLOCK_SIZE, shape_problems
+from train.families.dflash.variants import DEFAULT_KIND, DFLASH, DrafterKind, kind_named
 
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
 # z-lab/Qwen3.6-27B-DFlash): the defaults `DrafterConfig.from_target` sizes a drafter with.
@@ -91,9 +91,9 @@ class DrafterConfig:
     hidden_act: str = "silu"
     initializer_range: float = 0.02
     rope_parameters: dict = field(default_factory=dict)  # extra rope fields, e.g. rope_type/factor
-    # The kind (train.drafter.kinds); a record written before kinds existed is DFlash (`from_dict`).
+    # The kind (train.families.dflash.variants); a record written before kinds existed is DFlash (`from_dict`).
     architecture: str = DEFAULT_KIND.name
-    # DFlash 2's sizes (train.drafter.kinds.DFLASH2_SIZES), read only by the kinds that list them.
+    # DFlash 2's sizes (train.families.dflash.variants.DFLASH2_SIZES), read only by the kinds that list them.
     conv_kernel_size: int = 2  # taps of each block-local convolution
     conv_group_size: int = 16  # channels that share one dynamic coefficient
     selector_rank: int = 256  # rank r of the selector's codebooks [V, r]
@@ -109,7 +109,7 @@ class DrafterConfig:
         if self.layer_types is None:
             self.layer_types = ["full_attention"] * self.num_hidden_layers
         self.layer_types = list(self.layer_types)
-        problems = shape_problems(asdict(self))  # the one rule, train/drafter/geometry.py
+        problems = shape_problems(asdict(self))  # the one rule, train/families/dflash/geometry.py
         if problems:
             raise ValueError(" ".join(problems[0]))
         if "sliding_attention" not in self.layer_types:
@@ -248,7 +248,7 @@ class DFlashAttention(nn.Module):
 
     def forward(self, x, context, cos, sin, mask):
         """x [b, Q, H] block tokens; context [b, T, H]; cos/sin [b, T+Q, D] for the
-        keys (queries use the last Q rows); mask: from `train.drafter.attention.build_attention_mask`
+        keys (queries use the last Q rows); mask: from `train.families.dflash.attention.build_attention_mask`
         for this layer's rule, or None (every key visible)."""
         b, q_len, _ = x.shape
         out = attend(*self.queries_keys_values(x, context, cos, sin), mask)
@@ -353,9 +353,9 @@ class DFlashDrafter(nn.Module):
         embed_tokens: the target's frozen embedding (e.g. TargetHead.embed_tokens).
         attention: "split" (context and own block attended apart, one softmax),
             "sdpa" (dense boolean mask), "flex" (flex_attention BlockMask), or
-            "auto" (flex on CUDA, split elsewhere); see train/drafter/attention.py.
+            "auto" (flex on CUDA, split elsewhere); see train/families/dflash/attention.py.
         Returns final hidden states [N, B, H] after `norm`; apply the target's
-        lm_head to get logits (see train/objective/loss.py)."""
+        lm_head to get logits (see train/families/dflash/loss.py)."""
         cfg = self.config
         block = cfg.block_size
         length = input_ids.shape[0]

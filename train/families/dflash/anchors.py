@@ -13,7 +13,7 @@ published drafters are causal inside the block and see only a window of context.
 The mask is defined once, as a `mask_mod(b, h, q_idx, kv_idx)` over the key layout
 `[context (T) | block 0 (B) | block 1 (B) | ...]`. flex_attention takes it directly;
 the dense boolean mask for SDPA is the same function evaluated on an index grid, and
-the split path (train/drafter/attention.py) evaluates it on the context and own-block keys.
+the split path (train/families/dflash/attention.py) evaluates it on the context and own-block keys.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def dflash_mask_mod(
         same_block = ~in_context & ((kv_idx - context_len) // block_size == block)
         key_pos = torch.where(in_context, kv_idx, anchor + (kv_idx - context_len) % block_size)
         visible = (sees_context | same_block) & rule.allows(anchor + q_idx % block_size, key_pos)
-        return visible & (q_idx < num_queries)  # a padded query sees nothing (train.drafter.flex_mask)
+        return visible & (q_idx < num_queries)  # a padded query sees nothing (train.families.dflash.flex_mask)
 
     return mask_mod
 

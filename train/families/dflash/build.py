@@ -1,9 +1,9 @@
-"""The drafter a config names: its kind's class (train.drafter.kinds)."""
+"""The drafter a config names: its kind's class (train.families.dflash.variants)."""
 
 from __future__ import annotations
 
-from train.drafter.dflash2 import DFlash2Drafter
-from train.drafter.model import DFlashDrafter, DrafterConfig
+from train.families.dflash.dflash2 import DFlash2Drafter
+from train.families.dflash.model import DFlashDrafter, DrafterConfig
 
 CLASSES = {cls.kind.name: cls for cls in (DFlashDrafter, DFlash2Drafter)}
 

@@ -18,7 +18,7 @@ forward or backward, and nothing is recomputed.
 Position weights (`loss.position_weights`): "decay" is the fixed schedule above;
 "dpace" is D-PACE (`dpace_weights`), whose weights follow the drafter's current
 confidence in each label and are computed inside the chunk walk. DFlash 2's
-selector loss (`train.objective.selector_loss`) rides the same walk: the top-K of
+selector loss (`train.families.dflash.selector_loss`) rides the same walk: the top-K of
 each chunk's logits are kept ([rows, K]) and their gradient reaches the hidden
 states through the head's rows, so no second [rows, V] pass exists.
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from train.objective.selector_loss import selector_loss
-from train.objective.targets import BlockTargets
+from train.families.dflash.selector_loss import selector_loss
+from train.families.dflash.targets import BlockTargets
 
 
 def dpace_weights(confidence: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -202,7 +202,7 @@ def dflash_loss(
     Position weights follow `targets.position_weights` ("decay" or "dpace").
     selector (DFlash 2, None for DFlash): a module with `pair_scores`; adds
         `selector_weight` x its K-way CE over the top-`selector_top_k` candidates
-        (`train.objective.selector_loss`), with the same row weights as the main
+        (`train.families.dflash.selector_loss`), with the same row weights as the main
         loss, and the recall@K / selector accuracy metrics.
     Gradients flow to `hidden` (and the selector's parameters); the head stays frozen."""
     if not 0.0 <= kl_mix <= 1.0:

@@ -13,7 +13,7 @@ layers see everything, sliding layers are causal with a window over key
 positions, of which only the window's keys are read), the same computation as the
 training forward with the anchor at `length` (context strictly before the anchor,
 the block's own slots), which `tests/train/test_speculate.py` checks. A DFlash 2
-drafter's block-local convolutions see just this block (train/drafter/dflash2.py).
+drafter's block-local convolutions see just this block (train/families/dflash/dflash2.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from functools import partial
 import torch
 from torch import nn
 
-from train.drafter.anchors import FULL_ATTENTION
-from train.drafter.attention import attend
-from train.drafter.model import DFlashDrafter, apply_rope
+from train.families.dflash.anchors import FULL_ATTENTION
+from train.families.dflash.attention import attend
+from train.families.dflash.model import DFlashDrafter, apply_rope
 
 
 class DraftCache:

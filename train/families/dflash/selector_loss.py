@@ -16,7 +16,7 @@ top-K). Skipped rows are not renormalised away: the loss keeps the main loss's
 row weights, so a slot weighs the same in both terms.
 
 Memory: the candidates and their unary logits [rows, K] come from the chunked
-main loss (`train.objective.loss`), which keeps them from each chunk's logits; this
+main loss (`train.families.dflash.loss`), which keeps them from each chunk's logits; this
 term adds K x r per row (the successor codebook rows of the candidates), never a
 [rows, V] tensor.
 
@@ -72,7 +72,7 @@ def selector_loss(
     """The selector's loss over M scored rows.
 
     selector: has `pair_scores(hidden [M, H], predecessor_ids [M], candidate_ids
-        [M, K]) -> [M, K]` (train.drafter.selector).
+        [M, K]) -> [M, K]` (train.families.dflash.selector).
     hidden [M, H]: the drafter's hidden states the unary logits came from.
     unary [M, K] / candidates [M, K]: the top-K logits and their token ids; the
         gradient of `unary` reaches `hidden` through the head (the chunked loss).

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from store_schema.published_taps import QWEN3_6_27B, QWEN3_6_27B_TAPS, is_qwen3_6_27b
-from train.drafter.kinds import DFLASH, DFLASH2
-from train.drafter.model import DrafterConfig
+from train.families.dflash.model import DrafterConfig
+from train.families.dflash.variants import DFLASH, DFLASH2
 
 
 @dataclass(frozen=True)

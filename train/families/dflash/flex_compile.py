@@ -10,7 +10,7 @@ within a few steps. What the graphs now depend on:
 
 - shapes: never. Every length is dynamic (`dynamic=True` for q/k/v, and the
   BlockMask's tile tensors are marked dynamic here before each call), and
-  `train.drafter.flex_mask` pads lengths to whole 128-tiles, so the kernels always
+  `train.families.dflash.flex_mask` pads lengths to whole 128-tiles, so the kernels always
   see divisible lengths;
 - the layer rule (full / sliding: the mask_mod's constants): 2 graphs at most;
 - grad mode (training vs evaluation): x2;
@@ -23,7 +23,7 @@ legitimate case (another dtype too: 8), and reaching it is an error that says wh
 Any other failure to compile or launch (a compiler error, a Triton kernel whose tiles do
 not fit the device's shared memory, e.g. sm_120's ~99 KB per block) gives flex up for the
 process with one line on stderr (`give_up_flex`): the drafter redoes that forward on the
-split path and stays there (`train.drafter.attention.resolve_attention`). A failure in a
+split path and stays there (`train.families.dflash.attention.resolve_attention`). A failure in a
 backward kernel is not caught here: it ends the step with torch's error.
 """
 
@@ -92,7 +92,7 @@ class CompiledFlex:
                 raise FlexRecompileError(
                     f"flex_attention needed more than {self.limit} compiled graphs (q {tuple(q.shape)} {q.dtype}, "
                     f"grad {torch.is_grad_enabled()}): a caller outside the trainer's autocast, or a new mask rule; "
-                    "see train/drafter/flex_compile.py"
+                    "see train/families/dflash/flex_compile.py"
                 ) from error
             if isinstance(error, torch.OutOfMemoryError):
                 raise  # memory, not the kernel: the caller's batch is too large for any path

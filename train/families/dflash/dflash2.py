@@ -1,4 +1,4 @@
-"""The DFlash 2 drafter: the DFlash drafter (train/drafter/model.py) plus two small
+"""The DFlash 2 drafter: the DFlash drafter (train/families/dflash/model.py) plus two small
 modules, laid out and named as z-lab's reference (`dflash` 0.1.0's
 `DFlash2DraftModel`) and vLLM's `qwen3_dflash2` lay them out:
 
@@ -7,9 +7,9 @@ modules, laid out and named as z-lab's reference (`dflash` 0.1.0's
     candidate_selector.{predecessor_codebook, successor_codebook, hidden_projection.weight}
 
 - every decoder layer wraps its attention and its MLP in a block-local convolution
-  (`train.drafter.conv.BlockConv`): `prepare` on the normed input, `finish` on the
+  (`train.families.dflash.conv.BlockConv`): `prepare` on the normed input, `finish` on the
   sublayer's output, inside the residual;
-- the candidate selector (`train.drafter.selector.CandidateSelector`) reranks the
+- the candidate selector (`train.families.dflash.selector.CandidateSelector`) reranks the
   top-K of each drafted position's logits along a path walked from the anchor.
 
 Identity start: a fresh DFlash 2 has identity convolutions and a zero successor
@@ -24,10 +24,10 @@ import torch
 from torch import nn
 from transformers import Qwen3Config
 
-from train.drafter.conv import BlockConv
-from train.drafter.kinds import DFLASH2
-from train.drafter.model import DFlashDecoderLayer, DFlashDrafter, DrafterConfig
-from train.drafter.selector import CandidateSelector
+from train.families.dflash.conv import BlockConv
+from train.families.dflash.model import DFlashDecoderLayer, DFlashDrafter, DrafterConfig
+from train.families.dflash.selector import CandidateSelector
+from train.families.dflash.variants import DFLASH2
 
 
 class DFlash2DecoderLayer(DFlashDecoderLayer):

@@ -1,4 +1,4 @@
-"""The one rule for a valid drafter shape (the kinds themselves: train.drafter.kinds).
+"""The one rule for a valid drafter shape (the kinds themselves: train.families.dflash.variants).
 
 Both the run config's `model` section (sizes a user sets, None where the drafter's
 default applies) and `DrafterConfig` (every size known) check a shape; they call
@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from store_schema.plan import DEFAULT_BLOCK_SIZE
-from train.drafter.kinds import DFLASH, DFLASH2_SIZES, KINDS
+from train.families.dflash.variants import DFLASH, DFLASH2_SIZES, KINDS
 
-LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/drafter/model.py)
-ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/drafter/attention.py)
+LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/families/dflash/model.py)
+ATTENTION_KINDS = ("auto", "split", "sdpa", "flex")  # training attention paths (train/families/dflash/attention.py)
 POSITIVE_SIZES = (
     "num_hidden_layers",
     "num_attention_heads",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from train.drafter.anchors import LayerAttention, dflash_mask_mod
+from train.families.dflash.anchors import LayerAttention, dflash_mask_mod
 
 FLEX_TILE = 128  # flex_attention's sparse block size (torch's default), queries and keys
 

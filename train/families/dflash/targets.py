@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from train.objective.config import LossConfig
+from train.families.dflash.config import LossConfig
 
 # The paper's weight decay per block size.
 DEFAULT_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}

@@ -1,5 +1,5 @@
 """The drafter's training attention, three ways, all from the one mask rule
-(`train.drafter.anchors.dflash_mask_mod`):
+(`train.families.dflash.anchors.dflash_mask_mod`):
 
 - "split" (the default off CUDA): each query block attends to the context and to
   its own B keys separately, the two score sets concatenated before one softmax,
@@ -9,7 +9,7 @@
 - "sdpa": one dense SDPA over `[context | every block]` with a materialised
   [N*B, T + N*B] boolean mask. Simple and slow; the reference the others are tested against.
 - "flex": flex_attention with a BlockMask built from the anchors
-  (`train.drafter.flex_mask`), compiled on CUDA (`train.drafter.flex_compile`), the default there.
+  (`train.families.dflash.flex_mask`), compiled on CUDA (`train.families.dflash.flex_compile`), the default there.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from train.drafter.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
-from train.drafter.flex_compile import DISABLED, CompiledFlex
-from train.drafter.flex_mask import dflash_block_mask
-from train.drafter.geometry import ATTENTION_KINDS
+from train.families.dflash.anchors import LayerAttention, dense_attention_mask, dflash_mask_mod
+from train.families.dflash.flex_compile import DISABLED, CompiledFlex
+from train.families.dflash.flex_mask import dflash_block_mask
+from train.families.dflash.geometry import ATTENTION_KINDS
 
 SPLIT_CHUNK_SCORES = 1 << 21  # scores per chunk (all heads) the split path aims for
 

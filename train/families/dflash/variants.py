@@ -1,10 +1,10 @@
 """The drafter kinds, one table: everything the trainer, the export and the checks
 need to know about a kind is looked up here, never told apart by its name.
 
-A kind's network is its class (`train.drafter.model.DFlashDrafter`,
-`train.drafter.dflash2.DFlash2Drafter`, each naming its kind), built by
-`train.drafter.build.build_drafter`. This module imports nothing of the network so
-that the shape rule (`train.drafter.geometry`) can read it too.
+A kind's network is its class (`train.families.dflash.model.DFlashDrafter`,
+`train.families.dflash.dflash2.DFlash2Drafter`, each naming its kind), built by
+`train.families.dflash.build.build_drafter`. This module imports nothing of the network so
+that the shape rule (`train.families.dflash.geometry`) can read it too.
 """
 
 from __future__ import annotations

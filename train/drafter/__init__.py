@@ -1,1 +1,0 @@
-"""The drafter network: its Qwen3 layers, the one attention rule, anchors, decode-time cache."""
