@@ -48,6 +48,7 @@ import shutil
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -293,9 +294,10 @@ def loader_throughput(store: Path, device: str, block_size: int = 16) -> dict:
     from store_schema import Store
     from train.data.config import DataConfig
     from train.data.loader import LoaderSpec, ShardLoader
+    from train.families.dflash.anchors import has_anchor
 
     reader = Store(store)
-    spec = LoaderSpec(list(reader.layer_ids), block_size, seed=0, epochs=1, device=device)
+    spec = LoaderSpec(list(reader.layer_ids), partial(has_anchor, block_size), seed=0, epochs=1, device=device)
     loader = ShardLoader(reader, DataConfig(), spec)
     started, samples, nbytes = time.perf_counter(), 0, 0
     for sample in loader:

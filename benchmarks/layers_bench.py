@@ -27,7 +27,10 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from functools import partial
+
 from benchmarks.common import add_smoke_flag, append_results, drop_page_cache
+from train.families.dflash.anchors import has_anchor
 
 DFLASH_TAPS = [1, 16, 31, 46, 61]  # the published Qwen3.6-27B DFlash
 DFLASH2_TAPS = [5, 19, 33, 47, 61]  # the published DFlash 2
@@ -78,7 +81,7 @@ def loader_read(path: Path, layers: list[int], threads: int) -> tuple[int, float
 
     drop_page_cache(path)
     data = DataConfig(max_length=4096, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads)
-    loader = ShardLoader(Store(path), data, LoaderSpec(layers, 8, seed=0, epochs=1))
+    loader = ShardLoader(Store(path), data, LoaderSpec(layers, partial(has_anchor, 8), seed=0, epochs=1))
     before, cpu = _read_bytes(), time.process_time()
     samples = sum(1 for _ in loader)
     assert samples > 0

@@ -63,6 +63,7 @@ from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
 from store_schema.stores import open_store
 from store_schema.tools.local_copy import copied_shards
+from train.families.dflash.anchors import has_anchor
 
 HIDDEN = 1024
 # The rate one seed GPU consumed: 36K tokens/s of 5 context layers x 5120 (Qwen3.6-27B).
@@ -357,7 +358,7 @@ def loader_epoch_seconds(store, shards: list[str], cache_dir=None) -> list[float
         cache_dir=None if cache_dir is None else str(cache_dir),
     )
     epochs = EPOCHS_AFTER_FILL + 1
-    spec = LoaderSpec([1], block_size=16, seed=1, epochs=epochs, shards=shards)
+    spec = LoaderSpec([1], partial(has_anchor, 16), seed=1, epochs=epochs, shards=shards)
     loader = ShardLoader(store, config, spec, log=lambda line: None)
     ends = {}
     for sample in loader:

@@ -49,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -191,14 +192,14 @@ def raw_decode(store, threads: int) -> tuple[int, float]:
 def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
     from train.data.config import DataConfig
     from train.data.loader import LoaderSpec, ShardLoader
-    from train.families.dflash.anchors import sample_anchors
+    from train.families.dflash.anchors import has_anchor, sample_anchors
     from train.families.dflash.config import LossConfig
     from train.families.dflash.targets import block_targets
 
     data = DataConfig(
         max_length=3072, heldout_fraction=0.0, buffer_shards=2, loader_threads=threads, prefetch_samples=4
     )
-    loader = ShardLoader(store, data, LoaderSpec(LAYERS, BLOCK, seed=0, epochs=1))
+    loader = ShardLoader(store, data, LoaderSpec(LAYERS, partial(has_anchor, BLOCK), seed=0, epochs=1))
     generator = torch.Generator().manual_seed(0)
     nbytes = tokens = 0
     with Timer() as t:

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors import safe_open
 from torch import nn
 
@@ -131,3 +132,23 @@ def load_target_head(
         embed = embed.to(dtype)
         head = head.to(dtype) if head is not None else None
     return TargetHead(embed, head).to(device)
+
+
+def head_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chunk_rows: int = 2048):
+    """Top-k logits (as the lm_head computes them, held in fp32) and ids of drafter
+    outputs `hidden` [..., H], and each row's logsumexp over the full vocabulary
+    (log-probs are logits - logsumexp), a chunk of rows at a time so the full logits
+    never exist at once. Returns ([..., k] float32, [..., k] int64, [..., 1] float32)."""
+    shape = hidden.shape[:-1]
+    rows = hidden.reshape(-1, hidden.shape[-1])
+    k = min(k, lm_head_weight.shape[0])
+    values = torch.empty(rows.shape[0], k, dtype=torch.float32, device=rows.device)
+    ids = torch.empty(rows.shape[0], k, dtype=torch.long, device=rows.device)
+    normalizer = torch.empty(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
+    for start in range(0, rows.shape[0], chunk_rows):
+        logits = F.linear(rows[start : start + chunk_rows].to(lm_head_weight.dtype), lm_head_weight).float()
+        top = logits.topk(k, dim=-1)
+        values[start : start + chunk_rows] = top.values
+        ids[start : start + chunk_rows] = top.indices
+        normalizer[start : start + chunk_rows] = torch.logsumexp(logits, dim=-1, keepdim=True)
+    return values.view(*shape, k), ids.view(*shape, k), normalizer.view(*shape, 1)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from functools import partial
 from pathlib import Path
 
 import builders
@@ -16,6 +17,7 @@ from paths import REPO
 
 from store_schema import CorruptShardError, Store
 from store_schema.__main__ import main as cli
+from train.families.dflash.anchors import has_anchor
 
 pytestmark = pytest.mark.slow  # fault injection
 
@@ -129,7 +131,10 @@ def _loader(store, log=print, **kwargs):
     from train.data.loader import LoaderSpec, ShardLoader
 
     return ShardLoader(
-        store, DataConfig(heldout_fraction=0.0, **kwargs), LoaderSpec([1, 3], 8, seed=0, epochs=1), log=log
+        store,
+        DataConfig(heldout_fraction=0.0, **kwargs),
+        LoaderSpec([1, 3], partial(has_anchor, 8), seed=0, epochs=1),
+        log=log,
     )
 
 

@@ -6,6 +6,7 @@ mixes dtypes."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import builders
 import numpy as np
@@ -28,6 +29,7 @@ from store_schema import (
 from store_schema.__main__ import main as store_cli
 from store_schema.codecs.fp8 import E4M3_MAX, LARGEST_STORABLE, QuantizedStates, dequantize, quantize
 from store_schema.tools.verify import verify_store
+from train.families.dflash.anchors import has_anchor
 
 BF16_MAX = float(torch.finfo(torch.bfloat16).max)
 BF16_TINY = float(torch.finfo(torch.bfloat16).smallest_normal)
@@ -203,7 +205,9 @@ def test_loader_trainer_and_eval_on_an_fp8_store(twin_stores, qwen3_dir, tmp_pat
 
     _, fp8_path = twin_stores
     store = Store(fp8_path)
-    loader = ShardLoader(store, DataConfig(heldout_fraction=0.0), LoaderSpec([1, 3], 8, seed=0, epochs=1))
+    loader = ShardLoader(
+        store, DataConfig(heldout_fraction=0.0), LoaderSpec([1, 3], partial(has_anchor, 8), seed=0, epochs=1)
+    )
     sample = next(iter(loader))
     loader.close()
     assert [f.dtype for f in sample.features] == [torch.float8_e4m3fn] * 2 and len(sample.scales) == 2

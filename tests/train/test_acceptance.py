@@ -13,8 +13,12 @@ from typing import Sequence
 import pytest
 import torch
 
-from train.acceptance.evaluate import DraftedBlocks, per_position_rows, rollout_anchors
-from train.acceptance.measures import (
+from train.acceptance.evaluate import per_position_rows, rollout_anchors
+from train.families.dflash.anchors import anchor_candidates
+from train.families.dflash.config import LossConfig
+from train.families.dflash.targets import block_targets
+from train.families.family import DraftedBlocks
+from train.measures import (
     accuracy_counts,
     chain_acceptance,
     chain_accepted,
@@ -23,8 +27,6 @@ from train.acceptance.measures import (
     scored_blocks,
     topk_hits,
 )
-from train.families.dflash.config import LossConfig
-from train.families.dflash.targets import block_targets
 
 V = 10
 B = 5  # anchor + 4 drafted slots
@@ -37,7 +39,7 @@ def build_ddtree(slot_logprobs: torch.Tensor, slot_ids: torch.Tensor, budget: in
     over the full vocabulary, sorted descending) and token ids per drafted slot.
     Returns [(parent, depth, token)] for nodes 1..n, where parent 0 is the root
     (the anchor) and node i is the i-th entry (1-based). n = min(budget, nodes
-    that exist). The plain tree, as train/acceptance/measures.py's docstring defines it:
+    that exist). The plain tree, as train/measures.py's docstring defines it:
     the oracle `ddtree_acceptance` (the fast path) is checked against."""
     nodes: list[tuple[int, int, int]] = []
     depth_limit, k = slot_logprobs.shape
@@ -249,7 +251,7 @@ def test_rollout_of_a_drafter_that_fails_every_third_block():
     rounds = blocks.chain_rounds()
     assert rounds == [5, 5, 1] * 3
     assert mean(rounds) == pytest.approx(11 / 3)
-    rows = per_position_rows(blocks, mask, B, stride=1)
+    rows = per_position_rows(blocks, anchor_candidates(mask, B), stride=1)
     assert blocks.positions[rows].tolist() == list(range(1, 31))
     assert mean((blocks.accepted[rows] + 1).tolist()) == pytest.approx(4.3)
     # DDTree with 2 nodes (here the top-1 chain of depth 2): rounds of 3 until a
@@ -272,7 +274,7 @@ def test_rollout_of_a_drafter_perfect_but_for_one_hard_stretch():
     rounds = blocks.chain_rounds()
     assert rounds == [5] * 4 + [1] * 9 + [5] * 4
     assert mean(rounds) == pytest.approx(49 / 17)
-    rows = per_position_rows(blocks, mask, B, stride=1)
+    rows = per_position_rows(blocks, anchor_candidates(mask, B), stride=1)
     assert len(rows) == 46 and mean((blocks.accepted[rows] + 1).tolist()) == pytest.approx(4.0)
 
 

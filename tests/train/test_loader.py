@@ -4,6 +4,7 @@ resume from any position, cropping, only the needed layers, corrupt shards."""
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 import builders
 import numpy as np
@@ -14,6 +15,7 @@ from store_schema import CorruptShardError, Store
 from train.data.config import DataConfig
 from train.data.heldout import is_heldout
 from train.data.loader import LoaderSpec, ShardLoader
+from train.families.dflash.anchors import has_anchor
 
 HELDOUT = 0.25
 
@@ -33,7 +35,7 @@ def make_loader(store, layers=(1, 3), seed=3, epochs=2, position=None, log=print
     return ShardLoader(
         store,
         config,
-        LoaderSpec(list(layers), 8, seed=seed, epochs=epochs, lane=lane, lanes=lanes),
+        LoaderSpec(list(layers), partial(has_anchor, 8), seed=seed, epochs=epochs, lane=lane, lanes=lanes),
         position=position,
         log=log,
     )
@@ -124,7 +126,9 @@ def test_sample_without_anchor_is_not_delivered(tmp_path):
     _, shards = builders.random_store(tmp_path / "s", num_shards=1, samples_per_shard=4, num_target_layers=6)
     store = Store(tmp_path / "s")
     # block 200 > every sample's length (< 160): no valid anchor anywhere
-    loader = ShardLoader(store, DataConfig(heldout_fraction=0.0), LoaderSpec([1], block_size=200, seed=0, epochs=1))
+    loader = ShardLoader(
+        store, DataConfig(heldout_fraction=0.0), LoaderSpec([1], partial(has_anchor, 200), seed=0, epochs=1)
+    )
     assert list(loader) == [] and loader.skipped_empty == 4
 
 
@@ -219,8 +223,8 @@ def test_samples_reach_the_gpu_ahead_through_pinned_async_copies(store):
     the CPU loader delivers, and waiting on the copy is the consumer's stream's."""
     store, _ = store
     config = DataConfig(max_length=512, heldout_fraction=HELDOUT, buffer_shards=2, prefetch_samples=3)
-    on_gpu = ShardLoader(store, config, LoaderSpec([1, 3], 8, seed=3, epochs=1, device="cuda"))
-    on_cpu = ShardLoader(store, config, LoaderSpec([1, 3], 8, seed=3, epochs=1))
+    on_gpu = ShardLoader(store, config, LoaderSpec([1, 3], partial(has_anchor, 8), seed=3, epochs=1, device="cuda"))
+    on_cpu = ShardLoader(store, config, LoaderSpec([1, 3], partial(has_anchor, 8), seed=3, epochs=1))
     for gpu, cpu in zip(on_gpu, on_cpu, strict=True):
         assert gpu.sample_id == cpu.sample_id and gpu.ready is not None
         assert all(f.is_cuda for f in gpu.features)

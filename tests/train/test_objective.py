@@ -17,8 +17,9 @@ from train.families.dflash.config import LossConfig, ModelConfig
 from train.families.dflash.loss import block_metrics, dflash_loss, dpace_weights
 from train.families.dflash.model import DFlashDrafter, DrafterConfig
 from train.families.dflash.selector_loss import selector_loss, selector_weight_at
-from train.families.dflash.step import StepSample, dflash_step
+from train.families.dflash.step import dflash_step
 from train.families.dflash.targets import block_targets
+from train.families.family import StepResult, StepSample
 from train.target_head import TargetHead
 
 
@@ -396,11 +397,11 @@ def test_dflash_step_trains_the_dflash2_selector_and_logs_its_metrics():
         assert drafter.candidate_selector.successor_codebook.grad.abs().sum() > 0  # the selector learns
     full, ramped = losses[0], losses[4]
     assert full[0] - ramped[0] == pytest.approx((2.0 - 2.0 / 4) * full[2], rel=1e-5)  # weight 2 vs 2 x 1/4
-    sums = MetricSums(config.block_size)
-    sums.add(output.loss.item(), output.metrics, targets, 40)
+    sums = MetricSums(config.block_size - 1)
+    sums.add(StepResult(output.loss, targets.weight_sum, output.metrics, targets.valid[:, 1:].sum(0)), 40)
     means = sums.means("heldout_")
     assert means["heldout_recall_at_k"] == pytest.approx(output.metrics["recall_at_k"].item())
     assert means["heldout_selector_acc"] == pytest.approx(output.metrics["selector_acc"].item())
-    assert "recall_at_k" not in MetricSums(config.block_size).means()  # DFlash logs neither
-    merged = MetricSums.from_vector(config.block_size, sums.as_vector())  # summed over ranks in one all_reduce
+    assert "recall_at_k" not in MetricSums(config.block_size - 1).means()  # DFlash logs neither
+    merged = MetricSums.from_vector(config.block_size - 1, sums.as_vector())  # summed over ranks in one all_reduce
     assert merged.means()["selector_acc"] == pytest.approx(sums.means()["selector_acc"])

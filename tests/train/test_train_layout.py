@@ -45,12 +45,14 @@ def is_section(module: str) -> bool:
 def unit(module: str) -> str:
     """A folder of train/ (`train.fitting`), a drafter family's folder
     (`train.families.dflash`, its section included: the family reads its own section),
-    or a top-level file (`train.config`) on its own. Any other section
+    or a top-level file (`train.config`) on its own, as is each file beside the
+    families (the interface `train.families.family` below them, the registry
+    `train.families.kinds` above). Any other section
     (`train.fitting.config`) is its own too: `train/config.py` gathers the sections from
     below, and folders that read the composed config (`train.fitting`) sit above it;
     `test_a_section_is_a_leaf` keeps a section from leading back up."""
     parts = module.split(".")
-    if len(parts) > 3 and parts[1] == "families":
+    if len(parts) > 2 and parts[1] == "families":
         return ".".join(parts[:3])
     if is_section(module):
         return module

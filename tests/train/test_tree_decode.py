@@ -21,11 +21,11 @@ import torch
 from random_drafters import dflash_drafter
 from reference_oracle import load_model
 
-from train.acceptance.measures import best_first_tree, ddtree_acceptance
 from train.acceptance.speculate import greedy_generate, speculative_generate
 from train.acceptance.target_decode import TargetSession
 from train.acceptance.tree_decode import grow_tree, verification_method
 from train.export.drafter_dir import export_drafter
+from train.measures import best_first_tree, ddtree_acceptance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 NEW_TOKENS = 24

@@ -15,7 +15,7 @@ target's frozen lm_head and compared with the reference continuation:
   greedy continuation from the anchor whenever the earlier slots agree with the
   stored tokens.
 
-From those blocks (definitions in `train/acceptance/measures.py`):
+From those blocks (definitions in `train/measures.py`):
 
 - `tau`: decode-time. Each response is decoded the way a server would, round by
   round (`acceptance.rollout`): start at its first position, draft along the path
@@ -45,18 +45,16 @@ import dataclasses
 from typing import Iterable, Sequence
 
 import torch
-import torch.nn.functional as F
 
 from store_schema import Store
 from store_schema.stores import open_store
 from store_schema.tools.local_copy import local_copy_holding
 from train.acceptance.config import EvalConfig
-from train.acceptance.measures import accuracy_counts, chain_accepted, ddtree_acceptance, rollout, topk_hits
 from train.acceptance.stands_for import tau_stands_for
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations
-from train.families.dflash.anchors import anchor_candidates
-from train.families.dflash.config import LossConfig
-from train.families.dflash.targets import block_targets
+from train.families.family import DraftedBlocks
+from train.families.kinds import family_of
+from train.measures import accuracy_counts, topk_hits
 
 
 def rollout_anchors(loss_mask: torch.Tensor, limit: int | None = None) -> torch.Tensor:
@@ -67,114 +65,12 @@ def rollout_anchors(loss_mask: torch.Tensor, limit: int | None = None) -> torch.
     return anchors if limit is None else anchors[:limit]
 
 
-def slot_topk(hidden: torch.Tensor, lm_head_weight: torch.Tensor, k: int, chunk_rows: int = 2048):
-    """Top-k logits (as the lm_head computes them, held in fp32) and ids of drafter
-    outputs `hidden` [..., H], and each row's logsumexp over the full vocabulary
-    (log-probs are logits - logsumexp), a chunk of rows at a time so the full logits
-    never exist at once. Returns ([..., k] float32, [..., k] int64, [..., 1] float32)."""
-    shape = hidden.shape[:-1]
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    k = min(k, lm_head_weight.shape[0])
-    values = torch.empty(rows.shape[0], k, dtype=torch.float32, device=rows.device)
-    ids = torch.empty(rows.shape[0], k, dtype=torch.long, device=rows.device)
-    normalizer = torch.empty(rows.shape[0], 1, dtype=torch.float32, device=rows.device)
-    for start in range(0, rows.shape[0], chunk_rows):
-        logits = F.linear(rows[start : start + chunk_rows].to(lm_head_weight.dtype), lm_head_weight).float()
-        top = logits.topk(k, dim=-1)
-        values[start : start + chunk_rows] = top.values
-        ids[start : start + chunk_rows] = top.indices
-        normalizer[start : start + chunk_rows] = torch.logsumexp(logits, dim=-1, keepdim=True)
-    return values.view(*shape, k), ids.view(*shape, k), normalizer.view(*shape, 1)
-
-
-@dataclasses.dataclass
-class DraftedBlocks:
-    """One sample's blocks at `positions` [N] (sorted), on the CPU: the reference
-    and validity of slots 1..B-1 [N, D], the drafter's top-K there [N, D, K], and
-    the chain acceptance of each block [N] along the path the drafter decodes
-    (`accepted`: the selector's walk for DFlash 2) and along the unary argmax chain
-    (`unary_accepted`: each slot's top-1; equal to `accepted` for DFlash)."""
-
-    positions: torch.Tensor
-    reference: torch.Tensor
-    valid: torch.Tensor
-    logprobs: torch.Tensor
-    ids: torch.Tensor
-    accepted: torch.Tensor
-    unary_accepted: torch.Tensor
-
-    def chain_rounds(self, unary: bool = False) -> list[int]:
-        """Rollout round lengths along the path the drafter decodes (what `speculate`
-        drafts), or (`unary`) along the unary argmax chain."""
-        values = self.unary_accepted if unary else self.accepted
-        accepted = dict(zip(self.positions.tolist(), values.tolist()))
-        return rollout(list(accepted), accepted.__getitem__)
-
-    def ddtree_rounds(self, budgets: Sequence[int]) -> dict[int, list[int]]:
-        """{budget: round lengths} of DDTree rollouts; a block's tree is grown once
-        (for every budget) the first time a walk visits it."""
-        row_of = {p: i for i, p in enumerate(self.positions.tolist())}
-        grown: dict[int, dict[int, int]] = {}
-
-        def accepted_at(budget: int):
-            def at(position: int) -> int:
-                if position not in grown:
-                    i = slice(row_of[position], row_of[position] + 1)
-                    trees = ddtree_acceptance(self.logprobs[i], self.ids[i], self.reference[i], self.valid[i], budgets)
-                    grown[position] = {b: int(trees[b][0]) - 1 for b in budgets}
-                return grown[position][budget]
-
-            return at
-
-        anchors = list(row_of)
-        return {b: rollout(anchors, accepted_at(b)) for b in budgets}
-
-
-def draft_blocks(drafter, head, sample, config: EvalConfig, k: int, attention: str = "auto") -> DraftedBlocks | None:
-    """Draft and score the blocks of one sample at its `rollout_anchors` (the first
-    `config.max_blocks_per_sample`); None when it has none."""
-    block_size = drafter.config.block_size
-    device = drafter.fc.weight.device
-    positions = rollout_anchors(sample.loss_mask, config.max_blocks_per_sample)
-    if positions.numel() == 0:
-        return None
-    input_ids = sample.input_ids.long().to(device)
-    if config.labels == "target" and sample.topk_ids is None:
-        raise ValueError(f"sample {sample.sample_id}: labels='target' needs stored top-k ids")
-    # Weights are unused here; decay at gamma=1 only satisfies block_targets for any B.
-    scoring = LossConfig(labels=config.labels, position_weights="decay", gamma=1.0)
-    targets = block_targets(
-        input_ids, sample.loss_mask.to(device), positions.to(device), block_size, scoring, sample.topk_ids
-    )
-    reference, valid = targets.labels[:, 1:], targets.valid[:, 1:]
-    features = _context_features(sample, drafter.config, device)
-    logprobs, ids, paths = [], [], []
-    for start in range(0, positions.numel(), config.batch_blocks):
-        batch = positions[start : start + config.batch_blocks].to(device)
-        hidden = drafter(features, input_ids, batch, head.embed_tokens, attention=attention)
-        top_logits, top_ids, normalizer = slot_topk(hidden[:, 1:], head.lm_head.weight, max(k, drafter.path_top_k))
-        paths.append(drafter.drafted_path(hidden[:, 1:], top_logits, top_ids, input_ids[batch]).cpu())
-        logprobs.append((top_logits[..., :k] - normalizer).cpu())
-        ids.append(top_ids[..., :k].cpu())
-    ids = torch.cat(ids)
-    reference, valid = reference.cpu(), valid.cpu()
-    return DraftedBlocks(
-        positions,
-        reference,
-        valid,
-        torch.cat(logprobs),
-        ids,
-        accepted=chain_accepted(torch.cat(paths), reference, valid),
-        unary_accepted=chain_accepted(ids[..., 0], reference, valid),
-    )
-
-
-def per_position_rows(blocks: DraftedBlocks, loss_mask: torch.Tensor, block_size: int, stride: int) -> torch.Tensor:
-    """Rows of `blocks` the per-position estimate averages over: every
-    `stride`-th training-anchor position (`anchor_candidates`) of the drafted
-    stretch whose slot 1 is part of the response."""
-    candidates = anchor_candidates(loss_mask, block_size)
-    candidates = candidates[candidates <= blocks.positions[-1]][::stride].contiguous()
+def per_position_rows(blocks: DraftedBlocks, trainable: torch.Tensor, stride: int) -> torch.Tensor:
+    """Rows of `blocks` the per-position estimate averages over: every `stride`-th
+    position a training step may draft from (`trainable`: the family's
+    `trainable_positions`, DFlash's anchors) of the drafted stretch whose slot 1 is
+    part of the response."""
+    candidates = trainable[trainable <= blocks.positions[-1]][::stride].contiguous()
     rows = torch.searchsorted(blocks.positions, candidates)
     return rows[blocks.positions[rows.clamp(max=len(blocks.positions) - 1)] == candidates]
 
@@ -182,8 +78,8 @@ def per_position_rows(blocks: DraftedBlocks, loss_mask: torch.Tensor, block_size
 class _Accumulator:
     """Per-sample rollouts and pooled per-position counts, turned into the result."""
 
-    def __init__(self, block_size: int, budgets: Sequence[int]):
-        self.block_size = block_size
+    def __init__(self, positions: int, budgets: Sequence[int]):
+        self.block_size = positions + 1  # the most tokens a round commits
         self.budgets = list(budgets)
         self.per_sample: list[dict] = []
         self.ddtree_means: dict[int, list[float]] = {b: [] for b in self.budgets}
@@ -192,8 +88,8 @@ class _Accumulator:
         self.blocks = 0
         self.valid = 0
         self.top = {1: 0, 4: 0, 8: 0}
-        self.pos_hits = torch.zeros(block_size - 1, dtype=torch.long)
-        self.pos_valid = torch.zeros(block_size - 1, dtype=torch.long)
+        self.pos_hits = torch.zeros(positions, dtype=torch.long)
+        self.pos_valid = torch.zeros(positions, dtype=torch.long)
 
     def add_sample(self, sample_id: str, blocks: DraftedBlocks, rows: torch.Tensor) -> None:
         rounds = blocks.chain_rounds()
@@ -268,6 +164,17 @@ def _context_features(sample, config, device) -> torch.Tensor:
     return torch.cat([sample.hidden[layer] for layer in config.context_layer_ids], dim=-1).to(device)
 
 
+def score_sample(acc: _Accumulator, family, drafter, head, sample, config: EvalConfig, k: int, attention: str):
+    """Draft one sample's blocks at its round starts and add them to `acc`."""
+    positions = rollout_anchors(sample.loss_mask, config.max_blocks_per_sample)
+    if positions.numel() == 0:
+        return
+    features = _context_features(sample, drafter.config, next(drafter.parameters()).device)
+    blocks = family.draft_blocks(drafter, head, sample, features, positions, config, k, attention)
+    trainable = family.trainable_positions(sample.loss_mask.cpu(), drafter.config)
+    acc.add_sample(sample.sample_id, blocks, per_position_rows(blocks, trainable, config.anchor_stride))
+
+
 @torch.no_grad()
 def evaluate_samples(
     drafter, head, samples: Iterable, config: EvalConfig, attention: str = "auto", progress=None
@@ -276,8 +183,8 @@ def evaluate_samples(
     `hidden` holding the drafter's context layers, or train.data.loader `TrainSample`s
     (e.g. `ShardLoader.heldout_samples(limit)`).
 
-    drafter: train.families.dflash.model.DFlashDrafter (put in eval mode for the call, then
-    restored); head: train.target_head.TargetHead. Runs on the drafter's device.
+    drafter: of any family (`train.families.kinds`; put in eval mode for the call,
+    then restored); head: train.target_head.TargetHead. Runs on the drafter's device.
     config: ddtree_budgets, labels, anchor_stride, max_blocks_per_sample,
     batch_blocks (`samples` is the caller's business). attention: the run's
     `model.attention`. progress: a `store_schema.runtime.progress.Progress`
@@ -305,17 +212,14 @@ def evaluate_samples(
       block_size, labels, anchor_stride, max_blocks_per_sample (`evaluate` adds split, heldout_fraction)."""
     config.validate()
     budgets = sorted({int(b) for b in config.ddtree_budgets})
-    block_size = drafter.config.block_size
+    family = family_of(drafter)
     k = max([8, *budgets])
-    acc = _Accumulator(block_size, budgets)
+    acc = _Accumulator(family.drafted_positions(drafter.config), budgets)
     was_training = drafter.training
     drafter.eval()
     try:
         for sample in samples:
-            blocks = draft_blocks(drafter, head, sample, config, k, attention)
-            if blocks is not None:
-                rows = per_position_rows(blocks, sample.loss_mask.cpu(), block_size, config.anchor_stride)
-                acc.add_sample(sample.sample_id, blocks, rows)
+            score_sample(acc, family, drafter, head, sample, config, k, attention)
             if progress is not None:
                 progress.update(1)
     finally:
@@ -324,7 +228,7 @@ def evaluate_samples(
             progress.close()
     return dict(
         acc.result(),
-        path=drafter.kind.decode_path,
+        path=family.decode_path(drafter.config),
         labels=config.labels,
         anchor_stride=config.anchor_stride,
         max_blocks_per_sample=config.max_blocks_per_sample,

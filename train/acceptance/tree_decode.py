@@ -1,7 +1,7 @@
 """Speculative decoding along a DDTree tree (`speculate --tree BUDGET`), greedy.
 
 A round drafts the block as usual, then grows DDTree's best-first tree from the
-drafted slots' log-probabilities (`train.acceptance.measures.best_first_tree`, the rule
+drafted slots' log-probabilities (`train.measures.best_first_tree`, the rule
 `eval`'s `ddtree` figure reads, over the same per-slot lists: log_softmax of the
 drafter's logits through the target's head; for DFlash 2 its unary lists, not the
 selector's walk). The target's greedy output is then followed down the tree from the
@@ -29,7 +29,7 @@ from itertools import islice
 
 import torch
 
-from train.acceptance.measures import best_first_tree
+from train.measures import best_first_tree
 
 
 @dataclass

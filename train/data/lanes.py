@@ -179,10 +179,9 @@ def resumed_deal(record: dict, configured: int | None, store: Store, where) -> t
     return lanes, record["shards"]
 
 
-def pad_sample(config) -> TrainSample:
-    """Zero-weight work for a slot whose lane ran dry: a two-block sequence of
-    zeros for a drafter of `config` (DrafterConfig), the shape of work, no data."""
-    length = 2 * config.block_size
+def pad_sample(config, length: int) -> TrainSample:
+    """Zero-weight work for a slot whose lane ran dry: a sequence of zeros of `length`
+    (its family's `pad_length`) for a drafter of `config`, the shape of work, no data."""
     features = [torch.zeros(length, config.hidden_size, dtype=torch.bfloat16) for _ in config.context_layer_ids]
     return TrainSample(
         "<pad>", "", torch.zeros(length, dtype=torch.long), torch.ones(length, dtype=torch.uint8), features

@@ -77,7 +77,6 @@ from train.data.config import DataConfig
 from train.data.device_copy import DeviceCopier
 from train.data.heldout import heldout_locations, is_heldout, read_located
 from train.data.order import LoaderPosition, SampleOrder, train_samples_by_shard
-from train.families.dflash.anchors import anchor_candidates
 
 __all__ = ["CorruptShards", "LoaderPosition", "LoaderSpec", "ShardLoader", "TrainSample", "check_lanes"]
 
@@ -152,7 +151,7 @@ class LoaderSpec:
     run's `data` section that the drafter, the `train` section and the world decide."""
 
     layers: list[int]  # the context layer ids to read (the drafter's, in fc order)
-    block_size: int  # the drafter's: which crops can hold an anchor
+    trainable: Callable[[torch.Tensor], bool]  # the drafter family's: whether a crop's loss mask has anything to train
     seed: int  # the run's (`train.seed`): the order
     epochs: int  # when to stop
     lane: int = 0  # the sample stream this loader serves (module docstring)
@@ -263,7 +262,7 @@ class ShardLoader:
         start, stop = int(data.offsets[index]), int(data.offsets[index + 1])
         stop = min(stop, start + self.config.max_length)
         loss_mask = data.loss_mask[start:stop]
-        if anchor_candidates(loss_mask, self.spec.block_size).numel() == 0:
+        if not self.spec.trainable(loss_mask):
             return None
         return TrainSample(
             sample_id=data.sample_ids[index],
@@ -427,7 +426,7 @@ class ShardLoader:
             if location.shard in self.skipped_shards or location.shard in self.corrupt.known:
                 continue
             sample = read_located(self.store, location, self.layers, self.config.max_length)
-            if anchor_candidates(sample.loss_mask, self.spec.block_size).numel() == 0:
+            if not self.spec.trainable(sample.loss_mask):
                 continue
             count += 1
             yield TrainSample(

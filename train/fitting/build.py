@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from store_schema import Store
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
@@ -26,8 +27,7 @@ from train.data.lanes import LaneFeed, check_world, lane_positions, resumed_deal
 from train.data.lanes import total_steps as lane_steps
 from train.data.loader import CorruptShards, LoaderSpec, ShardLoader, check_lanes
 from train.dtypes import torch_dtype
-from train.families.dflash.build import build_drafter
-from train.families.dflash.model import DFlashDrafter
+from train.families.kinds import family_of
 from train.fitting.checkpoint import Checkpointer, read_state
 from train.fitting.distributed import device_for, init_process_group
 from train.fitting.drafter_plan import plan_drafter
@@ -44,7 +44,7 @@ class RunParts:
     """What `Trainer` is made of."""
 
     config: RunConfig  # resolved: the saved config.yaml
-    drafter: DFlashDrafter
+    drafter: nn.Module  # of the family `model.architecture` names
     head: TargetHead
     optimizer: Optimizer
     feed: LaneFeed
@@ -133,16 +133,16 @@ def checked_run(
     return Checked(found.store, found.target, plan.config, {**plan.run_info, **found.run_info}, damaged, plan.source)
 
 
-def checkpoint_bytes(drafter: DFlashDrafter) -> int:
+def checkpoint_bytes(drafter: nn.Module) -> int:
     """About one checkpoint: fp32 weights and AdamW's two fp32 moments of each."""
     return sum(p.numel() for p in drafter.parameters()) * 4 * 3
 
 
-def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: torch.device) -> DFlashDrafter:
+def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: torch.device) -> nn.Module:
     """The drafter, seeded by `train.seed`; a new fine-tuning run starts from
     `model.init_from`'s weights. fp32 master weights on `device`."""
     torch.manual_seed(config.train.seed)
-    drafter = build_drafter(checked.drafter_config)
+    drafter = family_of(checked.drafter_config).build(checked.drafter_config)
     if fine_tune and checked.source is not None:
         load_start_weights(drafter, checked.source)
     drafter = drafter.to(device)
@@ -168,7 +168,7 @@ def new_feed(
     drafter = checked.drafter_config
     spec = LoaderSpec(
         drafter.context_layer_ids,
-        drafter.block_size,
+        family_of(drafter).sample_filter(drafter),
         seed=config.train.seed,
         epochs=config.train.epochs,
         lanes=lanes,

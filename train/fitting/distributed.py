@@ -97,7 +97,7 @@ def reduce_step(world: World, sums: MetricSums, epoch: int, device: torch.device
     dist.all_reduce(vector)
     furthest = torch.tensor([epoch], dtype=torch.int64, device=where)
     dist.all_reduce(furthest, op=dist.ReduceOp.MAX)
-    return MetricSums.from_vector(sums.block_size, vector.cpu()), int(furthest.item())
+    return MetricSums.from_vector(sums.positions, vector.cpu()), int(furthest.item())
 
 
 def any_rank(world: World, flags: list[bool], device: torch.device) -> list[bool]:

@@ -1,8 +1,9 @@
 """Training metrics summed over sequences and turned into the log's means.
 
 `tau_per_position` here is chain acceptance over the step's randomly drawn
-training anchors, pooled over blocks: a per-position estimate, not the
-decode-time `tau` (`train.acceptance.evaluate`), which only a rollout gives."""
+training positions (DFlash: anchors), pooled over drafted chains: a per-position
+estimate, not the decode-time `tau` (`train.acceptance.evaluate`), which only a
+rollout gives. What one sequence adds is its family's `StepResult`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from train.families.family import StepResult
 
 _SCALARS = (
     "sequences",
@@ -32,7 +35,7 @@ _SCALARS = (
 class MetricSums:
     """Sums over sequences, turned into means when a line is logged."""
 
-    block_size: int
+    positions: int  # drafted positions a chain scores (the family's `drafted_positions`)
     sequences: int = 0
     tokens: int = 0
     loss: float = 0.0  # each sequence's loss times its label weight
@@ -50,17 +53,18 @@ class MetricSums:
     slot_valid: torch.Tensor = field(default=None)
 
     def __post_init__(self):
-        self.slot_hits = torch.zeros(self.block_size - 1, dtype=torch.float64)
-        self.slot_valid = torch.zeros(self.block_size - 1, dtype=torch.float64)
+        self.slot_hits = torch.zeros(self.positions, dtype=torch.float64)
+        self.slot_valid = torch.zeros(self.positions, dtype=torch.float64)
 
-    def add(self, loss: float, metrics: dict, targets, num_tokens: int) -> None:
-        """One sequence's `dflash_step` result: its loss, `LossOutput.metrics`, its
-        `BlockTargets` and token count. The loss counts by the sequence's label
-        weight, so the mean is over all weighted labels, as the step's loss is."""
-        weight = float(targets.weight_sum)
+    def add(self, result: StepResult, num_tokens: int) -> None:
+        """One sequence's training step and its token count. The loss counts by the
+        sequence's label weight, so the mean is over all weighted labels, as the
+        step's loss is."""
+        loss, metrics = float(result.loss.detach()), result.metrics
+        weight = float(result.weight)
         valid = float(metrics["num_valid"])
         blocks = float(metrics["num_blocks"])
-        per_slot_valid = targets.valid[:, 1:].sum(0).double().cpu()
+        per_slot_valid = result.position_valid.double().cpu()
         per_position = metrics["per_position_acc"].double().cpu().nan_to_num(0.0)
         self.sequences += 1
         self.tokens += num_tokens
@@ -93,9 +97,9 @@ class MetricSums:
         return torch.cat([scalars, self.slot_hits, self.slot_valid])
 
     @classmethod
-    def from_vector(cls, block_size: int, vector: torch.Tensor) -> "MetricSums":
-        sums = cls(block_size)
-        n, slots = len(_SCALARS), block_size - 1
+    def from_vector(cls, positions: int, vector: torch.Tensor) -> "MetricSums":
+        sums = cls(positions)
+        n, slots = len(_SCALARS), positions
         for name, value in zip(_SCALARS, vector[:n].tolist()):
             setattr(sums, name, int(round(value)) if name in ("sequences", "tokens") else value)
         sums.slot_hits = vector[n : n + slots].clone()
@@ -130,9 +134,9 @@ class LogInterval:
     """The steps since the last logged line: their metric sums, time and loader wait,
     turned into one line's training figures."""
 
-    def __init__(self, block_size: int, wait_seconds):
-        self.block_size, self.wait_seconds = block_size, wait_seconds  # wait_seconds(): the loaders' total so far
-        self.sums = MetricSums(block_size)
+    def __init__(self, positions: int, wait_seconds):
+        self.positions, self.wait_seconds = positions, wait_seconds  # wait_seconds(): the loaders' total so far
+        self.sums = MetricSums(positions)
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -143,7 +147,7 @@ class LogInterval:
         """The line's means and rates; the next interval starts from here."""
         elapsed = max(time.perf_counter() - self.began, 1e-9)
         sums, waited = self.sums, self.wait_seconds() - self.waited
-        self.sums = MetricSums(self.block_size)
+        self.sums = MetricSums(self.positions)
         return {
             **sums.means(),
             "tokens_per_s": sums.tokens / elapsed,

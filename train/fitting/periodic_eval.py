@@ -34,14 +34,13 @@ class HeldoutEval:
         self.config = config
 
     def __call__(self, trainer, step: int) -> dict:
-        sums = MetricSums(trainer.drafter.config.block_size)
+        sums = MetricSums(trainer.family.drafted_positions(trainer.drafter.config))
         generator = torch.Generator().manual_seed(trainer.config.train.seed + HELDOUT_SEED_OFFSET)
         was_training = trainer.drafter.training
         trainer.drafter.eval()
         with torch.no_grad():
             for sample in trainer.loader.heldout_samples(self.config.samples):
-                output, _, targets = trainer.run_sequence(sample, generator, noise=0.0)
-                sums.add(float(output.loss), output.metrics, targets, sample.num_tokens)
+                sums.add(trainer.run_sequence(sample, generator, noise=0.0), sample.num_tokens)
         trainer.drafter.train(was_training)
         if sums.sequences == 0:
             return {"heldout_samples": 0}

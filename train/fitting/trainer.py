@@ -11,15 +11,16 @@ Order of a run (`Trainer.from_config`: `train.fitting.preflight`, then `train.fi
    of `train.fitting.preflight`: the plan's block size, an incomplete store, the
    integrity pass, an empty held-out split, lanes against shards, and the epochs
    `--max-steps` needs.
-3. Resolve the mask token (`train.families.dflash.mask_token`) and build the drafter from the
-   store's layer ids, or, fine-tuning (`model.init_from`), from a published
-   drafter's shape and weights once they fit (`train.fitting.init_from`); AdamW over
-   fp32 master weights (bf16 autocast on CUDA), linear warmup then cosine
+3. Plan the drafter (`train.fitting.drafter_plan`: DFlash resolves its mask token)
+   and build it through its family (`train.families.kinds`) from the store's layer
+   ids, or, fine-tuning (`model.init_from`), from a published drafter's shape and
+   weights once they fit (`train.fitting.init_from`); AdamW over fp32 master
+   weights (bf16 autocast on CUDA), linear warmup then cosine
    (`train.fitting.optimizer`), the lanes of streaming loaders (`train.data.lanes`).
 4. Every optimizer step: the global batch, `batch_size x grad_accumulation`
-   sequences (8 by default), each its own `dflash_step` (anchors drawn from the
-   loss mask, targets built from clean tokens before any noise, chunked loss
-   through the frozen head); the loss normalised over all weighted labels of the
+   sequences (8 by default), each its own family's `train_step` (DFlash:
+   anchors drawn from the loss mask, targets built from clean tokens before any
+   noise, chunked loss through the frozen head); the loss normalised over all weighted labels of the
    step (`loss.normalize`), gradients clipped, stepped.
 5. Data-parallel (torchrun, or `fit --nproc N`; `train.fitting.distributed`): each
    process trains a DDP replica on its lanes' samples (`train.data.lanes`), the
@@ -56,7 +57,8 @@ from train.data.heldout import heldout_record
 from train.data.lanes import pad_sample
 from train.data.loader import TrainSample
 from train.dtypes import torch_dtype
-from train.families.dflash.step import StepSample, dflash_step
+from train.families.family import StepResult, StepSample
+from train.families.kinds import family_of
 from train.fitting.build import RunParts, build_run
 from train.fitting.checkpoint import Checkpointer, checkpoint_dir
 from train.fitting.distributed import reduce_step, wrap
@@ -77,6 +79,7 @@ class Trainer:
         self.config = config = parts.config
         self.drafter, self.head, self.optimizer, self.feed = parts.drafter, parts.head, parts.optimizer, parts.feed
         self.checkpointer, self.world, self.device, self.log = parts.checkpointer, parts.world, parts.device, parts.log
+        self.family = family_of(self.drafter)
         self.loader = next(iter(self.feed.loaders.values()))
         self.generator = self.feed.generators[self.loader.spec.lane]
         self.total_steps = self.optimizer.total_steps
@@ -132,8 +135,8 @@ class Trainer:
         generator: torch.Generator,
         noise: float | None = None,
         replica: torch.nn.Module | None = None,
-    ):
-        """dflash_step on one loader sample: (LossOutput, anchors, BlockTargets).
+    ) -> StepResult:
+        """The family's training step on one loader sample.
         `noise` overrides `loss.noise` (the held-out pass scores with 0); `replica`
         defaults to the bare drafter (training steps pass the DDP module)."""
         loss = self.config.loss if noise is None else dataclasses.replace(self.config.loss, noise=noise)
@@ -146,14 +149,14 @@ class Trainer:
                 sample.topk_ids,
                 sample.topk_logprobs,
             )
-            return dflash_step(
+            return self.family.train_step(
                 replica if replica is not None else self.drafter,
                 self.head,
                 inputs,
                 loss,
                 self.config.model,
                 generator,
-                step=self.step,
+                self.step,
             )
 
     # -- the loop ------------------------------------------------------------------------------
@@ -164,7 +167,7 @@ class Trainer:
         progress = fit_progress(
             self.total_steps, self.step, self.config.train.progress_interval, default_mode(self.world.is_main)
         )
-        interval = LogInterval(self.drafter.config.block_size, lambda: self.feed.wait_seconds)
+        interval = LogInterval(self.family.drafted_positions(self.drafter.config), lambda: self.feed.wait_seconds)
         last: dict = {}
         self.drafter.train()
         self.committed = self.committed_state()  # positions and RNGs as of the last completed step
@@ -278,7 +281,7 @@ class Trainer:
         `epoch` to the furthest epoch among its samples."""
         self.optimizer.zero_grad()
         per_step = self.config.loss.normalize == "step"
-        sums = MetricSums(self.drafter.config.block_size)
+        sums = MetricSums(self.family.drafted_positions(self.drafter.config))
         generators = generators or [self.generator] * len(samples)
         epoch = self.epoch
         for i, (sample, generator) in enumerate(zip(samples, generators)):
@@ -286,14 +289,15 @@ class Trainer:
             if not real and not self.world.distributed:
                 continue  # no replica waits on this process's all-reduce: nothing to pad
             if not real:
-                sample, generator = pad_sample(self.drafter.config), torch.Generator().manual_seed(0)
+                pad_length = self.family.pad_length(self.drafter.config)
+                sample, generator = pad_sample(self.drafter.config, pad_length), torch.Generator().manual_seed(0)
             sync = not self.world.distributed or i == len(samples) - 1  # DDP all_reduces on the last backward only
             with nullcontext() if sync else self.replica.no_sync():
-                output, _, targets = self.run_sequence(sample, generator, replica=self.replica)
-                scale = float(targets.weight_sum) if per_step else 1.0
-                (output.loss * (scale if real else 0.0)).backward()
+                result = self.run_sequence(sample, generator, replica=self.replica)
+                scale = float(result.weight) if per_step else 1.0
+                (result.loss * (scale if real else 0.0)).backward()
             if real:
-                sums.add(float(output.loss.detach()), output.metrics, targets, sample.num_tokens)
+                sums.add(result, sample.num_tokens)
                 epoch = max(epoch, sample.epoch)
         sums, self.epoch = reduce_step(self.world, sums, epoch, self.device)
         total = sums.weight if per_step else sums.sequences

@@ -37,6 +37,11 @@ def anchor_candidates(loss_mask: torch.Tensor, block_size: int) -> torch.Tensor:
     return allowed.nonzero().flatten()
 
 
+def has_anchor(block_size: int, loss_mask: torch.Tensor) -> bool:
+    """Whether a sequence of this loss mask can start one block (the loader's filter)."""
+    return anchor_candidates(loss_mask, block_size).numel() > 0
+
+
 def sample_anchors(
     loss_mask: torch.Tensor,
     block_size: int,

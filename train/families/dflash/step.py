@@ -14,8 +14,6 @@ flows only into the drafter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from train.families.dflash.anchors import sample_anchors
@@ -23,6 +21,7 @@ from train.families.dflash.config import LossConfig, ModelConfig
 from train.families.dflash.loss import LossOutput, dflash_loss
 from train.families.dflash.selector_loss import selector_weight_at
 from train.families.dflash.targets import BlockTargets, block_targets
+from train.families.family import StepSample
 
 
 def add_context_noise(features: torch.Tensor, scale: float, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -53,18 +52,6 @@ def device_generator(generator: torch.Generator | None, device: torch.device) ->
         return None
     seed = int(torch.randint(0, 2**63 - 1, (), generator=generator, device=generator.device))
     return torch.Generator(device=device).manual_seed(seed)
-
-
-@dataclass(frozen=True)
-class StepSample:
-    """One sequence as the step reads it: tokens, mask and features on the step's
-    device, the top-k anywhere (the trainer makes one of a loader's `TrainSample`)."""
-
-    input_ids: torch.Tensor  # [T]
-    loss_mask: torch.Tensor  # [T]
-    context_features: torch.Tensor  # [T, n_ctx*H], clean, from the store
-    topk_ids: torch.Tensor | None = None  # [T, K]: the store's target top-k (row p predicts token p + 1)
-    topk_logprobs: torch.Tensor | None = None
 
 
 def dflash_step(
