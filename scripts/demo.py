@@ -248,9 +248,11 @@ def serve_stage(paths: dict, prompts: int, max_new_tokens: int) -> dict:
     (how to add one), or failed (serve-check's own error line: vLLM's root cause and its log)."""
     from train.acceptance.serve_check import ServeRefused, find_vllm_python, unserved_here
     from train.export.drafter_dir import read_drafter_config
+    from train.families.kinds import family_of
 
+    config = read_drafter_config(paths["exported_drafter"])
     try:
-        if unserved_here(read_drafter_config(paths["exported_drafter"]).kind) is None:
+        if unserved_here(family_of(config).served(config)) is None:
             find_vllm_python()
     except ServeRefused:
         print(NO_VLLM_LINE)

@@ -366,14 +366,15 @@ def generate_records(count: int = 4) -> list[dict]:
 
 def warm_started(dflash, **sizes):
     """A DFlash 2 warm-started from the DFlash drafter `dflash` the way `fit --init-from`
-    starts one (train.fitting.init_from: the config, then the backbone's weights read
+    starts one (train.families.dflash.init_from: the config, then the backbone's weights read
     back from an export), in `dflash`'s dtype."""
     import tempfile
 
     from train.export.drafter_dir import export_drafter
     from train.families.dflash.build import build_drafter
     from train.families.dflash.config import ModelConfig
-    from train.fitting.init_from import load_start_weights, read_source, warm_start_config
+    from train.families.dflash.init_from import load_start_weights, warm_start_config
+    from train.fitting.start import read_source
 
     dtype = dflash.fc.weight.dtype
     with tempfile.TemporaryDirectory() as directory:

@@ -10,7 +10,7 @@ transformers' Qwen3Config, which keeps `sliding_window` only when
 `use_sliding_window` is true (transformers/models/qwen3/configuration_qwen3.py).
 
 The export traps these rules expose are refused at export
-(`train.export.drafter_dir.check_serving_traps`), tested at the end.
+(`train.families.dflash.export.check_serving_traps`), tested at the end.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import pytest
 import torch
 
 from store_schema.runtime.target_config import TargetConfig
-from train.export.drafter_dir import drafter_config_json, export_drafter, read_drafter_config
+from train.export.drafter_dir import export_drafter, read_drafter_config
+from train.families.dflash.export import drafter_config_json
 from train.families.dflash.model import DFlashDrafter, DrafterConfig
 
 

@@ -14,8 +14,8 @@ import yaml
 from store_schema.runtime.target_config import TargetConfig, read_target_config
 from train.config_error import ConfigError
 from train.config_loading import load_config
-from train.export.drafter_dir import drafter_config_json
 from train.families.dflash.anchors import LayerAttention
+from train.families.dflash.export import drafter_config_json
 from train.families.dflash.model import DrafterConfig, default_kv_heads
 from train.fitting import checkpoint as ckpt
 from train.fitting.trainer import Trainer

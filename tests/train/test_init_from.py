@@ -148,8 +148,8 @@ def test_a_fit_reads_its_start_once(store, zlab_dir, qwen3_dir, tmp_path, monkey
     checkpoint's state.json are each read once per fit."""
     from collections import Counter
 
+    import train.families.dflash.export as dflash_export
     import train.fitting.build as build
-    import train.fitting.init_from as init_from
 
     calls: Counter = Counter()
 
@@ -157,7 +157,7 @@ def test_a_fit_reads_its_start_once(store, zlab_dir, qwen3_dir, tmp_path, monkey
         original = getattr(owner, name)
         monkeypatch.setattr(owner, name, lambda *args, **kwargs: calls.update([name]) or original(*args, **kwargs))
 
-    for owner, name in ((init_from, "read_drafter_config"), (Checkpointer, "resume_point"), (build, "read_state")):
+    for owner, name in ((dflash_export, "read_drafter_config"), (Checkpointer, "resume_point"), (build, "read_state")):
         count(owner, name)
     argv = [
         "fit",

@@ -1,4 +1,4 @@
-"""Speculative decoding at temperature (train/acceptance/sampling.py) is lossless in
+"""Speculative decoding at temperature (train/sampling.py) is lossless in
 distribution, with z-lab's semantics:
 
 - the processed distribution (temperature, top-k, top-p) equals the reference's;
@@ -25,9 +25,9 @@ from random_drafters import dflash_drafter
 from reference_oracle import load_model, reference_decode
 
 from train.acceptance import speculate as speculate_module
-from train.acceptance.sampling import Draft, Sampling, rejection_sample, sample
 from train.acceptance.speculate import decode_prompt, interval95, speculative_generate, summarize
 from train.export.drafter_dir import export_drafter, load_drafter
+from train.sampling import Draft, Sampling, rejection_sample, sample
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 CARD = Sampling(temperature=1.0, top_p=0.95, top_k=20)  # the published Qwen3.8-27B DFlash 2 card

@@ -206,3 +206,24 @@ def test_every_import_inside_a_function_says_why():
                     if not any("#" in line for line in above):
                         unexplained.append(f"{path.relative_to(TRAIN.parent)}:{node.lineno}")
     assert not unexplained, unexplained
+
+
+def test_a_drafter_family_is_reached_only_through_the_registry():
+    """Issue 63: outside `train/families/`, no module imports a family's folder (the
+    trainer, loader, evaluation, decoding, export and dry run call the interface,
+    `train.families.family`, found by the registry, `train.families.kinds`); the one
+    exception left is the run config composing the family's `model` / `loss` sections."""
+    composing = {"train.config"}
+    interface = ("train.families.family", "train.families.kinds")
+    direct = [
+        f"{name} imports {target}"
+        for name, (path, tree) in modules().items()
+        if not name.startswith("train.families") and name not in composing
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for target in imported(name, node, path.name == "__init__.py")
+        if target.startswith("train.families.") and unit(target) not in interface
+    ]
+    assert not direct, direct
+    families = {unit(name) for name in modules() if name.startswith("train.families.")}
+    assert {"train.families.dflash", "train.families.family", "train.families.kinds"} <= families

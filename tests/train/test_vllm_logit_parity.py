@@ -33,6 +33,7 @@ from train.acceptance.target_decode import TargetSession
 from train.export.drafter_dir import load_drafter
 from train.families.dflash.anchors import LayerAttention
 from train.families.dflash.draft_cache import DraftCache
+from train.families.family import Served
 
 CAPTURE = serve_check.RUNNER.with_name("vllm_logits.py")
 TOLERANCE = 1e-4
@@ -59,8 +60,7 @@ def captured(python: str, target, drafter, workdir) -> dict[str, torch.Tensor]:
         target,
         drafter,
         [PROMPT],
-        block_size=BLOCK,
-        mixed_layers=False,
+        served=Served("DFlash", "DFlashDraftModel", "dflash", BLOCK, mixed_layers=False, cpu_serves=True),
         max_new_tokens=4,
         stop_token_ids=[],
         dtype="float32",

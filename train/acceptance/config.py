@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from train.config_error import require
-from train.families.dflash.config import LABELS
 
 EVAL_CLI_SAMPLES = 256  # `python -m train eval` evaluates at most this many samples unless told otherwise
+LABELS = ("tokens", "target")  # what drafted positions are scored against: the stored tokens, or the target's top-1
 
 
 @dataclass

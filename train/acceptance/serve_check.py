@@ -36,7 +36,6 @@ from pathlib import Path
 
 import torch
 
-from train.acceptance.sampling import GREEDY, Sampling
 from train.acceptance.speculate import (
     Decoded,
     PromptResult,
@@ -45,6 +44,8 @@ from train.acceptance.speculate import (
     mismatch_allowed,
     mismatch_logit_gap,
 )
+from train.families.family import Served
+from train.sampling import GREEDY, Sampling
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNER = Path(__file__).with_name("vllm_runner.py")
@@ -82,13 +83,13 @@ def root_cause(log: str) -> str | None:
     return None
 
 
-def unserved_here(kind) -> str | None:
-    """Why vLLM cannot serve a drafter of `kind` (train.families.dflash.variants) on this host (None:
-    it can), said before anyone is asked to build a vLLM environment for it."""
-    if kind.vllm_cpu_serves or torch.cuda.is_available():
+def unserved_here(served) -> str | None:
+    """Why vLLM cannot serve a drafter (its family's `Served`) on this host (None: it
+    can), said before anyone is asked to build a vLLM environment for it."""
+    if served.cpu_serves or torch.cuda.is_available():
         return None
     return (
-        f"the drafter is {kind.title} ({kind.exported_class}): vLLM serves it only with its V2 model runner "
+        f"the drafter is {served.title} ({served.exported_class}): vLLM serves it only with its V2 model runner "
         "(VLLM_USE_V2_MODEL_RUNNER=1), whose selector walk is a Triton kernel: GPU only, and this host has none"
     )
 
@@ -178,40 +179,40 @@ def served_request(
     drafter,
     prompts: list[list[int]],
     *,
-    block_size: int,
-    mixed_layers: bool,
+    served: Served,
     max_new_tokens: int,
     stop_token_ids: list[int],
     dtype: str,
     gpu_memory_utilization: float | None = None,
     cpu_memory_share: float | None = None,
-    v2_runner_only: bool = False,
     sampling: Sampling = GREEDY,
     seed: int = 0,
 ) -> dict:
-    """What vllm_runner.py needs; `sampling` and `seed` as `speculate` takes them.
-    `num_speculative_tokens` is block size - 1 (vLLM takes it from the caller and never
+    """What vllm_runner.py needs; `served`: how vLLM serves the drafter (its family's);
+    `sampling` and `seed` as `speculate` takes them. `num_speculative_tokens` is the
+    round's tokens - 1 (DFlash: block size - 1; vLLM takes it from the caller and never
     reads `block_size`). `max_model_len` leaves 4 blocks past the longest reply: vLLM
     clamps draft positions at it, and with one block of room the demo's 128-token
     replies ended in rounds drafted at clamped positions (served 4.58 tokens per round
     vs speculate's 4.92; 4.92 both with 4). `gpu_memory_utilization` is the user's (any
     device); `cpu_memory_share` the one sized for a CPU engine (`vllm_memory`), used
-    when vLLM runs on CPU and none is given. `v2_runner_only`: vLLM serves the drafter's
-    kind only on its V2 model runner, so not on CPU (DFlash 2: vLLM's qwen3_dflash2, its
-    selector walk a Triton kernel)."""
+    when vLLM runs on CPU and none is given. `v2_runner_only` (a drafter the CPU build
+    cannot serve): vLLM serves it only on its V2 model runner (DFlash 2: vLLM's
+    qwen3_dflash2, its selector walk a Triton kernel)."""
     return {
         "target": str(target),
         "drafter": str(drafter),
         "prompts": prompts,
-        "num_speculative_tokens": block_size - 1,
-        "mixed_layers": mixed_layers,
-        "v2_runner_only": v2_runner_only,
+        "method": served.method,
+        "num_speculative_tokens": served.round_tokens - 1,
+        "mixed_layers": served.mixed_layers,
+        "v2_runner_only": not served.cpu_serves,
         "max_new_tokens": max_new_tokens,
         "stop_token_ids": list(stop_token_ids),
         "dtype": dtype,
         "sampling": sampling.to_dict(),
         "seed": seed,
-        "max_model_len": max_model_len(prompts, max_new_tokens, block_size),
+        "max_model_len": max_model_len(prompts, max_new_tokens, served.round_tokens),
         "gpu_memory_utilization": gpu_memory_utilization,
         "cpu_memory_share": cpu_memory_share,
     }

@@ -1,25 +1,24 @@
-"""Speculative decoding the DFlash way, beside the target's own decoding.
+"""Speculative decoding, beside the target's own decoding.
 
 A round, with the anchor at position `start` (the bonus token of the previous
 round, which the target has not processed yet):
 
-1. the drafter drafts the block `[anchor, MASK x (b-1)]` at positions
-   start .. start+b-1 from the target's features of the verified positions
-   `< start` (`train.families.dflash.draft_cache.DraftCache`): greedy, per slot for DFlash
-   and along the candidate selector's path from the anchor for DFlash 2
-   (`greedy_tokens`), or sampled at temperature (`sampled_tokens`);
+1. the drafter's family drafts b-1 tokens after the anchor from the target's features
+   of the verified positions `< start` (its `DraftSession`; DFlash:
+   `train.families.dflash.decoding`, one block `[anchor, MASK x (b-1)]`), greedy along
+   the path the drafter decodes or sampled at temperature;
 2. the target verifies the whole block in one forward;
 3. greedy: the drafted tokens that equal the target's own greedy choices are
    accepted, up to the first mismatch, plus the target's token after them (the
    bonus, the next anchor); at temperature: rejection sampling
-   (train/acceptance/sampling.py). accepted + 1 tokens, cut at a stop token or the
+   (train/sampling.py). accepted + 1 tokens, cut at a stop token or the
    token limit;
 4. the target's cache keeps the anchor and the accepted tokens
    (`train.acceptance.target_decode.TargetSession.keep`: cropped; before transformers
    5.25 linear-attention layers are restored and re-run), and the drafter's context
    grows by their features.
 
-b is the drafter's block size, or what is left of `max_new_tokens` on the last
+b is the most tokens a round verifies (DFlash: the block size), or what is left of `max_new_tokens` on the last
 round (as z-lab's `dflash_generate` does). Greedy: every committed token is the
 target's greedy choice after the tokens before it, so the output equals greedy
 decoding token for token (`lossless`), up to floating-point differences between a
@@ -37,10 +36,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from train.acceptance.sampling import GREEDY, Draft, Sampling, rejection_sample, sample
 from train.acceptance.target_decode import TargetSession, clock
 from train.acceptance.tree_decode import grow_tree, verify_tree
-from train.families.dflash.draft_cache import DraftCache
+from train.families.family import DraftSession
+from train.families.kinds import family_of
+from train.sampling import GREEDY, Draft, Sampling, rejection_sample, sample
 
 
 @dataclass
@@ -102,18 +102,10 @@ def greedy_generate(
     return Decoded(tokens, session.forwards, clock(session.device) - started)
 
 
-def draft_block(drafter, hidden: torch.Tensor, anchor_id: int, lm_head, sampling: Sampling, generator) -> Draft:
-    """A block's drafted tokens from its drafted slots' `hidden` [L, H]: the drafter's
-    greedy path, or its draws at temperature with the distributions they came from."""
-    if sampling.greedy:
-        return Draft(drafter.greedy_tokens(hidden, anchor_id, lm_head))
-    return Draft(*drafter.sampled_tokens(hidden, anchor_id, lm_head, sampling, generator))
-
-
 def verify(block: torch.Tensor, draft: Draft | None, logits: torch.Tensor, sampling: Sampling, generator):
     """(drafted tokens accepted, the target's token after them) from the target's
     `logits` [size, V] over `block` [anchor, drafted...]: the longest prefix equal to the
-    target's argmax, or rejection sampling at temperature (train.acceptance.sampling)."""
+    target's argmax, or rejection sampling at temperature (train.sampling)."""
     if sampling.greedy:
         choice = logits.argmax(dim=-1)
         accepted = int((block[1:] == choice[:-1]).long().cumprod(0).sum())
@@ -124,17 +116,18 @@ def verify(block: torch.Tensor, draft: Draft | None, logits: torch.Tensor, sampl
     return rejection_sample(draft, probs, generator)
 
 
-def chain_round(target, drafter, draft: DraftCache, block: torch.Tensor, lm_head, sampling: Sampling, generator):
-    """One round along a chain: `block` [anchor, MASK...] drafted in place and verified in
-    one forward. -> (accepted tokens + the bonus, the block's features [size, F])."""
-    drafted = None
-    if block.shape[0] > 1:
-        drafted = draft_block(drafter, draft.draft(block)[1:], int(block[0]), lm_head, sampling, generator)
-        block[1:] = drafted.tokens
+def chain_round(target, session: DraftSession, anchor: int, size: int, sampling: Sampling, generator):
+    """One round along a chain: `size - 1` tokens drafted after the anchor and verified with
+    it in one forward. -> (the block [anchor, drafted...], accepted tokens + the bonus,
+    the block's features [size, F])."""
+    block = torch.tensor([anchor], device=target.device)
+    drafted = session.draft(anchor, size, sampling, generator) if size > 1 else None
+    if drafted is not None:
+        block = torch.cat([block, drafted.tokens.to(block)])
     target.save()
     logits, features = target.forward(block, features=True)
     accepted, bonus = verify(block, drafted, logits, sampling, generator)
-    return block[1 : accepted + 1].tolist() + [bonus], features
+    return block, block[1 : accepted + 1].tolist() + [bonus], features
 
 
 @torch.no_grad()
@@ -148,38 +141,34 @@ def speculative_generate(
     seed: int = 0,
     tree_budget: int = 0,
 ) -> Decoded:
-    """DFlash speculative decoding of `prompt` [n] with the target `model` (whose
-    embedding and lm_head the drafter uses) and `drafter` (a DFlashDrafter or
-    DFlash2Drafter), greedy or at `sampling`'s settings (seeded by `seed`), along a
-    chain or, with `tree_budget` nodes, a DDTree tree (train/acceptance/tree_decode.py)."""
+    """Speculative decoding of `prompt` [n] with the target `model` (whose embedding and
+    lm_head the drafter uses) and `drafter` (of any family: its `draft_session` drafts),
+    greedy or at `sampling`'s settings (seeded by `seed`), along a chain or, with
+    `tree_budget` nodes, a DDTree tree (train/acceptance/tree_decode.py)."""
     if tree_budget and not sampling.greedy:
         raise ValueError("--tree decodes greedily: it takes no --temperature")
-    config = drafter.config
     stop = set(stop_ids)
-    target = TargetSession(model, config.context_layer_ids, rollback_tokens=config.block_size)
-    draft = DraftCache(drafter, model.get_input_embeddings())
-    lm_head = model.get_output_embeddings()
+    session = family_of(drafter).draft_session(drafter, model.get_input_embeddings(), model.get_output_embeddings())
+    target = TargetSession(model, drafter.config.context_layer_ids, rollback_tokens=session.round_tokens)
     generator = seeded(sampling, seed, target.device)
     started = clock(target.device)
 
     logits, features = target.forward(prompt, features=True, last_only=True)
-    draft.extend(features)
+    session.extend(features, prompt)
     tokens = [next_token(logits[-1], sampling, generator)]
     lengths: list[int] = []
     start = prompt.shape[0]  # position of the anchor: tokens[-1]
     limit = start + max_new_tokens  # positions the output may reach (exclusive)
     stopped = tokens[-1] in stop
     while start + 1 < limit and not stopped:
-        size = min(config.block_size, limit - start)
-        block = prompt.new_full((size,), config.mask_token_id)
-        block[0] = tokens[-1]
-        if tree_budget and size > 1:  # the cache keeps the anchor and the accepted path already
-            slot_logits = lm_head(draft.draft(block)[1:].to(lm_head.weight.dtype))
-            new, features = verify_tree(target, grow_tree(slot_logits, tokens[-1], tree_budget), start)
-            verified = None
+        size, anchor = min(session.round_tokens, limit - start), tokens[-1]
+        verified = None  # a tree's path: the cache keeps the anchor and the accepted path already
+        if tree_budget and size > 1:
+            new, features = verify_tree(
+                target, grow_tree(session.position_logits(anchor, size), anchor, tree_budget), start
+            )
         else:
-            new, features = chain_round(target, drafter, draft, block, lm_head, sampling, generator)
-            verified = block
+            verified, new, features = chain_round(target, session, anchor, size, sampling, generator)
         produced = min(len(new), limit - start - 1)
         for i, token in enumerate(new[:produced]):
             if token in stop:
@@ -190,7 +179,7 @@ def speculative_generate(
         if start + produced + 1 < limit and not stopped:  # the cache is needed again
             if verified is not None:
                 target.keep(start, verified, produced)
-            draft.extend(features[:produced])
+            session.extend(features[:produced], prompt.new_tensor([anchor, *new[: produced - 1]]))
         start += produced
     return Decoded(tokens, target.forwards, clock(target.device) - started, lengths, target.reruns, target.tokens)
 
@@ -203,7 +192,7 @@ class PromptResult:
     outputs differ by design; a prompt's check is that every committed token lies inside
     the target's sampling support after the tokens before it (`outside_support`: the
     first that does not), and the distribution itself is the suite's check
-    (train/acceptance/sampling.py)."""
+    (train/sampling.py)."""
 
     prompt_id: str
     prompt_tokens: int

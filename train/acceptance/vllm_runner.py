@@ -92,7 +92,7 @@ def build_llm(request: dict):
     return LLM(
         model=request["target"],
         speculative_config={
-            "method": "dflash",
+            "method": request.get("method", "dflash"),
             "model": request["drafter"],
             "num_speculative_tokens": request["num_speculative_tokens"],
         },

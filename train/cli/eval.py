@@ -18,11 +18,10 @@ rows. Prints a table, or one JSON object with --json."""
 
 from __future__ import annotations
 
-from train.acceptance.config import EVAL_CLI_SAMPLES, EvalConfig
+from train.acceptance.config import EVAL_CLI_SAMPLES, LABELS, EvalConfig
 from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, DataConfig
 from train.dtypes import NAMES
-from train.families.dflash.config import LABELS
 from train.target_check import add_target_flags
 
 

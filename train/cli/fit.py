@@ -7,7 +7,7 @@ The config resolves as defaults <- --config YAML <- explicit flags <- --set, is
 saved into RUN, and the run trains. `--init-from DIR` fine-tunes a z-lab-format
 drafter directory (a published one, or an export) instead of starting from
 random weights: the run takes its shape and weights after checking them
-against the store and the config (`train.fitting.init_from`). `--resume` continues RUN
+against the store and the config (`train.families.dflash.init_from`). `--resume` continues RUN
 from its newest checkpoint with RUN's saved config (flags and --set still
 override it, e.g. a larger --max-steps). Ctrl-C checkpoints the last completed
 step and prints how to resume (exit 130). `--nproc N` trains data-parallel on N

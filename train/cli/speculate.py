@@ -71,7 +71,7 @@ def add_parser(subparsers) -> None:
 
 
 def add_sampling_flags(p) -> None:
-    """Decoding at temperature, with z-lab's `dflash_generate` semantics (train/acceptance/sampling.py)."""
+    """Decoding at temperature, with z-lab's `dflash_generate` semantics (train/sampling.py)."""
     p.add_argument(
         "--temperature",
         type=float,

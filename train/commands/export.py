@@ -10,8 +10,7 @@ from store_schema.layout import ZARR_METADATA
 from train.data.heldout import heldout_fraction_of, heldout_record
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import export_drafter
-from train.families.dflash.build import build_drafter
-from train.families.dflash.model import DrafterConfig
+from train.families.kinds import config_from_state, family_of
 from train.fitting import checkpoint as ckpt
 
 
@@ -33,7 +32,8 @@ def run(args) -> int:
     if path is None:
         raise FileNotFoundError(f"{args.run}: no checkpoint to export")
     state = ckpt.read_state(path)
-    drafter = build_drafter(DrafterConfig.from_state(state))
+    config = config_from_state(state)
+    drafter = family_of(config).build(config)
     drafter.load_state_dict(ckpt.load_model_weights(path), strict=True)
     # Checkpoints written before the split was recorded used the same rule at the config's fraction.
     split = state.get("heldout_split") or heldout_record(state["config"]["data"]["heldout_fraction"])

@@ -15,31 +15,33 @@ from store_schema.runtime.cli import fail
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import load_target_model
 from train.acceptance import serve_check, vllm_memory
-from train.acceptance.sampling import Sampling
 from train.acceptance.speculate import decode_prompt
 from train.commands.speculate import by_thinking, load_decoding, mean_or_none, open_prompt_source
 from train.export.drafter_dir import read_drafter_config, resolve_drafter_dir
+from train.families.kinds import family_of
+from train.sampling import Sampling
 
 
 def run(args) -> int:
     read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
+    served_as = family_of(config).served(config)
     open_prompt_source(args)
     try:
         sampling = Sampling(args.temperature, args.top_p, args.top_k)
     except ValueError as error:
         return fail(str(error))
-    unserved = serve_check.unserved_here(config.kind)
+    unserved = serve_check.unserved_here(served_as)
     python, version = _vllm(serve_check, args, unserved)
     loaded = load_decoding(args, "serve-check")
     drafter_dir, stops, dtype = loaded.drafter_dir, loaded.stops, loaded.dtype
     workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
-    request, share = vllm_request(args, loaded, config, python, sampling)
-    results = speculated(loaded, args.max_new_tokens, config.block_size, sampling, args.seed)
+    request, share = vllm_request(args, loaded, config, served_as, python, sampling)
+    results = speculated(loaded, args.max_new_tokens, served_as.round_tokens, sampling, args.seed)
     freed = release(loaded)  # two copies of a 27B target never fit one card: vLLM starts after
     served = serve(python, request, workdir) if python else {"skipped": unserved}
     outcomes = judged(args.target, results, served, loaded, sampling) if "prompts" in served else None
-    summary = _summary(serve_check, results, served, config.block_size, loaded, args.thinking, outcomes)
+    summary = _summary(serve_check, results, served, served_as.round_tokens, loaded, args.thinking, outcomes)
     summary.update(
         drafter=str(drafter_dir),
         target=str(args.target),
@@ -50,7 +52,7 @@ def run(args) -> int:
         vllm_log=str(workdir / "vllm.log") if python else None,
         vllm_memory_share=args.gpu_memory_utilization or share,
         dtype=str(dtype).removeprefix("torch."),
-        block_size=config.block_size,
+        block_size=served_as.round_tokens,
         max_new_tokens=args.max_new_tokens,
         seed=None if sampling.greedy else args.seed,
         stop_token_ids=stops,
@@ -63,24 +65,24 @@ def run(args) -> int:
     return fail("; ".join(found)) if found else 0
 
 
-def vllm_request(args, loaded, config, python: str | None, sampling: Sampling) -> tuple[dict, float | None]:
+def vllm_request(args, loaded, config, served_as, python: str | None, sampling: Sampling) -> tuple[dict, float | None]:
     """What vLLM decodes (`serve_check.served_request`), and the CPU memory share sized for it."""
     token_prompts = [p.input_ids.tolist() for p in loaded.prompts]
     share = None
     if args.gpu_memory_utilization is None and loaded.device.type == "cpu" and python:
-        share = _cpu_share(args.target, loaded.drafter_dir, config, token_prompts, args.max_new_tokens, loaded.dtype)
+        share = _cpu_share(
+            args.target, loaded.drafter_dir, config, served_as, token_prompts, args.max_new_tokens, loaded.dtype
+        )
     request = serve_check.served_request(
         Path(args.target).resolve(),
         loaded.drafter_dir.resolve(),
         token_prompts,
-        block_size=config.block_size,
-        mixed_layers=len(set(config.layer_types)) > 1,
+        served=served_as,
         max_new_tokens=args.max_new_tokens,
         stop_token_ids=loaded.stops,
         dtype=str(loaded.dtype).removeprefix("torch."),
         gpu_memory_utilization=args.gpu_memory_utilization,
         cpu_memory_share=share,
-        v2_runner_only=not config.kind.vllm_cpu_serves,
         sampling=sampling,
         seed=args.seed,
     )
@@ -155,13 +157,13 @@ def _vllm(serve_check, args, unserved: str | None) -> tuple[str | None, str | No
     return python, version
 
 
-def _cpu_share(target, drafter_dir, config, prompts, max_new_tokens: int, dtype) -> float:
+def _cpu_share(target, drafter_dir, config, served_as, prompts, max_new_tokens: int, dtype) -> float:
     """vLLM's CPU memory share for these prompts (`vllm_memory`), said in one line."""
     needed = vllm_memory.served_engine_bytes(
         target,
         drafter_dir,
         config,
-        serve_check.max_model_len(prompts, max_new_tokens, config.block_size),
+        serve_check.max_model_len(prompts, max_new_tokens, served_as.round_tokens),
         dtype.itemsize,
     )
     memory = vllm_memory.host_memory()

@@ -8,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from torch import nn
 from transformers import AutoTokenizer, PreTrainedModel
 
 from store_schema.runtime.cli import fail
@@ -16,7 +17,6 @@ from store_schema.runtime.target_config import read_config_json, read_target_con
 from store_schema.runtime.target_model import compute_dtype, load_target_model
 from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import open_store
-from train.acceptance.sampling import Sampling
 from train.acceptance.speculate import baseline_name, decode_prompt, summarize
 from train.acceptance.target_decode import TargetSession, stop_token_ids
 from train.acceptance.tree_decode import verification_method
@@ -25,8 +25,9 @@ from train.data.prompt_sets import prompt_sources
 from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import load_drafter, resolve_drafter_dir
-from train.families.dflash.model import DFlashDrafter
+from train.families.kinds import family_of
 from train.fitting.preflight import check_store_against_target
+from train.sampling import Sampling
 from train.target_check import check_target
 
 
@@ -36,7 +37,7 @@ class Decoding:
     on one device and dtype, the prompts, and the stop tokens."""
 
     drafter_dir: Path
-    drafter: DFlashDrafter  # eval mode
+    drafter: nn.Module  # eval mode, of any family
     model: PreTrainedModel  # the target (transformers), whole
     prompts: list
     stops: list[int]
@@ -167,7 +168,7 @@ def run(args) -> int:
         target=str(args.target),
         device=device.type,
         dtype=str(dtype).removeprefix("torch."),
-        block_size=drafter.config.block_size,
+        block_size=family_of(drafter).served(drafter.config).round_tokens,
         max_new_tokens=args.max_new_tokens,
         seed=None if sampling.greedy else args.seed,
         tree=tree_summary(loaded, args.tree),

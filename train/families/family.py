@@ -14,11 +14,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
 
+from store_schema import file_sha256
+from store_schema.layout import validate_layer_ids
+from train.config_error import ConfigError
 from train.measures import ddtree_acceptance, rollout
+from train.sampling import Draft, Sampling
+
+WEIGHTS = "model.safetensors"  # a drafter directory's (export or checkpoint) weights
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,86 @@ class DraftedBlocks:
         return {b: rollout(anchors, accepted_at(b)) for b in budgets}
 
 
+@dataclass(frozen=True)
+class StartSource:
+    """The drafter a fine-tuning run starts from (`model.init_from`), as read once:
+    the directory whose weights it loads and that drafter's config."""
+
+    path: Path
+    config: object  # the family's drafter config
+
+    def record(self) -> dict:
+        """Where the run started: the directory and its weights' sha256 (checkpoints keep it)."""
+        path = self.path.resolve()
+        return {"path": str(path), "model_sha256": file_sha256(path / WEIGHTS)}
+
+
+@dataclass(frozen=True)
+class DrafterPlan:
+    """The drafter a run trains and how the run started (checkpoints keep `run_info`)."""
+
+    config: object  # the family's drafter config
+    run_info: dict
+    source: StartSource | None  # the `model.init_from` drafter a new run loads; None otherwise
+
+
+def chosen_layers(
+    wanted: list[int] | None, store_layer_ids: list[int] | None, num_target_layers: int
+) -> list[int] | None:
+    """`model.target_layer_ids`, checked: the layer-id rule, and every one in the store
+    (ConfigError naming the missing ones and how to extract them; `store_layer_ids`
+    None: no store, as on paper); None when unset."""
+    if wanted is None:
+        return None
+    try:
+        ids = validate_layer_ids(list(wanted), num_target_layers)
+    except ValueError as error:
+        raise ConfigError(f"config model.target_layer_ids: {error}") from None
+    missing = [layer for layer in ids if store_layer_ids is not None and layer not in store_layer_ids]
+    if missing:
+        raise ConfigError(
+            f"config model.target_layer_ids: {ids} needs layers {missing} the store does not hold (it "
+            f"holds {store_layer_ids}); extract a store for several drafters with `python -m extract run "
+            "... --layers-from DIR,DIR` (their union)"
+        )
+    return ids
+
+
+@dataclass(frozen=True)
+class Served:
+    """How an engine serves a drafter (`serve-check`, vLLM's `speculative_config`)."""
+
+    title: str  # as messages name the drafter's variant ("DFlash 2")
+    exported_class: str  # its export's config.json `architectures`
+    method: str  # vLLM's speculative method ("dflash")
+    round_tokens: int  # the most tokens a round commits: num_speculative_tokens + 1
+    mixed_layers: bool  # sliding and full attention layers both (vLLM's CPU build sizes them apart)
+    cpu_serves: bool  # vLLM's CPU build serves it (DFlash 2's selector walk is a Triton kernel)
+
+
+class DraftSession(ABC):
+    """The drafter's side of speculative decoding (`speculate`): the target's features
+    of verified positions in, one round's draft out. `round_tokens`: the most tokens a
+    round verifies (the anchor and the drafted ones)."""
+
+    round_tokens: int
+
+    @abstractmethod
+    def extend(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The next n verified positions: the target's context features there [n, F]
+        and the tokens at them [n]."""
+
+    @abstractmethod
+    def draft(self, anchor_id: int, size: int, sampling: Sampling, generator) -> Draft:
+        """`size - 1` tokens drafted after the anchor (the token at the next position):
+        greedy along the path the drafter decodes, or drawn at `sampling`'s settings with
+        the distributions they came from."""
+
+    @abstractmethod
+    def position_logits(self, anchor_id: int, size: int) -> torch.Tensor:
+        """[size - 1, V] logits at each drafted position (DDTree grows its tree from them)."""
+
+
 class DrafterFamily(ABC):
     """One family of drafters: its variants (the `model.architecture` names it builds)
     and every operation the product runs on one of them. `config` below is the
@@ -103,9 +190,33 @@ class DrafterFamily(ABC):
     name: str  # as messages name the family
     variants: tuple[str, ...]  # the architectures it builds
 
+    exported_classes: tuple[str, ...]  # config.json `architectures` of its exports
+
     @abstractmethod
     def build(self, config) -> nn.Module:
         """A fresh drafter of the variant `config.architecture` names."""
+
+    @abstractmethod
+    def config_from_dict(self, data: dict):
+        """A drafter config from its `to_dict()` (what checkpoints record)."""
+
+    # -- planning a run ---------------------------------------------------------------------
+    @abstractmethod
+    def plan(self, model, target_path: str, target, store_layer_ids: list[int], resumed, source, log) -> DrafterPlan:
+        """The drafter a run trains: sized for `target` (its `TargetConfig`; `target_path`
+        its directory) from the run's `model` section and the store's layers, or
+        fine-tuned from `source` (a `StartSource`); `resumed`: (the checkpoint's
+        drafter config, its path) when a run continues, else None: the plan must
+        equal it. ConfigError naming the field when something does not fit."""
+
+    @abstractmethod
+    def load_start(self, drafter, source: StartSource) -> None:
+        """The `model.init_from` weights into a new run's drafter."""
+
+    @abstractmethod
+    def check_store(self, config, loss, store) -> None:
+        """Refuse (ConfigError naming the field) a planned drafter the store's samples
+        or the run's `loss` section cannot train."""
 
     # -- training ---------------------------------------------------------------------------
     @abstractmethod
@@ -148,6 +259,56 @@ class DrafterFamily(ABC):
     @abstractmethod
     def decode_path(self, config) -> str:
         """The path a greedy decode drafts, as reports name it ("argmax chain", ...)."""
+
+    # -- decoding ---------------------------------------------------------------------------
+    @abstractmethod
+    def draft_session(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module) -> DraftSession:
+        """A fresh decoding session of `drafter` with the target's embedding and LM head."""
+
+    @abstractmethod
+    def served(self, config) -> Served:
+        """How vLLM serves a drafter of `config`."""
+
+    # -- the dry run (`fit --dry-run`) -------------------------------------------------------
+    @abstractmethod
+    def activation_bytes(self, config, model, act_bytes: int, sequence_tokens: int) -> dict:
+        """What one sequence of `sequence_tokens` keeps for backward (`act_bytes`: the
+        autocast dtype's size): a dict whose `bytes` is the total."""
+
+    @abstractmethod
+    def activation_text(self, figures: dict) -> str:
+        """How `activation_bytes`' total (`figures["activations"]`) is made up, in words
+        for the dry run's line."""
+
+    @abstractmethod
+    def sample_flops(self, config, model, sequence_tokens: float) -> dict:
+        """Training FLOPs of one sample: `drafter_forward`, `head_forward`, `total`
+        (forward and backward, the frozen head's input gradient included)."""
+
+    @abstractmethod
+    def paper_figures(self, drafter) -> dict:
+        """What the dry run reports of the drafter (its JSON keys)."""
+
+    @abstractmethod
+    def paper_lines(self, figures: dict) -> list[str]:
+        """The dry run's lines about the drafter, from the whole figures dict."""
+
+    # -- export -----------------------------------------------------------------------------
+    @abstractmethod
+    def export(self, drafter, out_dir: Path, dtype: torch.dtype, extra_config: dict) -> Path:
+        """`config.json` and `model.safetensors` as the engines load them, into `out_dir`."""
+
+    @abstractmethod
+    def claims_export(self, data: dict) -> bool:
+        """Whether a drafter directory whose config.json holds `data` is this family's."""
+
+    @abstractmethod
+    def read_export_config(self, model_dir: Path):
+        """The drafter config of an export's (or a published drafter's) config.json."""
+
+    @abstractmethod
+    def load(self, model_dir: Path, dtype: torch.dtype | None, device) -> nn.Module:
+        """Rebuild the drafter of an export directory (dtype None: as stored)."""
 
 
 def _has_positions(family: DrafterFamily, config, loss_mask: torch.Tensor) -> bool:

@@ -4,10 +4,14 @@ outside `train/families/` tells families apart by name."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from train.families.dflash.family import DFlashFamily
 from train.families.family import DrafterFamily
 
 FAMILIES: tuple[DrafterFamily, ...] = (DFlashFamily(),)
+LEGACY_ARCHITECTURE = "dflash"  # what a checkpoint written before families recorded none trained
 BY_ARCHITECTURE = {variant: family for family in FAMILIES for variant in family.variants}
 
 
@@ -23,3 +27,26 @@ def family_of(drafter) -> DrafterFamily:
     """The family of a drafter (bare or under a DDP replica) or of a drafter config."""
     config = getattr(getattr(drafter, "module", drafter), "config", drafter)
     return family_named(config.architecture)
+
+
+def config_from_state(state: dict):
+    """The drafter config a checkpoint's state.json records (`drafter_config`)."""
+    data = state["drafter_config"]
+    return family_named(data.get("architecture", LEGACY_ARCHITECTURE)).config_from_dict(data)
+
+
+def claims_export(data: dict) -> bool:
+    """Whether a family reads a drafter directory whose config.json holds `data`."""
+    return any(family.claims_export(data) for family in FAMILIES)
+
+
+def family_of_export(model_dir: Path) -> DrafterFamily:
+    """The family that reads the drafter directory `model_dir` (its config.json's
+    `architectures`); ValueError naming the file and the classes the families read."""
+    path = model_dir / "config.json"
+    data = json.loads(path.read_text())
+    found = next((family for family in FAMILIES if family.claims_export(data)), None)
+    if found is None:
+        classes = [name for family in FAMILIES for name in family.exported_classes]
+        raise ValueError(f"{path}: architectures {data.get('architectures')} not supported ({' or '.join(classes)})")
+    return found

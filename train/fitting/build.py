@@ -27,14 +27,13 @@ from train.data.lanes import LaneFeed, check_world, lane_positions, resumed_deal
 from train.data.lanes import total_steps as lane_steps
 from train.data.loader import CorruptShards, LoaderSpec, ShardLoader, check_lanes
 from train.dtypes import torch_dtype
-from train.families.kinds import family_of
+from train.families.kinds import config_from_state, family_named, family_of
 from train.fitting.checkpoint import Checkpointer, read_state
 from train.fitting.distributed import device_for, init_process_group
-from train.fitting.drafter_plan import plan_drafter
 from train.fitting.global_rng import GlobalRNG
-from train.fitting.init_from import load_start_weights
 from train.fitting.optimizer import Optimizer
 from train.fitting.preflight import Checked, FitChecks, check_data, check_store, epochs_for
+from train.fitting.start import read_source
 from train.target_head import TargetHead, load_target_head
 from train.world import World, local_world_size, world_from_env
 
@@ -128,8 +127,12 @@ def checked_run(
     """Every check before step 1 (`train.fitting.preflight`), the drafter planned
     between the store's checks and the data's, which need its block size."""
     found = check_store(config, checks, log)
-    plan = plan_drafter(config, found.target, list(found.store.layer_ids), latest, resumed, log)
-    damaged = check_data(config, found.store, plan.config.block_size, checks, world, device, log)
+    model = config.model
+    checkpointed = (config_from_state(resumed), str(latest)) if resumed is not None else None
+    source = read_source(model.init_from) if model.init_from and checkpointed is None else None
+    family = family_named(model.architecture)
+    plan = family.plan(model, config.target, found.target, list(found.store.layer_ids), checkpointed, source, log)
+    damaged = check_data(config, found.store, plan, checks, world, device, log)
     return Checked(found.store, found.target, plan.config, {**plan.run_info, **found.run_info}, damaged, plan.source)
 
 
@@ -144,7 +147,7 @@ def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: to
     torch.manual_seed(config.train.seed)
     drafter = family_of(checked.drafter_config).build(checked.drafter_config)
     if fine_tune and checked.source is not None:
-        load_start_weights(drafter, checked.source)
+        family_of(drafter).load_start(drafter, checked.source)
     drafter = drafter.to(device)
     drafter.gradient_checkpointing = config.model.gradient_checkpointing
     return drafter

@@ -1,25 +1,19 @@
 """The training job on paper (`python -m train fit --dry-run`), before any GPU time.
 
-The drafter is built on torch's meta device from the run config and the target's
-config.json (no weights, no store needed); per GPU:
+The drafter is planned by its family (`train.families.kinds`) and built on torch's
+meta device from the run config and the target's config.json (no weights, no store
+needed); per GPU:
 
 - drafter weights, gradients and AdamW's two moments, all fp32 (`train.dtype` is an
   autocast dtype; weights and optimizer stay fp32), plus DDP's gradient buckets (one
   more fp32 copy) on more than one GPU;
 - the frozen target head: `embed_tokens` + `lm_head` (one tensor when tied) in the
   autocast dtype;
-- the loss chunk (`train.families.dflash.loss`): per chunk row and vocabulary entry, the fp32
-  logits, log-probs and gradient and one more such buffer (16 B, as measured);
-- activations kept for backward, per sequence in flight (`train.batch_size`): each
-  block token (anchors x B queries) in each drafter layer keeps, in the autocast
-  dtype, the MLP's input, gate, act(gate), up and product (H + 4 I) and the
-  attention's input, q, k, v, their normed/rotated copies and output
-  (H + 4 q + 4 kv), plus the two RMSNorms' fp32 inputs (2 x 4 H); each context token
-  keeps its fc input (layers x H) and, per layer, its normed K/V input and K, V
-  (H + 2 kv). Flex attention (the CUDA path) keeps no queries x keys matrix.
-  DFlash 2 adds, per block token and layer, its two convolutions' inputs: per
-  module and side (before and after the sublayer) k tap rows of H and k x H/g
-  coefficients. Its selector loss adds K x r per scored row, not V (negligible).
+- the loss chunk (`loss.chunk_rows` rows through the head): per chunk row and
+  vocabulary entry, the fp32 logits, log-probs and gradient and one more such buffer
+  (16 B, as measured);
+- activations kept for backward, per sequence in flight (`train.batch_size`): the
+  family's (`DrafterFamily.activation_bytes`; DFlash: `train.families.dflash.sizing`).
 
 Steps per epoch: the samples over the global batch (`train.batch_size x
 train.grad_accumulation`), which every GPU count shares out; the run's steps are
@@ -28,13 +22,14 @@ tokens those steps read (steps x global batch x a sample's mean tokens: the stor
 or `data.max_length` as a bound without one) over the training rate x GPUs. The peak
 is checked against `--gpu-memory` as `extract plan --dry-run` checks its own.
 
-The rate comes from FLOPs (`sample_flops`): a sample's training FLOPs over one GPU's
+The rate comes from FLOPs (the family's `sample_flops`): a sample's training FLOPs over one GPU's
 dense peak (`--gpu-tflops`) at a model FLOPs utilisation (`--mfu`, default
 `DEFAULT_MFU`), or it is given (`--tokens-per-s`) and then checked against that peak:
 a rate that needs more than the GPU's peak is refused as impossible."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -45,10 +40,7 @@ from store_schema.runtime.estimate import DEFAULT_MFU, DTYPE_BYTES, fits_in, gib
 from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import open_store
 from train.config_loading import load_config
-from train.families.dflash.build import build_drafter
-from train.families.dflash.mask_token import resolve_mask_token
-from train.families.dflash.published import fresh_drafter_config
-from train.families.dflash.selector import CODEBOOKS
+from train.families.kinds import family_named, family_of
 
 FP32 = 4
 # Per chunk row and vocabulary entry: fp32 logits, log-probs and gradient, and one more
@@ -59,44 +51,7 @@ LOSS_BYTES_PER_LOGIT = 16
 
 def drafter_on_meta(drafter_config):
     with torch.device("meta"):
-        return build_drafter(drafter_config)
-
-
-def parameter_groups(drafter) -> dict:
-    """Parameters by part: the DFlash backbone, and DFlash 2's additions (the per-layer
-    `attention_conv` / `mlp_conv`, the selector's two V x r codebooks and its
-    projection), so the 27B job shows what DFlash 2 costs; all zero but the backbone
-    for DFlash. Each part trains with the same fp32 AdamW (dense codebook moments:
-    train.families.dflash.selector_loss says why)."""
-    groups = dict(backbone=0, convolutions=0, selector_codebooks=0, selector_projection=0)
-    for name, parameter in drafter.named_parameters():
-        leaf = name.rsplit(".", 1)[-1]
-        if "attention_conv." in name or "mlp_conv." in name:
-            part = "convolutions"
-        elif "candidate_selector." in name:
-            part = "selector_codebooks" if leaf in CODEBOOKS else "selector_projection"
-        else:
-            part = "backbone"
-        groups[part] += parameter.numel()
-    return groups
-
-
-def activation_bytes(config, drafter_config, sequence_tokens: int) -> dict:
-    """Bytes one sequence keeps for backward: block tokens and context tokens."""
-    d, act = drafter_config, DTYPE_BYTES[config.train.dtype]
-    q, kv, h = d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim, d.hidden_size
-    per_block_token = act * ((h + 4 * d.intermediate_size) + (h + 4 * q + 4 * kv)) + 2 * FP32 * h
-    if d.kind.has_block_conv:  # two convolutions, each: per side its k taps' rows and coefficients
-        per_block_token += 2 * act * 2 * d.conv_kernel_size * (h + h // d.conv_group_size)
-    per_context_token = act * (len(d.context_layer_ids) * h + d.num_hidden_layers * (h + 2 * kv))
-    block_tokens = config.model.num_anchors * drafter_config.block_size
-    return dict(
-        per_block_token_layer=per_block_token,
-        per_context_token=per_context_token,
-        block_tokens=block_tokens,
-        context_tokens=sequence_tokens,
-        bytes=block_tokens * d.num_hidden_layers * per_block_token + sequence_tokens * per_context_token,
-    )
+        return family_of(drafter_config).build(drafter_config)
 
 
 @dataclass
@@ -112,30 +67,6 @@ class Sizing:
     gpu_tflops: float | None = None
     mfu: float = DEFAULT_MFU
     gpu_memory_gib: float | None = None
-
-
-def sample_flops(config, drafter_config, sequence_tokens: float) -> dict:
-    """Training FLOPs of one sample of `sequence_tokens` with `model.num_anchors` blocks
-    (matmuls, 2 per multiply-add): the drafter's forward x 3 (backward: input and weight
-    gradients) and the frozen head's x 2 (input gradient only). Attention keys per block:
-    the context before its anchor (anchors spread over the sequence: T / 2 on average,
-    at most the window of a sliding layer) and its own block."""
-    d, block = drafter_config, drafter_config.block_size
-    h, q, kv = d.hidden_size, d.num_attention_heads * d.head_dim, d.num_key_value_heads * d.head_dim
-    block_tokens, scored_rows = config.model.num_anchors * block, config.model.num_anchors * (block - 1)
-    per_layer = 2 * (2 * h * q + 2 * h * kv + 3 * h * d.intermediate_size)  # q, o, k, v projections and the MLP
-    if d.kind.has_block_conv:  # two convolutions' coefficient projections
-        per_layer += 2 * 2 * (2 * d.conv_kernel_size * (h // d.conv_group_size)) * h
-    keys = [
-        min(d.sliding_window, sequence_tokens / 2) if kind == "sliding_attention" else sequence_tokens / 2
-        for kind in d.layer_types
-    ]
-    attention = sum(2 * 2 * q * (k + block) for k in keys)  # QK^T and AV, per block token
-    context = sequence_tokens * (2 * len(d.context_layer_ids) * h * h + d.num_hidden_layers * 2 * 2 * h * kv)
-    selector = scored_rows * 2 * h * d.selector_rank if d.kind.has_selector else 0
-    drafter = block_tokens * (d.num_hidden_layers * per_layer + attention) + context + selector
-    head = 2 * scored_rows * 2 * h * d.vocab_size
-    return dict(drafter_forward=drafter, head_forward=head // 2, total=3 * drafter + head)
 
 
 def training_rate(flops: dict, sequence_tokens: float, sizing: Sizing) -> dict:
@@ -162,6 +93,7 @@ def training_rate(flops: dict, sequence_tokens: float, sizing: Sizing) -> dict:
 def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
     """The figures `fit --dry-run` prints (bytes; GiB where named so), per GPU."""
     gpus, samples, tokens, gpu_memory_gib = sizing.gpus, sizing.samples, sizing.tokens, sizing.gpu_memory_gib
+    family = family_of(drafter_config)
     drafter = drafter_on_meta(drafter_config)
     params = parameter_count(drafter)
     act = DTYPE_BYTES[config.train.dtype]
@@ -174,20 +106,13 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
     head_tensors = 1 if target.tie_word_embeddings else 2
     head = head_tensors * target.vocab_size * target.hidden_size * act
     loss_chunk = config.loss.chunk_rows * target.vocab_size * LOSS_BYTES_PER_LOGIT
-    activations = activation_bytes(config, drafter_config, config.data.max_length)
+    activations = family.activation_bytes(drafter_config, config.model, act, config.data.max_length)
     in_flight = config.train.batch_size * activations["bytes"]
     peak = sum(state.values()) + head + loss_chunk + in_flight
     global_batch = config.train.batch_size * config.train.grad_accumulation
     out = dict(
         drafter_parameters=params,
-        parameter_groups=parameter_groups(drafter),
-        architecture=drafter_config.architecture,
-        drafter_layers=drafter_config.num_hidden_layers,
-        context_layer_ids=list(drafter_config.context_layer_ids),
-        mask_token_id=drafter_config.mask_token_id,
-        block_size=drafter_config.block_size,
-        layer_types=list(drafter_config.layer_types),
-        is_causal=drafter_config.is_causal,
+        **family.paper_figures(drafter),
         state_bytes=state,
         target_head_bytes=head,
         loss_chunk_rows=config.loss.chunk_rows,
@@ -207,7 +132,7 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
     if gpu_memory_gib is not None:
         out.update(gpu_memory_gib=gpu_memory_gib, fits=fits_in(peak, gpu_memory_gib))
     mean = mean_sample_tokens(config, samples, tokens)
-    out.update(training_rate(sample_flops(config, drafter_config, mean), mean, sizing))
+    out.update(training_rate(family.sample_flops(drafter_config, config.model, mean), mean, sizing))
     out.update(run_length(config, out.get("steps_per_epoch"), samples, tokens, out.get("tokens_per_s"), gpus))
     return out
 
@@ -247,18 +172,15 @@ def run_length(
 
 
 def estimate_lines(e: dict) -> list[str]:
-    s, a = e["state_bytes"], e["activations"]
+    s, a, family = e["state_bytes"], e["activations"], family_named(e["architecture"])
     lines = [
-        f"drafter     {e['drafter_parameters']:,} parameters, {e['drafter_layers']} layers, context layers "
-        f"{e['context_layer_ids']}, mask token {e['mask_token_id']}",
-        *dflash2_lines(e),
+        *family.paper_lines(e),
         f"per GPU     weights {gib(s['weights'])} + gradients {gib(s['gradients'])} + AdamW {gib(s['adam_moments'])}"
         f" + DDP buckets {gib(s['ddp_buckets'])} GiB (fp32)",
         f"            target head {gib(e['target_head_bytes'])} GiB ({e['dtype']}); loss chunk {e['loss_chunk_rows']} "
         f"rows: {gib(e['loss_chunk_bytes'])} GiB",
         f"            activations {gib(a['bytes'] * e['sequences_in_flight'])} GiB ({e['sequences_in_flight']} "
-        f"sequence(s) in flight: {a['block_tokens']} block tokens x {e['drafter_layers']} layers x "
-        f"{a['per_block_token_layer']} B + {a['context_tokens']} context tokens x {a['per_context_token']} B)",
+        f"sequence(s) in flight: {family.activation_text(e)})",
         f"peak GPU    {e['peak_gpu_gib']} GiB per GPU on {e['gpus']} GPU(s); global batch {e['global_batch']} "
         f"({e['sequences_per_gpu_per_step']:g} per GPU per step)",
     ]
@@ -300,20 +222,6 @@ def estimate_lines(e: dict) -> list[str]:
     return lines
 
 
-def dflash2_lines(e: dict) -> list[str]:
-    """DFlash 2's additions and their fp32 weights + gradients + AdamW moments (16 B a
-    parameter); nothing for DFlash."""
-    g = e["parameter_groups"]
-    added = g["convolutions"] + g["selector_codebooks"] + g["selector_projection"]
-    if not added:
-        return []
-    return [
-        f"DFlash 2    backbone {g['backbone']:,} + convolutions {g['convolutions']:,} + selector codebooks "
-        f"{g['selector_codebooks']:,} (2 x V x r) + selector projection {g['selector_projection']:,}; the "
-        f"additions' weights, gradients and AdamW: {gib(added * 4 * FP32)} GiB (fp32)"
-    ]
-
-
 def dry_run(args) -> int:
     """`fit --dry-run`: the run's config (file, flags, --set) sized for --target, the
     store's samples and layers when --store is given, else --samples and the default
@@ -335,8 +243,9 @@ def dry_run(args) -> int:
         store = open_store(args.store)
         plan = store.plan()
         samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)
-    mask = resolve_mask_token(config.model.mask_token_id, args.target, target.vocab_size)
-    drafter_config = fresh_drafter_config(target, mask.id, layer_ids, config.model.geometry(), log=print)
+    model = dataclasses.replace(config.model, init_from=None)  # on paper: sized for the target, never loaded
+    plan = family_named(model.architecture).plan(model, args.target, target, layer_ids, None, None, print)
+    drafter_config = plan.config
     sizing = Sizing(
         gpus=args.nproc or 1,
         samples=samples,
@@ -346,7 +255,7 @@ def dry_run(args) -> int:
         mfu=args.mfu,
         gpu_memory_gib=args.gpu_memory,
     )
-    figures = dict(fit_estimate(config, target, drafter_config, sizing), mask_token_rule=mask.rule)
+    figures = dict(fit_estimate(config, target, drafter_config, sizing), **plan.run_info)
     for line in estimate_lines(figures):
         print(line)
     print("dry run: nothing trained or written")

@@ -27,10 +27,9 @@ from store_schema.tools.verify import vanished, verify_store
 from train.config import RunConfig
 from train.config_error import ConfigError
 from train.data.heldout import is_heldout
-from train.families.dflash.model import DrafterConfig
-from train.families.dflash.targets import default_gamma
+from train.families.family import DrafterPlan, StartSource
+from train.families.kinds import family_of
 from train.fitting.distributed import any_rank
-from train.fitting.init_from import StartSource
 from train.target_check import check_target
 from train.world import World
 
@@ -61,7 +60,7 @@ class Checked:
 
     store: Store
     target: TargetConfig
-    drafter_config: DrafterConfig
+    drafter_config: object  # the family's drafter config
     run_info: dict  # how the run started (mask token rule, --init-from, another target): checkpoints keep it
     damaged: list[str]  # shards the integrity pass left out (data.skip_corrupt_shards)
     source: StartSource | None  # the `model.init_from` drafter a new run loads
@@ -92,18 +91,17 @@ def check_store(config: RunConfig, checks: FitChecks, log: Callable[[str], None]
 def check_data(
     config: RunConfig,
     store: Store,
-    block_size: int,
+    plan: DrafterPlan,
     checks: FitChecks,
     world: World,
     device: torch.device,
     log: Callable[[str], None],
 ) -> list[str]:
-    """The checks after the drafter is planned: its block size against the store's plan,
-    then the store's completeness, integrity and split. Returns the shards the
-    integrity pass left out."""
-    check_block_size(store, block_size)
-    if config.loss.gamma is None:
-        default_gamma(block_size)  # refuse a block size without a default before any work
+    """The checks after the drafter is planned: the planned drafter against the store and
+    the loss section (its family's: DFlash's block size against the store's plan), then
+    the store's completeness, integrity and split. Returns the shards the integrity pass
+    left out."""
+    family_of(plan.config).check_store(plan.config, config.loss, store)
     check_complete(store, checks, log)
     damaged = integrity_pass(store, config, log, world, device, checks.verify_first) if checks.verify else []
     check_heldout(store, config, log)
@@ -128,21 +126,6 @@ def check_store_against_target(store: Store, target: TargetConfig) -> None:
     store.fingerprint.check(
         hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_target_layers=target.num_hidden_layers
     )
-
-
-def check_block_size(store: Store, block_size: int) -> None:
-    """One owner of the block size: the store's plan records the block its samples
-    were planned for (each holds >= 2 blocks of loss tokens). A larger drafter
-    block would find samples without a whole block and skip them silently; a
-    smaller one fits every sample."""
-    plan = store.plan()
-    planned = (plan.settings or {}).get("block_size") if plan is not None else None
-    if planned is not None and block_size > int(planned):
-        raise ConfigError(
-            f"config model.block_size: {block_size}, but {store.path} was planned for "
-            f"block size {planned} (its plan's block_size); set model.block_size={planned} or "
-            "re-plan the store with --block-size"
-        )
 
 
 def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) -> None:

@@ -11,10 +11,10 @@ Order of a run (`Trainer.from_config`: `train.fitting.preflight`, then `train.fi
    of `train.fitting.preflight`: the plan's block size, an incomplete store, the
    integrity pass, an empty held-out split, lanes against shards, and the epochs
    `--max-steps` needs.
-3. Plan the drafter (`train.fitting.drafter_plan`: DFlash resolves its mask token)
+3. Plan the drafter (`train.families.dflash.plan`: DFlash resolves its mask token)
    and build it through its family (`train.families.kinds`) from the store's layer
    ids, or, fine-tuning (`model.init_from`), from a published drafter's shape and
-   weights once they fit (`train.fitting.init_from`); AdamW over fp32 master
+   weights once they fit (`train.families.dflash.init_from`); AdamW over fp32 master
    weights (bf16 autocast on CUDA), linear warmup then cosine
    (`train.fitting.optimizer`), the lanes of streaming loaders (`train.data.lanes`).
 4. Every optimizer step: the global batch, `batch_size x grad_accumulation`

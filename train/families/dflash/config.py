@@ -1,17 +1,15 @@
 """The run config's sections the drafter families own: `model` (the drafter's shape,
 checked by its family's shape rule, and how it is trained and run) and `loss` (what the
-training step minimises); `train/config.py` composes them into the run's. `LABELS`:
-what a drafted position is scored against (`train.families.dflash.targets`)."""
+training step minimises); `train/config.py` composes them into the run's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from train.acceptance.config import LABELS
 from train.config_error import ConfigError, require
 from train.families.dflash.geometry import ATTENTION_KINDS, shape_problems
 from train.families.dflash.variants import DEFAULT_KIND, DFLASH2_SIZES
-
-LABELS = ("tokens", "target")  # what blocks are scored against: the stored tokens, or the target's top-1
 
 
 @dataclass
@@ -39,7 +37,7 @@ class ModelConfig:
     mask_token_id: int | None = (
         None  # None: resolved by train.families.dflash.mask_token's rules (the run records the id and rule)
     )
-    init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.fitting.init_from)
+    init_from: str | None = None  # a z-lab-format drafter directory to fine-tune from (train.families.dflash.init_from)
     num_anchors: int = 512  # blocks per sequence, redrawn every step
     attention: str = "auto"  # "auto" (flex on CUDA, split elsewhere), "split", "sdpa", "flex"
     gradient_checkpointing: bool = False

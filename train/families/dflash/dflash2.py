@@ -14,7 +14,7 @@ modules, laid out and named as z-lab's reference (`dflash` 0.1.0's
 
 Identity start: a fresh DFlash 2 has identity convolutions and a zero successor
 codebook, so with its DFlash backbone's weights (the warm start,
-`train.fitting.init_from`) it computes exactly that drafter's hidden states, logits
+`train.families.dflash.init_from`) it computes exactly that drafter's hidden states, logits
 and greedy drafts.
 """
 

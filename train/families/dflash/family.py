@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import torch
 from torch import nn
 
-from train.families.dflash import drafting
+from train.families.dflash import drafting, export, plan, sizing
 from train.families.dflash.anchors import anchor_candidates, has_anchor
 from train.families.dflash.build import build_drafter
+from train.families.dflash.decoding import BlockDraftSession
+from train.families.dflash.init_from import load_start_weights
+from train.families.dflash.model import DrafterConfig
 from train.families.dflash.step import dflash_step
 from train.families.dflash.variants import KINDS, kind_named
-from train.families.family import DraftedBlocks, DrafterFamily, StepResult, StepSample
+from train.families.family import (
+    DraftedBlocks,
+    DrafterFamily,
+    DrafterPlan,
+    DraftSession,
+    Served,
+    StartSource,
+    StepResult,
+    StepSample,
+)
 
 
 class DFlashFamily(DrafterFamily):
@@ -20,9 +33,22 @@ class DFlashFamily(DrafterFamily):
 
     name = "DFlash"
     variants = tuple(KINDS)
+    exported_classes = tuple(kind.exported_class for kind in KINDS.values())
 
     def build(self, config) -> nn.Module:
         return build_drafter(config)
+
+    def config_from_dict(self, data: dict) -> DrafterConfig:
+        return DrafterConfig.from_dict(data)
+
+    def plan(self, model, target_path: str, target, store_layer_ids: list[int], resumed, source, log) -> DrafterPlan:
+        return plan.plan_drafter(model, target_path, target, store_layer_ids, resumed, source, log)
+
+    def load_start(self, drafter, source: StartSource) -> None:
+        load_start_weights(drafter, source)
+
+    def check_store(self, config, loss, store) -> None:
+        plan.check_store(config, loss, store)
 
     def drafted_positions(self, config) -> int:
         return config.block_size - 1
@@ -49,3 +75,44 @@ class DFlashFamily(DrafterFamily):
 
     def decode_path(self, config) -> str:
         return kind_named(config.architecture).decode_path
+
+    def draft_session(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module) -> DraftSession:
+        return BlockDraftSession(drafter, embed_tokens, lm_head)
+
+    def served(self, config) -> Served:
+        kind = kind_named(config.architecture)
+        return Served(
+            title=kind.title,
+            exported_class=kind.exported_class,
+            method="dflash",
+            round_tokens=config.block_size,
+            mixed_layers=len(set(config.layer_types)) > 1,
+            cpu_serves=kind.vllm_cpu_serves,
+        )
+
+    def activation_bytes(self, config, model, act_bytes: int, sequence_tokens: int) -> dict:
+        return sizing.activation_bytes(model, config, act_bytes, sequence_tokens)
+
+    def activation_text(self, figures: dict) -> str:
+        return sizing.activation_text(figures["activations"], figures["drafter_layers"])
+
+    def sample_flops(self, config, model, sequence_tokens: float) -> dict:
+        return sizing.sample_flops(model, config, sequence_tokens)
+
+    def paper_figures(self, drafter) -> dict:
+        return sizing.figures(drafter)
+
+    def paper_lines(self, figures: dict) -> list[str]:
+        return sizing.lines(figures)
+
+    def export(self, drafter, out_dir: Path, dtype: torch.dtype, extra_config: dict) -> Path:
+        return export.export_drafter(drafter, out_dir, dtype, extra_config)
+
+    def claims_export(self, data: dict) -> bool:
+        return "dflash_config" in data or any(name in self.exported_classes for name in data.get("architectures") or [])
+
+    def read_export_config(self, model_dir: Path) -> DrafterConfig:
+        return export.read_drafter_config(model_dir)
+
+    def load(self, model_dir: Path, dtype: torch.dtype | None, device) -> nn.Module:
+        return export.load_drafter(model_dir, dtype, device)

@@ -405,7 +405,7 @@ class DFlashDrafter(nn.Module):
         return lm_head(hidden.to(lm_head.weight.dtype)).argmax(dim=-1)
 
     def sampled_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module, sampling, generator):
-        """The drafted tokens at temperature (`sampling`: train.acceptance.sampling.Sampling):
+        """The drafted tokens at temperature (`sampling`: train.sampling.Sampling):
         each slot drawn from the drafter's own processed distribution, as the reference's
         `dflash_generate` draws. -> (tokens [L], their distributions [L, V], None: over
         the whole vocabulary)."""

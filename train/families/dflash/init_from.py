@@ -23,8 +23,9 @@ refusal naming the field:
   the DFlash drafter drafts, as the published Muse-Glimmer DFlash 2 started.
 
 The mask token is the drafter's unless `model.mask_token_id` says otherwise
-(`train.families.dflash.mask_token`). The directory is read once (`read_source`: a
-`StartSource`) and that is what the run plans and loads from. The run records where
+(`train.families.dflash.mask_token`). The directory is read once
+(`train.fitting.start.read_source`: a `StartSource`) and that is what the run plans
+and loads from. The run records where
 it started: `model.init_from` in its config, and the directory and the sha256 of its
 weights (`StartSource.record`) in
 its checkpoints and exports. A resumed run takes the shape from its checkpoint
@@ -34,55 +35,13 @@ its checkpoints and exports. A resumed run takes the shape from its checkpoint
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from pathlib import Path
 
-from store_schema import file_sha256
 from train.config_error import ConfigError
-from train.export.drafter_dir import load_weights, read_drafter_config
 from train.families.dflash.config import ModelConfig
+from train.families.dflash.export import load_weights
 from train.families.dflash.model import DFlashDrafter, DrafterConfig
 from train.families.dflash.variants import kind_named
-from train.fitting import checkpoint as ckpt
-
-WEIGHTS = "model.safetensors"
-
-
-def source_dir(path: str | Path) -> Path:
-    """The directory whose weights a run starts from: `path` itself when it holds
-    them (a drafter directory or a checkpoint), else the newest checkpoint of the run `path`."""
-    path = Path(path)
-    latest = ckpt.latest_checkpoint(path) if path.is_dir() and not (path / WEIGHTS).is_file() else None
-    return latest or path
-
-
-@dataclass(frozen=True)
-class StartSource:
-    """The drafter a fine-tuning run starts from, as read once: the directory whose
-    weights it loads and that drafter's configuration."""
-
-    path: Path
-    config: DrafterConfig
-
-    def record(self) -> dict:
-        """Where the run started: the directory and its weights' sha256 (checkpoints keep it)."""
-        path = self.path.resolve()
-        return {"path": str(path), "model_sha256": file_sha256(path / WEIGHTS)}
-
-
-def read_source(path: str | Path) -> StartSource:
-    """`path`'s drafter: a z-lab-format directory (`train.export.drafter_dir`'s reader),
-    a checkpoint (its `drafter_config`) or a run (its newest checkpoint)."""
-    found = source_dir(path)
-    if (found / WEIGHTS).is_file() and (found / "config.json").is_file():
-        return StartSource(found, read_drafter_config(found))
-    try:
-        return StartSource(found, DrafterConfig.from_state(ckpt.read_state(found)))
-    except FileNotFoundError:
-        raise FileNotFoundError(
-            f"--init-from {path}: not a drafter directory (config.json with dflash_config and "
-            f"{WEIGHTS}), a checkpoint or a run with one"
-        ) from None
+from train.families.family import StartSource
 
 
 def fine_tune_config(

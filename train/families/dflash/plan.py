@@ -1,72 +1,42 @@
-"""Which drafter a run trains: its configuration, how the run started, and the
-drafter it starts from (`train.fitting.build` plans it between the store's checks and
-the data's)."""
+"""Which DFlash drafter a run trains: its configuration, how the run started, and
+the drafter it starts from (`train.fitting.build` plans it through the family between
+the store's checks and the data's)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
-from store_schema.layout import validate_layer_ids
 from store_schema.runtime.target_config import TargetConfig
-from train.config import RunConfig
 from train.config_error import ConfigError
+from train.families.dflash.config import LossConfig, ModelConfig
+from train.families.dflash.init_from import fine_tune_config
 from train.families.dflash.mask_token import resolve_mask_token
 from train.families.dflash.model import DrafterConfig
 from train.families.dflash.published import fresh_drafter_config
-from train.fitting.init_from import StartSource, fine_tune_config, read_source
-
-
-def chosen_layers(wanted: list[int] | None, store_layer_ids: list[int], num_target_layers: int) -> list[int] | None:
-    """`model.target_layer_ids`, checked: the layer-id rule, and every one in the store
-    (ConfigError naming the missing ones and how to extract them); None when unset."""
-    if wanted is None:
-        return None
-    try:
-        ids = validate_layer_ids(list(wanted), num_target_layers)
-    except ValueError as error:
-        raise ConfigError(f"config model.target_layer_ids: {error}") from None
-    missing = [layer for layer in ids if layer not in store_layer_ids]
-    if missing:
-        raise ConfigError(
-            f"config model.target_layer_ids: {ids} needs layers {missing} the store does not hold (it "
-            f"holds {store_layer_ids}); extract a store for several drafters with `python -m extract run "
-            "... --layers-from DIR,DIR` (their union)"
-        )
-    return ids
-
-
-@dataclass(frozen=True)
-class DrafterPlan:
-    """The drafter a run trains and how the run started (checkpoints keep `run_info`)."""
-
-    config: DrafterConfig
-    run_info: dict
-    source: StartSource | None  # the `model.init_from` drafter a new run loads; None otherwise
+from train.families.dflash.targets import default_gamma
+from train.families.family import DrafterPlan, StartSource, chosen_layers
 
 
 def plan_drafter(
-    config: RunConfig,
+    model: ModelConfig,
+    target_path: str,
     target: TargetConfig,
-    store_layer_ids: list[int],
-    latest: Path | None,
-    resumed: dict | None,
+    store_layer_ids: list[int] | None,
+    resumed: tuple[DrafterConfig, str] | None,
+    source: StartSource | None,
     log: Callable[[str], None],
 ) -> DrafterPlan:
     """The drafter a run trains, and how the run started (`run_info`, kept in its
     checkpoints and exports). Sized for the target (published geometry, the
     store's layers) by default; with `model.init_from`, the shape of that drafter
-    (`train.fitting.init_from`); resumed, it must equal the checkpoint's. The mask token
+    (`train.families.dflash.init_from`); resumed, it must equal the checkpoint's. The mask token
     is resolved here (`train.families.dflash.mask_token`) and logged; the drafter config holds
     the id (the run's saved config records it: `train.fitting.build`). `resumed`: the
-    state.json of `latest`, the checkpoint a resumed run continues, as the build read it."""
-    model = config.model
-    checkpointed = DrafterConfig.from_state(resumed) if resumed is not None else None
-    source = read_source(model.init_from) if model.init_from and checkpointed is None else None
+    drafter config of the checkpoint a resumed run continues, and that checkpoint."""
+    checkpointed, latest = resumed if resumed is not None else (None, None)
     mask = resolve_mask_token(
         model.mask_token_id,
-        config.target,
+        target_path,
         target.vocab_size,
         init_from_id=source.config.mask_token_id if source else None,
     )
@@ -98,3 +68,25 @@ def plan_drafter(
             f"{run_info['init_from']['model_sha256'][:12]})"
         )
     return DrafterPlan(drafter_config, run_info, source)
+
+
+def check_block_size(store, block_size: int) -> None:
+    """One owner of the block size: the store's plan records the block its samples
+    were planned for (each holds >= 2 blocks of loss tokens). A larger drafter
+    block would find samples without a whole block and skip them silently; a
+    smaller one fits every sample."""
+    plan = store.plan()
+    planned = (plan.settings or {}).get("block_size") if plan is not None else None
+    if planned is not None and block_size > int(planned):
+        raise ConfigError(
+            f"config model.block_size: {block_size}, but {store.path} was planned for "
+            f"block size {planned} (its plan's block_size); set model.block_size={planned} or "
+            "re-plan the store with --block-size"
+        )
+
+
+def check_store(config: DrafterConfig, loss: LossConfig, store) -> None:
+    """The drafter's block size against the store's plan, and a default slot weight for it."""
+    check_block_size(store, config.block_size)
+    if loss.gamma is None:
+        default_gamma(config.block_size)  # refuse a block size without a default before any work
