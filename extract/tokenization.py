@@ -36,6 +36,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
@@ -64,10 +65,31 @@ class Tokenized:
         return int(self.loss_mask.sum())
 
 
+# What a directory holds when transformers' AutoTokenizer can load a tokenizer from it
+# (without them it may build one that knows no chat template, or none at all).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def tokenizer_missing(directory: str | Path, flag: str = "--tokenizer") -> str | None:
+    """Why `directory` (a model directory standing in for its tokenizer) holds no
+    tokenizer, naming `flag`, the way to give one; None when it holds one (or is no
+    local directory: transformers says what it is then)."""
+    path = Path(directory)
+    if not path.is_dir() or any((path / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    return (
+        f"{path} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}); pass {flag} DIR, a directory "
+        "with the target's tokenizer"
+    )
+
+
 def has_generation_tags(tokenizer) -> bool:
     tags = tokenizer_facts(tokenizer).generation_tags
     if tags is None:
-        raise ValueError("the tokenizer has no (default) chat template; chat records cannot be rendered")
+        raise ValueError(
+            f"the tokenizer of {tokenizer.name_or_path} has no (default) chat template; chat records cannot be "
+            "rendered (pass --tokenizer DIR with the target's chat template, or pre-tokenized records)"
+        )
     return tags
 
 

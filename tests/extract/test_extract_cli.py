@@ -43,6 +43,25 @@ def test_run_needs_a_store(qwen3_dir, tmp_path, capsys):
     assert "--store" in capsys.readouterr().err
 
 
+def test_a_model_directory_without_a_tokenizer_names_it_and_the_flag(qwen3_dir, tokenizer_dir, tmp_path, capsys):
+    """Issue 62.8: a model directory holding weights but no tokenizer files is said to be
+    one, with `--tokenizer`, before any work (transformers would build a tokenizer that
+    knows no chat template); with `--tokenizer` the same directory plans."""
+    import shutil
+
+    from extract.__main__ import main
+
+    bare = tmp_path / "bare"
+    shutil.copytree(qwen3_dir, bare, ignore=shutil.ignore_patterns("tokenizer*", "vocab*", "merges*", "special*"))
+    corpus = write_chat_jsonl(tmp_path / "c.jsonl", coding_chats(2))
+    argv = ["plan", "--model", str(bare), "--corpus", str(corpus), "--store", str(tmp_path / "s"), "--dry-run"]
+    argv += ["--layers", "1,3"]
+    assert main(argv) == 2  # a usage error, as a missing path is
+    err = capsys.readouterr().err
+    assert f"{bare} holds no tokenizer" in err and "pass --tokenizer DIR" in err and "Traceback" not in err
+    assert main([*argv, "--tokenizer", str(tokenizer_dir)]) == 0
+
+
 def test_run_rejects_bad_layers_before_any_work(qwen3_dir, tmp_path, capsys):
     from extract.__main__ import main
 
