@@ -15,6 +15,7 @@ from store_schema.plan import (
 )
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.host import AUTO_DEVICE, available_cores
+from store_schema.runtime.hub import model_dir_arg
 
 from ..jobs.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_PROGRESS_INTERVAL, DEFAULT_WORKER_TIMEOUT, DEVICES
 
@@ -70,7 +71,12 @@ def add_space_flag(parser: argparse.ArgumentParser) -> None:
 
 def add_source_flags(parser: argparse.ArgumentParser) -> None:
     """What a job reads and writes: the target, its tokenizer, the corpus, the store, the layers."""
-    parser.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
+    parser.add_argument(
+        "--model",
+        required=True,
+        type=model_dir_arg,
+        help="target model directory (config.json, tokenizer), or a hub id in the local Hugging Face cache",
+    )
     parser.add_argument("--tokenizer", help="tokenizer directory if not the model's")
     parser.add_argument("--corpus", required=True, help="JSONL / Parquet file, directory of them, or datasets dir")
     parser.add_argument("--store", help="store path the plan is for")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from store_schema.plan import DEFAULT_MAX_LENGTH
+from store_schema.runtime.hub import model_dir_arg
 
 from ..generate.config import (
     DEFAULT_CONCURRENCY,
@@ -20,7 +21,12 @@ from .flags import add_device_flag, add_ray_flags, add_retry_flags, add_space_fl
 
 def add_parser(commands) -> None:
     gen = commands.add_parser("generate", help="regenerate every assistant turn with the target (resumes)")
-    gen.add_argument("--model", required=True, help="local target model directory (config.json, tokenizer)")
+    gen.add_argument(
+        "--model",
+        required=True,
+        type=model_dir_arg,
+        help="target model directory (config.json, tokenizer), or a hub id in the local Hugging Face cache",
+    )
     gen.add_argument(
         "--corpus", required=True, help="chat corpus: JSONL / Parquet file, directory of them, datasets dir"
     )

@@ -16,7 +16,6 @@ from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
 
 from ..jobs.settings import Execution
-from ..tokenization import tokenizer_missing
 
 DEFAULT_BATCH_TOKENS = 16384
 DEFAULT_BATCH_SHARDS = 4
@@ -64,9 +63,6 @@ class JobConfig:
             )
         if self.tokenizer is not None and not Path(self.tokenizer).exists():  # not a hub lookup: one line
             raise FileNotFoundError(f"--tokenizer {self.tokenizer}: no such directory")
-        missing = tokenizer_missing(self.tokenizer_path)
-        if missing:
-            raise FileNotFoundError(missing)
 
     @property
     def tokenizer_path(self) -> str:

@@ -42,7 +42,7 @@ from store_schema.runtime.progress import Progress
 
 from ..corpus import BadRecord, Corpus, open_corpus, sample_id_for
 from ..errors import PlanError, PlanWorkerError, QuarantineError, SampleMismatchError
-from ..tokenization import chat_template_hash, has_generation_tags, tokenize_record, tokenizer_hash
+from ..tokenization import chat_template_hash, has_generation_tags, tokenize_record, tokenizer_hash, tokenizer_missing
 
 PLANNER_VERSION = 1
 _CHUNK = 256  # records per parallel task: small enough to balance, big enough to amortise
@@ -201,7 +201,11 @@ def build_plan(
     ``tokenizer_path`` is what workers load (a model or tokenizer directory);
     pass an already loaded ``tokenizer`` of the same path to skip one load.
     ``strict`` raises `PlanError` at the first bad record instead of quarantining."""
-    tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(str(tokenizer_path))
+    if tokenizer is None:
+        missing = tokenizer_missing(tokenizer_path)
+        if missing:  # transformers would build one that knows no chat template
+            raise ValueError(missing)
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_path))
     corpus = open_corpus(corpus_path)
     limit = settings.limit
     stop = len(corpus) if limit is None else min(len(corpus), max(0, limit))

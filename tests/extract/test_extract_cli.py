@@ -56,7 +56,7 @@ def test_a_model_directory_without_a_tokenizer_names_it_and_the_flag(qwen3_dir, 
     corpus = write_chat_jsonl(tmp_path / "c.jsonl", coding_chats(2))
     argv = ["plan", "--model", str(bare), "--corpus", str(corpus), "--store", str(tmp_path / "s"), "--dry-run"]
     argv += ["--layers", "1,3"]
-    assert main(argv) == 2  # a usage error, as a missing path is
+    assert main(argv) == 1  # a directory that exists but is refused
     err = capsys.readouterr().err
     assert f"{bare} holds no tokenizer" in err and "pass --tokenizer DIR" in err and "Traceback" not in err
     assert main([*argv, "--tokenizer", str(tokenizer_dir)]) == 0

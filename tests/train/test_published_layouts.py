@@ -85,7 +85,8 @@ def test_the_27b_walkthrough_extracts_the_layers_its_default_drafter_trains_on(t
     )
     argv = ["plan", "--model", str(model), "--corpus", str(corpus), "--dry-run", "--json"]
     assert main(argv) == 1  # a config-only target has no tokenizer to plan with; its layers come first
-    assert "layers [5, 19, 33, 47, 61]: the published layouts of" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "layers [5, 19, 33, 47, 61]: the published layouts of" in err and "pass --tokenizer DIR" in err
     assert main([*argv, "--for-drafter", "dflash2,dflash"]) == 1
     assert "layers [1, 5, 16, 19, 31, 33, 46, 47, 61]" in capsys.readouterr().err
 

@@ -18,6 +18,7 @@ rows. Prints a table, or one JSON object with --json."""
 
 from __future__ import annotations
 
+from store_schema.runtime.hub import model_dir_arg
 from train.acceptance.config import EVAL_CLI_SAMPLES, LABELS, EvalConfig
 from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, DataConfig
@@ -35,8 +36,18 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--store", required=True, help="hidden-state store extracted from the target: a directory or s3://bucket/prefix"
     )
-    p.add_argument("--drafter", required=True, help="exported drafter directory, or a run directory holding one")
-    p.add_argument("--target", required=True, help="target model directory (its embed_tokens/lm_head are read)")
+    p.add_argument(
+        "--drafter",
+        required=True,
+        type=model_dir_arg,
+        help="exported drafter directory, a run directory holding one, or a cached hub id",
+    )
+    p.add_argument(
+        "--target",
+        required=True,
+        type=model_dir_arg,
+        help="target model directory (its embed_tokens/lm_head are read), or a cached hub id",
+    )
     p.add_argument("--split", choices=SPLITS, default="heldout", help="samples to evaluate (default heldout)")
     p.add_argument(
         "--heldout-fraction",

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.estimate import DEFAULT_MFU
+from store_schema.runtime.hub import model_dir_arg
 from train.cli import fraction_arg, positive_int
 from train.target_check import add_target_flags
 
@@ -44,7 +45,11 @@ def add_parser(subparsers) -> None:
         help="hidden-state store: a directory or s3://bucket/prefix (credentials and endpoint "
         "from the standard AWS variables: AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, profiles ...)",
     )
-    p.add_argument("--target", help="target model directory (config.json, safetensors, tokenizer)")
+    p.add_argument(
+        "--target",
+        type=model_dir_arg,
+        help="target model directory (config.json, safetensors, tokenizer) or cached hub id",
+    )
     p.add_argument("--out", help="run directory (required, except with --dry-run)")
     p.add_argument("--config", help="YAML (or JSON) config file")
     p.add_argument("--max-steps", type=int, help="optimizer steps (default: epochs over the store)")

@@ -16,6 +16,7 @@ error and that log's path."""
 
 from __future__ import annotations
 
+from store_schema.runtime.hub import model_dir_arg
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.cli.speculate import add_sampling_flags, add_thinking_flag
 from train.data.config import SPLITS
@@ -29,8 +30,13 @@ def add_parser(subparsers) -> None:
         help="serve the drafter with vLLM: lossless, served tau vs speculate's",
         description=__doc__.split("\n\n")[1],
     )
-    p.add_argument("--drafter", required=True, help="exported drafter directory, or a run directory holding one")
-    p.add_argument("--target", required=True, help="target model directory")
+    p.add_argument(
+        "--drafter",
+        required=True,
+        type=model_dir_arg,
+        help="exported drafter directory, a run directory holding one, or a cached hub id",
+    )
+    p.add_argument("--target", required=True, type=model_dir_arg, help="target model directory (or a cached hub id)")
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)"

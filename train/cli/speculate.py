@@ -15,6 +15,7 @@ NEAR_TIE_LOGIT_GAP) is reported with its gap and passes."""
 
 from __future__ import annotations
 
+from store_schema.runtime.hub import model_dir_arg
 from train.cli import dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, THINKING, DataConfig
 from train.dtypes import NAMES
@@ -30,10 +31,16 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--drafter",
         required=True,
+        type=model_dir_arg,
         help="drafter directory (config.json with dflash_config + "
-        "model.safetensors), or a run directory holding an export",
+        "model.safetensors), a run directory holding an export, or a cached hub id",
     )
-    p.add_argument("--target", required=True, help="target model directory (loaded whole with transformers)")
+    p.add_argument(
+        "--target",
+        required=True,
+        type=model_dir_arg,
+        help="target model directory (loaded whole with transformers), or a cached hub id",
+    )
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument(
         "--store", help="decode the store's held-out samples' prompts (a directory or s3://bucket/prefix)"

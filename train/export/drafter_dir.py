@@ -79,8 +79,21 @@ def resolve_drafter_dir(path: str | Path) -> Path:
         return path
     found = [p.parent for p in path.glob("**/config.json") if is_export(p.parent)]
     if not found:
-        raise FileNotFoundError(
-            f"{path}: no exported drafter (config.json with dflash_config + model.safetensors) here or below; "
-            "export a checkpoint first (python -m train export)"
-        )
+        raise FileNotFoundError(not_a_drafter(path))
     return max(found, key=lambda p: (p / "model.safetensors").stat().st_mtime)
+
+
+def not_a_drafter(path: Path) -> str:
+    """Why `path` holds no drafter, and what fixes it: a published drafter's download
+    lacks its weights (fetch it again), a run has checkpoints to export, else neither."""
+    config = path / "config.json"
+    if config.is_file() and not (path / "model.safetensors").is_file():
+        return f"{path}: config.json without model.safetensors beside it (an incomplete download? fetch it again)"
+    if config.is_file():
+        return f"{path}: its config.json is no drafter this trainer reads (no dflash_config, no known architectures)"
+    if any(path.glob("**/state.json")):
+        return f"{path}: a run without an exported drafter; export a checkpoint first (python -m train export)"
+    return (
+        f"{path}: no drafter directory (config.json with dflash_config + model.safetensors) here or below, "
+        "and no run with checkpoints to export"
+    )
