@@ -29,7 +29,12 @@ def cmd_info(args) -> int:
     from .runtime.units import human_bytes
     from .stores import backend
 
-    summary = _info_summary(backend(args.store).metadata())
+    store = backend(args.store).metadata()
+    if args.quarantined:
+        for record in quarantined_records(store.plan()):
+            print(json.dumps(record))
+        return EXIT_OK
+    summary = _info_summary(store)
     if args.json:
         print(json.dumps(summary))
         return EXIT_OK
@@ -42,6 +47,9 @@ def cmd_info(args) -> int:
     if quarantined:
         reasons = ", ".join(f"{reason} {count}" for reason, count in quarantined.items())
         print(f"quarantined  {sum(quarantined.values())} record(s) left out by the plan: {reasons}")
+        for row in first_per_reason(quarantined_records(store.plan())):
+            print(f"             record {row['record']}: {row['reason']}: {row['detail']}")
+        print(f"             (all of them: python -m store_schema info {args.store} --quarantined)")
     print(f"tokens       {summary['tokens']}")
     print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
     print(
@@ -84,6 +92,27 @@ def _info_summary(store) -> dict:
         "codec": store.codec.to_json(),
         "fingerprint": fp.to_json(),
     }
+
+
+def quarantined_records(plan) -> list[dict]:
+    """Every record the plan left out: its 1-based record number in the corpus, sample id, reason and detail."""
+    if plan is None:
+        return []
+    return [
+        {"record": q.record_index + 1, "sample_id": q.sample_id, "reason": q.reason, "detail": q.detail}
+        for q in plan.quarantined
+    ]
+
+
+def first_per_reason(records: list[dict], per_reason: int = 2) -> list[dict]:
+    """The first `per_reason` of each reason, in corpus order."""
+    seen: Counter = Counter()
+    first = []
+    for record in records:
+        seen[record["reason"]] += 1
+        if seen[record["reason"]] <= per_reason:
+            first.append(record)
+    return first
 
 
 def quarantined_by_reason(plan) -> dict[str, int]:
@@ -299,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_info = sub.add_parser("info", help="what a store holds")
     p_info.add_argument("store", help="a store directory, or s3://bucket/prefix (gs:// too)")
     p_info.add_argument("--json", action="store_true")
+    p_info.add_argument(
+        "--quarantined", action="store_true", help="list every record the plan left out (JSON lines) and nothing else"
+    )
     p_info.set_defaults(handler=cmd_info)
     add_verify_parser(sub)
     show_defaults(parser)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from store_schema.runtime.units import human_bytes
 from store_schema.stores import StoreBackend
 
+from ..corpus import open_corpus
 from ..jobs.dispatch import DispatchCounts
 from .config import JobConfig
 from .planning import summarize
@@ -69,6 +70,7 @@ def build_report(
         "attempts_revoked": counts.attempts_revoked,
         "quarantined": summary.quarantined,
         "quarantined_by_reason": summary.quarantined_by_reason,
+        "quarantined_first": first_quarantined(plan, config.corpus),
         "layer_ids": list(layer_ids),
         "target_topk": int(config.target_topk or 0),
         "workers": len(outcome.workers),
@@ -124,11 +126,24 @@ def summary_line(report: dict) -> str:
     return (
         f"extracted {report['shards_written']} shard(s) ({report['samples_written']} samples, "
         f"{report['tokens_written']} tokens), {report['shards_skipped']} already committed, "
-        f"{quarantine_text(report['quarantined'], report['quarantined_by_reason'])}; "
+        f"{quarantine_text(report['quarantined'], report['quarantined_by_reason'])}"
+        + (
+            f" (first: {report['quarantined_first']}; all: python -m store_schema info {report['store']} --quarantined)"
+            if report.get("quarantined_first")
+            else ""
+        )
+        + "; "
         f"{report['tokens_per_s']:.0f} tokens/s, "
         f"{human_bytes(int(report['bytes_per_s']))}/s on {report['workers']} worker(s)"
         + (f", padded/real tokens {ratio:.3f}" if ratio else "")
     )
+
+
+def first_quarantined(plan, corpus) -> str | None:
+    """The first quarantined records of each reason, by file and line (None: none)."""
+    if not plan.quarantined:
+        return None
+    return quarantine_examples(plan.quarantined, open_corpus(corpus).where)
 
 
 def quarantine_examples(quarantined, where, per_reason: int = 2) -> str:

@@ -95,6 +95,7 @@ def test_reference_run_report_quarantine_and_verify(reference, corpus):
     assert report["shards_written"] == report["shards"] > 2 and report["shards_skipped"] == 0
     assert report["samples"] == report["samples_written"] == len(good)
     assert report["quarantined_by_reason"] == {**{reason: 1 for reason in bad}, "malformed_json": 1}
+    assert "chats.jsonl line " in report["quarantined_first"]  # issue 62.5: by file and line
     assert report["workers"] == 2 and report["kernels"]["linear_attention"] in ("torch", "fla")
     assert report["tokens_per_s"] > 0 and report["bytes_per_s"] > 0
     assert report["shards_committed"] == report["shards"] and not report["plan_reused"]

@@ -236,6 +236,11 @@ def test_run_reports_quarantine_reasons():
         padded_token_ratio=1.1,
     )
     assert "3 record(s) quarantined (no_assistant_turn 2, unsafe_id 1)" in summary_line(report)
+    report.update(store="/s", quarantined_first="c.jsonl:2: unsafe_id: '../x'")  # issue 62.5: where they are
+    assert (
+        "3 record(s) quarantined (no_assistant_turn 2, unsafe_id 1) (first: c.jsonl:2: unsafe_id: '../x'; "
+        "all: python -m store_schema info /s --quarantined)"
+    ) in summary_line(report)
 
 
 def test_help_shows_defaults_and_only_the_flags_each_command_uses(capsys):

@@ -310,6 +310,20 @@ def test_info_counts_quarantined_records_by_reason(tmp_path, capsys):
     assert cli(["info", str(tmp_path / "s")]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "quarantined  3 record(s) left out by the plan: too_short 2, bad_json 1" in lines, lines
+    # Issue 62.5: the first records of each reason (1-based record numbers), and where the rest are.
+    assert (
+        "             record 4: too_short: 2 loss tokens" in lines
+        and "             record 9: too_short: 1 loss token" in lines
+    )
+    assert "             record 6: bad_json: " in lines
+    assert f"             (all of them: python -m store_schema info {tmp_path / 's'} --quarantined)" in lines
+    assert cli(["info", str(tmp_path / "s"), "--quarantined"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["record"], r["sample_id"], r["reason"]) for r in listed] == [
+        (4, "r3", "too_short"),
+        (6, None, "bad_json"),
+        (9, "r8", "too_short"),
+    ]
     assert cli(["info", str(tmp_path / "s"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["quarantined"] == {"too_short": 2, "bad_json": 1}
     builders.random_store(tmp_path / "clean", num_shards=1)
