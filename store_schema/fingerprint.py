@@ -63,6 +63,7 @@ _ADDED_LATER = {
     "loss_mask": "content",
     "response_provenance": UNKNOWN,
     "response_sampling": {},
+    "target_config": {},
     "target_weights_sample_sha256": "",
     "target_weights_sha256": "",
 }
@@ -80,6 +81,7 @@ class Fingerprint:
     dtype: str = "bfloat16"  # the store dtype of hidden states: bfloat16 or fp8_e4m3 (store_schema.dtypes)
     target_revision: str = ""
     target_config_sha256: str = ""
+    target_config: dict = field(default_factory=dict)  # its config.json: a differing target is told by field
     target_weights_index_sha256: str = ""
     target_weights_sample_sha256: str = ""  # `weights_sample_sha256`: tells same-shaped weights apart
     target_weights_sha256: str = ""  # `runtime.weights_digest`: every byte, for --full-weights-check
@@ -140,6 +142,7 @@ class Fingerprint:
             loss_mask=settings.loss_mask,
             response_provenance=response_provenance,
             response_sampling=dict(response_sampling or {}),
+            target_config=read_config_json(identity["target_model"]),
         )
 
     def to_json(self) -> dict:
@@ -279,6 +282,35 @@ def target_identity(model_path: str | Path, full: bool = True) -> dict:
         "target_weights_index_sha256": weights_index_sha256(path),
         "target_weights_sample_sha256": weights_sample_sha256(path),
     }
+
+
+def read_config_json(model_path: str | Path) -> dict:
+    """A target directory's config.json, parsed ({} when it cannot be read)."""
+    try:
+        return json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def config_field_differences(recorded: Mapping, model_path: str | Path) -> list[str]:
+    """'field: recorded -> found' for each config.json field (nested ones dotted) that
+    differs between the recorded config and the one at `model_path`."""
+
+    def flat(data: Mapping, prefix: str = "") -> dict:
+        out: dict = {}
+        for key, value in data.items():
+            if isinstance(value, Mapping):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    have, found = flat(recorded), flat(read_config_json(model_path))
+    return [
+        f"{k}: {have.get(k)!r} -> {found.get(k)!r}"
+        for k in sorted(set(have) | set(found))
+        if have.get(k) != found.get(k)
+    ]
 
 
 def file_sha256(*paths) -> str:

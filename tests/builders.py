@@ -206,9 +206,11 @@ def random_store(
 
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    from store_schema.fingerprint import target_identity
+    from store_schema.fingerprint import read_config_json, target_identity
 
     identity = target_identity(target_dir) if target_dir is not None else {"target_model": "random"}
+    if target_dir is not None:  # as an extraction records its target (Fingerprint.for_extraction)
+        identity["target_config"] = read_config_json(target_dir)
     fingerprint = Fingerprint(
         **identity,
         num_target_layers=num_target_layers,

@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from store_schema.fingerprint import config_field_differences
+
 ALLOW_FLAG = "--allow-other-target"
 FULL_FLAG = "--full-weights-check"
 
@@ -19,15 +21,26 @@ FULL_FLAG = "--full-weights-check"
 class OtherTargetError(ValueError):
     """The target directory is not the store's target (exit 1); names each field."""
 
-    def __init__(self, differences: dict, target: str | Path, store: str | Path):
+    def __init__(self, differences: dict, target: str | Path, store: str | Path, config_fields: list[str] = ()):
         self.differences = differences
         fields = "; ".join(
-            f"{name}: store has {_short(have)}, {target} has {_short(got)}" for name, (have, got) in differences.items()
+            describe(name, have, got, target, config_fields) for name, (have, got) in differences.items()
         )
         super().__init__(
             f"--target {target} is not the checkpoint {store} was extracted from ({fields}); pass "
             f"{ALLOW_FLAG} to use it anyway (the run records it)"
         )
+
+
+def describe(name: str, have, got, target, config_fields) -> str:
+    """One difference in words: the config.json fields that differ where the store
+    recorded its target's config (`Fingerprint.target_config`), else the two values."""
+    if name == "target_config_sha256" and config_fields:
+        shown = "; ".join(config_fields[:6]) + (
+            f"; and {len(config_fields) - 6} more" if len(config_fields) > 6 else ""
+        )
+        return f"config.json fields (store's target -> {target}): {shown}"
+    return f"{name}: store has {_short(have)}, {target} has {_short(got)}"
 
 
 def check_target(
@@ -52,8 +65,12 @@ def check_target(
     differences = store.fingerprint.target_differences(target, full=full)
     if not differences:
         return {}
+    recorded = store.fingerprint.target_config
+    config_fields = (
+        config_field_differences(recorded, target) if recorded and "target_config_sha256" in differences else []
+    )
     if not allow_other_target:
-        raise OtherTargetError(differences, target, store.path)
+        raise OtherTargetError(differences, target, store.path, config_fields)
     log(
         f"warning: {target} differs from the target {store.path} was extracted from "
         f"({', '.join(differences)}); going on ({ALLOW_FLAG})"

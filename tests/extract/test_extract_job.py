@@ -109,6 +109,7 @@ def test_reference_run_report_quarantine_and_verify(reference, corpus):
     assert json.loads((store / report["report"]).read_text()) == report
     fp = reader.fingerprint
     assert list(fp.layer_ids) == LAYERS and fp.num_target_layers == 8 and fp.hidden_size == 64
+    assert fp.target_config["num_hidden_layers"] == 8  # its config.json, to name a differing field later
     assert fp.corpus_sha256 and fp.tokenizer_sha256 and fp.chat_template_sha256 and fp.target_config_sha256
     assert fp.kernels == report["kernels"] and fp.kernels["compute_dtype"] == "float32"
 

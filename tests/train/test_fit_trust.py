@@ -109,8 +109,11 @@ def test_another_config_of_the_same_sizes_is_refused(store, qwen3_dir, tmp_path)
     config = json.loads((other / "config.json").read_text())
     config["rms_norm_eps"] = 1e-5
     (other / "config.json").write_text(json.dumps(config))
-    with pytest.raises(OtherTargetError, match="target_config_sha256"):
+    with pytest.raises(OtherTargetError) as refused:
         Trainer.from_config(config_for(store, other, tmp_path / "run", max_steps=1))
+    assert "target_config_sha256" in refused.value.differences
+    # Issue 62.8: the field that differs, not two hashes (the store records its target's config.json).
+    assert f"config.json fields (store's target -> {other}): rms_norm_eps: 1e-06 -> 1e-05" in str(refused.value)
 
 
 # -- 4: nothing cut short ---------------------------------------------------------------------------
