@@ -60,7 +60,7 @@ def test_tree_decoding_is_lossless(target, request, tokenizer):
     target_dir = request.getfixturevalue(target)
     model, drafter = load_model(target_dir), dflash_drafter(target_dir)
     expected = "tree_attention" if target == "qwen3_dir" else "chains"
-    assert verification_method(TargetSession(model)) == expected
+    assert verification_method(model) == expected
     for prompt in builders.chat_prompts(tokenizer, 2):
         greedy = greedy_generate(model, prompt, NEW_TOKENS, []).tokens
         for budget in (1, 8, 22):

@@ -67,6 +67,17 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+def plain_attention_cache(cache) -> bool:
+    """Whether every layer of a cache keeps plain per-position keys/values (not
+    recurrent, not a sliding window)."""
+    return all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def tree_maskable(model) -> bool:
+    """Whether `model`'s cache layout (its config's, no forward run) is `plain_attention_cache`."""
+    return plain_attention_cache(DynamicCache(config=model.config))
+
+
 class TargetSession:
     """One sequence through the target: positions [0, length) are in the cache.
 
@@ -144,9 +155,9 @@ class TargetSession:
         return torch.cat([layers[layer][0] for layer in self.context_layer_ids], dim=-1)
 
     def tree_maskable(self) -> bool:
-        """Whether every layer keeps plain per-position keys/values, so a forward can take a
-        tree mask and `keep_nodes` can pick positions (not recurrent, not a sliding window)."""
-        return all(type(layer) is DynamicLayer for layer in self.cache.layers)
+        """Whether this session's cache is `plain_attention_cache`: a forward can take a
+        tree mask and `keep_nodes` can pick positions."""
+        return plain_attention_cache(self.cache)
 
     @torch.no_grad()
     def forward_tree(self, ids: torch.Tensor, depths: list[int], visible: torch.Tensor):

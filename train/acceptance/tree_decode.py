@@ -29,6 +29,7 @@ from itertools import islice
 
 import torch
 
+from train.acceptance.target_decode import tree_maskable
 from train.measures import best_first_tree
 
 
@@ -76,9 +77,9 @@ def grow_tree(slot_logits: torch.Tensor, anchor_id: int, budget: int) -> DraftTr
     return tree
 
 
-def verification_method(target) -> str:
-    """What `verify_tree` runs on this target (module docstring)."""
-    return "tree_attention" if target.tree_maskable() else "chains"
+def verification_method(model) -> str:
+    """What `verify_tree` runs on this target model (module docstring), from its cache layout."""
+    return "tree_attention" if tree_maskable(model) else "chains"
 
 
 def verify_tree(target, tree: DraftTree, start: int) -> tuple[list[int], torch.Tensor]:

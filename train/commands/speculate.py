@@ -18,7 +18,7 @@ from store_schema.runtime.target_model import compute_dtype, load_target_model
 from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import open_store
 from train.acceptance.speculate import baseline_name, decode_prompt, summarize
-from train.acceptance.target_decode import TargetSession, stop_token_ids
+from train.acceptance.target_decode import stop_token_ids
 from train.acceptance.tree_decode import verification_method
 from train.commands.eval import heldout_fraction
 from train.data.prompt_sets import prompt_sources
@@ -195,7 +195,7 @@ def tree_summary(loaded: Decoding, budget: int | None) -> dict | None:
     return {
         "budget": budget,
         "built_over": "each drafted slot's top tokens by the drafter's log-softmax (DFlash 2: its unary lists)",
-        "verify": verification_method(TargetSession(loaded.model)),
+        "verify": verification_method(loaded.model),
     }
 
 
