@@ -116,6 +116,26 @@ def test_another_config_of_the_same_sizes_is_refused(store, qwen3_dir, tmp_path)
     assert f"config.json fields (store's target -> {other}): rms_norm_eps: 1e-06 -> 1e-05" in str(refused.value)
 
 
+def test_one_top_k_rule_names_every_setting_that_reads_it(store, qwen3_dir, tmp_path):
+    """Issue 61.2: the top-k rule is written once (train.compatibility.check_topk) and its
+    message names the settings that read the target's top-k and how to extract it."""
+    from train.acceptance.config import EvalConfig
+    from train.acceptance.evaluate import evaluate
+    from train.families.dflash.build import build_drafter
+    from train.fitting.preflight import topk_readers
+    from train.target_head import load_target_head
+
+    sets = ("loss.labels=target", "loss.position_weights=decay", "eval.labels=target")
+    config = config_for(store, qwen3_dir, tmp_path / "run", *sets, max_steps=1)
+    assert topk_readers(config) == ["loss.labels=target", "eval.labels=target"]
+    with pytest.raises(ConfigError, match="config loss.labels=target / eval.labels=target need the target's top-k"):
+        Trainer.from_config(config)
+    trainer_config = config_for(store, qwen3_dir, tmp_path / "ok", max_steps=1)
+    drafter = build_drafter(Trainer.from_config(trainer_config).drafter.config)
+    with pytest.raises(ConfigError, match=r"config eval.labels=target need .* \(extract with --target-topk K\)"):
+        evaluate(drafter, load_target_head(qwen3_dir), str(store), EvalConfig(labels="target"))
+
+
 # -- 4: nothing cut short ---------------------------------------------------------------------------
 def test_max_steps_wins_over_epochs_and_the_schedule_is_built_for_them(store, qwen3_dir, tmp_path):
     messages = []

@@ -51,6 +51,7 @@ from store_schema.stores import open_store
 from store_schema.tools.local_copy import local_copy_holding
 from train.acceptance.config import EvalConfig
 from train.acceptance.stands_for import tau_stands_for
+from train.compatibility import check_drafter_against_store, check_topk
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations
 from train.families.family import DraftedBlocks
 from train.families.kinds import family_of
@@ -327,19 +328,5 @@ def first_response(sample, max_tokens: int | None = None):
 
 
 def _check_store(drafter, head, store, config: EvalConfig) -> None:
-    check_compatible(drafter, head, store)
-    if config.labels == "target" and not store.fingerprint.target_topk:
-        raise ValueError(
-            f"{store.path}: labels='target' needs the target's top-k predictions, "
-            "but this store has none (extract with topk=K)"
-        )
-
-
-def check_compatible(drafter, head, store) -> None:
-    """Refuse a store that was not extracted from the drafter's target: hidden
-    size, layer count, vocabulary and the context layers must all agree."""
-    config = drafter.config
-    store.fingerprint.check(
-        hidden_size=config.hidden_size, num_target_layers=config.num_target_layers, vocab_size=head.vocab_size
-    )
-    store.require_layers(config.context_layer_ids)
+    check_drafter_against_store(drafter.config, head.vocab_size, store)
+    check_topk(store, ["eval.labels=target"] if config.labels == "target" else [])

@@ -21,12 +21,12 @@ from train.acceptance.speculate import baseline_name, decode_prompt, summarize
 from train.acceptance.target_decode import stop_token_ids
 from train.acceptance.tree_decode import verification_method
 from train.commands.eval import heldout_fraction
+from train.compatibility import check_drafter_against_target, check_store_against_target
 from train.data.prompt_sets import prompt_sources
 from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import load_drafter, resolve_drafter_dir
 from train.families.kinds import family_of
-from train.fitting.preflight import check_store_against_target
 from train.sampling import Sampling
 from train.target_check import check_target
 
@@ -83,19 +83,6 @@ def mean_or_none(values):
     return round(sum(values) / len(values), 4) if values else None
 
 
-def check_compatible(drafter_config, model, where) -> None:
-    """Refuse a drafter made for another target, naming the field."""
-    embed = model.get_input_embeddings().weight
-    checks = {
-        "hidden_size": (drafter_config.hidden_size, embed.shape[1]),
-        "vocab_size": (drafter_config.vocab_size, embed.shape[0]),
-        "num_target_layers": (drafter_config.num_target_layers, model.config.get_text_config().num_hidden_layers),
-    }
-    for name, (drafter_value, target_value) in checks.items():
-        if drafter_value != target_value:
-            raise ValueError(f"{where}: drafter {name} {drafter_value} does not match the target's {target_value}")
-
-
 def open_prompt_source(args):
     """The store (or None for --prompts), opened before any model loads, so a wrong
     path is refused at once."""
@@ -143,7 +130,9 @@ def load_decoding(args, command: str) -> Decoding:
     read_config_json(args.target)  # a wrong path is refused before the line below
     say(f"{command}: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")
     model = load_target_model(args.target, device, dtype).model
-    check_compatible(drafter.config, model, drafter_dir / "config.json")
+    embed = model.get_input_embeddings().weight
+    layers = model.config.get_text_config().num_hidden_layers
+    check_drafter_against_target(drafter.config, embed.shape[1], embed.shape[0], layers, drafter_dir / "config.json")
     tokenizer = _tokenizer(args.target)
     prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
     if not prompts:

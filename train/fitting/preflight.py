@@ -24,8 +24,8 @@ from store_schema.location import is_object_store
 from store_schema.runtime.target_config import TargetConfig, read_target_config
 from store_schema.stores import open_store
 from store_schema.tools.verify import vanished, verify_store
+from train.compatibility import check_store_against_target, check_topk
 from train.config import RunConfig
-from train.config_error import ConfigError
 from train.data.heldout import is_heldout
 from train.families.family import DrafterPlan, StartSource
 from train.families.kinds import family_of
@@ -84,8 +84,18 @@ def check_store(config: RunConfig, checks: FitChecks, log: Callable[[str], None]
     other_target = check_target(
         store, config.target, allow_other_target=checks.allow_other_target, full=checks.full_weights, log=log
     )
-    check_topk(store, config)
+    check_topk(store, topk_readers(config))
     return StoreCheck(store, target, other_target)
+
+
+def topk_readers(config: RunConfig) -> list[str]:
+    """The settings of a run that read the target's top-k from the store."""
+    settings = {
+        "loss.labels=target": config.loss.labels == "target",
+        "loss.kl_mix > 0": config.loss.kl_mix > 0,
+        "eval.labels=target": config.eval.labels == "target",
+    }
+    return [name for name, reads in settings.items() if reads]
 
 
 def check_data(
@@ -106,26 +116,6 @@ def check_data(
     damaged = integrity_pass(store, config, log, world, device, checks.verify_first) if checks.verify else []
     check_heldout(store, config, log)
     return damaged
-
-
-def check_topk(store: Store, config: RunConfig) -> None:
-    """Labels or KL from the target need its top-k in the store."""
-    if config.loss.labels == "target" or config.loss.kl_mix > 0 or config.eval.labels == "target":
-        if not store.fingerprint.target_topk:
-            raise ConfigError(
-                "config loss.labels=target / loss.kl_mix > 0 / eval.labels=target need the target's top-k "
-                f"in the store; {store.path} was extracted without it"
-            )
-
-
-def check_store_against_target(store: Store, target: TargetConfig) -> None:
-    """Refuse a store made from another target (FingerprintMismatch naming each
-    differing field). A store holding the target's final
-    layer never gets here: its fingerprint is refused when the store is opened
-    (`store_schema.layout.validate_layer_ids`)."""
-    store.fingerprint.check(
-        hidden_size=target.hidden_size, vocab_size=target.vocab_size, num_target_layers=target.num_hidden_layers
-    )
 
 
 def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) -> None:
