@@ -2,8 +2,8 @@
 evaluation, export and dry run call a family only through this interface, and find
 it by the architecture a config names (`train.families.kinds`).
 
-A family is a folder (`train/families/dflash/`: DFlash and DFlash 2) whose
-`__init__.py` exposes one `DrafterFamily`. Its config is the drafter config its
+A family is a folder (`train/families/dflash/`: DFlash and DFlash 2) holding one
+`DrafterFamily` subclass, which the registry instantiates. Its config is the drafter config its
 `build` takes (every one names its `architecture` and its `context_layer_ids`, the
 store's layers it reads, in order); the run's `model` / `loss` sections reach it
 unchanged."""
@@ -13,7 +13,6 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -229,9 +228,9 @@ class DrafterFamily(ABC):
         """The positions [N] a training step may draft from in a sequence of this loss
         mask (DFlash: its anchors); none: the sequence has nothing to train on."""
 
+    @abstractmethod
     def sample_filter(self, config) -> Callable[[torch.Tensor], bool]:
         """Whether a loss mask has a trainable position: what the loader keeps."""
-        return partial(_has_positions, self, config)
 
     @abstractmethod
     def pad_length(self, config) -> int:
@@ -309,7 +308,3 @@ class DrafterFamily(ABC):
     @abstractmethod
     def load(self, model_dir: Path, dtype: torch.dtype | None, device) -> nn.Module:
         """Rebuild the drafter of an export directory (dtype None: as stored)."""
-
-
-def _has_positions(family: DrafterFamily, config, loss_mask: torch.Tensor) -> bool:
-    return family.trainable_positions(loss_mask, config).numel() > 0

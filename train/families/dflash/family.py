@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -56,7 +57,7 @@ class DFlashFamily(DrafterFamily):
     def trainable_positions(self, loss_mask: torch.Tensor, config) -> torch.Tensor:
         return anchor_candidates(loss_mask, config.block_size)
 
-    def sample_filter(self, config):
+    def sample_filter(self, config) -> Callable[[torch.Tensor], bool]:
         return partial(has_anchor, config.block_size)
 
     def pad_length(self, config) -> int:
