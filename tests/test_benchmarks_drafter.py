@@ -16,7 +16,7 @@ def test_drafter_bench_smoke():
     text = figures["store_text"]  # how memorisable the store's replies are, printed before the ranking
     assert figures["store"] == "demo" and 0 < text["distinct_reply_tokens"] <= text["reply_tokens"]
     variants = figures["variants"]  # DFlash / DFlash 2, each decoded losslessly
-    assert set(variants) == {"dflash_decay", "dflash2_warm"}  # drafter_bench.SMOKE_VARIANTS
+    assert set(variants) == {"dflash_decay", "dflash2_warm", "eagle3"}  # drafter_bench.SMOKE_VARIANTS
     assert all(v["lossless"] and v["decode_tau"] >= 1.0 for v in variants.values())
     assert all(v["decode_tau_t1"] >= 1.0 for v in variants.values())  # ranked at T 0 and at T 1
     assert set(figures["rank_t0"]) == set(figures["rank_t1"]) == set(variants)

@@ -414,3 +414,26 @@ def test_the_commands_config_only_target_prints_run_as_printed(tmp_path, capsys)
     planned = run_printed(printed[-2].removeprefix("next: "))
     assert planned["layer_ids"] == LAYERS and planned["samples"] > 0
     assert run_printed(printed[-1].strip())["mask_token_id"] == 248_070
+
+
+def test_fit_dry_run_sizes_the_27b_eagle3_drafter(qwen3_6_27b, tmp_path, capsys):
+    """Issue 63.4: EAGLE-3 for the 27B target, counted by formula: `fc` over three layers,
+    one Llama layer at the target's attention geometry (24 x 256 queries, 4 x 256 keys)
+    over the 2H-wide [embedding | hidden] row, four norms, a 32,000-token head."""
+    from train.cli import main
+
+    model, _ = qwen3_6_27b
+    argv = ["fit", "--dry-run", "--target", str(model), "--out", str(tmp_path / "run"), "--nproc", "8"]
+    assert main([*argv, "--samples", "902000", "--gpu-tflops", "989", "--set", "model.architecture=eagle3"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out.strip().splitlines()[-1])
+    q, kv, draft_vocab = 24 * 256, 4 * 256, 32_000
+    params = 3 * H * H + 2 * H * q + 2 * 2 * H * kv + q * H + MLP + 4 * H + draft_vocab * H
+    assert report["architecture"] == "eagle3" and report["drafter_parameters"] == params
+    assert report["draft_vocab_size"] == draft_vocab and report["ttt_steps"] == 7
+    assert report["context_layer_ids"] == [1, 31, 60]  # vLLM's default aux layers (2, 32, 61), in this project's ids
+    per_position = 2 * (2 * H + 3 * q + 4 * kv + H + 4 * I) + 3 * 4 * H + 3 * 4 * draft_vocab
+    scores = 24 * 3072 * 3072 * 8
+    assert report["activations"]["bytes"] == 7 * (3072 * per_position + scores)
+    assert "EAGLE-3 (1 layer), aux layers [1, 31, 60], draft vocabulary 32,000, training-time test 7 steps" in out
+    assert report["tokens_per_s"] > 0 and report["run_hours"] > 0

@@ -1,8 +1,9 @@
 """One typed config for a training run: dataclass sections, validated at load.
 
-Each section lives beside the part that owns it (`data`: train.data.config, `model`:
-train.families.dflash.config, `eval`: train.acceptance.config, and the fitting loop's `loss`,
-`optim`, `train`, `log`: train.fitting.config); this file only composes them.
+Each section lives beside the part that owns it (`data`: train.data.config, `model` and
+`loss`: train.families.config, composed from the drafter families' own, `eval`:
+train.acceptance.config, `optim`, `train`, `log`: train.fitting.config); this file only
+composes them.
 `train.config_loading.load_config` reads one from a file, flags and `--set` overrides;
 `RunConfig.save` writes the resolved config into the run directory as `config.yaml`
 (and `config.json`), which is what `--resume` and `diagnose` read back.
@@ -20,7 +21,7 @@ import yaml
 from train.acceptance.config import EvalConfig
 from train.config_error import require
 from train.data.config import DataConfig
-from train.families.dflash.config import LossConfig, ModelConfig
+from train.families.config import LossConfig, ModelConfig
 from train.fitting.config import LogConfig, OptimConfig, TrainConfig
 
 CONFIG_FILE = "config.yaml"  # a run directory's saved config

@@ -16,7 +16,7 @@ from train.acceptance.speculate import (
 )
 from train.config_error import ConfigError
 from train.config_loading import load_config
-from train.families.dflash.step import add_context_noise
+from train.context_noise import add_context_noise
 
 
 def test_speculate_is_exact_in_fp32_and_forgives_only_near_ties_in_bf16():

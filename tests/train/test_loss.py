@@ -9,11 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from train.context_noise import add_context_noise
 from train.families.dflash.config import LossConfig, ModelConfig
-from train.families.dflash.loss import block_metrics, dflash_loss
+from train.families.dflash.loss import dflash_loss
 from train.families.dflash.model import DFlashDrafter, DrafterConfig
-from train.families.dflash.step import StepSample, add_context_noise, dflash_step
+from train.families.dflash.step import StepSample, dflash_step
 from train.families.dflash.targets import block_targets, default_gamma, slot_weights
+from train.measures import block_metrics
 from train.target_head import TargetHead
 
 HIDDEN, VOCAB, BLOCK, T = 64, 512, 8, 64

@@ -14,12 +14,13 @@ from torch import nn
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.families.dflash.config import LossConfig, ModelConfig
-from train.families.dflash.loss import block_metrics, dflash_loss, dpace_weights
+from train.families.dflash.loss import dflash_loss, dpace_weights
 from train.families.dflash.model import DFlashDrafter, DrafterConfig
 from train.families.dflash.selector_loss import selector_loss, selector_weight_at
 from train.families.dflash.step import dflash_step
 from train.families.dflash.targets import block_targets
 from train.families.family import StepResult, StepSample
+from train.measures import block_metrics
 from train.target_head import TargetHead
 
 

@@ -212,9 +212,9 @@ def test_a_drafter_family_is_reached_only_through_the_registry():
     """Issue 63: outside `train/families/`, no module imports a family's folder (the
     trainer, loader, evaluation, decoding, export and dry run call the interface,
     `train.families.family`, found by the registry, `train.families.kinds`); the one
-    exception left is the run config composing the family's `model` / `loss` sections."""
-    composing = {"train.config"}
-    interface = ("train.families.family", "train.families.kinds")
+    run config reads the sections the families compose (`train.families.config`)."""
+    composing: set[str] = set()
+    interface = ("train.families.family", "train.families.kinds", "train.families.config")
     direct = [
         f"{name} imports {target}"
         for name, (path, tree) in modules().items()
@@ -226,4 +226,9 @@ def test_a_drafter_family_is_reached_only_through_the_registry():
     ]
     assert not direct, direct
     families = {unit(name) for name in modules() if name.startswith("train.families.")}
-    assert {"train.families.dflash", "train.families.family", "train.families.kinds"} <= families
+    assert {
+        "train.families.dflash",
+        "train.families.eagle3",
+        "train.families.family",
+        "train.families.kinds",
+    } <= families

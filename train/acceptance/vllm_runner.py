@@ -28,6 +28,7 @@ from importlib.metadata import PackageNotFoundError, version
 REFUSED = 3
 DFLASH_MODULE = "vllm.model_executor.models.qwen3_dflash"
 DFLASH2_MODULE = "vllm.model_executor.models.qwen3_dflash2"
+EAGLE3_MODULE = "vllm.model_executor.models.llama_eagle3"
 MIXED_LAYOUT_ON_CPU = (
     "the drafter mixes sliding and full attention layers: vLLM serves that only with its V2 "
     "model runner (VLLM_USE_V2_MODEL_RUNNER=1), which needs Triton and a GPU"

@@ -1,6 +1,6 @@
 """A drafter directory (`config.json` + `model.safetensors`) of any family: written
 and read through the family the drafter's architecture names (`train.families.kinds`),
-each in the format its engines load (DFlash: `train.families.dflash.export`).
+each in the format its engines load (DFlash: `train.families.dflash.export`; EAGLE-3: `train.families.eagle3.export`).
 
 An export of this trainer also records, under the top-level key `heldout_split`
 (which other loaders ignore), how the run split its samples: `{"fraction": f,
@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from train.data.heldout import heldout_fraction_of, heldout_record
-from train.families.kinds import claims_export, family_of, family_of_export
+from train.families.kinds import claims_export, exported_classes, family_of, family_of_export
 
 HELDOUT_SPLIT_KEY = "heldout_split"
 
@@ -90,10 +90,10 @@ def not_a_drafter(path: Path) -> str:
     if config.is_file() and not (path / "model.safetensors").is_file():
         return f"{path}: config.json without model.safetensors beside it (an incomplete download? fetch it again)"
     if config.is_file():
-        return f"{path}: its config.json is no drafter this trainer reads (no dflash_config, no known architectures)"
+        return f"{path}: its config.json is no drafter this trainer reads (architectures {exported_classes()})"
     if any(path.glob("**/state.json")):
         return f"{path}: a run without an exported drafter; export a checkpoint first (python -m train export)"
     return (
-        f"{path}: no drafter directory (config.json with dflash_config + model.safetensors) here or below, "
+        f"{path}: no drafter directory (config.json + model.safetensors) here or below, "
         "and no run with checkpoints to export"
     )

@@ -2,11 +2,12 @@
 evaluation, export and dry run call a family only through this interface, and find
 it by the architecture a config names (`train.families.kinds`).
 
-A family is a folder (`train/families/dflash/`: DFlash and DFlash 2) holding one
-`DrafterFamily` subclass, which the registry instantiates. Its config is the drafter config its
-`build` takes (every one names its `architecture` and its `context_layer_ids`, the
-store's layers it reads, in order); the run's `model` / `loss` sections reach it
-unchanged."""
+A family is a folder (`train/families/dflash/`: DFlash and DFlash 2;
+`train/families/eagle3/`: EAGLE-3) holding one `DrafterFamily` subclass, which the
+registry instantiates. Its config is the drafter config its `build` takes (every one
+names its `architecture` and its `context_layer_ids`, the store's layers it reads, in
+order); the run's `model` / `loss` sections (`train.families.config`, composed from
+each family's own) reach it unchanged."""
 
 from __future__ import annotations
 
@@ -213,9 +214,20 @@ class DrafterFamily(ABC):
         """The `model.init_from` weights into a new run's drafter."""
 
     @abstractmethod
-    def check_store(self, config, loss, store) -> None:
+    def start_fresh(self, drafter, store, heldout_fraction: float, log) -> None:
+        """What a new run (not fine-tuned, not resumed) takes from the store before
+        step 1 (EAGLE-3: its draft vocabulary, from the training split's replies)."""
+
+    @abstractmethod
+    def check_store(self, config, loss, store, log) -> None:
         """Refuse (ConfigError naming the field) a planned drafter the store's samples
-        or the run's `loss` section cannot train."""
+        or the run's `loss` section cannot train; say what the loss will be where the
+        store decides it."""
+
+    @abstractmethod
+    def resolved_model(self, model, config):
+        """The run's `model` section with what planning fixed (DFlash: the mask token
+        id), as the run saves and resumes it."""
 
     # -- training ---------------------------------------------------------------------------
     @abstractmethod

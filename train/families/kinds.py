@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 from train.families.dflash.family import DFlashFamily
+from train.families.eagle3.family import Eagle3Family
 from train.families.family import DrafterFamily
 
-FAMILIES: tuple[DrafterFamily, ...] = (DFlashFamily(),)
+FAMILIES: tuple[DrafterFamily, ...] = (DFlashFamily(), Eagle3Family())
 LEGACY_ARCHITECTURE = "dflash"  # what a checkpoint written before families recorded none trained
 BY_ARCHITECTURE = {variant: family for family in FAMILIES for variant in family.variants}
 
@@ -40,6 +41,11 @@ def claims_export(data: dict) -> bool:
     return any(family.claims_export(data) for family in FAMILIES)
 
 
+def exported_classes() -> str:
+    """The config.json `architectures` the families read, for messages."""
+    return " / ".join(name for family in FAMILIES for name in family.exported_classes)
+
+
 def family_of_export(model_dir: Path) -> DrafterFamily:
     """The family that reads the drafter directory `model_dir` (its config.json's
     `architectures`); ValueError naming the file and the classes the families read."""
@@ -47,6 +53,5 @@ def family_of_export(model_dir: Path) -> DrafterFamily:
     data = json.loads(path.read_text())
     found = next((family for family in FAMILIES if family.claims_export(data)), None)
     if found is None:
-        classes = [name for family in FAMILIES for name in family.exported_classes]
-        raise ValueError(f"{path}: architectures {data.get('architectures')} not supported ({' or '.join(classes)})")
+        raise ValueError(f"{path}: architectures {data.get('architectures')} not supported ({exported_classes()})")
     return found

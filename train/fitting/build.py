@@ -77,7 +77,7 @@ def build_run(
     config = dataclasses.replace(  # fixed for the run: its config and checkpoints record them
         config,
         data=dataclasses.replace(config.data, lanes=lanes),
-        model=dataclasses.replace(config.model, mask_token_id=checked.drafter_config.mask_token_id),
+        model=family_of(checked.drafter_config).resolved_model(config.model, checked.drafter_config),
     )
     head = load_target_head(
         config.target,
@@ -85,7 +85,7 @@ def build_run(
         device=device,
         config=checked.target,
     )
-    drafter = new_drafter(config, checked, fine_tune=latest is None, device=device)
+    drafter = new_drafter(config, checked, fine_tune=latest is None, device=device, log=log)
     if resumed is not None:
         log(
             f"fit: resumed from {latest} at step {resumed['step']} "
@@ -141,13 +141,19 @@ def checkpoint_bytes(drafter: nn.Module) -> int:
     return sum(p.numel() for p in drafter.parameters()) * 4 * 3
 
 
-def new_drafter(config: RunConfig, checked: Checked, fine_tune: bool, device: torch.device) -> nn.Module:
+def new_drafter(
+    config: RunConfig, checked: Checked, fine_tune: bool, device: torch.device, log: Callable[[str], None]
+) -> nn.Module:
     """The drafter, seeded by `train.seed`; a new fine-tuning run starts from
-    `model.init_from`'s weights. fp32 master weights on `device`."""
+    `model.init_from`'s weights, any other new run takes from the store what its family
+    needs (EAGLE-3: its draft vocabulary). fp32 master weights on `device`."""
     torch.manual_seed(config.train.seed)
-    drafter = family_of(checked.drafter_config).build(checked.drafter_config)
+    family = family_of(checked.drafter_config)
+    drafter = family.build(checked.drafter_config)
     if fine_tune and checked.source is not None:
-        family_of(drafter).load_start(drafter, checked.source)
+        family.load_start(drafter, checked.source)
+    elif fine_tune:
+        family.start_fresh(drafter, checked.store, config.data.heldout_fraction, log)
     drafter = drafter.to(device)
     drafter.gradient_checkpointing = config.model.gradient_checkpointing
     return drafter

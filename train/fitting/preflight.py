@@ -111,7 +111,7 @@ def check_data(
     the loss section (its family's: DFlash's block size against the store's plan), then
     the store's completeness, integrity and split. Returns the shards the integrity pass
     left out."""
-    family_of(plan.config).check_store(plan.config, config.loss, store)
+    family_of(plan.config).check_store(plan.config, config.loss, store, log)
     check_complete(store, checks, log)
     damaged = integrity_pass(store, config, log, world, device, checks.verify_first) if checks.verify else []
     check_heldout(store, config, log)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from train.families.family import WEIGHTS, StartSource
-from train.families.kinds import config_from_state, family_of_export
+from train.families.kinds import config_from_state, exported_classes, family_of_export
 from train.fitting import checkpoint as ckpt
 
 
@@ -31,6 +31,6 @@ def read_source(path: str | Path) -> StartSource:
         return StartSource(found, config_from_state(ckpt.read_state(found)))
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"--init-from {path}: not a drafter directory (config.json with dflash_config and "
-            f"{WEIGHTS}), a checkpoint or a run with one"
+            f"--init-from {path}: not a drafter directory (config.json naming {exported_classes()} "
+            f"and {WEIGHTS}), a checkpoint or a run with one"
         ) from None

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from train.acceptance.config import LABELS
 from train.config_error import ConfigError, require
 from train.families.dflash.geometry import ATTENTION_KINDS, shape_problems
-from train.families.dflash.variants import DEFAULT_KIND, DFLASH2_SIZES
+from train.families.dflash.variants import DEFAULT_KIND, DFLASH2_SIZES, KINDS
+
+ARCHITECTURES = tuple(KINDS)  # the `model.architecture` values this section describes
 
 
 @dataclass

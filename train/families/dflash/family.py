@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -48,8 +49,14 @@ class DFlashFamily(DrafterFamily):
     def load_start(self, drafter, source: StartSource) -> None:
         load_start_weights(drafter, source)
 
-    def check_store(self, config, loss, store) -> None:
+    def start_fresh(self, drafter, store, heldout_fraction: float, log) -> None:
+        return None  # a DFlash drafter takes nothing from the store but its samples
+
+    def check_store(self, config, loss, store, log) -> None:
         plan.check_store(config, loss, store)
+
+    def resolved_model(self, model, config):
+        return dataclasses.replace(model, mask_token_id=config.mask_token_id)
 
     def drafted_positions(self, config) -> int:
         return config.block_size - 1

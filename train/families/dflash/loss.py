@@ -29,7 +29,6 @@ from the context features the drafter reads, which may carry training noise.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +37,7 @@ import torch.nn.functional as F
 
 from train.families.dflash.selector_loss import selector_loss
 from train.families.dflash.targets import BlockTargets
+from train.measures import block_metrics
 
 
 def dpace_weights(confidence: torch.Tensor, valid: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -275,53 +275,3 @@ def slot_flags(row_flags: torch.Tensor, scored: torch.Tensor, blocks: tuple[int,
     full = torch.zeros((blocks[0] * blocks[1],) + row_flags.shape[1:], dtype=torch.bool, device=row_flags.device)
     full[scored] = row_flags
     return full.view(blocks + row_flags.shape[1:])
-
-
-def block_metrics(
-    top1: torch.Tensor,
-    top4: torch.Tensor,
-    top8: torch.Tensor,
-    valid: torch.Tensor,
-    in_topk: torch.Tensor | None = None,
-    selector_hit: torch.Tensor | None = None,
-) -> dict:
-    """Metrics from per-slot hit flags [N, B] and validity [N, B].
-
-    top1/top4/top8: fraction of valid slots whose label is in the drafter's top k.
-    per_position_acc: [B-1] top-1 accuracy of slots 1..B-1 (nan where no valid slot).
-    tau: expected acceptance length under greedy chain verification, the mean over
-        blocks with any valid slot of (correct streak from slot 1 + 1); a streak
-        stops at the first wrong or invalid slot.
-    num_valid / num_blocks: denominators, for averaging across steps.
-    DFlash 2 (when the flags are given): recall_at_k, the fraction of valid slots
-    whose label is among the selector's K candidates (`in_topk`), and
-    selector_acc, the fraction where the teacher-forced selector's argmax is the
-    label (`selector_hit`); both over valid slots, like top1."""
-    valid = valid.bool()
-    count = valid.sum()
-    denominator = count.clamp_min(1).float()
-    correct = top1 & valid
-    per_slot_valid = valid[:, 1:].sum(0).float()
-    per_position = torch.where(
-        per_slot_valid > 0,
-        correct[:, 1:].sum(0).float() / per_slot_valid.clamp_min(1),
-        torch.full_like(per_slot_valid, math.nan),
-    )
-    streak = correct[:, 1:].long().cumprod(dim=1).sum(1)
-    scored_blocks = valid.any(1)
-    num_blocks = scored_blocks.sum()
-    tau = ((streak + 1).float() * scored_blocks).sum() / num_blocks.clamp_min(1).float()
-    metrics = {
-        "top1": (correct.sum() / denominator).detach(),
-        "top4": ((top4 & valid).sum() / denominator).detach(),
-        "top8": ((top8 & valid).sum() / denominator).detach(),
-        "per_position_acc": per_position.detach(),
-        "tau": tau.detach(),
-        "num_valid": count.detach(),
-        "num_blocks": num_blocks.detach(),
-    }
-    if in_topk is not None:
-        metrics["recall_at_k"] = ((in_topk & valid).sum() / denominator).detach()
-    if selector_hit is not None:
-        metrics["selector_acc"] = ((selector_hit & valid).sum() / denominator).detach()
-    return metrics
