@@ -488,7 +488,7 @@ def main() -> None:
     for name, goal, measured in rows:
         print(f"{name:<{width}}  {goal:>7}  {measured}", file=sys.stderr)
     append_results(
-        f"drafter_bench: DFlash vs DFlash 2 on the {args.store} store, {args.steps} steps x seeds {args.seeds}",
+        f"drafter_bench: {', '.join(names)} on the {args.store} store, {args.steps} steps x seeds {args.seeds}",
         rows,
         figures,
         smoke=args.smoke,
