@@ -38,7 +38,7 @@ def mapping_differences(have: Mapping, want: Mapping, ignore: Iterable[str] = ()
 
 
 # Identity fields a store or generated corpus made before them does not record ("").
-RECORDED_LATER = ("target_weights_sample_sha256", "target_weights_sha256")
+RECORDED_LATER = ("target_weights_sample_sha256", "target_weights_sha256", "target_config")
 # What says which checkpoint a target directory is, as far as a reader can check
 # without loading it: its config and its weights (`target_identity`).
 TARGET_CHECKS = ("target_config_sha256", "target_weights_index_sha256", "target_weights_sample_sha256")

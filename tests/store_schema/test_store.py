@@ -214,6 +214,17 @@ def test_reader_names_missing_layers_and_mismatched_fields(tmp_path):
         store.fingerprint.check(hidden_size=5120, vocab_size=512)
 
 
+def test_a_store_made_before_the_target_config_was_recorded_still_resumes():
+    """The target's config.json joined the fingerprint later: an older store records
+    none, which says nothing differs (a resumed `extract run` was refused on it);
+    one recorded and different is named."""
+    config = {"hidden_size": 256, "num_attention_heads": 8}
+    older, now = _fingerprint(), _fingerprint(target_config=config)
+    assert older.diff(now) == {}
+    other = _fingerprint(target_config={**config, "num_attention_heads": 4})
+    assert list(other.diff(now)) == ["target_config"]
+
+
 def test_final_layer_is_never_a_context_layer():
     with pytest.raises(ValueError, match="final layer"):
         _fingerprint(num_target_layers=4, layer_ids=[1, 3])
