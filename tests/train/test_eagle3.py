@@ -28,6 +28,7 @@ import subprocess
 import builders
 import pytest
 import torch
+from random_drafters import random_export
 from reference_oracle import load_model
 from safetensors.torch import load_file
 from stores import greedy_store
@@ -251,3 +252,15 @@ def test_vllms_eagle3_drafts_the_same_logits_as_the_project(target_dir, vllm_pyt
     assert (ours[finite] - theirs[finite]).abs().max() < TOLERANCE
     assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
     assert served["step_ids"][length:].tolist() == ours.argmax(-1)[:-1].tolist()  # each step fed the last draft
+
+
+@pytest.mark.slow  # its fixture trains a drafter
+def test_fine_tuning_starts_from_an_eagle3_and_refuses_another_family(trained, mask_id, tmp_path, capsys):
+    target_dir, store, export = trained
+    argv = ["fit", "--store", str(store), "--target", str(target_dir), "--max-steps", "2"]
+    sets = ["--set", "model.architecture=eagle3", "--set", f"data.heldout_fraction={HELDOUT}", "--set", "eval.every=0"]
+    assert main([*argv, "--out", str(tmp_path / "tuned"), "--init-from", str(export), *sets]) == 0
+    dflash = random_export(target_dir, mask_id, tmp_path / "dflash")
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "refused"), "--init-from", str(dflash), *sets]) == 1
+    assert "a dflash drafter, and model.architecture eagle3 is another family's (EAGLE-3)" in capsys.readouterr().err

@@ -22,6 +22,7 @@ from store_schema import Store
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.target_model import compute_dtype
 from train.config import RunConfig
+from train.config_error import ConfigError
 from train.data.cache import lanes_per_node
 from train.data.lanes import LaneFeed, check_world, lane_positions, resumed_deal
 from train.data.lanes import total_steps as lane_steps
@@ -131,6 +132,12 @@ def checked_run(
     checkpointed = (config_from_state(resumed), str(latest)) if resumed is not None else None
     source = read_source(model.init_from) if model.init_from and checkpointed is None else None
     family = family_named(model.architecture)
+    if source is not None and family_of(source.config) is not family:
+        raise ConfigError(
+            f"--init-from {model.init_from}: a {source.config.architecture} drafter, and model.architecture "
+            f"{model.architecture} is another family's ({family.name}): set model.architecture="
+            f"{source.config.architecture} or start without --init-from"
+        )
     plan = family.plan(model, config.target, found.target, list(found.store.layer_ids), checkpointed, source, log)
     damaged = check_data(config, found.store, plan, checks, world, device, log)
     return Checked(found.store, found.target, plan.config, {**plan.run_info, **found.run_info}, damaged, plan.source)

@@ -119,16 +119,22 @@ def read_drafter_config(model_dir: Path) -> Eagle3Config:
     )
 
 
-def load_drafter(model_dir: Path, dtype: torch.dtype | None, device) -> Eagle3Drafter:
-    """Rebuild an export's drafter (strict: every tensor present, nothing extra; dtype
-    None keeps the stored one)."""
+def load_weights(drafter: Eagle3Drafter, model_dir: Path, keep_dtype: bool = False) -> Eagle3Drafter:
+    """A drafter directory's (export or checkpoint) `model.safetensors` into `drafter`
+    (strict: every tensor present, nothing extra; KeyError naming them otherwise), cast
+    to the drafter's dtype, or with `keep_dtype` the drafter cast to the stored one."""
     weights = Path(model_dir) / "model.safetensors"
-    drafter = Eagle3Drafter(read_drafter_config(Path(model_dir)))
     state = read_tensors(weights)
-    stored = next(tensor.dtype for tensor in state.values() if tensor.is_floating_point())
-    drafter.to(dtype or stored)
+    if keep_dtype:
+        drafter.to(next(tensor.dtype for tensor in state.values() if tensor.is_floating_point()))
     result = drafter.load_state_dict(state, strict=False)
     missing = [name for name in result.missing_keys if not name.startswith(NOT_EXPORTED)]
     if missing or result.unexpected_keys:
         raise KeyError(f"{weights}: missing tensors {missing}, unexpected tensors {result.unexpected_keys}")
-    return drafter.to(device)
+    return drafter
+
+
+def load_drafter(model_dir: Path, dtype: torch.dtype | None, device) -> Eagle3Drafter:
+    """Rebuild an export's drafter (dtype None keeps the stored one)."""
+    drafter = Eagle3Drafter(read_drafter_config(Path(model_dir)))
+    return load_weights(drafter, model_dir, keep_dtype=dtype is None).to(device=device, dtype=dtype)

@@ -41,8 +41,7 @@ class Eagle3Family(DrafterFamily):
         return plan.plan_drafter(model, target_path, target, store_layer_ids, resumed, source, log)
 
     def load_start(self, drafter, source) -> None:
-        loaded = export.load_drafter(source.path, None, "cpu")
-        drafter.load_state_dict({**loaded.state_dict()}, strict=True)
+        export.load_weights(drafter, source.path)
 
     def start_fresh(self, drafter, store, heldout_fraction: float, log) -> None:
         fill_vocabulary(drafter, store, heldout_fraction, log)
