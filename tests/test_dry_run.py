@@ -190,11 +190,32 @@ def test_plan_dry_run_says_the_traffic_and_rate_a_cached_store_must_deliver(qwen
         assert cache[dtype]["bytes_per_s"] == round(traffic * 1000 / tokens)
     assert main([*argv, "--cache-size", "1TB"]) == 0  # the whole store stays in the cache
     lines = capsys.readouterr().out.splitlines()
-    assert "cache       1.00 TB per node, training at 1000 tokens/s (--train-tokens-per-s)" in lines
+    assert "cache       1.00 TB per node, training at 1,000 tokens/s (--train-tokens-per-s)" in lines
     assert "  bfloat16  0 B per epoch from the store, 0 B/s sustained" in lines
     with pytest.raises(SystemExit) as usage:  # not a size: a usage error naming the flag
         main([*argv, "--cache-size", "lots"])
     assert usage.value.code == 2 and "argument --cache-size: 'lots' is not a size" in capsys.readouterr().err
+
+
+def test_plan_dry_run_trains_at_the_pace_fit_dry_run_computes(qwen3_6_27b, tmp_path, capsys):
+    """Issue 62.4: one pace. Without --train-tokens-per-s, --cache-size's rate is what
+    `train fit --dry-run` computes for the default drafter on --gpus GPUs at
+    --gpu-tflops x --mfu, said with its rule; with neither, a usage error naming both."""
+    from extract.__main__ import main
+    from train.cli import main as train_main
+
+    model, corpus = qwen3_6_27b
+    argv = ["plan", "--dry-run", "--model", str(model), "--corpus", str(corpus), "--cache-size", "25TB"]
+    assert main([*argv, "--tokenizer-workers", "1", "--gpus", "8", "--gpu-tflops", "989", "--json"]) == 0
+    cache = _json_out(capsys)["job"]["cache"]
+    fit = ["fit", "--dry-run", "--target", str(model), "--out", str(tmp_path / "run"), "--nproc", "8"]
+    assert train_main([*fit, "--samples", "1", "--gpu-tflops", "989"]) == 0
+    per_gpu = _json_out(capsys)["tokens_per_s"]
+    assert cache["train_tokens_per_s"] == pytest.approx(8 * per_gpu)
+    assert cache["train_rate_rule"].startswith("`train fit --dry-run` for the default dflash2 drafter: 8 GPU(s) x ")
+    assert "MFU 0.4" in cache["train_rate_rule"]
+    assert main([*argv, "--tokenizer-workers", "1"]) == 2  # a usage error
+    assert "--train-tokens-per-s N, or --gpu-tflops TFLOPS" in capsys.readouterr().err
 
 
 def test_plan_dry_run_names_a_gpu_too_small(qwen3_6_27b, capsys):

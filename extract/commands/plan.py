@@ -16,6 +16,7 @@ from ..extraction.estimate import cache_traffic, cache_traffic_lines, estimate_l
 from ..extraction.job import plan_job
 from ..extraction.layers import layers_from_drafters, resolve_layer_ids
 from ..extraction.planning import estimate_store_bytes, summarize
+from ..extraction.training_rate import dry_run_rate, stated_rate
 from ..jobs.settings import Execution
 from .planning import job_config, quarantined_lines
 
@@ -91,7 +92,12 @@ def job_on_paper(args, plan, layer_ids: list[int], estimate) -> dict:
     )
     if args.cache_size is not None:
         largest = max(s.num_tokens for s in plan.shards)
-        job["cache"] = cache_traffic(store_bytes, largest, plan.num_tokens, args.cache_size, args.train_tokens_per_s)
+        rate = (
+            stated_rate(args.train_tokens_per_s)
+            if args.train_tokens_per_s is not None
+            else dry_run_rate(args.model, args.gpus, args.gpu_tflops, args.mfu, args.max_length)
+        )
+        job["cache"] = cache_traffic(store_bytes, largest, plan.num_tokens, args.cache_size, rate)
     return job
 
 

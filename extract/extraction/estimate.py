@@ -34,7 +34,7 @@ from store_schema.dtypes import STORE_DTYPES, store_dtype
 from store_schema.layout import raw_bytes_per_token
 from store_schema.runtime.cli import size_argument
 from store_schema.runtime.estimate import (
-    DEFAULT_TRAIN_TOKENS_PER_S,
+    DEFAULT_MFU,
     DTYPE_BYTES,
     GIB,
     HIGH_UTILISATION,
@@ -101,10 +101,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--train-tokens-per-s",
         type=float,
-        default=DEFAULT_TRAIN_TOKENS_PER_S,
         metavar="N",
-        help="training tokens/s of the whole job for --cache-size (default %(default)g: "
-        "8 GPUs at the seed run's 36K tokens/s each)",
+        help="training tokens/s of the whole job for --cache-size (default: what `python -m train fit "
+        "--dry-run` computes for the default drafter on --gpus GPUs at --gpu-tflops x --mfu)",
+    )
+    parser.add_argument(
+        "--mfu",
+        type=float,
+        default=DEFAULT_MFU,
+        help="model FLOPs utilisation of training, with --gpu-tflops, for --cache-size's rate (default %(default)s)",
     )
 
 
@@ -251,13 +256,12 @@ def estimate_lines(e: dict) -> list[str]:
     return lines
 
 
-def cache_traffic(
-    store_bytes: dict, largest_shard_tokens: int, tokens: int, cache_bytes: int, train_tokens_per_s: float
-) -> dict:
+def cache_traffic(store_bytes: dict, largest_shard_tokens: int, tokens: int, cache_bytes: int, rate) -> dict:
     """For training through a shard cache of `cache_bytes` (`data.cache_size`): per store
-    dtype, what an epoch fetches from the store and the rate it must sustain at
-    `train_tokens_per_s` (`store_schema.runtime.estimate.epoch_traffic`)."""
-    figures = {"cache_bytes": cache_bytes, "train_tokens_per_s": train_tokens_per_s}
+    dtype, what an epoch fetches from the store and the rate it must sustain at the
+    job's training `rate` (a `TrainingRate`; `store_schema.runtime.estimate.epoch_traffic`)."""
+    train_tokens_per_s = rate.tokens_per_s
+    figures = {"cache_bytes": cache_bytes, "train_tokens_per_s": train_tokens_per_s, "train_rate_rule": rate.rule}
     for dtype, total in store_bytes.items():
         if dtype == "raw":
             continue
@@ -275,7 +279,7 @@ def cache_traffic_lines(figures: dict) -> list[str]:
     """`plan --dry-run`'s lines for `cache_traffic`."""
     lines = [
         f"cache       {human_bytes(figures['cache_bytes'])} per node, training at "
-        f"{figures['train_tokens_per_s']:.0f} tokens/s (--train-tokens-per-s)"
+        f"{figures['train_tokens_per_s']:,.0f} tokens/s ({figures['train_rate_rule']})"
     ]
     for dtype in ("bfloat16", "fp8_e4m3"):
         entry = figures[dtype]

@@ -48,11 +48,6 @@ def gib(count: float) -> float:
     return round(count / GIB, 2)
 
 
-# The training rate a cache dry-run assumes: 8 H200s at the rate `train fit --dry-run
-# --gpu-tflops 989` gives the published 27B DFlash 2 at DEFAULT_MFU (~9.5K tokens/s each).
-DEFAULT_TRAIN_TOKENS_PER_S = 8 * 9_500
-
-
 def epoch_traffic(store_bytes: int, cache_bytes: int, shard_bytes: int) -> int:
     """Bytes an epoch after the first fetches through a shard cache of `cache_bytes`
     (the policy of `train.data.cache`: shards pinned as far as they fit beside room for
