@@ -50,7 +50,9 @@ from train.families.eagle3.decoding import ChainDraftSession
 from train.families.eagle3.export import engine_aux_ids, project_layer_ids
 from train.families.eagle3.model import Eagle3Drafter
 from train.families.eagle3.plan import default_layers
+from train.families.eagle3.step import chain_labels, step_loss
 from train.families.eagle3.vocab import draft_vocabulary
+from train.families.family import StepSample
 from train.families.kinds import family_of
 from train.fitting.trainer import Trainer
 from train.sampling import Sampling
@@ -264,3 +266,26 @@ def test_fine_tuning_starts_from_an_eagle3_and_refuses_another_family(trained, m
     capsys.readouterr()
     assert main([*argv, "--out", str(tmp_path / "refused"), "--init-from", str(dflash), *sets]) == 1
     assert "a dflash drafter, and model.architecture eagle3 is another family's (EAGLE-3)" in capsys.readouterr().err
+
+
+def test_the_kl_loss_renormalises_the_targets_top_k_over_the_draft_vocabulary(qwen3_dir):
+    """With the store's top-k, step k's loss at chain t is the cross-entropy to the
+    target's top-k at row t+1+k renormalised over the draft vocabulary; a row whose
+    top-k lies wholly outside it is not scored."""
+    drafter = random_eagle3(qwen3_dir)
+    length, k = 10, 3
+    inside = (torch.arange(drafter.config.draft_vocab_size) + drafter.d2t)[:8]  # target ids drafted
+    outside = torch.nonzero(~drafter.t2d).flatten()[:k]
+    topk_ids = inside[torch.arange(length * k) % 8].view(length, k)
+    topk_ids[:, 2] = outside[0]  # one of every row's three outside the draft vocabulary
+    topk_ids[4] = outside  # row 4: all three outside
+    logprobs = torch.log_softmax(torch.randn(length, k), -1)
+    sample = StepSample(torch.arange(length), torch.ones(length), torch.zeros(length, 1), topk_ids, logprobs)
+    labels = chain_labels(drafter, sample, STEPS, use_target=False, soft=True)
+    assert not labels.valid[3, 0] and labels.valid[2, 0]  # chain 3, step 0 reads row 4
+    logits = torch.randn(length - 1, drafter.config.draft_vocab_size)
+    loss = step_loss(logits, labels, 0)
+    teacher = torch.softmax(logprobs[3, :2], -1)  # chain 2 step 0 reads row 3: its two drafted ids
+    drafted = drafter.draft_ids_of(topk_ids[3, :2])
+    expected = -(teacher * torch.log_softmax(logits[2], -1)[drafted]).sum()
+    assert loss[2] == pytest.approx(float(expected), rel=1e-5) and loss[3] == 0

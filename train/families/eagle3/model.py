@@ -109,6 +109,9 @@ class Eagle3Layer(nn.Module):
 
 
 class Eagle3Drafter(nn.Module):
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
     def __init__(self, config: Eagle3Config):
         super().__init__()
         self.config = config

@@ -65,7 +65,11 @@ def plan_drafter(
 ) -> DrafterPlan:
     checkpointed, latest = resumed if resumed is not None else (None, None)
     if model.init_from:
-        config, where = (source.config, f"--init-from {model.init_from}") if source else (checkpointed, latest)
+        base = source.config if source is not None else checkpointed
+        where = f"--init-from {model.init_from}" if source is not None else f"--resume {latest}"
+        if not isinstance(base, Eagle3Config):
+            raise ConfigError(f"{where}: not an EAGLE-3 drafter")
+        config = base
         fits_target(config, target, where)
         chosen_layers(config.context_layer_ids, store_layer_ids, target.num_hidden_layers)
     else:

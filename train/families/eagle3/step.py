@@ -46,20 +46,23 @@ def chain_labels(drafter, sample: StepSample, steps: int, use_target: bool, soft
     the store's target top-1 (else the sequence's tokens); `soft`: keep the teacher's
     top-k for the KL loss."""
     input_ids, length = sample.input_ids.long(), sample.input_ids.shape[0]
+    topk_ids, topk_logprobs = sample.topk_ids, sample.topk_logprobs
+    if (use_target or soft) and topk_ids is None:
+        raise ValueError("labels='target' and the KL loss need the store's target top-k, which this sample lacks")
     chains = length - 1
     rows = torch.arange(chains, device=input_ids.device)[:, None] + torch.arange(steps, device=input_ids.device) + 1
     inside = rows < length - 1  # row r predicts token r + 1, which must exist
     rows = rows.clamp(max=length - 2)
-    if use_target:
-        reference = sample.topk_ids[:, 0].to(input_ids.device).long()[rows]
+    if use_target and topk_ids is not None:
+        reference = topk_ids[:, 0].to(input_ids.device).long()[rows]
     else:
         reference = input_ids[rows + 1]
     valid = inside & sample.loss_mask.to(input_ids.device).bool()[rows + 1]
     labels = drafter.draft_ids_of(reference)
-    if not soft:
+    if not soft or topk_ids is None or topk_logprobs is None:
         return ChainLabels(reference, valid & (labels >= 0), labels)
-    teacher_ids = drafter.draft_ids_of(sample.topk_ids.to(input_ids.device).long()[rows])
-    teacher = sample.topk_logprobs.to(input_ids.device).float()[rows].masked_fill(teacher_ids < 0, float("-inf"))
+    teacher_ids = drafter.draft_ids_of(topk_ids.to(input_ids.device).long()[rows])
+    teacher = topk_logprobs.to(input_ids.device).float()[rows].masked_fill(teacher_ids < 0, float("-inf"))
     valid = valid & (teacher_ids >= 0).any(-1)
     return ChainLabels(reference, valid, labels, teacher_ids, torch.log_softmax(teacher, dim=-1))
 
@@ -67,7 +70,7 @@ def chain_labels(drafter, sample: StepSample, steps: int, use_target: bool, soft
 def step_loss(logits: torch.Tensor, labels: ChainLabels, step: int) -> torch.Tensor:
     """Per-chain loss [T-1] of drafted step `step` (0 where not valid)."""
     valid = labels.valid[:, step]
-    if labels.teacher_ids is None:
+    if labels.teacher_ids is None or labels.teacher_logprobs is None:
         per_row = F.cross_entropy(logits.float(), labels.labels[:, step].clamp_min(0), reduction="none")
     else:
         ids = labels.teacher_ids[:, step]
@@ -103,4 +106,5 @@ def chain_metrics(hits: dict[int, torch.Tensor], valid: torch.Tensor) -> dict:
     def with_anchor(flags: torch.Tensor) -> torch.Tensor:
         return torch.cat([torch.zeros_like(flags[:, :1]), flags], dim=1)
 
-    return block_metrics(*(with_anchor(hits[k] & valid) for k in (1, 4, 8)), with_anchor(valid))
+    top1, top4, top8 = (with_anchor(hits[k] & valid) for k in (1, 4, 8))
+    return block_metrics(top1, top4, top8, with_anchor(valid))
