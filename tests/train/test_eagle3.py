@@ -87,7 +87,7 @@ def test_training_time_test_equals_drafting_one_token_at_a_time(qwen3_dir):
     tokens = torch.randint(0, drafter.config.vocab_size, (length,))
     outputs = drafter(features, tokens, embed, STEPS)
     for chain in (0, 5, length - STEPS - 2):
-        session = ChainDraftSession(drafter, embed)
+        session = ChainDraftSession(drafter, embed, STEPS + 1)
         session.extend(features[: chain + 1], tokens[: chain + 1])
         fed = iter(tokens[chain + 2 :].tolist())  # each step fed the token training feeds it
         drafted = session.chain(int(tokens[chain + 1]), STEPS + 1, lambda logits: next(fed))
@@ -244,7 +244,7 @@ def test_vllms_eagle3_drafts_the_same_logits_as_the_project(target_dir, vllm_pyt
     # Step 0 over the prompt: each position's token shifted by one (the bonus token last), then one row a step.
     assert served["step_ids"][:length].tolist() == PROMPT[1:] + [bonus]
     assert served["step_positions"].tolist() == list(range(length)) + list(range(length, length + STEPS - 1))
-    session = ChainDraftSession(drafter, model.get_input_embeddings())
+    session = ChainDraftSession(drafter, model.get_input_embeddings(), STEPS + 1)
     session.extend(features, torch.tensor(PROMPT))
     ours = session.chain(bonus, STEPS + 1, lambda row: int(row.argmax()))
     theirs = served["draft_logits"]

@@ -56,7 +56,7 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--init-from",
         metavar="DIR",
-        help="fine-tune this drafter directory (config.json with dflash_config + model.safetensors)",
+        help="fine-tune this drafter (an export's directory: config.json + model.safetensors; a checkpoint; a run)",
     )
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     p.add_argument(

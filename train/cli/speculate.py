@@ -32,8 +32,8 @@ def add_parser(subparsers) -> None:
         "--drafter",
         required=True,
         type=model_dir_arg,
-        help="drafter directory (config.json with dflash_config + "
-        "model.safetensors), a run directory holding an export, or a cached hub id",
+        help="drafter directory (config.json + model.safetensors, as `export` writes), a run "
+        "directory holding an export, or a cached hub id",
     )
     p.add_argument(
         "--target",

@@ -16,9 +16,10 @@ Reading (see DESIGN.md "Read whole shards, not random windows"):
 
 Cropping: a sequence longer than `max_length` keeps its first `max_length`
 tokens (the prompt and the start of the answer, as DFlash/SpecForge truncate);
-every anchor drawn from the crop is valid because anchors need a whole block
-inside the crop (`pos <= len - B`). A sample whose crop has no valid anchor
-(nothing trained on, or shorter than a block) is not delivered (`skipped_empty`).
+the drafter family's sample filter (`DrafterFamily.sample_filter`: DFlash, an anchor
+with a whole block inside the crop; EAGLE-3, a reply token after the second) decides
+whether the crop has anything to train on; a sample without is not delivered
+(`skipped_empty`).
 
 Held-out split: a sample is held out when a stable hash of its id falls below
 `heldout_fraction` (`train.data.heldout.is_heldout`, the one owner of the rule); the
@@ -83,7 +84,7 @@ __all__ = ["CorruptShards", "LoaderPosition", "LoaderSpec", "ShardLoader", "Trai
 
 @dataclass
 class TrainSample:
-    """One cropped sequence, ready for `train.families.dflash.step.dflash_step`."""
+    """One cropped sequence, ready for its drafter family's `train_step`."""
 
     sample_id: str
     shard: str

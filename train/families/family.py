@@ -240,6 +240,11 @@ class DrafterFamily(ABC):
         """The positions [N] a training step may draft from in a sequence of this loss
         mask (DFlash: its anchors); none: the sequence has nothing to train on."""
 
+    def round_tokens(self, config) -> int:
+        """The most tokens a decoding round commits: the drafted positions and the target's
+        bonus token (`Served.round_tokens`, `DraftSession.round_tokens`)."""
+        return self.drafted_positions(config) + 1
+
     @abstractmethod
     def sample_filter(self, config) -> Callable[[torch.Tensor], bool]:
         """Whether a loss mask has a trainable position: what the loader keeps."""

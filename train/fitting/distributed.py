@@ -110,7 +110,7 @@ def any_rank(world: World, flags: list[bool], device: torch.device) -> list[bool
 
 
 class DrafterDDP(torch.nn.parallel.DistributedDataParallel):
-    """DDP over the drafter that still answers `.config` (dflash_step reads the block size)."""
+    """DDP over the drafter that still answers `.config` (a family's `train_step` reads it)."""
 
     @property
     def config(self):

@@ -188,7 +188,7 @@ def estimate_lines(e: dict) -> list[str]:
         lower = (
             "train.batch_size, loss.chunk_rows"
             if e["sequences_in_flight"] > 1
-            else "loss.chunk_rows, model.num_anchors"
+            else "loss.chunk_rows, or the drafter's positions (DFlash: model.num_anchors)"
         )
         lines.append(
             f"            {'fits' if e['fits'] else 'does NOT fit'} in {e['gpu_memory_gib']:g} GiB per GPU"

@@ -14,10 +14,10 @@ from train.sampling import Draft, Sampling
 
 
 class BlockDraftSession(DraftSession):
-    def __init__(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module):
+    def __init__(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module, round_tokens: int):
         self.drafter, self.lm_head = drafter, lm_head
         self.cache = DraftCache(drafter, embed_tokens)
-        self.round_tokens = drafter.config.block_size
+        self.round_tokens = round_tokens
         self.device = embed_tokens.weight.device
 
     def extend(self, features: torch.Tensor, tokens: torch.Tensor) -> None:

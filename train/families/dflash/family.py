@@ -85,7 +85,7 @@ class DFlashFamily(DrafterFamily):
         return kind_named(config.architecture).decode_path
 
     def draft_session(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module) -> DraftSession:
-        return BlockDraftSession(drafter, embed_tokens, lm_head)
+        return BlockDraftSession(drafter, embed_tokens, lm_head, self.round_tokens(drafter.config))
 
     def served(self, config) -> Served:
         kind = kind_named(config.architecture)
@@ -93,7 +93,7 @@ class DFlashFamily(DrafterFamily):
             title=kind.title,
             exported_class=kind.exported_class,
             method="dflash",
-            round_tokens=config.block_size,
+            round_tokens=self.round_tokens(config),
             mixed_layers=len(set(config.layer_types)) > 1,
             cpu_serves=kind.vllm_cpu_serves,
         )

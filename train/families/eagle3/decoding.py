@@ -28,9 +28,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 class ChainDraftSession(DraftSession):
-    def __init__(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module | None = None):
+    def __init__(self, drafter, embed_tokens: nn.Module, round_tokens: int):
         self.drafter, self.embed_tokens = drafter, embed_tokens  # the drafter has its own lm_head
-        self.round_tokens = drafter.config.ttt_steps + 1
+        self.round_tokens = round_tokens
         self.hidden = torch.zeros(0, drafter.config.hidden_size, dtype=self.dtype, device=self.device)
         self.tokens = torch.zeros(0, dtype=torch.long, device=self.device)
         self.keys: torch.Tensor | None = None  # step-0 keys/values of chains 0..committed-1

@@ -78,14 +78,14 @@ class Eagle3Family(DrafterFamily):
         return "greedy chain"
 
     def draft_session(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module) -> DraftSession:
-        return ChainDraftSession(drafter, embed_tokens)
+        return ChainDraftSession(drafter, embed_tokens, self.round_tokens(drafter.config))
 
     def served(self, config) -> Served:
         return Served(
             title=self.name,
             exported_class=export.EXPORTED_CLASS,
             method="eagle3",
-            round_tokens=config.ttt_steps + 1,
+            round_tokens=self.round_tokens(config),
             mixed_layers=False,
             cpu_serves=True,
         )
