@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from store_schema import layout
-from store_schema.__main__ import ProgressLines
 from store_schema.__main__ import main as cli
+from store_schema.commands.verify import ProgressLines
 from store_schema.commit.records import on_disk_bytes
 from store_schema.tools.verify import verify_store
 

@@ -1,0 +1,1 @@
+"""The handlers of `python -m store_schema`, one per command (`run(args) -> int`)."""
