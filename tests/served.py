@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 from paths import REPO
+from safetensors.torch import load_file
 
 from store_schema.runtime.target_config import read_target_config
-from train.acceptance import vllm_memory
+from train.acceptance import serve_check, vllm_memory
 
 ROOT = REPO
 START_SECONDS = 600  # a cold start on a busy 2-core VM
@@ -168,3 +169,32 @@ def chat(url: str, body: dict) -> dict:
     )
     with urllib.request.urlopen(request, timeout=120) as response:
         return json.loads(response.read())
+
+
+def run_vllm_script(python: str, script: Path, workdir: Path, *argv: str) -> None:
+    """One of train/acceptance's vLLM scripts run by the vLLM environment's python in
+    `workdir`, with that environment's own packages only; the test fails on its stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(
+        [python, str(script), *argv],
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def captured_first_round(python: str, target, drafter, served, prompt: list[int], workdir: Path) -> dict:
+    """What vLLM's drafter (`served`: how it serves the export `drafter`) saw and drafted
+    on its first round of `prompt`, as train/acceptance/vllm_logits.py captures it."""
+    workdir.mkdir()
+    request = serve_check.served_request(
+        target, drafter, [prompt], served=served, max_new_tokens=4, stop_token_ids=[], dtype="float32"
+    )
+    (workdir / "request.json").write_text(json.dumps(request))
+    capture = serve_check.RUNNER.with_name("vllm_logits.py")
+    run_vllm_script(python, capture, workdir, "request.json", "captured.safetensors")
+    return load_file(workdir / "captured.safetensors")

@@ -22,20 +22,17 @@ an EAGLE-3 drafter takes its target's attention geometry.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import builders
 import pytest
 import torch
 from random_drafters import random_export
 from reference_oracle import load_model
-from safetensors.torch import load_file
+from served import captured_first_round
 from stores import greedy_store
 
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import load_target_model
-from train.acceptance import serve_check
 from train.acceptance.config import EvalConfig
 from train.acceptance.evaluate import evaluate_sample_ids
 from train.acceptance.speculate import decode_prompt, summarize
@@ -64,7 +61,6 @@ HELDOUT = 0.25
 NEW_TOKENS = 32
 STEPS = 4
 TOLERANCE = 1e-4
-CAPTURE = serve_check.RUNNER.with_name("vllm_logits.py")
 PROMPT = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110]
 
 
@@ -208,35 +204,14 @@ def test_a_trained_eagle3_is_served_as_trained(trained, vllm_python, capsys, tmp
     assert len(counts["served"]) == STEPS and counts["served"] == counts["speculate"]
 
 
-def captured(python: str, target, export, workdir) -> dict[str, torch.Tensor]:
-    """What vLLM's EAGLE-3 drafter saw and drafted on its first round of PROMPT."""
-    workdir.mkdir()
-    served = family_of(load_drafter(export)).served(load_drafter(export).config)
-    request = serve_check.served_request(
-        target, export, [PROMPT], served=served, max_new_tokens=4, stop_token_ids=[], dtype="float32"
-    )
-    (workdir / "request.json").write_text(json.dumps(request))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the vLLM env's own packages only
-    done = subprocess.run(
-        [python, str(CAPTURE), "request.json", "captured.safetensors"],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return load_file(workdir / "captured.safetensors")
-
-
 @pytest.mark.slow  # vLLM runs in a child process
 @torch.no_grad()
 def test_vllms_eagle3_drafts_the_same_logits_as_the_project(target_dir, vllm_python, tmp_path):
     export = export_drafter(random_eagle3(target_dir), tmp_path / "drafter", dtype=torch.float32)
-    served = captured(vllm_python, target_dir, export, tmp_path / "vllm")
-    model = load_target_model(target_dir, torch.device("cpu"), torch.float32).model.eval()
     drafter = load_drafter(export, dtype=torch.float32).eval()
+    how = family_of(drafter).served(drafter.config)
+    served = captured_first_round(vllm_python, target_dir, export, how, PROMPT, tmp_path / "vllm")
+    model = load_target_model(target_dir, torch.device("cpu"), torch.float32).model.eval()
     logits, features = TargetSession(model, LAYERS).forward(torch.tensor(PROMPT), features=True)
     assert (served["target_features"] - features).abs().max() < TOLERANCE  # vLLM's target agrees with transformers
     assert (served["context"] - drafter.fc(features)).abs().max() < TOLERANCE

@@ -11,13 +11,11 @@ modules alone in the vLLM environment's python.
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 import torch
 from random_drafters import random_dflash2
 from safetensors.torch import load_file, save_file
+from served import run_vllm_script
 
 from train.acceptance import serve_check
 
@@ -32,17 +30,7 @@ def vllm_outputs(python: str, inputs: dict, metadata: dict, workdir) -> dict[str
         workdir / "in.safetensors",
         metadata={k: str(v) for k, v in metadata.items()},
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the vLLM env's own packages only
-    done = subprocess.run(
-        [python, str(SCRIPT), "in.safetensors", "out.safetensors"],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_vllm_script(python, SCRIPT, workdir, "in.safetensors", "out.safetensors")
     return load_file(workdir / "out.safetensors")
 
 

@@ -17,25 +17,21 @@ The random export is tests/train/random_drafters.py's (2 heads of 32, vLLM's CPU
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
 
 import pytest
 import torch
 from random_drafters import random_export
 from reference_oracle import BLOCK
-from safetensors.torch import load_file
+from served import captured_first_round
 
 from store_schema.runtime.target_model import load_target_model
-from train.acceptance import serve_check
 from train.acceptance.target_decode import TargetSession
 from train.export.drafter_dir import load_drafter
 from train.families.dflash.anchors import LayerAttention
 from train.families.dflash.draft_cache import DraftCache
 from train.families.family import Served
 
-CAPTURE = serve_check.RUNNER.with_name("vllm_logits.py")
+DFLASH_SERVED = Served("DFlash", "DFlashDraftModel", "dflash", BLOCK, mixed_layers=False, cpu_serves=True)
 TOLERANCE = 1e-4
 PROMPT = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110]  # longer than the sliding window below
 LAYOUTS = {
@@ -51,33 +47,6 @@ OTHER_RULE = {
     "sliding": LayerAttention(causal=True, window=None),
     "noncausal": LayerAttention(causal=True, window=4),
 }
-
-
-def captured(python: str, target, drafter, workdir) -> dict[str, torch.Tensor]:
-    """What vLLM's drafter saw and drafted on its first round of PROMPT."""
-    workdir.mkdir()
-    request = serve_check.served_request(
-        target,
-        drafter,
-        [PROMPT],
-        served=Served("DFlash", "DFlashDraftModel", "dflash", BLOCK, mixed_layers=False, cpu_serves=True),
-        max_new_tokens=4,
-        stop_token_ids=[],
-        dtype="float32",
-    )
-    (workdir / "request.json").write_text(json.dumps(request))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the vLLM env's own packages only
-    done = subprocess.run(
-        [python, str(CAPTURE), "request.json", "captured.safetensors"],
-        cwd=workdir,
-        env=env,
-        capture_output=True,
-        text=True,
-        stdin=subprocess.DEVNULL,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return load_file(workdir / "captured.safetensors")
 
 
 def drafted_logits(drafter, model, features, block) -> dict[str, torch.Tensor]:
@@ -96,7 +65,7 @@ def drafted_logits(drafter, model, features, block) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def test_vllm_drafts_the_same_logits_as_the_project(layout, target_dir, mask_id, vllm_python, tmp_path):
     export = random_export(target_dir, mask_id, tmp_path / "drafter", **LAYOUTS[layout])
-    served = captured(vllm_python, target_dir, export, tmp_path / "vllm")
+    served = captured_first_round(vllm_python, target_dir, export, DFLASH_SERVED, PROMPT, tmp_path / "vllm")
     model = load_target_model(target_dir, torch.device("cpu"), torch.float32).model.eval()
     drafter = load_drafter(export, dtype=torch.float32).eval()
     config = drafter.config
