@@ -57,8 +57,8 @@ from store_schema import (
     store_dtype,
 )
 from store_schema.codecs.encoding import encode_shard
-from store_schema.codecs.fp8 import QuantizedStates, quantize
 from store_schema.codecs.shard_codec import read_arrays, start_sharded_decode
+from store_schema.dtypes import QuantizedStates
 from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
 from store_schema.stores import open_store
@@ -74,8 +74,16 @@ STORES = {  # name -> (codec, store dtype): every layout the writer makes, read 
     "bf16_blosc_v1": (CodecConfig(name="blosc"), "bfloat16"),
     "fp8": (CodecConfig(name=store_dtype("fp8_e4m3").default_codec), "fp8_e4m3"),  # v3, channels
     "fp8_bytesplit": (CodecConfig(), "fp8_e4m3"),  # fp8 codes row-major, one zstd frame a chunk
+    "fp4": (CodecConfig(name=store_dtype("fp4_e2m1").default_codec), "fp4_e2m1"),  # packed e2m1, channels
     "bf16_raw": (CodecConfig(name="none"), "bfloat16"),
 }
+
+
+LOSSY_AND_DEFAULT = ("bf16", "fp8", "fp4")  # the stores whose writer and encoder rates are measured
+
+
+def _stored_bytes_per_value(dtype: str) -> float:
+    return store_dtype(dtype).itemsize / store_dtype(dtype).values_per_code
 
 
 def source_tokens() -> np.ndarray:
@@ -122,15 +130,15 @@ def make_activations(num_samples: int, seed: int = 0):
         yield ids[0].to(torch.int32).numpy(), hidden.to(torch.bfloat16)
 
 
-def quantized(samples):
-    """The samples as an fp8 store's writer gets them: quantized on the device (here
-    the CPU, untimed), only codes + scales handed over, the codes channel-major as
-    `TargetRunner` lays them out on the device."""
-    return [(ids, QuantizedStates(*_channel_major(*quantize(hidden)))) for ids, hidden in samples]
+def quantized(samples, dtype: str):
+    """The samples as an fp8 / fp4 store's writer gets them: quantized on the device
+    (here the CPU, untimed), only codes + scales handed over, the codes channel-major
+    as `TargetRunner` lays them out on the device."""
+    return [(ids, _channel_major(store_dtype(dtype).quantized(hidden))) for ids, hidden in samples]
 
 
-def _channel_major(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return codes.t().contiguous().t(), scales
+def _channel_major(states: QuantizedStates) -> QuantizedStates:
+    return QuantizedStates(states.codes.t().contiguous().t(), states.scales, states.values_per_code)
 
 
 def encode_mb_s_per_core(samples, codec: CodecConfig, dtype: str, shard_tokens: int = 32768) -> float:
@@ -142,7 +150,7 @@ def encode_mb_s_per_core(samples, codec: CodecConfig, dtype: str, shard_tokens: 
 
     values = torch.cat([h for _, h in samples])
     if store_dtype(dtype).scaled:
-        values = quantize(values)[0]
+        values = store_dtype(dtype).lossy.quantize(values)[0]
     bits = values.view(torch.uint8 if values.element_size() == 1 else torch.int16).numpy()
     if codec.name == "channels":
         bits = np.ascontiguousarray(bits.T).T  # as the device hands codes over (see `quantized`)
@@ -286,20 +294,21 @@ def _take(item) -> int:
 
 def decode_gb_per_s_per_core(root: Path, repeats: int = 3) -> float:
     """The fast reader's chunk decode on one thread, files already in memory: GB/s of
-    stored states out (bf16: 2 bytes a value; fp8: 1 byte, plus the per-token scale)."""
+    stored states out (bf16: 2 bytes a value; fp8: 1 byte, fp4: half a byte; scales not counted)."""
     store = Store(root)
     arrays = []
     for name in store.committed_shards():
         commit = store.commit(name)
         encoded = read_arrays(name, partial(store.shard_file, name), commit, [layout.layer_array(1)], verify=False)
         arrays.append((encoded[layout.layer_array(1)], commit.num_tokens))
-    out_bytes = sum(tokens * HIDDEN * store.dtype.itemsize for _, tokens in arrays)
+    columns = store.dtype.stored_columns(HIDDEN)
+    out_bytes = sum(tokens * columns * store.dtype.itemsize for _, tokens in arrays)
     times = []
     with ThreadPoolExecutor(1) as pool:
         for _ in range(repeats):
             start = time.perf_counter()
             for array, tokens in arrays:
-                for future in start_sharded_decode(array, tokens, HIDDEN, pool)[1]:
+                for future in start_sharded_decode(array, tokens, columns, pool)[1]:
                     future.result()
             times.append(time.perf_counter() - start)
     return out_bytes / statistics.median(times) / 1e9
@@ -544,6 +553,7 @@ def epoch_read_figures(work: Path, num_samples: int) -> tuple[str, dict]:
         "epoch_read_ratio_vs_torch_save": ratio["bf16"],
         "fp8_epoch_read_ratio_vs_torch_save": ratio["fp8"],
         "fp8_bytesplit_epoch_read_ratio_vs_torch_save": ratio["fp8_bytesplit"],
+        "fp4_epoch_read_ratio_vs_torch_save": ratio["fp4"],
         "blosc_v1_epoch_read_ratio_vs_torch_save": ratio["bf16_blosc_v1"],
         "raw_store_epoch_read_ratio_vs_torch_save": ratio["bf16_raw"],
         "epoch_read_ratio_vs_torch_save_warm": round(t_files_warm.seconds / t_store_warm.seconds, 3),
@@ -557,6 +567,11 @@ def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
         ("epoch_read_ratio_vs_torch_save (cold)", ">= 1.0", str(figures["epoch_read_ratio_vs_torch_save"])),
         ("fp8_bytes_ratio (fp8 store / raw bf16)", "<= 0.40", str(figures["fp8_bytes_ratio"])),
         ("fp8_epoch_read_ratio_vs_torch_save (cold)", "-", str(figures["fp8_epoch_read_ratio_vs_torch_save"])),
+        (
+            "fp4_bytes_ratio (fp4 e2m1 store / raw bf16) / epoch read ratio (cold)",
+            "<= 0.25",
+            f"{figures['fp4_bytes_ratio']} / {figures['fp4_epoch_read_ratio_vs_torch_save']}",
+        ),
         (
             "fp8 with the row-major codec (bytesplit): bytes ratio / epoch read ratio",
             "-",
@@ -576,12 +591,13 @@ def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
         ),
         ("epoch read ratio (warm)", "-", str(figures["epoch_read_ratio_vs_torch_save_warm"])),
         (
-            "write_mb_s (store, fsync; fp8 from device-quantized codes)",
+            "write_mb_s (store, fsync; fp8 / fp4 from device-quantized codes)",
             "-",
-            f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, torch.save {figures['torch_save_write_mb_s']})",
+            f"{figures['write_mb_s']} (fp8 {figures['fp8_write_mb_s']}, fp4 {figures['fp4_write_mb_s']}, "
+            f"torch.save {figures['torch_save_write_mb_s']})",
         ),
         (
-            "encode MB/s raw per core, crc32c included (bf16, fp8)",
+            "encode MB/s raw per core, crc32c included (bf16, fp8, fp4)",
             ">= 500",
             " / ".join(str(rate) for rate in figures["encode_mb_s_per_core"].values()),
         ),
@@ -596,7 +612,7 @@ def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
             " / ".join(str(rate) for rate in figures["job_geometry_write_mb_s_per_core"].values()),
         ),
         (
-            f"writer cores per GPU at {EXTRACT_TOKENS_PER_S} tokens/s x 5 x 5120 (bf16, fp8)",
+            f"writer cores per GPU at {EXTRACT_TOKENS_PER_S} tokens/s x 5 x 5120 (bf16, fp8, fp4)",
             "<= 1",
             " / ".join(str(cores) for cores in figures["writer_cores_per_gpu_at_9000"].values()),
         ),
@@ -646,16 +662,14 @@ def main() -> None:
         samples = list(make_activations(num_samples))
         raw_bytes = sum(h.numel() * 2 for _, h in samples)
         write_files_s = write_per_sample(work / "files", samples)
-        fp8_samples = quantized(samples)
         write_s, write_cpu_s = {}, {}
         for name, (codec, dtype) in STORES.items():
-            write_s[name], write_cpu_s[name] = write_store(
-                work / name, fp8_samples if store_dtype(dtype).scaled else samples, 32768, codec, dtype
-            )
-        del fp8_samples
+            given = quantized(samples, dtype) if store_dtype(dtype).scaled else samples
+            write_s[name], write_cpu_s[name] = write_store(work / name, given, 32768, codec, dtype)
+            del given
         encode = {
             dtype: round(encode_mb_s_per_core(samples, codec, dtype), 1)
-            for codec, dtype in (STORES["bf16"], STORES["fp8"])
+            for codec, dtype in (STORES[name] for name in LOSSY_AND_DEFAULT)
         }
         print("the writer at the full job's shard geometry ...", file=sys.stderr)
         values = torch.cat([h for _, h in samples])
@@ -664,7 +678,7 @@ def main() -> None:
             STORES[name][1]: round(
                 writer_geometry.write_mb_s_per_core(values, work / "job", STORES[name][1], **geometry), 1
             )
-            for name in ("bf16", "fp8")
+            for name in LOSSY_AND_DEFAULT
         }
         del values
         disk = {name: on_disk_bytes(work / name) for name in STORES}
@@ -683,21 +697,24 @@ def main() -> None:
 
     gpu_values = GPU_TOKENS_PER_S * GPU_LAYERS * GPU_HIDDEN  # values per second one GPU consumes
     cores = {
-        name: round(gpu_values * store_dtype(STORES[name][1]).itemsize / 1e9 / rate, 2) for name, rate in decode.items()
+        name: round(gpu_values * _stored_bytes_per_value(STORES[name][1]) / 1e9 / rate, 2)
+        for name, rate in decode.items()
     }
     figures = {
         "raw_bytes": raw_bytes,
         "bytes_ratio": round(disk["bf16"] / raw_bytes, 4),
         "fp8_bytes_ratio": round(disk["fp8"] / raw_bytes, 4),
         "fp8_bytesplit_bytes_ratio": round(disk["fp8_bytesplit"] / raw_bytes, 4),
+        "fp4_bytes_ratio": round(disk["fp4"] / raw_bytes, 4),
         "blosc_v1_bytes_ratio": round(disk["bf16_blosc_v1"] / raw_bytes, 4),
         "torch_save_bytes_ratio": round(files_bytes / raw_bytes, 4),
         "write_mb_s": round(raw_bytes / write_s["bf16"] / 1e6, 1),
         "fp8_write_mb_s": round(raw_bytes / write_s["fp8"] / 1e6, 1),
+        "fp4_write_mb_s": round(raw_bytes / write_s["fp4"] / 1e6, 1),
         "torch_save_write_mb_s": round(raw_bytes / write_files_s / 1e6, 1),
         "encode_mb_s_per_core": encode,
         "write_mb_s_per_core": {
-            STORES[name][1]: round(raw_bytes / write_cpu_s[name] / 1e6, 1) for name in ("bf16", "fp8")
+            STORES[name][1]: round(raw_bytes / write_cpu_s[name] / 1e6, 1) for name in LOSSY_AND_DEFAULT
         },
         "job_geometry_write_mb_s_per_core": job_write,
         "writer_cores_per_gpu_at_9000": {dtype: writer_cores_per_gpu(rate) for dtype, rate in job_write.items()},

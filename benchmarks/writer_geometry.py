@@ -6,7 +6,7 @@ pays once per shard or per layer (the zarr metadata, the small arrays, the commi
 record, fsyncs) weighs 5-25x what it weighs in the job. Here the writer commits shards
 of `JOB_TOKENS` tokens x `JOB_LAYERS` x `JOB_HIDDEN` made of the bench's real
 activations (each 1,024-channel block of each layer taken from other tokens, so no
-block repeats another), in 4,096-token samples; fp8 codes are handed over channel-major
+block repeats another), in 4,096-token samples; fp8 / fp4 codes are handed over channel-major
 and quantized beforehand, as `TargetRunner` hands them from the device."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from store_schema import CodecConfig, Fingerprint, SampleArrays, create_store, shard_name, store_dtype
-from store_schema.codecs.fp8 import QuantizedStates, quantize
+from store_schema.dtypes import QuantizedStates
 
 JOB_TOKENS, JOB_LAYERS, JOB_HIDDEN = 32_768, 5, 5_120
 SAMPLE_TOKENS = 4_096
@@ -41,8 +41,8 @@ def shard_samples(values: torch.Tensor, dtype: str, shard: int, tokens: int, lay
     for layer in range(1, layers + 1):
         hidden_states = layer_states(values, tokens, hidden, seed=1000 * shard + layer)
         if store_dtype(dtype).scaled:
-            codes, scales = quantize(hidden_states)
-            states[layer] = (codes.t().contiguous(), scales)  # [hidden, tokens]: the device's layout
+            codes, scales = store_dtype(dtype).lossy.quantize(hidden_states)
+            states[layer] = (codes.t().contiguous(), scales)  # [columns, tokens]: the device's layout
         else:
             states[layer] = hidden_states
     samples = []
@@ -51,7 +51,7 @@ def shard_samples(values: torch.Tensor, dtype: str, shard: int, tokens: int, lay
         hidden = {}
         for layer, held in states.items():
             if isinstance(held, tuple):
-                hidden[layer] = QuantizedStates(held[0][:, part].t(), held[1][part])
+                hidden[layer] = QuantizedStates(held[0][:, part].t(), held[1][part], store_dtype(dtype).values_per_code)
             else:
                 hidden[layer] = held[part]
         n = part.stop - part.start

@@ -381,9 +381,10 @@ def first_extraction_report(store: Path) -> dict:
     return json.loads(sorted((store / "reports").iterdir())[0].read_text())
 
 
-def extract_store(target: Path, corpus: Path, store: Path, workers: int) -> dict:
+def extract_store(target: Path, corpus: Path, store: Path, workers: int, store_dtype: str = "bfloat16") -> dict:
     """`extract run` of `corpus` through `target` into `store` (the demo's layers and
-    lengths); its report, or on a rerun the report of the run that extracted."""
+    lengths, states as `store_dtype`); its report, or on a rerun the report of the run
+    that extracted."""
     report = run(
         [
             "-m",
@@ -405,6 +406,8 @@ def extract_store(target: Path, corpus: Path, store: Path, workers: int) -> dict
             "512",
             "--shard-tokens",
             "16384",
+            "--store-dtype",
+            store_dtype,
             "--progress-interval",
             "5",
         ]

@@ -78,7 +78,7 @@ class Fingerprint:
     layer_ids: tuple[int, ...]
     max_length: int
     layer_id_convention: str = LAYER_ID_CONVENTION
-    dtype: str = "bfloat16"  # the store dtype of hidden states: bfloat16 or fp8_e4m3 (store_schema.dtypes)
+    dtype: str = "bfloat16"  # the store dtype of hidden states: bfloat16, fp8_e4m3 or fp4_e2m1 (store_schema.dtypes)
     target_revision: str = ""
     target_config_sha256: str = ""
     target_config: dict = field(default_factory=dict)  # its config.json: a differing target is told by field

@@ -24,10 +24,10 @@ import math
 import statistics
 from dataclasses import asdict, dataclass
 
-import ml_dtypes
 import numpy as np
 
 from .codecs.arrays import is_channel_major
+from .dtypes import BFLOAT16_STORE, FP8_E4M3_STORE, StoreDtype
 from .errors import EmptyCaptureError
 
 SAMPLED_TOKENS = 4096  # token rows the statistics are taken over, at most
@@ -35,6 +35,8 @@ CONSTANT_SPREAD = 1e-4  # token spread <= this x RMS: every token's states the s
 MAX_ZERO_TOKEN_SHARE = 0.01  # verify: real states never have an all-zero token; a few % means a broken capture
 MEDIAN_FACTOR = 2.0  # verify: median token RMS outside [median / F, median x F] of the layer across shards
 MIN_SHARDS_FOR_MEDIAN = 3  # fewer shards: no median to be far from
+# the store dtype a numpy array of stored values is, where its type alone says (fp4 codes are uint8: callers name it)
+STORE_VALUE_DTYPES = {BFLOAT16_STORE.values: BFLOAT16_STORE, FP8_E4M3_STORE.values: FP8_E4M3_STORE}
 SIGNIFICANT_DIGITS = 6  # as recorded: deterministic, readable, far finer than any rule here
 STATS_BLOCK_ROWS = 256  # sampled rows summed at a time (a few MB of float32 at any width)
 
@@ -76,14 +78,16 @@ def sampled_rows(num_tokens: int) -> np.ndarray:
     return np.linspace(0, num_tokens - 1, SAMPLED_TOKENS).round().astype(np.int64)
 
 
-def layer_stats(values: np.ndarray, scales: np.ndarray | None = None) -> LayerStats:
-    """Statistics of one layer's stored states: `values` [tokens, hidden] as stored
-    (bfloat16, or float8_e4m3fn codes with float32 per-token `scales`)."""
+def layer_stats(values: np.ndarray, scales: np.ndarray | None = None, dtype: StoreDtype | None = None) -> LayerStats:
+    """Statistics of one layer's stored states: `values` [tokens, columns] as `dtype`
+    stores them (bfloat16; float8_e4m3fn codes with float32 per-token `scales`; fp4
+    packed codes with their block scales: `dtype` says which, by default the one whose
+    values `values` holds)."""
     values = np.asarray(values)
     rows = sampled_rows(len(values))
     if not rows.size or not values.shape[1]:
         return LayerStats(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    hidden = values.shape[1]
+    hidden = values.shape[1] * (dtype.values_per_code if dtype else 1)
     token_sq, channel_sq, channel_sum = [], np.zeros(hidden), np.zeros(hidden)
     low, high = math.inf, -math.inf
     # Blocks of rows: the float temporaries stay small and are reused, where one [4096, hidden]
@@ -91,9 +95,7 @@ def layer_stats(values: np.ndarray, scales: np.ndarray | None = None) -> LayerSt
     for start in range(0, len(rows), STATS_BLOCK_ROWS):
         block = rows[start : start + STATS_BLOCK_ROWS]
         with np.errstate(invalid="ignore", over="ignore"):  # NaN/Inf bits: verify reports them apart
-            x = _as_float32(_sampled(values, block))
-            if scales is not None:  # a power of two per token: the products are exact in float32
-                x *= np.asarray(scales[block], np.float32)[:, None]
+            x = _as_float32(_sampled(values, block), None if scales is None else scales[block], dtype)
         x[~np.isfinite(x)] = 0.0
         # Sums of squares in float64 (squares of bf16's largest values overflow float32), by einsum.
         token_sq.append(np.einsum("ij,ij->i", x, x, dtype=np.float64) / hidden)
@@ -113,9 +115,6 @@ def layer_stats(values: np.ndarray, scales: np.ndarray | None = None) -> LayerSt
     )
 
 
-_E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
-
-
 def _sampled(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """values[rows], gathered along whichever axis the array holds contiguously (fp8
     codes arrive channel-major: a row gather there touches every byte one at a time)."""
@@ -124,16 +123,15 @@ def _sampled(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.take(values, rows, axis=0)
 
 
-def _as_float32(values: np.ndarray) -> np.ndarray:
-    """`values` as float32, exactly (bf16 and e4m3 are subsets of it; other dtypes as
-    float64). ml_dtypes' own casts run element by element (a bf16 shard's statistics
-    took longer than encoding it): bf16 goes through its bits shifted into float32's,
-    fp8 e4m3 codes through a table of all 256."""
-    if values.dtype == ml_dtypes.bfloat16:
-        return np.left_shift(values.view(np.uint16), 16, dtype=np.uint32).view(np.float32)
-    if values.dtype == ml_dtypes.float8_e4m3fn:
-        return _E4M3_VALUES[values.view(np.uint8)]
-    return values.astype(np.float64)
+def _as_float32(values: np.ndarray, scales: np.ndarray | None, dtype: StoreDtype | None) -> np.ndarray:
+    """Stored `values` (and their `scales`) as float32, exactly (`StoreDtype.float32`:
+    ml_dtypes' own casts run element by element, and a bf16 shard's statistics took
+    longer than encoding it); plain float arrays as float64."""
+    if dtype is None:
+        dtype = STORE_VALUE_DTYPES.get(values.dtype)
+    if dtype is None:
+        return values.astype(np.float64)
+    return dtype.float32(values, scales)
 
 
 def empty_capture(stats: LayerStats) -> str | None:

@@ -2,15 +2,17 @@
 
     STORE/
       zarr.json                 root group; attributes["dflash_store"] = schema version,
-                                fingerprint (its dtype: bfloat16 or fp8_e4m3), codec and
+                                fingerprint (its dtype: bfloat16, fp8_e4m3, fp4_e2m1), codec and
                                 chunking settings (`encoding.CodecConfig`)
       dflash_store.json         root record: crc32c + size of the root metadata files
       plan/                     the job plan (zarr arrays) + commit.json
       shards/zarr.json          group of committed shards
       shards/shard-000000/      one committed shard (a zarr group), written by one writer:
         layer_{L}/              bf16 [tokens, hidden] per context layer L, one zarr shard file
-                                of inner chunks (chunk_tokens x hidden); fp8 stores: float8_e4m3fn
-        layer_{L}_scale/        fp8 stores only: float32 [tokens], each token's scale
+                                of inner chunks (chunk_tokens x hidden); fp8 stores: float8_e4m3fn;
+                                fp4 stores: uint8 [tokens, hidden / 2], two e2m1 codes a byte
+        layer_{L}_scale/        fp8 stores: float32 [tokens], each token's scale; fp4 stores:
+                                uint8 [tokens, hidden / 32], each block's exponent + 127
         input_ids/ loss_mask/   int32 / uint8 [tokens]
         sample_offsets/         int64 [samples + 1]
         sample_ids/             string [samples]
@@ -150,7 +152,7 @@ def layer_array(layer_id: int) -> str:
 
 
 def scale_array(layer_id: int) -> str:
-    """The array holding context layer `layer_id`'s per-token scales in an fp8 shard."""
+    """The array holding context layer `layer_id`'s scales in an fp8 or fp4 shard."""
     return f"{layer_array(layer_id)}_scale"
 
 

@@ -9,9 +9,10 @@ Two ways in:
   files are already being read. Measured here this is what lets a compressed
   store keep up with per-sample files.
 
-fp8 stores: `Sample.hidden` is always bf16 (dequantized); `ShardData.hidden` holds
-the states as stored (float8_e4m3fn codes beside `ShardData.scales`), so the
-trainer can move the half-size codes to the GPU and dequantize there."""
+fp8 and fp4 stores: `Sample.hidden` is always bf16 (dequantized); `ShardData.hidden`
+holds the states as stored (float8_e4m3fn or packed e2m1 codes beside
+`ShardData.scales`), so the trainer can move the small codes to the GPU and
+dequantize there."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ import zarr
 
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
-from .codecs.fp8 import as_bf16, dequantize
 from .codecs.shard_codec import (
     EncodedArray,
     decode_array,
@@ -36,7 +36,7 @@ from .codecs.shard_codec import (
     start_sharded_decode,
 )
 from .commit.records import ShardCommit
-from .dtypes import StoreDtype
+from .dtypes import BFLOAT16_STORE, StoreDtype
 from .metadata import StoreMetadata
 
 
@@ -52,9 +52,9 @@ class Sample:
 
 @dataclass
 class ShardData:
-    """A whole shard in memory, states as stored: bf16, or float8_e4m3fn codes with
-    float32 per-token `scales`. `sample(i)` gives views of a bf16 store (no copies)
-    and dequantized copies of an fp8 one; `states` dequantizes a range on any device."""
+    """A whole shard in memory, states as stored: bf16, or codes with their `scales`
+    (`dtype`). `sample(i)` gives views of a bf16 store (no copies) and dequantized
+    copies of a quantized one; `states` dequantizes a range on any device."""
 
     name: str
     sample_ids: list[str]
@@ -64,7 +64,8 @@ class ShardData:
     hidden: dict = field(default_factory=dict)  # layer id -> [tokens, hidden], the stored dtype
     topk_ids: torch.Tensor | None = None
     topk_logprobs: torch.Tensor | None = None
-    scales: dict = field(default_factory=dict)  # fp8 stores: layer id -> float32 [tokens]
+    scales: dict = field(default_factory=dict)  # fp8 / fp4 stores: layer id -> scales (`dtype.scale_shape`)
+    dtype: StoreDtype = BFLOAT16_STORE  # how `hidden` and `scales` hold the states
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -75,9 +76,9 @@ class ShardData:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def states(self, layer: int, start: int = 0, stop: int | None = None, device=None) -> torch.Tensor:
-        """bf16 states of `layer`, tokens [start, stop), on `device` (`fp8.as_bf16`)."""
+        """bf16 states of `layer`, tokens [start, stop), on `device` (`StoreDtype.as_bf16`)."""
         scales = self.scales[layer][start:stop] if layer in self.scales else None
-        return as_bf16(self.hidden[layer][start:stop], scales, device)
+        return self.dtype.as_bf16(self.hidden[layer][start:stop], scales, device)
 
     def sample(self, index: int) -> Sample:
         start, stop = int(self.offsets[index]), int(self.offsets[index + 1])
@@ -113,9 +114,8 @@ class Store(StoreMetadata):
         hidden = {}
         for layer in layers:
             stored = as_torch(group[layout.layer_array(layer)][a:b].view(self.dtype.bits), self.dtype)
-            if self.dtype.scaled:
-                stored = dequantize(stored, torch.from_numpy(group[layout.scale_array(layer)][a:b]))
-            hidden[layer] = stored
+            scales = torch.from_numpy(group[layout.scale_array(layer)][a:b]) if self.dtype.scaled else None
+            hidden[layer] = self.dtype.as_bf16(stored, scales)
         topk_ids = topk_logprobs = None
         if layout.TOPK_IDS in group:
             topk_ids = torch.from_numpy(group[layout.TOPK_IDS][a:b])
@@ -213,10 +213,10 @@ class _RawShard:
 
 
 def as_torch(bits: np.ndarray, dtype: StoreDtype) -> torch.Tensor:
-    """Raw bits of hidden states (numpy, `dtype.bits`) as a torch tensor of the stored type."""
-    signed = {1: (np.int8, torch.float8_e4m3fn), 2: (np.int16, torch.bfloat16)}
-    view, torch_dtype = signed[dtype.itemsize]
-    return torch.from_numpy(bits.view(view)).view(torch_dtype)
+    """Raw bits of hidden states (numpy, `dtype.bits`) as a torch tensor of the stored type
+    (through a signed view: torch has no uint16)."""
+    signed = {1: np.int8, 2: np.int16}[dtype.itemsize]
+    return torch.from_numpy(bits.view(signed)).view(getattr(torch, dtype.torch_name))
 
 
 def as_bits(states: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
@@ -226,7 +226,7 @@ def as_bits(states: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
 
 
 def _layer_arrays(store: Store, layers) -> list[str]:
-    """The arrays holding `layers`' states: values, and scales in an fp8 store."""
+    """The arrays holding `layers`' states: values, and scales in a quantized store."""
     names = [layout.layer_array(i) for i in layers]
     return names + ([layout.scale_array(i) for i in layers] if store.dtype.scaled else [])
 
@@ -278,6 +278,7 @@ class _PendingShard:
             {layer: torch.from_numpy(small[layout.scale_array(layer)]) for layer in self.hidden}
             if self.dtype.scaled
             else {},
+            self.dtype,
         )
 
 
@@ -286,7 +287,8 @@ def _start_decode(store: Store, raw: _RawShard, pool: Executor) -> _PendingShard
     for layer in store.layer_ids:  # the store's layer order, whatever order they were asked in
         array = raw.arrays.get(layout.layer_array(layer))
         if array is not None:
-            hidden[layer], tasks = start_sharded_decode(array, raw.commit.num_tokens, store.hidden_size, pool)
+            columns = store.dtype.stored_columns(store.hidden_size)
+            hidden[layer], tasks = start_sharded_decode(array, raw.commit.num_tokens, columns, pool)
             futures += tasks
     small = {name: decode_array(array) for name, array in raw.arrays.items() if layout.layer_id_of(name) is None}
     return _PendingShard(raw.name, hidden, small, futures, bool(raw.commit.target_topk), store.dtype)

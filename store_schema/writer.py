@@ -22,11 +22,10 @@ from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3f
 from .codecs.arrays import is_channel_major, scratch
 from .codecs.bf16 import BFLOAT16
 from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
-from .codecs.fp8 import FLOAT8_E4M3FN, QuantizedStates, quantize, refuse_nonfinite
 from .commit.lock import Attempt, discard
 from .commit.records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
 from .commit.staging import staging_dir, write_and_commit
-from .dtypes import StoreDtype, store_dtype
+from .dtypes import QuantizedStates, StoreDtype, store_dtype
 from .errors import StoreExistsError
 from .fingerprint import Fingerprint
 from .layer_stats import layer_stats, refuse_empty_capture
@@ -49,13 +48,13 @@ class Upload(NamedTuple):
 @dataclass
 class SampleArrays:
     """One sample as a writer receives it. Hidden states are bf16 [tokens, hidden]
-    (torch or numpy); no padded positions. An fp8 store quantizes them itself, or
-    takes them already quantized (`fp8.QuantizedStates`, e.g. done on the GPU)."""
+    (torch or numpy); no padded positions. An fp8 or fp4 store quantizes them itself,
+    or takes them already quantized (`dtypes.QuantizedStates`, e.g. done on the GPU)."""
 
     sample_id: str
     input_ids: np.ndarray  # int32 [tokens]
     loss_mask: np.ndarray  # uint8 [tokens]
-    hidden: dict  # layer id -> bf16 [tokens, hidden] (or QuantizedStates for an fp8 store)
+    hidden: dict  # layer id -> bf16 [tokens, hidden] (or QuantizedStates for an fp8 / fp4 store)
     topk_ids: np.ndarray | None = None  # int32 [tokens, k]
     topk_logprobs: np.ndarray | None = None  # float32 [tokens, k]
 
@@ -160,11 +159,11 @@ class StoreWriter:
         for layer_id in self.fingerprint.layer_ids:
             scales = None
             if dtype.scaled:
-                parts = [_quantized(s, layer_id) for s in samples]
+                parts = [_quantized(s, layer_id, dtype) for s in samples]
                 values, scales = _joined([codes for codes, _ in parts]), np.concatenate([sc for _, sc in parts])
             else:
                 values = _joined([_bf16(s, layer_id) for s in samples])
-            stats[str(layer_id)] = layer_stats(values, scales)
+            stats[str(layer_id)] = layer_stats(values, scales, dtype)
             refuse_empty_capture(name, layer_id, stats[str(layer_id)])
             if scales is not None:
                 write_small_array(group, layout.scale_array(layer_id), scales)
@@ -278,20 +277,23 @@ def _layer_buffer(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
 def _bf16(sample: SampleArrays, layer_id: int) -> np.ndarray:
     states = sample.hidden[layer_id]
     if isinstance(states, QuantizedStates):
-        raise ValueError(f"sample {sample.sample_id!r} layer {layer_id}: fp8 states offered to a bfloat16 store")
+        raise ValueError(f"sample {sample.sample_id!r} layer {layer_id}: quantized states offered to a bfloat16 store")
     return as_bf16_numpy(states)
 
 
-def _quantized(sample: SampleArrays, layer_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """(float8_e4m3fn codes [tokens, hidden], float32 scales [tokens]) of one sample's layer."""
+def _quantized(sample: SampleArrays, layer_id: int, dtype: StoreDtype) -> tuple[np.ndarray, np.ndarray]:
+    """(codes [tokens, columns] as `dtype` stores them, scales) of one sample's layer."""
     states = sample.hidden[layer_id]
+    what = f"sample {sample.sample_id!r} layer {layer_id}"
     if not isinstance(states, QuantizedStates):
         if not isinstance(states, torch.Tensor):
             states = torch.from_numpy(as_bf16_numpy(states).view(np.int16)).view(torch.bfloat16)
-        states = QuantizedStates(*quantize(states))
-    scales = states.scales.detach().cpu().to(torch.float32).numpy()
-    refuse_nonfinite(scales, f"sample {sample.sample_id!r} layer {layer_id}")
-    return states.codes.detach().cpu().view(torch.uint8).numpy().view(FLOAT8_E4M3FN), scales  # in its layout
+        states = dtype.quantized(states)
+    elif states.values_per_code != dtype.values_per_code or states.codes.element_size() != dtype.itemsize:
+        raise ValueError(f"{what}: states quantized as {states.codes.dtype} offered to a {dtype.name} store")
+    scales = states.scales.detach().cpu().numpy().astype(dtype.scale_zarr_name, copy=False)
+    dtype.lossy.refuse_nonfinite(scales, what)
+    return states.codes.detach().cpu().view(torch.uint8).numpy().view(dtype.values), scales  # in its layout
 
 
 def commit_plan(path, plan: Plan) -> None:

@@ -12,6 +12,7 @@ import builders
 import numpy as np
 
 from store_schema import Fingerprint, SampleArrays, create_store, shard_name
+from store_schema.dtypes import store_dtype
 
 
 def chat_tokens(tokenizer, record: dict, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
@@ -41,7 +42,7 @@ def build_real_store(
     from extract.jobs.target import load_target
 
     target = load_target(model_dir)
-    runner = TargetRunner(target, list(layer_ids), topk=topk)
+    runner = TargetRunner(target, list(layer_ids), topk=topk, store_dtype=store_dtype(dtype))
     fingerprint = Fingerprint(
         target_model=str(model_dir),
         num_target_layers=target.num_layers,

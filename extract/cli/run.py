@@ -33,8 +33,9 @@ def add_parser(commands) -> None:
         "--store-dtype",
         choices=tuple(STORE_DTYPES),
         default="bfloat16",
-        help="hidden states as bf16 (lossless, default) or fp8 e4m3 with a scale per token "
-        "(about 0.6x the bytes of bf16, lossy; a store never mixes them)",
+        help="hidden states as bf16 (lossless, default), fp8 e4m3 with a scale per token (about 0.6x "
+        "the bytes of bf16, lossy) or fp4 e2m1 with a scale per 32 values (about 0.36x, lossier); "
+        "a store never mixes them",
     )
     run.add_argument("--overwrite", action="store_true", help="delete the store's content and start over")
     run.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off)")

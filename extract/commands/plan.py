@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
-from store_schema.dtypes import FP8_E4M3_STORE, SPACE_HEADROOM, space_needed
+from store_schema.dtypes import FP8_E4M3_STORE, SPACE_HEADROOM, STORE_DTYPES, space_needed
 from store_schema.layout import LAYER_ID_CONVENTION
+from store_schema.location import is_object_store
 from store_schema.plan import PlanSettings
+from store_schema.runtime import host
 from store_schema.runtime.cli import UsageError
 from store_schema.runtime.progress import default_mode
 from store_schema.runtime.target_config import read_target_config
@@ -55,10 +57,8 @@ def run(args) -> int:
         compression_ratio=args.compression_ratio,
         estimated_fp8_bytes=estimate.fp8_bytes,
         fp8_compression_ratio=FP8_E4M3_STORE.size_ratio,
-        space_needed_bytes={
-            "bfloat16": space_needed(estimate.compressed_bytes),
-            "fp8_e4m3": space_needed(estimate.fp8_bytes),
-        },
+        space_needed_bytes={name: space_needed(size) for name, size in estimate.by_dtype.items()},
+        store_dtypes=store_dtype_sizes(estimate, args.store),
         corpus_records=plan.settings["corpus_records"],
         corpus_hash=plan.settings["corpus_hash"],
         plan_digest=plan.digest(),
@@ -77,7 +77,7 @@ def run(args) -> int:
 def job_on_paper(args, plan, layer_ids: list[int], estimate) -> dict:
     """The extraction's hours, GPUs and writer cores for the plan (and, with --cache-size,
     the trainer's shard-cache traffic)."""
-    store_bytes = {"raw": estimate.raw_bytes, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
+    store_bytes = estimate.store_bytes()
     job = extraction_estimate(
         args.model,
         layer_ids,
@@ -106,8 +106,38 @@ def _sizes_per_drafter(args, plan, dims) -> dict:
     sizes = {}
     for directory, ids in layers_from_drafters(args.layers_from).items():
         estimate = estimate_store_bytes(plan, len(ids), dims.hidden_size, args.compression_ratio)
-        sizes[directory] = {"layer_ids": ids, "bfloat16": estimate.compressed_bytes, "fp8_e4m3": estimate.fp8_bytes}
+        sizes[directory] = {"layer_ids": ids, **estimate.by_dtype}
     return sizes
+
+
+def store_dtype_sizes(estimate, store) -> dict:
+    """Per store dtype: its ratio to raw bf16, the store's bytes, the space `run` asks
+    for, and whether that fits the free space where the store would be (a directory's
+    filesystem; a bucket's room is not known here: `fits` is None)."""
+    free = None if store is None or is_object_store(store) else host.free_bytes(store)  # tests fake it there
+    return {
+        name: {
+            "size_ratio": STORE_DTYPES[name].size_ratio,
+            "bytes": size,
+            "space_needed_bytes": space_needed(size),
+            "free_bytes": free,
+            "fits": None if free is None else space_needed(size) <= free,
+        }
+        for name, size in estimate.by_dtype.items()
+    }
+
+
+def dtype_size_lines(sizes: dict) -> list[str]:
+    """`plan --dry-run`'s lines for `store_dtype_sizes`: one per --store-dtype."""
+    lines = [f"            with --store-dtype (`run` asks for the size plus {SPACE_HEADROOM:.0%} free):"]
+    for name, entry in sizes.items():
+        fits = {None: "", True: ", fits", False: ", does NOT fit"}[entry["fits"]]
+        free = "" if entry["free_bytes"] is None else f" of {human_bytes(entry['free_bytes'])} free"
+        lines.append(
+            f"  {name:<10}{human_bytes(entry['bytes'])} (ratio {entry['size_ratio']} of raw bf16), "
+            f"asks {human_bytes(entry['space_needed_bytes'])}{free}{fits}"
+        )
+    return lines
 
 
 def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> None:
@@ -127,20 +157,13 @@ def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> N
         f"{human_bytes(report['estimated_compressed_bytes'])} compressed (ratio {report['compression_ratio']}, "
         f"hidden {report['hidden_size']}, bf16)"
     )
-    print(
-        f"            {human_bytes(report['estimated_fp8_bytes'])} with --store-dtype fp8_e4m3 "
-        f"(ratio {FP8_E4M3_STORE.size_ratio} of raw bf16)"
-    )
+    for line in dtype_size_lines(report["store_dtypes"]):
+        print(line)
     for directory, own in report.get("layers_from", {}).items():
-        print(
-            f"  alone     {directory} {own['layer_ids']}: {human_bytes(own['bfloat16'])} bf16, "
-            f"{human_bytes(own['fp8_e4m3'])} fp8 (the store above serves every --layers-from drafter)"
-        )
-    print(
-        f"free space  `run` asks for the size plus {SPACE_HEADROOM:.0%}: "
-        f"{human_bytes(report['space_needed_bytes']['bfloat16'])} bf16, "
-        f"{human_bytes(report['space_needed_bytes']['fp8_e4m3'])} fp8"
-    )
+        sizes = ", ".join(f"{human_bytes(own[name])} {name}" for name in STORE_DTYPES)
+        print(f"  alone     {directory} {own['layer_ids']}: {sizes}")
+    if report.get("layers_from"):
+        print("            (the store above serves every --layers-from drafter)")
     for line in estimate_lines(report["job"]) + (
         cache_traffic_lines(report["job"]["cache"]) if "cache" in report["job"] else []
     ):

@@ -35,7 +35,7 @@ class JobConfig:
     execution: Execution = field(default_factory=Execution)  # actors, retries, progress (validated there)
     batch_tokens: int = DEFAULT_BATCH_TOKENS
     target_topk: int | None = None
-    store_dtype: str = "bfloat16"  # hidden states as stored: bfloat16, or fp8_e4m3 (half the bytes, lossy)
+    store_dtype: str = "bfloat16"  # hidden states as stored: bfloat16, or fp8_e4m3 / fp4_e2m1 (lossy, fewer bytes)
     overwrite: bool = False
     trust_remote_code: bool = False
     # Consecutive shards of the plan batched together by length on one worker (less

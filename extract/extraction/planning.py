@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 from transformers import AutoTokenizer
 
-from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
+from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE, STORE_DTYPES
 from store_schema.layout import raw_bytes_per_token
 from store_schema.plan import (
     Plan,
@@ -368,8 +368,20 @@ def check_tokenizer(tokenizer, settings: dict) -> None:
 
 class StoreEstimate(NamedTuple):
     raw_bytes: int
-    compressed_bytes: int  # a bf16 store (the default)
-    fp8_bytes: int  # the same job with --store-dtype fp8_e4m3
+    by_dtype: dict[str, int]  # store dtype name -> the store's bytes in that dtype
+
+    @property
+    def compressed_bytes(self) -> int:
+        """A bf16 store (the default)."""
+        return self.by_dtype[BFLOAT16_STORE.name]
+
+    @property
+    def fp8_bytes(self) -> int:
+        return self.by_dtype[FP8_E4M3_STORE.name]
+
+    def store_bytes(self) -> dict[str, int]:
+        """{"raw": ..., dtype: ...}: what the job and cache estimates take."""
+        return {"raw": self.raw_bytes, **self.by_dtype}
 
 
 def estimate_store_bytes(
@@ -377,11 +389,15 @@ def estimate_store_bytes(
 ) -> StoreEstimate:
     """Size before a job starts: per token, bf16 (2 B) x hidden x layers, plus
     int32 input_ids and uint8 loss_mask, times each store dtype's ratio to that raw
-    size (`store_schema.dtypes`: bf16 0.614, fp8 0.351, as store_bench measures them;
+    size (`store_schema.dtypes.StoreDtype.size_ratio`, as store_bench measures them;
     ``compression_ratio`` overrides bf16's). Applied to the whole, since
     tokens are a rounding error next to the hidden states."""
     raw = plan.num_tokens * raw_bytes_per_token(hidden_size, num_context_layers)
-    return StoreEstimate(raw, BFLOAT16_STORE.expected_bytes(raw, compression_ratio), FP8_E4M3_STORE.expected_bytes(raw))
+    by_dtype = {
+        name: dtype.expected_bytes(raw, compression_ratio if dtype is BFLOAT16_STORE else None)
+        for name, dtype in STORE_DTYPES.items()
+    }
+    return StoreEstimate(raw, by_dtype)
 
 
 @dataclass(frozen=True)

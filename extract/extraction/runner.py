@@ -42,7 +42,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from store_schema.codecs import fp8
+from store_schema.dtypes import BFLOAT16_STORE, QuantizedStates, StoreDtype
 from store_schema.layout import validate_layer_ids
 from store_schema.runtime.target_model import decoder_layers
 
@@ -84,16 +84,23 @@ class TargetRunner:
     """Turns batches of token sequences into the chosen layers' hidden states.
 
     Each output is a dict ``{layer_id: bf16 tensor [len, H] on CPU}`` for the sample's
-    real positions only (with ``quantize``, an fp8 store's ``fp8.QuantizedStates``
+    real positions only (for an fp8 or fp4 ``store_dtype``, ``dtypes.QuantizedStates``
     instead, quantized on the device); with ``topk=K`` it also holds ``"topk_ids"`` (int32 [len, K])
     and ``"topk_logprobs"`` (float32 [len, K]): the target's K most likely next tokens
     at each position and their log-probabilities (log_softmax over the full vocab).
     A sample's tensors are views into one host buffer per batch.
     """
 
-    def __init__(self, target: Target, layer_ids: Sequence[int], topk: int | None = None, quantize: bool = False):
+    def __init__(
+        self,
+        target: Target,
+        layer_ids: Sequence[int],
+        topk: int | None = None,
+        store_dtype: StoreDtype = BFLOAT16_STORE,
+    ):
         self.target = target
-        self.quantize = quantize
+        self.store_dtype = store_dtype
+        self.quantize = store_dtype.scaled
         self.layer_ids = validate_layer_ids(layer_ids, target.num_layers)
         if topk is not None:
             if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= target.vocab_size:
@@ -135,12 +142,12 @@ class TargetRunner:
         captured = self._forward(input_ids, attention_mask, real)
 
         packed = {"hidden": torch.stack([captured[L] for L in self.layer_ids])}  # [layers, tokens, H] bf16
-        if not self.quantize:  # fp8's NaN scales say the same (the writer refuses either)
+        if not self.quantize:  # a quantizer's NaN scales say the same (the writer refuses either)
             packed["nonfinite"] = ~torch.isfinite(packed["hidden"]).all(
                 dim=-1
             )  # [layers, tokens], copied with the rest
         if self.quantize:
-            codes, packed["scales"] = fp8.quantize(packed["hidden"])  # [layers, tokens, H], [layers, tokens]
+            codes, packed["scales"] = self.store_dtype.lossy.quantize(packed["hidden"])  # [layers, tokens, C]
             # Channel-major ([layers, H, tokens]): a transpose costs the device nothing, and the
             # store's `channels` codec codes each channel down the tokens (the writer's largest saving).
             packed["hidden"] = codes.transpose(1, 2).contiguous()
@@ -161,11 +168,12 @@ class TargetRunner:
         return PendingBatch(outputs, copied)
 
     def _states(self, host: dict, layer_index: int, start: int, n: int):
-        """One sample's states of one layer: bf16, or fp8 codes + scales (`quantize`)."""
+        """One sample's states of one layer: bf16, or codes + scales (`quantize`)."""
         if not self.quantize:
             return host["hidden"][layer_index, start : start + n]
         codes = host["hidden"][layer_index, :, start : start + n].T  # [n, H], held channel-major
-        return fp8.QuantizedStates(codes, host["scales"][layer_index, start : start + n])
+        scales = host["scales"][layer_index, start : start + n]
+        return QuantizedStates(codes, scales, self.store_dtype.values_per_code)
 
     def _forward(self, input_ids, attention_mask, real) -> dict:
         """Run the decoder, keeping each chosen layer's output at the real positions

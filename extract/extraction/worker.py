@@ -129,10 +129,8 @@ class ExtractionWorker:
             require_fast_kernels=spec.require_fast_kernels,
             keep_layers=None if spec.topk is not None else max(spec.layer_ids) + 1,  # top-k needs the whole model
         )
-        # fp8 stores: states are quantized on the device, so half the bytes cross to the host
-        self.runner = TargetRunner(
-            self.target, list(spec.layer_ids), spec.topk, quantize=lookup_store_dtype(spec.store_dtype).scaled
-        )
+        # fp8 / fp4 stores: states are quantized on the device, so a half / quarter of the bytes cross to the host
+        self.runner = TargetRunner(self.target, list(spec.layer_ids), spec.topk, lookup_store_dtype(spec.store_dtype))
         self.batch_tokens = int(spec.batch_tokens)
         self._compute = threading.Lock()
         self._writer = None

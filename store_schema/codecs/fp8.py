@@ -15,16 +15,10 @@ numerics need no zarr."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import ml_dtypes
 import numpy as np
 
 from ..errors import NonFiniteStatesError
-
-if TYPE_CHECKING:
-    import torch
 
 FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
 E4M3_MAX = 448.0
@@ -34,19 +28,6 @@ _MAX_SCALE_EXPONENT = 126  # scales stay normal float32 (and their inverses fini
 # The largest magnitude e4m3 holds with any scale without its rounding reaching 2^128 (Inf in
 # float32 and bf16): 4 significant bits round 1.9375 * 2^127 and above up to 2^128.
 LARGEST_STORABLE = 1.9375 * 2.0**127
-
-
-@dataclass(frozen=True)
-class QuantizedStates:
-    """One sample's layer already quantized (`quantize`'s output), e.g. on the GPU
-    before the device-to-host copy, which halves that copy."""
-
-    codes: torch.Tensor  # float8_e4m3fn [tokens, hidden]
-    scales: torch.Tensor  # float32 [tokens]
-
-    @property
-    def shape(self) -> tuple:
-        return tuple(self.codes.shape)
 
 
 def quantize(states):
@@ -89,11 +70,22 @@ def dequantize(codes, scales, dtype=None):
     return (codes.float() * scales.float()[..., None]).to(dtype)
 
 
-def as_bf16(stored, scales=None, device=None):
-    """States as a store holds them (bf16; or float8 codes with their `scales`) as bf16
-    on `device` (default: where they are). They move first, then are dequantized, so
-    only the stored bytes cross (half of bf16's for fp8)."""
-    if device is not None:
-        stored = stored.to(device, non_blocking=True)
-        scales = None if scales is None else scales.to(device, non_blocking=True)
-    return stored if scales is None else dequantize(stored, scales)
+_E4M3_VALUES = np.arange(256, dtype=np.uint8).view(FLOAT8_E4M3FN).astype(np.float32)
+
+
+def float32(codes: np.ndarray, scales: np.ndarray | None) -> np.ndarray:
+    """numpy twin of `dequantize` (float32, exact: e4m3 times a power of two; the codes
+    alone without `scales`), through a table of all 256 codes (ml_dtypes' own cast runs
+    element by element)."""
+    values = _E4M3_VALUES[codes.view(np.uint8)]
+    if scales is not None:
+        values *= np.asarray(scales, np.float32)[:, None]
+    return values
+
+
+BAD_SCALE = "not a positive power of two"  # what verify says of a scale `bad_scale_tokens` finds
+
+
+def bad_scale_tokens(scales: np.ndarray) -> np.ndarray:
+    """Tokens whose scale is not a positive power of two (NaN included)."""
+    return np.flatnonzero(~(np.isfinite(scales) & (scales > 0)) | (np.frexp(scales)[0] != 0.5))

@@ -236,6 +236,8 @@ def start_sharded_decode(
     ):
         raise _unsupported(array, f"encoding {sharding!r} / {array.meta['data_type']!r}")
     _require_little_endian(array, chain[0])
+    if list(array.meta["shape"]) != [num_rows, num_cols]:
+        raise _unsupported(array, f"shape {array.meta['shape']}, expected [{num_rows}, {num_cols}]")
     out = np.empty((layout.padded_shard_shape(num_rows, rows), num_cols), bits)
     grid = (out.shape[0] // rows, num_cols // cols)
     index = _shard_index(array, grid[0] * grid[1])

@@ -307,9 +307,15 @@ def _expected_arrays(store: Store, commit) -> dict[str, tuple[tuple, str]]:
         layout.SAMPLE_OFFSETS: ((commit.num_samples + 1,), "int64"),
     }
     for layer_id in fp.layer_ids:
-        expected[layout.layer_array(layer_id)] = ((tokens, fp.hidden_size), store.dtype.zarr_name)
+        expected[layout.layer_array(layer_id)] = (
+            (tokens, store.dtype.stored_columns(fp.hidden_size)),
+            store.dtype.zarr_name,
+        )
         if store.dtype.scaled:
-            expected[layout.scale_array(layer_id)] = ((tokens,), "float32")
+            expected[layout.scale_array(layer_id)] = (
+                store.dtype.scale_shape(tokens, fp.hidden_size),
+                store.dtype.scale_zarr_name,
+            )
     if commit.target_topk:
         expected[layout.TOPK_IDS] = ((tokens, commit.target_topk), "int32")
         expected[layout.TOPK_LOGPROBS] = ((tokens, commit.target_topk), "float32")
@@ -358,11 +364,10 @@ def _check_contents(store: Store, commit, files: dict, planned_ids, result: _Sha
                 f"{len(bad)} token(s) with NaN/Inf, first at token {int(bad[0])}", array=layout.layer_array(layer_id)
             )
     for layer_id, scales in data.scales.items():
-        values = scales.numpy()
-        bad = np.flatnonzero(~(np.isfinite(values) & (values > 0)) | (np.frexp(values)[0] != 0.5))
+        bad = store.dtype.lossy.bad_scale_tokens(scales.numpy())
         if len(bad):
             result.add(
-                f"{len(bad)} scale(s) not a positive power of two, first at token {int(bad[0])}",
+                f"{len(bad)} scale(s) {store.dtype.lossy.BAD_SCALE}, first at token {int(bad[0])}",
                 array=layout.scale_array(layer_id),
             )
     _check_layer_statistics(store, commit, data, result)
@@ -378,7 +383,7 @@ def _check_layer_statistics(store: Store, commit, data, result: _ShardResult) ->
     for the store-wide median (`_flag_outlier_layers`)."""
     for layer_id, states in data.hidden.items():
         scales = data.scales[layer_id].numpy() if layer_id in data.scales else None
-        computed = layer_stats.layer_stats(as_bits(states, store.dtype).view(store.dtype.values), scales)
+        computed = layer_stats.layer_stats(as_bits(states, store.dtype).view(store.dtype.values), scales, store.dtype)
         array = layout.layer_array(layer_id)
         for what in layer_stats.problems(computed):
             result.add(what, array=array)

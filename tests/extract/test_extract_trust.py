@@ -113,9 +113,22 @@ def test_run_checks_free_space_against_the_figure_plan_prints(qwen3_dir, tmp_pat
     assert needed == round(report["estimated_compressed_bytes"] * (1 + SPACE_HEADROOM))
     assert report["estimated_compressed_bytes"] == round(report["estimated_raw_bytes"] * report["compression_ratio"])
 
+    assert report["store_dtypes"]["bfloat16"]["fits"] is None, "no --store: no filesystem to ask"
+
     monkeypatch.setattr("store_schema.runtime.host.free_bytes", lambda path: needed - 1)
     assert needed - 1 > report["estimated_compressed_bytes"]
-    assert main(["run", "--store", str(tmp_path / "store"), "--plan-workers", "1", "--no-progress", *planning]) == 1
+    store = ["--store", str(tmp_path / "store")]
+    assert main(["plan", "--dry-run", "--json", "--tokenizer-workers", "1", *store, *planning]) == 0
+    sizes = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["store_dtypes"]
+    assert {name: entry["fits"] for name, entry in sizes.items()} == {
+        "bfloat16": False,
+        "fp8_e4m3": True,
+        "fp4_e2m1": True,
+    }
+    assert sizes["fp4_e2m1"]["bytes"] == round(report["estimated_raw_bytes"] * sizes["fp4_e2m1"]["size_ratio"])
+    assert main(["plan", "--dry-run", "--tokenizer-workers", "1", *store, *planning]) == 0
+    assert f"asks {human_bytes(needed)} of {human_bytes(needed - 1)} free, does NOT fit" in capsys.readouterr().out
+    assert main(["run", *store, "--plan-workers", "1", "--no-progress", *planning]) == 1
     assert f"need about {human_bytes(needed)}" in capsys.readouterr().err
 
 

@@ -10,6 +10,7 @@ from extract.extraction.runner import TargetRunner
 from extract.jobs.batching import batches_by_length
 from extract.jobs.kernels import kernel_report
 from extract.jobs.target import load_target
+from store_schema.dtypes import FP4_E2M1_STORE, FP8_E4M3_STORE
 from store_schema.runtime.target_model import decoder_layers
 
 # Mixed lengths: 1 token, shorter and longer than the gated-delta-rule chunk (64),
@@ -118,22 +119,23 @@ def test_leaked_context_would_break_the_batched_tolerance(targets):
         assert _token_cosine(prefixed[layer_id][30:], alone[layer_id]).min() < 0.9999, layer_id
 
 
-def test_fp8_states_are_the_quantized_bf16_ones_held_channel_major(targets):
-    """With `quantize` (fp8 stores) each sample's codes and scales are those of its bf16
-    states, in a batch of mixed lengths; the codes are held channel-major (tokens
-    contiguous), the layout the store's `channels` codec cuts its streams from."""
-    from store_schema.codecs.fp8 import quantize
-
+@pytest.mark.parametrize("store_dtype", [FP8_E4M3_STORE, FP4_E2M1_STORE], ids=lambda d: d.name)
+def test_quantized_states_are_those_of_the_bf16_ones_held_channel_major(targets, store_dtype):
+    """An fp8 or fp4 store's runner quantizes on the device: each sample's codes and
+    scales are those of its bf16 states, in a batch of mixed lengths; the codes are
+    held channel-major (tokens contiguous), the layout the store's `channels` codec
+    cuts its streams from."""
     _, target = targets["qwen3"]
     sequences = _sequences(LENGTHS, seed=5)
     plain = TargetRunner(target, [1, 3]).run_batch(sequences)
-    quantized = TargetRunner(target, [1, 3], quantize=True).run_batch(sequences)
-    for bf16, fp8 in zip(plain, quantized):
+    quantized = TargetRunner(target, [1, 3], store_dtype=store_dtype).run_batch(sequences)
+    for bf16, coded in zip(plain, quantized):
         for layer_id in (1, 3):
-            codes, scales = quantize(bf16[layer_id])
-            assert fp8[layer_id].codes.stride(0) == 1 or len(codes) == 1
-            assert torch.equal(fp8[layer_id].codes.view(torch.uint8), codes.view(torch.uint8))
-            assert torch.equal(fp8[layer_id].scales, scales)
+            codes, scales = store_dtype.lossy.quantize(bf16[layer_id])
+            assert coded[layer_id].shape == tuple(bf16[layer_id].shape)
+            assert coded[layer_id].codes.stride(0) == 1 or len(codes) == 1
+            assert torch.equal(coded[layer_id].codes.view(torch.uint8), codes.view(torch.uint8))
+            assert torch.equal(coded[layer_id].scales, scales)
 
 
 def test_forward_stops_after_last_needed_layer(targets):

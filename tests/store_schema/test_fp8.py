@@ -27,7 +27,8 @@ from store_schema import (
     layout,
 )
 from store_schema.__main__ import main as store_cli
-from store_schema.codecs.fp8 import E4M3_MAX, LARGEST_STORABLE, QuantizedStates, dequantize, quantize
+from store_schema.codecs.fp8 import E4M3_MAX, LARGEST_STORABLE, dequantize, quantize
+from store_schema.dtypes import QuantizedStates
 from store_schema.tools.verify import verify_store
 from train.families.dflash.anchors import has_anchor
 
@@ -114,7 +115,7 @@ def test_fingerprint_refuses_mixing_dtypes_and_unknown_ones(tmp_path):
         np.ones(5, np.uint8),
         {1: QuantizedStates(codes, scales), 3: QuantizedStates(codes, scales)},
     )
-    with pytest.raises(ValueError, match="sample 'x' layer 1: fp8 states offered to a bfloat16 store"):
+    with pytest.raises(ValueError, match="sample 'x' layer 1: quantized states offered to a bfloat16 store"):
         writer.write_shard("shard-000000", [sample])
 
 

@@ -163,7 +163,8 @@ def test_channel_major_states_encode_to_the_same_shard_bytes():
 def test_an_fp8_writer_given_channel_major_codes_writes_the_row_major_store(tmp_path):
     """The writer keeps channel-major codes as they come (no transpose back): the shard
     files, layer statistics and commit record equal those of the same codes row-major."""
-    from store_schema.codecs.fp8 import QuantizedStates, quantize
+    from store_schema.codecs.fp8 import quantize
+    from store_schema.dtypes import QuantizedStates
 
     generator = torch.Generator().manual_seed(2)
     states = [

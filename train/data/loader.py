@@ -44,8 +44,8 @@ not what the prefetch threads ran ahead to.
 To the GPU: with a CUDA `device`, the delivery thread also moves each sample's
 features there ahead of use (`train.data.device_copy.DeviceCopier`: pinned host memory,
 asynchronous copy on a side stream), so the training step neither waits for a
-~157 MB host-to-device copy nor pays for page-locking it. fp8 stores deliver their
-float8 codes and per-token scales, half the bytes, and `context_features`
+~157 MB host-to-device copy nor pays for page-locking it. fp8 and fp4 stores deliver
+their codes and scales (half or a quarter of the bytes), and `context_features`
 dequantizes them to bf16 on the device.
 
 Cache (`data.cache_dir`): shards are read through a local copy of the store that
@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 import torch
 
 from store_schema import CorruptShardError, ShardData, Store
-from store_schema.codecs.fp8 import as_bf16
+from store_schema.dtypes import BFLOAT16_STORE, StoreDtype
 from store_schema.runtime.host import available_cores
 from store_schema.runtime.units import parse_bytes
 from train.data.cache import ShardCache, upcoming_shards
@@ -90,12 +90,13 @@ class TrainSample:
     shard: str
     input_ids: torch.Tensor  # int64 [T]
     loss_mask: torch.Tensor  # uint8 [T]
-    features: list  # [T, H] per context layer in layer-id order, as stored: bf16, or float8_e4m3fn codes
+    features: list  # [T, H] per context layer in layer-id order, as stored: bf16, or codes (`dtype`)
     topk_ids: torch.Tensor | None = None  # int32 [T, K]: target's next-token top-k at each position
     topk_logprobs: torch.Tensor | None = None
     position: LoaderPosition = field(default_factory=LoaderPosition)  # loader position after this sample
     epoch: int = 0  # the epoch this sample belongs to
-    scales: list = field(default_factory=list)  # fp8 stores: float32 [T] per context layer
+    scales: list = field(default_factory=list)  # fp8 / fp4 stores: the scales per context layer
+    dtype: StoreDtype = BFLOAT16_STORE  # how `features` and `scales` hold the states
     ready: object = None  # a CUDA event: features were copied to the GPU ahead (DeviceCopier)
 
     @property
@@ -108,12 +109,12 @@ class TrainSample:
 
     def context_features(self, device: torch.device | str = "cpu") -> torch.Tensor:
         """[T, n_layers*H] bf16, layers concatenated in order (the drafter's `fc` input);
-        fp8 features are dequantized on `device`."""
+        quantized features are dequantized on `device`."""
         if self.ready is not None:
             DeviceCopier.wait(self.ready, [*self.features, *self.scales])
             self.ready = None
         scales = self.scales or [None] * len(self.features)
-        return torch.cat([as_bf16(f, s, device) for f, s in zip(self.features, scales)], dim=-1)
+        return torch.cat([self.dtype.as_bf16(f, s, device) for f, s in zip(self.features, scales)], dim=-1)
 
 
 class _Stop(Exception):
@@ -276,6 +277,7 @@ class ShardLoader:
             position=position,
             epoch=epoch,
             scales=[data.scales[layer][start:stop] for layer in self.layers] if data.scales else [],
+            dtype=data.dtype,
         )
 
     def _decode_groups(self, out: queue.Queue) -> None:
