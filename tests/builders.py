@@ -322,6 +322,23 @@ def fp8_rounding_bound(reference, scales):
     return torch.where(normal, relative, absolute)
 
 
+def fp4_rounding_bound(reference, scales):
+    """Per-element bound on |dequantized - reference| for float32 `reference` states
+    [tokens, hidden] stored as fp4 e2m1 with block scale exponents `scales` [tokens,
+    hidden / 32]: half an e2m1 step, 0.25 x scale below 2 x scale, a quarter of the
+    value above."""
+    import torch
+
+    from store_schema.codecs.fp4 import BLOCK, SCALE_BIAS
+
+    exponents = scales.int() - SCALE_BIAS
+    scale = torch.ldexp(torch.ones(exponents.shape), exponents.float()).repeat_interleave(BLOCK, dim=-1)
+    return torch.maximum(0.25 * scale, reference.abs() / 4)
+
+
+ROUNDING_BOUNDS = {"fp8_e4m3": fp8_rounding_bound, "fp4_e2m1": fp4_rounding_bound}  # per lossy store dtype
+
+
 def chat_prompts(tokenizer, count, seed=1) -> list:
     """The user turns of coding chats, rendered with the generation prompt."""
     import torch

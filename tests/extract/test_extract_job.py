@@ -145,36 +145,39 @@ def test_stored_states_equal_a_plain_transformers_forward(reference, qwen3_5_dir
     assert checked >= 6 and batched >= 1  # shards of several samples went through as padded batches
 
 
-def test_fp8_job_stores_the_reference_within_rounding_and_a_store_never_mixes_dtypes(
-    reference, qwen3_5_dir, corpus, tmp_path
+@pytest.mark.parametrize("store_dtype", ["fp8_e4m3", "fp4_e2m1"])
+def test_lossy_job_stores_the_reference_within_rounding_and_a_store_never_mixes_dtypes(
+    reference, qwen3_5_dir, corpus, tmp_path, store_dtype
 ):
-    """`--store-dtype fp8_e4m3`: the workers quantize on their device; the store holds
-    the reference (bf16) job's states within e4m3 rounding, verifies, and refuses to be
-    resumed as a bf16 store (and the bf16 store as an fp8 one), naming the dtype."""
-    from builders import fp8_rounding_bound as rounding_bound
+    """`--store-dtype fp8_e4m3 | fp4_e2m1`: the workers quantize on their device; the
+    store holds the reference (bf16) job's states within the codes' rounding, verifies,
+    and refuses to be resumed as a bf16 store (and the bf16 store as a lossy one),
+    naming the dtype."""
+    from builders import ROUNDING_BOUNDS
 
     from extract.errors import ExtractError
     from extract.extraction.job import run_job
     from store_schema import Store
 
-    store = tmp_path / "fp8"
-    report = run_job(_config(qwen3_5_dir, corpus[0], store, store_dtype="fp8_e4m3"))
+    store = tmp_path / store_dtype
+    report = run_job(_config(qwen3_5_dir, corpus[0], store, store_dtype=store_dtype))
     assert report["status"] == "complete"
     verified = _verify_cli(store)
     assert verified.returncode == 0, verified.stdout + verified.stderr
-    fp8, exact = Store(store), Store(reference[0])
-    assert fp8.fingerprint.dtype == "fp8_e4m3" and fp8.committed_shards() == exact.committed_shards()
+    lossy, exact = Store(store), Store(reference[0])
+    assert lossy.fingerprint.dtype == store_dtype and lossy.committed_shards() == exact.committed_shards()
+    rounding_bound = ROUNDING_BOUNDS[store_dtype]
     for name in exact.committed_shards():
-        coded, want = fp8.read_shard(name), exact.read_shard(name)
+        coded, want = lossy.read_shard(name), exact.read_shard(name)
         assert coded.sample_ids == want.sample_ids
         for layer in LAYERS:
             reference_states = want.hidden[layer].float()
             error = (coded.states(layer).float() - reference_states).abs()
             assert bool((error <= rounding_bound(reference_states, coded.scales[layer])).all()), (name, layer)
-    with pytest.raises(ExtractError, match="dtype: store has 'fp8_e4m3', expected 'bfloat16'"):
+    with pytest.raises(ExtractError, match=f"dtype: store has '{store_dtype}', expected 'bfloat16'"):
         run_job(_config(qwen3_5_dir, corpus[0], store))
-    with pytest.raises(ExtractError, match="dtype: store has 'bfloat16', expected 'fp8_e4m3'"):
-        run_job(_config(qwen3_5_dir, corpus[0], reference[0], store_dtype="fp8_e4m3"))
+    with pytest.raises(ExtractError, match=f"dtype: store has 'bfloat16', expected '{store_dtype}'"):
+        run_job(_config(qwen3_5_dir, corpus[0], reference[0], store_dtype=store_dtype))
 
 
 def test_loss_masks_are_the_assistant_turns(reference, corpus, tokenizer):

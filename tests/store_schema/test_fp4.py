@@ -15,6 +15,7 @@ import stores
 import tiny
 import torch
 import zarr
+from builders import fp4_rounding_bound as rounding_bound
 
 from store_schema import NonFiniteStatesError, SampleArrays, Store, create_store, layout
 from store_schema.__main__ import main as store_cli
@@ -36,14 +37,6 @@ from train.families.dflash.anchors import has_anchor
 
 def _pow2(exponents: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones(exponents.shape), exponents.float())
-
-
-def rounding_bound(reference: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Per-element bound on |dequantized - reference| (float32 [tokens, hidden], block
-    scale exponents [tokens, hidden / 32]): half an e2m1 step, 0.25 x scale below 2 x
-    scale and a quarter of the value above."""
-    scale = _pow2(scales.int() - SCALE_BIAS).repeat_interleave(BLOCK, dim=-1)
-    return torch.maximum(0.25 * scale, reference.abs() / 4)
 
 
 def _rows() -> torch.Tensor:
