@@ -1,7 +1,7 @@
-"""python -m store_schema {info,verify} STORE
+"""python -m store_schema {info,verify,lossy} STORE
 (STORE: a directory, or s3://bucket/prefix, gs://bucket/prefix)
 
-One parser module per command (store_schema/cli/info.py, verify.py), each naming its
+One parser module per command (store_schema/cli/info.py, verify.py, lossy.py), each naming its
 handler as "module:function" (store_schema/commands/: `run(args) -> int`), imported when
 it runs: the handlers import the reader (torch, zarr), so `--help` and usage errors
 answer at once. Exit codes and error lines follow `store_schema.runtime.cli`."""
@@ -12,7 +12,7 @@ import argparse
 import importlib
 
 from ..runtime.cli import EXIT_OK, EXIT_USAGE, CommandParser, run_command, show_defaults
-from . import info, verify
+from . import info, lossy, verify
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     info.add_parser(sub)
     verify.add_parser(sub)
+    lossy.add_parser(sub)
     show_defaults(parser)
     return parser
 
