@@ -61,6 +61,17 @@ def test_run_all_smoke_runs_store_bench_smoke_and_prefixes_its_figures():
     assert figures["trainer_fit"]["cache"]["shards_fetched"] == 0  # the measured fit read a warm cache
 
 
+@pytest.mark.slow  # a child process
+def test_fp4_formats_smoke():
+    """The chosen format is among those measured, and a finer or e4m3 scale costs bytes."""
+    figures = smoke("fp4_formats.py")
+    assert SMOKE_KEYS["fp4_formats.py"] <= set(figures) and figures["smoke"] is True
+    formats = figures["formats"]
+    assert figures["chosen"] in formats
+    assert formats["pow2_32"]["bytes_ratio"] < min(formats[name]["bytes_ratio"] for name in ("pow2_16", "e4m3_16"))
+    assert formats["e4m3_16"]["relative_rms"] < formats["pow2_32"]["relative_rms"]
+
+
 @pytest.mark.slow  # child processes
 def test_fp8_parity_smoke(tmp_path):
     figures = smoke("fp8_parity.py", "--workdir", str(tmp_path))

@@ -11,10 +11,10 @@ The scale is the smallest power of two with `max|x| / scale <= 6` (MXFP4's own r
 takes `floor(log2 max) - 2` and clips the top of a block; this one never saturates).
 Codes round to nearest, ties to even, exactly as `ml_dtypes.float4_e2m1fn` casts.
 Dequantizing is exact in bf16 (2 significant bits times a power of two). Chosen by
-measurement (RESULTS.md, 2026-12-07, the proxy store's states): block 32 with a
-power-of-two scale stores 0.222 of raw bf16 at a relative RMS error of 0.12; block
-16 0.231 at 0.115; NVIDIA's NVFP4 shape (block 16, an e4m3 scale over a per-token
-one) 0.250 at 0.099.
+measurement (`benchmarks/fp4_formats.py`, RESULTS.md 2026-12-07, the proxy store's
+states): block 32 with a power-of-two scale stores 0.226 of raw bf16 at a relative
+RMS error of 0.120; block 16 0.241 at 0.115; NVIDIA's NVFP4 shape (block 16, an
+e4m3 scale under a per-token one) 0.260 at 0.099.
 
 The arithmetic is torch on any device (extraction quantizes on the GPU, the
 trainer dequantizes there); `float32` is the numpy twin for the writer's statistics."""
