@@ -2,7 +2,7 @@
 
     python benchmarks/drafter_bench.py [--quick | --smoke] [--workdir demo_out] [--store demo|proxy]
                                        [--steps N] [--seeds 0,1] [--prompts K] [--jobs J] [--variants a,b]
-                                       [--store-dtype bfloat16|fp8_e4m3|fp4_e2m1]
+                                       [--store-dtype bfloat16|fp8_e4m3|fp4_e2m1] [--project-energy E]
 
 `--quick` (run_all's): 300 steps, one seed, 8 prompts. `--smoke` (the suite's): a tiny
 target, 3 steps, dflash_decay, dflash2_warm and eagle3 only (`SMOKE_VARIANTS`).
@@ -15,6 +15,8 @@ sources, each function once and not regenerated (`proxy_store`), whose replies a
 `--store-dtype` extracts the same corpus again into a lossy store beside it
 (`<store>-<dtype>`; its runs `bench-<store>-<dtype>-...`): the same drafters trained on
 fp8 or fp4 states, to compare with the bf16 store's (the lossy stores' measurement).
+`--project-energy E` writes the bf16 store again as a projected one (`store_schema
+project --energy E`, in `--store-dtype`; `<store>-proj<E>-<dtype>`) and trains from that.
 Before training, how memorisable the store's replies are (`benchmarks/store_text.py`:
 distinct reply tokens, a bigram table's top-1 on held-out replies, the share of held-out
 8-grams seen in training): a store that is a lookup table ranks learning speed, not drafters.
@@ -410,9 +412,19 @@ def proxy_store(work: Path, target: Path, workers: int, limit: int | None) -> Pa
     return store, source
 
 
-def lossy_store(paths: dict, corpus: Path, store_dtype: str, workers: int) -> dict:
+def lossy_store(paths: dict, corpus: Path, store_dtype: str, energy: float | None, workers: int) -> dict:
     """`paths` with the store swapped for one of `corpus` in `store_dtype` (extracted
-    beside the bf16 one, kept for a rerun) and the runs' prefix naming the dtype."""
+    beside the bf16 one, kept for a rerun), or for the bf16 store projected to keep
+    `energy` (`store_schema project`), and the runs' prefix naming it."""
+    if energy is not None:
+        kind = f"{paths['kind']}-proj{energy}-{store_dtype}"
+        store = Path(f"{paths['store']}-proj{energy}-{store_dtype}")
+        if not store.exists():
+            run(
+                ["-m", "store_schema", "project", paths["store"], "--out", store, "--energy", energy,
+                 "--store-dtype", store_dtype, "--json"]
+            )  # fmt: skip
+        return {**paths, "store": store, "kind": kind}
     if store_dtype == "bfloat16":
         return paths
     store = Path(f"{paths['store']}-{store_dtype}")
@@ -455,6 +467,11 @@ def main() -> None:
         help="train from the store extracted again as this dtype (default bfloat16: the store itself)",
     )
     parser.add_argument(
+        "--project-energy",
+        type=float,
+        help="train from the bf16 store projected to keep this share of each layer's energy (e.g. 0.99)",
+    )
+    parser.add_argument(
         "--variants",
         default=",".join(DEFAULT_VARIANTS),
         help="variants to train, comma-separated (default all: %(default)s); a warm start's base "
@@ -483,7 +500,7 @@ def main() -> None:
     corpus = paths["corpus"]
     if args.store == "proxy":
         paths["store"], corpus = proxy_store(work, paths["target"], workers, records if args.smoke else None)
-    paths = lossy_store(paths, corpus, args.store_dtype, workers)
+    paths = lossy_store(paths, corpus, args.store_dtype, args.project_energy, workers)
     text = store_text.reply_statistics(Path(paths["store"]), HELDOUT_FRACTION)
     print(f"the {args.store} store's replies: {json.dumps(text)}", file=sys.stderr)
 
@@ -504,6 +521,7 @@ def main() -> None:
         "load_avg": round(os.getloadavg()[0], 2),
         "store": args.store,
         "store_dtype": args.store_dtype,
+        "project_energy": args.project_energy,
         "store_bytes": on_disk_bytes(paths["store"]),
         "store_text": text,
         "smoke": args.smoke,
@@ -513,7 +531,8 @@ def main() -> None:
     for name, goal, measured in rows:
         print(f"{name:<{width}}  {goal:>7}  {measured}", file=sys.stderr)
     append_results(
-        f"drafter_bench: {', '.join(names)} on the {args.store} store ({args.store_dtype}), "
+        f"drafter_bench: {', '.join(names)} on the {args.store} store ({args.store_dtype}"
+        f"{f', projected to {args.project_energy}' if args.project_energy else ''}), "
         f"{args.steps} steps x seeds {args.seeds}",
         rows,
         figures,

@@ -57,6 +57,7 @@ class StoreDtype:
     quantizer: ModuleType | None = None  # fp8 / fp4 (their numerics); None: stored as the states are
     values_per_code: int = 1  # states per stored element (fp4: two codes a byte)
     scale_zarr_name: str = "float32"  # the zarr data type of the scale arrays
+    description: str = ""  # what `info` says of the values beside the name
 
     @property
     def itemsize(self) -> int:
@@ -131,6 +132,7 @@ FP8_E4M3_STORE = StoreDtype(
     write_mb_s_per_core=623.0,
     torch_name="float8_e4m3fn",
     quantizer=fp8,
+    description="float8 e4m3 + a float32 scale per token",
 )
 FP4_E2M1_STORE = StoreDtype(
     "fp4_e2m1",
@@ -146,6 +148,7 @@ FP4_E2M1_STORE = StoreDtype(
     quantizer=fp4,
     values_per_code=2,
     scale_zarr_name="uint8",
+    description="e2m1 codes, two a byte, + a power-of-two scale per 32 values",
 )
 SPACE_HEADROOM = 0.10  # what the free-space check asks beyond the expected size: real states compress differently
 STORE_DTYPES = {d.name: d for d in (BFLOAT16_STORE, FP8_E4M3_STORE, FP4_E2M1_STORE)}

@@ -61,6 +61,7 @@ class TargetFacts:
 # left out of the stored JSON at that value, so older stores keep their fingerprint hash.
 _ADDED_LATER = {
     "loss_mask": "content",
+    "projection": {},
     "response_provenance": UNKNOWN,
     "response_sampling": {},
     "target_config": {},
@@ -96,6 +97,8 @@ class Fingerprint:
     response_provenance: str = UNKNOWN
     # How the responses were decoded when the target generated them (`provenance.response_sampling`).
     response_sampling: dict = field(default_factory=dict)
+    # A projected store's `projection.Projection.summary()` (ranks, energy kept, the file's sha256); {}: none.
+    projection: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.response_provenance not in PROVENANCES:
@@ -144,6 +147,11 @@ class Fingerprint:
             response_sampling=dict(response_sampling or {}),
             target_config=read_config_json(identity["target_model"]),
         )
+
+    def layer_width(self, layer_id: int) -> int:
+        """Values a token the store keeps of layer `layer_id`: its projection's rank, or the hidden size."""
+        ranks = self.projection.get("ranks", {})
+        return int(ranks.get(str(layer_id), self.hidden_size))
 
     def to_json(self) -> dict:
         """The fields as stored; a field added later is left out while it holds what

@@ -5,12 +5,15 @@
                                 fingerprint (its dtype: bfloat16, fp8_e4m3, fp4_e2m1), codec and
                                 chunking settings (`encoding.CodecConfig`)
       dflash_store.json         root record: crc32c + size of the root metadata files
+      projection.safetensors    projected stores only: each projected layer's directions
+                                float32 [hidden, K] (`store_schema.projection`)
       plan/                     the job plan (zarr arrays) + commit.json
       shards/zarr.json          group of committed shards
       shards/shard-000000/      one committed shard (a zarr group), written by one writer:
         layer_{L}/              bf16 [tokens, hidden] per context layer L, one zarr shard file
                                 of inner chunks (chunk_tokens x hidden); fp8 stores: float8_e4m3fn;
-                                fp4 stores: uint8 [tokens, hidden / 2], two e2m1 codes a byte
+                                fp4 stores: uint8 [tokens, hidden / 2], two e2m1 codes a byte;
+                                a projected layer holds K coordinates a token, not hidden
         layer_{L}_scale/        fp8 stores: float32 [tokens], each token's scale; fp4 stores:
                                 uint8 [tokens, hidden / 32], each block's exponent + 127
         input_ids/ loss_mask/   int32 / uint8 [tokens]
@@ -52,6 +55,7 @@ STAGING_DIR = ".staging"
 DAMAGED_DIR = "damaged"
 LOCK_FILE = ".lock"
 REPORTS_DIR = "reports"
+PROJECTION_FILE = "projection.safetensors"  # a projected store's directions (`store_schema.projection`)
 COMMIT_RECORD = "commit.json"
 
 INPUT_IDS = "input_ids"

@@ -15,6 +15,7 @@ from .commit.records import RecordError, ShardCommit, check_files, file_sizes, o
 from .dtypes import StoreDtype, store_dtype
 from .plan import Plan
 from .plan_io import read_committed_plan
+from .projection import Projection
 from .root import read_root
 
 
@@ -30,6 +31,7 @@ class StoreMetadata:
         self.dtype: StoreDtype = store_dtype(self.fingerprint.dtype)
         self._commits: dict[str, ShardCommit] = {}
         self._plan: Plan | None = None
+        self._projection: Projection | None = None
 
     # -- metadata -----------------------------------------------------------------------
     @property
@@ -39,6 +41,27 @@ class StoreMetadata:
     @property
     def hidden_size(self) -> int:
         return self.fingerprint.hidden_size
+
+    def projection(self) -> Projection | None:
+        """A projected store's directions (None: stored whole), read once and checked
+        against the digest its fingerprint records."""
+        recorded = self.fingerprint.projection
+        if not recorded:
+            return None
+        if self._projection is None:
+            what = f"{self.path}: {layout.PROJECTION_FILE}"
+            try:
+                raw = self.store_file(layout.PROJECTION_FILE)
+            except FileNotFoundError:
+                raise RecordError(f"{what} is missing; the fingerprint says the store is projected") from None
+            try:
+                projection = Projection.from_bytes(raw, what)
+            except (ValueError, KeyError) as exc:
+                raise RecordError(f"{what} is unreadable ({exc})") from None
+            if projection.digest() != recorded["sha256"]:
+                raise RecordError(f"{what} differs from the one the fingerprint records (sha256)")
+            self._projection = projection
+        return self._projection
 
     def require_layers(self, layer_ids) -> list[int]:
         layer_ids = list(self.layer_ids if layer_ids is None else layer_ids)

@@ -38,6 +38,7 @@ from .codecs.shard_codec import (
 from .commit.records import ShardCommit
 from .dtypes import BFLOAT16_STORE, StoreDtype
 from .metadata import StoreMetadata
+from .projection import lift
 
 
 @dataclass
@@ -66,6 +67,7 @@ class ShardData:
     topk_logprobs: torch.Tensor | None = None
     scales: dict = field(default_factory=dict)  # fp8 / fp4 stores: layer id -> scales (`dtype.scale_shape`)
     dtype: StoreDtype = BFLOAT16_STORE  # how `hidden` and `scales` hold the states
+    lifts: dict = field(default_factory=dict)  # projected layers: layer id -> directions float32 [H, K]
 
     def __len__(self) -> int:
         return len(self.sample_ids)
@@ -76,9 +78,11 @@ class ShardData:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def states(self, layer: int, start: int = 0, stop: int | None = None, device=None) -> torch.Tensor:
-        """bf16 states of `layer`, tokens [start, stop), on `device` (`StoreDtype.as_bf16`)."""
+        """bf16 states of `layer`, tokens [start, stop), on `device` (`StoreDtype.as_bf16`;
+        a projected layer's coordinates lifted back to the hidden size, `projection.lift`)."""
         scales = self.scales[layer][start:stop] if layer in self.scales else None
-        return self.dtype.as_bf16(self.hidden[layer][start:stop], scales, device)
+        states = self.dtype.as_bf16(self.hidden[layer][start:stop], scales, device)
+        return lift(states, self.lifts[layer]) if layer in self.lifts else states
 
     def sample(self, index: int) -> Sample:
         start, stop = int(self.offsets[index]), int(self.offsets[index + 1])
@@ -116,6 +120,8 @@ class Store(StoreMetadata):
             stored = as_torch(group[layout.layer_array(layer)][a:b].view(self.dtype.bits), self.dtype)
             scales = torch.from_numpy(group[layout.scale_array(layer)][a:b]) if self.dtype.scaled else None
             hidden[layer] = self.dtype.as_bf16(stored, scales)
+            if layer in self.lifts():
+                hidden[layer] = lift(hidden[layer], self.lifts()[layer])
         topk_ids = topk_logprobs = None
         if layout.TOPK_IDS in group:
             topk_ids = torch.from_numpy(group[layout.TOPK_IDS][a:b])
@@ -128,6 +134,13 @@ class Store(StoreMetadata):
             topk_ids,
             topk_logprobs,
         )
+
+    def lifts(self) -> dict:
+        """Projected layers' directions as torch float32 [H, K] (empty: stored whole)."""
+        projection = self.projection()
+        if projection is None:
+            return {}
+        return {layer: torch.from_numpy(directions) for layer, directions in projection.directions.items()}
 
     def sample_length(self, shard: str, index: int) -> int:
         """Tokens in sample `index` of `shard` (reads only the shard's offsets)."""
@@ -146,10 +159,13 @@ class Store(StoreMetadata):
     def decode_files(self, name: str, files, layers=None) -> ShardData:
         """Decode a shard from its files' bytes already in memory ({path relative to the
         shard: bytes}; `verify` reads each file once and checks it itself), in this
-        thread: callers that want parallelism run several shards at once."""
+        thread: callers that want parallelism run several shards at once. The states
+        come as stored (a projected layer's coordinates are not lifted: verify checks
+        what is stored, and the projection file on its own)."""
         commit = self.commit(name)
         arrays = _shard_arrays(self, commit, self.require_layers(layers))
-        return _start_decode(self, _RawShard(name, commit, encoded_arrays(name, files, arrays)), _INLINE).result()
+        raw = _RawShard(name, commit, encoded_arrays(name, files, arrays))
+        return _start_decode(self, raw, _INLINE, lifts={}).result()
 
     def iter_shards(self, names, layers=None, verify: bool = True, threads: int = 2, prefetch: int = 2):
         """Yield ShardData for `names` in order. A background thread reads the next
@@ -261,6 +277,7 @@ class _PendingShard:
     futures: list
     topk: bool
     dtype: StoreDtype
+    lifts: dict
 
     def result(self) -> ShardData:
         for future in self.futures:
@@ -279,16 +296,19 @@ class _PendingShard:
             if self.dtype.scaled
             else {},
             self.dtype,
+            {layer: lift for layer, lift in self.lifts.items() if layer in self.hidden},
         )
 
 
-def _start_decode(store: Store, raw: _RawShard, pool: Executor) -> _PendingShard:
+def _start_decode(store: Store, raw: _RawShard, pool: Executor, lifts: dict | None = None) -> _PendingShard:
+    """Queue a shard's decode; `lifts` (default the store's) lift projected layers in `states`."""
     hidden, futures = {}, []
     for layer in store.layer_ids:  # the store's layer order, whatever order they were asked in
         array = raw.arrays.get(layout.layer_array(layer))
         if array is not None:
-            columns = store.dtype.stored_columns(store.hidden_size)
+            columns = store.dtype.stored_columns(store.fingerprint.layer_width(layer))
             hidden[layer], tasks = start_sharded_decode(array, raw.commit.num_tokens, columns, pool)
             futures += tasks
     small = {name: decode_array(array) for name, array in raw.arrays.items() if layout.layer_id_of(name) is None}
-    return _PendingShard(raw.name, hidden, small, futures, bool(raw.commit.target_topk), store.dtype)
+    lifts = store.lifts() if lifts is None else lifts
+    return _PendingShard(raw.name, hidden, small, futures, bool(raw.commit.target_topk), store.dtype, lifts)

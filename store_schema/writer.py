@@ -19,8 +19,6 @@ import zarr
 
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
-from .codecs.arrays import is_channel_major, scratch
-from .codecs.bf16 import BFLOAT16
 from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
 from .commit.lock import Attempt, discard
 from .commit.records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
@@ -29,10 +27,12 @@ from .dtypes import QuantizedStates, StoreDtype, store_dtype
 from .errors import StoreExistsError
 from .fingerprint import Fingerprint
 from .layer_stats import layer_stats, refuse_empty_capture
+from .layer_values import bf16_tensor, bf16_values, joined_layer, quantized_values
 from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .objstore.spool import shard_bytes_bound
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
+from .projection import Projection, project
 from .root import read_root, root_attributes
 
 
@@ -59,15 +59,6 @@ class SampleArrays:
     topk_logprobs: np.ndarray | None = None  # float32 [tokens, k]
 
 
-def as_bf16_numpy(array) -> np.ndarray:
-    if isinstance(array, torch.Tensor):
-        if array.dtype != torch.bfloat16:
-            array = array.to(torch.bfloat16)
-        return array.detach().cpu().contiguous().view(torch.int16).numpy().view(BFLOAT16)
-    array = np.asarray(array)
-    return array if array.dtype == BFLOAT16 else array.astype(BFLOAT16)
-
-
 class StoreWriter:
     """Writes one store. Create with `create_store`, reopen with `StoreWriter(path)`."""
 
@@ -78,6 +69,7 @@ class StoreWriter:
         root = read_root(self.path)
         self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
         self._plan: Plan | None = None
+        self._projection: Projection | None = None
 
     # -- plan ---------------------------------------------------------------------------
     def write_plan(self, plan: Plan) -> None:
@@ -140,29 +132,18 @@ class StoreWriter:
         if not samples:
             raise ValueError("a shard needs at least one sample")
         group = zarr.open_group(str(staging), mode="w")
-        hidden_size = self.fingerprint.hidden_size
         lengths = [len(s.input_ids) for s in samples]
         num_tokens = int(sum(lengths))
-        for sample in samples:
-            missing = set(self.fingerprint.layer_ids) - set(sample.hidden)
-            if missing:
-                raise ValueError(f"sample {sample.sample_id!r}: no hidden states for layers {sorted(missing)}")
-            for layer_id in self.fingerprint.layer_ids:
-                shape = tuple(sample.hidden[layer_id].shape)
-                if shape != (len(sample.input_ids), hidden_size):
-                    raise ValueError(
-                        f"sample {sample.sample_id!r} layer {layer_id}: hidden states {shape}, "
-                        f"expected ({len(sample.input_ids)}, {hidden_size})"
-                    )
+        kept = self._kept_states(samples)
         dtype = store_dtype(self.fingerprint.dtype)
         stats = {}
         for layer_id in self.fingerprint.layer_ids:
             scales = None
             if dtype.scaled:
-                parts = [_quantized(s, layer_id, dtype) for s in samples]
-                values, scales = _joined([codes for codes, _ in parts]), np.concatenate([sc for _, sc in parts])
+                parts = [quantized_values(states, what, dtype) for what, states in kept[layer_id]]
+                values, scales = joined_layer([codes for codes, _ in parts]), np.concatenate([sc for _, sc in parts])
             else:
-                values = _joined([_bf16(s, layer_id) for s in samples])
+                values = joined_layer([bf16_values(states, what) for what, states in kept[layer_id]])
             stats[str(layer_id)] = layer_stats(values, scales, dtype)
             refuse_empty_capture(name, layer_id, stats[str(layer_id)])
             if scales is not None:
@@ -189,6 +170,35 @@ class StoreWriter:
             "target_topk": topk,
             "layer_stats": {layer: entry.to_json() for layer, entry in stats.items()},
         }
+
+    def _kept_states(self, samples: list[SampleArrays]) -> dict[int, list]:
+        """Layer id -> (what, states) of every sample as the store keeps them: each checked
+        for shape; a projected layer's given whole is projected here (coordinates, the
+        shape the store keeps, are taken as they are)."""
+        hidden_size, kept = self.fingerprint.hidden_size, {}
+        for sample in samples:
+            missing = set(self.fingerprint.layer_ids) - set(sample.hidden)
+            if missing:
+                raise ValueError(f"sample {sample.sample_id!r}: no hidden states for layers {sorted(missing)}")
+        for layer_id in self.fingerprint.layer_ids:
+            width, parts = self.fingerprint.layer_width(layer_id), []
+            for sample in samples:
+                what, states = f"sample {sample.sample_id!r} layer {layer_id}", sample.hidden[layer_id]
+                shape, n = tuple(states.shape), len(sample.input_ids)
+                if width != hidden_size and shape == (n, hidden_size) and not isinstance(states, QuantizedStates):
+                    states = project(bf16_tensor(states), self._directions(layer_id))
+                elif shape != (n, width):
+                    raise ValueError(f"{what}: hidden states {shape}, expected ({n}, {width})")
+                parts.append((what, states))
+            kept[layer_id] = parts
+        return kept
+
+    def _directions(self, layer_id: int) -> torch.Tensor:
+        """A projected layer's directions [H, K], read from the store once."""
+        if self._projection is None:
+            raw = (self.path / layout.PROJECTION_FILE).read_bytes()
+            self._projection = Projection.from_bytes(raw, str(self.path / layout.PROJECTION_FILE))
+        return torch.from_numpy(self._projection.directions[layer_id])
 
     def _write_layer(self, group, staging: Path, name: str, values: np.ndarray, dtype: StoreDtype) -> None:
         """One hidden-state array [tokens, hidden]: zarr.json through zarr, the shard file
@@ -251,49 +261,6 @@ class StoreWriter:
         tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         os.replace(tmp, path)
         return path
-
-
-def _joined(parts: list[np.ndarray]) -> np.ndarray:
-    """The samples' [tokens, hidden] states of one layer as one array, held as they came:
-    channel-major where every sample's are (fp8 codes leave the device so: the
-    `channels` codec then cuts its streams without a transpose), else row-major. The
-    array lies in this thread's scratch buffer (`arrays.scratch`), valid until its next call."""
-    tokens, hidden = sum(len(part) for part in parts), parts[0].shape[1]
-    if not all(is_channel_major(part) for part in parts):
-        return np.concatenate(parts, out=_layer_buffer((tokens, hidden), parts[0].dtype))
-    joined = _layer_buffer((hidden, tokens), parts[0].dtype)
-    start = 0
-    for part in parts:
-        joined[:, start : start + len(part)] = part.T
-        start += len(part)
-    return joined.T
-
-
-def _layer_buffer(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array of `shape` in this thread's scratch buffer for one layer."""
-    return scratch("layer", shape[0] * shape[1] * dtype.itemsize).view(dtype).reshape(shape)
-
-
-def _bf16(sample: SampleArrays, layer_id: int) -> np.ndarray:
-    states = sample.hidden[layer_id]
-    if isinstance(states, QuantizedStates):
-        raise ValueError(f"sample {sample.sample_id!r} layer {layer_id}: quantized states offered to a bfloat16 store")
-    return as_bf16_numpy(states)
-
-
-def _quantized(sample: SampleArrays, layer_id: int, dtype: StoreDtype) -> tuple[np.ndarray, np.ndarray]:
-    """(codes [tokens, columns] as `dtype` stores them, scales) of one sample's layer."""
-    states = sample.hidden[layer_id]
-    what = f"sample {sample.sample_id!r} layer {layer_id}"
-    if not isinstance(states, QuantizedStates):
-        if not isinstance(states, torch.Tensor):
-            states = torch.from_numpy(as_bf16_numpy(states).view(np.int16)).view(torch.bfloat16)
-        states = dtype.quantized(states)
-    elif states.values_per_code != dtype.values_per_code or states.codes.element_size() != dtype.itemsize:
-        raise ValueError(f"{what}: states quantized as {states.codes.dtype} offered to a {dtype.name} store")
-    scales = states.scales.detach().cpu().numpy().astype(dtype.scale_zarr_name, copy=False)
-    dtype.lossy.refuse_nonfinite(scales, what)
-    return states.codes.detach().cpu().view(torch.uint8).numpy().view(dtype.values), scales  # in its layout
 
 
 def commit_plan(path, plan: Plan) -> None:
@@ -391,13 +358,20 @@ def create_store_dir(
     codec: CodecConfig | None = None,
     overwrite: bool = False,
     keep_plan: bool = False,
+    projection: Projection | None = None,
 ) -> StoreWriter:
     """Create an empty store (codec: the store dtype's default unless given) in a
     directory (`store_schema.stores.create_store` takes a URL too). An existing store
     is kept unless `overwrite`. With `keep_plan`, a plan committed
     before the root (`commit_plan`) stays, and whatever else an earlier creation
-    cut short left is removed (without a root record nothing in it was committed)."""
+    cut short left is removed (without a root record nothing in it was committed).
+    A projected store's fingerprint names its `projection`, written beside the root
+    and listed in the root record."""
     path = Path(path)
+    if bool(fingerprint.projection) != (projection is not None) or (
+        projection is not None and projection.summary() != fingerprint.projection
+    ):
+        raise ValueError(f"{path}: the fingerprint's projection and the one given differ")
     codec = codec or CodecConfig(name=store_dtype(fingerprint.dtype).default_codec)
     kept = {layout.PLAN_DIR, layout.STAGING_DIR} if keep_plan else set()
     existing = [e for e in store_entries(path) if e.name not in kept]  # a job holds `.lock` before it creates the store
@@ -408,6 +382,10 @@ def create_store_dir(
     # Mode "a" on the emptied directory, never "w": zarr's "w" deletes everything in
     # it, the held `.lock` included, and a second job could then lock a fresh file.
     root = zarr.open_group(str(path), mode="a")
+    root_files = [layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}"]
+    if projection is not None:
+        (path / layout.PROJECTION_FILE).write_bytes(projection.to_bytes())
+        root_files.append(layout.PROJECTION_FILE)
     root.attrs[layout.ROOT_ATTR] = root_attributes(fingerprint, codec)
     root.create_group(layout.SHARDS_DIR)
     write_record(
@@ -415,11 +393,7 @@ def create_store_dir(
         {
             "schema_version": layout.SCHEMA_VERSION,
             "fingerprint_sha256": fingerprint.sha256(),
-            "files": {
-                rel: meta
-                for rel, meta in describe_files(path).items()
-                if rel in (layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}")
-            },
+            "files": {rel: meta for rel, meta in describe_files(path).items() if rel in root_files},
         },
     )
     return StoreWriter(path)

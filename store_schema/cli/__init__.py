@@ -1,7 +1,7 @@
-"""python -m store_schema {info,verify,lossy} STORE
+"""python -m store_schema {info,verify,lossy,project} STORE
 (STORE: a directory, or s3://bucket/prefix, gs://bucket/prefix)
 
-One parser module per command (store_schema/cli/info.py, verify.py, lossy.py), each naming its
+One parser module per command (store_schema/cli/info.py, verify.py, lossy.py, project.py), each naming its
 handler as "module:function" (store_schema/commands/: `run(args) -> int`), imported when
 it runs: the handlers import the reader (torch, zarr), so `--help` and usage errors
 answer at once. Exit codes and error lines follow `store_schema.runtime.cli`."""
@@ -12,7 +12,7 @@ import argparse
 import importlib
 
 from ..runtime.cli import EXIT_OK, EXIT_USAGE, CommandParser, run_command, show_defaults
-from . import info, lossy, verify
+from . import info, lossy, project, verify
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_parser(sub)
     verify.add_parser(sub)
     lossy.add_parser(sub)
+    project.add_parser(sub)
     show_defaults(parser)
     return parser
 

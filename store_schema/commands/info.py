@@ -8,6 +8,7 @@ import json
 from collections import Counter
 
 from ..codecs.encoding import CodecConfig
+from ..dtypes import store_dtype
 from ..layout import layer_array, raw_bytes_per_token
 from ..runtime.cli import EXIT_OK
 from ..runtime.units import human_bytes
@@ -38,10 +39,10 @@ def run(args) -> int:
         print(f"             (all of them: python -m store_schema info {args.store} --quarantined)")
     print(f"tokens       {summary['tokens']}")
     print(f"layers       {fp['layer_ids']} ({fp['layer_id_convention']})")
-    print(
-        f"dtype        {fp['dtype']}"
-        + (" (float8 e4m3 + a float32 scale per token)" if fp["dtype"] != "bfloat16" else "")
-    )
+    description = store_dtype(fp["dtype"]).description
+    print(f"dtype        {fp['dtype']}" + (f" ({description})" if description else ""))
+    for line in projection_lines(fp.get("projection") or {}, fp["hidden_size"]):
+        print(line)
     print(f"codec        {CodecConfig.from_json(summary['codec']).describe()}")
     print(f"raw bytes    {human_bytes(summary['raw_bytes'])} (as bf16)")
     print(f"on disk      {human_bytes(summary['disk_bytes'])} (ratio {summary['ratio']})")
@@ -52,6 +53,17 @@ def run(args) -> int:
     print(f"kernels      {fp['kernels']}")
     print(f"responses    {summary['response_provenance']} (where the corpus's responses came from)")
     return EXIT_OK
+
+
+def projection_lines(projection: dict, hidden_size: int) -> list[str]:
+    """A projected store's ranks and energy kept per layer (none for a store kept whole)."""
+    if not projection:
+        return []
+    kept = ", ".join(
+        f"layer {layer}: {rank} of {hidden_size} ({projection['energy_kept'][layer]:.4f} of the energy)"
+        for layer, rank in projection["ranks"].items()
+    )
+    return [f"projection   {kept}; fitted on {projection['fitted_tokens']:,} tokens a layer"]
 
 
 def info_summary(store) -> dict:

@@ -205,6 +205,10 @@ def _check_root(store: Store, report: Report) -> None:
     actual = store.fingerprint.sha256()
     if store.attrs.get("fingerprint_sha256") != actual or record["fingerprint_sha256"] != actual:
         report.add("fingerprint edited: it does not match the hash recorded at creation", file=layout.ZARR_METADATA)
+    try:
+        store.projection()
+    except (RecordError, ValueError) as exc:
+        report.add(str(exc), file=layout.PROJECTION_FILE)
 
 
 def _check_journal(store: Store, journal: set[str], report: Report, shards=None) -> None:
@@ -307,15 +311,10 @@ def _expected_arrays(store: Store, commit) -> dict[str, tuple[tuple, str]]:
         layout.SAMPLE_OFFSETS: ((commit.num_samples + 1,), "int64"),
     }
     for layer_id in fp.layer_ids:
-        expected[layout.layer_array(layer_id)] = (
-            (tokens, store.dtype.stored_columns(fp.hidden_size)),
-            store.dtype.zarr_name,
-        )
-        if store.dtype.scaled:
-            expected[layout.scale_array(layer_id)] = (
-                store.dtype.scale_shape(tokens, fp.hidden_size),
-                store.dtype.scale_zarr_name,
-            )
+        width, dtype = fp.layer_width(layer_id), store.dtype
+        expected[layout.layer_array(layer_id)] = ((tokens, dtype.stored_columns(width)), dtype.zarr_name)
+        if dtype.scaled:
+            expected[layout.scale_array(layer_id)] = (dtype.scale_shape(tokens, width), dtype.scale_zarr_name)
     if commit.target_topk:
         expected[layout.TOPK_IDS] = ((tokens, commit.target_topk), "int32")
         expected[layout.TOPK_LOGPROBS] = ((tokens, commit.target_topk), "float32")

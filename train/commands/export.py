@@ -12,6 +12,8 @@ from train.dtypes import torch_dtype
 from train.export.drafter_dir import export_drafter
 from train.families.kinds import config_from_state, family_of
 from train.fitting import checkpoint as ckpt
+from train.fitting.store_projection import checkpoint_directions, fold_into
+from train.tensor_files import CHECKPOINT_FIX, read_tensors
 
 
 def refuse_store_dir(out: str | Path) -> None:
@@ -35,6 +37,10 @@ def run(args) -> int:
     config = config_from_state(state)
     drafter = family_of(config).build(config)
     drafter.load_state_dict(ckpt.load_model_weights(path), strict=True)
+    if "projection" in state:  # trained on a projected store: the export reads raw states
+        family = family_of(config)
+        directions = checkpoint_directions(read_tensors(path / ckpt.PARTS["projection"][1], CHECKPOINT_FIX))
+        fold_into(family.context_map(drafter), list(config.context_layer_ids), directions)
     # Checkpoints written before the split was recorded used the same rule at the config's fraction.
     split = state.get("heldout_split") or heldout_record(state["config"]["data"]["heldout_fraction"])
     fraction = heldout_fraction_of(split, f"{path} heldout_split")

@@ -46,7 +46,8 @@ features there ahead of use (`train.data.device_copy.DeviceCopier`: pinned host 
 asynchronous copy on a side stream), so the training step neither waits for a
 ~157 MB host-to-device copy nor pays for page-locking it. fp8 and fp4 stores deliver
 their codes and scales (half or a quarter of the bytes), and `context_features`
-dequantizes them to bf16 on the device.
+dequantizes them to bf16 on the device; a projected store's coordinates are lifted
+back to the hidden size there too (`store_schema.projection.lift`).
 
 Cache (`data.cache_dir`): shards are read through a local copy of the store that
 `train.data.cache.ShardCache` fills ahead along this loader's order (one per lane,
@@ -71,6 +72,7 @@ import torch
 
 from store_schema import CorruptShardError, ShardData, Store
 from store_schema.dtypes import BFLOAT16_STORE, StoreDtype
+from store_schema.projection import lift
 from store_schema.runtime.host import available_cores
 from store_schema.runtime.units import parse_bytes
 from train.data.cache import ShardCache, upcoming_shards
@@ -97,6 +99,7 @@ class TrainSample:
     epoch: int = 0  # the epoch this sample belongs to
     scales: list = field(default_factory=list)  # fp8 / fp4 stores: the scales per context layer
     dtype: StoreDtype = BFLOAT16_STORE  # how `features` and `scales` hold the states
+    lifts: list = field(default_factory=list)  # a projected store: directions [H, K] (or None) per context layer
     ready: object = None  # a CUDA event: features were copied to the GPU ahead (DeviceCopier)
 
     @property
@@ -114,7 +117,9 @@ class TrainSample:
             DeviceCopier.wait(self.ready, [*self.features, *self.scales])
             self.ready = None
         scales = self.scales or [None] * len(self.features)
-        return torch.cat([self.dtype.as_bf16(f, s, device) for f, s in zip(self.features, scales)], dim=-1)
+        lifts = self.lifts or [None] * len(self.features)
+        layers = [self.dtype.as_bf16(f, s, device) for f, s in zip(self.features, scales)]
+        return torch.cat([x if p is None else lift(x, p) for x, p in zip(layers, lifts)], dim=-1)
 
 
 class _Stop(Exception):
@@ -278,6 +283,7 @@ class ShardLoader:
             epoch=epoch,
             scales=[data.scales[layer][start:stop] for layer in self.layers] if data.scales else [],
             dtype=data.dtype,
+            lifts=[data.lifts.get(layer) for layer in self.layers] if data.lifts else [],
         )
 
     def _decode_groups(self, out: queue.Queue) -> None:

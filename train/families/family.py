@@ -310,6 +310,12 @@ class DrafterFamily(ABC):
         """The dry run's lines about the drafter, from the whole figures dict."""
 
     # -- export -----------------------------------------------------------------------------
+    def context_map(self, drafter) -> nn.Linear:
+        """The bias-free map that reads the stored layers first (their concatenation, in
+        `context_layer_ids` order): where a projected store's projection folds at export.
+        Every family so far names it `fc`."""
+        return drafter.fc
+
     @abstractmethod
     def export(self, drafter, out_dir: Path, dtype: torch.dtype, extra_config: dict) -> Path:
         """`config.json` and `model.safetensors` as the engines load them, into `out_dir`."""

@@ -35,6 +35,7 @@ from train.fitting.global_rng import GlobalRNG
 from train.fitting.optimizer import Optimizer
 from train.fitting.preflight import Checked, FitChecks, check_data, check_store, epochs_for
 from train.fitting.start import read_source
+from train.fitting.store_projection import ProjectionPart
 from train.target_head import TargetHead, load_target_head
 from train.world import World, local_world_size, world_from_env
 
@@ -100,7 +101,7 @@ def build_run(
         checkpointer.check_space(checkpoint_bytes(drafter), total_steps - start_step, SKIP_SPACE_CHECK_FLAG)
     run_info = dict(checked.run_info)
     if resumed is not None:
-        Checkpointer.load(latest, {"drafter": drafter, "optimizer": optimizer, "rng": GlobalRNG(), "feed": feed})
+        Checkpointer.load(latest, checkpoint_parts(drafter, optimizer, feed, checked.store))
         run_info.update(resumed.get("run_info", {}))  # how the run first started (e.g. the rule that chose the mask)
     if world.is_main:
         config.save(config.out)
@@ -141,6 +142,16 @@ def checked_run(
     plan = family.plan(model, config.target, found.target, list(found.store.layer_ids), checkpointed, source, log)
     damaged = check_data(config, found.store, plan, checks, world, device, log)
     return Checked(found.store, found.target, plan.config, {**plan.run_info, **found.run_info}, damaged, plan.source)
+
+
+def checkpoint_parts(drafter, optimizer, feed, store) -> dict:
+    """The parts a checkpoint of this run holds (`checkpoint.PARTS`): a projected
+    store's directions beside the drafter, optimizer, RNG and loader positions."""
+    parts = {"drafter": drafter, "optimizer": optimizer, "rng": GlobalRNG(), "feed": feed}
+    projection = store.projection()
+    if projection is not None:
+        parts["projection"] = ProjectionPart(projection)
+    return parts
 
 
 def checkpoint_bytes(drafter: nn.Module) -> int:

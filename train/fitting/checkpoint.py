@@ -6,6 +6,7 @@
         rng.safetensors        torch CPU (+ CUDA) RNG, numpy's MT19937 key, and every
                                lane's anchor/noise generator (`generator`: lane 0's, the
                                run's; `generator_lane_<j>`: lane j's)
+        projection.safetensors a projected store's directions (its runs only), folded at export
         state.json             step, the run's record (config, drafter config, store,
                                held-out split, run_info), each part's JSON (optimizer
                                param groups, loader positions, python/numpy RNG scalars)
@@ -48,6 +49,7 @@ PARTS = {
     "optimizer": ("optimizer", "optimizer.safetensors"),
     "rng": ("rng", "rng.safetensors"),
     "feed": ("loader", "rng.safetensors"),
+    "projection": ("projection", "projection.safetensors"),  # a projected store's (train.fitting.store_projection)
 }
 
 

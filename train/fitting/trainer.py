@@ -59,7 +59,7 @@ from train.data.loader import TrainSample
 from train.dtypes import torch_dtype
 from train.families.family import StepResult, StepSample
 from train.families.kinds import family_of
-from train.fitting.build import RunParts, build_run
+from train.fitting.build import RunParts, build_run, checkpoint_parts
 from train.fitting.checkpoint import Checkpointer, checkpoint_dir
 from train.fitting.distributed import reduce_step, wrap
 from train.fitting.global_rng import GlobalRNG
@@ -348,7 +348,7 @@ class Trainer:
         feed = FrozenState(self.feed.state_dict())  # a collective gather: every rank joins
         if not self.world.is_main:
             return None
-        parts = {"drafter": self.drafter, "optimizer": self.optimizer, "rng": GlobalRNG(), "feed": feed}
+        parts = checkpoint_parts(self.drafter, self.optimizer, feed, self.store)
         return self.checkpointer.save(self.step, parts, self.checkpoint_record())
 
     def checkpoint_record(self) -> dict:
