@@ -39,10 +39,12 @@ class DirectoryBackend:
     def open_existing(self):
         return self.open() if (self.location / ROOT_RECORD).is_file() else None
 
-    def create(self, fingerprint, codec=None, overwrite: bool = False, keep_plan: bool = False):
+    def create(self, fingerprint, codec=None, overwrite: bool = False, keep_plan: bool = False, projection=None):
         from .writer import create_store_dir  # torch, as the reader
 
-        return create_store_dir(self.location, fingerprint, codec, overwrite=overwrite, keep_plan=keep_plan)
+        return create_store_dir(
+            self.location, fingerprint, codec, overwrite=overwrite, keep_plan=keep_plan, projection=projection
+        )
 
     def writer(self, spool_dir=None, spool_bytes: int | None = None, log=None):
         from .writer import StoreWriter  # torch, as the reader

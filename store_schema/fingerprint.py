@@ -119,6 +119,7 @@ class Fingerprint:
         dtype: str = "bfloat16",
         response_provenance: str = UNKNOWN,
         response_sampling: Mapping | None = None,
+        projection: Mapping | None = None,
     ) -> "Fingerprint":
         """The fingerprint of a store extracted along `plan` from the target that
         `identity` names (`target_identity`, hashed once by the job), its size and
@@ -146,6 +147,7 @@ class Fingerprint:
             response_provenance=response_provenance,
             response_sampling=dict(response_sampling or {}),
             target_config=read_config_json(identity["target_model"]),
+            projection=dict(projection or {}),
         )
 
     def layer_width(self, layer_id: int) -> int:

@@ -89,24 +89,28 @@ def second_moment(states) -> np.ndarray:
 
 
 def fit(moments: dict[int, np.ndarray], tokens: int, energy: float | None = None, rank: int | None = None):
-    """Each layer's leading eigenvectors of its second moment: the fewest whose
-    eigenvalues hold `energy` of the trace, or `rank` of them, rounded up to
-    `RANK_MULTIPLE`. A layer that would keep all H is left out (stored whole)."""
+    """Each layer's leading eigenvectors of its second moment, one rank for every layer
+    (their coordinates travel stacked, as the layers' states do): the fewest that hold
+    `energy` of each layer's trace, or `rank`, rounded up to `RANK_MULTIPLE`. A rank
+    that reaches the hidden size saves nothing: then no layer is projected (empty)."""
     if (energy is None) == (rank is None):
         raise ValueError("a projection keeps either an energy share or a rank")
     if energy is not None and not 0.0 < energy < 1.0:
         raise ValueError(f"the energy kept must be in (0, 1), got {energy}")
-    directions, kept = {}, {}
+    spectra = {}
     for layer, moment in sorted(moments.items()):
         eigenvalues, vectors = np.linalg.eigh(moment)
-        eigenvalues, vectors = np.clip(eigenvalues[::-1], 0.0, None), vectors[:, ::-1]
+        eigenvalues = np.clip(eigenvalues[::-1], 0.0, None)
         cumulative = np.cumsum(eigenvalues) / max(float(eigenvalues.sum()), np.finfo(float).tiny)
-        wanted = int(np.searchsorted(cumulative, energy) + 1) if energy is not None else int(rank or 0)
-        k = -(-max(wanted, 1) // RANK_MULTIPLE) * RANK_MULTIPLE
-        if k >= len(eigenvalues):
-            continue  # all directions: a rotation that saves nothing, so the layer is stored whole
-        directions[layer] = np.ascontiguousarray(vectors[:, :k], np.float32)
-        kept[layer] = float(cumulative[k - 1])
+        spectra[layer] = (cumulative, vectors[:, ::-1])
+    wanted = int(rank or 0)
+    if energy is not None:
+        wanted = max(int(np.searchsorted(cumulative, energy) + 1) for cumulative, _ in spectra.values())
+    k = -(-max(wanted, 1) // RANK_MULTIPLE) * RANK_MULTIPLE
+    if k >= min(len(cumulative) for cumulative, _ in spectra.values()):
+        return Projection({}, {}, tokens)
+    directions = {layer: np.ascontiguousarray(vectors[:, :k], np.float32) for layer, (_, vectors) in spectra.items()}
+    kept = {layer: float(cumulative[k - 1]) for layer, (cumulative, _) in spectra.items()}
     return Projection(directions, kept, tokens)
 
 

@@ -46,8 +46,9 @@ class StoreBackend(Protocol):
         codec: CodecConfig | None = None,
         overwrite: bool = False,
         keep_plan: bool = False,
+        projection=None,
     ):
-        """An empty store; its writer."""
+        """An empty store (a projected one's `projection.Projection` written beside its root); its writer."""
 
     def writer(self, spool_dir=None, spool_bytes: int | None = None, log=None):
         """The writer of an existing store."""

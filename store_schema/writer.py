@@ -193,12 +193,19 @@ class StoreWriter:
             kept[layer_id] = parts
         return kept
 
-    def _directions(self, layer_id: int) -> torch.Tensor:
-        """A projected layer's directions [H, K], read from the store once."""
-        if self._projection is None:
+    def projection(self) -> Projection | None:
+        """A projected store's directions (None: states stored whole), read once."""
+        if self._projection is None and self.fingerprint.projection:
             raw = (self.path / layout.PROJECTION_FILE).read_bytes()
             self._projection = Projection.from_bytes(raw, str(self.path / layout.PROJECTION_FILE))
-        return torch.from_numpy(self._projection.directions[layer_id])
+        return self._projection
+
+    def _directions(self, layer_id: int) -> torch.Tensor:
+        """A projected layer's directions [H, K]."""
+        projection = self.projection()
+        if projection is None:
+            raise ValueError(f"{self.path}: layer {layer_id} is not projected")
+        return torch.from_numpy(projection.directions[layer_id])
 
     def _write_layer(self, group, staging: Path, name: str, values: np.ndarray, dtype: StoreDtype) -> None:
         """One hidden-state array [tokens, hidden]: zarr.json through zarr, the shard file
@@ -319,6 +326,7 @@ def looks_like_store(path) -> bool:
         layout.REPORTS_DIR,
         layout.DAMAGED_DIR,
         layout.COMMITS_DIR,
+        layout.PROJECTION_FILE,
     }
 
 

@@ -37,6 +37,20 @@ def add_parser(commands) -> None:
         "the bytes of bf16, lossy) or fp4 e2m1 with a scale per 32 values (about 0.36x, lossier); "
         "a store never mixes them",
     )
+    project = run.add_mutually_exclusive_group()
+    project.add_argument(
+        "--project-energy",
+        type=float,
+        help="a projected store: each layer's states as coordinates on the fewest directions keeping this "
+        "share of their energy (e.g. 0.99; store_schema/projection.py); export folds it into the drafter",
+    )
+    project.add_argument("--project-rank", type=int, help="a projected store keeping this many directions a layer")
+    run.add_argument(
+        "--project-fit-tokens",
+        type=int,
+        default=65_536,
+        help="states a layer the projection is fitted on, from the plan's first shards (default %(default)s)",
+    )
     run.add_argument("--overwrite", action="store_true", help="delete the store's content and start over")
     run.add_argument("--trust-remote-code", action="store_true", help="allow the model's own Python code (off)")
     run.add_argument(

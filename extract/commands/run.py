@@ -29,6 +29,9 @@ def run(args) -> int:
         require_fast_kernels=args.require_fast_kernels,
         spool_dir=args.spool_dir,
         spool_size=args.spool_size,
+        project_energy=args.project_energy,
+        project_rank=args.project_rank,
+        project_fit_tokens=args.project_fit_tokens,
     )
     warnings.filterwarnings("ignore", message=".*not recognized as a component of a Zarr hierarchy")
     try:

@@ -47,6 +47,11 @@ class JobConfig:
     # shards being built and uploaded may take there together (None: its free space).
     spool_dir: str | None = None
     spool_size: int | None = None
+    # A projected store (`store_schema.projection`): keep this share of each layer's energy, or
+    # this rank, fitted on the plan's first `project_fit_tokens` states before any shard.
+    project_energy: float | None = None
+    project_rank: int | None = None
+    project_fit_tokens: int = 65_536
 
     def __post_init__(self):
         positive = dict(batch_tokens=self.batch_tokens, plan_workers=self.plan_workers, batch_shards=self.batch_shards)
@@ -54,6 +59,10 @@ class JobConfig:
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
         self.store_dtype = store_dtype(self.store_dtype).name  # refuses an unknown one, naming the choices
+        if self.project_energy is not None and self.project_rank is not None:
+            raise ValueError("--project-energy and --project-rank: a projection keeps one or the other")
+        if self.project_fit_tokens <= 0:
+            raise ValueError(f"--project-fit-tokens must be positive, got {self.project_fit_tokens}")
         if self.spool_size is not None and self.spool_size <= 0:
             raise ValueError(f"--spool-size must be positive, got {self.spool_size}")
         if (self.spool_dir or self.spool_size) and self.store is not None and not is_object_store(self.store):

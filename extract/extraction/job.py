@@ -45,6 +45,7 @@ from store_schema.dtypes import space_needed, store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token
 from store_schema.objstore.spool import shard_bytes_bound, too_small_message
+from store_schema.projection import Projection, fit
 from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
@@ -208,6 +209,8 @@ class Extraction(ShardedJob):
             facts = _configured_target(self.target, self.store)
         generated_by = generation_of(self.config.corpus)
         provenance = response_provenance(generated_by, self.identity["target_weights_index_sha256"])
+        projection = self._new_projection(pool, log)
+        kept = projection.summary() if projection is not None else self._resumed_projection()
         fingerprint = Fingerprint.for_extraction(
             self.identity,
             self.planned.plan,
@@ -217,9 +220,47 @@ class Extraction(ShardedJob):
             dtype=self.config.store_dtype,
             response_provenance=provenance,
             response_sampling=response_sampling(generated_by),
+            projection=kept,
         )
-        self.writer = _open_or_create(self.output, self.store, self.planned.plan, fingerprint)
+        self.writer = _open_or_create(self.output, self.store, self.planned.plan, fingerprint, projection)
         self.kernels = dict(facts.kernels)
+
+    def _new_projection(self, pool, log) -> Projection | None:
+        """A new projected store's directions (--project-energy / --project-rank): fitted
+        on the plan's first --project-fit-tokens states, which one worker runs through
+        the target before any shard (`store_schema.projection`)."""
+        config = self.config
+        if self.store is not None or pool is None or (config.project_energy is None and config.project_rank is None):
+            return None
+        plan, names, tokens = self.planned.plan, [], 0
+        for shard in plan.shards:
+            if tokens >= config.project_fit_tokens:
+                break
+            names.append(shard.name)
+            tokens += shard.num_tokens
+        moments, fitted = pool.ask_first("second_moments", names, config.project_fit_tokens)
+        projection = fit(moments, fitted, energy=config.project_energy, rank=config.project_rank)
+        if not projection.directions:
+            raise ExtractError(
+                f"the projection would keep all {self.target.hidden_size} directions of a layer: nothing to save; "
+                "lower --project-energy (or give --project-rank)"
+            )
+        kept = ", ".join(f"{layer}: {energy:.4f}" for layer, energy in projection.energy_kept.items())
+        rank, hidden = projection.rank(self.layer_ids[0]), self.target.hidden_size
+        log(f"projection: {rank} of {hidden} directions a layer, fitted on {fitted:,} tokens; energy kept {kept}")
+        return projection
+
+    def _resumed_projection(self) -> dict:
+        """A resumed store keeps the projection it was made with; one made whole stays whole."""
+        config = self.config
+        if self.store is None:
+            return {}
+        if not self.store.fingerprint.projection and (config.project_energy or config.project_rank):
+            raise ExtractError(
+                f"{self.store.path} stores its states whole; a projection is chosen when a store is made "
+                "(--overwrite to start over projected)"
+            )
+        return dict(self.store.fingerprint.projection)
 
     def finish(self, run, wall: float, log) -> dict:
         """The report of `run`, kept in the store."""
@@ -297,14 +338,14 @@ def _refuse_other_target(store, model) -> None:
     )
 
 
-def _open_or_create(store_path: StoreBackend, store, plan, fingerprint):
+def _open_or_create(store_path: StoreBackend, store, plan, fingerprint, projection=None):
     """The one place the job meets the store root: create it with the job's
     fingerprint beside the plan committed earlier, or refuse an existing one made
     with another target or settings (`Fingerprint.check`, naming every field that
     differs)."""
     try:
         if store is None:
-            return store_path.create(fingerprint, keep_plan=True)
+            return store_path.create(fingerprint, keep_plan=True, projection=projection)
         try:
             store.fingerprint.check(fingerprint, ignore=_RESUME_TOLERATES)
         except FingerprintMismatch as mismatch:

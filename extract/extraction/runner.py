@@ -44,6 +44,7 @@ import torch
 
 from store_schema.dtypes import BFLOAT16_STORE, QuantizedStates, StoreDtype
 from store_schema.layout import validate_layer_ids
+from store_schema.projection import project
 from store_schema.runtime.target_model import decoder_layers
 
 from ..jobs.target import Target
@@ -101,6 +102,7 @@ class TargetRunner:
         self.target = target
         self.store_dtype = store_dtype
         self.quantize = store_dtype.scaled
+        self.projection: dict | None = None  # a projected store's directions, set once the store holds them
         self.layer_ids = validate_layer_ids(layer_ids, target.num_layers)
         if topk is not None:
             if isinstance(topk, bool) or not isinstance(topk, int) or not 1 <= topk <= target.vocab_size:
@@ -141,7 +143,7 @@ class TargetRunner:
 
         captured = self._forward(input_ids, attention_mask, real)
 
-        packed = {"hidden": torch.stack([captured[L] for L in self.layer_ids])}  # [layers, tokens, H] bf16
+        packed = {"hidden": torch.stack([self._kept(captured[L], L) for L in self.layer_ids])}  # [layers, tokens, H|K]
         if not self.quantize:  # a quantizer's NaN scales say the same (the writer refuses either)
             packed["nonfinite"] = ~torch.isfinite(packed["hidden"]).all(
                 dim=-1
@@ -166,6 +168,11 @@ class TargetRunner:
             outputs.append(sample)
             start += n
         return PendingBatch(outputs, copied)
+
+    def _kept(self, states, layer_id: int):
+        """A layer's captured states as the store keeps them: whole, or a projected
+        store's coordinates (`projection`: layer id -> directions [H, K] on the device)."""
+        return states if self.projection is None else project(states, self.projection[layer_id])
 
     def _states(self, host: dict, layer_index: int, start: int, n: int):
         """One sample's states of one layer: bf16, or codes + scales (`quantize`)."""

@@ -152,6 +152,11 @@ class ExtractionWorker:
                 writer = backend(self.store_path).writer(self.spool_dir, self.spool_bytes, log=_log)
                 if writer.plan() is None:
                     raise RuntimeError(f"{self.store_path} has no plan; the driver writes it before any shard")
+                projection = writer.projection()
+                if projection is not None:  # a projected store: coordinates leave the device, not states
+                    device = self.target.device
+                    directions = {layer: torch.from_numpy(d).to(device) for layer, d in projection.directions.items()}
+                    self.runner.projection = directions
                 self._writer = writer
             return self._writer
 
@@ -182,6 +187,29 @@ class ExtractionWorker:
             start += count
         filler = sum(len(ids) for name in names if name not in attempts for _, ids, _ in samples[name])
         return GroupDone(replies, filler, round(tokenized - started, 4), round(forward_seconds, 4))
+
+    def second_moments(self, names: list[str], max_tokens: int) -> tuple[dict, int]:
+        """Each context layer's sum of x x^T (float64 [H, H]) over the first `max_tokens`
+        whole bf16 states of the plan's shards `names`: what a projected store's
+        directions are fitted on, before its root (and any shard) exists."""
+        plan = backend(self.store_path).read_plan()
+        whole = TargetRunner(self.target, list(self.runner.layer_ids))
+        moments: dict = {}
+        tokens = 0
+        with self._compute:
+            for name in names:
+                for _, input_ids, _ in load_samples(
+                    self.corpus_path, self.tokenizer, plan.shard(name).samples, self.settings
+                ):
+                    take = min(len(input_ids), max_tokens - tokens)
+                    if take <= 0:
+                        break
+                    out = whole.run_batch([input_ids])[0]
+                    for layer in whole.layer_ids:
+                        x = out[layer][:take].to(self.target.device, torch.float64)
+                        moments[layer] = moments[layer] + x.T @ x if layer in moments else x.T @ x
+                    tokens += take
+        return {layer: moment.cpu().numpy() for layer, moment in moments.items()}, tokens
 
     def _commit(self, writer, name: str, attempt, samples, outputs, widths) -> ShardDone | ShardFailed:
         started = time.perf_counter()

@@ -141,6 +141,16 @@ class ActorPool:
                 "implementation -- install the same extras on every node"
             )
 
+    def ask_first(self, method: str, *args):
+        """The first actor's answer to `method(*args)`: a job's one question before its
+        shards are dispatched (a projection's second moments); its failure is the job's."""
+        import ray
+
+        try:
+            return ray.get(getattr(self.actors[0], method).remote(*args))
+        except ray.exceptions.RayError as error:
+            raise ExtractError(f"a worker failed answering {method}: {actor_error_cause(error)}") from None
+
     def replace(self, index: int) -> None:
         import ray
 

@@ -39,7 +39,13 @@ class BucketBackend:
     def open_existing(self) -> BucketStore | None:
         return self.open() if Bucket(self.location).exists(ROOT_RECORD) else None
 
-    def create(self, fingerprint, codec=None, overwrite: bool = False, keep_plan: bool = False) -> BucketWriter:
+    def create(
+        self, fingerprint, codec=None, overwrite: bool = False, keep_plan: bool = False, projection=None
+    ) -> BucketWriter:
+        if projection is not None or fingerprint.projection:
+            raise ValueError(
+                f"{self}: a projected store is made in a directory for now (copy it to a bucket once written)"
+            )
         if overwrite:
             raise ValueError(f"{self}: a store on object storage is never overwritten in place; use a new prefix")
         return create_bucket_store(self.location, fingerprint, codec)  # a bucket's plan is always its own

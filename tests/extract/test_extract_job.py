@@ -180,6 +180,39 @@ def test_lossy_job_stores_the_reference_within_rounding_and_a_store_never_mixes_
         run_job(_config(qwen3_5_dir, corpus[0], reference[0], store_dtype=store_dtype))
 
 
+def test_a_projected_job_fits_on_a_worker_and_stores_coordinates(reference, qwen3_5_dir, corpus, tmp_path):
+    """`--project-rank 32 --store-dtype fp4_e2m1`: a worker runs the plan's first states
+    through the target, the driver fits the directions and creates the store with them;
+    the workers store fp4 coordinates of the states projected on the device, which
+    readers lift back to the reference's states on the kept directions; a rerun keeps
+    the store's projection, and a store made whole is not projected by a resume."""
+    from extract.errors import ExtractError
+    from extract.extraction.job import run_job
+    from store_schema import Store
+    from store_schema.projection import lift, project
+
+    store = tmp_path / "projected"
+    config = _config(qwen3_5_dir, corpus[0], store, store_dtype="fp4_e2m1", project_rank=32, project_fit_tokens=300)
+    assert run_job(config)["status"] == "complete"
+    verified = _verify_cli(store)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    projected, exact = Store(store), Store(reference[0])
+    recorded = projected.fingerprint.projection
+    assert recorded["ranks"] == {str(layer): 32 for layer in LAYERS} and recorded["fitted_tokens"] == 300
+    lifts = projected.lifts()
+    for name in exact.committed_shards():
+        coded, want = projected.read_shard(name), exact.read_shard(name)
+        for layer in LAYERS:
+            assert coded.hidden[layer].shape[1] == 16  # 32 coordinates, two fp4 codes a byte
+            on_subspace = lift(project(want.states(layer), lifts[layer]), lifts[layer]).float()
+            error = (coded.states(layer).float() - on_subspace).norm() / on_subspace.norm()
+            assert float(error) < 0.2, (name, layer, float(error))
+    assert run_job(_config(qwen3_5_dir, corpus[0], store, store_dtype="fp4_e2m1"))["status"] == "nothing_to_do"
+    assert Store(store).fingerprint.projection == recorded
+    with pytest.raises(ExtractError, match="stores its states whole; a projection is chosen when a store is made"):
+        run_job(_config(qwen3_5_dir, corpus[0], reference[0], project_rank=32))
+
+
 def test_loss_masks_are_the_assistant_turns(reference, corpus, tokenizer):
     """The default scope: each assistant turn's content as the template's generation
     tags mark it, plus the end-of-turn token that follows; role headers never."""

@@ -1,5 +1,5 @@
 """A projected store (`python -m store_schema project`): directions fitted on the
-states' second moment, ranks rounded to whole fp4 blocks, the directions kept in the
+states' second moment, one rank for every layer rounded to whole fp4 blocks, the directions kept in the
 store under the fingerprint's digest, coordinates stored (bf16 or lossy) and lifted
 back by every reader; verify names a projection file that is not the recorded one."""
 
@@ -16,7 +16,7 @@ from store_schema.__main__ import main as store_cli
 from store_schema.projection import RANK_MULTIPLE, Projection, fit, fold, lift, project, second_moment
 from store_schema.tools.verify import verify_store
 
-RANK, HIDDEN = 12, 128
+RANK, OTHER_RANK, HIDDEN = 12, 40, 128
 
 
 def _states(generator, tokens: int, rank: int | None) -> torch.Tensor:
@@ -28,12 +28,15 @@ def _states(generator, tokens: int, rank: int | None) -> torch.Tensor:
 
 def test_fit_keeps_the_energy_asked_in_whole_blocks_and_fold_is_lift():
     generator = torch.Generator().manual_seed(0)
-    low, full = _states(generator, 2000, RANK), _states(generator, 2000, None)
-    projection = fit({1: second_moment(low), 3: second_moment(full)}, 2000, energy=0.99)
-    assert projection.rank(1) == RANK_MULTIPLE and projection.energy_kept[1] > 1 - 1e-9  # 12 rounded up to 32
-    assert 3 not in projection.directions, "isotropic states would keep all 128: stored whole"
+    low, other, full = (_states(generator, 2000, r) for r in (RANK, OTHER_RANK, None))
+    projection = fit({1: second_moment(low), 3: second_moment(other)}, 2000, energy=0.99)
+    assert projection.rank(1) == projection.rank(3) == 2 * RANK_MULTIPLE, "one rank: layer 3's 40, rounded up"
+    assert projection.energy_kept[1] > 1 - 1e-9 and projection.energy_kept[3] > 1 - 1e-9
+    assert not fit({1: second_moment(low), 3: second_moment(full)}, 2000, energy=0.99).directions, (
+        "isotropic states would keep all 128: nothing is projected"
+    )
     p = torch.from_numpy(projection.directions[1])
-    assert torch.allclose(p.T @ p, torch.eye(RANK_MULTIPLE), atol=1e-5), "orthonormal"
+    assert torch.allclose(p.T @ p, torch.eye(2 * RANK_MULTIPLE), atol=1e-5), "orthonormal"
     restored = lift(project(low.bfloat16(), p), p).float()
     assert float((restored - low).norm() / low.norm()) < 0.01, "states in the kept subspace come back"
     assert fit({1: second_moment(full)}, 2000, rank=40).rank(1) == 64
@@ -51,7 +54,7 @@ def test_fit_keeps_the_energy_asked_in_whole_blocks_and_fold_is_lift():
 
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
-    """A bf16 store whose layer 1 spans `RANK` directions and layer 3 all of them."""
+    """A bf16 store whose layer 1 spans `RANK` directions and layer 3 `OTHER_RANK`."""
     path = tmp_path_factory.mktemp("projection") / "bf16"
     fingerprint = Fingerprint(
         target_model="t", num_target_layers=6, hidden_size=HIDDEN, vocab_size=64, layer_ids=[1, 3], max_length=512
@@ -64,7 +67,7 @@ def source(tmp_path_factory):
                 f"s{shard}-{i}",
                 np.arange(150, dtype=np.int32) % 64,
                 np.ones(150, np.uint8),
-                {1: _states(generator, 150, RANK).bfloat16(), 3: _states(generator, 150, None).bfloat16()},
+                {1: _states(generator, 150, RANK).bfloat16(), 3: _states(generator, 150, OTHER_RANK).bfloat16()},
             )
             for i in range(3)
         ]
@@ -79,12 +82,12 @@ def test_project_writes_coordinates_every_reader_lifts(source, tmp_path, capsys,
     capsys.readouterr()
     exact, projected = Store(source), Store(out)
     recorded = projected.fingerprint.projection
-    assert projected.fingerprint.dtype == dtype and recorded["ranks"]["1"] == RANK_MULTIPLE
+    assert projected.fingerprint.dtype == dtype and recorded["ranks"] == {"1": 64, "3": 64}
     assert projected.committed_shards() == exact.committed_shards() and verify_store(out).ok
     tolerance = {"bfloat16": 0.02, "fp4_e2m1": 0.2}[dtype]
     for name in exact.committed_shards():
         want, got = exact.read_shard(name), projected.read_shard(name)
-        assert got.hidden[1].shape[1] == projected.dtype.stored_columns(RANK_MULTIPLE)
+        assert got.hidden[1].shape[1] == projected.dtype.stored_columns(64)
         for layer in (1, 3):
             error = (got.states(layer).float() - want.states(layer).float()).norm() / want.states(layer).float().norm()
             assert float(error) < tolerance, (name, layer, float(error))
@@ -92,7 +95,7 @@ def test_project_writes_coordinates_every_reader_lifts(source, tmp_path, capsys,
         start = int(got.offsets[1])
         assert torch.equal(window, got.states(1, start + 3, start + 40))
     assert store_cli(["info", str(out)]) == 0
-    assert f"projection   layer 1: {RANK_MULTIPLE} of {HIDDEN}" in capsys.readouterr().out
+    assert f"projection   layer 1: 64 of {HIDDEN}" in capsys.readouterr().out
 
 
 def test_verify_names_a_projection_file_that_is_not_the_recorded_one(source, tmp_path):
