@@ -8,6 +8,7 @@ from store_schema.dtypes import FP8_E4M3_STORE, SPACE_HEADROOM, STORE_DTYPES, sp
 from store_schema.layout import LAYER_ID_CONVENTION
 from store_schema.location import is_object_store
 from store_schema.plan import PlanSettings
+from store_schema.projection import RANK_MULTIPLE
 from store_schema.runtime import host
 from store_schema.runtime.cli import UsageError
 from store_schema.runtime.progress import default_mode
@@ -59,6 +60,7 @@ def run(args) -> int:
         fp8_compression_ratio=FP8_E4M3_STORE.size_ratio,
         space_needed_bytes={name: space_needed(size) for name, size in estimate.by_dtype.items()},
         store_dtypes=store_dtype_sizes(estimate, args.store),
+        projected_store_bytes=projected_sizes(estimate, dims.hidden_size),
         corpus_records=plan.settings["corpus_records"],
         corpus_hash=plan.settings["corpus_hash"],
         plan_digest=plan.digest(),
@@ -127,6 +129,27 @@ def store_dtype_sizes(estimate, store) -> dict:
     }
 
 
+def projected_sizes(estimate, hidden_size: int) -> dict:
+    """`run --project-rank K` at K = 1/2, 1/4, 1/8 of the hidden size (whole blocks of
+    `RANK_MULTIPLE`): each dtype's store scaled by K / H, the share of values kept (the
+    codecs were measured to compress coordinates about as they do states)."""
+    ranks = sorted({max(RANK_MULTIPLE, hidden_size // d // RANK_MULTIPLE * RANK_MULTIPLE) for d in (2, 4, 8)})
+    return {
+        str(rank): {name: round(size * rank / hidden_size) for name, size in estimate.by_dtype.items()}
+        for rank in ranks
+        if rank < hidden_size
+    }
+
+
+def projected_size_lines(sizes: dict, hidden_size: int) -> list[str]:
+    """`plan --dry-run`'s lines for `projected_sizes`."""
+    return [
+        f"  --project-rank {rank} of {hidden_size}: "
+        + ", ".join(f"{human_bytes(size)} {name}" for name, size in by_dtype.items())
+        for rank, by_dtype in sizes.items()
+    ]
+
+
 def dtype_size_lines(sizes: dict) -> list[str]:
     """`plan --dry-run`'s lines for `store_dtype_sizes`: one per --store-dtype."""
     lines = [f"            with --store-dtype (`run` asks for the size plus {SPACE_HEADROOM:.0%} free):"]
@@ -158,6 +181,8 @@ def _print_plan(report: dict, plan, chosen: PlanSettings, corpus_path: str) -> N
         f"hidden {report['hidden_size']}, bf16)"
     )
     for line in dtype_size_lines(report["store_dtypes"]):
+        print(line)
+    for line in projected_size_lines(report["projected_store_bytes"], report["hidden_size"]):
         print(line)
     for directory, own in report.get("layers_from", {}).items():
         sizes = ", ".join(f"{human_bytes(own[name])} {name}" for name in STORE_DTYPES)

@@ -196,7 +196,17 @@ class Extraction(ShardedJob):
         pending = set(planned.pending)
         tokens = sum(s.num_tokens for s in planned.plan.shards if s.name in pending)
         per_token = raw_bytes_per_token(self.target.hidden_size, len(self.layer_ids))
-        return space_needed(store_dtype(self.config.store_dtype).expected_bytes(tokens * per_token))
+        expected = store_dtype(self.config.store_dtype).expected_bytes(tokens * per_token)
+        return space_needed(round(expected * self._kept_share()))
+
+    def _kept_share(self) -> float:
+        """The share of each layer's values the store keeps: a resumed projected store's
+        rank, or --project-rank's, over the hidden size (--project-energy's rank is known
+        only once fitted: counted whole)."""
+        hidden = self.target.hidden_size
+        if self.store is not None:
+            return self.store.fingerprint.layer_width(self.layer_ids[0]) / hidden
+        return min(1.0, (self.config.project_rank or hidden) / hidden)
 
     def prepare(self, pool, log) -> None:
         """Create the store root with the job's fingerprint, or check an existing one's."""

@@ -126,6 +126,11 @@ def test_run_checks_free_space_against_the_figure_plan_prints(qwen3_dir, tmp_pat
         "fp4_e2m1": True,
     }
     assert sizes["fp4_e2m1"]["bytes"] == round(report["estimated_raw_bytes"] * sizes["fp4_e2m1"]["size_ratio"])
+    hidden = report["hidden_size"]
+    projected = report["projected_store_bytes"]  # --project-rank K: each dtype's store times K / H
+    assert projected and all(int(rank) % 32 == 0 and int(rank) < hidden for rank in projected)
+    for rank, by_dtype in projected.items():
+        assert by_dtype["fp4_e2m1"] == round(sizes["fp4_e2m1"]["bytes"] * int(rank) / hidden)
     assert main(["plan", "--dry-run", "--tokenizer-workers", "1", *store, *planning]) == 0
     assert f"asks {human_bytes(needed)} of {human_bytes(needed - 1)} free, does NOT fit" in capsys.readouterr().out
     assert main(["run", *store, "--plan-workers", "1", "--no-progress", *planning]) == 1
