@@ -117,3 +117,11 @@ def greedy_store(path, model_dir, tokenizer, layers, count: int, new_tokens: int
         ]
         writer.write_shard(shard_name(s), samples)
     return path
+
+
+def twin_stores(root: Path, model_dir: Path, tokenizer, dtype: str) -> tuple[Path, Path]:
+    """The same chats' states of the tiny target in a bf16 and a `dtype` store (the
+    runner quantizing on its device, as extraction does)."""
+    kwargs = dict(records=repeated_corpus(24, 4), samples_per_shard=6, max_tokens=128)
+    bf16 = build_real_store(root / "bf16", model_dir, tokenizer, **kwargs)
+    return bf16, build_real_store(root / dtype, model_dir, tokenizer, dtype=dtype, **kwargs)

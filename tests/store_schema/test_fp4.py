@@ -122,13 +122,7 @@ def test_codes_quantized_elsewhere_with_a_nan_block_scale_are_refused(tmp_path):
 
 @pytest.fixture(scope="module")
 def twin_stores(tmp_path_factory, qwen3_dir, tokenizer):
-    """The same chats' states of the tiny Qwen3 in a bf16 and an fp4 store (the runner
-    quantizing on its device, as extraction does)."""
-    root = tmp_path_factory.mktemp("twins")
-    kwargs = dict(records=stores.repeated_corpus(24, 4), samples_per_shard=6, max_tokens=128)
-    bf16 = stores.build_real_store(root / "bf16", qwen3_dir, tokenizer, **kwargs)
-    fp4 = stores.build_real_store(root / "fp4", qwen3_dir, tokenizer, dtype="fp4_e2m1", **kwargs)
-    return bf16, fp4
+    return stores.twin_stores(tmp_path_factory.mktemp("twins"), qwen3_dir, tokenizer, "fp4_e2m1")
 
 
 def test_fp4_store_holds_the_bf16_states_within_rounding_and_verifies(twin_stores, capsys):

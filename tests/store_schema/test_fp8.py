@@ -121,13 +121,7 @@ def test_fingerprint_refuses_mixing_dtypes_and_unknown_ones(tmp_path):
 
 @pytest.fixture(scope="module")
 def twin_stores(tmp_path_factory, qwen3_dir, tokenizer):
-    """The same chats' states of the tiny Qwen3 in a bf16 and an fp8 store."""
-    root = tmp_path_factory.mktemp("twins")
-    records = stores.repeated_corpus(24, 4)
-    kwargs = dict(records=records, samples_per_shard=6, max_tokens=128)
-    bf16 = stores.build_real_store(root / "bf16", qwen3_dir, tokenizer, **kwargs)
-    fp8 = stores.build_real_store(root / "fp8", qwen3_dir, tokenizer, dtype="fp8_e4m3", **kwargs)
-    return bf16, fp8
+    return stores.twin_stores(tmp_path_factory.mktemp("twins"), qwen3_dir, tokenizer, "fp8_e4m3")
 
 
 def test_fp8_store_holds_the_bf16_states_within_rounding_and_verifies(twin_stores, capsys):
