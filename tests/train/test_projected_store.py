@@ -96,3 +96,37 @@ def test_a_resume_on_a_store_with_another_projection_is_refused(trained, tmp_pat
     capsys.readouterr()
     assert train_cli(["fit", "--out", str(run), "--resume", "--store", str(other), "--max-steps", "8"]) == 1
     assert "projection" in capsys.readouterr().err
+
+
+def test_an_eagle3_folds_the_projection_into_its_own_first_map(qwen3_dir):
+    """EAGLE-3 reads its three layers through its own `fc` (`DrafterFamily.context_map`):
+    folded, it computes on raw states what it computed on lifted ones."""
+    from store_schema.runtime.target_config import read_target_config
+    from train.families.eagle3.config import Eagle3Config
+    from train.families.eagle3.model import Eagle3Drafter
+    from train.fitting.store_projection import fold_into
+
+    layers = [1, 2, 4]
+    config = Eagle3Config.from_target(read_target_config(qwen3_dir), layers, 64, 3)
+    torch.manual_seed(0)
+    drafter = Eagle3Drafter(config).float().eval()
+    hidden = config.hidden_size
+    generator = torch.Generator().manual_seed(1)
+    lifts = {layer: torch.linalg.qr(torch.randn(hidden, 32, generator=generator))[0] for layer in (1, 4)}
+    raw = torch.randn(20, len(layers) * hidden, generator=generator)
+    lifted = torch.cat(
+        [
+            raw[:, i * hidden : (i + 1) * hidden] @ lifts[layer] @ lifts[layer].T
+            if layer in lifts
+            else raw[:, i * hidden : (i + 1) * hidden]
+            for i, layer in enumerate(layers)
+        ],
+        dim=1,
+    )
+    input_ids = torch.randint(0, config.vocab_size, (20,), generator=generator)
+    embed = load_target_head(qwen3_dir).embed_tokens
+    with torch.no_grad():
+        before = torch.stack(drafter(lifted, input_ids, embed, 3))
+        fold_into(family_of(config).context_map(drafter), layers, {k: v.numpy() for k, v in lifts.items()})
+        after = torch.stack(drafter(raw, input_ids, embed, 3))
+    assert (after - before).abs().max() < 1e-4
