@@ -88,6 +88,19 @@ def second_moment(states) -> np.ndarray:
     return values.T @ values
 
 
+def spectrum(moment: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A second moment's (share of its trace the leading k eigenvectors hold, for each k;
+    the eigenvectors [H, H], leading first)."""
+    eigenvalues, vectors = np.linalg.eigh(moment)
+    eigenvalues = np.clip(eigenvalues[::-1], 0.0, None)
+    return np.cumsum(eigenvalues) / max(float(eigenvalues.sum()), np.finfo(float).tiny), vectors[:, ::-1]
+
+
+def directions_for(cumulative: np.ndarray, energy: float) -> int:
+    """The fewest leading directions of a `spectrum` that hold `energy` of it."""
+    return int(np.searchsorted(cumulative, energy) + 1)
+
+
 def fit(moments: dict[int, np.ndarray], tokens: int, energy: float | None = None, rank: int | None = None):
     """Each layer's leading eigenvectors of its second moment, one rank for every layer
     (their coordinates travel stacked, as the layers' states do): the fewest that hold
@@ -97,15 +110,10 @@ def fit(moments: dict[int, np.ndarray], tokens: int, energy: float | None = None
         raise ValueError("a projection keeps either an energy share or a rank")
     if energy is not None and not 0.0 < energy < 1.0:
         raise ValueError(f"the energy kept must be in (0, 1), got {energy}")
-    spectra = {}
-    for layer, moment in sorted(moments.items()):
-        eigenvalues, vectors = np.linalg.eigh(moment)
-        eigenvalues = np.clip(eigenvalues[::-1], 0.0, None)
-        cumulative = np.cumsum(eigenvalues) / max(float(eigenvalues.sum()), np.finfo(float).tiny)
-        spectra[layer] = (cumulative, vectors[:, ::-1])
+    spectra = {layer: spectrum(moment) for layer, moment in sorted(moments.items())}
     wanted = int(rank or 0)
     if energy is not None:
-        wanted = max(int(np.searchsorted(cumulative, energy) + 1) for cumulative, _ in spectra.values())
+        wanted = max(directions_for(cumulative, energy) for cumulative, _ in spectra.values())
     k = -(-max(wanted, 1) // RANK_MULTIPLE) * RANK_MULTIPLE
     if k >= min(len(cumulative) for cumulative, _ in spectra.values()):
         return Projection({}, {}, tokens)

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from ..dtypes import STORE_DTYPES
+from ..projection import directions_for, second_moment, spectrum
 from ..reader import Store
 
 ENERGY_KEPT = (0.9, 0.99, 0.999)  # the shares of the second moment `directions_for` is asked
@@ -34,12 +35,11 @@ class LayerCheck:
     directions: dict  # "0.99" -> directions of the second moment that keep that share of its energy
 
 
-def directions_for(moment: np.ndarray, shares=ENERGY_KEPT) -> dict[str, int]:
-    """The fewest leading eigenvectors of a second moment (float64 [H, H]) whose
-    eigenvalues sum to each share of its trace."""
-    eigenvalues = np.clip(np.linalg.eigvalsh(moment)[::-1], 0.0, None)
-    cumulative = np.cumsum(eigenvalues) / max(float(eigenvalues.sum()), np.finfo(float).tiny)
-    return {str(share): int(np.searchsorted(cumulative, share) + 1) for share in shares}
+def directions_kept(moment: np.ndarray, shares=ENERGY_KEPT) -> dict[str, int]:
+    """The fewest leading eigenvectors of a second moment (float64 [H, H]) that hold
+    each share of its energy (`projection.directions_for`, the rule a projection keeps)."""
+    cumulative, _ = spectrum(moment)
+    return {str(share): directions_for(cumulative, share) for share in shares}
 
 
 def dtype_errors(states: torch.Tensor) -> dict[str, dict[str, float]]:
@@ -75,8 +75,7 @@ def check_store(store: Store, max_tokens: int) -> list[LayerCheck]:
     checks = []
     for layer, states in parts.items():
         joined = torch.cat(states)[:max_tokens]
-        values = joined.double().numpy()
-        directions = directions_for(values.T @ values)
+        directions = directions_kept(second_moment(joined))
         checks.append(LayerCheck(layer, len(joined), joined.shape[1], dtype_errors(joined), directions))
     return checks
 
