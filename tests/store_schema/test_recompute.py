@@ -54,6 +54,17 @@ def test_recompute_agrees_with_the_model_and_not_with_another(tmp_path, qwen3_5_
     assert question.endswith(f"extracted from ({qwen3_5_dir})?"), question  # this store recorded no hashes
 
 
+def test_recompute_of_a_projected_store_compares_on_its_kept_directions(tmp_path, qwen3_5_dir, capsys):
+    """A projected store promises the states on its kept directions: that is what the
+    fresh states are compared with (the raw ones would fail any bar at rank 32 of 64)."""
+    _store_from(qwen3_5_dir, tmp_path / "s")
+    assert cli(["project", str(tmp_path / "s"), "--out", str(tmp_path / "p"), "--rank", "32", "--json"]) == 0
+    capsys.readouterr()
+    assert cli(["verify", str(tmp_path / "p"), "--recompute", "2", "--model", str(qwen3_5_dir), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert all(c >= 0.999 for entry in report["recomputed"] for c in entry["min_cosine"].values())
+
+
 def test_recompute_needs_a_model(tmp_path):
     builders.random_store(tmp_path / "s", num_shards=1)
     assert cli(["verify", str(tmp_path / "s"), "--recompute", "2"]) == 2
