@@ -141,9 +141,9 @@ FP4_E2M1_STORE = StoreDtype(
     np.dtype(np.uint8),
     None,
     scaled=True,
-    size_ratio=0.222,
+    size_ratio=0.167,  # store_bench's states; real stores measured 0.148 (demo) to 0.230 (proxy)
     default_codec="channels",
-    write_mb_s_per_core=623.0,
+    write_mb_s_per_core=395.0,
     torch_name="uint8",
     quantizer=fp4,
     values_per_code=2,
