@@ -63,6 +63,12 @@ class JobConfig:
             raise ValueError("--project-energy and --project-rank: a projection keeps one or the other")
         if self.project_fit_tokens <= 0:
             raise ValueError(f"--project-fit-tokens must be positive, got {self.project_fit_tokens}")
+        projected = self.project_energy is not None or self.project_rank is not None
+        if projected and self.store is not None and is_object_store(self.store):
+            raise ValueError(
+                f"--project-energy / --project-rank: a projected store is made in a directory for now; extract into "
+                f"one and copy it to {self.store} once written"
+            )
         if self.spool_size is not None and self.spool_size <= 0:
             raise ValueError(f"--spool-size must be positive, got {self.spool_size}")
         if (self.spool_dir or self.spool_size) and self.store is not None and not is_object_store(self.store):

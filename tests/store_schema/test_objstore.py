@@ -270,6 +270,8 @@ def test_extract_run_refuses_overwrite_of_a_url_and_spool_flags_for_a_directory(
         done.returncode == 1 and "s3://bucket/jobs/store: a store on object storage is never overwritten" in done.stderr
     )
     assert not (tmp_path / "s3:").exists()
+    done = run("s3://bucket/jobs/store", "--project-rank", "32")
+    assert done.returncode == 1 and "a projected store is made in a directory for now" in done.stderr
     done = run(str(tmp_path / "store"), "--spool-size", "1GB")
     assert done.returncode == 1 and "--spool-dir / --spool-size apply to a store on object storage" in done.stderr
     assert not (tmp_path / "store").exists()
