@@ -125,6 +125,7 @@ class BucketWriter(StoreWriter):
         self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
         self.spool = spool if spool is not None else Spool()
         self._plan: Plan | None = None
+        self._projection = None  # a bucket store is never projected (its creation refuses one)
         self._uploads: dict[str, Upload] = {}
         self._uploads_lock = threading.Lock()
 
