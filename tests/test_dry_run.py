@@ -12,7 +12,7 @@ import builders
 import pytest
 from paths import REPO
 
-from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
+from store_schema.dtypes import FP8_E4M3_STORE, STORE_DTYPES
 from train.data.config import DataConfig
 
 pytestmark = pytest.mark.slow  # the real vocabulary (~30 s to build)
@@ -104,16 +104,14 @@ def test_plan_dry_run_sizes_the_27b_extraction(qwen3_6_27b, capsys):
     assert job["store_bytes"]["fp8_e4m3"] == round(report["tokens"] * raw_token * 0.351)
     assert job["store_dtype"] == "bfloat16"  # sized with each dtype's measured per-core write rate
     assert job["writer_cores_per_gpu_by_dtype"] == {
-        dtype.name: math.ceil(20000 * raw_token / (dtype.write_mb_s_per_core * 1e6))
-        for dtype in (BFLOAT16_STORE, FP8_E4M3_STORE)
+        dtype.name: math.ceil(20000 * raw_token / (dtype.write_mb_s_per_core * 1e6)) for dtype in STORE_DTYPES.values()
     }
     assert job["writer_cores_per_gpu"] == job["writer_cores_per_gpu_by_dtype"]["bfloat16"]
     assert job["job_hours"] == round(report["tokens"] / (20000 * 8) / 3600, 3)
     stored = job["store_bytes"]  # the job's sustained writes: 8 GPUs' raw bytes, and as each dtype writes them
     assert job["write_bytes_per_s"] == {
         "raw": 20000 * 8 * raw_token,
-        "bfloat16": round(20000 * 8 * raw_token * stored["bfloat16"] / stored["raw"]),
-        "fp8_e4m3": round(20000 * 8 * raw_token * stored["fp8_e4m3"] / stored["raw"]),
+        **{name: round(20000 * 8 * raw_token * stored[name] / stored["raw"]) for name in STORE_DTYPES},
     }
     assert job["forward_flops_per_token"] == 2 * (layers + 2 * H) // 2  # 2 FLOPs per loaded weight, embedding aside
     assert job["gpu_utilisation"] == round(20000 * (layers + 2 * H) / 500e12, 3)
