@@ -136,11 +136,13 @@ class Store(StoreMetadata):
         )
 
     def lifts(self) -> dict:
-        """Projected layers' directions as torch float32 [H, K] (empty: stored whole)."""
-        projection = self.projection()
-        if projection is None:
-            return {}
-        return {layer: torch.from_numpy(directions) for layer, directions in projection.directions.items()}
+        """Projected layers' directions as torch float32 [H, K] (empty: stored whole), the
+        same tensors for every shard: `projection.lift` copies each to a device once, by identity."""
+        if getattr(self, "_lifts", None) is None:
+            projection = self.projection()
+            directions = {} if projection is None else projection.directions
+            self._lifts = {layer: torch.from_numpy(d) for layer, d in directions.items()}
+        return self._lifts
 
     def sample_length(self, shard: str, index: int) -> int:
         """Tokens in sample `index` of `shard` (reads only the shard's offsets)."""
