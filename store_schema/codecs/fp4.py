@@ -94,10 +94,22 @@ def dequantize(codes, scales, dtype=None):
 
     dtype = dtype or torch.bfloat16
     nibbles = torch.stack((codes & 0xF, codes >> 4), dim=-1).flatten(-2)  # [..., hidden]
-    values = torch.from_numpy(E2M1_VALUES).to(codes.device)[nibbles.long()]
+    values = _e2m1_table(codes.device)[nibbles.long()]
     exponents = scales.to(torch.int32) - SCALE_BIAS
     blocks = torch.ldexp(values.unflatten(-1, (-1, BLOCK)), exponents[..., None].float())
     return blocks.flatten(-2).to(dtype)
+
+
+_TABLES: dict = {}  # device -> E2M1_VALUES there: copied once, not once per layer and sample
+
+
+def _e2m1_table(device):
+    import torch
+
+    key = str(device)
+    if key not in _TABLES:
+        _TABLES[key] = torch.from_numpy(E2M1_VALUES).to(device)
+    return _TABLES[key]
 
 
 def float32(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
