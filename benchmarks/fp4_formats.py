@@ -55,9 +55,7 @@ def measure(states: np.ndarray, scale: str, block: int) -> dict:
     codes = (blocks / safe).astype(E2M1).view(np.uint8).reshape(tokens, hidden) & 0xF
     restored = (codes.view(E2M1).astype(np.float32).reshape(blocks.shape) * scales[..., None]).reshape(tokens, hidden)
     packed = np.ascontiguousarray((codes[:, 0::2] | (codes[:, 1::2] << 4)).T).T  # channel-major, as from the device
-    codec = CodecConfig(name="channels")
-    rows, cols = codec.chunk_shape(*packed.shape, 1)
-    coded = sum(len(part) for part in encode_shard(packed, (rows, cols), cols, codec.level, codec.min_saving))
+    coded = sum(len(part) for part in encode_shard(packed, CodecConfig(name="channels")))
     coded += len(zstandard.ZstdCompressor(level=1).compress(scale_bytes.tobytes()))
     return {
         "relative_rms": round(float(np.linalg.norm(restored - states) / np.linalg.norm(states)), 4),

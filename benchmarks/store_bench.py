@@ -160,15 +160,23 @@ def encode_mb_s_per_core(samples, codec: CodecConfig, dtype: str, shard_tokens: 
     seconds = raw = 0
     for start in range(0, len(bits) - shard_tokens + 1, shard_tokens):
         shard = bits[start : start + shard_tokens]
-        rows, cols = codec.chunk_shape(*shard.shape, shard.itemsize)
         began = time.process_time()
-        for part in encode_shard(
-            shard, (rows, cols), codec.element_bytes(cols, shard.itemsize), codec.level, codec.min_saving, threads=1
-        ):
+        for part in encode_shard(shard, codec, threads=1):
             google_crc32c.value(part)
         seconds += time.process_time() - began
         raw += shard.size * 2
     return raw / seconds / 1e6
+
+
+def match_table_saving(values: torch.Tensor, tokens: int = 32768) -> float:
+    """The share of a bf16 shard's bytes (`tokens` of `values`) the level's own match
+    table saves against the small one (`CodecConfig.match_table`)."""
+    bits = values[:tokens].contiguous().view(torch.int16).numpy()
+    size = {
+        table: sum(len(part) for part in encode_shard(bits, CodecConfig(match_table=table)))
+        for table in ("full", "small")
+    }
+    return round(1 - size["full"] / size["small"], 4)
 
 
 def writer_cores_per_gpu(mb_s_per_core: float, tokens_per_s: int = EXTRACT_TOKENS_PER_S) -> float:
@@ -625,6 +633,16 @@ def summary_rows(figures: dict) -> list[tuple[str, str, str]]:
             " / ".join(str(cores) for cores in figures["writer_cores_per_gpu_at_9000"].values()),
         ),
         (
+            "... match_table small (what auto codes where the full table saves < 2 %; bf16, fp8, fp4)",
+            "bf16 <= 0.8",
+            " / ".join(str(cores) for cores in figures["writer_cores_per_gpu_at_9000_small_table"].values()),
+        ),
+        (
+            "bytes the full match table saves on these bf16 states (auto keeps it from 2 %)",
+            "info",
+            str(figures["bf16_full_match_table_saving"]),
+        ),
+        (
             "random 3072-token window reads, store/files (cold)",
             "info",
             str(figures["window_read_ratio_vs_torch_save_cold"]),
@@ -682,12 +700,19 @@ def main() -> None:
         print("the writer at the full job's shard geometry ...", file=sys.stderr)
         values = torch.cat([h for _, h in samples])
         geometry = dict(tokens=4096, layers=2, hidden=2 * HIDDEN) if args.smoke else {}
-        job_write = {
-            STORES[name][1]: round(
-                writer_geometry.write_mb_s_per_core(values, work / "job", STORES[name][1], **geometry), 1
-            )
-            for name in LOSSY_AND_DEFAULT
-        }
+        job_write, job_write_small = (
+            {
+                STORES[name][1]: round(
+                    writer_geometry.write_mb_s_per_core(
+                        values, work / "job", STORES[name][1], match_table=table, **geometry
+                    ),
+                    1,
+                )
+                for name in LOSSY_AND_DEFAULT
+            }
+            for table in ("auto", "small")
+        )
+        full_table_saving = match_table_saving(values)
         del values
         disk = {name: on_disk_bytes(work / name) for name in STORES}
         print(f"the bf16 store projected to {PROJECT_ENERGY} of its energy, in fp4 ...", file=sys.stderr)
@@ -736,6 +761,11 @@ def main() -> None:
         },
         "job_geometry_write_mb_s_per_core": job_write,
         "writer_cores_per_gpu_at_9000": {dtype: writer_cores_per_gpu(rate) for dtype, rate in job_write.items()},
+        "job_geometry_write_mb_s_per_core_small_table": job_write_small,
+        "writer_cores_per_gpu_at_9000_small_table": {
+            dtype: writer_cores_per_gpu(rate) for dtype, rate in job_write_small.items()
+        },
+        "bf16_full_match_table_saving": full_table_saving,
         **reads,
         "decode_gb_per_s_per_core": decode,
         "loader_cores_for_36k_tok_s": cores,

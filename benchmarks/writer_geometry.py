@@ -68,9 +68,11 @@ def write_mb_s_per_core(
     tokens: int = JOB_TOKENS,
     layers: int = JOB_LAYERS,
     hidden: int = JOB_HIDDEN,
+    match_table: str = "auto",
 ) -> float:
     """Raw bf16 MB/s per CPU second of the writer committing `shards` shards of this
-    geometry into a fresh store at `root` (the first shard untimed: it warms the writer)."""
+    geometry into a fresh store at `root` (the first shard untimed: it warms the writer),
+    its codec's match finder `match_table` (`CodecConfig`)."""
     fingerprint = Fingerprint(
         target_model="bench-job-geometry",
         num_target_layers=layers + 2,
@@ -80,7 +82,9 @@ def write_mb_s_per_core(
         max_length=SAMPLE_TOKENS,
         dtype=dtype,
     )
-    writer = create_store(root, fingerprint, CodecConfig(name=store_dtype(dtype).default_codec))
+    writer = create_store(
+        root, fingerprint, CodecConfig(name=store_dtype(dtype).default_codec, match_table=match_table)
+    )
     cpu = raw = 0.0
     try:
         for shard in range(shards):

@@ -225,13 +225,7 @@ class StoreWriter:
         )
         if self.codec.name in SPLIT_CODECS:
             write_bytesplit_shard(
-                staging / name / layout.chunk_file(2),
-                values.view(dtype.bits),
-                (rows, cols),
-                self.codec.element_bytes(cols, dtype.itemsize),
-                self.codec.level,
-                self.codec.min_saving,
-                direct=self.direct_io,
+                staging / name / layout.chunk_file(2), values.view(dtype.bits), self.codec, direct=self.direct_io
             )
         else:
             array[...] = values

@@ -65,6 +65,7 @@ from .arrays import is_channel_major, scratch
 CODEC_NAMES = ("bytesplit", "channels", "blosc", "none")
 BloscName = Literal["zstd", "lz4", "lz4hc", "zlib", "blosclz"]  # the blosc compressors a `blosc` store may name
 BloscShuffle = Literal["shuffle", "bitshuffle", "noshuffle"]
+MatchTable = Literal["auto", "full", "small"]  # zstd's match finder in a split codec's streams (`CodecConfig`)
 SPLIT_CODECS = ("bytesplit", "channels")  # written by `write_bytesplit_shard`; the others by zarr
 ARRAY_CODEC_ATTR = "dflash_codec"  # a layer array's attribute naming the encoder that wrote it
 
@@ -93,7 +94,13 @@ class CodecConfig:
     fraction of it.
     chunk_bytes: target size of one inner chunk of a hidden-state array.
     channel_rows: `channels`: the most tokens in one chunk, hence one channel's zstd
-    frame (see the module docstring); `chunk_bytes` does not apply."""
+    frame (see the module docstring); `chunk_bytes` does not apply.
+    match_table: `bytesplit` and `channels`: zstd's match finder, `full` (the level's
+    own table), `small` (`SMALL_HASH_LOG`: a hidden state's stream saves almost all it
+    saves through zstd's entropy coder, and the level's table costs about half of
+    zstd's time in cache misses), or `auto`: each layer of a shard codes its first
+    chunk both ways and keeps `full` only where it saves `FULL_TABLE_SAVING` of the
+    bytes (repeated strings: states dominated by their token, or repeated text)."""
 
     name: str = "bytesplit"
     level: int = 1
@@ -102,6 +109,7 @@ class CodecConfig:
     shuffle: BloscShuffle = "shuffle"
     chunk_bytes: int = 4 << 20
     channel_rows: int = 65536
+    match_table: MatchTable = "auto"
 
     def __post_init__(self):
         if self.name not in CODEC_NAMES:
@@ -118,6 +126,10 @@ class CodecConfig:
             raise ValueError(f"chunk_bytes must be >= 1024, got {self.chunk_bytes}")
         if self.channel_rows < 128:
             raise ValueError(f"channel_rows must be >= 128 (blosc's smallest block), got {self.channel_rows}")
+        if self.match_table not in get_args(MatchTable):
+            raise ValueError(
+                f"unknown match_table {self.match_table!r}; choose one of {', '.join(get_args(MatchTable))}"
+            )
 
     def chunk_shape(self, num_tokens: int, hidden_size: int, itemsize: int) -> tuple[int, int]:
         """(rows, columns) of one inner chunk of a shard's [num_tokens, hidden_size]
@@ -206,15 +218,15 @@ def encode_bytesplit_chunk(chunk: np.ndarray, level: int, min_saving: float, typ
     one stream per byte of a `typesize`-byte element (default: one value)."""
     typesize = typesize or chunk.dtype.itemsize
     flat = np.ascontiguousarray(chunk).reshape(-1).view(np.uint8)
-    return b"".join(_chunk_parts(flat, typesize, level, min_saving, np.empty_like(flat)))
+    return b"".join(_chunk_parts(flat, typesize, StreamCoder(level, min_saving), np.empty_like(flat)))
 
 
-def _chunk_parts(flat: np.ndarray, typesize: int, level: int, min_saving: float, scratch: np.ndarray) -> list:
+def _chunk_parts(flat: np.ndarray, typesize: int, coder: "StreamCoder", scratch: np.ndarray) -> list:
     """The chunk of `flat`'s bytes as its parts in order, its byte streams split into
     `scratch` (as many bytes as `flat`), which raw streams among the parts point into."""
     if not _splits(flat.nbytes, typesize):
-        return _blosc_parts([flat], typesize, flat.nbytes, level, min_saving)
-    return _blosc_parts(_byte_streams(flat, typesize, scratch), typesize, flat.nbytes, level, min_saving)
+        return _blosc_parts([flat], typesize, flat.nbytes, coder)
+    return _blosc_parts(_byte_streams(flat, typesize, scratch), typesize, flat.nbytes, coder)
 
 
 def _splits(nbytes: int, typesize: int) -> bool:
@@ -222,13 +234,13 @@ def _splits(nbytes: int, typesize: int) -> bool:
     return 1 < typesize <= _BLOSC_MAX_SPLITS and nbytes // typesize >= _BLOSC_MIN_STREAM
 
 
-def _blosc_parts(streams: list[np.ndarray], typesize: int, nbytes: int, level: int, min_saving: float) -> list:
+def _blosc_parts(streams: list[np.ndarray], typesize: int, nbytes: int, coder: "StreamCoder") -> list:
     """The one-block blosc1 chunk of `streams` (one per byte of a `typesize`-byte
     element, or one unsplit) as its parts in order; a stream stored raw is not copied."""
     split = len(streams) > 1
     body = []
     for stream in streams:
-        stored = _stored_stream(stream, level, min_saving)
+        stored = coder.stored(stream)
         body.append(_BLOSC_STREAM_SIZE.pack(len(stored)))
         body.append(stored)
     bstarts = _BLOSC_STREAM_SIZE.pack(_BLOSC_ONE_BLOCK_START)  # one block, right after the header and this table
@@ -269,34 +281,48 @@ def _byte_streams(flat: np.ndarray, typesize: int, out: np.ndarray) -> list[np.n
     return list(streams)
 
 
-def _stored_stream(stream: np.ndarray, level: int, min_saving: float):
-    """What a stream stores: its zstd code where that saves `min_saving` of it, else
-    its raw bytes. A stream longer than two trials is first coded on a trial (pieces
-    spread over it): where that saves under half of `min_saving` (a bf16 mantissa byte
-    saves ~0 %) the stream stays raw without coding the rest, the writer's largest
-    single saving of time."""
-    if len(stream) > 2 * TRIAL_BYTES:
-        piece = TRIAL_BYTES // TRIAL_PIECES
-        starts = np.linspace(0, len(stream) - piece, TRIAL_PIECES).astype(np.int64)
-        trial = np.concatenate([stream[s : s + piece] for s in starts])
-        if len(_zstd_compress(trial, level)) > len(trial) * (1.0 - min_saving / 2):
-            return stream
-    coded = _zstd_compress(stream, level)
-    # A stream whose stored size equals its raw size is read as raw: never store a code that long.
-    return coded if len(coded) <= len(stream) * (1.0 - min_saving) and len(coded) < len(stream) else stream
+_COMPRESSORS = threading.local()  # each encoding thread's zstd contexts, by (level, small table)
+SMALL_HASH_LOG = 6  # `match_table` small: 64 entries (level 1's own at a 2 MB stream: 16K)
+FULL_TABLE_SAVING = 0.02  # `match_table` auto keeps the level's table where it saves this of a chunk
 
 
-_COMPRESSORS = threading.local()  # each encoding thread's zstd contexts, by level
+@dataclass(frozen=True)
+class StreamCoder:
+    """How a split codec stores each byte stream of a chunk: its zstd code at `level`
+    (the match finder's table small, or the level's own) where that saves
+    `min_saving` of it, else its raw bytes."""
 
+    level: int
+    min_saving: float
+    small_table: bool = False
 
-def _zstd_compress(stream: np.ndarray, level: int) -> bytes:
-    """One zstd frame (content size in its header, as numcodecs' and blosc's decoders
-    read it) from a context this thread keeps: a fresh context per call, as
-    numcodecs' `zstd.compress` makes, costs more than coding a channel's stream."""
-    compressors: dict[int, zstandard.ZstdCompressor] = _COMPRESSORS.__dict__.setdefault("by_level", {})
-    if level not in compressors:
-        compressors[level] = zstandard.ZstdCompressor(level=level)
-    return compressors[level].compress(stream.data)
+    def stored(self, stream: np.ndarray):
+        """The stream's code, or the stream. A stream longer than two trials is first
+        coded on a trial (pieces spread over it): where that saves under half of
+        `min_saving` (a bf16 mantissa byte saves ~0 %) it stays raw without coding the
+        rest, the writer's largest single saving of time."""
+        if len(stream) > 2 * TRIAL_BYTES:
+            piece = TRIAL_BYTES // TRIAL_PIECES
+            starts = np.linspace(0, len(stream) - piece, TRIAL_PIECES).astype(np.int64)
+            trial = np.concatenate([stream[s : s + piece] for s in starts])
+            if len(self.compress(trial)) > len(trial) * (1.0 - self.min_saving / 2):
+                return stream
+        coded = self.compress(stream)
+        # A stream whose stored size equals its raw size is read as raw: never store a code that long.
+        return coded if len(coded) <= len(stream) * (1.0 - self.min_saving) and len(coded) < len(stream) else stream
+
+    def compress(self, stream: np.ndarray) -> bytes:
+        """One zstd frame (content size in its header, as numcodecs' and blosc's
+        decoders read it) from a context this thread keeps: a fresh context per call,
+        as numcodecs' `zstd.compress` makes, costs more than coding a channel's stream."""
+        compressors: dict = _COMPRESSORS.__dict__.setdefault("by_setting", {})
+        setting = (self.level, self.small_table)
+        if setting not in compressors:  # full: zstd's parameters for the level at each stream's size
+            small = zstandard.ZstdCompressionParameters.from_level(self.level, hash_log=SMALL_HASH_LOG)
+            compressors[setting] = zstandard.ZstdCompressor(
+                **({"compression_params": small} if self.small_table else {"level": self.level})
+            )
+        return compressors[setting].compress(stream.data)
 
 
 def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
@@ -353,58 +379,50 @@ def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
     return True
 
 
-def write_bytesplit_shard(
-    path: Path,
-    data: np.ndarray,
-    chunk_shape: tuple[int, int],
-    typesize: int,
-    level: int,
-    min_saving: float,
-    threads: int = 2,
-    direct: bool = True,
-) -> None:
+def write_bytesplit_shard(path: Path, data: np.ndarray, codec: CodecConfig, threads: int = 2, direct: bool = True):
     """Write `data` [rows, cols] as a zarr v3 `sharding_indexed` file (`encode_shard`),
     past the page cache where `direct` (`runtime.file_writes`)."""
-    parts = encode_shard(data, chunk_shape, typesize, level, min_saving, threads)
+    parts = encode_shard(data, codec, threads)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_file(path, parts, direct)
 
 
-def encode_shard(
-    data: np.ndarray, chunk_shape: tuple[int, int], typesize: int, level: int, min_saving: float, threads: int = 2
-) -> list:
-    """The bytes of a zarr v3 `sharding_indexed` file holding `data` [rows, cols], as
-    parts (bytes, or byte arrays valid until this thread's next call) in order: inner
-    chunks of `chunk_shape` (the last row of chunks zero-padded), each encoded as by
-    `encode_bytesplit_chunk` in elements of `typesize` bytes, then the index (in C
-    order of the chunk grid) + its crc32c: exactly the layout zarr writes. Split streams
-    go to this thread's scratch buffer and raw ones are written from there: fresh arrays
-    and one joined copy per chunk cost more in page faults than the split itself.
-    `data` may be held channel-major (tokens contiguous, as fp8 codes leave the
-    device): a `channels` chunk's streams are then cut without transposing, same bytes."""
+def encode_shard(data: np.ndarray, codec: CodecConfig, threads: int = 2) -> list:
+    """The bytes of a zarr v3 `sharding_indexed` file holding `data` [rows, cols] (values
+    or codes as the store holds them) in `codec`'s inner chunks, as parts (bytes, or
+    byte arrays valid until this thread's next call) in order: the chunks (the last
+    row of them zero-padded), each encoded as by `encode_bytesplit_chunk`, then the
+    index (in C order of the chunk grid) + its crc32c: exactly the layout zarr writes.
+    Split streams go to this thread's scratch buffer and raw ones are written from
+    there: fresh arrays and one joined copy per chunk cost more in page faults than
+    the split itself. `data` may be held channel-major (tokens contiguous, as fp8
+    codes leave the device): a `channels` chunk's streams are then cut without
+    transposing, same bytes."""
     rows, cols = data.shape
-    chunk_rows, chunk_cols = chunk_shape
+    chunk_rows, chunk_cols = chunk_shape = codec.chunk_shape(rows, cols, data.itemsize)
+    typesize = codec.element_bytes(chunk_cols, data.itemsize)
     grid = (max(1, -(-rows // chunk_rows)), cols // chunk_cols)
     chunk_bytes = chunk_rows * chunk_cols * data.itemsize
     channel_major = is_channel_major(data) and typesize == chunk_cols * data.itemsize and _splits(chunk_bytes, typesize)
     split = scratch("streams", 0 if channel_major else grid[0] * grid[1] * chunk_bytes)  # channel-major: views
 
-    def encode(i: int) -> list:
+    def encode(i: int, coder: StreamCoder) -> list:
         r, c = divmod(i, grid[1])
         if channel_major:
             streams = _channel_streams(data.T, r, c, chunk_shape)
-            return _blosc_parts(streams, typesize, chunk_bytes, level, min_saving)
+            return _blosc_parts(streams, typesize, chunk_bytes, coder)
         chunk = data[r * chunk_rows : (r + 1) * chunk_rows, c * chunk_cols : (c + 1) * chunk_cols]
         if chunk.shape[0] < chunk_rows or not chunk.flags.c_contiguous:  # padded, or narrower than the shard
             whole = np.zeros((chunk_rows, chunk_cols), data.dtype)
             whole[: chunk.shape[0]] = chunk
             chunk = whole
         flat = chunk.reshape(-1).view(np.uint8)
-        return _chunk_parts(flat, typesize, level, min_saving, split[i * chunk_bytes : (i + 1) * chunk_bytes])
+        return _chunk_parts(flat, typesize, coder, split[i * chunk_bytes : (i + 1) * chunk_bytes])
 
+    first, coder = _first_chunk(encode, codec)
     with ThreadPoolExecutor(max(1, threads)) as pool:
-        encoded = list(pool.map(encode, range(grid[0] * grid[1])))
-    sizes = [sum(len(part) for part in parts) for parts in encoded]
+        encoded = [first, *pool.map(lambda i: encode(i, coder), range(1, grid[0] * grid[1]))]
+    sizes = [_stored_size(parts) for parts in encoded]
     offsets = itertools.accumulate(sizes[:-1], initial=0)
     index_bytes = b"".join(_INDEX_ENTRY.pack(offset, size) for offset, size in zip(offsets, sizes))
     return [
@@ -412,3 +430,23 @@ def encode_shard(
         index_bytes,
         struct.pack("<I", google_crc32c.value(index_bytes)),
     ]
+
+
+def _first_chunk(encode, codec: CodecConfig) -> tuple[list, StreamCoder]:
+    """A shard's first chunk encoded (`encode(0, coder)`), and the coder of the rest:
+    `codec.match_table`'s, or for `auto` the small table unless the level's own
+    saves `FULL_TABLE_SAVING` of this chunk (coded both ways; a raw stream of either
+    points into the same scratch bytes, split the same both times)."""
+    full = StreamCoder(codec.level, codec.min_saving)
+    small = StreamCoder(codec.level, codec.min_saving, small_table=True)
+    if codec.match_table != "auto":
+        coder = small if codec.match_table == "small" else full
+        return encode(0, coder), coder
+    small_parts, full_parts = encode(0, small), encode(0, full)
+    if _stored_size(full_parts) <= _stored_size(small_parts) * (1.0 - FULL_TABLE_SAVING):
+        return full_parts, full
+    return small_parts, small
+
+
+def _stored_size(parts: list) -> int:
+    return sum(len(part) for part in parts)

@@ -322,15 +322,7 @@ def _rewrite_layers(shard_dir: Path, kind: str, keep_stats: bool) -> None:
         store = Store(shard_dir.parents[1])
         bits = np.array(zarr.open_array(str(shard_dir / "layer_3"), mode="r")[...]).view(store.dtype.bits)
         bits = np.zeros_like(bits) if kind == "zeroed" else np.repeat(bits[:1], len(bits), axis=0)
-        rows, cols = store.codec.chunk_shape(*bits.shape, store.dtype.itemsize)
-        write_bytesplit_shard(
-            shard_dir / "layer_3" / "c" / "0" / "0",
-            bits,
-            (rows, cols),
-            store.codec.element_bytes(cols, store.dtype.itemsize),
-            store.codec.level,
-            store.codec.min_saving,
-        )
+        write_bytesplit_shard(shard_dir / "layer_3" / "c" / "0" / "0", bits, store.codec)
         if kind == "constant" and (shard_dir / "layer_3_scale").exists():
             scales = zarr.open_array(str(shard_dir / "layer_3_scale"), mode="r+", config=WRITE_ALL_CHUNKS)
             scales[...] = np.repeat(scales[:1], scales.shape[0])

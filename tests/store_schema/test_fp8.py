@@ -152,7 +152,7 @@ def test_fp8_store_holds_the_bf16_states_within_rounding_and_verifies(twin_store
     assert store_cli(["info", str(fp8_path)]) == 0
     assert "codec        channels (zstd level 1, 16-byte-wide chunks of <= 128 tokens)" in capsys.readouterr().out
     layer_bytes = {p: sum(f.stat().st_size for f in p.glob("shards/*/layer_*/c/0/0")) for p in (bf16_path, fp8_path)}
-    assert layer_bytes[fp8_path] < 0.75 * layer_bytes[bf16_path]
+    assert layer_bytes[fp8_path] < 0.78 * layer_bytes[bf16_path]  # 0.76: the bf16 store uses the small match table
 
 
 def test_verify_names_nan_codes_and_bad_scales_in_an_fp8_store(tmp_path):

@@ -153,11 +153,46 @@ def test_channel_major_states_encode_to_the_same_shard_bytes():
     for values in (rng.integers(0, 256, (1201, 64), dtype=np.uint8), rng.integers(0, 2**16, (1201, 64), np.uint16)):
         rows, cols = codec.chunk_shape(*values.shape, values.itemsize)
         assert rows * -(-len(values) // rows) > len(values)  # the last row of chunks is padded
-        args = ((rows, cols), codec.element_bytes(cols, values.itemsize), 1, 0.1)
         channel_major = np.ascontiguousarray(values.T).T
         assert channel_major.strides[0] == values.itemsize
-        from_channels = b"".join(encode_shard(channel_major, *args))  # joined now: parts point into scratch
-        assert from_channels == b"".join(encode_shard(values, *args))
+        from_channels = b"".join(encode_shard(channel_major, codec))  # joined now: parts point into scratch
+        assert from_channels == b"".join(encode_shard(values, codec))
+
+
+def _token_states(repeated: bool) -> torch.Tensor:
+    """bf16 states [2048, 256]: each token's row one of 16 (states a token decides, as
+    an early layer's: long repeated strings in the exponent stream), or all distinct."""
+    generator = torch.Generator().manual_seed(5)
+    rows = torch.randn(16 if repeated else 2048, 256, generator=generator)
+    picks = torch.randint(0, 16, (2048,), generator=generator) if repeated else torch.arange(2048)
+    return rows[picks].to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("repeated", [True, False], ids=["token-decided", "distinct"])
+def test_the_match_finder_keeps_its_full_table_only_where_that_pays(tmp_path, repeated):
+    """`match_table` auto codes a shard like `full` where the level's own table saves
+    bytes (repeated strings) and like `small` where it does not; every setting
+    reads back bit for bit through the store."""
+    from store_schema.codecs.encoding import FULL_TABLE_SAVING, encode_shard
+
+    bits = _token_states(repeated).view(torch.int16).numpy()
+    shard = {
+        table: b"".join(encode_shard(bits, CodecConfig(chunk_bytes=64 << 10, match_table=table)))
+        for table in ("auto", "full", "small")
+    }
+    saves = 1 - len(shard["full"]) / len(shard["small"])
+    assert (saves > 2 * FULL_TABLE_SAVING) if repeated else (saves < FULL_TABLE_SAVING / 2)
+    assert shard["auto"] == shard["full" if repeated else "small"]
+    fingerprint = Fingerprint(
+        target_model="t", num_target_layers=4, hidden_size=256, vocab_size=512, layer_ids=[1], max_length=2048
+    )
+    sample = SampleArrays("s0", np.arange(2048, dtype=np.int32), np.ones(2048, np.uint8), {1: _token_states(repeated)})
+    for table in ("full", "small"):
+        create_store(tmp_path / table, fingerprint, CodecConfig(match_table=table)).write_shard(
+            "shard-000000", [sample]
+        )
+        read = Store(tmp_path / table).read_shard("shard-000000").hidden[1]
+        assert torch.equal(read.view(torch.int16), _token_states(repeated).view(torch.int16))
 
 
 def test_an_fp8_writer_given_channel_major_codes_writes_the_row_major_store(tmp_path):
@@ -312,6 +347,11 @@ def test_codec_settings_are_checked_and_named():
         CodecConfig(cname="lz4")
     with pytest.raises(ValueError, match="min_saving"):
         CodecConfig(min_saving=1.0)
+    with pytest.raises(ValueError, match="unknown match_table 'tiny'; choose one of auto, full, small"):
+        CodecConfig(match_table="tiny")
+    assert (
+        CodecConfig.from_json({k: v for k, v in CodecConfig().to_json().items() if k != "match_table"}) == CodecConfig()
+    )
     assert (
         CodecConfig.from_json({"cname": "none", "clevel": 1, "shuffle": "shuffle", "chunk_bytes": 4096}).name == "none"
     )
