@@ -8,12 +8,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Collection, Mapping
+from dataclasses import asdict, dataclass, field, replace
 
 DEFAULT_MAX_LENGTH = 3072
 DEFAULT_SHARD_TOKENS = 32768
-DEFAULT_BLOCK_SIZE = 16
+DEFAULT_MIN_LOSS_TOKENS = 1  # a sample without a reply token trains no drafter; each family's filter does the rest
 DEFAULT_SEED = 0
 # Which tokens of an assistant turn the loss scores (`--loss-mask`), and how a plan
 # records each (its `mask_convention`). "turn": the turn as the target emits it when
@@ -29,21 +29,30 @@ class PlanSettings:
 
     The planner's input, and recorded in the plan's settings under the same keys
     (`to_json` / `from_json`), so a resumed job compares what it would plan
-    with what the store was planned with, and a store's settings read back as this."""
+    with what the store was planned with, and a store's settings read back as this.
+
+    The store serves every drafter family, so it quarantines only samples none can
+    train on (`min_loss_tokens`); a family's sample filter decides the rest at
+    `fit`. Plans made for one DFlash block (`block_size`, every plan before
+    families) keep it: their `min_loss_tokens` is 2 x `block_size`."""
 
     max_length: int = DEFAULT_MAX_LENGTH  # longer records are truncated (or quarantined: drop_long)
     shard_tokens: int = DEFAULT_SHARD_TOKENS  # token budget of one shard
-    block_size: int = DEFAULT_BLOCK_SIZE  # the drafter's block: a sample needs 2 x block_size loss tokens
+    min_loss_tokens: int = DEFAULT_MIN_LOSS_TOKENS  # fewer loss tokens: quarantined
     seed: int = DEFAULT_SEED  # the shuffle that deals samples into shards
     drop_long: bool = False
     limit: int | None = None  # plan only the first `limit` records
     loss_mask: str = DEFAULT_LOSS_MASK  # a key of LOSS_MASK_CONVENTIONS
+    block_size: int | None = None  # planned for one DFlash block: min_loss_tokens is 2 x this
 
     def __post_init__(self):
-        for name in ("max_length", "shard_tokens", "block_size"):
+        sizes = ("max_length", "shard_tokens", "min_loss_tokens")
+        for name in sizes if self.block_size is None else ("block_size", *sizes):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"plan settings: {name} must be a positive integer, got {value!r}")
+            if name == "block_size":
+                object.__setattr__(self, "min_loss_tokens", 2 * value)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise ValueError(f"plan settings: seed must be an integer, got {self.seed!r}")
         if self.limit is not None and (isinstance(self.limit, bool) or not isinstance(self.limit, int)):
@@ -54,18 +63,23 @@ class PlanSettings:
             )
         object.__setattr__(self, "drop_long", bool(self.drop_long))
 
-    @property
-    def min_loss_tokens(self) -> int:
-        """A sample with fewer loss tokens cannot hold two blocks: quarantined."""
-        return 2 * self.block_size
-
     def to_json(self) -> dict:
-        """These settings as the plan records them: the derived `min_loss_tokens`, and
-        the loss-mask scope as the `mask_convention` plans have always recorded (so a
-        content-scope plan keeps the digest it had before scopes existed)."""
-        record = dict(asdict(self), min_loss_tokens=self.min_loss_tokens)
+        """These settings as the plan records them: the loss-mask scope as the
+        `mask_convention` plans have always recorded (so a content-scope plan keeps the
+        digest it had before scopes existed), `block_size` only where planned for one."""
+        record = asdict(self)
         record["mask_convention"] = LOSS_MASK_CONVENTIONS[record.pop("loss_mask")]
+        if self.block_size is None:
+            del record["block_size"]
         return record
+
+    def overridden(self, given: "PlanSettings", names: Collection[str]) -> "PlanSettings":
+        """These settings (a stored plan's) with those `names`d taken from `given` (what a
+        resumed job's command line set; `block_size` and `min_loss_tokens` go together)."""
+        names = set(names)
+        if names & {"block_size", "min_loss_tokens"}:
+            names |= {"block_size", "min_loss_tokens"}
+        return replace(self, **{name: getattr(given, name) for name in names})
 
     @classmethod
     def from_json(cls, record: Mapping) -> "PlanSettings":
@@ -74,8 +88,10 @@ class PlanSettings:
         convention = record.get("mask_convention", LOSS_MASK_CONVENTIONS["content"])
         if convention not in scopes:
             raise ValueError(f"plan settings: unknown mask_convention {convention!r}")
-        names = [name for name in cls.__dataclass_fields__ if name != "loss_mask"]
-        return cls(**{name: record[name] for name in names}, loss_mask=scopes[convention])
+        names = [name for name in cls.__dataclass_fields__ if name not in ("loss_mask", "block_size")]
+        return cls(
+            **{name: record[name] for name in names}, block_size=record.get("block_size"), loss_mask=scopes[convention]
+        )
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ import argparse
 
 from store_schema.dtypes import BFLOAT16_STORE, FP8_E4M3_STORE
 from store_schema.plan import (
-    DEFAULT_BLOCK_SIZE,
     DEFAULT_LOSS_MASK,
     DEFAULT_MAX_LENGTH,
+    DEFAULT_MIN_LOSS_TOKENS,
     DEFAULT_SEED,
     DEFAULT_SHARD_TOKENS,
     LOSS_MASK_CONVENTIONS,
@@ -125,41 +125,53 @@ def add_tokenizer_workers_flag(parser: argparse.ArgumentParser, run: bool) -> No
         parser.add_argument("--workers", help=argparse.SUPPRESS)  # the old spelling, refused by `extract plan`
 
 
+RESUMED = "a resumed store: its plan's"  # what a plan flag left out means where the store holds a plan
+
+
 def add_plan_arguments(parser: argparse.ArgumentParser, run: bool = False) -> None:
+    """The plan's settings. Each defaults to None: a fresh plan takes the documented
+    default, a resumed store its own plan's (`JobConfig.plan_settings_given`)."""
     add_source_flags(parser)
     parser.add_argument(
         "--max-length",
         type=int,
-        default=DEFAULT_MAX_LENGTH,
-        help="tokens per sample; longer records are truncated (default %(default)s)",
+        help=f"tokens per sample; longer records are truncated (default {DEFAULT_MAX_LENGTH}; {RESUMED})",
     )
     parser.add_argument(
         "--shard-tokens",
         type=int,
-        default=DEFAULT_SHARD_TOKENS,
-        help="tokens per shard, the unit of work and of a commit (default %(default)s)",
+        help=f"tokens per shard, the unit of work and of a commit (default {DEFAULT_SHARD_TOKENS}; {RESUMED})",
+    )
+    parser.add_argument(
+        "--min-loss-tokens",
+        type=int,
+        help="quarantine samples with fewer loss tokens (default "
+        f"{DEFAULT_MIN_LOSS_TOKENS}: the store serves every drafter, each leaving out at fit what it cannot "
+        f"train on; {RESUMED})",
     )
     parser.add_argument(
         "--block-size",
         type=int,
-        default=DEFAULT_BLOCK_SIZE,
-        help="the drafter's block size: a sample needs 2 x this many loss tokens (default %(default)s)",
+        help="plan for one DFlash block size: --min-loss-tokens 2 x this, recorded in the plan (as every plan "
+        "made before drafter families), and fit refuses a larger model.block_size",
     )
     parser.add_argument(
-        "--seed", type=int, default=DEFAULT_SEED, help="seed of the samples' assignment to shards (default %(default)s)"
+        "--seed", type=int, help=f"seed of the samples' assignment to shards (default {DEFAULT_SEED}; {RESUMED})"
     )
     parser.add_argument(
-        "--drop-long", action="store_true", help="quarantine records over --max-length (default: truncate)"
+        "--drop-long",
+        action="store_true",
+        default=None,
+        help=f"quarantine records over --max-length (default: truncate; {RESUMED})",
     )
     parser.add_argument("--strict", action="store_true", help="stop at the first bad record")
     add_tokenizer_workers_flag(parser, run)
-    parser.add_argument("--limit", type=int, help="plan only the first N records")
+    parser.add_argument("--limit", type=int, help=f"plan only the first N records ({RESUMED})")
     parser.add_argument(
         "--loss-mask",
         choices=tuple(LOSS_MASK_CONVENTIONS),
-        default=DEFAULT_LOSS_MASK,
         help="what the loss scores in each assistant turn: the whole turn as served (reasoning, "
-        "content, tool calls, end-of-turn token) or its content only",
+        f"content, tool calls, end-of-turn token) or its content only (default {DEFAULT_LOSS_MASK}; {RESUMED})",
     )
     if not run:  # `run` sizes its free-space check with the store dtype's own ratio
         parser.add_argument(

@@ -97,7 +97,7 @@ def job_on_paper(args, plan, layer_ids: list[int], estimate) -> dict:
         rate = (
             stated_rate(args.train_tokens_per_s)
             if args.train_tokens_per_s is not None
-            else dry_run_rate(args.model, args.gpus, args.gpu_tflops, args.mfu, args.max_length)
+            else dry_run_rate(args.model, args.gpus, args.gpu_tflops, args.mfu, plan.settings["max_length"])
         )
         job["cache"] = cache_traffic(store_bytes, largest, plan.num_tokens, args.cache_size, rate)
     return job

@@ -53,15 +53,10 @@ def job_config(args, **options) -> JobConfig:
             print(line, file=sys.stderr, flush=True)
     if not Path(args.corpus).exists():  # before any line of work is printed
         raise FileNotFoundError(f"corpus {args.corpus} does not exist")
-    settings = PlanSettings(
-        max_length=args.max_length,
-        shard_tokens=args.shard_tokens,
-        block_size=args.block_size,
-        seed=args.seed,
-        drop_long=args.drop_long,
-        limit=args.limit,
-        loss_mask=args.loss_mask,
-    )
+    named = ("max_length", "shard_tokens", "min_loss_tokens", "block_size", "seed", "drop_long", "limit", "loss_mask")
+    given = {name: getattr(args, name) for name in named if getattr(args, name) is not None}
+    if {"block_size", "min_loss_tokens"} <= set(given):
+        raise UsageError("--block-size B sets --min-loss-tokens to 2 x B: give one of them")
     return JobConfig(
         model=args.model,
         corpus=args.corpus,
@@ -69,7 +64,8 @@ def job_config(args, **options) -> JobConfig:
         tokenizer=args.tokenizer,
         layers=layers,
         num_context_layers=args.num_context_layers,
-        plan_settings=settings,
+        plan_settings=PlanSettings(**given),
+        plan_settings_given=frozenset(given),
         strict=args.strict,
         **options,
     )

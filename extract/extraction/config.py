@@ -30,6 +30,9 @@ class JobConfig:
     layers: list[int] | None = None
     num_context_layers: int | None = None
     plan_settings: PlanSettings = field(default_factory=PlanSettings)  # what decides the plan's content
+    # The settings the command line named (None: all of them): a store that holds a plan
+    # resumes with its own for the rest, so a changed default never refuses an old store.
+    plan_settings_given: frozenset[str] | None = None
     strict: bool = False  # planning stops at the first bad record instead of quarantining it
     plan_workers: int = field(default_factory=available_cores)  # tokenizer processes for the planning pass
     execution: Execution = field(default_factory=Execution)  # actors, retries, progress (validated there)

@@ -105,7 +105,8 @@ def _plan_record(index: int, record, tokenizer, rules: _RecordRules) -> _Ok | _B
             index,
             sample_id,
             "too_few_loss_tokens",
-            f"{tokenized.num_loss_tokens} loss tokens < {rules.settings.min_loss_tokens} (2 x block_size)",
+            f"{tokenized.num_loss_tokens} loss tokens < {rules.settings.min_loss_tokens} "
+            f"({'2 x --block-size' if rules.settings.block_size else '--min-loss-tokens'})",
         )
     return _Ok(index, sample_id, tokenized.num_tokens, tokenized.num_loss_tokens, _digest(tokenized))
 

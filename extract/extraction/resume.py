@@ -11,6 +11,7 @@ from __future__ import annotations
 from transformers import AutoTokenizer
 
 from store_schema import Plan, Store
+from store_schema.plan import PlanSettings
 from store_schema.stores import StoreBackend
 
 from ..corpus import open_corpus
@@ -64,7 +65,10 @@ def _check_same_plan(config: JobConfig, store_path, stored: Plan) -> None:
     """Refuse unless this job's corpus, tokenizer and settings are the stored plan's."""
     tokenizer = AutoTokenizer.from_pretrained(str(config.tokenizer_path))
     corpus = open_corpus(config.corpus)
-    wanted = plan_inputs(corpus, config.corpus, tokenizer, config.tokenizer_path, config.plan_settings)
+    settings = config.plan_settings
+    if config.plan_settings_given is not None:
+        settings = PlanSettings.from_json(stored.settings).overridden(settings, config.plan_settings_given)
+    wanted = plan_inputs(corpus, config.corpus, tokenizer, config.tokenizer_path, settings)
     differences = plan_differences(stored.settings, wanted)
     if differences:
         raise ExtractError(

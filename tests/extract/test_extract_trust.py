@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 
@@ -94,6 +95,32 @@ def test_a_job_refused_for_free_space_keeps_its_plan_and_the_rerun_does_not_repl
     assert main(_run_argv(qwen3_dir, corpus, store, "--progress-interval", "0.01")) == 1
     err = capsys.readouterr().err
     assert "reusing the store's plan" in err and "nothing re-tokenized" in err, err
+    assert read_committed_plan(store).digest() == plan.digest()
+
+
+def test_a_resumed_store_keeps_its_plans_settings_unless_a_flag_names_one(qwen3_dir, tmp_path, monkeypatch, capsys):
+    """A plan flag left out means the stored plan's value, so a store planned for one
+    DFlash block (`--block-size`, every plan before the store forgot the drafter)
+    resumes after the default changed; a flag given that differs is refused, named."""
+    from extract.__main__ import main
+    from store_schema.plan_io import read_committed_plan
+
+    monkeypatch.setattr("store_schema.runtime.host.free_bytes", lambda path: 4096)  # stop after planning
+    corpus = write_chat_jsonl(tmp_path / "c.jsonl", coding_chats(12))
+    store = tmp_path / "store"
+    assert main(_run_argv(qwen3_dir, corpus, store, "--block-size", "4", "--seed", "3")) == 1
+    plan = read_committed_plan(store)
+    assert (plan.settings["block_size"], plan.settings["min_loss_tokens"], plan.settings["seed"]) == (4, 8, 3)
+    capsys.readouterr()
+
+    assert main(_run_argv(qwen3_dir, corpus, store)) == 1  # only the space check refuses
+    err = capsys.readouterr().err
+    assert "reusing the store's plan" in err and "the 9 shard(s) left need about" in err, err
+    assert main(_run_argv(qwen3_dir, corpus, store, "--min-loss-tokens", "1")) == 1
+    err = capsys.readouterr().err
+    assert "holds a different plan (block_size: 4 -> None, min_loss_tokens: 8 -> 1)" in err, err
+    assert main(_run_argv(qwen3_dir, corpus, store, "--block-size", "4", "--min-loss-tokens", "8")) == 2
+    assert "--block-size B sets --min-loss-tokens to 2 x B: give one of them" in capsys.readouterr().err
     assert read_committed_plan(store).digest() == plan.digest()
 
 
@@ -273,12 +300,13 @@ def test_help_shows_defaults_and_only_the_flags_each_command_uses(capsys):
         ("--workers", "1"),
         ("--max-length", "3072"),
         ("--shard-tokens", "32768"),
-        ("--block-size", "16"),
+        ("--min-loss-tokens", "1"),
         ("--seed", "0"),
         ("--batch-tokens", "16384"),
     ):
         action = actions[flag]
-        assert f"default {default})" in action.help % dict(vars(action), prog=run.prog), (flag, action.help)
+        assert re.search(rf"default {default}\b", action.help % dict(vars(action), prog=run.prog)), (flag, action.help)
+    assert "a resumed store: its plan's" in actions["--seed"].help
     text = run.format_help()
     assert "--compression-ratio" not in text
     verify = " ".join(store_parser()._subparsers._group_actions[0].choices["verify"].format_help().split())

@@ -225,7 +225,8 @@ def bad_corpus(path: Path, tokenizer, extra_good: int = 0) -> tuple[dict[int, st
 def test_quarantine_names_each_bad_record_and_keeps_every_good_one(tmp_path, tokenizer, tokenizer_dir):
     corpus = tmp_path / "mixed.jsonl"
     good, bad = bad_corpus(corpus, tokenizer)
-    plan = build_plan(corpus, tokenizer_dir, PlanSettings(max_length=512, drop_long=True), tokenizer=tokenizer)
+    settings = PlanSettings(max_length=512, drop_long=True, min_loss_tokens=32)
+    plan = build_plan(corpus, tokenizer_dir, settings, tokenizer=tokenizer)
     assert {q.record_index: q.reason for q in plan.quarantined} == bad
     kept = {s.record_index: s.sample_id for shard in plan.shards for s in shard.samples}
     assert kept == good
@@ -236,6 +237,9 @@ def test_quarantine_names_each_bad_record_and_keeps_every_good_one(tmp_path, tok
     truncated = build_plan(corpus, tokenizer_dir, PlanSettings(max_length=512), tokenizer=tokenizer)
     huge = next(s for shard in truncated.shards for s in shard.samples if s.record_index == 8)
     assert huge.num_tokens == 512
+    # By default a short reply is kept: some drafter trains on it (each family's filter decides at fit).
+    short = next(index for index, reason in bad.items() if reason == "too_few_loss_tokens")
+    assert short not in {q.record_index for q in truncated.quarantined}
 
 
 def test_strict_mode_raises_naming_the_record(tmp_path, tokenizer, tokenizer_dir):
@@ -249,7 +253,7 @@ def test_strict_mode_raises_naming_the_record(tmp_path, tokenizer, tokenizer_dir
 def test_plan_is_the_same_for_any_worker_count(tmp_path, tokenizer, tokenizer_dir):
     corpus = tmp_path / "mixed.jsonl"
     _, bad = bad_corpus(corpus, tokenizer, extra_good=30)
-    settings = PlanSettings(max_length=512, drop_long=True, shard_tokens=2048, seed=3)
+    settings = PlanSettings(max_length=512, drop_long=True, shard_tokens=2048, seed=3, min_loss_tokens=32)
     serial = build_plan(corpus, tokenizer_dir, settings, tokenizer=tokenizer)
     parallel = build_plan(corpus, tokenizer_dir, settings, workers=2, chunk_records=5)
     assert len(serial.shards) > 3 and len(serial.quarantined) == len(bad)
@@ -363,13 +367,16 @@ def test_plan_digest_is_pinned():
     )
     assert plan.digest() == "af597751763a6e375332ebe0ecced524832a390d35c17221bde3abec0acb53ff"
     # Stores made before loss-mask scopes scored the content: `--loss-mask content` resumes them.
-    assert PlanSettings.from_json(settings) == PlanSettings(loss_mask="content")
-    assert PlanSettings(loss_mask="content").to_json().items() <= settings.items()
+    assert PlanSettings.from_json(settings) == PlanSettings(loss_mask="content", block_size=16)
+    assert PlanSettings(loss_mask="content", block_size=16).to_json().items() <= settings.items()
     # The default scope scores whole turns: a new convention, so a new digest (pinned too).
-    turn = dict(settings, **PlanSettings().to_json())
+    turn = dict(settings, **PlanSettings(block_size=16).to_json())
     assert turn == dict(settings, mask_convention="assistant_turn")
-    assert PlanSettings.from_json(turn) == PlanSettings()
+    assert PlanSettings.from_json(turn) == PlanSettings(block_size=16)
     assert Plan(plan.shards, plan.quarantined, turn).digest() == TURN_PLAN_DIGEST
+    # Plans made since the store serves every family record no block, one loss token at least.
+    assert set(PlanSettings().to_json()) == set(PlanSettings(block_size=16).to_json()) - {"block_size"}
+    assert "block_size" not in PlanSettings().to_json() and PlanSettings().min_loss_tokens == 1
 
 
 def test_plan_settings_are_the_planners_input_and_its_record(tmp_path, tokenizer, tokenizer_dir):
@@ -525,7 +532,7 @@ def test_plan_dry_run_prints_counts_and_writes_nothing(tmp_path, tokenizer, qwen
     store = work / "store.zarr"
     before = sorted(p.name for p in work.iterdir())
     common = ["plan", "--model", str(qwen3_dir), "--corpus", str(corpus), "--store", str(store)]
-    common += ["--max-length", "512", "--drop-long", "--layers", "1,3"]
+    common += ["--max-length", "512", "--drop-long", "--min-loss-tokens", "32", "--layers", "1,3"]
 
     text = run_cli(*common, "--dry-run")  # the real entry point, in its own process
     assert text.returncode == 0, text.stderr

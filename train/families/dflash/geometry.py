@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from store_schema.plan import DEFAULT_BLOCK_SIZE
 from train.families.dflash.variants import DFLASH, DFLASH2_SIZES, KINDS
 
 LAYER_TYPES = ("full_attention", "sliding_attention")  # the drafter layer kinds (train/families/dflash/model.py)
@@ -22,7 +21,7 @@ POSITIVE_SIZES = (
     "intermediate_size",
     "sliding_window",
 )
-BLOCK_SIZE = DEFAULT_BLOCK_SIZE  # B: anchor + B-1 drafted tokens (the store's plan owns the default)
+BLOCK_SIZE = 16  # B: anchor + B-1 drafted tokens (z-lab's published DFlash drafters)
 
 
 def shape_problems(shape: dict, prefix: str = "") -> list[tuple[str, str]]:
