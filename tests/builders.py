@@ -184,13 +184,15 @@ def random_store(
     target_dir=None,
     plan_settings: dict | None = None,
     quarantined=(),
+    short_replies: int = 0,
 ):
     """A store of random bf16 states written through the real writer, with a plan.
     For store mechanics only; tests that need meaningful states extract them.
     `layer_rms` (layer id -> RMS, default 1 for all) scales each layer's states, e.g.
     growing with depth as a real target's do. target_dir: record that model directory's
     identity (config and weights hashes) in the fingerprint, as extraction does;
-    plan_settings: the plan's settings; quarantined: the plan's QuarantinedRecords."""
+    plan_settings: the plan's settings; quarantined: the plan's QuarantinedRecords;
+    short_replies: the first samples of each shard score only their last 3 tokens."""
     import numpy as np
 
     from store_schema import (
@@ -229,6 +231,8 @@ def random_store(
             length = int(rng.integers(40, 160))
             ids = rng.integers(0, vocab_size, length).astype(np.int32)
             mask = (rng.random(length) > 0.3).astype(np.uint8)
+            if i < short_replies:
+                mask[:-3], mask[-3:] = 0, 1
             sample = SampleArrays(
                 f"s{s}-{i}",
                 ids,

@@ -207,6 +207,19 @@ def test_block_size_has_one_owner_the_stores_plan(qwen3_dir, tmp_path):
         Trainer.from_config(config_for(tmp_path / "store", qwen3_dir, tmp_path / "run", max_steps=1))
 
 
+def test_an_epoch_counts_only_the_planned_samples_the_family_trains_on(qwen3_dir, tmp_path):
+    """A store planned for every family keeps short replies; a DFlash epoch is sized
+    without those that hold no whole block, so its data never runs out early."""
+    builders.random_store(tmp_path / "store", num_shards=2, samples_per_shard=4, short_replies=1, **SHAPE)
+    messages = []
+    trainer = Trainer.from_config(
+        config_for(tmp_path / "store", qwen3_dir, tmp_path / "run", "train.epochs=1"), log=messages.append
+    )
+    trainer.fit()
+    assert trainer.total_steps == trainer.step == 6  # 2 shards x 3 samples with an anchor
+    assert trainer.feed.skipped_empty == 2 and not any("ran out" in m for m in messages), messages
+
+
 # -- 2: damaged stores ------------------------------------------------------------------------------
 def test_a_damaged_store_is_refused_before_step_1_naming_the_repair(store, qwen3_dir, tmp_path):
     damaged = tmp_path / "store"

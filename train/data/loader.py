@@ -79,7 +79,7 @@ from train.data.cache import ShardCache, upcoming_shards
 from train.data.config import DataConfig
 from train.data.device_copy import DeviceCopier
 from train.data.heldout import heldout_locations, is_heldout, read_located
-from train.data.order import LoaderPosition, SampleOrder, train_samples_by_shard
+from train.data.order import LoaderPosition, SampleOrder, has_loss_tokens, train_samples_by_shard
 
 __all__ = ["CorruptShards", "LoaderPosition", "LoaderSpec", "ShardLoader", "TrainSample", "check_lanes"]
 
@@ -166,6 +166,8 @@ class LoaderSpec:
     shards: list[str] | None = None  # a checkpoint's shard list; None: the store's committed shards
     device: torch.device | str | None = None  # where training runs; CUDA gets samples copied there ahead
     cache_share: int = 1  # loaders sharing data.cache_size on this node
+    # The family's `trainable` from a planned sample's (tokens, loss tokens): the epoch's size.
+    planned_trainable: Callable[[int, int], bool] = has_loss_tokens
 
 
 class ShardLoader:
@@ -230,7 +232,9 @@ class ShardLoader:
     def lane_totals(self, epochs: int | None = None) -> list[float]:
         """Training samples each lane delivers over `epochs` (default: the run's);
         shards known to be corrupt deliver none."""
-        counts = train_samples_by_shard(self.store, self.order.shards, self.config.heldout_fraction)
+        counts = train_samples_by_shard(
+            self.store, self.order.shards, self.config.heldout_fraction, self.spec.planned_trainable
+        )
         counts = {n: 0 if n in self.corrupt.known else c for n, c in counts.items()}
         return self.order.lane_totals(counts, self.spec.epochs if epochs is None else epochs)
 

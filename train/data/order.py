@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -93,12 +94,25 @@ class SampleOrder:
         return [sum(counts[n] for e in range(epochs) for n in self.lane_shards(e, lane)) for lane in range(self.lanes)]
 
 
-def train_samples_by_shard(store, shards: list[str], heldout_fraction: float) -> dict[str, float]:
-    """Training samples of each shard: exact from the store's plan, else estimated
-    from the commit records."""
+def has_loss_tokens(tokens: int, loss_tokens: int) -> bool:
+    """A planned sample with a loss token: the least any drafter family trains on."""
+    return loss_tokens > 0
+
+
+def train_samples_by_shard(
+    store, shards: list[str], heldout_fraction: float, trainable: Callable[[int, int], bool]
+) -> dict[str, float]:
+    """Training samples of each shard: from the store's plan, those `trainable` (the
+    drafter family's `planned_filter`) keeps, else estimated from the commit records."""
     plan = store.plan()
     if plan is not None:
         by_name = {shard.name: shard for shard in plan.shards}
         if all(name in by_name for name in shards):
-            return {n: sum(not is_heldout(s.sample_id, heldout_fraction) for s in by_name[n].samples) for n in shards}
+            return {
+                n: sum(
+                    trainable(s.num_tokens, s.num_loss_tokens) and not is_heldout(s.sample_id, heldout_fraction)
+                    for s in by_name[n].samples
+                )
+                for n in shards
+            }
     return {n: store.commit(n).num_samples * (1.0 - heldout_fraction) for n in shards}

@@ -22,6 +22,7 @@ from torch import nn
 from store_schema import file_sha256
 from store_schema.layout import validate_layer_ids
 from train.config_error import ConfigError
+from train.data.order import has_loss_tokens
 from train.measures import ddtree_acceptance, rollout
 from train.sampling import Draft, Sampling
 
@@ -248,6 +249,13 @@ class DrafterFamily(ABC):
     @abstractmethod
     def sample_filter(self, config) -> Callable[[torch.Tensor], bool]:
         """Whether a loss mask has a trainable position: what the loader keeps."""
+
+    def planned_filter(self, config) -> Callable[[int, int], bool]:
+        """Whether a planned sample of (tokens, loss tokens) passes `sample_filter`, from
+        the plan's counts alone: how many samples an epoch holds before any shard is
+        read (the LR schedule's length). True only where the filter is (a crop to a
+        shorter `data.max_length` aside): a sample it misses trains uncounted."""
+        return has_loss_tokens
 
     @abstractmethod
     def pad_length(self, config) -> int:

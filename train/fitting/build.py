@@ -196,6 +196,7 @@ def new_feed(
     spec = LoaderSpec(
         drafter.context_layer_ids,
         family_of(drafter).sample_filter(drafter),
+        planned_trainable=family_of(drafter).planned_filter(drafter),
         seed=config.train.seed,
         epochs=config.train.epochs,
         lanes=lanes,

@@ -67,6 +67,11 @@ class DFlashFamily(DrafterFamily):
     def sample_filter(self, config) -> Callable[[torch.Tensor], bool]:
         return partial(has_anchor, config.block_size)
 
+    def planned_filter(self, config) -> Callable[[int, int], bool]:
+        # B loss tokens: the first lies at <= length - B, an anchor. Fewer may still hold one
+        # (an earlier turn's, far from the end): such samples train but are not counted.
+        return lambda tokens, loss_tokens: loss_tokens >= config.block_size
+
     def pad_length(self, config) -> int:
         return 2 * config.block_size
 
