@@ -228,7 +228,7 @@ def qwen3_5_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, 
 
 
 def qwen3_config(vocab_size: int, hidden_size: int = 64, num_layers: int = 8, num_heads: int = 4, head_dim: int = 16):
-    """Dense Qwen3 text config (plain attention: fast on CPU; benchmarks/fp8_parity.py)."""
+    """Dense Qwen3 text config (plain attention: fast on CPU)."""
     from transformers import Qwen3Config
 
     return Qwen3Config(**_attention_shape(vocab_size, hidden_size, num_layers, num_heads, head_dim))

@@ -50,7 +50,6 @@ SMOKE_KEYS = {
     },
     "layers_bench.py": {"subset_bytes_ratio", "subset_cpu_ratio", "bytes_read", "cpu_seconds", "store_bytes"},
     "fp4_formats.py": {"formats", "chosen"},
-    "fp8_parity.py": {"tau_bf16", "tau_fp8", "tau_ratio", "bytes_ratio", "fp8_bytes_ratio", "heldout_samples"},
     "generate_bench.py": {
         "openai_vs_plain_client",
         "openai_tokens_per_s",

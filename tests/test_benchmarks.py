@@ -72,13 +72,6 @@ def test_fp4_formats_smoke():
     assert formats["e4m3_16"]["relative_rms"] < formats["pow2_32"]["relative_rms"]
 
 
-@pytest.mark.slow  # child processes
-def test_fp8_parity_smoke(tmp_path):
-    figures = smoke("fp8_parity.py", "--workdir", str(tmp_path))
-    assert SMOKE_KEYS["fp8_parity.py"] <= set(figures) and figures["smoke"] is True
-    assert figures["heldout_samples"] > 0 and 0 < figures["fp8_bytes_ratio"] < figures["bytes_ratio"]
-
-
 @pytest.mark.slow  # a child process
 def test_layers_bench_smoke():
     figures = smoke("layers_bench.py")
