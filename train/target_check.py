@@ -78,21 +78,6 @@ def check_target(
     return {"other_target": {name: list(pair) for name, pair in differences.items()}}
 
 
-def add_target_flags(parser) -> None:
-    """The target check's flags, worded the same on every command that checks."""
-    parser.add_argument(
-        ALLOW_FLAG,
-        action="store_true",
-        help="use a --target whose config or weights differ from the store's target (recorded)",
-    )
-    parser.add_argument(
-        FULL_FLAG,
-        action="store_true",
-        help="compare every byte of --target's weights with the store's digest (read once per host, "
-        "then cached by file size and mtime; default: config, weight headers and sampled bytes)",
-    )
-
-
 def _short(value) -> str:
     text = str(value)
     return repr(text[:12] + "...") if len(text) > 16 else repr(text)

@@ -27,14 +27,11 @@ optimistic."""
 
 from __future__ import annotations
 
-import argparse
 import math
 
 from store_schema.dtypes import STORE_DTYPES, store_dtype
 from store_schema.layout import raw_bytes_per_token
-from store_schema.runtime.cli import size_argument
 from store_schema.runtime.estimate import (
-    DEFAULT_MFU,
     DTYPE_BYTES,
     GIB,
     HIGH_UTILISATION,
@@ -49,68 +46,9 @@ from store_schema.runtime.estimate import (
 )
 from store_schema.runtime.units import human_bytes
 
-from .config import DEFAULT_BATCH_TOKENS
-
 RUNTIME_RESERVE_GIB = 2.0  # CUDA context (~0.5), cuBLAS/attention workspaces, allocator fragmentation
 BUDGET_MULTIPLE = 1024  # token budgets are reported rounded down to this
 WEIGHT_DTYPE = "bfloat16"  # what a worker computes in on a GPU (`target_model.compute_dtype`)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The dry-run's sizing flags (plan only)."""
-    parser.add_argument(
-        "--batch-tokens",
-        type=int,
-        default=DEFAULT_BATCH_TOKENS,
-        help="padded tokens per forward batch, as `run --batch-tokens` (default %(default)s)",
-    )
-    parser.add_argument(
-        "--gpu-memory",
-        type=float,
-        metavar="GIB",
-        help="memory of one GPU in GiB (e.g. 96 for an RTX PRO 6000, 141 for an H200): check "
-        "the worker's peak against it and print the largest --batch-tokens that fits",
-    )
-    parser.add_argument(
-        "--tokens-per-s",
-        type=float,
-        metavar="N",
-        help="extraction tokens/s of one GPU, to print the job's hours and writer cores",
-    )
-    parser.add_argument("--gpus", type=int, default=1, help="GPUs (workers) the job runs on (default 1)")
-    parser.add_argument(
-        "--store-dtype",
-        choices=tuple(STORE_DTYPES),
-        default="bfloat16",
-        help="the store dtype `run --store-dtype` will write: sizes the writer cores (default %(default)s)",
-    )
-    parser.add_argument(
-        "--gpu-tflops",
-        type=float,
-        metavar="TFLOPS",
-        help="one GPU's dense bf16 peak, to print the share of it --tokens-per-s needs",
-    )
-    parser.add_argument(
-        "--cache-size",
-        type=size_argument,
-        metavar="SIZE",
-        help="training reads the store (e.g. s3://...) through a shard cache of SIZE per node "
-        "(train's data.cache_size, e.g. 25TB): print the traffic per epoch from the store "
-        "and the rate it must sustain at --train-tokens-per-s",
-    )
-    parser.add_argument(
-        "--train-tokens-per-s",
-        type=float,
-        metavar="N",
-        help="training tokens/s of the whole job for --cache-size (default: what `python -m train fit "
-        "--dry-run` computes for the default drafter on --gpus GPUs at --gpu-tflops x --mfu)",
-    )
-    parser.add_argument(
-        "--mfu",
-        type=float,
-        default=DEFAULT_MFU,
-        help="model FLOPs utilisation of training, with --gpu-tflops, for --cache-size's rate (default %(default)s)",
-    )
 
 
 def loaded_weights(model_dir: str, keep_layers: int) -> dict:

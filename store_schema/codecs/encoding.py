@@ -95,12 +95,10 @@ class CodecConfig:
     chunk_bytes: target size of one inner chunk of a hidden-state array.
     channel_rows: `channels`: the most tokens in one chunk, hence one channel's zstd
     frame (see the module docstring); `chunk_bytes` does not apply.
-    match_table: `bytesplit` and `channels`: zstd's match finder, `full` (the level's
-    own table), `small` (`SMALL_HASH_LOG`: a hidden state's stream saves almost all it
-    saves through zstd's entropy coder, and the level's table costs about half of
-    zstd's time in cache misses), or `auto`: each layer of a shard codes its first
-    chunk both ways and keeps `full` only where it saves `FULL_TABLE_SAVING` of the
-    bytes (repeated strings: states dominated by their token, or repeated text)."""
+    match_table: split codecs' zstd match finder: `full` (the level's table), `small`
+    (`SMALL_HASH_LOG`; a state's stream saves nearly all through the entropy coder), or
+    `auto`: each layer of a shard codes its first chunk both ways, keeping `full` where
+    it saves `FULL_TABLE_SAVING` of the bytes (states a token decides, repeated text)."""
 
     name: str = "bytesplit"
     level: int = 1

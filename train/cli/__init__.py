@@ -21,6 +21,7 @@ import warnings
 
 from store_schema.runtime.cli import CommandParser, show_defaults
 from train.dtypes import dtype_name
+from train.target_check import ALLOW_FLAG, FULL_FLAG
 
 COMMANDS = ("fit", "export", "eval", "diagnose", "speculate", "serve-check")
 TORCH_COMMANDS = ("fit", "export", "eval", "speculate", "serve-check")  # diagnose reads logs with numpy only
@@ -104,3 +105,18 @@ def budgets_arg(text: str) -> tuple[int, ...]:
     if not budgets or any(b < 1 for b in budgets):
         raise argparse.ArgumentTypeError(f"budgets must be positive integers, got {text!r}")
     return budgets
+
+
+def add_target_flags(parser) -> None:
+    """The target check's flags, worded the same on every command that checks."""
+    parser.add_argument(
+        ALLOW_FLAG,
+        action="store_true",
+        help="use a --target whose config or weights differ from the store's target (recorded)",
+    )
+    parser.add_argument(
+        FULL_FLAG,
+        action="store_true",
+        help="compare every byte of --target's weights with the store's digest (read once per host, "
+        "then cached by file size and mtime; default: config, weight headers and sampled bytes)",
+    )

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from store_schema.runtime.hub import model_dir_arg
 from train.acceptance.config import EVAL_CLI_SAMPLES, LABELS, EvalConfig
-from train.cli import budgets_arg, dtype_arg, fraction_arg, positive_int
+from train.cli import add_target_flags, budgets_arg, dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, DataConfig
 from train.dtypes import NAMES
-from train.target_check import add_target_flags
 
 
 def add_parser(subparsers) -> None:

@@ -34,8 +34,7 @@ from __future__ import annotations
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.estimate import DEFAULT_MFU
 from store_schema.runtime.hub import model_dir_arg
-from train.cli import fraction_arg, positive_int
-from train.target_check import add_target_flags
+from train.cli import add_target_flags, fraction_arg, positive_int
 
 
 def add_parser(subparsers) -> None:

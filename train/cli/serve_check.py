@@ -17,11 +17,10 @@ error and that log's path."""
 from __future__ import annotations
 
 from store_schema.runtime.hub import model_dir_arg
-from train.cli import dtype_arg, fraction_arg, positive_int
+from train.cli import add_target_flags, dtype_arg, fraction_arg, positive_int
 from train.cli.speculate import add_sampling_flags, add_thinking_flag
 from train.data.config import SPLITS
 from train.dtypes import NAMES
-from train.target_check import add_target_flags
 
 
 def add_parser(subparsers) -> None:

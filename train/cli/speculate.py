@@ -16,10 +16,9 @@ NEAR_TIE_LOGIT_GAP) is reported with its gap and passes."""
 from __future__ import annotations
 
 from store_schema.runtime.hub import model_dir_arg
-from train.cli import dtype_arg, fraction_arg, positive_int
+from train.cli import add_target_flags, dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, THINKING, DataConfig
 from train.dtypes import NAMES
-from train.target_check import add_target_flags
 
 
 def add_parser(subparsers) -> None:
@@ -103,4 +102,26 @@ def add_thinking_flag(p) -> None:
         choices=THINKING,
         help="render --prompts chats with the template's thinking switch on, off, or each both ways "
         "(default: the template's own default)",
+    )
+
+
+def decoding_request(args):
+    """The flags `speculate` and `serve-check` share, as the handlers pass them on
+    (`train.acceptance.decoding.DecodingRequest`)."""
+    from train.acceptance.decoding import DecodingRequest  # a handler's call: torch is loaded by then
+
+    return DecodingRequest(
+        drafter=args.drafter,
+        target=args.target,
+        store=args.store,
+        prompts=args.prompts,
+        limit=args.limit,
+        split=args.split,
+        heldout_fraction=args.heldout_fraction,
+        thinking=args.thinking,
+        ignore_eos=args.ignore_eos,
+        device=args.device,
+        dtype=args.dtype,
+        allow_other_target=args.allow_other_target,
+        full_weights_check=args.full_weights_check,
     )

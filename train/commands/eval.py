@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import math
 import sys
-from pathlib import Path
 
 from store_schema.runtime.cli import fail
 from store_schema.runtime.host import resolve_device
@@ -16,9 +15,8 @@ from store_schema.stores import open_store
 from train.acceptance.config import EvalConfig
 from train.acceptance.evaluate import evaluate
 from train.acceptance.stands_for import describe
-from train.data.config import DataConfig
 from train.dtypes import torch_dtype
-from train.export.drafter_dir import load_drafter, read_heldout_fraction, resolve_drafter_dir
+from train.export.drafter_dir import heldout_fraction, load_drafter, resolve_drafter_dir
 from train.target_check import check_target
 from train.target_head import load_target_head
 
@@ -35,24 +33,6 @@ def eval_config(args) -> EvalConfig:
     ).validate()
 
 
-def heldout_fraction(args, drafter_dir: Path) -> float | None:
-    """--heldout-fraction, else the export's record, else the default (with a note)."""
-    if args.split == "all":
-        return None
-    if args.heldout_fraction is not None:
-        return args.heldout_fraction
-    recorded = read_heldout_fraction(drafter_dir)
-    if recorded is not None:
-        return recorded
-    default = DataConfig.heldout_fraction
-    print(
-        f"note: {drafter_dir / 'config.json'} records no held-out split (not exported by this trainer); "
-        f"using the trainer's default fraction {default}; pass --heldout-fraction to set the training run's",
-        file=sys.stderr,
-    )
-    return default
-
-
 def run(args) -> int:
     config = eval_config(args)
     store = open_store(args.store)
@@ -67,7 +47,7 @@ def run(args) -> int:
     device = resolve_device(args.device)
     dtype = torch_dtype(args.dtype) if args.dtype else None
     drafter_dir = resolve_drafter_dir(args.drafter)
-    fraction = heldout_fraction(args, drafter_dir)
+    fraction = heldout_fraction(args.split, args.heldout_fraction, drafter_dir)
     drafter = load_drafter(drafter_dir, dtype=dtype, device=device)
     head = load_target_head(args.target, dtype=dtype or drafter.fc.weight.dtype, device=device)
 

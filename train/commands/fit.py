@@ -3,6 +3,7 @@ when the command runs, so it imports at the top."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 from store_schema import provenance_warning
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG, UsageError, fail, interrupted
 from store_schema.runtime.host import is_disk_full
+from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import open_store
 from train.config import CONFIG_FILE
@@ -18,6 +20,7 @@ from train.config_error import ConfigError
 from train.config_loading import check_override, load_config
 from train.data.lanes import check_world
 from train.data.loader import check_lanes
+from train.families.kinds import family_named
 from train.fitting.checkpoint import Checkpointer, latest_checkpoint, read_state
 from train.fitting.distributed import (
     DEFAULT_MASTER_PORT,
@@ -27,7 +30,7 @@ from train.fitting.distributed import (
     is_peer_loss,
     launch,
 )
-from train.fitting.estimate import dry_run
+from train.fitting.estimate import Sizing, estimate_lines, fit_estimate
 from train.fitting.interrupts import DataStopped, TrainingInterrupted
 from train.fitting.preflight import REPAIR_COMMAND, FitChecks
 from train.fitting.runlog import LOG_FILE
@@ -258,3 +261,44 @@ def resolve_config(args):
         if not getattr(config, name):
             raise UsageError(f"fit: --{name} is required (or a --config that sets {name})")
     return config
+
+
+def dry_run(args) -> int:
+    """`fit --dry-run`: the run's config (file, flags, --set) sized for --target, the
+    store's samples and layers when --store is given, else --samples and the default
+    layers; prints the figures and their JSON as the last line."""
+    if not args.target:
+        raise ValueError("fit --dry-run needs --target (a directory with config.json; no weights are read)")
+    config = load_config(
+        args.config,
+        args.overrides,
+        require_paths=False,
+        store=args.store,
+        target=args.target,
+        out=args.out,
+        **{"train.max_steps": args.max_steps},
+    )
+    target = read_target_config(args.target)
+    samples, tokens, layer_ids = args.samples, None, None
+    if args.store:
+        store = open_store(args.store)
+        plan = store.plan()
+        samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)
+    model = dataclasses.replace(config.model, init_from=None)  # on paper: sized for the target, never loaded
+    plan = family_named(model.architecture).plan(model, args.target, target, layer_ids, None, None, print)
+    drafter_config = plan.config
+    sizing = Sizing(
+        gpus=args.nproc or 1,
+        samples=samples,
+        tokens=tokens,
+        tokens_per_s=args.tokens_per_s,
+        gpu_tflops=args.gpu_tflops,
+        mfu=args.mfu,
+        gpu_memory_gib=args.gpu_memory,
+    )
+    figures = dict(fit_estimate(config, target, drafter_config, sizing), **plan.run_info)
+    for line in estimate_lines(figures):
+        print(line)
+    print("dry run: nothing trained or written")
+    print(json.dumps(figures, sort_keys=True))
+    return 0

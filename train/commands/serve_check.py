@@ -15,8 +15,9 @@ from store_schema.runtime.cli import fail
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import load_target_model
 from train.acceptance import serve_check, vllm_memory
+from train.acceptance.decoding import by_thinking, load_decoding, mean_or_none, open_prompt_source
 from train.acceptance.speculate import decode_prompt
-from train.commands.speculate import by_thinking, load_decoding, mean_or_none, open_prompt_source
+from train.cli.speculate import decoding_request
 from train.export.drafter_dir import read_drafter_config, resolve_drafter_dir
 from train.families.kinds import family_of
 from train.sampling import Sampling
@@ -26,14 +27,15 @@ def run(args) -> int:
     read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
     served_as = family_of(config).served(config)
-    open_prompt_source(args)
+    request = decoding_request(args)
+    open_prompt_source(request)
     try:
         sampling = Sampling(args.temperature, args.top_p, args.top_k)
     except ValueError as error:
         return fail(str(error))
     unserved = serve_check.unserved_here(served_as)
     python, version = _vllm(serve_check, args, unserved)
-    loaded = load_decoding(args, "serve-check")
+    loaded = load_decoding(request, "serve-check")
     drafter_dir, stops, dtype = loaded.drafter_dir, loaded.stops, loaded.dtype
     workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
     request, share = vllm_request(args, loaded, config, served_as, python, sampling)

@@ -5,140 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-
-from torch import nn
-from transformers import AutoTokenizer, PreTrainedModel
 
 from store_schema.runtime.cli import fail
-from store_schema.runtime.host import resolve_device
-from store_schema.runtime.target_config import read_config_json, read_target_config
-from store_schema.runtime.target_model import compute_dtype, load_target_model
-from store_schema.runtime.target_weights import check_target_weights
-from store_schema.stores import open_store
+from train.acceptance.decoding import Decoding, by_set, by_thinking, load_decoding
 from train.acceptance.speculate import baseline_name, decode_prompt, summarize
-from train.acceptance.target_decode import stop_token_ids
 from train.acceptance.tree_decode import verification_method
-from train.commands.eval import heldout_fraction
-from train.compatibility import check_drafter_against_target, check_store_against_target
-from train.data.prompt_sets import prompt_sources
-from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
-from train.dtypes import torch_dtype
-from train.export.drafter_dir import load_drafter, resolve_drafter_dir
+from train.cli.speculate import decoding_request
 from train.families.kinds import family_of
 from train.sampling import Sampling
-from train.target_check import check_target
-
-
-@dataclass
-class Decoding:
-    """What `speculate` and `serve-check` decode with: the drafter and the whole target
-    on one device and dtype, the prompts, and the stop tokens."""
-
-    drafter_dir: Path
-    drafter: nn.Module  # eval mode, of any family
-    model: PreTrainedModel  # the target (transformers), whole
-    prompts: list
-    stops: list[int]
-    device: object
-    dtype: object
-    other_target: dict  # what `--allow-other-target` let through, recorded in the output
-
-
-def grouped(prompts, results, key) -> dict:
-    """{key(prompt): prompts, lossless and tau of that group}, prompts whose key is None left out."""
-    groups: dict = {}
-    for prompt, result in zip(prompts, results):
-        if key(prompt) is not None:
-            groups.setdefault(key(prompt), []).append(result)
-    return {
-        name: {
-            "prompts": len(rows),
-            "lossless": all(r.lossless for r in rows),
-            "tau": mean_or_none([r.tau for r in rows if r.tau is not None]),
-        }
-        for name, rows in groups.items()
-    }
-
-
-def by_thinking(prompts, results) -> dict:
-    """{"on"/"off": ...} of the prompts rendered with the thinking switch set; else empty."""
-    return grouped(prompts, results, lambda p: None if p.thinking is None else "on" if p.thinking else "off")
-
-
-def by_set(prompts, results) -> dict:
-    """Per prompt set and per category (a `--prompts` record's `category`, else its set's
-    name): the figures the field publishes per benchmark. Empty for a store's prompts."""
-    if not any(p.source for p in prompts):
-        return {}
-    return {
-        "by_set": grouped(prompts, results, lambda p: p.source),
-        "by_category": grouped(prompts, results, lambda p: p.category),
-    }
-
-
-def mean_or_none(values):
-    """The mean rounded to 4 places, None for no values."""
-    return round(sum(values) / len(values), 4) if values else None
-
-
-def open_prompt_source(args):
-    """The store (or None for --prompts), opened before any model loads, so a wrong
-    path is refused at once."""
-    if args.prompts:
-        prompt_sources(args.prompts)  # refuses a missing file or an unknown set, naming it
-        return None
-    return open_store(args.store)
-
-
-def load_prompts(args, store, drafter_dir, model, tokenizer) -> list:
-    vocab = model.get_input_embeddings().weight.shape[0]
-    if args.prompts:  # --limit applies to each set
-        return [
-            prompt
-            for source in prompt_sources(args.prompts)
-            for prompt in (
-                record_prompts(source.records(), source.name, source.name, tokenizer, vocab, args.limit, args.thinking)
-                if source.format or source.path is None
-                else jsonl_prompts(source.path, tokenizer, vocab_size=vocab, limit=args.limit, thinking=args.thinking)
-            )
-        ]
-    if args.thinking:
-        raise ValueError("--thinking renders --prompts chats; a store's prompts were rendered when it was extracted")
-    check_store_against_target(store, read_target_config(args.target))
-    return store_prompts(store, heldout_fraction(args, drafter_dir), split=args.split, limit=args.limit)
-
-
-def load_decoding(args, command: str) -> Decoding:
-    """The target checked against the store (`train.target_check`), then the drafter,
-    the target and the prompts loaded; a prompt source that gives none is refused."""
-    device = resolve_device(args.device)
-    dtype = torch_dtype(args.dtype) if args.dtype else compute_dtype(device)
-    drafter_dir = resolve_drafter_dir(args.drafter)
-    store = open_prompt_source(args)
-    check_target_weights(args.target, "--target")  # not "another checkpoint" when it has no weights at all
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    other_target = (
-        {}
-        if store is None
-        else check_target(
-            store, args.target, allow_other_target=args.allow_other_target, full=args.full_weights_check, log=say
-        )
-    )
-    drafter = load_drafter(drafter_dir, dtype=dtype, device=device).eval()
-    read_config_json(args.target)  # a wrong path is refused before the line below
-    say(f"{command}: loading the target {args.target} on {device} ({str(dtype).removeprefix('torch.')})")
-    model = load_target_model(args.target, device, dtype).model
-    embed = model.get_input_embeddings().weight
-    layers = model.config.get_text_config().num_hidden_layers
-    check_drafter_against_target(drafter.config, embed.shape[1], embed.shape[0], layers, drafter_dir / "config.json")
-    tokenizer = _tokenizer(args.target)
-    prompts = load_prompts(args, store, drafter_dir, model, tokenizer)
-    if not prompts:
-        raise ValueError(f"no prompt to decode in {args.prompts or args.store}")
-    stops = [] if args.ignore_eos else stop_token_ids(model, tokenizer)
-    return Decoding(drafter_dir, drafter, model, prompts, stops, device, dtype, other_target)
 
 
 def run(args) -> int:
@@ -148,7 +22,7 @@ def run(args) -> int:
         return fail(str(error))
     if args.tree and not sampling.greedy:
         return fail("--tree decodes greedily (DDTree verifies the target's argmax): leave out --temperature")
-    loaded = load_decoding(args, "speculate")
+    loaded = load_decoding(decoding_request(args), "speculate")
     results = decode_all(loaded, sampling, args.seed, args.max_new_tokens, args.tree or 0)
     prompts, drafter, device, dtype = loaded.prompts, loaded.drafter, loaded.device, loaded.dtype
     summary = summarize(results, dtype)
@@ -217,13 +91,6 @@ def decode_all(loaded: Decoding, sampling: Sampling, seed: int, max_new_tokens: 
             file=sys.stderr,
         )
     return results
-
-
-def _tokenizer(target):
-    try:
-        return AutoTokenizer.from_pretrained(str(target), trust_remote_code=False)
-    except (OSError, ValueError):
-        return None  # token-id prompts still work; chat prompts are refused by name
 
 
 def _verdict(result) -> str:

@@ -166,8 +166,7 @@ class LoaderSpec:
     shards: list[str] | None = None  # a checkpoint's shard list; None: the store's committed shards
     device: torch.device | str | None = None  # where training runs; CUDA gets samples copied there ahead
     cache_share: int = 1  # loaders sharing data.cache_size on this node
-    # The family's `trainable` from a planned sample's (tokens, loss tokens): the epoch's size.
-    planned_trainable: Callable[[int, int], bool] = has_loss_tokens
+    planned_trainable: Callable[[int, int], bool] = has_loss_tokens  # `trainable` from a plan's counts
 
 
 class ShardLoader:
@@ -232,9 +231,7 @@ class ShardLoader:
     def lane_totals(self, epochs: int | None = None) -> list[float]:
         """Training samples each lane delivers over `epochs` (default: the run's);
         shards known to be corrupt deliver none."""
-        counts = train_samples_by_shard(
-            self.store, self.order.shards, self.config.heldout_fraction, self.spec.planned_trainable
-        )
+        counts = train_samples_by_shard(self.store, self.order.shards, self.config.heldout_fraction, self.spec)
         counts = {n: 0 if n in self.corrupt.known else c for n, c in counts.items()}
         return self.order.lane_totals(counts, self.spec.epochs if epochs is None else epochs)
 

@@ -11,11 +11,13 @@ eval` evaluates exactly the samples the run never trained on.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from train.data.config import DataConfig
 from train.data.heldout import heldout_fraction_of, heldout_record
 from train.families.kinds import claims_export, exported_classes, family_of, family_of_export
 
@@ -58,6 +60,26 @@ def read_heldout_fraction(model_dir: str | Path) -> float | None:
     path = Path(model_dir) / "config.json"
     record = json.loads(path.read_text()).get(HELDOUT_SPLIT_KEY)
     return None if record is None else heldout_fraction_of(record, f"{path} {HELDOUT_SPLIT_KEY}")
+
+
+def heldout_fraction(split: str, given: float | None, drafter_dir: Path) -> float | None:
+    """The held-out fraction `eval` / `speculate` split a store by: `given`
+    (--heldout-fraction), else the export's record, else the trainer's default (with a
+    note); None for `split` all."""
+    if split == "all":
+        return None
+    if given is not None:
+        return given
+    recorded = read_heldout_fraction(drafter_dir)
+    if recorded is not None:
+        return recorded
+    default = DataConfig.heldout_fraction
+    print(
+        f"note: {drafter_dir / 'config.json'} records no held-out split (not exported by this trainer); "
+        f"using the trainer's default fraction {default}; pass --heldout-fraction to set the training run's",
+        file=sys.stderr,
+    )
+    return default
 
 
 def resolve_drafter_dir(path: str | Path) -> Path:

@@ -29,17 +29,12 @@ a rate that needs more than the GPU's peak is refused as impossible."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 from dataclasses import dataclass
 
 import torch
 
 from store_schema.runtime.estimate import DEFAULT_MFU, DTYPE_BYTES, fits_in, gib, hours, parameter_count
-from store_schema.runtime.target_config import read_target_config
-from store_schema.stores import open_store
-from train.config_loading import load_config
 from train.families.kinds import family_named, family_of
 
 FP32 = 4
@@ -220,44 +215,3 @@ def estimate_lines(e: dict) -> list[str]:
     else:
         lines.append("time        give --gpu-tflops (one GPU's dense bf16 peak, e.g. 989 for an H200) for the hours")
     return lines
-
-
-def dry_run(args) -> int:
-    """`fit --dry-run`: the run's config (file, flags, --set) sized for --target, the
-    store's samples and layers when --store is given, else --samples and the default
-    layers; prints the figures and their JSON as the last line."""
-    if not args.target:
-        raise ValueError("fit --dry-run needs --target (a directory with config.json; no weights are read)")
-    config = load_config(
-        args.config,
-        args.overrides,
-        require_paths=False,
-        store=args.store,
-        target=args.target,
-        out=args.out,
-        **{"train.max_steps": args.max_steps},
-    )
-    target = read_target_config(args.target)
-    samples, tokens, layer_ids = args.samples, None, None
-    if args.store:
-        store = open_store(args.store)
-        plan = store.plan()
-        samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)
-    model = dataclasses.replace(config.model, init_from=None)  # on paper: sized for the target, never loaded
-    plan = family_named(model.architecture).plan(model, args.target, target, layer_ids, None, None, print)
-    drafter_config = plan.config
-    sizing = Sizing(
-        gpus=args.nproc or 1,
-        samples=samples,
-        tokens=tokens,
-        tokens_per_s=args.tokens_per_s,
-        gpu_tflops=args.gpu_tflops,
-        mfu=args.mfu,
-        gpu_memory_gib=args.gpu_memory,
-    )
-    figures = dict(fit_estimate(config, target, drafter_config, sizing), **plan.run_info)
-    for line in estimate_lines(figures):
-        print(line)
-    print("dry run: nothing trained or written")
-    print(json.dumps(figures, sort_keys=True))
-    return 0
