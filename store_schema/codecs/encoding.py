@@ -315,11 +315,11 @@ class StreamCoder:
         as numcodecs' `zstd.compress` makes, costs more than coding a channel's stream."""
         compressors: dict = _COMPRESSORS.__dict__.setdefault("by_setting", {})
         setting = (self.level, self.small_table)
-        if setting not in compressors:  # full: zstd's parameters for the level at each stream's size
+        if setting not in compressors and self.small_table:
             small = zstandard.ZstdCompressionParameters.from_level(self.level, hash_log=SMALL_HASH_LOG)
-            compressors[setting] = zstandard.ZstdCompressor(
-                **({"compression_params": small} if self.small_table else {"level": self.level})
-            )
+            compressors[setting] = zstandard.ZstdCompressor(compression_params=small)
+        elif setting not in compressors:  # zstd's parameters for the level at each stream's size
+            compressors[setting] = zstandard.ZstdCompressor(level=self.level)
         return compressors[setting].compress(stream.data)
 
 

@@ -27,15 +27,15 @@ def run(args) -> int:
     read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
     served_as = family_of(config).served(config)
-    request = decoding_request(args)
-    open_prompt_source(request)
+    decoding = decoding_request(args)
+    open_prompt_source(decoding)
     try:
         sampling = Sampling(args.temperature, args.top_p, args.top_k)
     except ValueError as error:
         return fail(str(error))
     unserved = serve_check.unserved_here(served_as)
     python, version = _vllm(serve_check, args, unserved)
-    loaded = load_decoding(request, "serve-check")
+    loaded = load_decoding(decoding, "serve-check")
     drafter_dir, stops, dtype = loaded.drafter_dir, loaded.stops, loaded.dtype
     workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
     request, share = vllm_request(args, loaded, config, served_as, python, sampling)

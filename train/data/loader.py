@@ -229,9 +229,9 @@ class ShardLoader:
         return self.order.lane_shards(epoch)
 
     def lane_totals(self, epochs: int | None = None) -> list[float]:
-        """Training samples each lane delivers over `epochs` (default: the run's);
-        shards known to be corrupt deliver none."""
-        counts = train_samples_by_shard(self.store, self.order.shards, self.config.heldout_fraction, self.spec)
+        """Training samples each lane delivers over `epochs` (default the run's); known corrupt shards: none."""
+        trainable, heldout = self.spec.planned_trainable, self.config.heldout_fraction
+        counts = train_samples_by_shard(self.store, self.order.shards, heldout, trainable)
         counts = {n: 0 if n in self.corrupt.known else c for n, c in counts.items()}
         return self.order.lane_totals(counts, self.spec.epochs if epochs is None else epochs)
 

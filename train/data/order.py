@@ -99,10 +99,11 @@ def has_loss_tokens(tokens: int, loss_tokens: int) -> bool:
     return loss_tokens > 0
 
 
-def train_samples_by_shard(store, shards: list[str], heldout_fraction: float, spec) -> dict[str, float]:
-    """Training samples of each shard: from the store's plan, those the drafter family
-    counts (`spec.planned_trainable`), else estimated from the commit records."""
-    trainable: Callable[[int, int], bool] = spec.planned_trainable
+def train_samples_by_shard(
+    store, shards: list[str], heldout_fraction: float, trainable: Callable[[int, int], bool]
+) -> dict[str, float]:
+    """Training samples of each shard: from the store's plan, those `trainable` (the
+    drafter family's `planned_filter`) counts, else estimated from the commit records."""
     plan = store.plan()
     if plan is not None:
         by_name = {shard.name: shard for shard in plan.shards}
