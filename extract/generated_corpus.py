@@ -111,16 +111,18 @@ def shard_table(rows: list[dict]):
     return pa.Table.from_pydict(columns, schema=schema)
 
 
-def commit_shard(corpus_dir, name: str, table, attempt: Attempt | None = None, extra: Mapping | None = None) -> bool:
-    """Write `table` as shard `name` and commit it (`store_schema.commit.staging`); False if
-    it was committed already. With the driver's `attempt`, a revoked attempt raises
+def commit_shard(
+    corpus_dir, name: str, table, attempt: Attempt | None = None, extra: Mapping | None = None
+) -> dict | None:
+    """Write `table` as shard `name` and commit it (`store_schema.commit.staging`); its
+    commit record, or None if it was committed already. With the driver's `attempt`, a revoked attempt raises
     `store_schema.commit.lock.ShardFenced` instead of committing. `extra`: more fields of
     the commit record (an engine's counts: records quarantined while generating, ...)."""
     import pyarrow.parquet as pq  # writing a shard only, as above
 
     corpus_dir = Path(corpus_dir)
     if layout.is_committed(corpus_dir, name):
-        return False
+        return None
     generated = sum(int(n or 0) for n in table.column("generated_tokens").to_pylist())
     truncated = sum(bool(flag) for flag in table.column("truncated").to_pylist())
 

@@ -78,9 +78,10 @@ class StoreWriter:
         self._plan = plan
 
     # -- shards -------------------------------------------------------------------------
-    def write_shard(self, name: str, samples: list[SampleArrays], attempt: Attempt | None = None) -> bool:
-        """Write and commit one shard. Returns False if it was already committed
-        (e.g. by a worker presumed dead): the committed copy is kept.
+    def write_shard(self, name: str, samples: list[SampleArrays], attempt: Attempt | None = None) -> ShardCommit | None:
+        """Write and commit one shard; its commit record (what was written: files and
+        sizes, so a caller need not read the store back), or None if it was already
+        committed (e.g. by a worker presumed dead): the committed copy is kept.
 
         With the driver's `attempt`, the writer claims it before committing and raises
         `ShardFenced` if the driver revoked it (`store_schema.commit.lock`). The claim comes
@@ -88,7 +89,7 @@ class StoreWriter:
         so what the commit record lists is what the rename makes visible -- checked
         once more (every array there, every file at its size) right before the rename."""
         if self.is_committed(name):
-            return False
+            return None
         self._check_against_plan(name, samples)
 
         def record(summary: dict, files: dict) -> dict:
@@ -103,16 +104,19 @@ class StoreWriter:
         need = shard_bytes_bound(
             sum(len(s.input_ids) for s in samples), self.fingerprint.hidden_size, len(self.fingerprint.layer_ids), topk
         )
-        return self.commit_written(
+        committed = self.commit_written(
             name, lambda staging: self._write_arrays(staging, name, samples), record, attempt, check, need
         )
+        return None if committed is None else ShardCommit.from_json(committed)
 
     def is_committed(self, name: str) -> bool:
         return layout.is_committed(self.path, name)
 
-    def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0) -> bool:
-        """The commit step (`staging.write_and_commit`'s arguments); a bucket writer
-        commits by its marker, and builds the shard in its spool, reserving `need` bytes."""
+    def commit_written(
+        self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0
+    ) -> dict | None:
+        """The commit step (`staging.write_and_commit`'s arguments and return); a bucket
+        writer commits by its marker, and builds the shard in its spool, reserving `need` bytes."""
         return write_and_commit(self.path, name, write, make_record, attempt, check, journal=True)
 
     def upload_of(self, name: str) -> Upload:

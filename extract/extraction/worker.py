@@ -51,7 +51,7 @@ from transformers import AutoTokenizer
 
 from store_schema import NonFiniteStatesError, SampleArrays, raw_bytes_per_token
 from store_schema.dtypes import store_dtype as lookup_store_dtype
-from store_schema.stores import backend, open_store
+from store_schema.stores import backend
 
 from ..jobs.batching import batches_min_padding
 from ..jobs.protocol import (
@@ -227,18 +227,18 @@ class ExtractionWorker:
                 )
                 for (sample_id, input_ids, loss_mask), out in zip(samples, outputs)
             ]
-            written = writer.write_shard(name, arrays, attempt=attempt)
+            commit = writer.write_shard(name, arrays, attempt=attempt)
             upload = writer.upload_of(name)
         except Exception as error:
             return dataclasses.replace(failure(error), shard=name)
         num_tokens = sum(len(ids) for _, ids, _ in samples)
         return ShardDone(
             shard=name,
-            written=bool(written),
+            written=commit is not None,
             samples=len(samples),
             tokens=num_tokens,
             raw_bytes=num_tokens * raw_bytes_per_token(self.target.hidden_size, len(self.runner.layer_ids)),
-            disk_bytes=_committed_bytes(self.store_path, name),
+            disk_bytes=0 if commit is None else commit.disk_bytes,
             padded_tokens=int(sum(widths)),
             write_seconds=round(time.perf_counter() - started, 4),
             pid=os.getpid(),
@@ -324,13 +324,6 @@ class ExtractionWorker:
 def _log(line: str) -> None:
     """A worker's own line (a full spool it waits on): Ray forwards it to the job's log."""
     print(line, file=sys.stderr, flush=True)
-
-
-def _committed_bytes(store_path: str, name: str) -> int:
-    try:
-        return open_store(store_path).commit(name).disk_bytes
-    except Exception:
-        return 0
 
 
 def refuse_nonfinite_capture(sample_id: str, out: dict, layer_ids) -> None:

@@ -11,7 +11,7 @@ from store_schema.plan import Plan
 
 from ..corpus import open_corpus
 from ..errors import SampleMismatchError
-from ..generated_corpus import commit_shard, read_manifest, shard_record, shard_table
+from ..generated_corpus import commit_shard, read_manifest, shard_table
 from ..jobs.protocol import ShardDone, failure
 from .turns import Conversation, conversation, conversation_digest
 
@@ -44,13 +44,13 @@ class CorpusShards:
         """`ShardDone`, or the `ShardFailed` the driver stops on."""
         started = time.perf_counter()
         try:
-            written = commit_shard(self.out_path, name, shard_table(rows), attempt=attempt, extra=extra)
-            disk = sum(entry["size"] for entry in shard_record(self.out_path, name)["files"].values())
+            record = commit_shard(self.out_path, name, shard_table(rows), attempt=attempt, extra=extra)
         except Exception as error:
             return dataclasses.replace(failure(error), shard=name)
+        disk = 0 if record is None else sum(entry["size"] for entry in record["files"].values())
         return ShardDone(
             shard=name,
-            written=bool(written),
+            written=record is not None,
             samples=len(rows),
             tokens=generated,
             raw_bytes=0,

@@ -54,7 +54,7 @@ class ShardDone:
     samples: int
     tokens: int
     raw_bytes: int
-    disk_bytes: int
+    disk_bytes: int  # the files it committed (0 where it committed none)
     padded_tokens: int  # what the device computed for its samples (each padded to its batch's longest)
     write_seconds: float
     pid: int

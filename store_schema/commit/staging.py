@@ -42,13 +42,14 @@ def write_and_commit(
     attempt: Attempt | None = None,
     check: Callable[[Path, dict], None] | None = None,
     journal: bool = False,
-) -> bool:
+) -> dict | None:
     """Write shard `name` of `root` aside with `write(staging) -> summary` and commit
     it. `make_record(summary, files)` gives the commit record's body from the file
     table; `check(staging, record)` may refuse it (raise) right before the rename;
     `journal`: enter the commit in the store's journal (`commit.journal`) after it.
-    Returns False if another writer committed the shard first. The staging
-    directory is gone afterwards, committed or not."""
+    Returns the record committed (what the writer wrote: its files and sizes), or None
+    if another writer committed the shard first. The staging directory is gone
+    afterwards, committed or not."""
     root = Path(root)
     staging = staging_dir(root, name, attempt)
     try:
@@ -64,12 +65,12 @@ def write_and_commit(
             os.rename(staging, layout.shard_dir(root, name))
         except OSError:
             if layout.is_committed(root, name):
-                return False  # another writer committed it first
+                return None  # another writer committed it first
             raise
         fsync_path(root / layout.SHARDS_DIR)
         if journal:
             journal_commit(root, name, record)
-        return True
+        return record
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

@@ -141,7 +141,9 @@ class BucketWriter(StoreWriter):
     def is_committed(self, name: str) -> bool:
         return self.bucket.exists(shard_marker(name))
 
-    def commit_written(self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0) -> bool:
+    def commit_written(
+        self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0
+    ) -> dict | None:
         attempt = attempt or Attempt(uuid.uuid4().hex[:8], 1)
         spooled = f"{name}.{attempt.token}"
         with self.spool.shard_dir(spooled, need, write) as (local, summary):
@@ -154,7 +156,7 @@ class BucketWriter(StoreWriter):
             sent = sum(int(entry["size"]) for entry in record["files"].values())
             with self._uploads_lock:
                 self._uploads[name] = Upload(sent, time.perf_counter() - began, waited)
-            return committed
+            return record if committed else None
 
     def upload_of(self, name: str) -> Upload:
         """Shard `name`'s upload by this writer, once (then forgotten)."""

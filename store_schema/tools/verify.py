@@ -400,12 +400,3 @@ def _check_layer_statistics(store: Store, commit, data, result: _ShardResult) ->
 def _flag_outlier_layers(stats_by_shard: dict, report: Report) -> None:
     for shard, layer_id, what in layer_stats.outliers(stats_by_shard):
         report.add(what, shard=shard, array=layout.layer_array(layer_id))
-
-
-def clean_leftovers(path) -> list[str]:
-    """Remove `.staging/` leftovers. Refused while a live job holds the store."""
-    from ..commit.lock import StoreLock
-    from ..writer import remove_staging
-
-    with StoreLock(path, job="verify --clean"):
-        return remove_staging(path)

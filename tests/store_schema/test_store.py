@@ -29,7 +29,8 @@ from store_schema import (
 )
 from store_schema.__main__ import main as cli
 from store_schema.codecs.bf16 import BFLOAT16
-from store_schema.tools.verify import clean_leftovers, verify_store
+from store_schema.stores import backend
+from store_schema.tools.verify import verify_store
 
 
 def _fingerprint(**overrides):
@@ -120,7 +121,7 @@ writer.write_shard('shard-000009', [SampleArrays('x', np.zeros(50, np.int32), np
     report = verify_store(tmp_path / "s")
     assert report.ok, report.problems
     assert len(report.leftovers) == 1 and report.leftovers[0].startswith("shard-000009.")
-    assert clean_leftovers(tmp_path / "s") == report.leftovers
+    assert backend(tmp_path / "s").clean() == (report.leftovers, [])  # `verify --clean`
     assert verify_store(tmp_path / "s").leftovers == []
 
 
@@ -180,6 +181,17 @@ def test_verify_detects_truncation_deletion_nan_and_fingerprint_edit(tmp_path, c
     assert any("fingerprint" in p["what"] for p in report.problems)
     root_meta.write_text(original_root)
     assert verify_store(store_path).ok
+
+
+def test_write_shard_returns_the_commit_it_wrote_and_none_for_a_committed_shard(tmp_path):
+    """What a worker reports (`disk_bytes`) comes from the writer, not from reading the store back."""
+    writer = create_store(tmp_path / "s", _fingerprint(hidden_size=64), CodecConfig(chunk_bytes=2048))
+    sample = SampleArrays("a", np.zeros(100, np.int32), np.ones(100, np.uint8), {1: torch.randn(100, 64)})
+    commit = writer.write_shard("shard-000000", [sample])
+    assert commit == Store(tmp_path / "s").commit("shard-000000")
+    shard = tmp_path / "s/shards/shard-000000"
+    assert commit.disk_bytes == sum((shard / rel).stat().st_size for rel in commit.files) > 0
+    assert writer.write_shard("shard-000000", [sample]) is None  # committed already: kept
 
 
 def test_verify_detects_nan_and_inf_written_into_hidden_states(tmp_path):
