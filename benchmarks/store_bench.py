@@ -57,10 +57,10 @@ from store_schema import (
     store_dtype,
 )
 from store_schema.codecs.encoding import encode_shard
-from store_schema.codecs.shard_codec import read_arrays, start_sharded_decode
 from store_schema.dtypes import QuantizedStates
 from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
+from store_schema.shard_decoder import read_arrays, start_sharded_decode
 from store_schema.stores import open_store
 from store_schema.tools.local_copy import copied_shards
 from store_schema.tools.transcode import project_store

@@ -234,7 +234,7 @@ class ParquetCorpus(Corpus):
         return f"{self.files[file_id].name} row {index - first + 1}"
 
     def _parquet(self, group_pos: int):
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # pyarrow only for Parquet corpora
 
         return pq.ParquetFile(self.files[self._groups[group_pos][0]])
 
@@ -280,7 +280,7 @@ class ParquetCorpus(Corpus):
                     return
 
     def read(self, indices):
-        import pyarrow as pa
+        import pyarrow as pa  # pyarrow only for Parquet corpora
 
         indices = [self._check_index(int(i)) for i in indices]
         wanted: dict[int, list[int]] = {}  # group -> sorted rows within it

@@ -8,6 +8,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from .dtypes import store_dtype
@@ -221,8 +222,6 @@ class Fingerprint:
 
 
 def package_versions() -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
     versions = {}
     for name in ("torch", "transformers", "zarr", "numcodecs", "ray", "flash-linear-attention", "causal-conv1d"):
         try:

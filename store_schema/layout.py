@@ -205,8 +205,8 @@ WRITE_ALL_CHUNKS = {"write_empty_chunks": True}
 
 def write_small_array(group, name: str, data):
     """A one-chunk array (token ids, masks, offsets, ids, plan columns): zstd-3 for
-    numbers, vlen-utf8 for strings. `shard_codec.decode_array` decodes exactly this."""
-    from zarr.codecs import ZstdCodec
+    numbers, vlen-utf8 for strings. `shard_decoder.decode_array` decodes exactly this."""
+    from zarr.codecs import ZstdCodec  # zarr only where an array is written: light commands read `layout`
 
     kwargs = dict(shape=data.shape, dtype=data.dtype, chunks=data.shape or (1,))
     if data.dtype.kind not in "OT":
@@ -216,3 +216,17 @@ def write_small_array(group, name: str, data):
     )
     array[...] = data
     return array
+
+
+# A shard's files beyond its values: zarr metadata, chunk and shard indexes, blosc headers.
+OVERHEAD_FRACTION, OVERHEAD_BYTES = 0.02, 1 << 20
+
+
+def shard_bytes_bound(num_tokens: int, hidden_size: int, num_layers: int, topk: int = 0) -> int:
+    """An upper bound on the bytes one shard takes on local disk: its states as raw bf16
+    (every codec stores a stream it cannot shrink at its raw size; fp8 codes and
+    scales take less), its per-token arrays, top-k, and the metadata around them."""
+    values = num_tokens * num_layers * hidden_size * 2 + num_tokens * num_layers * 4
+    per_token = num_tokens * (4 + 1 + topk * 8)
+    raw = values + per_token
+    return int(raw * (1 + OVERHEAD_FRACTION)) + OVERHEAD_BYTES

@@ -9,7 +9,6 @@ import os
 from pathlib import Path
 
 from . import layout
-from .codecs.shard_codec import CorruptShardError, read_file
 from .commit.journal import entry_key, journaled
 from .commit.records import RecordError, ShardCommit, check_files, file_sizes, on_disk_bytes, read_record
 from .dtypes import StoreDtype, store_dtype
@@ -17,6 +16,7 @@ from .plan import Plan
 from .plan_io import read_committed_plan
 from .projection import Projection
 from .root import read_root
+from .shard_decoder import CorruptShardError, read_file
 
 
 class StoreMetadata:
@@ -105,7 +105,7 @@ class StoreMetadata:
         return None
 
     def shard_file(self, name: str, rel: str):
-        """The bytes of file `rel` of shard `name` (`shard_codec.read_file`); FileNotFoundError if missing."""
+        """The bytes of file `rel` of shard `name` (`shard_decoder.read_file`); FileNotFoundError if missing."""
         return read_file(layout.shard_dir(self.path, name) / rel)
 
     def shard_file_sizes(self, name: str) -> dict[str, int]:

@@ -5,7 +5,7 @@ Two ways in:
   inner chunks a window needs) for inspection and spot checks;
 - `read_shard` / `iter_shards`: the training path. A shard's files are read whole
   and checked against the commit record, and its inner chunks decoded in parallel
-  threads straight into the output buffer (`shard_codec`), while the next shard's
+  threads straight into the output buffer (`store_schema.shard_decoder`), while the next shard's
   files are already being read. Measured here this is what lets a compressed
   store keep up with per-sample files.
 
@@ -28,17 +28,17 @@ import zarr
 
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
-from .codecs.shard_codec import (
+from .commit.records import ShardCommit
+from .dtypes import BFLOAT16_STORE, StoreDtype
+from .metadata import StoreMetadata
+from .projection import lift
+from .shard_decoder import (
     EncodedArray,
     decode_array,
     encoded_arrays,
     read_arrays,
     start_sharded_decode,
 )
-from .commit.records import ShardCommit
-from .dtypes import BFLOAT16_STORE, StoreDtype
-from .metadata import StoreMetadata
-from .projection import lift
 
 
 @dataclass

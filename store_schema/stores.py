@@ -1,5 +1,5 @@
 """A store's backend, decided once per command (zarr's `Store` pattern): `backend(arg)`
-is a `DirectoryBackend` (`store_schema.directory`) for a path, a `BucketBackend`
+is a `DirectoryBackend` (`directory.backend`) for a path, a `BucketBackend`
 (`objstore.backend`) for an `s3://` / `gs://` URL, with the same methods. Callers carry
 the object; neither implementation imports the other."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from .codecs.encoding import CodecConfig
-from .directory import DirectoryBackend
+from .directory.backend import DirectoryBackend
 from .fingerprint import Fingerprint
 from .location import StoreURL, classify_store
 

@@ -20,7 +20,7 @@ import zarr
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
 from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
-from .commit.lock import Attempt, discard
+from .commit.lock import Attempt
 from .commit.records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
 from .commit.staging import staging_dir, write_and_commit
 from .dtypes import QuantizedStates, StoreDtype, store_dtype
@@ -29,7 +29,6 @@ from .fingerprint import Fingerprint
 from .layer_stats import layer_stats, refuse_empty_capture
 from .layer_values import bf16_tensor, bf16_values, joined_layer, quantized_values
 from .layout import WRITE_ALL_CHUNKS, write_small_array
-from .objstore.spool import shard_bytes_bound
 from .plan import Plan, sample_digest
 from .plan_io import read_committed_plan, write_plan_group
 from .projection import Projection, project
@@ -101,7 +100,7 @@ class StoreWriter:
             _check_complete(staging, commit, self._arrays(commit.target_topk))
 
         topk = 0 if not samples or samples[0].topk_ids is None else int(np.shape(samples[0].topk_ids)[1])
-        need = shard_bytes_bound(
+        need = layout.shard_bytes_bound(
             sum(len(s.input_ids) for s in samples), self.fingerprint.hidden_size, len(self.fingerprint.layer_ids), topk
         )
         committed = self.commit_written(
@@ -326,20 +325,6 @@ def looks_like_store(path) -> bool:
         layout.COMMITS_DIR,
         layout.PROJECTION_FILE,
     }
-
-
-def remove_staging(path, prefix: str | None = None) -> list[str]:
-    """Remove uncommitted `.staging/` leftovers (all, or those named `prefix.*`), each
-    renamed away before it is deleted (`store_schema.commit.lock.discard`), so a writer still
-    running somewhere can never commit a half-deleted shard. Only for the holder of
-    the store's lock."""
-    staging = Path(path) / layout.STAGING_DIR
-    if not staging.is_dir():
-        return []
-    entries = sorted(staging.glob(f"{prefix}.*" if prefix else "*"))
-    for entry in entries:
-        discard(entry)
-    return [entry.name for entry in entries if not entry.name.startswith(".trash-")]
 
 
 def _check_complete(staging: Path, commit: ShardCommit, arrays: set[str]) -> None:

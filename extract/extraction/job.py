@@ -43,8 +43,8 @@ from pathlib import Path
 from store_schema import Fingerprint, FingerprintMismatch, TargetFacts, response_provenance, response_sampling
 from store_schema.dtypes import space_needed, store_dtype
 from store_schema.fingerprint import target_identity
-from store_schema.layout import raw_bytes_per_token
-from store_schema.objstore.spool import shard_bytes_bound, too_small_message
+from store_schema.layout import raw_bytes_per_token, shard_bytes_bound
+from store_schema.objstore.spool import too_small_message
 from store_schema.projection import Projection, fit
 from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
@@ -159,7 +159,7 @@ class Extraction(ShardedJob):
 
     def _check_spool(self, planned: Planned) -> None:
         """Refuse a --spool-size that could never hold the largest pending shard
-        (`store_schema.objstore.spool.shard_bytes_bound`, the bound each worker reserves)."""
+        (`store_schema.layout.shard_bytes_bound`, the bound each worker reserves)."""
         sizes = {s.name: s.num_tokens for s in planned.plan.shards}
         need = shard_bytes_bound(
             max(sizes[name] for name in planned.pending),

@@ -123,7 +123,7 @@ class EndpointPool:
             self._free.notify_all()
 
     async def _answers(self, endpoint: str) -> bool:
-        import aiohttp
+        import aiohttp  # aiohttp only for the OpenAI-compatible client
 
         if endpoint in self.down:
             return False
@@ -136,7 +136,7 @@ class EndpointPool:
             return False
 
     async def _post(self, endpoint: str, body: dict) -> Completion:
-        import aiohttp
+        import aiohttp  # aiohttp only for the OpenAI-compatible client
 
         payload = dict(body, model=self.models[endpoint])
         async with self._session.post(
@@ -165,7 +165,7 @@ def parse_completion(reply: dict, endpoint: str) -> Completion:
 
 
 def _client_errors() -> type:
-    import aiohttp
+    import aiohttp  # aiohttp only for the OpenAI-compatible client
 
     return aiohttp.ClientError
 

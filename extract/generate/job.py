@@ -28,7 +28,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from store_schema import layout
-from store_schema.directory import DirectoryBackend
+from store_schema.directory.backend import DirectoryBackend
 from store_schema.fingerprint import describe_differences, mapping_differences
 from store_schema.plan import Plan
 from store_schema.runtime.progress import Progress

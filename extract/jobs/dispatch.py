@@ -39,7 +39,7 @@ from .settings import DispatchSettings
 
 
 def _worker_died_errors() -> tuple[type[BaseException], ...]:
-    import ray.exceptions as rex
+    import ray.exceptions as rex  # Ray only where a job runs on it (gpu_check's workers run without)
 
     kinds = [rex.RayActorError, rex.WorkerCrashedError]
     for name in ("OutOfMemoryError", "NodeDiedError", "ActorUnavailableError"):
@@ -139,7 +139,7 @@ class Dispatcher:
         self._last_reply: dict[int, float] = {}  # actor index -> when it last replied
 
     def run(self) -> DispatchCounts:
-        import ray
+        import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
         died = _worker_died_errors()
         try:

@@ -10,7 +10,7 @@ What the driver does, in order, under the output's lock (taken by the caller,
    load the target, Ctrl-C during start-up, a full disk) resumes without
    re-tokenizing the corpus.
 3. Set aside shard directories left in ``shards/`` without their commit record
-   (`store_schema.tools.repair`): they are redone, nothing is deleted before that.
+   (`store_schema.repair`): they are redone, nothing is deleted before that.
 4. Refuse when the job's size estimate for the shards left exceeds the free space
    of the output's filesystem, unless told not to (``--skip-space-check``).
 5. Start the workers (`extract.jobs.pool.started_workers`) from the job's typed

@@ -7,6 +7,7 @@ without loading Ray (seconds) or starting it."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,9 +23,7 @@ from .starting import StartingActors
 
 def start_ray(placement) -> bool:
     """Connect to Ray. Returns True if this call started it (and must shut it down)."""
-    import logging
-
-    import ray
+    import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
     if ray.is_initialized():
         return False
@@ -47,7 +46,7 @@ def start_ray(placement) -> bool:
 
 def check_resources(placement, workers: int) -> None:
     """Refuse a cluster too small for `workers`, with advice the command line accepts."""
-    import ray
+    import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
     resources = ray.cluster_resources()
     if placement.device == "cuda":
@@ -76,7 +75,7 @@ class ActorPool:
     Replaces dead actors on request."""
 
     def __init__(self, placement: Placement, spec):
-        import ray
+        import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
         if placement.device == "cuda":
             options = dict(num_gpus=1, num_cpus=placement.cpus_per_worker)
@@ -105,7 +104,7 @@ class ActorPool:
         """Start `count` actors; each loads the target once and says what it loaded
         (`infos`), its ready time logged as it comes (loading a 27B target takes
         minutes). All must run the same kernels: a store comes from one implementation."""
-        import ray
+        import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
         log = log or (lambda message: None)
         started = time.perf_counter()
@@ -144,7 +143,7 @@ class ActorPool:
     def ask_first(self, method: str, *args):
         """The first actor's answer to `method(*args)`: a job's one question before its
         shards are dispatched (a projection's second moments); its failure is the job's."""
-        import ray
+        import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
         try:
             return ray.get(getattr(self.actors[0], method).remote(*args))
@@ -152,14 +151,14 @@ class ActorPool:
             raise ExtractError(f"a worker failed answering {method}: {actor_error_cause(error)}") from None
 
     def replace(self, index: int) -> None:
-        import ray
+        import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
         ray.kill(self.actors[index], no_restart=True)
         self.actors[index] = self.spawn()
         self.starting.add(index, self.actors[index].info.remote())
 
     def shutdown(self) -> None:
-        import ray
+        import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
         for actor in self.actors:
             try:
@@ -174,7 +173,7 @@ def started_workers(placement: Placement, spec, count: int, log=None, interval: 
     """`count` started actors built from `spec`, on Ray (started here unless it runs
     already or the job joins a cluster); the actors, and a Ray started here, are shut
     down on exit."""
-    import ray
+    import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
     started_ray = start_ray(placement)
     pool = None

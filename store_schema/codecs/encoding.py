@@ -14,7 +14,7 @@ block split into one stream per byte of the element, each stream either a zstd
 frame or, when its stored size equals its raw size, the raw bytes (every blosc
 decoder copies such a stream). zarr.json therefore lists the standard `blosc`
 codec: plain zarr-python (or any Zarr v3 reader with blosc) decodes these arrays
-without this package, and the fast reader (`shard_codec`) decodes them with the
+without this package, and the fast reader (`store_schema.shard_decoder`) decodes them with the
 same C call (zstd + SIMD unshuffle, GIL released) as v1 chunks. The encoder's
 choice is recorded in the root's codec settings and the array's attributes.
 
@@ -60,6 +60,7 @@ import zstandard
 from numcodecs import zstd
 
 from ..runtime.file_writes import write_file
+from ..runtime.units import human_bytes
 from .arrays import is_channel_major, scratch
 
 CODEC_NAMES = ("bytesplit", "channels", "blosc", "none")
@@ -144,7 +145,7 @@ class CodecConfig:
 
     def compressors(self, chunk_shape: tuple[int, int], itemsize: int = 2):
         """The zarr codecs zarr.json lists (what any reader needs to decode)."""
-        from zarr.codecs import BloscCodec
+        from zarr.codecs import BloscCodec  # zarr only where zarr.json is written: decoding runs without it
 
         rows, cols = chunk_shape
         if self.name == "none":
@@ -178,8 +179,6 @@ class CodecConfig:
 
     def describe(self) -> str:
         """One line for `info`."""
-        from ..runtime.units import human_bytes
-
         if self.name == "channels":
             return (
                 f"channels (zstd level {self.level}, {_BLOSC_MAX_SPLITS}-byte-wide chunks of <= {self.channel_rows}"

@@ -53,7 +53,7 @@ def quantize(states):
     [..., hidden / 2], uint8 scale exponents [..., hidden / 32]) on the same device.
     Never waits for the device: a block holding NaN/Inf gets scale `NAN_SCALE`, which
     `refuse_nonfinite` turns into an error where the scales reach the host."""
-    import torch
+    import torch  # torch only for tensors: the numpy path and `store_schema info` run without it
 
     columns(states.shape[-1])
     x = states.float().unflatten(-1, (-1, BLOCK))  # [..., blocks, 32]
@@ -76,7 +76,7 @@ def quantize(states):
 def _e2m1_codes(scaled):
     """4-bit codes (uint8) of values already within [-6, 6]: the magnitude's index
     counted over the rounding boundaries it passes, then the sign bit."""
-    import torch
+    import torch  # torch only for tensors: the numpy path and `store_schema info` run without it
 
     magnitude = scaled.abs()
     index = torch.zeros(scaled.shape, dtype=torch.uint8, device=scaled.device)
@@ -90,7 +90,7 @@ def _e2m1_codes(scaled):
 def dequantize(codes, scales, dtype=None):
     """uint8 codes [..., hidden / 2] and scale exponents [..., hidden / 32] (torch, any
     device) -> states in `dtype` (default bf16: exact, see the module docstring)."""
-    import torch
+    import torch  # torch only for tensors: the numpy path and `store_schema info` run without it
 
     dtype = dtype or torch.bfloat16
     nibbles = torch.stack((codes & 0xF, codes >> 4), dim=-1).flatten(-2)  # [..., hidden]
@@ -104,7 +104,7 @@ _TABLES: dict = {}  # device -> E2M1_VALUES there: copied once, not once per lay
 
 
 def _e2m1_table(device):
-    import torch
+    import torch  # torch only for tensors: the numpy path and `store_schema info` run without it
 
     key = str(device)
     if key not in _TABLES:

@@ -35,7 +35,7 @@ def quantize(states):
     [..., hidden], float32 scales [...]) on the same device. Never waits for the device:
     a token holding NaN/Inf gets a NaN scale, which `refuse_nonfinite` turns into an
     error where the scales reach the host."""
-    import torch
+    import torch  # torch only for tensors: the numpy path and `store_schema info` run without it
 
     x = states.float()
     amax = x.abs().amax(dim=-1) if x.shape[-1] else torch.zeros(x.shape[:-1], device=x.device)
@@ -64,7 +64,7 @@ def refuse_nonfinite(scales: np.ndarray, what: str) -> None:
 def dequantize(codes, scales, dtype=None):
     """float8_e4m3fn codes [tokens, hidden] and float32 scales [tokens] (torch, any
     device) -> states in `dtype` (default bf16: exact, see the module docstring)."""
-    import torch
+    import torch  # torch only for tensors: the numpy path and `store_schema info` run without it
 
     dtype = dtype or torch.bfloat16
     return (codes.float() * scales.float()[..., None]).to(dtype)

@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from .. import layout
 from .journal import journal_commit
-from .lock import Attempt, claim
+from .lock import Attempt, claim, discard
 from .records import describe_files, fsync_path, fsync_tree, write_record
 
 T = TypeVar("T")
@@ -74,3 +74,17 @@ def write_and_commit(
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_staging(path, prefix: str | None = None) -> list[str]:
+    """Remove uncommitted `.staging/` leftovers (all, or those named `prefix.*`), each
+    renamed away before it is deleted (`store_schema.commit.lock.discard`), so a writer still
+    running somewhere can never commit a half-deleted shard. Only for the holder of
+    the store's lock."""
+    staging = Path(path) / layout.STAGING_DIR
+    if not staging.is_dir():
+        return []
+    entries = sorted(staging.glob(f"{prefix}.*" if prefix else "*"))
+    for entry in entries:
+        discard(entry)
+    return [entry.name for entry in entries if not entry.name.startswith(".trash-")]

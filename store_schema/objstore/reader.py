@@ -13,7 +13,6 @@ import zarr
 from zarr.storage import ObjectStore
 
 from .. import layout
-from ..codecs.shard_codec import CorruptShardError
 from ..commit.journal import SUFFIX as JOURNAL_SUFFIX
 from ..commit.journal import entry_key
 from ..commit.records import RecordError, ShardCommit, file_mismatch, parse_record, size_mismatch
@@ -23,6 +22,7 @@ from ..plan_io import plan_from_group
 from ..reader import Store
 from ..root import parse_root
 from ..runtime.crc32c import crc32c_bytes
+from ..shard_decoder import CorruptShardError
 from .bucket import Bucket
 from .errors import explained
 from .keys import ATTEMPTS_DIR, MARKER_ATTEMPT, MARKER_ETAGS, PLAN_RECORD, attempt_of_key, attempt_prefix, shard_marker

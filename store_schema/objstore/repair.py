@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from .. import layout
 from ..commit.journal import entry_key
-from ..tools.repair import Repair, plan_repair
+from ..repair import Repair, plan_repair
 from .bucket import PARALLEL_REQUESTS, Bucket
 from .commit import REVOKED, attempt_of_token, take_fence
 from .keys import fence_key, shard_marker

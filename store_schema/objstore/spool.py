@@ -5,7 +5,7 @@ A worker writes each shard here exactly as for a directory store, uploads it
 
 - Every shard being built holds a *reservation*: its directory is named
   ``NAME~HOST~PID~RANDOM~BYTES``, BYTES being an upper bound on what the shard takes
-  (`shard_bytes_bound`). A new reservation is made under an flock on
+  (`layout.shard_bytes_bound`). A new reservation is made under an flock on
   ``SPOOL/.spool.lock`` only when the reservations already there plus its own fit in
   the spool's limit and the filesystem has that much free; otherwise the writer
   **waits** (a log line every `WAIT_LOG_SECONDS`) until uploads free space. So the
@@ -37,18 +37,6 @@ SEPARATOR = "~"
 LOCK_NAME = ".spool.lock"
 POLL_SECONDS = 0.5
 WAIT_LOG_SECONDS = 30.0
-# A shard's files beyond its values: zarr metadata, chunk and shard indexes, blosc headers.
-OVERHEAD_FRACTION, OVERHEAD_BYTES = 0.02, 1 << 20
-
-
-def shard_bytes_bound(num_tokens: int, hidden_size: int, num_layers: int, topk: int = 0) -> int:
-    """An upper bound on the bytes one shard takes on local disk: its states as raw bf16
-    (every codec stores a stream it cannot shrink at its raw size; fp8 codes and
-    scales take less), its per-token arrays, top-k, and the metadata around them."""
-    values = num_tokens * num_layers * hidden_size * 2 + num_tokens * num_layers * 4
-    per_token = num_tokens * (4 + 1 + topk * 8)
-    raw = values + per_token
-    return int(raw * (1 + OVERHEAD_FRACTION)) + OVERHEAD_BYTES
 
 
 class SpoolTooSmall(ValueError):

@@ -24,6 +24,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from .units import parse_bytes
+
 EXIT_OK = 0
 EXIT_PROBLEM = 1
 EXIT_USAGE = 2
@@ -91,10 +93,6 @@ def run_command(handler: Callable[[object], int], args, refusals: tuple[type[Bas
 def size_argument(text: str) -> int:
     """An argparse `type` for a size flag (`units.parse_bytes`: 20GB, 2TiB); argparse
     names the flag in the usage error (exit 2)."""
-    import argparse
-
-    from .units import parse_bytes
-
     try:
         return parse_bytes(text)
     except ValueError as error:
@@ -103,8 +101,6 @@ def size_argument(text: str) -> int:
 
 def shown_default(action) -> bool:
     """Does this option's default say something (not None, off, or an empty list)?"""
-    import argparse
-
     quiet = action.default is None or action.default is False or action.default == argparse.SUPPRESS
     return not quiet and action.default != [] and bool(action.option_strings)
 
@@ -135,8 +131,6 @@ class CommandParser(argparse.ArgumentParser):
 
 def parsers_of(parser) -> list:
     """`parser` and every subcommand's parser under it."""
-    import argparse
-
     found = [parser]
     for action in parser._actions:  # argparse keeps no public list of them
         if isinstance(action, argparse._SubParsersAction):
@@ -149,8 +143,6 @@ def show_defaults(parser) -> None:
     """Every option of `parser` and its subcommands with a default says it in `--help`
     (appended where the help text does not already show it: `%(default)s` or its own
     "(default ...)" wording)."""
-    import argparse
-
     for each in parsers_of(parser):
         for action in each._actions:
             said = "%(default)" in (action.help or "") or "(default" in (action.help or "")

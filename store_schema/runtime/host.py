@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from pathlib import Path
 
 
 def available_cores() -> int:
@@ -28,7 +29,7 @@ def set_torch_threads(processes: int = 1) -> int:
     machine per process, oversubscribes a loaded or shared host (greedy decoding ran
     orders of magnitude slower than at one thread on a busy 2-core VM).
     Returns the count set."""
-    import torch
+    import torch  # torch only when a device is asked about: `store_schema info` runs without it
 
     threads = omp_threads() or max(1, available_cores() // max(1, processes))
     torch.set_num_threads(threads)
@@ -45,7 +46,7 @@ def choose_device(name: str) -> tuple[str, str]:
     host ran a 27B extraction on CPU."""
     if name != AUTO_DEVICE:
         return name, f"--device {name}"
-    import torch
+    import torch  # torch only when a device is asked about: `store_schema info` runs without it
 
     if resolve_device(AUTO_DEVICE).type == "cuda":  # the one auto rule
         return "cuda", f"--device auto: torch sees {torch.cuda.device_count()} CUDA device(s)"
@@ -62,7 +63,7 @@ def resolve_device(name: str | None, setting: str = "--device"):
     torch sees one and CPU otherwise for None / "auto". A device this machine does not
     have is refused here, naming `setting`, before anything is loaded (ValueError: one
     line, exit 1), instead of failing deep inside torch with a traceback."""
-    import torch
+    import torch  # torch only when a device is asked about: `store_schema info` runs without it
 
     if name in (None, AUTO_DEVICE):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -92,8 +93,6 @@ def is_disk_full(error: BaseException) -> bool:
 def free_bytes(path) -> int:
     """Bytes an unprivileged writer may still use on the filesystem holding `path` (or
     its nearest existing parent): the one place that asks the OS (statvfs)."""
-    from pathlib import Path
-
     where = Path(path).absolute()
     while not where.exists() and where != where.parent:
         where = where.parent

@@ -48,7 +48,7 @@ class Progress:
         self._tokens = 0
         self._bar = None
         if mode == "bar":
-            from tqdm import tqdm
+            from tqdm import tqdm  # tqdm only for a terminal's bar
 
             self._bar = tqdm(
                 total=self.total,

@@ -103,7 +103,7 @@ def load_target_model(
     """Load the target's language model (see the module docstring for the rules).
     `check_class` is called with the class about to be built, before any weight is
     read (extraction refuses slow kernels there)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # transformers only where a target is loaded
 
     path = Path(model_path)
     checkpoint = read_config_json(path)  # a directory that is not a model: one line naming it, not a hub lookup
@@ -198,7 +198,7 @@ def _is_vision(name: str) -> bool:
 def _headless_class(text_config):
     """The headless text model class for this config (e.g. Qwen3_5TextModel), or None
     for one transformers does not know (remote code): then the whole model loads."""
-    from transformers.models.auto.modeling_auto import MODEL_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING  # transformers only where a target is loaded
 
     try:
         return MODEL_MAPPING[type(text_config)]

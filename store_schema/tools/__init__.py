@@ -1,2 +1,2 @@
-"""Work on a whole store: verify (locally or over a Ray cluster), repair, recompute
-the layer statistics, copy to local disk."""
+"""Work on a whole store: verify (locally or over a Ray cluster), recompute the layer
+statistics, copy to local disk, transcode."""

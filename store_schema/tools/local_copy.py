@@ -22,11 +22,11 @@ import uuid
 from pathlib import Path
 
 from .. import layout
-from ..codecs.shard_codec import CorruptShardError
 from ..commit.records import RecordError, check_files, file_mismatch, parse_record, write_record
 from ..errors import LocalCopyError
 from ..reader import Store
 from ..runtime.crc32c import crc32c_bytes
+from ..shard_decoder import CorruptShardError
 
 FETCHES = 2  # a file that arrives damaged is fetched once more before the shard is refused
 

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import layer_stats, layout
-from ..codecs.shard_codec import CorruptShardError
 from ..commit.journal import entry_key
 from ..commit.records import RecordError, file_mismatch, size_mismatch
 from ..dtypes import nonfinite_rows
@@ -33,6 +32,7 @@ from ..plan import is_safe_id
 from ..reader import Store, as_bits
 from ..runtime.crc32c import crc32c_bytes
 from ..runtime.host import available_cores
+from ..shard_decoder import CorruptShardError
 from ..stores import open_store
 from .verify_report import MISSING_SHARD, NOT_CHECKED, VANISHED, Report, problem
 
@@ -65,7 +65,6 @@ def verify_store(
     checksums_only: bool = False,
     shards=None,
     sizes_only: bool = False,
-    reread=(),
     ray_address: str | None = None,
 ) -> Report:
     """Check a store (a path, or a `Store` already open: its commit records are
@@ -75,8 +74,6 @@ def verify_store(
     nodes (`verify_cluster`; "auto": this machine's cluster) instead of by `workers`
     threads here. `shards`: check only these shard directories (the processes of a
     job share the work out), and not which planned shards are missing.
-    `reread`: shards checked to their checksums all the same under `sizes_only`
-    (fit's start: a sample re-read in full, the rest by size, in one pass).
     FileNotFoundError where `path` holds no store at all: there is nothing to
     report on (a wrong path), unlike a store whose root is damaged."""
     report = Report(checksums_only=checksums_only and not sizes_only, sizes_only=sizes_only)
@@ -93,17 +90,14 @@ def verify_store(
     if not sizes_only:  # fit's start reads no more than it must
         _check_journal(store, journal, report, shards)
     report.leftovers = store.leftovers()
-    shard_dirs = store.shard_entries()
-    if shards is not None:
-        shard_dirs = sorted(set(shard_dirs) & set(shards))
+    shard_dirs = store.shard_entries() if shards is None else sorted(set(store.shard_entries()) & set(shards))
     planned_ids = None if plan is None else {s.name: [x.sample_id for x in s.samples] for s in plan.shards}
     total_bytes = sum(_committed_bytes(store, name) for name in shard_dirs) if progress else 0
     seen_ids: dict[str, str] = {}
     stats_by_shard: dict[str, dict] = {}
     done_bytes = 0
     depth = SIZES if sizes_only else CHECKSUMS if checksums_only else CONTENTS
-    reread = set(reread)
-    depths = {name: CHECKSUMS if name in reread else depth for name in shard_dirs}
+    depths = dict.fromkeys(shard_dirs, depth)
     if ray_address is None:
         results = _checked_here(store, shard_dirs, planned_ids, depths, workers)
     else:

@@ -40,8 +40,8 @@ def cluster_results(
     `names` order), each batch run as a task on one of the cluster's nodes at
     `address` ("auto": the cluster this machine belongs to); for a batch whose task
     failed for good, `on_failure(name, error)` of each of its shards."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    import ray  # Ray only for `verify --ray`
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # Ray only for `verify --ray`
 
     started = _connect(address)
     try:
@@ -70,7 +70,7 @@ def cluster_results(
 
 def _connect(address: str) -> bool:
     """Join the cluster; True if this call connected (and must disconnect)."""
-    import ray
+    import ray  # Ray only for `verify --ray`
 
     if ray.is_initialized():
         return False
@@ -88,7 +88,7 @@ def _batches(names: list[str], count: int) -> list[list[str]]:
 
 def _run_batch(check_batch: Callable, location: str, batch: list[str], *args) -> list:
     """A cluster task: one batch checked on this node, each result stamped with the node's id."""
-    import ray
+    import ray  # Ray only for `verify --ray`
 
     node = ray.get_runtime_context().get_node_id()
     _stall_if_asked(node)

@@ -1,4 +1,4 @@
-"""The training path's own shard decoder (`store_schema.codecs.shard_codec`) against plain
+"""The training path's own shard decoder (`store_schema.shard_decoder`) against plain
 zarr-python: every array of a shard, every codec the writer makes, bit for bit."""
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ def test_a_damaged_chunk_is_a_corrupt_shard_naming_the_chunk(tmp_path, dtype):
 def test_mapped_files_read_verify_and_refuse_damage_like_read_ones(tmp_path, monkeypatch):
     """Large files are memory-mapped (`read_file`); with every file mapped, the fast
     reader gives the same states and verify still finds a flipped byte."""
-    from store_schema.codecs import shard_codec
+    from store_schema import shard_decoder as shard_codec
     from store_schema.tools.verify import verify_store
 
     builders.random_store(tmp_path / "s", num_shards=2, codec=CodecConfig(chunk_bytes=2048))

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import layout
-from ..tools.repair import discard_set_aside, set_aside, uncommitted_shard_dirs
-from ..writer import remove_staging
-from .lock import Attempt, ShardFence
+from ..commit.lock import Attempt, ShardFence
+from ..commit.staging import remove_staging
+from .repair import discard_set_aside, set_aside, uncommitted_shard_dirs
 
 
 class DirectoryOutput:

@@ -32,12 +32,12 @@ import google_crc32c
 import numpy as np
 from numcodecs import VLenUTF8, Zstd, blosc
 
-from .. import layout
-from ..commit.records import ShardCommit, file_mismatch
-from ..dtypes import STORE_DTYPES
-from ..errors import CorruptShardError
-from ..runtime.crc32c import crc32c_bytes
-from .encoding import decode_split_zstd_chunk
+from . import layout
+from .codecs.encoding import decode_split_zstd_chunk
+from .commit.records import ShardCommit, file_mismatch
+from .dtypes import STORE_DTYPES
+from .errors import CorruptShardError
+from .runtime.crc32c import crc32c_bytes
 
 _EMPTY_CHUNK = 2**64 - 1  # a sharding index entry for a chunk that was never written
 _INDEX_ENTRY_BYTES = 16  # (offset, nbytes), both uint64 little-endian

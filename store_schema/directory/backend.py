@@ -1,6 +1,6 @@
 """A store in a directory: the POSIX backend (`stores.backend` picks it for a path).
 
-The reader, the writer and the job output import torch; this module does not, so that
+The reader and the writer import torch; this module does not, so that
 `store_schema info` (`metadata`) starts without it: each is imported where it is used."""
 
 from __future__ import annotations
@@ -8,11 +8,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .commit.lock import StoreLock
-from .layout import ROOT_RECORD
-from .metadata import StoreMetadata
-from .plan_io import read_committed_plan
-from .tools.repair import clean_dir, repair_dir
+from ..commit.lock import StoreLock
+from ..layout import ROOT_RECORD
+from ..metadata import StoreMetadata
+from ..plan_io import read_committed_plan
+from .output import DirectoryOutput
+from .repair import clean_dir, repair_dir
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class DirectoryBackend:
         return str(self.location.resolve())
 
     def open(self):
-        from .reader import Store  # torch: see the module docstring
+        from ..reader import Store  # torch: see the module docstring
 
         return Store(self.location)
 
@@ -40,14 +41,14 @@ class DirectoryBackend:
         return self.open() if (self.location / ROOT_RECORD).is_file() else None
 
     def create(self, fingerprint, codec=None, overwrite: bool = False, keep_plan: bool = False, projection=None):
-        from .writer import create_store_dir  # torch, as the reader
+        from ..writer import create_store_dir  # torch, as the reader
 
         return create_store_dir(
             self.location, fingerprint, codec, overwrite=overwrite, keep_plan=keep_plan, projection=projection
         )
 
     def writer(self, spool_dir=None, spool_bytes: int | None = None, log=None):
-        from .writer import StoreWriter  # torch, as the reader
+        from ..writer import StoreWriter  # torch, as the reader
 
         return StoreWriter(self.location)  # written in place: no spool
 
@@ -55,16 +56,14 @@ class DirectoryBackend:
         return read_committed_plan(self.location) if self.location.is_dir() else None
 
     def commit_plan(self, plan) -> None:
-        from .writer import commit_plan  # torch, as the reader
+        from ..writer import commit_plan  # torch, as the reader
 
         commit_plan(self.location, plan)
 
     def lock(self, job: str, log=None) -> StoreLock:
         return StoreLock(self.location, job=job)
 
-    def job_output(self):
-        from .commit.job_output import DirectoryOutput  # torch, through the writer
-
+    def job_output(self) -> DirectoryOutput:
         return DirectoryOutput(self.location)
 
     def repair(self, report):
