@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from store_schema import provenance_warning
@@ -37,6 +38,62 @@ from train.fitting.runlog import LOG_FILE
 from train.fitting.trainer import Trainer
 from train.target_check import ALLOW_FLAG, FULL_FLAG
 
+
+@dataclass(frozen=True)
+class FitRequest:
+    """What `fit` was asked, read from its flags once at the handler's top (train/cli/fit.py
+    says what each means); everything below the handler takes this, never argparse's namespace."""
+
+    out: str | None
+    store: str | None
+    target: str | None
+    config: str | None
+    max_steps: int | None
+    init_from: str | None
+    progress_interval: float | None
+    resume: bool
+    overrides: tuple[str, ...]
+    allow_other_target: bool
+    require_complete: bool
+    skip_verify: bool
+    verify_first: bool
+    skip_space_check: bool
+    full_weights_check: bool
+    nproc: int | None
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int | None
+    dry_run: bool
+    sizing: Sizing  # --dry-run's: GPUs, --samples, and one GPU's rate, peak, utilisation, memory
+
+    @classmethod
+    def from_args(cls, args) -> "FitRequest":
+        names = {field.name for field in dataclasses.fields(cls)} - {"overrides", "sizing"}
+        sizing = Sizing(
+            gpus=args.nproc or 1,
+            samples=args.samples,
+            tokens_per_s=args.tokens_per_s,
+            gpu_tflops=args.gpu_tflops,
+            mfu=args.mfu,
+            gpu_memory_gib=args.gpu_memory,
+        )
+        return cls(**{name: getattr(args, name) for name in names}, overrides=tuple(args.overrides), sizing=sizing)
+
+    def checks(self) -> FitChecks:
+        return FitChecks(
+            allow_other_target=self.allow_other_target,
+            require_complete=self.require_complete,
+            verify=not self.skip_verify,
+            verify_first=self.verify_first,
+            space=not self.skip_space_check,
+            full_weights=self.full_weights_check,
+        )
+
+    def nodes(self) -> Nodes:
+        return Nodes(self.nnodes, self.node_rank, self.master_addr, self.master_port or DEFAULT_MASTER_PORT)
+
+
 FLAGS = (
     ("allow_other_target", ALLOW_FLAG),
     ("require_complete", "--require-complete"),
@@ -47,80 +104,75 @@ FLAGS = (
 )
 
 
-def fit_argv(args) -> list[str]:
+def fit_argv(request: FitRequest) -> list[str]:
     """The command line of one process of a `--nproc` job: these arguments without the launch flags."""
-    argv = ["--out", args.out]
+    argv = ["--out", str(request.out)]
     for flag, value in (
-        ("--store", args.store),
-        ("--target", args.target),
-        ("--config", args.config),
-        ("--max-steps", args.max_steps),
-        ("--init-from", args.init_from),
-        ("--progress-interval", args.progress_interval),
+        ("--store", request.store),
+        ("--target", request.target),
+        ("--config", request.config),
+        ("--max-steps", request.max_steps),
+        ("--init-from", request.init_from),
+        ("--progress-interval", request.progress_interval),
     ):
         if value is not None:
             argv += [flag, str(value)]
-    if args.resume:
+    if request.resume:
         argv.append("--resume")
-    argv += [flag for name, flag in FLAGS if getattr(args, name)]
-    for override in args.overrides:
+    argv += [flag for name, flag in FLAGS if getattr(request, name)]
+    for override in request.overrides:
         argv += ["--set", override]
     return argv
 
 
-def resume_commands(args, store) -> tuple[str, str]:
+def resume_commands(request: FitRequest) -> tuple[str, str]:
     """The command that continues the run in --out, and the one that also leaves corrupt shards out."""
-    flags = "".join(f" {flag}" for name, flag in FLAGS[:2] if getattr(args, name))
-    command = f"python -m train fit --out {args.out} --resume{flags}"
+    flags = "".join(f" {flag}" for name, flag in FLAGS[:2] if getattr(request, name))
+    command = f"python -m train fit --out {request.out} --resume{flags}"
     return command, f"{command} --set data.skip_corrupt_shards=true"
 
 
 def run(args) -> int:
-    if args.dry_run:
-        return dry_run(args)
-    if not args.out:
+    request = FitRequest.from_args(args)
+    if request.dry_run:
+        return dry_run(request)
+    if not request.out:
         raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
-    if args.verify_first and args.skip_verify:
+    if request.verify_first and request.skip_verify:
         raise UsageError("--verify-first and --skip-verify exclude each other")
-    latest = Checkpointer(args.out).resume_point(args.resume)  # before the config is read: one line if wrong
-    config = resolve_config(args)
+    latest = Checkpointer(request.out).resume_point(request.resume)  # before the config is read: one line if wrong
+    config = resolve_config(request)
     check_target_weights(config.target, "--target")  # before torch or torchrun start: one line naming it
-    nodes = Nodes(args.nnodes, args.node_rank, args.master_addr, args.master_port or DEFAULT_MASTER_PORT)
-    if "WORLD_SIZE" not in os.environ and (args.nproc or 1) * nodes.count > 1:
-        return launch_job(args, config, nodes)
-    return train(args, config, latest)
+    nodes = request.nodes()
+    if "WORLD_SIZE" not in os.environ and (request.nproc or 1) * nodes.count > 1:
+        return launch_job(request, config, nodes)
+    return train(request, config, latest)
 
 
-def launch_job(args, config, nodes) -> int:
+def launch_job(request: FitRequest, config, nodes: Nodes) -> int:
     """`--nproc N` (and `--nnodes`): start torchrun's launcher, which runs this command in each process."""
     # Refused here, once, before any process starts (each would refuse it on its own).
-    world_size = (args.nproc or 1) * nodes.count
+    world_size = (request.nproc or 1) * nodes.count
     lanes = config.data.lanes or world_size
-    if not args.resume:  # a resumed run's lanes are its checkpoint's, checked by each process
+    if not request.resume:  # a resumed run's lanes are its checkpoint's, checked by each process
         check_lanes(config.store, lanes, len(open_store(config.store).committed_shards()))
-    check_world(world_size, world_size if args.resume else lanes, config.train.sequences_per_step, resumed=False)
-    return launch(args.nproc or 1, fit_argv(args), Path(args.out), nodes)
+    check_world(world_size, world_size if request.resume else lanes, config.train.sequences_per_step, resumed=False)
+    return launch(request.nproc or 1, fit_argv(request), Path(str(request.out)), nodes)
 
 
-def train(args, config, latest: Path | None) -> int:
+def train(request: FitRequest, config, latest: Path | None) -> int:
     """This process's part of the run: build it (continuing `latest`, the checkpoint
     `run` chose), train it, say how it ended."""
-    checks = FitChecks(
-        allow_other_target=args.allow_other_target,
-        require_complete=args.require_complete,
-        verify=not args.skip_verify,
-        verify_first=args.verify_first,
-        space=not args.skip_space_check,
-        full_weights=args.full_weights_check,
-    )
     try:
-        trainer = Trainer.from_start(config, latest, log=lambda line: print(line, file=sys.stderr), checks=checks)
+        trainer = Trainer.from_start(
+            config, latest, log=lambda line: print(line, file=sys.stderr), checks=request.checks()
+        )
     except KeyboardInterrupt:
         return interrupted("before the first step, no new checkpoint", "rerun the same command")
     if trainer.step >= trainer.total_steps:  # a resume whose --max-steps the run has already reached
         if trainer.world.is_main:
             print(
-                f"fit: nothing to train: {args.out} is already at step {trainer.step} of {trainer.total_steps} "
+                f"fit: nothing to train: {request.out} is already at step {trainer.step} of {trainer.total_steps} "
                 "planned (raise --max-steps to train further)",
                 file=sys.stderr,
             )
@@ -134,11 +186,11 @@ def train(args, config, latest: Path | None) -> int:
     try:
         last = trainer.fit()
     except (TrainingInterrupted, Exception) as error:
-        return stopped(args, config, trainer, error)
+        return stopped(request, config, trainer, error)
     trainer.release_replica()
     close_process_group()
     if trainer.world.is_main:
-        for line in finished_lines(trainer.step, last, args.out, config):
+        for line in finished_lines(trainer.step, last, str(request.out), config):
             print(line, file=sys.stderr)
         print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
     return 0
@@ -157,7 +209,7 @@ def announce(trainer) -> None:
     )
 
 
-def stopped(args, config, trainer, error: BaseException) -> int:
+def stopped(request: FitRequest, config, trainer, error: BaseException) -> int:
     """The exit of a run that stopped early: Ctrl-C (130), a corrupt shard or a lost
     peer (1), each said in one line; anything else is raised."""
     distributed = trainer.world.distributed
@@ -171,7 +223,7 @@ def stopped(args, config, trainer, error: BaseException) -> int:
             if not distributed
             else f"the last checkpoint is {error.checkpoint}"
         )
-        return interrupted(kept, f"resume with: {resume_commands(args, config.store)[0]}")
+        return interrupted(kept, f"resume with: {resume_commands(request)[0]}")
     if isinstance(error, DataStopped):
         shard = error.error
         kept = (
@@ -179,14 +231,14 @@ def stopped(args, config, trainer, error: BaseException) -> int:
             if error.checkpoint
             else "no checkpoint was written"
         )
-        resume, skipping = resume_commands(args, config.store)
+        resume, skipping = resume_commands(request)
         return fail(
             f"shard {shard.shard}: {shard.file}: {shard.what}; {kept}; repair the store with "
             f"`{REPAIR_COMMAND.format(store=config.store)}` and `python -m extract run`, then resume with "
             f"`{resume}`, or resume leaving the shard out: `{skipping}`"
         )
     if is_disk_full(error):
-        return disk_full(args, config.store, error)
+        return disk_full(request, error)
     if not distributed or not is_peer_loss(error):
         raise error
     # A collective failed: another process of the job is gone. Under --nproc the launcher
@@ -200,16 +252,18 @@ def stopped(args, config, trainer, error: BaseException) -> int:
     )
 
 
-def disk_full(args, store, error: OSError) -> int:
+def disk_full(request: FitRequest, error: BaseException) -> int:
     """A disk that filled mid-run: one line naming what failed, the last good
     checkpoint (the steps after it are lost) and how to go on (exit 1)."""
-    latest = latest_checkpoint(args.out)
-    what = " ".join(str(error).split()) if error.filename is None else f"disk full writing {error.filename}"
+    out = str(request.out)
+    latest = latest_checkpoint(out)
+    filename = getattr(error, "filename", None)
+    what = " ".join(str(error).split()) if filename is None else f"disk full writing {filename}"
     if latest is None:
-        return fail(f"{what}; no checkpoint was written; free space in {args.out} and rerun the same command")
+        return fail(f"{what}; no checkpoint was written; free space in {out} and rerun the same command")
     return fail(
         f"{what}; the last good checkpoint is {latest} (step {read_state(latest)['step']}), the steps "
-        f"after it are lost; free space in {args.out} and resume with `{resume_commands(args, store)[0]}`"
+        f"after it are lost; free space in {out} and resume with `{resume_commands(request)[0]}`"
     )
 
 
@@ -233,28 +287,28 @@ def finished_lines(step: int, last: dict, out: str, config) -> list[str]:
     ]
 
 
-def resolve_config(args):
+def resolve_config(request: FitRequest):
     """The run's config (defaults <- --config <- flags <- --set). A --set that is not
     KEY=VALUE of a known key, or a run without --store / --target, is a usage error (exit 2)."""
-    for override in args.overrides:
+    for override in request.overrides:
         try:
             check_override(override)
         except ConfigError as error:
             raise UsageError(f"--set {override}: {error}") from None
-    config_file = args.config
-    if args.resume and config_file is None and (Path(args.out) / CONFIG_FILE).is_file():
-        config_file = str(Path(args.out) / CONFIG_FILE)
+    config_file = request.config
+    if request.resume and config_file is None and (Path(str(request.out)) / CONFIG_FILE).is_file():
+        config_file = str(Path(str(request.out)) / CONFIG_FILE)
     config = load_config(
         config_file,
-        args.overrides,
-        store=args.store,
-        target=args.target,
-        out=args.out,
+        list(request.overrides),
+        store=request.store,
+        target=request.target,
+        out=request.out,
         require_paths=False,
         **{
-            "train.max_steps": args.max_steps,
-            "model.init_from": args.init_from,
-            "train.progress_interval": args.progress_interval,
+            "train.max_steps": request.max_steps,
+            "model.init_from": request.init_from,
+            "train.progress_interval": request.progress_interval,
         },
     )
     for name in ("store", "target"):
@@ -263,40 +317,31 @@ def resolve_config(args):
     return config
 
 
-def dry_run(args) -> int:
+def dry_run(request: FitRequest) -> int:
     """`fit --dry-run`: the run's config (file, flags, --set) sized for --target, the
     store's samples and layers when --store is given, else --samples and the default
     layers; prints the figures and their JSON as the last line."""
-    if not args.target:
+    if not request.target:
         raise ValueError("fit --dry-run needs --target (a directory with config.json; no weights are read)")
     config = load_config(
-        args.config,
-        args.overrides,
+        request.config,
+        list(request.overrides),
         require_paths=False,
-        store=args.store,
-        target=args.target,
-        out=args.out,
-        **{"train.max_steps": args.max_steps},
+        store=request.store,
+        target=request.target,
+        out=request.out,
+        **{"train.max_steps": request.max_steps},
     )
-    target = read_target_config(args.target)
-    samples, tokens, layer_ids = args.samples, None, None
-    if args.store:
-        store = open_store(args.store)
+    target = read_target_config(request.target)
+    sizing, layer_ids = request.sizing, None
+    if request.store:
+        store = open_store(request.store)
         plan = store.plan()
-        samples, tokens, layer_ids = plan.num_samples, plan.num_tokens, list(store.fingerprint.layer_ids)
+        sizing = dataclasses.replace(sizing, samples=plan.num_samples, tokens=plan.num_tokens)
+        layer_ids = list(store.fingerprint.layer_ids)
     model = dataclasses.replace(config.model, init_from=None)  # on paper: sized for the target, never loaded
-    plan = family_named(model.architecture).plan(model, args.target, target, layer_ids, None, None, print)
-    drafter_config = plan.config
-    sizing = Sizing(
-        gpus=args.nproc or 1,
-        samples=samples,
-        tokens=tokens,
-        tokens_per_s=args.tokens_per_s,
-        gpu_tflops=args.gpu_tflops,
-        mfu=args.mfu,
-        gpu_memory_gib=args.gpu_memory,
-    )
-    figures = dict(fit_estimate(config, target, drafter_config, sizing), **plan.run_info)
+    plan = family_named(model.architecture).plan(model, request.target, target, layer_ids, None, None, print)
+    figures = dict(fit_estimate(config, target, plan.config, sizing), **plan.run_info)
     for line in estimate_lines(figures):
         print(line)
     print("dry run: nothing trained or written")
