@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, fields
 
 from store_schema.dtypes import FP8_E4M3_STORE, SPACE_HEADROOM, STORE_DTYPES, space_needed
 from store_schema.layout import LAYER_ID_CONVENTION
@@ -30,6 +31,29 @@ RENAMED_WORKERS_NOTE = (
 )
 
 
+@dataclass(frozen=True)
+class PaperJob:
+    """The flags `extract plan` sizes the job on paper with (extract/cli/plan.py's `add_estimate_arguments`
+    and the plan's own), read once at the handler's top."""
+
+    model: str
+    batch_tokens: int | None
+    gpu_memory: float | None
+    tokens_per_s: float | None
+    gpus: int
+    gpu_tflops: float | None
+    store_dtype: str | None
+    cache_size: int | None
+    train_tokens_per_s: float | None
+    mfu: float
+    compression_ratio: float
+    layers_from: list | None
+
+    @classmethod
+    def from_args(cls, args) -> "PaperJob":
+        return cls(**{field.name: getattr(args, field.name) for field in fields(cls)})
+
+
 def run(args) -> int:
     if args.workers is not None:
         raise UsageError(RENAMED_WORKERS_NOTE)
@@ -43,12 +67,13 @@ def run(args) -> int:
     )
     dims = read_target_config(args.model)
     layer_ids = resolve_layer_ids(dims, config.layers, config.num_context_layers)
+    paper = PaperJob.from_args(args)
     plan = plan_job(config)
     summary = summarize(plan)
     estimate = estimate_store_bytes(plan, len(layer_ids), dims.hidden_size, args.compression_ratio)
     report = dict(
         summary.to_json(),
-        job=job_on_paper(args, plan, layer_ids, estimate),
+        job=job_on_paper(paper, plan, layer_ids, estimate),
         layer_ids=layer_ids,
         layer_id_convention=LAYER_ID_CONVENTION,
         num_target_layers=dims.num_hidden_layers,
@@ -67,8 +92,8 @@ def run(args) -> int:
         store=args.store,
         dry_run=True,
     )
-    if args.layers_from:
-        report["layers_from"] = _sizes_per_drafter(args, plan, dims)
+    if paper.layers_from:
+        report["layers_from"] = sizes_per_drafter(paper, plan, dims)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -76,38 +101,38 @@ def run(args) -> int:
     return 0
 
 
-def job_on_paper(args, plan, layer_ids: list[int], estimate) -> dict:
+def job_on_paper(paper: PaperJob, plan, layer_ids: list[int], estimate) -> dict:
     """The extraction's hours, GPUs and writer cores for the plan (and, with --cache-size,
     the trainer's shard-cache traffic)."""
     store_bytes = estimate.store_bytes()
     job = extraction_estimate(
-        args.model,
+        paper.model,
         layer_ids,
         plan.num_tokens,
         store_bytes,
-        args.batch_tokens,
-        args.gpu_memory,
-        args.tokens_per_s,
-        args.gpus,
-        args.gpu_tflops,
-        args.store_dtype,
+        paper.batch_tokens,
+        paper.gpu_memory,
+        paper.tokens_per_s,
+        paper.gpus,
+        paper.gpu_tflops,
+        paper.store_dtype,
     )
-    if args.cache_size is not None:
+    if paper.cache_size is not None:
         largest = max(s.num_tokens for s in plan.shards)
         rate = (
-            stated_rate(args.train_tokens_per_s)
-            if args.train_tokens_per_s is not None
-            else dry_run_rate(args.model, args.gpus, args.gpu_tflops, args.mfu, plan.settings["max_length"])
+            stated_rate(paper.train_tokens_per_s)
+            if paper.train_tokens_per_s is not None
+            else dry_run_rate(paper.model, paper.gpus, paper.gpu_tflops, paper.mfu, plan.settings["max_length"])
         )
-        job["cache"] = cache_traffic(store_bytes, largest, plan.num_tokens, args.cache_size, rate)
+        job["cache"] = cache_traffic(store_bytes, largest, plan.num_tokens, paper.cache_size, rate)
     return job
 
 
-def _sizes_per_drafter(args, plan, dims) -> dict:
+def sizes_per_drafter(paper: PaperJob, plan, dims) -> dict:
     """`--layers-from`: each drafter's own layers and the store it alone would need, beside the union's."""
     sizes = {}
-    for directory, ids in layers_from_drafters(args.layers_from).items():
-        estimate = estimate_store_bytes(plan, len(ids), dims.hidden_size, args.compression_ratio)
+    for directory, ids in layers_from_drafters(paper.layers_from).items():
+        estimate = estimate_store_bytes(plan, len(ids), dims.hidden_size, paper.compression_ratio)
         sizes[directory] = {"layer_ids": ids, **estimate.by_dtype}
     return sizes
 
