@@ -64,7 +64,7 @@ class GeneratedCorpusError(ValueError):
     """A generated corpus that cannot be read: bad manifest, or shards missing."""
 
 
-def disk_full_message(store_path: Path, where: str) -> str:
+def disk_full_message(store_path: object, where: str) -> str:  # a path, or a backend that prints as one
     return (
         f"disk full {where} in {store_path}: free space (or move the store) and rerun the same command; "
         "committed shards are intact and will not be recomputed, half-written ones were never visible"

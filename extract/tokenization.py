@@ -271,7 +271,7 @@ def turn_mask_with_generation_tags(tokenizer, messages: list[dict]) -> tuple[lis
         raise QuarantineError(
             "template_mismatch", "the rendered chat tokenizes differently than the template's own ids"
         )
-    offsets, spans = encoding["offset_mapping"], []
+    offsets, spans = encoding["offset_mapping"], list[tuple[int, int]]()
     for token, scored in enumerate(tagged):
         if not scored:
             continue
@@ -286,7 +286,7 @@ def turn_mask_with_generation_tags(tokenizer, messages: list[dict]) -> tuple[lis
 
 
 def _pretokenized(record: dict, vocab_size: int) -> tuple[list[int], list[int]]:
-    ids, mask = record.get("input_ids"), record.get("loss_mask")
+    ids, mask = record["input_ids"], record.get("loss_mask")  # the caller found input_ids
     if mask is None:
         raise QuarantineError("missing_field", "input_ids without loss_mask")
     for name, value in (("input_ids", ids), ("loss_mask", mask)):

@@ -37,17 +37,17 @@ class PaperJob:
     and the plan's own), read once at the handler's top."""
 
     model: str
-    batch_tokens: int | None
+    batch_tokens: int
     gpu_memory: float | None
     tokens_per_s: float | None
     gpus: int
     gpu_tflops: float | None
-    store_dtype: str | None
+    store_dtype: str
     cache_size: int | None
     train_tokens_per_s: float | None
     mfu: float
     compression_ratio: float
-    layers_from: list | None
+    layers_from: str | None  # the drafter directories, comma-separated
 
     @classmethod
     def from_args(cls, args) -> "PaperJob":
@@ -93,7 +93,7 @@ def run(args) -> int:
         dry_run=True,
     )
     if paper.layers_from:
-        report["layers_from"] = sizes_per_drafter(paper, plan, dims)
+        report["layers_from"] = sizes_per_drafter(paper.layers_from, paper, plan, dims)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -128,10 +128,10 @@ def job_on_paper(paper: PaperJob, plan, layer_ids: list[int], estimate) -> dict:
     return job
 
 
-def sizes_per_drafter(paper: PaperJob, plan, dims) -> dict:
+def sizes_per_drafter(layers_from: str, paper: PaperJob, plan, dims) -> dict:
     """`--layers-from`: each drafter's own layers and the store it alone would need, beside the union's."""
     sizes = {}
-    for directory, ids in layers_from_drafters(paper.layers_from).items():
+    for directory, ids in layers_from_drafters(layers_from).items():
         estimate = estimate_store_bytes(plan, len(ids), dims.hidden_size, paper.compression_ratio)
         sizes[directory] = {"layer_ids": ids, **estimate.by_dtype}
     return sizes

@@ -45,12 +45,13 @@ from store_schema.dtypes import space_needed, store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token, shard_bytes_bound
 from store_schema.objstore.spool import too_small_message
+from store_schema.plan import Plan
 from store_schema.projection import Projection, fit
 from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import StoreBackend, backend
-from store_schema.writer import clear_store, looks_like_store
+from store_schema.writer import StoreWriter, clear_store, looks_like_store
 
 from ..corpus import open_corpus
 from ..errors import ExtractError, disk_full_message
@@ -134,9 +135,23 @@ class Extraction(ShardedJob):
         self.config, self.target, self.layer_ids, self.identity = config, target, list(layer_ids), identity
         self.planned: Planned | None = None  # once planned
         self.store = None  # the existing store root it resumes (store_schema.Store); None: new
-        self.writer = None  # store_schema.StoreWriter, once prepared
+        self.writer: StoreWriter | None = None  # once prepared
         self.kernels: dict = {}
         self.kernel_warning: str | None = None
+
+    @property
+    def job_plan(self) -> Plan:
+        """The plan this job runs (`plan` sets it before anything else reads it)."""
+        if self.planned is None:
+            raise RuntimeError("the extraction job is used before it planned")
+        return self.planned.plan
+
+    @property
+    def store_writer(self) -> StoreWriter:
+        """The store's writer (`prepare` opens it before any shard or the report is written)."""
+        if self.writer is None:
+            raise RuntimeError("the extraction job writes before it prepared its store")
+        return self.writer
 
     def plan(self, log) -> Planned:
         config = self.config
@@ -145,7 +160,7 @@ class Extraction(ShardedJob):
             _refuse_other_target(self.store, config.model)
         self.planned = planned
         if planned.pending and config.spool_size is not None:
-            self._check_spool(planned)
+            self._check_spool(planned, config.spool_size)
         if not planned.reused:
             try:
                 if config.overwrite:
@@ -157,7 +172,7 @@ class Extraction(ShardedJob):
                 raise
         return planned
 
-    def _check_spool(self, planned: Planned) -> None:
+    def _check_spool(self, planned: Planned, spool_size: int) -> None:
         """Refuse a --spool-size that could never hold the largest pending shard
         (`store_schema.layout.shard_bytes_bound`, the bound each worker reserves)."""
         sizes = {s.name: s.num_tokens for s in planned.plan.shards}
@@ -167,8 +182,8 @@ class Extraction(ShardedJob):
             len(self.layer_ids),
             self.config.target_topk or 0,
         )
-        if need > self.config.spool_size:
-            raise ExtractError(too_small_message(self.config.spool_dir or "the spool", self.config.spool_size, need))
+        if need > spool_size:
+            raise ExtractError(too_small_message(self.config.spool_dir or "the spool", spool_size, need))
 
     def worker_spec(self, plan):
         config = self.config
@@ -223,7 +238,7 @@ class Extraction(ShardedJob):
         kept = projection.summary() if projection is not None else self._resumed_projection()
         fingerprint = Fingerprint.for_extraction(
             self.identity,
-            self.planned.plan,
+            self.job_plan,
             self.layer_ids,
             facts,
             target_topk=self.config.target_topk or 0,
@@ -232,7 +247,7 @@ class Extraction(ShardedJob):
             response_sampling=response_sampling(generated_by),
             projection=kept,
         )
-        self.writer = _open_or_create(self.output, self.store, self.planned.plan, fingerprint, projection)
+        self.writer = _open_or_create(self.output, self.store, self.job_plan, fingerprint, projection)
         self.kernels = dict(facts.kernels)
 
     def _new_projection(self, pool, log) -> Projection | None:
@@ -242,7 +257,7 @@ class Extraction(ShardedJob):
         config = self.config
         if self.store is not None or pool is None or (config.project_energy is None and config.project_rank is None):
             return None
-        plan, names, tokens = self.planned.plan, [], 0
+        plan, names, tokens = self.job_plan, [], 0
         for shard in plan.shards:
             if tokens >= config.project_fit_tokens:
                 break
@@ -291,7 +306,7 @@ class Extraction(ShardedJob):
             self.config, self.output, self.planned, self.layer_ids, outcome, wall=wall, leftovers=run.leftovers
         )
         try:
-            self.writer.write_report(report_name(outcome), report)
+            self.store_writer.write_report(report_name(outcome), report)
         except OSError as error:
             if error.errno == errno.EROFS:
                 log(f"{self.output} is on a read-only filesystem: the report was not stored (every shard is committed)")

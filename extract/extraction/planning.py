@@ -165,7 +165,9 @@ def assign_shards(samples: list[PlannedSample], shard_tokens: int, seed: int) ->
     batch together on the GPU."""
     order = sorted(samples, key=lambda s: s.record_index)
     random.Random(seed).shuffle(order)
-    groups, current, tokens = [], [], 0
+    groups: list[list[PlannedSample]] = []
+    current: list[PlannedSample] = []
+    tokens = 0
     for sample in order:
         if current and tokens + sample.num_tokens > shard_tokens:
             groups.append(current)

@@ -38,6 +38,7 @@ What it does, in order:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -159,7 +160,7 @@ class TargetRunner:
 
         outputs, start = [], 0
         for n in lengths:
-            sample = {L: self._states(host, j, start, n) for j, L in enumerate(self.layer_ids)}
+            sample: dict[int | str, Any] = {L: self._states(host, j, start, n) for j, L in enumerate(self.layer_ids)}
             if "nonfinite" in host:
                 sample["nonfinite"] = host["nonfinite"][:, start : start + n]  # [layers, n] bool
             if self.topk is not None:

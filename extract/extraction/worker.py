@@ -292,7 +292,9 @@ class ExtractionWorker:
             self.faults.batch_done()
         if pending is not None:
             self._collect(pending, outputs)
-        return outputs, widths
+        done = [out for out in outputs if out is not None]
+        assert len(done) == len(outputs)  # every sample was in one batch
+        return done, widths
 
     @staticmethod
     def _collect(pending, outputs) -> None:

@@ -19,8 +19,12 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import EndpointsDown, RequestFailed
+
+if TYPE_CHECKING:  # aiohttp only for the OpenAI-compatible client
+    import aiohttp
 
 RETRIED_STATUSES = {408, 429}  # and every 5xx
 BACKOFF_SECONDS, BACKOFF_CAP = 0.5, 30.0
@@ -57,7 +61,7 @@ class EndpointPool:
         self.retried = 0  # tries that failed and were tried again
         self.rerouted = 0  # requests moved off an endpoint that went down
         self._free = asyncio.Condition()
-        self._session = None
+        self._session: aiohttp.ClientSession | None = None  # open inside `async with`
 
     async def __aenter__(self):
         import aiohttp  # --engine openai only
@@ -66,7 +70,13 @@ class EndpointPool:
         return self
 
     async def __aexit__(self, *exc):
-        await self._session.close()
+        await self.session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("the OpenAI client is used outside `async with`")
+        return self._session
 
     async def chat(self, body: dict) -> Completion:
         """One chat completion (`body` without ``model``), on whichever endpoint is free."""
@@ -128,7 +138,7 @@ class EndpointPool:
         if endpoint in self.down:
             return False
         try:
-            async with self._session.get(
+            async with self.session.get(
                 f"{endpoint}/v1/models", timeout=aiohttp.ClientTimeout(total=PROBE_SECONDS)
             ) as response:
                 return response.status == 200
@@ -139,7 +149,7 @@ class EndpointPool:
         import aiohttp  # aiohttp only for the OpenAI-compatible client
 
         payload = dict(body, model=self.models[endpoint])
-        async with self._session.post(
+        async with self.session.post(
             f"{endpoint}/v1/chat/completions", json=payload, timeout=aiohttp.ClientTimeout(total=self.timeout)
         ) as response:
             text = await response.text()
@@ -164,7 +174,7 @@ def parse_completion(reply: dict, endpoint: str) -> Completion:
     )
 
 
-def _client_errors() -> type:
+def _client_errors() -> type[Exception]:
     import aiohttp  # aiohttp only for the OpenAI-compatible client
 
     return aiohttp.ClientError

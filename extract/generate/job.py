@@ -40,7 +40,7 @@ from ..errors import ExtractError
 from ..generated_corpus import is_generated_corpus, read_manifest, shard_record, write_manifest
 from ..jobs.driver import Planned, ShardedJob, run_sharded
 from ..jobs.output import log_to_stderr, output_locked, ready_to_start
-from .config import GenerateConfig, GenerationSettings
+from .config import GenerateConfig, GenerationSettings, ServerConfig
 from .openai_worker import OpenAIGenerationSpec
 from .planning import RERUN_TOLERATES, generation_identity, plan_counts, plan_generation
 from .replies import journaled_replies, remove_journal
@@ -79,29 +79,31 @@ def run_generate(config: GenerateConfig, log=None) -> dict:
     message meant for the user."""
     log = log or log_to_stderr
     started = time.perf_counter()
+    if config.out is None:
+        raise ValueError("generate needs --out (only --dry-run goes without)")
     out = DirectoryBackend(Path(config.out))  # a generated corpus is always a directory
     read_config_json(config.model)  # a model directory
     if config.server is None:  # the hf engine loads the target; the openai one asks servers that hold it
         check_target_weights(config.model, "--model")
     refusal = "is a non-empty directory that is not a generated corpus; refusing to write into it -- choose a new --out"
     ready_to_start(config, out, is_generated_corpus, refusal)
-    served = check_endpoints(config) if config.server is not None else None
+    served = check_endpoints(config, config.server) if config.server is not None else None
     with output_locked(out):
         job = Generation(config, out, served)
         run = run_sharded(job, log)
-        return _report(config, run, time.perf_counter() - started, served, job.journaled, log)
+        return _report(config, out.location, run, time.perf_counter() - started, served, job.journaled, log)
 
 
-def check_endpoints(config: GenerateConfig):
+def check_endpoints(config: GenerateConfig, server: ServerConfig):
     """`--engine openai`: every endpoint answers and serves --model (`server.check_servers`)."""
     tokenizer = AutoTokenizer.from_pretrained(str(config.model))
     return check_servers(
-        config.server.endpoints,
+        server.endpoints,
         config.model,
         tokenizer,
         config.settings.thinking,
         config.settings.max_length,
-        config.server.served_model,
+        server.served_model,
     )
 
 
@@ -118,16 +120,17 @@ class Generation(ShardedJob):
             skip_space_check=execution.skip_space_check,
         )
         self.config = config
+        self.out_dir = out.location  # a directory: a generated corpus is never in a bucket
         self.served = served  # the checked endpoints (`server.ServedModel`), --engine openai
         self.journaled = 0  # replies a previous run finished and journaled, asked for no more
 
     def plan(self, log) -> Planned:
-        planned = plan_and_resume(self.config, self.output.location, log, self.served)
+        planned = plan_and_resume(self.config, self.out_dir, log, self.served)
         plan = planned.plan
         if not planned.reused:
-            write_manifest(self.output.location, plan.settings, [s.name for s in plan.shards], plan.to_json())
+            write_manifest(self.out_dir, plan.settings, [s.name for s in plan.shards], plan.to_json())
         if self.served is not None:
-            self.journaled = journaled_replies(self.output.location, planned.pending)
+            self.journaled = journaled_replies(self.out_dir, planned.pending)
         return planned
 
     def worker_spec(self, plan):
@@ -170,21 +173,21 @@ class Generation(ShardedJob):
         return tokens * BYTES_PER_TOKEN
 
 
-def _report(config: GenerateConfig, run, wall: float, served=None, journaled: int = 0, log=print) -> dict:
+def _report(config: GenerateConfig, out: Path, run, wall: float, served=None, journaled: int = 0, log=print) -> dict:
     plan, pending, counts = run.planned.plan, run.planned.pending, run.counts
-    records = {s.name: shard_record(config.out, s.name) for s in plan.shards}
+    records = {s.name: shard_record(out, s.name) for s in plan.shards}
     generated_now = sum(records[name]["generated_tokens"] for name in pending)
     seconds = run.dispatch_seconds
     served_counts = {}
     if served is not None:
-        remove_journal(config.out)  # every shard is committed: no reply is asked for again
+        remove_journal(out)  # every shard is committed: no reply is asked for again
         served_counts = served_report(plan_counts(plan), records.values(), served, journaled, log)
     return dict(
         plan_counts(plan),
         **served_counts,
         status="complete" if pending else "nothing_to_do",
         run=run.run,
-        out=str(Path(config.out).resolve()),
+        out=str(out.resolve()),
         plan_reused=run.planned.reused,
         shards_written=counts.shards_written,
         shards_skipped=run.planned.skipped,

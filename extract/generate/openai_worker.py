@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from store_schema.runtime.target_config import read_target_config
 
@@ -138,7 +138,7 @@ class OpenAIGenerationWorker:
         finally:
             journal.close()
         rows, quarantined, checks = [], [], dict(replies=0, checked=0, mismatched=0, prompt_mismatched=0)
-        examples = []
+        examples: list[str] = []
         for task in tasks:
             row, failed, stats = task.result()
             if failed is not None:
@@ -154,8 +154,9 @@ class OpenAIGenerationWorker:
 
     async def _record(self, journal: Journal, sample_id: str, record_index: int, conv):
         settings = self.settings
-        replies, generated, truncated = [], 0, False
-        stats = dict(replies=0, checked=0, mismatched=0, prompt_mismatched=0, examples=[])
+        replies: list[dict] = []
+        generated, truncated = 0, False
+        stats: dict[str, Any] = dict(replies=0, checked=0, mismatched=0, prompt_mismatched=0, examples=[])
         for turn in range(len(conv.turns)):
             messages = conv.prompt(turn, replies)
             prompt_text, prompt_ids = render_prompt(self.tokenizer, messages, settings.thinking)

@@ -16,7 +16,7 @@ def served_report(counts: dict, commit_records, served, journaled: int, log) -> 
     back as the server's own tokens."""
     commit_records = list(commit_records)
     quarantined = [q for r in commit_records for q in r.get("quarantined", [])]
-    checks = Counter()
+    checks: Counter[str] = Counter()
     examples = []
     for record in commit_records:
         token_checks = record.get("token_checks", {})

@@ -9,7 +9,7 @@ import time
 
 from store_schema.plan import Plan
 
-from ..corpus import open_corpus
+from ..corpus import BadRecord, open_corpus
 from ..errors import SampleMismatchError
 from ..generated_corpus import commit_shard, read_manifest, shard_table
 from ..jobs.protocol import ShardDone, failure
@@ -32,6 +32,8 @@ class CorpusShards:
         for sample, record in zip(planned, self.corpus.read([s.record_index for s in planned])):
             where = f"{self.corpus.where(sample.record_index)} ({sample.sample_id!r})"
             try:
+                if isinstance(record, BadRecord):
+                    raise ValueError(f"{record.reason} {record.detail}".strip())
                 conv = conversation(record)
             except Exception as error:
                 raise SampleMismatchError(f"{where} is no longer a valid conversation ({error})") from None

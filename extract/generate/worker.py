@@ -24,7 +24,7 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from transformers import AutoTokenizer
@@ -66,7 +66,7 @@ class GenerationWorker:
         self.shards = CorpusShards(spec.corpus, spec.out)
         self.tokenizer = AutoTokenizer.from_pretrained(str(spec.model))
         self.target = load_target(spec.model, device=spec.device)
-        self.model = self.target.model
+        self.model: Any = self.target.model  # a *ForCausalLM: transformers types generate() on its mixin only
         self.end_of_turn = end_of_turn_ids(self.tokenizer, self.model.generation_config)
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.end_of_turn[0])

@@ -96,8 +96,11 @@ def batches_min_padding(
             padded = (end - start) * sizes[start]  # sizes descend: the batch's first is its longest
             if padded > max_batch_tokens and end - start > 1:
                 break  # longer batches only grow
-            cost = best[start] + padded + per_forward
-            if best[end] is None or cost < best[end]:
+            previous = best[start]
+            assert previous is not None  # every shorter prefix has a batching by now
+            cost = previous + padded + per_forward
+            current = best[end]
+            if current is None or cost < current:
                 best[end], cut[end] = cost, start
     batches, end = [], len(sizes)
     while end:

@@ -47,7 +47,7 @@ def kernels_of_class(model_class) -> dict:
 
 
 def _prefill_kernels(module_names) -> dict:
-    report = {key: None for key, _ in _PREFILL_KERNELS.values()}
+    report: dict[str, str | None] = {key: None for key, _ in _PREFILL_KERNELS.values()}
     modules = [sys.modules[n] for n in sorted(module_names) if n in sys.modules and not n.startswith("torch")]
     for module in modules:
         for function in vars(module).values():

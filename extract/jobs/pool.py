@@ -27,18 +27,19 @@ def start_ray(placement) -> bool:
 
     if ray.is_initialized():
         return False
-    quiet = dict(log_to_driver=True, logging_level="WARNING")
     # Ray announces on stderr that token authentication (its secure default) is on: not news for a job's log.
     logging.getLogger("ray._private.authentication.authentication_token_setup").setLevel(logging.ERROR)
     if joins_cluster(placement.address):
-        ray.init(address=placement.address, **quiet)  # a running cluster (or `ray job submit`)
+        # a running cluster (or `ray job submit`)
+        ray.init(address=placement.address, log_to_driver=True, logging_level=logging.WARNING)
     else:
         needed = placement.workers * placement.cpus_per_worker if placement.device == "cpu" else placement.workers
         ray.init(
             address="local",
             num_cpus=max(available_cores(), needed),
             include_dashboard=False,  # no dashboard / job server for a local run
-            **quiet,
+            log_to_driver=True,
+            logging_level=logging.WARNING,
         )
     terminate_as_interrupt()  # Ray's driver installed its own SIGTERM handler (a stack dump): Ctrl-C's again
     return True
@@ -77,13 +78,12 @@ class ActorPool:
     def __init__(self, placement: Placement, spec):
         import ray  # Ray only where a job runs on it (gpu_check's workers run without)
 
-        if placement.device == "cuda":
-            options = dict(num_gpus=1, num_cpus=placement.cpus_per_worker)
-        else:
-            options = dict(num_cpus=placement.cpus_per_worker)
+        gpus = 1 if placement.device == "cuda" else 0
         # Group tasks held at once: the spec's (extraction: two, one computes while the other writes).
         self.groups_in_flight = spec.groups_in_flight
-        self._remote = ray.remote(max_concurrency=self.groups_in_flight, max_restarts=0, **options)(spec.actor_class())
+        self._remote = ray.remote(spec.actor_class()).options(
+            max_concurrency=self.groups_in_flight, max_restarts=0, num_gpus=gpus, num_cpus=placement.cpus_per_worker
+        )
         self.spec, self.task = spec, spec.task
         self._faults = placement.faults
         self.created = 0  # actors spawned, replacements of dead ones included

@@ -98,7 +98,7 @@ def failure(error: BaseException) -> ShardFailed:
 
 
 def _classify(error: BaseException) -> str:
-    seen = error
+    seen: BaseException | None = error
     while seen is not None:
         if isinstance(seen, ShardFenced):  # the driver gave this attempt up; nobody waits for the reply
             return "fenced"
@@ -108,8 +108,9 @@ def _classify(error: BaseException) -> str:
             return "corpus_changed"
         if type(seen).__name__ == "OutOfMemoryError":  # torch.OutOfMemoryError (CUDA)
             return "device_oom"
-        if isinstance(getattr(seen, "failure_kind", None), str):  # an error that names its own kind
-            return seen.failure_kind
+        kind = getattr(seen, "failure_kind", None)
+        if isinstance(kind, str):  # an error that names its own kind
+            return kind
         seen = seen.__cause__ or seen.__context__
     return "error"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -15,12 +16,15 @@ from store_schema.runtime.target_model import load_target_model
 
 from .kernels import check_fast_kernels, kernel_report, kernels_of_class
 
+if TYPE_CHECKING:  # transformers comes with the loaded target
+    from transformers import PreTrainedModel
+
 
 @dataclass
 class Target:
     """A loaded target model and the facts about it the store's fingerprint needs."""
 
-    model: torch.nn.Module  # the *ForCausalLM (or its base model: `keep_layers`), eval mode, requires_grad off
+    model: PreTrainedModel  # the *ForCausalLM (or its base model: `keep_layers`), eval mode, requires_grad off
     path: str
     device: torch.device
     dtype: torch.dtype  # compute dtype; the store keeps bf16 regardless
@@ -67,6 +71,7 @@ def load_target(
     if require_fast_kernels:
         check_fast_kernels(kernels, loaded.device.type, where)
     head = model.get_output_embeddings()
+    rows = cast(torch.Tensor, (head if head is not None else model.get_input_embeddings()).weight).shape[0]
     return Target(
         model=model,
         path=loaded.path,
@@ -74,7 +79,7 @@ def load_target(
         dtype=loaded.dtype,
         num_layers=loaded.num_layers,
         hidden_size=int(model.config.hidden_size),
-        vocab_size=int((head if head is not None else model.get_input_embeddings()).weight.shape[0]),
+        vocab_size=int(rows),
         architecture=loaded.architecture,
         checkpoint_architectures=loaded.checkpoint_architectures,
         kernels=kernels,

@@ -36,9 +36,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import torch
+
+if TYPE_CHECKING:  # the loader imports transformers only where a target is loaded
+    from transformers import PreTrainedModel
 
 from .startup import collector_paused
 from .target_config import read_config_json
@@ -77,7 +80,7 @@ def resolve_device(device: torch.device | str) -> torch.device:
 class LoadedTarget:
     """A loaded target: the module, where and how it computes, and what it was loaded from."""
 
-    model: torch.nn.Module  # a *ForCausalLM, or its headless text model with `keep_layers`
+    model: PreTrainedModel  # a *ForCausalLM, or its headless text model with `keep_layers`
     path: str
     device: torch.device
     dtype: torch.dtype
