@@ -171,10 +171,15 @@ def chat(url: str, body: dict) -> dict:
         return json.loads(response.read())
 
 
+VLLM_SCRIPTS = Path(__file__).with_name("vllm_scripts")  # what the tests run in the vLLM environment
+
+
 def run_vllm_script(python: str, script: Path, workdir: Path, *argv: str) -> None:
-    """One of train/acceptance's vLLM scripts run by the vLLM environment's python in
-    `workdir`, with that environment's own packages only; the test fails on its stderr."""
+    """One of tests/vllm_scripts/ run by the vLLM environment's python in `workdir`, with
+    that environment's own packages and serve-check's runner (`vllm_runner`, which imports
+    nothing of this project) on its path; the test fails on its stderr."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(serve_check.RUNNER.parent)
     done = subprocess.run(
         [python, str(script), *argv],
         cwd=workdir,
@@ -189,12 +194,12 @@ def run_vllm_script(python: str, script: Path, workdir: Path, *argv: str) -> Non
 
 def captured_first_round(python: str, target, drafter, served, prompt: list[int], workdir: Path) -> dict:
     """What vLLM's drafter (`served`: how it serves the export `drafter`) saw and drafted
-    on its first round of `prompt`, as train/acceptance/vllm_logits.py captures it."""
+    on its first round of `prompt`, as tests/vllm_scripts/vllm_logits.py captures it."""
     workdir.mkdir()
     request = serve_check.served_request(
         target, drafter, [prompt], served=served, max_new_tokens=4, stop_token_ids=[], dtype="float32"
     )
     (workdir / "request.json").write_text(json.dumps(request))
-    capture = serve_check.RUNNER.with_name("vllm_logits.py")
+    capture = VLLM_SCRIPTS / "vllm_logits.py"
     run_vllm_script(python, capture, workdir, "request.json", "captured.safetensors")
     return load_file(workdir / "captured.safetensors")

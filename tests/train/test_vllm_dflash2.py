@@ -5,7 +5,7 @@ cut by `block_size` rows), and the selector's edge scores, the lattice vLLM's Tr
 walk reads, equal to our unary + `pair_scores` for every predecessor and candidate;
 the greedy path through that lattice is our selector's walk. vLLM serves DFlash 2
 only on its V2 model runner (GPU), so the whole drafter is not served on CPU
-(tests/train/test_serve_check.py); train/acceptance/vllm_dflash2_modules.py runs the
+(tests/train/test_serve_check.py); tests/vllm_scripts/vllm_dflash2_modules.py runs the
 modules alone in the vLLM environment's python.
 """
 
@@ -15,11 +15,9 @@ import pytest
 import torch
 from random_drafters import random_dflash2
 from safetensors.torch import load_file, save_file
-from served import run_vllm_script
+from served import VLLM_SCRIPTS, run_vllm_script
 
-from train.acceptance import serve_check
-
-SCRIPT = serve_check.RUNNER.with_name("vllm_dflash2_modules.py")
+SCRIPT = VLLM_SCRIPTS / "vllm_dflash2_modules.py"
 BLOCKS, BLOCK, TOLERANCE = 3, 8, 1e-4
 
 

@@ -1,7 +1,7 @@
 """vLLM's own DFlash drafter (vllm/model_executor/models/qwen3_dflash.py) drafts the
 same logits as this project's, in fp32, for the first block of one prompt.
 
-train/acceptance/vllm_logits.py runs a real vLLM engine (CPU build, in its own
+tests/vllm_scripts/vllm_logits.py runs a real vLLM engine (CPU build, in its own
 process) with an exported random drafter as its speculator and saves what vLLM's
 drafter was given and what it drafted on its first round: the target's hidden
 states of the whole prompt as context, the block [bonus token, MASK x K] at

@@ -80,7 +80,7 @@ def _has_cuda() -> bool:
 
 def build_llm(request: dict):
     """The `LLM` of `request`: its target, the drafter as its DFlash speculator, greedy-ready.
-    vllm_logits.py builds its engine here too, so both see the same engine."""
+    The parity tests' tests/vllm_scripts/vllm_logits.py builds its engine here too, so both see the same engine."""
     if request["mixed_layers"] or request.get("v2_runner_only"):
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "1"
     on_cpu = not _has_cuda()

@@ -7,6 +7,7 @@ import gc
 import json
 import sys
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,40 +24,57 @@ from train.families.kinds import family_of
 from train.sampling import Sampling
 
 
+@dataclass(frozen=True)
+class ServeCheckRequest:
+    """What `serve-check` was asked beyond the decoding it shares with `speculate`
+    (train/cli/serve_check.py says what each flag means), read once at the handler's top."""
+
+    target: str
+    max_new_tokens: int
+    seed: int
+    gpu_memory_utilization: float | None
+    vllm_python: str | None
+    workdir: Path
+
+    @classmethod
+    def from_args(cls, args) -> "ServeCheckRequest":
+        workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
+        return cls(args.target, args.max_new_tokens, args.seed, args.gpu_memory_utilization, args.vllm_python, workdir)
+
+
 def run(args) -> int:
     read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
     served_as = family_of(config).served(config)
-    decoding = decoding_request(args)
+    decoding, asked = decoding_request(args), ServeCheckRequest.from_args(args)
     open_prompt_source(decoding)
     try:
         sampling = Sampling(args.temperature, args.top_p, args.top_k)
     except ValueError as error:
         return fail(str(error))
     unserved = serve_check.unserved_here(served_as)
-    python, version = _vllm(serve_check, args, unserved)
+    python, version = _vllm(serve_check, asked.vllm_python, unserved)
     loaded = load_decoding(decoding, "serve-check")
     drafter_dir, stops, dtype = loaded.drafter_dir, loaded.stops, loaded.dtype
-    workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
-    request, share = vllm_request(args, loaded, config, served_as, python, sampling)
-    results = speculated(loaded, args.max_new_tokens, served_as.round_tokens, sampling, args.seed)
+    request, share = vllm_request(asked, loaded, config, served_as, python, sampling)
+    results = speculated(loaded, asked.max_new_tokens, served_as.round_tokens, sampling, asked.seed)
     freed = release(loaded)  # two copies of a 27B target never fit one card: vLLM starts after
-    served = serve(python, request, workdir) if python else {"skipped": unserved}
-    outcomes = judged(args.target, results, served, loaded, sampling) if "prompts" in served else None
+    served = serve(python, request, asked.workdir) if python else {"skipped": unserved}
+    outcomes = judged(asked.target, results, served, loaded, sampling) if "prompts" in served else None
     summary = _summary(serve_check, results, served, served_as.round_tokens, loaded, args.thinking, outcomes)
     summary.update(
         drafter=str(drafter_dir),
-        target=str(args.target),
+        target=str(asked.target),
         target_freed_before_vllm=freed() is None,
         vllm_python=python,
         vllm_version=served.get("vllm_version", version),
         vllm_device=served.get("device"),
-        vllm_log=str(workdir / "vllm.log") if python else None,
-        vllm_memory_share=args.gpu_memory_utilization or share,
+        vllm_log=str(asked.workdir / "vllm.log") if python else None,
+        vllm_memory_share=asked.gpu_memory_utilization or share,
         dtype=str(dtype).removeprefix("torch."),
         block_size=served_as.round_tokens,
-        max_new_tokens=args.max_new_tokens,
-        seed=None if sampling.greedy else args.seed,
+        max_new_tokens=asked.max_new_tokens,
+        seed=None if sampling.greedy else asked.seed,
         stop_token_ids=stops,
         **loaded.other_target,
     )
@@ -67,26 +85,28 @@ def run(args) -> int:
     return fail("; ".join(found)) if found else 0
 
 
-def vllm_request(args, loaded, config, served_as, python: str | None, sampling: Sampling) -> tuple[dict, float | None]:
+def vllm_request(
+    asked: ServeCheckRequest, loaded, config, served_as, python: str | None, sampling: Sampling
+) -> tuple[dict, float | None]:
     """What vLLM decodes (`serve_check.served_request`), and the CPU memory share sized for it."""
     token_prompts = [p.input_ids.tolist() for p in loaded.prompts]
     share = None
-    if args.gpu_memory_utilization is None and loaded.device.type == "cpu" and python:
+    if asked.gpu_memory_utilization is None and loaded.device.type == "cpu" and python:
         share = _cpu_share(
-            args.target, loaded.drafter_dir, config, served_as, token_prompts, args.max_new_tokens, loaded.dtype
+            asked.target, loaded.drafter_dir, config, served_as, token_prompts, asked.max_new_tokens, loaded.dtype
         )
     request = serve_check.served_request(
-        Path(args.target).resolve(),
+        Path(asked.target).resolve(),
         loaded.drafter_dir.resolve(),
         token_prompts,
         served=served_as,
-        max_new_tokens=args.max_new_tokens,
+        max_new_tokens=asked.max_new_tokens,
         stop_token_ids=loaded.stops,
         dtype=str(loaded.dtype).removeprefix("torch."),
-        gpu_memory_utilization=args.gpu_memory_utilization,
+        gpu_memory_utilization=asked.gpu_memory_utilization,
         cpu_memory_share=share,
         sampling=sampling,
-        seed=args.seed,
+        seed=asked.seed,
     )
     return request, share
 
@@ -147,13 +167,13 @@ def speculated(loaded, max_new_tokens: int, block_size: int, sampling: Sampling,
     return results
 
 
-def _vllm(serve_check, args, unserved: str | None) -> tuple[str | None, str | None]:
+def _vllm(serve_check, vllm_python: str | None, unserved: str | None) -> tuple[str | None, str | None]:
     """The python that runs vLLM and its version, said in one line; (None, None) when
     vLLM cannot serve the drafter here (`unserved` says why, in that line)."""
     if unserved:
         print(f"note: {unserved}; checking speculate against the target only (no vLLM needed)", file=sys.stderr)
         return None, None
-    python = serve_check.find_vllm_python(args.vllm_python)
+    python = serve_check.find_vllm_python(vllm_python)
     version = serve_check.probe(python)
     print(f"vLLM {version} from {python}", file=sys.stderr)
     return python, version
