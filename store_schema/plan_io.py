@@ -4,6 +4,8 @@ Writing and reading live here together so the two can never disagree."""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,8 @@ import zarr
 
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
+from .commit.records import describe_files, fsync_path, fsync_tree, read_record, write_record
+from .commit.staging import staging_dir
 from .plan import Plan, PlannedSample, PlannedShard, QuarantinedRecord
 
 
@@ -69,3 +73,27 @@ def plan_from_group(group) -> Plan:
     shards = tuple(PlannedShard(n, tuple(s)) for n, s in zip(attrs["shard_names"], per_shard))
     quarantined = tuple(QuarantinedRecord(**q) for q in attrs.get("quarantined", ()))
     return Plan(shards, quarantined, dict(attrs.get("settings", {})))
+
+
+def commit_plan(path, plan: Plan) -> None:
+    """Commit `plan` into the store directory `path`: written aside, listed in its
+    commit record, renamed into ``plan/``. No store root is needed: a job commits its
+    plan before any worker starts, so whatever fails later resumes without
+    re-tokenizing the corpus. A committed plan is kept; a different one is refused."""
+    path = Path(path)
+    plan_dir = path / layout.PLAN_DIR
+    if (plan_dir / layout.COMMIT_RECORD).exists():
+        if read_record(plan_dir / layout.COMMIT_RECORD)["plan_sha256"] != plan.digest():
+            raise ValueError(
+                f"{path}: the store already holds a different plan (other corpus or settings); "
+                "use a new store or --overwrite"
+            )
+        return
+    staging = staging_dir(path, layout.PLAN_DIR)
+    write_plan_group(staging, plan)
+    write_record(staging / layout.COMMIT_RECORD, {"plan_sha256": plan.digest(), "files": describe_files(staging)})
+    fsync_tree(staging)
+    if plan_dir.exists():
+        shutil.rmtree(plan_dir)  # an uncommitted leftover (no commit record)
+    os.rename(staging, plan_dir)
+    fsync_path(path)

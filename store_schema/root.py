@@ -1,7 +1,7 @@
 """The store root's attributes (`zarr.json` -> attributes["dflash_store"]): schema
 version, fingerprint and its hash, codec (v1 stores' settings read too). `create_store` writes them with
-`root_attributes`; the reader and a reopened writer read them with `read_root`, so
-both accept and refuse the same roots."""
+`root_attributes` (`write_root`: the root's files); the reader and a reopened writer
+read them with `read_root`, so both accept and refuse the same roots."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import zarr
+
 from . import layout
 from .codecs.encoding import CodecConfig
+from .commit.records import describe_files, write_record
+from .dtypes import store_dtype
 from .fingerprint import Fingerprint
+from .projection import Projection
 
 
 @dataclass(frozen=True)
@@ -55,3 +60,32 @@ def parse_root(raw: bytes, store, metadata) -> StoreRoot:
         return StoreRoot(attrs, Fingerprint.from_json(attrs["fingerprint"]), CodecConfig.from_json(attrs["codec"]))
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{metadata}: root attributes lack or mistype a field ({exc!r})") from None
+
+
+def write_root(
+    path, fingerprint: Fingerprint, codec: CodecConfig | None = None, projection: Projection | None = None
+) -> None:
+    """Write a store's root files into the directory `path` (emptied first by the caller):
+    `zarr.json` with the root attributes, the `shards/` group, a projected store's
+    directions, and the root record listing them. A bucket store writes them here in a
+    temporary directory and uploads them (`objstore.commit.create_bucket_store`). The
+    codec is the store dtype's default unless given."""
+    path = Path(path)
+    codec = codec or CodecConfig(name=store_dtype(fingerprint.dtype).default_codec)
+    # Mode "a" on the emptied directory, never "w": zarr's "w" deletes everything in
+    # it, the held `.lock` included, and a second job could then lock a fresh file.
+    root = zarr.open_group(str(path), mode="a")
+    root_files = [layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}"]
+    if projection is not None:
+        (path / layout.PROJECTION_FILE).write_bytes(projection.to_bytes())
+        root_files.append(layout.PROJECTION_FILE)
+    root.attrs[layout.ROOT_ATTR] = root_attributes(fingerprint, codec)
+    root.create_group(layout.SHARDS_DIR)
+    write_record(
+        path / layout.ROOT_RECORD,
+        {
+            "schema_version": layout.SCHEMA_VERSION,
+            "fingerprint_sha256": fingerprint.sha256(),
+            "files": {rel: meta for rel, meta in describe_files(path).items() if rel in root_files},
+        },
+    )

@@ -92,6 +92,6 @@ def open_store(arg):
 def create_store(
     path, fingerprint: Fingerprint, codec: CodecConfig | None = None, overwrite: bool = False, keep_plan: bool = False
 ):
-    """An empty store in a directory (`writer.create_store_dir`, whose arguments these
+    """An empty store in a directory (`directory.root.create_store_dir`, whose arguments these
     are) or under an object-store URL (never overwritten in place, and its plan is its own)."""
     return backend(path).create(fingerprint, codec, overwrite=overwrite, keep_plan=keep_plan)

@@ -1,4 +1,4 @@
-"""Creating a store and committing shards.
+"""Committing shards (a store is created by `directory.root` or `objstore.commit`).
 
 One writer owns a shard: it writes the shard's arrays into a private directory
 under `.staging/`, records size + crc32c of every file, fsyncs, and renames the
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -19,20 +18,18 @@ import zarr
 
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
-from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, CodecConfig, write_bytesplit_shard
+from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, write_bytesplit_shard
 from .commit.lock import Attempt
-from .commit.records import ShardCommit, describe_files, fsync_path, fsync_tree, read_record, write_record
-from .commit.staging import staging_dir, write_and_commit
+from .commit.records import ShardCommit
+from .commit.staging import write_and_commit
 from .dtypes import QuantizedStates, StoreDtype, store_dtype
-from .errors import StoreExistsError
-from .fingerprint import Fingerprint
 from .layer_stats import layer_stats, refuse_empty_capture
 from .layer_values import bf16_tensor, bf16_values, joined_layer, quantized_values
 from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .plan import Plan, sample_digest
-from .plan_io import read_committed_plan, write_plan_group
+from .plan_io import commit_plan, read_committed_plan
 from .projection import Projection, project
-from .root import read_root, root_attributes
+from .root import read_root
 
 
 class Upload(NamedTuple):
@@ -267,66 +264,6 @@ class StoreWriter:
         return path
 
 
-def commit_plan(path, plan: Plan) -> None:
-    """Commit `plan` into the store directory `path`: written aside, listed in its
-    commit record, renamed into ``plan/``. No store root is needed: a job commits its
-    plan before any worker starts, so whatever fails later resumes without
-    re-tokenizing the corpus. A committed plan is kept; a different one is refused."""
-    path = Path(path)
-    plan_dir = path / layout.PLAN_DIR
-    if (plan_dir / layout.COMMIT_RECORD).exists():
-        if read_record(plan_dir / layout.COMMIT_RECORD)["plan_sha256"] != plan.digest():
-            raise ValueError(
-                f"{path}: the store already holds a different plan (other corpus or settings); "
-                "use a new store or --overwrite"
-            )
-        return
-    staging = staging_dir(path, layout.PLAN_DIR)
-    write_plan_group(staging, plan)
-    write_record(staging / layout.COMMIT_RECORD, {"plan_sha256": plan.digest(), "files": describe_files(staging)})
-    fsync_tree(staging)
-    if plan_dir.exists():
-        shutil.rmtree(plan_dir)  # an uncommitted leftover (no commit record)
-    os.rename(staging, plan_dir)
-    fsync_path(path)
-
-
-def clear_store(path, keep=()) -> None:
-    """Delete what a store directory holds (`--overwrite`), the held `.lock` and the
-    entries named in `keep` aside."""
-    for entry in store_entries(path):
-        if entry.name in keep:
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()
-
-
-def store_entries(path) -> list[Path]:
-    """What a store directory holds, the job lock (`.lock`) aside: the lock is not
-    content, and removing it while held would let a second job lock a fresh inode."""
-    path = Path(path)
-    return [p for p in path.iterdir() if p.name != layout.LOCK_FILE] if path.is_dir() else []
-
-
-def looks_like_store(path) -> bool:
-    """Whether a non-empty directory holds only what a store holds (so overwriting
-    it can't delete anything else)."""
-    names = {p.name for p in store_entries(path)}
-    return bool(names) and names <= {
-        layout.ZARR_METADATA,
-        layout.ROOT_RECORD,
-        layout.PLAN_DIR,
-        layout.SHARDS_DIR,
-        layout.STAGING_DIR,
-        layout.REPORTS_DIR,
-        layout.DAMAGED_DIR,
-        layout.COMMITS_DIR,
-        layout.PROJECTION_FILE,
-    }
-
-
 def _check_complete(staging: Path, commit: ShardCommit, arrays: set[str]) -> None:
     """The commit record lists every array and every listed file is there at its size."""
     missing = arrays - {layout.array_of(rel) for rel in commit.files}
@@ -341,50 +278,3 @@ def _check_complete(staging: Path, commit: ShardCommit, arrays: set[str]) -> Non
             raise RuntimeError(
                 f"shard {commit.shard}: {rel} is {size} bytes, its commit record says {entry.size}; not committed"
             )
-
-
-def create_store_dir(
-    path,
-    fingerprint: Fingerprint,
-    codec: CodecConfig | None = None,
-    overwrite: bool = False,
-    keep_plan: bool = False,
-    projection: Projection | None = None,
-) -> StoreWriter:
-    """Create an empty store (codec: the store dtype's default unless given) in a
-    directory (`store_schema.stores.create_store` takes a URL too). An existing store
-    is kept unless `overwrite`. With `keep_plan`, a plan committed
-    before the root (`commit_plan`) stays, and whatever else an earlier creation
-    cut short left is removed (without a root record nothing in it was committed).
-    A projected store's fingerprint names its `projection`, written beside the root
-    and listed in the root record."""
-    path = Path(path)
-    if bool(fingerprint.projection) != (projection is not None) or (
-        projection is not None and projection.summary() != fingerprint.projection
-    ):
-        raise ValueError(f"{path}: the fingerprint's projection and the one given differ")
-    codec = codec or CodecConfig(name=store_dtype(fingerprint.dtype).default_codec)
-    kept = {layout.PLAN_DIR, layout.STAGING_DIR} if keep_plan else set()
-    existing = [e for e in store_entries(path) if e.name not in kept]  # a job holds `.lock` before it creates the store
-    if existing:
-        if not (overwrite or keep_plan):
-            raise StoreExistsError(f"{path} exists and is not empty; pass overwrite to start over")
-        clear_store(path, keep=kept)
-    # Mode "a" on the emptied directory, never "w": zarr's "w" deletes everything in
-    # it, the held `.lock` included, and a second job could then lock a fresh file.
-    root = zarr.open_group(str(path), mode="a")
-    root_files = [layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}"]
-    if projection is not None:
-        (path / layout.PROJECTION_FILE).write_bytes(projection.to_bytes())
-        root_files.append(layout.PROJECTION_FILE)
-    root.attrs[layout.ROOT_ATTR] = root_attributes(fingerprint, codec)
-    root.create_group(layout.SHARDS_DIR)
-    write_record(
-        path / layout.ROOT_RECORD,
-        {
-            "schema_version": layout.SCHEMA_VERSION,
-            "fingerprint_sha256": fingerprint.sha256(),
-            "files": {rel: meta for rel, meta in describe_files(path).items() if rel in root_files},
-        },
-    )
-    return StoreWriter(path)

@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from store_schema import Fingerprint, FingerprintMismatch, TargetFacts, response_provenance, response_sampling
+from store_schema.directory.root import clear_store, looks_like_store
 from store_schema.dtypes import space_needed, store_dtype
 from store_schema.fingerprint import target_identity
 from store_schema.layout import raw_bytes_per_token, shard_bytes_bound
@@ -51,7 +52,7 @@ from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import StoreBackend, backend
-from store_schema.writer import StoreWriter, clear_store, looks_like_store
+from store_schema.writer import StoreWriter
 
 from ..corpus import open_corpus
 from ..errors import ExtractError, disk_full_message

@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from store_schema.directory.root import store_entries
 from store_schema.stores import StoreBackend, backend
-from store_schema.writer import store_entries
 
 from ..corpus import require_corpus
 from ..errors import ExtractError

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..commit.lock import StoreLock
 from ..layout import ROOT_RECORD
 from ..metadata import StoreMetadata
-from ..plan_io import read_committed_plan
+from ..plan_io import commit_plan, read_committed_plan
 from .output import DirectoryOutput
 from .repair import clean_dir, repair_dir
 
@@ -41,7 +41,7 @@ class DirectoryBackend:
         return self.open() if (self.location / ROOT_RECORD).is_file() else None
 
     def create(self, fingerprint, codec=None, overwrite: bool = False, keep_plan: bool = False, projection=None):
-        from ..writer import create_store_dir  # torch, as the reader
+        from .root import create_store_dir  # torch, with the writer it returns
 
         return create_store_dir(
             self.location, fingerprint, codec, overwrite=overwrite, keep_plan=keep_plan, projection=projection
@@ -56,8 +56,6 @@ class DirectoryBackend:
         return read_committed_plan(self.location) if self.location.is_dir() else None
 
     def commit_plan(self, plan) -> None:
-        from ..writer import commit_plan  # torch, as the reader
-
         commit_plan(self.location, plan)
 
     def lock(self, job: str, log=None) -> StoreLock:

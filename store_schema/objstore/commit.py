@@ -24,10 +24,11 @@ from .. import layout
 from ..commit.journal import entry_bytes, entry_key
 from ..commit.lock import Attempt, ShardFenced
 from ..commit.records import describe_files, parse_record, record_bytes
+from ..errors import StoreExistsError
 from ..plan import Plan
 from ..plan_io import write_plan_group
-from ..root import parse_root
-from ..writer import StoreExistsError, StoreWriter, Upload, create_store_dir
+from ..root import parse_root, write_root
+from ..writer import StoreWriter, Upload
 from .bucket import Bucket
 from .keys import MARKER_ATTEMPT, MARKER_ETAGS, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
 from .reader import read_bucket_plan
@@ -175,7 +176,7 @@ def create_bucket_store(url, fingerprint, codec=None, spool: Spool | None = None
     refused: a bucket store is never overwritten in place, use a new prefix."""
     bucket = Bucket(url)
     with tempfile.TemporaryDirectory(prefix="dflash-root.") as tmp:
-        create_store_dir(tmp, fingerprint, codec)
+        write_root(tmp, fingerprint, codec)
         root = {
             rel: (Path(tmp) / rel).read_bytes()
             for rel in (layout.ZARR_METADATA, f"{layout.SHARDS_DIR}/{layout.ZARR_METADATA}", layout.ROOT_RECORD)

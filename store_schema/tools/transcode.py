@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..directory.root import create_store_dir
 from ..dtypes import store_dtype
 from ..projection import Projection, fit, second_moment
 from ..reader import Store
 from ..stores import open_store
-from ..writer import SampleArrays, create_store_dir
+from ..writer import SampleArrays
 
 
 def fitted_projection(store: Store, fit_tokens: int, energy: float | None, rank: int | None) -> Projection:
