@@ -97,11 +97,10 @@ def verify_store(
     stats_by_shard: dict[str, dict] = {}
     done_bytes = 0
     depth = SIZES if sizes_only else CHECKSUMS if checksums_only else CONTENTS
-    depths = dict.fromkeys(shard_dirs, depth)
     if ray_address is None:
-        results = _checked_here(store, shard_dirs, planned_ids, depths, workers)
+        results = _checked_here(store, shard_dirs, planned_ids, depth, workers)
     else:
-        results = _checked_on_cluster(store, shard_dirs, planned_ids, depths, ray_address)
+        results = _checked_on_cluster(store, shard_dirs, planned_ids, depth, ray_address)
     for done, result in enumerate(results, 1):  # in shard order, whatever order they finish in
         _merge(result, seen_ids, report)
         stats_by_shard[result.name] = result.layer_stats
@@ -132,19 +131,19 @@ def _check_against_plan(planned: set[str], found: set[str], journal: set[str], r
         report.add("shard not in the plan", shard=name)
 
 
-def _checked_here(store: Store, names: list[str], planned_ids, depths: dict, workers: int | None):
-    """Each shard's result, in `names` order, checked by this machine's threads."""
+def _checked_here(store: Store, names: list[str], planned_ids, depth: str, workers: int | None):
+    """Each shard's result, in `names` order, checked to `depth` by this machine's threads."""
     with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
-        yield from pool.map(lambda name: _check_shard(store, name, planned_ids, depths[name]), names)
+        yield from pool.map(lambda name: _check_shard(store, name, planned_ids, depth), names)
 
 
-def check_batch(location: str, names: list[str], planned_ids, depths: dict) -> list[_ShardResult]:
+def check_batch(location: str, names: list[str], planned_ids, depth: str) -> list[_ShardResult]:
     """One cluster task's share (`verify_cluster`): these shards of the store at
     `location`, checked as a local verify checks them, with the node's cores."""
-    return list(_checked_here(open_store(location), names, planned_ids, depths, None))
+    return list(_checked_here(open_store(location), names, planned_ids, depth, None))
 
 
-def _checked_on_cluster(store: Store, names: list[str], planned_ids, depths: dict, address: str):
+def _checked_on_cluster(store: Store, names: list[str], planned_ids, depth: str, address: str):
     """Each shard's result, in `names` order, checked across the Ray cluster at `address`."""
     from .verify_cluster import cluster_results  # Ray is loaded only for --ray
 
@@ -154,7 +153,7 @@ def _checked_on_cluster(store: Store, names: list[str], planned_ids, depths: dic
 
     def batch_args(batch: list[str]) -> tuple:
         planned = None if planned_ids is None else {name: planned_ids[name] for name in batch if name in planned_ids}
-        return planned, {name: depths[name] for name in batch}
+        return planned, depth
 
     def unchecked(name: str, error: str) -> _ShardResult:
         result = _ShardResult(name)
