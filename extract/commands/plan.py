@@ -93,7 +93,7 @@ def run(args) -> int:
         dry_run=True,
     )
     if paper.layers_from:
-        report["layers_from"] = sizes_per_drafter(paper.layers_from, paper, plan, dims)
+        report["layers_from"] = sizes_per_drafter(paper.layers_from, paper.compression_ratio, plan, dims)
     if args.json:
         print(json.dumps(report, sort_keys=True))
     else:
@@ -128,11 +128,11 @@ def job_on_paper(paper: PaperJob, plan, layer_ids: list[int], estimate) -> dict:
     return job
 
 
-def sizes_per_drafter(layers_from: str, paper: PaperJob, plan, dims) -> dict:
+def sizes_per_drafter(layers_from: str, compression_ratio: float, plan, dims) -> dict:
     """`--layers-from`: each drafter's own layers and the store it alone would need, beside the union's."""
     sizes = {}
     for directory, ids in layers_from_drafters(layers_from).items():
-        estimate = estimate_store_bytes(plan, len(ids), dims.hidden_size, paper.compression_ratio)
+        estimate = estimate_store_bytes(plan, len(ids), dims.hidden_size, compression_ratio)
         sizes[directory] = {"layer_ids": ids, **estimate.by_dtype}
     return sizes
 

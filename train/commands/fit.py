@@ -90,6 +90,13 @@ class FitRequest:
             full_weights=self.full_weights_check,
         )
 
+    @property
+    def run_dir(self) -> str:
+        """--out: every run has it, only the dry run goes without."""
+        if not self.out:
+            raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
+        return self.out
+
     def nodes(self) -> Nodes:
         return Nodes(self.nnodes, self.node_rank, self.master_addr, self.master_port or DEFAULT_MASTER_PORT)
 
@@ -106,7 +113,7 @@ FLAGS = (
 
 def fit_argv(request: FitRequest) -> list[str]:
     """The command line of one process of a `--nproc` job: these arguments without the launch flags."""
-    argv = ["--out", str(request.out)]
+    argv = ["--out", request.run_dir]
     for flag, value in (
         ("--store", request.store),
         ("--target", request.target),
@@ -128,7 +135,7 @@ def fit_argv(request: FitRequest) -> list[str]:
 def resume_commands(request: FitRequest) -> tuple[str, str]:
     """The command that continues the run in --out, and the one that also leaves corrupt shards out."""
     flags = "".join(f" {flag}" for name, flag in FLAGS[:2] if getattr(request, name))
-    command = f"python -m train fit --out {request.out} --resume{flags}"
+    command = f"python -m train fit --out {request.run_dir} --resume{flags}"
     return command, f"{command} --set data.skip_corrupt_shards=true"
 
 
@@ -136,11 +143,10 @@ def run(args) -> int:
     request = FitRequest.from_args(args)
     if request.dry_run:
         return dry_run(request)
-    if not request.out:
-        raise UsageError("fit needs --out RUN (the run directory; only --dry-run goes without)")
+    run_dir = request.run_dir  # without --out: a usage error, before any other
     if request.verify_first and request.skip_verify:
         raise UsageError("--verify-first and --skip-verify exclude each other")
-    latest = Checkpointer(request.out).resume_point(request.resume)  # before the config is read: one line if wrong
+    latest = Checkpointer(run_dir).resume_point(request.resume)  # before the config is read: one line if wrong
     config = resolve_config(request)
     check_target_weights(config.target, "--target")  # before torch or torchrun start: one line naming it
     nodes = request.nodes()
@@ -157,7 +163,7 @@ def launch_job(request: FitRequest, config, nodes: Nodes) -> int:
     if not request.resume:  # a resumed run's lanes are its checkpoint's, checked by each process
         check_lanes(config.store, lanes, len(open_store(config.store).committed_shards()))
     check_world(world_size, world_size if request.resume else lanes, config.train.sequences_per_step, resumed=False)
-    return launch(request.nproc or 1, fit_argv(request), Path(str(request.out)), nodes)
+    return launch(request.nproc or 1, fit_argv(request), Path(request.run_dir), nodes)
 
 
 def train(request: FitRequest, config, latest: Path | None) -> int:
@@ -172,7 +178,7 @@ def train(request: FitRequest, config, latest: Path | None) -> int:
     if trainer.step >= trainer.total_steps:  # a resume whose --max-steps the run has already reached
         if trainer.world.is_main:
             print(
-                f"fit: nothing to train: {request.out} is already at step {trainer.step} of {trainer.total_steps} "
+                f"fit: nothing to train: {request.run_dir} is already at step {trainer.step} of {trainer.total_steps} "
                 "planned (raise --max-steps to train further)",
                 file=sys.stderr,
             )
@@ -190,7 +196,7 @@ def train(request: FitRequest, config, latest: Path | None) -> int:
     trainer.release_replica()
     close_process_group()
     if trainer.world.is_main:
-        for line in finished_lines(trainer.step, last, str(request.out), config):
+        for line in finished_lines(trainer.step, last, request.run_dir, config):
             print(line, file=sys.stderr)
         print(json.dumps({"step": trainer.step, **{k: v for k, v in last.items() if not isinstance(v, list)}}))
     return 0
@@ -255,7 +261,7 @@ def stopped(request: FitRequest, config, trainer, error: BaseException) -> int:
 def disk_full(request: FitRequest, error: BaseException) -> int:
     """A disk that filled mid-run: one line naming what failed, the last good
     checkpoint (the steps after it are lost) and how to go on (exit 1)."""
-    out = str(request.out)
+    out = request.run_dir
     latest = latest_checkpoint(out)
     filename = getattr(error, "filename", None)
     what = " ".join(str(error).split()) if filename is None else f"disk full writing {filename}"
@@ -296,8 +302,8 @@ def resolve_config(request: FitRequest):
         except ConfigError as error:
             raise UsageError(f"--set {override}: {error}") from None
     config_file = request.config
-    if request.resume and config_file is None and (Path(str(request.out)) / CONFIG_FILE).is_file():
-        config_file = str(Path(str(request.out)) / CONFIG_FILE)
+    if request.resume and config_file is None and (Path(request.run_dir) / CONFIG_FILE).is_file():
+        config_file = str(Path(request.run_dir) / CONFIG_FILE)
     config = load_config(
         config_file,
         list(request.overrides),
