@@ -16,7 +16,7 @@ from store_schema.runtime.cli import fail
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import load_target_model
 from train.acceptance import serve_check, vllm_memory
-from train.acceptance.decoding import by_thinking, load_decoding, mean_or_none, open_prompt_source
+from train.acceptance.decoding import DecodingRequest, by_thinking, load_decoding, mean_or_none, open_prompt_source
 from train.acceptance.speculate import decode_prompt
 from train.cli.speculate import decoding_request
 from train.export.drafter_dir import read_drafter_config, resolve_drafter_dir
@@ -26,10 +26,10 @@ from train.sampling import Sampling
 
 @dataclass(frozen=True)
 class ServeCheckRequest:
-    """What `serve-check` was asked beyond the decoding it shares with `speculate`
-    (train/cli/serve_check.py says what each flag means), read once at the handler's top."""
+    """What `serve-check` was asked: the decoding it shares with `speculate`, and its own
+    flags (train/cli/serve_check.py says what each means), read once at the handler's top."""
 
-    target: str
+    decoding: DecodingRequest
     max_new_tokens: int
     seed: int
     gpu_memory_utilization: float | None
@@ -39,32 +39,39 @@ class ServeCheckRequest:
     @classmethod
     def from_args(cls, args) -> "ServeCheckRequest":
         workdir = Path(args.workdir) if args.workdir else Path(args.drafter) / serve_check.WORKDIR_NAME
-        return cls(args.target, args.max_new_tokens, args.seed, args.gpu_memory_utilization, args.vllm_python, workdir)
+        return cls(
+            decoding=decoding_request(args),
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            vllm_python=args.vllm_python,
+            workdir=workdir,
+        )
 
 
 def run(args) -> int:
     read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
     config = read_drafter_config(resolve_drafter_dir(args.drafter))
     served_as = family_of(config).served(config)
-    decoding, asked = decoding_request(args), ServeCheckRequest.from_args(args)
-    open_prompt_source(decoding)
+    asked = ServeCheckRequest.from_args(args)
+    open_prompt_source(asked.decoding)
     try:
         sampling = Sampling(args.temperature, args.top_p, args.top_k)
     except ValueError as error:
         return fail(str(error))
     unserved = serve_check.unserved_here(served_as)
     python, version = _vllm(serve_check, asked.vllm_python, unserved)
-    loaded = load_decoding(decoding, "serve-check")
+    loaded = load_decoding(asked.decoding, "serve-check")
     drafter_dir, stops, dtype = loaded.drafter_dir, loaded.stops, loaded.dtype
     request, share = vllm_request(asked, loaded, config, served_as, python, sampling)
     results = speculated(loaded, asked.max_new_tokens, served_as.round_tokens, sampling, asked.seed)
     freed = release(loaded)  # two copies of a 27B target never fit one card: vLLM starts after
     served = serve(python, request, asked.workdir) if python else {"skipped": unserved}
-    outcomes = judged(asked.target, results, served, loaded, sampling) if "prompts" in served else None
+    outcomes = judged(asked.decoding.target, results, served, loaded, sampling) if "prompts" in served else None
     summary = _summary(serve_check, results, served, served_as.round_tokens, loaded, args.thinking, outcomes)
     summary.update(
         drafter=str(drafter_dir),
-        target=str(asked.target),
+        target=str(asked.decoding.target),
         target_freed_before_vllm=freed() is None,
         vllm_python=python,
         vllm_version=served.get("vllm_version", version),
@@ -90,13 +97,13 @@ def vllm_request(
 ) -> tuple[dict, float | None]:
     """What vLLM decodes (`serve_check.served_request`), and the CPU memory share sized for it."""
     token_prompts = [p.input_ids.tolist() for p in loaded.prompts]
-    share = None
+    target, share = asked.decoding.target, None
     if asked.gpu_memory_utilization is None and loaded.device.type == "cpu" and python:
         share = _cpu_share(
-            asked.target, loaded.drafter_dir, config, served_as, token_prompts, asked.max_new_tokens, loaded.dtype
+            target, loaded.drafter_dir, config, served_as, token_prompts, asked.max_new_tokens, loaded.dtype
         )
     request = serve_check.served_request(
-        Path(asked.target).resolve(),
+        Path(target).resolve(),
         loaded.drafter_dir.resolve(),
         token_prompts,
         served=served_as,
