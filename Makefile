@@ -62,7 +62,7 @@ TEST_WORKERS ?= 2
 COMPILE := $(PY) -m compileall -q extract train store_schema benchmarks scripts tests
 
 # ruff (pyproject.toml's [tool.ruff]): pyflakes, import order, no stale `noqa`.
-# ruff's lint and formatter over every Python file of the project; mypy over store_schema/.
+# ruff's lint and formatter over every Python file of the project; mypy over the three packages (pyproject.toml's [tool.mypy]).
 SOURCES := extract train store_schema benchmarks scripts tests
 
 lint: venv

@@ -125,7 +125,9 @@ def best_first_tree(lp: list[list[float]]) -> Iterator[tuple[int, ...]]:
     stops after its budget. The one owner of the tree rule: `eval` reads its reference
     path off it and `speculate --tree` builds the tree it verifies from it."""
     depth_limit, k = len(lp), len(lp[0])
-    heap = [(-lp[0][0], (0,))]  # ties broken by the rank tuple, as the reference code does
+    heap: list[tuple[float, tuple[int, ...]]] = [
+        (-lp[0][0], (0,))
+    ]  # ties broken by the rank tuple, as the reference code does
     while heap:
         negative, ranks = heapq.heappop(heap)
         yield ranks

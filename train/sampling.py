@@ -86,21 +86,27 @@ class Draft:
     probs: torch.Tensor | None = None
     candidate_ids: torch.Tensor | None = None
 
+    def distribution(self) -> torch.Tensor:
+        """`probs`, which only a draft sampled at temperature carries."""
+        if self.probs is None:
+            raise ValueError("a greedy draft carries no distribution to accept or reject against")
+        return self.probs
+
     def draft_probability(self) -> torch.Tensor:
         """q(x_i) of each drafted token [L]."""
         rows = self.tokens[:, None]
         if self.candidate_ids is None:
-            return self.probs.gather(-1, rows)[:, 0]
-        return (self.probs * (self.candidate_ids == rows)).sum(-1)
+            return self.distribution().gather(-1, rows)[:, 0]
+        return (self.distribution() * (self.candidate_ids == rows)).sum(-1)
 
     def residual(self, target_probs: torch.Tensor, slot: int) -> torch.Tensor:
         """max(0, p - q) at drafted slot `slot`, renormalised; p itself where it is all 0
         (q covers p: a rejection there has probability 0, kept for rounding)."""
         residual = target_probs.clone()
         if self.candidate_ids is None:
-            residual.sub_(self.probs[slot])
+            residual.sub_(self.distribution()[slot])
         else:
-            residual.scatter_add_(0, self.candidate_ids[slot], -self.probs[slot])
+            residual.scatter_add_(0, self.candidate_ids[slot], -self.distribution()[slot])
         residual.clamp_min_(0)
         total = residual.sum()
         return residual / total if total > 0 else target_probs

@@ -9,7 +9,7 @@ records that it did."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from store_schema.fingerprint import config_field_differences
@@ -21,7 +21,7 @@ FULL_FLAG = "--full-weights-check"
 class OtherTargetError(ValueError):
     """The target directory is not the store's target (exit 1); names each field."""
 
-    def __init__(self, differences: dict, target: str | Path, store: str | Path, config_fields: list[str] = ()):
+    def __init__(self, differences: dict, target: str | Path, store: str | Path, config_fields: Sequence[str] = ()):
         self.differences = differences
         fields = "; ".join(
             describe(name, have, got, target, config_fields) for name, (have, got) in differences.items()

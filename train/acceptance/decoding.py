@@ -7,7 +7,9 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
+import torch
 from torch import nn
 from transformers import AutoTokenizer, PreTrainedModel
 
@@ -22,6 +24,7 @@ from train.data.prompt_sets import prompt_sources
 from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import heldout_fraction, load_drafter, resolve_drafter_dir
+from train.families.family import Drafter
 from train.target_check import check_target
 
 
@@ -50,12 +53,12 @@ class Decoding:
     on one device and dtype, the prompts, and the stop tokens."""
 
     drafter_dir: Path
-    drafter: nn.Module  # eval mode, of any family
+    drafter: Drafter  # eval mode, of any family
     model: PreTrainedModel  # the target (transformers), whole
     prompts: list
     stops: list[int]
-    device: object
-    dtype: object
+    device: torch.device
+    dtype: torch.dtype
     other_target: dict  # what `--allow-other-target` let through, recorded in the output
 
 
@@ -156,9 +159,10 @@ def load_decoding(request: DecodingRequest, command: str) -> Decoding:
     read_config_json(request.target)  # a wrong path is refused before the line below
     say(f"{command}: loading the target {request.target} on {device} ({str(dtype).removeprefix('torch.')})")
     model = load_target_model(request.target, device, dtype).model
-    embed = model.get_input_embeddings().weight
+    embedding = cast(nn.Embedding, model.get_input_embeddings())  # transformers types it as any Module
+    vocab_size, hidden_size = embedding.weight.shape
     layers = model.config.get_text_config().num_hidden_layers
-    check_drafter_against_target(drafter.config, embed.shape[1], embed.shape[0], layers, drafter_dir / "config.json")
+    check_drafter_against_target(drafter.config, hidden_size, vocab_size, layers, drafter_dir / "config.json")
     tokenizer = _tokenizer(request.target)
     prompts = load_prompts(request, store, drafter_dir, model, tokenizer)
     if not prompts:

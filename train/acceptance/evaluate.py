@@ -109,8 +109,9 @@ class _Accumulator:
             self.ddtree_means[budget].append(sum(tree_rounds) / len(tree_rounds))
         if rows.numel():
             lengths = blocks.accepted[rows] + 1
-            entry["tau_per_position"] = float(lengths.double().mean())
-            self.per_position_means.append(entry["tau_per_position"])
+            tau_per_position = float(lengths.double().mean())
+            entry["tau_per_position"] = tau_per_position
+            self.per_position_means.append(tau_per_position)
             self.blocks += rows.numel()
             counts = accuracy_counts(topk_hits(blocks.ids[rows], blocks.reference[rows], (1, 4, 8)), blocks.valid[rows])
             self.valid += counts["valid"]

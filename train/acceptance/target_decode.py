@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import inspect
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
 
 from store_schema.runtime.target_model import decoder_layers
 
@@ -85,7 +86,7 @@ class TargetSession:
     what `keep` needs to undo up to the last n tokens of a verification (the drafter's
     block size; see the module docstring)."""
 
-    def __init__(self, model, context_layer_ids: list[int] = (), rollback_tokens: int = 0):
+    def __init__(self, model, context_layer_ids: Sequence[int] = (), rollback_tokens: int = 0):
         self.model = model
         self.context_layer_ids = list(context_layer_ids)
         self.cache = DynamicCache(config=model.config)
@@ -185,6 +186,8 @@ class TargetSession:
         """After `forward_tree` at `start`, keep the prefix and the tree nodes `nodes`, in order."""
         index = torch.cat([torch.arange(start), torch.tensor(nodes) + start]).to(self.device)
         for layer in self.cache.layers:
+            if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
+                raise RuntimeError(f"tree verification keeps attention caches only, not a {type(layer).__name__}")
             layer.keys = layer.keys.index_select(-2, index)
             layer.values = layer.values.index_select(-2, index)
         self.length = start + len(nodes)
@@ -208,7 +211,10 @@ class TargetSession:
         self._crop_to(start)
         for layer, saved in zip(self.recurrent, self._saved):
             for i, state in saved.items():
-                layer.recurrent_states[i].copy_(state)
+                kept = layer.recurrent_states[i]
+                if kept is None:
+                    raise RuntimeError(f"a linear-attention layer lost its recurrent state {i} since save()")
+                kept.copy_(state)
         self._saved = None
         self.forward(tokens[:count])
         self.reruns += 1

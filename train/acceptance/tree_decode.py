@@ -70,10 +70,10 @@ def grow_tree(slot_logits: torch.Tensor, anchor_id: int, budget: int) -> DraftTr
     """The tree of `budget` nodes over the drafted slots' logits [L, V]."""
     top = min(budget, slot_logits.shape[-1])
     logprobs, ids = torch.log_softmax(slot_logits.float(), dim=-1).topk(top, dim=-1)
-    tree, ids = DraftTree([anchor_id]), ids.tolist()
-    nodes = {(): 0}
+    tree, candidate_ids = DraftTree([anchor_id]), ids.tolist()
+    nodes: dict[tuple[int, ...], int] = {(): 0}
     for ranks in islice(best_first_tree(logprobs.tolist()), budget):
-        nodes[ranks] = tree.add(nodes[ranks[:-1]], ids[len(ranks) - 1][ranks[-1]])
+        nodes[ranks] = tree.add(nodes[ranks[:-1]], candidate_ids[len(ranks) - 1][ranks[-1]])
     return tree
 
 

@@ -34,7 +34,7 @@ def run(args) -> int:
         print(json.dumps(data, indent=2))
     else:
         print(result.render())
-        if other is not None:
+        if other is not None and table is not None:
             print()
             print(f"Compared run {args.compare}: VERDICT: {other.verdict()}")
             for finding in other.findings:

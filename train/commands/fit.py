@@ -159,7 +159,7 @@ def launch_job(request: FitRequest, config, nodes: Nodes) -> int:
     """`--nproc N` (and `--nnodes`): start torchrun's launcher, which runs this command in each process."""
     # Refused here, once, before any process starts (each would refuse it on its own).
     world_size = (request.nproc or 1) * nodes.count
-    lanes = config.data.lanes or world_size
+    lanes = config.data.lanes_for(world_size)
     if not request.resume:  # a resumed run's lanes are its checkpoint's, checked by each process
         check_lanes(config.store, lanes, len(open_store(config.store).committed_shards()))
     check_world(world_size, world_size if request.resume else lanes, config.train.sequences_per_step, resumed=False)

@@ -31,6 +31,10 @@ class DataConfig:
         None  # the cache's bound per node, e.g. 2TB or 500GiB; None: no bound (every shard kept)
     )
 
+    def lanes_for(self, world_size: int) -> int:
+        """The run's sample streams: `lanes`, else one per process."""
+        return self.lanes or world_size
+
     def validate(self):
         require(self.max_length >= 2, "data.max_length", "must be >= 2")
         require(0.0 <= self.heldout_fraction < 1.0, "data.heldout_fraction", "must be in [0, 1)")

@@ -78,7 +78,7 @@ from store_schema.runtime.units import parse_bytes
 from train.data.cache import ShardCache, upcoming_shards
 from train.data.config import DataConfig
 from train.data.device_copy import DeviceCopier
-from train.data.heldout import heldout_locations, is_heldout, read_located
+from train.data.heldout import SampleLocation, heldout_locations, is_heldout, read_located
 from train.data.order import LoaderPosition, SampleOrder, has_loss_tokens, train_samples_by_shard
 
 __all__ = ["CorruptShards", "LoaderPosition", "LoaderSpec", "ShardLoader", "TrainSample", "check_lanes"]
@@ -203,12 +203,11 @@ class ShardLoader:
         self.start = position or LoaderPosition()
         self.corrupt = corrupt or CorruptShards(log=log)
         self.skipped_shards: list[str] = []
-        self.skipped_empty = 0
-        self.wait_seconds = 0.0
+        self.skipped_empty, self.wait_seconds = 0, 0.0
         self._queue: queue.Queue | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
-        self._heldout = None  # the held-out index, built on first use
+        self._heldout: list[SampleLocation] | None = None  # the held-out index, built on first use
         self.cache: ShardCache | None = None  # built when reading starts (train.data.cache)
         device = spec.device
         self._to_device = DeviceCopier(device) if device is not None and torch.device(device).type == "cuda" else None
@@ -365,13 +364,13 @@ class ShardLoader:
             except _Stop:
                 pass
 
-    def start_threads(self) -> None:
+    def start_threads(self) -> queue.Queue:
+        """The queue the loader threads fill, starting them on the first call."""
         if self._queue is not None:
-            return
+            return self._queue
         if self.config.cache_dir is not None:
-            size = (
-                None if self.config.cache_size is None else parse_bytes(self.config.cache_size) // self.spec.cache_share
-            )
+            bound = self.config.cache_size
+            size = None if bound is None else parse_bytes(bound) // self.spec.cache_share
             upcoming = upcoming_shards(self.order, self.start, self.spec.epochs, skip=self.corrupt.known)
             self.cache = ShardCache(self.store, self.config.cache_dir, size, upcoming, self.log, self.spec.lane)
         groups: queue.Queue = queue.Queue(maxsize=1)
@@ -386,19 +385,20 @@ class ShardLoader:
         ]
         for thread in self._threads:
             thread.start()
+        return self._queue
 
     def __iter__(self) -> Iterator[TrainSample]:
         return self
 
     def __next__(self) -> TrainSample:
-        self.start_threads()
+        samples = self.start_threads()
         began = time.perf_counter()
         while True:
             try:
-                item = self._queue.get(timeout=0.1)
+                item = samples.get(timeout=0.1)
                 break
             except queue.Empty:
-                if not any(t.is_alive() for t in self._threads) and self._queue.empty():
+                if not any(t.is_alive() for t in self._threads) and samples.empty():
                     item = None
                     break
         self.wait_seconds += time.perf_counter() - began

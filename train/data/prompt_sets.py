@@ -83,7 +83,7 @@ class PromptSource:
     def records(self) -> list[tuple[str, dict]]:
         if self.path is None:
             return NAMED_SETS[self.name]()
-        return dataset_records(self.format, self.path)
+        return dataset_records(self.format or "", self.path)
 
 
 def prompt_sources(text: str) -> list[PromptSource]:

@@ -44,7 +44,8 @@ class Prompt:
 
 def thinking_settings(thinking: str | None) -> list[bool | None]:
     """The `enable_thinking` values a `--thinking` choice renders each chat with."""
-    return {None: [None], "on": [True], "off": [False], "both": [True, False]}[thinking]
+    settings: dict[str | None, list[bool | None]] = {None: [None], "on": [True], "off": [False], "both": [True, False]}
+    return settings[thinking]
 
 
 def response_start(loss_mask: torch.Tensor) -> int | None:

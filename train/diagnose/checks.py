@@ -211,7 +211,7 @@ def annealed_tail(records, windows: list[dict]) -> tuple[list, int, bool]:
     whether that tail is judged apart (at least three windows before it)."""
     shares = [lr_share_at(records, w["start"]) for w in windows]
     kept = len(windows)
-    while kept and shares[kept - 1] is not None and shares[kept - 1] < SCHEDULE_ENDING:
+    while kept and (share := shares[kept - 1]) is not None and share < SCHEDULE_ENDING:
         kept -= 1
     return shares, kept, kept < len(windows) and kept >= 3
 
@@ -312,7 +312,7 @@ def find_cliffs(records, metric: str, window: int, drop: float) -> list[dict]:
             means_after = (
                 csum[window + best :] - csum[best : n - window + 1]
             ) / window  # mean of v[j:j+window], j >= best
-            back = [j for j in np.nonzero(means_after >= level - drop / 2)[0] if j > 0]
+            back = [int(j) for j in np.nonzero(means_after >= level - drop / 2)[0] if j > 0]
             recovered = [min(best + back[0] + window // 2, n - 1)] if back else []  # centre of the first window back
             low = float(means_after[: back[0] + 1].min() if back else means_after.min())
             cliffs.append(

@@ -75,14 +75,15 @@ def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01
     noise = 1.4826 * float(np.median(np.abs(log_ratio - np.median(log_ratio))))
     spike_level = max(math.log(2.0), SPIKE_SIGMAS * noise)
     high = log_ratio > spike_level
-    info = {
+    share_spikes = float(high.mean())
+    info: dict[str, object] = {
         "median": float(np.median(loss)),
         "share_above_2x_running_median": float((ratio > 2.0).mean()),
         "share_above_2x_global_median": float((loss > 2 * np.median(loss)).mean()),
         "block": block,
         "noise_sd": noise,
         "spike_ratio": math.exp(spike_level),
-        "share_spikes": float(high.mean()),
+        "share_spikes": share_spikes,
     }
     mixture = _gaussian_mixture_bic(log_ratio)
     bimodal = (
@@ -91,7 +92,7 @@ def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01
         and min(mixture["weights"]) >= 0.03
         and math.exp(mixture["means"][1] - mixture["means"][0]) >= BIMODAL_RATIO
     )
-    info.update(mixture=mixture, bimodal=bool(bimodal))
+    info["mixture"], info["bimodal"] = mixture, bool(bimodal)
     findings = []
     if bimodal:
         upper = math.exp(mixture["means"][1])
@@ -104,7 +105,7 @@ def check_loss_distribution(records, block: int = 200, spike_share: float = 0.01
                 [int(s) for s in steps[ratio > 2.0][:10]],
             )
         )
-    elif info["share_spikes"] > spike_share:
+    elif share_spikes > spike_share:
         findings.append(
             Finding(
                 "loss_spikes",
@@ -131,7 +132,8 @@ def check_epochs(records, window: int = 50, rel_threshold: float = 0.05, sigmas:
     `rel_threshold` of the level and `sigmas` standard errors."""
     epoch_steps, epochs = series(records, "epoch")
     loss_steps, loss = series(records, "loss")
-    out, findings = [], []
+    out: list[dict] = []
+    findings: list[Finding] = []
     if not len(epoch_steps) or not len(loss):
         return out, findings
     whole = np.floor(epochs + 1e-9)

@@ -15,17 +15,17 @@ import sys
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from train.data.config import DataConfig
 from train.data.heldout import heldout_fraction_of, heldout_record
+from train.families.family import Drafter
 from train.families.kinds import claims_export, exported_classes, family_of, family_of_export
 
 HELDOUT_SPLIT_KEY = "heldout_split"
 
 
 def export_drafter(
-    drafter: nn.Module,
+    drafter: Drafter,
     out_dir: str | Path,
     dtype: torch.dtype = torch.bfloat16,
     extra_config: dict | None = None,

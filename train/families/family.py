@@ -15,6 +15,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -27,6 +28,24 @@ from train.measures import ddtree_acceptance, rollout
 from train.sampling import Draft, Sampling
 
 WEIGHTS = "model.safetensors"  # a drafter directory's (export or checkpoint) weights
+
+
+class FamilyConfig(Protocol):
+    """What every family's drafter config says: its architecture and the store's
+    layers it reads, in order; `to_dict` is what checkpoints and exports record."""
+
+    architecture: str
+    context_layer_ids: list[int]
+
+    def to_dict(self) -> dict: ...
+
+
+class Drafter(nn.Module):
+    """What the trainer, evaluation and export hold of any family's drafter: a module
+    and its config (each family's drafter names its own config class)."""
+
+    config: FamilyConfig
+    gradient_checkpointing: bool  # recompute each layer in backward (model.gradient_checkpointing)
 
 
 @dataclass(frozen=True)
@@ -109,7 +128,7 @@ class StartSource:
     the directory whose weights it loads and that drafter's config."""
 
     path: Path
-    config: object  # the family's drafter config
+    config: FamilyConfig
 
     def record(self) -> dict:
         """Where the run started: the directory and its weights' sha256 (checkpoints keep it)."""
@@ -121,7 +140,7 @@ class StartSource:
 class DrafterPlan:
     """The drafter a run trains and how the run started (checkpoints keep `run_info`)."""
 
-    config: object  # the family's drafter config
+    config: FamilyConfig
     run_info: dict
     source: StartSource | None  # the `model.init_from` drafter a new run loads; None otherwise
 
@@ -194,7 +213,7 @@ class DrafterFamily(ABC):
     exported_classes: tuple[str, ...]  # config.json `architectures` of its exports
 
     @abstractmethod
-    def build(self, config) -> nn.Module:
+    def build(self, config) -> Drafter:
         """A fresh drafter of the variant `config.architecture` names."""
 
     @abstractmethod
@@ -203,7 +222,9 @@ class DrafterFamily(ABC):
 
     # -- planning a run ---------------------------------------------------------------------
     @abstractmethod
-    def plan(self, model, target_path: str, target, store_layer_ids: list[int], resumed, source, log) -> DrafterPlan:
+    def plan(
+        self, model, target_path: str, target, store_layer_ids: list[int] | None, resumed, source, log
+    ) -> DrafterPlan:
         """The drafter a run trains: sized for `target` (its `TargetConfig`; `target_path`
         its directory) from the run's `model` section and the store's layers, or
         fine-tuned from `source` (a `StartSource`); `resumed`: (the checkpoint's
@@ -286,7 +307,7 @@ class DrafterFamily(ABC):
 
     # -- decoding ---------------------------------------------------------------------------
     @abstractmethod
-    def draft_session(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module) -> DraftSession:
+    def draft_session(self, drafter, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> DraftSession:
         """A fresh decoding session of `drafter` with the target's embedding and LM head."""
 
     @abstractmethod

@@ -28,6 +28,7 @@ from train.data.lanes import LaneFeed, check_world, lane_positions, resumed_deal
 from train.data.lanes import total_steps as lane_steps
 from train.data.loader import CorruptShards, LoaderSpec, ShardLoader, check_lanes
 from train.dtypes import torch_dtype
+from train.families.family import Drafter
 from train.families.kinds import config_from_state, family_named, family_of
 from train.fitting.checkpoint import Checkpointer, read_state
 from train.fitting.distributed import device_for, init_process_group
@@ -45,7 +46,7 @@ class RunParts:
     """What `Trainer` is made of."""
 
     config: RunConfig  # resolved: the saved config.yaml
-    drafter: nn.Module  # of the family `model.architecture` names
+    drafter: Drafter  # of the family `model.architecture` names
     head: TargetHead
     optimizer: Optimizer
     feed: LaneFeed
@@ -74,7 +75,7 @@ def build_run(
     lanes, shards = (
         resumed_deal(resumed["loader"], config.data.lanes, checked.store, latest)
         if resumed
-        else (config.data.lanes or world.size, None)
+        else (config.data.lanes_for(world.size), None)
     )
     config = dataclasses.replace(  # fixed for the run: its config and checkpoints record them
         config,
@@ -100,7 +101,7 @@ def build_run(
     if checks.space and world.is_main:
         checkpointer.check_space(checkpoint_bytes(drafter), total_steps - start_step, SKIP_SPACE_CHECK_FLAG)
     run_info = dict(checked.run_info)
-    if resumed is not None:
+    if resumed is not None and latest is not None:
         Checkpointer.load(latest, checkpoint_parts(drafter, optimizer, feed, checked.store))
         run_info.update(resumed.get("run_info", {}))  # how the run first started (e.g. the rule that chose the mask)
     if world.is_main:
@@ -161,7 +162,7 @@ def checkpoint_bytes(drafter: nn.Module) -> int:
 
 def new_drafter(
     config: RunConfig, checked: Checked, fine_tune: bool, device: torch.device, log: Callable[[str], None]
-) -> nn.Module:
+) -> Drafter:
     """The drafter, seeded by `train.seed`; a new fine-tuning run starts from
     `model.init_from`'s weights, any other new run takes from the store what its family
     needs (EAGLE-3: its draft vocabulary). fp32 master weights on `device`."""
@@ -188,7 +189,7 @@ def new_feed(
     """This rank's lanes of the run's sample streams, and the run's optimizer steps
     (`train.max_steps`, or the epochs' worth: `epochs_for` says which wins). A fine-tuned
     drafter reads its own layers of the store. `shards`: a resumed run's list."""
-    lanes, batch, store = config.data.lanes, config.train.sequences_per_step, checked.store
+    lanes, batch, store = config.data.lanes_for(world.size), config.train.sequences_per_step, checked.store
     check_world(world.size, lanes, batch, resumed=shards is not None)
     corrupt = CorruptShards(checked.damaged, log)
     check_lanes(store.path, lanes, len(shards or store.committed_shards()))

@@ -62,7 +62,7 @@ class CheckpointSpaceError(OSError):
         super().__init__(errno.ENOSPC, message)
 
     def __str__(self) -> str:
-        return self.strerror
+        return self.strerror or ""
 
 
 class Stateful(Protocol):
@@ -169,8 +169,9 @@ class Checkpointer:
         except BaseException as error:
             shutil.rmtree(tmp, ignore_errors=True)
             if host.is_disk_full(error):
+                reason = getattr(error, "strerror", None) or error
                 raise CheckpointSpaceError(
-                    f"disk full writing the checkpoint of step {step} in {final.parent} ({error.strerror or error})"
+                    f"disk full writing the checkpoint of step {step} in {final.parent} ({reason})"
                 ) from error
             raise
         if final.exists():

@@ -23,14 +23,17 @@ import logging
 import os
 import signal
 import sys
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.nn.parallel import DistributedDataParallel
 
 from store_schema.runtime.host import resolve_device
 from train.config_error import ConfigError
@@ -117,6 +120,11 @@ class DrafterDDP(torch.nn.parallel.DistributedDataParallel):
         return self.module.config
 
 
+def no_gradient_sync(replica: torch.nn.Module) -> AbstractContextManager:
+    """DDP's `no_sync` (gradients stay local until the step's last backward); nothing for a bare drafter."""
+    return replica.no_sync() if isinstance(replica, DistributedDataParallel) else nullcontext()
+
+
 def wrap(drafter: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
     """The module the training step runs: DDP on more than one process, else the drafter."""
     if not world.distributed:
@@ -128,7 +136,7 @@ def wrap(drafter: torch.nn.Module, world: World, device: torch.device) -> torch.
     # than once per optimizer step (2 CPU ranks sat a third idle). Newer torch
     # spells it forward_sync_buffers (and warns on broadcast_buffers); older torch lacks it.
     newer = "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
-    no_sync = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
+    no_sync: dict[str, Any] = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
     return DrafterDDP(drafter, device_ids=ids, **no_sync)  # rank 0 alone runs the evaluators
 
 
@@ -166,13 +174,9 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes(
     logs = run_dir / LAUNCH_LOGS
     specs = DefaultLogsSpecs(log_dir=str(logs), redirects={r: Std.ALL for r in range(1, nproc)})
     if nodes.count == 1:
-        rendezvous = dict(rdzv_backend="c10d", rdzv_endpoint="localhost:0")
+        backend, endpoint, rdzv_configs = "c10d", "localhost:0", {}
     else:  # node 0 hosts the store the others join, as `torchrun --node-rank R --master-addr A` does
-        rendezvous = dict(
-            rdzv_backend="static",
-            rdzv_endpoint=f"{nodes.master_addr}:{nodes.master_port}",
-            rdzv_configs={"rank": nodes.rank},
-        )
+        backend, endpoint, rdzv_configs = "static", f"{nodes.master_addr}:{nodes.master_port}", {"rank": nodes.rank}
     config = LaunchConfig(
         min_nodes=nodes.count,
         max_nodes=nodes.count,
@@ -181,7 +185,9 @@ def launch(nproc: int, fit_argv: list[str], run_dir: Path, nodes: Nodes = Nodes(
         max_restarts=0,
         monitor_interval=0.1,
         run_id="fit",
-        **rendezvous,
+        rdzv_backend=backend,
+        rdzv_endpoint=endpoint,
+        rdzv_configs=rdzv_configs,
     )
     try:
         elastic_launch(config, sys.executable)("-m", "train", "fit", *fit_argv)

@@ -12,6 +12,8 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
+from store_schema import CorruptShardError
+
 
 class TrainingInterrupted(KeyboardInterrupt):
     """Ctrl-C during `fit`, after the last completed step was checkpointed (or
@@ -26,7 +28,7 @@ class DataStopped(Exception):
     """A corrupt shard met mid-run (damaged after the integrity pass): the last
     completed step was checkpointed (`checkpoint`; None if it could not be)."""
 
-    def __init__(self, step: int, checkpoint: Path | None, error: BaseException):
+    def __init__(self, step: int, checkpoint: Path | None, error: CorruptShardError):
         super().__init__(step, checkpoint, error)
         self.step, self.checkpoint, self.error = step, checkpoint, error
 

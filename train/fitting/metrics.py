@@ -49,8 +49,8 @@ class MetricSums:
     selector_valid: float = 0.0  # DFlash 2: valid slots with recall@K / selector flags (0 for DFlash)
     recall: float = 0.0  # label among the selector's top-K candidates
     selector_hits: float = 0.0  # teacher-forced selector's argmax is the label
-    slot_hits: torch.Tensor = field(default=None)
-    slot_valid: torch.Tensor = field(default=None)
+    slot_hits: torch.Tensor = field(init=False)
+    slot_valid: torch.Tensor = field(init=False)
 
     def __post_init__(self):
         self.slot_hits = torch.zeros(self.positions, dtype=torch.float64)

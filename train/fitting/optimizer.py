@@ -35,7 +35,11 @@ class Optimizer:
         groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         device_type = self.params[0].device.type if self.params else "cpu"
         self.adamw = torch.optim.AdamW(
-            groups, lr=config.lr, betas=tuple(config.betas), eps=config.eps, **adamw_implementation(device_type)
+            groups,
+            lr=config.lr,
+            betas=(config.betas[0], config.betas[1]),
+            eps=config.eps,
+            **adamw_implementation(device_type),
         )
 
     def lr(self, step: int) -> float:

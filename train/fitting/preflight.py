@@ -27,7 +27,7 @@ from store_schema.tools.verify import vanished, verify_store
 from train.compatibility import check_store_against_target, check_topk
 from train.config import RunConfig
 from train.data.heldout import is_heldout
-from train.families.family import DrafterPlan, StartSource
+from train.families.family import DrafterPlan, FamilyConfig, StartSource
 from train.families.kinds import family_of
 from train.fitting.distributed import any_rank
 from train.target_check import check_target
@@ -60,7 +60,7 @@ class Checked:
 
     store: Store
     target: TargetConfig
-    drafter_config: object  # the family's drafter config
+    drafter_config: FamilyConfig
     run_info: dict  # how the run started (mask token rule, --init-from, another target): checkpoints keep it
     damaged: list[str]  # shards the integrity pass left out (data.skip_corrupt_shards)
     source: StartSource | None  # the `model.init_from` drafter a new run loads

@@ -61,7 +61,7 @@ from train.families.family import StepResult, StepSample
 from train.families.kinds import family_of
 from train.fitting.build import RunParts, build_run, checkpoint_parts
 from train.fitting.checkpoint import Checkpointer, checkpoint_dir
-from train.fitting.distributed import reduce_step, wrap
+from train.fitting.distributed import no_gradient_sync, reduce_step, wrap
 from train.fitting.global_rng import GlobalRNG
 from train.fitting.interrupts import DataStopped, TrainingInterrupted, sigint_deferred
 from train.fitting.metrics import LogInterval, MetricSums
@@ -286,13 +286,13 @@ class Trainer:
         epoch = self.epoch
         for i, (sample, generator) in enumerate(zip(samples, generators)):
             real = sample is not None
-            if not real and not self.world.distributed:
-                continue  # no replica waits on this process's all-reduce: nothing to pad
-            if not real:
+            if sample is None:
+                if not self.world.distributed:
+                    continue  # no replica waits on this process's all-reduce: nothing to pad
                 pad_length = self.family.pad_length(self.drafter.config)
                 sample, generator = pad_sample(self.drafter.config, pad_length), torch.Generator().manual_seed(0)
             sync = not self.world.distributed or i == len(samples) - 1  # DDP all_reduces on the last backward only
-            with nullcontext() if sync else self.replica.no_sync():
+            with nullcontext() if sync else no_gradient_sync(self.replica):
                 result = self.run_sequence(sample, generator, replica=self.replica)
                 scale = float(result.weight) if per_step else 1.0
                 (result.loss * (scale if real else 0.0)).backward()

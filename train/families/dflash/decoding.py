@@ -14,7 +14,7 @@ from train.sampling import Draft, Sampling
 
 
 class BlockDraftSession(DraftSession):
-    def __init__(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module, round_tokens: int):
+    def __init__(self, drafter, embed_tokens: nn.Embedding, lm_head: nn.Linear, round_tokens: int):
         self.drafter, self.lm_head = drafter, lm_head
         self.cache = DraftCache(drafter, embed_tokens)
         self.round_tokens = round_tokens

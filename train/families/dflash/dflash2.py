@@ -62,13 +62,13 @@ class DFlash2Drafter(DFlashDrafter):
             if isinstance(module, (BlockConv, CandidateSelector)):
                 module.reset_parameters()
 
-    def greedy_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module) -> torch.Tensor:
+    def greedy_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Linear) -> torch.Tensor:
         """The selector's greedy walk from the anchor over the drafted slots' `hidden` [L, H]."""
         logits = lm_head(hidden.to(lm_head.weight.dtype))
         anchor = torch.tensor([anchor_id], device=hidden.device)
         return self.candidate_selector.walk(hidden[None], logits[None], anchor)[0]
 
-    def sampled_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module, sampling, generator):
+    def sampled_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Linear, sampling, generator):
         """The selector's walk at temperature (`CandidateSelector.sample_walk`; the
         reference applies neither top-p nor top-k there) -> (tokens [L], distributions
         [L, K], candidate ids [L, K])."""

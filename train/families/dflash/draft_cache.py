@@ -31,7 +31,7 @@ from train.families.dflash.model import DFlashDrafter, apply_rope
 class DraftCache:
     """Context keys/values of every drafter layer for verified positions [0, length)."""
 
-    def __init__(self, drafter: DFlashDrafter, embed_tokens: nn.Module):
+    def __init__(self, drafter: DFlashDrafter, embed_tokens: nn.Embedding):
         self.drafter = drafter
         self.embed_tokens = embed_tokens
         self.keys: list[torch.Tensor | None] = [None] * len(drafter.layers)
@@ -58,13 +58,14 @@ class DraftCache:
             return
         context = drafter.hidden_norm(drafter.fc(features.to(self.dtype)))[None]  # [1, n, H]
         cos, sin = drafter.rotary_emb(context, self._positions(count, features.device))
-        for i, layer in enumerate(drafter.layers):
+        for i, layer in enumerate(drafter.decoder_layers):
             attn = layer.self_attn
             k = attn.k_norm(attn.k_proj(context).view(1, count, attn.num_kv_heads, attn.head_dim)).transpose(1, 2)
             v = attn.v_proj(context).view(1, count, attn.num_kv_heads, attn.head_dim).transpose(1, 2)
             k = apply_rope(k, cos, sin)
-            self.keys[i] = k if self.keys[i] is None else torch.cat([self.keys[i], k], dim=2)
-            self.values[i] = v if self.values[i] is None else torch.cat([self.values[i], v], dim=2)
+            cached_k, cached_v = self.keys[i], self.values[i]
+            self.keys[i] = k if cached_k is None else torch.cat([cached_k, k], dim=2)
+            self.values[i] = v if cached_v is None else torch.cat([cached_v, v], dim=2)
         self.length += count
 
     @torch.no_grad()
@@ -75,7 +76,7 @@ class DraftCache:
         count = block_ids.shape[0]
         x = self.embed_tokens(block_ids).to(self.dtype)[None]  # [1, b, H]
         cos, sin = drafter.rotary_emb(x, self._positions(count, block_ids.device))
-        for i, layer in enumerate(drafter.layers):
+        for i, layer in enumerate(drafter.decoder_layers):
             attention = partial(self._attend, layer.self_attn, layer=i, cos=cos, sin=sin)
             x = layer.sublayers(x, attention, count)  # the block drafted is one block of `count` rows
         return drafter.norm(x)[0]
@@ -88,9 +89,10 @@ class DraftCache:
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         anchor, rule = self.length, attn.rule
         first = 0 if rule.window is None else max(0, anchor - rule.window + 1)  # older keys are out of every window
-        if anchor > first:
-            k = torch.cat([self.keys[layer][:, :, first:], k], dim=2)
-            v = torch.cat([self.values[layer][:, :, first:], v], dim=2)
+        cached_k, cached_v = self.keys[layer], self.values[layer]
+        if anchor > first and cached_k is not None and cached_v is not None:
+            k = torch.cat([cached_k[:, :, first:], k], dim=2)
+            v = torch.cat([cached_v[:, :, first:], v], dim=2)
         mask = None
         if rule != FULL_ATTENTION:
             key_positions = torch.arange(first, anchor + count, device=x.device)

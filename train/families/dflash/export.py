@@ -48,15 +48,13 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
     (+ `rope_scaling: null`) for transformers 4 / vLLM / SGLang readers, and
     `rope_parameters` for transformers 5."""
     rope_parameters = {"rope_type": "default", **config.rope_parameters, "rope_theta": config.rope_theta}
-    data = {
+    dflash_config: dict = {"mask_token_id": config.mask_token_id, "target_layer_ids": list(config.context_layer_ids)}
+    data: dict = {
         "architectures": [config.kind.exported_class],
         "model_type": "qwen3",
         "block_size": config.block_size,
         "num_target_layers": config.num_target_layers,
-        "dflash_config": {
-            "mask_token_id": config.mask_token_id,
-            "target_layer_ids": list(config.context_layer_ids),
-        },
+        "dflash_config": dflash_config,
         "hidden_size": config.hidden_size,
         "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
@@ -75,7 +73,7 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
         "initializer_range": config.initializer_range,
         # Read as transformers' Qwen3Config and the reference do: `layer_types` per
         # layer, and the window only counts when `use_sliding_window` is true.
-        "layer_types": list(config.layer_types),
+        "layer_types": list(config.layer_types or ()),
         "sliding_window": config.sliding_window,
         "use_sliding_window": config.sliding_window is not None,
         "max_window_layers": config.num_hidden_layers,
@@ -84,12 +82,12 @@ def drafter_config_json(config: DrafterConfig, dtype: torch.dtype = torch.bfloat
         "dtype": name_of(dtype),
     }
     if config.kind.sizes:  # the reference reads these from dflash_config
-        data["dflash_config"].update(
+        dflash_config.update(
             {"block_size": config.block_size, **{name: getattr(config, name) for name in config.kind.sizes}}
         )
     if config.is_causal is not None:
         data["is_causal"] = config.is_causal
-        data["dflash_config"]["causal"] = config.is_causal
+        dflash_config["causal"] = config.is_causal
     if config.rope_parameters.get("rope_type", "default") != "default":
         data["rope_scaling"] = {k: v for k, v in rope_parameters.items() if k != "rope_theta"}
     data.update(extra or {})

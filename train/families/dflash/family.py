@@ -20,6 +20,7 @@ from train.families.dflash.step import dflash_step
 from train.families.dflash.variants import KINDS, kind_named
 from train.families.family import (
     DraftedBlocks,
+    Drafter,
     DrafterFamily,
     DrafterPlan,
     DraftSession,
@@ -37,13 +38,15 @@ class DFlashFamily(DrafterFamily):
     variants = tuple(KINDS)
     exported_classes = tuple(kind.exported_class for kind in KINDS.values())
 
-    def build(self, config) -> nn.Module:
+    def build(self, config) -> Drafter:
         return build_drafter(config)
 
     def config_from_dict(self, data: dict) -> DrafterConfig:
         return DrafterConfig.from_dict(data)
 
-    def plan(self, model, target_path: str, target, store_layer_ids: list[int], resumed, source, log) -> DrafterPlan:
+    def plan(
+        self, model, target_path: str, target, store_layer_ids: list[int] | None, resumed, source, log
+    ) -> DrafterPlan:
         return plan.plan_drafter(model, target_path, target, store_layer_ids, resumed, source, log)
 
     def load_start(self, drafter, source: StartSource) -> None:
@@ -89,7 +92,7 @@ class DFlashFamily(DrafterFamily):
     def decode_path(self, config) -> str:
         return kind_named(config.architecture).decode_path
 
-    def draft_session(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module) -> DraftSession:
+    def draft_session(self, drafter, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> DraftSession:
         return BlockDraftSession(drafter, embed_tokens, lm_head, self.round_tokens(drafter.config))
 
     def served(self, config) -> Served:

@@ -53,9 +53,9 @@ DISABLED: list[str] = []  # why flex was given up in this process (said once, on
 
 def give_up_flex(error: BaseException) -> FlexUnavailable:
     """Record why flex failed, say it once, and return the error the drafter catches."""
-    root = error
-    while getattr(root, "inner_exception", None) or root.__cause__:  # the compiler's own error, not dynamo's wrapper
-        root = getattr(root, "inner_exception", None) or root.__cause__
+    root: BaseException = error
+    while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+        root = inner  # the compiler's own error, not dynamo's wrapper
     text = str(root).strip()
     reason = f"{type(root).__name__}: {text.splitlines()[0] if text else ''}"
     if not DISABLED:

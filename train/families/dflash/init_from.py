@@ -92,6 +92,13 @@ def fine_tune_config(
     return dataclasses.replace(source, mask_token_id=mask_token_id)
 
 
+def source_config(source: StartSource) -> DrafterConfig:
+    """The --init-from drafter's config, which a DFlash run starts from only if it is a DFlash one."""
+    if not isinstance(source.config, DrafterConfig):
+        raise ConfigError(f"--init-from {source.path}: a {source.config.architecture} drafter, not a DFlash one")
+    return source.config
+
+
 def warm_starts(source: DrafterConfig, architecture: str) -> bool:
     """Whether a drafter like `source` warm-starts one of kind `architecture` (a DFlash
     drafter a DFlash 2: train.families.dflash.variants' `warm_start_from`)."""
@@ -111,7 +118,7 @@ def load_start_weights(drafter: DFlashDrafter, source: StartSource) -> DFlashDra
     """The --init-from weights into the run's drafter: every tensor, or for a warm
     start (a DFlash 2 run from a DFlash drafter) the backbone, the new modules keeping
     their identity start."""
-    warm = warm_starts(source.config, drafter.config.architecture)
+    warm = warm_starts(source_config(source), drafter.config.architecture)
     return load_weights(drafter, source.path, backbone_only=warm)
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from train.families.dflash.selector import CandidateSelector
 from train.families.dflash.selector_loss import selector_loss
 from train.families.dflash.targets import BlockTargets
 from train.measures import block_metrics
@@ -87,6 +88,7 @@ def chunk_loss(logprobs: torch.Tensor, rows: slice, scored: ScoredRows, need_gra
     ce = -logprobs.gather(1, label).squeeze(1)
     kl = None
     if scored.kl_mix > 0:
+        assert scored.topk_probs is not None and scored.topk_ids is not None  # scored_rows fills them
         p_target, ids = scored.topk_probs[rows], scored.topk_ids[rows]
         kl = (p_target * (p_target.clamp_min(1e-30).log() - logprobs.gather(1, ids))).sum(1)
     if not need_grad:
@@ -140,7 +142,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             ce_sum += (row_ce[chunk] * scored.weights[chunk]).sum()
             if kl is not None:
                 kl_sum += (kl * scored.weights[chunk]).sum()
-            if need_grad:
+            if grad_hidden is not None and grad_logits is not None:
                 grad_hidden[chunk] = (grad_logits.to(head_weight.dtype) @ head_weight).to(hidden.dtype)
             hits[chunk], candidates[chunk], unary[chunk] = chunk_ranks(logits, scored.labels[chunk], top, top_k)
         row_weights = scored.weights
@@ -148,7 +150,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             factor = scored.reweight(row_ce)
             row_weights = row_weights * factor
             ce_sum = (row_ce * row_weights).sum()
-            if need_grad:
+            if grad_hidden is not None:
                 grad_hidden *= factor[:, None].to(grad_hidden.dtype)
         if need_grad:
             ctx.save_for_backward(grad_hidden, head_weight, candidates)
@@ -188,7 +190,7 @@ def dflash_loss(
     *,
     chunk_rows: int,
     kl_mix: float = 0.0,
-    selector: torch.nn.Module | None = None,
+    selector: CandidateSelector | None = None,
     selector_top_k: int = 16,
     selector_weight: float = 1.0,
 ) -> LossOutput:
@@ -207,7 +209,7 @@ def dflash_loss(
     Gradients flow to `hidden` (and the selector's parameters); the head stays frozen."""
     if not 0.0 <= kl_mix <= 1.0:
         raise ValueError(f"kl_mix must be in [0, 1], got {kl_mix}")
-    if kl_mix > 0 and targets.topk_ids is None:
+    if kl_mix > 0 and (targets.topk_ids is None or targets.topk_logprobs is None):
         raise ValueError("kl_mix > 0 needs target top-k ids/logprobs in BlockTargets")
     if kl_mix > 0 and targets.position_weights == "dpace":
         raise ValueError("D-PACE weighs the hard CE only: kl_mix must be 0")
@@ -242,6 +244,7 @@ def scored_rows(targets: BlockTargets, scored: torch.Tensor, kl_mix: float) -> S
     weights, the renormalised target top-k (kl_mix > 0), D-PACE's reweighting."""
     topk_ids = topk_probs = None
     if kl_mix > 0:
+        assert targets.topk_ids is not None and targets.topk_logprobs is not None  # checked by dflash_loss
         topk_ids = targets.topk_ids.flatten(0, 1)[scored]
         probs = targets.topk_logprobs.flatten(0, 1)[scored].exp()
         topk_probs = probs / probs.sum(1, keepdim=True).clamp_min(1e-30)  # renormalised top-k

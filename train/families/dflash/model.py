@@ -28,6 +28,7 @@ What makes it DFlash rather than a small Qwen3:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import cast
 
 import torch
 from torch import nn
@@ -41,6 +42,7 @@ from train.families.dflash.attention import attend, build_attention_mask, resolv
 from train.families.dflash.flex_compile import FlexUnavailable
 from train.families.dflash.geometry import BLOCK_SIZE, shape_problems
 from train.families.dflash.variants import DEFAULT_KIND, DFLASH, DrafterKind, kind_named
+from train.families.family import Drafter
 
 # The published Qwen3.6-27B drafter's geometry (SpecForge configs/qwen3.6-27b-dflash.json,
 # z-lab/Qwen3.6-27B-DFlash): the defaults `DrafterConfig.from_target` sizes a drafter with.
@@ -127,6 +129,7 @@ class DrafterConfig:
         """Layer `layer`'s rule as the reference (`dflash` 0.1.0) derives it: sliding
         layers are causal unless `is_causal` is set (which then applies to every
         layer) and use `sliding_window`; full layers have no window."""
+        assert self.layer_types is not None  # __post_init__ fills it
         sliding = self.layer_types[layer] == "sliding_attention"
         causal = sliding if self.is_causal is None else self.is_causal
         return LayerAttention(causal=causal, window=self.sliding_window if sliding else None)
@@ -198,6 +201,7 @@ class DrafterConfig:
     def qwen3_config(self) -> Qwen3Config:
         """The transformers Qwen3Config the drafter's layers are built from."""
         rope = {"rope_type": "default", **self.rope_parameters, "rope_theta": self.rope_theta}
+        assert self.layer_types is not None  # __post_init__ fills it
         return Qwen3Config(
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
@@ -292,8 +296,10 @@ class DFlashDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class DFlashDrafter(nn.Module):
+class DFlashDrafter(Drafter):
     """The drafter. `state_dict()` keys are exactly z-lab's checkpoint names."""
+
+    config: DrafterConfig
 
     kind = DFLASH
     layer_class = DFlashDecoderLayer
@@ -315,6 +321,11 @@ class DFlashDrafter(nn.Module):
         self.rotary_emb = Qwen3RotaryEmbedding(qwen3_config)
         self.gradient_checkpointing = False
         self.reset_parameters()
+
+    @property
+    def decoder_layers(self) -> list[DFlashDecoderLayer]:
+        """`layers` as what they are (nn.ModuleList types its items as Module)."""
+        return cast(list[DFlashDecoderLayer], list(self.layers))
 
     def _apply(self, fn, recurse=True):
         """Keep RoPE inverse frequencies in fp32 whatever dtype the weights are cast
@@ -389,7 +400,7 @@ class DFlashDrafter(nn.Module):
 
     def decode_layers(self, x, context, cos, sin, masks: dict) -> torch.Tensor:
         """The decoder layers over the blocks `x` [1, N*B, H], each with its rule's mask."""
-        for layer in self.layers:
+        for layer in self.decoder_layers:
             mask = masks[layer.self_attn.rule]
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(layer, x, context, cos, sin, mask, use_reentrant=False)
@@ -397,14 +408,17 @@ class DFlashDrafter(nn.Module):
                 x = layer(x, context, cos, sin, mask)
         return x
 
-    path_top_k = 1  # candidates per drafted slot that `drafted_path` reads
+    @property
+    def path_top_k(self) -> int:
+        """Candidates per drafted slot that `drafted_path` reads (DFlash: each slot's top-1)."""
+        return 1
 
-    def greedy_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module) -> torch.Tensor:
+    def greedy_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Linear) -> torch.Tensor:
         """The drafted tokens [L] of one block's drafted slots (`hidden` [L, H], after
         `norm`) at greedy decoding: each slot's argmax through the target's lm_head."""
         return lm_head(hidden.to(lm_head.weight.dtype)).argmax(dim=-1)
 
-    def sampled_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Module, sampling, generator):
+    def sampled_tokens(self, hidden: torch.Tensor, anchor_id: int, lm_head: nn.Linear, sampling, generator):
         """The drafted tokens at temperature (`sampling`: train.sampling.Sampling):
         each slot drawn from the drafter's own processed distribution, as the reference's
         `dflash_generate` draws. -> (tokens [L], their distributions [L, V], None: over
@@ -424,7 +438,7 @@ class DFlashDrafter(nn.Module):
     def attention_masks(self, anchor_positions: torch.Tensor, context_len: int, attention: str = "auto") -> dict:
         """One mask per distinct layer rule (full, sliding), built once per forward."""
         kind = resolve_attention(attention, anchor_positions.device)
-        rules = {layer.self_attn.rule for layer in self.layers}
+        rules = {layer.self_attn.rule for layer in self.decoder_layers}
         cfg = self.config
         return {
             rule: build_attention_mask(

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from store_schema.runtime.target_config import TargetConfig
 from train.config_error import ConfigError
 from train.families.dflash.config import LossConfig, ModelConfig
-from train.families.dflash.init_from import fine_tune_config
+from train.families.dflash.init_from import fine_tune_config, source_config
 from train.families.dflash.mask_token import resolve_mask_token
 from train.families.dflash.model import DrafterConfig
 from train.families.dflash.published import fresh_drafter_config
@@ -34,18 +34,18 @@ def plan_drafter(
     the id (the run's saved config records it: `train.fitting.build`). `resumed`: the
     drafter config of the checkpoint a resumed run continues, and that checkpoint."""
     checkpointed, latest = resumed if resumed is not None else (None, None)
+    start = source_config(source) if source else None
     mask = resolve_mask_token(
         model.mask_token_id,
         target_path,
         target.vocab_size,
-        init_from_id=source.config.mask_token_id if source else None,
+        init_from_id=start.mask_token_id if start else None,
     )
     log(f"fit: {mask.describe()}")
     run_info: dict = {"mask_token_rule": mask.rule}
     if model.init_from:
-        base, where = (
-            (source.config, f"--init-from {model.init_from}") if source else (checkpointed, f"--resume {latest}")
-        )
+        base, where = (start, f"--init-from {model.init_from}") if start else (checkpointed, f"--resume {latest}")
+        assert base is not None  # a run with model.init_from loads that drafter or resumes its checkpoint
         drafter_config = fine_tune_config(base, where, model, target, store_layer_ids, mask.id)
     else:
         chosen = chosen_layers(model.target_layer_ids, store_layer_ids, target.num_hidden_layers)

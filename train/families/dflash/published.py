@@ -35,7 +35,11 @@ class PublishedLayout:
         layout wherever the user set nothing; layer kinds only when neither the
         layer count nor the kinds are set."""
         filled = dict(geometry)
-        defaults = {"block_size": self.block_size, "sliding_window": self.sliding_window, "is_causal": self.is_causal}
+        defaults: dict[str, object] = {
+            "block_size": self.block_size,
+            "sliding_window": self.sliding_window,
+            "is_causal": self.is_causal,
+        }
         if geometry.get("num_hidden_layers") is None and geometry.get("layer_types") is None:
             defaults["layer_types"] = list(self.layer_types)
         for key, value in defaults.items():

@@ -40,6 +40,8 @@ from dataclasses import dataclass
 
 import torch
 
+from train.families.dflash.selector import CandidateSelector
+
 
 @dataclass
 class SelectorOutput:
@@ -61,7 +63,7 @@ def selector_weight_at(step: int, weight: float, warmup_steps: int) -> float:
 
 
 def selector_loss(
-    selector: torch.nn.Module,
+    selector: CandidateSelector,
     hidden: torch.Tensor,
     unary: torch.Tensor,
     candidates: torch.Tensor,

@@ -57,10 +57,10 @@ class BlockTargets:
     labels: torch.Tensor
     valid: torch.Tensor
     weights: torch.Tensor
+    weight_sum: torch.Tensor
+    predecessors: torch.Tensor
     topk_ids: torch.Tensor | None = None
     topk_logprobs: torch.Tensor | None = None
-    weight_sum: torch.Tensor | None = None
-    predecessors: torch.Tensor | None = None
     position_weights: str = "decay"
     dpace_alpha: float = 0.5
 
@@ -77,9 +77,9 @@ def slot_labels(
     `target_next_ids[p]` is the target's top-1 for token p + 1)."""
     if labels == "tokens":
         return input_ids[safe]
-    if labels == "target":
+    if labels == "target" and target_next_ids is not None:
         return target_next_ids.to(safe.device).long()[previous]
-    raise ValueError(f'labels must be "tokens" or "target", got {labels!r}')
+    raise ValueError(f'labels must be "tokens" or "target" (with the target\'s top-k), got {labels!r}')
 
 
 def normalised_weights(valid: torch.Tensor, loss: LossConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,24 +131,28 @@ def block_targets(
     valid = inside & loss_mask.to(device).bool()[safe]
     valid[:, 0] = False
     block_labels = slot_labels(
-        loss.labels, input_ids, topk_ids[:, 0] if loss.labels == "target" else None, safe, previous
+        loss.labels,
+        input_ids,
+        topk_ids[:, 0] if topk_ids is not None and loss.labels == "target" else None,
+        safe,
+        previous,
     )
 
     weights, total = normalised_weights(valid, loss)
     slot_topk_ids = slot_topk_logprobs = None
-    if loss.kl_mix > 0:
+    if loss.kl_mix > 0 and topk_ids is not None and topk_logprobs is not None:
         slot_topk_ids = topk_ids.to(device).long()[previous]
         slot_topk_logprobs = topk_logprobs.to(device).float()[previous]
     anchor_tokens = input_ids[safe[:, :1]]
     predecessors = torch.cat([anchor_tokens, anchor_tokens, block_labels[:, 1:-1]], dim=1)[:, :block_size]
     return BlockTargets(
-        block_labels,
-        valid,
-        weights,
-        slot_topk_ids,
-        slot_topk_logprobs,
-        total,
-        predecessors,
-        loss.position_weights,
-        float(loss.dpace_alpha),
+        labels=block_labels,
+        valid=valid,
+        weights=weights,
+        weight_sum=total,
+        predecessors=predecessors,
+        topk_ids=slot_topk_ids,
+        topk_logprobs=slot_topk_logprobs,
+        position_weights=loss.position_weights,
+        dpace_alpha=float(loss.dpace_alpha),
     )

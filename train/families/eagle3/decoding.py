@@ -28,7 +28,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 class ChainDraftSession(DraftSession):
-    def __init__(self, drafter, embed_tokens: nn.Module, round_tokens: int):
+    def __init__(self, drafter, embed_tokens: nn.Embedding, round_tokens: int):
         self.drafter, self.embed_tokens = drafter, embed_tokens  # the drafter has its own lm_head
         self.round_tokens = round_tokens
         self.hidden = torch.zeros(0, drafter.config.hidden_size, dtype=self.dtype, device=self.device)

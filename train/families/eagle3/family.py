@@ -14,7 +14,7 @@ from train.families.eagle3.decoding import ChainDraftSession
 from train.families.eagle3.model import Eagle3Drafter
 from train.families.eagle3.step import eagle3_step
 from train.families.eagle3.vocab import fill_vocabulary
-from train.families.family import DraftedBlocks, DrafterFamily, DrafterPlan, DraftSession, Served, StepResult
+from train.families.family import DraftedBlocks, Drafter, DrafterFamily, DrafterPlan, DraftSession, Served, StepResult
 
 MIN_TOKENS = 3  # a known token, then one drafted: a chain needs x(t+1) and x(t+2) after t
 
@@ -31,7 +31,7 @@ class Eagle3Family(DrafterFamily):
     variants = (ARCHITECTURE,)
     exported_classes = (export.EXPORTED_CLASS,)
 
-    def build(self, config) -> nn.Module:
+    def build(self, config) -> Drafter:
         return Eagle3Drafter(config)
 
     def config_from_dict(self, data: dict) -> Eagle3Config:
@@ -77,7 +77,7 @@ class Eagle3Family(DrafterFamily):
     def decode_path(self, config) -> str:
         return "greedy chain"
 
-    def draft_session(self, drafter, embed_tokens: nn.Module, lm_head: nn.Module) -> DraftSession:
+    def draft_session(self, drafter, embed_tokens: nn.Embedding, lm_head: nn.Linear) -> DraftSession:
         return ChainDraftSession(drafter, embed_tokens, self.round_tokens(drafter.config))
 
     def served(self, config) -> Served:

@@ -32,6 +32,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from train.families.eagle3.config import Eagle3Config
+from train.families.family import Drafter
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,7 +109,8 @@ class Eagle3Layer(nn.Module):
         return self.mlp(self.post_attention_layernorm(residual)) + residual
 
 
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(Drafter):
+    config: Eagle3Config
     d2t: torch.Tensor
     t2d: torch.Tensor
 
