@@ -246,9 +246,9 @@ def serve_stage(paths: dict, prompts: int, max_new_tokens: int) -> dict:
     or one line saying why there are none: skipped (a kind or layout vLLM cannot serve
     here, which serve-check says first and checks without vLLM), no vLLM environment
     (how to add one), or failed (serve-check's own error line: vLLM's root cause and its log)."""
-    from train.acceptance.serve_check import ServeRefused, find_vllm_python, unserved_here
     from train.export.drafter_dir import read_drafter_config
     from train.families.kinds import family_of
+    from train.serving.serve_check import ServeRefused, find_vllm_python, unserved_here
 
     config = read_drafter_config(paths["exported_drafter"])
     try:

@@ -23,7 +23,7 @@ from paths import REPO
 from safetensors.torch import load_file
 
 from store_schema.runtime.target_config import read_target_config
-from train.acceptance import serve_check, vllm_memory
+from train.serving import serve_check, vllm_memory
 
 ROOT = REPO
 START_SECONDS = 600  # a cold start on a busy 2-core VM

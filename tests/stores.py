@@ -87,7 +87,7 @@ def greedy_store(path, model_dir, tokenizer, layers, count: int, new_tokens: int
     from extract.extraction.runner import TargetRunner
     from extract.jobs.target import load_target
     from store_schema import CodecConfig
-    from train.acceptance.speculate import greedy_generate
+    from train.decoding.speculate import greedy_generate
 
     target = load_target(model_dir)
     runner = TargetRunner(target, layers)

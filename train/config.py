@@ -2,7 +2,7 @@
 
 Each section lives beside the part that owns it (`data`: train.data.config, `model` and
 `loss`: train.families.config, composed from the drafter families' own, `eval`:
-train.acceptance.config, `optim`, `train`, `log`: train.fitting.config); this file only
+train.evaluation.config, `optim`, `train`, `log`: train.fitting.config); this file only
 composes them.
 `train.config_loading.load_config` reads one from a file, flags and `--set` overrides;
 `RunConfig.save` writes the resolved config into the run directory as `config.yaml`
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import yaml
 
-from train.acceptance.config import EvalConfig
 from train.config_error import require
 from train.data.config import DataConfig
+from train.evaluation.config import EvalConfig
 from train.families.config import LossConfig, ModelConfig
 from train.fitting.config import LogConfig, OptimConfig, TrainConfig
 

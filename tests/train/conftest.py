@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import Qwen3ForCausalLM
 
-from train.acceptance import serve_check
+from train.serving import serve_check
 
 
 @pytest.fixture(scope="module")

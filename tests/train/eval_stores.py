@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from store_schema import Fingerprint, SampleArrays, Store, create_store
-from train.acceptance.config import EvalConfig
+from train.evaluation.config import EvalConfig
 
 LAYERS = [1, 3]
 

@@ -3,7 +3,7 @@ worked out by hand, and properties over random drafter outputs; the fast DDTree
 path against a plain tree built and walked here; the decode-time rollout against
 the per-position estimate on texts with hard stretches, both counted by hand.
 (tau's per-sample-then-over-samples average is checked through
-`train.acceptance.evaluate` in test_eval.py.)"""
+`train.evaluation.evaluate` in test_eval.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Sequence
 import pytest
 import torch
 
-from train.acceptance.evaluate import per_position_rows, rollout_anchors
+from train.evaluation.evaluate import per_position_rows, rollout_anchors
 from train.families.dflash.anchors import anchor_candidates
 from train.families.dflash.config import LossConfig
 from train.families.dflash.targets import block_targets

@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from train.acceptance.speculate import (
+from train.config_error import ConfigError
+from train.config_loading import load_config
+from train.context_noise import add_context_noise
+from train.decoding.speculate import (
     NEAR_TIE_LOGIT_GAP,
     Decoded,
     PromptResult,
@@ -14,9 +17,6 @@ from train.acceptance.speculate import (
     mismatch_allowed,
     summarize,
 )
-from train.config_error import ConfigError
-from train.config_loading import load_config
-from train.context_noise import add_context_noise
 
 
 def test_speculate_is_exact_in_fp32_and_forgives_only_near_ties_in_bf16():

@@ -26,10 +26,10 @@ from reference_oracle import load_reference as load_reference_as
 from stores import greedy_store
 
 from store_schema.runtime.target_config import read_target_config
-from train.acceptance.speculate import decode_prompt, summarize
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.data.prompts import store_prompts
+from train.decoding.speculate import decode_prompt, summarize
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.families.dflash.build import build_drafter
 from train.families.dflash.conv import BlockConv
@@ -371,8 +371,8 @@ def test_eval_tau_of_a_trained_dflash2_is_what_speculate_decodes(qwen3_dir, trai
     same new tokens, is within 5 % of speculate's decode tau (the store holds the
     target's own greedy replies, so the rollout walks what decoding walks); the argmax
     chain's `tau_unary` is the other figure, not the headline."""
-    from train.acceptance.config import EvalConfig
-    from train.acceptance.evaluate import evaluate_sample_ids
+    from train.evaluation.config import EvalConfig
+    from train.evaluation.evaluate import evaluate_sample_ids
 
     store, export = trained_export
     model, drafter = load_model(qwen3_dir), load_drafter(export).eval()
@@ -397,8 +397,8 @@ def test_a_trained_dflash2_along_a_tree_decodes_what_evals_ddtree_counts(qwen3_d
     """Issue 59.3 for DFlash 2: the tree is grown over its unary per-slot lists (not the
     selector's walk), as eval's `ddtree` grows it; decoding along it is lossless and its
     tau is within 5 % of `ddtree[8]` on the same prompts."""
-    from train.acceptance.config import EvalConfig
-    from train.acceptance.evaluate import evaluate_sample_ids
+    from train.evaluation.config import EvalConfig
+    from train.evaluation.evaluate import evaluate_sample_ids
 
     store, export = trained_export
     model, drafter = load_model(qwen3_dir), load_drafter(export).eval()

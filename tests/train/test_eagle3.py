@@ -33,14 +33,14 @@ from stores import greedy_store
 
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import load_target_model
-from train.acceptance.config import EvalConfig
-from train.acceptance.evaluate import evaluate_sample_ids
-from train.acceptance.speculate import decode_prompt, summarize
-from train.acceptance.target_decode import TargetSession
 from train.cli import main
 from train.config_error import ConfigError
 from train.config_loading import load_config
 from train.data.prompts import store_prompts
+from train.decoding.speculate import decode_prompt, summarize
+from train.decoding.target_decode import TargetSession
+from train.evaluation.config import EvalConfig
+from train.evaluation.evaluate import evaluate_sample_ids
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.families.eagle3.config import Eagle3Config
 from train.families.eagle3.decoding import ChainDraftSession

@@ -1,4 +1,4 @@
-"""`train.acceptance.evaluate` on a real store, a real drafter and the tiny Qwen3 target's
+"""`train.evaluation.evaluate` on a real store, a real drafter and the tiny Qwen3 target's
 frozen head: the result equals acceptance counted block by block by hand; a store
 whose recorded target predictions are the drafter's own gives tau = B; the
 held-out split, and `train eval` evaluating exactly the samples the exported run
@@ -19,12 +19,12 @@ from eval_stores import LAYERS, everything, make_samples, write_store
 
 from store_schema import Fingerprint, SampleArrays, Store, create_store
 from store_schema.runtime.target_config import read_target_config
-from train.acceptance import evaluate as ev
-from train.acceptance.config import EvalConfig
 from train.cli import main
 from train.commands.eval import render_table
 from train.config_loading import load_config
 from train.data.heldout import is_heldout, store_samples
+from train.evaluation import evaluate as ev
+from train.evaluation.config import EvalConfig
 from train.export.drafter_dir import export_drafter
 from train.families.dflash.anchors import anchor_candidates
 from train.families.dflash.model import DFlashDrafter, DrafterConfig
@@ -425,7 +425,7 @@ def test_eval_tau_of_a_dflash2_is_the_rollout_along_its_selector_walk(tmp_path, 
 def test_what_evals_tau_stands_for_follows_how_the_replies_were_generated():
     """Issue 59.4: the target's greedy replies -> greedy decoding; sampled at T -> decoding at
     T; replies of unknown origin -> a proxy; the target's own top-1 labels -> greedy."""
-    from train.acceptance.stands_for import describe, tau_stands_for
+    from train.evaluation.stands_for import describe, tau_stands_for
 
     def fingerprint(provenance, sampling):
         return Fingerprint(

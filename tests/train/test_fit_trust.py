@@ -119,8 +119,8 @@ def test_another_config_of_the_same_sizes_is_refused(store, qwen3_dir, tmp_path)
 def test_one_top_k_rule_names_every_setting_that_reads_it(store, qwen3_dir, tmp_path):
     """Issue 61.2: the top-k rule is written once (train.compatibility.check_topk) and its
     message names the settings that read the target's top-k and how to extract it."""
-    from train.acceptance.config import EvalConfig
-    from train.acceptance.evaluate import evaluate
+    from train.evaluation.config import EvalConfig
+    from train.evaluation.evaluate import evaluate
     from train.families.dflash.build import build_drafter
     from train.fitting.preflight import topk_readers
     from train.target_head import load_target_head

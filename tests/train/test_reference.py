@@ -146,7 +146,7 @@ def test_eval_takes_a_drafter_the_reference_saved(qwen3_dir, zlab_dir, tmp_path,
 
     from store_schema import Store
     from train.__main__ import main
-    from train.acceptance import evaluate as ev
+    from train.evaluation import evaluate as ev
 
     target = read_target_config(qwen3_dir)
     write_store(tmp_path / "store", target, make_samples(target, count=4, seed=7))

@@ -24,8 +24,8 @@ import torch
 from random_drafters import dflash_drafter
 from reference_oracle import load_model, reference_decode
 
-from train.acceptance import speculate as speculate_module
-from train.acceptance.speculate import decode_prompt, interval95, speculative_generate, summarize
+from train.decoding import speculate as speculate_module
+from train.decoding.speculate import decode_prompt, interval95, speculative_generate, summarize
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.sampling import Draft, Sampling, rejection_sample, sample
 

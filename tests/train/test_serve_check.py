@@ -28,11 +28,11 @@ from reference_oracle import BLOCK, load_model
 from stores import greedy_store
 
 from store_schema.runtime.target_config import read_target_config
-from train.acceptance import serve_check
 from train.cli import main
 from train.config_loading import load_config
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.fitting.trainer import Trainer
+from train.serving import serve_check
 
 HELDOUT = 0.25
 NEW_TOKENS = 24
@@ -136,7 +136,7 @@ def test_a_trained_drafter_is_served_at_temperature(trained, target_dir, vllm_py
 def test_a_served_mismatch_is_judged_by_speculates_near_tie_rule(target_dir, tokenizer, mask_id, tmp_path):
     """Issue 60.2: a vLLM output that leaves the target's greedy path is named with the
     target's logit gap there, and passes in bf16 only as a near-tie, as `speculate`'s do."""
-    from train.acceptance.speculate import NEAR_TIE_LOGIT_GAP, decode_prompt
+    from train.decoding.speculate import NEAR_TIE_LOGIT_GAP, decode_prompt
 
     model = load_model(target_dir)
     drafter = load_drafter(random_export(target_dir, mask_id, tmp_path / "random")).eval()
@@ -208,7 +208,7 @@ def test_a_python_without_vllm_is_refused_by_name(target_dir, mask_id, capsys, t
 def test_the_probe_refuses_a_vllm_without_dflash_without_importing_it(tmp_path, monkeypatch):
     """The probe looks vLLM's DFlash module up on disk: importing vLLM to find it cost
     ~8 s of CPU on every serve-check. The package here fails if anything imports it."""
-    from train.acceptance import vllm_runner
+    from train.serving import vllm_runner
 
     models = tmp_path / "vllm" / "model_executor" / "models"
     models.mkdir(parents=True)
@@ -234,7 +234,7 @@ def test_rounds_cut_by_the_limit_count_what_they_committed():
 def test_speculate_decoded_past_the_limit_is_cut_as_vllm_cuts():
     """vLLM drafts whole blocks to the end; speculate decodes B - 1 past the limit
     and is cut to it: 1 prefill token + rounds 8, 8, 3, 2 and 2 of the next 8."""
-    from train.acceptance.speculate import Decoded, PromptResult
+    from train.decoding.speculate import Decoded, PromptResult
 
     tokens = list(range(35))
     result = PromptResult("p", 3, Decoded(tokens, 7, 1.0, [8, 8, 3, 2, 8, 5]), Decoded(tokens, 34, 1.0))
@@ -273,7 +273,7 @@ def test_the_root_cause_is_the_engines_first_error_line():
 
 
 def test_the_memory_share_is_sized_from_what_the_engine_needs(tmp_path):
-    from train.acceptance import vllm_memory
+    from train.serving import vllm_memory
 
     gib, mib = 1024**3, 1024**2
     # 6 layers x 2 KV heads x head_dim 32 in float32: keys + values of one token.
@@ -332,7 +332,7 @@ def test_a_random_drafter_is_served_losslessly_at_tau_one_in_a_share_sized_for_i
     """One engine, two checks (each vLLM start costs ~50 s): a random drafter is served
     losslessly at tau ~1, and with no share given serve-check sizes vLLM's memory share
     from what the engine needs (weights, KV cache for the longest prompt's run)."""
-    from train.acceptance import vllm_memory
+    from train.serving import vllm_memory
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"messages": r["messages"][:1]}) + "\n" for r in builders.coding_chats(2)))

@@ -25,18 +25,18 @@ from stores import greedy_store
 from transformers import Qwen3_5ForCausalLM
 
 from store_schema.runtime.target_config import read_target_config
-from train.acceptance.speculate import (
+from train.cli import main
+from train.config_loading import load_config
+from train.data.heldout import store_samples
+from train.data.prompts import jsonl_prompts, store_prompts
+from train.decoding.speculate import (
     decode_prompt,
     greedy_generate,
     mismatch_logit_gap,
     speculative_generate,
     summarize,
 )
-from train.acceptance.target_decode import NATIVE_RECURRENT_ROLLBACK, TargetSession
-from train.cli import main
-from train.config_loading import load_config
-from train.data.heldout import store_samples
-from train.data.prompts import jsonl_prompts, store_prompts
+from train.decoding.target_decode import NATIVE_RECURRENT_ROLLBACK, TargetSession
 from train.export.drafter_dir import export_drafter, load_drafter
 from train.families.dflash.draft_cache import DraftCache
 from train.families.dflash.model import DFlashDrafter, DrafterConfig
@@ -318,8 +318,8 @@ def test_a_trained_drafter_decodes_along_a_tree_as_evals_ddtree_counts(trained, 
     the same held-out prompts (the store holds the target's greedy replies) is within 5 %
     of the tau that decoding along the tree measures; on the dense target the chain
     verification gives the same rounds as the tree-masked one."""
-    from train.acceptance.config import EvalConfig
-    from train.acceptance.evaluate import evaluate_sample_ids
+    from train.evaluation.config import EvalConfig
+    from train.evaluation.evaluate import evaluate_sample_ids
     from train.target_head import load_target_head
 
     target_dir, store, export = trained

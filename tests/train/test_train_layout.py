@@ -25,7 +25,7 @@ def test_a_section_is_a_leaf():
     assert {
         "train.data.config",
         "train.families.dflash.config",
-        "train.acceptance.config",
+        "train.evaluation.config",
         "train.fitting.config",
     } <= set(sections)
     below = {"train.config_error", "train.dtypes"}

@@ -1,4 +1,4 @@
-"""`speculate --tree BUDGET`: decoding along a DDTree tree (train/acceptance/tree_decode.py).
+"""`speculate --tree BUDGET`: decoding along a DDTree tree (train/decoding/tree_decode.py).
 
 - the tree is the first BUDGET pops of the rule `eval` reads (one owner), each node
   below its parent, and the tree mask lets a node see exactly its ancestors;
@@ -21,9 +21,9 @@ import torch
 from random_drafters import dflash_drafter
 from reference_oracle import load_model
 
-from train.acceptance.speculate import greedy_generate, speculative_generate
-from train.acceptance.target_decode import TargetSession
-from train.acceptance.tree_decode import grow_tree, verification_method
+from train.decoding.speculate import greedy_generate, speculative_generate
+from train.decoding.target_decode import TargetSession
+from train.decoding.tree_decode import grow_tree, verification_method
 from train.export.drafter_dir import export_drafter
 from train.measures import best_first_tree, ddtree_acceptance
 

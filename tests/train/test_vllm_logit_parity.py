@@ -25,7 +25,7 @@ from reference_oracle import BLOCK
 from served import captured_first_round
 
 from store_schema.runtime.target_model import load_target_model
-from train.acceptance.target_decode import TargetSession
+from train.decoding.target_decode import TargetSession
 from train.export.drafter_dir import load_drafter
 from train.families.dflash.anchors import LayerAttention
 from train.families.dflash.draft_cache import DraftCache

@@ -11,7 +11,7 @@ its export records it (`heldout_split` in config.json), so "held-out" means
 exactly the samples that run never trained on; `--heldout-fraction` overrides
 it, and a drafter directory without a record (e.g. a published z-lab drafter)
 gets the trainer's default fraction, with a note. The flags set the fields of
-the run config's `eval` section (train.acceptance.config.EvalConfig); unlike the training
+the run config's `eval` section (train.evaluation.config.EvalConfig); unlike the training
 loop, the command rolls out whole responses, and evaluates at most 256 samples
 of the split unless told otherwise (`--max-samples all`), reading only their
 rows. Prints a table, or one JSON object with --json."""
@@ -19,10 +19,10 @@ rows. Prints a table, or one JSON object with --json."""
 from __future__ import annotations
 
 from store_schema.runtime.hub import model_dir_arg
-from train.acceptance.config import EVAL_CLI_SAMPLES, LABELS, EvalConfig
 from train.cli import add_target_flags, budgets_arg, dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, DataConfig
 from train.dtypes import NAMES
+from train.evaluation.config import EVAL_CLI_SAMPLES, LABELS, EvalConfig
 
 
 def add_parser(subparsers) -> None:

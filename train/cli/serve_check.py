@@ -10,7 +10,7 @@ vLLM's spec-decode metrics), `served_per_position`, `speculate_tokens_per_round`
 relative difference. Exit 1 when not lossless or when that difference exceeds 5 %.
 vLLM runs in a subprocess: this python when it imports vLLM, else the project's
 `.venv-vllm` (`make vllm-env`), or --vllm-python. On CPU its memory share is sized
-from what its engine needs (train/acceptance/vllm_memory.py); its request, result and
+from what its engine needs (train/serving/vllm_memory.py); its request, result and
 log stay in DRAFTER/serve-check/, and a failed engine is one line: vLLM's own first
 error and that log's path."""
 

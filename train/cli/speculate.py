@@ -2,7 +2,7 @@
 [--max-new-tokens N] [--limit K] [--json] ...`
 
 Real speculative decoding: the target (transformers, bf16 on GPU / fp32 on CPU)
-and the drafter decode each prompt the DFlash way (train/acceptance/speculate.py), and the
+and the drafter decode each prompt the DFlash way (train/decoding/speculate.py), and the
 target also decodes it on its own, greedily or at the same --temperature. Per prompt
 and overall: whether the outputs are identical (`lossless`; at temperature, whether every
 token lies in the target's sampling support: the distribution is the suite's check),
@@ -107,8 +107,8 @@ def add_thinking_flag(p) -> None:
 
 def decoding_request(args):
     """The flags `speculate` and `serve-check` share, as the handlers pass them on
-    (`train.acceptance.decoding.DecodingRequest`)."""
-    from train.acceptance.decoding import DecodingRequest  # a handler's call: torch is loaded by then
+    (`train.decoding.loading.DecodingRequest`)."""
+    from train.decoding.loading import DecodingRequest  # a handler's call: torch is loaded by then
 
     return DecodingRequest(
         drafter=args.drafter,

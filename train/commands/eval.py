@@ -12,10 +12,10 @@ from store_schema.runtime.host import resolve_device
 from store_schema.runtime.progress import Progress, default_mode
 from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import open_store
-from train.acceptance.config import EvalConfig
-from train.acceptance.evaluate import evaluate
-from train.acceptance.stands_for import describe
 from train.dtypes import torch_dtype
+from train.evaluation.config import EvalConfig
+from train.evaluation.evaluate import evaluate
+from train.evaluation.stands_for import describe
 from train.export.drafter_dir import heldout_fraction, load_drafter, resolve_drafter_dir
 from train.target_check import check_target
 from train.target_head import load_target_head

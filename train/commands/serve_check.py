@@ -15,13 +15,13 @@ import torch
 from store_schema.runtime.cli import fail
 from store_schema.runtime.target_config import read_target_config
 from store_schema.runtime.target_model import load_target_model
-from train.acceptance import serve_check, vllm_memory
-from train.acceptance.decoding import DecodingRequest, by_thinking, load_decoding, mean_or_none, open_prompt_source
-from train.acceptance.speculate import decode_prompt
 from train.cli.speculate import decoding_request
+from train.decoding.loading import DecodingRequest, by_thinking, load_decoding, mean_or_none, open_prompt_source
+from train.decoding.speculate import decode_prompt
 from train.export.drafter_dir import read_drafter_config, resolve_drafter_dir
 from train.families.kinds import family_of
 from train.sampling import Sampling
+from train.serving import serve_check, vllm_memory
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ import json
 import sys
 
 from store_schema.runtime.cli import fail
-from train.acceptance.decoding import Decoding, by_set, by_thinking, load_decoding
-from train.acceptance.speculate import baseline_name, decode_prompt, summarize
-from train.acceptance.tree_decode import verification_method
 from train.cli.speculate import decoding_request
+from train.decoding.loading import Decoding, by_set, by_thinking, load_decoding
+from train.decoding.speculate import baseline_name, decode_prompt, summarize
+from train.decoding.tree_decode import verification_method
 from train.families.kinds import family_of
 from train.sampling import Sampling
 

@@ -2,7 +2,7 @@
 
 `tau_per_position` here is chain acceptance over the step's randomly drawn
 training positions (DFlash: anchors), pooled over drafted chains: a per-position
-estimate, not the decode-time `tau` (`train.acceptance.evaluate`), which only a
+estimate, not the decode-time `tau` (`train.evaluation.evaluate`), which only a
 rollout gives. What one sequence adds is its family's `StepResult`."""
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ samples the run never trains on. Evaluation never moves the training RNG.
 - `HeldoutEval`: the training objective on held-out data (`heldout_loss`,
   `heldout_acc`, `heldout_tau_per_position` over randomly drawn training
   anchors, pooled over blocks), without noise.
-- `AcceptanceEval`: `train.acceptance.evaluate.evaluate_samples` as the flat `eval_*`
+- `AcceptanceEval`: `train.evaluation.evaluate.evaluate_samples` as the flat `eval_*`
   fields of `log_fields`: `eval_tau` (decode-time rollout, the headline),
   `eval_ddtree_<budget>` (rollout with DDTree verification),
   `eval_tau_per_position` (the per-position estimate over the same stretch).
@@ -20,8 +20,8 @@ import math
 
 import torch
 
-from train.acceptance.config import EvalConfig
-from train.acceptance.evaluate import evaluate_samples
+from train.evaluation.config import EvalConfig
+from train.evaluation.evaluate import evaluate_samples
 from train.fitting.metrics import MetricSums
 
 HELDOUT_SEED_OFFSET = 1_000_003  # the held-out pass's generator: the run's seed + this

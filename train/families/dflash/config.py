@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from train.acceptance.config import LABELS
 from train.config_error import ConfigError, require
+from train.evaluation.config import LABELS
 from train.families.dflash.geometry import ATTENTION_KINDS, shape_problems
 from train.families.dflash.variants import DEFAULT_KIND, DFLASH2_SIZES, KINDS
 

@@ -1,7 +1,7 @@
 """DFlash's blocks for offline acceptance: each block drafted exactly as in training
 (context features strictly before the anchor, `[anchor, MASK x (B-1)]`), its slots
 1..B-1 scored through the target's frozen lm_head against the reference continuation
-(`train.acceptance.evaluate` rolls them out)."""
+(`train.evaluation.evaluate` rolls them out)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """EAGLE-3's chains for offline acceptance: each round start drafted as training-time
 test drafts it, every step fed the reference token before it. Along a greedy chain
 that is exact up to the first wrong token, where acceptance stops anyway, so the
-accepted lengths are those greedy decoding reaches (`train.acceptance.evaluate` rolls
+accepted lengths are those greedy decoding reaches (`train.evaluation.evaluate` rolls
 them out)."""
 
 from __future__ import annotations

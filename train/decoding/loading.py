@@ -18,10 +18,10 @@ from store_schema.runtime.target_config import read_config_json, read_target_con
 from store_schema.runtime.target_model import compute_dtype, load_target_model
 from store_schema.runtime.target_weights import check_target_weights
 from store_schema.stores import open_store
-from train.acceptance.target_decode import stop_token_ids
 from train.compatibility import check_drafter_against_target, check_store_against_target
 from train.data.prompt_sets import prompt_sources
 from train.data.prompts import jsonl_prompts, record_prompts, store_prompts
+from train.decoding.target_decode import stop_token_ids
 from train.dtypes import torch_dtype
 from train.export.drafter_dir import heldout_fraction, load_drafter, resolve_drafter_dir
 from train.families.family import Drafter

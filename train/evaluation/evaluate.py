@@ -32,7 +32,7 @@ From those blocks (definitions in `train/measures.py`):
   has hard stretches, because rounds pile up there.
 - accuracies: pooled over the scored slots of those per-position blocks.
 
-What to evaluate is the run's `eval` section (`train.acceptance.config.EvalConfig`); which
+What to evaluate is the run's `eval` section (`train.evaluation.config.EvalConfig`); which
 samples are held out is `train.data.heldout` at the run's own fraction. The training
 loop evaluates through `train.fitting.periodic_eval`; `python -m train eval` calls
 `evaluate`; `evaluate_sample_ids` scores exactly the samples (e.g. the prompts
@@ -49,10 +49,10 @@ import torch
 from store_schema import Store
 from store_schema.stores import open_store
 from store_schema.tools.local_copy import local_copy_holding
-from train.acceptance.config import EvalConfig
-from train.acceptance.stands_for import tau_stands_for
 from train.compatibility import check_drafter_against_store, check_topk
 from train.data.heldout import locate_samples, read_located, read_samples, split_locations
+from train.evaluation.config import EvalConfig
+from train.evaluation.stands_for import tau_stands_for
 from train.families.family import DraftedBlocks
 from train.families.kinds import family_of
 from train.measures import accuracy_counts, topk_hits

@@ -14,7 +14,7 @@ round, which the target has not processed yet):
    (train/sampling.py). accepted + 1 tokens, cut at a stop token or the
    token limit;
 4. the target's cache keeps the anchor and the accepted tokens
-   (`train.acceptance.target_decode.TargetSession.keep`: cropped; before transformers
+   (`train.decoding.target_decode.TargetSession.keep`: cropped; before transformers
    5.25 linear-attention layers are restored and re-run), and the drafter's context
    grows by their features.
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from train.acceptance.target_decode import TargetSession, clock
-from train.acceptance.tree_decode import grow_tree, verify_tree
+from train.decoding.target_decode import TargetSession, clock
+from train.decoding.tree_decode import grow_tree, verify_tree
 from train.families.family import DraftSession
 from train.families.kinds import family_of
 from train.sampling import GREEDY, Draft, Sampling, rejection_sample, sample
@@ -144,7 +144,7 @@ def speculative_generate(
     """Speculative decoding of `prompt` [n] with the target `model` (whose embedding and
     lm_head the drafter uses) and `drafter` (of any family: its `draft_session` drafts),
     greedy or at `sampling`'s settings (seeded by `seed`), along a chain or, with
-    `tree_budget` nodes, a DDTree tree (train/acceptance/tree_decode.py)."""
+    `tree_budget` nodes, a DDTree tree (train/decoding/tree_decode.py)."""
     if tree_budget and not sampling.greedy:
         raise ValueError("--tree decodes greedily: it takes no --temperature")
     stop = set(stop_ids)

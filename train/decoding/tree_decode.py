@@ -29,7 +29,7 @@ from itertools import islice
 
 import torch
 
-from train.acceptance.target_decode import tree_maskable
+from train.decoding.target_decode import tree_maskable
 from train.measures import best_first_tree
 
 

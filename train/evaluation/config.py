@@ -14,7 +14,7 @@ LABELS = ("tokens", "target")  # what drafted positions are scored against: the 
 
 @dataclass
 class EvalConfig:
-    """Acceptance evaluation (train.acceptance.evaluate): during training on held-out samples
+    """Acceptance evaluation (train.evaluation.evaluate): during training on held-out samples
     every `every` steps, and by `python -m train eval`, whose flags set the same
     fields (that command caps samples at EVAL_CLI_SAMPLES and rolls out whole
     responses unless told otherwise)."""

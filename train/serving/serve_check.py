@@ -1,8 +1,8 @@
 """Served as trained: the drafter decoded by vLLM, beside this project's `speculate`.
 
 `python -m train serve-check` decodes the same prompts greedily three ways: the
-target alone (transformers), `speculate` (train/acceptance/speculate.py) and vLLM
-with the exported drafter as its DFlash speculator (train/acceptance/vllm_runner.py,
+target alone (transformers), `speculate` (train/decoding/speculate.py) and vLLM
+with the exported drafter as its DFlash speculator (train/serving/vllm_runner.py,
 a subprocess run by the python of an environment that has vLLM). This module owns
 where that python comes from, the one rule that counts rounds on both sides, and
 the comparison.
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from train.acceptance.speculate import (
+from train.decoding.speculate import (
     Decoded,
     PromptResult,
     first_outside_support,

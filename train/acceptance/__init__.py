@@ -1,1 +1,0 @@
-"""How well a drafter drafts: acceptance metrics, stored-sample eval, speculative decoding."""
