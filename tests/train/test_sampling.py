@@ -110,6 +110,12 @@ def biased_rejection(draft, target_probs, generator):
     return accepted, token
 
 
+def test_a_greedy_draft_has_no_distribution_to_verify_against():
+    draft = Draft(torch.tensor([3, 1]))
+    with pytest.raises(ValueError, match="greedy draft carries no distribution"):
+        draft.draft_probability()
+
+
 def test_the_rejection_rule_commits_the_targets_distribution_and_a_biased_one_is_caught():
     p = torch.tensor([[0.5, 0.3, 0.2, 0.0], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.1, 0.6, 0.1, 0.2]])

@@ -69,6 +69,14 @@ def test_tree_decoding_is_lossless(target, request, tokenizer):
             assert sum(decoded.acceptance_lengths) == len(greedy) - 1
 
 
+def test_keep_nodes_refuses_a_cache_whose_positions_a_tree_cannot_pick(qwen3_5_dir):
+    """Only a plain attention cache can keep a tree's nodes by position (`tree_maskable`, the
+    one rule): the hybrid's recurrent layers are refused in one line, never indexed."""
+    session = TargetSession(load_model(qwen3_5_dir))
+    with pytest.raises(RuntimeError, match="plain attention cache only"):
+        session.keep_nodes(0, [0])
+
+
 def test_both_verification_methods_agree_on_a_dense_target(qwen3_dir, tokenizer, monkeypatch):
     model, drafter = load_model(qwen3_dir), dflash_drafter(qwen3_dir)
     prompt = builders.chat_prompts(tokenizer, 1)[0]

@@ -29,10 +29,11 @@ import inspect
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
+from typing import cast
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
 from store_schema.runtime.target_model import decoder_layers
 
@@ -184,10 +185,11 @@ class TargetSession:
 
     def keep_nodes(self, start: int, nodes: list[int]) -> None:
         """After `forward_tree` at `start`, keep the prefix and the tree nodes `nodes`, in order."""
+        if not self.tree_maskable():
+            raise RuntimeError("keep_nodes picks positions of a plain attention cache only (`tree_maskable`)")
         index = torch.cat([torch.arange(start), torch.tensor(nodes) + start]).to(self.device)
-        for layer in self.cache.layers:
-            if not isinstance(layer, CacheLayerMixin) or layer.keys is None or layer.values is None:
-                raise RuntimeError(f"tree verification keeps attention caches only, not a {type(layer).__name__}")
+        for layer in cast(list[DynamicLayer], self.cache.layers):  # every layer one, as tree_maskable says
+            assert layer.keys is not None and layer.values is not None  # forward_tree filled every layer
             layer.keys = layer.keys.index_select(-2, index)
             layer.values = layer.values.index_select(-2, index)
         self.length = start + len(nodes)
