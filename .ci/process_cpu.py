@@ -31,41 +31,53 @@ KINDS = [  # (pattern in the command line, kind), first match wins
 ]
 
 
-def read(pid: int) -> tuple[float, str, str, int] | None:
-    """(CPU seconds, command line, PYTEST_CURRENT_TEST, start time) of `pid`, None if gone."""
+def cpu_and_start(pid: int) -> tuple[float, int] | None:
+    """(CPU seconds so far, start time in clock ticks) of `pid`, None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
-        fields = stat[stat.rfind(")") + 2 :].split()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / TICK, int(fields[19])
+
+
+def describe(pid: int) -> dict | None:
+    """`pid`'s command line and the PYTEST_CURRENT_TEST it inherited (read once, when first seen)."""
+    try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             command = f.read().replace(b"\0", b" ").decode(errors="replace")[:300]
-        test = ""
         with open(f"/proc/{pid}/environ", "rb") as f:
-            for item in f.read().split(b"\0"):
-                if item.startswith(b"PYTEST_CURRENT_TEST="):
-                    test = item.split(b"=", 1)[1].decode(errors="replace")
-        return (int(fields[11]) + int(fields[12])) / TICK, command, test, int(fields[19])
-    except (OSError, ValueError, IndexError):
+            environ = f.read().split(b"\0")
+    except OSError:
         return None
+    tests = [
+        item.split(b"=", 1)[1].decode(errors="replace") for item in environ if item.startswith(b"PYTEST_CURRENT_TEST=")
+    ]
+    return {"command": command, "test": tests[0] if tests else ""} if command else None
 
 
 def sample(out: str) -> None:
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
     before = {int(p) for p in os.listdir("/proc") if p.isdigit()}
-    seen: dict[str, dict] = {}
+    seen: dict[str, dict | None] = {}  # None: a process without a command line (a kernel thread, gone)
     while not stopped:
         for name in os.listdir("/proc"):
             if not name.isdigit() or int(name) in before or int(name) == os.getpid():
                 continue
-            found = read(int(name))
-            if found is None or not found[1]:
+            found = cpu_and_start(int(name))
+            if found is None:
                 continue
-            cpu, command, test, started = found
-            seen.setdefault(f"{name}:{started}", {"command": command, "test": test})["cpu"] = cpu
+            key = f"{name}:{found[1]}"
+            if key not in seen:
+                seen[key] = describe(int(name))
+            process = seen[key]
+            if process is not None:
+                process["cpu"] = found[0]
         time.sleep(0.5)
     with open(out, "w") as f:
-        json.dump(list(seen.values()), f)
+        json.dump([process for process in seen.values() if process is not None], f)
 
 
 def kind(command: str) -> str:
@@ -77,8 +89,10 @@ def kind(command: str) -> str:
 
 
 def report(path: str) -> None:
-    processes = json.load(open(path))
-    cpu, count = collections.Counter(), collections.Counter()
+    with open(path) as f:
+        processes = json.load(f)
+    cpu: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
     for process in processes:
         cpu[kind(process["command"])] += process["cpu"]
         count[kind(process["command"])] += 1
