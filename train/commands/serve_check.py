@@ -50,10 +50,10 @@ class ServeCheckRequest:
 
 
 def run(args) -> int:
-    read_target_config(args.target)  # missing paths are usage errors before vLLM is looked for
-    config = read_drafter_config(resolve_drafter_dir(args.drafter))
-    served_as = family_of(config).served(config)
     asked = ServeCheckRequest.from_args(args)
+    read_target_config(asked.decoding.target)  # missing paths are usage errors before vLLM is looked for
+    config = read_drafter_config(resolve_drafter_dir(asked.decoding.drafter))
+    served_as = family_of(config).served(config)
     open_prompt_source(asked.decoding)
     try:
         sampling = Sampling(args.temperature, args.top_p, args.top_k)
@@ -68,7 +68,7 @@ def run(args) -> int:
     freed = release(loaded)  # two copies of a 27B target never fit one card: vLLM starts after
     served = serve(python, request, asked.workdir) if python else {"skipped": unserved}
     outcomes = judged(asked.decoding.target, results, served, loaded, sampling) if "prompts" in served else None
-    summary = _summary(serve_check, results, served, served_as.round_tokens, loaded, args.thinking, outcomes)
+    summary = _summary(serve_check, results, served, served_as.round_tokens, loaded, asked.decoding.thinking, outcomes)
     summary.update(
         drafter=str(drafter_dir),
         target=str(asked.decoding.target),
