@@ -57,6 +57,7 @@ GOALS = [
     ("train", "loader_efficiency", ">= 0.8", lambda v: v >= 0.8),
     ("train", "loader_tokens_per_s", "- (seeds' trainer consumed ~36K/s on one GPU)", None),
     ("train", "ddp_scaling_2v1", ">= 1.7", lambda v: v >= 1.7),
+    ("train", "fit_step_s_1rank", "- (one optimizer step, one process, information)", None),
     ("drafter", "dflash2_vs_dflash_decode_tau", ">= 1.05 (DFlash 2 / DFlash, equal steps)", lambda v: v >= 1.05),
     ("drafter", "dflash2_warm_vs_dflash_decode_tau", "- (warm-started from the DFlash run)", None),
     ("drafter", "dpace_vs_decay_decode_tau", "- (D-PACE / decay, DFlash)", None),

@@ -33,6 +33,9 @@ Appends a section to benchmarks/RESULTS.md and prints one JSON line last:
   `sequences_per_s` after the first logged interval (startup and warmup left
   out); the runs alternate for `--rounds` rounds, best of each kept. The
   machine's load average is recorded beside it (the cores are shared).
+- fit_step_s_1rank / fit_step_s_2rank: the seconds of one optimizer step (the global
+  batch of 8 over those rates): what the trainer's own per-step work (metrics,
+  clip, optimizer, all-reduce) adds shows here first.
 - ddp_2rank_vs_independent_pair: the 2-rank rate over two independent 1-rank
   fits started side by side (`ddp_independent_pair_seq_per_s`, their sum): the
   most two busy processes get from this machine, so this is DDP's own cost
@@ -215,6 +218,7 @@ def loader_pass(store, threads: int) -> tuple[int, int, float, float]:
 
 # -- data-parallel scaling --------------------------------------------------------------------
 DDP_HIDDEN, DDP_VOCAB, DDP_LAYERS = 256, 2048, 4
+DDP_GLOBAL_BATCH = 8  # one sequence per micro-step, 8 micro-steps a step
 
 
 def build_ddp_inputs(root: Path) -> tuple[Path, Path]:
@@ -254,7 +258,7 @@ def _fit_command(target: Path, store: Path, out: Path, nproc: int, steps: int) -
         "data.loader_threads=1",
         "data.lanes=2",
         "train.batch_size=1",
-        "train.grad_accumulation=8",
+        f"train.grad_accumulation={DDP_GLOBAL_BATCH}",
         "train.epochs=100",
         f"train.log_every={steps // 3}",
         "eval.every=0",
@@ -318,6 +322,8 @@ def ddp_scaling(rounds: int, steps: int) -> dict:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {
+        "fit_step_s_1rank": round(DDP_GLOBAL_BATCH / max(one), 3),
+        "fit_step_s_2rank": round(DDP_GLOBAL_BATCH / max(two), 3),
         "ddp_scaling_2v1": round(max(two) / max(one), 3),
         "ddp_1rank_seq_per_s": round(max(one), 3),
         "ddp_2rank_seq_per_s": round(max(two), 3),

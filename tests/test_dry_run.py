@@ -278,7 +278,7 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
         "weights": 4 * params,
         "gradients": 4 * params,
         "adam_moments": 8 * params,
-        "ddp_buckets": 4 * params,
+        "ddp_buckets": 0,  # the gradients are views into DDP's buckets
     }
     assert report["mask_token_id"] == 248_070 and report["mask_token_rule"] == "first_unused_row"
     assert report["target_head_bytes"] == 2 * V * H * 2  # embed_tokens + lm_head, bf16
@@ -288,9 +288,14 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
     activations = report["activations"]
     assert activations["per_block_token_layer"] == block_token and activations["per_context_token"] == context_token
     assert activations["bytes"] == 512 * 16 * 5 * block_token + 3072 * context_token
-    assert report["peak_gpu_bytes"] == 20 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
+    assert report["peak_gpu_bytes"] == 16 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
     training = round(902000 * (1 - DataConfig.heldout_fraction))  # issue 48.10: an epoch is the training split
     assert report["training_samples"] == training and report["sequences_per_gpu_per_step"] == 1
+    # one sequence per GPU a step: the optimizer's and the all-reduce's bytes, and a warning
+    assert report["optimizer_bytes_per_step"] == 7 * 4 * params  # fused AdamW: 4 fp32 tensors read, 3 written
+    assert report["allreduce_bytes_per_step"] == 4 * params and report["allreduce_dtype"] == "fp32"
+    assert report["allreduce_wire_bytes_per_gpu"] == round(2 * 7 / 8 * 4 * params)
+    assert "warning: each GPU trains 1 sequence(s) a step, then waits on the optimizer and the all-reduce" in out
     assert report["steps_per_epoch"] == math.ceil(training / 8)
     assert report["total_steps"] == 6 * math.ceil(training / 8) and report["total_steps_rule"] == "6 epochs"
     assert report["run_tokens"] == 6 * math.ceil(training / 8) * 8 * 3072  # no store: data.max_length long
@@ -302,6 +307,7 @@ def test_fit_dry_run_sizes_the_27b_drafter(qwen3_6_27b, tmp_path, capsys):
     report = json.loads(out.strip().splitlines()[-1])
     assert report["total_steps"] == 1000 and report["fits"] is False and report["peak_gpu_bytes"] > 40 * GIB
     assert "does NOT fit in 40 GiB per GPU" in out and "run_hours" not in report
+    assert report["allreduce_bytes_per_step"] == 0 and "warning: each GPU" not in out  # 8 sequences, one GPU
 
 
 def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys):
@@ -350,7 +356,7 @@ def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys
         "weights": 4 * params,
         "gradients": 4 * params,
         "adam_moments": 8 * params,
-        "ddp_buckets": 4 * params,
+        "ddp_buckets": 0,  # the gradients are views into DDP's buckets
     }
     block_token = 2 * ((H + 4 * I) + (H + 4 * q + 4 * kv)) + 2 * 4 * H
     block_token += 2 * 2 * 2 * k * (H + H // g)  # 2 convolutions x bf16 x 2 sides x k taps (rows + coefficients)
@@ -358,7 +364,7 @@ def test_fit_dry_run_sizes_the_27b_dflash2_drafter(qwen3_6_27b, tmp_path, capsys
     activations = report["activations"]
     assert activations["per_block_token_layer"] == block_token
     assert activations["bytes"] == 512 * 8 * 5 * block_token + 3072 * context_token
-    assert report["peak_gpu_bytes"] == 20 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
+    assert report["peak_gpu_bytes"] == 16 * params + 2 * V * H * 2 + 1024 * V * 16 + activations["bytes"]
     assert "selector codebooks 127,139,840 (2 x V x r)" in out
     # Issue 45.1: the published DFlash 2 layout for this family, with its source
     assert report["block_size"] == 8 and report["layer_types"] == ["sliding_attention"] * 5

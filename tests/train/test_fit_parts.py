@@ -134,3 +134,48 @@ def test_adamw_is_fused_on_cuda_and_per_parameter_elsewhere(store, qwen3_dir, tm
     assert adamw_implementation("cpu") == {"foreach": False}
     optimizer = build(store, qwen3_dir, tmp_path / "run").optimizer.adamw
     assert optimizer.defaults["foreach"] is False and not optimizer.defaults["fused"]
+
+
+def test_the_clip_divides_and_clips_in_one_multiply_as_clip_grad_norm_does():
+    """Issue 60.4: the step's divide folded into the clip, the norm left on the device:
+    the same gradients and norm as dividing, then `clip_grad_norm_`."""
+    from train.fitting.config import OptimConfig
+    from train.fitting.optimizer import Optimizer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.LayerNorm(4))
+    sums = [torch.randn_like(p) * 5 for p in model.parameters()]
+    for clip, divisor in ((1.0, torch.tensor(7.5)), (1.0, 1.0), (0.0, torch.tensor(3.0)), (1e3, 2.0)):
+        expected = [torch.nn.Parameter(torch.zeros_like(g)) for g in sums]
+        for p, g in zip(expected, sums):
+            p.grad = g / divisor
+        reference = torch.nn.utils.clip_grad_norm_(expected, clip or float("inf"))
+        for p, g in zip(model.parameters(), sums):
+            p.grad = g.clone()
+        norm = Optimizer(model, OptimConfig(grad_clip=clip), 10).clip(divisor)
+        assert isinstance(norm, torch.Tensor) and float(norm) == pytest.approx(float(reference), rel=1e-6)
+        for p, want in zip(model.parameters(), expected):
+            assert want.grad is not None and torch.allclose(p.grad, want.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_gradients_cross_pcie_in_bf16_and_nvlink_in_fp32():
+    """Issue 60.4: `train.grad_allreduce=auto` reads the GPUs' links from `nvidia-smi topo -m`
+    (its matrix as printed on an NVLink host and on a PCIe one); a setting is taken as given,
+    bf16 only where DDP's bf16 hook runs (CUDA: gpu_check's DDP phase runs it)."""
+    from train.config_error import ConfigError
+    from train.fitting.distributed import gradient_allreduce, topology_has_nvlink
+    from train.world import World
+
+    nvlink = (
+        "\tGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+        "GPU0\t X \tNV18\t0-55\t0\t\tN/A\n"
+        "GPU1\tNV18\t X \t0-55\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n  NV#  = Connection traversing a bonded set"
+    )
+    pcie = "\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-31\nGPU1\tPHB\t X \t0-31\n\nLegend:\n  NV#  = NVLink"
+    assert topology_has_nvlink(nvlink) is True and topology_has_nvlink(pcie) is False
+    assert topology_has_nvlink("NVIDIA-SMI has failed") is None
+    two = World(rank=0, size=2)
+    assert gradient_allreduce("bf16", World(), torch.device("cpu"))[0] == "bf16"  # one process: nothing sent
+    with pytest.raises(ConfigError, match="config train.grad_allreduce: bf16 needs CUDA GPUs"):
+        gradient_allreduce("bf16", two, torch.device("cpu"))
+    assert gradient_allreduce("auto", two, torch.device("cpu")) == ("fp32", "auto: no GPU all-reduce to compress")

@@ -252,9 +252,16 @@ def test_a_step_is_the_weighted_mean_over_all_its_labels(real_store, qwen3_dir, 
     """Three sequences of different lengths in one optimizer step: the loss and
     its gradients equal sum(w * CE) / sum(w) over every scored label of the
     step, computed here with plain cross-entropy (SpecForge's normalisation),
-    not the mean of the three sequences' own normalised losses."""
+    not the mean of the three sequences' own normalised losses. The divide is
+    the optimizer's, folded into its clip (here off, to see the gradients whole)."""
     config = config_for(
-        real_store, qwen3_dir, tmp_path / "run", "train.grad_accumulation=3", *tiny.DFLASH_DECAY, max_steps=1
+        real_store,
+        qwen3_dir,
+        tmp_path / "run",
+        "train.grad_accumulation=3",
+        "optim.grad_clip=0",
+        *tiny.DFLASH_DECAY,
+        max_steps=1,
     )
     trainer = Trainer.from_config(config, log=lambda m: None)
     samples = [next(trainer.loader) for _ in range(3)]
@@ -273,6 +280,7 @@ def test_a_step_is_the_weighted_mean_over_all_its_labels(real_store, qwen3_dir, 
         trainer.config.loss.normalize = normalize
         trainer.generator.set_state(state)
         sums = trainer.backward_step(samples)
+        norm = trainer.optimizer.clip(trainer.gradient_divisor(sums))
         grads[normalize] = {name: p.grad.clone() for name, p in drafter.named_parameters()}
 
     generator = torch.Generator().manual_seed(0)
@@ -303,6 +311,8 @@ def test_a_step_is_the_weighted_mean_over_all_its_labels(real_store, qwen3_dir, 
     # The two normalisations are different steps (the sequences hold 128, 90 and 60 tokens).
     differ = [(grads["step"][n] - grads["sequence"][n]).norm() / grads["step"][n].norm() for n in grads["step"]]
     assert max(differ) > 1e-2
+    total = torch.linalg.vector_norm(torch.stack([g.norm() for g in grads["sequence"].values()]))
+    assert float(norm) == pytest.approx(float(total), rel=1e-6)  # the logged norm: of the divided gradients
 
 
 @pytest.mark.parametrize(

@@ -50,8 +50,10 @@ class Drafter(nn.Module):
 
 @dataclass(frozen=True)
 class StepSample:
-    """One sequence as a training step reads it: tokens, mask and features on the
-    step's device, the top-k anywhere (the trainer makes one of a loader's `TrainSample`)."""
+    """One sequence as a training step reads it: tokens and features on the step's
+    device, the loss mask and the top-k anywhere (the trainer makes one of a loader's
+    `TrainSample` and leaves the mask on the host, where positions are drawn from it
+    without a read-back; a family moves what it indexes with)."""
 
     input_ids: torch.Tensor  # [T]
     loss_mask: torch.Tensor  # [T]

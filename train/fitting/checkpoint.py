@@ -16,7 +16,10 @@ The parts of a run own what they keep (torchtitan's Stateful pattern): each has 
 under its key of state.json, and a `load_state_dict()` that takes them back
 (`PARTS` says where each lives). `Checkpointer` collects them, writes a checkpoint
 into a temporary directory and renames it into place, so a crash never leaves a
-half-written one where `latest` looks, and decides when one is due. A checkpoint
+half-written one where `latest` looks, and decides when one is due. Periodic
+checkpoints are written in the background: the states are copied to host memory
+(pinned, on CUDA) and a thread writes them while training goes on; a write that
+fails stops the run at the next checkpoint or at the end, naming its step. A checkpoint
 that does not fit (checked before writing, or the disk fills while writing) leaves
 no partial directory and raises `CheckpointSpaceError`; the partial directory of a
 process killed mid-save is removed when the run starts again. Nothing is
@@ -29,6 +32,8 @@ import errno
 import json
 import os
 import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -104,6 +109,9 @@ class Checkpointer:
 
     def __init__(self, run_dir: str | Path, every: int = 0, keep: int = 0):
         self.run_dir, self.every, self.keep = Path(run_dir), every, keep
+        self.writing: threading.Thread | None = None  # a background save's writer
+        self.write_error: BaseException | None = None
+        self.host_copies: dict[str, torch.Tensor] = {}  # pinned buffers, reused save after save
 
     def resume_point(self, resume: bool) -> Path | None:
         """The checkpoint a run continues from (None: it starts afresh); refuses
@@ -145,15 +153,15 @@ class Checkpointer:
     def latest(self) -> Path | None:
         return latest_checkpoint(self.run_dir)
 
-    def save(self, step: int, parts: dict[str, Stateful], record: dict) -> Path:
+    def save(self, step: int, parts: dict[str, Stateful], record: dict, background: bool = False) -> Path:
         """Write checkpoint `step` atomically: each part's state where `PARTS` puts
         it, and `record` (JSON) at the top of state.json. Refused before writing when
-        the free space is short of it (`CheckpointSpaceError`)."""
-        files, body = self.collect(step, parts, record)
+        the free space is short of it (`CheckpointSpaceError`). `background`: the
+        states are copied to host memory now and written by a thread while training
+        goes on; `wait` (and the next save) finishes it and raises what stopped it."""
+        self.wait()
+        files, body = self.collect(step, parts, record, self.host_copy if background else None)
         final = checkpoint_dir(self.run_dir, step)
-        tmp = final.with_name(final.name + PARTIAL)
-        if tmp.exists():
-            shutil.rmtree(tmp)
         needed = sum(t.nbytes for tensors in files.values() for t in tensors.values())
         free = host.free_bytes(final.parent)  # through the module: tests fake the free space there
         if needed > free:
@@ -161,6 +169,36 @@ class Checkpointer:
                 f"no space for the checkpoint of step {step} in {final.parent}: it takes "
                 f"about {human_bytes(needed)}, {human_bytes(free)} free"
             )
+        if not background:
+            self.write(step, files, body, final)
+            return final
+        self.writing = threading.Thread(
+            target=self.write_or_keep_error, args=(step, files, body, final), name=f"checkpoint-{step}"
+        )
+        self.writing.start()
+        return final
+
+    def wait(self) -> None:
+        """Finish the checkpoint a background save is writing; raise what stopped it."""
+        if self.writing is None:
+            return
+        self.writing.join()
+        self.writing = None
+        error, self.write_error = self.write_error, None
+        if error is not None:
+            raise error
+
+    def write_or_keep_error(self, step: int, files: dict, body: dict, final: Path) -> None:
+        try:
+            self.write(step, files, body, final)
+        except BaseException as error:  # raised by `wait`, in the training thread
+            self.write_error = error
+
+    def write(self, step: int, files: dict, body: dict, final: Path) -> None:
+        """Write into a temporary directory, rename it into place, drop the oldest beyond `keep`."""
+        tmp = final.with_name(final.name + PARTIAL)
+        if tmp.exists():
+            shutil.rmtree(tmp)
         try:
             tmp.mkdir(parents=True)
             for file, tensors in files.items():
@@ -180,20 +218,40 @@ class Checkpointer:
         if self.keep > 0:
             for old in list_checkpoints(self.run_dir)[: -self.keep]:
                 shutil.rmtree(old, ignore_errors=True)
-        return final
+
+    def host_copy(self, key: str, tensor: torch.Tensor) -> torch.Tensor:
+        """A copy of `tensor` the next steps cannot change while a thread writes it: on
+        CUDA into a pinned host buffer kept for the next save (the copy engine fills it
+        at full speed), elsewhere a clone."""
+        if tensor.device.type != "cuda":
+            return tensor.detach().clone()
+        buffer = self.host_copies.get(key)
+        if buffer is None or buffer.shape != tensor.shape or buffer.dtype != tensor.dtype:
+            buffer = self.host_copies[key] = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        return buffer.copy_(tensor.detach(), non_blocking=True)
 
     @staticmethod
-    def collect(step: int, parts: dict[str, Stateful], record: dict) -> tuple[dict, dict]:
-        """Each part's state split as `PARTS` says: {file: tensors}, and state.json's body."""
+    def collect(
+        step: int, parts: dict[str, Stateful], record: dict, copy: Callable[[str, torch.Tensor], torch.Tensor] | None
+    ) -> tuple[dict, dict]:
+        """Each part's state split as `PARTS` says: {file: tensors}, and state.json's body.
+        `copy(key, tensor)` takes each tensor to the host (None: `.cpu()`, which may share
+        a CPU tensor's memory)."""
         files: dict[str, dict[str, torch.Tensor]] = {}
         body = {**record, "step": step}
         for name, part in parts.items():
             key, file = PARTS[name]
             state = part.state_dict()
-            tensors = {k: v.detach().cpu().contiguous() for k, v in state.items() if isinstance(v, torch.Tensor)}
+            tensors = {
+                k: (copy(f"{file}/{k}", v) if copy else v.detach().cpu()).contiguous()
+                for k, v in state.items()
+                if isinstance(v, torch.Tensor)
+            }
             files.setdefault(file, {}).update(tensors)
             if key is not None:
                 body[key] = {k: v for k, v in state.items() if not isinstance(v, torch.Tensor)}
+        if copy and torch.cuda.is_available():
+            torch.cuda.synchronize()  # the pinned copies are complete before the thread reads them
         return files, body
 
     @staticmethod

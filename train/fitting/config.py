@@ -49,6 +49,9 @@ class TrainConfig:
     checkpoint_every: int = 1000
     keep_checkpoints: int = 2  # newest checkpoints kept (0: keep all)
     progress_interval: float = 30.0  # seconds between progress lines when stderr is not a terminal
+    # DDP's gradient all-reduce: fp32, bf16 (half the bytes), or auto: bf16 between CUDA GPUs
+    # without NVLink (`nvidia-smi topo -m`), else fp32
+    grad_allreduce: str = "auto"
 
     def validate(self):
         require(self.batch_size >= 1, "train.batch_size", "must be >= 1")
@@ -74,6 +77,7 @@ class TrainConfig:
         for name in ("log_every", "checkpoint_every", "keep_checkpoints"):
             require(getattr(self, name) >= 0, f"train.{name}", "must be >= 0")
         require(self.log_every >= 1, "train.log_every", "must be >= 1")
+        require(self.grad_allreduce in ("auto", "fp32", "bf16"), "train.grad_allreduce", "must be auto, fp32 or bf16")
         require(self.progress_interval >= 0, "train.progress_interval", "must be >= 0 (seconds)")
 
     @property

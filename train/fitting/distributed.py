@@ -21,7 +21,9 @@ import datetime
 import inspect
 import logging
 import os
+import re
 import signal
+import subprocess
 import sys
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -30,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -92,7 +95,8 @@ def is_peer_loss(error: BaseException) -> bool:
 # -- reductions ----------------------------------------------------------------------------
 def reduce_step(world: World, sums: MetricSums, epoch: int, device: torch.device) -> tuple[MetricSums, int]:
     """An optimizer step's metric sums over all ranks, and the furthest epoch any
-    of its samples came from (every rank gets the same)."""
+    of its samples came from (every rank gets the same). The counts are read back
+    (whether any rank trained decides the loop); the figures stay on the device."""
     if not world.distributed:
         return sums, epoch
     where = comm_device(device)
@@ -100,7 +104,9 @@ def reduce_step(world: World, sums: MetricSums, epoch: int, device: torch.device
     dist.all_reduce(vector)
     furthest = torch.tensor([epoch], dtype=torch.int64, device=where)
     dist.all_reduce(furthest, op=dist.ReduceOp.MAX)
-    return MetricSums.from_vector(sums.positions, vector.cpu()), int(furthest.item())
+    reduced = MetricSums.from_vector(sums.positions, vector)
+    reduced.totals = reduced.totals.to(device)
+    return reduced, int(furthest.item())
 
 
 def any_rank(world: World, flags: list[bool], device: torch.device) -> list[bool]:
@@ -125,8 +131,9 @@ def no_gradient_sync(replica: torch.nn.Module) -> AbstractContextManager:
     return replica.no_sync() if isinstance(replica, DistributedDataParallel) else nullcontext()
 
 
-def wrap(drafter: torch.nn.Module, world: World, device: torch.device) -> torch.nn.Module:
-    """The module the training step runs: DDP on more than one process, else the drafter."""
+def wrap(drafter: torch.nn.Module, world: World, device: torch.device, allreduce: str = "fp32") -> torch.nn.Module:
+    """The module the training step runs: DDP on more than one process, else the drafter.
+    `allreduce` ("fp32" / "bf16", `gradient_allreduce`'s answer) is the gradients' wire dtype."""
     if not world.distributed:
         return drafter
     ids = [device.index] if device.type == "cuda" else None
@@ -137,7 +144,50 @@ def wrap(drafter: torch.nn.Module, world: World, device: torch.device) -> torch.
     # spells it forward_sync_buffers (and warns on broadcast_buffers); older torch lacks it.
     newer = "forward_sync_buffers" in inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
     no_sync: dict[str, Any] = {"forward_sync_buffers": False} if newer else {"broadcast_buffers": False}
-    return DrafterDDP(drafter, device_ids=ids, **no_sync)  # rank 0 alone runs the evaluators
+    # Gradients are views into DDP's buckets: no second fp32 copy of every gradient, no copy
+    # into the bucket after backward. Not static_graph: torch's reducer asserts
+    # (expect_autograd_hooks_) when a step's first backward runs under no_sync, as
+    # gradient accumulation's do.
+    replica = DrafterDDP(drafter, device_ids=ids, gradient_as_bucket_view=True, **no_sync)
+    if allreduce == "bf16":
+        replica.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    return replica  # rank 0 alone runs the evaluators
+
+
+def gradient_allreduce(setting: str, world: World, device: torch.device) -> tuple[str, str]:
+    """`train.grad_allreduce` resolved: (dtype, why). "auto" halves the bytes (bf16) where the
+    all-reduce crosses PCIe (CUDA GPUs without NVLink between them), and keeps fp32 elsewhere."""
+    if setting == "bf16" and world.distributed and device.type != "cuda":
+        raise ConfigError(
+            "config train.grad_allreduce: bf16 needs CUDA GPUs (DDP's bf16 hook runs over NCCL); "
+            "use fp32 or auto on CPU"
+        )
+    if setting != "auto":
+        return setting, f"train.grad_allreduce={setting}"
+    if not world.distributed or device.type != "cuda":
+        return "fp32", "auto: no GPU all-reduce to compress"
+    linked = nvlink_between_gpus()
+    if linked is False:
+        return "bf16", "auto: this host's GPUs have no NVLink between them (nvidia-smi topo -m)"
+    return "fp32", "auto: " + ("NVLink between the GPUs" if linked else "nvidia-smi could not say how the GPUs connect")
+
+
+def nvlink_between_gpus() -> bool | None:
+    """Whether `nvidia-smi topo -m` shows an NVLink (NV<n>) between this host's GPUs;
+    None when it cannot tell (no nvidia-smi, no GPU rows)."""
+    try:
+        table = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return topology_has_nvlink(table)
+
+
+def topology_has_nvlink(table: str) -> bool | None:
+    """`nvidia-smi topo -m`'s matrix read: a GPU row with an NV<n> cell (NVLink); None without GPU rows."""
+    rows = [line.split() for line in table.splitlines() if line.startswith("GPU")]
+    if not rows:
+        return None
+    return any(re.fullmatch(r"NV\d+", cell) for row in rows for cell in row[1:])
 
 
 # -- `python -m train fit --nproc N` ---------------------------------------------------------

@@ -5,8 +5,8 @@ meta device from the run config and the target's config.json (no weights, no sto
 needed); per GPU:
 
 - drafter weights, gradients and AdamW's two moments, all fp32 (`train.dtype` is an
-  autocast dtype; weights and optimizer stay fp32), plus DDP's gradient buckets (one
-  more fp32 copy) on more than one GPU;
+  autocast dtype; weights and optimizer stay fp32); on more than one GPU the gradients
+  are views into DDP's buckets (`gradient_as_bucket_view`), so the buckets add nothing;
 - the frozen target head: `embed_tokens` + `lm_head` (one tensor when tied) in the
   autocast dtype;
 - the loss chunk (`loss.chunk_rows` rows through the head): per chunk row and
@@ -42,6 +42,9 @@ FP32 = 4
 # row-sized buffer (log_softmax's on CPU, the gradient's bf16 copy on a GPU). Measured on
 # CPU at V = 248,320: 1.03 GB at 256 rows = 16.2 B (benchmarks/RESULTS.md, 2026-12-01).
 LOSS_BYTES_PER_LOGIT = 16
+# Below this many sequences per GPU per step, the step's fixed work (the optimizer's pass
+# over fp32 weights and moments, the gradient all-reduce) is a large share of it.
+MIN_SEQUENCES_PER_GPU = 4
 
 
 def drafter_on_meta(drafter_config):
@@ -96,7 +99,7 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
         weights=params * FP32,
         gradients=params * FP32,
         adam_moments=2 * params * FP32,
-        ddp_buckets=params * FP32 if gpus > 1 else 0,
+        ddp_buckets=0,  # the gradients are the buckets' views
     )
     head_tensors = 1 if target.tie_word_embeddings else 2
     head = head_tensors * target.vocab_size * target.hidden_size * act
@@ -120,6 +123,7 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
         global_batch=global_batch,
         sequences_per_gpu_per_step=global_batch / gpus,
         dtype=config.train.dtype,
+        **step_traffic(params, gpus, config.train.grad_allreduce),
     )
     if samples is not None:  # an epoch reads the training split only
         training = max(1, round(samples * (1 - config.data.heldout_fraction)))
@@ -130,6 +134,20 @@ def fit_estimate(config, target, drafter_config, sizing: Sizing) -> dict:
     out.update(training_rate(family.sample_flops(drafter_config, config.model, mean), mean, sizing))
     out.update(run_length(config, out.get("steps_per_epoch"), samples, tokens, out.get("tokens_per_s"), gpus))
     return out
+
+
+def step_traffic(params: int, gpus: int, allreduce: str) -> dict:
+    """The bytes an optimizer step moves besides its sequences' compute: fused AdamW reads
+    the fp32 weights, gradients and both moments and writes three of them back; DDP
+    all-reduces every gradient once (a ring sends and receives 2 (n-1)/n of it per GPU)."""
+    wire = 2 if allreduce == "bf16" else FP32
+    gradients = params * wire if gpus > 1 else 0
+    return dict(
+        optimizer_bytes_per_step=7 * FP32 * params,
+        allreduce_bytes_per_step=gradients,
+        allreduce_dtype="bf16" if allreduce == "bf16" else "fp32",
+        allreduce_wire_bytes_per_gpu=round(2 * (gpus - 1) / gpus * gradients),
+    )
 
 
 def mean_sample_tokens(config, samples: int | None, tokens: int | None) -> float:
@@ -171,7 +189,7 @@ def estimate_lines(e: dict) -> list[str]:
     lines = [
         *family.paper_lines(e),
         f"per GPU     weights {gib(s['weights'])} + gradients {gib(s['gradients'])} + AdamW {gib(s['adam_moments'])}"
-        f" + DDP buckets {gib(s['ddp_buckets'])} GiB (fp32)",
+        " GiB (fp32; DDP's buckets are the gradients)",
         f"            target head {gib(e['target_head_bytes'])} GiB ({e['dtype']}); loss chunk {e['loss_chunk_rows']} "
         f"rows: {gib(e['loss_chunk_bytes'])} GiB",
         f"            activations {gib(a['bytes'] * e['sequences_in_flight'])} GiB ({e['sequences_in_flight']} "
@@ -179,6 +197,7 @@ def estimate_lines(e: dict) -> list[str]:
         f"peak GPU    {e['peak_gpu_gib']} GiB per GPU on {e['gpus']} GPU(s); global batch {e['global_batch']} "
         f"({e['sequences_per_gpu_per_step']:g} per GPU per step)",
     ]
+    lines += step_lines(e)
     if "fits" in e:
         lower = (
             "train.batch_size, loss.chunk_rows"
@@ -214,4 +233,24 @@ def estimate_lines(e: dict) -> list[str]:
         )
     else:
         lines.append("time        give --gpu-tflops (one GPU's dense bf16 peak, e.g. 989 for an H200) for the hours")
+    return lines
+
+
+def step_lines(e: dict) -> list[str]:
+    """What a step moves besides its sequences, and a warning when that is much of the step."""
+    lines = [
+        f"per step    AdamW moves {gib(e['optimizer_bytes_per_step'])} GiB of GPU memory"
+        + (
+            f"; DDP all-reduces {gib(e['allreduce_bytes_per_step'])} GiB of {e['allreduce_dtype']} gradients "
+            f"({gib(e['allreduce_wire_bytes_per_gpu'])} GiB over each GPU's link)"
+            if e["gpus"] > 1
+            else ""
+        )
+    ]
+    if e["sequences_per_gpu_per_step"] < MIN_SEQUENCES_PER_GPU:
+        lines.append(
+            f"warning: each GPU trains {e['sequences_per_gpu_per_step']:g} sequence(s) a step, then waits on the "
+            f"optimizer{' and the all-reduce' if e['gpus'] > 1 else ''}: fewer than {MIN_SEQUENCES_PER_GPU} leaves it "
+            "idle for much of the step (raise train.grad_accumulation or train.batch_size, or use fewer GPUs)"
+        )
     return lines

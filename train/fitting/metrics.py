@@ -14,118 +14,120 @@ import torch
 
 from train.families.family import StepResult
 
-_SCALARS = (
-    "sequences",
-    "tokens",
-    "loss",
-    "weight",
+_SUMMED = (
+    "loss",  # each sequence's loss times its label weight
+    "weight",  # label weights (BlockTargets.weight_sum) summed
     "valid",
     "top1",
     "top4",
     "top8",
     "blocks",
     "tau",
-    "selector_valid",
-    "recall",
-    "selector_hits",
+    "selector_valid",  # DFlash 2: valid slots with recall@K / selector flags (0 for DFlash)
+    "recall",  # label among the selector's top-K candidates
+    "selector_hits",  # teacher-forced selector's argmax is the label
 )
 
 
 @dataclass
 class MetricSums:
-    """Sums over sequences, turned into means when a line is logged."""
+    """Sums over sequences, turned into means when a line is logged.
+
+    The counts (`sequences`, `tokens`) are the host's; every figure a step computes
+    stays where it was computed, in one float64 vector (`totals`: `_SUMMED`, then the
+    per-position hits and valid slots), so adding a sequence reads nothing back from
+    the GPU: the host runs ahead of it until a line is logged (`means`)."""
 
     positions: int  # drafted positions a chain scores (the family's `drafted_positions`)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     sequences: int = 0
     tokens: int = 0
-    loss: float = 0.0  # each sequence's loss times its label weight
-    weight: float = 0.0  # label weights (BlockTargets.weight_sum) summed
-    valid: float = 0.0
-    top1: float = 0.0
-    top4: float = 0.0
-    top8: float = 0.0
-    blocks: float = 0.0
-    tau: float = 0.0
-    selector_valid: float = 0.0  # DFlash 2: valid slots with recall@K / selector flags (0 for DFlash)
-    recall: float = 0.0  # label among the selector's top-K candidates
-    selector_hits: float = 0.0  # teacher-forced selector's argmax is the label
-    slot_hits: torch.Tensor = field(init=False)
-    slot_valid: torch.Tensor = field(init=False)
+    totals: torch.Tensor = field(init=False)
 
     def __post_init__(self):
-        self.slot_hits = torch.zeros(self.positions, dtype=torch.float64)
-        self.slot_valid = torch.zeros(self.positions, dtype=torch.float64)
+        self.totals = torch.zeros(len(_SUMMED) + 2 * self.positions, dtype=torch.float64, device=self.device)
 
     def add(self, result: StepResult, num_tokens: int) -> None:
         """One sequence's training step and its token count. The loss counts by the
         sequence's label weight, so the mean is over all weighted labels, as the
         step's loss is."""
-        loss, metrics = float(result.loss.detach()), result.metrics
-        weight = float(result.weight)
-        valid = float(metrics["num_valid"])
-        blocks = float(metrics["num_blocks"])
-        per_slot_valid = result.position_valid.double().cpu()
-        per_position = metrics["per_position_acc"].double().cpu().nan_to_num(0.0)
+        metrics, device = result.metrics, self.totals.device
+
+        def value(x) -> torch.Tensor:
+            return torch.as_tensor(x, device=device).detach().to(torch.float64).reshape(())
+
+        weight, valid, blocks = value(result.weight), value(metrics["num_valid"]), value(metrics["num_blocks"])
+        selector = "recall_at_k" in metrics
+        zero = torch.zeros((), dtype=torch.float64, device=device)
+        scalars = [
+            value(result.loss) * weight,
+            weight,
+            valid,
+            value(metrics["top1"]) * valid,
+            value(metrics["top4"]) * valid,
+            value(metrics["top8"]) * valid,
+            blocks,
+            value(metrics["tau"]) * blocks,
+            valid if selector else zero,
+            value(metrics["recall_at_k"]) * valid if selector else zero,
+            value(metrics["selector_acc"]) * valid if selector else zero,
+        ]
+        slot_valid = result.position_valid.detach().to(device, torch.float64)
+        slot_hits = metrics["per_position_acc"].detach().to(device, torch.float64).nan_to_num(0.0) * slot_valid
+        self.totals += torch.cat([torch.stack(scalars), slot_hits, slot_valid])
         self.sequences += 1
         self.tokens += num_tokens
-        self.loss += loss * weight
-        self.weight += weight
-        self.valid += valid
-        self.top1 += float(metrics["top1"]) * valid
-        self.top4 += float(metrics["top4"]) * valid
-        self.top8 += float(metrics["top8"]) * valid
-        self.blocks += blocks
-        self.tau += float(metrics["tau"]) * blocks
-        if "recall_at_k" in metrics:
-            self.selector_valid += valid
-            self.recall += float(metrics["recall_at_k"]) * valid
-            self.selector_hits += float(metrics["selector_acc"]) * valid
-        self.slot_hits += per_position * per_slot_valid
-        self.slot_valid += per_slot_valid
 
     def merge(self, more: "MetricSums") -> "MetricSums":
         """Add another sum into this one (e.g. an optimizer step's into the log interval's)."""
-        for name in _SCALARS:
-            setattr(self, name, getattr(self, name) + getattr(more, name))
-        self.slot_hits += more.slot_hits
-        self.slot_valid += more.slot_valid
+        self.sequences += more.sequences
+        self.tokens += more.tokens
+        self.totals += more.totals.to(self.totals.device)
         return self
 
+    def weight(self) -> torch.Tensor:
+        """The label weights summed (0-dim, where the figures are): a step's loss normaliser."""
+        return self.totals[_SUMMED.index("weight")]
+
     def as_vector(self) -> torch.Tensor:
-        """Every sum in one float64 vector (summed over ranks in one all_reduce)."""
-        scalars = torch.tensor([float(getattr(self, name)) for name in _SCALARS], dtype=torch.float64)
-        return torch.cat([scalars, self.slot_hits, self.slot_valid])
+        """The counts and every sum in one float64 vector (summed over ranks in one all_reduce)."""
+        counts = torch.tensor([self.sequences, self.tokens], dtype=torch.float64, device=self.totals.device)
+        return torch.cat([counts, self.totals])
 
     @classmethod
     def from_vector(cls, positions: int, vector: torch.Tensor) -> "MetricSums":
-        sums = cls(positions)
-        n, slots = len(_SCALARS), positions
-        for name, value in zip(_SCALARS, vector[:n].tolist()):
-            setattr(sums, name, int(round(value)) if name in ("sequences", "tokens") else value)
-        sums.slot_hits = vector[n : n + slots].clone()
-        sums.slot_valid = vector[n + slots : n + 2 * slots].clone()
+        """`as_vector`'s inverse; the figures stay on the vector's device, the counts are read."""
+        sums = cls(positions, vector.device)
+        sequences, tokens = vector[:2].tolist()
+        sums.sequences, sums.tokens = int(round(sequences)), int(round(tokens))
+        sums.totals = vector[2:].clone()
         return sums
 
     def means(self, prefix: str = "") -> dict:
-        """The log's means; DFlash 2 adds `recall_at_k` (label in the unary top-K) and
-        `selector_acc` (teacher-forced selector right), over valid slots as `acc` is."""
-        valid = max(self.valid, 1.0)
-        per_position = [round(float(h / v), 6) if v > 0 else None for h, v in zip(self.slot_hits, self.slot_valid)]
+        """The log's means (the figures read from the device once); DFlash 2 adds `recall_at_k`
+        (label in the unary top-K) and `selector_acc` (teacher-forced selector right), over
+        valid slots as `acc` is."""
+        values = self.totals.tolist()
+        s = dict(zip(_SUMMED, values))
+        n = len(_SUMMED)
+        hits, slots = values[n : n + self.positions], values[n + self.positions :]
+        valid = max(s["valid"], 1.0)
+        per_position = [round(h / v, 6) if v > 0 else None for h, v in zip(hits, slots)]
         selector = (
             {}
-            if self.selector_valid <= 0
+            if s["selector_valid"] <= 0
             else {
-                f"{prefix}recall_at_k": self.recall / self.selector_valid,
-                f"{prefix}selector_acc": self.selector_hits / self.selector_valid,
+                f"{prefix}recall_at_k": s["recall"] / s["selector_valid"],
+                f"{prefix}selector_acc": s["selector_hits"] / s["selector_valid"],
             }
         )
         return {
-            f"{prefix}loss": self.loss / self.weight if self.weight > 0 else 0.0,
-            f"{prefix}acc": self.top1 / valid,
-            f"{prefix}top4_acc": self.top4 / valid,
-            f"{prefix}top8_acc": self.top8 / valid,
+            f"{prefix}loss": s["loss"] / s["weight"] if s["weight"] > 0 else 0.0,
+            f"{prefix}acc": s["top1"] / valid,
+            f"{prefix}top4_acc": s["top4"] / valid,
+            f"{prefix}top8_acc": s["top8"] / valid,
             f"{prefix}per_position_acc": per_position,
-            f"{prefix}tau_per_position": self.tau / max(self.blocks, 1.0),
+            f"{prefix}tau_per_position": s["tau"] / max(s["blocks"], 1.0),
             **selector,
         }
 
@@ -134,9 +136,10 @@ class LogInterval:
     """The steps since the last logged line: their metric sums, time and loader wait,
     turned into one line's training figures."""
 
-    def __init__(self, positions: int, wait_seconds):
+    def __init__(self, positions: int, wait_seconds, device: torch.device):
         self.positions, self.wait_seconds = positions, wait_seconds  # wait_seconds(): the loaders' total so far
-        self.sums = MetricSums(positions)
+        self.device = device  # where the steps' figures are summed
+        self.sums = MetricSums(positions, device)
         self.restart_clock()
 
     def restart_clock(self) -> None:
@@ -147,7 +150,7 @@ class LogInterval:
         """The line's means and rates; the next interval starts from here."""
         elapsed = max(time.perf_counter() - self.began, 1e-9)
         sums, waited = self.sums, self.wait_seconds() - self.waited
-        self.sums = MetricSums(self.positions)
+        self.sums = MetricSums(self.positions, self.device)
         return {
             **sums.means(),
             "tokens_per_s": sums.tokens / elapsed,

@@ -49,9 +49,18 @@ class Optimizer:
     def zero_grad(self) -> None:
         self.adamw.zero_grad(set_to_none=True)
 
-    def clip(self) -> float:
-        """Clip the gradients' global norm to `optim.grad_clip` (0: no clipping); the norm before."""
-        return float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip or float("inf")))
+    def clip(self, divisor: torch.Tensor | float = 1.0) -> torch.Tensor:
+        """Divide the summed gradients by `divisor` (the step's normaliser) and clip their
+        global norm to `optim.grad_clip` (0: no clipping) in one multiply, with nothing
+        read back to the host; returns the norm before clipping (0-dim, on the device)."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return torch.zeros(())
+        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) / divisor
+        clip = self.config.grad_clip
+        coefficient = (clip / (norm + 1e-6)).clamp(max=1.0) if clip else 1.0  # as clip_grad_norm_'s
+        torch._foreach_mul_(grads, coefficient / divisor)  # one launch per device and dtype, not one per parameter
+        return norm
 
     def step(self, step: int) -> float:
         """Apply optimizer step `step` (0-based) at its LR; returns the LR."""

@@ -34,7 +34,7 @@ class HeldoutEval:
         self.config = config
 
     def __call__(self, trainer, step: int) -> dict:
-        sums = MetricSums(trainer.family.drafted_positions(trainer.drafter.config))
+        sums = MetricSums(trainer.family.drafted_positions(trainer.drafter.config), trainer.device)
         generator = torch.Generator().manual_seed(trainer.config.train.seed + HELDOUT_SEED_OFFSET)
         was_training = trainer.drafter.training
         trainer.drafter.eval()

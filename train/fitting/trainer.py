@@ -61,7 +61,7 @@ from train.families.family import StepResult, StepSample
 from train.families.kinds import family_of
 from train.fitting.build import RunParts, build_run, checkpoint_parts
 from train.fitting.checkpoint import Checkpointer, checkpoint_dir
-from train.fitting.distributed import no_gradient_sync, reduce_step, wrap
+from train.fitting.distributed import gradient_allreduce, no_gradient_sync, reduce_step, wrap
 from train.fitting.global_rng import GlobalRNG
 from train.fitting.interrupts import DataStopped, TrainingInterrupted, sigint_deferred
 from train.fitting.metrics import LogInterval, MetricSums
@@ -85,9 +85,10 @@ class Trainer:
         self.total_steps = self.optimizer.total_steps
         self.step = parts.start_step
         self.epoch = self.loader.start.epoch
-        self.replica = wrap(
-            self.drafter, self.world, self.device
-        )  # what training steps run: DDP on more than one process
+        allreduce, why = gradient_allreduce(config.train.grad_allreduce, self.world, self.device)
+        if self.world.distributed and self.world.is_main:
+            self.log(f"fit: gradients all-reduced in {allreduce} ({why})")
+        self.replica = wrap(self.drafter, self.world, self.device, allreduce)  # DDP on more than one process
         self.store = parts.store
         self.store_info, self.run_info = parts.record["store"], parts.record["run_info"]
         self.run_dir = Path(config.out)
@@ -144,7 +145,7 @@ class Trainer:
         with self.autocast():
             inputs = StepSample(
                 sample.input_ids.to(device),
-                sample.loss_mask.to(device),
+                sample.loss_mask,
                 sample.context_features(device),
                 sample.topk_ids,
                 sample.topk_logprobs,
@@ -167,7 +168,8 @@ class Trainer:
         progress = fit_progress(
             self.total_steps, self.step, self.config.train.progress_interval, default_mode(self.world.is_main)
         )
-        interval = LogInterval(self.family.drafted_positions(self.drafter.config), lambda: self.feed.wait_seconds)
+        positions = self.family.drafted_positions(self.drafter.config)
+        interval = LogInterval(positions, lambda: self.feed.wait_seconds, self.device)
         last: dict = {}
         self.drafter.train()
         self.committed = self.committed_state()  # positions and RNGs as of the last completed step
@@ -186,28 +188,30 @@ class Trainer:
                 if record:
                     interval.restart_clock()
                 if self.checkpointer.due(self.step):
-                    self.save_checkpoint()
+                    self.save_checkpoint(background=True)
                 progress.update(
                     1, tokens=step_sums.tokens, samples=f"{self.step * self.config.train.sequences_per_step:,}"
                 )
             last = {**last, **self.final_evaluation(writer)}
             if not self.checkpointer.due(self.step):
                 self.save_checkpoint()
+            self.checkpointer.wait()
         except KeyboardInterrupt:
             raise TrainingInterrupted(self.step, self.checkpoint_last_step("interrupted")) from None
         except CorruptShardError as error:
             raise DataStopped(self.step, self.checkpoint_last_step(f"shard {error.shard} is corrupt"), error) from None
         finally:
+            self.finish_background_save()
             progress.close()
             self.feed.close()
             writer.close()
         self.report_data_end()
         return last
 
-    def train_step(self, writer: RunWriter) -> tuple[MetricSums, float, float] | None:
+    def train_step(self, writer: RunWriter) -> tuple[MetricSums, float, torch.Tensor] | None:
         """One optimizer step over this rank's slots of the global batch, applied
-        whole or not at all: (metric sums over all ranks, LR, grad norm), or None
-        when every lane has run dry."""
+        whole or not at all: (metric sums over all ranks, LR, grad norm where the
+        gradients are: read when a line is logged), or None when every lane has run dry."""
         slots = self.feed.take(self.step)
         if not self.world.distributed and all(sample is None for _, sample in slots):
             return None
@@ -217,14 +221,14 @@ class Trainer:
         if step_sums.sequences == 0:
             return None
         writer.samples(self.step + 1, slots)
-        grad_norm = self.optimizer.clip()
+        grad_norm = self.optimizer.clip(self.gradient_divisor(step_sums))
         with sigint_deferred():  # a step is applied whole or not at all
             lr = self.optimizer.step(self.step)
             self.step += 1
             self.committed = self.committed_state()
         return step_sums, lr, grad_norm
 
-    def step_record(self, interval: LogInterval, lr: float, grad_norm: float) -> dict:
+    def step_record(self, interval: LogInterval, lr: float, grad_norm: torch.Tensor) -> dict:
         """The log line of the step just done: training figures every `train.log_every`
         steps and at the end, evaluations every `eval.every` (rank 0); {} for none."""
         record: dict = {}
@@ -234,7 +238,7 @@ class Trainer:
                 "epoch": self.epoch,
                 "lr": lr,
                 **interval.figures(),
-                "grad_norm": grad_norm,
+                "grad_norm": float(grad_norm),
                 "world_size": self.world.size,
             }
         every = self.config.eval.every
@@ -281,7 +285,7 @@ class Trainer:
         `epoch` to the furthest epoch among its samples."""
         self.optimizer.zero_grad()
         per_step = self.config.loss.normalize == "step"
-        sums = MetricSums(self.family.drafted_positions(self.drafter.config))
+        sums = MetricSums(self.family.drafted_positions(self.drafter.config), self.device)
         generators = generators or [self.generator] * len(samples)
         epoch = self.epoch
         for i, (sample, generator) in enumerate(zip(samples, generators)):
@@ -294,18 +298,21 @@ class Trainer:
             sync = not self.world.distributed or i == len(samples) - 1  # DDP all_reduces on the last backward only
             with nullcontext() if sync else no_gradient_sync(self.replica):
                 result = self.run_sequence(sample, generator, replica=self.replica)
-                scale = float(result.weight) if per_step else 1.0
+                scale = result.weight.detach() if per_step else 1.0  # on the device: no read-back per sequence
                 (result.loss * (scale if real else 0.0)).backward()
             if real:
                 sums.add(result, sample.num_tokens)
                 epoch = max(epoch, sample.epoch)
         sums, self.epoch = reduce_step(self.world, sums, epoch, self.device)
-        total = sums.weight if per_step else sums.sequences
-        if total > 0:
-            divisor = total / self.world.size  # DDP averaged the ranks' gradient sums
-            grads = [param.grad for param in self.drafter.parameters() if param.grad is not None]
-            torch._foreach_div_(grads, divisor)  # one launch per device and dtype, not one per parameter
         return sums
+
+    def gradient_divisor(self, sums: MetricSums) -> torch.Tensor | float:
+        """What the step's summed gradients are divided by: its total label weight
+        (`loss.normalize="step"`, on the device) or its sequences, over the ranks DDP
+        averaged over."""
+        if self.config.loss.normalize == "step":
+            return sums.weight().float().clamp_min(1e-30) / self.world.size  # 0 weight: zero gradients stay zero
+        return max(sums.sequences, 1) / self.world.size
 
     def release_replica(self) -> None:
         """Drop the DDP module, which must go before its process group does."""
@@ -329,6 +336,7 @@ class Trainer:
         (written now unless it already is, a second Ctrl-C ignored meanwhile).
         Data-parallel runs keep their last periodic checkpoint: writing one needs
         every rank's collective, and the launcher is already stopping them."""
+        self.finish_background_save()
         if self.world.distributed:
             return self.checkpointer.latest()
         positions, generator_states, rng = self.committed
@@ -342,14 +350,22 @@ class Trainer:
         with sigint_deferred(reraise=False):
             return self.save_checkpoint()
 
-    def save_checkpoint(self) -> Path | None:
+    def save_checkpoint(self, background: bool = False) -> Path | None:
         """Every rank calls it (the feed gathers each lane's position and generator);
-        rank 0 writes."""
+        rank 0 writes, in the background when asked (`Checkpointer.save`)."""
         feed = FrozenState(self.feed.state_dict())  # a collective gather: every rank joins
         if not self.world.is_main:
             return None
         parts = checkpoint_parts(self.drafter, self.optimizer, feed, self.store)
-        return self.checkpointer.save(self.step, parts, self.checkpoint_record())
+        return self.checkpointer.save(self.step, parts, self.checkpoint_record(), background)
+
+    def finish_background_save(self) -> None:
+        """On the way out: let a background save finish; if it failed, say so here (an
+        error is already on its way) -- the last good checkpoint is what `latest` finds."""
+        try:
+            self.checkpointer.wait()
+        except Exception as error:
+            self.log(f"warning: the checkpoint written in the background failed: {error}")
 
     def checkpoint_record(self) -> dict:
         """What every checkpoint says about the run, beside its parts' states."""

@@ -51,7 +51,8 @@ def sample_anchors(
     """Up to `num_anchors` distinct anchor positions, sorted, drawn without
     replacement from `anchor_candidates`. Pass one seeded generator for the whole
     run so the anchors are redrawn every step yet reproducible. Returns int64 [N]
-    on loss_mask's device (N may be 0 for a sequence with nothing to train on)."""
+    on loss_mask's device (N may be 0 for a sequence with nothing to train on); the
+    trainer passes the mask on the host, so drawing them waits on no GPU work."""
     candidates = anchor_candidates(loss_mask.cpu(), block_size)
     if candidates.numel() > num_anchors:
         pick = torch.randperm(candidates.numel(), generator=generator)[:num_anchors]

@@ -47,7 +47,8 @@ def dflash_step(
     A DFlash 2 drafter (bare or DDP-wrapped) adds its candidate selector's K-way CE
     (`loss.selector_weight`, ramped) and the recall@K / selector accuracy metrics."""
     block_size, input_ids = drafter.config.block_size, sample.input_ids
-    anchor_positions = sample_anchors(sample.loss_mask, block_size, model_config.num_anchors, generator)
+    anchors = sample_anchors(sample.loss_mask, block_size, model_config.num_anchors, generator)
+    anchor_positions = anchors.to(input_ids.device)
     targets = block_targets(
         input_ids, sample.loss_mask, anchor_positions, block_size, loss, sample.topk_ids, sample.topk_logprobs
     )

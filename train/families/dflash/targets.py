@@ -93,7 +93,7 @@ def normalised_weights(valid: torch.Tensor, loss: LossConfig) -> tuple[torch.Ten
     else:
         weights = valid.to(torch.float32)
     total = weights.sum()
-    return (weights / total if total > 0 else weights), total
+    return weights / total.clamp_min(1e-30), total  # no valid slot: zero weights (no read-back to ask)
 
 
 def block_targets(
