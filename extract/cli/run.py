@@ -63,8 +63,8 @@ def add_parser(commands) -> None:
     run.add_argument(
         "--require-fast-kernels",
         action="store_true",
-        help="refuse CUDA workers that would run the PyTorch fallback for linear attention / "
-        "causal conv1d (fla, causal-conv1d not installed)",
+        help="refuse CUDA workers that would run the PyTorch fallback for linear attention (fla not "
+        "installed); causal-conv1d's fallback alone is a warning (no wheel on PyPI, cheap)",
     )
     add_spool_flags(run)
     add_space_flag(run)

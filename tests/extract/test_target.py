@@ -289,6 +289,10 @@ def test_a_cuda_worker_on_the_pytorch_fallback_is_refused_before_loading_when_as
     check_fast_kernels(hybrid, "cpu", "worker on h1")  # the CPU path is the reference path: never refused
     check_fast_kernels(kernels_of_class(Qwen3Model), "cuda", "worker on h1")  # no linear attention at all
     assert check_fast_kernels({"linear_attention": "fla", "causal_conv1d": "causal-conv1d"}, "cuda", "w") is None
+    # issue 60.5: causal-conv1d alone missing (no wheel; a cheap fallback) is said, not refused
+    conv_only = {"linear_attention": "fla", "causal_conv1d": "torch"}
+    assert check_fast_kernels(conv_only, "cuda", "w") is None
+    assert "costs little beside the linear attention" in slow_kernels_message(conv_only, "w")
     assert 'pip install -e ".[gpu]"' in slow_kernels_message(hybrid, "worker on h1")
 
 
