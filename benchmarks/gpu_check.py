@@ -36,6 +36,13 @@ Phases, each with its peak GPU memory (`peak_gpu_gb`, reset before each; None on
    included), figures prefixed `train_dflash2_` with its parameters, recall@K and
    selector accuracy.
 
+Between them: `ddp` (DDP as `fit` builds it, on one rank: gradients against the bare
+module's, bf16 on the wire on CUDA, and an all-reduce's rate) and `extract_fp8` (the
+extraction again, over the first 500 records, into an fp8 store with the target's top-8 (all
+records and no top-k in --smoke), figures prefixed `fp8_`).
+After them (benchmarks/gpu_check_decode.py): `speculate` on both kinds, `eval`'s offline
+tau, and `serve_check` where vLLM imports (else skipped, and the verdict is PARTIAL).
+
 Ray itself is not used (its wheel is larger than what travels to the device); the
 worker is the same code. Prints one JSON line last."""
 
@@ -43,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import shutil
 import sys
@@ -58,6 +66,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
 import embedded  # noqa: E402
+
+from benchmarks import gpu_check_decode as decode  # noqa: E402
+from benchmarks.gpu_check_decode import decode_problems  # noqa: E402
 
 REAL_VOCAB = 248_320
 FULL = dict(
@@ -78,6 +89,12 @@ FULL = dict(
     attention_context=3072,
     attention_anchors=512,
     selector_rank=256,
+    decode_prompts=4,
+    decode_tokens=64,
+    eval_blocks=256,
+    fp8_topk=8,
+    fp8_records=500,  # of the 4000: the fp8 phase measures the codec and top-k, not the corpus again
+    allreduce_mib=256,
 )
 SMOKE = dict(
     hidden=64,
@@ -97,6 +114,12 @@ SMOKE = dict(
     attention_context=300,
     attention_anchors=12,
     selector_rank=32,
+    decode_prompts=2,
+    decode_tokens=8,
+    eval_blocks=8,
+    fp8_records=None,
+    fp8_topk=None,  # the target's top-k over 248,320 entries a token: 20x the smoke's forward on a CPU core
+    allreduce_mib=4,
 )  # 2 codebooks x V x 32 fp32 + AdamW: ~0.5 GB of CPU memory, not 4
 WARMUP_STEPS = 2  # step 1 compiles flex; step 2 is the first steady one on CPU noise (nothing recompiles)
 
@@ -230,7 +253,18 @@ def build_target(path: Path, size: dict, device: str) -> None:
     del model
 
 
-def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> dict:
+def extract(
+    model: Path,
+    corpus: Path,
+    store: Path,
+    size: dict,
+    device: str,
+    store_dtype: str = "bfloat16",
+    topk: int | None = None,
+    limit: int | None = None,
+) -> dict:
+    """The worker over the corpus (its first `limit` records), into a `store_dtype` store
+    with the target's `topk` when asked."""
     from extract.extraction.layers import resolve_layer_ids
     from extract.extraction.planning import build_plan
     from extract.extraction.worker import ExtractionSpec, ExtractionWorker
@@ -240,7 +274,9 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
     from store_schema.plan import PlanSettings
 
     plan = build_plan(
-        str(corpus), str(model), PlanSettings(max_length=size["max_length"], shard_tokens=size["shard_tokens"])
+        str(corpus),
+        str(model),
+        PlanSettings(max_length=size["max_length"], shard_tokens=size["shard_tokens"], limit=limit),
     )
     layer_ids = resolve_layer_ids(str(model), None, 2 if size["layers"] < 8 else 5)
     worker = ExtractionWorker(
@@ -253,6 +289,8 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
             settings=plan.settings,
             device=device,
             batch_tokens=size["batch_tokens"],
+            store_dtype=store_dtype,
+            topk=topk,
         )
     )
     info = worker.info()
@@ -262,7 +300,9 @@ def extract(model: Path, corpus: Path, store: Path, size: dict, device: str) -> 
         vocab_size=info.vocab_size,
         kernels=info.kernels,
     )
-    fingerprint = Fingerprint.for_extraction(target_identity(model), plan, layer_ids, facts)
+    fingerprint = Fingerprint.for_extraction(
+        target_identity(model), plan, layer_ids, facts, target_topk=topk or 0, dtype=store_dtype
+    )
     create_store(store, fingerprint).write_plan(plan)
     groups = batch_groups([s.name for s in plan.shards], 2)
     worker.forward_only(groups[:1])  # warm-up: first-call allocations and kernel selection
@@ -366,12 +406,84 @@ def train(model: Path, store: Path, out: Path, size: dict, architecture: str = "
     return {f"train_{architecture}_" + key.removeprefix("train_"): value for key, value in figures.items()}
 
 
-PHASES = ("environment", "kernels", "attention", "build", "extract", "loader", "train", "train_dflash2")
-NEEDS = {"extract": "build", "loader": "extract", "train": "extract", "train_dflash2": "extract"}
+def data_parallel(size: dict, device: str) -> dict:
+    """DDP as `train fit` builds it (`train.fitting.distributed.data_parallel`: gradients as
+    bucket views, and on CUDA the bf16 all-reduce hook auto picks between GPUs without
+    NVLink), on one rank in-process: its gradients against the bare module's, and one
+    all-reduce's rate. One rank crosses no link; a 2-GPU host's figure needs `fit --nproc 2`."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+
+    from train.fitting.distributed import data_parallel as wrap_ddp
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        width, where = size["hidden"], torch.device(device)
+        layers = [torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)]
+        bare = torch.nn.Sequential(*layers).to(where)
+        replica = wrap_ddp(copy.deepcopy(bare), where, "bf16" if device == "cuda" else "fp32")
+        inputs = torch.randn(64, width, device=where)
+        bare(inputs).square().mean().backward()
+        replica(inputs).square().mean().backward()
+        pairs = [(a.grad.flatten(), b.grad.flatten()) for a, b in zip(bare.parameters(), replica.parameters())]
+        grads = _compare(torch.cat([a for a, _ in pairs]), torch.cat([b for _, b in pairs]))
+        payload = torch.ones(size["allreduce_mib"] << 18, device=where)  # fp32
+        dist.all_reduce(payload)  # warm-up
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(5):
+            dist.all_reduce(payload)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = (time.perf_counter() - started) / 5
+        return {
+            "ddp_check": {"grads_vs_bare": grads},
+            "ddp_ranks": 1,
+            "ddp_allreduce": "bf16" if device == "cuda" else "fp32",
+            "ddp_allreduce_gb_s": round(payload.numel() * 4 / seconds / 1e9, 2),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+PHASES = (
+    "environment",
+    "kernels",
+    "attention",
+    "ddp",
+    "build",
+    "extract",
+    "extract_fp8",
+    "loader",
+    "train",
+    "train_dflash2",
+    "speculate",
+    "eval",
+    "serve_check",
+)
+NEEDS = {
+    "extract": "build",
+    "extract_fp8": "build",
+    "loader": "extract",
+    "train": "extract",
+    "train_dflash2": "extract",
+    "speculate": "train",
+    "eval": "train",
+    "serve_check": "train",
+}
 # What a phase's figures must show to pass (on top of running without an error).
 MIN_KERNEL_COSINE = 0.999  # fla / causal-conv1d against the PyTorch fallback (bf16 on CUDA)
 MIN_FALLBACK_COSINE = 0.9999  # the chunked fallback against the token-by-token recurrence
 MIN_FLEX_COSINE = 0.999  # flex against the split path, values and gradients (bf16 autocast on CUDA)
+MIN_DDP_COSINE = 0.999  # DDP's gradients (bf16 on the wire on CUDA) against the bare module's
 
 
 def environment(device: str) -> dict:
@@ -407,6 +519,7 @@ def problems(name: str, figures: dict) -> list[str]:
             ("causal_conv1d_vs_fallback", MIN_KERNEL_COSINE),
         ],
         "attention": [("flex_vs_split", MIN_FLEX_COSINE), ("flex_vs_split_grads", MIN_FLEX_COSINE)],
+        "ddp": [("grads_vs_bare", MIN_DDP_COSINE)],
     }
     checks = figures.get(f"{name}_check", {})
     for key, floor in cosines.get(name, []):
@@ -414,14 +527,18 @@ def problems(name: str, figures: dict) -> list[str]:
             found.append(f"{key} cosine {checks[key]['cosine']} < {floor}")
     if name.startswith("train") and figures.get(f"{name}_loss_finite") is False:
         found.append("the training loss is not finite")
+    if name in ("speculate", "serve_check"):
+        found += decode_problems({key: figures[key] for key in (f"{name}_check", name) if key in figures})
     return found
 
 
 def skipped_parts(figures: dict) -> list[str]:
     """Parts a phase skipped, with their reason ("skipped: ..." values)."""
+    checks = [figures.get(key, {}) for key in ("kernels_check", "attention_check", "speculate_check")]
+    checks.append({"serve_check": figures.get("serve_check")})
     return [
         f"{key}: {value.removeprefix('skipped: ')}"
-        for check in (figures.get("kernels_check", {}), figures.get("attention_check", {}))
+        for check in checks
         for key, value in check.items()
         if isinstance(value, str) and value.startswith("skipped: ")
     ]
@@ -463,6 +580,8 @@ def verdict(figures: dict, chosen: list[str]) -> dict:
             "kernel_cosine": MIN_KERNEL_COSINE,
             "fallback_cosine": MIN_FALLBACK_COSINE,
             "flex_cosine": MIN_FLEX_COSINE,
+            "ddp_cosine": MIN_DDP_COSINE,
+            "speculate": "lossless, or near ties only in bf16 (train speculate's rule)",
         },
     }
 
@@ -494,23 +613,46 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="gpu_check_", dir=args.workdir))
     figures: dict = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "smoke": args.smoke}
     corpus = work / "corpus.jsonl"
+
+    def corpus_file() -> Path:
+        return corpus if corpus.is_file() else embedded.write_jsonl(corpus, embedded.coding_chats(size["records"]))
+
+    started, done = time.perf_counter(), {}
     bodies = {
         "environment": lambda: {"environment": environment(device)},
         "kernels": lambda: {"kernels_check": check_kernels(size, device)},
         "attention": lambda: {"attention_check": check_attention(size, device)},
         "build": lambda: build_target(work / "target", size, device),
-        "extract": lambda: extract(
-            work / "target",
-            embedded.write_jsonl(corpus, embedded.coding_chats(size["records"])),
-            work / "store",
-            size,
-            device,
-        ),
+        "ddp": lambda: data_parallel(size, device),
+        "extract": lambda: extract(work / "target", corpus_file(), work / "store", size, device),
+        "extract_fp8": lambda: {
+            f"fp8_{key}": value
+            for key, value in extract(
+                work / "target",
+                corpus_file(),
+                work / "store-fp8",
+                size,
+                device,
+                "fp8_e4m3",
+                size["fp8_topk"],
+                size["fp8_records"],
+            ).items()
+        },
         "loader": lambda: loader_throughput(work / "store", device),
         "train": lambda: train(work / "target", work / "store", work / "run", size),
         "train_dflash2": lambda: train(work / "target", work / "store", work / "run-dflash2", size, "dflash2"),
+        "speculate": lambda: decode.speculate(
+            {
+                "dflash": work / "run",
+                "dflash2": work / "run-dflash2" if done.get("train_dflash2") else "skipped: train_dflash2 did not pass",
+            },
+            work / "target",
+            work / "store",
+            size,
+        ),
+        "eval": lambda: decode.offline_eval(work / "run", work / "target", work / "store", size),
+        "serve_check": lambda: decode.serve_check(work / "run", work / "target", work / "store", size),
     }
-    started, done = time.perf_counter(), {}
     try:
         for name in chosen:
             run_phase(name, bodies[name], figures, device, done)

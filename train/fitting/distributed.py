@@ -136,6 +136,12 @@ def wrap(drafter: torch.nn.Module, world: World, device: torch.device, allreduce
     `allreduce` ("fp32" / "bf16", `gradient_allreduce`'s answer) is the gradients' wire dtype."""
     if not world.distributed:
         return drafter
+    return data_parallel(drafter, device, allreduce)  # rank 0 alone runs the evaluators
+
+
+def data_parallel(drafter: torch.nn.Module, device: torch.device, allreduce: str) -> "DrafterDDP":
+    """The drafter under DDP in the joined process group, as `wrap` builds it on more
+    than one process (gpu_check builds it on one, to run the CUDA path)."""
     ids = [device.index] if device.type == "cuda" else None
     # No buffer sync before each forward: the drafter's only buffers are constants (rotary
     # inv_freq), and DDP's default broadcast of them before every forward, no_sync
@@ -151,7 +157,7 @@ def wrap(drafter: torch.nn.Module, world: World, device: torch.device, allreduce
     replica = DrafterDDP(drafter, device_ids=ids, gradient_as_bucket_view=True, **no_sync)
     if allreduce == "bf16":
         replica.register_comm_hook(None, default_hooks.bf16_compress_hook)
-    return replica  # rank 0 alone runs the evaluators
+    return replica
 
 
 def gradient_allreduce(setting: str, world: World, device: torch.device) -> tuple[str, str]:
