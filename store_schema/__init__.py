@@ -1,7 +1,8 @@
 """The store's layout and metadata: the one contract between extraction and training.
 
-Only this package knows where arrays live; `extract` writes through `StoreWriter`,
-`train` reads through `Store`. Names are imported lazily so that light users
+Only this package knows where arrays live; `extract` writes through a `ShardWriter`
+(a directory's `StoreWriter`, a bucket's `objstore.commit.BucketWriter`), `train` reads
+through a `StoreReader` (a directory's `Store`, a bucket's `objstore.reader.BucketStore`). Names are imported lazily so that light users
 (`store_schema.plan`, planning workers, `--help`) don't pay for torch and zarr:
 zarr comes with the reader or writer, which register the store's zarr data types
 (`store_schema.codecs.zarr_dtypes`) when they are imported."""
@@ -41,12 +42,14 @@ _EXPORTS = {
     "CorruptShardError": "errors",
     "Sample": "reader",
     "ShardData": "reader",
-    "Store": "reader",
+    "Store": "directory.reader",
+    "StoreReader": "reader",
     "on_disk_bytes": "commit.records",
     "read_plan": "plan_io",
     "SampleArrays": "writer",
     "StoreExistsError": "errors",
-    "StoreWriter": "writer",
+    "StoreWriter": "directory.writer",
+    "ShardWriter": "writer",
     "create_store": "stores",
     "open_store": "stores",
 }

@@ -1,32 +1,30 @@
 """A store's metadata, read without torch: the root record (fingerprint, codec), the
 commit records of the committed shards, the commit journal, the plan and the
-listing. `reader.Store` builds the state reads on it; `store_schema info` needs no
-more than this."""
+listing. `StoreMetadata` says what every backend answers and derives what follows
+from it once; a directory (`directory.metadata`) and a bucket (`objstore.reader`)
+each answer it their own way, and neither derives from the other. `reader.StoreReader`
+builds the state reads on it; `store_schema info` needs no more than this."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from . import layout
-from .commit.journal import entry_key, journaled
-from .commit.records import RecordError, ShardCommit, check_files, file_sizes, on_disk_bytes, read_record
+from .commit.records import RecordError, ShardCommit
 from .dtypes import StoreDtype, store_dtype
+from .location import StoreURL
 from .plan import Plan
-from .plan_io import read_committed_plan
 from .projection import Projection
-from .root import read_root
-from .shard_decoder import CorruptShardError, read_file
+from .root import StoreRoot
 
 
 class StoreMetadata:
     """What a store holds, without reading a state: its root, commit records, journal,
-    plan and listing. No torch: `store_schema info` opens this alone; `reader.Store`
-    adds the reads."""
+    plan and listing. The methods that raise NotImplementedError are a backend's to
+    answer; the rest is written once here over them."""
 
-    def __init__(self, path):
-        self.path = Path(path)
-        root = read_root(self.path)
+    def __init__(self, path: Path | StoreURL, root: StoreRoot):
+        self.path = path  # how messages name the store: a directory, or a bucket's URL
         self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
         self.dtype: StoreDtype = store_dtype(self.fingerprint.dtype)
         self._commits: dict[str, ShardCommit] = {}
@@ -70,106 +68,77 @@ class StoreMetadata:
             raise KeyError(f"{self.path}: store has no layer(s) {missing}; it holds layers {list(self.layer_ids)}")
         return layer_ids
 
+    # -- what each backend answers (`directory.metadata`, `objstore.reader`) ----------------
     def committed_shards(self) -> list[str]:
-        shards = self.path / layout.SHARDS_DIR
-        if not shards.is_dir():
-            return []
-        with os.scandir(shards) as entries:
-            names = [entry.name for entry in entries]
-        return sorted(name for name in names if layout.is_committed(self.path, name))
+        """The committed shards, sorted."""
+        raise NotImplementedError
 
     def is_committed(self, name: str) -> bool:
-        return layout.is_committed(self.path, name)
+        raise NotImplementedError
 
     def commit(self, name: str) -> ShardCommit:
         """The shard's commit record; CorruptShardError if it is missing or damaged."""
-        if name not in self._commits:
-            try:
-                body = read_record(layout.shard_dir(self.path, name) / layout.COMMIT_RECORD)
-                self._commits[name] = ShardCommit.from_json(body)
-            except RecordError as exc:
-                raise CorruptShardError(name, layout.COMMIT_RECORD, str(exc)) from None
-        return self._commits[name]
+        raise NotImplementedError
 
     def plan(self) -> Plan | None:
         """The committed plan, read once (a full job's holds ~900,000 samples; a
         committed plan never changes); None while the store has none."""
-        if self._plan is None:
-            self._plan = read_committed_plan(self.path)
-        return self._plan
+        raise NotImplementedError
 
-    # -- what `verify` reads; a bucket store (`store_schema.objstore`) answers the same ----
+    def shard_group(self, name: str):
+        """The committed shard `name` as a read-only zarr group (partial reads)."""
+        raise NotImplementedError
+
     def kept_checksum_problems(self, name: str) -> list[tuple[str, str]] | None:
         """What the storage's own checksums say of shard `name`'s files without reading
-        them; None: it keeps none (a directory: `verify --checksums-only` reads the files)."""
-        return None
+        them; None: it keeps none (`verify --checksums-only` reads the files)."""
+        raise NotImplementedError
 
-    def shard_file(self, name: str, rel: str):
-        """The bytes of file `rel` of shard `name` (`shard_decoder.read_file`); FileNotFoundError if missing."""
-        return read_file(layout.shard_dir(self.path, name) / rel)
+    def shard_file(self, name: str, rel: str) -> bytes:
+        """The bytes of file `rel` of shard `name`; FileNotFoundError if missing."""
+        raise NotImplementedError
 
     def shard_file_sizes(self, name: str) -> dict[str, int]:
         """{relative path: size} of every file of shard `name` but its commit record (nothing read)."""
-        return file_sizes(layout.shard_dir(self.path, name), exclude=(layout.COMMIT_RECORD,))
+        raise NotImplementedError
 
     def journaled_shards(self) -> set[str] | None:
         """The shards the store's commit journal lists (`commit.journal`); None without one."""
-        return journaled(self.path)
+        raise NotImplementedError
 
     def journal_entry(self, name: str) -> dict:
         """Shard `name`'s journal entry, checked (RecordError when damaged or missing)."""
-        return read_record(self.path / entry_key(name))
+        raise NotImplementedError
 
     def shard_entries(self) -> list[str]:
-        """Every shard directory in ``shards/``, committed or not: what `verify` checks."""
-        try:
-            with os.scandir(self.path / layout.SHARDS_DIR) as entries:  # a stat only where d_type is unknown
-                return sorted(entry.name for entry in entries if entry.is_dir())
-        except FileNotFoundError:
-            return []
+        """Every shard there, committed or not: what `verify` checks."""
+        raise NotImplementedError
 
     def leftovers(self) -> list[str]:
-        """Uncommitted writes left behind (``.staging/`` entries): never read."""
-        staging = self.path / layout.STAGING_DIR
-        return sorted(p.name for p in staging.glob("*")) if staging.is_dir() else []
+        """Uncommitted writes left behind: never read."""
+        raise NotImplementedError
 
     def has_plan_files(self) -> bool:
         """Whether anything of a plan is there (committed or not)."""
-        return (self.path / layout.PLAN_DIR).exists()
+        raise NotImplementedError
 
     def store_file(self, rel: str) -> bytes:
         """The bytes of a store-level file (`rel` relative to the store); FileNotFoundError if missing."""
-        return (self.path / rel).read_bytes()
+        raise NotImplementedError
 
     def store_record(self, rel: str) -> dict:
         """A store-level record (the root record, the plan's commit record); RecordError if bad."""
-        return read_record(self.path / rel)
+        raise NotImplementedError
 
     def store_file_problems(self, table: dict) -> list[tuple[str, str]]:
         """(path, what is wrong) for each store-level file of `table` ({path relative to the store: entry})."""
-        return check_files(self.path, table)
+        raise NotImplementedError
 
     def stored_bytes(self) -> int:
-        """What the store occupies: a committed shard by its commit record's sizes (read
-        anyway for the counts; no walk of its files), everything else as found on disk."""
-        shards = self.path / layout.SHARDS_DIR
-        total = sum(
-            on_disk_bytes(entry) if entry.is_dir() else entry.stat().st_size
-            for entry in self.path.iterdir()
-            if entry != shards
-        )
-        if not shards.is_dir():
-            return total
-        committed = set(self.committed_shards())
-        for entry in os.scandir(shards):
-            if entry.name in committed:
-                total += self.commit(entry.name).disk_bytes + os.path.getsize(
-                    os.path.join(entry.path, layout.COMMIT_RECORD)
-                )
-            else:
-                total += on_disk_bytes(entry.path) if entry.is_dir() else entry.stat().st_size
-        return total
+        """What the store occupies."""
+        raise NotImplementedError
 
+    # -- derived, the same for every backend ---------------------------------------------
     def num_samples(self) -> int:
         return sum(self.commit(n).num_samples for n in self.committed_shards())
 

@@ -24,7 +24,6 @@ from functools import partial
 
 import numpy as np
 import torch
-import zarr
 
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
@@ -96,16 +95,13 @@ class ShardData:
         )
 
 
-class Store(StoreMetadata):
-    """A store's states as torch tensors, on top of its metadata (`StoreMetadata`)."""
+class StoreReader(StoreMetadata):
+    """A store's states as torch tensors, on top of its metadata, for every backend: written
+    once over what `StoreMetadata` says a backend answers (`shard_group` for partial reads,
+    `commit` and `shard_file` for whole shards). A directory's reader is
+    `directory.reader.Store`, a bucket's `objstore.reader.BucketStore`."""
 
     # -- partial reads (zarr-python) -----------------------------------------------------
-    def shard_group(self, name: str):
-        """The committed shard `name` as a read-only zarr group (partial reads)."""
-        if not self.is_committed(name):
-            raise KeyError(f"{self.path}: no committed shard {name!r}")
-        return zarr.open_group(str(layout.shard_dir(self.path, name)), mode="r")
-
     def read_window(self, shard: str, index: int, start: int, stop: int, layers=None) -> Sample:
         """Tokens [start, stop) of sample `index` in `shard`, reading only the chunks they span."""
         layers = self.require_layers(layers)
@@ -243,13 +239,13 @@ def as_bits(states: torch.Tensor, dtype: StoreDtype) -> np.ndarray:
     return states.view(signed).numpy().view(dtype.bits)
 
 
-def _layer_arrays(store: Store, layers) -> list[str]:
+def _layer_arrays(store: StoreReader, layers) -> list[str]:
     """The arrays holding `layers`' states: values, and scales in a quantized store."""
     names = [layout.layer_array(i) for i in layers]
     return names + ([layout.scale_array(i) for i in layers] if store.dtype.scaled else [])
 
 
-def _shard_arrays(store: Store, commit: ShardCommit, layers) -> list[str]:
+def _shard_arrays(store: StoreReader, commit: ShardCommit, layers) -> list[str]:
     """Every array a read of `layers` needs."""
     arrays = _layer_arrays(store, layers) + [
         layout.INPUT_IDS,
@@ -260,7 +256,7 @@ def _shard_arrays(store: Store, commit: ShardCommit, layers) -> list[str]:
     return arrays + ([layout.TOPK_IDS, layout.TOPK_LOGPROBS] if commit.target_topk else [])
 
 
-def _read_shard_files(store: Store, name: str, layers: list[int], verify: bool) -> _RawShard:
+def _read_shard_files(store: StoreReader, name: str, layers: list[int], verify: bool) -> _RawShard:
     commit = store.commit(name)
     arrays = _shard_arrays(store, commit, layers)
     unread_layers = _layer_arrays(store, [i for i in store.layer_ids if i not in layers])
@@ -302,7 +298,7 @@ class _PendingShard:
         )
 
 
-def _start_decode(store: Store, raw: _RawShard, pool: Executor, lifts: dict | None = None) -> _PendingShard:
+def _start_decode(store: StoreReader, raw: _RawShard, pool: Executor, lifts: dict | None = None) -> _PendingShard:
     """Queue a shard's decode; `lifts` (default the store's) lift projected layers in `states`."""
     hidden, futures = {}, []
     for layer in store.layer_ids:  # the store's layer order, whatever order they were asked in

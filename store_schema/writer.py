@@ -1,13 +1,15 @@
-"""Committing shards (a store is created by `directory.root` or `objstore.commit`).
+"""Writing shards, for every backend (a store is created by `directory.root` or
+`objstore.commit`).
 
-One writer owns a shard: it writes the shard's arrays into a private directory
-under `.staging/`, records size + crc32c of every file, fsyncs, and renames the
-directory into `shards/`. The rename is the commit."""
+One writer owns a shard: it checks the samples against the plan, writes the shard's
+arrays into a private directory (`ShardWriter`, written once here), and hands them to
+its backend's commit (`commit_written`): a directory stages them under `.staging/`,
+records size + crc32c of every file, fsyncs and renames the directory into `shards/`
+(`directory.writer.StoreWriter`); a bucket uploads them from its spool and publishes a
+create-only marker (`objstore.commit.BucketWriter`). Neither writer derives from the other."""
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -21,15 +23,13 @@ from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3f
 from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, write_bytesplit_shard
 from .commit.lock import Attempt
 from .commit.records import ShardCommit
-from .commit.staging import write_and_commit
 from .dtypes import QuantizedStates, StoreDtype, store_dtype
 from .layer_stats import layer_stats, refuse_empty_capture
 from .layer_values import bf16_tensor, bf16_values, joined_layer, quantized_values
 from .layout import WRITE_ALL_CHUNKS, write_small_array
 from .plan import Plan, sample_digest
-from .plan_io import commit_plan, read_committed_plan
 from .projection import Projection, project
-from .root import read_root
+from .root import StoreRoot
 
 
 class Upload(NamedTuple):
@@ -55,23 +55,51 @@ class SampleArrays:
     topk_logprobs: np.ndarray | None = None  # float32 [tokens, k]
 
 
-class StoreWriter:
-    """Writes one store. Create with `create_store`, reopen with `StoreWriter(path)`."""
+class ShardWriter:
+    """Writes one store's shards; what a backend answers (the plan, commits, reports) raises
+    NotImplementedError here. Reopen a store's writer through its backend
+    (`stores.backend(path).writer()`)."""
 
     direct_io = True  # layer files go past the page cache (`runtime.file_writes`): nothing here reads them soon
 
-    def __init__(self, path):
-        self.path = Path(path)
-        root = read_root(self.path)
+    def __init__(self, path, root: StoreRoot):
+        self.path = path  # how messages name the store: a directory, or a bucket's URL
         self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
         self._plan: Plan | None = None
         self._projection: Projection | None = None
 
-    # -- plan ---------------------------------------------------------------------------
+    # -- what each backend answers ------------------------------------------------------
     def write_plan(self, plan: Plan) -> None:
-        """Write the plan once (`commit_plan`); a second, different plan is refused."""
-        commit_plan(self.path, plan)
-        self._plan = plan
+        """Write the plan once; a second, different plan is refused."""
+        raise NotImplementedError
+
+    def plan(self) -> Plan | None:
+        """The committed plan (None while there is none), read once."""
+        raise NotImplementedError
+
+    def is_committed(self, name: str) -> bool:
+        raise NotImplementedError
+
+    def commit_written(
+        self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0
+    ) -> dict | None:
+        """Commit a shard: `write(where)` writes its arrays (returning the summary),
+        `make_record(summary, files)` its commit record, `check(where, record)` it before
+        publishing; `need` bytes are reserved where it is built. The record, or None when
+        another writer committed the shard first."""
+        raise NotImplementedError
+
+    def upload_of(self, name: str) -> Upload:
+        """Shard `name`'s upload (nothing for a directory)."""
+        raise NotImplementedError
+
+    def projection(self) -> Projection | None:
+        """A projected store's directions (None: states stored whole), read once."""
+        raise NotImplementedError
+
+    def write_report(self, name: str, report: dict):
+        """Keep a job's report of shard `name`; where it went."""
+        raise NotImplementedError
 
     # -- shards -------------------------------------------------------------------------
     def write_shard(self, name: str, samples: list[SampleArrays], attempt: Attempt | None = None) -> ShardCommit | None:
@@ -104,20 +132,6 @@ class StoreWriter:
             name, lambda staging: self._write_arrays(staging, name, samples), record, attempt, check, need
         )
         return None if committed is None else ShardCommit.from_json(committed)
-
-    def is_committed(self, name: str) -> bool:
-        return layout.is_committed(self.path, name)
-
-    def commit_written(
-        self, name: str, write, make_record, attempt: Attempt | None, check, need: int = 0
-    ) -> dict | None:
-        """The commit step (`staging.write_and_commit`'s arguments and return); a bucket
-        writer commits by its marker, and builds the shard in its spool, reserving `need` bytes."""
-        return write_and_commit(self.path, name, write, make_record, attempt, check, journal=True)
-
-    def upload_of(self, name: str) -> Upload:
-        """Shard `name`'s upload: nothing is uploaded into a directory."""
-        return Upload()
 
     def _arrays(self, topk: int) -> set[str]:
         """The arrays every committed shard holds."""
@@ -193,13 +207,6 @@ class StoreWriter:
             kept[layer_id] = parts
         return kept
 
-    def projection(self) -> Projection | None:
-        """A projected store's directions (None: states stored whole), read once."""
-        if self._projection is None and self.fingerprint.projection:
-            raw = (self.path / layout.PROJECTION_FILE).read_bytes()
-            self._projection = Projection.from_bytes(raw, str(self.path / layout.PROJECTION_FILE))
-        return self._projection
-
     def _directions(self, layer_id: int) -> torch.Tensor:
         """A projected layer's directions [H, K]."""
         projection = self.projection()
@@ -247,21 +254,6 @@ class StoreWriter:
                     f"shard {name} sample {p.sample_id!r}: tokens or loss mask differ from the plan "
                     "(corpus or tokenizer changed since planning?)"
                 )
-
-    def plan(self) -> Plan | None:
-        if self._plan is None:
-            self._plan = read_committed_plan(self.path)
-        return self._plan
-
-    # -- reports ------------------------------------------------------------------------
-    def write_report(self, name: str, report: dict) -> Path:
-        reports = self.path / layout.REPORTS_DIR
-        reports.mkdir(exist_ok=True)
-        path = reports / f"{name}.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
-        return path
 
 
 def _check_complete(staging: Path, commit: ShardCommit, arrays: set[str]) -> None:

@@ -149,6 +149,33 @@ def test_the_store_package_is_split_by_concern_on_a_ground_floor():
     assert not [name for name, module in store_schema._EXPORTS.items() if module.startswith("runtime")]
 
 
+def test_the_two_store_backends_share_bases_and_neither_derives_from_the_other():
+    """Issue 61.1: a directory and a bucket each answer what the shared reader and writer
+    ask of a backend (every method the base leaves to them), and neither backend's class
+    derives from the other's."""
+    import inspect
+
+    from store_schema.directory.reader import Store
+    from store_schema.directory.writer import StoreWriter
+    from store_schema.objstore.commit import BucketWriter
+    from store_schema.objstore.reader import BucketStore
+    from store_schema.reader import StoreReader
+    from store_schema.writer import ShardWriter
+
+    for base, directory, bucket in ((StoreReader, Store, BucketStore), (ShardWriter, StoreWriter, BucketWriter)):
+        assert issubclass(directory, base) and issubclass(bucket, base)
+        assert not issubclass(bucket, directory) and not issubclass(directory, bucket)
+        left = [
+            name
+            for name, member in inspect.getmembers(base, inspect.isfunction)
+            if "raise NotImplementedError" in inspect.getsource(member)
+        ]
+        assert len(left) >= 6, left  # what a backend answers
+        for backend in (directory, bucket):
+            unanswered = [name for name in left if getattr(backend, name) is getattr(base, name)]
+            assert not unanswered, f"{backend.__name__} leaves {unanswered} to its base"
+
+
 def test_tests_mirror_the_packages_and_share_helpers_not_test_modules():
     """Issue 46.8: tests/ holds one folder per package; a helper two test modules use
     lives in a helper module, never in one of the test modules."""

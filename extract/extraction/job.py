@@ -52,7 +52,7 @@ from store_schema.runtime.host import is_disk_full
 from store_schema.runtime.progress import Progress
 from store_schema.runtime.target_config import read_target_config
 from store_schema.stores import StoreBackend, backend
-from store_schema.writer import StoreWriter
+from store_schema.writer import ShardWriter
 
 from ..corpus import open_corpus
 from ..errors import ExtractError, disk_full_message
@@ -136,7 +136,7 @@ class Extraction(ShardedJob):
         self.config, self.target, self.layer_ids, self.identity = config, target, list(layer_ids), identity
         self.planned: Planned | None = None  # once planned
         self.store = None  # the existing store root it resumes (store_schema.Store); None: new
-        self.writer: StoreWriter | None = None  # once prepared
+        self.writer: ShardWriter | None = None  # once prepared
         self.kernels: dict = {}
         self.kernel_warning: str | None = None
 
@@ -148,7 +148,7 @@ class Extraction(ShardedJob):
         return self.planned.plan
 
     @property
-    def store_writer(self) -> StoreWriter:
+    def store_writer(self) -> ShardWriter:
         """The store's writer (`prepare` opens it before any shard or the report is written)."""
         if self.writer is None:
             raise RuntimeError("the extraction job writes before it prepared its store")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from transformers import AutoTokenizer
 
-from store_schema import Plan, Store
+from store_schema import Plan, StoreReader
 from store_schema.plan import PlanSettings
 from store_schema.stores import StoreBackend
 
@@ -21,7 +21,7 @@ from .config import JobConfig
 from .planning import plan_differences, plan_inputs
 
 
-def plan_and_resume(config: JobConfig, store_path: StoreBackend, planner, log) -> tuple[Planned, Store | None]:
+def plan_and_resume(config: JobConfig, store_path: StoreBackend, planner, log) -> tuple[Planned, StoreReader | None]:
     """The job's plan and the shards left, and the store it resumes (None: its root is
     to be created -- new, overwritten, or planned only). `planner()` makes a plan from
     scratch (`extract.extraction.job.plan_job`), called only when the store holds none
@@ -45,7 +45,7 @@ def plan_and_resume(config: JobConfig, store_path: StoreBackend, planner, log) -
     return Planned(plan, reused, pending), store
 
 
-def _existing_store(config: JobConfig, store_path) -> Store | None:
+def _existing_store(config: JobConfig, store_path) -> StoreReader | None:
     """The store to resume; None without a root yet (at most a plan committed before the
     workers started: `_plan_without_root`)."""
     if config.overwrite:

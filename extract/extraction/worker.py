@@ -7,7 +7,7 @@ worker reads the shards' plan entries from the store, re-tokenizes the records
 (`load_samples`, which checks every sample against the plan's digest), batches the
 whole group's samples by length through `TargetRunner` (less padding than one
 shard's samples alone; the same batches in every run), and commits each shard with
-`StoreWriter.write_shard`, which claims the attempt first (a revoked attempt never
+`ShardWriter.write_shard`, which claims the attempt first (a revoked attempt never
 commits). A shard of the group that is committed already is computed as a batch
 filler and not written. Nothing large crosses Ray's object store: a task's
 argument is names, its reply small dataclasses of counts (`ShardDone`).

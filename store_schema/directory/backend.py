@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..commit.lock import StoreLock
 from ..layout import ROOT_RECORD
-from ..metadata import StoreMetadata
 from ..plan_io import commit_plan, read_committed_plan
+from .metadata import DirectoryMetadata
 from .output import DirectoryOutput
 from .repair import clean_dir, repair_dir
 
@@ -30,12 +30,12 @@ class DirectoryBackend:
         return str(self.location.resolve())
 
     def open(self):
-        from ..reader import Store  # torch: see the module docstring
+        from .reader import Store  # torch: see the module docstring
 
         return Store(self.location)
 
-    def metadata(self) -> StoreMetadata:
-        return StoreMetadata(self.location)
+    def metadata(self) -> DirectoryMetadata:
+        return DirectoryMetadata(self.location)
 
     def open_existing(self):
         return self.open() if (self.location / ROOT_RECORD).is_file() else None
@@ -48,7 +48,7 @@ class DirectoryBackend:
         )
 
     def writer(self, spool_dir=None, spool_bytes: int | None = None, log=None):
-        from ..writer import StoreWriter  # torch, as the reader
+        from .writer import StoreWriter  # torch, as the reader
 
         return StoreWriter(self.location)  # written in place: no spool
 

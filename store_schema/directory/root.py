@@ -13,7 +13,7 @@ from ..errors import StoreExistsError
 from ..fingerprint import Fingerprint
 from ..projection import Projection
 from ..root import write_root
-from ..writer import StoreWriter
+from .writer import StoreWriter
 
 
 def clear_store(path, keep=()) -> None:

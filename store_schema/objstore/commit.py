@@ -28,7 +28,7 @@ from ..errors import StoreExistsError
 from ..plan import Plan
 from ..plan_io import write_plan_group
 from ..root import parse_root, write_root
-from ..writer import StoreWriter, Upload
+from ..writer import ShardWriter, Upload
 from .bucket import Bucket
 from .keys import MARKER_ATTEMPT, MARKER_ETAGS, PLAN_RECORD, attempt_prefix, fence_key, shard_marker
 from .reader import read_bucket_plan
@@ -113,22 +113,22 @@ def _fault_point(point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class BucketWriter(StoreWriter):
-    """`StoreWriter` for a store on object storage: each shard is written into a local
-    `spool.Spool` (bounded; a full one waits), uploaded, and freed."""
+class BucketWriter(ShardWriter):
+    """The shard writer of a store on object storage: each shard is written into a local
+    `spool.Spool` (bounded; a full one waits), uploaded, committed by its marker, and freed."""
 
     direct_io = False  # the uploader reads the spooled files back at once: from the page cache
 
     def __init__(self, url, spool: Spool | None = None):
         self.bucket = Bucket(url)
-        self.path = url
         root = parse_root(self.bucket.get(layout.ZARR_METADATA), url, self.bucket.where(layout.ZARR_METADATA))
-        self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
+        super().__init__(url, root)
         self.spool = spool if spool is not None else Spool()
-        self._plan: Plan | None = None
-        self._projection = None  # a bucket store is never projected (its creation refuses one)
         self._uploads: dict[str, Upload] = {}
         self._uploads_lock = threading.Lock()
+
+    def projection(self) -> None:
+        return None  # a bucket store is never projected (its creation refuses one)
 
     def write_plan(self, plan: Plan) -> None:
         commit_bucket_plan(self.bucket, plan)

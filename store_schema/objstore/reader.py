@@ -1,6 +1,6 @@
 """Reading a store on object storage through the same API as a directory store.
 
-`BucketStore` is a `reader.Store`: the training path (`read_shard`, `iter_shards`)
+`BucketStore` is a `reader.StoreReader`: the training path (`read_shard`, `iter_shards`)
 fetches a committed shard's objects whole and decodes them as it decodes files;
 partial reads (`read_window`) go through zarr's `ObjectStore` over the attempt's
 prefix. The plan names every shard and a shard's marker is at a fixed key, so
@@ -16,10 +16,9 @@ from .. import layout
 from ..commit.journal import SUFFIX as JOURNAL_SUFFIX
 from ..commit.journal import entry_key
 from ..commit.records import RecordError, ShardCommit, file_mismatch, parse_record, size_mismatch
-from ..dtypes import store_dtype
 from ..plan import Plan
 from ..plan_io import plan_from_group
-from ..reader import Store
+from ..reader import StoreReader
 from ..root import parse_root
 from ..runtime.crc32c import crc32c_bytes
 from ..shard_decoder import CorruptShardError
@@ -37,25 +36,22 @@ def read_bucket_plan(bucket: Bucket) -> Plan | None:
         return plan_from_group(group)
 
 
-class BucketStore(Store):
+class BucketStore(StoreReader):
+    """A store under a bucket prefix: its metadata as the object store answers it (markers,
+    attempts, listings), read as torch tensors by `StoreReader`'s shared reads."""
+
     def __init__(self, url):
         self.bucket = Bucket(url)
-        self.path = url  # how messages name the store
-        raw = self._root_bytes()
-        root = parse_root(raw, url, self.bucket.where(layout.ZARR_METADATA))
-        self.attrs, self.fingerprint, self.codec = root.attrs, root.fingerprint, root.codec
-        self.dtype = store_dtype(self.fingerprint.dtype)
-        self._commits: dict[str, ShardCommit] = {}
+        super().__init__(url, parse_root(self._root_bytes(url), url, self.bucket.where(layout.ZARR_METADATA)))
         self._attempts: dict[str, str] = {}
         self._etags: dict[str, dict] = {}
-        self._plan: Plan | None = None
 
-    def _root_bytes(self) -> bytes:
+    def _root_bytes(self, url) -> bytes:
         try:
             return self.bucket.get(layout.ZARR_METADATA)
         except FileNotFoundError:
             self.bucket.require_bucket()
-            raise FileNotFoundError(f"{self.path}: not a store (no {layout.ZARR_METADATA} under that prefix)") from None
+            raise FileNotFoundError(f"{url}: not a store (no {layout.ZARR_METADATA} under that prefix)") from None
 
     # -- committed shards ----------------------------------------------------------------
     def plan(self) -> Plan | None:

@@ -23,15 +23,16 @@ from pathlib import Path
 
 from .. import layout
 from ..commit.records import RecordError, check_files, file_mismatch, parse_record, write_record
+from ..directory.reader import Store
 from ..errors import LocalCopyError
-from ..reader import Store
+from ..reader import StoreReader
 from ..runtime.crc32c import crc32c_bytes
 from ..shard_decoder import CorruptShardError
 
 FETCHES = 2  # a file that arrives damaged is fetched once more before the shard is refused
 
 
-def _root_files(source: Store) -> dict[str, bytes]:
+def _root_files(source: StoreReader) -> dict[str, bytes]:
     """The source's root and plan files, each checked against its record: {path: bytes}."""
     files = {layout.ROOT_RECORD: source.store_file(layout.ROOT_RECORD)}
     tables = [("", parse_record(files[layout.ROOT_RECORD], f"{source.path}/{layout.ROOT_RECORD}")["files"])]
@@ -65,7 +66,7 @@ def _write_file(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def open_local_copy(directory, source: Store) -> Store:
+def open_local_copy(directory, source: StoreReader) -> Store:
     """The local copy of `source` in `directory`, created (root and plan) where there
     is none. A directory holding a copy of another store (other root or plan) is
     refused naming both: its shards would not be `source`'s."""
@@ -87,7 +88,7 @@ def open_local_copy(directory, source: Store) -> Store:
     return Store(directory)
 
 
-def _fetch_checked(source: Store, name: str, rel: str, entry) -> bytes:
+def _fetch_checked(source: StoreReader, name: str, rel: str, entry) -> bytes:
     what: str | None = "file missing"
     for _ in range(FETCHES):
         try:
@@ -106,7 +107,7 @@ def _fetch_checked(source: Store, name: str, rel: str, entry) -> bytes:
     )
 
 
-def copy_shard(source: Store, directory, name: str) -> int:
+def copy_shard(source: StoreReader, directory, name: str) -> int:
     """Copy committed shard `name` of `source` whole into the local copy in
     `directory` (`open_local_copy`), committed there as a writer commits: its files
     and record in a staging directory, renamed into `shards/`. Returns the bytes
@@ -132,7 +133,7 @@ def copy_shard(source: Store, directory, name: str) -> int:
     return commit.disk_bytes
 
 
-def keep_copied_shard(source: Store, directory, name: str) -> bool:
+def keep_copied_shard(source: StoreReader, directory, name: str) -> bool:
     """Whether the copy of shard `name` in `directory` is still `source`'s (same
     commit record) and intact (every file's size and crc32c); one that is not is
     dropped. False also where there is no copy."""
@@ -161,7 +162,7 @@ def drop_copied_shard(directory, name: str) -> None:
     shutil.rmtree(gone, ignore_errors=True)
 
 
-def local_copy_holding(source: Store, directory, names) -> tuple[Store, int]:
+def local_copy_holding(source: StoreReader, directory, names) -> tuple[Store, int]:
     """The local copy of `source` in `directory` holding shards `names`: each reused
     where it is intact and still the source's (a training cache's, say), else
     fetched whole. Returns the copy and how many shards were fetched."""

@@ -21,7 +21,7 @@ import torch
 
 from ..dtypes import STORE_DTYPES
 from ..projection import directions_for, second_moment, spectrum
-from ..reader import Store
+from ..reader import StoreReader
 
 ENERGY_KEPT = (0.9, 0.99, 0.999)  # the shares of the second moment `directions_for` is asked
 
@@ -59,7 +59,7 @@ def dtype_errors(states: torch.Tensor) -> dict[str, dict[str, float]]:
     return errors
 
 
-def check_store(store: Store, max_tokens: int) -> list[LayerCheck]:
+def check_store(store: StoreReader, max_tokens: int) -> list[LayerCheck]:
     """The check over whole shards, in order, until `max_tokens` states a layer are read."""
     parts: dict[int, list[torch.Tensor]] = {layer: [] for layer in store.layer_ids}
     tokens = 0

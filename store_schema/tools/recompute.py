@@ -23,7 +23,7 @@ import torch
 
 from .. import layout
 from ..projection import lift, project
-from ..reader import Store
+from ..reader import StoreReader
 from ..runtime.target_model import load_target_model
 
 MIN_COSINE = {"bfloat16": 0.999, "fp8_e4m3": 0.995, "fp4_e2m1": 0.98}  # per store dtype, see above
@@ -31,7 +31,7 @@ OTHER_TARGET_COSINE = 0.9  # below this, another checkpoint (or layer), not roun
 
 
 def recompute_check(
-    store: Store,
+    store: StoreReader,
     model_path: str,
     num_samples: int,
     device: str | torch.device = "cpu",
@@ -88,7 +88,7 @@ def recompute_check(
     return results, problems
 
 
-def other_target_question(store: Store, model_path: str, worst: float, min_cosine: float) -> dict:
+def other_target_question(store: StoreReader, model_path: str, worst: float, min_cosine: float) -> dict:
     """The problem a far-too-low cosine leads with: is `model_path` the store's target?"""
     differences = store.fingerprint.target_differences(model_path)
     known = f"; it differs from the store's target in {', '.join(differences)}" if differences else ""

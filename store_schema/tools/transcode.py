@@ -17,12 +17,12 @@ import numpy as np
 from ..directory.root import create_store_dir
 from ..dtypes import store_dtype
 from ..projection import Projection, fit, second_moment
-from ..reader import Store
+from ..reader import StoreReader
 from ..stores import open_store
 from ..writer import SampleArrays
 
 
-def fitted_projection(store: Store, fit_tokens: int, energy: float | None, rank: int | None) -> Projection:
+def fitted_projection(store: StoreReader, fit_tokens: int, energy: float | None, rank: int | None) -> Projection:
     """Each layer's directions, fitted on the states of `store`'s first shards."""
     moments: dict[int, np.ndarray] = {}
     tokens = 0

@@ -29,7 +29,7 @@ from ..commit.journal import entry_key
 from ..commit.records import RecordError, file_mismatch, size_mismatch
 from ..dtypes import nonfinite_rows
 from ..plan import is_safe_id
-from ..reader import Store, as_bits
+from ..reader import StoreReader, as_bits
 from ..runtime.crc32c import crc32c_bytes
 from ..runtime.host import available_cores
 from ..shard_decoder import CorruptShardError
@@ -67,7 +67,7 @@ def verify_store(
     sizes_only: bool = False,
     ray_address: str | None = None,
 ) -> Report:
-    """Check a store (a path, or a `Store` already open: its commit records are
+    """Check a store (a path, or a `StoreReader` already open: its commit records are
     read once) with `workers` threads (default: the cores available);
     `progress(done_shards, total_shards, bytes_done, total_bytes)` is called after
     each shard. `ray_address`: the shards are checked across that Ray cluster's
@@ -78,7 +78,7 @@ def verify_store(
     report on (a wrong path), unlike a store whose root is damaged."""
     report = Report(checksums_only=checksums_only and not sizes_only, sizes_only=sizes_only)
     try:
-        store = path if isinstance(path, Store) else open_store(path)
+        store = path if isinstance(path, StoreReader) else open_store(path)
     except FileNotFoundError:
         raise
     except (OSError, ValueError, KeyError) as exc:
@@ -131,7 +131,7 @@ def _check_against_plan(planned: set[str], found: set[str], journal: set[str], r
         report.add("shard not in the plan", shard=name)
 
 
-def _checked_here(store: Store, names: list[str], planned_ids, depth: str, workers: int | None):
+def _checked_here(store: StoreReader, names: list[str], planned_ids, depth: str, workers: int | None):
     """Each shard's result, in `names` order, checked to `depth` by this machine's threads."""
     with ThreadPoolExecutor(max(1, workers or available_cores())) as pool:
         yield from pool.map(lambda name: _check_shard(store, name, planned_ids, depth), names)
@@ -143,7 +143,7 @@ def check_batch(location: str, names: list[str], planned_ids, depth: str) -> lis
     return list(_checked_here(open_store(location), names, planned_ids, depth, None))
 
 
-def _checked_on_cluster(store: Store, names: list[str], planned_ids, depth: str, address: str):
+def _checked_on_cluster(store: StoreReader, names: list[str], planned_ids, depth: str, address: str):
     """Each shard's result, in `names` order, checked across the Ray cluster at `address`."""
     from .verify_cluster import cluster_results  # Ray is loaded only for --ray
 
@@ -163,7 +163,7 @@ def _checked_on_cluster(store: Store, names: list[str], planned_ids, depth: str,
     return cluster_results(location, names, check_batch, batch_args, address, unchecked)
 
 
-def _committed_bytes(store: Store, name: str) -> int:
+def _committed_bytes(store: StoreReader, name: str) -> int:
     try:
         return store.commit(name).disk_bytes
     except CorruptShardError:
@@ -187,7 +187,7 @@ def _merge(result: _ShardResult, seen_ids: dict, report: Report) -> None:
         seen_ids.setdefault(sample_id, result.name)
 
 
-def _check_root(store: Store, report: Report) -> None:
+def _check_root(store: StoreReader, report: Report) -> None:
     try:
         record = store.store_record(layout.ROOT_RECORD)
     except RecordError as exc:
@@ -204,7 +204,7 @@ def _check_root(store: Store, report: Report) -> None:
         report.add(str(exc), file=layout.PROJECTION_FILE)
 
 
-def _check_journal(store: Store, journal: set[str], report: Report, shards=None) -> None:
+def _check_journal(store: StoreReader, journal: set[str], report: Report, shards=None) -> None:
     """Each commit-journal entry (of `shards`, when given) is a sound record."""
     for name in sorted(journal if shards is None else journal & set(shards)):
         try:
@@ -213,7 +213,7 @@ def _check_journal(store: Store, journal: set[str], report: Report, shards=None)
             report.add(str(exc), shard=name, file=entry_key(name))
 
 
-def _check_plan(store: Store, report: Report):
+def _check_plan(store: StoreReader, report: Report):
     if not store.has_plan_files():
         return None
     try:
@@ -232,7 +232,7 @@ def _check_plan(store: Store, report: Report):
     return plan
 
 
-def _check_shard(store: Store, name: str, planned_ids, depth: str) -> _ShardResult:
+def _check_shard(store: StoreReader, name: str, planned_ids, depth: str) -> _ShardResult:
     result = _ShardResult(name)
     try:
         commit = store.commit(name)
@@ -269,7 +269,7 @@ def _check_shard(store: Store, name: str, planned_ids, depth: str) -> _ShardResu
     return result
 
 
-def _read_files(store: Store, name: str, commit, result: _ShardResult) -> dict:
+def _read_files(store: StoreReader, name: str, commit, result: _ShardResult) -> dict:
     """{rel: bytes} of every committed file, each checked against its size and crc32c."""
     files = {}
     for rel, entry in commit.file_table.items():
@@ -295,7 +295,7 @@ def _check_sizes(commit, sizes: dict[str, int], result: _ShardResult) -> None:
             result.add(what, array=layout.array_of(rel), file=rel)
 
 
-def _expected_arrays(store: Store, commit) -> dict[str, tuple[tuple, str]]:
+def _expected_arrays(store: StoreReader, commit) -> dict[str, tuple[tuple, str]]:
     """array name -> (shape, zarr data type) of every array the shard must hold."""
     fp, tokens = store.fingerprint, commit.num_tokens
     expected: dict[str, tuple[tuple[int, ...], str]] = {
@@ -314,7 +314,7 @@ def _expected_arrays(store: Store, commit) -> dict[str, tuple[tuple, str]]:
     return expected
 
 
-def _check_contents(store: Store, commit, files: dict, planned_ids, result: _ShardResult) -> None:
+def _check_contents(store: StoreReader, commit, files: dict, planned_ids, result: _ShardResult) -> None:
     fp, name = store.fingerprint, result.name
     num_tokens, num_samples = commit.num_tokens, commit.num_samples
     problems_before = len(result.problems)
@@ -368,7 +368,7 @@ def _check_contents(store: Store, commit, files: dict, planned_ids, result: _Sha
     result.tokens += num_tokens
 
 
-def _check_layer_statistics(store: Store, commit, data, result: _ShardResult) -> None:
+def _check_layer_statistics(store: StoreReader, commit, data, result: _ShardResult) -> None:
     """Each layer's states carry signal (`store_schema.layer_stats`): statistics
     recomputed from the data, checked on their own, against those the commit
     recorded (older stores recorded none: checked from the data alone), and kept

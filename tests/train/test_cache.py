@@ -18,11 +18,10 @@ import pytest
 import tiny
 from paths import REPO
 
-from store_schema import layout
+from store_schema import Store, layout
 from store_schema.location import classify_store
 from store_schema.objstore.bucket import Bucket
 from store_schema.objstore.keys import ATTEMPTS_DIR
-from store_schema.reader import Store
 from store_schema.stores import open_store
 from store_schema.tools.local_copy import LocalCopyError, copied_shards, open_local_copy
 from store_schema.tools.verify import verify_store

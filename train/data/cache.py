@@ -25,7 +25,7 @@ import math
 import threading
 from collections.abc import Callable
 
-from store_schema import CorruptShardError, Store
+from store_schema import CorruptShardError, Store, StoreReader
 from store_schema.runtime.units import human_bytes
 from store_schema.tools.local_copy import (
     copied_shards,
@@ -73,7 +73,7 @@ class ShardCache:
 
     def __init__(
         self,
-        source: Store,
+        source: StoreReader,
         directory,
         budget: int | None,
         upcoming: list[str],

@@ -25,7 +25,7 @@ import hashlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from store_schema import Store
+from store_schema import StoreReader
 from store_schema.stores import open_store
 from train.data.config import SPLITS
 
@@ -154,6 +154,6 @@ def store_samples(
     """Samples of `split` in store order (shards sorted, samples in shard order)
     with only `layers`, at most `max_samples`: a few held-out samples cost their
     own rows, not a scan of the store."""
-    store = store if isinstance(store, Store) else open_store(store)  # a directory or an s3:// URL
+    store = store if isinstance(store, StoreReader) else open_store(store)  # a directory or an s3:// URL
     locations = split_locations(store, split, heldout_fraction)
     return read_samples(store, locations[:max_samples], layers, need_topk)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from store_schema import Store
+from store_schema import StoreReader
 from train.config_error import ConfigError
 from train.data.loader import LoaderPosition, ShardLoader, TrainSample
 from train.data.order import LANE_DEAL
@@ -158,7 +158,7 @@ def generator_key(lane: int) -> str:
     return "generator" if lane == 0 else f"generator_lane_{lane}"
 
 
-def resumed_deal(record: dict, configured: int | None, store: Store, where) -> tuple[int, list[str]]:
+def resumed_deal(record: dict, configured: int | None, store: StoreReader, where) -> tuple[int, list[str]]:
     """The lanes and shard list a checkpoint's feed `record` fixes for the rest of its
     run; refused when the config asks for other lanes, when it dealt lanes anew every
     epoch (an older version), or when its shards are not all in the store."""

@@ -70,7 +70,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from store_schema import CorruptShardError, ShardData, Store
+from store_schema import CorruptShardError, ShardData, StoreReader
 from store_schema.dtypes import BFLOAT16_STORE, StoreDtype
 from store_schema.projection import lift
 from store_schema.runtime.host import available_cores
@@ -180,7 +180,7 @@ class ShardLoader:
 
     def __init__(
         self,
-        store: Store,
+        store: StoreReader,
         config: DataConfig,
         spec: LoaderSpec,
         *,

@@ -46,7 +46,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from store_schema import Store
+from store_schema import StoreReader
 from store_schema.stores import open_store
 from store_schema.tools.local_copy import local_copy_holding
 from train.compatibility import check_drafter_against_store, check_topk
@@ -262,7 +262,7 @@ def evaluate(
     (samples to evaluate) -> Progress, shown while evaluating, or None.
     cache_dir: read the samples' shards whole through this local copy of the store
     (`local_copy_holding`), not a request per row; `cached_shards_fetched` counts."""
-    store = store if isinstance(store, Store) else open_store(store)
+    store = store if isinstance(store, StoreReader) else open_store(store)
     _check_store(drafter, head, store, config)
     locations = split_locations(store, split, heldout_fraction)
     fetched = None
@@ -299,7 +299,7 @@ def evaluate_sample_ids(
     stretch `speculate` decodes from the same prompt (everything before the first
     response token) with `--max-new-tokens`, so the two taus compare on the same
     text. `per_sample` holds each sample's rollout tau."""
-    store = store if isinstance(store, Store) else open_store(store)
+    store = store if isinstance(store, StoreReader) else open_store(store)
     _check_store(drafter, head, store, config)
     wanted = set(sample_ids)
     where = {loc.sample_id: loc for loc in locate_samples(store, store.committed_shards(), wanted.__contains__)}

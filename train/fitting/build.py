@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from store_schema import Store
+from store_schema import StoreReader
 from store_schema.runtime.cli import SKIP_SPACE_CHECK_FLAG
 from store_schema.runtime.target_model import compute_dtype
 from train.config import RunConfig
@@ -54,7 +54,7 @@ class RunParts:
     world: World
     device: torch.device
     start_step: int
-    store: Store  # opened once, by the preflight
+    store: StoreReader  # opened once, by the preflight
     record: dict  # what every checkpoint records of the run: store, run_info
     log: Callable[[str], None]
 

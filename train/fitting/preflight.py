@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from store_schema import Store
+from store_schema import StoreReader
 from store_schema.location import is_object_store
 from store_schema.runtime.target_config import TargetConfig, read_target_config
 from store_schema.stores import open_store
@@ -58,7 +58,7 @@ class Checked:
     """What the checks found and the plan chose, for the build: the store opened once,
     the target's config read once, the drafter the run trains and how it started."""
 
-    store: Store
+    store: StoreReader
     target: TargetConfig
     drafter_config: FamilyConfig
     run_info: dict  # how the run started (mask token rule, --init-from, another target): checkpoints keep it
@@ -70,7 +70,7 @@ class Checked:
 class StoreCheck:
     """The store and the target as the first checks found them."""
 
-    store: Store
+    store: StoreReader
     target: TargetConfig
     run_info: dict  # another target's record, when --allow-other-target let it through
 
@@ -100,7 +100,7 @@ def topk_readers(config: RunConfig) -> list[str]:
 
 def check_data(
     config: RunConfig,
-    store: Store,
+    store: StoreReader,
     plan: DrafterPlan,
     checks: FitChecks,
     world: World,
@@ -118,7 +118,7 @@ def check_data(
     return damaged
 
 
-def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) -> None:
+def check_complete(store: StoreReader, checks: FitChecks, log: Callable[[str], None]) -> None:
     """Warn (refuse with --require-complete) when the store holds fewer shards than planned."""
     plan = store.plan()
     if plan is None:
@@ -138,7 +138,7 @@ def check_complete(store: Store, checks: FitChecks, log: Callable[[str], None]) 
 
 
 def integrity_pass(
-    store: Store,
+    store: StoreReader,
     config: RunConfig,
     log: Callable[[str], None],
     world: World = World(),
@@ -181,7 +181,7 @@ def integrity_pass(
     )
 
 
-def reread_sample(store: Store, committed: list[str], config: RunConfig, log: Callable[[str], None]) -> list[str]:
+def reread_sample(store: StoreReader, committed: list[str], config: RunConfig, log: Callable[[str], None]) -> list[str]:
     """The shards re-read in full before step 1 (`data.verify_sampled_shards`, drawn
     with the run's seed; none on object storage, where that is a download): the
     others' commit records and bytes are checked as the loader opens them."""
@@ -197,7 +197,7 @@ def reread_sample(store: Store, committed: list[str], config: RunConfig, log: Ca
     return sample
 
 
-def heldout_count(store: Store, fraction: float) -> int | None:
+def heldout_count(store: StoreReader, fraction: float) -> int | None:
     """Samples of the store's plan in the held-out split (None without a plan)."""
     plan = store.plan()
     if plan is None:
@@ -208,7 +208,7 @@ def heldout_count(store: Store, fraction: float) -> int | None:
     )
 
 
-def check_heldout(store: Store, config: RunConfig, log: Callable[[str], None]) -> None:
+def check_heldout(store: StoreReader, config: RunConfig, log: Callable[[str], None]) -> None:
     """An empty held-out split turns evaluation off: say so at the start, with the figures."""
     fraction = config.data.heldout_fraction
     if not config.eval.every or fraction <= 0:
