@@ -490,6 +490,8 @@ def environment(device: str) -> dict:
     """Versions, the device's compute capability, memory and shared memory per block."""
     import importlib.metadata
 
+    from train.families.dflash.flex_compile import kernel_options
+
     def version(name: str):
         try:
             return importlib.metadata.version(name)
@@ -505,6 +507,7 @@ def environment(device: str) -> dict:
             gpu_memory_gb=round(props.total_memory / 1e9, 1),
             shared_memory_per_block_kb=getattr(props, "shared_memory_per_block_optin", 0) // 1024 or None,
             gpus=torch.cuda.device_count(),
+            flex_tiles=kernel_options(torch.device("cuda")) or "flex's defaults",
         )
     return report
 

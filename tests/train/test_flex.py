@@ -156,3 +156,15 @@ def test_a_flex_compile_error_falls_back_to_the_split_path_with_one_line(monkeyp
     err = capsys.readouterr().err
     assert err.count("warning: flex_attention failed here") == 1 and "out of resource: shared memory" in err
     assert len(flex_compile.DISABLED) == 1 and attention.resolve_attention("auto", torch.device("cuda")) == "split"
+
+
+def test_flex_tiles_shrink_where_shared_memory_is_small():
+    """Issue 60.3, by configuration (no GPU here): sm_120's ~99 KB per block gets tiles that
+    divide the BlockMask's 128-token blocks; an H100 / H200 (227 KB) and the CPU keep
+    flex's defaults."""
+    from train.families.dflash.flex_compile import SMALL_TILES, kernel_options, tiles_for
+
+    small = tiles_for(101_376)  # sm_120's opt-in shared memory per block
+    assert small == SMALL_TILES and all(128 % size == 0 for size in small.values())
+    assert tiles_for(232_448) is None and tiles_for(None) is None  # H100 / H200; unknown
+    assert kernel_options(torch.device("cpu")) is None

@@ -20,8 +20,9 @@ That is 4 graphs for a training run. `FLEX_GRAPH_LIMIT` allows twice the worst
 legitimate case (another dtype too: 8), and reaching it is an error that says why
 (`fail_on_recompile_limit_hit`), never a silent fallback.
 
-Any other failure to compile or launch (a compiler error, a Triton kernel whose tiles do
-not fit the device's shared memory, e.g. sm_120's ~99 KB per block) gives flex up for the
+On a device with little shared memory per block (sm_120's ~99 KB) the kernels get smaller
+tiles (`tiles_for`). Any other failure to compile or launch (a compiler error, a Triton
+kernel whose tiles still do not fit) gives flex up for the
 process with one line on stderr (`give_up_flex`): the drafter redoes that forward on the
 split path and stays there (`train.families.dflash.attention.resolve_attention`). A failure in a
 backward kernel is not caught here: it ends the step with torch's error.
@@ -34,6 +35,11 @@ import sys
 import torch
 
 FLEX_GRAPH_LIMIT = 16
+# Shared memory per block under which flex's default tiles at head_dim 128 may not fit (forward
+# and backward): workstation and consumer parts (sm_86 / sm_89 / sm_120, ~99-100 KB) against
+# 164 KB (A100) and 227 KB (H100, H200). There the kernels get tiles a quarter the size.
+SMALL_SHARED_MEMORY = 160 * 1024
+SMALL_TILES = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32}
 # torch renamed `cache_size_limit` to `recompile_limit` (2.7); the loud failure exists from 2.6.
 LIMIT_OPTION = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 FAIL_OPTION = "fail_on_recompile_limit_hit"
@@ -78,6 +84,14 @@ class CompiledFlex:
 
         self.limit = limit
         self._fn = torch.compile(flex_attention, dynamic=True, backend=backend)
+        self._tiles: dict[torch.device, dict | None] = {}
+
+    def tiles(self, device: torch.device) -> dict | None:
+        """The device's kernel tiles (`kernel_options`), asked once per device: a constant of
+        its compiled graph, so no graph is added."""
+        if device not in self._tiles:
+            self._tiles[device] = kernel_options(device)
+        return self._tiles[device]
 
     def __call__(self, q, k, v, block_mask, scale):
         mark_dynamic_tiles(block_mask)
@@ -86,7 +100,9 @@ class CompiledFlex:
             options[FAIL_OPTION] = True
         try:
             with torch._dynamo.config.patch(**options):
-                return self._fn(q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True)
+                return self._fn(
+                    q, k, v, block_mask=block_mask, scale=scale, enable_gqa=True, kernel_options=self.tiles(q.device)
+                )
         except Exception as error:
             if type(error).__name__ == "FailOnRecompileLimitHit":
                 raise FlexRecompileError(
@@ -97,6 +113,22 @@ class CompiledFlex:
             if isinstance(error, torch.OutOfMemoryError):
                 raise  # memory, not the kernel: the caller's batch is too large for any path
             raise give_up_flex(error) from error
+
+
+def tiles_for(shared_memory: int | None) -> dict | None:
+    """flex's kernel tiles for a device with `shared_memory` bytes per block (None: flex's
+    defaults). The small tiles divide the BlockMask's 128-token blocks, as flex requires."""
+    if shared_memory is not None and shared_memory < SMALL_SHARED_MEMORY:
+        return dict(SMALL_TILES)
+    return None
+
+
+def kernel_options(device: torch.device) -> dict | None:
+    """`tiles_for` this device (CUDA's opt-in shared memory per block; None elsewhere)."""
+    if device.type != "cuda":
+        return None
+    properties = torch.cuda.get_device_properties(device)
+    return tiles_for(getattr(properties, "shared_memory_per_block_optin", None))
 
 
 def mark_dynamic_tiles(block_mask) -> None:
