@@ -1,8 +1,9 @@
 """The store's layout and metadata: the one contract between extraction and training.
 
 Only this package knows where arrays live; `extract` writes through a `ShardWriter`
-(a directory's `StoreWriter`, a bucket's `objstore.commit.BucketWriter`), `train` reads
-through a `StoreReader` (a directory's `Store`, a bucket's `objstore.reader.BucketStore`). Names are imported lazily so that light users
+(a directory's `StoreWriter`, a bucket's `objstore.commit.BucketWriter`), `train`
+reads through a `StoreReader` (a directory's `Store`, a bucket's
+`objstore.reader.BucketStore`). Names are imported lazily so that light users
 (`store_schema.plan`, planning workers, `--help`) don't pay for torch and zarr:
 zarr comes with the reader or writer, which register the store's zarr data types
 (`store_schema.codecs.zarr_dtypes`) when they are imported."""
