@@ -25,7 +25,8 @@ Phases, each with its peak GPU memory (`peak_gpu_gb`, reset before each; None on
    both modes) from a config, random weights, saved with a tokenizer.
 4. extract: the project's own worker (`extract.extraction.worker.ExtractionWorker`, what each Ray
    actor runs), in-process: forward-only tokens/s, then the full extraction (forward +
-   host copies + compression + checksums + commit) tokens/s and store GB/s.
+   host copies + compression + checksums + commit) tokens/s and store GB/s; on CUDA the
+   forward's peak memory at three token budgets, per token against the dry run's estimate.
 5. loader: the streaming loader over the store, to the device through pinned memory
    on CUDA (`train.data.device_copy`): samples/s and feature GB/s.
 6. train: a few optimizer steps at the real vocabulary; step timing leaves out the
@@ -306,6 +307,7 @@ def extract(
     create_store(store, fingerprint).write_plan(plan)
     groups = batch_groups([s.name for s in plan.shards], 2)
     worker.forward_only(groups[:1])  # warm-up: first-call allocations and kernel selection
+    memory = forward_memory(worker, groups[:1], model, len(layer_ids), size, device) if topk is None else {}
     forward = worker.forward_only(groups)
     started = time.perf_counter()
     for group in groups:
@@ -325,6 +327,37 @@ def extract(
         "store_write_gb_s": round(raw / seconds / 1e9, 4),
         "store_bytes_ratio": round(on_disk_bytes(store) / raw, 4),
         "kernels": info.kernels,
+        **memory,
+    }
+
+
+def forward_memory(worker, groups: list, model: Path, layers: int, size: dict, device: str) -> dict:
+    """The forward's peak GPU memory above the loaded weights at three token budgets, its
+    growth per batch token, and that over what `extract plan --dry-run` counts per token
+    (`extract.extraction.estimate.per_token_bytes`): the estimate's safety factor, measured.
+    None on CPU (no allocator counters)."""
+    from extract.extraction.estimate import per_token_bytes
+    from store_schema.runtime.target_config import read_target_config
+
+    if device != "cuda":
+        return {"forward_bytes_per_token": None}
+    budgets, peaks = [size["batch_tokens"] // 4, size["batch_tokens"] // 2, size["batch_tokens"]], {}
+    for budget in budgets:
+        worker.batch_tokens = budget
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        worker.forward_only(groups)
+        peaks[budget] = torch.cuda.max_memory_allocated() - base
+    worker.batch_tokens = size["batch_tokens"]
+    per_token = (peaks[budgets[-1]] - peaks[budgets[0]]) / (budgets[-1] - budgets[0])
+    config = read_target_config(model)
+    estimate = sum(per_token_bytes(config.hidden_size, config.intermediate_size or 0, layers).values())
+    return {
+        "forward_peak_gb_by_batch_tokens": {str(b): round(p / 1e9, 3) for b, p in peaks.items()},
+        "forward_bytes_per_token": round(per_token),
+        "estimated_bytes_per_token": estimate,
+        "forward_measured_over_estimate": round(per_token / estimate, 2),
     }
 
 

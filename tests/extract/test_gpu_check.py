@@ -66,6 +66,7 @@ def test_gpu_check_smoke_runs_every_phase_on_cpu(tmp_path):
     assert "linear_attention_fla_vs_fallback" in kernels or kernels["linear_attention_fla"].startswith("skipped: ")
     assert attention["flex_vs_split"]["max_abs_diff"] < 1e-4
     assert figures["tokens"] > 0 and figures["extract_tokens_per_s"] > 0 and figures["forward_only_tokens_per_s"] > 0
+    assert figures["forward_bytes_per_token"] is None  # the forward's memory per token: CUDA's counters only
     assert figures["loader_samples"] > 0 and figures["train_vocab"] == 248_320 and figures["train_loss_finite"]
     assert figures["train_steps_timed"] == 2  # 4 steps, the first two (compilation) left out
     assert figures["train_compiled_graphs"] == 0  # the split path on CPU: nothing compiled
