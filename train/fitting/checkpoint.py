@@ -28,6 +28,7 @@ ever unpickled: loading reads safetensors and JSON only.
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -172,6 +173,7 @@ class Checkpointer:
         if not background:
             self.write(step, files, body, final)
             return final
+        body = copy.deepcopy(body)  # its lists (e.g. the skipped shards) may grow while the thread writes
         self.writing = threading.Thread(
             target=self.write_or_keep_error, args=(step, files, body, final), name=f"checkpoint-{step}"
         )
