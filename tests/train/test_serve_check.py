@@ -123,7 +123,10 @@ def test_a_trained_drafter_is_served_at_temperature(trained, target_dir, vllm_py
     code, summary, err = serve(capsys, *argv, "--temperature", "1", "--seed", "0", "--workdir", tmp_path / "vllm")
     assert summary["sampling"] == {"temperature": 1.0, "top_p": 1.0, "top_k": 0} and summary["seed"] == 0
     assert summary["lossless"] and summary["passed"], summary  # every served token inside the target's support
-    assert summary["speculate_tau_ci95"][0] > 1.2, summary  # speculate really accepts drafts at T 1
+    # speculate really accepts drafts at T 1: its mean tau over the 3 prompts (2.3-2.6 here). Not
+    # the 95 % interval's lower end: over 3 prompts it moved from 1.29 to 1.76 to 1.09 as rounding
+    # changed the 200-step fixture's training (a reordered clip; another machine's torch build).
+    assert summary["speculate_tau"] > 1.4, summary
     assert "loading the target again to judge vLLM's outputs" in err
     request = json.loads((tmp_path / "vllm" / "request.json").read_text())
     assert request["sampling"] == summary["sampling"] and request["seed"] == 0
