@@ -679,8 +679,11 @@ def main(argv: list[str] | None = None) -> dict:
         "train_dflash2": lambda: train(work / "target", work / "store", work / "run-dflash2", size, "dflash2"),
         "speculate": lambda: decode.speculate(
             {
-                "dflash": work / "run",
-                "dflash2": work / "run-dflash2" if done.get("train_dflash2") else "skipped: train_dflash2 did not pass",
+                "dflash": (work / "run", []),
+                "dflash_rerun": (work / "run", ["--rollback", "rerun"]),
+                "dflash2": (work / "run-dflash2", [])
+                if done.get("train_dflash2")
+                else "skipped: train_dflash2 did not pass",
             },
             work / "target",
             work / "store",

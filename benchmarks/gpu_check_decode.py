@@ -4,7 +4,10 @@ as a user would, and reads its `--json` line.
 
 - speculate: `train speculate` on the store's samples for DFlash and, when its phase
   passed, DFlash 2 (the target and drafter decoding for real, bf16 on CUDA under the
-  near-tie rule); lossless, tau and tokens/s per kind.
+  near-tie rule); lossless, tau and tokens/s per kind. DFlash decodes twice on the
+  hybrid target, its linear attention rolled back each way (`--rollback`: auto, which
+  is transformers' own where it has it, and rerun): the tokens/s of the two is the
+  measurement that decides auto's choice.
 - eval: `train eval`'s offline tau of the DFlash drafter on the same store.
 - serve_check: `train serve-check` where vLLM imports; elsewhere "skipped", which keeps
   the verdict from PASS."""
@@ -44,16 +47,18 @@ def exported(run: Path) -> Path:
     return drafter
 
 
-def speculate(runs: dict[str, Path | str], model: Path, store: Path, size: dict) -> dict:
-    """`runs`: kind -> its run directory, or why it has none ("skipped: ...")."""
+def speculate(runs: dict[str, tuple[Path, list[str]] | str], model: Path, store: Path, size: dict) -> dict:
+    """`runs`: a name -> (the run directory, more flags), or why it has none ("skipped: ...")."""
     check: dict = {}
     for kind, run in runs.items():
         if isinstance(run, str):
             check[kind] = run
             continue
+        directory, flags = run
         code, summary = command_json(
-            ["speculate", "--drafter", str(exported(run)), "--target", str(model), "--store", str(store)]
+            ["speculate", "--drafter", str(exported(directory)), "--target", str(model), "--store", str(store)]
             + ["--split", "all", "--limit", str(size["decode_prompts"]), "--max-new-tokens", str(size["decode_tokens"])]
+            + flags
         )
         check[kind] = {
             "exit": code,
@@ -65,6 +70,8 @@ def speculate(runs: dict[str, Path | str], model: Path, store: Path, size: dict)
             "dtype": summary["dtype"],
             "tokens_per_s": summary["speculative"]["tokens_per_s"],
             "speedup": summary.get("speedup"),
+            "rollback": summary["rollback"],
+            "rerun_forwards": summary["speculative"]["rerun_forwards"],
         }
     return {"speculate_check": check}
 

@@ -79,10 +79,11 @@ def test_gpu_check_smoke_runs_every_phase_on_cpu(tmp_path):
     assert figures["ddp_check"]["grads_vs_bare"]["cosine"] >= 0.999 and figures["ddp_allreduce"] == "fp32"
     assert figures["fp8_tokens"] == figures["tokens"]
     assert figures["fp8_store_bytes_ratio"] < figures["store_bytes_ratio"]
-    for kind in ("dflash", "dflash2"):
+    for kind in ("dflash", "dflash_rerun", "dflash2"):
         decoded = figures["speculate_check"][kind]
         assert decoded["passed"] and decoded["lossless_prompts"] == decoded["prompts"] == 2, decoded
         assert decoded["dtype"] == "float32" and decoded["tau"] >= 1
+    assert figures["speculate_check"]["dflash_rerun"]["rollback"] == "rerun"  # issue 60.6: both ways, measured
     assert figures["eval_tau"] >= 1 and figures["eval_samples"] >= 1
     assert not list(tmp_path.iterdir())  # the work directory is removed
 

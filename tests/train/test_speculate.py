@@ -121,6 +121,7 @@ def test_draft_cache_equals_the_training_forward(geometry, qwen3_dir, mask_id):
 
 
 KEPT = 2  # of the rollback cases' 6-token block
+NEEDS_NATIVE = pytest.mark.skipif(not NATIVE_RECURRENT_ROLLBACK, reason="transformers < 5.25: no native rollback")
 
 
 def rollback_case(model):
@@ -134,19 +135,35 @@ def rollback_case(model):
     return prompt, block, after, expected
 
 
-def test_hybrid_rollback_restores_the_recurrent_state(sensitive_hybrid):
+ROLLBACK_WAYS = ["rerun", pytest.param("native", marks=NEEDS_NATIVE)]
+
+
+@pytest.mark.parametrize("rollback", ROLLBACK_WAYS)
+def test_hybrid_rollback_restores_the_recurrent_state(sensitive_hybrid, rollback):
+    """Issue 60.6: both ways back are exact and stay under test where transformers has both:
+    "rerun" puts copies of the states back and runs the accepted tokens again; "native"
+    (transformers >= 5.25) crops to the states it recorded. A block kept whole is not re-run."""
     model = load_model(sensitive_hybrid)
     prompt, block, after, expected = rollback_case(model)
 
-    rolled = TargetSession(model, rollback_tokens=6)
+    rolled = TargetSession(model, rollback_tokens=6, rollback=rollback)
     rolled.forward(prompt)
     rolled.save()
     rolled.forward(block)
     rolled.keep(20, block, KEPT)
-    # before transformers 5.25 the accepted tokens are re-run; from 5.25 its crop restores the state
-    reruns = 0 if NATIVE_RECURRENT_ROLLBACK else 1
+    reruns = 1 if rollback == "rerun" else 0
     assert (rolled.length, rolled.reruns, rolled.forwards) == (22, reruns, 2 + reruns)
     torch.testing.assert_close(rolled.forward(after)[0], expected, atol=1e-4, rtol=1e-4)
+
+    whole = TargetSession(model, rollback_tokens=6, rollback=rollback)
+    whole.forward(prompt)
+    whole.save()
+    whole.forward(block)
+    whole.keep(20, block, len(block))
+    straight = TargetSession(model)
+    straight.forward(torch.cat([prompt, block]))
+    assert (whole.length, whole.reruns) == (26, 0)
+    torch.testing.assert_close(whole.forward(after)[0], straight.forward(after)[0], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(NATIVE_RECURRENT_ROLLBACK, reason="transformers >= 5.25: its crop restores the recurrent state")
@@ -192,24 +209,26 @@ def test_random_drafter_is_lossless_and_matches_the_reference_on_dense_qwen3(qwe
     assert 1.0 <= summary["tau"] < 1.5
 
 
+@pytest.mark.parametrize("rollback", ROLLBACK_WAYS)
 @pytest.mark.parametrize("target", ["qwen3_5_dir", "sensitive_hybrid"])
-def test_random_drafter_is_lossless_on_hybrid_targets(target, request, tokenizer, mask_id):
+def test_random_drafter_is_lossless_on_hybrid_targets(target, rollback, request, tokenizer, mask_id):
     target_dir = request.getfixturevalue(target)
     model = load_model(target_dir)
     drafter = random_drafter(target_dir, mask_id)
     for i, prompt in enumerate(builders.chat_prompts(tokenizer, 1)):
-        result = decode_prompt(model, drafter, str(i), prompt, NEW_TOKENS, stop_ids=[])
+        result = decode_prompt(model, drafter, str(i), prompt, NEW_TOKENS, stop_ids=[], rollback=rollback)
         assert result.lossless, result.first_mismatch()
         rounds = len(result.speculative.acceptance_lengths)
         assert result.speculative.target_forwards == 1 + rounds + result.speculative.rerun_forwards
-        assert_hybrid_reruns(result.speculative.rerun_forwards)
+        assert_hybrid_reruns(result.speculative.rerun_forwards, rollback)
         assert result.tau < 1.5
 
 
-def assert_hybrid_reruns(reruns: int) -> None:
-    """A hybrid target's partly accepted blocks: re-run before transformers 5.25, rolled
-    back by its crop from 5.25 on."""
-    assert reruns == 0 if NATIVE_RECURRENT_ROLLBACK else reruns > 0
+def assert_hybrid_reruns(reruns: int, rollback: str = "auto") -> None:
+    """A hybrid target's partly accepted blocks: re-run on the "rerun" way (auto's before
+    transformers 5.25), rolled back by its crop on the native one."""
+    native = rollback == "native" or (rollback == "auto" and NATIVE_RECURRENT_ROLLBACK)
+    assert reruns == 0 if native else reruns > 0
 
 
 @pytest.mark.skipif(

@@ -18,6 +18,7 @@ from __future__ import annotations
 from store_schema.runtime.hub import model_dir_arg
 from train.cli import add_target_flags, dtype_arg, fraction_arg, positive_int
 from train.data.config import SPLITS, THINKING, DataConfig
+from train.decoding.config import ROLLBACKS
 from train.dtypes import NAMES
 
 
@@ -71,6 +72,7 @@ def add_parser(subparsers) -> None:
     )
     add_thinking_flag(p)
     add_sampling_flags(p)
+    add_rollback_flag(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (last line) instead of the table")
     add_target_flags(p)
     p.set_defaults(handler="train.commands.speculate:run")
@@ -93,6 +95,17 @@ def add_sampling_flags(p) -> None:
         type=positive_int,
         metavar="BUDGET",
         help="decode along a DDTree tree of BUDGET nodes (greedy), the tree eval's `ddtree` figure reads",
+    )
+
+
+def add_rollback_flag(p) -> None:
+    p.add_argument(
+        "--rollback",
+        choices=ROLLBACKS,
+        default="auto",
+        help="a hybrid target's linear attention after a partly accepted block: native (transformers >= "
+        "5.25 keeps the states), rerun (a copy, and the accepted tokens run again), auto (native where "
+        "it exists; default)",
     )
 
 

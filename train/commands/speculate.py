@@ -10,6 +10,7 @@ from store_schema.runtime.cli import fail
 from train.cli.speculate import decoding_request
 from train.decoding.loading import Decoding, by_set, by_thinking, load_decoding
 from train.decoding.speculate import baseline_name, decode_prompt, summarize
+from train.decoding.target_decode import resolve_rollback
 from train.decoding.tree_decode import verification_method
 from train.families.kinds import family_of
 from train.sampling import Sampling
@@ -23,7 +24,7 @@ def run(args) -> int:
     if args.tree and not sampling.greedy:
         return fail("--tree decodes greedily (DDTree verifies the target's argmax): leave out --temperature")
     loaded = load_decoding(decoding_request(args), "speculate")
-    results = decode_all(loaded, sampling, args.seed, args.max_new_tokens, args.tree or 0)
+    results = decode_all(loaded, sampling, args.seed, args.max_new_tokens, args.tree or 0, args.rollback)
     prompts, drafter, device, dtype = loaded.prompts, loaded.drafter, loaded.device, loaded.dtype
     summary = summarize(results, dtype)
     summary.update(
@@ -35,6 +36,7 @@ def run(args) -> int:
         max_new_tokens=args.max_new_tokens,
         seed=None if sampling.greedy else args.seed,
         tree=tree_summary(loaded, args.tree),
+        rollback=resolve_rollback(args.rollback),
         stop_token_ids=loaded.stops,
         thinking=args.thinking or "template default",
         by_thinking=by_thinking(prompts, results),
@@ -62,10 +64,12 @@ def tree_summary(loaded: Decoding, budget: int | None) -> dict | None:
     }
 
 
-def decode_all(loaded: Decoding, sampling: Sampling, seed: int, max_new_tokens: int, tree_budget: int = 0) -> list:
+def decode_all(
+    loaded: Decoding, sampling: Sampling, seed: int, max_new_tokens: int, tree_budget: int = 0, rollback: str = "auto"
+) -> list:
     """Every prompt decoded by the target alone and speculatively (prompt i at seed + i),
     a line each; one short untimed pass first, so one-time setup is not charged to the
-    first prompt."""
+    first prompt. `rollback`: how a hybrid target's linear attention is rolled back."""
     model, drafter, prompts, stops, device = loaded.model, loaded.drafter, loaded.prompts, loaded.stops, loaded.device
     settings = "greedy" if sampling.greedy else _settings(sampling, seed)
     if tree_budget:
@@ -77,12 +81,13 @@ def decode_all(loaded: Decoding, sampling: Sampling, seed: int, max_new_tokens: 
         flush=True,
     )
     first = prompts[0].input_ids.to(device)
-    decode_prompt(model, drafter, "warmup", first, min(8, max_new_tokens), stops, sampling, seed, tree_budget)
+    warmup = min(8, max_new_tokens)
+    decode_prompt(model, drafter, "warmup", first, warmup, stops, sampling, seed, tree_budget, rollback)
     results = []
     for number, prompt in enumerate(prompts, start=1):
         ids = prompt.input_ids.to(device)
         result = decode_prompt(
-            model, drafter, prompt.id, ids, max_new_tokens, stops, sampling, seed + number - 1, tree_budget
+            model, drafter, prompt.id, ids, max_new_tokens, stops, sampling, seed + number - 1, tree_budget, rollback
         )
         results.append(result)
         print(

@@ -140,16 +140,18 @@ def speculative_generate(
     sampling: Sampling = GREEDY,
     seed: int = 0,
     tree_budget: int = 0,
+    rollback: str = "auto",
 ) -> Decoded:
     """Speculative decoding of `prompt` [n] with the target `model` (whose embedding and
     lm_head the drafter uses) and `drafter` (of any family: its `draft_session` drafts),
     greedy or at `sampling`'s settings (seeded by `seed`), along a chain or, with
-    `tree_budget` nodes, a DDTree tree (train/decoding/tree_decode.py)."""
+    `tree_budget` nodes, a DDTree tree (train/decoding/tree_decode.py); a hybrid target's
+    linear-attention layers rolled back the `rollback` way (`target_decode.ROLLBACKS`)."""
     if tree_budget and not sampling.greedy:
         raise ValueError("--tree decodes greedily: it takes no --temperature")
     stop = set(stop_ids)
     session = family_of(drafter).draft_session(drafter, model.get_input_embeddings(), model.get_output_embeddings())
-    target = TargetSession(model, drafter.config.context_layer_ids, rollback_tokens=session.round_tokens)
+    target = TargetSession(model, drafter.config.context_layer_ids, session.round_tokens, rollback)
     generator = seeded(sampling, seed, target.device)
     started = clock(target.device)
 
@@ -253,12 +255,15 @@ def decode_prompt(
     sampling: Sampling = GREEDY,
     seed: int = 0,
     tree_budget: int = 0,
+    rollback: str = "auto",
 ) -> PromptResult:
     """The target alone, then speculative decoding of one prompt (along a chain, or a
     DDTree tree of `tree_budget` nodes), at the same settings and seed; greedy: a
     mismatch's logit gap; at temperature: the support check."""
     alone = greedy_generate(model, prompt, max_new_tokens, stop_ids, sampling, seed)
-    speculative = speculative_generate(model, drafter, prompt, max_new_tokens, stop_ids, sampling, seed, tree_budget)
+    speculative = speculative_generate(
+        model, drafter, prompt, max_new_tokens, stop_ids, sampling, seed, tree_budget, rollback
+    )
     result = PromptResult(prompt_id, int(prompt.shape[0]), speculative, alone, sampling=sampling)
     if not sampling.greedy:
         result.outside_support, result.mismatch_logit_gap = first_outside_support(model, prompt, result)

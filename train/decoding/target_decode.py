@@ -3,20 +3,24 @@ cache, its cache rolled back after a partly rejected block.
 
 Rolling back differs by layer kind:
 
-- Attention layers hold keys/values per position: `DynamicCache.crop` drops the
+- Attention layers hold keys/values per position: they are cropped to the
   rejected positions.
-- Linear-attention layers (Qwen3.5's Gated DeltaNet) hold a recurrent state that
-  has absorbed every token of the block. transformers 5.25 rolls it back itself:
-  asked to keep the states after each of the last `rollback_tokens` tokens
-  (`activate_past_recording(recurrent_states_to_keep=...)`), its `crop` puts back
-  the state after the last accepted token, exact and without another forward.
-  Before 5.25 nothing in that state can be cropped (`crop` rewinds only the
-  short-convolution window, kept whole by `activate_past_recording`), so `save()`
-  copies the recurrent states before each verification, and `keep()` of a partly
-  accepted block crops every layer back to the block's start, puts the copies back
-  and re-runs the accepted tokens through the target: one more forward (counted in
-  `reruns`), exact. A fully accepted block keeps the state as it is, and a target
-  without linear-attention layers is only cropped.
+- Linear-attention layers (Qwen3.5's Gated DeltaNet) hold a recurrent state and a
+  short-convolution window that have absorbed every token of the block. Two ways
+  back, both exact (`ROLLBACKS`):
+  - "native" (transformers >= 5.25): asked to keep the states after each of the last
+    `rollback_tokens` tokens (`activate_past_recording(recurrent_states_to_keep=...)`),
+    its `crop` puts back the state after the last accepted token, without another
+    forward, at the price of recording every verified token's states;
+  - "rerun" (any version): `save()` copies each linear-attention layer's states
+    (convolution window, recurrent state, length) before a verification, and `keep()`
+    of a partly accepted block crops the attention layers back to the block's start,
+    puts the copies back and re-runs the accepted tokens through the target: one more
+    forward (counted in `reruns`). A fully accepted block keeps the state as it is.
+  "auto" is native where transformers has it. gpu_check's speculate phase times both
+  on a GPU (the choice is a measurement: recording costs memory traffic every round, a
+  rerun costs a forward on a partly accepted one). A target without linear-attention
+  layers is only cropped.
 
 z-lab's `dflash_generate` crops and nothing else, so on a hybrid target before
 5.25 its recurrent states keep the rejected tokens and its output drifts from the
@@ -36,12 +40,26 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
 
 from store_schema.runtime.target_model import decoder_layers
+from train.decoding.config import ROLLBACKS
 
 # transformers >= 5.25: a linear-attention layer keeps its last tokens' recurrent states on
 # request, and `crop` restores them (see the module docstring).
 NATIVE_RECURRENT_ROLLBACK = (
     "recurrent_states_to_keep" in inspect.signature(LinearAttentionCacheLayerMixin.activate_past_recording).parameters
 )
+
+
+def resolve_rollback(rollback: str) -> str:
+    """ "auto" as "native" where transformers keeps recurrent states, else "rerun"; "native"
+    refused where it cannot."""
+    if rollback not in ROLLBACKS:
+        raise ValueError(f"rollback must be one of {', '.join(ROLLBACKS)}, got {rollback!r}")
+    if rollback == "auto":
+        return "native" if NATIVE_RECURRENT_ROLLBACK else "rerun"
+    if rollback == "native" and not NATIVE_RECURRENT_ROLLBACK:
+        raise ValueError("rollback native needs transformers >= 5.25 (recurrent_states_to_keep); use rerun")
+    return rollback
+
 
 # End-of-turn tokens of common chat templates; a target stops at any of them.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end_of_text|>", "<end_of_turn>", "<|end|>")
@@ -87,21 +105,22 @@ class TargetSession:
     what `keep` needs to undo up to the last n tokens of a verification (the drafter's
     block size; see the module docstring)."""
 
-    def __init__(self, model, context_layer_ids: Sequence[int] = (), rollback_tokens: int = 0):
+    def __init__(self, model, context_layer_ids: Sequence[int] = (), rollback_tokens: int = 0, rollback: str = "auto"):
         self.model = model
         self.context_layer_ids = list(context_layer_ids)
         self.cache = DynamicCache(config=model.config)
-        self.recurrent = []  # the layers `save()` copies (before transformers 5.25)
-        if rollback_tokens and NATIVE_RECURRENT_ROLLBACK:
+        self.rollback = resolve_rollback(rollback)
+        linear = [layer for layer in self.cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
+        self.recurrent = []  # the layers `save()` copies ("rerun")
+        if rollback_tokens and linear and self.rollback == "native":
             self.cache.activate_past_recording(recurrent_states_to_keep=rollback_tokens)
         elif rollback_tokens:
-            self.cache.activate_past_recording()
-            self.recurrent = [layer for layer in self.cache.layers if isinstance(layer, LinearAttentionCacheLayerMixin)]
+            self.recurrent = linear
         self.length = 0
         self.forwards = 0
         self.reruns = 0
         self.tokens = 0  # tokens run through the target, the prompt's included
-        self._saved: list[dict] | None = None
+        self._saved: list[tuple[dict, dict, torch.Tensor]] | None = None  # per layer: conv, recurrent, length
 
     @property
     def device(self) -> torch.device:
@@ -195,32 +214,44 @@ class TargetSession:
         self.length = start + len(nodes)
 
     def save(self) -> None:
-        """Copy the linear-attention layers' recurrent states (before a verification;
-        nothing to copy where transformers keeps them)."""
+        """Copy the linear-attention layers' states (before a verification; nothing to
+        copy where transformers keeps them, "native")."""
         self._saved = [
-            {i: state.clone() for i, state in layer.recurrent_states.items() if state is not None}
+            (
+                {i: state.clone() for i, state in layer.conv_states.items() if state is not None},
+                {i: state.clone() for i, state in layer.recurrent_states.items() if state is not None},
+                getattr(layer, "cumulative_length_linear", torch.zeros(())).clone(),  # transformers >= 5.25
+            )
             for layer in self.recurrent
         ]
 
     def keep(self, start: int, tokens: torch.Tensor, count: int) -> None:
         """After verifying `tokens` at positions start.. (with `save()` before it),
         keep only the first `count` of them in the cache."""
-        if not self.recurrent or count == tokens.shape[0]:
+        if not self.recurrent:
             self._crop_to(start + count)
             return
+        if count == tokens.shape[0]:
+            return  # every token kept: the states are the ones to go on from
         if self._saved is None:
             raise RuntimeError("keep() of a partly accepted block needs save() before the verification")
         self._crop_to(start)
-        for layer, saved in zip(self.recurrent, self._saved):
-            for i, state in saved.items():
-                kept = layer.recurrent_states[i]
-                if kept is None:
-                    raise RuntimeError(f"a linear-attention layer lost its recurrent state {i} since save()")
-                kept.copy_(state)
+        for layer, (conv, recurrent, length) in zip(self.recurrent, self._saved):
+            layer.conv_states.update(conv)
+            layer.recurrent_states.update(recurrent)
+            layer.cumulative_length_linear = length
         self._saved = None
         self.forward(tokens[:count])
         self.reruns += 1
 
     def _crop_to(self, length: int) -> None:
-        self.cache.crop(-(self.length - length))
+        """Drop the positions from `length` on: every layer's where transformers rolls the
+        linear ones back itself, else the attention layers' (`keep` puts the others back)."""
+        removed = self.length - length
+        if not self.recurrent:
+            self.cache.crop(-removed)  # crop(0) too: a recording layer trims its states back then
+        elif removed:
+            for layer in self.cache.layers:
+                if isinstance(layer, DynamicLayer) and not isinstance(layer, LinearAttentionCacheLayerMixin):
+                    layer.crop(-removed)  # an attention layer's keys and values
         self.length = length
