@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .codecs.arrays import is_channel_major
+from .codecs.arrays import RowBlocks, is_channel_major
 from .dtypes import BFLOAT16_STORE, FP8_E4M3_STORE, StoreDtype
 from .errors import EmptyCaptureError
 
@@ -78,12 +78,15 @@ def sampled_rows(num_tokens: int) -> np.ndarray:
     return np.linspace(0, num_tokens - 1, SAMPLED_TOKENS).round().astype(np.int64)
 
 
-def layer_stats(values: np.ndarray, scales: np.ndarray | None = None, dtype: StoreDtype | None = None) -> LayerStats:
+def layer_stats(
+    values: np.ndarray | RowBlocks, scales: np.ndarray | None = None, dtype: StoreDtype | None = None
+) -> LayerStats:
     """Statistics of one layer's stored states: `values` [tokens, columns] as `dtype`
     stores them (bfloat16; float8_e4m3fn codes with float32 per-token `scales`; fp4
     packed codes with their block scales: `dtype` says which, by default the one whose
     values `values` holds)."""
-    values = np.asarray(values)
+    if not isinstance(values, RowBlocks):
+        values = np.asarray(values)
     rows = sampled_rows(len(values))
     if not rows.size or not values.shape[1]:
         return LayerStats(0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
@@ -115,9 +118,11 @@ def layer_stats(values: np.ndarray, scales: np.ndarray | None = None, dtype: Sto
     )
 
 
-def _sampled(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+def _sampled(values: np.ndarray | RowBlocks, rows: np.ndarray) -> np.ndarray:
     """values[rows], gathered along whichever axis the array holds contiguously (fp8
     codes arrive channel-major: a row gather there touches every byte one at a time)."""
+    if isinstance(values, RowBlocks):
+        return values.take(rows)
     if is_channel_major(values):
         return np.take(values.T, rows, axis=1).T
     return np.take(values, rows, axis=0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .codecs.arrays import is_channel_major, scratch
+from .codecs.arrays import RowBlocks, is_channel_major, layer_buffer
 from .codecs.bf16 import BFLOAT16
 from .dtypes import QuantizedStates, StoreDtype
 
@@ -28,18 +28,13 @@ def joined_layer(parts: list[np.ndarray]) -> np.ndarray:
     array lies in this thread's scratch buffer (`arrays.scratch`), valid until its next call."""
     tokens, hidden = sum(len(part) for part in parts), parts[0].shape[1]
     if not all(is_channel_major(part) for part in parts):
-        return np.concatenate(parts, out=_layer_buffer((tokens, hidden), parts[0].dtype))
-    joined = _layer_buffer((hidden, tokens), parts[0].dtype)
+        return RowBlocks(parts).joined()
+    joined = layer_buffer((hidden, tokens), parts[0].dtype)
     start = 0
     for part in parts:
         joined[:, start : start + len(part)] = part.T
         start += len(part)
     return joined.T
-
-
-def _layer_buffer(shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-    """An uninitialised array of `shape` in this thread's scratch buffer for one layer."""
-    return scratch("layer", shape[0] * shape[1] * dtype.itemsize).view(dtype).reshape(shape)
 
 
 def bf16_values(states, what: str) -> np.ndarray:

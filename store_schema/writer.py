@@ -20,6 +20,7 @@ import zarr
 
 from . import layout
 from .codecs import zarr_dtypes  # noqa: F401  registers bfloat16 / float8_e4m3fn with zarr
+from .codecs.arrays import RowBlocks
 from .codecs.encoding import ARRAY_CODEC_ATTR, SPLIT_CODECS, write_bytesplit_shard
 from .commit.lock import Attempt
 from .commit.records import ShardCommit
@@ -152,12 +153,7 @@ class ShardWriter:
         dtype = store_dtype(self.fingerprint.dtype)
         stats = {}
         for layer_id in self.fingerprint.layer_ids:
-            scales = None
-            if dtype.scaled:
-                parts = [quantized_values(states, what, dtype) for what, states in kept[layer_id]]
-                values, scales = joined_layer([codes for codes, _ in parts]), np.concatenate([sc for _, sc in parts])
-            else:
-                values = joined_layer([bf16_values(states, what) for what, states in kept[layer_id]])
+            values, scales = _layer_values(kept[layer_id], dtype)
             stats[str(layer_id)] = layer_stats(values, scales, dtype)
             refuse_empty_capture(name, layer_id, stats[str(layer_id)])
             if scales is not None:
@@ -214,7 +210,7 @@ class ShardWriter:
             raise ValueError(f"{self.path}: layer {layer_id} is not projected")
         return torch.from_numpy(projection.directions[layer_id])
 
-    def _write_layer(self, group, staging: Path, name: str, values: np.ndarray, dtype: StoreDtype) -> None:
+    def _write_layer(self, group, staging: Path, name: str, values: np.ndarray | RowBlocks, dtype: StoreDtype) -> None:
         """One hidden-state array [tokens, hidden]: zarr.json through zarr, the shard file
         through the bytesplit encoder (`bytesplit`, `channels`; zarr's own for the others)."""
         num_tokens, hidden_size = values.shape
@@ -235,7 +231,7 @@ class ShardWriter:
                 staging / name / layout.chunk_file(2), values.view(dtype.bits), self.codec, direct=self.direct_io
             )
         else:
-            array[...] = values
+            array[...] = np.asarray(values)
 
     def _check_against_plan(self, name: str, samples: list[SampleArrays]) -> None:
         plan = self.plan()
@@ -254,6 +250,16 @@ class ShardWriter:
                     f"shard {name} sample {p.sample_id!r}: tokens or loss mask differ from the plan "
                     "(corpus or tokenizer changed since planning?)"
                 )
+
+
+def _layer_values(kept: list, dtype: StoreDtype) -> tuple[np.ndarray | RowBlocks, np.ndarray | None]:
+    """One layer's (values, scales) as the encoder takes them: a scaled dtype's codes
+    joined as they came (channel-major from a device) with their scales; bf16 as the
+    samples' row blocks, never joined into one array."""
+    if dtype.scaled:
+        parts = [quantized_values(states, what, dtype) for what, states in kept]
+        return joined_layer([codes for codes, _ in parts]), np.concatenate([sc for _, sc in parts])
+    return RowBlocks([bf16_values(states, what) for what, states in kept]), None
 
 
 def _check_complete(staging: Path, commit: ShardCommit, arrays: set[str]) -> None:

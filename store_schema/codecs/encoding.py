@@ -61,7 +61,7 @@ from numcodecs import zstd
 
 from ..runtime.file_writes import write_file
 from ..runtime.units import human_bytes
-from .arrays import is_channel_major, scratch
+from .arrays import RowBlocks, is_channel_major, scratch
 
 CODEC_NAMES = ("bytesplit", "channels", "blosc", "none")
 BloscName = Literal["zstd", "lz4", "lz4hc", "zlib", "blosclz"]  # the blosc compressors a `blosc` store may name
@@ -376,7 +376,9 @@ def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
     return True
 
 
-def write_bytesplit_shard(path: Path, data: np.ndarray, codec: CodecConfig, threads: int = 2, direct: bool = True):
+def write_bytesplit_shard(
+    path: Path, data: np.ndarray | RowBlocks, codec: CodecConfig, threads: int = 2, direct: bool = True
+):
     """Write `data` [rows, cols] as a zarr v3 `sharding_indexed` file (`encode_shard`),
     past the page cache where `direct` (`runtime.file_writes`)."""
     parts = encode_shard(data, codec, threads)
@@ -384,12 +386,13 @@ def write_bytesplit_shard(path: Path, data: np.ndarray, codec: CodecConfig, thre
     write_file(path, parts, direct)
 
 
-def encode_shard(data: np.ndarray, codec: CodecConfig, threads: int = 2) -> list:
+def encode_shard(data: np.ndarray | RowBlocks, codec: CodecConfig, threads: int = 2) -> list:
     """The bytes of a zarr v3 `sharding_indexed` file holding `data` [rows, cols] (values
-    or codes as the store holds them) in `codec`'s inner chunks, as parts (bytes, or
-    byte arrays valid until this thread's next call) in order: the chunks (the last
-    row of them zero-padded), each encoded as by `encode_bytesplit_chunk`, then the
-    index (in C order of the chunk grid) + its crc32c: exactly the layout zarr writes.
+    or codes as the store holds them, one array or the samples' `RowBlocks`) in
+    `codec`'s inner chunks, as parts (bytes, or byte arrays valid until this thread's
+    next call) in order: the chunks (the last row of them zero-padded), each encoded
+    as by `encode_bytesplit_chunk`, then the index (in C order of the chunk grid) + its
+    crc32c: exactly the layout zarr writes.
     Split streams go to this thread's scratch buffer and raw ones are written from
     there: fresh arrays and one joined copy per chunk cost more in page faults than
     the split itself. `data` may be held channel-major (tokens contiguous, as fp8
@@ -400,15 +403,21 @@ def encode_shard(data: np.ndarray, codec: CodecConfig, threads: int = 2) -> list
     typesize = codec.element_bytes(chunk_cols, data.itemsize)
     grid = (max(1, -(-rows // chunk_rows)), cols // chunk_cols)
     chunk_bytes = chunk_rows * chunk_cols * data.itemsize
-    channel_major = is_channel_major(data) and typesize == chunk_cols * data.itemsize and _splits(chunk_bytes, typesize)
-    split = scratch("streams", 0 if channel_major else grid[0] * grid[1] * chunk_bytes)  # channel-major: views
+    if isinstance(data, RowBlocks) and chunk_cols < cols:  # chunks narrower than a row: cut from one array
+        data = data.joined()
+    channels = None  # [cols, rows] where `data` is held channel-major and the streams can be views of it
+    if isinstance(data, np.ndarray) and is_channel_major(data):
+        if typesize == chunk_cols * data.itemsize and _splits(chunk_bytes, typesize):
+            channels = data.T
+    blocks = data if isinstance(data, RowBlocks) else RowBlocks([data])
+    split = scratch("streams", 0 if channels is not None else grid[0] * grid[1] * chunk_bytes)  # else views
 
     def encode(i: int, coder: StreamCoder) -> list:
         r, c = divmod(i, grid[1])
-        if channel_major:
-            streams = _channel_streams(data.T, r, c, chunk_shape)
+        if channels is not None:
+            streams = _channel_streams(channels, r, c, chunk_shape)
             return _blosc_parts(streams, typesize, chunk_bytes, coder)
-        chunk = data[r * chunk_rows : (r + 1) * chunk_rows, c * chunk_cols : (c + 1) * chunk_cols]
+        chunk = blocks.rows(r * chunk_rows, (r + 1) * chunk_rows)[:, c * chunk_cols : (c + 1) * chunk_cols]
         if chunk.shape[0] < chunk_rows or not chunk.flags.c_contiguous:  # padded, or narrower than the shard
             whole = np.zeros((chunk_rows, chunk_cols), data.dtype)
             whole[: chunk.shape[0]] = chunk

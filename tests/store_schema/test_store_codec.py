@@ -18,6 +18,7 @@ import zarr
 from numcodecs import blosc
 
 from store_schema import CodecConfig, Fingerprint, SampleArrays, Store, create_store, layout, on_disk_bytes
+from store_schema.codecs.arrays import RowBlocks
 from store_schema.codecs.encoding import encode_bytesplit_chunk
 from store_schema.commit.records import describe_files, write_record
 from store_schema.tools.verify import verify_store
@@ -159,6 +160,29 @@ def test_channel_major_states_encode_to_the_same_shard_bytes():
         assert from_channels == b"".join(encode_shard(values, codec))
 
 
+def test_a_layer_left_in_its_samples_blocks_encodes_to_the_joined_layers_bytes():
+    """The writer hands a bf16 layer over as its samples' row blocks, unjoined
+    (`RowBlocks`): a chunk inside one block is split from a view, one across blocks
+    from the pieces joined; the shard is byte for byte the joined layer's, for
+    `bytesplit` (whole rows a chunk) and `channels` (narrower chunks: joined first),
+    with a padded last chunk; `take` gathers rows across blocks as numpy does."""
+    from store_schema.codecs.encoding import encode_shard
+
+    rng = np.random.default_rng(4)
+    values = rng.integers(0, 2**16, (1201, 64), np.uint16)
+    sizes = [1, 300, 77, 512, 311]  # block edges inside chunks and on them
+    blocks = RowBlocks(np.split(values, np.cumsum(sizes)[:-1]))
+    assert blocks.shape == values.shape and len(blocks) == 1201
+    for codec in (CodecConfig(chunk_bytes=128 * 64 * 2), CodecConfig(name="channels", channel_rows=512)):
+        assert b"".join(encode_shard(blocks, codec)) == b"".join(encode_shard(values, codec)), codec.name
+    rows = np.array([0, 1, 2, 300, 301, 700, 1200, 5])
+    assert np.array_equal(blocks.take(rows), values[rows])
+    assert np.array_equal(blocks.rows(290, 900), values[290:900]) and np.array_equal(np.asarray(blocks), values)
+    assert np.shares_memory(blocks.rows(2, 300), blocks.blocks[1])  # inside one block: a view, no copy
+    with pytest.raises(ValueError, match="one width"):
+        RowBlocks([values, values[:, :8]])
+
+
 def _token_states(repeated: bool) -> torch.Tensor:
     """bf16 states [2048, 256]: each token's row one of 16 (states a token decides, as
     an early layer's: long repeated strings in the exponent stream), or all distinct."""
@@ -256,6 +280,8 @@ def test_layer_statistics_equal_the_plain_float64_formulas(dtype):
     token_sq = np.square(x).mean(axis=1)
     got = layer_stats(stored, scales)
     assert layer_stats(np.ascontiguousarray(stored.T).T, scales) == got  # channel-major, as fp8 codes arrive
+    if scales is None:  # bf16 arrives as the samples' row blocks
+        assert layer_stats(RowBlocks(np.array_split(stored, 7)), scales) == got
     assert got.rms == pytest.approx(math.sqrt(token_sq.mean()), rel=1e-5)
     assert got.median_token_rms == pytest.approx(math.sqrt(np.median(token_sq)), rel=1e-5)
     assert got.token_spread == pytest.approx(math.sqrt(x.var(axis=0).mean()), rel=1e-5)
