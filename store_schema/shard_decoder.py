@@ -9,7 +9,7 @@ must therefore agree with zarr-python bit for bit: tests/store_schema/test_shard
 against plain `zarr.open_array` for every array and codec the writer makes.
 
 Codec v2 (`bytesplit`, see `encoding`) writes standard blosc chunks, so its inner
-chunks go through the same `blosc` entry as v1's: `encoding.decode_split_zstd_chunk`
+chunks go through the same `blosc` entry as v1's: `blosc_chunk.decode_split_zstd_chunk`
 for the one-block zstd chunks both write, c-blosc for anything else (codec v3,
 `channels`, whose chunks are 16-byte-wide column blocks of the shard, included).
 
@@ -33,7 +33,7 @@ import numpy as np
 from numcodecs import VLenUTF8, Zstd, blosc
 
 from . import layout
-from .codecs.encoding import decode_split_zstd_chunk
+from .codecs.blosc_chunk import decode_split_zstd_chunk
 from .commit.records import ShardCommit, file_mismatch
 from .dtypes import STORE_DTYPES
 from .errors import CorruptShardError

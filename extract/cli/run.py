@@ -6,6 +6,7 @@ from store_schema.dtypes import STORE_DTYPES
 from store_schema.runtime.cli import size_argument
 
 from ..extraction.config import DEFAULT_BATCH_SHARDS, DEFAULT_BATCH_TOKENS
+from ..jobs.settings import LINEAR_ATTENTION
 from .flags import add_device_flag, add_plan_arguments, add_ray_flags, add_retry_flags, add_space_flag
 
 
@@ -60,15 +61,28 @@ def add_parser(commands) -> None:
         help="consecutive shards batched together by length on one worker (default %(default)s; "
         "more: less padding, more host memory)",
     )
+    add_kernel_flags(run)
+    add_spool_flags(run)
+    add_space_flag(run)
+    run.set_defaults(handler="extract.commands.run:run")
+
+
+def add_kernel_flags(run) -> None:
+    """Which kernels a hybrid target's workers run, and the refusal of slow ones."""
     run.add_argument(
         "--require-fast-kernels",
         action="store_true",
         help="refuse CUDA workers that would run the PyTorch fallback for linear attention (fla not "
         "installed); causal-conv1d's fallback alone is a warning (no wheel on PyPI, cheap)",
     )
-    add_spool_flags(run)
-    add_space_flag(run)
-    run.set_defaults(handler="extract.commands.run:run")
+    run.add_argument(
+        "--linear-attention",
+        choices=LINEAR_ATTENTION,
+        default="auto",
+        help="hybrid targets' linear attention: auto (default) runs fla where it imports, after checking one "
+        "layer of it against PyTorch's reference at worker start (the reference where they disagree); torch "
+        "runs the reference",
+    )
 
 
 def add_spool_flags(run) -> None:

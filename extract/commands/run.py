@@ -27,6 +27,7 @@ def run(args) -> int:
         trust_remote_code=args.trust_remote_code,
         batch_shards=args.batch_shards,
         require_fast_kernels=args.require_fast_kernels,
+        linear_attention=args.linear_attention,
         spool_dir=args.spool_dir,
         spool_size=args.spool_size,
         project_energy=args.project_energy,

@@ -15,7 +15,7 @@ from store_schema.location import is_object_store
 from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
 
-from ..jobs.settings import Execution
+from ..jobs.settings import LINEAR_ATTENTION, Execution
 
 DEFAULT_BATCH_TOKENS = 16384
 DEFAULT_BATCH_SHARDS = 4
@@ -45,6 +45,7 @@ class JobConfig:
     # padding); fixed by the plan, so every run batches a sample the same way.
     batch_shards: int = DEFAULT_BATCH_SHARDS
     require_fast_kernels: bool = False  # refuse CUDA workers on the PyTorch linear-attention fallback
+    linear_attention: str = "auto"  # the package's kernel, checked at worker start; "torch": PyTorch's reference
     # A store on object storage: where each worker builds a shard before uploading it
     # (on its own node; None: the system's temporary directory), and the most bytes the
     # shards being built and uploaded may take there together (None: its free space).
@@ -62,6 +63,10 @@ class JobConfig:
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
         self.store_dtype = store_dtype(self.store_dtype).name  # refuses an unknown one, naming the choices
+        if self.linear_attention not in LINEAR_ATTENTION:
+            raise ValueError(
+                f"--linear-attention {self.linear_attention!r}: choose one of {', '.join(LINEAR_ATTENTION)}"
+            )
         if self.project_energy is not None and self.project_rank is not None:
             raise ValueError("--project-energy and --project-rank: a projection keeps one or the other")
         if self.project_fit_tokens <= 0:

@@ -204,6 +204,7 @@ class Extraction(ShardedJob):
             torch_threads=config.execution.torch_threads(),
             trust_remote_code=config.trust_remote_code,
             require_fast_kernels=config.require_fast_kernels,
+            linear_attention=config.linear_attention,
         )
 
     def bytes_needed(self, planned: Planned) -> int:

@@ -99,6 +99,7 @@ class ExtractionSpec:
     torch_threads: int | None = None
     trust_remote_code: bool = False
     require_fast_kernels: bool = False
+    linear_attention: str = "auto"
     spool_dir: str | None = None  # a bucket store: where this node builds shards before uploading them
     spool_bytes: int | None = None  # ... and the most they may take there together (None: the free space)
     task: ClassVar[str] = "extract_group"
@@ -127,6 +128,7 @@ class ExtractionWorker:
             device=spec.device,
             trust_remote_code=spec.trust_remote_code,
             require_fast_kernels=spec.require_fast_kernels,
+            linear_attention=spec.linear_attention,
             keep_layers=None if spec.topk is not None else max(spec.layer_ids) + 1,  # top-k needs the whole model
         )
         # fp8 / fp4 stores: states are quantized on the device, so a half / quarter of the bytes cross to the host

@@ -78,20 +78,26 @@ def kernel_implementations(function) -> tuple | None:
 
 
 def _fallback_closure(function) -> dict | None:
+    wrapper = fallback_wrapper(function)
+    return None if wrapper is None else closure_values(wrapper)
+
+
+def fallback_wrapper(function):
+    """The function `use_kernel_func_from_hub_with_fallback` made around `function`'s
+    PyTorch reference (its closure holds the choice), else None."""
     while function is not None:
         if not inspect.isfunction(function):
             # transformers >= 5.25 with the `kernels` package: the module-level name is
             # kernels' `Func` module, whose class's forward calls the wrapper as `func`
-            function = _nonlocals(getattr(type(function), "forward", None)).get("func")
+            function = closure_values(getattr(type(function), "forward", None)).get("func")
             continue
-        names = _nonlocals(function)
-        if {"func_name", "implementation", "torch_function", "package"} <= names.keys():
-            return names
+        if {"func_name", "implementation", "torch_function", "package"} <= closure_values(function).keys():
+            return function
         function = getattr(function, "__wrapped__", None)
     return None
 
 
-def _nonlocals(function) -> dict:
+def closure_values(function) -> dict:
     try:
         return dict(inspect.getclosurevars(function).nonlocals)
     except (TypeError, ValueError):

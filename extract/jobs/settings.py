@@ -20,6 +20,8 @@ DEFAULT_MAX_ATTEMPTS = 4
 DEFAULT_WORKER_TIMEOUT = 3600.0
 DEFAULT_PROGRESS_INTERVAL = 30.0
 DEVICES = ("cpu", "cuda")  # `auto` (the flags' default) is settled before a config is made: host.choose_device
+# --linear-attention: the package transformers found (fla), checked at worker start; PyTorch's reference
+LINEAR_ATTENTION = ("auto", "torch")
 PROGRESS_MODES = ("bar", "lines", "off")  # a live bar on a terminal, else a line every interval (ray job logs)
 # Fault injection (tests and the fault suite): real SIGKILLs / SIGSTOPs at chosen points.
 KILL_AFTER_BATCHES_ENV = "DFLASH_EXTRACT_KILL_AFTER_BATCHES"  # "3,7,...": see FaultInjection.kill_after_batches

@@ -1,11 +1,13 @@
 """The target a worker holds: its language model loaded through the one loader
 (`store_schema.runtime.target_model.load_target_model`: device and dtype rule,
 refusal of missing or unexpected weights and of vision towers, partial loads), plus
-the kernel report the store's fingerprint records and the ``--require-fast-kernels``
-rule. Extraction (`extract.extraction.runner`) and generation workers both hold one."""
+the kernel report the store's fingerprint records, the ``--require-fast-kernels``
+rule and the linear-attention kernel's check (`linear_attention`). Extraction
+(`extract.extraction.runner`) and generation workers both hold one."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
@@ -15,6 +17,7 @@ import torch
 from store_schema.runtime.target_model import load_target_model
 
 from .kernels import check_fast_kernels, kernel_report, kernels_of_class
+from .linear_attention import choose_linear_attention
 
 if TYPE_CHECKING:  # transformers comes with the loaded target
     from transformers import PreTrainedModel
@@ -41,9 +44,9 @@ def load_target(
     device: str | torch.device = "cpu",
     dtype: torch.dtype | None = None,
     trust_remote_code: bool = False,
-    attn_implementation: str | None = None,
     keep_layers: int | None = None,
     require_fast_kernels: bool = False,
+    linear_attention: str = "auto",
 ) -> Target:
     """Load the target's language model through the one loader
     (`store_schema.runtime.target_model.load_target_model`: device and dtype rule,
@@ -53,7 +56,11 @@ def load_target(
     capturing layers ``< K`` needs. ``num_layers`` stays the checkpoint's count.
 
     ``require_fast_kernels``: on CUDA, refuse (RuntimeError) a target whose linear
-    attention or causal conv1d would run the PyTorch fallback, before loading it."""
+    attention or causal conv1d would run the PyTorch fallback, before loading it.
+
+    ``linear_attention``: "auto" checks the package's kernel against PyTorch's reference
+    and keeps it where they agree; "torch" runs the reference (`linear_attention`). What
+    changed and why is printed to stderr, a line (a Ray worker's reaches the driver)."""
     where = f"{model_path}"
     loaded = load_target_model(
         model_path,
@@ -61,12 +68,14 @@ def load_target(
         dtype,
         keep_layers=keep_layers,
         trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation,
         check_class=(lambda cls: check_fast_kernels(kernels_of_class(cls), torch.device(device).type, where))
         if require_fast_kernels
         else None,
     )
     model = loaded.model
+    switched = choose_linear_attention(model, linear_attention)
+    if switched:
+        print(f"{where}: {switched}", file=sys.stderr, flush=True)
     kernels = kernel_report(model)
     if require_fast_kernels:
         check_fast_kernels(kernels, loaded.device.type, where)

@@ -34,14 +34,7 @@ chunks decode at about half the rate of tall ones at the same ratio.
 v1 (`blosc`: blosc zstd-1, byte shuffle, every stream coded) and `none` (raw) go
 through zarr-python's own encoder.
 
-Decoding (`decode_split_zstd_chunk`): c-blosc's decoder, called from the reader's
-threads, runs each chunk through a fresh context and a scratch copy of the whole
-block before unshuffling, which made a bytesplit chunk decode no faster than v1. The
-chunks this module writes (and v1's, which have the same one-block zstd form) are
-decoded here instead: each zstd stream straight from the file's bytes, raw streams
-not copied at all, and the two bytes of a bf16 value joined by one shift-or pass
-(store_bench's decode figures per codec, benchmarks/RESULTS.md). Any other blosc
-chunk is left to c-blosc."""
+Decoding: `blosc_chunk.decode_split_zstd_chunk`."""
 
 from __future__ import annotations
 
@@ -57,11 +50,22 @@ from typing import Literal, get_args
 import google_crc32c
 import numpy as np
 import zstandard
-from numcodecs import zstd
 
 from ..runtime.file_writes import write_file
 from ..runtime.units import human_bytes
 from .arrays import RowBlocks, is_channel_major, scratch
+from .blosc_chunk import (
+    BLOSC_BYTE_SHUFFLE,
+    BLOSC_HEADER,
+    BLOSC_MAX_SPLITS,
+    BLOSC_MIN_STREAM,
+    BLOSC_NOT_SPLIT,
+    BLOSC_ONE_BLOCK_START,
+    BLOSC_STREAM_SIZE,
+    BLOSC_VERSION,
+    BLOSC_ZSTD_FORMAT,
+    BLOSC_ZSTD_VERSIONLZ,
+)
 
 CODEC_NAMES = ("bytesplit", "channels", "blosc", "none")
 BloscName = Literal["zstd", "lz4", "lz4hc", "zlib", "blosclz"]  # the blosc compressors a `blosc` store may name
@@ -70,15 +74,6 @@ MatchTable = Literal["auto", "full", "small"]  # zstd's match finder in a split 
 SPLIT_CODECS = ("bytesplit", "channels")  # written by `write_bytesplit_shard`; the others by zarr
 ARRAY_CODEC_ATTR = "dflash_codec"  # a layer array's attribute naming the encoder that wrote it
 
-_BLOSC_HEADER = struct.Struct("<BBBBiii")  # version, versionlz, flags, typesize, nbytes, blocksize, cbytes
-_BLOSC_VERSION, _BLOSC_ZSTD_VERSIONLZ = 2, 1
-_BLOSC_SHUFFLE_BITS, _BLOSC_BYTE_SHUFFLE = 0x07, 0x01  # the shuffle bits of `flags`, and byte shuffle
-_BLOSC_NOT_SPLIT = 0x10  # flag: the block is one stream, not one per byte of a value
-_BLOSC_COMPRESSOR_BITS, _BLOSC_ZSTD_FORMAT = 0xE0, 4 << 5  # compressor enumeration in the top three flag bits
-_BLOSC_MIN_STREAM = 128  # blosc splits a block into streams only when each holds at least this many bytes
-_BLOSC_MAX_SPLITS = 16  # ... and only for elements of at most this many bytes
-_BLOSC_STREAM_SIZE = struct.Struct("<i")  # the block-start table's entry, and each stream's stored size
-_BLOSC_ONE_BLOCK_START = _BLOSC_HEADER.size + _BLOSC_STREAM_SIZE.size  # after the header and a one-entry table
 _INDEX_ENTRY = struct.Struct("<QQ")  # sharding index entry: offset, nbytes
 TRIAL_BYTES = 64 << 10  # a longer stream is first tried on this much of it: one that saves nothing there stays raw
 TRIAL_PIECES = 4  # ... taken as this many pieces spread from its head to its tail (a padded chunk ends in zeros)
@@ -140,7 +135,7 @@ class CodecConfig:
             return max(1, self.chunk_bytes // (hidden_size * itemsize)), hidden_size
         row_chunks = max(1, math.ceil(num_tokens / self.channel_rows))
         rows = max(1, math.ceil(num_tokens / row_chunks))
-        widest = max(1, _BLOSC_MAX_SPLITS // itemsize)
+        widest = max(1, BLOSC_MAX_SPLITS // itemsize)
         return rows, max(c for c in range(1, min(widest, hidden_size) + 1) if hidden_size % c == 0)
 
     def compressors(self, chunk_shape: tuple[int, int], itemsize: int = 2):
@@ -181,7 +176,7 @@ class CodecConfig:
         """One line for `info`."""
         if self.name == "channels":
             return (
-                f"channels (zstd level {self.level}, {_BLOSC_MAX_SPLITS}-byte-wide chunks of <= {self.channel_rows}"
+                f"channels (zstd level {self.level}, {BLOSC_MAX_SPLITS}-byte-wide chunks of <= {self.channel_rows}"
                 " tokens)"
             )
         coded = "" if self.name == "none" else f"{self.cname if self.name == 'blosc' else 'zstd'} level {self.level}, "
@@ -228,7 +223,7 @@ def _chunk_parts(flat: np.ndarray, typesize: int, coder: "StreamCoder", scratch:
 
 def _splits(nbytes: int, typesize: int) -> bool:
     """Whether blosc splits a one-block chunk of `nbytes` into one stream per byte of its elements."""
-    return 1 < typesize <= _BLOSC_MAX_SPLITS and nbytes // typesize >= _BLOSC_MIN_STREAM
+    return 1 < typesize <= BLOSC_MAX_SPLITS and nbytes // typesize >= BLOSC_MIN_STREAM
 
 
 def _blosc_parts(streams: list[np.ndarray], typesize: int, nbytes: int, coder: "StreamCoder") -> list:
@@ -238,12 +233,12 @@ def _blosc_parts(streams: list[np.ndarray], typesize: int, nbytes: int, coder: "
     body = []
     for stream in streams:
         stored = coder.stored(stream)
-        body.append(_BLOSC_STREAM_SIZE.pack(len(stored)))
+        body.append(BLOSC_STREAM_SIZE.pack(len(stored)))
         body.append(stored)
-    bstarts = _BLOSC_STREAM_SIZE.pack(_BLOSC_ONE_BLOCK_START)  # one block, right after the header and this table
-    total = _BLOSC_HEADER.size + len(bstarts) + sum(len(b) for b in body)
-    flags = _BLOSC_ZSTD_FORMAT | (_BLOSC_BYTE_SHUFFLE if split else _BLOSC_NOT_SPLIT)
-    header = _BLOSC_HEADER.pack(_BLOSC_VERSION, _BLOSC_ZSTD_VERSIONLZ, flags, typesize, nbytes, nbytes, total)
+    bstarts = BLOSC_STREAM_SIZE.pack(BLOSC_ONE_BLOCK_START)  # one block, right after the header and this table
+    total = BLOSC_HEADER.size + len(bstarts) + sum(len(b) for b in body)
+    flags = BLOSC_ZSTD_FORMAT | (BLOSC_BYTE_SHUFFLE if split else BLOSC_NOT_SPLIT)
+    header = BLOSC_HEADER.pack(BLOSC_VERSION, BLOSC_ZSTD_VERSIONLZ, flags, typesize, nbytes, nbytes, total)
     return [header, bstarts, *body]
 
 
@@ -322,60 +317,6 @@ class StreamCoder:
         return compressors[setting].compress(stream.data)
 
 
-def decode_split_zstd_chunk(chunk: memoryview, out: np.ndarray) -> bool:
-    """Fill `out` (a flat array of 1- or 2-byte values) from a one-block blosc1 zstd
-    chunk: byte-shuffled streams (one per byte of a value, each zstd or raw) or one
-    unshuffled stream of 1-byte values. Returns False, touching nothing, for any
-    other blosc chunk (the caller hands those to c-blosc); raises ValueError when
-    the chunk claims this form but its streams do not add up."""
-    if len(chunk) < _BLOSC_ONE_BLOCK_START:
-        return False
-    version, _, flags, typesize, nbytes, blocksize, cbytes = _BLOSC_HEADER.unpack_from(chunk)
-    split = not flags & _BLOSC_NOT_SPLIT
-    layout_known = (
-        version == _BLOSC_VERSION
-        and flags & _BLOSC_COMPRESSOR_BITS == _BLOSC_ZSTD_FORMAT
-        and nbytes == blocksize == out.nbytes
-        and cbytes == len(chunk)
-        and typesize == out.itemsize
-        and _BLOSC_STREAM_SIZE.unpack_from(chunk, _BLOSC_HEADER.size)[0] == _BLOSC_ONE_BLOCK_START
-        and (
-            (
-                split
-                and flags & _BLOSC_SHUFFLE_BITS == _BLOSC_BYTE_SHUFFLE
-                and typesize in (1, 2)
-                and nbytes // typesize >= _BLOSC_MIN_STREAM
-            )
-            or (not split and flags & _BLOSC_SHUFFLE_BITS == 0 and typesize == 1)
-        )
-    )
-    if not layout_known:
-        return False
-    count = nbytes // typesize
-    streams, offset = [], _BLOSC_ONE_BLOCK_START
-    for _ in range(typesize if split else 1):
-        (stored,) = _BLOSC_STREAM_SIZE.unpack_from(chunk, offset)
-        start = offset + _BLOSC_STREAM_SIZE.size
-        body = chunk[start : start + stored]
-        if stored <= 0 or len(body) != stored:
-            raise ValueError(f"blosc stream of {stored} bytes in a chunk of {len(chunk)}")
-        if stored != count:
-            body = zstd.decompress(body)
-            if len(body) != count:
-                raise ValueError(f"zstd stream decodes to {len(body)} bytes, expected {count}")
-        streams.append(np.frombuffer(body, np.uint8))
-        offset = start + stored
-    if offset != len(chunk):
-        raise ValueError(f"blosc chunk has {len(chunk) - offset} bytes after its last stream")
-    if typesize == 1:
-        out.view(np.uint8)[...] = streams[0]
-    else:
-        bits = out.view("<u2")
-        np.left_shift(streams[1], 8, out=bits, dtype=np.uint16)
-        np.bitwise_or(bits, streams[0], out=bits)
-    return True
-
-
 def write_bytesplit_shard(
     path: Path, data: np.ndarray | RowBlocks, codec: CodecConfig, threads: int = 2, direct: bool = True
 ):
@@ -387,17 +328,15 @@ def write_bytesplit_shard(
 
 
 def encode_shard(data: np.ndarray | RowBlocks, codec: CodecConfig, threads: int = 2) -> list:
-    """The bytes of a zarr v3 `sharding_indexed` file holding `data` [rows, cols] (values
-    or codes as the store holds them, one array or the samples' `RowBlocks`) in
-    `codec`'s inner chunks, as parts (bytes, or byte arrays valid until this thread's
-    next call) in order: the chunks (the last row of them zero-padded), each encoded
-    as by `encode_bytesplit_chunk`, then the index (in C order of the chunk grid) + its
-    crc32c: exactly the layout zarr writes.
-    Split streams go to this thread's scratch buffer and raw ones are written from
-    there: fresh arrays and one joined copy per chunk cost more in page faults than
-    the split itself. `data` may be held channel-major (tokens contiguous, as fp8
-    codes leave the device): a `channels` chunk's streams are then cut without
-    transposing, same bytes."""
+    """The bytes of a zarr v3 `sharding_indexed` file holding `data` [rows, cols] (values or
+    codes as the store holds them, one array or the samples' `RowBlocks`) in `codec`'s inner
+    chunks, as parts (bytes, or byte arrays valid until this thread's next call) in order:
+    the chunks (the last row of them zero-padded), each encoded as by `encode_bytesplit_chunk`,
+    then the index (C order of the chunk grid) + its crc32c: exactly the layout zarr writes.
+    Split streams go to this thread's scratch buffer and raw ones are written from there:
+    fresh arrays and one joined copy per chunk cost more in page faults than the split
+    itself. `data` may be held channel-major (tokens contiguous, as fp8 codes leave the
+    device): a `channels` chunk's streams are then cut without transposing, same bytes."""
     rows, cols = data.shape
     chunk_rows, chunk_cols = chunk_shape = codec.chunk_shape(rows, cols, data.itemsize)
     typesize = codec.element_bytes(chunk_cols, data.itemsize)
@@ -405,11 +344,9 @@ def encode_shard(data: np.ndarray | RowBlocks, codec: CodecConfig, threads: int 
     chunk_bytes = chunk_rows * chunk_cols * data.itemsize
     if isinstance(data, RowBlocks) and chunk_cols < cols:  # chunks narrower than a row: cut from one array
         data = data.joined()
-    channels = None  # [cols, rows] where `data` is held channel-major and the streams can be views of it
-    if isinstance(data, np.ndarray) and is_channel_major(data):
-        if typesize == chunk_cols * data.itemsize and _splits(chunk_bytes, typesize):
-            channels = data.T
     blocks = data if isinstance(data, RowBlocks) else RowBlocks([data])
+    views = typesize == chunk_cols * data.itemsize and _splits(chunk_bytes, typesize)  # channel-major streams
+    channels = data.T if isinstance(data, np.ndarray) and is_channel_major(data) and views else None  # [cols, rows]
     split = scratch("streams", 0 if channels is not None else grid[0] * grid[1] * chunk_bytes)  # else views
 
     def encode(i: int, coder: StreamCoder) -> list:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -319,3 +321,75 @@ def test_a_nan_capture_is_refused_in_bf16_naming_sample_layer_and_token(targets)
     for sample_id, out in zip(("a", "b"), outputs):
         with pytest.raises(NonFiniteStatesError, match=rf"sample '{sample_id}' layer 2: NaN/Inf .* first at token 5"):
             refuse_nonfinite_capture(sample_id, out, [1, 2])
+
+
+@pytest.fixture
+def packaged_kernel(monkeypatch):
+    """`install(kernel)`: Qwen3.5's chunked gated delta rule routed by transformers' own
+    `use_kernel_func_from_hub_with_fallback` to `kernel`, as package "fake_fla" (laid out
+    as fla: `ops.gated_delta_rule`), the way an installed fla is picked at import; the
+    module's name is restored after the test. Returns the PyTorch reference."""
+    import types
+
+    import transformers.models.qwen3_5.modeling_qwen3_5 as modeling
+    from transformers.integrations import use_kernel_func_from_hub_with_fallback
+
+    from extract.jobs.kernels import kernel_implementations
+
+    _, reference = kernel_implementations(modeling.torch_chunk_gated_delta_rule)
+
+    def install(kernel):
+        names = ["fake_fla", "fake_fla.ops", "fake_fla.ops.gated_delta_rule"]
+        packages = [types.ModuleType(name) for name in names]
+        packages[0].ops, packages[1].gated_delta_rule = packages[1], packages[2]
+        packages[2].chunk_gated_delta_rule = kernel
+        for name, package in zip(names, packages):
+            monkeypatch.setitem(sys.modules, name, package)
+        wrapped = use_kernel_func_from_hub_with_fallback("chunk_gated_delta_rule", "fake_fla")(reference)
+        monkeypatch.setattr(modeling, "torch_chunk_gated_delta_rule", wrapped)
+        return reference
+
+    return install
+
+
+def test_a_linear_attention_kernel_that_disagrees_with_the_reference_is_replaced_at_load(
+    qwen3_5_dir, packaged_kernel, capsys
+):
+    """Issue 60.5: an installed but broken fla runs without an error; the worker's load
+    checks one layer of it against PyTorch's reference, switches to the reference, says
+    so, and the fingerprint's kernel report reads "torch"; its states are the reference's."""
+    plain = load_target(qwen3_5_dir)
+    sequence = _sequences([90])
+    want = TargetRunner(plain, [1, 3]).run_batch(sequence)[0]
+
+    def broken(q, k, v, g, beta, **settings):  # right shape, wrong values: what a miscompiled kernel returns
+        out, state = reference(q, k, v, g=g, beta=beta, **settings)
+        return out.flip(1), state
+
+    reference = packaged_kernel(broken)
+    loaded = load_target(qwen3_5_dir)
+    err = capsys.readouterr().err
+    assert "fake_fla's chunk_gated_delta_rule disagrees with PyTorch's reference" in err and "cosine" in err, err
+    assert loaded.kernels["linear_attention"] == "torch"
+    got = TargetRunner(loaded, [1, 3]).run_batch(sequence)[0]
+    assert all(torch.equal(got[layer], want[layer]) for layer in (1, 3))
+
+
+def test_a_kernel_that_agrees_is_kept_and_linear_attention_torch_replaces_it(qwen3_5_dir, packaged_kernel, capsys):
+    """A package that agrees with the reference is kept (reported by its name); `extract
+    run --linear-attention torch` runs the reference anyway, saying so."""
+    from extract.jobs.linear_attention import AGREEMENT, agreement
+
+    def faithful(q, k, v, g, beta, **settings):
+        return reference(q, k, v, g=g, beta=beta, **settings)
+
+    reference = packaged_kernel(faithful)
+    kept = load_target(qwen3_5_dir)
+    assert kept.kernels["linear_attention"] == "fake_fla" and "linear attention" not in capsys.readouterr().err
+    config = kept.model.config
+    assert agreement(faithful, reference, config, torch.device("cpu"), torch.float32) >= AGREEMENT
+    switched = load_target(qwen3_5_dir, linear_attention="torch")
+    assert "PyTorch's reference instead of fake_fla, as --linear-attention torch asks" in capsys.readouterr().err
+    assert switched.kernels["linear_attention"] == "torch"
+    with pytest.raises(ValueError, match="choose one of auto, torch"):
+        load_target(qwen3_5_dir, linear_attention="fla")

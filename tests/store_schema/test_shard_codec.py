@@ -13,7 +13,8 @@ import zarr
 from numcodecs import blosc
 
 from store_schema import CodecConfig, CorruptShardError, Store, layout
-from store_schema.codecs.encoding import decode_split_zstd_chunk, encode_bytesplit_chunk
+from store_schema.codecs.blosc_chunk import decode_split_zstd_chunk
+from store_schema.codecs.encoding import encode_bytesplit_chunk
 from store_schema.reader import as_bits
 
 CODECS = [
