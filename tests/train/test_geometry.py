@@ -145,6 +145,22 @@ def test_geometry_keys_parse_and_reach_the_drafter_config():
     assert (drafter.num_key_value_heads, drafter.sliding_window) == (8, 512)
 
 
+def test_every_drafter_shape_key_of_the_run_config_reaches_the_drafter_config():
+    """`ModelConfig` repeats `DrafterConfig`'s shape fields (the run config validates
+    without importing the model): `geometry()` hands over each field the two share
+    (`causal` as `is_causal`; the mask token is resolved apart), and only fields
+    `DrafterConfig` has, so a field added to one and not passed on fails here."""
+    from dataclasses import fields
+
+    from train.families.dflash.config import ModelConfig
+
+    drafter_fields = {f.name for f in fields(DrafterConfig)}
+    handed = ModelConfig().geometry()
+    assert set(handed) <= drafter_fields, set(handed) - drafter_fields
+    shared = {f.name for f in fields(ModelConfig)} & drafter_fields
+    assert shared - {"mask_token_id"} <= set(handed), shared - set(handed)
+
+
 def test_num_layers_is_read_as_num_hidden_layers(tmp_path):
     """The older key, e.g. in a run saved before the rename, still loads."""
     assert run_config("model.num_layers=2").model.num_hidden_layers == 2
