@@ -79,9 +79,9 @@ def add_kernel_flags(run) -> None:
         "--linear-attention",
         choices=LINEAR_ATTENTION,
         default="auto",
-        help="hybrid targets' linear attention: auto (default) runs fla where it imports, after checking one "
-        "layer of it against PyTorch's reference at worker start (the reference where they disagree); torch "
-        "runs the reference",
+        help="hybrid targets' linear attention (default %(default)s): auto runs fla where it imports, after "
+        "checking one layer of it against PyTorch's reference at worker start (the reference where they "
+        "disagree); torch runs the reference",
     )
 
 
