@@ -36,12 +36,12 @@ def choose_linear_attention(model: torch.nn.Module, choice: str = "auto") -> str
     wrappers = _package_wrappers(model)
     if not wrappers:
         return None
-    package = (
-        closure_values(wrappers["chunk_gated_delta_rule"])["package"] if "chunk_gated_delta_rule" in wrappers else ""
-    )
+    package = closure_values(next(iter(wrappers.values())))["package"]
     if choice == "torch":
         use_reference(wrappers.values())
         return f"linear attention: PyTorch's reference instead of {package}, as --linear-attention torch asks"
+    if "chunk_gated_delta_rule" not in wrappers:  # a prefill's kernel is the reference already
+        return None
     names = closure_values(wrappers["chunk_gated_delta_rule"])
     config = getattr(model.config, "text_config", model.config)
     parameter = next(model.parameters())
