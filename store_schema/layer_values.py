@@ -25,7 +25,7 @@ def joined_layer(parts: list[np.ndarray]) -> np.ndarray:
     """The samples' [tokens, hidden] states of one layer as one array, held as they came:
     channel-major where every sample's are (fp8 codes leave the device so: the
     `channels` codec then cuts its streams without a transpose), else row-major. The
-    array lies in this thread's scratch buffer (`arrays.scratch`), valid until its next call."""
+    array lies in this thread's scratch buffer (`arrays.layer_buffer`), valid until its next call."""
     tokens, hidden = sum(len(part) for part in parts), parts[0].shape[1]
     if not all(is_channel_major(part) for part in parts):
         return RowBlocks(parts).joined()

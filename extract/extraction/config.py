@@ -15,7 +15,7 @@ from store_schema.location import is_object_store
 from store_schema.plan import PlanSettings
 from store_schema.runtime.host import available_cores
 
-from ..jobs.settings import LINEAR_ATTENTION, Execution
+from ..jobs.settings import Execution, check_linear_attention
 
 DEFAULT_BATCH_TOKENS = 16384
 DEFAULT_BATCH_SHARDS = 4
@@ -63,10 +63,7 @@ class JobConfig:
             if value <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value}")
         self.store_dtype = store_dtype(self.store_dtype).name  # refuses an unknown one, naming the choices
-        if self.linear_attention not in LINEAR_ATTENTION:
-            raise ValueError(
-                f"--linear-attention {self.linear_attention!r}: choose one of {', '.join(LINEAR_ATTENTION)}"
-            )
+        check_linear_attention(self.linear_attention)
         if self.project_energy is not None and self.project_rank is not None:
             raise ValueError("--project-energy and --project-rank: a projection keeps one or the other")
         if self.project_fit_tokens <= 0:

@@ -48,38 +48,37 @@ def kernels_of_class(model_class) -> dict:
 
 def _prefill_kernels(module_names) -> dict:
     report: dict[str, str | None] = {key: None for key, _ in _PREFILL_KERNELS.values()}
-    modules = [sys.modules[n] for n in sorted(module_names) if n in sys.modules and not n.startswith("torch")]
-    for module in modules:
-        for function in vars(module).values():
-            chosen = _kernel_choice(function)
-            if chosen is not None and chosen[0] in _PREFILL_KERNELS:
-                key, names = _PREFILL_KERNELS[chosen[0]]
-                report[key] = names.get(chosen[1], chosen[1]) if chosen[1] != "torch" else "torch"
+    for _, names in fallback_wrappers(module_names):
+        if names["func_name"] in _PREFILL_KERNELS:
+            key, packages = _PREFILL_KERNELS[names["func_name"]]
+            chosen = "torch" if names["implementation"] is names["torch_function"] else names["package"]
+            report[key] = packages.get(chosen, chosen)
     return report
 
 
-def _kernel_choice(function) -> tuple[str, str] | None:
-    """(hub-kernel name, "torch" or the package it resolved to) for a function wrapped
-    by transformers' `use_kernel_func_from_hub_with_fallback`, else None."""
-    names = _fallback_closure(function)
-    if names is None:
-        return None
-    if names["implementation"] is names["torch_function"]:
-        return names["func_name"], "torch"
-    return names["func_name"], names["package"]
+def fallback_wrappers(module_names) -> list[tuple]:
+    """(wrapper, its closure's values: `func_name`, `implementation`, `torch_function`,
+    `package`, ...) of each function `use_kernel_func_from_hub_with_fallback` wrapped
+    among the names of the modules `module_names` (torch's own left out)."""
+    modules = [sys.modules[n] for n in sorted(module_names) if n in sys.modules and not n.startswith("torch")]
+    found = []
+    for module in modules:
+        for function in vars(module).values():
+            wrapper = fallback_wrapper(function)
+            if wrapper is not None:
+                found.append((wrapper, closure_values(wrapper)))
+    return found
 
 
 def kernel_implementations(function) -> tuple | None:
     """(the implementation transformers chose, its PyTorch reference) behind a function
     wrapped by `use_kernel_func_from_hub_with_fallback` (the same function twice when
     the package is missing), else None: what `benchmarks/gpu_check.py` compares."""
-    names = _fallback_closure(function)
-    return None if names is None else (names["implementation"], names["torch_function"])
-
-
-def _fallback_closure(function) -> dict | None:
     wrapper = fallback_wrapper(function)
-    return None if wrapper is None else closure_values(wrapper)
+    if wrapper is None:
+        return None
+    names = closure_values(wrapper)
+    return names["implementation"], names["torch_function"]
 
 
 def fallback_wrapper(function):

@@ -8,19 +8,18 @@ target's. So a worker first runs one layer's chunked gated delta rule both ways 
 random inputs of the target's own shape; below `AGREEMENT` (cosine of the outputs) it
 switches to the reference and says so. The switch is transformers' own choice, made
 once per process when the modeling module is imported and kept in its wrapper's
-closure (`kernels.fallback_wrapper`): it is set there, so `kernel_report` (the store's
+closure (`kernels.fallback_wrappers`): it is set there, so `kernel_report` (the store's
 fingerprint) reads "torch" afterwards, and it holds for every model of that module in
 the process (an extraction worker loads one)."""
 
 from __future__ import annotations
 
 import inspect
-import sys
 
 import torch
 
-from .kernels import closure_values, fallback_wrapper
-from .settings import LINEAR_ATTENTION
+from .kernels import closure_values, fallback_wrappers
+from .settings import check_linear_attention
 
 AGREEMENT = 0.999  # cosine of the package's output with the reference's (bf16 rounding: > 0.9999)
 KERNELS = ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule")  # transformers' hub names
@@ -31,8 +30,7 @@ def choose_linear_attention(model: torch.nn.Module, choice: str = "auto") -> str
     """Make `model`'s linear attention run as `choice` says; a line saying what changed
     and why, or None (no linear attention, the reference already, or a package that
     agrees with it)."""
-    if choice not in LINEAR_ATTENTION:
-        raise ValueError(f"--linear-attention {choice!r}: choose one of {', '.join(LINEAR_ATTENTION)}")
+    check_linear_attention(choice)
     wrappers = _package_wrappers(model)
     if not wrappers:
         return None
@@ -87,17 +85,11 @@ def use_reference(wrappers) -> None:
 def _package_wrappers(model: torch.nn.Module) -> dict:
     """Hub name -> transformers' wrapper, for the linear-attention kernels `model`'s
     modules run through a package rather than the reference."""
-    found = {}
-    modules = {type(m).__module__ for m in model.modules()}
-    for module in (sys.modules[n] for n in sorted(modules) if n in sys.modules and not n.startswith("torch")):
-        for function in vars(module).values():
-            wrapper = fallback_wrapper(function)
-            if wrapper is None:
-                continue
-            names = closure_values(wrapper)
-            if names["func_name"] in KERNELS and names["implementation"] is not names["torch_function"]:
-                found[names["func_name"]] = wrapper
-    return found
+    return {
+        names["func_name"]: wrapper
+        for wrapper, names in fallback_wrappers({type(m).__module__ for m in model.modules()})
+        if names["func_name"] in KERNELS and names["implementation"] is not names["torch_function"]
+    }
 
 
 def _call(function, query, key, value, settings: dict) -> torch.Tensor:

@@ -30,6 +30,12 @@ KILL_DRIVER_ENV = "DFLASH_EXTRACT_KILL_DRIVER_AFTER_SHARDS"  # see FaultInjectio
 OOM_OVER_TOKENS_ENV = "DFLASH_EXTRACT_OOM_OVER_TOKENS"  # see FaultInjection.oom_over_tokens
 
 
+def check_linear_attention(choice: str) -> None:
+    """`--linear-attention`'s rule, for the job's config and for a target loaded alone."""
+    if choice not in LINEAR_ATTENTION:
+        raise ValueError(f"--linear-attention {choice!r}: choose one of {', '.join(LINEAR_ATTENTION)}")
+
+
 @dataclass(frozen=True)
 class FaultInjection:
     """Real process deaths at reproducible points, for the fault suite; never a user

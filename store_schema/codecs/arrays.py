@@ -36,8 +36,8 @@ class RowBlocks:
     """A layer's [tokens, columns] values as its samples' row-major blocks, not joined:
     the bytesplit encoder splits each chunk's byte streams straight from the block that
     holds its rows, and the statistics gather their rows across blocks, so a bf16 shard
-    is never copied whole into one array (that join cost the writer about a sixth of
-    its CPU at the job's shard geometry). `np.asarray` joins it, for everything else."""
+    is never copied whole into one array (RESULTS.md: what that saved). `np.asarray`
+    joins it, for everything else."""
 
     def __init__(self, blocks: list[np.ndarray]):
         if not blocks or any(b.ndim != 2 or b.shape[1:] != blocks[0].shape[1:] for b in blocks):

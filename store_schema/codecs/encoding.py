@@ -345,9 +345,9 @@ def encode_shard(data: np.ndarray | RowBlocks, codec: CodecConfig, threads: int 
     if isinstance(data, RowBlocks) and chunk_cols < cols:  # chunks narrower than a row: cut from one array
         data = data.joined()
     blocks = data if isinstance(data, RowBlocks) else RowBlocks([data])
-    views = typesize == chunk_cols * data.itemsize and _splits(chunk_bytes, typesize)  # channel-major streams
-    channels = data.T if isinstance(data, np.ndarray) and is_channel_major(data) and views else None  # [cols, rows]
-    split = scratch("streams", 0 if channels is not None else grid[0] * grid[1] * chunk_bytes)  # else views
+    one_row_each = typesize == chunk_cols * data.itemsize and _splits(chunk_bytes, typesize)  # a stream per channel
+    channels = data.T if isinstance(data, np.ndarray) and is_channel_major(data) and one_row_each else None
+    split = scratch("streams", 0 if channels is not None else grid[0] * grid[1] * chunk_bytes)  # channel-major: views
 
     def encode(i: int, coder: StreamCoder) -> list:
         r, c = divmod(i, grid[1])
