@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from builders import coding_chats, write_chat_jsonl
 from paths import REPO
 
@@ -152,6 +153,9 @@ def test_new_flags_are_validated_and_plan_workers_default_to_the_cores(capsys):
     args = build_parser().parse_args(["run", "--model", "m", "--corpus", "c", "--store", "s"])
     assert args.plan_workers == available_cores() and JobConfig(model="m", corpus="c", store="s").plan_workers >= 1
     assert (args.batch_shards, args.worker_timeout, args.require_fast_kernels) == (4, 3600.0, False)
+    assert args.linear_attention == "auto"
+    with pytest.raises(ValueError, match="--linear-attention 'fla': choose one of auto, torch"):
+        JobConfig(model="m", corpus="c", store="s", linear_attention="fla")  # a config built without the CLI
     for field, value in (("batch_shards", 0), ("worker_timeout", 0.0), ("progress_interval", -1.0)):
         try:
             if field == "batch_shards":
